@@ -1,0 +1,1 @@
+"""brokerd: the broker daemon, its CLI and tools (see README.md)."""

@@ -1,0 +1,44 @@
+"""brokerd's wire protocols, sans-I/O: codecs and state machines, bytes in and events out.
+
+Modules:
+  errors      the project's error tree (BrokerError and the protocol errors)
+  codec       construct helpers: derived fast structs, wrapped parse/build
+  frames      adjacent-broker frame format (header + bodies), declared with construct
+  security    identities, certificate checks, key schedule, fragment protection
+  events      connection events
+  connection  the adjacent-broker connection state machine (handshake + frames)
+  dialog      dialog-protocol message header codec
+  fragments   fragmenter and reassembler
+
+Nothing here imports asyncio, sockets, sqlite or reads a clock; a test enforces it.
+"""
+
+from protocol.connection import BrokerConnection, ConnectionSettings, Role, State
+from protocol.errors import (
+    BrokerError,
+    CloseCode,
+    HandshakeRefused,
+    LocalProtocolError,
+    ProtocolError,
+    ReassemblyError,
+    RemoteProtocolError,
+)
+from protocol.frames import EncryptionMode, MirrorRole
+from protocol.security import Identity
+
+__all__ = [
+    "BrokerConnection",
+    "BrokerError",
+    "CloseCode",
+    "ConnectionSettings",
+    "EncryptionMode",
+    "HandshakeRefused",
+    "Identity",
+    "LocalProtocolError",
+    "MirrorRole",
+    "ProtocolError",
+    "ReassemblyError",
+    "RemoteProtocolError",
+    "Role",
+    "State",
+]

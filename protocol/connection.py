@@ -1,0 +1,680 @@
+"""The adjacent-broker connection: handshake and frame exchange as one sans-I/O state machine.
+
+SPEC R-PROTO-1/2 (the adjacent broker protocol under the dialog protocol),
+R-OBJ-7 (encryption modes), R-DLG-8 (integrity). Bytes in, events out; events in,
+bytes out; no sockets, no clock (``now`` is passed in), no threads.
+
+Handshake (``I`` = initiator, ``A`` = acceptor; counters per direction from 0)::
+
+    I -> A  HELLO        versions, name, random, X25519 key, encryption mode,
+                         max frame size, certificate                 (clear)
+    A -> I  HELLO_REPLY  chosen version, name, random, X25519 key, mode, encrypted?,
+                         max frame size, certificate; signature over
+                         SHA-256(ctx_A || HELLO frame || reply core) (clear)
+            both derive keys: HKDF(X25519 secret, salt=SHA-256(HELLO frame || reply core))
+    I -> A  PROOF        signature over SHA-256(ctx_I || HELLO frame || HELLO_REPLY frame)
+                                                                    (protected)
+    A -> I  WELCOME      (protected; confirms A's keys)
+
+Either side refuses with an unprotected CLOSE carrying a CloseCode and a reason:
+an untrusted or expired certificate, a name that does not match the certificate,
+a failed proof of key possession, no common version, required vs disabled.
+
+Transitions (state, role, frame type received) -> handler; anything not in the
+table is a RemoteProtocolError. CLOSE is accepted in every state but CLOSED::
+
+    START       ACCEPTOR   HELLO        -> SENT_REPLY   (send HELLO_REPLY)
+    SENT_HELLO  INITIATOR  HELLO_REPLY  -> SENT_PROOF   (send PROOF)
+    SENT_REPLY  ACCEPTOR   PROOF        -> OPEN         (send WELCOME; HandshakeComplete)
+    SENT_PROOF  INITIATOR  WELCOME      -> OPEN         (HandshakeComplete)
+    OPEN        both       FRAGMENT, ACK, KEEPALIVE, PRINCIPAL_QUERY, PRINCIPAL_ANSWER
+    any         both       CLOSE        -> CLOSED       (Close event)
+
+In OPEN, a frame that fails its integrity check (altered, replayed, reordered,
+from another connection) yields an IntegrityFailure event and is dropped; the
+connection goes on. A damaged header (CRC), bad magic, an unknown frame type or an
+oversized length is fatal: the stream cannot be re-synchronised.
+
+Errors: ``receive_data`` raises RemoteProtocolError (or its subclass
+HandshakeRefused) when the peer broke the protocol; the connection is then CLOSED,
+a CLOSE frame for the peer waits in ``data_to_send()``, and the events decoded
+before the failure in the same call are on the exception's ``events`` attribute.
+``send`` raises LocalProtocolError for our own mistakes.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from protocol import frames
+from protocol.errors import (
+    CloseCode,
+    HandshakeRefused,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
+from protocol.events import (
+    Ack,
+    Close,
+    Event,
+    Fragment,
+    HandshakeComplete,
+    IntegrityFailure,
+    Keepalive,
+    PrincipalAnswer,
+    PrincipalQuery,
+    SendableEvent,
+)
+from protocol.frames import (
+    HEADER_SIZE,
+    EncryptionMode,
+    FrameHeader,
+    FrameType,
+    MirrorRole,
+)
+from protocol.security import (
+    PROTECTION_OVERHEAD,
+    FrameOpener,
+    FrameSealer,
+    Identity,
+    IntegrityError,
+    certificate_name,
+    derive_session_keys,
+    negotiate_encryption,
+    sign,
+    signature_valid,
+    verify_peer_certificate,
+)
+
+_ACCEPTOR_CONTEXT = b"brokerd handshake v1: acceptor signature\x00"
+_INITIATOR_CONTEXT = b"brokerd handshake v1: initiator signature\x00"
+
+
+class Role(enum.Enum):
+    INITIATOR = "initiator"
+    ACCEPTOR = "acceptor"
+
+
+class State(enum.Enum):
+    START = "start"
+    SENT_HELLO = "sent_hello"
+    SENT_REPLY = "sent_reply"
+    SENT_PROOF = "sent_proof"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """One side's parameters for a connection."""
+
+    identity: Identity
+    encryption: EncryptionMode = EncryptionMode.REQUIRED
+    max_frame_size: int = frames.DEFAULT_MAX_FRAME_SIZE
+    """Largest frame body this side accepts; announced to the peer in the handshake."""
+    versions: tuple[int, ...] = frames.PROTOCOL_VERSIONS
+    expected_peer: str | None = None
+    """If set, the peer's certificate must name this instance."""
+    max_integrity_failures: int = 64
+    """Integrity failures tolerated on one connection before it is closed."""
+
+    def __post_init__(self) -> None:
+        if self.max_frame_size < frames.MIN_MAX_FRAME_SIZE:
+            raise ValueError(f"max_frame_size must be at least {frames.MIN_MAX_FRAME_SIZE}")
+        if not self.versions or any(v not in frames.PROTOCOL_VERSIONS for v in self.versions):
+            raise ValueError(f"versions must be a non-empty subset of {frames.PROTOCOL_VERSIONS}")
+
+
+@dataclass
+class ConnectionStats:
+    """Counters for the broker_connections view (SPEC R-PROTO-3)."""
+
+    frames_sent: int = 0
+    frames_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    integrity_failures: int = 0
+
+
+_Handler = Callable[["BrokerConnection", FrameHeader, bytes, bytes, list[Event]], None]
+
+
+class BrokerConnection:
+    """One adjacent-broker connection, either side, as a sans-I/O state machine."""
+
+    def __init__(
+        self,
+        role: Role,
+        settings: ConnectionSettings,
+        now: datetime,
+        entropy: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.role = role
+        self.settings = settings
+        self.now = now
+        self.state = State.START
+        self.stats = ConnectionStats()
+        self.peer_instance: str | None = None
+        self.peer_certificate: x509.Certificate | None = None
+        self.version: int | None = None
+        self.encrypted: bool | None = None
+        self.peer_max_frame_size = frames.MIN_MAX_FRAME_SIZE
+        self.close_code: CloseCode | None = None
+        self.close_reason: str | None = None
+        self._entropy = entropy
+        self._ephemeral = X25519PrivateKey.from_private_bytes(entropy(32))
+        self._random = entropy(32)
+        self._buffer = bytearray()
+        self._outbox = bytearray()
+        self._send_counter = 0
+        self._recv_next = 0
+        self._hello_frame = b""
+        self._reply_core = b""
+        self._reply_frame = b""
+        self._sealer: FrameSealer | None = None
+        self._opener: FrameOpener | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    def start(self) -> bytes:
+        """Initiator: the HELLO that opens the handshake. Acceptor: nothing (it waits)."""
+        if self.state is not State.START:
+            raise LocalProtocolError(f"start() in state {self.state.value}")
+        if self.role is Role.ACCEPTOR:
+            return b""
+        identity = self.settings.identity
+        body = frames.encode_body(
+            FrameType.HELLO,
+            {
+                "versions": list(self.settings.versions),
+                "instance_name": identity.instance_name,
+                "random": self._random,
+                "ephemeral_key": self._ephemeral.public_key().public_bytes_raw(),
+                "encryption": int(self.settings.encryption),
+                "max_frame_size": self.settings.max_frame_size,
+                "certificate": identity.certificate_der,
+            },
+        )
+        self._hello_frame = self._clear_frame(FrameType.HELLO, body, max(self.settings.versions))
+        self.state = State.SENT_HELLO
+        return self._hello_frame
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes from the peer; returns the events they complete, in order."""
+        if self.state is State.CLOSED:
+            return []
+        buffer = self._buffer
+        buffer += data
+        self.stats.bytes_received += len(data)
+        events: list[Event] = []
+        pos = 0
+        limit = self.settings.max_frame_size
+        try:
+            while len(buffer) - pos >= HEADER_SIZE:
+                header_bytes = bytes(buffer[pos : pos + HEADER_SIZE])
+                header = frames.decode_header(header_bytes, limit)
+                end = pos + HEADER_SIZE + header.length
+                if len(buffer) < end:
+                    break
+                body = bytes(buffer[pos + HEADER_SIZE : end])
+                pos = end
+                self.stats.frames_received += 1
+                self._dispatch(header, header_bytes, body, events)
+                if self.closed:
+                    pos = len(buffer)
+                    break
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+            exc.events = events
+            raise
+        finally:
+            del buffer[:pos]
+        return events
+
+    def data_to_send(self) -> bytes:
+        """Bytes the connection produced by itself (handshake replies, refusals)."""
+        out = bytes(self._outbox)
+        self._outbox.clear()
+        return out
+
+    def send(self, event: SendableEvent) -> bytes:
+        """Frame one event for the peer; raises LocalProtocolError if not allowed now."""
+        if isinstance(event, Fragment):
+            return self._send_protected(FrameType.FRAGMENT, event.payload)
+        if isinstance(event, Ack):
+            return self._send_protected(FrameType.ACK, event.payload)
+        if isinstance(event, Keepalive):
+            return self._send_protected(
+                FrameType.KEEPALIVE, frames.encode_body(FrameType.KEEPALIVE, {})
+            )
+        if isinstance(event, PrincipalQuery):
+            body = frames.encode_body(
+                FrameType.PRINCIPAL_QUERY,
+                {
+                    "query_id": event.query_id,
+                    "broker_instance": event.broker_instance.bytes,
+                    "database": event.database,
+                },
+            )
+            return self._send_protected(FrameType.PRINCIPAL_QUERY, body)
+        if isinstance(event, PrincipalAnswer):
+            body = frames.encode_body(
+                FrameType.PRINCIPAL_ANSWER,
+                {
+                    "query_id": event.query_id,
+                    "role": int(event.role),
+                    "broker_instance": event.broker_instance.bytes,
+                    "database": event.database,
+                },
+            )
+            return self._send_protected(FrameType.PRINCIPAL_ANSWER, body)
+        if isinstance(event, Close):
+            return self.close(event.code, event.reason)
+        raise LocalProtocolError(f"cannot send {type(event).__name__}")
+
+    def close(self, code: CloseCode = CloseCode.NORMAL, reason: str = "") -> bytes:
+        """The CLOSE frame that ends this connection (empty if already closed)."""
+        if self.state is State.CLOSED:
+            return b""
+        out = self._close_frame(code, reason)
+        self._closed(code, reason)
+        return out
+
+    # ----------------------------------------------------------------- receiving
+
+    def _dispatch(
+        self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
+    ) -> None:
+        frame_type = FrameType(header.frame_type)
+        if frame_type is FrameType.CLOSE:
+            self._on_close(header, header_bytes, body, events)
+            return
+        handler = _TRANSITIONS.get((self.state, self.role, frame_type))
+        if handler is None:
+            raise RemoteProtocolError(
+                f"unexpected {frame_type.name} frame in state {self.state.value} "
+                f"({self.role.value})"
+            )
+        handler(self, header, header_bytes, body, events)
+
+    def _check_clear(self, header: FrameHeader) -> None:
+        """Unprotected handshake frames: exact counter, no protection flags, known version."""
+        if header.flags != 0:
+            raise RemoteProtocolError(f"handshake frame with protection flags {header.flags:#x}")
+        if header.counter != self._recv_next:
+            raise RemoteProtocolError(
+                f"handshake frame counter {header.counter}, expected {self._recv_next}"
+            )
+        if header.version not in self.settings.versions:
+            raise RemoteProtocolError(
+                f"frame version {header.version} not spoken here", CloseCode.VERSION_MISMATCH
+            )
+        self._recv_next += 1
+
+    def _open(self, header: FrameHeader, header_bytes: bytes, body: bytes) -> bytes:
+        """Verify a protected frame: version, counter (replay/reorder), AEAD tag, MD5 signature."""
+        assert self._opener is not None
+        if header.version != self.version:
+            raise RemoteProtocolError(
+                f"frame version {header.version} after negotiating {self.version}",
+                CloseCode.VERSION_MISMATCH,
+            )
+        if header.counter < self._recv_next:
+            raise IntegrityError(
+                f"replayed or reordered frame: counter {header.counter}, "
+                f"expected at least {self._recv_next}"
+            )
+        payload = self._opener.open(header, header_bytes, body)
+        self._recv_next = header.counter + 1
+        return payload
+
+    def _on_hello(
+        self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
+    ) -> None:
+        self._check_clear(header)
+        hello = frames.decode_body(FrameType.HELLO, body)
+        self._hello_frame = header_bytes + body
+        common = sorted(set(hello.versions) & set(self.settings.versions))
+        if not common:
+            raise HandshakeRefused(
+                f"no common protocol version: peer offers {list(hello.versions)}, "
+                f"this broker speaks {list(self.settings.versions)}",
+                CloseCode.VERSION_MISMATCH,
+            )
+        version = common[-1]
+        peer_mode = _mode(hello.encryption)
+        encrypted = negotiate_encryption(peer_mode, self.settings.encryption)
+        peer_cert = self._authenticate_peer(hello.certificate, hello.instance_name)
+        self._set_peer_frame_limit(hello.max_frame_size)
+        identity = self.settings.identity
+        self._reply_core = frames.encode_reply_core(
+            {
+                "version": version,
+                "instance_name": identity.instance_name,
+                "random": self._random,
+                "ephemeral_key": self._ephemeral.public_key().public_bytes_raw(),
+                "encryption": int(self.settings.encryption),
+                "encrypted": int(encrypted),
+                "max_frame_size": self.settings.max_frame_size,
+                "certificate": identity.certificate_der,
+            }
+        )
+        signature = sign(
+            identity.private_key,
+            _transcript(_ACCEPTOR_CONTEXT, self._hello_frame, self._reply_core),
+        )
+        body_out = frames.encode_body(
+            FrameType.HELLO_REPLY, {"core": self._reply_core, "signature": signature}
+        )
+        self._reply_frame = self._clear_frame(FrameType.HELLO_REPLY, body_out, version)
+        self._outbox += self._reply_frame
+        self._establish(hello.ephemeral_key, version, encrypted, peer_cert)
+        self.state = State.SENT_REPLY
+
+    def _on_hello_reply(
+        self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
+    ) -> None:
+        self._check_clear(header)
+        reply = frames.decode_body(FrameType.HELLO_REPLY, body)
+        core = frames.decode_reply_core(reply.core)
+        self._reply_core = reply.core
+        self._reply_frame = header_bytes + body
+        if core.version not in self.settings.versions:
+            raise HandshakeRefused(
+                f"acceptor chose protocol version {core.version}, which was not offered",
+                CloseCode.VERSION_MISMATCH,
+            )
+        encrypted = negotiate_encryption(self.settings.encryption, _mode(core.encryption))
+        if core.encrypted not in (0, 1) or bool(core.encrypted) != encrypted:
+            raise HandshakeRefused(
+                f"acceptor decided encrypted={bool(core.encrypted)} but the modes give "
+                f"encrypted={encrypted}",
+                CloseCode.ENCRYPTION_MISMATCH,
+            )
+        peer_cert = self._authenticate_peer(core.certificate, core.instance_name)
+        if not signature_valid(
+            peer_cert,
+            reply.signature,
+            _transcript(_ACCEPTOR_CONTEXT, self._hello_frame, self._reply_core),
+        ):
+            raise HandshakeRefused(
+                f"acceptor {core.instance_name!r} failed to prove possession of its "
+                "certificate key (bad handshake signature)",
+                CloseCode.AUTHENTICATION_FAILED,
+            )
+        self._set_peer_frame_limit(core.max_frame_size)
+        self._establish(core.ephemeral_key, core.version, encrypted, peer_cert)
+        signature = sign(
+            self.settings.identity.private_key,
+            _transcript(_INITIATOR_CONTEXT, self._hello_frame, self._reply_frame),
+        )
+        self._outbox += self._seal(
+            FrameType.PROOF, frames.encode_body(FrameType.PROOF, {"signature": signature})
+        )
+        self.state = State.SENT_PROOF
+
+    def _on_proof(
+        self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
+    ) -> None:
+        try:
+            payload = self._open(header, header_bytes, body)
+        except IntegrityError as exc:
+            raise HandshakeRefused(
+                f"initiator failed to prove the session key: {exc}", CloseCode.AUTHENTICATION_FAILED
+            ) from None
+        proof = frames.decode_body(FrameType.PROOF, payload)
+        assert self.peer_certificate is not None
+        if not signature_valid(
+            self.peer_certificate,
+            proof.signature,
+            _transcript(_INITIATOR_CONTEXT, self._hello_frame, self._reply_frame),
+        ):
+            raise HandshakeRefused(
+                f"initiator {self.peer_instance!r} failed to prove possession of its "
+                "certificate key (bad handshake signature)",
+                CloseCode.AUTHENTICATION_FAILED,
+            )
+        self._outbox += self._seal(FrameType.WELCOME, frames.encode_body(FrameType.WELCOME, {}))
+        self._opened(events)
+
+    def _on_welcome(
+        self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
+    ) -> None:
+        try:
+            payload = self._open(header, header_bytes, body)
+        except IntegrityError as exc:
+            raise HandshakeRefused(
+                f"acceptor failed to prove the session key: {exc}", CloseCode.AUTHENTICATION_FAILED
+            ) from None
+        frames.decode_body(FrameType.WELCOME, payload)
+        self._opened(events)
+
+    def _on_open_frame(
+        self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
+    ) -> None:
+        try:
+            payload = self._open(header, header_bytes, body)
+        except IntegrityError as exc:
+            self._integrity_failure(header, str(exc), events)
+            return
+        frame_type = header.frame_type
+        if frame_type == FrameType.FRAGMENT:
+            events.append(Fragment(payload))
+        elif frame_type == FrameType.ACK:
+            events.append(Ack(payload))
+        elif frame_type == FrameType.KEEPALIVE:
+            frames.decode_body(FrameType.KEEPALIVE, payload)
+            events.append(Keepalive())
+        elif frame_type == FrameType.PRINCIPAL_QUERY:
+            q = frames.decode_body(FrameType.PRINCIPAL_QUERY, payload)
+            events.append(
+                PrincipalQuery(q.query_id, uuid.UUID(bytes=q.broker_instance), q.database)
+            )
+        else:
+            a = frames.decode_body(FrameType.PRINCIPAL_ANSWER, payload)
+            try:
+                role = MirrorRole(a.role)
+            except ValueError:
+                raise RemoteProtocolError(f"unknown mirror role {a.role}") from None
+            events.append(
+                PrincipalAnswer(a.query_id, role, uuid.UUID(bytes=a.broker_instance), a.database)
+            )
+
+    def _on_close(
+        self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
+    ) -> None:
+        """A CLOSE in OPEN must be protected (else it could be injected); before OPEN a
+        refusal may travel in clear, or sealed if the peer already held keys."""
+        if self.state is State.OPEN or (header.flags != 0 and self._opener is not None):
+            try:
+                payload = self._open(header, header_bytes, body)
+            except IntegrityError as exc:
+                if self.state is not State.OPEN:
+                    raise RemoteProtocolError(f"CLOSE frame failed its check: {exc}") from None
+                self._integrity_failure(header, str(exc), events)
+                return
+        else:
+            self._check_clear(header)
+            payload = body
+        value = frames.decode_body(FrameType.CLOSE, payload)
+        try:
+            code = CloseCode(value.code)
+        except ValueError:
+            code = CloseCode.PROTOCOL_ERROR
+        events.append(Close(code, value.reason))
+        self._closed(code, value.reason)
+
+    # -------------------------------------------------------------- internals
+
+    def _authenticate_peer(self, certificate_der: bytes, claimed_name: str) -> x509.Certificate:
+        cert = verify_peer_certificate(
+            certificate_der, self.settings.identity.trusted_cas, self.now
+        )
+        cert_name = certificate_name(cert)
+        if cert_name != claimed_name:
+            raise HandshakeRefused(
+                f"peer calls itself {claimed_name!r} but its certificate names {cert_name!r}",
+                CloseCode.PEER_NAME_MISMATCH,
+            )
+        expected = self.settings.expected_peer
+        if expected is not None and cert_name != expected:
+            raise HandshakeRefused(
+                f"expected instance {expected!r}, peer is {cert_name!r}",
+                CloseCode.PEER_NAME_MISMATCH,
+            )
+        self.peer_instance = cert_name
+        self.peer_certificate = cert
+        return cert
+
+    def _set_peer_frame_limit(self, limit: int) -> None:
+        if limit < frames.MIN_MAX_FRAME_SIZE:
+            raise RemoteProtocolError(
+                f"peer frame limit {limit} is below the minimum {frames.MIN_MAX_FRAME_SIZE}"
+            )
+        self.peer_max_frame_size = limit
+
+    def _establish(
+        self, peer_ephemeral: bytes, version: int, encrypted: bool, peer_cert: x509.Certificate
+    ) -> None:
+        try:
+            shared = self._ephemeral.exchange(X25519PublicKey.from_public_bytes(peer_ephemeral))
+        except ValueError as exc:
+            raise HandshakeRefused(
+                f"bad ephemeral key: {exc}", CloseCode.AUTHENTICATION_FAILED
+            ) from None
+        keys = derive_session_keys(
+            shared, hashlib.sha256(self._hello_frame + self._reply_core).digest()
+        )
+        if self.role is Role.INITIATOR:
+            send_key, recv_key = keys.initiator_to_acceptor, keys.acceptor_to_initiator
+        else:
+            send_key, recv_key = keys.acceptor_to_initiator, keys.initiator_to_acceptor
+        self._sealer = FrameSealer(send_key, encrypted, version)
+        self._opener = FrameOpener(recv_key, encrypted)
+        self.version = version
+        self.encrypted = encrypted
+        self.peer_certificate = peer_cert
+
+    def _opened(self, events: list[Event]) -> None:
+        self.state = State.OPEN
+        assert self.peer_instance is not None
+        assert self.version is not None and self.encrypted is not None
+        events.append(
+            HandshakeComplete(
+                self.peer_instance, self.version, self.encrypted, self.peer_max_frame_size
+            )
+        )
+
+    def _integrity_failure(self, header: FrameHeader, reason: str, events: list[Event]) -> None:
+        self.stats.integrity_failures += 1
+        events.append(IntegrityFailure(header.frame_type, header.counter, reason))
+        if self.stats.integrity_failures > self.settings.max_integrity_failures:
+            raise RemoteProtocolError(
+                f"{self.stats.integrity_failures} frames failed their integrity check",
+                CloseCode.INTEGRITY,
+            )
+
+    def _fail(self, exc: RemoteProtocolError) -> None:
+        if self.state is not State.CLOSED:
+            self._outbox += self._close_frame(exc.close_code, str(exc))
+            self._closed(exc.close_code, str(exc))
+        self._buffer.clear()
+
+    def _closed(self, code: CloseCode, reason: str) -> None:
+        self.state = State.CLOSED
+        self.close_code = code
+        self.close_reason = reason
+        self._buffer.clear()
+
+    def _close_frame(self, code: CloseCode, reason: str) -> bytes:
+        reason_bytes = reason.encode("utf-8")[: frames.MAX_REASON_BYTES]
+        body = frames.encode_body(
+            FrameType.CLOSE,
+            {"code": int(code), "reason": reason_bytes.decode("utf-8", "ignore")},
+        )
+        if self.state is State.OPEN or self.state is State.SENT_PROOF:
+            return self._seal(FrameType.CLOSE, body)
+        version = self.version or max(self.settings.versions)
+        return self._clear_frame(FrameType.CLOSE, body, version)
+
+    def _send_protected(self, frame_type: FrameType, payload: bytes) -> bytes:
+        if self.state is not State.OPEN:
+            raise LocalProtocolError(
+                f"cannot send {frame_type.name} in state {self.state.value}: "
+                "the handshake has not completed"
+            )
+        if len(payload) + PROTECTION_OVERHEAD > self.peer_max_frame_size:
+            raise LocalProtocolError(
+                f"{frame_type.name} payload of {len(payload)} bytes exceeds the peer's frame "
+                f"limit of {self.peer_max_frame_size - PROTECTION_OVERHEAD}"
+            )
+        return self._seal(frame_type, payload)
+
+    def _seal(self, frame_type: FrameType, payload: bytes) -> bytes:
+        assert self._sealer is not None
+        frame = self._sealer.seal(frame_type, payload, self._send_counter)
+        self._send_counter += 1
+        self.stats.frames_sent += 1
+        self.stats.bytes_sent += len(frame)
+        return frame
+
+    def _clear_frame(self, frame_type: FrameType, body: bytes, version: int) -> bytes:
+        frame = frames.encode_header(version, frame_type, 0, len(body), self._send_counter) + body
+        self._send_counter += 1
+        self.stats.frames_sent += 1
+        self.stats.bytes_sent += len(frame)
+        return frame
+
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
+    @property
+    def max_payload_size(self) -> int:
+        """Largest FRAGMENT/ACK payload the peer accepts (valid once OPEN)."""
+        return self.peer_max_frame_size - PROTECTION_OVERHEAD
+
+
+def _transcript(context: bytes, *parts: bytes) -> bytes:
+    digest = hashlib.sha256(context)
+    for part in parts:
+        digest.update(len(part).to_bytes(4, "big"))
+        digest.update(part)
+    return digest.digest()
+
+
+def _mode(value: int) -> EncryptionMode:
+    try:
+        return EncryptionMode(value)
+    except ValueError:
+        raise RemoteProtocolError(f"unknown encryption mode {value}") from None
+
+
+_OPEN_TYPES = (
+    FrameType.FRAGMENT,
+    FrameType.ACK,
+    FrameType.KEEPALIVE,
+    FrameType.PRINCIPAL_QUERY,
+    FrameType.PRINCIPAL_ANSWER,
+)
+_TRANSITIONS: dict[tuple[State, Role, FrameType], _Handler] = {
+    (State.START, Role.ACCEPTOR, FrameType.HELLO): BrokerConnection._on_hello,
+    (State.SENT_HELLO, Role.INITIATOR, FrameType.HELLO_REPLY): BrokerConnection._on_hello_reply,
+    (State.SENT_REPLY, Role.ACCEPTOR, FrameType.PROOF): BrokerConnection._on_proof,
+    (State.SENT_PROOF, Role.INITIATOR, FrameType.WELCOME): BrokerConnection._on_welcome,
+    **{
+        (State.OPEN, role, frame_type): BrokerConnection._on_open_frame
+        for role in Role
+        for frame_type in _OPEN_TYPES
+    },
+}
+"""The transition table described in the module docstring; CLOSE is handled apart."""

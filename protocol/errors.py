@@ -1,0 +1,66 @@
+"""The project's one error tree.
+
+Every error brokerd raises on purpose derives from :class:`BrokerError`. The
+protocol layer splits its own failures the way h11 does:
+
+* :class:`LocalProtocolError`: *we* asked for something illegal (sending before
+  the handshake finished, a value that does not fit its field). A bug on our side.
+* :class:`RemoteProtocolError`: the *peer* sent something illegal (bad magic, a
+  frame over the size limit, an untrusted certificate). The connection is dead;
+  ``close_code`` says what to tell the peer.
+
+construct's own exceptions never leave ``protocol/``: the codecs wrap them.
+Later layers (configuration, store, dialogs, SDK) add their subclasses of
+:class:`BrokerError` next to their code, all under this one root.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class CloseCode(enum.IntEnum):
+    """Why a connection is closed or refused; carried in CLOSE frames."""
+
+    NORMAL = 0
+    IDLE = 1
+    SHUTDOWN = 2
+    PROTOCOL_ERROR = 10
+    FRAME_TOO_LARGE = 11
+    VERSION_MISMATCH = 12
+    UNTRUSTED_CERTIFICATE = 13
+    AUTHENTICATION_FAILED = 14
+    ENCRYPTION_MISMATCH = 15
+    PEER_NAME_MISMATCH = 16
+    INTEGRITY = 17
+
+
+class BrokerError(Exception):
+    """Root of every error brokerd raises deliberately."""
+
+
+class ProtocolError(BrokerError):
+    """A wire-protocol failure (adjacent-broker or dialog layer)."""
+
+
+class LocalProtocolError(ProtocolError):
+    """This side tried to do something the protocol forbids."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol forbids; the connection cannot go on."""
+
+    def __init__(self, message: str, close_code: CloseCode = CloseCode.PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.close_code = close_code
+        self.events: list[Any] = []
+        """Events decoded, in the same receive_data call, before the failure."""
+
+
+class HandshakeRefused(RemoteProtocolError):
+    """This side refused the peer during the handshake (certificate, proof, mode, version)."""
+
+
+class ReassemblyError(RemoteProtocolError):
+    """Fragments that cannot belong to one message, or a message over the size limits."""

@@ -1,0 +1,257 @@
+"""Adjacent-broker frame format (SPEC R-PROTO-1, R-PROTO-2), declared once with construct.
+
+Every frame is a fixed 22-byte header followed by ``length`` bytes of body::
+
+    magic "BK" | version u8 | frame type u8 | flags u8 | reserved 0x00 |
+    length u32 | counter u64 | header CRC-32 u32
+
+``counter`` numbers the frames of one direction of one connection from 0; it is
+the AEAD nonce and the replay/reorder guard. The CRC covers the first 18 header
+bytes so that a damaged length is caught at once (the stream cannot be
+re-synchronised after that, so it is fatal); everything else is protected by the
+AEAD (``protocol/security.py``), whose associated data is the whole header.
+
+Bodies, one construct declaration per frame type, compiled for speed. FRAGMENT
+and ACK bodies are opaque here: they carry dialog-layer bytes
+(``protocol/dialog.py``). The byte layouts are documented in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import construct as c
+
+from protocol.codec import build, fixed_struct, parse
+from protocol.errors import CloseCode, RemoteProtocolError
+
+MAGIC = b"BK"
+PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
+"""Protocol versions this implementation speaks, oldest first."""
+
+HEADER_SIZE = 22
+DEFAULT_MAX_FRAME_SIZE = 1024 * 1024 + 4096
+"""Default limit on a frame body: a 1 MiB fragment plus headers and protection."""
+MIN_MAX_FRAME_SIZE = 4096
+"""No peer may announce a smaller limit: handshake frames must fit."""
+
+MAX_NAME_BYTES = 1024
+"""Bound on instance, database and service names (UTF-8 bytes)."""
+MAX_REASON_BYTES = 1024
+MAX_CERTIFICATE_BYTES = 16 * 1024
+MAX_SIGNATURE_BYTES = 1024
+MAX_VERSIONS = 16
+
+
+class FrameType(enum.IntEnum):
+    HELLO = 1
+    HELLO_REPLY = 2
+    PROOF = 3
+    WELCOME = 4
+    FRAGMENT = 16
+    ACK = 17
+    KEEPALIVE = 18
+    CLOSE = 19
+    PRINCIPAL_QUERY = 20
+    PRINCIPAL_ANSWER = 21
+
+
+class FrameFlags(enum.IntFlag):
+    NONE = 0
+    PROTECTED = 1
+    """Body carries the encrypted MD5 signature and is authenticated under the session key."""
+    ENCRYPTED = 2
+    """Body is AEAD-encrypted (only together with PROTECTED)."""
+
+
+class EncryptionMode(enum.IntEnum):
+    """SPEC R-OBJ-7: the endpoint's encryption setting."""
+
+    REQUIRED = 1
+    SUPPORTED = 2
+    DISABLED = 3
+
+
+class MirrorRole(enum.IntEnum):
+    """Answer to a principal query (SPEC R-ROUTE-10)."""
+
+    PRINCIPAL = 1
+    MIRROR = 2
+    UNKNOWN = 3
+    """This instance does not hold that database / broker instance."""
+
+
+# Frame types that may travel before session keys exist.
+UNPROTECTED_TYPES = frozenset({FrameType.HELLO, FrameType.HELLO_REPLY, FrameType.CLOSE})
+
+FRAME_HEADER = c.Struct(
+    "magic" / c.Const(MAGIC),
+    "version" / c.Int8ub,
+    "frame_type" / c.Int8ub,
+    "flags" / c.Int8ub,
+    "reserved" / c.Const(b"\x00"),
+    "length" / c.Int32ub,
+    "counter" / c.Int64ub,
+    "header_crc" / c.Int32ub,
+)
+FRAME_HEADER_COMPILED = FRAME_HEADER.compile()
+_HEADER: struct.Struct = fixed_struct(FRAME_HEADER)
+_CRC_SPAN = HEADER_SIZE - 4
+assert _HEADER.size == HEADER_SIZE
+
+_Name = c.PascalString(c.Int16ub, "utf8")
+_Blob = c.Prefixed(c.Int16ub, c.GreedyBytes)
+
+HELLO_BODY = c.Struct(
+    "versions" / c.PrefixedArray(c.Int8ub, c.Int16ub),
+    "instance_name" / _Name,
+    "random" / c.Bytes(32),
+    "ephemeral_key" / c.Bytes(32),
+    "encryption" / c.Int8ub,
+    "max_frame_size" / c.Int32ub,
+    "certificate" / _Blob,
+    c.Terminated,
+)
+# The reply is signed over its core's exact bytes, so the core travels as a blob.
+HELLO_REPLY_CORE = c.Struct(
+    "version" / c.Int16ub,
+    "instance_name" / _Name,
+    "random" / c.Bytes(32),
+    "ephemeral_key" / c.Bytes(32),
+    "encryption" / c.Int8ub,
+    "encrypted" / c.Int8ub,
+    "max_frame_size" / c.Int32ub,
+    "certificate" / _Blob,
+    c.Terminated,
+)
+HELLO_REPLY_BODY = c.Struct("core" / _Blob, "signature" / _Blob, c.Terminated)
+PROOF_BODY = c.Struct("signature" / _Blob, c.Terminated)
+WELCOME_BODY = c.Struct(c.Terminated)
+KEEPALIVE_BODY = c.Struct(c.Terminated)
+CLOSE_BODY = c.Struct("code" / c.Int16ub, "reason" / _Name, c.Terminated)
+PRINCIPAL_QUERY_BODY = c.Struct(
+    "query_id" / c.Int32ub,
+    "broker_instance" / c.Bytes(16),
+    "database" / _Name,
+    c.Terminated,
+)
+PRINCIPAL_ANSWER_BODY = c.Struct(
+    "query_id" / c.Int32ub,
+    "role" / c.Int8ub,
+    "broker_instance" / c.Bytes(16),
+    "database" / _Name,
+    c.Terminated,
+)
+
+BODY_CODECS: dict[FrameType, Any] = {
+    FrameType.HELLO: HELLO_BODY,
+    FrameType.HELLO_REPLY: HELLO_REPLY_BODY,
+    FrameType.PROOF: PROOF_BODY,
+    FrameType.WELCOME: WELCOME_BODY,
+    FrameType.KEEPALIVE: KEEPALIVE_BODY,
+    FrameType.CLOSE: CLOSE_BODY,
+    FrameType.PRINCIPAL_QUERY: PRINCIPAL_QUERY_BODY,
+    FrameType.PRINCIPAL_ANSWER: PRINCIPAL_ANSWER_BODY,
+}
+"""Interpreted construct codecs of the structured bodies (FRAGMENT/ACK are opaque)."""
+
+COMPILED_BODY_CODECS: dict[FrameType, Any] = {t: s.compile() for t, s in BODY_CODECS.items()}
+HELLO_REPLY_CORE_COMPILED = HELLO_REPLY_CORE.compile()
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    version: int
+    frame_type: int
+    flags: int
+    length: int
+    counter: int
+
+
+def encode_header(version: int, frame_type: int, flags: int, length: int, counter: int) -> bytes:
+    """Header bytes for a frame (hot path: the derived struct of FRAME_HEADER)."""
+    head = _HEADER.pack(MAGIC, version, frame_type, flags, b"\x00", length, counter, 0)
+    return head[:_CRC_SPAN] + (zlib.crc32(head[:_CRC_SPAN]) & 0xFFFFFFFF).to_bytes(4, "big")
+
+
+def decode_header(data: bytes | bytearray | memoryview, max_frame_size: int) -> FrameHeader:
+    """Validate and decode the first HEADER_SIZE bytes of ``data``.
+
+    Checks, in order, before anything is allocated for the body: magic, header
+    CRC, reserved byte, frame type, body length against ``max_frame_size``.
+    """
+    magic, version, frame_type, flags, reserved, length, counter, crc = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise RemoteProtocolError(f"bad frame magic {bytes(magic)!r}")
+    if zlib.crc32(bytes(data[:_CRC_SPAN])) & 0xFFFFFFFF != crc:
+        raise RemoteProtocolError("frame header checksum mismatch", CloseCode.INTEGRITY)
+    if reserved != b"\x00":
+        raise RemoteProtocolError("reserved header byte is not zero")
+    if frame_type not in _FRAME_TYPE_VALUES:
+        raise RemoteProtocolError(f"unknown frame type {frame_type}")
+    if length > max_frame_size:
+        raise RemoteProtocolError(
+            f"frame body of {length} bytes exceeds the limit of {max_frame_size}",
+            CloseCode.FRAME_TOO_LARGE,
+        )
+    return FrameHeader(version, frame_type, flags, length, counter)
+
+
+_FRAME_TYPE_VALUES = frozenset(int(t) for t in FrameType)
+
+
+def encode_body(frame_type: FrameType, value: dict[str, Any]) -> bytes:
+    """Build a structured body (handshake, close, keepalive, principal query/answer)."""
+    return build(COMPILED_BODY_CODECS[frame_type], value, f"{frame_type.name} body")
+
+
+def decode_body(frame_type: FrameType, body: bytes) -> Any:
+    """Parse a structured body; every body ends in ``Terminated``, so trailing bytes fail."""
+    codec = COMPILED_BODY_CODECS[frame_type]
+    value = parse(codec, body, f"{frame_type.name} body")
+    _check_bounds(frame_type, value)
+    return value
+
+
+def encode_reply_core(value: dict[str, Any]) -> bytes:
+    return build(HELLO_REPLY_CORE_COMPILED, value, "HELLO_REPLY core")
+
+
+def decode_reply_core(data: bytes) -> Any:
+    value = parse(HELLO_REPLY_CORE_COMPILED, data, "HELLO_REPLY core")
+    _check_name(value.instance_name, "instance name")
+    _check_blob(value.certificate, MAX_CERTIFICATE_BYTES, "certificate")
+    return value
+
+
+def _check_bounds(frame_type: FrameType, value: Any) -> None:
+    if frame_type is FrameType.HELLO:
+        _check_name(value.instance_name, "instance name")
+        _check_blob(value.certificate, MAX_CERTIFICATE_BYTES, "certificate")
+        if not 0 < len(value.versions) <= MAX_VERSIONS:
+            raise RemoteProtocolError(f"HELLO offers {len(value.versions)} versions")
+    elif frame_type in (FrameType.HELLO_REPLY, FrameType.PROOF):
+        _check_blob(value.signature, MAX_SIGNATURE_BYTES, "signature")
+    elif frame_type is FrameType.CLOSE:
+        _check_name(value.reason, "close reason", MAX_REASON_BYTES, allow_empty=True)
+    elif frame_type in (FrameType.PRINCIPAL_QUERY, FrameType.PRINCIPAL_ANSWER):
+        _check_name(value.database, "database name")
+
+
+def _check_name(
+    name: str, what: str, limit: int = MAX_NAME_BYTES, allow_empty: bool = False
+) -> None:
+    size = len(name.encode("utf-8"))
+    if size > limit:
+        raise RemoteProtocolError(f"{what} of {size} bytes exceeds {limit}")
+    if not allow_empty and size == 0:
+        raise RemoteProtocolError(f"empty {what}")
+
+
+def _check_blob(blob: bytes, limit: int, what: str) -> None:
+    if len(blob) > limit:
+        raise RemoteProtocolError(f"{what} of {len(blob)} bytes exceeds {limit}")
