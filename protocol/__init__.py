@@ -21,6 +21,7 @@ from protocol.errors import (
     LocalProtocolError,
     ProtocolError,
     ReassemblyError,
+    ReassemblyFull,
     RemoteProtocolError,
 )
 from protocol.frames import EncryptionMode, MirrorRole
@@ -38,6 +39,7 @@ __all__ = [
     "MirrorRole",
     "ProtocolError",
     "ReassemblyError",
+    "ReassemblyFull",
     "RemoteProtocolError",
     "Role",
     "State",

@@ -39,6 +39,9 @@ class CloseCode(enum.IntEnum):
 class BrokerError(Exception):
     """Root of every error brokerd raises deliberately."""
 
+    retriable: bool = False
+    """True when the same request may succeed later without any change."""
+
 
 class ProtocolError(BrokerError):
     """A wire-protocol failure (adjacent-broker or dialog layer)."""
@@ -62,5 +65,11 @@ class HandshakeRefused(RemoteProtocolError):
     """This side refused the peer during the handshake (certificate, proof, mode, version)."""
 
 
-class ReassemblyError(RemoteProtocolError):
-    """Fragments that cannot belong to one message, or a message over the size limits."""
+class ReassemblyError(ProtocolError):
+    """Fragments that cannot belong to one message, or a message over the size limit."""
+
+
+class ReassemblyFull(ReassemblyError):
+    """The reassembler's memory bounds are reached; refuse the fragment unacknowledged."""
+
+    retriable = True

@@ -1,0 +1,356 @@
+"""Dialog-protocol message header codec (SPEC §4, R-DLG-1, R-DLG-2, R-DLG-5, R-DLG-7).
+
+The dialog layer rides in the bodies of FRAGMENT and ACK frames:
+
+* FRAGMENT payload: ``u16 header length | dialog header | fragment bytes``
+* ACK payload: ``u16 count | count x (u16 length | dialog header)`` with no
+  message content: dedicated acknowledgements for several conversations in one frame.
+
+The dialog header names the conversation and both services and broker instances
+(so forwarders can route it, R-ROUTE-7), the contract and message type, the
+sequence number and fragment position, the acknowledgement of the other
+direction (piggybacked, R-DLG-5), the dialog lifetime and the hop count.
+
+Acknowledgement fields: ``through`` = highest sequence number such that every
+message 1..through has been received and stored; ``ranges`` = complete messages
+received beyond it; ``fragments`` = fragments received of messages not yet complete
+(so a lost fragment is resent alone, R-DLG-7). All lists are bounded.
+
+Sequence numbers start at 1; 0 means "none" (unsequenced messages, empty acks).
+The nil UUID stands for "no broker instance named".
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from typing import Any, NamedTuple
+
+import construct as c
+
+from protocol.codec import FastCodec
+from protocol.errors import LocalProtocolError, RemoteProtocolError
+from protocol.frames import MAX_NAME_BYTES
+
+END_DIALOG = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
+ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
+DIALOG_TIMER = "http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer"
+DEFAULT_CONTRACT = "DEFAULT"
+DEFAULT_MESSAGE_TYPE = "DEFAULT"
+
+MAX_ACK_RANGES = 32
+MAX_FRAGMENT_ACKS = 32
+MAX_ACKS_PER_FRAME = 1024
+MAX_HOP_COUNT = 255
+
+NIL_UUID = uuid.UUID(int=0)
+
+
+class MessageFlags(enum.IntFlag):
+    NONE = 0
+    INITIATOR = 0x01
+    """The sender of this message is the conversation's initiator."""
+    SEQUENCED = 0x02
+    """User messages, EndDialog and application errors (R-DLG-2)."""
+    END_DIALOG = 0x04
+    ERROR = 0x08
+    """An Error message; unsequenced when the broker generated it."""
+
+
+_KNOWN_FLAGS = int(
+    MessageFlags.INITIATOR | MessageFlags.SEQUENCED | MessageFlags.END_DIALOG | MessageFlags.ERROR
+)
+
+_Name = c.PascalString(c.Int16ub, "utf8")
+
+DIALOG_HEADER = c.Struct(
+    "conversation_id" / c.Bytes(16),
+    "flags" / c.Int16ub,
+    "sequence_number" / c.Int64ub,
+    "fragment_index" / c.Int32ub,
+    "fragment_count" / c.Int32ub,
+    "fragment_offset" / c.Int64ub,
+    "message_length" / c.Int64ub,
+    "lifetime" / c.Int32ub,
+    "hop_count" / c.Int8ub,
+    "from_broker_instance" / c.Bytes(16),
+    "to_broker_instance" / c.Bytes(16),
+    "ack_through" / c.Int64ub,
+    "ack_ranges" / c.PrefixedArray(c.Int8ub, c.Struct("first" / c.Int64ub, "last" / c.Int64ub)),
+    "ack_fragments"
+    / c.PrefixedArray(
+        c.Int8ub,
+        c.Struct("sequence_number" / c.Int64ub, "first" / c.Int32ub, "last" / c.Int32ub),
+    ),
+    "from_service" / _Name,
+    "to_service" / _Name,
+    "contract" / _Name,
+    "message_type" / _Name,
+    c.Terminated,
+)
+FRAGMENT_PAYLOAD = c.Struct(
+    "header" / c.Prefixed(c.Int16ub, c.GreedyBytes),
+    "body" / c.GreedyBytes,
+)
+ACK_PAYLOAD = c.Struct(
+    "headers" / c.PrefixedArray(c.Int16ub, c.Prefixed(c.Int16ub, c.GreedyBytes)),
+    c.Terminated,
+)
+DIALOG_HEADER_COMPILED = DIALOG_HEADER.compile()
+"""construct's compiled codec of the header; the hot path uses the derived FastCodec."""
+
+
+class AckRange(NamedTuple):
+    """Complete messages ``first..last`` (inclusive) received beyond ``through``."""
+
+    first: int
+    last: int
+
+
+class FragmentAck(NamedTuple):
+    """Fragments ``first..last`` (inclusive) of an incomplete message received."""
+
+    sequence_number: int
+    first: int
+    last: int
+
+
+class Acknowledgement(NamedTuple):
+    through: int = 0
+    ranges: tuple[AckRange, ...] = ()
+    fragments: tuple[FragmentAck, ...] = ()
+
+    def covers(self, sequence_number: int, fragment_index: int | None = None) -> bool:
+        """Whether this acknowledgement confirms a message (or one fragment of it)."""
+        if sequence_number <= self.through:
+            return True
+        if any(r.first <= sequence_number <= r.last for r in self.ranges):
+            return True
+        if fragment_index is None:
+            return False
+        return any(
+            f.sequence_number == sequence_number and f.first <= fragment_index <= f.last
+            for f in self.fragments
+        )
+
+
+NO_ACK = Acknowledgement()
+
+
+class DialogHeader(NamedTuple):
+    """The dialog-layer header of one message fragment or dedicated acknowledgement.
+
+    A NamedTuple: immutable, and cheap to build on the hot path.
+    """
+
+    conversation_id: uuid.UUID
+    from_service: str
+    to_service: str
+    from_broker_instance: uuid.UUID
+    to_broker_instance: uuid.UUID | None = None
+    contract: str = DEFAULT_CONTRACT
+    message_type: str = DEFAULT_MESSAGE_TYPE
+    flags: int = MessageFlags.SEQUENCED
+    """A combination of MessageFlags."""
+    sequence_number: int = 0
+    fragment_index: int = 0
+    fragment_count: int = 1
+    fragment_offset: int = 0
+    message_length: int = 0
+    lifetime: int = 0
+    """Dialog lifetime in seconds as set by the initiator; 0 = unlimited (R-DLG-9)."""
+    hop_count: int = 0
+    ack: Acknowledgement = NO_ACK
+
+    @property
+    def initiator(self) -> bool:
+        return bool(self.flags & MessageFlags.INITIATOR)
+
+    @property
+    def sequenced(self) -> bool:
+        return bool(self.flags & MessageFlags.SEQUENCED)
+
+
+_HEADER_CODEC = FastCodec(DIALOG_HEADER)
+_FRAGMENT_CODEC = FastCodec(FRAGMENT_PAYLOAD)
+_ACK_CODEC = FastCodec(ACK_PAYLOAD)
+_uuid = uuid.UUID
+
+
+def _to_row(h: DialogHeader) -> tuple[Any, ...]:
+    ack = h.ack
+    return (
+        h.conversation_id.bytes,
+        int(h.flags),
+        h.sequence_number,
+        h.fragment_index,
+        h.fragment_count,
+        h.fragment_offset,
+        h.message_length,
+        h.lifetime,
+        h.hop_count,
+        h.from_broker_instance.bytes,
+        (h.to_broker_instance or NIL_UUID).bytes,
+        ack.through,
+        ack.ranges,
+        ack.fragments,
+        h.from_service,
+        h.to_service,
+        h.contract,
+        h.message_type,
+    )
+
+
+def _from_row(v: tuple[Any, ...]) -> DialogHeader:
+    (
+        conversation_id,
+        flags,
+        sequence_number,
+        fragment_index,
+        fragment_count,
+        fragment_offset,
+        message_length,
+        lifetime,
+        hop_count,
+        from_broker,
+        to_broker,
+        ack_through,
+        ack_ranges,
+        ack_fragments,
+        from_service,
+        to_service,
+        contract,
+        message_type,
+    ) = v
+    if ack_through or ack_ranges or ack_fragments:
+        ack = Acknowledgement(
+            ack_through,
+            tuple(AckRange(*r) for r in ack_ranges),
+            tuple(FragmentAck(*f) for f in ack_fragments),
+        )
+    else:
+        ack = NO_ACK
+    return DialogHeader(
+        _uuid(bytes=conversation_id),
+        from_service,
+        to_service,
+        _uuid(bytes=from_broker),
+        None if to_broker == _NIL_BYTES else _uuid(bytes=to_broker),
+        contract,
+        message_type,
+        flags,
+        sequence_number,
+        fragment_index,
+        fragment_count,
+        fragment_offset,
+        message_length,
+        lifetime,
+        hop_count,
+        ack,
+    )
+
+
+_NIL_BYTES = NIL_UUID.bytes
+
+
+def to_construct_value(h: DialogHeader) -> dict[str, Any]:
+    """The header as a construct container value (for tests and tooling)."""
+    row = _to_row(h)
+    value = dict(zip(_HEADER_CODEC.names, row, strict=True))
+    value["ack_ranges"] = [{"first": a, "last": b} for a, b in h.ack.ranges]
+    value["ack_fragments"] = [
+        {"sequence_number": s, "first": a, "last": b} for s, a, b in h.ack.fragments
+    ]
+    return value
+
+
+def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
+    """The first rule ``h`` breaks, or None. ``body_length`` is None for acknowledgements."""
+    for what, name in (
+        ("from service", h.from_service),
+        ("to service", h.to_service),
+        ("contract", h.contract),
+        ("message type", h.message_type),
+    ):
+        size = len(name.encode("utf-8"))
+        if size > MAX_NAME_BYTES:
+            return f"{what} name of {size} bytes exceeds {MAX_NAME_BYTES}"
+    if not h.from_service or not h.to_service:
+        return "service names must not be empty"
+    if h.flags & ~_KNOWN_FLAGS:
+        return f"unknown message flags {int(h.flags):#x}"
+    if h.from_broker_instance == NIL_UUID:
+        return "the sending broker instance must be named"
+    if len(h.ack.ranges) > MAX_ACK_RANGES or len(h.ack.fragments) > MAX_FRAGMENT_ACKS:
+        return "too many acknowledgement ranges"
+    low = h.ack.through
+    for r in h.ack.ranges:
+        if not low < r.first <= r.last:
+            return f"acknowledgement range {r.first}..{r.last} is out of order"
+        low = r.last
+    for f in h.ack.fragments:
+        if f.first > f.last or f.sequence_number <= h.ack.through:
+            return f"fragment acknowledgement {f} is inconsistent"
+    if body_length is None:
+        return None
+    if h.sequenced and h.sequence_number == 0:
+        return "a sequenced message needs a sequence number"
+    if not 0 <= h.fragment_index < h.fragment_count:
+        return f"fragment index {h.fragment_index} outside 0..{h.fragment_count - 1}"
+    if h.fragment_offset + body_length > h.message_length:
+        return (
+            f"fragment at offset {h.fragment_offset} with {body_length} bytes overruns a "
+            f"message of {h.message_length} bytes"
+        )
+    if h.fragment_count > max(1, h.message_length):
+        return f"{h.fragment_count} fragments for a message of {h.message_length} bytes"
+    return None
+
+
+def encode_header(h: DialogHeader) -> bytes:
+    return _HEADER_CODEC.build(_to_row(h))
+
+
+def decode_header(data: bytes) -> DialogHeader:
+    return _from_row(_HEADER_CODEC.parse(data))
+
+
+def encode_fragment(h: DialogHeader, body: bytes) -> bytes:
+    """The payload of a FRAGMENT frame: header and fragment bytes."""
+    problem = validate_header(h, len(body))
+    if problem:
+        raise LocalProtocolError(f"invalid dialog message: {problem}")
+    return _FRAGMENT_CODEC.build((encode_header(h), body))
+
+
+def decode_fragment(payload: bytes) -> tuple[DialogHeader, bytes]:
+    """Header and fragment bytes of a FRAGMENT frame payload; RemoteProtocolError if invalid."""
+    raw_header, body = _FRAGMENT_CODEC.parse(payload)
+    header = decode_header(raw_header)
+    problem = validate_header(header, len(body))
+    if problem:
+        raise RemoteProtocolError(f"invalid dialog message: {problem}")
+    return header, body
+
+
+def encode_acks(headers: list[DialogHeader]) -> bytes:
+    """The payload of an ACK frame: one header per acknowledged conversation endpoint."""
+    if not 0 < len(headers) <= MAX_ACKS_PER_FRAME:
+        raise LocalProtocolError(f"an ACK frame carries 1..{MAX_ACKS_PER_FRAME} headers")
+    for h in headers:
+        problem = validate_header(h, None)
+        if problem:
+            raise LocalProtocolError(f"invalid acknowledgement: {problem}")
+    return _ACK_CODEC.build(([encode_header(h) for h in headers],))
+
+
+def decode_acks(payload: bytes) -> list[DialogHeader]:
+    (raw_headers,) = _ACK_CODEC.parse(payload)
+    if not 0 < len(raw_headers) <= MAX_ACKS_PER_FRAME:
+        raise RemoteProtocolError(f"ACK frame with {len(raw_headers)} headers")
+    headers = [decode_header(raw) for raw in raw_headers]
+    for h in headers:
+        problem = validate_header(h, None)
+        if problem:
+            raise RemoteProtocolError(f"invalid acknowledgement: {problem}")
+    return headers

@@ -1,0 +1,158 @@
+"""Fragmentation and reassembly of dialog messages (SPEC R-DLG-7).
+
+A small message travels as one fragment, a large one as many; each fragment
+names its index, the fragment count, its byte offset and the message length, so
+the receiver can rebuild the message from fragments arriving in any order, with
+duplicates, and a lost fragment can be resent alone.
+
+The :class:`Reassembler` keeps partial messages in memory within explicit
+bounds (largest message, bytes held, messages held); a fragment that would break
+a bound is refused with :class:`ReassemblyFull` (retriable: do not acknowledge
+it, the sender will retransmit) and one that cannot belong to the message with
+:class:`ReassemblyError`. The daemon persists partial messages with status 2
+(R-OBJ-3); this class is the pure bookkeeping both paths share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from protocol.errors import LocalProtocolError, ReassemblyError, ReassemblyFull
+
+DEFAULT_FRAGMENT_SIZE = 64 * 1024
+
+
+class FragmentSlice(NamedTuple):
+    index: int
+    count: int
+    offset: int
+    data: bytes
+
+
+def fragment_count(message_length: int, fragment_size: int) -> int:
+    return max(1, -(-message_length // fragment_size))
+
+
+def split_message(
+    body: bytes, fragment_size: int = DEFAULT_FRAGMENT_SIZE
+) -> Iterator[FragmentSlice]:
+    """The fragments of ``body``; an empty body is one empty fragment."""
+    if fragment_size <= 0:
+        raise LocalProtocolError("fragment size must be positive")
+    count = fragment_count(len(body), fragment_size)
+    view = memoryview(body)
+    for index in range(count):
+        offset = index * fragment_size
+        yield FragmentSlice(index, count, offset, bytes(view[offset : offset + fragment_size]))
+
+
+def fragment_at(body: bytes, index: int, fragment_size: int) -> FragmentSlice:
+    """One fragment of ``body`` (to resend it alone)."""
+    count = fragment_count(len(body), fragment_size)
+    if not 0 <= index < count:
+        raise LocalProtocolError(f"fragment {index} of a {count}-fragment message")
+    offset = index * fragment_size
+    return FragmentSlice(index, count, offset, body[offset : offset + fragment_size])
+
+
+@dataclass
+class _Partial:
+    count: int
+    length: int
+    pieces: dict[int, tuple[int, bytes]] = field(default_factory=dict)
+    held: int = 0
+
+
+class Reassembler:
+    """Rebuilds messages from fragments, in bounded memory."""
+
+    def __init__(
+        self,
+        max_message_size: int = 100 * 1024 * 1024,
+        max_held_bytes: int = 256 * 1024 * 1024,
+        max_held_messages: int = 10_000,
+    ) -> None:
+        self.max_message_size = max_message_size
+        self.max_held_bytes = max_held_bytes
+        self.max_held_messages = max_held_messages
+        self.held_bytes = 0
+        self._partials: dict[Hashable, _Partial] = {}
+
+    @property
+    def held_messages(self) -> int:
+        return len(self._partials)
+
+    def add(
+        self, key: Hashable, index: int, count: int, offset: int, length: int, data: bytes
+    ) -> bytes | None:
+        """Store one fragment; the whole message once its last fragment is in, else None.
+
+        A duplicate fragment is accepted and ignored. ``key`` identifies the message,
+        e.g. (conversation id, initiator flag, sequence number).
+        """
+        if length > self.max_message_size:
+            raise ReassemblyError(
+                f"message of {length} bytes exceeds the limit of {self.max_message_size}"
+            )
+        if not 0 <= index < count or offset + len(data) > length or count > max(1, length):
+            raise ReassemblyError(
+                f"fragment {index}/{count} at offset {offset} (+{len(data)}) does not fit "
+                f"a message of {length} bytes"
+            )
+        if count == 1:
+            if offset != 0 or len(data) != length:
+                raise ReassemblyError(f"single fragment of {len(data)} bytes, expected {length}")
+            self.discard(key)
+            return data
+        partial = self._partials.get(key)
+        if partial is None:
+            if len(self._partials) >= self.max_held_messages:
+                raise ReassemblyFull(f"already reassembling {len(self._partials)} messages")
+            partial = _Partial(count, length)
+            self._partials[key] = partial
+        elif partial.count != count or partial.length != length:
+            raise ReassemblyError(
+                f"fragment says {count} fragments / {length} bytes, earlier ones said "
+                f"{partial.count} / {partial.length}"
+            )
+        known = partial.pieces.get(index)
+        if known is not None:
+            if known[0] != offset or len(known[1]) != len(data):
+                raise ReassemblyError(f"fragment {index} arrived twice with different extents")
+            return None
+        if self.held_bytes + len(data) > self.max_held_bytes:
+            raise ReassemblyFull(
+                f"holding {self.held_bytes} bytes of partial messages; limit {self.max_held_bytes}"
+            )
+        partial.pieces[index] = (offset, data)
+        partial.held += len(data)
+        self.held_bytes += len(data)
+        if len(partial.pieces) < count:
+            return None
+        return self._complete(key, partial)
+
+    def _complete(self, key: Hashable, partial: _Partial) -> bytes:
+        self.discard(key)
+        position = 0
+        parts: list[bytes] = []
+        for index in range(partial.count):
+            offset, data = partial.pieces[index]
+            if offset != position:
+                raise ReassemblyError(f"fragment {index} at offset {offset}, expected {position}")
+            parts.append(data)
+            position += len(data)
+        if position != partial.length:
+            raise ReassemblyError(f"fragments hold {position} bytes, message has {partial.length}")
+        return b"".join(parts)
+
+    def received(self, key: Hashable) -> list[int]:
+        """Indexes of the fragments held for a partial message (for acknowledgements)."""
+        partial = self._partials.get(key)
+        return sorted(partial.pieces) if partial else []
+
+    def discard(self, key: Hashable) -> None:
+        partial = self._partials.pop(key, None)
+        if partial is not None:
+            self.held_bytes -= partial.held
