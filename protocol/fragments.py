@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from protocol.errors import LocalProtocolError, ReassemblyError, ReassemblyFull
 
 DEFAULT_FRAGMENT_SIZE = 64 * 1024
 
 
-class FragmentSlice(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class FragmentSlice:
     index: int
     count: int
     offset: int
