@@ -635,6 +635,12 @@ class BrokerConnection:
         return frame
 
     @property
+    def buffered_bytes(self) -> int:
+        """Bytes held for an incomplete frame; never above HEADER_SIZE + max_frame_size
+        once receive_data returns."""
+        return len(self._buffer)
+
+    @property
     def closed(self) -> bool:
         return self.state is State.CLOSED
 

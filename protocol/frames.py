@@ -204,6 +204,21 @@ def decode_header(data: bytes | bytearray | memoryview, max_frame_size: int) -> 
 _FRAME_TYPE_VALUES = frozenset(int(t) for t in FrameType)
 
 
+def iter_frame_headers(
+    data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+) -> list[FrameHeader]:
+    """Headers of the complete frames at the start of ``data`` (for tools and tests)."""
+    out: list[FrameHeader] = []
+    pos = 0
+    while len(data) - pos >= HEADER_SIZE:
+        header = decode_header(data[pos : pos + HEADER_SIZE], max_frame_size)
+        if len(data) - pos - HEADER_SIZE < header.length:
+            break
+        out.append(header)
+        pos += HEADER_SIZE + header.length
+    return out
+
+
 def encode_body(frame_type: FrameType, value: dict[str, Any]) -> bytes:
     """Build a structured body (handshake, close, keepalive, principal query/answer)."""
     return build(COMPILED_BODY_CODECS[frame_type], value, f"{frame_type.name} body")

@@ -1,0 +1,97 @@
+"""Shared fixtures: a deployment CA, instance identities, and an in-memory link
+that pairs two sans-I/O connections (the h11 testing pattern)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from brokerd.certs import Issued, create_ca, identity_for, issue_instance
+from protocol import BrokerConnection, ConnectionSettings, EncryptionMode, Identity, Role
+from protocol.events import Event
+
+NOW = dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Issued
+    alpha: Identity
+    beta: Identity
+    other_ca: Issued
+    stranger: Identity
+    """Calls itself 'gamma', certificate issued by another CA."""
+
+    def identity(self, name: str, ca: Issued | None = None, **kwargs: object) -> Identity:
+        ca = ca or self.ca
+        return identity_for(issue_instance(ca, name, **kwargs), self.ca)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def pki() -> Pki:
+    ca = create_ca("brokerd test CA")
+    other = create_ca("someone else's CA")
+    return Pki(
+        ca=ca,
+        alpha=identity_for(issue_instance(ca, "alpha"), ca),
+        beta=identity_for(issue_instance(ca, "beta"), ca),
+        other_ca=other,
+        stranger=identity_for(issue_instance(other, "gamma"), ca),
+    )
+
+
+def make_pair(
+    initiator: Identity,
+    acceptor: Identity,
+    initiator_mode: EncryptionMode = EncryptionMode.REQUIRED,
+    acceptor_mode: EncryptionMode = EncryptionMode.REQUIRED,
+    now: dt.datetime = NOW,
+    **settings: object,
+) -> tuple[BrokerConnection, BrokerConnection]:
+    i = BrokerConnection(
+        Role.INITIATOR,
+        ConnectionSettings(initiator, encryption=initiator_mode, **settings),  # type: ignore[arg-type]
+        now,
+    )
+    a = BrokerConnection(
+        Role.ACCEPTOR,
+        ConnectionSettings(acceptor, encryption=acceptor_mode, **settings),  # type: ignore[arg-type]
+        now,
+    )
+    return i, a
+
+
+def run_handshake(
+    i: BrokerConnection,
+    a: BrokerConnection,
+    tamper: Callable[[str, bytes], bytes] | None = None,
+) -> tuple[list[Event], list[Event]]:
+    """Shuttle bytes between the two until neither has anything to say.
+
+    ``tamper(direction, data)`` may rewrite bytes in flight ("i->a" / "a->i").
+    RemoteProtocolError propagates to the caller.
+    """
+    tamper = tamper or (lambda _d, data: data)
+    i_events: list[Event] = []
+    a_events: list[Event] = []
+    to_a = i.start()
+    to_i = b""
+    for _ in range(10):
+        if to_a:
+            a_events += a.receive_data(tamper("i->a", to_a))
+        to_i = a.data_to_send()
+        if to_i:
+            i_events += i.receive_data(tamper("a->i", to_i))
+        to_a = i.data_to_send()
+        if not to_a and not to_i:
+            break
+    return i_events, a_events
+
+
+def open_pair(pki: Pki, **kwargs: object) -> tuple[BrokerConnection, BrokerConnection]:
+    i, a = make_pair(pki.alpha, pki.beta, **kwargs)  # type: ignore[arg-type]
+    run_handshake(i, a)
+    return i, a
