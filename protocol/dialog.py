@@ -96,8 +96,6 @@ ACK_PAYLOAD = c.Struct(
     "headers" / c.PrefixedArray(c.Int16ub, c.Prefixed(c.Int16ub, c.GreedyBytes)),
     c.Terminated,
 )
-DIALOG_HEADER_COMPILED = DIALOG_HEADER.compile()
-"""construct's compiled codec of the header; the hot path uses the derived FastCodec."""
 
 
 class AckRange(NamedTuple):

@@ -26,7 +26,7 @@ from typing import Any
 
 import construct as c
 
-from protocol.codec import build, fixed_struct, parse
+from protocol.codec import FastCodec, fixed_struct
 from protocol.errors import CloseCode, RemoteProtocolError
 
 MAGIC = b"BK"
@@ -98,7 +98,6 @@ FRAME_HEADER = c.Struct(
     "counter" / c.Int64ub,
     "header_crc" / c.Int32ub,
 )
-FRAME_HEADER_COMPILED = FRAME_HEADER.compile()
 _HEADER: struct.Struct = fixed_struct(FRAME_HEADER)
 _CRC_SPAN = HEADER_SIZE - 4
 assert _HEADER.size == HEADER_SIZE
@@ -157,10 +156,13 @@ BODY_CODECS: dict[FrameType, Any] = {
     FrameType.PRINCIPAL_QUERY: PRINCIPAL_QUERY_BODY,
     FrameType.PRINCIPAL_ANSWER: PRINCIPAL_ANSWER_BODY,
 }
-"""Interpreted construct codecs of the structured bodies (FRAGMENT/ACK are opaque)."""
+"""The construct declarations of the structured bodies (FRAGMENT/ACK are opaque)."""
 
-COMPILED_BODY_CODECS: dict[FrameType, Any] = {t: s.compile() for t, s in BODY_CODECS.items()}
-HELLO_REPLY_CORE_COMPILED = HELLO_REPLY_CORE.compile()
+FAST_BODY_CODECS: dict[FrameType, FastCodec] = {
+    t: FastCodec(s, t.name.title().replace("_", "") + "Body") for t, s in BODY_CODECS.items()
+}
+"""The codecs used at run time, derived from BODY_CODECS (see protocol/codec.py)."""
+_REPLY_CORE_CODEC = FastCodec(HELLO_REPLY_CORE, "HelloReplyCore")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,26 +223,32 @@ def iter_frame_headers(
 
 def encode_body(frame_type: FrameType, value: dict[str, Any]) -> bytes:
     """Build a structured body (handshake, close, keepalive, principal query/answer)."""
-    return build(COMPILED_BODY_CODECS[frame_type], value, f"{frame_type.name} body")
+    return FAST_BODY_CODECS[frame_type].build_mapping(value)
 
 
 def decode_body(frame_type: FrameType, body: bytes) -> Any:
-    """Parse a structured body; every body ends in ``Terminated``, so trailing bytes fail."""
-    codec = COMPILED_BODY_CODECS[frame_type]
-    value = parse(codec, body, f"{frame_type.name} body")
+    """Parse a structured body into a named tuple; truncated or trailing bytes fail."""
+    value = _parse_record(FAST_BODY_CODECS[frame_type], body, f"{frame_type.name} body")
     _check_bounds(frame_type, value)
     return value
 
 
 def encode_reply_core(value: dict[str, Any]) -> bytes:
-    return build(HELLO_REPLY_CORE_COMPILED, value, "HELLO_REPLY core")
+    return _REPLY_CORE_CODEC.build_mapping(value)
 
 
 def decode_reply_core(data: bytes) -> Any:
-    value = parse(HELLO_REPLY_CORE_COMPILED, data, "HELLO_REPLY core")
+    value = _parse_record(_REPLY_CORE_CODEC, data, "HELLO_REPLY core")
     _check_name(value.instance_name, "instance name")
     _check_blob(value.certificate, MAX_CERTIFICATE_BYTES, "certificate")
     return value
+
+
+def _parse_record(codec: FastCodec, data: bytes, what: str) -> Any:
+    try:
+        return codec.parse_record(data)
+    except RemoteProtocolError as exc:
+        raise RemoteProtocolError(f"malformed {what}: {exc}") from None
 
 
 def _check_bounds(frame_type: FrameType, value: Any) -> None:

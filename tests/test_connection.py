@@ -26,8 +26,8 @@ from protocol import (
     RemoteProtocolError,
     Role,
     State,
+    frames,
 )
-from protocol import frames
 from protocol.events import (
     Ack,
     Close,
@@ -105,8 +105,15 @@ def test_close_is_delivered_with_reason(pki: Pki) -> None:
 
 @pytest.mark.parametrize(
     ("mode_i", "mode_a", "encrypted"),
-    [(R, R, True), (R, S, True), (S, R, True), (S, S, True), (S, D, False), (D, S, False),
-     (D, D, False)],
+    [
+        (R, R, True),
+        (R, S, True),
+        (S, R, True),
+        (S, S, True),
+        (S, D, False),
+        (D, S, False),
+        (D, D, False),
+    ],
 )
 def test_encryption_negotiation(
     pki: Pki, mode_i: EncryptionMode, mode_a: EncryptionMode, encrypted: bool
@@ -199,9 +206,7 @@ def test_acceptor_with_stolen_certificate_fails_the_proof(pki: Pki) -> None:
 
 
 def test_expected_peer_name_is_enforced(pki: Pki) -> None:
-    i = BrokerConnection(
-        Role.INITIATOR, ConnectionSettings(pki.alpha, expected_peer="gamma"), NOW
-    )
+    i = BrokerConnection(Role.INITIATOR, ConnectionSettings(pki.alpha, expected_peer="gamma"), NOW)
     a = BrokerConnection(Role.ACCEPTOR, ConnectionSettings(pki.beta), NOW)
     with pytest.raises(HandshakeRefused) as refused:
         run_handshake(i, a)
@@ -216,8 +221,9 @@ def _rewrite(frame: bytes, frame_type: frames.FrameType, **changes: object) -> b
     value.update(changes)
     body = frames.BODY_CODECS[frame_type].build(value)
     return (
-        frames.encode_header(header.version, header.frame_type, header.flags, len(body),
-                             header.counter)
+        frames.encode_header(
+            header.version, header.frame_type, header.flags, len(body), header.counter
+        )
         + body
     )
 
@@ -360,7 +366,7 @@ def test_too_many_integrity_failures_close_the_connection(pki: Pki) -> None:
 
 
 def test_oversized_length_is_refused_before_buffering(pki: Pki) -> None:
-    i, a = open_pair(pki, max_frame_size=8192)
+    _, a = open_pair(pki, max_frame_size=8192)
     header = frames.encode_header(1, frames.FrameType.FRAGMENT, 3, 10**9, 50)
     with pytest.raises(RemoteProtocolError) as failed:
         a.receive_data(header)
