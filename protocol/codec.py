@@ -118,7 +118,7 @@ class FastCodec:
             if sub.name:
                 self.names.append(sub.name)
         self._flush(run)
-        self.record = namedtuple(name, self.names)  # type: ignore[misc]
+        self.record: Any = namedtuple(name, self.names)  # type: ignore[misc]
         """The named-tuple type parse_record returns."""
 
     def parse_record(self, data: bytes) -> Any:
