@@ -105,14 +105,28 @@ def certificate_name(cert: x509.Certificate) -> str:
 def verify_peer_certificate(
     der: bytes, trusted_cas: Sequence[x509.Certificate], now: datetime
 ) -> x509.Certificate:
-    """Accept a peer certificate only if a trusted CA issued it and it is valid at ``now``."""
+    """Accept a peer certificate only if a trusted CA issued it and it is valid at ``now``.
+
+    The cryptography package parses certificate fields lazily and raises a variety
+    of exceptions on hostile DER (ValueError, x509.InvalidVersion,
+    UnsupportedAlgorithm, ...), from any field access: all of it runs under one
+    deliberately wide guard, so a bad certificate is always a refusal.
+    """
     try:
-        cert = x509.load_der_x509_certificate(der)
-        name = certificate_name(cert)
-    except ValueError as exc:
+        return _verify_certificate(der, trusted_cas, now)
+    except HandshakeRefused:
+        raise
+    except Exception as exc:
         raise HandshakeRefused(
             f"malformed peer certificate: {exc}", CloseCode.UNTRUSTED_CERTIFICATE
         ) from None
+
+
+def _verify_certificate(
+    der: bytes, trusted_cas: Sequence[x509.Certificate], now: datetime
+) -> x509.Certificate:
+    cert = x509.load_der_x509_certificate(der)
+    name = certificate_name(cert)
     for ca in trusted_cas:
         try:
             cert.verify_directly_issued_by(ca)
