@@ -194,7 +194,7 @@ def without_consts(con: c.Struct, value: dict[str, Any]) -> dict[str, Any]:
 
 def _int_strategy(fmtstr: str) -> st.SearchStrategy[int]:
     code = fmtstr.lstrip("<>=!")
-    bits = 8 * struct.calcsize(code)
+    bits = 8 * struct.calcsize(">" + code)
     if code.islower():
         return st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
     return st.integers(0, 2**bits - 1)

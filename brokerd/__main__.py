@@ -1,0 +1,3 @@
+from brokerd.cli import main
+
+raise SystemExit(main())

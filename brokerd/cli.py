@@ -1,0 +1,83 @@
+"""The ``brokerd`` command line: certificates and the protocol demonstration.
+
+    brokerd certs ca --dir DIR [--name NAME] [--days N] [--key-type ed25519|ec-p256]
+    brokerd certs instance NAME --dir DIR [--days N] [--key-type ...]
+    brokerd demo [--encryption required|supported|disabled]
+
+Later issues add ``brokerd run --config FILE``. Errors print one line naming the
+problem and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from brokerd import certs
+from protocol import BrokerError, EncryptionMode
+
+
+def _certs_ca(args: argparse.Namespace) -> None:
+    issued = certs.create_ca(args.name, days=args.days, key_type=args.key_type)
+    for path in certs.write_pair(args.dir, "ca", issued, overwrite=args.force):
+        print(f"wrote {path}")
+
+
+def _certs_instance(args: argparse.Namespace) -> None:
+    if not (args.dir / "ca.pem").exists() or not (args.dir / "ca.key").exists():
+        raise FileNotFoundError(
+            f"no CA in {args.dir} (expected ca.pem and ca.key; run 'brokerd certs ca' first)"
+        )
+    ca = certs.read_pair(args.dir, "ca")
+    issued = certs.issue_instance(ca, args.name, days=args.days, key_type=args.key_type)
+    for path in certs.write_pair(args.dir, args.name, issued, overwrite=args.force):
+        print(f"wrote {path}")
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from brokerd.demo import run_demo
+
+    result = run_demo(encryption=EncryptionMode[args.encryption.upper()])
+    if not (result["intact"] and result["integrity_failures"] and result["refused"]):
+        raise SystemExit("demo did not behave as expected")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="brokerd", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    cert_cmd = commands.add_parser("certs", help="create the deployment CA and certificates")
+    cert_kinds = cert_cmd.add_subparsers(dest="kind", required=True)
+    ca = cert_kinds.add_parser("ca", help="create a deployment CA (ca.pem, ca.key)")
+    ca.add_argument("--name", default="brokerd deployment CA")
+    ca.set_defaults(func=_certs_ca, days=3650)
+    inst = cert_kinds.add_parser("instance", help="issue an instance certificate")
+    inst.add_argument("name", help="instance name (certificate common name)")
+    inst.set_defaults(func=_certs_instance, days=825)
+    for sub in (ca, inst):
+        sub.add_argument("--dir", type=Path, required=True, help="directory of the CA files")
+        sub.add_argument("--days", type=int, help="validity in days")
+        sub.add_argument("--key-type", choices=certs.KEY_TYPES, default="ed25519")
+        sub.add_argument("--force", action="store_true", help="overwrite existing files")
+
+    demo = commands.add_parser("demo", help="two in-memory brokers: handshake and fragments")
+    demo.add_argument(
+        "--encryption", choices=[m.name.lower() for m in EncryptionMode], default="required"
+    )
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (BrokerError, OSError, ValueError) as exc:
+        print(f"brokerd: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
