@@ -21,8 +21,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import construct as c
 
@@ -88,7 +87,7 @@ class MirrorRole(enum.IntEnum):
 # Frame types that may travel before session keys exist.
 UNPROTECTED_TYPES = frozenset({FrameType.HELLO, FrameType.HELLO_REPLY, FrameType.CLOSE})
 
-FRAME_HEADER = c.Struct(
+FRAME_HEADER_PREFIX = c.Struct(
     "magic" / c.Const(MAGIC),
     "version" / c.Int8ub,
     "frame_type" / c.Int8ub,
@@ -96,11 +95,14 @@ FRAME_HEADER = c.Struct(
     "reserved" / c.Const(b"\x00"),
     "length" / c.Int32ub,
     "counter" / c.Int64ub,
-    "header_crc" / c.Int32ub,
 )
+"""The part of the header the CRC covers."""
+FRAME_HEADER = c.Struct(*FRAME_HEADER_PREFIX.subcons, "header_crc" / c.Int32ub)
 _HEADER: struct.Struct = fixed_struct(FRAME_HEADER)
-_CRC_SPAN = HEADER_SIZE - 4
-assert _HEADER.size == HEADER_SIZE
+_PREFIX: struct.Struct = fixed_struct(FRAME_HEADER_PREFIX)
+_CRC = struct.Struct(">I")
+_CRC_SPAN = _PREFIX.size
+assert _HEADER.size == HEADER_SIZE == _CRC_SPAN + _CRC.size
 
 _Name = c.PascalString(c.Int16ub, "utf8")
 _Blob = c.Prefixed(c.Int16ub, c.GreedyBytes)
@@ -165,8 +167,7 @@ FAST_BODY_CODECS: dict[FrameType, FastCodec] = {
 _REPLY_CORE_CODEC = FastCodec(HELLO_REPLY_CORE, "HelloReplyCore")
 
 
-@dataclass(frozen=True, slots=True)
-class FrameHeader:
+class FrameHeader(NamedTuple):
     version: int
     frame_type: int
     flags: int
@@ -176,20 +177,22 @@ class FrameHeader:
 
 def encode_header(version: int, frame_type: int, flags: int, length: int, counter: int) -> bytes:
     """Header bytes for a frame (hot path: the derived struct of FRAME_HEADER)."""
-    head = _HEADER.pack(MAGIC, version, frame_type, flags, b"\x00", length, counter, 0)
-    return head[:_CRC_SPAN] + (zlib.crc32(head[:_CRC_SPAN]) & 0xFFFFFFFF).to_bytes(4, "big")
+    prefix = _PREFIX.pack(MAGIC, version, frame_type, flags, b"\x00", length, counter)
+    return prefix + _CRC.pack(zlib.crc32(prefix))
 
 
-def decode_header(data: bytes | bytearray | memoryview, max_frame_size: int) -> FrameHeader:
-    """Validate and decode the first HEADER_SIZE bytes of ``data``.
+def decode_header(data: bytes, max_frame_size: int, offset: int = 0) -> FrameHeader:
+    """Validate and decode the HEADER_SIZE bytes of ``data`` at ``offset``.
 
     Checks, in order, before anything is allocated for the body: magic, header
     CRC, reserved byte, frame type, body length against ``max_frame_size``.
     """
-    magic, version, frame_type, flags, reserved, length, counter, crc = _HEADER.unpack_from(data)
+    magic, version, frame_type, flags, reserved, length, counter, crc = _HEADER.unpack_from(
+        data, offset
+    )
     if magic != MAGIC:
         raise RemoteProtocolError(f"bad frame magic {bytes(magic)!r}")
-    if zlib.crc32(bytes(data[:_CRC_SPAN])) & 0xFFFFFFFF != crc:
+    if zlib.crc32(data[offset : offset + _CRC_SPAN]) != crc:
         raise RemoteProtocolError("frame header checksum mismatch", CloseCode.INTEGRITY)
     if reserved != b"\x00":
         raise RemoteProtocolError("reserved header byte is not zero")
@@ -213,7 +216,7 @@ def iter_frame_headers(
     out: list[FrameHeader] = []
     pos = 0
     while len(data) - pos >= HEADER_SIZE:
-        header = decode_header(data[pos : pos + HEADER_SIZE], max_frame_size)
+        header = decode_header(data, max_frame_size, pos)
         if len(data) - pos - HEADER_SIZE < header.length:
             break
         out.append(header)

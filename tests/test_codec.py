@@ -321,7 +321,7 @@ def test_fixed_struct_frame_header_size_and_bytes() -> None:
     for value in SAMPLES["FRAME_HEADER"]:
         packed = derived.pack(*(value[sub.name] for sub in frames.FRAME_HEADER.subcons))
         assert packed == frames.FRAME_HEADER.build(value)
-        assert packed == frames.FRAME_HEADER_COMPILED.build(value)
+        assert packed == COMPILED["FRAME_HEADER"].build(value)
         parsed = derived.unpack(packed)
         assert parsed == tuple(value[sub.name] for sub in frames.FRAME_HEADER.subcons)
 
@@ -567,37 +567,60 @@ def test_fastcodec_build_int_for_bytes_is_local_error(name: str, row: tuple[Any,
 
 # -------------------------------------------------------------- parse/build wrappers
 
-NONEMPTY_BODIES = {
-    frames.FrameType.HELLO: "HELLO_BODY",
-    frames.FrameType.HELLO_REPLY: "HELLO_REPLY_BODY",
-    frames.FrameType.PROOF: "PROOF_BODY",
-    frames.FrameType.CLOSE: "CLOSE_BODY",
-    frames.FrameType.PRINCIPAL_QUERY: "PRINCIPAL_QUERY_BODY",
-    frames.FrameType.PRINCIPAL_ANSWER: "PRINCIPAL_ANSWER_BODY",
-}
+COMPILED_CLOSE = COMPILED["CLOSE_BODY"]
 
 
 @pytest.mark.parametrize("name", TERMINATED)
-def test_parse_wrapper_interpreted_turns_construct_errors_into_remote(name: str) -> None:
-    con = STRUCTS[name]
-    data = con.build(SAMPLES[name][0])
+@pytest.mark.parametrize("compiled", [False, True], ids=["interpreted", "compiled"])
+def test_parse_wrapper_truncated_and_trailing_input_is_remote(name: str, compiled: bool) -> None:
+    """codec.parse(): every construct (or struct) failure on peer bytes -> RemoteProtocolError.
+
+    The interpreted parser detects every truncation. construct's compiled parser does
+    not check the length of a Prefixed read (so a cut inside a blob may parse); the
+    wrapper must still never let anything but RemoteProtocolError out.
+    """
+    con = COMPILED[name] if compiled else STRUCTS[name]
+    data = STRUCTS[name].build(SAMPLES[name][0])
     for n in range(len(data)):
-        with pytest.raises(RemoteProtocolError, match=f"malformed {name}"):
-            parse(con, data[:n], name)
+        if compiled:
+            try:
+                parse(con, data[:n], name)
+            except RemoteProtocolError as exc:
+                assert f"malformed {name}" in str(exc)
+        else:
+            with pytest.raises(RemoteProtocolError, match=f"malformed {name}"):
+                parse(con, data[:n], name)
     with pytest.raises(RemoteProtocolError, match=f"malformed {name}"):
         parse(con, data + b"\x00", name)
 
 
-def test_parse_wrapper_bad_utf8_is_remote() -> None:
-    for con in (frames.CLOSE_BODY, frames.COMPILED_BODY_CODECS[frames.FrameType.CLOSE]):
-        with pytest.raises(RemoteProtocolError):
-            parse(con, b"\x00\x01\x00\x02\xff\xfe", "close")
+@pytest.mark.parametrize("con", [frames.CLOSE_BODY, COMPILED_CLOSE], ids=["interp", "compiled"])
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\x00", b"\x00\x01\x00", b"\x00\x01\x00\x02\xff\xfe", b"\x00\x01\x00\x00x"],
+)
+def test_parse_wrapper_malformed_close_body_is_remote(con: Any, data: bytes) -> None:
+    with pytest.raises(RemoteProtocolError, match="malformed close"):
+        parse(con, data, "close")
 
 
 def test_parse_wrapper_valid_input_passes_through() -> None:
     value = parse(frames.CLOSE_BODY, b"\x00\x02\x00\x03bye", "close")
     assert (value.code, value.reason) == (2, "bye")
-    assert frames.decode_body(frames.FrameType.CLOSE, b"\x00\x02\x00\x03bye").reason == "bye"
+    value = parse(COMPILED_CLOSE, b"\x00\x02\x00\x03bye", "close")
+    assert (value.code, value.reason) == (2, "bye")
+
+
+@pytest.mark.parametrize("name", sorted(set(TERMINATED) & {f"{t.name}_BODY" for t in frames.FrameType}))
+def test_frames_decode_body_truncated_is_remote(name: str) -> None:
+    """The run-time body decoder refuses every truncation and trailing byte (R-PROTO-1)."""
+    frame_type = frames.FrameType[name.removesuffix("_BODY")]
+    body = STRUCTS[name].build(SAMPLES[name][0])
+    for n in range(len(body)):
+        with pytest.raises(RemoteProtocolError):
+            frames.decode_body(frame_type, body[:n])
+    with pytest.raises(RemoteProtocolError):
+        frames.decode_body(frame_type, body + b"\x00")
 
 
 @pytest.mark.parametrize(
@@ -623,29 +646,13 @@ def test_build_wrapper_interpreted_turns_construct_errors_into_local(value: Any)
     [{"code": 1, "reason": b"r"}, {"code": 1, "reason": "\ud800"}, None, 5],
 )
 def test_build_wrapper_compiled_turns_construct_errors_into_local(value: Any) -> None:
-    with pytest.raises(LocalProtocolError):
-        build(frames.COMPILED_BODY_CODECS[frames.FrameType.CLOSE], value, "close")
+    with pytest.raises(LocalProtocolError, match="cannot encode close"):
+        build(COMPILED_CLOSE, value, "close")
 
 
 def test_build_wrapper_valid_value_passes_through() -> None:
-    assert build(frames.CLOSE_BODY, {"code": 1, "reason": "bye"}, "close") == (
-        b"\x00\x01\x00\x03bye"
-    )
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: codec.parse() does not catch struct.error, which construct's compiled "
-    "parsers raise on truncated input; frames.decode_body uses the compiled codecs",
-)
-@pytest.mark.parametrize("frame_type", sorted(NONEMPTY_BODIES))
-def test_parse_wrapper_compiled_truncated_input_is_remote(
-    frame_type: frames.FrameType,
-) -> None:
-    body = frames.BODY_CODECS[frame_type].build(SAMPLES[NONEMPTY_BODIES[frame_type]][0])
-    for n in range(len(body)):
-        with pytest.raises(RemoteProtocolError):
-            frames.decode_body(frame_type, body[:n])
+    for con in (frames.CLOSE_BODY, COMPILED_CLOSE):
+        assert build(con, {"code": 1, "reason": "bye"}, "close") == b"\x00\x01\x00\x03bye"
 
 
 @pytest.mark.xfail(
@@ -656,7 +663,7 @@ def test_parse_wrapper_compiled_truncated_input_is_remote(
 @pytest.mark.parametrize("code", [70000, -1, "x"])
 def test_build_wrapper_compiled_bad_int_is_local(code: Any) -> None:
     with pytest.raises(LocalProtocolError):
-        frames.encode_body(frames.FrameType.CLOSE, {"code": code, "reason": "r"})
+        build(COMPILED_CLOSE, {"code": code, "reason": "r"}, "close")
 
 
 @pytest.mark.xfail(
@@ -665,6 +672,13 @@ def test_build_wrapper_compiled_bad_int_is_local(code: Any) -> None:
 )
 @pytest.mark.parametrize("compiled", [False, True], ids=["interpreted", "compiled"])
 def test_build_wrapper_missing_field_is_local(compiled: bool) -> None:
-    con = frames.COMPILED_BODY_CODECS[frames.FrameType.CLOSE] if compiled else frames.CLOSE_BODY
+    con = COMPILED_CLOSE if compiled else frames.CLOSE_BODY
     with pytest.raises(LocalProtocolError):
         build(con, {"code": 1}, "close")
+
+
+@pytest.mark.parametrize("value", [{"code": 1}, {"code": 70000, "reason": "r"}, {"reason": "r"}])
+def test_frames_encode_body_bad_values_are_local(value: dict[str, Any]) -> None:
+    """The run-time body encoder (FastCodec.build_mapping) reports our bad values locally."""
+    with pytest.raises(LocalProtocolError):
+        frames.encode_body(frames.FrameType.CLOSE, value)
