@@ -1,0 +1,80 @@
+"""The ``brokerd`` command line, run as a real subprocess: certificates and the demo."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from brokerd.certs import load_identity
+from protocol import BrokerConnection, ConnectionSettings, Role
+from tests.conftest import run_handshake
+
+
+def brokerd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "brokerd", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_certs_make_a_ca_and_instances_that_complete_a_handshake(tmp_path: Path) -> None:
+    assert brokerd("certs", "ca", "--dir", str(tmp_path), "--name", "Test CA").returncode == 0
+    for name in ("alpha", "beta"):
+        done = brokerd("certs", "instance", name, "--dir", str(tmp_path))
+        assert done.returncode == 0, done.stderr
+        assert f"{name}.pem" in done.stdout
+        assert stat.S_IMODE(os.stat(tmp_path / f"{name}.key").st_mode) == 0o600
+    ca = tmp_path / "ca.pem"
+    alpha = load_identity(tmp_path / "alpha.pem", tmp_path / "alpha.key", ca)
+    beta = load_identity(tmp_path / "beta.pem", tmp_path / "beta.key", ca)
+    now = dt.datetime.now(dt.UTC)
+    i = BrokerConnection(Role.INITIATOR, ConnectionSettings(alpha), now)
+    a = BrokerConnection(Role.ACCEPTOR, ConnectionSettings(beta), now)
+    i_events, a_events = run_handshake(i, a)
+    assert i.peer_instance == "beta" and a.peer_instance == "alpha"
+    assert i_events and a_events
+
+
+def test_ecdsa_key_type(tmp_path: Path) -> None:
+    assert brokerd("certs", "ca", "--dir", str(tmp_path), "--key-type", "ec-p256").returncode == 0
+    done = brokerd("certs", "instance", "gamma", "--dir", str(tmp_path), "--key-type", "ec-p256")
+    assert done.returncode == 0, done.stderr
+    assert b"BEGIN PRIVATE KEY" in (tmp_path / "gamma.key").read_bytes()
+
+
+def test_instance_without_a_ca_is_a_clear_error(tmp_path: Path) -> None:
+    done = brokerd("certs", "instance", "alpha", "--dir", str(tmp_path))
+    assert done.returncode == 2
+    assert "no CA in" in done.stderr and "brokerd certs ca" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_existing_files_are_not_overwritten_without_force(tmp_path: Path) -> None:
+    assert brokerd("certs", "ca", "--dir", str(tmp_path)).returncode == 0
+    before = (tmp_path / "ca.pem").read_bytes()
+    done = brokerd("certs", "ca", "--dir", str(tmp_path))
+    assert done.returncode == 2 and "--force" in done.stderr
+    assert (tmp_path / "ca.pem").read_bytes() == before
+    assert brokerd("certs", "ca", "--dir", str(tmp_path), "--force").returncode == 0
+    assert (tmp_path / "ca.pem").read_bytes() != before
+
+
+def test_demo_runs_end_to_end() -> None:
+    done = brokerd("demo")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "HandshakeComplete(peer_instance='alpha'" in out
+    assert "message 2 complete, 204800 bytes" in out
+    assert "IntegrityFailure" in out
+    assert "not issued by a trusted CA" in out
+    assert "3 messages delivered intact=True" in out
+
+
+def test_demo_signed_only() -> None:
+    done = brokerd("demo", "--encryption", "disabled")
+    assert done.returncode == 0, done.stderr
+    assert "encrypted=False" in done.stdout and "FRAGMENT#2" in done.stdout
+    assert "encrypted+signed" not in done.stdout.split("alpha sends")[1].split("a broker whose")[0]
