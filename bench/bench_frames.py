@@ -60,6 +60,32 @@ def _rate(step: Callable[[], int], seconds: float) -> float:
     return frames / (time.perf_counter() - start)
 
 
+def _steps(
+    i: BrokerConnection, a: BrokerConnection, payload: bytes, header: DialogHeader
+) -> list[tuple[str, Callable[[], int]]]:
+    """The three measured paths for one connection pair and payload."""
+    event = Fragment(payload)
+
+    def single() -> int:
+        for _ in range(100):
+            a.receive_data(i.send(event))
+        return 100
+
+    def batch() -> int:
+        data = b"".join([i.send(event) for _ in range(64)])
+        assert len(a.receive_data(data)) == 64
+        return 64
+
+    def dialog() -> int:
+        for _ in range(100):
+            (got,) = a.receive_data(i.send(Fragment(encode_fragment(header, payload))))
+            assert isinstance(got, Fragment)
+            decode_fragment(got.payload)
+        return 100
+
+    return [("frame", single), ("frame, batch 64", batch), ("+dialog", dialog)]
+
+
 def run(seconds: float) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     header = DialogHeader(
@@ -77,27 +103,7 @@ def run(seconds: float) -> list[dict[str, object]]:
         dialog_header = header._replace(message_length=size)
         for mode in (EncryptionMode.REQUIRED, EncryptionMode.DISABLED):
             i, a = _pair(mode)
-            event = Fragment(payload)
-
-            def single(i: BrokerConnection = i, a: BrokerConnection = a) -> int:
-                for _ in range(100):
-                    a.receive_data(i.send(event))
-                return 100
-
-            def batch(i: BrokerConnection = i, a: BrokerConnection = a) -> int:
-                data = b"".join([i.send(event) for _ in range(64)])
-                assert len(a.receive_data(data)) == 64
-                return 64
-
-            def dialog(
-                i: BrokerConnection = i, a: BrokerConnection = a, h: DialogHeader = dialog_header
-            ) -> int:
-                for _ in range(100):
-                    (got,) = a.receive_data(i.send(Fragment(encode_fragment(h, payload))))
-                    decode_fragment(got.payload)  # type: ignore[union-attr]
-                return 100
-
-            for label, step in (("frame", single), ("frame, batch 64", batch), ("+dialog", dialog)):
+            for label, step in _steps(i, a, payload, dialog_header):
                 rate = _rate(step, seconds)
                 rows.append(
                     {

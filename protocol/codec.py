@@ -77,7 +77,15 @@ def build(codec: Any, value: Any, what: str) -> bytes:
     """Build our own value; any construct failure becomes LocalProtocolError."""
     try:
         out: bytes = codec.build(value)
-    except (c.ConstructError, UnicodeEncodeError, ValueError, OverflowError, TypeError) as exc:
+    except (
+        c.ConstructError,
+        struct.error,
+        UnicodeEncodeError,
+        ValueError,
+        OverflowError,
+        TypeError,
+        KeyError,
+    ) as exc:
         raise LocalProtocolError(f"cannot encode {what}: {_short(exc)}") from None
     return out
 
@@ -142,7 +150,13 @@ class FastCodec:
             for i, sub in enumerate(run)
             if isinstance(sub, c.Renamed) and isinstance(sub.subcon, c.Const)
         ]
-        self.steps.append(("fixed", (struct.Struct(fmt), consts, len(run))))
+        # struct pads or truncates "ns" fields silently; construct refuses: so do we.
+        sized = [
+            (i, sub.subcon.length)
+            for i, sub in enumerate(run)
+            if isinstance(sub, c.Renamed) and type(sub.subcon) is c.Bytes
+        ]
+        self.steps.append(("fixed", (struct.Struct(fmt), consts, len(run), sized)))
         self.names.extend(sub.name for sub in run if not _is_const(sub))
 
     @staticmethod
@@ -181,7 +195,7 @@ class FastCodec:
         try:
             for kind, arg in self.steps:
                 if kind == "fixed":
-                    codec, consts, _ = arg
+                    codec, consts, _, _ = arg
                     values = codec.unpack_from(data, pos)
                     pos += codec.size
                     if consts:
@@ -238,17 +252,20 @@ class FastCodec:
         try:
             for kind, arg in self.steps:
                 if kind == "fixed":
-                    codec, consts, count = arg
+                    codec, consts, count, sized = arg
                     if consts:
                         const_at = dict(consts)
                         row = [const_at[i] if i in const_at else next(it) for i in range(count)]
                     else:
                         row = [next(it) for _ in range(count)]
+                    for index, length in sized:
+                        if len(_as_bytes(row[index])) != length:
+                            raise TypeError(f"expected {length} bytes, got {len(row[index])}")
                     parts.append(codec.pack(*row))
                 elif kind == "str" or kind == "blob":
                     length_codec = arg[0] if kind == "str" else arg
                     value = next(it)
-                    raw = value.encode(arg[1]) if kind == "str" else bytes(value)
+                    raw = value.encode(arg[1]) if kind == "str" else _as_bytes(value)
                     parts.append(length_codec.pack(len(raw)))
                     parts.append(raw)
                 elif kind == "array":
@@ -264,13 +281,25 @@ class FastCodec:
                     blobs = next(it)
                     parts.append(count_codec.pack(len(blobs)))
                     for blob in blobs:
-                        parts.append(length_codec.pack(len(blob)))
-                        parts.append(bytes(blob))
+                        raw = _as_bytes(blob)
+                        parts.append(length_codec.pack(len(raw)))
+                        parts.append(raw)
                 elif kind == "rest":
-                    parts.append(bytes(next(it)))
+                    parts.append(_as_bytes(next(it)))
+            if next(it, _END) is not _END:
+                raise TypeError(f"more values than the {len(self.names)} fields")
         except (struct.error, StopIteration, UnicodeEncodeError, TypeError, AttributeError) as exc:
             raise LocalProtocolError(f"cannot encode: {_short(exc)}") from None
         return b"".join(parts)
+
+
+_END = object()
+
+
+def _as_bytes(value: Any) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(f"expected bytes, got {type(value).__name__}")
+    return bytes(value)
 
 
 def _is_const(sub: Any) -> bool:

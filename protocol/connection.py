@@ -10,11 +10,13 @@ Handshake (``I`` = initiator, ``A`` = acceptor; counters per direction from 0)::
                          max frame size, certificate                 (clear)
     A -> I  HELLO_REPLY  chosen version, name, random, X25519 key, mode, encrypted?,
                          max frame size, certificate; signature over
-                         SHA-256(ctx_A || HELLO frame || reply core) (clear)
-            both derive keys: HKDF(X25519 secret, salt=SHA-256(HELLO frame || reply core))
-    I -> A  PROOF        signature over SHA-256(ctx_I || HELLO frame || HELLO_REPLY frame)
+                         T(ctx_A, HELLO frame, reply core)                  (clear)
+            both derive keys: HKDF(X25519 secret, salt=T(ctx_salt, HELLO frame, reply core))
+    I -> A  PROOF        signature over T(ctx_I, HELLO frame, HELLO_REPLY frame)
                                                                     (protected)
     A -> I  WELCOME      (protected; confirms A's keys)
+
+    T(ctx, parts...) = SHA-256(ctx || len(part) u32 || part || ...)
 
 Either side refuses with an unprotected CLOSE carrying a CloseCode and a reason:
 an untrusted or expired certificate, a name that does not match the certificate,
@@ -97,6 +99,7 @@ from protocol.security import (
 
 _ACCEPTOR_CONTEXT = b"brokerd handshake v1: acceptor signature\x00"
 _INITIATOR_CONTEXT = b"brokerd handshake v1: initiator signature\x00"
+_SALT_CONTEXT = b"brokerd handshake v1: key salt\x00"
 
 
 class Role(enum.Enum):
@@ -205,7 +208,7 @@ class BrokerConnection:
                 "certificate": identity.certificate_der,
             },
         )
-        self._hello_frame = self._clear_frame(FrameType.HELLO, body, max(self.settings.versions))
+        self._hello_frame = self._clear_frame(FrameType.HELLO, body, frames.HELLO_VERSION)
         self.state = State.SENT_HELLO
         return self._hello_frame
 
@@ -272,7 +275,10 @@ class BrokerConnection:
         return events
 
     def data_to_send(self) -> bytes:
-        """Bytes the connection produced by itself (handshake replies, refusals)."""
+        """Bytes the connection produced by itself (handshake replies, refusals).
+
+        ``send`` and ``close`` prepend these too, so the wire order is always right
+        whichever the caller writes first."""
         out = bytes(self._outbox)
         self._outbox.clear()
         return out
@@ -291,7 +297,7 @@ class BrokerConnection:
                 stats = self.stats
                 stats.frames_sent += 1
                 stats.bytes_sent += len(frame)
-                return frame
+                return self.data_to_send() + frame if self._outbox else frame
             return self._send_protected(FrameType.FRAGMENT, payload)
         if isinstance(event, Ack):
             return self._send_protected(FrameType.ACK, event.payload)
@@ -328,7 +334,7 @@ class BrokerConnection:
         """The CLOSE frame that ends this connection (empty if already closed)."""
         if self.state is State.CLOSED:
             return b""
-        out = self._close_frame(code, reason)
+        out = self.data_to_send() + self._close_frame(code, reason)
         self._closed(code, reason)
         return out
 
@@ -349,15 +355,21 @@ class BrokerConnection:
             )
         handler(self, header, header_bytes, body, events)
 
-    def _check_clear(self, header: FrameHeader) -> None:
-        """Unprotected handshake frames: exact counter, no protection flags, known version."""
+    def _check_clear(self, header: FrameHeader, version: int | None = None) -> None:
+        """Unprotected frames: exact counter, no protection flags, the expected version
+        (HELLO: the frozen HELLO_VERSION; HELLO_REPLY: the version it chooses; later
+        clear CLOSEs: one this side speaks)."""
         if header.flags != 0:
-            raise RemoteProtocolError(f"handshake frame with protection flags {header.flags:#x}")
+            raise RemoteProtocolError(f"clear frame with protection flags {header.flags:#x}")
         if header.counter != self._recv_next:
             raise RemoteProtocolError(
-                f"handshake frame counter {header.counter}, expected {self._recv_next}"
+                f"clear frame counter {header.counter}, expected {self._recv_next}"
             )
-        if header.version not in self.settings.versions:
+        if version is not None and header.version != version:
+            raise RemoteProtocolError(
+                f"frame version {header.version}, expected {version}", CloseCode.VERSION_MISMATCH
+            )
+        if version is None and header.version not in self.settings.versions:
             raise RemoteProtocolError(
                 f"frame version {header.version} not spoken here", CloseCode.VERSION_MISMATCH
             )
@@ -383,7 +395,7 @@ class BrokerConnection:
     def _on_hello(
         self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
     ) -> None:
-        self._check_clear(header)
+        self._check_clear(header, frames.HELLO_VERSION)
         hello = frames.decode_body(FrameType.HELLO, body)
         self._hello_frame = header_bytes + body
         common = sorted(set(hello.versions) & set(self.settings.versions))
@@ -398,6 +410,7 @@ class BrokerConnection:
         encrypted = negotiate_encryption(peer_mode, self.settings.encryption)
         peer_cert = self._authenticate_peer(hello.certificate, hello.instance_name)
         self._set_peer_frame_limit(hello.max_frame_size)
+        shared = self._exchange(hello.ephemeral_key)
         identity = self.settings.identity
         self._reply_core = frames.encode_reply_core(
             {
@@ -420,15 +433,15 @@ class BrokerConnection:
         )
         self._reply_frame = self._clear_frame(FrameType.HELLO_REPLY, body_out, version)
         self._outbox += self._reply_frame
-        self._establish(hello.ephemeral_key, version, encrypted, peer_cert)
+        self._establish(shared, version, encrypted, peer_cert)
         self.state = State.SENT_REPLY
 
     def _on_hello_reply(
         self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
     ) -> None:
-        self._check_clear(header)
         reply = frames.decode_body(FrameType.HELLO_REPLY, body)
         core = frames.decode_reply_core(reply.core)
+        self._check_clear(header, core.version)
         self._reply_core = reply.core
         self._reply_frame = header_bytes + body
         if core.version not in self.settings.versions:
@@ -455,7 +468,7 @@ class BrokerConnection:
                 CloseCode.AUTHENTICATION_FAILED,
             )
         self._set_peer_frame_limit(core.max_frame_size)
-        self._establish(core.ephemeral_key, core.version, encrypted, peer_cert)
+        self._establish(self._exchange(core.ephemeral_key), core.version, encrypted, peer_cert)
         signature = sign(
             self.settings.identity.private_key,
             _transcript(_INITIATOR_CONTEXT, self._hello_frame, self._reply_frame),
@@ -585,17 +598,20 @@ class BrokerConnection:
             )
         self.peer_max_frame_size = limit
 
-    def _establish(
-        self, peer_ephemeral: bytes, version: int, encrypted: bool, peer_cert: x509.Certificate
-    ) -> None:
+    def _exchange(self, peer_ephemeral: bytes) -> bytes:
+        """The X25519 shared secret; refuses low-order or malformed keys."""
         try:
-            shared = self._ephemeral.exchange(X25519PublicKey.from_public_bytes(peer_ephemeral))
+            return self._ephemeral.exchange(X25519PublicKey.from_public_bytes(peer_ephemeral))
         except ValueError as exc:
             raise HandshakeRefused(
                 f"bad ephemeral key: {exc}", CloseCode.AUTHENTICATION_FAILED
             ) from None
+
+    def _establish(
+        self, shared: bytes, version: int, encrypted: bool, peer_cert: x509.Certificate
+    ) -> None:
         keys = derive_session_keys(
-            shared, hashlib.sha256(self._hello_frame + self._reply_core).digest()
+            shared, _transcript(_SALT_CONTEXT, self._hello_frame, self._reply_core)
         )
         if self.role is Role.INITIATOR:
             send_key, recv_key = keys.initiator_to_acceptor, keys.acceptor_to_initiator
@@ -661,7 +677,8 @@ class BrokerConnection:
                 f"{frame_type.name} payload of {len(payload)} bytes exceeds the peer's frame "
                 f"limit of {self.peer_max_frame_size - PROTECTION_OVERHEAD}"
             )
-        return self._seal(frame_type, payload)
+        frame = self._seal(frame_type, payload)
+        return self.data_to_send() + frame if self._outbox else frame
 
     def _seal(self, frame_type: FrameType, payload: bytes) -> bytes:
         assert self._sealer is not None

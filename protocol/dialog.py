@@ -41,7 +41,6 @@ DEFAULT_MESSAGE_TYPE = "DEFAULT"
 MAX_ACK_RANGES = 32
 MAX_FRAGMENT_ACKS = 32
 MAX_ACKS_PER_FRAME = 1024
-MAX_HOP_COUNT = 255
 
 NIL_UUID = uuid.UUID(int=0)
 
@@ -270,7 +269,10 @@ def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
         ("contract", h.contract),
         ("message type", h.message_type),
     ):
-        size = len(name.encode("utf-8"))
+        try:
+            size = len(name.encode("utf-8"))
+        except UnicodeEncodeError:
+            return f"{what} name is not valid Unicode text"
         if size > MAX_NAME_BYTES:
             return f"{what} name of {size} bytes exceeds {MAX_NAME_BYTES}"
     if not h.from_service or not h.to_service:
@@ -302,6 +304,8 @@ def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
         )
     if h.fragment_count > max(1, h.message_length):
         return f"{h.fragment_count} fragments for a message of {h.message_length} bytes"
+    if h.fragment_count == 1 and body_length != h.message_length:
+        return f"single-fragment message of {h.message_length} bytes carries {body_length}"
     return None
 
 

@@ -6,8 +6,10 @@ protocol layer splits its own failures the way h11 does:
 * :class:`LocalProtocolError`: *we* asked for something illegal (sending before
   the handshake finished, a value that does not fit its field). A bug on our side.
 * :class:`RemoteProtocolError`: the *peer* sent something illegal (bad magic, a
-  frame over the size limit, an untrusted certificate). The connection is dead;
-  ``close_code`` says what to tell the peer.
+  frame over the size limit, an untrusted certificate). Raised by the
+  connection, it means the connection is dead and ``close_code`` says what was
+  told to the peer; raised by a dialog codec (``protocol/dialog.py``) over an
+  authenticated payload, it concerns that one payload and the caller decides.
 
 construct's own exceptions never leave ``protocol/``: the codecs wrap them.
 Later layers (configuration, store, dialogs, SDK) add their subclasses of

@@ -50,6 +50,8 @@ def split_message(
 
 def fragment_at(body: bytes, index: int, fragment_size: int) -> FragmentSlice:
     """One fragment of ``body`` (to resend it alone)."""
+    if fragment_size <= 0:
+        raise LocalProtocolError("fragment size must be positive")
     count = fragment_count(len(body), fragment_size)
     if not 0 <= index < count:
         raise LocalProtocolError(f"fragment {index} of a {count}-fragment message")
@@ -101,31 +103,32 @@ class Reassembler:
                 f"fragment {index}/{count} at offset {offset} (+{len(data)}) does not fit "
                 f"a message of {length} bytes"
             )
-        if count == 1:
-            if offset != 0 or len(data) != length:
-                raise ReassemblyError(f"single fragment of {len(data)} bytes, expected {length}")
-            self.discard(key)
-            return data
         partial = self._partials.get(key)
-        if partial is None:
-            if len(self._partials) >= self.max_held_messages:
-                raise ReassemblyFull(f"already reassembling {len(self._partials)} messages")
-            partial = _Partial(count, length)
-            self._partials[key] = partial
-        elif partial.count != count or partial.length != length:
+        if partial is not None and (partial.count != count or partial.length != length):
             raise ReassemblyError(
                 f"fragment says {count} fragments / {length} bytes, earlier ones said "
                 f"{partial.count} / {partial.length}"
             )
-        known = partial.pieces.get(index)
-        if known is not None:
-            if known[0] != offset or len(known[1]) != len(data):
-                raise ReassemblyError(f"fragment {index} arrived twice with different extents")
-            return None
+        if count == 1:
+            if offset != 0 or len(data) != length:
+                raise ReassemblyError(f"single fragment of {len(data)} bytes, expected {length}")
+            return data
+        if partial is not None:
+            known = partial.pieces.get(index)
+            if known is not None:
+                if known[0] != offset or len(known[1]) != len(data):
+                    raise ReassemblyError(f"fragment {index} arrived twice with different extents")
+                return None
+        # Every bound is checked before any state changes: a refusal leaves none behind.
+        if partial is None and len(self._partials) >= self.max_held_messages:
+            raise ReassemblyFull(f"already reassembling {len(self._partials)} messages")
         if self.held_bytes + len(data) > self.max_held_bytes:
             raise ReassemblyFull(
                 f"holding {self.held_bytes} bytes of partial messages; limit {self.max_held_bytes}"
             )
+        if partial is None:
+            partial = _Partial(count, length)
+            self._partials[key] = partial
         partial.pieces[index] = (offset, data)
         partial.held += len(data)
         self.held_bytes += len(data)

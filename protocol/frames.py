@@ -11,8 +11,9 @@ bytes so that a damaged length is caught at once (the stream cannot be
 re-synchronised after that, so it is fatal); everything else is protected by the
 AEAD (``protocol/security.py``), whose associated data is the whole header.
 
-Bodies, one construct declaration per frame type, compiled for speed. FRAGMENT
-and ACK bodies are opaque here: they carry dialog-layer bytes
+Bodies, one construct declaration per frame type; at run time they are parsed
+and built by FastCodecs derived from those declarations (``protocol/codec.py``
+says why). FRAGMENT and ACK bodies are opaque here: they carry dialog-layer bytes
 (``protocol/dialog.py``). The byte layouts are documented in docs/protocol.md.
 """
 
@@ -31,12 +32,17 @@ from protocol.errors import CloseCode, RemoteProtocolError
 MAGIC = b"BK"
 PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
 """Protocol versions this implementation speaks, oldest first."""
+HELLO_VERSION = 1
+"""Header version of every HELLO, frozen for all time: a peer of any later version can
+still read the offered version list and negotiate."""
 
 HEADER_SIZE = 22
-DEFAULT_MAX_FRAME_SIZE = 1024 * 1024 + 4096
-"""Default limit on a frame body: a 1 MiB fragment plus headers and protection."""
-MIN_MAX_FRAME_SIZE = 4096
-"""No peer may announce a smaller limit: handshake frames must fit."""
+DEFAULT_MAX_FRAME_SIZE = 1024 * 1024 + 16 * 1024
+"""Default limit on a frame body: a 1 MiB fragment plus the largest dialog header
+(about 5.2 KiB) and the protection overhead."""
+MIN_MAX_FRAME_SIZE = 32 * 1024
+"""No peer may announce a smaller limit: the largest handshake frame (a HELLO_REPLY
+with a 16 KiB certificate, about 18.5 KiB) must fit."""
 
 MAX_NAME_BYTES = 1024
 """Bound on instance, database and service names (UTF-8 bytes)."""
@@ -83,9 +89,6 @@ class MirrorRole(enum.IntEnum):
     UNKNOWN = 3
     """This instance does not hold that database / broker instance."""
 
-
-# Frame types that may travel before session keys exist.
-UNPROTECTED_TYPES = frozenset({FrameType.HELLO, FrameType.HELLO_REPLY, FrameType.CLOSE})
 
 FRAME_HEADER_PREFIX = c.Struct(
     "magic" / c.Const(MAGIC),

@@ -6,8 +6,8 @@ and R-OBJ-7 (encryption ``required`` / ``supported`` / ``disabled``).
 
 * Authentication: X.509 certificates issued by a deployment CA; the subject
   common name is the instance name. Proof of key possession is a signature over
-  the handshake transcript (Ed25519, ECDSA P-256/P-384 or RSA-PSS keys).
-* Key schedule: ephemeral X25519, HKDF-SHA256 salted with the transcript hash,
+  the handshake transcript (Ed25519, ECDSA with SHA-256, or RSA-PSS keys).
+* Key schedule: ephemeral X25519, HKDF-SHA256 salted with a transcript hash,
   one AES-256-GCM key per direction.
 * Protection of one frame with counter ``n`` (nonce = 4 zero bytes + n, big endian;
   associated data = the 22-byte frame header, so type, flags, length and counter

@@ -274,8 +274,8 @@ def test_sending_before_the_handshake_is_a_local_error(pki: Pki) -> None:
 
 
 def test_payload_over_the_peer_limit_is_a_local_error(pki: Pki) -> None:
-    i, _ = open_pair(pki, max_frame_size=8192)
-    assert i.max_payload_size == 8192 - 32
+    i, _ = open_pair(pki, max_frame_size=frames.MIN_MAX_FRAME_SIZE)
+    assert i.max_payload_size == frames.MIN_MAX_FRAME_SIZE - 32
     i.send(Fragment(b"x" * i.max_payload_size))
     with pytest.raises(LocalProtocolError, match="exceeds the peer's frame limit"):
         i.send(Fragment(b"x" * (i.max_payload_size + 1)))
@@ -366,7 +366,7 @@ def test_too_many_integrity_failures_close_the_connection(pki: Pki) -> None:
 
 
 def test_oversized_length_is_refused_before_buffering(pki: Pki) -> None:
-    _, a = open_pair(pki, max_frame_size=8192)
+    _, a = open_pair(pki, max_frame_size=frames.MIN_MAX_FRAME_SIZE)
     header = frames.encode_header(1, frames.FrameType.FRAGMENT, 3, 10**9, 50)
     with pytest.raises(RemoteProtocolError) as failed:
         a.receive_data(header)

@@ -9,6 +9,7 @@ position in the header), R-DLG-10 (EndDialog / Error messages) and R-ROUTE-7
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -261,9 +262,7 @@ def acknowledgements(draw: st.DrawFn) -> Acknowledgement:
     for _ in range(draw(st.integers(0, 4))):
         first = draw(st.integers(0, U32))
         fragments.append(
-            FragmentAck(
-                draw(st.integers(through + 1, U64)), first, draw(st.integers(first, U32))
-            )
+            FragmentAck(draw(st.integers(through + 1, U64)), first, draw(st.integers(first, U32)))
         )
     return Acknowledgement(through, tuple(ranges), tuple(fragments))
 
@@ -271,9 +270,13 @@ def acknowledgements(draw: st.DrawFn) -> Acknowledgement:
 @st.composite
 def headers_and_bodies(draw: st.DrawFn, ack_only: bool = False) -> tuple[DialogHeader, bytes]:
     body = draw(st.binary(max_size=64))
-    offset = draw(st.integers(0, 2**40))
-    length = draw(st.integers(offset + len(body), U64))
-    count = draw(st.integers(1, min(U32, max(1, length))))
+    if draw(st.booleans()):
+        # A single-fragment message: the body is the whole message.
+        offset, length, count = 0, len(body), 1
+    else:
+        offset = draw(st.integers(0, 2**40))
+        length = draw(st.integers(max(2, offset + len(body)), U64))
+        count = draw(st.integers(2, min(U32, length)))
     flags = draw(st.integers(0, 15))
     low_seq = 1 if flags & SEQ else 0
     h = DialogHeader(
@@ -363,11 +366,6 @@ def test_decode_fragment_truncated_inside_the_header_at_every_length() -> None:
             decode_fragment(payload[:n])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: validate_header does not require a single-fragment message's body to be "
-    "message_length bytes long, so a FRAGMENT payload cut inside the body decodes",
-)
 def test_decode_fragment_truncated_inside_single_fragment_body() -> None:
     """R-DLG-7: fragment_count == 1 means the body IS the message; a shorter body is
     a malformed peer message and should be RemoteProtocolError at decode time."""
@@ -486,18 +484,16 @@ def test_validate_header_fragment_rules(changes: dict[str, Any], body: bytes, me
     assert message in str(remote.value)
 
 
-@pytest.mark.parametrize(
-    ("ack", "message"), [pytest.param(a, m, id=i) for i, a, m in ACK_RULES]
-)
+@pytest.mark.parametrize(("ack", "message"), [pytest.param(a, m, id=i) for i, a, m in ACK_RULES])
 def test_validate_header_ack_rules(ack: Acknowledgement, message: str) -> None:
     """R-DLG-5: ack lists are bounded and ordered, on fragments and in ACK frames."""
     body = b"<order id='1'/>"
     bad_fragment = user_message(body, ack=ack)
     problem = validate_header(bad_fragment, len(body))
     assert problem is not None and message in problem
-    with pytest.raises(LocalProtocolError, match=message):
+    with pytest.raises(LocalProtocolError, match=re.escape(message)):
         encode_fragment(bad_fragment, body)
-    with pytest.raises(RemoteProtocolError, match=message):
+    with pytest.raises(RemoteProtocolError, match=re.escape(message)):
         decode_fragment(raw_fragment(bad_fragment, body))
 
     bad_ack = ack_header(ack)
@@ -559,9 +555,9 @@ def test_validate_header_accepts_the_bounds() -> None:
 def test_ack_frame_header_count_bounds() -> None:
     """R-DLG-5: an ACK frame carries 1..MAX_ACKS_PER_FRAME headers."""
     one = ack_header(Acknowledgement(1))
-    with pytest.raises(LocalProtocolError, match="1..1024"):
+    with pytest.raises(LocalProtocolError, match=r"1\.\.1024"):
         encode_acks([])
-    with pytest.raises(LocalProtocolError, match="1..1024"):
+    with pytest.raises(LocalProtocolError, match=r"1\.\.1024"):
         encode_acks([one] * (MAX_ACKS_PER_FRAME + 1))
     full = encode_acks([one] * MAX_ACKS_PER_FRAME)
     assert len(decode_acks(full)) == MAX_ACKS_PER_FRAME
@@ -594,11 +590,6 @@ def test_encode_refuses_values_that_do_not_fit() -> None:
             encode_fragment(user_message(b"", **changes), b"")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: validate_header calls name.encode('utf-8') unguarded, so a name that is "
-    "not encodable (lone surrogate) raises UnicodeEncodeError, not LocalProtocolError",
-)
 @pytest.mark.parametrize("field", ["from_service", "to_service", "contract", "message_type"])
 def test_encode_refuses_unencodable_names(field: str) -> None:
     with pytest.raises(LocalProtocolError):

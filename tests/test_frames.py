@@ -34,7 +34,7 @@ SAMPLE_BODIES: dict[FrameType, dict[str, Any]] = {
         "random": b"\x11" * 32,
         "ephemeral_key": b"\x22" * 32,
         "encryption": 1,
-        "max_frame_size": frames.DEFAULT_MAX_FRAME_SIZE,
+        "max_frame_size": 1_052_672,
         "certificate": b"DER certificate bytes",
     },
     FrameType.HELLO_REPLY: {"core": b"reply core bytes", "signature": b"\x33" * 64},

@@ -42,7 +42,7 @@ EVENT_TYPES = (
     PrincipalAnswer,
     IntegrityFailure,
 )
-MAX_FRAME = 8192
+MAX_FRAME = frames.MIN_MAX_FRAME_SIZE
 NOW = dt.datetime.now(dt.UTC)
 _CA = create_ca("fuzz CA")
 ALPHA = identity_for(issue_instance(_CA, "alpha"), _CA)
@@ -68,7 +68,7 @@ def _open_pair() -> tuple[BrokerConnection, BrokerConnection]:
     return i, a
 
 
-chunked = st.lists(st.binary(min_size=0, max_size=3 * MAX_FRAME), min_size=1, max_size=8)
+chunked = st.lists(st.binary(min_size=0, max_size=MAX_FRAME), min_size=1, max_size=8)
 fuzz = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
