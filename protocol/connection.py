@@ -457,16 +457,12 @@ class BrokerConnection:
                 CloseCode.ENCRYPTION_MISMATCH,
             )
         peer_cert = self._authenticate_peer(core.certificate, core.instance_name)
-        if not signature_valid(
+        _require_signature(
             peer_cert,
             reply.signature,
             _transcript(_ACCEPTOR_CONTEXT, self._hello_frame, self._reply_core),
-        ):
-            raise HandshakeRefused(
-                f"acceptor {core.instance_name!r} failed to prove possession of its "
-                "certificate key (bad handshake signature)",
-                CloseCode.AUTHENTICATION_FAILED,
-            )
+            f"acceptor {core.instance_name!r}",
+        )
         self._set_peer_frame_limit(core.max_frame_size)
         self._establish(self._exchange(core.ephemeral_key), core.version, encrypted, peer_cert)
         signature = sign(
@@ -481,38 +477,35 @@ class BrokerConnection:
     def _on_proof(
         self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
     ) -> None:
-        try:
-            payload = self._open(header, header_bytes, body)
-        except IntegrityError as exc:
-            raise HandshakeRefused(
-                f"initiator failed to prove the session key: {exc}", CloseCode.AUTHENTICATION_FAILED
-            ) from None
+        payload = self._open_handshake(header, header_bytes, body, "initiator")
         proof = frames.decode_body(FrameType.PROOF, payload)
         assert self.peer_certificate is not None
-        if not signature_valid(
+        _require_signature(
             self.peer_certificate,
             proof.signature,
             _transcript(_INITIATOR_CONTEXT, self._hello_frame, self._reply_frame),
-        ):
-            raise HandshakeRefused(
-                f"initiator {self.peer_instance!r} failed to prove possession of its "
-                "certificate key (bad handshake signature)",
-                CloseCode.AUTHENTICATION_FAILED,
-            )
+            f"initiator {self.peer_instance!r}",
+        )
         self._outbox += self._seal(FrameType.WELCOME, frames.encode_body(FrameType.WELCOME, {}))
         self._opened(events)
 
     def _on_welcome(
         self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
     ) -> None:
-        try:
-            payload = self._open(header, header_bytes, body)
-        except IntegrityError as exc:
-            raise HandshakeRefused(
-                f"acceptor failed to prove the session key: {exc}", CloseCode.AUTHENTICATION_FAILED
-            ) from None
+        payload = self._open_handshake(header, header_bytes, body, "acceptor")
         frames.decode_body(FrameType.WELCOME, payload)
         self._opened(events)
+
+    def _open_handshake(
+        self, header: FrameHeader, header_bytes: bytes, body: bytes, who: str
+    ) -> bytes:
+        """A protected handshake frame (PROOF, WELCOME) must open: it proves the keys."""
+        try:
+            return self._open(header, header_bytes, body)
+        except IntegrityError as exc:
+            raise HandshakeRefused(
+                f"{who} failed to prove the session key: {exc}", CloseCode.AUTHENTICATION_FAILED
+            ) from None
 
     def _on_open_frame(
         self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
@@ -717,6 +710,15 @@ def _transcript(context: bytes, *parts: bytes) -> bytes:
         digest.update(len(part).to_bytes(4, "big"))
         digest.update(part)
     return digest.digest()
+
+
+def _require_signature(cert: x509.Certificate, signature: bytes, data: bytes, who: str) -> None:
+    """Proof of key possession: the peer's transcript signature must verify."""
+    if not signature_valid(cert, signature, data):
+        raise HandshakeRefused(
+            f"{who} failed to prove possession of its certificate key (bad handshake signature)",
+            CloseCode.AUTHENTICATION_FAILED,
+        )
 
 
 def _mode(value: int) -> EncryptionMode:
