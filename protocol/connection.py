@@ -216,6 +216,8 @@ class BrokerConnection:
         """Feed bytes from the peer; returns the events they complete, in order."""
         if self.state is State.CLOSED:
             return []
+        if type(data) is not bytes:
+            data = bytes(data)  # payload slices handed up must be immutable
         self.stats.bytes_received += len(data)
         buffer = self._buffer
         if buffer:

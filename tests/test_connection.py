@@ -380,3 +380,12 @@ def test_unknown_ca_certificate_reason_names_the_issuer(pki: Pki) -> None:
     with pytest.raises(HandshakeRefused, match="someone else's CA"):
         run_handshake(i, a)
     assert other.certificate.subject.rfc4514_string() == "CN=someone else's CA"
+
+
+def test_bytearray_input_yields_immutable_payloads(pki: Pki) -> None:
+    i, a = open_pair(pki)
+    data = bytearray(i.send(Fragment(b"abc")))
+    (event,) = a.receive_data(data)  # type: ignore[arg-type]
+    assert isinstance(event, Fragment) and type(event.payload) is bytes
+    data[-1] ^= 1  # the caller reusing its buffer does not change what was handed up
+    assert event.payload == b"abc"
