@@ -336,7 +336,8 @@ class BrokerConnection:
         """The CLOSE frame that ends this connection (empty if already closed)."""
         if self.state is State.CLOSED:
             return b""
-        out = self.data_to_send() + self._close_frame(code, reason)
+        frame = self._close_frame(code, reason)
+        out = self.data_to_send() + frame
         self._closed(code, reason)
         return out
 
@@ -371,7 +372,11 @@ class BrokerConnection:
             raise RemoteProtocolError(
                 f"frame version {header.version}, expected {version}", CloseCode.VERSION_MISMATCH
             )
-        if version is None and header.version not in self.settings.versions:
+        if (
+            version is None
+            and header.version not in self.settings.versions
+            and header.version != frames.HELLO_VERSION
+        ):
             raise RemoteProtocolError(
                 f"frame version {header.version} not spoken here", CloseCode.VERSION_MISMATCH
             )
@@ -651,14 +656,16 @@ class BrokerConnection:
         self._need = HEADER_SIZE
 
     def _close_frame(self, code: CloseCode, reason: str) -> bytes:
-        reason_bytes = reason.encode("utf-8")[: frames.MAX_REASON_BYTES]
+        reason_bytes = reason.encode("utf-8", "replace")[: frames.MAX_REASON_BYTES]
         body = frames.encode_body(
             FrameType.CLOSE,
             {"code": int(code), "reason": reason_bytes.decode("utf-8", "ignore")},
         )
         if self.state is State.OPEN or self.state is State.SENT_PROOF:
             return self._seal(FrameType.CLOSE, body)
-        version = self.version or max(self.settings.versions)
+        # Before a version is agreed a refusal carries the frozen HELLO version, which
+        # every peer of every version reads.
+        version = self.version or frames.HELLO_VERSION
         return self._clear_frame(FrameType.CLOSE, body, version)
 
     def _send_protected(self, frame_type: FrameType, payload: bytes) -> bytes:

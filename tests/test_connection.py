@@ -389,3 +389,13 @@ def test_bytearray_input_yields_immutable_payloads(pki: Pki) -> None:
     assert isinstance(event, Fragment) and type(event.payload) is bytes
     data[-1] ^= 1  # the caller reusing its buffer does not change what was handed up
     assert event.payload == b"abc"
+
+
+def test_close_with_unencodable_reason_still_closes_and_keeps_queued_bytes(pki: Pki) -> None:
+    i, a = make_pair(pki.alpha, pki.beta)
+    a.receive_data(i.start())
+    a.receive_data(b"")  # HELLO_REPLY is queued in data_to_send()
+    out = a.close(CloseCode.SHUTDOWN, "bye \udcff")
+    assert a.state is State.CLOSED
+    headers = frames.iter_frame_headers(out)
+    assert [h.frame_type for h in headers] == [frames.FrameType.HELLO_REPLY, frames.FrameType.CLOSE]
