@@ -9,10 +9,10 @@
   arrays). It is also the *strict* parser: construct 2.10.70's compiled parser
   accepts a truncated ``Prefixed`` field (an unchecked ``io.read(n)``), so
   peer-supplied bytes are never parsed with compiled construct.
-* :func:`parse` / :func:`build` run a construct codec and turn every construct
-  exception into :class:`RemoteProtocolError` (parse: the bytes came from the
-  peer) or :class:`LocalProtocolError` (build: our own values did not fit), so
-  construct errors never leak out of ``protocol/``.
+* FastCodec raises :class:`RemoteProtocolError` on parse (the bytes came from the
+  peer) and :class:`LocalProtocolError` on build (our own values did not fit); no
+  construct or struct exception leaves ``protocol/``. Users of a ``fixed_struct``
+  (``frames.decode_header``) check the length before unpacking.
 """
 
 from __future__ import annotations
@@ -50,44 +50,6 @@ def fixed_struct(con: c.Struct) -> struct.Struct:
     if derived.size != con.sizeof():
         raise TypeError(f"derived struct size {derived.size} != construct size {con.sizeof()}")
     return derived
-
-
-def parse(codec: Any, data: bytes, what: str) -> Any:
-    """Parse peer-supplied bytes; any failure becomes RemoteProtocolError.
-
-    construct's compiled parsers raise plain ``struct.error`` (and friends) on
-    truncated input rather than ConstructError, so the net is wide on purpose.
-    """
-    try:
-        return codec.parse(data)
-    except (
-        c.ConstructError,
-        struct.error,
-        UnicodeDecodeError,
-        ValueError,
-        OverflowError,
-        IndexError,
-        KeyError,
-        TypeError,
-    ) as exc:
-        raise RemoteProtocolError(f"malformed {what}: {_short(exc)}") from None
-
-
-def build(codec: Any, value: Any, what: str) -> bytes:
-    """Build our own value; any construct failure becomes LocalProtocolError."""
-    try:
-        out: bytes = codec.build(value)
-    except (
-        c.ConstructError,
-        struct.error,
-        UnicodeEncodeError,
-        ValueError,
-        OverflowError,
-        TypeError,
-        KeyError,
-    ) as exc:
-        raise LocalProtocolError(f"cannot encode {what}: {_short(exc)}") from None
-    return out
 
 
 def _short(exc: BaseException) -> str:
