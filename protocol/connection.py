@@ -240,23 +240,9 @@ class BrokerConnection:
                 body = data[pos + HEADER_SIZE : end]
                 pos = end
                 self.stats.frames_received += 1
-                frame_type = header.frame_type
-                if (
-                    self.state is State.OPEN
-                    and frame_type in (_FRAGMENT, _ACK)
-                    and header.counter >= self._recv_next
-                    and header.version == self.version
-                ):
-                    # Hot path: a data frame in order; the general path below
-                    # handles everything else (including its integrity failures).
-                    assert self._opener is not None
-                    try:
-                        payload = self._opener.open(header, header_bytes, body)
-                    except IntegrityError as exc:
-                        self._integrity_failure(header, str(exc), events)
-                        continue
-                    self._recv_next = header.counter + 1
-                    events.append(Fragment(payload) if frame_type == _FRAGMENT else Ack(payload))
+                if self.state is State.OPEN and header.frame_type in _OPEN_TYPE_VALUES:
+                    # The common case skips the general dispatch's enum and table lookup.
+                    self._on_open_frame(header, header_bytes, body, events)
                     continue
                 self._dispatch(header, header_bytes, body, events)
                 if self.closed:
@@ -288,19 +274,7 @@ class BrokerConnection:
     def send(self, event: SendableEvent) -> bytes:
         """Frame one event for the peer; raises LocalProtocolError if not allowed now."""
         if isinstance(event, Fragment):
-            payload = event.payload
-            if (
-                self.state is State.OPEN
-                and len(payload) + PROTECTION_OVERHEAD <= self.peer_max_frame_size
-            ):
-                assert self._sealer is not None
-                frame = self._sealer.seal(_FRAGMENT, payload, self._send_counter)
-                self._send_counter += 1
-                stats = self.stats
-                stats.frames_sent += 1
-                stats.bytes_sent += len(frame)
-                return self.data_to_send() + frame if self._outbox else frame
-            return self._send_protected(FrameType.FRAGMENT, payload)
+            return self._send_protected(FrameType.FRAGMENT, event.payload)
         if isinstance(event, Ack):
             return self._send_protected(FrameType.ACK, event.payload)
         if isinstance(event, Keepalive):
@@ -737,8 +711,6 @@ def _mode(value: int) -> EncryptionMode:
         raise RemoteProtocolError(f"unknown encryption mode {value}") from None
 
 
-_FRAGMENT = int(FrameType.FRAGMENT)
-_ACK = int(FrameType.ACK)
 _OPEN_TYPES = (
     FrameType.FRAGMENT,
     FrameType.ACK,
@@ -746,6 +718,7 @@ _OPEN_TYPES = (
     FrameType.PRINCIPAL_QUERY,
     FrameType.PRINCIPAL_ANSWER,
 )
+_OPEN_TYPE_VALUES = frozenset(int(t) for t in _OPEN_TYPES)
 _TRANSITIONS: dict[tuple[State, Role, FrameType], _Handler] = {
     (State.START, Role.ACCEPTOR, FrameType.HELLO): BrokerConnection._on_hello,
     (State.SENT_HELLO, Role.INITIATOR, FrameType.HELLO_REPLY): BrokerConnection._on_hello_reply,
