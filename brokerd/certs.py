@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from protocol.security import Identity, SigningKey
+from protocol.security import Identity
 
 KEY_TYPES = ("ed25519", "ec-p256")
 
@@ -38,9 +38,12 @@ class Issued:
         return x509.load_pem_x509_certificate(self.certificate_pem)
 
     @property
-    def private_key(self) -> SigningKey:
+    def private_key(self) -> ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey:
         key = serialization.load_pem_private_key(self.key_pem, password=None)
-        assert isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey)
+        if not isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey):
+            raise ValueError(
+                f"unsupported key type {type(key).__name__}; use {' or '.join(KEY_TYPES)}"
+            )
         return key
 
 
@@ -112,7 +115,6 @@ def issue_instance(
     now = now or dt.datetime.now(dt.UTC)
     key = _new_key(key_type)
     ca_cert, ca_key = ca.certificate, ca.private_key
-    assert isinstance(ca_key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, instance_name)]))

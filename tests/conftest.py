@@ -25,10 +25,6 @@ class Pki:
     stranger: Identity
     """Calls itself 'gamma', certificate issued by another CA."""
 
-    def identity(self, name: str, ca: Issued | None = None, **kwargs: object) -> Identity:
-        ca = ca or self.ca
-        return identity_for(issue_instance(ca, name, **kwargs), self.ca)  # type: ignore[arg-type]
-
 
 @pytest.fixture(scope="session")
 def pki() -> Pki:

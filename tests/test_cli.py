@@ -78,3 +78,21 @@ def test_demo_signed_only() -> None:
     assert done.returncode == 0, done.stderr
     assert "encrypted=False" in done.stdout and "FRAGMENT#2" in done.stdout
     assert "encrypted+signed" not in done.stdout.split("alpha sends")[1].split("a broker whose")[0]
+
+
+def test_a_ca_key_of_another_type_is_a_clear_error(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    assert brokerd("certs", "ca", "--dir", str(tmp_path)).returncode == 0
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (tmp_path / "ca.key").write_bytes(
+        rsa_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    done = brokerd("certs", "instance", "alpha", "--dir", str(tmp_path))
+    assert done.returncode == 2 and "unsupported key type" in done.stderr
+    assert not (tmp_path / "alpha.pem").exists()

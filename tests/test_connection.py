@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from brokerd.certs import Issued, identity_for, issue_instance
+from brokerd.certs import identity_for, issue_instance
 from protocol import (
     BrokerConnection,
     CloseCode,
@@ -375,11 +375,9 @@ def test_oversized_length_is_refused_before_buffering(pki: Pki) -> None:
 
 
 def test_unknown_ca_certificate_reason_names_the_issuer(pki: Pki) -> None:
-    other: Issued = pki.other_ca
     i, a = make_pair(pki.stranger, pki.beta)
-    with pytest.raises(HandshakeRefused, match="someone else's CA"):
+    with pytest.raises(HandshakeRefused, match="issuer .CN=someone else's CA."):
         run_handshake(i, a)
-    assert other.certificate.subject.rfc4514_string() == "CN=someone else's CA"
 
 
 def test_bytearray_input_yields_immutable_payloads(pki: Pki) -> None:
