@@ -376,7 +376,7 @@ def test_oversized_length_is_refused_before_buffering(pki: Pki) -> None:
 
 def test_unknown_ca_certificate_reason_names_the_issuer(pki: Pki) -> None:
     i, a = make_pair(pki.stranger, pki.beta)
-    with pytest.raises(HandshakeRefused, match="issuer .CN=someone else's CA."):
+    with pytest.raises(HandshakeRefused, match=r"issuer .CN=someone else's CA."):
         run_handshake(i, a)
 
 
