@@ -1,0 +1,70 @@
+"""The daemon's and the SDK's errors, all under the one root ``protocol.errors.BrokerError``.
+
+* :class:`ConfigError`: a configuration file is wrong; the message names the file,
+  the key and the problem, and start-up stops.
+* :class:`StoreError`: a database file cannot be opened, written or is of another
+  schema (a full disk lands here).
+* :class:`DialogError`: an application verb was refused (unknown conversation,
+  a message type the contract forbids for this role (R-DLG-3), a closed dialog).
+* :class:`ServiceNotFound`, :class:`QueueDisabled`: refusals with their own class
+  so that applications can catch them.
+* :class:`ClientError`: the client connection failed or the listener refused the
+  credentials; :class:`AuthenticationFailed` for the latter.
+* :class:`RemoteError`: an error reported by the daemon to the SDK, rebuilt on
+  the client side with the daemon's class name and message.
+"""
+
+from __future__ import annotations
+
+from protocol.errors import BrokerError
+
+
+class ConfigError(BrokerError):
+    """A configuration file is invalid: ``"FILE: KEY: problem"``."""
+
+    def __init__(self, path: object, key: str, problem: str) -> None:
+        self.path = str(path)
+        self.key = key
+        self.problem = problem
+        where = f"{self.path}: {key}: " if key else f"{self.path}: "
+        super().__init__(where + problem)
+
+
+class StoreError(BrokerError):
+    """A database file cannot be used (unreadable, another schema, disk full)."""
+
+
+class DialogError(BrokerError):
+    """An application verb on a conversation was refused."""
+
+
+class ServiceNotFound(DialogError):
+    """The named service does not exist in the database."""
+
+
+class QueueDisabled(DialogError):
+    """RECEIVE on a queue whose status is off."""
+
+    retriable = True
+
+
+class ClientError(BrokerError):
+    """The client connection to a daemon failed."""
+
+    retriable = True
+
+
+class AuthenticationFailed(ClientError):
+    """The client listener refused the credentials."""
+
+    retriable = False
+
+
+class RemoteError(BrokerError):
+    """An error the daemon reported to the SDK; ``kind`` is the daemon-side class name."""
+
+    def __init__(self, kind: str, message: str, retriable: bool = False) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.remote_message = message
+        self.retriable = retriable
