@@ -1,8 +1,10 @@
-"""The ``brokerd`` command line: certificates and the protocol demonstration.
+"""The ``brokerd`` command line: run a daemon, certificates, demonstrations.
 
     brokerd certs ca --dir DIR [--name NAME] [--days N] [--key-type ed25519|ec-p256]
     brokerd certs instance NAME --dir DIR [--days N] [--key-type ...]
-    brokerd demo [--encryption required|supported|disabled]
+    brokerd run --config FILE [--ready-file FILE] [--log-level LEVEL]
+    brokerd demo [--orders N] [--workdir DIR]
+    brokerd wire-demo [--encryption required|supported|disabled]
 
 Later issues add ``brokerd run --config FILE``. Errors print one line naming the
 problem and exit with status 2.
@@ -36,11 +38,23 @@ def _certs_instance(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
+    from brokerd.example import run_example
+
+    run_example(args.workdir, args.orders)
+
+
+def _wire_demo(args: argparse.Namespace) -> None:
     from brokerd.demo import run_demo
 
     result = run_demo(encryption=EncryptionMode[args.encryption.upper()])
     if not (result["intact"] and result["integrity_failures"] and result["refused"]):
         raise SystemExit("demo did not behave as expected")
+
+
+def _run(args: argparse.Namespace) -> None:
+    from brokerd.daemon import run
+
+    run(args.config, args.ready_file, args.log_level)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,11 +75,26 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--key-type", choices=certs.KEY_TYPES, default="ed25519")
         sub.add_argument("--force", action="store_true", help="overwrite existing files")
 
-    demo = commands.add_parser("demo", help="two in-memory brokers: handshake and fragments")
-    demo.add_argument(
+    run = commands.add_parser("run", help="run one broker daemon")
+    run.add_argument("--config", type=Path, required=True, help="the instance's TOML file")
+    run.add_argument("--ready-file", type=Path, help="write the PID here once listening")
+    run.add_argument("--log-level", default="INFO")
+    run.set_defaults(func=_run)
+
+    demo = commands.add_parser(
+        "demo", help="two brokers on 127.0.0.1 and 127.0.0.2 and a request/reply application"
+    )
+    demo.add_argument("--orders", type=int, default=3)
+    demo.add_argument("--workdir", type=Path, help="keep configurations, data and logs here")
+    demo.set_defaults(func=_demo)
+
+    wire = commands.add_parser(
+        "wire-demo", help="the wire protocol in memory: handshake, fragments"
+    )
+    wire.add_argument(
         "--encryption", choices=[m.name.lower() for m in EncryptionMode], default="required"
     )
-    demo.set_defaults(func=_demo)
+    wire.set_defaults(func=_wire_demo)
     return parser
 
 

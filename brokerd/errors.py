@@ -8,15 +8,26 @@
   a message type the contract forbids for this role (R-DLG-3), a closed dialog).
 * :class:`ServiceNotFound`, :class:`QueueDisabled`: refusals with their own class
   so that applications can catch them.
-* :class:`ClientError`: the client connection failed or the listener refused the
-  credentials; :class:`AuthenticationFailed` for the latter.
-* :class:`RemoteError`: an error reported by the daemon to the SDK, rebuilt on
-  the client side with the daemon's class name and message.
+* :class:`ClientError`, :class:`AuthenticationFailed` and :class:`RemoteError`
+  live in ``protocol.errors`` (the SDK imports only ``protocol/``) and are
+  re-exported here.
 """
 
 from __future__ import annotations
 
-from protocol.errors import BrokerError
+from protocol.errors import AuthenticationFailed, BrokerError, ClientError, RemoteError
+
+__all__ = [
+    "AuthenticationFailed",
+    "BrokerError",
+    "ClientError",
+    "ConfigError",
+    "DialogError",
+    "QueueDisabled",
+    "RemoteError",
+    "ServiceNotFound",
+    "StoreError",
+]
 
 
 class ConfigError(BrokerError):
@@ -46,25 +57,3 @@ class QueueDisabled(DialogError):
     """RECEIVE on a queue whose status is off."""
 
     retriable = True
-
-
-class ClientError(BrokerError):
-    """The client connection to a daemon failed."""
-
-    retriable = True
-
-
-class AuthenticationFailed(ClientError):
-    """The client listener refused the credentials."""
-
-    retriable = False
-
-
-class RemoteError(BrokerError):
-    """An error the daemon reported to the SDK; ``kind`` is the daemon-side class name."""
-
-    def __init__(self, kind: str, message: str, retriable: bool = False) -> None:
-        super().__init__(f"{kind}: {message}")
-        self.kind = kind
-        self.remote_message = message
-        self.retriable = retriable

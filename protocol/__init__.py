@@ -9,10 +9,12 @@ Modules:
   connection  the adjacent-broker connection state machine (handshake + frames)
   dialog      dialog-protocol message header codec
   fragments   fragmenter and reassembler
+  client_wire SDK <-> daemon client-listener frame format, its reader and auth proof
 
 Nothing here imports asyncio, sockets, sqlite or reads a clock; a test enforces it.
 """
 
+from protocol.client_wire import ClientFrame, ClientFrameKind, ClientFrameReader
 from protocol.connection import BrokerConnection, ConnectionSettings, Role, State
 from protocol.errors import (
     BrokerError,
@@ -30,6 +32,9 @@ from protocol.security import Identity
 __all__ = [
     "BrokerConnection",
     "BrokerError",
+    "ClientFrame",
+    "ClientFrameKind",
+    "ClientFrameReader",
     "CloseCode",
     "ConnectionSettings",
     "EncryptionMode",

@@ -75,3 +75,25 @@ class ReassemblyFull(ReassemblyError):
     """The reassembler's memory bounds are reached; refuse the fragment unacknowledged."""
 
     retriable = True
+
+
+class ClientError(BrokerError):
+    """The SDK's connection to a daemon failed or was closed."""
+
+    retriable = True
+
+
+class AuthenticationFailed(ClientError):
+    """The daemon's client listener refused the credentials."""
+
+    retriable = False
+
+
+class RemoteError(BrokerError):
+    """An error the daemon reported to the SDK; ``kind`` is the daemon-side class name."""
+
+    def __init__(self, kind: str, message: str, retriable: bool = False) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.remote_message = message
+        self.retriable = retriable

@@ -63,7 +63,7 @@ def test_existing_files_are_not_overwritten_without_force(tmp_path: Path) -> Non
 
 
 def test_demo_runs_end_to_end() -> None:
-    done = brokerd("demo")
+    done = brokerd("wire-demo")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "HandshakeComplete(peer_instance='alpha'" in out
@@ -74,7 +74,7 @@ def test_demo_runs_end_to_end() -> None:
 
 
 def test_demo_signed_only() -> None:
-    done = brokerd("demo", "--encryption", "disabled")
+    done = brokerd("wire-demo", "--encryption", "disabled")
     assert done.returncode == 0, done.stderr
     assert "encrypted=False" in done.stdout and "FRAGMENT#2" in done.stdout
     assert "encrypted+signed" not in done.stdout.split("alpha sends")[1].split("a broker whose")[0]

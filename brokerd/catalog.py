@@ -1,0 +1,158 @@
+"""The in-memory catalog of one database: message types, contracts, queues, services, routes.
+
+Built from the configuration at start-up and persisted in the database's
+tables (R-OBJ-1..6); the dialog engine asks it the contract question of
+R-DLG-3 ("may this role send this message type?") and the body validation of
+R-OBJ-1.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from brokerd.config import DatabaseConfig
+from brokerd.routing import Route
+from brokerd.store import AUTO_CREATED_LOCAL, Statement
+from protocol.dialog import DEFAULT_CONTRACT, DEFAULT_MESSAGE_TYPE, DIALOG_TIMER, END_DIALOG, ERROR
+
+SYSTEM_MESSAGE_TYPES = frozenset({END_DIALOG, ERROR, DIALOG_TIMER})
+
+
+@dataclass
+class QueueInfo:
+    name: str
+    status: bool
+    retention: bool
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    name: str
+    queue: str
+    contracts: frozenset[str]
+
+
+@dataclass
+class Catalog:
+    message_types: dict[str, str] = field(default_factory=dict)
+    contracts: dict[str, dict[str, str]] = field(default_factory=dict)
+    queues: dict[str, QueueInfo] = field(default_factory=dict)
+    services: dict[str, ServiceInfo] = field(default_factory=dict)
+    routes: dict[str, Route] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, db: DatabaseConfig) -> Catalog:
+        catalog = cls()
+        catalog.message_types[DEFAULT_MESSAGE_TYPE] = "none"
+        catalog.contracts[DEFAULT_CONTRACT] = {DEFAULT_MESSAGE_TYPE: "any"}
+        for mt in db.message_types:
+            catalog.message_types[mt.name] = mt.validation
+        for contract in db.contracts:
+            catalog.contracts[contract.name] = {
+                m.message_type: m.sent_by for m in contract.messages
+            }
+        for queue in db.queues:
+            catalog.queues[queue.name] = QueueInfo(queue.name, queue.status, queue.retention)
+        for service in db.services:
+            catalog.services[service.name] = ServiceInfo(
+                service.name, service.queue, frozenset(service.contracts)
+            )
+        catalog.routes[AUTO_CREATED_LOCAL] = Route(AUTO_CREATED_LOCAL, "LOCAL", source="system")
+        for route in db.routes:
+            catalog.routes[route.name] = Route(
+                route.name,
+                route.address,
+                route.remote_service_name,
+                route.broker_instance,
+                route.mirror_address,
+                route.lifetime,
+            )
+        return catalog
+
+    def persist(self) -> list[Statement]:
+        """Statements that make the tables equal to this catalog (config and system rows)."""
+        out: list[Statement] = [
+            ("DELETE FROM message_types", ()),
+            ("DELETE FROM contract_messages", ()),
+            ("DELETE FROM queues", ()),
+            ("DELETE FROM services", ()),
+            ("DELETE FROM service_contracts", ()),
+            ("DELETE FROM routes WHERE source != 'admin'", ()),
+        ]
+        out += [
+            ("INSERT INTO message_types VALUES (?, ?)", (name, validation))
+            for name, validation in self.message_types.items()
+        ]
+        out += [
+            ("INSERT INTO contract_messages VALUES (?, ?, ?)", (contract, mt, sent_by))
+            for contract, messages in self.contracts.items()
+            for mt, sent_by in messages.items()
+        ]
+        out += [
+            ("INSERT INTO queues VALUES (?, ?, ?)", (q.name, int(q.status), int(q.retention)))
+            for q in self.queues.values()
+        ]
+        out += [
+            ("INSERT INTO services VALUES (?, ?)", (s.name, s.queue))
+            for s in self.services.values()
+        ]
+        out += [
+            ("INSERT INTO service_contracts VALUES (?, ?)", (s.name, c))
+            for s in self.services.values()
+            for c in sorted(s.contracts)
+        ]
+        out += [
+            (
+                "INSERT OR REPLACE INTO routes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    r.name,
+                    r.remote_service_name,
+                    str(r.broker_instance) if r.broker_instance else None,
+                    r.address,
+                    r.mirror_address,
+                    r.lifetime.isoformat() if r.lifetime else None,
+                    r.source,
+                ),
+            )
+            for r in self.routes.values()
+        ]
+        return out
+
+    def send_refusal(self, contract: str, message_type: str, initiator: bool) -> str | None:
+        """R-DLG-3: why this role may not send this message type on this contract, or None."""
+        if message_type in SYSTEM_MESSAGE_TYPES:
+            return None
+        messages = self.contracts.get(contract)
+        if messages is None:
+            return f"contract {contract!r} does not exist in this database"
+        sent_by = messages.get(message_type)
+        role = "initiator" if initiator else "target"
+        if sent_by is None:
+            return f"message type {message_type!r} is not part of contract {contract!r}"
+        if sent_by not in ("any", role):
+            return (
+                f"contract {contract!r} lets only the {sent_by} send message type "
+                f"{message_type!r}; this side is the {role}"
+            )
+        return None
+
+    def validation_problem(self, message_type: str, body: bytes) -> str | None:
+        """R-OBJ-1: why ``body`` fails its message type's validation, or None."""
+        if message_type in SYSTEM_MESSAGE_TYPES:
+            return None
+        validation = self.message_types.get(message_type)
+        if validation is None:
+            return f"message type {message_type!r} does not exist in this database"
+        if validation == "empty" and body:
+            return f"message type {message_type!r} requires an empty body"
+        if validation == "well_formed_xml":
+            try:
+                ET.fromstring(body)
+            except ET.ParseError as exc:
+                return f"message type {message_type!r} requires well-formed XML: {exc}"
+        return None
+
+    def live_routes(self, now: datetime) -> list[Route]:
+        return [r for r in self.routes.values() if not r.expired(now)]

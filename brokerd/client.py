@@ -1,0 +1,330 @@
+"""The application SDK: Service Broker verbs over the daemon's client listener (SPEC §6).
+
+Imports only ``protocol/``; it never touches the daemon's internals. One
+:class:`BrokerClient` is one authenticated connection; calls may run
+concurrently on it (a reader task pairs responses with requests by id, and
+closing fails every pending call, as aiokafka does).
+
+    async with await BrokerClient.connect("127.0.0.1", 4023, token_file=...) as client:
+        handle = await client.begin_dialog("//shop/Client", "//warehouse/Orders",
+                                           "//shop/OrderContract")
+        await client.send(handle, "//shop/Order", b"<order/>")
+        for message in await client.receive("ClientQueue", timeout=5):
+            ...
+        await client.end_conversation(handle)
+
+Errors raised by the daemon arrive as :class:`protocol.errors.RemoteError`
+(``kind`` names the daemon-side class, e.g. ``DialogError``); connection
+problems as :class:`ClientError`; refused credentials as
+:class:`AuthenticationFailed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+
+from protocol.client_wire import (
+    ClientFrame,
+    ClientFrameKind,
+    ClientFrameReader,
+    auth_proof,
+    encode_frame,
+)
+from protocol.dialog import DIALOG_TIMER, END_DIALOG, ERROR
+from protocol.errors import AuthenticationFailed, ClientError, RemoteError, RemoteProtocolError
+
+DEFAULT_PORT = 4023
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """One row of RECEIVE's result set."""
+
+    conversation_handle: uuid.UUID
+    conversation_group_id: uuid.UUID
+    message_sequence_number: int
+    service_name: str
+    service_contract_name: str
+    message_type_name: str
+    message_body: bytes
+    queue: str
+    message_enqueue_time: float
+
+    @property
+    def is_end_dialog(self) -> bool:
+        return self.message_type_name == END_DIALOG
+
+    @property
+    def is_error(self) -> bool:
+        return self.message_type_name == ERROR
+
+    @property
+    def is_timer(self) -> bool:
+        return self.message_type_name == DIALOG_TIMER
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self, client: BrokerClient) -> None:
+        self.client = client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.client._attach(cast(asyncio.Transport, transport))
+
+    def data_received(self, data: bytes) -> None:
+        self.client._on_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._on_lost(exc)
+
+
+class BrokerClient:
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._reader = ClientFrameReader()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[ClientFrame]] = {}
+        self._challenge: asyncio.Future[ClientFrame] | None = None
+        self._closed_reason: str | None = None
+        self.instance: str = ""
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        token: bytes | str | None = None,
+        token_file: str | Path | None = None,
+        user: str = "app",
+        timeout: float = 10.0,
+    ) -> BrokerClient:
+        """Connect and log in with the daemon's client token."""
+        if token is None:
+            if token_file is None:
+                raise AuthenticationFailed("no credentials: pass token= or token_file=")
+            try:
+                token = Path(token_file).read_text().strip()
+            except OSError as exc:
+                raise AuthenticationFailed(f"cannot read token file {token_file}: {exc}") from exc
+        secret = token.encode() if isinstance(token, str) else token
+        client = cls()
+        loop = asyncio.get_running_loop()
+        client._challenge = loop.create_future()
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientProtocol(client), host, port), timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            raise ClientError(f"cannot connect to brokerd at {host}:{port}: {exc}") from exc
+        try:
+            challenge = await asyncio.wait_for(client._challenge, timeout)
+            nonce = bytes.fromhex(str(challenge.meta.get("nonce", "")))
+            meta = await client._call(
+                {"op": "login", "user": user, "proof": auth_proof(secret, nonce, user)}
+            )
+        except BaseException:
+            await client.close()
+            raise
+        client.instance = str(meta[0].get("instance", ""))
+        return client
+
+    async def __aenter__(self) -> BrokerClient:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection; pending calls fail with ClientError. Idempotent."""
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+        self._fail_all("client closed")
+
+    # -- wire ----------------------------------------------------------------------
+
+    def _attach(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def _on_data(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+        except RemoteProtocolError as exc:
+            self._fail_all(f"daemon sent bad data: {exc}")
+            if self._transport is not None:
+                self._transport.close()
+            return
+        for frame in frames:
+            if frame.kind is ClientFrameKind.CHALLENGE:
+                if self._challenge is not None and not self._challenge.done():
+                    self._challenge.set_result(frame)
+                continue
+            future = self._pending.pop(frame.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(frame)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._fail_all(f"connection to brokerd lost{': ' + str(exc) if exc else ''}")
+
+    def _fail_all(self, reason: str) -> None:
+        self._closed_reason = self._closed_reason or reason
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ClientError(reason))
+        if self._challenge is not None and not self._challenge.done():
+            self._challenge.set_exception(ClientError(reason))
+
+    async def _call(self, meta: dict[str, Any], body: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        if self._transport is None or self._transport.is_closing():
+            raise ClientError(self._closed_reason or "not connected")
+        request_id = next(self._ids) & 0xFFFFFFFF
+        future: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        self._transport.write(
+            encode_frame(ClientFrame(ClientFrameKind.REQUEST, request_id, meta, body))
+        )
+        frame = await future
+        if frame.kind is ClientFrameKind.ERROR:
+            kind = str(frame.meta.get("error", "BrokerError"))
+            message = str(frame.meta.get("message", ""))
+            if kind == "AuthenticationFailed":
+                raise AuthenticationFailed(message)
+            raise RemoteError(kind, message, bool(frame.meta.get("retriable", False)))
+        return frame.meta, frame.body
+
+    # -- verbs -----------------------------------------------------------------------
+
+    async def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str = "DEFAULT",
+        *,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | str | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> uuid.UUID:
+        """BEGIN DIALOG FROM SERVICE ... TO SERVICE ... ON CONTRACT ...; the new handle."""
+        meta, _ = await self._call(
+            {
+                "op": "begin_dialog",
+                "from_service": from_service,
+                "to_service": to_service,
+                "contract": contract,
+                "database": database,
+                "to_broker_instance": str(to_broker_instance) if to_broker_instance else None,
+                "lifetime": lifetime,
+                "related_conversation": (
+                    str(related_conversation) if related_conversation else None
+                ),
+            }
+        )
+        return uuid.UUID(meta["conversation_handle"])
+
+    async def send(
+        self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
+    ) -> int:
+        """SEND ON CONVERSATION; returns after the message is durably queued."""
+        meta, _ = await self._call(
+            {
+                "op": "send",
+                "conversation_handle": str(conversation_handle),
+                "message_type": message_type,
+            },
+            bytes(body),
+        )
+        return int(meta["sequence_number"])
+
+    async def receive(
+        self,
+        queue: str,
+        *,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        conversation_handle: uuid.UUID | None = None,
+    ) -> list[ReceivedMessage]:
+        """RECEIVE TOP (top) FROM queue, WAITFOR up to ``timeout`` s (negative: forever)."""
+        meta, body = await self._call(
+            {
+                "op": "receive",
+                "queue": queue,
+                "database": database,
+                "top": top,
+                "timeout": timeout,
+                "conversation_handle": str(conversation_handle) if conversation_handle else None,
+            }
+        )
+        out: list[ReceivedMessage] = []
+        offset = 0
+        for row in meta.get("messages", []):
+            length = int(row["body_length"])
+            out.append(
+                ReceivedMessage(
+                    conversation_handle=uuid.UUID(row["conversation_handle"]),
+                    conversation_group_id=uuid.UUID(row["conversation_group_id"]),
+                    message_sequence_number=int(row["message_sequence_number"]),
+                    service_name=row["service_name"],
+                    service_contract_name=row["service_contract_name"],
+                    message_type_name=row["message_type_name"],
+                    message_body=body[offset : offset + length],
+                    queue=row["queue"],
+                    message_enqueue_time=float(row["message_enqueue_time"]),
+                )
+            )
+            offset += length
+        return out
+
+    async def end_conversation(
+        self,
+        conversation_handle: uuid.UUID,
+        *,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> None:
+        """END CONVERSATION [WITH ERROR = code DESCRIPTION = ... | WITH CLEANUP]."""
+        await self._call(
+            {
+                "op": "end_conversation",
+                "conversation_handle": str(conversation_handle),
+                "error_code": error_code,
+                "description": description,
+                "cleanup": cleanup,
+            }
+        )
+
+    async def view(self, name: str) -> list[dict[str, Any]]:
+        meta, _ = await self._call({"op": "view", "name": name})
+        rows: list[dict[str, Any]] = meta["rows"]
+        return rows
+
+    async def conversation_endpoints(self) -> list[dict[str, Any]]:
+        return await self.view("conversation_endpoints")
+
+    async def transmission_queue(self) -> list[dict[str, Any]]:
+        return await self.view("transmission_queue")
+
+    async def queues(self) -> list[dict[str, Any]]:
+        return await self.view("queues")
+
+    async def routes(self) -> list[dict[str, Any]]:
+        return await self.view("routes")
+
+    async def broker_connections(self) -> list[dict[str, Any]]:
+        return await self.view("broker_connections")
+
+    async def ping(self) -> dict[str, Any]:
+        meta, _ = await self._call({"op": "ping"})
+        return meta

@@ -1,0 +1,867 @@
+"""The TOML configuration of one broker daemon (one instance): ``brokerd run --config FILE``.
+
+This module owns reading and validating that file, and nothing else. It turns the TOML
+into frozen dataclasses, resolves relative paths against the file's own directory and
+refuses every mistake it can see without touching the disk or the network, raising
+:class:`~brokerd.errors.ConfigError` with the file, the dotted key
+(``database[0].service[1].queue``) and the problem in plain English. It does not open
+certificate files, create databases or bind ports: the daemon and the store do that.
+
+What a file declares (SPEC section 1):
+
+* R-OBJ-1 message types: a name and a validation (``none``, ``empty``,
+  ``well_formed_xml``).
+* R-OBJ-2 contracts: a name and the message types each role may send (``sent_by`` is
+  ``initiator``, ``target`` or ``any``). Every database implicitly has the message type
+  ``DEFAULT`` (validation ``none``) and the contract ``DEFAULT`` (``DEFAULT`` sent by
+  ``any``); the store creates them, the file may use but not redefine them, and they are
+  not listed in :attr:`DatabaseConfig.message_types` / :attr:`DatabaseConfig.contracts`.
+* R-OBJ-3 queues: a name, status on/off and the retention flag.
+* R-OBJ-4 services: a name (case-sensitive, compared byte-for-byte), the queue and the
+  contracts the service accepts as a target.
+* R-OBJ-5 routes: ``name``, ``remote_service_name``, ``broker_instance``, ``address``
+  (``LOCAL``, ``TRANSPORT`` or ``tcp://host:port``), ``mirror_address`` and ``lifetime``;
+  a lifetime given in seconds counts from the moment the file is read and is stored as an
+  absolute UTC expiry.
+* R-OBJ-6 the route ``AutoCreatedLocal`` belongs to the store, which creates it in every
+  database; a file may only restate it exactly as (NULL, NULL, ``LOCAL``, NULL).
+* R-OBJ-7 the endpoint: listen address (port 4022), certificate, ``encryption``,
+  ``message_forwarding`` and ``message_forward_size`` (MB).
+
+Besides these, the daemon's own settings: retransmission timing (R-DLG-6, ``[retry]``),
+the local client listener (``[client]``) and message size limits (R-DLG-7,
+``[limits]``). Each database becomes one file, so database names are restricted to
+``[A-Za-z0-9_-]+`` and compared without regard to case; ``master`` is refused, and
+``msdb`` (the routes for traffic from outside the instance, R-ROUTE-1) is always present.
+
+Name comparisons: message types, contracts and services travel between brokers and are
+compared byte-for-byte; queue and route names are local identifiers (SQL identifiers in
+Service Broker) and must be unique without regard to case, although references to a
+queue must spell it exactly. Enumerated values (``encryption``, ``validation``,
+``sent_by``, queue ``status``) are accepted in any case and stored in lower case; route
+addresses ``LOCAL`` / ``TRANSPORT`` are stored in upper case.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import math
+import re
+import tomllib
+import uuid
+from collections.abc import Iterable
+from dataclasses import MISSING, dataclass, fields
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+from typing import Any
+
+from brokerd.errors import ConfigError
+from protocol.frames import DEFAULT_MAX_FRAME_SIZE, MAX_NAME_BYTES, MIN_MAX_FRAME_SIZE
+
+__all__ = [
+    "SENT_BY",
+    "VALIDATIONS",
+    "BrokerConfig",
+    "ClientConfig",
+    "ContractConfig",
+    "ContractMessage",
+    "DatabaseConfig",
+    "EndpointConfig",
+    "LimitsConfig",
+    "MessageTypeConfig",
+    "QueueConfig",
+    "RetryConfig",
+    "RouteConfig",
+    "ServiceConfig",
+    "load_config",
+    "parse_config",
+    "parse_tcp_address",
+]
+
+VALIDATIONS = ("none", "empty", "well_formed_xml")
+"""R-OBJ-1 message type validations."""
+SENT_BY = ("initiator", "target", "any")
+"""R-OBJ-2 roles that may send a message type on a contract."""
+
+_ENCRYPTIONS = ("required", "supported", "disabled")
+_DEFAULT = "DEFAULT"
+_AUTO_ROUTE = "AutoCreatedLocal"
+_MSDB = "msdb"
+_DATABASE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_HOST_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_FRAME_RESERVE = 8192
+"""Room kept in a frame for the dialog header and the protection overhead."""
+_MIN_FRAGMENT_SIZE = 1024
+_MAX_U32 = 2**32 - 1
+_DEFAULT_CLIENT_PORT = 4023
+_DEFAULT_CLIENT_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class MessageTypeConfig:
+    """R-OBJ-1."""
+
+    name: str
+    validation: str = "none"
+
+
+@dataclass(frozen=True)
+class ContractMessage:
+    """One line of a contract (R-OBJ-2)."""
+
+    message_type: str
+    sent_by: str
+
+
+@dataclass(frozen=True)
+class ContractConfig:
+    """R-OBJ-2."""
+
+    name: str
+    messages: tuple[ContractMessage, ...]
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """R-OBJ-3; ``status`` True means on."""
+
+    name: str
+    status: bool = True
+    retention: bool = False
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """R-OBJ-4; ``contracts`` are those the service accepts as a target."""
+
+    name: str
+    queue: str
+    contracts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    """R-OBJ-5; ``address`` is ``LOCAL``, ``TRANSPORT`` or a normalised ``tcp://host:port``."""
+
+    name: str
+    address: str
+    remote_service_name: str | None = None
+    broker_instance: uuid.UUID | None = None
+    mirror_address: str | None = None
+    lifetime: datetime | None = None
+    """Absolute expiry, timezone-aware UTC; None = never expires."""
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    """One database of the instance and its catalog (without the implicit DEFAULTs)."""
+
+    name: str
+    broker_instance: uuid.UUID | None = None
+    message_types: tuple[MessageTypeConfig, ...] = ()
+    contracts: tuple[ContractConfig, ...] = ()
+    queues: tuple[QueueConfig, ...] = ()
+    services: tuple[ServiceConfig, ...] = ()
+    routes: tuple[RouteConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """R-OBJ-7: where the instance listens for other brokers, and how."""
+
+    certificate: Path
+    private_key: Path
+    ca_certificate: Path
+    host: str = "127.0.0.1"
+    port: int = 4022
+    encryption: str = "required"
+    """``required`` | ``supported`` | ``disabled`` (``EncryptionMode[encryption.upper()]``)."""
+    message_forwarding: bool = False
+    message_forward_size: int = 10
+    """MB of forwarded messages held in memory (R-ROUTE-7)."""
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    idle_timeout: float = 90.0
+    connect_timeout: float = 5.0
+    reconnect_initial: float = 1.0
+    reconnect_max: float = 30.0
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """Timings in seconds: retransmission (R-DLG-6), acknowledgement delay, DELAYED re-routing."""
+
+    initial: float = 4.0
+    maximum: float = 64.0
+    ack_delay: float = 0.02
+    delayed_retry: float = 5.0
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """The listener for the client SDK."""
+
+    host: str
+    port: int
+    token_file: Path
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Sizes in bytes."""
+
+    max_message_size: int = 100 * 1024 * 1024
+    fragment_size: int = 64 * 1024
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """The whole file. ``databases`` always holds one named ``msdb``."""
+
+    path: Path
+    data_dir: Path
+    endpoint: EndpointConfig
+    retry: RetryConfig
+    client: ClientConfig
+    limits: LimitsConfig
+    databases: tuple[DatabaseConfig, ...]
+
+    def database(self, name: str) -> DatabaseConfig:
+        """The database named exactly ``name``; KeyError if there is none."""
+        for db in self.databases:
+            if db.name == name:
+                return db
+        raise KeyError(name)
+
+
+def parse_tcp_address(address: str) -> tuple[str, int]:
+    """``tcp://host:port`` -> ``(host, port)``; IPv6 hosts in brackets (``tcp://[::1]:4022``).
+
+    The scheme is case-insensitive; nothing may follow the port. Raises ValueError with a
+    readable reason.
+    """
+    if address[:6].lower() != "tcp://":
+        raise ValueError(f"'{address}' is not of the form tcp://host:port")
+    rest = address[6:]
+    if rest.startswith("["):
+        end = rest.find("]")
+        if end < 0:
+            raise ValueError(f"'{address}': unclosed '[' around an IPv6 address")
+        host, after = rest[1:end], rest[end + 1 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"'{address}': '{host}' is not an IPv6 address") from None
+        if not after.startswith(":"):
+            raise ValueError(f"'{address}' has no port (tcp://host:port)")
+        port_text = after[1:]
+    else:
+        host, sep, port_text = rest.rpartition(":")
+        if not sep:
+            raise ValueError(f"'{address}' has no port (tcp://host:port)")
+        if not host:
+            raise ValueError(f"'{address}' has no host (tcp://host:port)")
+        if not _HOST_NAME.fullmatch(host):
+            raise ValueError(
+                f"'{address}': host '{host}' is not a host name or address "
+                "(IPv6 addresses go in brackets; no paths or user names)"
+            )
+    if not (port_text.isascii() and port_text.isdigit()):
+        raise ValueError(f"'{address}': port '{port_text}' is not a number")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"'{address}': port {port} is not between 1 and 65535")
+    return host, port
+
+
+def load_config(path: str | Path) -> BrokerConfig:
+    """Read and validate the configuration file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(path, "", f"cannot read the file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "", f"the file is not UTF-8: {exc}") from None
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerConfig:
+    """Validate TOML ``text``; ``path`` names the file in errors and anchors relative paths.
+
+    ``now`` (default: the current UTC time; a naive value is taken as UTC) is the moment
+    from which route lifetimes given in seconds count.
+    """
+    path = Path(path)
+    if now is None:
+        now = datetime.now(UTC)
+    elif now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, "", f"invalid TOML: {exc}") from None
+    base = path.absolute().parent
+    top = _Table(path, "", data, ("data_dir", "endpoint", "retry", "client", "limits", "database"))
+    data_dir = top.path("data_dir", base)
+    if data_dir is None:
+        raise top.error("data_dir", "is required (the directory for the database files)")
+
+    endpoint_table = top.table("endpoint", [f.name for f in fields(EndpointConfig)], required=True)
+    assert endpoint_table is not None
+    endpoint = _endpoint(endpoint_table, base)
+    retry = _retry(top.table("retry", [f.name for f in fields(RetryConfig)]))
+    client = _client(
+        path, top.table("client", [f.name for f in fields(ClientConfig)]), endpoint, data_dir, base
+    )
+    limits = _limits(top.table("limits", [f.name for f in fields(LimitsConfig)]), endpoint)
+
+    databases: list[DatabaseConfig] = []
+    seen: dict[str, str] = {}
+    instances: dict[uuid.UUID, str] = {}
+    for table in top.tables("database", _DATABASE_KEYS):
+        db = _database(table, now)
+        folded = db.name.casefold()
+        if folded in seen:
+            raise table.error(
+                "name",
+                f"database '{db.name}' is already defined at {seen[folded]} "
+                "(database names become file names and are compared without regard to case)",
+            )
+        seen[folded] = table.where
+        if db.broker_instance is not None:
+            if db.broker_instance in instances:
+                raise table.error(
+                    "broker_instance",
+                    f"broker instance {db.broker_instance} is already used by "
+                    f"{instances[db.broker_instance]}; each database has its own",
+                )
+            instances[db.broker_instance] = table.where
+        databases.append(db)
+    if _MSDB not in seen:
+        databases.append(DatabaseConfig(name=_MSDB))
+
+    return BrokerConfig(
+        path=path.absolute(),
+        data_dir=data_dir,
+        endpoint=endpoint,
+        retry=retry,
+        client=client,
+        limits=limits,
+        databases=tuple(databases),
+    )
+
+
+# --------------------------------------------------------------------------- reading tables
+
+
+def _describe(value: object) -> str:
+    """A TOML-flavoured description of a value for error messages."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the float {value}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, datetime):
+        return "a local date-time" if value.tzinfo is None else "a date-time"
+    if isinstance(value, date):
+        return "a date"
+    if isinstance(value, time):
+        return "a time"
+    return type(value).__name__
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+class _Table:
+    """One TOML table being read: knows its dotted key and refuses unknown keys at once."""
+
+    def __init__(
+        self, file: Path, where: str, data: dict[str, Any], allowed: Iterable[str]
+    ) -> None:
+        self.file = file
+        self.where = where
+        self.data = data
+        allowed = tuple(allowed)
+        for key in data:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ConfigError(
+                    file,
+                    self.key(key),
+                    f"unknown key '{key}'{hint}; allowed keys here: {', '.join(sorted(allowed))}",
+                )
+
+    def key(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def error(self, name: str, problem: str) -> ConfigError:
+        return ConfigError(self.file, self.key(name), problem)
+
+    def _typed(self, name: str, kinds: tuple[type, ...], what: str) -> Any:
+        """The value, None if absent; refuses another type (a boolean is never a number)."""
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise self.error(name, f"must be {what}, not {_describe(value)}")
+        return value
+
+    def text(self, name: str) -> str | None:
+        value: str | None = self._typed(name, (str,), "a string")
+        if value is not None and not value:
+            raise self.error(name, "must not be empty")
+        return value
+
+    def required_text(self, name: str) -> str:
+        value = self.text(name)
+        if value is None:
+            raise self.error(name, "is required")
+        return value
+
+    def name(self, name: str = "name") -> str:
+        value = self.required_text(name)
+        size = len(value.encode("utf-8"))
+        if size > MAX_NAME_BYTES:
+            raise self.error(
+                name, f"is {size} bytes long in UTF-8; at most {MAX_NAME_BYTES} are allowed"
+            )
+        return value
+
+    def optional_name(self, name: str) -> str | None:
+        return self.name(name) if name in self.data else None
+
+    def integer(self, name: str, default: int, low: int, high: int | None = None) -> int:
+        value: int | None = self._typed(name, (int,), "an integer")
+        if value is None:
+            return default
+        if value < low or (high is not None and value > high):
+            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise self.error(name, f"must be {bounds}, not {value}")
+        return value
+
+    def seconds(self, name: str, default: float) -> float:
+        value: float | None = self._typed(name, (int, float), "a number of seconds")
+        if value is None:
+            return default
+        if not math.isfinite(value) or value <= 0:
+            raise self.error(name, f"must be a positive number of seconds, not {value}")
+        return float(value)
+
+    def flag(self, name: str, default: bool) -> bool:
+        value: bool | None = self._typed(name, (bool,), "true or false")
+        return default if value is None else value
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.text(name)
+        if value is None:
+            return default
+        if value.lower() not in choices:
+            raise self.error(name, f"must be one of {', '.join(choices)}, not {value!r}")
+        return value.lower()
+
+    def path(self, name: str, base: Path) -> Path | None:
+        value = self.text(name)
+        if value is None:
+            return None
+        if "\x00" in value:
+            raise self.error(name, "must not contain a NUL character")
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else base / path
+
+    def required_path(self, name: str, base: Path) -> Path:
+        value = self.path(name, base)
+        if value is None:
+            raise self.error(name, "is required (a file path)")
+        return value
+
+    def broker_instance(self, name: str) -> uuid.UUID | None:
+        value = self.text(name)
+        if value is None:
+            return None
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            raise self.error(name, f"{value!r} is not a UUID") from None
+
+    def strings(self, name: str) -> list[str]:
+        value: list[Any] | None = self._typed(name, (list,), "an array of strings")
+        if value is None:
+            return []
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                raise self.error(
+                    f"{name}[{i}]", f"must be a non-empty string, not {_describe(item)}"
+                )
+        return value
+
+    def table(self, name: str, allowed: Iterable[str], required: bool = False) -> _Table | None:
+        value = self.data.get(name)
+        if value is None:
+            if required:
+                raise self.error(name, f"is required (a [{self.key(name)}] table)")
+            return None
+        if not isinstance(value, dict):
+            raise self.error(name, f"must be a table ([{self.key(name)}]), not {_describe(value)}")
+        return _Table(self.file, self.key(name), value, allowed)
+
+    def tables(self, name: str, allowed: Iterable[str]) -> list[_Table]:
+        """An array of tables (``[[name]]`` or an array of inline tables)."""
+        value = self.data.get(name)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.error(
+                name, f"must be an array of tables ([[{self.key(name)}]]), not {_describe(value)}"
+            )
+        result = []
+        for i, item in enumerate(value):
+            where = f"{self.key(name)}[{i}]"
+            if not isinstance(item, dict):
+                raise ConfigError(self.file, where, f"must be a table, not {_describe(item)}")
+            result.append(_Table(self.file, where, item, allowed))
+        return result
+
+
+# --------------------------------------------------------------------------- instance sections
+
+
+def _endpoint(t: _Table, base: Path) -> EndpointConfig:
+    d = _defaults(EndpointConfig)
+    host = t.text("host") or d["host"]
+    if any(ch.isspace() for ch in host):
+        raise t.error("host", f"{host!r} is not a host name or address")
+    max_frame_size = t.integer("max_frame_size", d["max_frame_size"], MIN_MAX_FRAME_SIZE, _MAX_U32)
+    endpoint = EndpointConfig(
+        certificate=t.required_path("certificate", base),
+        private_key=t.required_path("private_key", base),
+        ca_certificate=t.required_path("ca_certificate", base),
+        host=host,
+        port=t.integer("port", d["port"], 1, 65535),
+        encryption=t.choice("encryption", d["encryption"], _ENCRYPTIONS),
+        message_forwarding=t.flag("message_forwarding", d["message_forwarding"]),
+        message_forward_size=t.integer("message_forward_size", d["message_forward_size"], 0),
+        max_frame_size=max_frame_size,
+        idle_timeout=t.seconds("idle_timeout", d["idle_timeout"]),
+        connect_timeout=t.seconds("connect_timeout", d["connect_timeout"]),
+        reconnect_initial=t.seconds("reconnect_initial", d["reconnect_initial"]),
+        reconnect_max=t.seconds("reconnect_max", d["reconnect_max"]),
+    )
+    if endpoint.reconnect_initial > endpoint.reconnect_max:
+        raise t.error(
+            "reconnect_initial",
+            f"({endpoint.reconnect_initial}) must not exceed "
+            f"{t.key('reconnect_max')} ({endpoint.reconnect_max})",
+        )
+    return endpoint
+
+
+def _retry(t: _Table | None) -> RetryConfig:
+    if t is None:
+        return RetryConfig()
+    d = _defaults(RetryConfig)
+    retry = RetryConfig(
+        initial=t.seconds("initial", d["initial"]),
+        maximum=t.seconds("maximum", d["maximum"]),
+        ack_delay=t.seconds("ack_delay", d["ack_delay"]),
+        delayed_retry=t.seconds("delayed_retry", d["delayed_retry"]),
+    )
+    if retry.initial > retry.maximum:
+        raise t.error(
+            "initial", f"({retry.initial}) must not exceed {t.key('maximum')} ({retry.maximum})"
+        )
+    return retry
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def _client(
+    file: Path, t: _Table | None, endpoint: EndpointConfig, data_dir: Path, base: Path
+) -> ClientConfig:
+    default_host = endpoint.host if _is_loopback(endpoint.host) else _DEFAULT_CLIENT_HOST
+    host, port, token_file = default_host, _DEFAULT_CLIENT_PORT, None
+    if t is not None:
+        host = t.text("host") or default_host
+        port = t.integer("port", _DEFAULT_CLIENT_PORT, 1, 65535)
+        token_file = t.path("token_file", base)
+    if port == endpoint.port and (
+        host == endpoint.host or _is_unspecified(endpoint.host) or _is_unspecified(host)
+    ):
+        raise ConfigError(
+            file,
+            "client.port",
+            f"{port} is also endpoint.port on the same host; the client listener needs "
+            "a port of its own",
+        )
+    return ClientConfig(host=host, port=port, token_file=token_file or data_dir / "client.token")
+
+
+def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
+    d = _defaults(LimitsConfig)
+    top = endpoint.max_frame_size - _FRAME_RESERVE
+    if t is None:
+        # An unset fragment size shrinks to fit a small max_frame_size.
+        return LimitsConfig(fragment_size=min(d["fragment_size"], top))
+    max_message_size = t.integer("max_message_size", d["max_message_size"], 1)
+    fragment_size = t.integer("fragment_size", min(d["fragment_size"], top), 1)
+    if not _MIN_FRAGMENT_SIZE <= fragment_size <= top:
+        raise t.error(
+            "fragment_size",
+            f"must be between {_MIN_FRAGMENT_SIZE} and {top} (endpoint.max_frame_size "
+            f"{endpoint.max_frame_size} minus {_FRAME_RESERVE} for headers), not {fragment_size}",
+        )
+    return LimitsConfig(max_message_size=max_message_size, fragment_size=fragment_size)
+
+
+# --------------------------------------------------------------------------- databases
+
+_DATABASE_KEYS = (
+    "name",
+    "broker_instance",
+    "message_type",
+    "contract",
+    "queue",
+    "service",
+    "route",
+)
+
+
+class _Unique:
+    """Names of one kind in one database, each remembered with the key that defined it."""
+
+    def __init__(self, kind: str, database: str, fold: bool) -> None:
+        self.kind = kind
+        self.database = database
+        self.fold = fold
+        self.seen: dict[str, str] = {}
+
+    def add(self, t: _Table, name: str) -> None:
+        key = name.casefold() if self.fold else name
+        if key in self.seen:
+            how = " (compared without regard to case)" if self.fold else ""
+            raise t.error(
+                "name",
+                f"{self.kind} '{name}' is already defined in database '{self.database}' "
+                f"at {self.seen[key]}{how}",
+            )
+        self.seen[key] = t.where
+
+
+def _database(t: _Table, now: datetime) -> DatabaseConfig:
+    name = t.name()
+    if not _DATABASE_NAME.fullmatch(name):
+        raise t.error(
+            "name",
+            f"database name {name!r} may contain only letters, digits, '_' and '-' "
+            "(it becomes a file name)",
+        )
+    if name.casefold() == "master":
+        raise t.error("name", "'master' is reserved and cannot be configured")
+    if name.casefold() == _MSDB and name != _MSDB:
+        raise t.error("name", f"write the msdb database's name as '{_MSDB}', not {name!r}")
+    broker_instance = t.broker_instance("broker_instance")
+
+    message_types: list[MessageTypeConfig] = []
+    names = _Unique("message type", name, fold=False)
+    for mt in t.tables("message_type", ("name", "validation")):
+        mt_name = mt.name()
+        if mt_name == _DEFAULT:
+            raise mt.error("name", "the message type 'DEFAULT' is built in and cannot be redefined")
+        names.add(mt, mt_name)
+        validation = mt.choice("validation", "none", VALIDATIONS)
+        message_types.append(MessageTypeConfig(mt_name, validation))
+    known_types = {*names.seen, _DEFAULT}
+
+    contracts: list[ContractConfig] = []
+    names = _Unique("contract", name, fold=False)
+    for ct in t.tables("contract", ("name", "messages")):
+        ct_name = ct.name()
+        if ct_name == _DEFAULT:
+            raise ct.error("name", "the contract 'DEFAULT' is built in and cannot be redefined")
+        names.add(ct, ct_name)
+        if "messages" not in ct.data:
+            raise ct.error("messages", "is required (the message types of the contract)")
+        lines: list[ContractMessage] = []
+        listed: set[str] = set()
+        for line in ct.tables("messages", ("message_type", "sent_by")):
+            message_type = line.required_text("message_type")
+            if message_type not in known_types:
+                raise line.error(
+                    "message_type",
+                    f"message type '{message_type}' is not defined in database '{name}'"
+                    + _near(message_type, known_types),
+                )
+            if message_type in listed:
+                raise line.error(
+                    "message_type",
+                    f"message type '{message_type}' is listed twice in contract '{ct_name}' "
+                    '(use sent_by = "any" for both roles)',
+                )
+            listed.add(message_type)
+            if "sent_by" not in line.data:
+                raise line.error("sent_by", f"is required (one of {', '.join(SENT_BY)})")
+            sent_by = line.choice("sent_by", "any", SENT_BY)
+            lines.append(ContractMessage(message_type, sent_by))
+        if not lines:
+            raise ct.error("messages", f"contract '{ct_name}' needs at least one message type")
+        contracts.append(ContractConfig(ct_name, tuple(lines)))
+    known_contracts = {*names.seen, _DEFAULT}
+
+    queues: list[QueueConfig] = []
+    names = _Unique("queue", name, fold=True)
+    for qt in t.tables("queue", ("name", "status", "retention")):
+        q_name = qt.name()
+        names.add(qt, q_name)
+        queues.append(QueueConfig(q_name, _queue_status(qt), qt.flag("retention", False)))
+    known_queues = {q.name for q in queues}
+
+    services: list[ServiceConfig] = []
+    names = _Unique("service", name, fold=False)
+    for st in t.tables("service", ("name", "queue", "contracts")):
+        s_name = st.name()
+        names.add(st, s_name)
+        queue = st.required_text("queue")
+        if queue not in known_queues:
+            raise st.error(
+                "queue",
+                f"queue '{queue}' is not defined in database '{name}'" + _near(queue, known_queues),
+            )
+        accepted = st.strings("contracts")
+        for i, contract in enumerate(accepted):
+            if contract not in known_contracts:
+                raise st.error(
+                    f"contracts[{i}]",
+                    f"contract '{contract}' is not defined in database '{name}'"
+                    + _near(contract, known_contracts),
+                )
+            if contract in accepted[:i]:
+                raise st.error(f"contracts[{i}]", f"contract '{contract}' is listed twice")
+        services.append(ServiceConfig(s_name, queue, tuple(accepted)))
+
+    routes: list[RouteConfig] = []
+    names = _Unique("route", name, fold=True)
+    for rt in t.tables("route", [f.name for f in fields(RouteConfig)]):
+        route = _route(rt, now)
+        names.add(rt, route.name)
+        routes.append(route)
+
+    return DatabaseConfig(
+        name=name,
+        broker_instance=broker_instance,
+        message_types=tuple(message_types),
+        contracts=tuple(contracts),
+        queues=tuple(queues),
+        services=tuple(services),
+        routes=tuple(routes),
+    )
+
+
+def _near(name: str, known: set[str]) -> str:
+    """A hint for a reference that does not resolve: same name in another case, or a typo."""
+    for candidate in sorted(known):
+        if candidate.casefold() == name.casefold():
+            return f" (names are case-sensitive: did you mean '{candidate}'?)"
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _queue_status(t: _Table) -> bool:
+    value = t.data.get("status")
+    if value is None:
+        return True
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("on", "off"):
+        return value.lower() == "on"
+    raise t.error("status", f'must be "on", "off", true or false, not {_describe(value)}')
+
+
+def _route(t: _Table, now: datetime) -> RouteConfig:
+    name = t.name()
+    raw = t.required_text("address")
+    address = raw.upper() if raw.upper() in ("LOCAL", "TRANSPORT") else _tcp(t, "address", raw)
+    mirror = t.text("mirror_address")
+    if mirror is not None:
+        if address in ("LOCAL", "TRANSPORT"):
+            raise t.error(
+                "mirror_address", f"is only allowed with a tcp:// address, not with {address}"
+            )
+        mirror = _tcp(t, "mirror_address", mirror)
+        if mirror == address:
+            raise t.error("mirror_address", "must differ from address")
+    route = RouteConfig(
+        name=name,
+        address=address,
+        remote_service_name=t.optional_name("remote_service_name"),
+        broker_instance=t.broker_instance("broker_instance"),
+        mirror_address=mirror,
+        lifetime=_lifetime(t, now),
+    )
+    if name.casefold() == _AUTO_ROUTE.casefold():
+        fixed = (route.remote_service_name, route.broker_instance, route.address)
+        if name != _AUTO_ROUTE or fixed != (None, None, "LOCAL") or route.lifetime is not None:
+            raise t.error(
+                "name",
+                f"the route '{_AUTO_ROUTE}' is created by the store as "
+                '(remote_service_name unset, broker_instance unset, address "LOCAL", '
+                "lifetime unset) and cannot be configured otherwise (R-OBJ-6); "
+                "give your route another name",
+            )
+    return route
+
+
+def _tcp(t: _Table, key: str, value: str) -> str:
+    try:
+        host, port = parse_tcp_address(value)
+    except ValueError as exc:
+        what = "LOCAL, TRANSPORT or tcp://host:port" if key == "address" else "tcp://host:port"
+        raise t.error(key, f"must be {what}: {exc}") from None
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _lifetime(t: _Table, now: datetime) -> datetime | None:
+    value = t.data.get("lifetime")
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise t.error(
+                "lifetime",
+                "a date-time needs a time zone offset (e.g. 2030-01-01T00:00:00Z), "
+                "or give a number of seconds",
+            )
+        return value.astimezone(UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value) or value <= 0:
+            raise t.error("lifetime", f"must be a positive number of seconds, not {value}")
+        try:
+            return now.astimezone(UTC) + timedelta(seconds=value)
+        except OverflowError:
+            raise t.error("lifetime", f"{value} seconds is too far in the future") from None
+    raise t.error(
+        "lifetime",
+        "must be a number of seconds or a date-time with a time zone offset, "
+        f"not {_describe(value)}",
+    )

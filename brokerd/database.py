@@ -1,0 +1,175 @@
+"""One database of an instance: its store, catalog, endpoints and ready-message index.
+
+Owns the in-memory image of a database (R-DLG-13): the conversation endpoints
+keyed by handle and by (conversation id, role), the index of messages ready to
+RECEIVE per queue and conversation group (status 1, R-OBJ-3), and the recovery
+that rebuilds all of it from the SQLite file after a restart or ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from brokerd.catalog import Catalog
+from brokerd.config import DatabaseConfig
+from brokerd.endpoint import Endpoint, OutMessage, endpoint_from_row
+from brokerd.store import Store
+from protocol.dialog import MessageFlags
+from protocol.fragments import fragment_count
+
+
+@dataclass
+class ReadyIndex:
+    """Messages of one queue that RECEIVE may hand out: group -> [(handle, seq)] in order."""
+
+    groups: OrderedDict[uuid.UUID, list[tuple[uuid.UUID, int]]] = field(default_factory=OrderedDict)
+    locked: set[uuid.UUID] = field(default_factory=set)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    count: int = 0
+
+    def add(self, group: uuid.UUID, handle: uuid.UUID, seq: int) -> None:
+        self.groups.setdefault(group, []).append((handle, seq))
+        self.count += 1
+        self.changed.set()
+
+    def take(
+        self, top: int, handle: uuid.UUID | None, group: uuid.UUID | None
+    ) -> tuple[uuid.UUID, list[tuple[uuid.UUID, int]]] | None:
+        """Up to ``top`` messages of one unlocked group, oldest group first; locks the group."""
+        for gid, items in self.groups.items():
+            if gid in self.locked or (group is not None and gid != group):
+                continue
+            if handle is not None:
+                chosen = [item for item in items if item[0] == handle][:top]
+                if not chosen:
+                    continue
+            else:
+                chosen = items[:top]
+            chosen_set = set(chosen)
+            rest = [item for item in items if item not in chosen_set]
+            if rest:
+                self.groups[gid] = rest
+            else:
+                del self.groups[gid]
+            self.count -= len(chosen)
+            self.locked.add(gid)
+            return gid, chosen
+        return None
+
+    def put_back(self, group: uuid.UUID, items: list[tuple[uuid.UUID, int]]) -> None:
+        current = self.groups.get(group, [])
+        self.groups[group] = sorted(items + current, key=lambda i: (str(i[0]), i[1]))
+        self.groups.move_to_end(group, last=False)
+        self.count += len(items)
+        self.changed.set()
+
+    def drop_conversation(self, handle: uuid.UUID) -> None:
+        for gid in list(self.groups):
+            kept = [item for item in self.groups[gid] if item[0] != handle]
+            self.count -= len(self.groups[gid]) - len(kept)
+            if kept:
+                self.groups[gid] = kept
+            else:
+                del self.groups[gid]
+
+
+class Database:
+    def __init__(self, config: DatabaseConfig, data_dir: Path) -> None:
+        self.config = config
+        self.name = config.name
+        self.store = Store(data_dir / f"{config.name}.sqlite", config.name)
+        self.catalog = Catalog.from_config(config)
+        self.broker_instance = uuid.UUID(int=0)
+        self.endpoints: dict[uuid.UUID, Endpoint] = {}
+        self.by_key: dict[tuple[uuid.UUID, bool], Endpoint] = {}
+        self.ready: dict[str, ReadyIndex] = {name: ReadyIndex() for name in self.catalog.queues}
+        self.next_broker_error_seq = -1
+        self.rx_suspended = False
+
+    async def open(self) -> None:
+        self.broker_instance = await self.store.open(self.config.broker_instance)
+        await self.store.execute_now(self.catalog.persist())
+
+    def add_endpoint(self, ep: Endpoint) -> None:
+        self.endpoints[ep.handle] = ep
+        self.by_key[ep.key] = ep
+
+    def remove_endpoint(self, ep: Endpoint) -> None:
+        self.endpoints.pop(ep.handle, None)
+        if self.by_key.get(ep.key) is ep:
+            del self.by_key[ep.key]
+
+    def queue_of(self, service: str) -> str | None:
+        info = self.catalog.services.get(service)
+        return info.queue if info else None
+
+    async def recover(self, fragment_size: int) -> list[Endpoint]:
+        """Rebuild endpoints, unacknowledged messages and the ready index from the file.
+
+        Returns the endpoints that have messages waiting to be transmitted.
+        """
+        store = self.store
+        for row in await store.fetchall("SELECT * FROM conversation_endpoints"):
+            self.add_endpoint(endpoint_from_row(row, self.name))
+        waiting: dict[uuid.UUID, Endpoint] = {}
+        for row in await store.fetchall(
+            "SELECT * FROM transmission_queue ORDER BY conversation_handle, message_sequence_number"
+        ):
+            ep = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
+            if ep is None:
+                continue
+            body = bytes(row["body"])
+            seq = int(row["message_sequence_number"])
+            ep.outbox[seq] = OutMessage(
+                seq=seq,
+                message_type=row["message_type"],
+                flags=int(row["flags"]),
+                body=body,
+                enqueued_at=float(row["enqueued_at"]),
+                fragment_count=fragment_count(len(body), fragment_size),
+                status="waiting to be sent (recovered after a restart)",
+            )
+            waiting[ep.handle] = ep
+        for row in await store.fetchall(
+            "SELECT conversation_handle, message_sequence_number, status, body IS NULL AS partial "
+            "FROM queue_messages WHERE status = 2"
+        ):
+            ep = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
+            if ep is not None and not row["partial"]:
+                seq = int(row["message_sequence_number"])
+                ep.accepted.beyond.add(seq)
+                ep.durable.beyond.add(seq)
+        for row in await store.fetchall(
+            "SELECT conversation_handle, message_sequence_number, fragment_index "
+            "FROM message_fragments"
+        ):
+            ep = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
+            if ep is not None:
+                seq, index = int(row["message_sequence_number"]), int(row["fragment_index"])
+                ep.accepted.fragments.setdefault(seq, set()).add(index)
+                ep.durable.fragments.setdefault(seq, set()).add(index)
+        for row in await store.fetchall(
+            "SELECT queue_name, conversation_group_id, conversation_handle, "
+            "message_sequence_number FROM queue_messages WHERE status = 1 ORDER BY rowid"
+        ):
+            ready = self.ready.get(row["queue_name"])
+            if ready is not None:
+                ready.add(
+                    uuid.UUID(row["conversation_group_id"]),
+                    uuid.UUID(row["conversation_handle"]),
+                    int(row["message_sequence_number"]),
+                )
+        low = await store.fetchall("SELECT MIN(message_sequence_number) FROM queue_messages")
+        if low and low[0][0] is not None and int(low[0][0]) < 0:
+            self.next_broker_error_seq = int(low[0][0]) - 1
+        for ep in self.endpoints.values():
+            if ep.accepted.through or ep.accepted.beyond or ep.accepted.fragments:
+                ep.mark_ack_needed()
+        return [ep for ep in waiting.values() if ep.outbox]
+
+    def is_end(self, flags: int) -> bool:
+        return bool(flags & (MessageFlags.END_DIALOG | MessageFlags.ERROR))

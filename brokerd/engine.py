@@ -1,0 +1,1240 @@
+"""The dialog engine: exactly-once-in-order dialogs over links (SPEC §4 and §5).
+
+Owns R-DLG-1 to R-DLG-8, R-DLG-12 and R-DLG-13 for the databases of one instance:
+
+* the application verbs (BEGIN DIALOG, SEND, RECEIVE, END CONVERSATION) and the
+  contract check at SEND (R-DLG-3);
+* sequence numbers, duplicate detection (R-DLG-4) and in-order release of
+  messages to the queue (status 2 while incomplete or out of order, R-DLG-7);
+* acknowledgements, piggybacked on every outgoing header and otherwise sent as
+  dedicated ACK frames after a short coalescing delay, never before the commit
+  that made the message durable (R-DLG-5);
+* retransmission with exponential backoff and a readable transmission status
+  on every waiting message (R-DLG-6); fragments of large messages resent alone;
+* broker-generated (unsequenced) errors for messages the receiver refuses.
+
+A *link* is where fragments go: a network connection to a peer broker
+(``brokerd.transport``) or the in-process :class:`LocalLink` for services of
+this same instance, which skips the network. The engine never touches sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+from xml.sax.saxutils import escape
+
+import aiosqlite
+
+from brokerd import routing
+from brokerd.config import BrokerConfig
+from brokerd.database import Database
+from brokerd.endpoint import Endpoint, OutMessage, State, endpoint_row, endpoint_update
+from brokerd.errors import DialogError, QueueDisabled, ServiceNotFound, StoreError
+from brokerd.store import Statement
+from protocol.dialog import (
+    END_DIALOG,
+    ERROR,
+    Acknowledgement,
+    DialogHeader,
+    MessageFlags,
+)
+from protocol.fragments import fragment_count
+
+log = logging.getLogger("brokerd.engine")
+
+ERROR_NS = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
+CODE_SERVICE_NOT_FOUND = -8425
+CODE_CONTRACT_NOT_SUPPORTED = -8408
+CODE_MESSAGE_TYPE_REFUSED = -8457
+CODE_VALIDATION_FAILED = -9615
+
+
+def error_body(code: int, description: str) -> bytes:
+    """The XML body of an Error message (SPEC §6)."""
+    return (
+        f'<?xml version="1.0"?><Error xmlns="{ERROR_NS}"><Code>{code}</Code>'
+        f"<Description>{escape(description)}</Description></Error>"
+    ).encode()
+
+
+class Link(Protocol):
+    """Where an endpoint's fragments and acknowledgements go."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def is_open(self) -> bool: ...
+
+    @property
+    def status(self) -> str: ...
+
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None: ...
+
+    def queue_acks(self, headers: list[DialogHeader]) -> None: ...
+
+    def queue_header(self, header: DialogHeader, body: bytes) -> None: ...
+
+    def want(self, ep: Endpoint) -> None: ...
+
+
+class LinkProvider(Protocol):
+    def link_for(self, address: str) -> Link: ...
+
+
+@dataclass
+class EngineStats:
+    sent_messages: int = 0
+    delivered_messages: int = 0
+    received_by_application: int = 0
+    fragments_sent: int = 0
+    fragments_received: int = 0
+    retransmissions: int = 0
+    duplicates: int = 0
+    acks_sent: int = 0
+    acks_received: int = 0
+    integrity_failures: int = 0
+    dropped: int = 0
+    broker_errors_sent: int = 0
+    drop_reasons: list[str] = field(default_factory=list)
+
+
+class LocalLink:
+    """Delivery between databases of this instance: no network, same dialog rules."""
+
+    name = "local"
+    is_open = True
+    status = "delivered inside this instance"
+
+    def __init__(self, engine: DialogEngine) -> None:
+        self._engine = engine
+        self._items: list[tuple[Any, ...]] = []
+        self._scheduled = False
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
+        self._items.append((ep, msg, index))
+        self._schedule()
+
+    def queue_acks(self, headers: list[DialogHeader]) -> None:
+        self._items.append((headers,))
+        self._schedule()
+
+    def queue_header(self, header: DialogHeader, body: bytes) -> None:
+        self._items.append((header, body))
+        self._schedule()
+
+    def want(self, ep: Endpoint) -> None:
+        self._engine.transmit(ep)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        items, self._items = self._items, []
+        engine = self._engine
+        for item in items:
+            if len(item) == 3:
+                ep, msg, index = item
+                if msg.seq not in ep.outbox:
+                    continue
+                header, body = engine.build_fragment(ep, msg, index)
+                engine.on_fragment(self, header, body)
+            elif len(item) == 2:
+                engine.on_fragment(self, item[0], item[1])
+            else:
+                engine.on_acks(self, item[0])
+
+
+class DialogEngine:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        databases: dict[str, Database],
+        links: LinkProvider,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.retry = config.retry
+        self.fragment_size = config.limits.fragment_size
+        self.max_message_size = config.limits.max_message_size
+        self.databases = databases
+        self.msdb = databases["msdb"]
+        self.links = links
+        self.clock = clock
+        self.local_link = LocalLink(self)
+        self.stats = EngineStats()
+        self.by_instance: dict[uuid.UUID, Database] = {}
+        self.local_services: dict[str, list[routing.LocalService]] = {}
+        self._heap: list[tuple[float, int, Endpoint]] = []
+        self._counter = itertools.count()
+        self._ack_dirty: set[Endpoint] = set()
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- life cycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        waiting: list[Endpoint] = []
+        for db in self.databases.values():
+            self.by_instance[db.broker_instance] = db
+            for service in db.catalog.services:
+                self.local_services.setdefault(service, []).append(
+                    routing.LocalService(db.name, db.broker_instance)
+                )
+            waiting += await db.recover(self.fragment_size)
+        for db in self.databases.values():
+            for ep in db.endpoints.values():
+                if ep.ack_version > ep.ack_sent_version:
+                    self._ack_dirty.add(ep)
+        self._ticker = self._loop.create_task(self._tick(), name="engine-retransmit")
+        for ep in waiting:
+            self.transmit(ep)
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            try:
+                await self._ticker
+            except asyncio.CancelledError:
+                pass
+            self._ticker = None
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "engine not started"
+        return self._loop
+
+    # -- lookups ----------------------------------------------------------------
+
+    def database(self, name: str) -> Database:
+        db = self.databases.get(name)
+        if db is None:
+            raise DialogError(f"database {name!r} does not exist on this broker")
+        return db
+
+    def endpoint(self, handle: uuid.UUID) -> tuple[Database, Endpoint]:
+        for db in self.databases.values():
+            ep = db.endpoints.get(handle)
+            if ep is not None:
+                return db, ep
+        raise DialogError(f"conversation handle {handle} does not exist on this broker")
+
+    def database_of_service(self, service: str) -> Database:
+        found = [db for db in self.databases.values() if service in db.catalog.services]
+        if not found:
+            raise ServiceNotFound(f"service {service!r} does not exist on this broker")
+        if len(found) > 1:
+            raise DialogError(
+                f"service {service!r} exists in several databases "
+                f"({', '.join(db.name for db in found)}); name the database"
+            )
+        return found[0]
+
+    # -- application verbs --------------------------------------------------------
+
+    async def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> Endpoint:
+        db = self.database(database) if database else self.database_of_service(from_service)
+        if from_service not in db.catalog.services:
+            raise ServiceNotFound(
+                f"service {from_service!r} does not exist in database {db.name!r}"
+            )
+        if contract not in db.catalog.contracts:
+            raise DialogError(f"contract {contract!r} does not exist in database {db.name!r}")
+        if not to_service:
+            raise DialogError("the target service name must not be empty")
+        group = uuid.uuid4()
+        if related_conversation is not None:
+            group = self.endpoint(related_conversation)[1].group_id
+        handle = uuid.uuid4()
+        ep = Endpoint(
+            handle=handle,
+            conversation_id=uuid.uuid4(),
+            initiator=True,
+            group_id=group,
+            database=db.name,
+            service=from_service,
+            far_service=to_service,
+            far_broker_instance=to_broker_instance,
+            contract=contract,
+            state=State.STARTED_OUTBOUND,
+            lifetime=max(0, int(lifetime)),
+            created_at=self.clock(),
+        )
+        db.add_endpoint(ep)
+        try:
+            await self._submit_wait(db, [endpoint_row(ep)])
+        except StoreError:
+            db.remove_endpoint(ep)
+            raise
+        return ep
+
+    async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
+        db, ep = self.endpoint(handle)
+        problem = ep.may_send()
+        if problem:
+            raise DialogError(f"cannot SEND on conversation {handle}: {problem}")
+        if len(body) > self.max_message_size:
+            raise DialogError(
+                f"message of {len(body)} bytes exceeds max_message_size {self.max_message_size}"
+            )
+        refusal = db.catalog.send_refusal(ep.contract, message_type, ep.initiator)
+        if refusal:
+            raise DialogError(f"SEND refused by contract {ep.contract!r}: {refusal}")
+        invalid = db.catalog.validation_problem(message_type, body)
+        if invalid:
+            raise DialogError(f"SEND refused: {invalid}")
+        return await self._enqueue(db, ep, message_type, int(MessageFlags.SEQUENCED), body)
+
+    async def _enqueue(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        flags: int,
+        body: bytes,
+        extra: Iterable[Statement] = (),
+    ) -> int:
+        ep.send_sequence += 1
+        seq = ep.send_sequence
+        if ep.initiator:
+            flags |= MessageFlags.INITIATOR
+        msg = OutMessage(
+            seq=seq,
+            message_type=message_type,
+            flags=flags,
+            body=body,
+            enqueued_at=self.clock(),
+            fragment_count=fragment_count(len(body), self.fragment_size),
+        )
+        ep.refresh_state()
+        statements: list[Statement] = [
+            *extra,
+            (
+                "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?)",
+                (str(ep.handle), seq, message_type, flags, body, msg.enqueued_at),
+            ),
+            endpoint_update(ep),
+        ]
+
+        def committed() -> None:
+            ep.outbox[seq] = msg
+            self.stats.sent_messages += 1
+            self.transmit(ep)
+
+        def failed(_: BaseException) -> None:
+            if ep.send_sequence == seq:
+                ep.send_sequence -= 1
+                ep.refresh_state()
+
+        await self._submit_wait(db, statements, on_commit=committed, on_failure=failed)
+        return seq
+
+    async def end_conversation(
+        self,
+        handle: uuid.UUID,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> None:
+        db, ep = self.endpoint(handle)
+        if cleanup:
+            await self._cleanup(db, ep)
+            return
+        if ep.ended_local or ep.state is State.CLOSED:
+            return
+        ep.ended_local = True
+        if ep.broker_error:
+            ep.outbox.clear()
+            ep.refresh_state()
+            await self._submit_wait(db, [endpoint_update(ep)])
+            return
+        if error_code is not None:
+            dropped = list(ep.outbox)
+            ep.outbox.clear()
+            extra: list[Statement] = [
+                (
+                    "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
+                    "message_sequence_number = ?",
+                    (str(ep.handle), seq),
+                )
+                for seq in dropped
+            ]
+            await self._enqueue(
+                db,
+                ep,
+                ERROR,
+                int(MessageFlags.SEQUENCED | MessageFlags.ERROR),
+                error_body(error_code, description),
+                extra,
+            )
+        else:
+            await self._enqueue(
+                db, ep, END_DIALOG, int(MessageFlags.SEQUENCED | MessageFlags.END_DIALOG), b""
+            )
+
+    async def _cleanup(self, db: Database, ep: Endpoint) -> None:
+        ep.outbox.clear()
+        ep.state = State.CLOSED
+        h = str(ep.handle)
+        db.remove_endpoint(ep)
+        queue = db.queue_of(ep.service)
+        if queue in db.ready:
+            db.ready[queue].drop_conversation(ep.handle)
+        await self._submit_wait(
+            db,
+            [
+                ("DELETE FROM transmission_queue WHERE conversation_handle = ?", (h,)),
+                ("DELETE FROM queue_messages WHERE conversation_handle = ?", (h,)),
+                ("DELETE FROM message_fragments WHERE conversation_handle = ?", (h,)),
+                ("DELETE FROM conversation_endpoints WHERE conversation_handle = ?", (h,)),
+            ],
+        )
+
+    async def receive(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+    ) -> list[dict[str, Any]]:
+        """RECEIVE TOP (top) from a queue; waits up to ``timeout`` s (negative: forever)."""
+        db = self._database_of_queue(queue, database)
+        info = db.catalog.queues[queue]
+        if not info.status:
+            raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
+        index = db.ready[queue]
+        group = None
+        if handle is not None:
+            group = self.endpoint(handle)[1].group_id
+        deadline = None if timeout < 0 else self.loop.time() + timeout
+        while True:
+            taken = index.take(max(1, top), handle, group)
+            if taken is not None:
+                break
+            remaining = None if deadline is None else deadline - self.loop.time()
+            if remaining is not None and remaining <= 0:
+                return []
+            index.changed.clear()
+            try:
+                await asyncio.wait_for(index.changed.wait(), remaining)
+            except TimeoutError:
+                return []
+        gid, items = taken
+        try:
+            rows = await db.store.run(lambda conn: _fetch_and_remove(conn, items, info.retention))
+        except BaseException:
+            index.locked.discard(gid)
+            index.put_back(gid, items)
+            raise
+        index.locked.discard(gid)
+        if index.count:
+            index.changed.set()
+        self.stats.received_by_application += len(rows)
+        return rows
+
+    def _database_of_queue(self, queue: str, database: str | None) -> Database:
+        if database is not None:
+            db = self.database(database)
+            if queue not in db.catalog.queues:
+                raise DialogError(f"queue {queue!r} does not exist in database {db.name!r}")
+            return db
+        found = [db for db in self.databases.values() if queue in db.catalog.queues]
+        if len(found) != 1:
+            raise DialogError(
+                f"queue {queue!r} does not exist on this broker"
+                if not found
+                else f"queue {queue!r} exists in several databases; name the database"
+            )
+        return found[0]
+
+    async def _submit_wait(
+        self,
+        db: Database,
+        statements: list[Statement],
+        on_commit: Callable[[], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        future = db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, wait=True)
+        assert future is not None
+        await future
+
+    # -- transmission ------------------------------------------------------------
+
+    def build_fragment(
+        self, ep: Endpoint, msg: OutMessage, index: int
+    ) -> tuple[DialogHeader, bytes]:
+        """Header and bytes of one fragment; carries the endpoint's current acknowledgement."""
+        size = self.fragment_size
+        offset = index * size
+        body = msg.body[offset : offset + size] if msg.fragment_count > 1 else msg.body
+        db = self.databases[ep.database]
+        header = DialogHeader(
+            ep.conversation_id,
+            ep.service,
+            ep.far_service,
+            db.broker_instance,
+            ep.far_broker_instance,
+            ep.contract,
+            msg.message_type,
+            msg.flags,
+            msg.seq,
+            index,
+            msg.fragment_count,
+            offset,
+            len(msg.body),
+            ep.lifetime,
+            0,
+            self._ack_of(ep),
+        )
+        self.stats.fragments_sent += 1
+        return header, body
+
+    def _ack_of(self, ep: Endpoint) -> Acknowledgement:
+        ep.ack_sent_version = ep.ack_version
+        return ep.durable.acknowledgement()
+
+    def _route(self, ep: Endpoint) -> Link | None:
+        if ep.route_link is not None:
+            link: Link = ep.route_link
+            return link
+        db = self.databases[ep.database]
+        decision = routing.decide(
+            db.catalog.routes.values(),
+            ep.far_service,
+            ep.far_broker_instance,
+            ep.conversation_id,
+            self.local_services,
+            datetime.now(UTC),
+            db.name,
+        )
+        ep.route = decision
+        if decision.kind == "local":
+            ep.route_link = self.local_link
+        elif decision.kind == "network" and decision.address:
+            ep.route_link = self.links.link_for(decision.address)
+        else:
+            return None
+        return ep.route_link  # type: ignore[no-any-return]
+
+    def transmit(self, ep: Endpoint) -> None:
+        """Send every message of ``ep`` that is due, or record why it waits."""
+        if not ep.outbox:
+            return
+        link = self._route(ep)
+        now = self.loop.time()
+        if link is None:
+            reason = ep.route.reason if ep.route else "no route"
+            for msg in ep.outbox.values():
+                msg.status = reason
+            self._schedule(ep, now + self.retry.delayed_retry)
+            return
+        if not link.is_open:
+            for msg in ep.outbox.values():
+                msg.status = link.status
+            link.want(ep)
+            return
+        earliest = None
+        for msg in ep.outbox.values():
+            if msg.due <= now:
+                self._send_message(ep, msg, link, now)
+            if earliest is None or msg.due < earliest:
+                earliest = msg.due
+        if earliest is not None:
+            self._schedule(ep, earliest)
+
+    def _send_message(self, ep: Endpoint, msg: OutMessage, link: Link, now: float) -> None:
+        msg.attempts += 1
+        if msg.attempts > 1:
+            self.stats.retransmissions += 1
+        wait = min(self.retry.maximum, self.retry.initial * (2 ** (msg.attempts - 1)))
+        msg.due = now + wait
+        msg.last_sent_at = now
+        msg.status = (
+            f"sent to {link.name} (attempt {msg.attempts}); waiting for acknowledgement, "
+            f"resent in {wait:g} s if none"
+        )
+        for index in range(msg.fragment_count):
+            if index not in msg.acked_fragments:
+                link.queue_fragment(ep, msg, index)
+
+    def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
+        """A link opened: everything waiting for it goes now (resent at once after a drop)."""
+        for ep in waiting:
+            for msg in ep.outbox.values():
+                msg.due = 0.0
+            self.transmit(ep)
+
+    def link_down(self, link: Link, endpoints: Iterable[Endpoint]) -> None:
+        """A link closed: unacknowledged messages sent on it wait for the next connection."""
+        for ep in endpoints:
+            if ep.outbox and ep.route_link is link:
+                for msg in ep.outbox.values():
+                    msg.status = link.status
+                link.want(ep)
+
+    def _schedule(self, ep: Endpoint, due: float) -> None:
+        heapq.heappush(self._heap, (due, next(self._counter), ep))
+
+    async def _tick(self) -> None:
+        interval = max(0.01, min(0.1, self.retry.initial / 4))
+        while True:
+            await asyncio.sleep(interval)
+            now = self.loop.time()
+            due: dict[int, Endpoint] = {}
+            while self._heap and self._heap[0][0] <= now:
+                _, _, ep = heapq.heappop(self._heap)
+                due[id(ep)] = ep
+            for ep in due.values():
+                if ep.outbox:
+                    if ep.route is not None and ep.route.kind in ("delayed", "drop"):
+                        ep.route_link = None
+                    self.transmit(ep)
+
+    # -- acknowledgements ---------------------------------------------------------
+
+    def _ack_needed(self, ep: Endpoint) -> None:
+        ep.mark_ack_needed()
+        self._ack_dirty.add(ep)
+        if self._ack_timer is None:
+            self._ack_timer = self.loop.call_later(self.retry.ack_delay, self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        self._ack_timer = None
+        dirty, self._ack_dirty = self._ack_dirty, set()
+        per_link: dict[int, tuple[Link, list[DialogHeader]]] = {}
+        for ep in dirty:
+            if ep.ack_sent_version >= ep.ack_version:
+                continue  # piggybacked on a message meanwhile
+            link = ep.last_link if ep.last_link is not None and ep.last_link.is_open else None
+            if link is None:
+                link = self._route(ep)
+                if link is None or not link.is_open:
+                    continue  # the peer retransmits; it will be acknowledged then
+            db = self.databases[ep.database]
+            header = DialogHeader(
+                ep.conversation_id,
+                ep.service,
+                ep.far_service,
+                db.broker_instance,
+                ep.far_broker_instance,
+                ep.contract,
+                flags=int(MessageFlags.INITIATOR) if ep.initiator else 0,
+                ack=self._ack_of(ep),
+            )
+            per_link.setdefault(id(link), (link, []))[1].append(header)
+        for link, headers in per_link.values():
+            self.stats.acks_sent += len(headers)
+            link.queue_acks(headers)
+
+    def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
+        for h in headers:
+            self.stats.acks_received += 1
+            ep = self._endpoint_for(h)
+            if ep is not None:
+                self._apply_ack(ep, h.ack, h.from_broker_instance)
+
+    def _endpoint_for(self, h: DialogHeader) -> Endpoint | None:
+        key = (h.conversation_id, not h.initiator)
+        if h.to_broker_instance is not None:
+            db = self.by_instance.get(h.to_broker_instance)
+            return db.by_key.get(key) if db else None
+        for db in self.databases.values():
+            ep = db.by_key.get(key)
+            if ep is not None:
+                return ep
+        return None
+
+    def _apply_ack(self, ep: Endpoint, ack: Acknowledgement, far_instance: uuid.UUID) -> None:
+        db = self.databases[ep.database]
+        statements: list[Statement] = []
+        changed = False
+        if ep.far_broker_instance is None:
+            ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
+            changed = True
+        outbox = ep.outbox
+        removed: list[int] = []
+        for seq in list(outbox):
+            if seq <= ack.through:
+                removed.append(seq)
+            else:
+                break
+        if ack.ranges or ack.fragments:
+            for seq, msg in list(outbox.items()):
+                if seq <= ack.through:
+                    continue
+                if ack.covers(seq):
+                    removed.append(seq)
+                elif msg.fragment_count > 1:
+                    for f in ack.fragments:
+                        if f.sequence_number == seq:
+                            msg.acked_fragments.update(range(f.first, f.last + 1))
+        if removed:
+            h = str(ep.handle)
+            for seq in removed:
+                del outbox[seq]
+                statements.append(
+                    (
+                        "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
+                        "message_sequence_number = ?",
+                        (h, seq),
+                    )
+                )
+        if ep.refresh_state():
+            changed = True
+        if changed:
+            statements.append(endpoint_update(ep))
+        if statements:
+            db.store.submit(statements)
+
+    # -- receiving -------------------------------------------------------------------
+
+    def on_fragment(self, link: Link, header: DialogHeader, body: bytes) -> None:
+        """One fragment arrived (already integrity-checked by the protocol layer)."""
+        self.stats.fragments_received += 1
+        db = self._target_database(header)
+        if db is None:
+            return
+        if db.rx_suspended:
+            return self._drop(header, f"database {db.name!r} is recovering from a store error")
+        ep = db.by_key.get((header.conversation_id, not header.initiator))
+        if ep is None:
+            if not header.initiator or not header.sequenced:
+                return self._drop(header, "no conversation endpoint for this message")
+            ep = self._new_target_endpoint(db, link, header)
+            if ep is None:
+                return
+            new_endpoint = True
+        else:
+            new_endpoint = False
+        ep.last_link = link
+        if ep.far_broker_instance is None:
+            ep.far_broker_instance = header.from_broker_instance
+        if header.ack.through or header.ack.ranges or header.ack.fragments:
+            self._apply_ack(ep, header.ack, header.from_broker_instance)
+        if not header.sequenced:
+            if header.flags & MessageFlags.ERROR:
+                self._on_broker_error(db, ep, header, body)
+            return
+        seq = header.sequence_number
+        if ep.accepted.has_fragment(seq, header.fragment_index):
+            self.stats.duplicates += 1
+            self._ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
+            return
+        if ep.state is State.CLOSED or ep.broker_error:
+            return self._drop(header, f"conversation is {ep.state.value}")
+        refusal = self._refusal(db, ep, header, body)
+        if refusal is not None:
+            code, text = refusal
+            self._send_broker_error(link, db, header, code, text)
+            return
+        if header.fragment_count == 1:
+            self._accept_message(db, ep, header, body, new_endpoint)
+        else:
+            self._accept_fragment(db, ep, header, body, new_endpoint)
+
+    def _refusal(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> tuple[int, str] | None:
+        refusal = db.catalog.send_refusal(ep.contract, header.message_type, header.initiator)
+        if refusal:
+            return CODE_MESSAGE_TYPE_REFUSED, refusal
+        if header.fragment_count == 1:
+            invalid = db.catalog.validation_problem(header.message_type, body)
+            if invalid:
+                return CODE_VALIDATION_FAILED, invalid
+        return None
+
+    def _target_database(self, header: DialogHeader) -> Database | None:
+        if header.to_broker_instance is not None:
+            db = self.by_instance.get(header.to_broker_instance)
+            if db is None:
+                self._drop(
+                    header, f"no database here has broker instance {header.to_broker_instance}"
+                )
+            return db
+        decision = routing.decide(
+            self.msdb.catalog.routes.values(),
+            header.to_service,
+            None,
+            header.conversation_id,
+            self.local_services,
+            datetime.now(UTC),
+            None,
+        )
+        if decision.kind != "local" or decision.database is None:
+            self._drop(header, decision.reason)
+            return None
+        return self.databases[decision.database]
+
+    def _drop(self, header: DialogHeader, reason: str) -> None:
+        self.stats.dropped += 1
+        text = (
+            f"dropped message {header.sequence_number} of conversation {header.conversation_id} "
+            f"for {header.to_service!r}: {reason}"
+        )
+        if len(self.stats.drop_reasons) < 100:
+            self.stats.drop_reasons.append(text)
+        log.warning("%s", text)
+
+    def _new_target_endpoint(
+        self, db: Database, link: Link, header: DialogHeader
+    ) -> Endpoint | None:
+        service = db.catalog.services.get(header.to_service)
+        if service is None:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_SERVICE_NOT_FOUND,
+                f"service {header.to_service!r} does not exist in database {db.name!r}",
+            )
+            return None
+        if header.contract not in service.contracts:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_CONTRACT_NOT_SUPPORTED,
+                f"service {header.to_service!r} does not accept contract {header.contract!r}",
+            )
+            return None
+        ep = Endpoint(
+            handle=uuid.uuid4(),
+            conversation_id=header.conversation_id,
+            initiator=False,
+            group_id=uuid.uuid4(),
+            database=db.name,
+            service=header.to_service,
+            far_service=header.from_service,
+            far_broker_instance=header.from_broker_instance,
+            contract=header.contract,
+            state=State.STARTED_INBOUND,
+            lifetime=header.lifetime,
+            created_at=self.clock(),
+        )
+        db.add_endpoint(ep)
+        return ep
+
+    def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> None:
+        for s in released:
+            f = flags if s == seq else ep.held_end_flags.pop(s, 0)
+            if f & MessageFlags.ERROR:
+                ep.ended_remote = True
+                ep.error_received = True
+            elif f & MessageFlags.END_DIALOG:
+                ep.ended_remote = True
+        if not released and flags & (MessageFlags.ERROR | MessageFlags.END_DIALOG):
+            ep.held_end_flags[seq] = flags
+        ep.refresh_state()
+
+    def _accept_message(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes, new: bool
+    ) -> None:
+        seq = header.sequence_number
+        released = ep.accepted.add_message(seq)
+        self._release(ep, released, seq, header.flags)
+        queue = db.queue_of(ep.service) or ""
+        h = str(ep.handle)
+        statements: list[Statement] = [
+            (
+                "INSERT INTO queue_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    queue,
+                    str(ep.group_id),
+                    h,
+                    seq,
+                    1 if released else 2,
+                    ep.service,
+                    ep.contract,
+                    header.message_type,
+                    len(body),
+                    body,
+                    self.clock(),
+                ),
+            ),
+            *self._promotions(h, released[1:]),
+            endpoint_row(ep) if new else endpoint_update(ep),
+        ]
+        self._submit_received(db, ep, queue, statements, released, seq, None)
+
+    def _promotions(self, handle: str, seqs: list[int]) -> list[Statement]:
+        return [
+            (
+                "UPDATE queue_messages SET status = 1 WHERE conversation_handle = ? AND "
+                "message_sequence_number = ?",
+                (handle, s),
+            )
+            for s in seqs
+        ]
+
+    def _accept_fragment(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes, new: bool
+    ) -> None:
+        seq, index = header.sequence_number, header.fragment_index
+        first = seq not in ep.accepted.fragments
+        complete = ep.accepted.add_fragment(seq, index, header.fragment_count)
+        queue = db.queue_of(ep.service) or ""
+        h = str(ep.handle)
+        statements: list[Statement] = []
+        if first:
+            statements.append(
+                (
+                    "INSERT OR IGNORE INTO queue_messages VALUES (?, ?, ?, ?, 2, ?, ?, ?, ?, NULL, ?)",
+                    (
+                        queue,
+                        str(ep.group_id),
+                        h,
+                        seq,
+                        ep.service,
+                        ep.contract,
+                        header.message_type,
+                        header.message_length,
+                        self.clock(),
+                    ),
+                )
+            )
+        statements.append(
+            (
+                "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?)",
+                (h, seq, index, header.fragment_offset, body),
+            )
+        )
+        if not complete:
+            statements.append(endpoint_row(ep) if new else endpoint_update(ep))
+            self._submit_received(db, ep, queue, statements, [], seq, index)
+            return
+        released = ep.accepted.add_message(seq)
+        self._release(ep, released, seq, header.flags)
+        statements += self._promotions(h, released[1:])
+        statements.append(endpoint_row(ep) if new else endpoint_update(ep))
+        status = 1 if released else 2
+        catalog = db.catalog
+        message_type = header.message_type
+
+        async def assemble(conn: aiosqlite.Connection) -> None:
+            rows = await conn.execute_fetchall(
+                "SELECT data FROM message_fragments WHERE conversation_handle = ? AND "
+                "message_sequence_number = ? ORDER BY fragment_index",
+                (h, seq),
+            )
+            whole = b"".join(bytes(r[0]) for r in rows)
+            await conn.execute(
+                "UPDATE queue_messages SET body = ?, status = ? WHERE conversation_handle = ? "
+                "AND message_sequence_number = ?",
+                (whole, status, h, seq),
+            )
+            await conn.execute(
+                "DELETE FROM message_fragments WHERE conversation_handle = ? AND "
+                "message_sequence_number = ?",
+                (h, seq),
+            )
+            problem = catalog.validation_problem(message_type, whole)
+            if problem:
+                log.warning("reassembled message %s of %s fails validation: %s", seq, h, problem)
+
+        self._submit_received(db, ep, queue, statements, released, seq, None, assemble)
+
+    def _submit_received(
+        self,
+        db: Database,
+        ep: Endpoint,
+        queue: str,
+        statements: list[Statement],
+        released: list[int],
+        seq: int,
+        fragment: int | None,
+        fn: Callable[[aiosqlite.Connection], Any] | None = None,
+    ) -> None:
+        index = db.ready.get(queue)
+
+        def committed() -> None:
+            if fragment is None:
+                ep.durable.add_message(seq)
+            else:
+                ep.durable.add_fragment(seq, fragment, 1 << 30)
+            if index is not None:
+                for s in released:
+                    index.add(ep.group_id, ep.handle, s)
+            if released:
+                self.stats.delivered_messages += len(released)
+            self._ack_needed(ep)
+
+        def failed(exc: BaseException) -> None:
+            log.error("store error while receiving into %s: %s", db.name, exc)
+            self._suspend_receiving(db)
+
+        db.store.submit(statements, fn=fn, on_commit=committed, on_failure=failed)
+
+    def _suspend_receiving(self, db: Database) -> None:
+        """After a failed write, refuse inbound traffic until memory matches the file again."""
+        if db.rx_suspended:
+            return
+        db.rx_suspended = True
+
+        async def reload() -> None:
+            await asyncio.sleep(1.0)
+            await db.store.wait_idle()
+            waiting: dict[uuid.UUID, Endpoint] = {}
+            for ep in db.endpoints.values():
+                waiting[ep.handle] = ep
+            db.endpoints.clear()
+            db.by_key.clear()
+            for index in db.ready.values():
+                index.groups.clear()
+                index.count = 0
+            try:
+                await db.store.run(lambda conn: _noop())
+                await db.recover(self.fragment_size)
+            except StoreError:
+                log.exception("database %s still failing; retrying", db.name)
+                for ep in waiting.values():
+                    db.add_endpoint(ep)
+                db.rx_suspended = False
+                self._suspend_receiving(db)
+                return
+            for ep in db.endpoints.values():
+                old = waiting.get(ep.handle)
+                if old is not None:
+                    ep.outbox = old.outbox
+                    ep.route, ep.route_link = old.route, old.route_link
+            db.rx_suspended = False
+
+        self.loop.create_task(reload())
+
+    # -- broker errors ------------------------------------------------------------------
+
+    def _send_broker_error(
+        self, link: Link, db: Database | None, header: DialogHeader, code: int, text: str
+    ) -> None:
+        """An unsequenced Error in answer to a refused message (R-DLG-2); nothing is stored."""
+        self.stats.broker_errors_sent += 1
+        self._drop(header, f"refused with broker error {code}: {text}")
+        body = error_body(code, text)
+        instance = (db or self.msdb).broker_instance
+        reply = DialogHeader(
+            header.conversation_id,
+            header.to_service,
+            header.from_service,
+            instance,
+            header.from_broker_instance,
+            header.contract,
+            ERROR,
+            int(MessageFlags.ERROR) | (0 if header.initiator else int(MessageFlags.INITIATOR)),
+            0,
+            0,
+            1,
+            0,
+            len(body),
+        )
+        link.queue_header(reply, body)
+
+    def _on_broker_error(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        if ep.broker_error or ep.state is State.CLOSED:
+            return
+        ep.broker_error = True
+        dropped = list(ep.outbox)
+        ep.outbox.clear()
+        ep.refresh_state()
+        seq = db.next_broker_error_seq
+        db.next_broker_error_seq -= 1
+        queue = db.queue_of(ep.service) or ""
+        h = str(ep.handle)
+        statements: list[Statement] = [
+            (
+                "INSERT INTO queue_messages VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)",
+                (
+                    queue,
+                    str(ep.group_id),
+                    h,
+                    seq,
+                    ep.service,
+                    ep.contract,
+                    ERROR,
+                    len(body),
+                    body,
+                    self.clock(),
+                ),
+            ),
+            *[
+                (
+                    "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
+                    "message_sequence_number = ?",
+                    (h, s),
+                )
+                for s in dropped
+            ],
+            endpoint_update(ep),
+        ]
+        index = db.ready.get(queue)
+
+        def committed() -> None:
+            if index is not None:
+                index.add(ep.group_id, ep.handle, seq)
+
+        db.store.submit(statements, on_commit=committed)
+
+    def on_integrity_failure(self, link: Link, reason: str) -> None:
+        self.stats.integrity_failures += 1
+        log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def conversation_endpoints(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": db.name,
+                "conversation_handle": str(ep.handle),
+                "conversation_id": str(ep.conversation_id),
+                "is_initiator": ep.initiator,
+                "service": ep.service,
+                "far_service": ep.far_service,
+                "far_broker_instance": str(ep.far_broker_instance or ""),
+                "contract": ep.contract,
+                "state": ep.state.value,
+                "send_sequence": ep.send_sequence,
+                "receive_sequence": ep.accepted.through,
+                "unacknowledged": len(ep.outbox),
+            }
+            for db in self.databases.values()
+            for ep in db.endpoints.values()
+        ]
+
+    def transmission_queue(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": db.name,
+                "conversation_handle": str(ep.handle),
+                "to_service": ep.far_service,
+                "to_broker_instance": str(ep.far_broker_instance or ""),
+                "message_sequence_number": msg.seq,
+                "message_type": msg.message_type,
+                "size": len(msg.body),
+                "enqueued_at": datetime.fromtimestamp(msg.enqueued_at, UTC).isoformat(),
+                "attempts": msg.attempts,
+                "transmission_status": msg.status,
+            }
+            for db in self.databases.values()
+            for ep in db.endpoints.values()
+            for msg in ep.outbox.values()
+        ]
+
+    def queues(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": db.name,
+                "queue": q.name,
+                "status": "on" if q.status else "off",
+                "retention": q.retention,
+                "ready_messages": db.ready[q.name].count,
+            }
+            for db in self.databases.values()
+            for q in db.catalog.queues.values()
+        ]
+
+    def routes(self) -> list[dict[str, Any]]:
+        now = datetime.now(UTC)
+        return [
+            {
+                "database": db.name,
+                "name": r.name,
+                "remote_service_name": r.remote_service_name or "",
+                "broker_instance": str(r.broker_instance or ""),
+                "address": r.address,
+                "mirror_address": r.mirror_address or "",
+                "lifetime": r.lifetime.isoformat() if r.lifetime else "",
+                "expired": r.expired(now),
+            }
+            for db in self.databases.values()
+            for r in db.catalog.routes.values()
+        ]
+
+    def databases_view(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": db.name,
+                "broker_instance": str(db.broker_instance),
+                "file": str(db.store.path),
+                "endpoints": len(db.endpoints),
+            }
+            for db in self.databases.values()
+        ]
+
+
+async def _noop() -> None:
+    return None
+
+
+async def _fetch_and_remove(
+    conn: aiosqlite.Connection, items: list[tuple[uuid.UUID, int]], retention: bool
+) -> list[dict[str, Any]]:
+    keys = [(str(h), s) for h, s in items]
+    placeholders = ",".join("(?, ?)" for _ in keys)
+    flat = [v for key in keys for v in key]
+    rows = await conn.execute_fetchall(
+        "SELECT conversation_handle, message_sequence_number, conversation_group_id, "
+        "service_name, contract, message_type, body, enqueued_at, queue_name "
+        f"FROM queue_messages WHERE (conversation_handle, message_sequence_number) IN "
+        f"(VALUES {placeholders})",
+        flat,
+    )
+    if retention:
+        await conn.execute(
+            "UPDATE queue_messages SET status = 0 WHERE (conversation_handle, "
+            f"message_sequence_number) IN (VALUES {placeholders})",
+            flat,
+        )
+    else:
+        await conn.execute(
+            "DELETE FROM queue_messages WHERE (conversation_handle, message_sequence_number) "
+            f"IN (VALUES {placeholders})",
+            flat,
+        )
+    by_key = {(r[0], int(r[1])): r for r in rows}
+    out = []
+    for key in keys:
+        r = by_key.get(key)
+        if r is None:
+            continue
+        out.append(
+            {
+                "conversation_handle": r[0],
+                "message_sequence_number": int(r[1]),
+                "conversation_group_id": r[2],
+                "service_name": r[3],
+                "service_contract_name": r[4],
+                "message_type_name": r[5],
+                "message_body": bytes(r[6] or b""),
+                "message_enqueue_time": float(r[7]),
+                "queue": r[8],
+            }
+        )
+    return out

@@ -1,0 +1,109 @@
+"""Receive-side acknowledgement state of one conversation endpoint (R-DLG-4, R-DLG-5, R-DLG-7).
+
+:class:`AckState` records which sequenced messages (and which fragments of
+incomplete ones) an endpoint holds, answers "is this a duplicate?", and turns
+itself into the :class:`~protocol.dialog.Acknowledgement` carried by outgoing
+headers. The daemon keeps two per endpoint: one for what it has *accepted*
+(duplicate detection and in-order promotion) and one for what is *durable*
+(what acknowledgements may claim: never before the commit, R-DLG-5).
+
+Pure data and arithmetic; no I/O.
+"""
+
+from __future__ import annotations
+
+from protocol.dialog import (
+    MAX_ACK_RANGES,
+    MAX_FRAGMENT_ACKS,
+    Acknowledgement,
+    AckRange,
+    FragmentAck,
+)
+
+
+class AckState:
+    __slots__ = ("beyond", "fragments", "through")
+
+    def __init__(self, through: int = 0) -> None:
+        self.through = through
+        """Every message 1..through is held."""
+        self.beyond: set[int] = set()
+        """Complete messages held beyond ``through`` (arrived out of order)."""
+        self.fragments: dict[int, set[int]] = {}
+        """Fragment indexes held of messages not yet complete."""
+
+    def has_message(self, seq: int) -> bool:
+        return seq <= self.through or seq in self.beyond
+
+    def has_fragment(self, seq: int, index: int) -> bool:
+        if self.has_message(seq):
+            return True
+        held = self.fragments.get(seq)
+        return held is not None and index in held
+
+    def add_message(self, seq: int) -> list[int]:
+        """Record a complete message; return the sequence numbers now deliverable in order.
+
+        The list is empty when ``seq`` is out of order; otherwise it starts with
+        ``seq`` and goes on with the held messages it releases.
+        """
+        self.fragments.pop(seq, None)
+        if seq <= self.through or seq in self.beyond:
+            return []
+        if seq != self.through + 1:
+            self.beyond.add(seq)
+            return []
+        released = [seq]
+        self.through = seq
+        while self.through + 1 in self.beyond:
+            self.through += 1
+            self.beyond.discard(self.through)
+            released.append(self.through)
+        return released
+
+    def add_fragment(self, seq: int, index: int, count: int) -> bool:
+        """Record one fragment; True when the message is now complete (all ``count`` held)."""
+        if self.has_message(seq):
+            return False
+        held = self.fragments.setdefault(seq, set())
+        held.add(index)
+        return len(held) >= count
+
+    def fragments_of(self, seq: int) -> set[int]:
+        return set(self.fragments.get(seq, ()))
+
+    def acknowledgement(self) -> Acknowledgement:
+        """The acknowledgement for this state, within the header's bounds.
+
+        Beyond the bounds, the lowest ranges win: they unblock the sender's oldest
+        messages; the rest are acknowledged by a later header.
+        """
+        ranges: list[AckRange] = []
+        if self.beyond:
+            ordered = sorted(self.beyond)
+            first = last = ordered[0]
+            for seq in ordered[1:]:
+                if seq == last + 1:
+                    last = seq
+                    continue
+                ranges.append(AckRange(first, last))
+                if len(ranges) == MAX_ACK_RANGES:
+                    break
+                first = last = seq
+            else:
+                ranges.append(AckRange(first, last))
+        fragment_acks: list[FragmentAck] = []
+        for seq in sorted(self.fragments):
+            indexes = sorted(self.fragments[seq])
+            first = last = indexes[0]
+            for index in indexes[1:]:
+                if index == last + 1:
+                    last = index
+                    continue
+                fragment_acks.append(FragmentAck(seq, first, last))
+                first = last = index
+            fragment_acks.append(FragmentAck(seq, first, last))
+            if len(fragment_acks) >= MAX_FRAGMENT_ACKS:
+                del fragment_acks[MAX_FRAGMENT_ACKS:]
+                break
+        return Acknowledgement(self.through, tuple(ranges[:MAX_ACK_RANGES]), tuple(fragment_acks))

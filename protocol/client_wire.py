@@ -1,0 +1,341 @@
+"""Client wire format: frames between an application SDK and the daemon's client listener.
+
+This module owns the byte layout of the client protocol (TCP on loopback), its
+incremental parser and the helpers of its challenge/response authentication. It
+does not own what the frames *mean* (the operations named in ``meta``, the
+listener's state machine); that lives with the listener and the SDK.
+
+Every frame is a fixed 16-byte header followed by two variable parts::
+
+    magic b"BC" | version u8 (= 1) | kind u8 | request_id u32 |
+    meta_length u32 | body_length u32 |
+    meta   (meta_length bytes: a UTF-8 JSON object)
+    body   (body_length bytes: opaque, e.g. a message body)
+
+All integers are big-endian. ``kind`` is a :class:`ClientFrameKind`;
+``request_id`` pairs a RESPONSE or ERROR with its REQUEST (CHALLENGE and NOTICE
+frames conventionally carry 0). ``meta`` is limited to :data:`MAX_META_BYTES`;
+``body`` to the reader's ``max_body`` (:data:`DEFAULT_MAX_BODY` by default). Both
+limits are checked from the header alone, before any of the frame's meta or body
+is waited for.
+
+The header is declared once, with construct (:data:`CLIENT_FRAME_HEADER`); the
+hot path packs and unpacks it with the ``struct`` derived from that declaration
+(``protocol/codec.py`` says why).
+
+Authentication: the daemon sends a CHALLENGE carrying a nonce from
+:func:`new_nonce`; the SDK answers with :func:`auth_proof`, an HMAC-SHA256 under
+the shared token over ``b"brokerd-client-v1\\0" + user + b"\\0" + nonce``; the
+daemon verifies it with :func:`check_proof` (constant time).
+
+Errors: :func:`encode_frame` raises :class:`LocalProtocolError` (our own values do
+not fit); :meth:`ClientFrameReader.feed` raises :class:`RemoteProtocolError` (the
+peer sent something illegal), after which the reader is dead. No construct,
+struct, json or Unicode exception leaves this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+import struct
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import construct as c
+
+from protocol.codec import fixed_struct
+from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
+
+MAGIC = b"BC"
+CLIENT_WIRE_VERSION = 1
+MAX_META_BYTES = 1024 * 1024
+"""Limit on the UTF-8 JSON meta of one frame."""
+DEFAULT_MAX_BODY = 128 * 1024 * 1024
+"""Default limit on the opaque body of one frame (a reader may be given another)."""
+NONCE_SIZE = 32
+_U32_MAX = 0xFFFF_FFFF
+_PROOF_LABEL = b"brokerd-client-v1\x00"
+
+
+class ClientFrameKind(enum.IntEnum):
+    CHALLENGE = 1
+    """Daemon to SDK, first frame of a connection: the authentication nonce."""
+    REQUEST = 2
+    """SDK to daemon: an operation; ``request_id`` chosen by the SDK."""
+    RESPONSE = 3
+    """Daemon to SDK: the successful outcome of the request with the same id."""
+    ERROR = 4
+    """Daemon to SDK: the failed outcome of the request with the same id."""
+    NOTICE = 5
+    """Unsolicited information (e.g. the daemon is shutting down)."""
+
+
+CLIENT_FRAME_HEADER = c.Struct(
+    "magic" / c.Const(MAGIC),
+    "version" / c.Int8ub,
+    "kind" / c.Int8ub,
+    "request_id" / c.Int32ub,
+    "meta_length" / c.Int32ub,
+    "body_length" / c.Int32ub,
+)
+"""The fixed header, the single declaration of the layout."""
+_HEADER: struct.Struct = fixed_struct(CLIENT_FRAME_HEADER)
+HEADER_SIZE = 16
+assert _HEADER.size == HEADER_SIZE
+
+_KIND_BY_VALUE: dict[int, ClientFrameKind] = {int(k): k for k in ClientFrameKind}
+
+
+class ClientFrame(NamedTuple):
+    kind: ClientFrameKind
+    request_id: int
+    meta: dict[str, Any]
+    body: bytes = b""
+
+
+def encode_frame(frame: ClientFrame) -> bytes:
+    """The wire bytes of ``frame``.
+
+    Raises LocalProtocolError when the kind is unknown, ``request_id`` is not a u32,
+    ``meta`` is not a dict serialisable as strict JSON (no NaN/Infinity) or its
+    encoding exceeds MAX_META_BYTES, or ``body`` is not bytes-like or exceeds a u32.
+    The body is not checked against any reader's ``max_body``: that is the peer's.
+    """
+    raw_kind: object
+    raw_kind, request_id, meta, body = frame
+    if isinstance(raw_kind, bool) or not isinstance(raw_kind, int):
+        raise LocalProtocolError(f"cannot encode: unknown client frame kind {raw_kind!r}")
+    kind = _KIND_BY_VALUE.get(raw_kind)
+    if kind is None:
+        raise LocalProtocolError(f"cannot encode: unknown client frame kind {raw_kind!r}")
+    if type(request_id) is bool or not isinstance(request_id, int):
+        raise LocalProtocolError(
+            f"cannot encode: request_id must be an int, not {type(request_id).__name__}"
+        )
+    if not 0 <= request_id <= _U32_MAX:
+        raise LocalProtocolError(f"cannot encode: request_id {request_id} does not fit in a u32")
+    if not isinstance(meta, dict):
+        raise LocalProtocolError(
+            f"cannot encode: meta must be a dict (a JSON object), not {type(meta).__name__}"
+        )
+    try:
+        meta_bytes = json.dumps(
+            meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        # TypeError: unserialisable value or key; ValueError: NaN/Infinity, circular
+        # reference, or a lone surrogate (UnicodeEncodeError); RecursionError: nesting.
+        raise LocalProtocolError(f"cannot encode: meta is not JSON-serialisable: {exc}") from None
+    if len(meta_bytes) > MAX_META_BYTES:
+        raise LocalProtocolError(
+            f"cannot encode: meta of {len(meta_bytes)} bytes exceeds the limit of {MAX_META_BYTES}"
+        )
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise LocalProtocolError(
+            f"cannot encode: body must be bytes-like, not {type(body).__name__}"
+        )
+    body_size = body.nbytes if isinstance(body, memoryview) else len(body)
+    if body_size > _U32_MAX:
+        raise LocalProtocolError(f"cannot encode: body of {body_size} bytes does not fit a u32")
+    header = _HEADER.pack(
+        MAGIC, CLIENT_WIRE_VERSION, int(kind), request_id, len(meta_bytes), body_size
+    )
+    return b"".join((header, meta_bytes, body))
+
+
+class _Pending(NamedTuple):
+    """The validated header of the frame being received."""
+
+    kind: ClientFrameKind
+    request_id: int
+    meta_length: int
+    body_length: int
+
+
+class ClientFrameReader:
+    """Incremental parser of a client-wire byte stream (one direction of one connection).
+
+    :meth:`feed` returns every frame the bytes complete. Bytes are appended to one
+    ``bytearray`` and consumed by an offset; consumed bytes are dropped once per
+    ``feed`` (only the incomplete tail of that call's chunk remains to be moved),
+    so a large body costs one copy in and one copy out, and the reader holds at
+    most one partial frame plus the chunk being fed.
+
+    On a protocol violation ``feed`` raises RemoteProtocolError whose ``events``
+    holds the frames completed earlier in the same call; the reader is then dead,
+    its buffer released, and every later ``feed`` raises again.
+    """
+
+    def __init__(self, max_body: int = DEFAULT_MAX_BODY) -> None:
+        if type(max_body) is bool or not isinstance(max_body, int) or max_body < 0:
+            raise LocalProtocolError(f"max_body must be a non-negative int, not {max_body!r}")
+        self.max_body = max_body
+        self._buffer = bytearray()
+        self._pos = 0
+        self._pending: _Pending | None = None
+        self._failure: RemoteProtocolError | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet part of a returned frame."""
+        return len(self._buffer) - self._pos
+
+    @property
+    def failed(self) -> bool:
+        """True once a protocol violation has been seen; the reader is then dead."""
+        return self._failure is not None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[ClientFrame]:
+        """Feed bytes from the peer; returns the frames they complete, in order."""
+        if self._failure is not None:
+            raise RemoteProtocolError(
+                f"client wire stream already failed: {self._failure}", self._failure.close_code
+            )
+        buffer = self._buffer
+        buffer += data
+        frames: list[ClientFrame] = []
+        pos = self._pos
+        size = len(buffer)
+        try:
+            with memoryview(buffer) as view:
+                while True:
+                    pending = self._pending
+                    if pending is None:
+                        if size - pos < HEADER_SIZE:
+                            break
+                        # Validated as soon as complete: the limits are enforced before
+                        # any of the frame's meta or body is waited for.
+                        pending = self._pending = self._parse_header(view, pos)
+                    meta_start = pos + HEADER_SIZE
+                    body_start = meta_start + pending.meta_length
+                    end = body_start + pending.body_length
+                    if end > size:
+                        break
+                    meta = _decode_meta(view[meta_start:body_start])
+                    body = bytes(view[body_start:end]) if pending.body_length else b""
+                    frames.append(ClientFrame(pending.kind, pending.request_id, meta, body))
+                    self._pending = None
+                    pos = end
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+            exc.events = list(frames)
+            raise
+        if pos:
+            # Everything after pos arrived in this call (a frame completed in it), so
+            # this moves at most one chunk; CPython drops a bytearray's head in O(1).
+            del buffer[:pos]
+            pos = 0
+        self._pos = pos
+        return frames
+
+    def _parse_header(self, view: memoryview, pos: int) -> _Pending:
+        magic, version, kind, request_id, meta_length, body_length = _HEADER.unpack_from(view, pos)
+        if magic != MAGIC:
+            raise RemoteProtocolError(
+                f"bad client frame magic {bytes(magic)!r} (expected {MAGIC!r})"
+            )
+        if version != CLIENT_WIRE_VERSION:
+            raise RemoteProtocolError(
+                f"unsupported client wire version {version} (this side speaks "
+                f"{CLIENT_WIRE_VERSION})",
+                CloseCode.VERSION_MISMATCH,
+            )
+        frame_kind = _KIND_BY_VALUE.get(kind)
+        if frame_kind is None:
+            raise RemoteProtocolError(f"unknown client frame kind {kind}")
+        if meta_length > MAX_META_BYTES:
+            raise RemoteProtocolError(
+                f"client frame meta of {meta_length} bytes exceeds the limit of {MAX_META_BYTES}",
+                CloseCode.FRAME_TOO_LARGE,
+            )
+        if body_length > self.max_body:
+            raise RemoteProtocolError(
+                f"client frame body of {body_length} bytes exceeds the limit of {self.max_body}",
+                CloseCode.FRAME_TOO_LARGE,
+            )
+        return _Pending(frame_kind, request_id, meta_length, body_length)
+
+    def _fail(self, exc: RemoteProtocolError) -> None:
+        self._failure = exc
+        self._pending = None
+        self._pos = 0
+        self._buffer = bytearray()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode_meta(raw: memoryview) -> dict[str, Any]:
+    try:
+        # Decoded explicitly: json.loads(bytes) would also accept UTF-16 and UTF-32.
+        text = str(raw, "utf-8")
+    except UnicodeDecodeError as exc:
+        raise RemoteProtocolError(
+            f"client frame meta is not valid UTF-8: {exc.reason} at byte {exc.start}"
+        ) from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise RemoteProtocolError(
+            "client frame meta is not valid JSON: nested too deeply"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, over-long integers
+        raise RemoteProtocolError(f"client frame meta is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise RemoteProtocolError(
+            f"client frame meta must be a JSON object, not {_json_type(value)}"
+        )
+    return value
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array"
+
+
+def new_nonce(entropy: Callable[[int], bytes]) -> bytes:
+    """A fresh 32-byte challenge nonce drawn from ``entropy`` (callers pass os.urandom)."""
+    nonce = entropy(NONCE_SIZE)
+    if not isinstance(nonce, bytes | bytearray) or len(nonce) != NONCE_SIZE:
+        raise LocalProtocolError(f"entropy source did not return {NONCE_SIZE} bytes")
+    return bytes(nonce)
+
+
+def auth_proof(token: bytes, nonce: bytes, user: str) -> str:
+    """Hex HMAC-SHA256 under ``token`` of ``b"brokerd-client-v1\\0" + user + b"\\0" + nonce``."""
+    try:
+        user_bytes = user.encode("utf-8")
+    except UnicodeEncodeError:
+        raise LocalProtocolError("user name is not encodable as UTF-8") from None
+    message = b"".join((_PROOF_LABEL, user_bytes, b"\x00", nonce))
+    return hmac.new(token, message, hashlib.sha256).hexdigest()
+
+
+def check_proof(token: bytes, nonce: bytes, user: str, proof: object) -> bool:
+    """True when ``proof`` is the proof of ``user`` for ``nonce`` under ``token``.
+
+    Constant-time in the proof's content; False for anything but a str (the
+    proof comes from peer-supplied JSON).
+    """
+    if not isinstance(proof, str):
+        return False
+    try:
+        given = proof.encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    try:
+        expected = auth_proof(token, nonce, user).encode("ascii")
+    except LocalProtocolError:  # a user name carrying a lone surrogate
+        return False
+    return hmac.compare_digest(expected, given)
