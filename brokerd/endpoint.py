@@ -84,6 +84,8 @@ class Endpoint:
     route: Decision | None = None
     route_link: Any = None
     broker_errors: int = 0
+    uncommitted_sends: int = 0
+    """Messages queued by SEND whose transaction has not committed yet."""
 
     @property
     def key(self) -> tuple[uuid.UUID, bool]:
@@ -103,9 +105,8 @@ class Endpoint:
 
     def refresh_state(self) -> bool:
         """Recompute the state from the dialog's facts; True if it changed (SPEC §5)."""
-        if (self.ended_local and (self.ended_remote or self.broker_error) and not self.outbox) or (
-            self.ended_local and self.broker_error
-        ):
+        settled = not self.outbox and not self.uncommitted_sends
+        if self.ended_local and (self.broker_error or (self.ended_remote and settled)):
             new = State.CLOSED
         elif self.ended_local:
             new = State.DISCONNECTED_OUTBOUND

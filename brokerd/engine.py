@@ -332,6 +332,7 @@ class DialogEngine:
             enqueued_at=self.clock(),
             fragment_count=fragment_count(len(body), self.fragment_size),
         )
+        ep.uncommitted_sends += 1
         ep.refresh_state()
         statements: list[Statement] = [
             *extra,
@@ -343,11 +344,13 @@ class DialogEngine:
         ]
 
         def committed() -> None:
+            ep.uncommitted_sends -= 1
             ep.outbox[seq] = msg
             self.stats.sent_messages += 1
             self.transmit(ep)
 
         def failed(_: BaseException) -> None:
+            ep.uncommitted_sends -= 1
             if ep.send_sequence == seq:
                 ep.send_sequence -= 1
                 ep.refresh_state()

@@ -36,44 +36,64 @@ messages = [
 ]
 """
 
-SHOP_DATABASES = f"""
+SHOP_DATABASES = """
 [[database]]
 name = "shop"
-{_MESSAGE_TYPES}
+@TYPES@
 [[database.queue]]
 name = "ClientQueue"
 [[database.service]]
-name = "{SHOP_SERVICE}"
+name = "@SHOP@"
 queue = "ClientQueue"
-contracts = ["{CONTRACT}"]
+contracts = ["@CONTRACT@"]
 [[database.route]]
 name = "ToWarehouse"
-remote_service_name = "{WAREHOUSE_SERVICE}"
-address = "tcp://127.0.0.2:4022"
+remote_service_name = "@WAREHOUSE@"
+address = "tcp://@PEER@:4022"
 """
 
-WAREHOUSE_DATABASES = f"""
+WAREHOUSE_DATABASES = """
 [[database]]
 name = "warehouse"
-{_MESSAGE_TYPES}
+@TYPES@
 [[database.queue]]
 name = "OrderQueue"
 [[database.service]]
-name = "{WAREHOUSE_SERVICE}"
+name = "@WAREHOUSE@"
 queue = "OrderQueue"
-contracts = ["{CONTRACT}"]
+contracts = ["@CONTRACT@"]
 [[database.route]]
 name = "ToShop"
-remote_service_name = "{SHOP_SERVICE}"
-address = "tcp://127.0.0.1:4022"
+remote_service_name = "@SHOP@"
+address = "tcp://@PEER@:4022"
 """
 
 
-def shop_and_warehouse(root: Path, retry: dict[str, float] | None = None) -> Deployment:
-    """The two-broker deployment, declared (not started)."""
+def databases_toml(template: str, peer_host: str) -> str:
+    """A database template above with its route pointing at ``peer_host``:4022."""
+    return (
+        template.replace("@TYPES@", _MESSAGE_TYPES)
+        .replace("@SHOP@", SHOP_SERVICE)
+        .replace("@WAREHOUSE@", WAREHOUSE_SERVICE)
+        .replace("@CONTRACT@", CONTRACT)
+        .replace("@PEER@", peer_host)
+    )
+
+
+def shop_and_warehouse(
+    root: Path,
+    retry: dict[str, float] | None = None,
+    hosts: tuple[str, str] = ("127.0.0.1", "127.0.0.2"),
+    beta_route_host: str | None = None,
+) -> Deployment:
+    """The two-broker deployment, declared (not started).
+
+    ``beta_route_host`` makes alpha's route to the warehouse point elsewhere (a
+    fault-injection proxy in front of beta, for instance).
+    """
     deployment = Deployment(root, retry)
-    deployment.add("alpha", "127.0.0.1", SHOP_DATABASES)
-    deployment.add("beta", "127.0.0.2", WAREHOUSE_DATABASES)
+    deployment.add("alpha", hosts[0], databases_toml(SHOP_DATABASES, beta_route_host or hosts[1]))
+    deployment.add("beta", hosts[1], databases_toml(WAREHOUSE_DATABASES, hosts[0]))
     return deployment
 
 

@@ -1,0 +1,576 @@
+"""End-to-end dialog benchmark: real daemons, real sockets, durable commits.
+
+Starts ``python -m brokerd run`` processes with the example deployment's
+databases (SQLite WAL, ``synchronous=FULL``: the daemon's default, so every
+acknowledged SEND and every RECEIVE is fsynced) and measures two configurations:
+
+* ``cross``: ``alpha`` (database shop, service //shop/Client) on host A and
+  ``beta`` (database warehouse, service //warehouse/Orders, queue OrderQueue)
+  on host B; messages cross the adjacent-broker TCP connection A:4022 -> B:4022;
+* ``local``: one daemon holding both databases and no configured routes, so
+  the ``AutoCreatedLocal`` route applies and the engine delivers in-process.
+
+For each: ``--dialogs`` dialogs //shop/Client -> //warehouse/Orders on contract
+//shop/OrderContract (plus one warm-up message per dialog, not counted, which
+opens the broker connection and creates the target endpoints), then
+``--messages`` //shop/Order messages of ``--size`` bytes, spread round-robin
+over the dialogs, sent by ``--senders`` concurrent tasks, each with its own
+SDK connection (SEND returns after the commit, so concurrency is what lets the
+store's group commit batch). Two receiver connections on the target side loop
+on ``RECEIVE TOP (100) FROM OrderQueue``.
+
+Each body starts with the send-start ``time.perf_counter_ns()`` (8 bytes, the
+same machine so the clocks agree) and a (dialog, index) marker, padded to
+``--size``. Reported: end-to-end messages/s (first SEND start to last RECEIVE
+return), SEND-start-to-RECEIVE latency percentiles, SEND-call latency (the
+durable commit on the initiator's side), the SEND-only rate and the mean
+RECEIVE batch size. Verified: exactly once (every marker once, count == M,
+nothing more arrives after), the sequence number received for each marker is
+the one its SEND returned, and per conversation handle the sequence numbers
+strictly increase in the order the RECEIVE responses reached the benchmark.
+Any violation makes the exit status 1.
+
+Usage: python bench/bench_dialogs.py [--messages 5000] [--dialogs 20] [--senders 8]
+       [--size 200] [--hosts 127.0.0.1,127.0.0.2] [--only cross|local]
+       [--workdir DIR] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import os
+import platform
+import shutil
+import sqlite3
+import struct
+import sys
+import tempfile
+import time
+import tomllib
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brokerd import example
+from brokerd.client import BrokerClient, ReceivedMessage
+from brokerd.daemon import install_uvloop
+from brokerd.launcher import Daemon, Deployment
+
+MARKER = struct.Struct("<qIIB")
+"""Send-start perf_counter_ns, dialog number, index within the run, phase."""
+WARMUP, MEASURED = 0, 1
+QUEUE = "OrderQueue"
+RECEIVERS = 2
+TOP = 100
+POLL = 0.5
+"""RECEIVE's WAITFOR, seconds: how long a receiver may linger after the last message."""
+SCENARIOS = ("cross", "local")
+
+
+# -- deployments ---------------------------------------------------------------------
+
+
+def strip_routes(toml: str) -> str:
+    """Remove every ``[[database.route]]`` table (header and keys) from a TOML text."""
+    out: list[str] = []
+    skipping = False
+    for line in toml.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            skipping = stripped == "[[database.route]]"
+        if not skipping:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def local_databases_toml() -> str:
+    """Shop and warehouse in one instance, without routes (AutoCreatedLocal applies)."""
+    text = strip_routes(
+        example.databases_toml(example.SHOP_DATABASES, "unused")
+        + example.databases_toml(example.WAREHOUSE_DATABASES, "unused")
+    )
+    parsed = tomllib.loads(text)
+    databases = parsed.get("database", [])
+    names = [db.get("name") for db in databases]
+    if names != ["shop", "warehouse"] or any(db.get("route") for db in databases):
+        raise RuntimeError(f"unexpected local configuration: databases {names}")
+    return text
+
+
+def build(kind: str, root: Path, hosts: tuple[str, str]) -> tuple[Deployment, str, str]:
+    """The deployment of one scenario and the names of the sending and receiving daemons."""
+    if kind == "cross":
+        return example.shop_and_warehouse(root, hosts=hosts), "alpha", "beta"
+    deployment = Deployment(root)
+    deployment.add("solo", hosts[0], local_databases_toml())
+    return deployment, "solo", "solo"
+
+
+# -- measurement ---------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    recv_ns: int
+    order: int
+    handle: uuid.UUID
+    seq: int
+    message_type: str
+    length: int
+    sent_ns: int
+    dialog: int
+    index: int
+    phase: int
+
+
+@dataclass
+class RunState:
+    messages: int
+    measured: int = 0
+    order: itertools.count[int] = field(default_factory=itertools.count)
+    rows: list[Received] = field(default_factory=list)
+    batches: list[int] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def record(self, now: int, batch: list[ReceivedMessage]) -> None:
+        if not batch:
+            return
+        self.batches.append(len(batch))
+        for m in batch:
+            body = m.message_body
+            if len(body) >= MARKER.size:
+                sent_ns, dialog, index, phase = MARKER.unpack_from(body)
+            else:
+                sent_ns, dialog, index, phase = 0, -1, -1, -1
+            self.rows.append(
+                Received(
+                    now,
+                    next(self.order),
+                    m.conversation_handle,
+                    m.message_sequence_number,
+                    m.message_type_name,
+                    len(body),
+                    sent_ns,
+                    dialog,
+                    index,
+                    phase,
+                )
+            )
+            if phase == MEASURED:
+                self.measured += 1
+        if self.measured >= self.messages:
+            self.done.set()
+
+
+def make_body(size: int, dialog: int, index: int, phase: int) -> bytes:
+    head = MARKER.pack(time.perf_counter_ns(), dialog, index, phase)
+    return head + b"." * (size - len(head))
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+async def _receive_until(client: BrokerClient, state: RunState, deadline: float) -> None:
+    while not state.done.is_set():
+        if time.monotonic() > deadline:
+            return
+        batch = await client.receive(QUEUE, top=TOP, timeout=POLL)
+        state.record(time.perf_counter_ns(), batch)
+
+
+async def measure(
+    sender: Daemon,
+    receiver: Daemon,
+    *,
+    messages: int,
+    dialogs: int,
+    senders: int,
+    size: int,
+    timeout: float,
+) -> dict[str, Any]:
+    problems: list[str] = []
+    control = await sender.client()
+    receivers = [await receiver.client() for _ in range(RECEIVERS)]
+    send_clients = [await sender.client() for _ in range(senders)]
+    clients = [control, *receivers, *send_clients]
+    try:
+        handles = [
+            await control.begin_dialog(
+                example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
+            )
+            for _ in range(dialogs)
+        ]
+
+        # Warm-up: one message per dialog opens the link and creates the target endpoints.
+        warm = RunState(messages=0)
+        t0 = time.perf_counter()
+        warm_seq = await asyncio.gather(
+            *(
+                control.send(h, example.ORDER, make_body(size, d, 0, WARMUP))
+                for d, h in enumerate(handles)
+            )
+        )
+        while len(warm.rows) < dialogs and time.perf_counter() - t0 < timeout:
+            warm.record(
+                time.perf_counter_ns(), await receivers[0].receive(QUEUE, top=TOP, timeout=POLL)
+            )
+        warmup_s = time.perf_counter() - t0
+        if len(warm.rows) != dialogs:
+            raise RuntimeError(f"warm-up: received {len(warm.rows)} of {dialogs} messages")
+
+        # The measured run.
+        state = RunState(messages=messages)
+        send_start = [0] * messages
+        send_end = [0] * messages
+        send_seq = [0] * messages
+        next_k = itertools.count()
+
+        async def send_loop(client: BrokerClient) -> None:
+            while (k := next(next_k)) < messages:
+                dialog, index = k % dialogs, k // dialogs
+                body = make_body(size, dialog, index, MEASURED)
+                send_start[k] = MARKER.unpack_from(body)[0]
+                send_seq[k] = await client.send(handles[dialog], example.ORDER, body)
+                send_end[k] = time.perf_counter_ns()
+
+        deadline = time.monotonic() + timeout
+        receive_tasks = [asyncio.create_task(_receive_until(c, state, deadline)) for c in receivers]
+        await asyncio.sleep(0.05)  # both receivers are waiting before the first SEND
+        await asyncio.gather(*(send_loop(c) for c in send_clients))
+        await asyncio.gather(*receive_tasks)
+        if not state.done.is_set():
+            problems.append(
+                f"timed out after {timeout:g} s: received {state.measured} of {messages}"
+            )
+        # Anything arriving now is a duplicate or a stray.
+        extra = RunState(messages=0)
+        extra.record(
+            time.perf_counter_ns(), await receivers[0].receive(QUEUE, top=TOP, timeout=1.0)
+        )
+        rows = state.rows + extra.rows
+
+        # Everything acknowledged back to the initiator?
+        unacked = -1
+        ack_deadline = time.monotonic() + 10.0
+        while time.monotonic() < ack_deadline:
+            unacked = len(await control.transmission_queue())
+            if unacked == 0:
+                break
+            await asyncio.sleep(0.05)
+        sender_stats = (await control.view("stats"))[0]
+        receiver_stats = (await receivers[0].view("stats"))[0] if receiver is not sender else {}
+    finally:
+        for c in clients:
+            await c.close()
+
+    # -- verification ------------------------------------------------------------------
+    problems += verify(
+        rows, warm.rows, handles, warm_seq, send_seq, messages=messages, dialogs=dialogs, size=size
+    )
+    if unacked:
+        problems.append(f"{unacked} message(s) still unacknowledged on the sender after 10 s")
+
+    # -- figures -----------------------------------------------------------------------
+    measured = [r for r in state.rows if r.phase == MEASURED]
+    latencies = sorted((r.recv_ns - r.sent_ns) / 1e6 for r in measured)
+    send_ms = sorted((e - s) / 1e6 for s, e in zip(send_start, send_end, strict=True) if e)
+    first = min(send_start) if messages else 0
+    last_recv = max((r.recv_ns for r in measured), default=first)
+    last_send = max(send_end, default=first)
+    elapsed = (last_recv - first) / 1e9
+    return {
+        "messages": messages,
+        "dialogs": dialogs,
+        "senders": senders,
+        "receivers": RECEIVERS,
+        "size": size,
+        "warmup_s": round(warmup_s, 3),
+        "elapsed_s": round(elapsed, 3),
+        "messages_per_s": round(len(measured) / elapsed) if elapsed > 0 else 0,
+        "send_only_messages_per_s": round(messages / ((last_send - first) / 1e9))
+        if last_send > first
+        else 0,
+        "latency_ms": {
+            "p50": round(percentile(latencies, 50), 2),
+            "p90": round(percentile(latencies, 90), 2),
+            "p99": round(percentile(latencies, 99), 2),
+            "max": round(latencies[-1], 2) if latencies else math.nan,
+        },
+        "send_call_ms": {
+            "p50": round(percentile(send_ms, 50), 2),
+            "p99": round(percentile(send_ms, 99), 2),
+            "max": round(send_ms[-1], 2) if send_ms else math.nan,
+        },
+        "receive_calls": len(state.batches),
+        "mean_receive_batch": round(sum(state.batches) / len(state.batches), 1)
+        if state.batches
+        else 0,
+        "sender_stats": sender_stats,
+        "receiver_stats": receiver_stats,
+        "problems": problems,
+        "ok": not problems,
+    }
+
+
+def verify(
+    rows: list[Received],
+    warm_rows: list[Received],
+    handles: list[uuid.UUID],
+    warm_seq: list[int],
+    send_seq: list[int],
+    *,
+    messages: int,
+    dialogs: int,
+    size: int,
+) -> list[str]:
+    """Exactly once, the SEND's sequence number, per-conversation order (R-DLG-1)."""
+    problems: list[str] = []
+
+    def complain(text: str) -> None:
+        if len(problems) < 20:
+            problems.append(text)
+
+    target_of: dict[int, uuid.UUID] = {}
+    dialog_of: dict[uuid.UUID, int] = {}
+    last_seq: dict[uuid.UUID, int] = {}
+    seen: set[tuple[int, int, int]] = set()
+    measured = 0
+    for r in sorted(warm_rows, key=lambda r: r.order) + sorted(rows, key=lambda r: r.order):
+        marker = (r.phase, r.dialog, r.index)
+        if r.message_type != example.ORDER or r.length != size or r.phase not in (0, 1):
+            complain(f"unexpected message {r.message_type} ({r.length} bytes) on {r.handle}")
+            continue
+        if not 0 <= r.dialog < dialogs:
+            complain(f"marker {marker}: no such dialog")
+            continue
+        if marker in seen:
+            complain(f"duplicate: marker {marker} (seq {r.seq} on {r.handle}) received twice")
+            continue
+        seen.add(marker)
+        known = target_of.setdefault(r.dialog, r.handle)
+        if known != r.handle or dialog_of.setdefault(r.handle, r.dialog) != r.dialog:
+            complain(f"dialog {r.dialog} arrived on two conversation handles or vice versa")
+        if r.phase == WARMUP:
+            expected = warm_seq[r.dialog]
+        else:
+            k = r.index * dialogs + r.dialog
+            if not 0 <= k < messages:
+                complain(f"marker {marker}: index beyond the run")
+                continue
+            expected = send_seq[k]
+            measured += 1
+        if r.seq != expected:
+            complain(f"marker {marker}: received as seq {r.seq}, SEND returned {expected}")
+        previous = last_seq.get(r.handle, 0)
+        if r.seq <= previous:
+            complain(f"order: conversation {r.handle} delivered seq {r.seq} after {previous}")
+        last_seq[r.handle] = max(previous, r.seq)
+    if measured != messages:
+        complain(f"count: {measured} distinct messages received, {messages} sent")
+    if len(target_of) != len(handles):
+        complain(f"{len(target_of)} of {len(handles)} dialogs reached the target")
+    return problems
+
+
+# -- running -------------------------------------------------------------------------
+
+
+def run_scenario(kind: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    deployment, sender_name, receiver_name = build(kind, root, args.hosts)
+    result: dict[str, Any]
+    try:
+        for name in deployment.daemons:
+            deployment.start(name)
+        result = asyncio.run(
+            asyncio.wait_for(
+                measure(
+                    deployment.daemons[sender_name],
+                    deployment.daemons[receiver_name],
+                    messages=args.messages,
+                    dialogs=args.dialogs,
+                    senders=args.senders,
+                    size=args.size,
+                    timeout=args.timeout,
+                ),
+                args.timeout + 60,
+            )
+        )
+        for name, daemon in deployment.daemons.items():
+            if not daemon.running:
+                code = daemon.process.returncode if daemon.process else None
+                result["problems"].append(f"daemon {name} exited during the run ({code})")
+                result["ok"] = False
+    except BaseException:
+        for name, daemon in deployment.daemons.items():
+            deployment.kill(name)
+            print(f"--- {name} log ({daemon.log_path}) ---\n{daemon.log_tail()}", file=sys.stderr)
+        raise
+    finally:
+        deployment.stop_all()
+    result["scenario"] = kind
+    result["daemons"] = {n: d.host for n, d in deployment.daemons.items()}
+    return result
+
+
+def filesystem_of(path: Path) -> str:
+    """The file system type holding ``path`` (fsync cost depends on it)."""
+    best, kind = "", "?"
+    resolved = path.resolve()
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                parts = line.split()
+                if (
+                    len(parts) >= 3
+                    and resolved.is_relative_to(parts[1])
+                    and len(parts[1]) > len(best)
+                ):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return f"{kind} ({best})" if best else kind
+
+
+def machine(workdir: Path) -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 0
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "sqlite": sqlite3.sqlite_version,
+        "event_loop": _loop_name(),
+        "workdir_fs": filesystem_of(workdir),
+        "kernel": platform.release(),
+    }
+
+
+def _loop_name() -> str:
+    policy = asyncio.get_event_loop_policy()
+    return type(policy).__module__.split(".")[0]
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'scenario':>8} {'msgs':>7} {'msg/s':>7} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} "
+        f"{'max ms':>8} {'send p50':>9} {'send p99':>9} {'send/s':>7} {'rcv batch':>9} {'ok':>3}"
+    )
+    for r in rows:
+        lat, snd = r["latency_ms"], r["send_call_ms"]
+        print(
+            f"{r['scenario']:>8} {r['messages']:>7} {r['messages_per_s']:>7,} "
+            f"{lat['p50']:>8.2f} {lat['p90']:>8.2f} {lat['p99']:>8.2f} {lat['max']:>8.2f} "
+            f"{snd['p50']:>9.2f} {snd['p99']:>9.2f} {r['send_only_messages_per_s']:>7,} "
+            f"{r['mean_receive_batch']:>9} {'yes' if r['ok'] else 'NO':>3}"
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    doc = __doc__ or "brokerd end-to-end dialog benchmark"
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=5000, help="messages measured (M)")
+    parser.add_argument("--dialogs", type=int, default=20, help="dialogs the messages share")
+    parser.add_argument("--senders", type=int, default=8, help="concurrent SEND connections")
+    parser.add_argument("--size", type=int, default=200, help=f"body bytes (>= {MARKER.size})")
+    parser.add_argument(
+        "--hosts",
+        default="127.0.0.1,127.0.0.2",
+        help="A,B: loopback addresses of the two daemons (local uses A)",
+    )
+    parser.add_argument("--only", choices=SCENARIOS, help="run one scenario only")
+    parser.add_argument(
+        "--workdir", type=Path, help="keep certificates, data and logs here (default: temp)"
+    )
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per scenario")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    args = parser.parse_args(argv)
+    hosts = tuple(h.strip() for h in args.hosts.split(","))
+    if len(hosts) != 2 or not all(hosts):
+        parser.error("--hosts takes two addresses: A,B")
+    args.hosts = hosts
+    if args.size < MARKER.size:
+        parser.error(f"--size must be at least {MARKER.size}")
+    if args.messages < 1 or args.dialogs < 1 or args.senders < 1:
+        parser.error("--messages, --dialogs and --senders must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    install_uvloop()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=args.workdir))
+        remove = False
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="brokerd-bench-"))
+        remove = True
+    description = machine(workdir)
+    print(
+        f"{description['cpu']}, {description['cores']} cores ({description['usable_cores']} "
+        f"usable), {description['python']}, SQLite {description['sqlite']}, "
+        f"{description['event_loop']} loop, data on {description['workdir_fs']}"
+    )
+    print(
+        f"{args.messages} messages of {args.size} B over {args.dialogs} dialogs, "
+        f"{args.senders} senders, {RECEIVERS} receivers (TOP {TOP}), "
+        f"WAL + synchronous=FULL; hosts {','.join(args.hosts)}"
+    )
+    results: list[dict[str, Any]] = []
+    try:
+        for kind in [args.only] if args.only else SCENARIOS:
+            results.append(run_scenario(kind, workdir / kind, args))
+    finally:
+        if remove:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"data and logs kept in {workdir}")
+    print_table(results)
+    for r in results:
+        s, t = r["sender_stats"], r["receiver_stats"] or r["sender_stats"]
+        print(
+            f"{r['scenario']}: {r['elapsed_s']} s measured (warm-up {r['warmup_s']} s), "
+            f"{r['receive_calls']} RECEIVE calls; retransmissions {s.get('retransmissions')}, "
+            f"duplicates {t.get('duplicates')}, acks sent {t.get('acks_sent')}"
+        )
+        for p in r["problems"]:
+            print(f"{r['scenario']}: VIOLATION: {p}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": description,
+                    "args": {
+                        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                    },
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

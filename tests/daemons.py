@@ -1,0 +1,60 @@
+"""Helpers for tests that run real daemons on 127.0.0.1:4022 and 127.0.0.2:4022."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from brokerd.client import BrokerClient, ReceivedMessage
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[bool]], timeout: float = 30.0, interval: float = 0.05
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
+
+
+async def drain(
+    client: BrokerClient, queue: str, expected: int, timeout: float = 60.0
+) -> list[ReceivedMessage]:
+    """RECEIVE until ``expected`` messages arrived (fails after ``timeout``)."""
+    out: list[ReceivedMessage] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < expected:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"received {len(out)} of {expected} messages in {timeout} s")
+        out += await client.receive(queue, top=500, timeout=min(1.0, left))
+    return out
+
+
+def assert_exactly_once_in_order(
+    messages: list[ReceivedMessage], sent: dict[uuid.UUID, list[bytes]] | None = None
+) -> dict[uuid.UUID, list[int]]:
+    """Per conversation, sequence numbers 1..n each exactly once and in order (R-DLG-1)."""
+    per: dict[uuid.UUID, list[int]] = {}
+    bodies: dict[uuid.UUID, list[bytes]] = {}
+    for m in messages:
+        per.setdefault(m.conversation_handle, []).append(m.message_sequence_number)
+        bodies.setdefault(m.conversation_handle, []).append(m.message_body)
+    for handle, seqs in per.items():
+        assert seqs == list(range(1, len(seqs) + 1)), f"conversation {handle}: {seqs[:20]}..."
+    if sent is not None:
+        assert sorted(sorted(b) for b in bodies.values()) == sorted(
+            sorted(b) for b in sent.values()
+        )
+        for received in bodies.values():
+            origin = next(v for v in sent.values() if v and v[0] == received[0])
+            assert received == origin
+    return per
+
+
+async def view(client: BrokerClient, name: str) -> list[dict[str, Any]]:
+    return await client.view(name)
