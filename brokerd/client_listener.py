@@ -82,7 +82,7 @@ class ClientSession(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.broker.client_sessions.add(self)
-        transport.write(
+        self.transport.write(
             encode_frame(
                 ClientFrame(
                     ClientFrameKind.CHALLENGE, 0, {"nonce": self.nonce.hex(), "server": "brokerd"}

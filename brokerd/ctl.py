@@ -154,9 +154,7 @@ def format_table(rows: Sequence[dict[str, Any]], wide: bool = False) -> str:
         columns.extend(key for key in row if key not in columns)
     columns.sort(key=lambda c: c in LAST_COLUMNS)  # stable: only moves the last ones
     headers = [c if wide else SHORT_HEADERS.get(c, c) for c in columns]
-    cells = [
-        [_cell(row.get(c), wide, cut=c not in LAST_COLUMNS) for c in columns] for row in rows
-    ]
+    cells = [[_cell(row.get(c), wide, cut=c not in LAST_COLUMNS) for c in columns] for row in rows]
     numeric = [
         all(_is_number(row[c]) for row in rows if row.get(c) is not None)
         and any(row.get(c) is not None for row in rows)

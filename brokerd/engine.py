@@ -21,6 +21,7 @@ this same instance, which skips the network. The engine never touches sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -207,10 +208,8 @@ class DialogEngine:
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
-            except asyncio.CancelledError:
-                pass
             self._ticker = None
         if self._ack_timer is not None:
             self._ack_timer.cancel()
@@ -909,7 +908,8 @@ class DialogEngine:
         if first:
             statements.append(
                 (
-                    "INSERT OR IGNORE INTO queue_messages VALUES (?, ?, ?, ?, 2, ?, ?, ?, ?, NULL, ?)",
+                    "INSERT OR IGNORE INTO queue_messages "
+                    "VALUES (?, ?, ?, ?, 2, ?, ?, ?, ?, NULL, ?)",
                     (
                         queue,
                         str(ep.group_id),

@@ -51,7 +51,7 @@ class LocalService:
 
 @dataclass(frozen=True)
 class Decision:
-    """Where to send: ``local`` (a database here), ``network`` (an address), ``delayed`` or ``drop``."""
+    """Where to send: ``local`` (a database here), ``network``, ``delayed`` or ``drop``."""
 
     kind: Literal["local", "network", "delayed", "drop"]
     reason: str

@@ -106,7 +106,7 @@ class BrokerProtocol(asyncio.Protocol):
         self.owner.connections.add(self)
         hello = self.conn.start()
         if hello:
-            transport.write(hello)
+            self.transport.write(hello)
 
     def data_received(self, data: bytes) -> None:
         self.last_activity = time.time()
@@ -197,10 +197,7 @@ class BrokerProtocol(asyncio.Protocol):
         send = self.conn.send
         try:
             while (small or bulk) and not self._paused and size < HIGH_WATER:
-                if small:
-                    item = small.popleft()
-                else:
-                    item = bulk.popleft()
+                item = small.popleft() if small else bulk.popleft()
                 if len(item) == 3:
                     ep, msg, index = item
                     if msg.seq not in ep.outbox or index in msg.acked_fragments:

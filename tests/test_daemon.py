@@ -124,8 +124,7 @@ async def test_ten_thousand_messages_over_a_hundred_dialogs(deployment: Deployme
     senders = [await deployment.daemons["alpha"].client() for _ in range(4)]
     warehouse = await deployment.daemons["beta"].client()
     handles = [
-        await senders[0].begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
-        for _ in range(100)
+        await senders[0].begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT) for _ in range(100)
     ]
     sent: dict[uuid.UUID, list[bytes]] = {h: [] for h in handles}
 
@@ -137,9 +136,7 @@ async def test_ten_thousand_messages_over_a_hundred_dialogs(deployment: Deployme
                 await client.send(h, ORDER, body)
 
     receiving = asyncio.create_task(drain(warehouse, "OrderQueue", 10_000, timeout=240))
-    await asyncio.gather(
-        *(send_dialogs(c, handles[i::4]) for i, c in enumerate(senders))
-    )
+    await asyncio.gather(*(send_dialogs(c, handles[i::4]) for i, c in enumerate(senders)))
     received = await receiving
     per = assert_exactly_once_in_order(received, sent)
     assert len(per) == 100 and all(len(s) == 100 for s in per.values())
@@ -254,7 +251,7 @@ async def test_kill_9_of_the_receiver_mid_stream(deployment: Deployment) -> None
     per = assert_exactly_once_in_order(received)
     assert sorted(len(v) for v in per.values()) == [200] * 10
     for m in received:
-        handle_text, n = m.message_body.decode().split(":")
+        _, n = m.message_body.decode().split(":")
         assert int(n) == m.message_sequence_number - 1
     assert await warehouse.receive("OrderQueue", timeout=0.5) == []
     await wait_until(lambda: tq_empty(shop), 30)
@@ -319,7 +316,9 @@ def test_wrong_configuration_stops_start_up(tmp_path: Path) -> None:
     )
     done = subprocess.run(
         [sys.executable, "-m", "brokerd", "run", "--config", str(config)],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode == 2
     assert str(config) in done.stderr and "endpoint.port" in done.stderr
