@@ -305,6 +305,12 @@ class BrokerClient:
             }
         )
 
+    async def alter_queue(self, queue: str, status: bool, *, database: str | None = None) -> None:
+        """ALTER QUEUE queue WITH STATUS = ON | OFF (R-DLG-12)."""
+        await self._call(
+            {"op": "alter_queue", "queue": queue, "status": status, "database": database}
+        )
+
     async def view(self, name: str) -> list[dict[str, Any]]:
         meta, _ = await self._call({"op": "view", "name": name})
         rows: list[dict[str, Any]] = meta["rows"]

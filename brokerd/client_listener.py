@@ -7,7 +7,7 @@ gets an ``AuthenticationFailed`` error and the connection is closed.
 
 Operations (``meta["op"]``): ``login``, ``begin_dialog``, ``send`` (the body is
 the message), ``receive`` (message bodies concatenated in the response body,
-their lengths in meta), ``end_conversation``, ``view`` (``conversation_endpoints``,
+their lengths in meta), ``end_conversation``, ``alter_queue``, ``view`` (``conversation_endpoints``,
 ``transmission_queue``, ``queues``, ``routes``, ``broker_connections``,
 ``databases``, ``stats``) and ``ping``. Each request runs as its own task, so a
 RECEIVE waiting for messages does not hold up the client's other calls.
@@ -245,6 +245,15 @@ async def _end(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], byte
     return {}, b""
 
 
+async def _alter_queue(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    status = m.get("status")
+    if not isinstance(status, bool):
+        raise BrokerError("status must be true (on) or false (off)")
+    await broker.engine.alter_queue(_str(m, "queue"), status, m.get("database") or None)
+    return {}, b""
+
+
 async def _view(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     name = _str(frame.meta, "name")
     engine = broker.engine
@@ -273,6 +282,7 @@ _OPS: dict[str, Handler] = {
     "send": _send,
     "receive": _receive,
     "end_conversation": _end,
+    "alter_queue": _alter_queue,
     "view": _view,
     "ping": _ping,
 }

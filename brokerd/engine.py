@@ -461,6 +461,21 @@ class DialogEngine:
         self.stats.received_by_application += len(rows)
         return rows
 
+    async def alter_queue(self, queue: str, status: bool, database: str | None = None) -> None:
+        """ALTER QUEUE ... WITH STATUS = ON | OFF (R-DLG-12).
+
+        While a queue is off, messages for it are still accepted, stored and
+        acknowledged, but RECEIVE refuses; turning it on makes them receivable.
+        """
+        db = self._database_of_queue(queue, database)
+        info = db.catalog.queues[queue]
+        await self._submit_wait(
+            db, [("UPDATE queues SET status = ? WHERE name = ?", (int(status), queue))]
+        )
+        info.status = status
+        if status:
+            db.ready[queue].changed.set()
+
     def _database_of_queue(self, queue: str, database: str | None) -> Database:
         if database is not None:
             db = self.database(database)

@@ -322,3 +322,55 @@ def test_wrong_configuration_stops_start_up(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert str(config) in done.stderr and "endpoint.port" in done.stderr
+
+
+async def test_queue_off_holds_messages_until_turned_on(deployment: Deployment) -> None:
+    """R-DLG-12: arriving messages are kept (and acknowledged) while the queue is off."""
+    start_both(deployment)
+    shop, warehouse = await clients(deployment)
+    await warehouse.alter_queue("OrderQueue", False)
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    for n in range(3):
+        await shop.send(handle, ORDER, f"order {n}".encode())
+    await wait_until(lambda: tq_empty(shop), 10)
+    with pytest.raises(RemoteError) as refused:
+        await warehouse.receive("OrderQueue", timeout=0.1)
+    assert refused.value.kind == "QueueDisabled" and "OrderQueue" in str(refused.value)
+    (queue,) = await warehouse.queues()
+    assert queue["status"] == "off" and queue["ready_messages"] == 3
+    await warehouse.alter_queue("OrderQueue", True)
+    received = await drain(warehouse, "OrderQueue", 3)
+    assert [m.message_body for m in received] == [f"order {n}".encode() for n in range(3)]
+    await shop.close()
+    await warehouse.close()
+
+
+async def test_idle_connection_closes_and_the_dialog_outlives_it(tmp_path: Path) -> None:
+    """R-PROTO-3: a quiet connection is closed; the next message opens a new one."""
+    d = Deployment(tmp_path, FAST_RETRY)
+    from brokerd.example import SHOP_DATABASES, WAREHOUSE_DATABASES, databases_toml
+
+    idle = "idle_timeout = 0.5"
+    d.add("alpha", "127.0.0.1", databases_toml(SHOP_DATABASES, "127.0.0.2"), endpoint_extra=idle)
+    d.add(
+        "beta", "127.0.0.2", databases_toml(WAREHOUSE_DATABASES, "127.0.0.1"), endpoint_extra=idle
+    )
+    try:
+        start_both(d)
+        shop, warehouse = await clients(d)
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop.send(handle, ORDER, b"first")
+        await drain(warehouse, "OrderQueue", 1)
+        assert await shop.broker_connections()
+
+        async def no_connections() -> bool:
+            return not await shop.broker_connections()
+
+        await wait_until(no_connections, 10)
+        await shop.send(handle, ORDER, b"second")
+        (second,) = await drain(warehouse, "OrderQueue", 1)
+        assert second.message_body == b"second" and second.message_sequence_number == 2
+        await shop.close()
+        await warehouse.close()
+    finally:
+        d.stop_all()
