@@ -1,0 +1,25 @@
+"""The shipped configurations load: config/example-*.toml and the docker-compose variants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from brokerd.config import load_config
+
+CONFIG = Path(__file__).resolve().parent.parent / "config"
+
+
+@pytest.mark.parametrize("name", ["example-alpha", "example-beta", "compose-alpha", "compose-beta"])
+def test_shipped_configuration_loads(name: str) -> None:
+    config = load_config(CONFIG / f"{name}.toml")
+    assert config.endpoint.port == 4022
+    assert config.client.host == "127.0.0.1" or name.startswith("example")
+    routes = [r for db in config.databases for r in db.routes]
+    assert routes and all(r.address.startswith("tcp://") for r in routes)
+
+
+def test_compose_file_names_both_configurations() -> None:
+    text = (CONFIG.parent / "docker-compose.yml").read_text()
+    assert "compose-alpha.toml" in text and "compose-beta.toml" in text and "4022" in text
