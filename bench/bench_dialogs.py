@@ -16,22 +16,26 @@ opens the broker connection and creates the target endpoints), then
 ``--messages`` //shop/Order messages of ``--size`` bytes, spread round-robin
 over the dialogs, sent by ``--senders`` concurrent tasks, each with its own
 SDK connection (SEND returns after the commit, so concurrency is what lets the
-store's group commit batch). Two receiver connections on the target side loop
-on ``RECEIVE TOP (100) FROM OrderQueue``.
+store's group commit batch). ``--receivers`` connections (two) on the target
+side loop on ``RECEIVE TOP (100) FROM OrderQueue``.
 
 Each body starts with the send-start ``time.perf_counter_ns()`` (8 bytes, the
 same machine so the clocks agree) and a (dialog, index) marker, padded to
 ``--size``. Reported: end-to-end messages/s (first SEND start to last RECEIVE
 return), SEND-start-to-RECEIVE latency percentiles, SEND-call latency (the
-durable commit on the initiator's side), the SEND-only rate and the mean
-RECEIVE batch size. Verified: exactly once (every marker once, count == M,
-nothing more arrives after), the sequence number received for each marker is
-the one its SEND returned, and per conversation handle the sequence numbers
-strictly increase in the order the RECEIVE responses reached the benchmark.
+durable commit on the initiator's side), the SEND-only rate, the mean
+RECEIVE batch size, the CPU seconds each process used, and a wall-clock
+breakdown of the latency: SEND start to ``message_enqueue_time`` (accepted into
+the target queue), then enqueued to RECEIVE returned.
+
+Verified: exactly once (every marker once, count == M, nothing more arrives
+after), the sequence number received for each marker is the one its SEND
+returned, and per conversation handle the sequence numbers strictly increase
+in the order the RECEIVE responses reached the benchmark.
 Any violation makes the exit status 1.
 
 Usage: python bench/bench_dialogs.py [--messages 5000] [--dialogs 20] [--senders 8]
-       [--size 200] [--hosts 127.0.0.1,127.0.0.2] [--only cross|local]
+       [--receivers 2] [--size 200] [--hosts 127.0.0.1,127.0.0.2] [--only cross|local]
        [--workdir DIR] [--json FILE]
 """
 
@@ -65,7 +69,6 @@ MARKER = struct.Struct("<qIIB")
 """Send-start perf_counter_ns, dialog number, index within the run, phase."""
 WARMUP, MEASURED = 0, 1
 QUEUE = "OrderQueue"
-RECEIVERS = 2
 TOP = 100
 POLL = 0.5
 """RECEIVE's WAITFOR, seconds: how long a receiver may linger after the last message."""
@@ -117,6 +120,8 @@ def build(kind: str, root: Path, hosts: tuple[str, str]) -> tuple[Deployment, st
 @dataclass
 class Received:
     recv_ns: int
+    recv_wall: float
+    enqueued_wall: float
     order: int
     handle: uuid.UUID
     seq: int
@@ -140,6 +145,7 @@ class RunState:
     def record(self, now: int, batch: list[ReceivedMessage]) -> None:
         if not batch:
             return
+        wall = time.time()
         self.batches.append(len(batch))
         for m in batch:
             body = m.message_body
@@ -150,6 +156,8 @@ class RunState:
             self.rows.append(
                 Received(
                     now,
+                    wall,
+                    m.message_enqueue_time,
                     next(self.order),
                     m.conversation_handle,
                     m.message_sequence_number,
@@ -165,6 +173,17 @@ class RunState:
                 self.measured += 1
         if self.measured >= self.messages:
             self.done.set()
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a process so far (Linux /proc), or NaN."""
+    if pid is None:
+        return math.nan
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_body(size: int, dialog: int, index: int, phase: int) -> bytes:
@@ -195,12 +214,13 @@ async def measure(
     messages: int,
     dialogs: int,
     senders: int,
+    receivers_count: int,
     size: int,
     timeout: float,
 ) -> dict[str, Any]:
     problems: list[str] = []
     control = await sender.client()
-    receivers = [await receiver.client() for _ in range(RECEIVERS)]
+    receivers = [await receiver.client() for _ in range(receivers_count)]
     send_clients = [await sender.client() for _ in range(senders)]
     clients = [control, *receivers, *send_clients]
     try:
@@ -233,6 +253,7 @@ async def measure(
         send_start = [0] * messages
         send_end = [0] * messages
         send_seq = [0] * messages
+        send_wall = [0.0] * messages
         next_k = itertools.count()
 
         async def send_loop(client: BrokerClient) -> None:
@@ -240,14 +261,24 @@ async def measure(
                 dialog, index = k % dialogs, k // dialogs
                 body = make_body(size, dialog, index, MEASURED)
                 send_start[k] = MARKER.unpack_from(body)[0]
+                send_wall[k] = time.time()
                 send_seq[k] = await client.send(handles[dialog], example.ORDER, body)
                 send_end[k] = time.perf_counter_ns()
 
+        pids = {d.name: d.process.pid if d.process else None for d in (sender, receiver)}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        bench_cpu_before = time.process_time()
         deadline = time.monotonic() + timeout
         receive_tasks = [asyncio.create_task(_receive_until(c, state, deadline)) for c in receivers]
-        await asyncio.sleep(0.05)  # both receivers are waiting before the first SEND
-        await asyncio.gather(*(send_loop(c) for c in send_clients))
-        await asyncio.gather(*receive_tasks)
+        await asyncio.sleep(0.05)  # the receivers are waiting before the first SEND
+        tasks = receive_tasks + [asyncio.create_task(send_loop(c)) for c in send_clients]
+        try:
+            await asyncio.gather(*tasks)  # the first failure (a daemon died...) ends the run
+        finally:
+            for task in tasks:
+                task.cancel()
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        cpu["benchmark"] = time.process_time() - bench_cpu_before
         if not state.done.is_set():
             problems.append(
                 f"timed out after {timeout:g} s: received {state.measured} of {messages}"
@@ -281,8 +312,20 @@ async def measure(
         problems.append(f"{unacked} message(s) still unacknowledged on the sender after 10 s")
 
     # -- figures -----------------------------------------------------------------------
-    measured = [r for r in state.rows if r.phase == MEASURED]
+    measured = [
+        r
+        for r in state.rows
+        if r.phase == MEASURED
+        and 0 <= r.dialog < dialogs
+        and r.index * dialogs + r.dialog < messages
+    ]
     latencies = sorted((r.recv_ns - r.sent_ns) / 1e6 for r in measured)
+    # Breakdown on the wall clock (same machine): SEND start -> accepted into the target
+    # queue (message_enqueue_time), then waiting in the queue until RECEIVE returned.
+    to_queue = sorted(
+        (r.enqueued_wall - send_wall[r.index * dialogs + r.dialog]) * 1e3 for r in measured
+    )
+    in_queue = sorted((r.recv_wall - r.enqueued_wall) * 1e3 for r in measured)
     send_ms = sorted((e - s) / 1e6 for s, e in zip(send_start, send_end, strict=True) if e)
     first = min(send_start) if messages else 0
     last_recv = max((r.recv_ns for r in measured), default=first)
@@ -292,7 +335,7 @@ async def measure(
         "messages": messages,
         "dialogs": dialogs,
         "senders": senders,
-        "receivers": RECEIVERS,
+        "receivers": receivers_count,
         "size": size,
         "warmup_s": round(warmup_s, 3),
         "elapsed_s": round(elapsed, 3),
@@ -311,6 +354,15 @@ async def measure(
             "p99": round(percentile(send_ms, 99), 2),
             "max": round(send_ms[-1], 2) if send_ms else math.nan,
         },
+        "send_to_enqueue_ms": {
+            "p50": round(percentile(to_queue, 50), 2),
+            "p99": round(percentile(to_queue, 99), 2),
+        },
+        "enqueue_to_receive_ms": {
+            "p50": round(percentile(in_queue, 50), 2),
+            "p99": round(percentile(in_queue, 99), 2),
+        },
+        "cpu_s": {name: round(v, 2) for name, v in cpu.items()},
         "receive_calls": len(state.batches),
         "mean_receive_batch": round(sum(state.batches) / len(state.batches), 1)
         if state.batches
@@ -399,6 +451,7 @@ def run_scenario(kind: str, root: Path, args: argparse.Namespace) -> dict[str, A
                     messages=args.messages,
                     dialogs=args.dialogs,
                     senders=args.senders,
+                    receivers_count=args.receivers,
                     size=args.size,
                     timeout=args.timeout,
                 ),
@@ -492,6 +545,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=5000, help="messages measured (M)")
     parser.add_argument("--dialogs", type=int, default=20, help="dialogs the messages share")
     parser.add_argument("--senders", type=int, default=8, help="concurrent SEND connections")
+    parser.add_argument("--receivers", type=int, default=2, help="RECEIVE connections")
     parser.add_argument("--size", type=int, default=200, help=f"body bytes (>= {MARKER.size})")
     parser.add_argument(
         "--hosts",
@@ -511,8 +565,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hosts = hosts
     if args.size < MARKER.size:
         parser.error(f"--size must be at least {MARKER.size}")
-    if args.messages < 1 or args.dialogs < 1 or args.senders < 1:
-        parser.error("--messages, --dialogs and --senders must be >= 1")
+    if min(args.messages, args.dialogs, args.senders, args.receivers) < 1:
+        parser.error("--messages, --dialogs, --senders and --receivers must be >= 1")
     return args
 
 
@@ -534,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{args.messages} messages of {args.size} B over {args.dialogs} dialogs, "
-        f"{args.senders} senders, {RECEIVERS} receivers (TOP {TOP}), "
+        f"{args.senders} senders, {args.receivers} receivers (TOP {TOP}), "
         f"WAL + synchronous=FULL; hosts {','.join(args.hosts)}"
     )
     results: list[dict[str, Any]] = []
@@ -551,8 +605,12 @@ def main(argv: list[str] | None = None) -> int:
         s, t = r["sender_stats"], r["receiver_stats"] or r["sender_stats"]
         print(
             f"{r['scenario']}: {r['elapsed_s']} s measured (warm-up {r['warmup_s']} s), "
-            f"{r['receive_calls']} RECEIVE calls; retransmissions {s.get('retransmissions')}, "
-            f"duplicates {t.get('duplicates')}, acks sent {t.get('acks_sent')}"
+            f"{r['receive_calls']} RECEIVE calls; SEND->enqueued p50/p99 "
+            f"{r['send_to_enqueue_ms']['p50']}/{r['send_to_enqueue_ms']['p99']} ms, "
+            f"enqueued->RECEIVE p50/p99 {r['enqueue_to_receive_ms']['p50']}/"
+            f"{r['enqueue_to_receive_ms']['p99']} ms; retransmissions {s.get('retransmissions')}, "
+            f"duplicates {t.get('duplicates')}, acks sent {t.get('acks_sent')}; CPU s "
+            + ", ".join(f"{name} {v}" for name, v in r["cpu_s"].items())
         )
         for p in r["problems"]:
             print(f"{r['scenario']}: VIOLATION: {p}")

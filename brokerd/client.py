@@ -125,9 +125,20 @@ class BrokerClient:
         try:
             challenge = await asyncio.wait_for(client._challenge, timeout)
             nonce = bytes.fromhex(str(challenge.meta.get("nonce", "")))
-            meta = await client._call(
-                {"op": "login", "user": user, "proof": auth_proof(secret, nonce, user)}
+            meta = await asyncio.wait_for(
+                client._call(
+                    {"op": "login", "user": user, "proof": auth_proof(secret, nonce, user)}
+                ),
+                timeout,
             )
+        except TimeoutError:
+            await client.close()
+            raise ClientError(
+                f"{host}:{port} did not complete the brokerd login in {timeout} s"
+            ) from None
+        except ValueError:
+            await client.close()
+            raise ClientError(f"{host}:{port} sent a malformed login challenge") from None
         except BaseException:
             await client.close()
             raise

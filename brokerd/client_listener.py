@@ -9,7 +9,7 @@ Operations (``meta["op"]``): ``login``, ``begin_dialog``, ``send`` (the body is
 the message), ``receive`` (message bodies concatenated in the response body,
 their lengths in meta), ``end_conversation``, ``alter_queue``, ``view`` (``conversation_endpoints``,
 ``transmission_queue``, ``queues``, ``routes``, ``broker_connections``,
-``databases``, ``stats``) and ``ping``. Each request runs as its own task, so a
+``databases``, ``stats``, ``drops``) and ``ping``. Each request runs as its own task, so a
 RECEIVE waiting for messages does not hold up the client's other calls.
 """
 

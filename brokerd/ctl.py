@@ -192,8 +192,6 @@ class Target:
     host: str
     port: int
     token_file: Path | None
-    source: str
-    """Where the settings came from, for error messages."""
 
     @property
     def where(self) -> str:
@@ -229,7 +227,7 @@ def resolve_target(args: argparse.Namespace, environ: dict[str, str] | None = No
             f"no credentials: give --config FILE (the daemon's configuration; or set "
             f"{ENV_CONFIG}) or --token-file FILE"
         )
-    return Target(host, port, token_file, source if config_path else "options")
+    return Target(host, port, token_file)
 
 
 def _read_token(target: Target) -> str:
@@ -282,7 +280,7 @@ async def connect(target: Target, timeout: float) -> BrokerClient:
 
 
 async def _call(client: BrokerClient, target: Target, coro: Any, timeout: float) -> Any:
-    name = client.instance or "brokerd"
+    name = f"brokerd {client.instance}" if client.instance else "brokerd"
     try:
         return await asyncio.wait_for(coro, timeout)
     except RemoteError as exc:
@@ -419,9 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     ping = commands.add_parser("ping", help="check that the daemon answers")
     _common(ping, top=False)
     ping.set_defaults(func=_ping)
-    watch = commands.add_parser(
-        "watch", help="redraw a view every few seconds until Ctrl-C", description=None
-    )
+    watch = commands.add_parser("watch", help="redraw a view every few seconds until Ctrl-C")
     watch.add_argument("view", metavar="VIEW", help=f"one of: {', '.join(sorted(VIEWS))}")
     watch.add_argument(
         "--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes"

@@ -5,8 +5,8 @@ its state (``SO SI CO DI DO ER CD``), the messages it has sent and not yet had
 acknowledged (:class:`OutMessage`, the in-memory image of its transmission
 queue rows), and the two acknowledgement states of what it received
 (accepted, and durable). The state rules live in :meth:`Endpoint.refresh_state`.
-Rows are written through :func:`endpoint_row` / :func:`endpoint_update`, always
-inside the same transaction as the message that changed them.
+Rows are written as whole snapshots (:func:`endpoint_snapshot`), always inside
+the same transaction as the message that changed them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from brokerd.store import Statement
+from brokerd.store import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
 from protocol.acks import AckState
 
 if TYPE_CHECKING:
@@ -131,10 +131,10 @@ def _remote_bits(ep: Endpoint) -> int:
     return int(ep.ended_remote) | (2 if ep.broker_error else 0) | (4 if ep.error_received else 0)
 
 
-def endpoint_row(ep: Endpoint) -> Statement:
+def endpoint_snapshot(ep: Endpoint) -> Statement:
+    """The endpoint's whole row, written with the job that changed it (deduplicated per batch)."""
     return (
-        "INSERT OR REPLACE INTO conversation_endpoints VALUES "
-        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        ENDPOINT_SNAPSHOT,
         (
             str(ep.handle),
             str(ep.conversation_id),
@@ -155,20 +155,8 @@ def endpoint_row(ep: Endpoint) -> Statement:
     )
 
 
-def endpoint_update(ep: Endpoint) -> Statement:
-    return (
-        "UPDATE conversation_endpoints SET state = ?, far_broker_instance = ?, send_sequence = ?, "
-        "receive_sequence = ?, ended_local = ?, ended_remote = ? WHERE conversation_handle = ?",
-        (
-            ep.state.value,
-            str(ep.far_broker_instance) if ep.far_broker_instance else None,
-            ep.send_sequence,
-            ep.accepted.through,
-            int(ep.ended_local),
-            _remote_bits(ep),
-            str(ep.handle),
-        ),
-    )
+def endpoint_deletion(ep: Endpoint) -> Statement:
+    return (ENDPOINT_DELETE, (str(ep.handle),))
 
 
 def endpoint_from_row(row: Any, database: str) -> Endpoint:

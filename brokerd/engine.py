@@ -38,7 +38,13 @@ import aiosqlite
 from brokerd import routing
 from brokerd.config import BrokerConfig
 from brokerd.database import Database
-from brokerd.endpoint import Endpoint, OutMessage, State, endpoint_row, endpoint_update
+from brokerd.endpoint import (
+    Endpoint,
+    OutMessage,
+    State,
+    endpoint_deletion,
+    endpoint_snapshot,
+)
 from brokerd.errors import DialogError, QueueDisabled, ServiceNotFound, StoreError
 from brokerd.store import Statement
 from protocol.dialog import (
@@ -287,7 +293,7 @@ class DialogEngine:
         )
         db.add_endpoint(ep)
         try:
-            await self._submit_wait(db, [endpoint_row(ep)])
+            await self._submit_wait(db, [endpoint_snapshot(ep)])
         except StoreError:
             db.remove_endpoint(ep)
             raise
@@ -339,7 +345,7 @@ class DialogEngine:
                 "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?)",
                 (str(ep.handle), seq, message_type, flags, body, msg.enqueued_at),
             ),
-            endpoint_update(ep),
+            endpoint_snapshot(ep),
         ]
 
         def committed() -> None:
@@ -374,7 +380,7 @@ class DialogEngine:
         if ep.broker_error:
             ep.outbox.clear()
             ep.refresh_state()
-            await self._submit_wait(db, [endpoint_update(ep)])
+            await self._submit_wait(db, [endpoint_snapshot(ep)])
             return
         if error_code is not None:
             dropped = list(ep.outbox)
@@ -414,7 +420,7 @@ class DialogEngine:
                 ("DELETE FROM transmission_queue WHERE conversation_handle = ?", (h,)),
                 ("DELETE FROM queue_messages WHERE conversation_handle = ?", (h,)),
                 ("DELETE FROM message_fragments WHERE conversation_handle = ?", (h,)),
-                ("DELETE FROM conversation_endpoints WHERE conversation_handle = ?", (h,)),
+                endpoint_deletion(ep),
             ],
         )
 
@@ -726,7 +732,7 @@ class DialogEngine:
         if ep.refresh_state():
             changed = True
         if changed:
-            statements.append(endpoint_update(ep))
+            statements.append(endpoint_snapshot(ep))
         if statements:
             db.store.submit(statements)
 
@@ -897,7 +903,7 @@ class DialogEngine:
                 ),
             ),
             *self._promotions(h, released[1:]),
-            endpoint_row(ep) if new else endpoint_update(ep),
+            endpoint_snapshot(ep),
         ]
         self._submit_received(db, ep, queue, statements, released, seq, None)
 
@@ -945,13 +951,13 @@ class DialogEngine:
             )
         )
         if not complete:
-            statements.append(endpoint_row(ep) if new else endpoint_update(ep))
+            statements.append(endpoint_snapshot(ep))
             self._submit_received(db, ep, queue, statements, [], seq, index)
             return
         released = ep.accepted.add_message(seq)
         self._release(ep, released, seq, header.flags)
         statements += self._promotions(h, released[1:])
-        statements.append(endpoint_row(ep) if new else endpoint_update(ep))
+        statements.append(endpoint_snapshot(ep))
         status = 1 if released else 2
         catalog = db.catalog
         message_type = header.message_type
@@ -1110,7 +1116,7 @@ class DialogEngine:
                 )
                 for s in dropped
             ],
-            endpoint_update(ep),
+            endpoint_snapshot(ep),
         ]
         index = db.ready.get(queue)
 

@@ -99,6 +99,13 @@ CREATE TABLE IF NOT EXISTS message_fragments (
 """
 
 Statement = tuple[str, Sequence[Any]]
+
+ENDPOINT_SNAPSHOT = (
+    "INSERT OR REPLACE INTO conversation_endpoints VALUES (" + ", ".join("?" * 15) + ")"
+)
+"""A whole endpoint row; within a batch only the last snapshot of each endpoint is written."""
+ENDPOINT_DELETE = "DELETE FROM conversation_endpoints WHERE conversation_handle = ?"
+"""Removes an endpoint row; deduplicated together with the snapshots."""
 T = TypeVar("T")
 log = logging.getLogger("brokerd.store")
 
@@ -315,25 +322,53 @@ class Store:
             _finish(job, None)
 
     async def _execute(self, batch: list[_Job]) -> None:
+        """One transaction for the whole batch, in as few thread round trips as possible.
+
+        Between two coroutine jobs, statements are grouped by SQL text: every
+        INSERT group first (in order of first appearance), then every UPDATE and
+        DELETE group. Jobs therefore must not rely on an UPDATE or DELETE running
+        before an INSERT of the same batch; the dialog engine's statements never
+        do (an update or delete always concerns a row committed earlier or
+        inserted by the same or an earlier job). Endpoint snapshots are
+        deduplicated per endpoint and written last: a snapshot is a whole row.
+        """
         conn = self.conn
         await conn.execute("BEGIN IMMEDIATE")
-        sql: str | None = None
-        group: list[Sequence[Any]] = []
+        inserts: dict[str, list[Sequence[Any]]] = {}
+        changes: dict[str, list[Sequence[Any]]] = {}
+        endpoints: dict[Any, Sequence[Any] | None] = {}
         for job in batch:
-            for statement_sql, params in job.statements:
-                if statement_sql != sql:
-                    if sql is not None:
-                        await conn.executemany(sql, group)
-                    sql, group = statement_sql, []
-                group.append(params)
+            for sql, params in job.statements:
+                if sql == ENDPOINT_SNAPSHOT:
+                    endpoints[params[0]] = params
+                elif sql == ENDPOINT_DELETE:
+                    endpoints[params[0]] = None
+                elif sql.startswith("INSERT"):
+                    inserts.setdefault(sql, []).append(params)
+                else:
+                    changes.setdefault(sql, []).append(params)
             if job.fn is not None:
-                if sql is not None:
-                    await conn.executemany(sql, group)
-                    sql, group = None, []
+                await self._flush(inserts, changes)
                 job.result = await job.fn(conn)
-        if sql is not None:
-            await conn.executemany(sql, group)
+        await self._flush(inserts, changes)
+        rows = [row for row in endpoints.values() if row is not None]
+        if rows:
+            await conn.executemany(ENDPOINT_SNAPSHOT, rows)
+        gone = [(handle,) for handle, row in endpoints.items() if row is None]
+        if gone:
+            await conn.executemany(ENDPOINT_DELETE, gone)
         await conn.commit()
+
+    async def _flush(
+        self, inserts: dict[str, list[Sequence[Any]]], changes: dict[str, list[Sequence[Any]]]
+    ) -> None:
+        for groups in (inserts, changes):
+            for sql, params in groups.items():
+                if len(params) == 1:
+                    await self.conn.execute(sql, params[0])
+                else:
+                    await self.conn.executemany(sql, params)
+            groups.clear()
 
     async def _rollback(self) -> None:
         with contextlib.suppress(sqlite3.Error):

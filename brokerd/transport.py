@@ -340,8 +340,11 @@ class PeerLink:
         protocol = BrokerProtocol(self.owner, Role.INITIATOR, self)
         self.protocol = protocol
         try:
+            host = self.owner.config.host
+            local = None if host in ("0.0.0.0", "::", "") else (host, 0)
             await asyncio.wait_for(
-                loop.create_connection(lambda: protocol, self.host, self.port), timeout
+                loop.create_connection(lambda: protocol, self.host, self.port, local_addr=local),
+                timeout,
             )
             await asyncio.wait_for(asyncio.shield(protocol.handshake_done), timeout)
         except BaseException:
