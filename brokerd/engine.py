@@ -1207,6 +1207,8 @@ class DialogEngine:
                 "database": db.name,
                 "broker_instance": str(db.broker_instance),
                 "file": str(db.store.path),
+                "commits": db.store.commits,
+                "jobs_committed": db.store.jobs_committed,
                 "endpoints": len(db.endpoints),
             }
             for db in self.databases.values()

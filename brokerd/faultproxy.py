@@ -308,7 +308,7 @@ class FaultProxy:
             self._pump(conn, reader, conn.server, up=True),
             self._pump(conn, server_reader, conn.client, up=False),
         )
-        self._event(f"connection {conn.ident}: {'cut' if conn.aborted else 'closed'}")
+        self._event(f"connection {conn.ident}: {'reset' if conn.aborted else 'closed'}")
 
     async def _pump(
         self,
