@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from brokerd.catalog import Catalog
 from brokerd.config import DatabaseConfig
 from brokerd.endpoint import Endpoint, OutMessage, endpoint_from_row
 from brokerd.store import Store
-from protocol.dialog import MessageFlags
+from protocol.acks import AckState
+from protocol.dialog import END_DIALOG, ERROR, MessageFlags
 from protocol.fragments import fragment_count
 
 
@@ -61,11 +64,14 @@ class ReadyIndex:
         return None
 
     def put_back(self, group: uuid.UUID, items: list[tuple[uuid.UUID, int]]) -> None:
-        current = self.groups.get(group, [])
-        self.groups[group] = sorted(items + current, key=lambda i: (str(i[0]), i[1]))
+        self.groups[group] = items + self.groups.get(group, [])
         self.groups.move_to_end(group, last=False)
         self.count += len(items)
         self.changed.set()
+
+    def clear(self) -> None:
+        self.groups.clear()
+        self.count = 0
 
     def drop_conversation(self, handle: uuid.UUID) -> None:
         for gid in list(self.groups):
@@ -75,6 +81,15 @@ class ReadyIndex:
                 self.groups[gid] = kept
             else:
                 del self.groups[gid]
+
+
+Fetch = Callable[[str, Sequence[Any]], Awaitable[Iterable[Any]]]
+"""Runs a query and returns its rows: the store's start-up read, or a connection's."""
+
+_END_FLAGS = {
+    END_DIALOG: int(MessageFlags.END_DIALOG | MessageFlags.SEQUENCED),
+    ERROR: int(MessageFlags.ERROR | MessageFlags.SEQUENCED),
+}
 
 
 class Database:
@@ -134,42 +149,66 @@ class Database:
                 status="waiting to be sent (recovered after a restart)",
             )
             waiting[ep.handle] = ep
-        for row in await store.fetchall(
-            "SELECT conversation_handle, message_sequence_number, status, body IS NULL AS partial "
-            "FROM queue_messages WHERE status = 2"
-        ):
-            ep = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
-            if ep is not None and not row["partial"]:
-                seq = int(row["message_sequence_number"])
-                ep.accepted.beyond.add(seq)
-                ep.durable.beyond.add(seq)
-        for row in await store.fetchall(
-            "SELECT conversation_handle, message_sequence_number, fragment_index "
-            "FROM message_fragments"
-        ):
-            ep = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
-            if ep is not None:
-                seq, index = int(row["message_sequence_number"]), int(row["fragment_index"])
-                ep.accepted.fragments.setdefault(seq, set()).add(index)
-                ep.durable.fragments.setdefault(seq, set()).add(index)
-        for row in await store.fetchall(
-            "SELECT queue_name, conversation_group_id, conversation_handle, "
-            "message_sequence_number FROM queue_messages WHERE status = 1 ORDER BY rowid"
-        ):
-            ready = self.ready.get(row["queue_name"])
-            if ready is not None:
-                ready.add(
-                    uuid.UUID(row["conversation_group_id"]),
-                    uuid.UUID(row["conversation_handle"]),
-                    int(row["message_sequence_number"]),
-                )
-        low = await store.fetchall("SELECT MIN(message_sequence_number) FROM queue_messages")
-        if low and low[0][0] is not None and int(low[0][0]) < 0:
-            self.next_broker_error_seq = int(low[0][0]) - 1
+        await self.load_received(store.fetchall)
         for ep in self.endpoints.values():
             if ep.accepted.through or ep.accepted.beyond or ep.accepted.fragments:
                 ep.mark_ack_needed()
         return [ep for ep in waiting.values() if ep.outbox]
 
-    def is_end(self, flags: int) -> bool:
-        return bool(flags & (MessageFlags.END_DIALOG | MessageFlags.ERROR))
+    async def load_received(self, fetch: Fetch) -> None:
+        """Set what every endpoint has received, and the ready index, from the file.
+
+        Used by recovery and after a failed receive-side write, when memory may
+        claim messages that never committed. Endpoints started by a peer whose
+        first message never committed are forgotten (the peer retransmits).
+        """
+        stored = {
+            uuid.UUID(row[0]): int(row[1])
+            for row in await fetch(
+                "SELECT conversation_handle, receive_sequence FROM conversation_endpoints", ()
+            )
+        }
+        received: dict[uuid.UUID, AckState] = {}
+        for ep in list(self.endpoints.values()):
+            through = stored.get(ep.handle)
+            if through is None:
+                if not ep.initiator:
+                    self.remove_endpoint(ep)
+                continue
+            received[ep.handle] = AckState(through)
+            ep.held_end_flags.clear()
+        for row in await fetch(
+            "SELECT conversation_handle, message_sequence_number, message_type "
+            "FROM queue_messages WHERE status = 2 AND body IS NOT NULL",
+            (),
+        ):
+            handle, seq = uuid.UUID(row[0]), int(row[1])
+            if handle in received:
+                received[handle].beyond.add(seq)
+                flags = _END_FLAGS.get(row[2], 0)
+                if flags:
+                    self.endpoints[handle].held_end_flags[seq] = flags
+        for row in await fetch(
+            "SELECT conversation_handle, message_sequence_number, fragment_index "
+            "FROM message_fragments",
+            (),
+        ):
+            handle = uuid.UUID(row[0])
+            if handle in received:
+                received[handle].fragments.setdefault(int(row[1]), set()).add(int(row[2]))
+        for handle, state in received.items():
+            ep = self.endpoints[handle]
+            ep.accepted, ep.durable = state, state.copy()
+        for index in self.ready.values():
+            index.clear()
+        for row in await fetch(
+            "SELECT queue_name, conversation_group_id, conversation_handle, "
+            "message_sequence_number FROM queue_messages WHERE status = 1 ORDER BY rowid",
+            (),
+        ):
+            ready = self.ready.get(row[0])
+            if ready is not None:
+                ready.add(uuid.UUID(row[1]), uuid.UUID(row[2]), int(row[3]))
+        low = list(await fetch("SELECT MIN(message_sequence_number) FROM queue_messages", ()))
+        if low and low[0][0] is not None and int(low[0][0]) < 0:
+            self.next_broker_error_seq = int(low[0][0]) - 1

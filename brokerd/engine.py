@@ -63,6 +63,7 @@ CODE_SERVICE_NOT_FOUND = -8425
 CODE_CONTRACT_NOT_SUPPORTED = -8408
 CODE_MESSAGE_TYPE_REFUSED = -8457
 CODE_VALIDATION_FAILED = -9615
+CODE_MESSAGE_TOO_LARGE = -9617
 
 
 def error_body(code: int, description: str) -> bytes:
@@ -385,14 +386,7 @@ class DialogEngine:
         if error_code is not None:
             dropped = list(ep.outbox)
             ep.outbox.clear()
-            extra: list[Statement] = [
-                (
-                    "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
-                    "message_sequence_number = ?",
-                    (str(ep.handle), seq),
-                )
-                for seq in dropped
-            ]
+            extra = _unqueue_sent(ep, dropped)
             await self._enqueue(
                 db,
                 ep,
@@ -718,17 +712,9 @@ class DialogEngine:
                     for f in ack.fragments:
                         if f.sequence_number == seq:
                             msg.acked_fragments.update(range(f.first, f.last + 1))
-        if removed:
-            h = str(ep.handle)
-            for seq in removed:
-                del outbox[seq]
-                statements.append(
-                    (
-                        "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
-                        "message_sequence_number = ?",
-                        (h, seq),
-                    )
-                )
+        for seq in removed:
+            del outbox[seq]
+        statements += _unqueue_sent(ep, removed)
         if ep.refresh_state():
             changed = True
         if changed:
@@ -750,12 +736,12 @@ class DialogEngine:
         if ep is None:
             if not header.initiator or not header.sequenced:
                 return self._drop(header, "no conversation endpoint for this message")
-            ep = self._new_target_endpoint(db, link, header)
+            ep = self._new_target_endpoint(db, link, header, body)
             if ep is None:
                 return
-            new_endpoint = True
+            checked = True
         else:
-            new_endpoint = False
+            checked = False
         ep.last_link = link
         if ep.far_broker_instance is None:
             ep.far_broker_instance = header.from_broker_instance
@@ -772,20 +758,26 @@ class DialogEngine:
             return
         if ep.state is State.CLOSED or ep.broker_error:
             return self._drop(header, f"conversation is {ep.state.value}")
-        refusal = self._refusal(db, ep, header, body)
+        refusal = None if checked else self._refusal(db, ep.contract, header, body)
         if refusal is not None:
             code, text = refusal
             self._send_broker_error(link, db, header, code, text)
             return
         if header.fragment_count == 1:
-            self._accept_message(db, ep, header, body, new_endpoint)
+            self._accept_message(db, ep, header, body)
         else:
-            self._accept_fragment(db, ep, header, body, new_endpoint)
+            self._accept_fragment(db, ep, header, body)
 
     def _refusal(
-        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+        self, db: Database, contract: str, header: DialogHeader, body: bytes
     ) -> tuple[int, str] | None:
-        refusal = db.catalog.send_refusal(ep.contract, header.message_type, header.initiator)
+        """Why the receiver refuses this message (R-OBJ-1, R-DLG-3, size), as (code, text)."""
+        if header.message_length > self.max_message_size:
+            return CODE_MESSAGE_TOO_LARGE, (
+                f"message of {header.message_length} bytes exceeds this broker's "
+                f"max_message_size of {self.max_message_size}"
+            )
+        refusal = db.catalog.send_refusal(contract, header.message_type, header.initiator)
         if refusal:
             return CODE_MESSAGE_TYPE_REFUSED, refusal
         if header.fragment_count == 1:
@@ -827,8 +819,9 @@ class DialogEngine:
         log.warning("%s", text)
 
     def _new_target_endpoint(
-        self, db: Database, link: Link, header: DialogHeader
+        self, db: Database, link: Link, header: DialogHeader, body: bytes
     ) -> Endpoint | None:
+        """The target's endpoint, created by the first message if the target accepts it."""
         service = db.catalog.services.get(header.to_service)
         if service is None:
             self._send_broker_error(
@@ -847,6 +840,10 @@ class DialogEngine:
                 CODE_CONTRACT_NOT_SUPPORTED,
                 f"service {header.to_service!r} does not accept contract {header.contract!r}",
             )
+            return None
+        refusal = self._refusal(db, header.contract, header, body)
+        if refusal is not None:
+            self._send_broker_error(link, db, header, *refusal)
             return None
         ep = Endpoint(
             handle=uuid.uuid4(),
@@ -878,7 +875,7 @@ class DialogEngine:
         ep.refresh_state()
 
     def _accept_message(
-        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes, new: bool
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
     ) -> None:
         seq = header.sequence_number
         released = ep.accepted.add_message(seq)
@@ -886,21 +883,15 @@ class DialogEngine:
         queue = db.queue_of(ep.service) or ""
         h = str(ep.handle)
         statements: list[Statement] = [
-            (
-                "INSERT INTO queue_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    queue,
-                    str(ep.group_id),
-                    h,
-                    seq,
-                    1 if released else 2,
-                    ep.service,
-                    ep.contract,
-                    header.message_type,
-                    len(body),
-                    body,
-                    self.clock(),
-                ),
+            _queue_row(
+                ep,
+                queue,
+                seq,
+                1 if released else 2,
+                header.message_type,
+                len(body),
+                body,
+                self.clock(),
             ),
             *self._promotions(h, released[1:]),
             endpoint_snapshot(ep),
@@ -918,7 +909,7 @@ class DialogEngine:
         ]
 
     def _accept_fragment(
-        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes, new: bool
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
     ) -> None:
         seq, index = header.sequence_number, header.fragment_index
         first = seq not in ep.accepted.fragments
@@ -928,20 +919,15 @@ class DialogEngine:
         statements: list[Statement] = []
         if first:
             statements.append(
-                (
-                    "INSERT OR IGNORE INTO queue_messages "
-                    "VALUES (?, ?, ?, ?, 2, ?, ?, ?, ?, NULL, ?)",
-                    (
-                        queue,
-                        str(ep.group_id),
-                        h,
-                        seq,
-                        ep.service,
-                        ep.contract,
-                        header.message_type,
-                        header.message_length,
-                        self.clock(),
-                    ),
+                _queue_row(
+                    ep,
+                    queue,
+                    seq,
+                    2,
+                    header.message_type,
+                    header.message_length,
+                    None,
+                    self.clock(),
                 )
             )
         statements.append(
@@ -1024,30 +1010,14 @@ class DialogEngine:
 
         async def reload() -> None:
             await asyncio.sleep(1.0)
-            await db.store.wait_idle()
-            waiting: dict[uuid.UUID, Endpoint] = {}
-            for ep in db.endpoints.values():
-                waiting[ep.handle] = ep
-            db.endpoints.clear()
-            db.by_key.clear()
-            for index in db.ready.values():
-                index.groups.clear()
-                index.count = 0
             try:
-                await db.store.run(lambda conn: _noop())
-                await db.recover(self.fragment_size)
+                # A job of its own: it runs after every write already queued.
+                await db.store.run(lambda conn: db.load_received(conn.execute_fetchall))
             except StoreError:
                 log.exception("database %s still failing; retrying", db.name)
-                for ep in waiting.values():
-                    db.add_endpoint(ep)
                 db.rx_suspended = False
                 self._suspend_receiving(db)
                 return
-            for ep in db.endpoints.values():
-                old = waiting.get(ep.handle)
-                if old is not None:
-                    ep.outbox = old.outbox
-                    ep.route, ep.route_link = old.route, old.route_link
             db.rx_suspended = False
 
         self.loop.create_task(reload())
@@ -1091,31 +1061,9 @@ class DialogEngine:
         seq = db.next_broker_error_seq
         db.next_broker_error_seq -= 1
         queue = db.queue_of(ep.service) or ""
-        h = str(ep.handle)
         statements: list[Statement] = [
-            (
-                "INSERT INTO queue_messages VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)",
-                (
-                    queue,
-                    str(ep.group_id),
-                    h,
-                    seq,
-                    ep.service,
-                    ep.contract,
-                    ERROR,
-                    len(body),
-                    body,
-                    self.clock(),
-                ),
-            ),
-            *[
-                (
-                    "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
-                    "message_sequence_number = ?",
-                    (h, s),
-                )
-                for s in dropped
-            ],
+            _queue_row(ep, queue, seq, 1, ERROR, len(body), body, self.clock()),
+            *_unqueue_sent(ep, dropped),
             endpoint_snapshot(ep),
         ]
         index = db.ready.get(queue)
@@ -1215,8 +1163,46 @@ class DialogEngine:
         ]
 
 
-async def _noop() -> None:
-    return None
+def _queue_row(
+    ep: Endpoint,
+    queue: str,
+    seq: int,
+    status: int,
+    message_type: str,
+    length: int,
+    body: bytes | None,
+    now: float,
+) -> Statement:
+    """A received message's row in its service queue (``body`` None while fragments arrive)."""
+    return (
+        "INSERT OR IGNORE INTO queue_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            queue,
+            str(ep.group_id),
+            str(ep.handle),
+            seq,
+            status,
+            ep.service,
+            ep.contract,
+            message_type,
+            length,
+            body,
+            now,
+        ),
+    )
+
+
+def _unqueue_sent(ep: Endpoint, seqs: Iterable[int]) -> list[Statement]:
+    """Delete sent messages from the transmission queue (acknowledged, or dropped by an error)."""
+    handle = str(ep.handle)
+    return [
+        (
+            "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
+            "message_sequence_number = ?",
+            (handle, seq),
+        )
+        for seq in seqs
+    ]
 
 
 async def _fetch_and_remove(

@@ -167,7 +167,10 @@ class BrokerProtocol(asyncio.Protocol):
                 else f"connection to {self.peer_address} closed"
             )
         if not self.handshake_done.done():
-            self.handshake_done.set_exception(ConnectionError(self.close_reason))
+            if self.link is None:
+                self.handshake_done.cancel()  # an accepted connection: nobody waits on it
+            else:
+                self.handshake_done.set_exception(ConnectionError(self.close_reason))
         if self.link is not None:
             self.link.lost(self, self.close_reason)
 
@@ -210,8 +213,6 @@ class BrokerProtocol(asyncio.Protocol):
                     frame = send(events.Ack(dialog.encode_acks(item[0])))
                 out.append(frame)
                 size += len(frame)
-                if bulk and small and len(item) == 3 and item[1].fragment_count > 1:
-                    continue
         except LocalProtocolError as exc:
             log.error("cannot send on %s: %s", self.name, exc)
             self._abort(f"local protocol error: {exc}")

@@ -32,6 +32,12 @@ class AckState:
         self.fragments: dict[int, set[int]] = {}
         """Fragment indexes held of messages not yet complete."""
 
+    def copy(self) -> AckState:
+        twin = AckState(self.through)
+        twin.beyond = set(self.beyond)
+        twin.fragments = {seq: set(held) for seq, held in self.fragments.items()}
+        return twin
+
     def has_message(self, seq: int) -> bool:
         return seq <= self.through or seq in self.beyond
 

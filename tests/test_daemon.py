@@ -374,3 +374,51 @@ async def test_idle_connection_closes_and_the_dialog_outlives_it(tmp_path: Path)
         await warehouse.close()
     finally:
         d.stop_all()
+
+
+async def test_receiver_refusals_come_back_as_broker_errors(tmp_path: Path) -> None:
+    """R-DLG-2: a refused message is answered with an unsequenced Error, never stored.
+
+    Beta's warehouse service does not accept the DEFAULT contract, and beta takes
+    messages of at most 4,000 bytes. A message for a service beta does not have at
+    all is dropped and not acknowledged (R-ROUTE-13), so it waits at the sender.
+    """
+    from brokerd.example import SHOP_DATABASES, WAREHOUSE_DATABASES, databases_toml
+
+    d = Deployment(tmp_path, FAST_RETRY)
+    catch_all = '\n[[database.route]]\nname = "Anything"\naddress = "tcp://127.0.0.2:4022"\n'
+    d.add("alpha", "127.0.0.1", databases_toml(SHOP_DATABASES, "127.0.0.2") + catch_all)
+    d.add(
+        "beta",
+        "127.0.0.2",
+        databases_toml(WAREHOUSE_DATABASES, "127.0.0.1"),
+        extra="[limits]\nmax_message_size = 4000\n",
+    )
+    try:
+        start_both(d)
+        shop, warehouse = await clients(d)
+        wrong_contract = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, "DEFAULT")
+        await shop.send(wrong_contract, "DEFAULT", b"<order/>")
+        big = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop.send(big, ORDER, b"x" * 5000)
+        lost = await shop.begin_dialog(SHOP_SERVICE, "//warehouse/Nowhere", CONTRACT)
+        await shop.send(lost, ORDER, b"<order/>")
+        errors = {m.conversation_handle: m for m in await drain(shop, "ClientQueue", 2)}
+        assert errors[wrong_contract].is_error and errors[big].is_error
+        assert b"<Code>-8408</Code>" in errors[wrong_contract].message_body
+        assert b"<Code>-9617</Code>" in errors[big].message_body
+        states = {r["conversation_handle"]: r["state"] for r in await shop.conversation_endpoints()}
+        assert states == {str(wrong_contract): "ER", str(big): "ER", str(lost): "CO"}
+        (waiting,) = await shop.transmission_queue()
+        assert waiting["conversation_handle"] == str(lost)
+        drops = [r["reason"] for r in await warehouse.view("drops")]
+        assert any("//warehouse/Nowhere" in r and "R-ROUTE-13" in r for r in drops)
+        assert await warehouse.conversation_endpoints() == []
+        assert await warehouse.receive("OrderQueue", timeout=0.3) == []
+        await shop.end_conversation(big)
+        states = {r["conversation_handle"]: r["state"] for r in await shop.conversation_endpoints()}
+        assert states[str(big)] == "CD"
+        await shop.close()
+        await warehouse.close()
+    finally:
+        d.stop_all()
