@@ -6,8 +6,8 @@
     brokerd demo [--orders N] [--workdir DIR]
     brokerd wire-demo [--encryption required|supported|disabled]
 
-Later issues add ``brokerd run --config FILE``. Errors print one line naming the
-problem and exit with status 2.
+Errors (a wrong configuration included) print one line naming the problem and
+exit with status 2.
 """
 
 from __future__ import annotations

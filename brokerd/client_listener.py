@@ -3,7 +3,8 @@
 Binds to loopback by default and requires credentials: on connect it sends a
 CHALLENGE nonce, and the first request must be ``login`` with an HMAC proof of
 the shared token (``protocol.client_wire``). Anything else before a good login
-gets an ``AuthenticationFailed`` error and the connection is closed.
+gets an ``AuthenticationFailed`` error and the connection is closed; before
+the login, frame bodies over 4 KiB are refused from the header alone.
 
 Operations (``meta["op"]``): ``login``, ``begin_dialog``, ``send`` (the body is
 the message), ``receive`` (message bodies concatenated in the response body,
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerd.client")
 
+PRE_LOGIN_MAX_BODY = 4096
+
 
 def load_or_create_token(path: Path) -> bytes:
     """The shared client token; created (mode 0600) on first start."""
@@ -73,7 +76,8 @@ class ClientSession(asyncio.Protocol):
     def __init__(self, broker: Broker, token: bytes) -> None:
         self.broker = broker
         self.token = token
-        self.reader = ClientFrameReader(max_body=broker.config.limits.max_message_size + 1024)
+        # Until the login succeeds a peer may send only small frames.
+        self.reader = ClientFrameReader(max_body=PRE_LOGIN_MAX_BODY)
         self.nonce = new_nonce(os.urandom)
         self.user: str | None = None
         self.transport: asyncio.Transport | None = None
@@ -139,6 +143,7 @@ class ClientSession(asyncio.Protocol):
             self._close()
             return
         self.user = user
+        self.reader.max_body = self.broker.config.limits.max_message_size
         self._reply(frame.request_id, {"user": user, "instance": self.broker.instance_name})
 
     def _reply(self, request_id: int, meta: dict[str, Any], body: bytes = b"") -> None:

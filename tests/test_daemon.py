@@ -422,3 +422,21 @@ async def test_receiver_refusals_come_back_as_broker_errors(tmp_path: Path) -> N
         await warehouse.close()
     finally:
         d.stop_all()
+
+
+async def test_client_listener_refuses_large_frames_before_login(deployment: Deployment) -> None:
+    """An unauthenticated peer cannot make the daemon buffer a large body."""
+    from protocol.client_wire import ClientFrame, ClientFrameKind, ClientFrameReader, encode_frame
+
+    deployment.start("alpha")
+    reader, writer = await asyncio.open_connection("127.0.0.1", 4023)
+    frames = ClientFrameReader()
+    (challenge,) = frames.feed(await reader.read(4096))
+    assert challenge.kind is ClientFrameKind.CHALLENGE
+    frame = encode_frame(ClientFrame(ClientFrameKind.REQUEST, 1, {"op": "login"}, b"x" * 8192))
+    writer.write(frame[:64])  # the header alone says how large the body is
+    await writer.drain()
+    reply = await asyncio.wait_for(reader.read(), 10)  # read() to EOF: the daemon closes
+    (error,) = frames.feed(reply)
+    assert error.kind is ClientFrameKind.ERROR and "exceeds" in error.meta["message"]
+    writer.close()
