@@ -54,7 +54,6 @@ import struct
 import sys
 import tempfile
 import time
-import tomllib
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,31 +77,9 @@ SCENARIOS = ("cross", "local")
 # -- deployments ---------------------------------------------------------------------
 
 
-def strip_routes(toml: str) -> str:
-    """Remove every ``[[database.route]]`` table (header and keys) from a TOML text."""
-    out: list[str] = []
-    skipping = False
-    for line in toml.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("["):
-            skipping = stripped == "[[database.route]]"
-        if not skipping:
-            out.append(line)
-    return "\n".join(out) + "\n"
-
-
 def local_databases_toml() -> str:
     """Shop and warehouse in one instance, without routes (AutoCreatedLocal applies)."""
-    text = strip_routes(
-        example.databases_toml(example.SHOP_DATABASES, "unused")
-        + example.databases_toml(example.WAREHOUSE_DATABASES, "unused")
-    )
-    parsed = tomllib.loads(text)
-    databases = parsed.get("database", [])
-    names = [db.get("name") for db in databases]
-    if names != ["shop", "warehouse"] or any(db.get("route") for db in databases):
-        raise RuntimeError(f"unexpected local configuration: databases {names}")
-    return text
+    return example.shop_database(None) + example.warehouse_database(None)
 
 
 def build(kind: str, root: Path, hosts: tuple[str, str]) -> tuple[Deployment, str, str]:

@@ -36,48 +36,41 @@ messages = [
 ]
 """
 
-SHOP_DATABASES = """
+
+def database_toml(name: str, queue: str, service: str, route: tuple[str, str, str] | None) -> str:
+    """One ``[[database]]`` with the example's message types and contract, a queue and a
+    service; ``route`` is (route name, remote service, peer host) or None for no route."""
+    text = f"""
 [[database]]
-name = "shop"
-@TYPES@
+name = "{name}"
+{_MESSAGE_TYPES}
 [[database.queue]]
-name = "ClientQueue"
+name = "{queue}"
 [[database.service]]
-name = "@SHOP@"
-queue = "ClientQueue"
-contracts = ["@CONTRACT@"]
-[[database.route]]
-name = "ToWarehouse"
-remote_service_name = "@WAREHOUSE@"
-address = "tcp://@PEER@:4022"
+name = "{service}"
+queue = "{queue}"
+contracts = ["{CONTRACT}"]
 """
-
-WAREHOUSE_DATABASES = """
-[[database]]
-name = "warehouse"
-@TYPES@
-[[database.queue]]
-name = "OrderQueue"
-[[database.service]]
-name = "@WAREHOUSE@"
-queue = "OrderQueue"
-contracts = ["@CONTRACT@"]
-[[database.route]]
-name = "ToShop"
-remote_service_name = "@SHOP@"
-address = "tcp://@PEER@:4022"
+    if route is not None:
+        route_name, remote_service, peer_host = route
+        text += f"""[[database.route]]
+name = "{route_name}"
+remote_service_name = "{remote_service}"
+address = "tcp://{peer_host}:4022"
 """
+    return text
 
 
-def databases_toml(template: str, peer_host: str) -> str:
-    """A database template above with its route pointing at ``peer_host``:4022."""
-    return (
-        template.replace("@TYPES@", _MESSAGE_TYPES)
-        .replace("@SHOP@", SHOP_SERVICE)
-        .replace("@WAREHOUSE@", WAREHOUSE_SERVICE)
-        .replace("@CONTRACT@", CONTRACT)
-        .replace("@PEER@", peer_host)
-    )
+def shop_database(warehouse_host: str | None) -> str:
+    """The shop; its route sends the warehouse's traffic to ``warehouse_host`` (None: no route)."""
+    route = ("ToWarehouse", WAREHOUSE_SERVICE, warehouse_host) if warehouse_host else None
+    return database_toml("shop", "ClientQueue", SHOP_SERVICE, route)
+
+
+def warehouse_database(shop_host: str | None) -> str:
+    """The warehouse; its route sends replies to the shop at ``shop_host`` (None: no route)."""
+    route = ("ToShop", SHOP_SERVICE, shop_host) if shop_host else None
+    return database_toml("warehouse", "OrderQueue", WAREHOUSE_SERVICE, route)
 
 
 def shop_and_warehouse(
@@ -92,8 +85,8 @@ def shop_and_warehouse(
     fault-injection proxy in front of beta, for instance).
     """
     deployment = Deployment(root, retry)
-    deployment.add("alpha", hosts[0], databases_toml(SHOP_DATABASES, beta_route_host or hosts[1]))
-    deployment.add("beta", hosts[1], databases_toml(WAREHOUSE_DATABASES, hosts[0]))
+    deployment.add("alpha", hosts[0], shop_database(beta_route_host or hosts[1]))
+    deployment.add("beta", hosts[1], warehouse_database(hosts[0]))
     return deployment
 
 

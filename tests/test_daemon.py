@@ -29,6 +29,8 @@ from brokerd.example import (
     SHOP_SERVICE,
     WAREHOUSE_SERVICE,
     shop_and_warehouse,
+    shop_database,
+    warehouse_database,
 )
 from brokerd.faultproxy import FaultPlan, FaultProxy
 from brokerd.launcher import Deployment
@@ -208,10 +210,7 @@ async def test_peer_down_messages_wait_with_readable_status(deployment: Deployme
 
 async def test_no_route_waits_with_status(tmp_path: Path) -> None:
     d = Deployment(tmp_path, FAST_RETRY)
-    from brokerd.example import SHOP_DATABASES, databases_toml
-
-    toml = databases_toml(SHOP_DATABASES, "127.0.0.2").split("[[database.route]]")[0]
-    d.add("alpha", "127.0.0.1", toml)
+    d.add("alpha", "127.0.0.1", shop_database(None))
     try:
         d.start("alpha")
         shop = await d.daemons["alpha"].client()
@@ -348,13 +347,9 @@ async def test_queue_off_holds_messages_until_turned_on(deployment: Deployment) 
 async def test_idle_connection_closes_and_the_dialog_outlives_it(tmp_path: Path) -> None:
     """R-PROTO-3: a quiet connection is closed; the next message opens a new one."""
     d = Deployment(tmp_path, FAST_RETRY)
-    from brokerd.example import SHOP_DATABASES, WAREHOUSE_DATABASES, databases_toml
-
     idle = "idle_timeout = 0.5"
-    d.add("alpha", "127.0.0.1", databases_toml(SHOP_DATABASES, "127.0.0.2"), endpoint_extra=idle)
-    d.add(
-        "beta", "127.0.0.2", databases_toml(WAREHOUSE_DATABASES, "127.0.0.1"), endpoint_extra=idle
-    )
+    d.add("alpha", "127.0.0.1", shop_database("127.0.0.2"), endpoint_extra=idle)
+    d.add("beta", "127.0.0.2", warehouse_database("127.0.0.1"), endpoint_extra=idle)
     try:
         start_both(d)
         shop, warehouse = await clients(d)
@@ -383,15 +378,13 @@ async def test_receiver_refusals_come_back_as_broker_errors(tmp_path: Path) -> N
     messages of at most 4,000 bytes. A message for a service beta does not have at
     all is dropped and not acknowledged (R-ROUTE-13), so it waits at the sender.
     """
-    from brokerd.example import SHOP_DATABASES, WAREHOUSE_DATABASES, databases_toml
-
     d = Deployment(tmp_path, FAST_RETRY)
     catch_all = '\n[[database.route]]\nname = "Anything"\naddress = "tcp://127.0.0.2:4022"\n'
-    d.add("alpha", "127.0.0.1", databases_toml(SHOP_DATABASES, "127.0.0.2") + catch_all)
+    d.add("alpha", "127.0.0.1", shop_database("127.0.0.2") + catch_all)
     d.add(
         "beta",
         "127.0.0.2",
-        databases_toml(WAREHOUSE_DATABASES, "127.0.0.1"),
+        warehouse_database("127.0.0.1"),
         extra="[limits]\nmax_message_size = 4000\n",
     )
     try:
