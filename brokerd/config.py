@@ -237,12 +237,14 @@ class BrokerConfig:
 def parse_tcp_address(address: str) -> tuple[str, int]:
     """``tcp://host:port`` -> ``(host, port)``; IPv6 hosts in brackets (``tcp://[::1]:4022``).
 
-    The scheme is case-insensitive; nothing may follow the port. Raises ValueError with a
-    readable reason.
+    The scheme is case-insensitive; nothing may follow the port but one ``/`` (as the
+    Service Broker documentation writes addresses). Raises ValueError with a readable reason.
     """
     if address[:6].lower() != "tcp://":
         raise ValueError(f"'{address}' is not of the form tcp://host:port")
     rest = address[6:]
+    if rest.endswith("/"):
+        rest = rest[:-1]
     if rest.startswith("["):
         end = rest.find("]")
         if end < 0:
@@ -272,6 +274,12 @@ def parse_tcp_address(address: str) -> tuple[str, int]:
     if not 1 <= port <= 65535:
         raise ValueError(f"'{address}': port {port} is not between 1 and 65535")
     return host, port
+
+
+def normal_tcp_address(address: str) -> str:
+    """The one spelling of an address: ``tcp://host:port`` (``tcp://[v6]:port``); ValueError."""
+    host, port = parse_tcp_address(address)
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def load_config(path: str | Path) -> BrokerConfig:
@@ -834,11 +842,10 @@ def _route(t: _Table, now: datetime) -> RouteConfig:
 
 def _tcp(t: _Table, key: str, value: str) -> str:
     try:
-        host, port = parse_tcp_address(value)
+        return normal_tcp_address(value)
     except ValueError as exc:
         what = "LOCAL, TRANSPORT or tcp://host:port" if key == "address" else "tcp://host:port"
         raise t.error(key, f"must be {what}: {exc}") from None
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def _lifetime(t: _Table, now: datetime) -> datetime | None:

@@ -287,7 +287,7 @@ class BrokerConnection:
                 {
                     "query_id": event.query_id,
                     "broker_instance": event.broker_instance.bytes,
-                    "database": event.database,
+                    "service": event.service,
                 },
             )
             return self._send_protected(FrameType.PRINCIPAL_QUERY, body)
@@ -298,7 +298,7 @@ class BrokerConnection:
                     "query_id": event.query_id,
                     "role": int(event.role),
                     "broker_instance": event.broker_instance.bytes,
-                    "database": event.database,
+                    "service": event.service,
                 },
             )
             return self._send_protected(FrameType.PRINCIPAL_ANSWER, body)
@@ -507,7 +507,7 @@ class BrokerConnection:
         elif frame_type == FrameType.PRINCIPAL_QUERY:
             q = frames.decode_body(FrameType.PRINCIPAL_QUERY, payload)
             events.append(
-                PrincipalQuery(q.query_id, uuid.UUID(bytes=q.broker_instance), q.database)
+                PrincipalQuery(q.query_id, uuid.UUID(bytes=q.broker_instance), q.service)
             )
         else:
             a = frames.decode_body(FrameType.PRINCIPAL_ANSWER, payload)
@@ -516,7 +516,7 @@ class BrokerConnection:
             except ValueError:
                 raise RemoteProtocolError(f"unknown mirror role {a.role}") from None
             events.append(
-                PrincipalAnswer(a.query_id, role, uuid.UUID(bytes=a.broker_instance), a.database)
+                PrincipalAnswer(a.query_id, role, uuid.UUID(bytes=a.broker_instance), a.service)
             )
 
     def _on_close(

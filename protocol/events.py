@@ -53,21 +53,28 @@ class Close:
 
 @dataclass(frozen=True, slots=True)
 class PrincipalQuery:
-    """Sendable. Which partner is principal for this database? (SPEC R-ROUTE-10)"""
+    """Sendable. Is this instance principal for the database of (broker instance, service)?
+
+    SPEC R-ROUTE-10. The nil UUID when the route names no broker instance: the
+    database holding ``service`` is meant.
+    """
 
     query_id: int
     broker_instance: uuid.UUID
-    database: str
+    service: str
 
 
 @dataclass(frozen=True, slots=True)
 class PrincipalAnswer:
-    """Sendable. This instance's role for the queried database (SPEC R-ROUTE-10)."""
+    """Sendable. This instance's role for the queried database (SPEC R-ROUTE-10).
+
+    ``query_id`` 0: unsolicited, sent by a mirror that refused a message.
+    """
 
     query_id: int
     role: MirrorRole
     broker_instance: uuid.UUID
-    database: str
+    service: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,14 +140,14 @@ CLOSE_BODY = c.Struct("code" / c.Int16ub, "reason" / _Name, c.Terminated)
 PRINCIPAL_QUERY_BODY = c.Struct(
     "query_id" / c.Int32ub,
     "broker_instance" / c.Bytes(16),
-    "database" / _Name,
+    "service" / _Name,
     c.Terminated,
 )
 PRINCIPAL_ANSWER_BODY = c.Struct(
     "query_id" / c.Int32ub,
     "role" / c.Int8ub,
     "broker_instance" / c.Bytes(16),
-    "database" / _Name,
+    "service" / _Name,
     c.Terminated,
 )
 
@@ -268,7 +268,7 @@ def _check_bounds(frame_type: FrameType, value: Any) -> None:
     elif frame_type is FrameType.CLOSE:
         _check_name(value.reason, "close reason", MAX_REASON_BYTES, allow_empty=True)
     elif frame_type in (FrameType.PRINCIPAL_QUERY, FrameType.PRINCIPAL_ANSWER):
-        _check_name(value.database, "database name")
+        _check_name(value.service, "service name")
 
 
 def _check_name(

@@ -119,9 +119,9 @@ SAMPLES: dict[str, list[dict[str, Any]]] = {
     "HELLO_REPLY_BODY": [dict(core=b"core bytes", signature=b"\x00sig\xff")],
     "PROOF_BODY": [dict(signature=b"signature"), dict(signature=b"")],
     "CLOSE_BODY": [dict(code=1, reason="idle"), dict(code=65535, reason="")],
-    "PRINCIPAL_QUERY_BODY": [dict(query_id=7, broker_instance=UUID_A, database="msdb")],
+    "PRINCIPAL_QUERY_BODY": [dict(query_id=7, broker_instance=UUID_A, service="msdb")],
     "PRINCIPAL_ANSWER_BODY": [
-        dict(query_id=2**32 - 1, role=2, broker_instance=UUID_B, database="Базаданных")
+        dict(query_id=2**32 - 1, role=2, broker_instance=UUID_B, service="Базаданных")
     ],
     "KEEPALIVE_BODY": [{}],
     "WELCOME_BODY": [{}],
@@ -556,7 +556,7 @@ def test_fastcodec_build_bad_values_is_local_error(name: str, row: tuple[Any, ..
 @pytest.mark.parametrize("wrong", [UUID_A[:15], UUID_A + b"\x01", b""])
 def test_fastcodec_build_wrong_length_fixed_bytes_is_local_error(wrong: bytes) -> None:
     with pytest.raises(c.StreamError):
-        frames.PRINCIPAL_QUERY_BODY.build(dict(query_id=7, broker_instance=wrong, database="db"))
+        frames.PRINCIPAL_QUERY_BODY.build(dict(query_id=7, broker_instance=wrong, service="db"))
     with pytest.raises(LocalProtocolError):
         CODECS["PRINCIPAL_QUERY_BODY"].build((7, wrong, "db"))
 

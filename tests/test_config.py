@@ -444,6 +444,7 @@ address = "LOCAL"
         ("TCP://host.example:1", ("host.example", 1)),
         ("tcp://[::1]:65535", ("::1", 65535)),
         ("tcp://under_score-host:80", ("under_score-host", 80)),
+        ("tcp://host2.Adventure-Works.com:4022/", ("host2.Adventure-Works.com", 4022)),
     ],
 )
 def test_parse_tcp_address(address: str, expected: tuple[str, int]) -> None:
@@ -461,6 +462,7 @@ def test_parse_tcp_address(address: str, expected: tuple[str, int]) -> None:
         "tcp://h:65536",
         "tcp://h:port",
         "tcp://h:4022/path",
+        "tcp://h:4022//",
         "tcp://user@h:4022",
         "tcp://::1:4022",
         "tcp://[::1:4022",

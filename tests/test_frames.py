@@ -45,13 +45,13 @@ SAMPLE_BODIES: dict[FrameType, dict[str, Any]] = {
     FrameType.PRINCIPAL_QUERY: {
         "query_id": 7,
         "broker_instance": BROKER.bytes,
-        "database": "Expenses",
+        "service": "Expenses",
     },
     FrameType.PRINCIPAL_ANSWER: {
         "query_id": 7,
         "role": 1,
         "broker_instance": BROKER.bytes,
-        "database": "Expenses",
+        "service": "Expenses",
     },
 }
 
