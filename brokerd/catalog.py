@@ -8,16 +8,29 @@ R-OBJ-1.
 
 from __future__ import annotations
 
+import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from brokerd.config import DatabaseConfig
 from brokerd.routing import Route
 from brokerd.store import AUTO_CREATED_LOCAL, Statement
-from protocol.dialog import DEFAULT_CONTRACT, DEFAULT_MESSAGE_TYPE, DIALOG_TIMER, END_DIALOG, ERROR
+from protocol.dialog import (
+    BROKER_CONFIGURATION_NOTICE,
+    DEFAULT_CONTRACT,
+    DEFAULT_MESSAGE_TYPE,
+    DIALOG_TIMER,
+    END_DIALOG,
+    ERROR,
+    MISSING_ROUTE,
+)
 
 SYSTEM_MESSAGE_TYPES = frozenset({END_DIALOG, ERROR, DIALOG_TIMER})
+ROUTE_REQUESTER_SERVICE = "brokerd/RouteRequester"
+"""The system service that asks the dynamic routing service for routes (R-ROUTE-14)."""
+ROUTE_REQUESTER_QUEUE = "brokerd_route_requests"
 
 
 @dataclass
@@ -47,6 +60,13 @@ class Catalog:
         catalog = cls()
         catalog.message_types[DEFAULT_MESSAGE_TYPE] = "none"
         catalog.contracts[DEFAULT_CONTRACT] = {DEFAULT_MESSAGE_TYPE: "any"}
+        # Dynamic routing (R-ROUTE-14): the request contract and the system requester.
+        catalog.message_types[MISSING_ROUTE] = "well_formed_xml"
+        catalog.contracts[BROKER_CONFIGURATION_NOTICE] = {MISSING_ROUTE: "initiator"}
+        catalog.queues[ROUTE_REQUESTER_QUEUE] = QueueInfo(ROUTE_REQUESTER_QUEUE, True, False)
+        catalog.services[ROUTE_REQUESTER_SERVICE] = ServiceInfo(
+            ROUTE_REQUESTER_SERVICE, ROUTE_REQUESTER_QUEUE, frozenset()
+        )
         for mt in db.message_types:
             catalog.message_types[mt.name] = mt.validation
         for contract in db.contracts:
@@ -103,22 +123,16 @@ class Catalog:
             for s in self.services.values()
             for c in sorted(s.contracts)
         ]
-        out += [
-            (
-                "INSERT OR REPLACE INTO routes VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    r.name,
-                    r.remote_service_name,
-                    str(r.broker_instance) if r.broker_instance else None,
-                    r.address,
-                    r.mirror_address,
-                    r.lifetime.isoformat() if r.lifetime else None,
-                    r.source,
-                ),
-            )
-            for r in self.routes.values()
-        ]
+        out += [route_row(r) for r in self.routes.values()]
         return out
+
+    def find_route(self, name: str) -> Route | None:
+        """The route called ``name``, compared without regard to case (a local identifier)."""
+        folded = name.casefold()
+        for route in self.routes.values():
+            if route.name.casefold() == folded:
+                return route
+        return None
 
     def send_refusal(self, contract: str, message_type: str, initiator: bool) -> str | None:
         """R-DLG-3: why this role may not send this message type on this contract, or None."""
@@ -156,3 +170,32 @@ class Catalog:
 
     def live_routes(self, now: datetime) -> list[Route]:
         return [r for r in self.routes.values() if not r.expired(now)]
+
+
+def route_row(route: Route) -> Statement:
+    """The ``routes`` row of one route (inserted or replaced)."""
+    return (
+        "INSERT OR REPLACE INTO routes VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            route.name,
+            route.remote_service_name,
+            str(route.broker_instance) if route.broker_instance else None,
+            route.address,
+            route.mirror_address,
+            route.lifetime.isoformat() if route.lifetime else None,
+            route.source,
+        ),
+    )
+
+
+def route_from_row(row: Any) -> Route:
+    """A route read back from the ``routes`` table."""
+    return Route(
+        name=row["name"],
+        address=row["address"],
+        remote_service_name=row["remote_service_name"],
+        broker_instance=uuid.UUID(row["broker_instance"]) if row["broker_instance"] else None,
+        mirror_address=row["mirror_address"],
+        lifetime=datetime.fromisoformat(row["lifetime"]) if row["lifetime"] else None,
+        source=row["source"],
+    )

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.errors import ConfigError
+from protocol.dialog import BROKER_CONFIGURATION_NOTICE, MISSING_ROUTE
 from protocol.frames import DEFAULT_MAX_FRAME_SIZE, MAX_NAME_BYTES, MIN_MAX_FRAME_SIZE
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
 VALIDATIONS = ("none", "empty", "well_formed_xml")
 """R-OBJ-1 message type validations."""
 SENT_BY = ("initiator", "target", "any")
+MIRROR_ROLES = ("principal", "mirror")
 """R-OBJ-2 roles that may send a message type on a contract."""
 
 _ENCRYPTIONS = ("required", "supported", "disabled")
@@ -164,6 +166,8 @@ class DatabaseConfig:
     queues: tuple[QueueConfig, ...] = ()
     services: tuple[ServiceConfig, ...] = ()
     routes: tuple[RouteConfig, ...] = ()
+    mirror_role: str | None = None
+    """``principal`` or ``mirror`` for a mirrored database (R-ROUTE-10); None = not mirrored."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,8 @@ class EndpointConfig:
     message_forwarding: bool = False
     message_forward_size: int = 10
     """MB of forwarded messages held in memory (R-ROUTE-7)."""
+    max_hop_count: int = 32
+    """A message already forwarded this many times is dropped, not forwarded (R-ROUTE-7)."""
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     idle_timeout: float = 90.0
     connect_timeout: float = 5.0
@@ -559,6 +565,7 @@ def _endpoint(t: _Table, base: Path) -> EndpointConfig:
         encryption=t.choice("encryption", d["encryption"], _ENCRYPTIONS),
         message_forwarding=t.flag("message_forwarding", d["message_forwarding"]),
         message_forward_size=t.integer("message_forward_size", d["message_forward_size"], 0),
+        max_hop_count=t.integer("max_hop_count", d["max_hop_count"], 1, 255),
         max_frame_size=max_frame_size,
         idle_timeout=t.seconds("idle_timeout", d["idle_timeout"]),
         connect_timeout=t.seconds("connect_timeout", d["connect_timeout"]),
@@ -653,6 +660,7 @@ _DATABASE_KEYS = (
     "queue",
     "service",
     "route",
+    "mirror_role",
 )
 
 
@@ -700,7 +708,7 @@ def _database(t: _Table, now: datetime) -> DatabaseConfig:
         names.add(mt, mt_name)
         validation = mt.choice("validation", "none", VALIDATIONS)
         message_types.append(MessageTypeConfig(mt_name, validation))
-    known_types = {*names.seen, _DEFAULT}
+    known_types = {*names.seen, _DEFAULT, MISSING_ROUTE}
 
     contracts: list[ContractConfig] = []
     names = _Unique("contract", name, fold=False)
@@ -735,7 +743,7 @@ def _database(t: _Table, now: datetime) -> DatabaseConfig:
         if not lines:
             raise ct.error("messages", f"contract '{ct_name}' needs at least one message type")
         contracts.append(ContractConfig(ct_name, tuple(lines)))
-    known_contracts = {*names.seen, _DEFAULT}
+    known_contracts = {*names.seen, _DEFAULT, BROKER_CONFIGURATION_NOTICE}
 
     queues: list[QueueConfig] = []
     names = _Unique("queue", name, fold=True)
@@ -775,9 +783,20 @@ def _database(t: _Table, now: datetime) -> DatabaseConfig:
         names.add(rt, route.name)
         routes.append(route)
 
+    mirror_role = t.choice("mirror_role", "", MIRROR_ROLES) or None
+    if mirror_role is not None and broker_instance is None:
+        raise t.error(
+            "mirror_role",
+            "a mirrored database needs broker_instance set, the same GUID on both partners "
+            "(R-ROUTE-10)",
+        )
+    if mirror_role is not None and name == _MSDB:
+        raise t.error("mirror_role", "msdb cannot be mirrored")
+
     return DatabaseConfig(
         name=name,
         broker_instance=broker_instance,
+        mirror_role=mirror_role,
         message_types=tuple(message_types),
         contracts=tuple(contracts),
         queues=tuple(queues),
@@ -804,6 +823,15 @@ def _queue_status(t: _Table) -> bool:
     if isinstance(value, str) and value.lower() in ("on", "off"):
         return value.lower() == "on"
     raise t.error("status", f'must be "on", "off", true or false, not {_describe(value)}')
+
+
+def parse_route(data: dict[str, Any], now: datetime) -> RouteConfig:
+    """One route given at run time (``brokerctl route create``), checked as in a file.
+
+    ``data`` has the keys of a ``[[database.route]]`` table; ``lifetime`` in seconds
+    counts from ``now``. Raises :class:`ConfigError` whose ``key`` names the bad field.
+    """
+    return _route(_Table(Path("route"), "", data, [f.name for f in fields(RouteConfig)]), now)
 
 
 def _route(t: _Table, now: datetime) -> RouteConfig:

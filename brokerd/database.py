@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from brokerd.catalog import Catalog
+from brokerd.catalog import Catalog, route_from_row
 from brokerd.config import DatabaseConfig
 from brokerd.endpoint import Endpoint, OutMessage, endpoint_from_row
 from brokerd.store import Store
@@ -104,10 +104,18 @@ class Database:
         self.ready: dict[str, ReadyIndex] = {name: ReadyIndex() for name in self.catalog.queues}
         self.next_broker_error_seq = -1
         self.rx_suspended = False
+        self.mirror_role: str | None = config.mirror_role
+        """``principal``, ``mirror`` or None (not mirrored), R-ROUTE-10; swapped by failover."""
 
     async def open(self) -> None:
         self.broker_instance = await self.store.open(self.config.broker_instance)
         await self.store.execute_now(self.catalog.persist())
+        for row in await self.store.fetchall("SELECT * FROM routes WHERE source = 'admin'"):
+            route = route_from_row(row)
+            self.catalog.routes[route.name] = route
+        if self.config.mirror_role is not None:
+            rows = await self.store.fetchall("SELECT value FROM meta WHERE key = 'mirror_role'")
+            self.mirror_role = str(rows[0][0]) if rows else self.config.mirror_role
 
     def add_endpoint(self, ep: Endpoint) -> None:
         self.endpoints[ep.handle] = ep

@@ -83,6 +83,8 @@ class Endpoint:
     last_link: Any = None
     route: Decision | None = None
     route_link: Any = None
+    route_expires: float = 0.0
+    """Wall-clock time until which ``route_link`` may be reused (a route lifetime, R-OBJ-5)."""
     broker_errors: int = 0
     uncommitted_sends: int = 0
     """Messages queued by SEND whose transaction has not committed yet."""

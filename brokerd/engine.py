@@ -35,7 +35,7 @@ from xml.sax.saxutils import escape
 
 import aiosqlite
 
-from brokerd import routing
+from brokerd.catalog import ROUTE_REQUESTER_QUEUE, ROUTE_REQUESTER_SERVICE
 from brokerd.config import BrokerConfig
 from brokerd.database import Database
 from brokerd.endpoint import (
@@ -46,6 +46,8 @@ from brokerd.endpoint import (
     endpoint_snapshot,
 )
 from brokerd.errors import DialogError, QueueDisabled, ServiceNotFound, StoreError
+from brokerd.forwarding import Forward
+from brokerd.router import Router
 from brokerd.store import Statement
 from protocol.dialog import (
     END_DIALOG,
@@ -54,6 +56,7 @@ from protocol.dialog import (
     DialogHeader,
     MessageFlags,
 )
+from protocol.events import PrincipalAnswer, PrincipalQuery
 from protocol.fragments import fragment_count
 
 log = logging.getLogger("brokerd.engine")
@@ -93,6 +96,10 @@ class Link(Protocol):
     def queue_header(self, header: DialogHeader, body: bytes) -> None: ...
 
     def want(self, ep: Endpoint) -> None: ...
+
+    def forward(self, item: Forward) -> None: ...
+
+    def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None: ...
 
 
 class LinkProvider(Protocol):
@@ -134,7 +141,8 @@ class LocalLink:
             asyncio.get_running_loop().call_soon(self._flush)
 
     def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
-        self._items.append((ep, msg, index))
+        target = ep.route.database if ep.route is not None else None
+        self._items.append((ep, msg, index, target))
         self._schedule()
 
     def queue_acks(self, headers: list[DialogHeader]) -> None:
@@ -148,19 +156,28 @@ class LocalLink:
     def want(self, ep: Endpoint) -> None:
         self._engine.transmit(ep)
 
+    def forward(self, item: Forward) -> None:
+        raise AssertionError("nothing is forwarded inside the instance")
+
+    def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None:
+        pass  # every database here answers for itself
+
     def _flush(self) -> None:
         self._scheduled = False
         items, self._items = self._items, []
         engine = self._engine
         for item in items:
-            if len(item) == 3:
-                ep, msg, index = item
+            if len(item) == 4:
+                ep, msg, index, target = item
                 if msg.seq not in ep.outbox:
                     continue
                 header, body = engine.build_fragment(ep, msg, index)
-                engine.on_fragment(self, header, body)
+                db = engine.databases.get(target) if target else None
+                engine.on_fragment(self, header, body, db)
             elif len(item) == 2:
-                engine.on_fragment(self, item[0], item[1])
+                header = item[0]
+                db = engine.by_instance.get(header.to_broker_instance)
+                engine.on_fragment(self, header, item[1], db)
             else:
                 engine.on_acks(self, item[0])
 
@@ -184,7 +201,7 @@ class DialogEngine:
         self.local_link = LocalLink(self)
         self.stats = EngineStats()
         self.by_instance: dict[uuid.UUID, Database] = {}
-        self.local_services: dict[str, list[routing.LocalService]] = {}
+        self.router = Router(self)
         self._heap: list[tuple[float, int, Endpoint]] = []
         self._counter = itertools.count()
         self._ack_dirty: set[Endpoint] = set()
@@ -199,11 +216,8 @@ class DialogEngine:
         waiting: list[Endpoint] = []
         for db in self.databases.values():
             self.by_instance[db.broker_instance] = db
-            for service in db.catalog.services:
-                self.local_services.setdefault(service, []).append(
-                    routing.LocalService(db.name, db.broker_instance)
-                )
             waiting += await db.recover(self.fragment_size)
+        self.router.start()
         for db in self.databases.values():
             for ep in db.endpoints.values():
                 if ep.ack_version > ep.ack_sent_version:
@@ -266,6 +280,11 @@ class DialogEngine:
         related_conversation: uuid.UUID | None = None,
     ) -> Endpoint:
         db = self.database(database) if database else self.database_of_service(from_service)
+        if db.mirror_role == "mirror":
+            raise DialogError(
+                f"database {db.name!r} is the mirror partner; begin dialogs on the principal "
+                "(R-ROUTE-10)"
+            )
         if from_service not in db.catalog.services:
             raise ServiceNotFound(
                 f"service {from_service!r} does not exist in database {db.name!r}"
@@ -294,7 +313,7 @@ class DialogEngine:
         )
         db.add_endpoint(ep)
         try:
-            await self._submit_wait(db, [endpoint_snapshot(ep)])
+            await self.submit_wait(db, [endpoint_snapshot(ep)])
         except StoreError:
             db.remove_endpoint(ep)
             raise
@@ -361,7 +380,7 @@ class DialogEngine:
                 ep.send_sequence -= 1
                 ep.refresh_state()
 
-        await self._submit_wait(db, statements, on_commit=committed, on_failure=failed)
+        await self.submit_wait(db, statements, on_commit=committed, on_failure=failed)
         return seq
 
     async def end_conversation(
@@ -381,7 +400,7 @@ class DialogEngine:
         if ep.broker_error:
             ep.outbox.clear()
             ep.refresh_state()
-            await self._submit_wait(db, [endpoint_snapshot(ep)])
+            await self.submit_wait(db, [endpoint_snapshot(ep)])
             return
         if error_code is not None:
             dropped = list(ep.outbox)
@@ -408,7 +427,7 @@ class DialogEngine:
         queue = db.queue_of(ep.service)
         if queue in db.ready:
             db.ready[queue].drop_conversation(ep.handle)
-        await self._submit_wait(
+        await self.submit_wait(
             db,
             [
                 ("DELETE FROM transmission_queue WHERE conversation_handle = ?", (h,)),
@@ -416,6 +435,16 @@ class DialogEngine:
                 ("DELETE FROM message_fragments WHERE conversation_handle = ?", (h,)),
                 endpoint_deletion(ep),
             ],
+        )
+
+    async def discard_received(self, ep: Endpoint) -> None:
+        """Remove what ``ep`` received from its queue (system dialogs consume their replies)."""
+        queue = self.databases[ep.database].queue_of(ep.service)
+        db = self.databases[ep.database]
+        if queue in db.ready:
+            db.ready[queue].drop_conversation(ep.handle)
+        await self.submit_wait(
+            db, [("DELETE FROM queue_messages WHERE conversation_handle = ?", (str(ep.handle),))]
         )
 
     async def receive(
@@ -469,7 +498,7 @@ class DialogEngine:
         """
         db = self._database_of_queue(queue, database)
         info = db.catalog.queues[queue]
-        await self._submit_wait(
+        await self.submit_wait(
             db, [("UPDATE queues SET status = ? WHERE name = ?", (int(status), queue))]
         )
         info.status = status
@@ -491,7 +520,7 @@ class DialogEngine:
             )
         return found[0]
 
-    async def _submit_wait(
+    async def submit_wait(
         self,
         db: Database,
         statements: list[Statement],
@@ -537,37 +566,14 @@ class DialogEngine:
         ep.ack_sent_version = ep.ack_version
         return ep.durable.acknowledgement()
 
-    def _route(self, ep: Endpoint) -> Link | None:
-        if ep.route_link is not None:
-            link: Link = ep.route_link
-            return link
-        db = self.databases[ep.database]
-        decision = routing.decide(
-            db.catalog.routes.values(),
-            ep.far_service,
-            ep.far_broker_instance,
-            ep.conversation_id,
-            self.local_services,
-            datetime.now(UTC),
-            db.name,
-        )
-        ep.route = decision
-        if decision.kind == "local":
-            ep.route_link = self.local_link
-        elif decision.kind == "network" and decision.address:
-            ep.route_link = self.links.link_for(decision.address)
-        else:
-            return None
-        return ep.route_link  # type: ignore[no-any-return]
-
     def transmit(self, ep: Endpoint) -> None:
         """Send every message of ``ep`` that is due, or record why it waits."""
         if not ep.outbox:
             return
-        link = self._route(ep)
+        link = self.router.link_for(ep)
         now = self.loop.time()
         if link is None:
-            reason = ep.route.reason if ep.route else "no route"
+            reason = self.router.waiting_status(ep)
             for msg in ep.outbox.values():
                 msg.status = reason
             self._schedule(ep, now + self.retry.delayed_retry)
@@ -630,9 +636,8 @@ class DialogEngine:
                 due[id(ep)] = ep
             for ep in due.values():
                 if ep.outbox:
-                    if ep.route is not None and ep.route.kind in ("delayed", "drop"):
-                        ep.route_link = None
                     self.transmit(ep)
+            self.router.tick()
 
     # -- acknowledgements ---------------------------------------------------------
 
@@ -651,7 +656,7 @@ class DialogEngine:
                 continue  # piggybacked on a message meanwhile
             link = ep.last_link if ep.last_link is not None and ep.last_link.is_open else None
             if link is None:
-                link = self._route(ep)
+                link = self.router.link_for(ep)
                 if link is None or not link.is_open:
                     continue  # the peer retransmits; it will be acknowledged then
             db = self.databases[ep.database]
@@ -671,11 +676,16 @@ class DialogEngine:
             link.queue_acks(headers)
 
     def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
+        elsewhere: list[DialogHeader] = []
         for h in headers:
             self.stats.acks_received += 1
             ep = self._endpoint_for(h)
             if ep is not None:
                 self._apply_ack(ep, h.ack, h.from_broker_instance)
+            elif link is not self.local_link:
+                elsewhere.append(h)
+        if elsewhere and self.router.forwarding:
+            self.router.forward_acks(elsewhere)
 
     def _endpoint_for(self, h: DialogHeader) -> Endpoint | None:
         key = (h.conversation_id, not h.initiator)
@@ -694,6 +704,7 @@ class DialogEngine:
         changed = False
         if ep.far_broker_instance is None:
             ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
+            self.router.rebind(ep)
             changed = True
         outbox = ep.outbox
         removed: list[int] = []
@@ -724,18 +735,30 @@ class DialogEngine:
 
     # -- receiving -------------------------------------------------------------------
 
-    def on_fragment(self, link: Link, header: DialogHeader, body: bytes) -> None:
-        """One fragment arrived (already integrity-checked by the protocol layer)."""
+    def on_fragment(
+        self, link: Link, header: DialogHeader, body: bytes, db: Database | None = None
+    ) -> None:
+        """One fragment arrived (already integrity-checked by the protocol layer).
+
+        ``db`` is the target database when the sender is in this instance (its own
+        routing chose it); a message from outside is routed here (R-ROUTE-1, R-ROUTE-2),
+        and relayed or dropped if it is not for this instance.
+        """
         self.stats.fragments_received += 1
-        db = self._target_database(header)
         if db is None:
+            db = self.router.inbound(header, body)
+            if db is None:
+                return
+        if db.mirror_role == "mirror":
+            self.drop(header, f"database {db.name!r} is the mirror partner (R-ROUTE-10)")
+            self.router.tell_mirror(link, db, header)
             return
         if db.rx_suspended:
-            return self._drop(header, f"database {db.name!r} is recovering from a store error")
+            return self.drop(header, f"database {db.name!r} is recovering from a store error")
         ep = db.by_key.get((header.conversation_id, not header.initiator))
         if ep is None:
             if not header.initiator or not header.sequenced:
-                return self._drop(header, "no conversation endpoint for this message")
+                return self.drop(header, "no conversation endpoint for this message")
             ep = self._new_target_endpoint(db, link, header, body)
             if ep is None:
                 return
@@ -757,7 +780,7 @@ class DialogEngine:
             self._ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
             return
         if ep.state is State.CLOSED or ep.broker_error:
-            return self._drop(header, f"conversation is {ep.state.value}")
+            return self.drop(header, f"conversation is {ep.state.value}")
         refusal = None if checked else self._refusal(db, ep.contract, header, body)
         if refusal is not None:
             code, text = refusal
@@ -786,29 +809,7 @@ class DialogEngine:
                 return CODE_VALIDATION_FAILED, invalid
         return None
 
-    def _target_database(self, header: DialogHeader) -> Database | None:
-        if header.to_broker_instance is not None:
-            db = self.by_instance.get(header.to_broker_instance)
-            if db is None:
-                self._drop(
-                    header, f"no database here has broker instance {header.to_broker_instance}"
-                )
-            return db
-        decision = routing.decide(
-            self.msdb.catalog.routes.values(),
-            header.to_service,
-            None,
-            header.conversation_id,
-            self.local_services,
-            datetime.now(UTC),
-            None,
-        )
-        if decision.kind != "local" or decision.database is None:
-            self._drop(header, decision.reason)
-            return None
-        return self.databases[decision.database]
-
-    def _drop(self, header: DialogHeader, reason: str) -> None:
+    def drop(self, header: DialogHeader, reason: str) -> None:
         self.stats.dropped += 1
         text = (
             f"dropped message {header.sequence_number} of conversation {header.conversation_id} "
@@ -994,6 +995,8 @@ class DialogEngine:
                     index.add(ep.group_id, ep.handle, s)
             if released:
                 self.stats.delivered_messages += len(released)
+                if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
+                    self.router.request_ended(ep)
             self._ack_needed(ep)
 
         def failed(exc: BaseException) -> None:
@@ -1029,7 +1032,7 @@ class DialogEngine:
     ) -> None:
         """An unsequenced Error in answer to a refused message (R-DLG-2); nothing is stored."""
         self.stats.broker_errors_sent += 1
-        self._drop(header, f"refused with broker error {code}: {text}")
+        self.drop(header, f"refused with broker error {code}: {text}")
         body = error_body(code, text)
         instance = (db or self.msdb).broker_instance
         reply = DialogHeader(
@@ -1071,6 +1074,8 @@ class DialogEngine:
         def committed() -> None:
             if index is not None:
                 index.add(ep.group_id, ep.handle, seq)
+            if ep.service == ROUTE_REQUESTER_SERVICE:
+                self.router.request_ended(ep)
 
         db.store.submit(statements, on_commit=committed)
 
@@ -1092,6 +1097,7 @@ class DialogEngine:
                 "far_broker_instance": str(ep.far_broker_instance or ""),
                 "contract": ep.contract,
                 "state": ep.state.value,
+                "route": ep.route.route or "" if ep.route else "",
                 "send_sequence": ep.send_sequence,
                 "receive_sequence": ep.accepted.through,
                 "unacknowledged": len(ep.outbox),
@@ -1130,6 +1136,7 @@ class DialogEngine:
             }
             for db in self.databases.values()
             for q in db.catalog.queues.values()
+            if q.name != ROUTE_REQUESTER_QUEUE
         ]
 
     def routes(self) -> list[dict[str, Any]]:
@@ -1144,6 +1151,7 @@ class DialogEngine:
                 "mirror_address": r.mirror_address or "",
                 "lifetime": r.lifetime.isoformat() if r.lifetime else "",
                 "expired": r.expired(now),
+                "source": r.source,
             }
             for db in self.databases.values()
             for r in db.catalog.routes.values()

@@ -96,9 +96,9 @@ class MirrorTracker:
             found = self.pairs[key] = MirrorPair(key)
         return found
 
-    def matching(self, address: str, broker_instance: uuid.UUID | None, service: str) -> list[
-        MirrorPair
-    ]:
+    def matching(
+        self, address: str, broker_instance: uuid.UUID | None, service: str
+    ) -> list[MirrorPair]:
         """Pairs an answer from ``address`` about (broker instance, service) applies to."""
         return [
             p

@@ -224,7 +224,7 @@ def decide(
             f"R-ROUTE-8: {decision.address} is this instance's own address: the conversation "
             "is routed as if it had arrived from outside, with msdb's routes"
         )
-        if outside or msdb_routes is None:
+        if outside:
             return _finish(
                 Decision(
                     "drop",
@@ -236,7 +236,7 @@ def decide(
                 table,
                 now,
             )
-        inner = list(msdb_routes)
+        inner = list(msdb_routes or ())
         again = _decide_in(
             inner,
             Conversation(
@@ -260,10 +260,17 @@ def decide(
             trace(f"R-ROUTE-8: {again.reason}")
         if again.kind == "drop":
             # The conversation began here: nothing is lost, its messages wait (R-ROUTE-13).
+            reason = again.reason
+            for suffix in ("; dropped (R-ROUTE-13)", "; dropped (R-ROUTE-6)"):
+                reason = reason.removesuffix(suffix)
+            trace(
+                "R-ROUTE-13: the conversation began in this instance: nothing is dropped, "
+                "its messages wait in the transmission queue (DELAYED)"
+            )
             again = Decision(
                 "delayed",
-                f"{again.reason.removesuffix('; dropped (R-ROUTE-13)')}; "
-                "the messages wait in the transmission queue (R-ROUTE-8, R-ROUTE-13)",
+                f"{reason}; DELAYED, the messages wait in the transmission queue "
+                "(R-ROUTE-8, R-ROUTE-13)",
                 again.route,
             )
         return _finish(replace(again, arrived_from_outside=True), trace, table + inner, now)
@@ -326,7 +333,8 @@ def _decide_in(
             with_instance = [r for r in named if r.broker_instance is not None]
             instances = sorted({r.broker_instance for r in with_instance}, key=str)
             if instances:
-                chosen = instances[conversation.conversation_id.int % len(instances)]
+                # The high bits: independent of the R-ROUTE-5 spread (low bits).
+                chosen = instances[(conversation.conversation_id.int >> 64) % len(instances)]
                 matched = [r for r in with_instance if r.broker_instance == chosen]
                 trace(
                     f"R-ROUTE-4 step 3: routes for service {service!r} naming a broker instance: "

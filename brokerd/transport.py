@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from brokerd.config import EndpointConfig, parse_tcp_address
+from brokerd.forwarding import Forward
 from protocol import dialog, events
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
@@ -56,7 +57,7 @@ class BrokerProtocol(asyncio.Protocol):
         self.close_reason = ""
         self.login_time: float | None = None
         self.last_activity = time.time()
-        self._small: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._small: collections.deque[Any] = collections.deque()
         self._bulk: collections.deque[tuple[Endpoint, OutMessage, int]] = collections.deque()
         self._paused = False
         self._pump_scheduled = False
@@ -96,6 +97,15 @@ class BrokerProtocol(asyncio.Protocol):
     def want(self, ep: Endpoint) -> None:
         if self.link is not None:
             self.link.want(ep)
+
+    def forward(self, item: Forward) -> None:
+        """Relay a forwarded fragment or acknowledgements (R-ROUTE-7)."""
+        self._small.append(item)
+        self._schedule_pump()
+
+    def send_control(self, event: events.PrincipalQuery | events.PrincipalAnswer) -> None:
+        self._small.append(event)
+        self._schedule_pump()
 
     # -- asyncio.Protocol -------------------------------------------------------------
 
@@ -155,7 +165,9 @@ class BrokerProtocol(asyncio.Protocol):
             elif isinstance(ev, events.Close):
                 self.close_reason = f"closed by {self.name}: {ev.code.name} {ev.reason}".strip()
             elif isinstance(ev, events.PrincipalQuery):
-                pass  # mirroring answers arrive with the routing issue (R-ROUTE-10)
+                engine.router.on_principal_query(self, ev)
+            elif isinstance(ev, events.PrincipalAnswer) and self.link is not None:
+                engine.router.on_principal_answer(self.link.name, ev)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -171,6 +183,11 @@ class BrokerProtocol(asyncio.Protocol):
                 self.handshake_done.cancel()  # an accepted connection: nobody waits on it
             else:
                 self.handshake_done.set_exception(ConnectionError(self.close_reason))
+        unsent = [item for item in self._small if type(item) is Forward]
+        self._small.clear()
+        self._bulk.clear()
+        if unsent:
+            self.engine.router.forward_lost(unsent)
         if self.link is not None:
             self.link.lost(self, self.close_reason)
 
@@ -201,16 +218,26 @@ class BrokerProtocol(asyncio.Protocol):
         try:
             while (small or bulk) and not self._paused and size < HIGH_WATER:
                 item = small.popleft() if small else bulk.popleft()
-                if len(item) == 3:
-                    ep, msg, index = item
-                    if msg.seq not in ep.outbox or index in msg.acked_fragments:
-                        continue
-                    header, body = build(ep, msg, index)
-                    frame = send(events.Fragment(dialog.encode_fragment(header, body)))
-                elif len(item) == 2:
-                    frame = send(events.Fragment(dialog.encode_fragment(item[0], item[1])))
+                if type(item) is tuple:
+                    if len(item) == 3:
+                        ep, msg, index = item
+                        if msg.seq not in ep.outbox or index in msg.acked_fragments:
+                            continue
+                        header, body = build(ep, msg, index)
+                        frame = send(events.Fragment(dialog.encode_fragment(header, body)))
+                    elif len(item) == 2:
+                        frame = send(events.Fragment(dialog.encode_fragment(item[0], item[1])))
+                    else:
+                        frame = send(events.Ack(dialog.encode_acks(item[0])))
+                elif type(item) is Forward:
+                    self.engine.router.forward_sent(item)
+                    if item.header is not None:
+                        payload = dialog.encode_fragment(item.header, item.body)
+                        frame = send(events.Fragment(payload))
+                    else:
+                        frame = send(events.Ack(dialog.encode_acks(item.acks or [])))
                 else:
-                    frame = send(events.Ack(dialog.encode_acks(item[0])))
+                    frame = send(cast(events.PrincipalQuery | events.PrincipalAnswer, item))
                 out.append(frame)
                 size += len(frame)
         except LocalProtocolError as exc:
@@ -271,6 +298,8 @@ class PeerLink:
         self.host, self.port = parse_tcp_address(address)
         self.protocol: BrokerProtocol | None = None
         self.waiting: set[Endpoint] = set()
+        self.pending: list[Forward | events.PrincipalQuery | events.PrincipalAnswer] = []
+        """Forwarded messages and principal queries held until the connection opens."""
         self.users: set[Endpoint] = set()
         self.attempts = 0
         self._status = "not connected yet"
@@ -299,6 +328,21 @@ class PeerLink:
         if self.protocol is not None and self.protocol.is_open:
             self.protocol.queue_header(header, body)
 
+    def forward(self, item: Forward) -> None:
+        """Relay a forwarded message (R-ROUTE-7), connecting first if needed."""
+        if self.protocol is not None and self.protocol.is_open:
+            self.protocol.forward(item)
+        else:
+            self.pending.append(item)
+            self.connect()
+
+    def send_control(self, event: events.PrincipalQuery | events.PrincipalAnswer) -> None:
+        if self.protocol is not None and self.protocol.is_open:
+            self.protocol.send_control(event)
+        else:
+            self.pending.append(event)
+            self.connect()
+
     def want(self, ep: Endpoint) -> None:
         """``ep`` has messages for this peer: connect if needed, then send them."""
         self.waiting.add(ep)
@@ -306,7 +350,11 @@ class PeerLink:
             waiting, self.waiting = self.waiting, set()
             self.owner.engine.link_up(self, waiting)
             return
-        if self._task is None and not self.owner.stopping:
+        self.connect()
+
+    def connect(self) -> None:
+        """Open the connection unless it is open or being opened."""
+        if self._task is None and not self.owner.stopping and not self.is_open:
             self._task = asyncio.get_running_loop().create_task(
                 self._connect(), name=f"connect-{self.name}"
             )
@@ -331,6 +379,8 @@ class PeerLink:
                     for ep in self.waiting:
                         for msg in ep.outbox.values():
                             msg.status = self._status
+                    self._fail_pending()
+                    self.owner.engine.router.link_unreachable(self.name)
                 await asyncio.sleep(delay)
                 delay = min(endpoint.reconnect_max, delay * 2)
         finally:
@@ -361,9 +411,22 @@ class PeerLink:
                 raise ConnectionError(protocol.close_reason) from None
             raise
 
+    def _fail_pending(self) -> None:
+        """Forwarded messages are not kept for a peer that cannot be reached (senders retry)."""
+        forwards = [item for item in self.pending if type(item) is Forward]
+        self.pending = [item for item in self.pending if type(item) is not Forward]
+        if forwards:
+            self.owner.engine.router.forward_lost(forwards)
+
     def opened(self, protocol: BrokerProtocol) -> None:
         self.attempts = 0
         self._status = f"connected to {protocol.name}"
+        pending, self.pending = self.pending, []
+        for item in pending:
+            if isinstance(item, Forward):
+                protocol.forward(item)
+            else:
+                protocol.send_control(item)
         waiting, self.waiting = self.waiting, set()
         self.owner.engine.link_up(self, waiting)
 
@@ -379,7 +442,7 @@ class PeerLink:
         self.owner.engine.link_down(self, users)
 
     def idle(self) -> bool:
-        return not any(ep.outbox for ep in self.users) and not self.waiting
+        return not any(ep.outbox for ep in self.users) and not self.waiting and not self.pending
 
 
 def _describe(exc: BaseException, host: str, port: int) -> str:

@@ -506,9 +506,7 @@ class BrokerConnection:
             events.append(Keepalive())
         elif frame_type == FrameType.PRINCIPAL_QUERY:
             q = frames.decode_body(FrameType.PRINCIPAL_QUERY, payload)
-            events.append(
-                PrincipalQuery(q.query_id, uuid.UUID(bytes=q.broker_instance), q.service)
-            )
+            events.append(PrincipalQuery(q.query_id, uuid.UUID(bytes=q.broker_instance), q.service))
         else:
             a = frames.decode_body(FrameType.PRINCIPAL_ANSWER, payload)
             try:

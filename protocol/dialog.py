@@ -35,6 +35,12 @@ from protocol.frames import MAX_NAME_BYTES
 END_DIALOG = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
 ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 DIALOG_TIMER = "http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer"
+BROKER_CONFIGURATION_NOTICE = (
+    "http://schemas.microsoft.com/SQL/ServiceBroker/BrokerConfigurationNotice"
+)
+"""The contract of dynamic routing requests (SPEC R-ROUTE-14); every database has it."""
+MISSING_ROUTE = BROKER_CONFIGURATION_NOTICE + "/MissingRoute"
+"""The request the broker sends to the dynamic routing service (SPEC R-ROUTE-14)."""
 DEFAULT_CONTRACT = "DEFAULT"
 DEFAULT_MESSAGE_TYPE = "DEFAULT"
 

@@ -1,0 +1,80 @@
+"""Message forwarding: relaying conversations that neither start nor end here (R-ROUTE-6..8).
+
+A forwarder does not store, sequence or acknowledge what it relays: the two
+ends of the dialog do that (R-DLG-5), and a forwarded message that is lost is
+retransmitted by its sender. What this module owns:
+
+* :class:`Forward`: one fragment (or one batch of dedicated acknowledgements)
+  on its way to the next broker, with the hop count already incremented;
+* :class:`ForwardBudget`: the bytes of forwarded messages held in memory, at
+  most ``message_forward_size`` MB (R-ROUTE-7). Over the budget a message is
+  dropped, not acknowledged, and its sender retries later;
+* :func:`hop_refusal`: the routing-loop guard. Every forwarder increments the
+  hop count; a message that has been forwarded ``max_hop_count`` times already
+  is dropped with a readable reason (and counted), so a loop between two
+  forwarders ends after a bounded number of hops and never spins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.dialog import DialogHeader
+
+HEADER_ALLOWANCE = 256
+"""Bytes counted for a header besides the body when charging the budget."""
+
+
+@dataclass(slots=True, eq=False)
+class Forward:
+    """A fragment (``header`` + ``body``) or dedicated acknowledgements (``acks``) to relay."""
+
+    header: DialogHeader | None
+    body: bytes
+    acks: list[DialogHeader] | None
+    size: int
+
+
+class ForwardBudget:
+    """Bytes of forwarded messages in memory, bounded by ``message_forward_size`` (R-ROUTE-7)."""
+
+    def __init__(self, megabytes: int) -> None:
+        self.limit = megabytes * 1024 * 1024
+        self.held = 0
+        self.peak = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def release(self, size: int) -> None:
+        self.held = max(0, self.held - size)
+
+
+def hop_refusal(header: DialogHeader, max_hop_count: int) -> str | None:
+    """Why a message may not be forwarded once more (R-ROUTE-7 loop protection), or None."""
+    if header.hop_count >= max_hop_count:
+        return (
+            f"hop count {header.hop_count} reached max_hop_count {max_hop_count}: "
+            "a routing loop? dropped, not forwarded (R-ROUTE-7)"
+        )
+    return None
+
+
+def fragment_item(header: DialogHeader, body: bytes) -> Forward:
+    """The relayed fragment, one hop further."""
+    return Forward(
+        header._replace(hop_count=header.hop_count + 1),
+        body,
+        None,
+        len(body) + HEADER_ALLOWANCE,
+    )
+
+
+def acks_item(headers: list[DialogHeader]) -> Forward:
+    """Relayed dedicated acknowledgements, one hop further."""
+    bumped = [h._replace(hop_count=h.hop_count + 1) for h in headers]
+    return Forward(None, b"", bumped, HEADER_ALLOWANCE * len(bumped))
