@@ -322,6 +322,61 @@ class BrokerClient:
             {"op": "alter_queue", "queue": queue, "status": status, "database": database}
         )
 
+    async def create_route(
+        self,
+        database: str,
+        name: str,
+        address: str,
+        *,
+        remote_service_name: str | None = None,
+        broker_instance: uuid.UUID | str | None = None,
+        mirror_address: str | None = None,
+        lifetime: float | None = None,
+    ) -> None:
+        """CREATE ROUTE in ``database`` (persisted; ``lifetime`` in seconds from now, R-OBJ-5)."""
+        route = {
+            "name": name,
+            "address": address,
+            "remote_service_name": remote_service_name,
+            "broker_instance": str(broker_instance) if broker_instance else None,
+            "mirror_address": mirror_address,
+            "lifetime": lifetime,
+        }
+        await self._call({"op": "create_route", "database": database, "route": route})
+
+    async def alter_route(self, database: str, name: str, **changes: Any) -> None:
+        """ALTER ROUTE: change only the given fields (``address=``, ``mirror_address=None`` ...)."""
+        route = {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in changes.items()}
+        await self._call({"op": "alter_route", "database": database, "name": name, "route": route})
+
+    async def drop_route(self, database: str, name: str) -> None:
+        """DROP ROUTE."""
+        await self._call({"op": "drop_route", "database": database, "name": name})
+
+    async def explain(
+        self,
+        service: str,
+        *,
+        database: str | None = None,
+        broker_instance: uuid.UUID | str | None = None,
+        from_outside: bool = False,
+    ) -> dict[str, Any]:
+        """Which route a new conversation to ``service`` takes now, with every step's reason."""
+        meta, _ = await self._call(
+            {
+                "op": "explain",
+                "database": database,
+                "service": service,
+                "broker_instance": str(broker_instance) if broker_instance else None,
+                "from_outside": from_outside,
+            }
+        )
+        return meta
+
+    async def set_mirror_role(self, database: str, role: str) -> None:
+        """Failover: make this partner of a mirrored database ``principal`` or ``mirror``."""
+        await self._call({"op": "set_mirror_role", "database": database, "role": role})
+
     async def view(self, name: str) -> list[dict[str, Any]]:
         meta, _ = await self._call({"op": "view", "name": name})
         rows: list[dict[str, Any]] = meta["rows"]

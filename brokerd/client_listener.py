@@ -259,6 +259,69 @@ async def _alter_queue(broker: Broker, frame: ClientFrame) -> tuple[dict[str, An
     return {}, b""
 
 
+_ROUTE_FIELDS = (
+    "name",
+    "address",
+    "remote_service_name",
+    "broker_instance",
+    "mirror_address",
+    "lifetime",
+)
+
+
+def _route_fields(m: dict[str, Any], only_given: bool) -> dict[str, Any]:
+    """The route's fields from a request; with ``only_given``, just those present (ALTER)."""
+    fields = m.get("route")
+    if not isinstance(fields, dict):
+        raise BrokerError("route must be an object with the route's fields")
+    unknown = set(fields) - set(_ROUTE_FIELDS)
+    if unknown:
+        raise BrokerError(f"unknown route field(s): {', '.join(sorted(unknown))}")
+    for key, value in fields.items():
+        if value is not None and not isinstance(value, str | int | float):
+            raise BrokerError(f"route field {key} must be a string or a number")
+    return dict(fields) if only_given else {k: fields.get(k) for k in _ROUTE_FIELDS}
+
+
+async def _create_route(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    route = await broker.engine.router.create_route(
+        _str(frame.meta, "database"), _route_fields(frame.meta, only_given=False)
+    )
+    return {"name": route.name}, b""
+
+
+async def _alter_route(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    route = await broker.engine.router.alter_route(
+        _str(m, "database"), _str(m, "name"), _route_fields(m, only_given=True)
+    )
+    return {"name": route.name}, b""
+
+
+async def _drop_route(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    await broker.engine.router.drop_route(_str(frame.meta, "database"), _str(frame.meta, "name"))
+    return {}, b""
+
+
+async def _explain(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    from_outside = bool(m.get("from_outside", False))
+    database = (m.get("database") or "msdb") if from_outside else _str(m, "database")
+    result = broker.engine.router.explain(
+        database,
+        _str(m, "service"),
+        _uuid(m, "broker_instance", required=False),
+        from_outside,
+    )
+    return result, b""
+
+
+async def _set_mirror_role(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    await broker.engine.router.set_mirror_role(_str(m, "database"), _str(m, "role"))
+    return {}, b""
+
+
 async def _view(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     name = _str(frame.meta, "name")
     engine = broker.engine
@@ -269,7 +332,13 @@ async def _view(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], byt
         "routes": engine.routes,
         "databases": engine.databases_view,
         "broker_connections": broker.transport.broker_connections,
-        "stats": lambda: [{k: v for k, v in asdict(engine.stats).items() if k != "drop_reasons"}],
+        "stats": lambda: [
+            {
+                **{k: v for k, v in asdict(engine.stats).items() if k != "drop_reasons"},
+                **engine.router.stats_view(),
+            }
+        ],
+        "mirrors": engine.router.mirrors_view,
         "drops": lambda: [{"reason": r} for r in engine.stats.drop_reasons],
     }
     view = views.get(name)
@@ -288,6 +357,11 @@ _OPS: dict[str, Handler] = {
     "receive": _receive,
     "end_conversation": _end,
     "alter_queue": _alter_queue,
+    "create_route": _create_route,
+    "alter_route": _alter_route,
+    "drop_route": _drop_route,
+    "explain": _explain,
+    "set_mirror_role": _set_mirror_role,
     "view": _view,
     "ping": _ping,
 }

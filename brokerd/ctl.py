@@ -9,7 +9,17 @@
     brokerctl --config FILE databases            databases, broker instances and files
     brokerctl --config FILE stats                the dialog engine's counters
     brokerctl --config FILE drops                why messages were dropped
+    brokerctl --config FILE mirrors              mirrored databases and routes (R-ROUTE-10)
     brokerctl --config FILE ping                 is the daemon up, and who is it
+    brokerctl --config FILE explain SERVICE (--database DB | --from-outside) [--broker-instance G]
+                                                 which route a new conversation takes, and why
+    brokerctl --config FILE route create DB NAME --address A [--service S] [--broker-instance G]
+                                                 [--mirror-address M] [--lifetime SECONDS]
+    brokerctl --config FILE route alter DB NAME [--address A] [--service S] ...
+                                                 (NULL clears a field)
+    brokerctl --config FILE route drop DB NAME
+    brokerctl --config FILE mirror-role DB principal|mirror
+                                                 failover: this partner's role (R-ROUTE-10)
     brokerctl --config FILE watch VIEW [--interval S] [--count N]
                                                  redraw a view until Ctrl-C (or N times)
 
@@ -62,6 +72,7 @@ VIEWS: dict[str, str] = {
     "databases": "databases",
     "stats": "stats",
     "drops": "drops",
+    "mirrors": "mirrors",
 }
 """Command name -> the daemon's view name."""
 
@@ -74,6 +85,7 @@ _VIEW_HELP = {
     "databases": "databases, their broker instances and files",
     "stats": "the dialog engine's counters",
     "drops": "reasons of dropped messages",
+    "mirrors": "mirrored databases here, and which partner is principal for each mirrored route",
 }
 
 SHORT_LENGTH = 8
@@ -360,6 +372,123 @@ async def _watch(args: argparse.Namespace, target: Target) -> None:
             await asyncio.sleep(args.interval)
 
 
+def format_explain(result: dict[str, Any]) -> str:
+    """The explain result as numbered steps and a last line with the decision."""
+    if result["from_outside"]:
+        title = f"a message for service {result['service']!r} arriving from outside (msdb routes)"
+    else:
+        title = (
+            f"a new conversation to service {result['service']!r} begun in database "
+            f"{result['database']!r}"
+        )
+    if result.get("broker_instance"):
+        title += f", broker instance {result['broker_instance']}"
+    lines = [f"explain: {title}"]
+    steps = [s for s in result["steps"] if not s.startswith("decision:")]
+    lines += [f"  {i:2d}. {step}" for i, step in enumerate(steps, 1)]
+    where = {
+        "local": f"deliver to database {result['target_database']!r}",
+        "network": f"send to {result['address']}",
+        "delayed": "DELAYED: the messages wait in the transmission queue",
+        "drop": "drop (not acknowledged; the sender retries)",
+    }[result["decision"]]
+    via = f" via route {result['route']}" if result["route"] else ""
+    lines.append(f"decision: {result['decision'].upper()}{via}: {where}")
+    if result.get("mirror_address"):
+        lines.append(f"          (mirrored: {result['address']} / {result['mirror_address']})")
+    if result.get("note"):
+        lines.append(f"note: {result['note']}")
+    return "\n".join(lines)
+
+
+async def _explain(args: argparse.Namespace, target: Target) -> None:
+    if not args.from_outside and not args.database:
+        raise CtlError(
+            "explain needs --database DB (where the conversation begins) or --from-outside"
+        )
+    async with await connect(target, args.timeout) as client:
+        result = await _call(
+            client,
+            target,
+            client.explain(
+                args.service,
+                database=args.database,
+                broker_instance=args.broker_instance,
+                from_outside=args.from_outside,
+            ),
+            args.timeout,
+        )
+    print(json.dumps(result, indent=2) if args.json else format_explain(result))
+
+
+def _seconds(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise CtlError(f"--lifetime must be a number of seconds, not {value!r}") from None
+
+
+def _null(value: str | None) -> str | None:
+    return None if value is None or value.upper() == "NULL" else value
+
+
+async def _route(args: argparse.Namespace, target: Target) -> None:
+    fields = {
+        "address": args.address,
+        "remote_service_name": args.service,
+        "broker_instance": args.broker_instance,
+        "mirror_address": args.mirror_address,
+        "lifetime": args.lifetime,
+    }
+    async with await connect(target, args.timeout) as client:
+        if args.action == "create":
+            if args.address is None:
+                raise CtlError("route create needs --address (LOCAL, TRANSPORT or tcp://host:port)")
+            lifetime = _seconds(args.lifetime) if args.lifetime is not None else None
+            await _call(
+                client,
+                target,
+                client.create_route(
+                    args.database,
+                    args.name,
+                    args.address,
+                    remote_service_name=_null(args.service),
+                    broker_instance=_null(args.broker_instance),
+                    mirror_address=_null(args.mirror_address),
+                    lifetime=lifetime,
+                ),
+                args.timeout,
+            )
+            print(f"route {args.name} created in database {args.database}")
+        elif args.action == "alter":
+            changes: dict[str, Any] = {}
+            for key, value in fields.items():
+                if value is None:
+                    continue
+                if key == "lifetime" and value.upper() != "NULL":
+                    changes[key] = _seconds(value)
+                else:
+                    changes[key] = _null(value)
+            if not changes:
+                raise CtlError("route alter: give at least one field to change")
+            await _call(
+                client,
+                target,
+                client.alter_route(args.database, args.name, **changes),
+                args.timeout,
+            )
+            print(f"route {args.name} altered in database {args.database}")
+        else:
+            await _call(client, target, client.drop_route(args.database, args.name), args.timeout)
+            print(f"route {args.name} dropped from database {args.database}")
+
+
+async def _mirror_role(args: argparse.Namespace, target: Target) -> None:
+    async with await connect(target, args.timeout) as client:
+        await _call(client, target, client.set_mirror_role(args.database, args.role), args.timeout)
+    print(f"database {args.database} is now the {args.role} partner")
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -425,6 +554,40 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--count", type=int, metavar="N", help="stop after N refreshes")
     _common(watch, top=False)
     watch.set_defaults(func=_watch)
+
+    explain = commands.add_parser(
+        "explain", help="which route a new conversation to a service takes now, step by step"
+    )
+    explain.add_argument("service", metavar="SERVICE", help="the target service name")
+    explain.add_argument("--database", metavar="DB", help="where the conversation begins")
+    explain.add_argument(
+        "--from-outside",
+        action="store_true",
+        help="explain a message arriving from another broker (msdb's routes, R-ROUTE-1)",
+    )
+    explain.add_argument("--broker-instance", metavar="GUID", help="the target broker instance")
+    _common(explain, top=False)
+    explain.set_defaults(func=_explain)
+
+    route = commands.add_parser("route", help="create, alter or drop a route (persisted)")
+    route.add_argument("action", choices=("create", "alter", "drop"))
+    route.add_argument("database", metavar="DB")
+    route.add_argument("name", metavar="NAME")
+    route.add_argument("--address", help="LOCAL, TRANSPORT or tcp://host:port")
+    route.add_argument("--service", help="remote_service_name (default NULL: any service)")
+    route.add_argument("--broker-instance", metavar="GUID", help="default NULL: any broker")
+    route.add_argument("--mirror-address", metavar="ADDRESS", help="tcp://host:port")
+    route.add_argument("--lifetime", metavar="SECONDS", help="expiry, in seconds from now")
+    _common(route, top=False)
+    route.set_defaults(func=_route)
+
+    mirror = commands.add_parser(
+        "mirror-role", help="failover: make this partner the principal or the mirror"
+    )
+    mirror.add_argument("database", metavar="DB")
+    mirror.add_argument("role", choices=("principal", "mirror"))
+    _common(mirror, top=False)
+    mirror.set_defaults(func=_mirror_role)
     return parser
 
 
