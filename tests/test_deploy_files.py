@@ -25,3 +25,13 @@ def test_shipped_configuration_loads(name: str) -> None:
 def test_compose_file_names_both_configurations() -> None:
     text = (CONFIG.parent / "docker-compose.yml").read_text()
     assert "compose-alpha.toml" in text and "compose-beta.toml" in text and "4022" in text
+
+
+def test_dynamic_routing_configuration_loads_with_its_table() -> None:
+    from examples.dynamic_router import load_table
+
+    config = load_config(CONFIG / "dynamic-routing.toml")
+    app = config.database("app")
+    assert [r.remote_service_name for r in app.routes] == ["SQL/ServiceBroker/BrokerConfiguration"]
+    table = load_table(CONFIG / "dynamic-routes.toml")
+    assert table["//warehouse/Orders"].address == "tcp://127.0.0.2:4022"
