@@ -123,3 +123,29 @@ async def test_forwarding_disabled_drops_without_acknowledging(deployment: Deplo
     (row,) = await a.transmission_queue()  # not acknowledged: still waiting at A
     assert row["message_sequence_number"] == 1
     assert await stat(f1, "forwarded_fragments") == 0
+
+
+async def test_forwarding_buffer_limit_drops_and_the_sender_keeps_the_message(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-7: at most message_forward_size MB held; over it a message is dropped (not
+    acknowledged) and waits at its sender."""
+    deployment.add("a", A, database("AW", [INITIATOR], [R("ToF1", addr(F1), ELSEWHERE)]))
+    deployment.add(
+        "f1",
+        F1,
+        database("msdb", routes=[R("Fwd", addr(C), ELSEWHERE)]),
+        endpoint_extra=FORWARDING + "message_forward_size = 0\n",
+    )
+    deployment.add("c", C, database("Remote", [ELSEWHERE]))
+    for name in ("a", "f1", "c"):
+        deployment.start(name)
+    a = await deployment.daemons["a"].client()
+    f1 = await deployment.daemons["f1"].client()
+    handle = await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW")
+    await a.send(handle, body=b"too much")
+    reason = await wait_drops(f1, "forwarding buffer full")
+    assert "message_forward_size" in reason
+    assert await stat(f1, "forward_buffer_drops") >= 1
+    (row,) = await a.transmission_queue()
+    assert row["message_sequence_number"] == 1
