@@ -149,3 +149,31 @@ async def test_forwarding_buffer_limit_drops_and_the_sender_keeps_the_message(
     assert await stat(f1, "forward_buffer_drops") >= 1
     (row,) = await a.transmission_queue()
     assert row["message_sequence_number"] == 1
+
+
+async def test_reply_is_delivered_by_broker_instance_before_msdb_routes(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-2: a reply from a target names the initiator's broker instance; held here, it is
+    delivered locally even though msdb's route for that service points elsewhere."""
+    misleading = R("Elsewhere", "tcp://127.0.0.29:4022", INITIATOR)
+    deployment.add(
+        "a",
+        A,
+        database("AW", [INITIATOR], [R("ToC", addr(C), ELSEWHERE)])
+        + database("msdb", routes=[misleading]),
+    )
+    deployment.add("c", C, database("Remote", [ELSEWHERE], [R("Back", addr(A), INITIATOR)]))
+    deployment.start("a")
+    deployment.start("c")
+    a = await deployment.daemons["a"].client()
+    c = await deployment.daemons["c"].client()
+    explained = await a.explain(INITIATOR, from_outside=True)
+    assert explained["decision"] == "drop"  # a new conversation from outside would not get in
+    handle = await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW")
+    await a.send(handle, body=b"question")
+    (question,) = await drain(c, queue_of(ELSEWHERE), 1)
+    await c.send(question.conversation_handle, body=b"answer")
+    (answer,) = await drain(a, queue_of(INITIATOR), 1)
+    assert answer.message_body == b"answer" and answer.conversation_handle == handle
+    assert await a.view("drops") == []
