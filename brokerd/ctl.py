@@ -388,14 +388,18 @@ def format_explain(result: dict[str, Any]) -> str:
     lines += [f"  {i:2d}. {step}" for i, step in enumerate(steps, 1)]
     where = {
         "local": f"deliver to database {result['target_database']!r}",
-        "network": f"send to {result['address']}",
-        "delayed": "DELAYED: the messages wait in the transmission queue",
-        "drop": "drop (not acknowledged; the sender retries)",
+        "network": f"send to {result.get('principal') or result['address']}",
+        "delayed": "the messages wait in the transmission queue",
+        "drop": "not acknowledged; the sender keeps the message and retries",
     }[result["decision"]]
     via = f" via route {result['route']}" if result["route"] else ""
     lines.append(f"decision: {result['decision'].upper()}{via}: {where}")
     if result.get("mirror_address"):
-        lines.append(f"          (mirrored: {result['address']} / {result['mirror_address']})")
+        principal = result.get("principal") or "not known yet"
+        lines.append(
+            f"          (mirrored: {result['address']} / {result['mirror_address']}; "
+            f"principal: {principal})"
+        )
     if result.get("note"):
         lines.append(f"note: {result['note']}")
     return "\n".join(lines)

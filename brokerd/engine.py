@@ -811,10 +811,13 @@ class DialogEngine:
 
     def drop(self, header: DialogHeader, reason: str) -> None:
         self.stats.dropped += 1
-        text = (
+        self.note_drop(
             f"dropped message {header.sequence_number} of conversation {header.conversation_id} "
             f"for {header.to_service!r}: {reason}"
         )
+
+    def note_drop(self, text: str) -> None:
+        """Keep the reason for the ``drops`` view (the first 100) and log it."""
         if len(self.stats.drop_reasons) < 100:
             self.stats.drop_reasons.append(text)
         log.warning("%s", text)

@@ -77,6 +77,8 @@ _ROLE_NAMES: dict[MirrorRole, Role] = {
 class RouterStats:
     forwarded_fragments: int = 0
     forwarded_acks: int = 0
+    acks_dropped: int = 0
+    """Acknowledgements for conversations not held here that no route could relay."""
     forward_lost: int = 0
     hop_limit_drops: int = 0
     forward_buffer_drops: int = 0
@@ -315,9 +317,15 @@ class Router:
                 continue  # for an endpoint of ours that no longer exists
             decision = self._inbound_decision(h)
             if decision.kind != "network":
+                self.stats.acks_dropped += 1
+                self.engine.note_drop(
+                    f"dropped an acknowledgement of conversation {h.conversation_id} for "
+                    f"{h.to_service!r}: {decision.reason}"
+                )
                 continue
             if hop_refusal(h, self.max_hop_count) is not None:
                 self.stats.hop_limit_drops += 1
+                self.stats.acks_dropped += 1
                 continue
             address = self._forward_address(h, decision)
             if address is not None:
@@ -652,18 +660,25 @@ class Router:
         steps = list(decision.steps)
         if decision.request_route:
             steps.append("(explain does not send the MissingRoute request)")
+        principal = ""
         if decision.kind == "network" and decision.address:
+            address = decision.address
             if decision.mirror_address:
                 pair = self.mirrors.pairs.get(self._mirror_key(decision, service))
                 steps.append(
                     "R-ROUTE-10: "
                     + (pair.status() if pair else "not used yet: both partners will be asked")
                 )
-            link = engine.links.link_for(decision.address)
-            steps.append(f"connection to {decision.address}: {link.status}")
-        alternatives = ""
-        if decision.kind == "network" and decision.route:
-            alternatives = "a load-balanced choice depends on the conversation id"
+                principal = pair.principal or "" if pair else ""
+                address = principal or address
+            link = engine.links.link_for(address)
+            steps.append(f"connection to {address}: {link.status}")
+        note = ""
+        if decision.choices > 1:
+            note = (
+                f"load balanced over {decision.choices} equal routes: the choice depends on the "
+                "conversation id, and a conversation keeps it"
+            )
         return {
             "database": db.name,
             "service": service,
@@ -674,9 +689,10 @@ class Router:
             "route": decision.route or "",
             "address": decision.address or "",
             "mirror_address": decision.mirror_address or "",
+            "principal": principal,
             "target_database": decision.database or "",
             "reason": decision.reason,
-            "note": alternatives,
+            "note": note,
             "steps": steps,
         }
 

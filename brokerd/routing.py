@@ -108,6 +108,8 @@ class Decision:
     """R-ROUTE-4 step 4: ask the dynamic routing service for a route to this service."""
     arrived_from_outside: bool = False
     """Routed as a conversation from outside (msdb routes), directly or by R-ROUTE-8."""
+    choices: int = 1
+    """How many equal routes the choice was spread over (load balancing, R-ROUTE-5)."""
     steps: tuple[str, ...] = ()
     """The reasoning, one line per step, in order."""
     valid_until: datetime | None = None
@@ -307,6 +309,7 @@ def _decide_in(
 
     matched: list[Route] = []
     step = 0
+    instance_choices = 1
     # Step 1
     if instance is None:
         trace("R-ROUTE-4 step 1: skipped, the conversation names no broker instance")
@@ -336,6 +339,7 @@ def _decide_in(
                 # The high bits: independent of the R-ROUTE-5 spread (low bits).
                 chosen = instances[(conversation.conversation_id.int >> 64) % len(instances)]
                 matched = [r for r in with_instance if r.broker_instance == chosen]
+                instance_choices = len(instances)
                 trace(
                     f"R-ROUTE-4 step 3: routes for service {service!r} naming a broker instance: "
                     f"{_names(with_instance)}; broker instance {chosen} chosen for this "
@@ -400,7 +404,8 @@ def _decide_in(
     if not matched:
         trace("R-ROUTE-4 step 7: no route matched")
         return _no_route(service, outside, "no route matches")
-    return _select(equivalent(matched), step, conversation, databases, trace, forwarding)
+    decision = _select(equivalent(matched), step, conversation, databases, trace, forwarding)
+    return replace(decision, choices=decision.choices * instance_choices)
 
 
 def _select(
@@ -430,6 +435,7 @@ def _select(
                 route.mirror_address,
                 broker_instance=route.broker_instance,
                 arrived_from_outside=outside,
+                choices=len(mirrored),
             ),
             trace,
             forwarding,
@@ -461,6 +467,7 @@ def _select(
                 database=here.name,
                 broker_instance=here.broker_instance,
                 arrived_from_outside=outside,
+                choices=len(local),
             )
         wanted = route.broker_instance or conversation.broker_instance
         trace(
@@ -487,6 +494,7 @@ def _select(
                 route.address,
                 broker_instance=route.broker_instance,
                 arrived_from_outside=outside,
+                choices=len(network),
             ),
             trace,
             forwarding,
@@ -511,6 +519,7 @@ def _select(
                     address,
                     broker_instance=route.broker_instance,
                     arrived_from_outside=outside,
+                    choices=len(transport),
                 ),
                 trace,
                 forwarding,

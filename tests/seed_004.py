@@ -10,7 +10,7 @@ daemons of example N and returns an :class:`Example` that names them:
   present locally) and what the example mentions locally.
 * the seed's ``tcp://<name>.Adventure-Works.com:4022/`` hosts are daemons on
   127.0.0.32 / 127.0.0.33 that host the routed services and route replies back
-  to ``//AW/Initiator`` on aw (see :data:`SEED_HOSTS`);
+  to ``//AW/Initiator`` on aw (``Example.seed_hosts`` names them);
 * ``outside`` (127.0.0.34) begins conversations that arrive at aw from outside
   its instance: every service is routed to aw (one catch-all route).
 
@@ -22,11 +22,10 @@ daemons of example N and returns an :class:`Example` that names them:
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from brokerd.launcher import Deployment
 from tests.routing_deploy import AW, R, addr, database, queue_of
-
 
 AW_HOST = "127.0.0.31"
 HOST_A = "127.0.0.32"
@@ -34,17 +33,6 @@ HOST_A = "127.0.0.32"
 HOST_B = "127.0.0.33"
 """partner2 (example 3), server2 (5)."""
 OUTSIDE_HOST = "127.0.0.34"
-
-SEED_HOSTS = {
-    "host2.Adventure-Works.com": HOST_A,
-    "partner1.Adventure-Works.com": HOST_A,
-    "partner2.Adventure-Works.com": HOST_B,
-    "forwarding.Adventure-Works.com": HOST_A,
-    "server1.Adventure-Works.com": HOST_A,
-    "server2.Adventure-Works.com": HOST_B,
-    "elsewhere.Adventure-Works.com": HOST_A,
-}
-"""The seed's host names and the loopback aliases that stand for them."""
 
 FORWARDING = "message_forwarding = true\n"
 
@@ -100,8 +88,8 @@ class Example:
     daemons: tuple[str, ...]
     """Every daemon declared, in start order ("aw" first)."""
     cases: tuple[Case, ...]
-    aw: str = "aw"
-    outside: str = "outside"
+    seed_hosts: dict[str, str] = field(default_factory=dict)
+    """Daemon name -> the seed's host name it stands for."""
 
 
 def _aw(
@@ -162,7 +150,11 @@ def example_1(deployment: Deployment) -> Example:
         (
             Case(LOCAL_SERVICE, "local", what="begun in AdventureWorks: delivered locally"),
             Case(SALES_SERVICE, "local", what="a service of another database of the instance"),
-            Case(MISSING, "delayed", what="no such service locally: DELAYED (R-ROUTE-13)"),
+            Case(
+                MISSING,
+                "delayed",
+                what="not present locally: the seed says dropped, R-ROUTE-13 decides DELAYED",
+            ),
             *_outside_cases(LOCAL_SERVICE, MISSING),
         ),
     )
@@ -187,6 +179,7 @@ def example_2(deployment: Deployment) -> Example:
             Case(MISSING, "delayed", what="other service not present locally: DELAYED"),
             *_outside_cases(LOCAL_SERVICE, ORDER_PARTS),
         ),
+        {"host2": "host2.Adventure-Works.com"},
     )
 
 
@@ -233,6 +226,7 @@ def example_3(deployment: Deployment, principal: str = "partner1") -> Example:
             Case(MISSING, "delayed", what="other service not present locally: DELAYED"),
             *_outside_cases(LOCAL_SERVICE, ORDER_PARTS),
         ),
+        {"partner1": "partner1.Adventure-Works.com", "partner2": "partner2.Adventure-Works.com"},
     )
 
 
@@ -255,6 +249,7 @@ def example_4(deployment: Deployment) -> Example:
             Case(MISSING, "network", what="not present anywhere: still ExternalRoute"),
             *_outside_cases(LOCAL_SERVICE, REMOTE_SERVICE),
         ),
+        {"forwarding": "forwarding.Adventure-Works.com"},
     )
 
 
@@ -284,6 +279,7 @@ def example_5(deployment: Deployment) -> Example:
             Case(MISSING, "delayed", what="other service not present locally: DELAYED"),
             *_outside_cases(LOCAL_SERVICE, BALANCED),
         ),
+        {"server1": "server1.Adventure-Works.com", "server2": "server2.Adventure-Works.com"},
     )
 
 
@@ -321,12 +317,15 @@ def example_6(
             Case(
                 ELSEWHERE,
                 "local" if local_elsewhere else "delayed",
-                what="begun in AdventureWorks: never ForwardingRoute (msdb is not used)",
+                what="begun in AdventureWorks"
+                + (", which holds an ElsewhereService too" if local_elsewhere else "")
+                + ": AutoCreatedLocal, never msdb's ForwardingRoute",
             ),
             Case(MISSING, "delayed", what="not present locally: DELAYED"),
             from_outside,
             *_outside_cases(LOCAL_SERVICE, MISSING),
         ),
+        {"elsewhere": "elsewhere.Adventure-Works.com"},
     )
 
 
@@ -360,7 +359,15 @@ def example_7(deployment: Deployment, forwarding: bool = True) -> Example:
                 what="from outside, not present locally: ForwardingRoute"
                 + ("" if forwarding else ", but forwarding is off: dropped"),
             ),
+            Case(
+                MISSING,
+                "network" if forwarding else "drop",
+                from_outside=True,
+                what="from outside, not present anywhere: ForwardingRoute all the same"
+                + ("" if forwarding else ", but forwarding is off: dropped"),
+            ),
         ),
+        {"forwarding": "forwarding.Adventure-Works.com"},
     )
 
 
