@@ -394,6 +394,7 @@ def format_explain(result: dict[str, Any]) -> str:
     }[result["decision"]]
     via = f" via route {result['route']}" if result["route"] else ""
     lines.append(f"decision: {result['decision'].upper()}{via}: {where}")
+    lines.append(f"reason: {result['reason']}")
     if result.get("mirror_address"):
         principal = result.get("principal") or "not known yet"
         lines.append(
