@@ -221,6 +221,23 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class TraceConfig:
+    """Delivery traces (``[trace]``): append-only JSON Lines segments, see docs/traces.md."""
+
+    enabled: bool = True
+    directory: Path | None = None
+    """Where segments go; default ``<data_dir>/traces``."""
+    segment_mb: int = 64
+    """A segment is closed when it reaches this size (MB) ..."""
+    segment_seconds: float = 300.0
+    """... or this age, whichever comes first."""
+    sample: float = 1.0
+    """Fraction of conversations traced (chosen by conversation id, so whole conversations)."""
+    flush_interval: float = 0.2
+    """Buffered events are written at least this often (seconds)."""
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
     """The whole file. ``databases`` always holds one named ``msdb``."""
 
@@ -231,6 +248,7 @@ class BrokerConfig:
     client: ClientConfig
     limits: LimitsConfig
     databases: tuple[DatabaseConfig, ...]
+    trace: TraceConfig = TraceConfig()
 
     def database(self, name: str) -> DatabaseConfig:
         """The database named exactly ``name``; KeyError if there is none."""
@@ -316,7 +334,9 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "", f"invalid TOML: {exc}") from None
     base = path.absolute().parent
-    top = _Table(path, "", data, ("data_dir", "endpoint", "retry", "client", "limits", "database"))
+    top = _Table(
+        path, "", data, ("data_dir", "endpoint", "retry", "client", "limits", "trace", "database")
+    )
     data_dir = top.path("data_dir", base)
     if data_dir is None:
         raise top.error("data_dir", "is required (the directory for the database files)")
@@ -329,6 +349,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
         path, top.table("client", [f.name for f in fields(ClientConfig)]), endpoint, data_dir, base
     )
     limits = _limits(top.table("limits", [f.name for f in fields(LimitsConfig)]), endpoint)
+    trace = _trace(top.table("trace", [f.name for f in fields(TraceConfig)]), data_dir, base)
 
     databases: list[DatabaseConfig] = []
     seen: dict[str, str] = {}
@@ -363,6 +384,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
         client=client,
         limits=limits,
         databases=tuple(databases),
+        trace=trace,
     )
 
 
@@ -631,6 +653,25 @@ def _client(
             "a port of its own",
         )
     return ClientConfig(host=host, port=port, token_file=token_file or data_dir / "client.token")
+
+
+def _trace(t: _Table | None, data_dir: Path, base: Path) -> TraceConfig:
+    d = _defaults(TraceConfig)
+    if t is None:
+        return TraceConfig(directory=data_dir / "traces")
+    sample = t._typed("sample", (int, float), "a fraction between 0 and 1")
+    if sample is None:
+        sample = d["sample"]
+    if not (math.isfinite(sample) and 0 < sample <= 1):
+        raise t.error("sample", f"must be more than 0 and at most 1, not {sample}")
+    return TraceConfig(
+        enabled=t.flag("enabled", d["enabled"]),
+        directory=t.path("directory", base) or data_dir / "traces",
+        segment_mb=t.integer("segment_mb", d["segment_mb"], 1, 4096),
+        segment_seconds=t.seconds("segment_seconds", d["segment_seconds"]),
+        sample=float(sample),
+        flush_interval=t.seconds("flush_interval", d["flush_interval"]),
+    )
 
 
 def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
