@@ -105,7 +105,7 @@ class TraceWriter:
         self.instance = instance
         self.directory = Path(config.directory or "traces")
         self.clock = clock
-        self._prefix = '{"v":%d,"instance":%s,' % (SCHEMA_VERSION, _jstr(instance))
+        self._prefix = f'{{"v":{SCHEMA_VERSION},"instance":{_jstr(instance)},'
         self._threshold = int(config.sample * 10_000)
         self._buffer: list[str] = []
         self._segment: Any = None
@@ -133,9 +133,12 @@ class TraceWriter:
         """Record one event now; ``None`` fields are left out."""
         if not self.enabled:
             return
-        if conversation_id is not None and self._threshold < 10_000:
-            if (conversation_id.int >> 64) % 10_000 >= self._threshold:
-                return
+        if (
+            conversation_id is not None
+            and self._threshold < 10_000
+            and (conversation_id.int >> 64) % 10_000 >= self._threshold
+        ):
+            return
         parts = [self._prefix, '"ts":"', iso_micros(self.clock()), '","event":"', event, '"']
         if conversation_id is not None:
             parts.append(',"conversation_id":')
@@ -183,7 +186,8 @@ class TraceWriter:
             await asyncio.to_thread(self._write, lines)
 
     def _segment_expired(self) -> bool:
-        return self.clock() - self._segment_started >= self.config.segment_seconds
+        age: float = self.clock() - self._segment_started
+        return age >= self.config.segment_seconds
 
     def _write(self, lines: list[str]) -> None:
         data = "".join(lines).encode("utf-8")
