@@ -336,6 +336,7 @@ async def _view(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], byt
             {
                 **{k: v for k, v in asdict(engine.stats).items() if k != "drop_reasons"},
                 **engine.router.stats_view(),
+                **engine.trace.view(),
             }
         ],
         "mirrors": engine.router.mirrors_view,

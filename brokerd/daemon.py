@@ -22,6 +22,7 @@ from brokerd.config import BrokerConfig, load_config
 from brokerd.database import Database
 from brokerd.engine import DialogEngine
 from brokerd.errors import ConfigError
+from brokerd.traces import TraceWriter
 from brokerd.transport import Transport
 from protocol.errors import BrokerError
 
@@ -48,7 +49,8 @@ class Broker:
         self.instance_name = self.identity.instance_name
         self.databases = {db.name: Database(db, config.data_dir) for db in config.databases}
         self.transport = Transport(endpoint, self.identity)
-        self.engine = DialogEngine(config, self.databases, self.transport)
+        self.trace = TraceWriter(config.trace, self.instance_name)
+        self.engine = DialogEngine(config, self.databases, self.transport, trace=self.trace)
         self.transport.engine = self.engine
         self.client_sessions: set[ClientSession] = set()
         self._client_server: asyncio.Server | None = None
@@ -59,6 +61,7 @@ class Broker:
             for db in self.databases.values():
                 await db.open()
                 self._opened.append(db)
+            await self.trace.start()
             await self.engine.start()
             await self.transport.start()
             token = load_or_create_token(self.config.client.token_file)
@@ -97,6 +100,7 @@ class Broker:
         for db in self._opened:
             await db.store.close()
         self._opened = []
+        await self.trace.stop()
 
 
 def install_uvloop() -> None:

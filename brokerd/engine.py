@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 from xml.sax.saxutils import escape
@@ -49,6 +49,7 @@ from brokerd.errors import DialogError, QueueDisabled, ServiceNotFound, StoreErr
 from brokerd.forwarding import Forward
 from brokerd.router import Router
 from brokerd.store import Statement
+from brokerd.traces import TraceWriter
 from protocol.dialog import (
     END_DIALOG,
     ERROR,
@@ -189,8 +190,10 @@ class DialogEngine:
         databases: dict[str, Database],
         links: LinkProvider,
         clock: Callable[[], float] = time.time,
+        trace: TraceWriter | None = None,
     ) -> None:
         self.config = config
+        self.trace = trace or TraceWriter(replace(config.trace, enabled=False), "")
         self.retry = config.retry
         self.fragment_size = config.limits.fragment_size
         self.max_message_size = config.limits.max_message_size
@@ -317,6 +320,15 @@ class DialogEngine:
         except StoreError:
             db.remove_endpoint(ep)
             raise
+        self.trace.emit(
+            "dialog_begun",
+            ep.conversation_id,
+            database=db.name,
+            initiator=True,
+            service=from_service,
+            far_service=to_service,
+            contract=contract,
+        )
         return ep
 
     async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
@@ -359,6 +371,18 @@ class DialogEngine:
         )
         ep.uncommitted_sends += 1
         ep.refresh_state()
+        trace = self.trace
+        trace.emit(
+            "message_sent",
+            ep.conversation_id,
+            database=db.name,
+            initiator=ep.initiator,
+            seq=seq,
+            size=len(body),
+            message_type=message_type,
+            service=ep.service,
+            far_service=ep.far_service,
+        )
         statements: list[Statement] = [
             *extra,
             (
@@ -372,6 +396,15 @@ class DialogEngine:
             ep.uncommitted_sends -= 1
             ep.outbox[seq] = msg
             self.stats.sent_messages += 1
+            trace.emit(
+                "enqueued",
+                ep.conversation_id,
+                database=db.name,
+                initiator=ep.initiator,
+                seq=seq,
+                size=len(body),
+                fragments=msg.fragment_count,
+            )
             self.transmit(ep)
 
         def failed(_: BaseException) -> None:
@@ -422,6 +455,7 @@ class DialogEngine:
     async def _cleanup(self, db: Database, ep: Endpoint) -> None:
         ep.outbox.clear()
         ep.state = State.CLOSED
+        self._trace_closed(ep)
         h = str(ep.handle)
         db.remove_endpoint(ep)
         queue = db.queue_of(ep.service)
@@ -488,6 +522,17 @@ class DialogEngine:
         if index.count:
             index.changed.set()
         self.stats.received_by_application += len(rows)
+        for row in rows:
+            owner = db.endpoints.get(uuid.UUID(row["conversation_handle"]))
+            if owner is not None:
+                self.trace.emit(
+                    "received",
+                    owner.conversation_id,
+                    database=db.name,
+                    initiator=not owner.initiator,
+                    seq=row["message_sequence_number"],
+                    queue=queue,
+                )
         return rows
 
     async def alter_queue(self, queue: str, status: bool, database: str | None = None) -> None:
@@ -594,9 +639,20 @@ class DialogEngine:
 
     def _send_message(self, ep: Endpoint, msg: OutMessage, link: Link, now: float) -> None:
         msg.attempts += 1
+        wait = min(self.retry.maximum, self.retry.initial * (2 ** (msg.attempts - 1)))
+        trace = self.trace
         if msg.attempts > 1:
             self.stats.retransmissions += 1
-        wait = min(self.retry.maximum, self.retry.initial * (2 ** (msg.attempts - 1)))
+            trace.emit(
+                "retransmission",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                seq=msg.seq,
+                attempt=msg.attempts,
+                wait=wait,
+                peer=link.name,
+            )
         msg.due = now + wait
         msg.last_sent_at = now
         msg.status = (
@@ -605,6 +661,19 @@ class DialogEngine:
         )
         for index in range(msg.fragment_count):
             if index not in msg.acked_fragments:
+                trace.emit(
+                    "fragment_sent",
+                    ep.conversation_id,
+                    database=ep.database,
+                    initiator=ep.initiator,
+                    seq=msg.seq,
+                    fragment=index,
+                    fragments=msg.fragment_count,
+                    size=min(self.fragment_size, len(msg.body) - index * self.fragment_size),
+                    attempt=msg.attempts,
+                    peer=link.name,
+                    route=ep.route.route if ep.route else None,
+                )
                 link.queue_fragment(ep, msg, index)
 
     def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
@@ -671,6 +740,14 @@ class DialogEngine:
                 ack=self._ack_of(ep),
             )
             per_link.setdefault(id(link), (link, []))[1].append(header)
+            self.trace.emit(
+                "ack_sent",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=not ep.initiator,
+                through=header.ack.through,
+                peer=link.name,
+            )
         for link, headers in per_link.values():
             self.stats.acks_sent += len(headers)
             link.queue_acks(headers)
@@ -725,9 +802,20 @@ class DialogEngine:
                             msg.acked_fragments.update(range(f.first, f.last + 1))
         for seq in removed:
             del outbox[seq]
+        if removed:
+            self.trace.emit(
+                "ack_received",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                through=ack.through,
+                acked=len(removed),
+                seqs=",".join(map(str, removed)),
+            )
         statements += _unqueue_sent(ep, removed)
         if ep.refresh_state():
             changed = True
+            self._trace_closed(ep)
         if changed:
             statements.append(endpoint_snapshot(ep))
         if statements:
@@ -745,6 +833,17 @@ class DialogEngine:
         and relayed or dropped if it is not for this instance.
         """
         self.stats.fragments_received += 1
+        self.trace.emit(
+            "fragment_received",
+            header.conversation_id,
+            initiator=header.initiator,
+            seq=header.sequence_number,
+            fragment=header.fragment_index,
+            fragments=header.fragment_count,
+            size=len(body),
+            hop=header.hop_count or None,
+            peer=link.name,
+        )
         if db is None:
             db = self.router.inbound(header, body)
             if db is None:
@@ -777,6 +876,15 @@ class DialogEngine:
         seq = header.sequence_number
         if ep.accepted.has_fragment(seq, header.fragment_index):
             self.stats.duplicates += 1
+            self.trace.emit(
+                "duplicate",
+                ep.conversation_id,
+                database=db.name,
+                initiator=header.initiator,
+                seq=seq,
+                fragment=header.fragment_index,
+                peer=link.name,
+            )
             self._ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
             return
         if ep.state is State.CLOSED or ep.broker_error:
@@ -811,6 +919,15 @@ class DialogEngine:
 
     def drop(self, header: DialogHeader, reason: str) -> None:
         self.stats.dropped += 1
+        self.trace.emit(
+            "dropped",
+            header.conversation_id,
+            initiator=header.initiator,
+            seq=header.sequence_number,
+            fragment=header.fragment_index,
+            service=header.to_service,
+            reason=reason,
+        )
         self.note_drop(
             f"dropped message {header.sequence_number} of conversation {header.conversation_id} "
             f"for {header.to_service!r}: {reason}"
@@ -864,7 +981,23 @@ class DialogEngine:
             created_at=self.clock(),
         )
         db.add_endpoint(ep)
+        self.trace.emit(
+            "dialog_begun",
+            ep.conversation_id,
+            database=db.name,
+            initiator=False,
+            service=ep.service,
+            far_service=ep.far_service,
+            contract=ep.contract,
+            peer=link.name,
+        )
         return ep
+
+    def _trace_closed(self, ep: Endpoint) -> None:
+        if ep.state is State.CLOSED:
+            self.trace.emit(
+                "dialog_ended", ep.conversation_id, database=ep.database, initiator=ep.initiator
+            )
 
     def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> None:
         for s in released:
@@ -876,7 +1009,8 @@ class DialogEngine:
                 ep.ended_remote = True
         if not released and flags & (MessageFlags.ERROR | MessageFlags.END_DIALOG):
             ep.held_end_flags[seq] = flags
-        ep.refresh_state()
+        if ep.refresh_state():
+            self._trace_closed(ep)
 
     def _accept_message(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
@@ -996,6 +1130,15 @@ class DialogEngine:
             if index is not None:
                 for s in released:
                     index.add(ep.group_id, ep.handle, s)
+            for s in released:
+                self.trace.emit(
+                    "delivered",
+                    ep.conversation_id,
+                    database=db.name,
+                    initiator=not ep.initiator,
+                    seq=s,
+                    queue=queue,
+                )
             if released:
                 self.stats.delivered_messages += len(released)
                 if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
@@ -1084,6 +1227,7 @@ class DialogEngine:
 
     def on_integrity_failure(self, link: Link, reason: str) -> None:
         self.stats.integrity_failures += 1
+        self.trace.emit("integrity_failure", peer=link.name, reason=reason)
         log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)
 
     # -- views ----------------------------------------------------------------------------

@@ -191,6 +191,7 @@ class Router:
             return link
         db = self.engine.databases[ep.database]
         decision = self.decide(db, ep.far_service, ep.far_broker_instance, ep.conversation_id)
+        self._trace_decision(ep, decision)
         ep.route = decision
         ep.route_link = None
         ep.route_expires = decision.valid_until.timestamp() if decision.valid_until else math.inf
@@ -208,6 +209,41 @@ class Router:
                 ep.route_expires = 0.0  # asked again at every transmission: failover
             ep.route_link = self.engine.links.link_for(address)
         return ep.route_link  # type: ignore[no-any-return]
+
+    def _trace_decision(self, ep: Endpoint, decision: routing.Decision) -> None:
+        before = ep.route
+        trace = self.engine.trace
+        waiting = decision.kind in ("delayed", "drop")
+        if waiting:
+            if before is None or before.kind not in ("delayed", "drop"):
+                trace.emit(
+                    "delayed",
+                    ep.conversation_id,
+                    database=ep.database,
+                    initiator=ep.initiator,
+                    service=ep.far_service,
+                    reason=decision.reason,
+                )
+            return
+        if before is not None and before.kind in ("delayed", "drop"):
+            trace.emit("released", ep.conversation_id, database=ep.database, initiator=ep.initiator)
+        if before is None or (before.route, before.address, before.database) != (
+            decision.route,
+            decision.address,
+            decision.database,
+        ):
+            trace.emit(
+                "route_chosen",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                service=ep.far_service,
+                decision=decision.kind,
+                route=decision.route,
+                step=_matched_step(decision),
+                address=decision.address,
+                target_database=decision.database,
+            )
 
     def waiting_status(self, ep: Endpoint) -> str:
         """Why ``ep``'s messages have no link: the routing reason, or the mirror state."""
@@ -292,6 +328,17 @@ class Router:
             )
             return
         self.stats.forwarded_fragments += 1
+        self.engine.trace.emit(
+            "forwarded",
+            header.conversation_id,
+            initiator=header.initiator,
+            seq=header.sequence_number,
+            fragment=header.fragment_index,
+            size=len(body),
+            hop=header.hop_count + 1,
+            address=address,
+            route=decision.route,
+        )
         log.debug(
             "forwarding message %s of %s to %s (hop %d)",
             header.sequence_number,
@@ -727,3 +774,9 @@ class Router:
             for p in self.mirrors.pairs.values()
         ]
         return rows
+
+
+def _matched_step(decision: routing.Decision) -> str | None:
+    """``R-ROUTE-4 step N, R-ROUTE-5 step M`` from a decision's reason, for traces."""
+    head = decision.reason.split(":", 1)[0]
+    return head if head.startswith("R-ROUTE-4") else None

@@ -80,20 +80,28 @@ def _juuid(value: uuid.UUID) -> str:
 
 
 def _encode(value: Any) -> str:
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int | float):
+    kind = type(value)
+    if kind is int or kind is float:
         return repr(value)
-    if isinstance(value, uuid.UUID):
+    if kind is str:
+        return _jstr(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is uuid.UUID:
         return _juuid(value)
     return _jstr(str(value))
 
 
+@lru_cache(maxsize=4)
+def _second(whole: int) -> str:
+    return datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def iso_micros(t: float) -> str:
-    """A UTC timestamp with microseconds, as traces carry it."""
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """A UTC timestamp with microseconds, as traces carry it (``2026-11-21T09:08:50.098996Z``)."""
+    micros = round(t * 1_000_000)
+    whole, fraction = divmod(micros, 1_000_000)
+    return f"{_second(whole)}.{fraction:06d}Z"
 
 
 class TraceWriter:

@@ -107,6 +107,10 @@ class BrokerProtocol(asyncio.Protocol):
         self._small.append(event)
         self._schedule_pump()
 
+    @property
+    def direction(self) -> str:
+        return "outbound" if self.role is Role.INITIATOR else "inbound"
+
     # -- asyncio.Protocol -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -158,6 +162,12 @@ class BrokerProtocol(asyncio.Protocol):
                 self.opened = True
                 self.login_time = time.time()
                 log.info("connection %s open (%s)", self.name, self.role.name.lower())
+                engine.trace.emit(
+                    "connection_opened",
+                    peer=self.name,
+                    direction=self.direction,
+                    encrypted=bool(self.conn.encrypted),
+                )
                 if not self.handshake_done.done():
                     self.handshake_done.set_result(None)
                 if self.link is not None:
@@ -177,6 +187,13 @@ class BrokerProtocol(asyncio.Protocol):
                 f"connection to {self.peer_address} lost: {exc}"
                 if exc
                 else f"connection to {self.peer_address} closed"
+            )
+        if self.opened:
+            self.engine.trace.emit(
+                "connection_closed",
+                peer=self.name,
+                direction=self.direction,
+                reason=self.close_reason,
             )
         if not self.handshake_done.done():
             if self.link is None:
@@ -272,7 +289,7 @@ class BrokerProtocol(asyncio.Protocol):
         return {
             "peer": self.conn.peer_instance or "",
             "address": self.peer_address,
-            "direction": "outbound" if self.role is Role.INITIATOR else "inbound",
+            "direction": self.direction,
             "state": "open" if self.is_open else ("closed" if self.closed else "handshake"),
             "encrypted": bool(self.conn.encrypted),
             "login_time": _iso(self.login_time),
@@ -376,6 +393,9 @@ class PeerLink:
                         f"next attempt in {delay:g} s"
                     )
                     log.info("link %s: %s", self.name, self._status)
+                    self.owner.engine.trace.emit(
+                        "connection_refused", peer=self.name, reason=self._status
+                    )
                     for ep in self.waiting:
                         for msg in ep.outbox.values():
                             msg.status = self._status
