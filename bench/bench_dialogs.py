@@ -82,12 +82,15 @@ def local_databases_toml() -> str:
     return example.shop_database(None) + example.warehouse_database(None)
 
 
-def build(kind: str, root: Path, hosts: tuple[str, str]) -> tuple[Deployment, str, str]:
+def build(
+    kind: str, root: Path, hosts: tuple[str, str], trace: bool = True
+) -> tuple[Deployment, str, str]:
     """The deployment of one scenario and the names of the sending and receiving daemons."""
+    extra = "" if trace else "[trace]\nenabled = false\n"
     if kind == "cross":
-        return example.shop_and_warehouse(root, hosts=hosts), "alpha", "beta"
+        return example.shop_and_warehouse(root, hosts=hosts, extra=extra), "alpha", "beta"
     deployment = Deployment(root)
-    deployment.add("solo", hosts[0], local_databases_toml())
+    deployment.add("solo", hosts[0], local_databases_toml(), extra=extra)
     return deployment, "solo", "solo"
 
 
@@ -415,7 +418,7 @@ def verify(
 
 
 def run_scenario(kind: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    deployment, sender_name, receiver_name = build(kind, root, args.hosts)
+    deployment, sender_name, receiver_name = build(kind, root, args.hosts, args.trace == "on")
     result: dict[str, Any]
     try:
         for name in deployment.daemons:
@@ -530,6 +533,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="A,B: loopback addresses of the two daemons (local uses A)",
     )
     parser.add_argument("--only", choices=SCENARIOS, help="run one scenario only")
+    parser.add_argument(
+        "--trace", choices=("on", "off"), default="on", help="delivery traces (default on)"
+    )
     parser.add_argument(
         "--workdir", type=Path, help="keep certificates, data and logs here (default: temp)"
     )
