@@ -38,6 +38,8 @@ class QueueInfo:
     name: str
     status: bool
     retention: bool
+    system: bool = False
+    """The broker's own queue (not listed in the queues view)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,9 @@ class Catalog:
         # Dynamic routing (R-ROUTE-14): the request contract and the system requester.
         catalog.message_types[MISSING_ROUTE] = "well_formed_xml"
         catalog.contracts[BROKER_CONFIGURATION_NOTICE] = {MISSING_ROUTE: "initiator"}
-        catalog.queues[ROUTE_REQUESTER_QUEUE] = QueueInfo(ROUTE_REQUESTER_QUEUE, True, False)
+        catalog.queues[ROUTE_REQUESTER_QUEUE] = QueueInfo(
+            ROUTE_REQUESTER_QUEUE, True, False, system=True
+        )
         catalog.services[ROUTE_REQUESTER_SERVICE] = ServiceInfo(
             ROUTE_REQUESTER_SERVICE, ROUTE_REQUESTER_QUEUE, frozenset()
         )

@@ -35,7 +35,7 @@ from xml.sax.saxutils import escape
 
 import aiosqlite
 
-from brokerd.catalog import ROUTE_REQUESTER_QUEUE, ROUTE_REQUESTER_SERVICE
+from brokerd.catalog import ROUTE_REQUESTER_SERVICE
 from brokerd.config import BrokerConfig
 from brokerd.database import Database
 from brokerd.endpoint import (
@@ -473,8 +473,8 @@ class DialogEngine:
 
     async def discard_received(self, ep: Endpoint) -> None:
         """Remove what ``ep`` received from its queue (system dialogs consume their replies)."""
-        queue = self.databases[ep.database].queue_of(ep.service)
         db = self.databases[ep.database]
+        queue = db.queue_of(ep.service)
         if queue in db.ready:
             db.ready[queue].drop_conversation(ep.handle)
         await self.submit_wait(
@@ -522,7 +522,7 @@ class DialogEngine:
         if index.count:
             index.changed.set()
         self.stats.received_by_application += len(rows)
-        for row in rows:
+        for row in rows if self.trace.enabled else ():
             owner = db.endpoints.get(uuid.UUID(row["conversation_handle"]))
             if owner is not None:
                 self.trace.emit(
@@ -661,19 +661,20 @@ class DialogEngine:
         )
         for index in range(msg.fragment_count):
             if index not in msg.acked_fragments:
-                trace.emit(
-                    "fragment_sent",
-                    ep.conversation_id,
-                    database=ep.database,
-                    initiator=ep.initiator,
-                    seq=msg.seq,
-                    fragment=index,
-                    fragments=msg.fragment_count,
-                    size=min(self.fragment_size, len(msg.body) - index * self.fragment_size),
-                    attempt=msg.attempts,
-                    peer=link.name,
-                    route=ep.route.route if ep.route else None,
-                )
+                if trace.enabled:
+                    trace.emit(
+                        "fragment_sent",
+                        ep.conversation_id,
+                        database=ep.database,
+                        initiator=ep.initiator,
+                        seq=msg.seq,
+                        fragment=index,
+                        fragments=msg.fragment_count,
+                        size=min(self.fragment_size, len(msg.body) - index * self.fragment_size),
+                        attempt=msg.attempts,
+                        peer=link.name,
+                        route=ep.route.route if ep.route else None,
+                    )
                 link.queue_fragment(ep, msg, index)
 
     def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
@@ -833,17 +834,18 @@ class DialogEngine:
         and relayed or dropped if it is not for this instance.
         """
         self.stats.fragments_received += 1
-        self.trace.emit(
-            "fragment_received",
-            header.conversation_id,
-            initiator=header.initiator,
-            seq=header.sequence_number,
-            fragment=header.fragment_index,
-            fragments=header.fragment_count,
-            size=len(body),
-            hop=header.hop_count or None,
-            peer=link.name,
-        )
+        if self.trace.enabled:
+            self.trace.emit(
+                "fragment_received",
+                header.conversation_id,
+                initiator=header.initiator,
+                seq=header.sequence_number,
+                fragment=header.fragment_index,
+                fragments=header.fragment_count,
+                size=len(body),
+                hop=header.hop_count or None,
+                peer=link.name,
+            )
         if db is None:
             db = self.router.inbound(header, body)
             if db is None:
@@ -1283,7 +1285,7 @@ class DialogEngine:
             }
             for db in self.databases.values()
             for q in db.catalog.queues.values()
-            if q.name != ROUTE_REQUESTER_QUEUE
+            if not q.system
         ]
 
     def routes(self) -> list[dict[str, Any]]:

@@ -44,6 +44,8 @@ class MirrorPair:
     principal: str | None = None
     asked_at: float | None = None
     """When both were last asked; None = never."""
+    last_used: float = 0.0
+    """When a message last needed the principal (only pairs in use are asked again)."""
 
     @property
     def addresses(self) -> tuple[str, str]:

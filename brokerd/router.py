@@ -35,7 +35,7 @@ import math
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerd.router")
 
 INBOUND_CACHE_LIMIT = 100_000
-MISSING_ROUTE_NS = MISSING_ROUTE
 _ROLE_NAMES: dict[MirrorRole, Role] = {
     MirrorRole.PRINCIPAL: "principal",
     MirrorRole.MIRROR: "mirror",
@@ -99,12 +98,6 @@ class RouteRequest:
     done_at: float | None = None
 
 
-@dataclass
-class _MirrorUse:
-    pair: MirrorPair
-    last_used: float = field(default=0.0)
-
-
 def own_addresses(host: str, port: int) -> frozenset[str]:
     """The ``tcp://`` addresses that reach this instance's endpoint (R-ROUTE-8)."""
     hosts = {host}
@@ -129,7 +122,7 @@ def missing_route_body(service: str, broker_instance: uuid.UUID | None, database
     """The MissingRoute request (R-ROUTE-14): the service, the broker instance, the database."""
     instance = str(broker_instance) if broker_instance else ""
     return (
-        f'<MissingRoute xmlns="{MISSING_ROUTE_NS}">'
+        f'<MissingRoute xmlns="{MISSING_ROUTE}">'
         f"<SERVICE_NAME>{escape(service)}</SERVICE_NAME>"
         f"<BROKER_INSTANCE>{instance}</BROKER_INSTANCE>"
         f"<DATABASE>{escape(database)}</DATABASE></MissingRoute>"
@@ -145,7 +138,6 @@ class Router:
         self.budget = ForwardBudget(endpoint.message_forward_size)
         self.own_addresses = own_addresses(endpoint.host, endpoint.port)
         self.mirrors = MirrorTracker()
-        self.mirror_use: dict[MirrorKey, _MirrorUse] = {}
         self.local_dbs: list[routing.LocalDatabase] = []
         self.requests: dict[tuple[str, str], RouteRequest] = {}
         self.stats = RouterStats()
@@ -587,8 +579,7 @@ class Router:
         key = self._mirror_key(decision, service)
         pair = self.mirrors.pair(key)
         now = time.monotonic()
-        use = self.mirror_use.setdefault(key, _MirrorUse(pair))
-        use.last_used = now
+        pair.last_used = now
         if pair.needs_asking(now, self._ask_interval()):
             self._ask(pair)
         return pair.principal
@@ -611,9 +602,9 @@ class Router:
         """Keep asking both partners of a mirrored route in use that has no principal."""
         now = time.monotonic()
         interval = self._ask_interval()
-        for use in self.mirror_use.values():
-            if now - use.last_used < 600 and use.pair.needs_asking(now, interval):
-                self._ask(use.pair)
+        for pair in self.mirrors.pairs.values():
+            if now - pair.last_used < 600 and pair.needs_asking(now, interval):
+                self._ask(pair)
 
     def role_of(self, broker_instance: uuid.UUID, service: str) -> MirrorRole:
         """What this instance answers to a principal query."""
@@ -716,7 +707,7 @@ class Router:
                     "R-ROUTE-10: "
                     + (pair.status() if pair else "not used yet: both partners will be asked")
                 )
-                principal = pair.principal or "" if pair else ""
+                principal = (pair.principal or "") if pair else ""
                 address = principal or address
             link = engine.links.link_for(address)
             steps.append(f"connection to {address}: {link.status}")

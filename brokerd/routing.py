@@ -29,8 +29,8 @@ the bound broker instance as ``Conversation.broker_instance``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
 
@@ -116,12 +116,8 @@ class Decision:
     """The earliest lifetime of a route consulted: the decision may change then."""
 
 
-@dataclass
-class _Trace:
-    lines: list[str] = field(default_factory=list)
-
-    def __call__(self, line: str) -> None:
-        self.lines.append(line)
+_Trace = Callable[[str], None]
+"""Records one line of the reasoning (``list.append`` of the decision's steps)."""
 
 
 def spread(choices: Sequence[Route], conversation_id: uuid.UUID) -> Route:
@@ -204,7 +200,8 @@ def decide(
     ``pending_route_requests`` the services with a dynamic-routing request in
     flight (R-ROUTE-14: at most one per service name).
     """
-    trace = _Trace()
+    lines: list[str] = []
+    trace = lines.append
     table = list(routes)
     outside = conversation.origin_database is None
     if outside:
@@ -234,7 +231,7 @@ def decide(
                     decision.route,
                     arrived_from_outside=True,
                 ),
-                trace,
+                lines,
                 table,
                 now,
             )
@@ -275,16 +272,14 @@ def decide(
                 "(R-ROUTE-8, R-ROUTE-13)",
                 again.route,
             )
-        return _finish(replace(again, arrived_from_outside=True), trace, table + inner, now)
-    return _finish(decision, trace, table, now)
+        return _finish(replace(again, arrived_from_outside=True), lines, table + inner, now)
+    return _finish(decision, lines, table, now)
 
 
-def _finish(decision: Decision, trace: _Trace, table: list[Route], now: datetime) -> Decision:
-    trace(f"decision: {decision.kind.upper()}: {decision.reason}")
+def _finish(decision: Decision, lines: list[str], table: list[Route], now: datetime) -> Decision:
+    lines.append(f"decision: {decision.kind.upper()}: {decision.reason}")
     expiries = [r.lifetime for r in table if r.lifetime is not None and r.lifetime > now]
-    return replace(
-        decision, steps=tuple(trace.lines), valid_until=min(expiries) if expiries else None
-    )
+    return replace(decision, steps=tuple(lines), valid_until=min(expiries) if expiries else None)
 
 
 def _decide_in(

@@ -432,9 +432,10 @@ class PeerLink:
             raise
 
     def _fail_pending(self) -> None:
-        """Forwarded messages are not kept for a peer that cannot be reached (senders retry)."""
+        """Nothing is kept for a peer that cannot be reached: senders of forwarded messages
+        retry, and principal queries are asked again (R-ROUTE-10)."""
         forwards = [item for item in self.pending if type(item) is Forward]
-        self.pending = [item for item in self.pending if type(item) is not Forward]
+        self.pending = []
         if forwards:
             self.owner.engine.router.forward_lost(forwards)
 
