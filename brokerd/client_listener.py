@@ -8,10 +8,13 @@ the login, frame bodies over 4 KiB are refused from the header alone.
 
 Operations (``meta["op"]``): ``login``, ``begin_dialog``, ``send`` (the body is
 the message), ``receive`` (message bodies concatenated in the response body,
-their lengths in meta), ``end_conversation``, ``alter_queue``, ``view`` (``conversation_endpoints``,
-``transmission_queue``, ``queues``, ``routes``, ``broker_connections``,
-``databases``, ``stats``, ``drops``) and ``ping``. Each request runs as its own task, so a
-RECEIVE waiting for messages does not hold up the client's other calls.
+their lengths in meta), ``end_conversation``, ``alter_queue``, the routing
+administration ``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted),
+``explain`` (why a route is chosen, SPEC §2) and ``set_mirror_role`` (failover,
+R-ROUTE-10), ``view`` (``conversation_endpoints``, ``transmission_queue``, ``queues``,
+``routes``, ``broker_connections``, ``databases``, ``stats``, ``drops``, ``mirrors``) and
+``ping``. Each request runs as its own task, so a RECEIVE waiting for messages does not
+hold up the client's other calls.
 """
 
 from __future__ import annotations

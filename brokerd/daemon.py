@@ -1,7 +1,8 @@
 """One broker instance: configuration, databases, engine, transport and client listener.
 
 ``brokerd run --config FILE`` builds a :class:`Broker` and runs it until SIGTERM
-or SIGINT (R-OBJ-7: the endpoint on port 4022). Start-up opens every database
+or SIGINT (R-OBJ-7: the endpoint on port 4022). It also runs the trace writer
+(``brokerd.traces``), flushed and closed last at shutdown. Start-up opens every database
 file (msdb included), recovers endpoints and transmission queues from them,
 then starts listening; shutdown closes connections, then commits what is
 pending and closes the files.

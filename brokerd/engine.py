@@ -11,7 +11,12 @@ Owns R-DLG-1 to R-DLG-8, R-DLG-12 and R-DLG-13 for the databases of one instance
   that made the message durable (R-DLG-5);
 * retransmission with exponential backoff and a readable transmission status
   on every waiting message (R-DLG-6); fragments of large messages resent alone;
-* broker-generated (unsequenced) errors for messages the receiver refuses.
+* broker-generated (unsequenced) errors for messages the receiver refuses;
+* the dialog's delivery trace events (``brokerd.traces``, docs/traces.md).
+
+Where messages go is the router's business (``brokerd.router``, SPEC §2): the
+engine asks it for a conversation's link and for the database of each message
+from outside, which it may instead forward or drop.
 
 A *link* is where fragments go: a network connection to a peer broker
 (``brokerd.transport``) or the in-process :class:`LocalLink` for services of

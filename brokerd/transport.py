@@ -8,7 +8,8 @@
 * :class:`PeerLink` is the outgoing connection to one address, shared by every
   dialog routed there: opened on demand, reconnected with exponential backoff,
   and carrying the readable status ("connection refused by 127.0.0.2:4022 ...")
-  that waiting messages show.
+  that waiting messages show. It also carries forwarded messages (R-ROUTE-7) and
+  principal queries (R-ROUTE-10), held until the connection opens.
 * :class:`Transport` owns the listener, the links, the idle timer that closes
   quiet connections (R-PROTO-3) and the ``broker_connections`` view.
 """
