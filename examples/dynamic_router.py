@@ -102,7 +102,13 @@ async def answer(
     if message.message_type_name != MISSING_ROUTE:
         await client.end_conversation(message.conversation_handle)
         return f"ended {message.message_type_name}"
-    request = parse_request(message.message_body)
+    try:
+        request = parse_request(message.message_body)
+    except ET.ParseError as exc:
+        await client.end_conversation(
+            message.conversation_handle, error_code=1, description=f"not a MissingRoute: {exc}"
+        )
+        return f"refused a malformed request: {exc}"
     entry = table.get(request.service)
     outcome = f"no entry for {request.service!r}; the conversation stays DELAYED"
     if entry is not None:

@@ -35,3 +35,17 @@ def test_dynamic_routing_configuration_loads_with_its_table() -> None:
     assert [r.remote_service_name for r in app.routes] == ["SQL/ServiceBroker/BrokerConfiguration"]
     table = load_table(CONFIG / "dynamic-routes.toml")
     assert table["//warehouse/Orders"].address == "tcp://127.0.0.2:4022"
+
+
+def test_dynamic_router_reads_a_missing_route_request() -> None:
+    from brokerd.router import missing_route_body
+    from examples.dynamic_router import parse_request, route_name
+
+    body = missing_route_body("//remote/A&B", None, "AW")
+    request = parse_request(body)
+    assert (request.service, request.broker_instance, request.database) == (
+        "//remote/A&B",
+        None,
+        "AW",
+    )
+    assert route_name("//remote/A&B") == "Dynamic_remote_A_B"
