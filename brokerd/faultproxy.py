@@ -6,9 +6,11 @@ between an initiating broker (the client, "up" direction: client to server) and
 an accepting broker (the server, "down" direction) and does, per :class:`FaultPlan`:
 
 * corrupt or drop chosen FRAGMENT frames of the up direction, counted 1, 2, 3, ...
-  over the proxy's lifetime across all its connections. The up direction is cut
-  into frames with :func:`protocol.frames.decode_header`; if a header does not
-  parse, the rest of that connection is passed through unchanged;
+  over the proxy's lifetime across all its connections, and drop chosen ACK frames
+  of the down direction, counted the same way (a lost acknowledgement: the sender
+  retransmits and the receiver sees a duplicate). Both directions are cut into
+  frames with :func:`protocol.frames.decode_header`; if a header does not parse,
+  the rest of that direction is passed through unchanged;
 * delay every chunk forwarded, both directions;
 * refuse new connections (accept, then close at once) or blackhole connections
   (read and discard everything: the peer seems hung);
@@ -18,7 +20,7 @@ The plan is read again for every chunk and frame, so tests may change it while t
 proxy runs. Everything runs on the event loop (asyncio streams, no threads).
 
     python -m brokerd.faultproxy --listen 127.0.0.3:4022 --target 127.0.0.2:4022 \\
-        [--corrupt 3,7] [--drop 5] [--delay 0.1] [--refuse] [--blackhole]
+        [--corrupt 3,7] [--drop 5] [--drop-ack 2] [--delay 0.1] [--refuse] [--blackhole]
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class FaultPlan:
     drop_fragments: set[int] = field(default_factory=set)
     """Ordinals of FRAGMENT frames removed from the stream entirely (the receiver then
     sees a counter gap). Dropping wins over corrupting."""
+    drop_acks: set[int] = field(default_factory=set)
+    """Ordinals (1-based, down direction, proxy lifetime) of dedicated ACK frames removed
+    from the stream: the acknowledgement is lost, so the sender retransmits."""
     delay: float = 0.0
     """Seconds slept before forwarding each chunk, both directions. While it sleeps the
     proxy does not read that direction, so it also bounds the throughput."""
@@ -73,6 +78,9 @@ class ProxyStats:
     """FRAGMENT frames parsed in the up direction (dropped ones included)."""
     fragments_corrupted: int = 0
     fragments_dropped: int = 0
+    acks_seen: int = 0
+    """ACK frames parsed in the down direction (dropped ones included)."""
+    acks_dropped: int = 0
     bytes_up: int = 0
     """Bytes written to the server (after drops; discarded bytes not counted)."""
     bytes_down: int = 0
@@ -105,16 +113,18 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-class _UpstreamFilter:
-    """Sans-I/O frame cutter of the up direction: bytes in, bytes to forward out.
+class _FrameFilter:
+    """Sans-I/O frame cutter of one direction: bytes in, bytes to forward out.
 
-    Buffers until a whole frame is there, then applies the plan's FRAGMENT faults.
-    After a header fails to parse it passes everything through unchanged.
+    Buffers until a whole frame is there, then applies the plan's faults: FRAGMENT
+    faults going up, ACK drops going down. After a header fails to parse it passes
+    everything through unchanged.
     """
 
-    def __init__(self, proxy: FaultProxy, ident: int) -> None:
+    def __init__(self, proxy: FaultProxy, ident: int, *, up: bool) -> None:
         self._proxy = proxy
         self._ident = ident
+        self._up = up
         self._buffer = bytearray()
         self.raw = False
 
@@ -142,10 +152,12 @@ class _UpstreamFilter:
                 break
             frame = buf[pos:end]
             pos = end
-            if header.frame_type == FrameType.FRAGMENT and not self._fragment(
-                frame, header.counter, header.length
-            ):
-                continue
+            if self._up and header.frame_type == FrameType.FRAGMENT:
+                if not self._fragment(frame, header.counter, header.length):
+                    continue
+            elif not self._up and header.frame_type == FrameType.ACK:
+                if not self._ack(header.counter):
+                    continue
             out += frame
         del buf[:pos]
         return bytes(out)
@@ -175,6 +187,17 @@ class _UpstreamFilter:
             frame[HEADER_SIZE + at] ^= 0xFF
             proxy.stats.fragments_corrupted += 1
             proxy._event(f"{prefix}corrupted {what} at body byte {at}")
+        return True
+
+    def _ack(self, counter: int) -> bool:
+        """Apply the plan to one ACK frame; False means drop it."""
+        proxy = self._proxy
+        proxy.stats.acks_seen += 1
+        ordinal = proxy.stats.acks_seen
+        if ordinal in proxy.plan.drop_acks:
+            proxy.stats.acks_dropped += 1
+            proxy._event(f"connection {self._ident}: dropped ACK #{ordinal} (counter {counter})")
+            return False
         return True
 
 
@@ -319,7 +342,7 @@ class FaultProxy:
         up: bool,
     ) -> None:
         """Forward one direction until EOF; an error resets the whole connection."""
-        frames = _UpstreamFilter(self, conn.ident) if up else None
+        frames = _FrameFilter(self, conn.ident, up=up)
         try:
             while True:
                 data = await reader.read(READ_SIZE)
@@ -330,14 +353,14 @@ class FaultProxy:
                         conn.blackholed = True
                         self._event(f"connection {conn.ident}: blackholed")
                     continue
-                if frames is not None:
-                    data = frames.feed(data)
+                data = frames.feed(data)
                 await self._forward(conn, writer, data, up)
-            if frames is not None and not (conn.aborted or conn.blackholed):
+            if not (conn.aborted or conn.blackholed):
                 rest = frames.flush()
                 if rest:
                     self._event(
-                        f"connection {conn.ident}: client closed inside a frame, "
+                        f"connection {conn.ident}: {'client' if up else 'server'} closed "
+                        "inside a frame, "
                         f"{len(rest)} trailing bytes forwarded unchanged"
                     )
                     await self._forward(conn, writer, rest, up)
@@ -405,7 +428,7 @@ def _ordinals(text: str) -> set[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N[,N...], got {text!r}") from None
     if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError("FRAGMENT ordinals start at 1")
+        raise argparse.ArgumentTypeError("frame ordinals start at 1")
     return values
 
 
@@ -430,6 +453,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N,...",
         help="drop these FRAGMENT frames (1-based, client to server)",
     )
+    parser.add_argument(
+        "--drop-ack",
+        type=_ordinals,
+        default=set(),
+        metavar="N,...",
+        help="drop these ACK frames (1-based, server to client)",
+    )
     parser.add_argument("--delay", type=float, default=0.0, help="seconds added to each chunk")
     parser.add_argument("--refuse", action="store_true", help="close new connections at once")
     parser.add_argument("--blackhole", action="store_true", help="swallow everything")
@@ -440,6 +470,7 @@ async def _run(args: argparse.Namespace) -> None:
     plan = FaultPlan(
         corrupt_fragments=args.corrupt,
         drop_fragments=args.drop,
+        drop_acks=args.drop_ack,
         delay=args.delay,
         refuse=args.refuse,
         blackhole=args.blackhole,

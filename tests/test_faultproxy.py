@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from brokerd.faultproxy import FaultPlan, FaultProxy, _UpstreamFilter, parse_endpoint
+from brokerd.faultproxy import FaultPlan, FaultProxy, _FrameFilter, parse_endpoint
 from protocol.frames import HEADER_SIZE, FrameType, encode_header
 
 HOST = "127.0.0.1"
@@ -137,14 +137,14 @@ def test_frame_cutter_handles_every_split() -> None:
     data, spans = stream_of(KINDS, random.Random(2))
     proxy = FaultProxy(HOST, 0, HOST, 1, FaultPlan(corrupt_fragments={2}))
     for cut in range(len(data) + 1):
-        cutter = _UpstreamFilter(proxy, 1)
+        cutter = _FrameFilter(proxy, 1, up=True)
         out = cutter.feed(data[:cut]) + cutter.feed(data[cut:]) + cutter.flush()
         assert len(out) == len(data)
         diff = [i for i in range(len(data)) if out[i] != data[i]]
         assert len(diff) == 1
         assert spans[2][0] + HEADER_SIZE <= diff[0] < spans[2][1]
         proxy.stats.fragments_seen = 0
-    byte_by_byte = _UpstreamFilter(proxy, 1)
+    byte_by_byte = _FrameFilter(proxy, 1, up=True)
     out = b"".join(byte_by_byte.feed(data[i : i + 1]) for i in range(len(data)))
     assert len(out) == len(data)
 
@@ -274,3 +274,19 @@ def test_parse_endpoint() -> None:
     assert parse_endpoint("[::1]:9") == ("::1", 9)
     with pytest.raises(argparse.ArgumentTypeError):
         parse_endpoint("4022")
+
+
+async def test_dropping_an_ack_removes_it_from_the_down_direction_only(
+    proxy: FaultProxy, peer: Peer
+) -> None:
+    """A lost acknowledgement (the sender retransmits, the receiver sees a duplicate)."""
+    proxy.plan.drop_acks.add(1)
+    data, spans = stream_of(KINDS * 2, random.Random(5))
+    echoed = await roundtrip(proxy, data)
+    assert bytes(peer.received[0]) == data  # the up direction is untouched
+    start, end = spans[1]  # KINDS[1] is the first ACK
+    assert echoed == data[:start] + data[end:]
+    assert proxy.stats.acks_seen == 2
+    assert proxy.stats.acks_dropped == 1
+    assert proxy.stats.fragments_seen == 6  # FRAGMENTs are counted going up only
+    assert any("dropped ACK #1" in e for e in proxy.events)
