@@ -5,9 +5,11 @@
     brokerd run --config FILE [--ready-file FILE] [--log-level LEVEL]
     brokerd demo [--orders N] [--workdir DIR]
     brokerd wire-demo [--encryption required|supported|disabled]
+    brokerd analyze TRACE_DIR... [--out DIR] [--master URL] [--top N] [--quiet]
 
 Errors (a wrong configuration included) print one line naming the problem and
-exit with status 2.
+exit with status 2. ``analyze`` exits with 1 when the exactly-once-in-order
+audit finds a violation.
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ def _wire_demo(args: argparse.Namespace) -> None:
     result = run_demo(encryption=EncryptionMode[args.encryption.upper()])
     if not (result["intact"] and result["integrity_failures"] and result["refused"]):
         raise SystemExit("demo did not behave as expected")
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from analytics.report import run
+
+    return run(args)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -95,17 +103,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--encryption", choices=[m.name.lower() for m in EncryptionMode], default="required"
     )
     wire.set_defaults(func=_wire_demo)
+
+    analyze = commands.add_parser(
+        "analyze",
+        help="PySpark jobs over delivery traces: latency, faults, the exactly-once audit",
+    )
+    analyze.add_argument(
+        "paths", nargs="+", type=Path, metavar="TRACE_DIR", help="trace directories or segments"
+    )
+    analyze.add_argument("--out", type=Path, default=Path("report"), help="report directory")
+    analyze.add_argument("--master", help="Spark master (default local[*]: this machine's cores)")
+    analyze.add_argument("--top", type=int, default=50, help="rows kept per table")
+    analyze.add_argument("--quiet", action="store_true", help="no progress lines")
+    analyze.set_defaults(func=_analyze)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        status = args.func(args)
     except (BrokerError, OSError, ValueError) as exc:
         print(f"brokerd: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 if __name__ == "__main__":

@@ -436,12 +436,14 @@ class DialogEngine:
             return
         ep.ended_local = True
         if ep.broker_error:
+            self._trace_discarded(ep, list(ep.outbox), "END CONVERSATION after a broker error")
             ep.outbox.clear()
             ep.refresh_state()
             await self.submit_wait(db, [endpoint_snapshot(ep)])
             return
         if error_code is not None:
             dropped = list(ep.outbox)
+            self._trace_discarded(ep, dropped, "END CONVERSATION WITH ERROR")
             ep.outbox.clear()
             extra = _unqueue_sent(ep, dropped)
             await self._enqueue(
@@ -458,6 +460,7 @@ class DialogEngine:
             )
 
     async def _cleanup(self, db: Database, ep: Endpoint) -> None:
+        self._trace_discarded(ep, list(ep.outbox), "END CONVERSATION WITH CLEANUP")
         ep.outbox.clear()
         ep.state = State.CLOSED
         self._trace_closed(ep)
@@ -1000,6 +1003,18 @@ class DialogEngine:
         )
         return ep
 
+    def _trace_discarded(self, ep: Endpoint, seqs: list[int], reason: str) -> None:
+        """Messages leaving the transmission queue undelivered (the audit then stops waiting)."""
+        if seqs:
+            self.trace.emit(
+                "discarded",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                seqs=",".join(map(str, sorted(seqs))),
+                reason=reason,
+            )
+
     def _trace_closed(self, ep: Endpoint) -> None:
         if ep.state is State.CLOSED:
             self.trace.emit(
@@ -1212,6 +1227,7 @@ class DialogEngine:
             return
         ep.broker_error = True
         dropped = list(ep.outbox)
+        self._trace_discarded(ep, dropped, "the broker reported an error for the conversation")
         ep.outbox.clear()
         ep.refresh_state()
         seq = db.next_broker_error_seq

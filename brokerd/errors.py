@@ -8,6 +8,8 @@
   a message type the contract forbids for this role (R-DLG-3), a closed dialog).
 * :class:`ServiceNotFound`, :class:`QueueDisabled`: refusals with their own class
   so that applications can catch them.
+* :class:`AnalyticsError`: ``brokerd analyze`` cannot read a trace set (no
+  segments, a directory that does not exist) or Spark cannot start.
 * :class:`ClientError`, :class:`AuthenticationFailed` and :class:`RemoteError`
   live in ``protocol.errors`` (the SDK imports only ``protocol/``) and are
   re-exported here.
@@ -18,6 +20,7 @@ from __future__ import annotations
 from protocol.errors import AuthenticationFailed, BrokerError, ClientError, RemoteError
 
 __all__ = [
+    "AnalyticsError",
     "AuthenticationFailed",
     "BrokerError",
     "ClientError",
@@ -57,3 +60,7 @@ class QueueDisabled(DialogError):
     """RECEIVE on a queue whose status is off."""
 
     retriable = True
+
+
+class AnalyticsError(BrokerError):
+    """The trace analytics cannot run: no trace segments, an unreadable path, no Spark."""

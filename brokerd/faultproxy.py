@@ -152,13 +152,8 @@ class _FrameFilter:
                 break
             frame = buf[pos:end]
             pos = end
-            if self._up and header.frame_type == FrameType.FRAGMENT:
-                if not self._fragment(frame, header.counter, header.length):
-                    continue
-            elif not self._up and header.frame_type == FrameType.ACK:
-                if not self._ack(header.counter):
-                    continue
-            out += frame
+            if self._keep(frame, header.frame_type, header.counter, header.length):
+                out += frame
         del buf[:pos]
         return bytes(out)
 
@@ -167,6 +162,14 @@ class _FrameFilter:
         rest = bytes(self._buffer)
         self._buffer.clear()
         return rest
+
+    def _keep(self, frame: bytearray, kind: int, counter: int, length: int) -> bool:
+        """Apply the plan to one frame (in place); False means drop it."""
+        if self._up and kind == FrameType.FRAGMENT:
+            return self._fragment(frame, counter, length)
+        if not self._up and kind == FrameType.ACK:
+            return self._ack(counter)
+        return True
 
     def _fragment(self, frame: bytearray, counter: int, length: int) -> bool:
         """Apply the plan to one FRAGMENT frame in place; False means drop it."""

@@ -60,6 +60,7 @@ EVENTS: dict[str, str] = {
     "ack_received": "an acknowledgement arrived (through; acked = messages it released)",
     "forwarded": "a fragment relayed to the next broker (hop count, address)",
     "dropped": "a message dropped, not acknowledged (reason)",
+    "discarded": "unacknowledged messages removed from the transmission queue (seqs, reason)",
     "delivered": "a message stored in the target queue, ready to RECEIVE (seq)",
     "received": "the application RECEIVEd the message (seq)",
     "connection_opened": "a broker connection completed its handshake (peer)",

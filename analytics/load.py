@@ -1,0 +1,120 @@
+"""Reading the trace segments of many daemons into one events table.
+
+Owns :func:`load_traces`: the segments (``*.jsonl`` and still-open ``*.jsonl.open``
+files, found recursively under each path given) are read with the explicit
+schema of :mod:`analytics.schema` in permissive mode. Lines that do not parse (a
+torn tail after a crash), events of another schema version and events whose
+timestamp does not parse are counted and left out, never fatal. Each event gets
+``t``, its time in microseconds since the epoch (UTC), which every job uses.
+The table is cached: every job reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from analytics.schema import CORRUPT_COLUMN, SCHEMA_VERSION, TIMESTAMP_FORMAT, TRACE_SCHEMA
+from brokerd.errors import AnalyticsError
+from brokerd.traces import segment_files
+
+
+@dataclass
+class Traces:
+    """The events of a trace set, and what reading it found."""
+
+    events: DataFrame
+    """Every usable event: the schema's columns plus ``t`` (microseconds, UTC)."""
+    files: int
+    bytes: int
+    events_total: int
+    lines_skipped: int
+    """Lines that did not parse, had no event name or no parseable timestamp."""
+    other_versions: int
+    """Events of a schema version this analysis does not know (left out)."""
+    instances: list[str]
+    first_t: int
+    last_t: int
+    """The latest event of the whole set: "now" for what is still waiting."""
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "bytes": self.bytes,
+            "events": self.events_total,
+            "lines_skipped": self.lines_skipped,
+            "other_schema_versions": self.other_versions,
+            "instances": self.instances,
+            "first_event": _iso(self.first_t),
+            "last_event": _iso(self.last_t),
+            "span_seconds": round((self.last_t - self.first_t) / 1e6, 6),
+        }
+
+
+def _iso(micros: int) -> str:
+    from brokerd.traces import iso_micros
+
+    return iso_micros(micros / 1e6) if micros else ""
+
+
+def trace_files(paths: list[Path]) -> list[Path]:
+    """The segment files under ``paths`` (directories, searched recursively, or files)."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            found += segment_files([path])
+        else:
+            raise AnalyticsError(f"{path}: no such trace directory or file")
+    if not found:
+        shown = ", ".join(str(p) for p in paths)
+        raise AnalyticsError(f"no trace segments (*.jsonl) under {shown}")
+    return sorted(set(found))
+
+
+def load_traces(spark: SparkSession, paths: list[Path]) -> Traces:
+    """Read every segment under ``paths`` into one cached events table."""
+    files = trace_files(paths)
+    raw = (
+        spark.read.schema(TRACE_SCHEMA)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+        .json([str(f) for f in files])
+        .withColumn("t", F.unix_micros(F.to_timestamp("ts", TIMESTAMP_FORMAT)))
+    )
+    usable = F.col(CORRUPT_COLUMN).isNull() & F.col("event").isNotNull() & F.col("t").isNotNull()
+    known = usable & (F.col("v") == SCHEMA_VERSION)
+    # One pass over the files counts everything; the events are then read once more
+    # into the cache (Spark does not allow caching a table with the corrupt column
+    # and filtering it in one go without reading the files twice anyway).
+    counts = raw.agg(
+        F.count(F.lit(1)).alias("lines"),
+        F.count(F.when(~usable, 1)).alias("skipped"),
+        F.count(F.when(usable & (F.col("v") != SCHEMA_VERSION), 1)).alias("other"),
+    ).first()
+    assert counts is not None
+    events = raw.where(known).drop(CORRUPT_COLUMN, "v").persist(StorageLevel.MEMORY_AND_DISK)
+    summary = events.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min("t").alias("first"),
+        F.max("t").alias("last"),
+        F.sort_array(F.collect_set("instance")).alias("instances"),
+    ).first()
+    assert summary is not None
+    return Traces(
+        events=events,
+        files=len(files),
+        bytes=sum(f.stat().st_size for f in files),
+        events_total=int(summary["n"]),
+        lines_skipped=int(counts["skipped"]),
+        other_versions=int(counts["other"]),
+        instances=[i for i in summary["instances"] if i is not None],
+        first_t=int(summary["first"] or 0),
+        last_t=int(summary["last"] or 0),
+    )

@@ -1,0 +1,154 @@
+"""One row per message, joined across every instance it touched (docs/traces.md).
+
+A message is named by (``conversation_id``, ``initiator``, ``seq``): ``initiator``
+is the role of the side that sent it, the same on the sender, on forwarders and on
+the receiver. :func:`message_table` folds every event of a message (and the
+acknowledgements and discards that list it in ``seqs``) into one row with one
+shuffle, so the jobs that follow (latency, faults, audit, waiting) share it.
+
+Columns: the key; ``sender``, ``database``, ``service``, ``far_service``,
+``message_type``, ``size``; the times ``sent_t``, ``enqueued_t``,
+``first_fragment_t``, ``acked_t``, ``discarded_t``, ``delivered_t``,
+``received_t`` (microseconds, null when it did not happen); ``attempts``,
+``retransmissions``, ``duplicates``, ``drops``, ``forwards``, ``max_hop``,
+``deliveries``, ``receptions``; ``route`` and ``address`` (the first link used,
+or the conversation's route for a local delivery), ``receiver``,
+``target_database``, ``queue``, ``drop_reason``, ``discard_reason``; and
+``status``: delivered, lost (acknowledged, never delivered), discarded, or waiting.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+KEY = ["conversation_id", "initiator", "seq"]
+STREAM = ["conversation_id", "initiator"]
+"""One direction of one conversation: the messages one side sends, in sequence order."""
+
+MESSAGE_EVENTS = (
+    "message_sent",
+    "enqueued",
+    "fragment_sent",
+    "retransmission",
+    "fragment_received",
+    "duplicate",
+    "forwarded",
+    "dropped",
+    "delivered",
+    "received",
+)
+
+
+def is_event(name: str) -> Column:
+    return F.col("event") == name
+
+
+def time_of(name: str) -> Column:
+    """The earliest time of event ``name`` in the group."""
+    return F.min(F.when(is_event(name), F.col("t")))
+
+
+def first_of(column: str, name: str) -> Column:
+    """``column`` of the earliest event ``name`` in the group."""
+    return F.min_by(F.when(is_event(name), F.col(column)), F.when(is_event(name), F.col("t")))
+
+
+def last_of(column: str, name: str) -> Column:
+    """``column`` of the latest event ``name`` in the group."""
+    return F.max_by(F.when(is_event(name), F.col(column)), F.when(is_event(name), F.col("t")))
+
+
+def count_of(name: str) -> Column:
+    return F.count(F.when(is_event(name), 1))
+
+
+def listed_messages(events: DataFrame, event: str, as_event: str) -> DataFrame:
+    """Events that list messages in ``seqs`` (acknowledgements, discards), one row per seq."""
+    return (
+        events.where(is_event(event) & F.col("seqs").isNotNull() & (F.col("seqs") != ""))
+        .select(
+            "conversation_id",
+            "initiator",
+            "instance",
+            "t",
+            "reason",
+            F.explode(F.split("seqs", ",")).alias("listed"),
+        )
+        .withColumn("seq", F.col("listed").cast("long"))
+        .drop("listed")
+        .withColumn("event", F.lit(as_event))
+    )
+
+
+def conversation_routes(events: DataFrame) -> DataFrame:
+    """The latest routing decision of each conversation endpoint: (stream, instance) -> route."""
+    latest = Window.partitionBy(*STREAM, "instance").orderBy(F.col("t").desc())
+    return (
+        events.where(is_event("route_chosen"))
+        .withColumn("n", F.row_number().over(latest))
+        .where(F.col("n") == 1)
+        .select(
+            *STREAM,
+            F.col("instance").alias("sender"),
+            F.coalesce("route", F.col("decision")).alias("conversation_route"),
+            F.coalesce("address", F.col("target_database")).alias("conversation_address"),
+        )
+    )
+
+
+def message_table(events: DataFrame) -> DataFrame:
+    """Every message of the trace set, one row each (see the module docstring)."""
+    per_message = events.where(
+        F.col("event").isin(*MESSAGE_EVENTS)
+        & F.col("conversation_id").isNotNull()
+        & F.col("initiator").isNotNull()
+        & (F.col("seq") > 0)
+    )
+    keyed = per_message.unionByName(
+        listed_messages(events, "ack_received", "acked"), allowMissingColumns=True
+    ).unionByName(listed_messages(events, "discarded", "discarded"), allowMissingColumns=True)
+    rows = keyed.groupBy(*KEY).agg(
+        first_of("instance", "message_sent").alias("sender"),
+        first_of("database", "message_sent").alias("database"),
+        first_of("service", "message_sent").alias("service"),
+        first_of("far_service", "message_sent").alias("far_service"),
+        first_of("message_type", "message_sent").alias("message_type"),
+        first_of("size", "message_sent").alias("size"),
+        time_of("message_sent").alias("sent_t"),
+        time_of("enqueued").alias("enqueued_t"),
+        time_of("fragment_sent").alias("first_fragment_t"),
+        first_of("route", "fragment_sent").alias("fragment_route"),
+        first_of("peer", "fragment_sent").alias("fragment_peer"),
+        F.max(F.when(is_event("fragment_sent"), F.col("attempt"))).alias("attempts"),
+        count_of("retransmission").alias("retransmissions"),
+        count_of("duplicate").alias("duplicates"),
+        count_of("dropped").alias("drops"),
+        last_of("reason", "dropped").alias("drop_reason"),
+        F.count_distinct(F.when(is_event("forwarded"), F.col("instance"))).alias("forwards"),
+        F.max(F.when(is_event("forwarded"), F.col("hop"))).alias("max_hop"),
+        time_of("acked").alias("acked_t"),
+        time_of("discarded").alias("discarded_t"),
+        first_of("reason", "discarded").alias("discard_reason"),
+        time_of("delivered").alias("delivered_t"),
+        count_of("delivered").alias("deliveries"),
+        first_of("instance", "delivered").alias("receiver"),
+        first_of("database", "delivered").alias("target_database"),
+        first_of("queue", "delivered").alias("queue"),
+        time_of("received").alias("received_t"),
+        count_of("received").alias("receptions"),
+    )
+    routes = conversation_routes(events)
+    joined = rows.join(routes, on=[*STREAM, "sender"], how="left")
+    status = (
+        F.when(F.col("delivered_t").isNotNull(), "delivered")
+        .when(F.col("discarded_t").isNotNull(), "discarded")
+        .when(F.col("acked_t").isNotNull(), "lost")
+        .otherwise("waiting")
+    )
+    return joined.select(
+        *rows.columns,
+        F.coalesce("fragment_route", "conversation_route").alias("route"),
+        F.coalesce("fragment_peer", "conversation_address").alias("address"),
+        status.alias("status"),
+    ).drop("fragment_route", "fragment_peer")
