@@ -76,6 +76,11 @@ def _direction(initiator: Column) -> Column:
 def violations(messages: DataFrame) -> DataFrame:
     """Every violation: kind, conversation_id, initiator, seq, sender, receiver, detail."""
     columns = ["kind", *STREAM, "seq", "sender", "receiver", "detail"]
+    stream = Window.partitionBy(*STREAM)
+    messages = messages.withColumn(  # a lost message names its stream's receiver
+        "receiver",
+        F.coalesce("receiver", F.first("receiver", ignorenulls=True).over(stream)),
+    )
     duplicates = messages.where(F.col("deliveries") > 1).select(
         F.lit("duplicate").alias("kind"),
         *STREAM,
@@ -92,7 +97,6 @@ def violations(messages: DataFrame) -> DataFrame:
         "receiver",
         F.lit("acknowledged to the sender but never delivered").alias("detail"),
     )
-    stream = Window.partitionBy(*STREAM)
     sent_streams = messages.withColumn(
         "stream_sent", F.count("sent_t").over(stream)
     )  # streams whose sender is in the trace set

@@ -6,7 +6,8 @@ schema of :mod:`analytics.schema` in permissive mode. Lines that do not parse (a
 torn tail after a crash), events of another schema version and events whose
 timestamp does not parse are counted and left out, never fatal. Each event gets
 ``t``, its time in microseconds since the epoch (UTC), which every job uses.
-The table is cached: every job reads it.
+The files are parsed once, into Spark's cache; every job reads the cache
+(:meth:`Traces.release` drops it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Traces:
 
     events: DataFrame
     """Every usable event: the schema's columns plus ``t`` (microseconds, UTC)."""
+    cached: DataFrame
+    """The parsed lines, held in memory (and on disk beyond it) until :meth:`release`."""
     files: int
     bytes: int
     events_total: int
@@ -41,6 +44,10 @@ class Traces:
     first_t: int
     last_t: int
     """The latest event of the whole set: "now" for what is still waiting."""
+
+    def release(self) -> None:
+        """Drop the cached lines."""
+        self.cached.unpersist()
 
     def view(self) -> dict[str, Any]:
         return {
@@ -90,31 +97,27 @@ def load_traces(spark: SparkSession, paths: list[Path]) -> Traces:
     )
     usable = F.col(CORRUPT_COLUMN).isNull() & F.col("event").isNotNull() & F.col("t").isNotNull()
     known = usable & (F.col("v") == SCHEMA_VERSION)
-    # One pass over the files counts everything; the events are then read once more
-    # into the cache (Spark does not allow caching a table with the corrupt column
-    # and filtering it in one go without reading the files twice anyway).
-    counts = raw.agg(
-        F.count(F.lit(1)).alias("lines"),
+    # The files are parsed once, into the cache; the counts and every job read the cache.
+    cached = raw.persist(StorageLevel.MEMORY_AND_DISK)
+    counts = cached.agg(
         F.count(F.when(~usable, 1)).alias("skipped"),
         F.count(F.when(usable & (F.col("v") != SCHEMA_VERSION), 1)).alias("other"),
+        F.count(F.when(known, 1)).alias("n"),
+        F.min(F.when(known, F.col("t"))).alias("first"),
+        F.max(F.when(known, F.col("t"))).alias("last"),
+        F.sort_array(F.collect_set(F.when(known, F.col("instance")))).alias("instances"),
     ).first()
     assert counts is not None
-    events = raw.where(known).drop(CORRUPT_COLUMN, "v").persist(StorageLevel.MEMORY_AND_DISK)
-    summary = events.agg(
-        F.count(F.lit(1)).alias("n"),
-        F.min("t").alias("first"),
-        F.max("t").alias("last"),
-        F.sort_array(F.collect_set("instance")).alias("instances"),
-    ).first()
-    assert summary is not None
+    events = cached.where(known).drop(CORRUPT_COLUMN, "v")
     return Traces(
         events=events,
         files=len(files),
         bytes=sum(f.stat().st_size for f in files),
-        events_total=int(summary["n"]),
+        events_total=int(counts["n"]),
         lines_skipped=int(counts["skipped"]),
         other_versions=int(counts["other"]),
-        instances=[i for i in summary["instances"] if i is not None],
-        first_t=int(summary["first"] or 0),
-        last_t=int(summary["last"] or 0),
+        instances=[i for i in counts["instances"] if i is not None],
+        first_t=int(counts["first"] or 0),
+        last_t=int(counts["last"] or 0),
+        cached=cached,
     )

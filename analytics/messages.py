@@ -54,6 +54,11 @@ def first_of(column: str, name: str) -> Column:
     return F.min_by(F.when(is_event(name), F.col(column)), F.when(is_event(name), F.col("t")))
 
 
+def first_fields(name: str, *columns: str) -> Column:
+    """A struct of ``columns`` of the earliest event ``name`` in the group (one aggregate)."""
+    return F.min_by(F.when(is_event(name), F.struct(*columns)), F.when(is_event(name), F.col("t")))
+
+
 def last_of(column: str, name: str) -> Column:
     """``column`` of the latest event ``name`` in the group."""
     return F.max_by(F.when(is_event(name), F.col(column)), F.when(is_event(name), F.col("t")))
@@ -108,18 +113,20 @@ def message_table(events: DataFrame) -> DataFrame:
     keyed = per_message.unionByName(
         listed_messages(events, "ack_received", "acked"), allowMissingColumns=True
     ).unionByName(listed_messages(events, "discarded", "discarded"), allowMissingColumns=True)
-    rows = keyed.groupBy(*KEY).agg(
-        first_of("instance", "message_sent").alias("sender"),
-        first_of("database", "message_sent").alias("database"),
-        first_of("service", "message_sent").alias("service"),
-        first_of("far_service", "message_sent").alias("far_service"),
-        first_of("message_type", "message_sent").alias("message_type"),
-        first_of("size", "message_sent").alias("size"),
+    folded = keyed.groupBy(*KEY).agg(
+        first_fields(
+            "message_sent",
+            "instance",
+            "database",
+            "service",
+            "far_service",
+            "message_type",
+            "size",
+        ).alias("sent"),
         time_of("message_sent").alias("sent_t"),
         time_of("enqueued").alias("enqueued_t"),
         time_of("fragment_sent").alias("first_fragment_t"),
-        first_of("route", "fragment_sent").alias("fragment_route"),
-        first_of("peer", "fragment_sent").alias("fragment_peer"),
+        first_fields("fragment_sent", "route", "peer").alias("link"),
         F.max(F.when(is_event("fragment_sent"), F.col("attempt"))).alias("attempts"),
         count_of("retransmission").alias("retransmissions"),
         count_of("duplicate").alias("duplicates"),
@@ -132,11 +139,40 @@ def message_table(events: DataFrame) -> DataFrame:
         first_of("reason", "discarded").alias("discard_reason"),
         time_of("delivered").alias("delivered_t"),
         count_of("delivered").alias("deliveries"),
-        first_of("instance", "delivered").alias("receiver"),
-        first_of("database", "delivered").alias("target_database"),
-        first_of("queue", "delivered").alias("queue"),
+        first_fields("delivered", "instance", "database", "queue").alias("delivery"),
         time_of("received").alias("received_t"),
         count_of("received").alias("receptions"),
+    )
+    rows = folded.select(
+        *KEY,
+        F.col("sent.instance").alias("sender"),
+        "sent.database",
+        "sent.service",
+        "sent.far_service",
+        "sent.message_type",
+        "sent.size",
+        "sent_t",
+        "enqueued_t",
+        "first_fragment_t",
+        F.col("link.route").alias("fragment_route"),
+        F.col("link.peer").alias("fragment_peer"),
+        "attempts",
+        "retransmissions",
+        "duplicates",
+        "drops",
+        "drop_reason",
+        "forwards",
+        "max_hop",
+        "acked_t",
+        "discarded_t",
+        "discard_reason",
+        "delivered_t",
+        "deliveries",
+        F.col("delivery.instance").alias("receiver"),
+        F.col("delivery.database").alias("target_database"),
+        "delivery.queue",
+        "received_t",
+        "receptions",
     )
     routes = conversation_routes(events)
     joined = rows.join(routes, on=[*STREAM, "sender"], how="left")

@@ -271,7 +271,7 @@ def analyze(
         steps.run("waiting messages and open endpoints", waiting_tables)
     finally:
         messages.unpersist()
-        events.unpersist()
+        traces.release()
     return Analysis(
         inputs=traces.view(),
         totals=state["totals"],

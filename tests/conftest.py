@@ -1,19 +1,31 @@
-"""Shared fixtures: a deployment CA, instance identities, and an in-memory link
-that pairs two sans-I/O connections (the h11 testing pattern)."""
+"""Shared fixtures: a deployment CA, instance identities, an in-memory link
+that pairs two sans-I/O connections (the h11 testing pattern), and the one Spark
+session (local mode, two cores) the analytics tests share."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
+from pyspark.sql import SparkSession
 
+from analytics.session import spark_session
 from brokerd.certs import Issued, create_ca, identity_for, issue_instance
 from protocol import BrokerConnection, ConnectionSettings, EncryptionMode, Identity, Role
 from protocol.events import Event
 
 NOW = dt.datetime.now(dt.UTC)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session("local[2]", driver_memory="2g", shuffle_partitions=4)
+    try:
+        yield session
+    finally:
+        session.stop()
 
 
 @dataclass(frozen=True)
