@@ -14,7 +14,9 @@ Columns: the key; ``sender``, ``database``, ``service``, ``far_service``,
 ``deliveries``, ``receptions``; ``route`` and ``address`` (the first link used,
 or the conversation's route for a local delivery), ``receiver``,
 ``target_database``, ``queue``, ``drop_reason``, ``discard_reason``; and
-``status``: delivered, lost (acknowledged, never delivered), discarded, or waiting.
+``status``: delivered, lost (acknowledged, never delivered), discarded, waiting
+(sent, none of those yet), or unknown (seen only in passing, on a forwarder or
+where it was dropped: its sender's traces are not in the set).
 """
 
 from __future__ import annotations
@@ -180,7 +182,8 @@ def message_table(events: DataFrame) -> DataFrame:
         F.when(F.col("delivered_t").isNotNull(), "delivered")
         .when(F.col("discarded_t").isNotNull(), "discarded")
         .when(F.col("acked_t").isNotNull(), "lost")
-        .otherwise("waiting")
+        .when(F.col("sent_t").isNotNull(), "waiting")
+        .otherwise("unknown")
     )
     return joined.select(
         *rows.columns,

@@ -2,7 +2,7 @@
 
 :func:`analyze` loads the traces (:mod:`analytics.load`), builds the message table
 once (:mod:`analytics.messages`, cached) and runs the jobs in turn, reporting
-progress (``[3/14] latency per route: 1.2 s``) to stderr. The result, an
+progress (``[6/11] latency per hop: 1.2 s``) to stderr. The result, an
 :class:`Analysis`, is printed by :func:`print_summary` and written by
 :func:`write_report` as ``summary.json`` (every figure, machine-readable) and
 ``report.html`` (the same tables, with charts of the latency distribution,
@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from analytics import audit as audit_job
 from analytics import charts, delays, faults, latency, throughput, waiting
-from analytics.load import Traces, load_traces
+from analytics.load import Traces, load_traces, trace_files
 from analytics.messages import message_table
 from analytics.session import DEFAULT_MASTER, spark_session
 from brokerd.traces import iso_micros
@@ -174,7 +174,8 @@ def analyze(
 ) -> Analysis:
     """Run every job over the trace segments under ``paths``."""
     began = time.perf_counter()
-    steps = Progress(14 if spark is not None else 15, progress)
+    files = trace_files(list(paths))  # a wrong path fails before Spark starts
+    steps = Progress(10 if spark is not None else 11, progress)
     session: list[SparkSession] = [spark] if spark is not None else []
     if spark is None:
         steps.run(
@@ -183,7 +184,9 @@ def analyze(
         )
     sp = session[0]
     loaded: list[Traces] = []
-    steps.run("reading trace segments", lambda: loaded.append(load_traces(sp, list(paths))))
+    steps.run(
+        f"reading {len(files)} trace segment(s)", lambda: loaded.append(load_traces(sp, files))
+    )
     traces = loaded[0]
     events = traces.events
     messages = message_table(events).cache()

@@ -209,6 +209,7 @@ class _Simulation:
             fault = "lost_ack"
         attempt = 1
         delivered_t = -1.0
+        forwarded = False
         wait = RETRY_INITIAL
         while True:
             t += 0.0001
@@ -297,7 +298,8 @@ class _Simulation:
                     address=ADDRESSES[receiver],
                     route="Ledger" if initiator else "Shop",
                 )
-                if attempt == 1:
+                if not forwarded:
+                    forwarded = True
                     self.truth.messages_forwarded += 1
                 arrive += self.leg()
             came_from = "hub" if conv.via_hub else sender
@@ -460,7 +462,7 @@ class _Simulation:
         if conv.delayed:
             self.emit(
                 conv.client,
-                t + 0.0001,
+                t,
                 "delayed",
                 cid,
                 database="shop",
@@ -578,7 +580,7 @@ class _Simulation:
             elif kind == "out_of_order":
                 self.truth.violations.add(("out_of_order", str(conv.cid), True, 2))
             self.conversation(conv, START + i * spacing)
-            if i % 2000 == 1999:
+            if i % 50 == 49:  # the writers rotate segments when they write
                 for writer in self.writers.values():
                     await writer.flush()
         for writer in self.writers.values():

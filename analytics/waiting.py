@@ -2,8 +2,10 @@
 
 "Now" is the latest event of the trace set. A message waits when it was sent and
 is neither acknowledged, delivered nor discarded; its age is now minus its SEND
-time and its status is the last thing the traces say about it (its latest event
-on any instance, or its conversation's DELAYED reason when that is later). An
+time and its status is the last thing the traces say about it: its
+conversation's DELAYED reason when the conversation is still DELAYED, otherwise
+its latest event on any instance (events of one instant ordered by the life of a
+message, ``MESSAGE_EVENTS``). An
 endpoint is open from ``dialog_begun`` until ``dialog_ended``; for each open
 endpoint the table gives its age, how long it has been idle, its last event, and
 how many of its messages wait to be sent or to be RECEIVEd (the pile-ups nobody
@@ -60,7 +62,8 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
         "address",
         F.round((F.lit(last_t) - F.col("sent_t")) / 1e6, 3).alias("age_seconds"),
     )
-    latest = Window.partitionBy(*KEY).orderBy(F.col("t").desc())
+    stage = F.array_position(F.array(*map(F.lit, MESSAGE_EVENTS)), F.col("event"))
+    latest = Window.partitionBy(*KEY).orderBy(F.col("t").desc(), stage.desc())
     last_event = (
         events.where(F.col("event").isin(*MESSAGE_EVENTS) & (F.col("seq") > 0))
         .join(waiting.select(*KEY), on=KEY, how="left_semi")
@@ -81,7 +84,6 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
         .select(
             *STREAM,
             F.col("instance").alias("sender"),
-            F.col("t").alias("delayed_t"),
             F.concat(F.lit("DELAYED: "), F.col("reason")).alias("delayed_status"),
         )
     )
@@ -90,13 +92,8 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
         .join(delays, on=[*STREAM, "sender"], how="left")
         .select(
             *waiting.columns,
-            F.when(
-                F.col("delayed_t").isNotNull()
-                & (F.col("status_t").isNull() | (F.col("delayed_t") >= F.col("status_t"))),
-                F.col("delayed_status"),
-            )
-            .otherwise(F.col("message_status"))
-            .alias("last_status"),
+            # a conversation still DELAYED at the end of the set: that is why it waits
+            F.coalesce("delayed_status", "message_status").alias("last_status"),
             F.coalesce("status_instance", "sender").alias("status_instance"),
         )
         .orderBy("sent_t", *KEY)
