@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from brokerd import certs
+from brokerd.errors import AnalyticsError
 from protocol import BrokerError, EncryptionMode
 
 
@@ -54,8 +55,12 @@ def _wire_demo(args: argparse.Namespace) -> None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from analytics.report import run
-
+    try:
+        from analytics.report import run
+    except ModuleNotFoundError as exc:
+        raise AnalyticsError(
+            f"brokerd analyze needs PySpark ({exc}): pip install 'brokerd[analytics]'"
+        ) from exc
     return run(args)
 
 
