@@ -7,18 +7,28 @@ be delivered, discarded by its own side (END CONVERSATION WITH ERROR or CLEANUP,
 broker error) or still waiting in a transmission queue. Violations:
 
 * ``duplicate``: a message delivered more than once;
-* ``gap``: a sequence number never delivered although a later one was;
+* ``gap``: sequence numbers never delivered (nor discarded) although a later one
+  was; one line per missing range, named by its first seq;
 * ``out_of_order``: a message delivered after a later one of its stream;
-* ``lost``: acknowledged to its sender but never delivered;
-* ``unsent``: delivered, but its sender's traces (present for the stream) never
-  sent it.
+* ``lost``: acknowledged to its sender but never delivered, while no earlier
+  message of its stream is missing (an acknowledgement range lets the receiver
+  acknowledge a message it holds until an earlier one arrives: that is ``held``,
+  not lost);
+* ``unsent``: delivered, but its sender's traces (present for the stream from a
+  lower seq on) never sent it.
 
-A trace set may begin in the middle of a conversation (segments deleted, tracing
-switched on late): sequence numbers below the lowest one the set mentions for a
-stream are not reported as gaps. Unsequenced broker errors (seq 0) are not
-audited. Events lost by a crashed daemon's trace writer (at most
-``trace.flush_interval`` seconds of them) show here as violations: the audit
-says what the traces show.
+What the set cannot show is not reported:
+
+* a trace set may begin in the middle of a conversation (segments deleted,
+  tracing switched on late): sequence numbers below the lowest one the set saw
+  sent, delivered or discarded are not gaps, and delivered messages below the
+  lowest one sent are not ``unsent``;
+* when the receiver's traces are not in the set (no ``delivered`` or
+  ``ack_sent`` for the stream), acknowledged messages are not ``lost``.
+
+Unsequenced broker errors (seq 0) are not audited. Events lost by a crashed
+daemon's trace writer (at most ``trace.flush_interval`` seconds of them) show
+here as violations: the audit says what the traces show.
 """
 
 from __future__ import annotations
@@ -73,92 +83,87 @@ def _direction(initiator: Column) -> Column:
     return F.when(initiator, "initiator->target").otherwise("target->initiator")
 
 
+def _violation(kind: str, detail: Column) -> list[Column]:
+    columns = [*STREAM, "seq", "sender", "receiver"]
+    return [F.lit(kind).alias("kind"), *map(F.col, columns), detail.alias("detail")]
+
+
 def violations(messages: DataFrame) -> DataFrame:
     """Every violation: kind, conversation_id, initiator, seq, sender, receiver, detail."""
-    columns = ["kind", *STREAM, "seq", "sender", "receiver", "detail"]
     stream = Window.partitionBy(*STREAM)
-    messages = messages.withColumn(  # a lost message names its stream's receiver
-        "receiver",
-        F.coalesce("receiver", F.first("receiver", ignorenulls=True).over(stream)),
+    sent = F.col("sent_t").isNotNull()
+    delivered = F.col("deliveries") > 0
+    discarded = F.col("status") == "discarded"
+    m = (
+        messages.withColumn(  # a lost message names its stream's receiver
+            "receiver",
+            F.coalesce("receiver", F.first("receiver", ignorenulls=True).over(stream)),
+        )
+        .withColumn(
+            "sender", F.coalesce("sender", F.first("sender", ignorenulls=True).over(stream))
+        )
+        # the lowest seq the set saw sent, delivered or discarded: lower ones are
+        # before the traces began (a late duplicate or RECEIVE does not count)
+        .withColumn(
+            "lowest", F.min(F.when(sent | delivered | discarded, F.col("seq"))).over(stream)
+        )
+        .withColumn("lowest_sent", F.min(F.when(sent, F.col("seq"))).over(stream))
+        .withColumn("highest", F.max(F.when(delivered, F.col("seq"))).over(stream))
     )
-    duplicates = messages.where(F.col("deliveries") > 1).select(
-        F.lit("duplicate").alias("kind"),
-        *STREAM,
-        "seq",
-        "sender",
-        "receiver",
-        F.format_string("delivered %d times", "deliveries").alias("detail"),
+    duplicates = m.where(F.col("deliveries") > 1).select(
+        *_violation("duplicate", F.format_string("delivered %d times", "deliveries"))
     )
-    lost = messages.where(F.col("status") == "lost").select(
-        F.lit("lost").alias("kind"),
-        *STREAM,
-        "seq",
-        "sender",
-        "receiver",
-        F.lit("acknowledged to the sender but never delivered").alias("detail"),
+    lost = m.where(F.col("status") == "lost").select(
+        *_violation("lost", F.lit("acknowledged to the sender but never delivered"))
     )
-    sent_streams = messages.withColumn(
-        "stream_sent", F.count("sent_t").over(stream)
-    )  # streams whose sender is in the trace set
-    unsent = sent_streams.where(
-        (F.col("deliveries") > 0) & F.col("sent_t").isNull() & (F.col("stream_sent") > 0)
-    ).select(
-        F.lit("unsent").alias("kind"),
-        *STREAM,
-        "seq",
-        "sender",
-        "receiver",
-        F.lit("delivered but never sent by its sender").alias("detail"),
+    unsent = m.where(delivered & ~sent & (F.col("seq") >= F.col("lowest_sent"))).select(
+        *_violation("unsent", F.lit("delivered but never sent by its sender"))
     )
-    delivered = messages.where(F.col("deliveries") > 0)
     in_time = Window.partitionBy(*STREAM).orderBy("delivered_t", "seq")
     out_of_order = (
-        delivered.withColumn(
-            "before", F.max("seq").over(in_time.rowsBetween(Window.unboundedPreceding, -1))
-        )
+        m.where(delivered)
+        .withColumn("before", F.max("seq").over(in_time.rowsBetween(Window.unboundedPreceding, -1)))
         .where(F.col("before") > F.col("seq"))
+        .select(*_violation("out_of_order", F.format_string("delivered after seq %d", "before")))
+    )
+    # Gaps: seqs from the stream's lowest to its highest delivered one that were neither
+    # delivered nor discarded (END CONVERSATION WITH ERROR drops what is pending and
+    # sends the error after it). One row per missing range, found between neighbours.
+    accounted = m.where(
+        (delivered | discarded)
+        & (F.col("seq") >= F.col("lowest"))
+        & (F.col("seq") <= F.col("highest"))
+    )
+    in_seq = Window.partitionBy(*STREAM).orderBy("seq")
+    gaps = (
+        accounted.withColumn("previous", F.coalesce(F.lag("seq").over(in_seq), F.col("lowest") - 1))
+        .where(F.col("seq") - F.col("previous") > 1)
         .select(
-            F.lit("out_of_order").alias("kind"),
+            F.lit("gap").alias("kind"),
             *STREAM,
-            "seq",
+            (F.col("previous") + 1).alias("seq"),
             "sender",
             "receiver",
-            F.format_string("delivered after seq %d", "before").alias("detail"),
+            F.when(
+                F.col("seq") - F.col("previous") == 2,
+                F.format_string("never delivered, though seq %d was", "highest"),
+            )
+            .otherwise(
+                F.format_string(
+                    "never delivered, nor the %d after it (to seq %d), though seq %d was",
+                    F.col("seq") - F.col("previous") - 2,
+                    F.col("seq") - 1,
+                    "highest",
+                )
+            )
+            .alias("detail"),
         )
-    )
-    # Gaps: between the lowest seq the set mentions for the stream and the highest
-    # delivered one, every seq must have been delivered (or discarded by its sender:
-    # END CONVERSATION WITH ERROR drops what is pending and sends the error after it).
-    bounds = messages.groupBy(*STREAM).agg(
-        F.min("seq").alias("lowest"),
-        F.max(F.when(F.col("deliveries") > 0, F.col("seq"))).alias("highest"),
-        F.first("receiver", ignorenulls=True).alias("stream_receiver"),
-        F.first("sender", ignorenulls=True).alias("stream_sender"),
-    )
-    expected = bounds.where(F.col("highest").isNotNull()).select(
-        *STREAM,
-        F.explode(F.sequence("lowest", "highest")).alias("seq"),
-        "highest",
-        "stream_sender",
-        "stream_receiver",
-    )
-    accounted = messages.where((F.col("deliveries") > 0) | (F.col("status") == "discarded"))
-    gaps = expected.join(
-        accounted.select(*STREAM, "seq"), on=[*STREAM, "seq"], how="left_anti"
-    ).select(
-        F.lit("gap").alias("kind"),
-        *STREAM,
-        "seq",
-        F.col("stream_sender").alias("sender"),
-        F.col("stream_receiver").alias("receiver"),
-        F.format_string("never delivered, though seq %d was", "highest").alias("detail"),
     )
     return (
         duplicates.unionByName(gaps)
         .unionByName(out_of_order)
         .unionByName(lost)
         .unionByName(unsent)
-        .select(*columns)
         .withColumn("direction", _direction(F.col("initiator")))
     )
 

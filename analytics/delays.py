@@ -1,8 +1,9 @@
 """DELAYED time per conversation (R-ROUTE-13) and the reasons messages waited.
 
 A conversation endpoint is DELAYED from its first ``delayed`` event until the next
-``released`` one on the same instance; one without a ``released`` is still DELAYED
-at the end of the trace set, and its time is counted to then. :func:`delayed_periods`
+``released`` one on the same instance, or until the endpoint closes
+(``dialog_ended``: END CONVERSATION WITH CLEANUP, for example); one with neither is
+still DELAYED at the end of the trace set, and its time is counted to then. :func:`delayed_periods`
 gives one row per period, :func:`by_conversation` sums them and
 :func:`wait_reasons` says why messages waited: DELAYED reasons (routing),
 connections refused (the peer could not be reached), and drops (the receiving
@@ -21,8 +22,11 @@ ENDPOINT = [*STREAM, "instance"]
 
 def delayed_periods(events: DataFrame, last_t: int) -> DataFrame:
     """One row per DELAYED period: endpoint, database, service, start_t, end_t, seconds, reason."""
+    ends = is_event("released") | is_event("dialog_ended")
     marks = events.where(
-        (is_event("delayed") | is_event("released")) & F.col("conversation_id").isNotNull()
+        (is_event("delayed") | ends)
+        & F.col("conversation_id").isNotNull()
+        & F.col("initiator").isNotNull()
     )
     before = (
         Window.partitionBy(*ENDPOINT)
@@ -30,11 +34,11 @@ def delayed_periods(events: DataFrame, last_t: int) -> DataFrame:
         .rowsBetween(Window.unboundedPreceding, -1)
     )
     numbered = marks.withColumn(
-        "period", F.coalesce(F.sum(is_event("released").cast("int")).over(before), F.lit(0))
+        "period", F.coalesce(F.sum(ends.cast("int")).over(before), F.lit(0))
     )
     periods = numbered.groupBy(*ENDPOINT, "period").agg(
         F.min(F.when(is_event("delayed"), F.col("t"))).alias("start_t"),
-        F.min(F.when(is_event("released"), F.col("t"))).alias("end_t"),
+        F.min(F.when(ends, F.col("t"))).alias("end_t"),
         F.min_by(
             F.when(is_event("delayed"), F.col("reason")), F.when(is_event("delayed"), F.col("t"))
         ).alias("reason"),
@@ -73,7 +77,7 @@ def wait_reasons(events: DataFrame, periods: DataFrame) -> DataFrame:
     delayed = periods.groupBy(F.lit("delayed").alias("kind"), "reason").agg(
         F.concat_ws(",", F.sort_array(F.collect_set("instance"))).alias("where"),
         F.count(F.lit(1)).alias("times"),
-        F.count_distinct(*STREAM).alias("conversations"),
+        F.count_distinct("conversation_id").alias("conversations"),
         F.round(F.sum("seconds"), 6).alias("total_seconds"),
         F.round(F.max("seconds"), 6).alias("max_seconds"),
         F.count(F.when(F.col("still_delayed"), 1)).alias("still_waiting"),
@@ -96,7 +100,7 @@ def wait_reasons(events: DataFrame, periods: DataFrame) -> DataFrame:
         .agg(
             F.concat_ws(",", F.sort_array(F.collect_set("instance"))).alias("where"),
             F.count(F.lit(1)).alias("times"),
-            F.count_distinct(*STREAM).alias("conversations"),
+            F.count_distinct("conversation_id").alias("conversations"),
             F.lit(None).cast("double").alias("total_seconds"),
             F.lit(None).cast("double").alias("max_seconds"),
             F.lit(None).cast("long").alias("still_waiting"),

@@ -7,7 +7,8 @@ counted on the sender's link, duplicates and integrity failures on the receiving
 side's connection. A *route* is the sender's route name and the address it led to;
 duplicates and drops are joined to it through the message they concern.
 Integrity failures concern a frame, not a message, so they are counted per
-connection only. :func:`drops_by_reason` says why messages were dropped, where.
+connection only. Duplicates and drops are counted per fragment, as the events
+are. :func:`drops_by_reason` says why messages were dropped, where.
 """
 
 from __future__ import annotations
@@ -44,16 +45,6 @@ def by_connection(events: DataFrame) -> DataFrame:
             count_of("connection_opened").alias("opened"),
             count_of("connection_closed").alias("closed"),
             count_of("connection_refused").alias("refused"),
-        )
-        .withColumn(
-            "retransmitted_pct",
-            F.round(
-                F.when(
-                    F.col("fragments_sent") > 0,
-                    100.0 * F.col("retransmissions") / F.col("fragments_sent"),
-                ),
-                3,
-            ),
         )
         .orderBy(
             (F.col("retransmissions") + F.col("duplicates") + F.col("integrity_failures")).desc(),

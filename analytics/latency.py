@@ -6,16 +6,16 @@ figures are milliseconds. Percentiles are Spark's ``percentile_approx`` (rank er
 below 1/10,000); counts, means and maxima are exact.
 
 * :func:`by_service_pair` and :func:`by_route` read the message table;
-* :func:`by_hop` follows each message link by link: from the sender's first
-  fragment to the first broker that received it, through every forwarder (whose
-  own dwell time, received to forwarded, is given too) to the receiver;
+* :func:`by_hop` follows each message link by link: from the sender to the first
+  broker that received it, through every forwarder (whose own dwell time,
+  received to forwarded, is given too) to the receiver;
 * :func:`latency_histogram` buckets SEND-to-delivery latencies on a log scale (ten
   buckets per decade) for the report's chart.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.messages import KEY, is_event
@@ -69,47 +69,53 @@ def by_hop(events: DataFrame) -> tuple[DataFrame, DataFrame]:
     Returns (legs, dwell): legs has ``leg``, ``from_instance``, ``to_instance`` and the
     latency distribution; dwell has ``instance``, ``hop`` and the time each forwarder
     held a message (first fragment received to first fragment forwarded).
+
+    A leg ends at a message's first arrival (fragment 0) on an instance; the
+    receiving connection's peer (``instance@host:port``) names where it came from,
+    and the leg starts at that instance's latest departure of the message before
+    the arrival (a ``fragment_sent`` attempt or a ``forwarded``). So a retry over
+    another path is its own leg, and a retransmission's wait is not a leg's
+    latency (it is in the end-to-end figures). The leg number is the arrival's hop
+    count plus one.
     """
-    keyed = events.where(F.col("seq") > 0)
-    departures_from_sender = (
-        keyed.where(is_event("fragment_sent") & (F.col("fragment") == 0))
-        .groupBy(*KEY)
-        .agg(F.min("t").alias("depart"), F.min_by("instance", "t").alias("instance"))
-        .withColumn("node", F.lit(0))
-        .withColumn("arrive", F.lit(None).cast("long"))
+    keyed = events.where((F.col("seq") > 0) & (F.col("fragment") == 0))
+    departures = keyed.where(is_event("fragment_sent") | is_event("forwarded")).select(
+        *KEY, F.col("instance").alias("from_instance"), F.col("t").alias("left_at")
     )
     arrivals = (
-        keyed.where(is_event("fragment_received") & (F.col("fragment") == 0))
-        .groupBy(*KEY, "instance", F.coalesce("hop", F.lit(0)).alias("hop"))
-        .agg(F.min("t").alias("arrive"))
-        .withColumn("node", F.col("hop") + 1)
-    )
-    forwards = (
-        keyed.where(is_event("forwarded") & (F.col("fragment") == 0))
-        .groupBy(*KEY, "instance", F.col("hop").alias("node"))
-        .agg(F.min("t").alias("depart"))
-    )
-    relay_nodes = arrivals.join(forwards, on=[*KEY, "instance", "node"], how="left").select(
-        *KEY, "instance", "node", "arrive", "depart"
-    )
-    nodes = departures_from_sender.select(*KEY, "instance", "node", "arrive", "depart").unionByName(
-        relay_nodes
-    )
-    path = Window.partitionBy(*KEY).orderBy("node")
-    legs = (
-        nodes.withColumn("from_instance", F.lag("instance").over(path))
-        .withColumn("left_at", F.lag("depart").over(path))
-        .withColumn("from_node", F.lag("node").over(path))
-        .where(F.col("left_at").isNotNull() & (F.col("from_node") == F.col("node") - 1))
+        keyed.where(is_event("fragment_received"))
         .groupBy(
-            F.col("node").alias("leg"), "from_instance", F.col("instance").alias("to_instance")
+            *KEY,
+            "instance",
+            F.regexp_extract("peer", "^(.*)@[^@]*$", 1).alias("from_instance"),
+            (F.coalesce("hop", F.lit(0)) + 1).alias("leg"),
         )
+        .agg(F.min("t").alias("arrive"))
+    )
+    paired = (
+        arrivals.join(departures, on=[*KEY, "from_instance"])
+        .groupBy(*KEY, "instance", "from_instance", "leg", "arrive")
+        .agg(
+            F.coalesce(
+                F.max(F.when(F.col("left_at") <= F.col("arrive"), F.col("left_at"))),
+                F.min("left_at"),  # clocks disagree: the first departure
+            ).alias("left_at")
+        )
+    )
+    legs = (
+        paired.groupBy("leg", "from_instance", F.col("instance").alias("to_instance"))
         .agg(*distribution(millis("arrive", "left_at"), ""))
         .orderBy("leg", "from_instance", "to_instance")
     )
+    forwards = (
+        keyed.where(is_event("forwarded"))
+        .groupBy(*KEY, "instance")
+        .agg(F.min("t").alias("depart"), F.min("hop").alias("hop"))
+    )
+    first_arrivals = arrivals.groupBy(*KEY, "instance").agg(F.min("arrive").alias("arrive"))
     dwell = (
-        relay_nodes.where(F.col("depart").isNotNull())
-        .groupBy("instance", F.col("node").alias("hop"))
+        first_arrivals.join(forwards, on=[*KEY, "instance"])
+        .groupBy("instance", "hop")
         .agg(*distribution(millis("depart", "arrive"), ""))
         .orderBy("hop", "instance")
     )

@@ -39,7 +39,7 @@ class Traces:
     lines_skipped: int
     """Lines that did not parse, had no event name or no parseable timestamp."""
     other_versions: int
-    """Events of a schema version this analysis does not know (left out)."""
+    """Events of a schema version this analysis does not know, or of none (left out)."""
     instances: list[str]
     first_t: int
     last_t: int
@@ -93,15 +93,17 @@ def load_traces(spark: SparkSession, paths: list[Path]) -> Traces:
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
         .json([str(f) for f in files])
-        .withColumn("t", F.unix_micros(F.to_timestamp("ts", TIMESTAMP_FORMAT)))
+        # try_: a timestamp that does not parse makes a null (a skipped line), not an error
+        .withColumn("t", F.unix_micros(F.try_to_timestamp(F.col("ts"), F.lit(TIMESTAMP_FORMAT))))
     )
     usable = F.col(CORRUPT_COLUMN).isNull() & F.col("event").isNotNull() & F.col("t").isNotNull()
-    known = usable & (F.col("v") == SCHEMA_VERSION)
+    ours = F.col("v").eqNullSafe(SCHEMA_VERSION)
+    known = usable & ours
     # The files are parsed once, into the cache; the counts and every job read the cache.
     cached = raw.persist(StorageLevel.MEMORY_AND_DISK)
     counts = cached.agg(
         F.count(F.when(~usable, 1)).alias("skipped"),
-        F.count(F.when(usable & (F.col("v") != SCHEMA_VERSION), 1)).alias("other"),
+        F.count(F.when(usable & ~ours, 1)).alias("other"),
         F.count(F.when(known, 1)).alias("n"),
         F.min(F.when(known, F.col("t"))).alias("first"),
         F.max(F.when(known, F.col("t"))).alias("last"),

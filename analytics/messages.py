@@ -14,9 +14,18 @@ Columns: the key; ``sender``, ``database``, ``service``, ``far_service``,
 ``deliveries``, ``receptions``; ``route`` and ``address`` (the first link used,
 or the conversation's route for a local delivery), ``receiver``,
 ``target_database``, ``queue``, ``drop_reason``, ``discard_reason``; and
-``status``: delivered, lost (acknowledged, never delivered), discarded, waiting
-(sent, none of those yet), or unknown (seen only in passing, on a forwarder or
-where it was dropped: its sender's traces are not in the set).
+``status``, one of:
+
+* ``delivered``;
+* ``discarded`` (its own side removed it unacknowledged);
+* ``lost``: acknowledged, never delivered, and no earlier message of its stream
+  is missing;
+* ``held``: acknowledged (by an acknowledgement range) but held by the receiver
+  until an earlier message arrives;
+* ``acknowledged``: acknowledged, and the receiver's traces are not in the set;
+* ``waiting``: sent, none of the above yet;
+* ``unknown``: seen only in passing (a forwarder, a drop); its sender's traces
+  are not in the set.
 """
 
 from __future__ import annotations
@@ -82,7 +91,8 @@ def listed_messages(events: DataFrame, event: str, as_event: str) -> DataFrame:
             "reason",
             F.explode(F.split("seqs", ",")).alias("listed"),
         )
-        .withColumn("seq", F.col("listed").cast("long"))
+        .withColumn("seq", F.col("listed").try_cast("long"))
+        .where(F.col("seq").isNotNull())
         .drop("listed")
         .withColumn("event", F.lit(as_event))
     )
@@ -178,14 +188,35 @@ def message_table(events: DataFrame) -> DataFrame:
     )
     routes = conversation_routes(events)
     joined = rows.join(routes, on=[*STREAM, "sender"], how="left")
+    # The receiver's traces are in the set when its side of the stream left a trace
+    # (only the final target delivers and acknowledges; forwarders do neither).
+    receivers = (
+        events.where(F.col("event").isin("delivered", "ack_sent"))
+        .select(*STREAM)
+        .distinct()
+        .withColumn("receiver_traced", F.lit(True))
+    )
+    open_message = (
+        F.col("delivered_t").isNull()
+        & F.col("discarded_t").isNull()
+        & (F.col("sent_t").isNotNull() | F.col("acked_t").isNotNull())
+    )
+    stream = Window.partitionBy(*STREAM)
+    with_stream = joined.join(receivers, on=STREAM, how="left").withColumn(
+        "lowest_open", F.min(F.when(open_message, F.col("seq"))).over(stream)
+    )
+    acked = F.col("acked_t").isNotNull()
+    traced = F.col("receiver_traced").isNotNull()
     status = (
         F.when(F.col("delivered_t").isNotNull(), "delivered")
         .when(F.col("discarded_t").isNotNull(), "discarded")
-        .when(F.col("acked_t").isNotNull(), "lost")
+        .when(acked & ~traced, "acknowledged")
+        .when(acked & (F.col("seq") == F.col("lowest_open")), "lost")
+        .when(acked, "held")
         .when(F.col("sent_t").isNotNull(), "waiting")
         .otherwise("unknown")
     )
-    return joined.select(
+    return with_stream.select(
         *rows.columns,
         F.coalesce("fragment_route", "conversation_route").alias("route"),
         F.coalesce("fragment_peer", "conversation_address").alias("address"),

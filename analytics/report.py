@@ -144,6 +144,10 @@ def _totals(events: DataFrame, messages: DataFrame) -> dict[str, Any]:
         F.count("received_t").alias("messages_received"),
         F.count(F.when(F.col("status") == "waiting", 1)).alias("messages_waiting"),
         F.count(F.when(F.col("status") == "lost", 1)).alias("messages_lost"),
+        F.count(F.when(F.col("status") == "held", 1)).alias("messages_held"),
+        F.count(F.when(F.col("status") == "acknowledged", 1)).alias(
+            "messages_acknowledged_receiver_untraced"
+        ),
         F.count(F.when(F.col("status") == "discarded", 1)).alias("messages_discarded"),
         F.count(F.when(F.col("retransmissions") > 0, 1)).alias("messages_retransmitted"),
         F.count(F.when(F.col("forwards") > 0, 1)).alias("messages_forwarded"),
@@ -240,13 +244,13 @@ def analyze(
             "throughput_by_instance",
             "Throughput per instance",
             throughput.by_instance(events, width),
-            5000,
+            None,  # at most MAX_BUCKETS per instance
         )
         put(
             "throughput_by_route",
             "Throughput per route",
             throughput.by_route(messages, width),
-            5000,
+            None,  # at most MAX_BUCKETS per route
         )
         put("route_spread", "Dialogs over load-balanced routes", throughput.route_spread(events))
 
@@ -524,7 +528,7 @@ def write_report(analysis: Analysis, out_dir: Path) -> tuple[Path, Path]:
     """Write ``summary.json`` and ``report.html`` into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / "summary.json"
-    summary.write_text(json.dumps(analysis.view(), indent=1, default=str) + "\n")
+    summary.write_text(json.dumps(analysis.view(), indent=1, default=str, allow_nan=False) + "\n")
     html = out_dir / "report.html"
     html.write_text(render_html(analysis), encoding="utf-8")
     return summary, html

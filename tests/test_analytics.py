@@ -368,6 +368,147 @@ def test_a_conversation_delayed_to_the_end_is_reported_with_its_reason(
     assert (drop["instance"], drop["reason"]) == ("b", "conversation is CD")
 
 
+# -- edge cases: what the traces cannot show is not a violation ------------------------
+
+
+def edge_cases(root: Path) -> dict[str, str]:
+    w = Writer(root)
+    c = {
+        name: uuid.uuid4()
+        for name in ("held", "untraced", "late", "unsent", "cleanup", "retry", "gap")
+    }
+    a = {"database": "db", "initiator": True}
+    # seq 2 acknowledged by a range while seq 1 is still missing: held, not lost
+    w.emit("a", T0 + 1, "message_sent", c["held"], seq=1, **a)
+    w.emit("a", T0 + 1, "message_sent", c["held"], seq=2, **a)
+    w.emit(
+        "b",
+        T0 + 1.01,
+        "fragment_received",
+        c["held"],
+        initiator=True,
+        seq=2,
+        fragment=0,
+        peer="a@x",
+    )
+    w.emit(
+        "b", T0 + 1.02, "ack_sent", c["held"], database="db", initiator=True, through=0, peer="a@x"
+    )
+    w.emit("a", T0 + 1.03, "ack_received", c["held"], seqs="2", acked=1, through=0, **a)
+    # only the sender's traces: acknowledged, not lost
+    w.emit("a", T0 + 2, "message_sent", c["untraced"], seq=1, **a)
+    w.emit("a", T0 + 2.01, "ack_received", c["untraced"], seqs="1", acked=1, through=1, **a)
+    # the set begins mid-conversation: seq 3 was delivered before it, only RECEIVEd in it
+    w.emit("b", T0 + 3, "received", c["late"], seq=3, **a)
+    w.emit("a", T0 + 3, "message_sent", c["late"], seq=4, **a)
+    w.emit("b", T0 + 3.01, "delivered", c["late"], seq=4, **a)
+    # the sender's traces begin at seq 2
+    w.emit("b", T0 + 4, "delivered", c["unsent"], seq=1, **a)
+    w.emit("a", T0 + 4, "message_sent", c["unsent"], seq=2, **a)
+    w.emit("b", T0 + 4.01, "delivered", c["unsent"], seq=2, **a)
+    # DELAYED, then END CONVERSATION WITH CLEANUP after one second
+    w.emit("a", T0 + 5, "dialog_begun", c["cleanup"], service="//a", far_service="//x", **a)
+    w.emit("a", T0 + 5, "delayed", c["cleanup"], reason="no route", **a)
+    w.emit("a", T0 + 6, "dialog_ended", c["cleanup"], **a)
+    # the first attempt reaches f1, which never forwards; the retry goes through f2
+    r = c["retry"]
+    w.emit("a", T0 + 30, "message_sent", r, seq=1, **a)
+    w.emit("a", T0 + 30, "fragment_sent", r, seq=1, fragment=0, attempt=1, peer="tcp://f1", **a)
+    w.emit("f1", T0 + 30.001, "fragment_received", r, initiator=True, seq=1, fragment=0, peer="a@x")
+    w.emit("a", T0 + 30.5, "retransmission", r, seq=1, attempt=2, wait=1.0, peer="tcp://f1", **a)
+    w.emit("a", T0 + 30.5, "fragment_sent", r, seq=1, fragment=0, attempt=2, peer="tcp://f2", **a)
+    w.emit("f2", T0 + 30.502, "fragment_received", r, initiator=True, seq=1, fragment=0, peer="a@x")
+    w.emit("f2", T0 + 30.503, "forwarded", r, initiator=True, seq=1, fragment=0, hop=1)
+    w.emit(
+        "b",
+        T0 + 30.506,
+        "fragment_received",
+        r,
+        initiator=True,
+        seq=1,
+        fragment=0,
+        hop=1,
+        peer="f2@y",
+    )
+    w.emit("b", T0 + 30.507, "delivered", r, seq=1, **a)
+    # seqs 2..4 sent, never delivered, while 5 was: one gap line
+    for seq in range(1, 6):
+        w.emit("a", T0 + 40 + seq, "message_sent", c["gap"], seq=seq, **a)
+        if seq in (1, 5):
+            w.emit("b", T0 + 40.01 + seq, "delivered", c["gap"], seq=seq, **a)
+    w.close()
+    segment = sorted((root / "a").glob("*.jsonl"))[0]
+    with segment.open("a") as f:
+        f.write('{"v":1,"instance":"a","ts":"2026-11-21T09:09:57Z","event":"delivered"}\n')
+        f.write('{"instance":"a","ts":"2026-11-21T09:09:57.000001Z","event":"delivered"}\n')
+        bad_seqs = {
+            "v": 1,
+            "instance": "a",
+            "ts": "2026-11-21T09:09:57.000001Z",
+            "event": "ack_received",
+            "conversation_id": str(uuid.uuid4()),
+            "initiator": True,
+            "seqs": "x,",
+        }
+        f.write(json.dumps(bad_seqs) + "\n")
+    return {k: str(v) for k, v in c.items()}
+
+
+@pytest.fixture(scope="module")
+def edges(
+    tmp_path_factory: pytest.TempPathFactory, spark: SparkSession
+) -> tuple[dict[str, str], Analysis]:
+    root = tmp_path_factory.mktemp("edges")
+    known = edge_cases(root)
+    return known, analyze([root], spark=spark, progress=None)
+
+
+def test_only_what_the_traces_show_is_a_violation(edges: tuple[dict[str, str], Analysis]) -> None:
+    known, result = edges
+    assert [(v["kind"], v["conversation_id"], v["seq"]) for v in result.audit.violations] == [
+        ("gap", known["gap"], 2)
+    ]
+    (gap,) = result.audit.violations
+    assert gap["detail"] == "never delivered, nor the 2 after it (to seq 4), though seq 5 was"
+    t = result.totals
+    assert (
+        t["messages_lost"],
+        t["messages_held"],
+        t["messages_acknowledged_receiver_untraced"],
+    ) == (0, 1, 1)
+
+
+def test_bad_timestamps_missing_versions_and_bad_seqs_are_skipped(
+    edges: tuple[dict[str, str], Analysis],
+) -> None:
+    _, result = edges
+    assert result.inputs["lines_skipped"] == 1  # the timestamp without microseconds
+    assert result.inputs["other_schema_versions"] == 1  # no "v"
+    # the acknowledgement listing "x," lists no message
+
+
+def test_a_delayed_endpoint_closed_by_cleanup_is_not_still_delayed(
+    edges: tuple[dict[str, str], Analysis],
+) -> None:
+    known, result = edges
+    (delayed,) = result.tables["delayed_conversations"].records()
+    assert delayed["conversation_id"] == known["cleanup"]
+    assert delayed["delayed_seconds"] == 1.0 and delayed["still_delayed"] is False
+
+
+def test_a_retry_over_another_forwarder_is_its_own_leg(
+    edges: tuple[dict[str, str], Analysis],
+) -> None:
+    _, result = edges
+    legs = {
+        (r["leg"], r["from_instance"], r["to_instance"]): r["max_ms"]
+        for r in result.tables["latency_by_hop"].records()
+    }
+    assert legs == {(1, "a", "f1"): 1.0, (1, "a", "f2"): 2.0, (2, "f2", "b"): 3.0}
+    (dwell,) = result.tables["forwarder_dwell"].records()
+    assert (dwell["instance"], dwell["hop"], dwell["max_ms"]) == ("f2", 1, 1.0)
+
+
 def test_audit_of_a_clean_synthetic_set_passes(tmp_path: Path, spark: SparkSession) -> None:
     truth = generate(tmp_path, Plan(conversations=60, seed=7))
     loaded = load_traces(spark, [tmp_path])
