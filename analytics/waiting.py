@@ -103,8 +103,23 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
 def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> DataFrame:
     """Endpoints begun and not ended, oldest first: age, idle time, last event, backlog."""
     endpoint = [*STREAM, "instance"]
+    # First the few conversations with an endpoint never ended (begun/ended events
+    # only), then the activity of those conversations alone.
+    lifecycle = is_event("dialog_begun") | is_event("dialog_ended")
+    unended = (
+        events.where(lifecycle & F.col("conversation_id").isNotNull())
+        .groupBy(*endpoint)
+        .agg(
+            F.count(F.when(is_event("dialog_begun"), 1)).alias("begun"),
+            F.count(F.when(is_event("dialog_ended"), 1)).alias("ended"),
+        )
+        .where((F.col("begun") > 0) & (F.col("ended") == 0))
+        .select("conversation_id")
+        .distinct()
+    )
     activity = (
         events.where(F.col("conversation_id").isNotNull() & F.col("initiator").isNotNull())
+        .join(unended, on="conversation_id", how="left_semi")
         .withColumn(
             # message events carry the sender's role; on the receiving side the
             # endpoint's own role is the other one
