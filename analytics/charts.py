@@ -13,8 +13,9 @@ from datetime import UTC, datetime
 from html import escape
 
 WIDTH = 760
-HEIGHT = 280
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 28, 64
+HEIGHT = 320
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 28, 104
+LABEL_CHARS = 30
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -32,6 +33,10 @@ def _fmt(value: float) -> str:
     if value >= 100 or value == int(value):
         return f"{value:,.0f}"
     return f"{value:.3g}"
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 1] + "…"
 
 
 def _frame(title: str, y_label: str, y_max: float) -> list[str]:
@@ -79,7 +84,7 @@ def bar_chart(
             lx, ly = x + slot / 2, TOP + plot_h + 12
             out.append(
                 f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="9" text-anchor="end" '
-                f'transform="rotate(-35 {lx:.1f} {ly:.1f})">{escape(label)}</text>'
+                f'transform="rotate(-55 {lx:.1f} {ly:.1f})">{escape(_short(label))}</text>'
             )
     if x_label:
         out.append(
@@ -109,9 +114,10 @@ def line_chart(
     for i in range(5):
         x = x0 + span * i / 4
         label = datetime.fromtimestamp(x, UTC).strftime("%H:%M:%S")
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
         out.append(
             f'<text x="{px(x):.1f}" y="{TOP + plot_h + 14}" font-size="10" '
-            f'text-anchor="middle">{label}</text>'
+            f'text-anchor="{anchor}">{label}</text>'
         )
     for n, (name, values) in enumerate(series.items()):
         color = PALETTE[n % len(PALETTE)]

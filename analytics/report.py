@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -422,12 +423,17 @@ def _html_table(table: Table) -> str:
 
 def _charts(analysis: Analysis) -> list[str]:
     out = []
-    hist = analysis.tables["latency_histogram"].records()
+    # log buckets, ten per decade; empty ones between the first and last are drawn too
+    counts = {
+        round(math.log10(r["low_ms"]) * 10): r["messages"]
+        for r in analysis.tables["latency_histogram"].records()
+    }
+    steps = range(min(counts), max(counts) + 1) if counts else range(0)
     out.append(
         charts.bar_chart(
             "SEND to delivery latency",
-            [f"{r['low_ms']:g}-{r['high_ms']:g}" for r in hist],
-            [r["messages"] for r in hist],
+            [f"{10 ** (b / 10):.3g}-{10 ** ((b + 1) / 10):.3g}" for b in steps],
+            [counts.get(b, 0) for b in steps],
             "messages",
             "milliseconds (log buckets)",
         )
