@@ -160,6 +160,8 @@ def _totals(events: DataFrame, messages: DataFrame) -> dict[str, Any]:
         F.count_distinct(F.when(F.col("event") == "delayed", F.col("conversation_id"))).alias(
             "conversations_delayed"
         ),
+        F.count(F.when(F.col("event") == "timer_fired", 1)).alias("timers_fired"),
+        F.count(F.when(F.col("event") == "lifetime_expired", 1)).alias("lifetimes_expired"),
     ).first()
     assert m is not None and e is not None
     out: dict[str, Any] = {}

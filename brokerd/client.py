@@ -316,6 +316,19 @@ class BrokerClient:
             }
         )
 
+    async def begin_conversation_timer(
+        self, conversation_handle: uuid.UUID, timeout: float
+    ) -> None:
+        """BEGIN CONVERSATION TIMER (handle) TIMEOUT = seconds (R-DLG-11): a DialogTimer
+        message arrives in this side's queue when it fires; a new timer replaces the old."""
+        await self._call(
+            {
+                "op": "begin_conversation_timer",
+                "conversation_handle": str(conversation_handle),
+                "timeout": timeout,
+            }
+        )
+
     async def alter_queue(self, queue: str, status: bool, *, database: str | None = None) -> None:
         """ALTER QUEUE queue WITH STATUS = ON | OFF (R-DLG-12)."""
         await self._call(

@@ -8,11 +8,12 @@ the login, frame bodies over 4 KiB are refused from the header alone.
 
 Operations (``meta["op"]``): ``login``, ``begin_dialog``, ``send`` (the body is
 the message), ``receive`` (message bodies concatenated in the response body,
-their lengths in meta), ``end_conversation``, ``alter_queue``, the routing
-administration ``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted),
-``explain`` (why a route is chosen, SPEC §2) and ``set_mirror_role`` (failover,
-R-ROUTE-10), ``view`` (``conversation_endpoints``, ``transmission_queue``, ``queues``,
-``routes``, ``broker_connections``, ``databases``, ``stats``, ``drops``, ``mirrors``) and
+their lengths in meta), ``end_conversation``, ``begin_conversation_timer``
+(R-DLG-11), ``alter_queue``, the routing administration ``create_route``,
+``alter_route``, ``drop_route`` (R-OBJ-5, persisted), ``explain`` (why a route is
+chosen, SPEC §2) and ``set_mirror_role`` (failover, R-ROUTE-10), ``view``
+(``conversation_endpoints``, ``transmission_queue``, ``queues``, ``routes``,
+``broker_connections``, ``databases``, ``stats``, ``drops``, ``mirrors``) and
 ``ping``. Each request runs as its own task, so a RECEIVE waiting for messages does not
 hold up the client's other calls.
 """
@@ -253,6 +254,17 @@ async def _end(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], byte
     return {}, b""
 
 
+async def _begin_timer(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    handle = _uuid(m, "conversation_handle")
+    assert handle is not None
+    timeout = m.get("timeout")
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
+        raise BrokerError("timeout must be a number of seconds >= 0")
+    await broker.engine.begin_conversation_timer(handle, float(timeout))
+    return {}, b""
+
+
 async def _alter_queue(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
     status = m.get("status")
@@ -360,6 +372,7 @@ _OPS: dict[str, Handler] = {
     "send": _send,
     "receive": _receive,
     "end_conversation": _end,
+    "begin_conversation_timer": _begin_timer,
     "alter_queue": _alter_queue,
     "create_route": _create_route,
     "alter_route": _alter_route,

@@ -102,7 +102,9 @@ class Database:
         self.endpoints: dict[uuid.UUID, Endpoint] = {}
         self.by_key: dict[tuple[uuid.UUID, bool], Endpoint] = {}
         self.ready: dict[str, ReadyIndex] = {name: ReadyIndex() for name in self.catalog.queues}
-        self.next_broker_error_seq = -1
+        self.next_local_seq = -1
+        """Sequence number of the next message this broker queues itself (a broker error,
+        a DialogTimer): -1, -2, ... so it never meets a dialog's own numbers."""
         self.rx_suspended = False
         self.mirror_role: str | None = config.mirror_role
         """``principal``, ``mirror`` or None (not mirrored), R-ROUTE-10; swapped by failover."""
@@ -158,6 +160,10 @@ class Database:
             )
             waiting[ep.handle] = ep
         await self.load_received(store.fetchall)
+        for row in await store.fetchall("SELECT conversation_handle, due FROM conversation_timers"):
+            timed = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
+            if timed is not None:
+                timed.timer_due = float(row["due"])
         for ep in self.endpoints.values():
             if ep.accepted.through or ep.accepted.beyond or ep.accepted.fragments:
                 ep.mark_ack_needed()
@@ -219,4 +225,4 @@ class Database:
                 ready.add(uuid.UUID(row[1]), uuid.UUID(row[2]), int(row[3]))
         low = list(await fetch("SELECT MIN(message_sequence_number) FROM queue_messages", ()))
         if low and low[0][0] is not None and int(low[0][0]) < 0:
-            self.next_broker_error_seq = int(low[0][0]) - 1
+            self.next_local_seq = int(low[0][0]) - 1

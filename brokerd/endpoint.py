@@ -1,4 +1,4 @@
-"""Conversation endpoints and their transmission objects (SPEC §5, R-DLG-9, R-DLG-10, R-DLG-13).
+"""Conversation endpoints and their transmission objects (SPEC §5, R-DLG-9..11, R-DLG-13).
 
 An :class:`Endpoint` is one side of a dialog in one database: its identity,
 its state (``SO SI CO DI DO ER CD``), the messages it has sent and not yet had
@@ -88,6 +88,13 @@ class Endpoint:
     broker_errors: int = 0
     uncommitted_sends: int = 0
     """Messages queued by SEND whose transaction has not committed yet."""
+    timer_due: float = 0.0
+    """Wall-clock time the conversation timer fires (R-DLG-11); 0 = no timer."""
+
+    @property
+    def lifetime_ends(self) -> float:
+        """Wall-clock time the dialog's lifetime passes (R-DLG-9); 0 = no lifetime."""
+        return self.created_at + self.lifetime if self.lifetime > 0 else 0.0
 
     @property
     def key(self) -> tuple[uuid.UUID, bool]:

@@ -56,6 +56,7 @@ from brokerd.router import Router
 from brokerd.store import Statement
 from brokerd.traces import TraceWriter
 from protocol.dialog import (
+    DIALOG_TIMER,
     END_DIALOG,
     ERROR,
     Acknowledgement,
@@ -71,6 +72,7 @@ ERROR_NS = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 CODE_SERVICE_NOT_FOUND = -8425
 CODE_CONTRACT_NOT_SUPPORTED = -8408
 CODE_MESSAGE_TYPE_REFUSED = -8457
+CODE_LIFETIME_EXPIRED = -8489
 CODE_VALIDATION_FAILED = -9615
 CODE_MESSAGE_TOO_LARGE = -9617
 
@@ -211,6 +213,8 @@ class DialogEngine:
         self.by_instance: dict[uuid.UUID, Database] = {}
         self.router = Router(self)
         self._heap: list[tuple[float, int, Endpoint]] = []
+        self._deadlines: list[tuple[float, int, str, Endpoint]] = []
+        """Wall-clock deadlines: ("timer" | "lifetime", endpoint), R-DLG-9 and R-DLG-11."""
         self._counter = itertools.count()
         self._ack_dirty: set[Endpoint] = set()
         self._ack_timer: asyncio.TimerHandle | None = None
@@ -230,6 +234,9 @@ class DialogEngine:
             for ep in db.endpoints.values():
                 if ep.ack_version > ep.ack_sent_version:
                     self._ack_dirty.add(ep)
+        for db in self.databases.values():
+            for ep in db.endpoints.values():
+                self._watch(ep)
         self._ticker = self._loop.create_task(self._tick(), name="engine-retransmit")
         for ep in waiting:
             self.transmit(ep)
@@ -325,6 +332,7 @@ class DialogEngine:
         except StoreError:
             db.remove_endpoint(ep)
             raise
+        self._watch(ep)
         self.trace.emit(
             "dialog_begun",
             ep.conversation_id,
@@ -469,10 +477,12 @@ class DialogEngine:
         queue = db.queue_of(ep.service)
         if queue in db.ready:
             db.ready[queue].drop_conversation(ep.handle)
+        ep.timer_due = 0.0
         await self.submit_wait(
             db,
             [
                 ("DELETE FROM transmission_queue WHERE conversation_handle = ?", (h,)),
+                ("DELETE FROM conversation_timers WHERE conversation_handle = ?", (h,)),
                 ("DELETE FROM queue_messages WHERE conversation_handle = ?", (h,)),
                 ("DELETE FROM message_fragments WHERE conversation_handle = ?", (h,)),
                 endpoint_deletion(ep),
@@ -716,6 +726,7 @@ class DialogEngine:
                 if ep.outbox:
                     self.transmit(ep)
             self.router.tick()
+            self._fire_deadlines(self.clock())
 
     # -- acknowledgements ---------------------------------------------------------
 
@@ -991,6 +1002,7 @@ class DialogEngine:
             created_at=self.clock(),
         )
         db.add_endpoint(ep)
+        self._watch(ep)
         self.trace.emit(
             "dialog_begun",
             ep.conversation_id,
@@ -1223,15 +1235,20 @@ class DialogEngine:
     def _on_broker_error(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
     ) -> None:
+        self._fail_locally(db, ep, body, "the broker reported an error for the conversation")
+
+    def _fail_locally(self, db: Database, ep: Endpoint, body: bytes, why: str) -> None:
+        """The broker ends the dialog with an error: the Error goes to this side's queue,
+        unacknowledged messages are dropped, new messages are refused (state ER)."""
         if ep.broker_error or ep.state is State.CLOSED:
             return
         ep.broker_error = True
         dropped = list(ep.outbox)
-        self._trace_discarded(ep, dropped, "the broker reported an error for the conversation")
+        self._trace_discarded(ep, dropped, why)
         ep.outbox.clear()
         ep.refresh_state()
-        seq = db.next_broker_error_seq
-        db.next_broker_error_seq -= 1
+        seq = db.next_local_seq
+        db.next_local_seq -= 1
         queue = db.queue_of(ep.service) or ""
         statements: list[Statement] = [
             _queue_row(ep, queue, seq, 1, ERROR, len(body), body, self.clock()),
@@ -1247,6 +1264,85 @@ class DialogEngine:
                 self.router.request_ended(ep)
 
         db.store.submit(statements, on_commit=committed)
+
+    # -- conversation timers (R-DLG-11) and dialog lifetimes (R-DLG-9) ------------------
+
+    async def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER: a DialogTimer message in this side's queue after
+        ``timeout`` seconds. A new timer replaces the conversation's current one; it is
+        not shared with the other side and does not change the lifetime."""
+        db, ep = self.endpoint(handle)
+        if ep.state is State.CLOSED:
+            raise DialogError(f"cannot set a timer on conversation {handle}: it is closed")
+        if not timeout >= 0:
+            raise DialogError(f"timer timeout must be >= 0 seconds, not {timeout}")
+        due = self.clock() + timeout
+        await self.submit_wait(
+            db, [("INSERT OR REPLACE INTO conversation_timers VALUES (?, ?)", (str(handle), due))]
+        )
+        ep.timer_due = due
+        self._watch(ep)
+
+    def _watch(self, ep: Endpoint) -> None:
+        """Schedule the endpoint's timer and lifetime deadlines, if it has them."""
+        if ep.state is State.CLOSED:
+            return
+        if ep.timer_due:
+            heapq.heappush(self._deadlines, (ep.timer_due, next(self._counter), "timer", ep))
+        if ep.lifetime_ends and not ep.broker_error:
+            heapq.heappush(self._deadlines, (ep.lifetime_ends, next(self._counter), "lifetime", ep))
+
+    def _fire_deadlines(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            due, _, kind, ep = heapq.heappop(self._deadlines)
+            db = self.databases[ep.database]
+            if db.endpoints.get(ep.handle) is not ep or ep.state is State.CLOSED:
+                continue
+            if kind == "timer" and ep.timer_due == due:
+                self._fire_timer(db, ep)
+            elif kind == "lifetime" and ep.lifetime_ends == due:
+                self._expire(db, ep)
+
+    def _fire_timer(self, db: Database, ep: Endpoint) -> None:
+        ep.timer_due = 0.0
+        seq = db.next_local_seq
+        db.next_local_seq -= 1
+        queue = db.queue_of(ep.service) or ""
+        index = db.ready.get(queue)
+        self.trace.emit(
+            "timer_fired", ep.conversation_id, database=db.name, initiator=ep.initiator, queue=queue
+        )
+
+        def committed() -> None:
+            if index is not None:
+                index.add(ep.group_id, ep.handle, seq)
+
+        db.store.submit(
+            [
+                _queue_row(ep, queue, seq, 1, DIALOG_TIMER, 0, b"", self.clock()),
+                (
+                    "DELETE FROM conversation_timers WHERE conversation_handle = ?",
+                    (str(ep.handle),),
+                ),
+            ],
+            on_commit=committed,
+        )
+
+    def _expire(self, db: Database, ep: Endpoint) -> None:
+        if ep.broker_error:
+            return
+        reason = f"the dialog's lifetime of {ep.lifetime} s passed"
+        self.trace.emit(
+            "lifetime_expired",
+            ep.conversation_id,
+            database=db.name,
+            initiator=ep.initiator,
+            reason=reason,
+        )
+        body = error_body(
+            CODE_LIFETIME_EXPIRED, f"The dialog has exceeded its lifetime of {ep.lifetime} seconds."
+        )
+        self._fail_locally(db, ep, body, reason)
 
     def on_integrity_failure(self, link: Link, reason: str) -> None:
         self.stats.integrity_failures += 1

@@ -89,6 +89,9 @@ CREATE TABLE IF NOT EXISTS queue_messages (
     enqueued_at REAL NOT NULL,
     PRIMARY KEY (conversation_handle, message_sequence_number));
 CREATE INDEX IF NOT EXISTS queue_messages_ready ON queue_messages (queue_name, status);
+CREATE TABLE IF NOT EXISTS conversation_timers (
+    conversation_handle TEXT PRIMARY KEY,
+    due REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS message_fragments (
     conversation_handle TEXT NOT NULL,
     message_sequence_number INTEGER NOT NULL,

@@ -63,6 +63,8 @@ EVENTS: dict[str, str] = {
     "discarded": "unacknowledged messages removed from the transmission queue (seqs, reason)",
     "delivered": "a message stored in the target queue, ready to RECEIVE (seq)",
     "received": "the application RECEIVEd the message (seq)",
+    "timer_fired": "a conversation timer put a DialogTimer message in this side's queue",
+    "lifetime_expired": "the dialog's lifetime passed: an Error in this side's queue (reason)",
     "connection_opened": "a broker connection completed its handshake (peer)",
     "connection_closed": "a broker connection closed (peer, reason)",
     "connection_refused": "an outgoing connection attempt failed (peer, reason)",
