@@ -13,7 +13,7 @@ are. :func:`drops_by_reason` says why messages were dropped, where.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.messages import count_of, is_event
@@ -86,15 +86,13 @@ def drops_by_reason(events: DataFrame) -> DataFrame:
     )
 
 
-def totals(events: DataFrame) -> dict[str, int]:
-    """Whole-set counts of the fault events."""
-    row = events.agg(
+def total_columns() -> list[Column]:
+    """Whole-set counts of the fault events, as aggregate columns over the events."""
+    return [
         count_of("retransmission").alias("retransmissions"),
         count_of("duplicate").alias("duplicates"),
         count_of("integrity_failure").alias("integrity_failures"),
         count_of("dropped").alias("drops"),
         count_of("discarded").alias("discards"),
         count_of("connection_refused").alias("connections_refused"),
-    ).first()
-    assert row is not None
-    return {k: int(v) for k, v in row.asDict().items()}
+    ]

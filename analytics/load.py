@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from analytics.schema import CORRUPT_COLUMN, SCHEMA_VERSION, TIMESTAMP_FORMAT, TRACE_SCHEMA
 from brokerd.errors import AnalyticsError
-from brokerd.traces import segment_files
+from brokerd.traces import iso_micros, segment_files
 
 
 @dataclass
@@ -64,8 +64,6 @@ class Traces:
 
 
 def _iso(micros: int) -> str:
-    from brokerd.traces import iso_micros
-
     return iso_micros(micros / 1e6) if micros else ""
 
 

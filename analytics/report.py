@@ -23,19 +23,20 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from html import escape
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analytics import audit as audit_job
 from analytics import charts, delays, faults, latency, throughput, waiting
-from analytics.load import Traces, load_traces, trace_files
+from analytics.load import load_traces, trace_files
 from analytics.messages import message_table
 from analytics.session import DEFAULT_MASTER, spark_session
 from brokerd.traces import iso_micros
 
 DEFAULT_TOP = 50
+T = TypeVar("T")
 
 
 @dataclass
@@ -123,12 +124,13 @@ class Progress:
         self.out = out
         self.started = time.perf_counter()
 
-    def run(self, name: str, step: Callable[[], None]) -> None:
+    def run(self, name: str, step: Callable[[], T]) -> T:
+        """Run one step, reporting its name and time; returns what the step returns."""
         self.done += 1
         if self.out is not None:
             print(f"[{self.done}/{self.steps}] {name} ...", file=self.out, flush=True)
         began = time.perf_counter()
-        step()
+        result = step()
         if self.out is not None:
             print(
                 f"[{self.done}/{self.steps}] {name}: {time.perf_counter() - began:.1f} s "
@@ -136,6 +138,7 @@ class Progress:
                 file=self.out,
                 flush=True,
             )
+        return result
 
 
 def _totals(events: DataFrame, messages: DataFrame) -> dict[str, Any]:
@@ -162,12 +165,12 @@ def _totals(events: DataFrame, messages: DataFrame) -> dict[str, Any]:
         ),
         F.count(F.when(F.col("event") == "timer_fired", 1)).alias("timers_fired"),
         F.count(F.when(F.col("event") == "lifetime_expired", 1)).alias("lifetimes_expired"),
+        *faults.total_columns(),
     ).first()
     assert m is not None and e is not None
     out: dict[str, Any] = {}
     for row in (m, e):
         out.update({k: _plain(k, v) for k, v in row.asDict().items()})
-    out.update(faults.totals(events))
     return out
 
 
@@ -183,32 +186,17 @@ def analyze(
     began = time.perf_counter()
     files = trace_files(list(paths))  # a wrong path fails before Spark starts
     steps = Progress(10 if spark is not None else 11, progress)
-    session: list[SparkSession] = [spark] if spark is not None else []
-    if spark is None:
-        steps.run(
-            f"starting Spark ({master or DEFAULT_MASTER})",
-            lambda: session.append(spark_session(master)),
-        )
-    sp = session[0]
-    loaded: list[Traces] = []
-    steps.run(
-        f"reading {len(files)} trace segment(s)", lambda: loaded.append(load_traces(sp, files))
+    sp = spark or steps.run(
+        f"starting Spark ({master or DEFAULT_MASTER})", lambda: spark_session(master)
     )
-    traces = loaded[0]
+    traces = steps.run(f"reading {len(files)} trace segment(s)", lambda: load_traces(sp, files))
     events = traces.events
     messages = message_table(events).cache()
     tables: dict[str, Table] = {}
-    state: dict[str, Any] = {}
     width = throughput.bucket_width(traces.first_t, traces.last_t)
 
     def put(name: str, title: str, df: DataFrame, limit: int | None = top) -> None:
         tables[name] = collect(df, title, limit)
-
-    def totals() -> None:
-        state["totals"] = _totals(events, messages)
-
-    def run_audit() -> None:
-        state["audit"] = audit_job.audit(messages)
 
     def latencies() -> None:
         put(
@@ -270,9 +258,9 @@ def analyze(
         )
 
     try:
-        steps.run("building the message table", lambda: state.update(n=messages.count()))
-        steps.run("totals", totals)
-        steps.run("exactly-once-in-order audit", run_audit)
+        steps.run("building the message table", messages.count)
+        totals = steps.run("totals", lambda: _totals(events, messages))
+        found = steps.run("exactly-once-in-order audit", lambda: audit_job.audit(messages))
         steps.run("latency per service pair and route", latencies)
         steps.run("latency per hop", hops)
         steps.run("faults per connection and route", fault_tables)
@@ -284,8 +272,8 @@ def analyze(
         traces.release()
     return Analysis(
         inputs=traces.view(),
-        totals=state["totals"],
-        audit=state["audit"],
+        totals=totals,
+        audit=found,
         tables=tables,
         bucket_seconds=width,
         runtime_seconds=time.perf_counter() - began,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from brokerd.errors import AnalyticsError
+
 DEFAULT_MASTER = "local[*]"
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 """Spark's logging while the jobs run: errors only."""
@@ -49,6 +51,9 @@ def spark_session(
         builder = builder.config("spark.driver.memory", driver_memory).config(
             "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
         )
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # no Java, a master that does not answer, a bad setting
+        raise AnalyticsError(f"cannot start Spark ({master or DEFAULT_MASTER}): {exc}") from exc
     spark.sparkContext.setLogLevel("ERROR")
     return spark

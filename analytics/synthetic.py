@@ -209,6 +209,27 @@ class _Simulation:
             fault = "lost_ack"
         attempt = 1
         delivered_t = -1.0
+
+        def retransmit(t: float, wait: float, attempt: int) -> tuple[float, float, int]:
+            """No acknowledgement within ``wait``: the next attempt, after twice the wait."""
+            t += wait
+            wait = min(wait * 2, 60.0)
+            attempt += 1
+            self.truth.retransmissions += 1
+            self.emit(
+                sender,
+                t,
+                "retransmission",
+                cid,
+                database=database,
+                initiator=initiator,
+                seq=seq,
+                attempt=attempt,
+                wait=wait,
+                peer=address,
+            )
+            return t, wait, attempt
+
         forwarded = False
         wait = RETRY_INITIAL
         while True:
@@ -248,26 +269,11 @@ class _Simulation:
                         "connection_refused",
                         None,
                         peer=address,
-                        reason=f"connection refused by {address[6:]}",
+                        reason=f"connection refused by {address.removeprefix('tcp://')}",
                     )
                     self.truth.connections_refused += 1
                     return -1.0
-                t += wait
-                wait = min(wait * 2, 60.0)
-                attempt += 1
-                self.truth.retransmissions += 1
-                self.emit(
-                    sender,
-                    t,
-                    "retransmission",
-                    cid,
-                    database=database,
-                    initiator=initiator,
-                    seq=seq,
-                    attempt=attempt,
-                    wait=wait,
-                    peer=address,
-                )
+                t, wait, attempt = retransmit(t, wait, attempt)
                 continue
             hop = None
             if conv.via_hub:
@@ -399,22 +405,7 @@ class _Simulation:
                 peer=peer,
             )
             if fault == "lost_ack" and attempt == 1:
-                t += wait
-                wait = min(wait * 2, 60.0)
-                attempt += 1
-                self.truth.retransmissions += 1
-                self.emit(
-                    sender,
-                    t,
-                    "retransmission",
-                    cid,
-                    database=database,
-                    initiator=initiator,
-                    seq=seq,
-                    attempt=attempt,
-                    wait=wait,
-                    peer=address,
-                )
+                t, wait, attempt = retransmit(t, wait, attempt)
                 continue
             back = ack_t + self.leg() + (self.leg() + 0.0003 if conv.via_hub else 0.0)
             self.emit(
