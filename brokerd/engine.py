@@ -234,8 +234,6 @@ class DialogEngine:
             for ep in db.endpoints.values():
                 if ep.ack_version > ep.ack_sent_version:
                     self._ack_dirty.add(ep)
-        for db in self.databases.values():
-            for ep in db.endpoints.values():
                 self._watch(ep)
         self._ticker = self._loop.create_task(self._tick(), name="engine-retransmit")
         for ep in waiting:
@@ -1247,23 +1245,42 @@ class DialogEngine:
         self._trace_discarded(ep, dropped, why)
         ep.outbox.clear()
         ep.refresh_state()
+
+        def committed() -> None:
+            if ep.service == ROUTE_REQUESTER_SERVICE:
+                self.router.request_ended(ep)
+
+        self._queue_local(
+            db, ep, ERROR, body, [*_unqueue_sent(ep, dropped), endpoint_snapshot(ep)], committed
+        )
+
+    def _queue_local(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        body: bytes,
+        extra: list[Statement],
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue a message this broker makes for the endpoint's own side (a broker Error, a
+        DialogTimer), numbered from ``Database.next_local_seq``, with ``extra`` statements
+        in the same transaction; ``then`` runs once it is committed."""
         seq = db.next_local_seq
         db.next_local_seq -= 1
         queue = db.queue_of(ep.service) or ""
-        statements: list[Statement] = [
-            _queue_row(ep, queue, seq, 1, ERROR, len(body), body, self.clock()),
-            *_unqueue_sent(ep, dropped),
-            endpoint_snapshot(ep),
-        ]
         index = db.ready.get(queue)
 
         def committed() -> None:
             if index is not None:
                 index.add(ep.group_id, ep.handle, seq)
-            if ep.service == ROUTE_REQUESTER_SERVICE:
-                self.router.request_ended(ep)
+            if then is not None:
+                then()
 
-        db.store.submit(statements, on_commit=committed)
+        db.store.submit(
+            [_queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock()), *extra],
+            on_commit=committed,
+        )
 
     # -- conversation timers (R-DLG-11) and dialog lifetimes (R-DLG-9) ------------------
 
@@ -1305,28 +1322,15 @@ class DialogEngine:
 
     def _fire_timer(self, db: Database, ep: Endpoint) -> None:
         ep.timer_due = 0.0
-        seq = db.next_local_seq
-        db.next_local_seq -= 1
-        queue = db.queue_of(ep.service) or ""
-        index = db.ready.get(queue)
         self.trace.emit(
-            "timer_fired", ep.conversation_id, database=db.name, initiator=ep.initiator, queue=queue
+            "timer_fired",
+            ep.conversation_id,
+            database=db.name,
+            initiator=ep.initiator,
+            queue=db.queue_of(ep.service),
         )
-
-        def committed() -> None:
-            if index is not None:
-                index.add(ep.group_id, ep.handle, seq)
-
-        db.store.submit(
-            [
-                _queue_row(ep, queue, seq, 1, DIALOG_TIMER, 0, b"", self.clock()),
-                (
-                    "DELETE FROM conversation_timers WHERE conversation_handle = ?",
-                    (str(ep.handle),),
-                ),
-            ],
-            on_commit=committed,
-        )
+        forget = "DELETE FROM conversation_timers WHERE conversation_handle = ?"
+        self._queue_local(db, ep, DIALOG_TIMER, b"", [(forget, (str(ep.handle),))])
 
     def _expire(self, db: Database, ep: Endpoint) -> None:
         if ep.broker_error:
