@@ -1,6 +1,6 @@
 """The dialog engine: exactly-once-in-order dialogs over links (SPEC §4 and §5).
 
-Owns R-DLG-1 to R-DLG-8, R-DLG-12 and R-DLG-13 for the databases of one instance:
+Owns R-DLG-1 to R-DLG-13 for the databases of one instance:
 
 * the application verbs (BEGIN DIALOG, SEND, RECEIVE, END CONVERSATION) and the
   contract check at SEND (R-DLG-3);
@@ -12,6 +12,9 @@ Owns R-DLG-1 to R-DLG-8, R-DLG-12 and R-DLG-13 for the databases of one instance
 * retransmission with exponential backoff and a readable transmission status
   on every waiting message (R-DLG-6); fragments of large messages resent alone;
 * broker-generated (unsequenced) errors for messages the receiver refuses;
+* dialog lifetimes (R-DLG-9: a timeout Error on each side, new messages refused)
+  and conversation timers (R-DLG-11: a DialogTimer message in the own queue),
+  both wall-clock deadlines checked by the engine's tick;
 * the dialog's delivery trace events (``brokerd.traces``, docs/traces.md).
 
 Where messages go is the router's business (``brokerd.router``, SPEC §2): the

@@ -3,8 +3,9 @@
 Owns (SPEC R-OBJ-3..6, R-DLG-5, R-DLG-13; ARCHITECTURE "Storage"):
 
 * the schema: catalog tables, ``conversation_endpoints``, ``transmission_queue``,
-  ``queue_messages`` (status 0-3 as in R-OBJ-3) and ``message_fragments``
-  (fragments of messages being reassembled, R-DLG-7);
+  ``queue_messages`` (status 0-3 as in R-OBJ-3), ``message_fragments``
+  (fragments of messages being reassembled, R-DLG-7) and ``conversation_timers``
+  (R-DLG-11);
 * the file's persisted broker instance identifier and the ``AutoCreatedLocal``
   route (R-OBJ-6);
 * :class:`Store`, whose single writer task drains a queue of jobs and commits
