@@ -1,7 +1,7 @@
 """Analytics benchmark: ``brokerd analyze`` over a large synthetic trace set.
 
 Generates (once; kept in ``--dir``) a trace set of about ``--events`` events with
-:mod:`analytics.synthetic` (six instances, forwarding, load balancing, faults),
+:mod:`brokerd.analytics.synthetic` (six instances, forwarding, load balancing, faults),
 then runs every job in local mode exactly as ``brokerd analyze`` does and reports
 the wall-clock time of each step, the whole run, the events per second, the
 input size, and the Spark driver's peak resident memory (``VmHWM`` of the JVM).
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from analytics.report import analyze, print_summary
-from analytics.session import spark_session
-from analytics.synthetic import generate, plan_for_events
+from brokerd.analytics.report import analyze, print_summary
+from brokerd.analytics.session import spark_session
+from brokerd.analytics.synthetic import generate, plan_for_events
 
 
 def _jvm_peak_rss_mb(pid: int) -> float | None:

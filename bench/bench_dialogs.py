@@ -59,10 +59,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from brokerd import example
-from brokerd.client import BrokerClient, ReceivedMessage
-from brokerd.daemon import install_uvloop
-from brokerd.launcher import Daemon, Deployment
+from brokerd.sdk.client import BrokerClient, ReceivedMessage
+from brokerd.server.daemon import install_uvloop
+from brokerd.tools import example
+from brokerd.tools.launcher import Daemon, Deployment
 
 MARKER = struct.Struct("<qIIB")
 """Send-start perf_counter_ns, dialog number, index within the run, phase."""

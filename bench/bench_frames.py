@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from brokerd.certs import create_ca, identity_for, issue_instance
+from brokerd.tools.certs import create_ca, identity_for, issue_instance
 from protocol import BrokerConnection, ConnectionSettings, EncryptionMode, Role
 from protocol.dialog import DialogHeader, MessageFlags, decode_fragment, encode_fragment
 from protocol.events import Fragment

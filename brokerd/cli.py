@@ -18,8 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from brokerd import certs
 from brokerd.errors import AnalyticsError
+from brokerd.tools import certs
 from protocol import BrokerError, EncryptionMode
 
 
@@ -41,13 +41,13 @@ def _certs_instance(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from brokerd.example import run_example
+    from brokerd.tools.example import run_example
 
     run_example(args.workdir, args.orders)
 
 
 def _wire_demo(args: argparse.Namespace) -> None:
-    from brokerd.demo import run_demo
+    from brokerd.tools.demo import run_demo
 
     result = run_demo(encryption=EncryptionMode[args.encryption.upper()])
     if not (result["intact"] and result["integrity_failures"] and result["refused"]):
@@ -56,7 +56,7 @@ def _wire_demo(args: argparse.Namespace) -> None:
 
 def _analyze(args: argparse.Namespace) -> int:
     try:
-        from analytics.report import run
+        from brokerd.analytics.report import run
     except ModuleNotFoundError as exc:
         raise AnalyticsError(
             f"brokerd analyze needs PySpark ({exc}): pip install 'brokerd[analytics]'"
@@ -65,7 +65,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from brokerd.daemon import run
+    from brokerd.server.daemon import run
 
     run(args.config, args.ready_file, args.log_level)
 

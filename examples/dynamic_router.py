@@ -43,8 +43,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from brokerd.client import BrokerClient, ReceivedMessage
 from brokerd.config import load_config
+from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from protocol.dialog import MISSING_ROUTE
 from protocol.errors import BrokerError, RemoteError
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 from pyspark.sql import SparkSession
 
-from analytics.session import spark_session
-from brokerd.certs import Issued, create_ca, identity_for, issue_instance
+from brokerd.analytics.session import spark_session
+from brokerd.tools.certs import Issued, create_ca, identity_for, issue_instance
 from protocol import BrokerConnection, ConnectionSettings, EncryptionMode, Identity, Role
 from protocol.events import Event
 

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from brokerd.client import BrokerClient, ReceivedMessage
+from brokerd.sdk.client import BrokerClient, ReceivedMessage
 
 
 async def wait_until(

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from brokerd.certs import load_identity
+from brokerd.tools.certs import load_identity
 from protocol import BrokerConnection, ConnectionSettings, Role
 from tests.conftest import run_handshake
 

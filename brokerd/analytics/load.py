@@ -1,0 +1,123 @@
+"""Reading the trace segments of many daemons into one events table.
+
+Owns :func:`load_traces`: the segments (``*.jsonl`` and still-open ``*.jsonl.open``
+files, found recursively under each path given) are read with the explicit
+schema of :mod:`brokerd.analytics.schema` in permissive mode. Lines that do not parse (a
+torn tail after a crash), events of another schema version and events whose
+timestamp does not parse are counted and left out, never fatal. Each event gets
+``t``, its time in microseconds since the epoch (UTC), which every job uses.
+The files are parsed once, into Spark's cache; every job reads the cache
+(:meth:`Traces.release` drops it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from brokerd.analytics.schema import CORRUPT_COLUMN, SCHEMA_VERSION, TIMESTAMP_FORMAT, TRACE_SCHEMA
+from brokerd.errors import AnalyticsError
+from brokerd.traces.writer import iso_micros, segment_files
+
+
+@dataclass
+class Traces:
+    """The events of a trace set, and what reading it found."""
+
+    events: DataFrame
+    """Every usable event: the schema's columns plus ``t`` (microseconds, UTC)."""
+    cached: DataFrame
+    """The parsed lines, held in memory (and on disk beyond it) until :meth:`release`."""
+    files: int
+    bytes: int
+    events_total: int
+    lines_skipped: int
+    """Lines that did not parse, had no event name or no parseable timestamp."""
+    other_versions: int
+    """Events of a schema version this analysis does not know, or of none (left out)."""
+    instances: list[str]
+    first_t: int
+    last_t: int
+    """The latest event of the whole set: "now" for what is still waiting."""
+
+    def release(self) -> None:
+        """Drop the cached lines."""
+        self.cached.unpersist()
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "bytes": self.bytes,
+            "events": self.events_total,
+            "lines_skipped": self.lines_skipped,
+            "other_schema_versions": self.other_versions,
+            "instances": self.instances,
+            "first_event": _iso(self.first_t),
+            "last_event": _iso(self.last_t),
+            "span_seconds": round((self.last_t - self.first_t) / 1e6, 6),
+        }
+
+
+def _iso(micros: int) -> str:
+    return iso_micros(micros / 1e6) if micros else ""
+
+
+def trace_files(paths: list[Path]) -> list[Path]:
+    """The segment files under ``paths`` (directories, searched recursively, or files)."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            found += segment_files([path])
+        else:
+            raise AnalyticsError(f"{path}: no such trace directory or file")
+    if not found:
+        shown = ", ".join(str(p) for p in paths)
+        raise AnalyticsError(f"no trace segments (*.jsonl) under {shown}")
+    return sorted(set(found))
+
+
+def load_traces(spark: SparkSession, paths: list[Path]) -> Traces:
+    """Read every segment under ``paths`` into one cached events table."""
+    files = trace_files(paths)
+    raw = (
+        spark.read.schema(TRACE_SCHEMA)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+        .json([str(f) for f in files])
+        # try_: a timestamp that does not parse makes a null (a skipped line), not an error
+        .withColumn("t", F.unix_micros(F.try_to_timestamp(F.col("ts"), F.lit(TIMESTAMP_FORMAT))))
+    )
+    usable = F.col(CORRUPT_COLUMN).isNull() & F.col("event").isNotNull() & F.col("t").isNotNull()
+    ours = F.col("v").eqNullSafe(SCHEMA_VERSION)
+    known = usable & ours
+    # The files are parsed once, into the cache; the counts and every job read the cache.
+    cached = raw.persist(StorageLevel.MEMORY_AND_DISK)
+    counts = cached.agg(
+        F.count(F.when(~usable, 1)).alias("skipped"),
+        F.count(F.when(usable & ~ours, 1)).alias("other"),
+        F.count(F.when(known, 1)).alias("n"),
+        F.min(F.when(known, F.col("t"))).alias("first"),
+        F.max(F.when(known, F.col("t"))).alias("last"),
+        F.sort_array(F.collect_set(F.when(known, F.col("instance")))).alias("instances"),
+    ).first()
+    assert counts is not None
+    events = cached.where(known).drop(CORRUPT_COLUMN, "v")
+    return Traces(
+        events=events,
+        files=len(files),
+        bytes=sum(f.stat().st_size for f in files),
+        events_total=int(counts["n"]),
+        lines_skipped=int(counts["skipped"]),
+        other_versions=int(counts["other"]),
+        instances=[i for i in counts["instances"] if i is not None],
+        first_t=int(counts["first"] or 0),
+        last_t=int(counts["last"] or 0),
+        cached=cached,
+    )

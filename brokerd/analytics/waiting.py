@@ -1,0 +1,177 @@
+"""The endpoints and messages waiting longest, with their last known status.
+
+"Now" is the latest event of the trace set. A message waits when it was sent and
+is neither acknowledged, delivered nor discarded; its age is now minus its SEND
+time and its status is the last thing the traces say about it: its
+conversation's DELAYED reason when the conversation is still DELAYED, otherwise
+its latest event on any instance (events of one instant ordered by the life of a
+message, ``MESSAGE_EVENTS``). An
+endpoint is open from ``dialog_begun`` until ``dialog_ended``; for each open
+endpoint the table gives its age, how long it has been idle, its last event, and
+how many of its messages wait to be sent or to be RECEIVEd (the pile-ups nobody
+notices).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from brokerd.analytics.messages import KEY, MESSAGE_EVENTS, STREAM, is_event
+
+RECEIVING_SIDE = ("fragment_received", "duplicate", "dropped", "delivered", "received", "ack_sent")
+"""Events whose ``initiator`` names the other side (the messages' sender), not the endpoint."""
+
+
+def _status(event: Column) -> Column:
+    """A readable status from the last event's columns."""
+    return (
+        F.when(
+            event == "retransmission",
+            F.format_string(
+                "retransmitted (attempt %d) to %s, next in %.1f s",
+                F.col("attempt"),
+                F.col("peer"),
+                F.col("wait"),
+            ),
+        )
+        .when(
+            event == "fragment_sent",
+            F.format_string("sent (attempt %d) to %s", F.col("attempt"), F.col("peer")),
+        )
+        .when(event == "forwarded", F.format_string("forwarded (hop %d) to %s", "hop", "address"))
+        .when(event == "dropped", F.concat(F.lit("dropped: "), F.col("reason")))
+        .when(event == "delayed", F.concat(F.lit("DELAYED: "), F.col("reason")))
+        .when(event == "enqueued", F.lit("in the transmission queue, not sent yet"))
+        .when(event == "message_sent", F.lit("sent by the application, not yet committed"))
+        .otherwise(event)
+    )
+
+
+def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> DataFrame:
+    """Messages still waiting, oldest first, with their last known status."""
+    waiting = messages.where(F.col("status") == "waiting").select(
+        *KEY,
+        "sender",
+        "database",
+        "service",
+        "far_service",
+        "sent_t",
+        "attempts",
+        "route",
+        "address",
+        F.round((F.lit(last_t) - F.col("sent_t")) / 1e6, 3).alias("age_seconds"),
+    )
+    stage = F.array_position(F.array(*map(F.lit, MESSAGE_EVENTS)), F.col("event"))
+    latest = Window.partitionBy(*KEY).orderBy(F.col("t").desc(), stage.desc())
+    last_event = (
+        events.where(F.col("event").isin(*MESSAGE_EVENTS) & (F.col("seq") > 0))
+        .join(waiting.select(*KEY), on=KEY, how="left_semi")
+        .withColumn("n", F.row_number().over(latest))
+        .where(F.col("n") == 1)
+        .select(
+            *KEY,
+            F.col("t").alias("status_t"),
+            F.col("instance").alias("status_instance"),
+            _status(F.col("event")).alias("message_status"),
+        )
+    )
+    delayed_now = Window.partitionBy(*STREAM, "instance").orderBy(F.col("t").desc())
+    delays = (
+        events.where(is_event("delayed") | is_event("released") | is_event("route_chosen"))
+        .withColumn("n", F.row_number().over(delayed_now))
+        .where((F.col("n") == 1) & is_event("delayed"))
+        .select(
+            *STREAM,
+            F.col("instance").alias("sender"),
+            F.concat(F.lit("DELAYED: "), F.col("reason")).alias("delayed_status"),
+        )
+    )
+    return (
+        waiting.join(last_event, on=KEY, how="left")
+        .join(delays, on=[*STREAM, "sender"], how="left")
+        .select(
+            *waiting.columns,
+            # a conversation still DELAYED at the end of the set: that is why it waits
+            F.coalesce("delayed_status", "message_status").alias("last_status"),
+            F.coalesce("status_instance", "sender").alias("status_instance"),
+        )
+        .orderBy("sent_t", *KEY)
+    )
+
+
+def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> DataFrame:
+    """Endpoints begun and not ended, oldest first: age, idle time, last event, backlog."""
+    endpoint = [*STREAM, "instance"]
+    # First the few conversations with an endpoint never ended (begun/ended events
+    # only), then the activity of those conversations alone.
+    lifecycle = is_event("dialog_begun") | is_event("dialog_ended")
+    unended = (
+        events.where(lifecycle & F.col("conversation_id").isNotNull())
+        .groupBy(*endpoint)
+        .agg(
+            F.count(F.when(is_event("dialog_begun"), 1)).alias("begun"),
+            F.count(F.when(is_event("dialog_ended"), 1)).alias("ended"),
+        )
+        .where((F.col("begun") > 0) & (F.col("ended") == 0))
+        .select("conversation_id")
+        .distinct()
+    )
+    activity = (
+        events.where(F.col("conversation_id").isNotNull() & F.col("initiator").isNotNull())
+        .join(unended, on="conversation_id", how="left_semi")
+        .withColumn(
+            # message events carry the sender's role; on the receiving side the
+            # endpoint's own role is the other one
+            "role",
+            F.when(
+                F.col("event").isin(*RECEIVING_SIDE),
+                ~F.col("initiator"),
+            ).otherwise(F.col("initiator")),
+        )
+        .groupBy("conversation_id", F.col("role").alias("initiator"), "instance")
+        .agg(
+            F.min(F.when(is_event("dialog_begun"), F.col("t"))).alias("begun_t"),
+            F.max(F.when(is_event("dialog_ended"), F.col("t"))).alias("ended_t"),
+            F.max("t").alias("last_t"),
+            F.max_by("event", "t").alias("last_event"),
+            F.first("database", ignorenulls=True).alias("database"),
+            F.first(F.when(is_event("dialog_begun"), F.col("service")), ignorenulls=True).alias(
+                "service"
+            ),
+            F.first(F.when(is_event("dialog_begun"), F.col("far_service")), ignorenulls=True).alias(
+                "far_service"
+            ),
+        )
+        .where(F.col("begun_t").isNotNull() & F.col("ended_t").isNull())
+    )
+    unsent = (
+        messages.where(F.col("status") == "waiting")
+        .groupBy(*STREAM, F.col("sender").alias("instance"))
+        .agg(F.count(F.lit(1)).alias("messages_waiting_to_send"))
+    )
+    unreceived = (
+        messages.where(F.col("delivered_t").isNotNull() & F.col("received_t").isNull())
+        .groupBy(
+            "conversation_id",
+            (~F.col("initiator")).alias("initiator"),
+            F.col("receiver").alias("instance"),
+        )
+        .agg(F.count(F.lit(1)).alias("messages_not_received"))
+    )
+    return (
+        activity.join(unsent, on=endpoint, how="left")
+        .join(unreceived, on=endpoint, how="left")
+        .select(
+            *endpoint,
+            "database",
+            "service",
+            "far_service",
+            F.round((F.lit(last_t) - F.col("begun_t")) / 1e6, 3).alias("age_seconds"),
+            F.round((F.lit(last_t) - F.col("last_t")) / 1e6, 3).alias("idle_seconds"),
+            "last_event",
+            F.coalesce("messages_waiting_to_send", F.lit(0)).alias("messages_waiting_to_send"),
+            F.coalesce("messages_not_received", F.lit(0)).alias("messages_not_received"),
+        )
+        .orderBy(F.col("age_seconds").desc(), "conversation_id")
+    )

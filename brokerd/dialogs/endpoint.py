@@ -1,0 +1,195 @@
+"""Conversation endpoints and their transmission objects (SPEC §5, R-DLG-9..11, R-DLG-13).
+
+An :class:`Endpoint` is one side of a dialog in one database: its identity,
+its state (``SO SI CO DI DO ER CD``), the messages it has sent and not yet had
+acknowledged (:class:`OutMessage`, the in-memory image of its transmission
+queue rows), and the two acknowledgement states of what it received
+(accepted, and durable). The state rules live in :meth:`Endpoint.refresh_state`.
+Rows are written as whole snapshots (:func:`endpoint_snapshot`), always inside
+the same transaction as the message that changed them.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from brokerd.storage.store import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
+from protocol.acks import AckState
+
+if TYPE_CHECKING:
+    from brokerd.routing.rules import Decision
+
+
+class State(enum.StrEnum):
+    STARTED_OUTBOUND = "SO"
+    STARTED_INBOUND = "SI"
+    CONVERSING = "CO"
+    DISCONNECTED_INBOUND = "DI"
+    DISCONNECTED_OUTBOUND = "DO"
+    ERROR = "ER"
+    CLOSED = "CD"
+
+
+@dataclass(slots=True, eq=False)
+class OutMessage:
+    """A sequenced message sent and not yet acknowledged (a transmission queue row)."""
+
+    seq: int
+    message_type: str
+    flags: int
+    body: bytes
+    enqueued_at: float
+    fragment_count: int
+    acked_fragments: set[int] = field(default_factory=set)
+    attempts: int = 0
+    due: float = 0.0
+    """Loop time of the next (re)transmission; 0 = as soon as a link is open."""
+    status: str = "waiting to be sent"
+    """The human-readable transmission status shown by the transmission_queue view."""
+    last_sent_at: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class Endpoint:
+    handle: uuid.UUID
+    conversation_id: uuid.UUID
+    initiator: bool
+    group_id: uuid.UUID
+    database: str
+    service: str
+    far_service: str
+    far_broker_instance: uuid.UUID | None
+    contract: str
+    state: State
+    lifetime: int
+    created_at: float
+    send_sequence: int = 0
+    ended_local: bool = False
+    ended_remote: bool = False
+    broker_error: bool = False
+    """The other side's broker refused the dialog (an unsequenced error arrived)."""
+    error_received: bool = False
+    """The other side ended the dialog with an error (a sequenced Error message)."""
+    held_end_flags: dict[int, int] = field(default_factory=dict)
+    """End/error flags of messages accepted out of order, applied when they are released."""
+    accepted: AckState = field(default_factory=AckState)
+    durable: AckState = field(default_factory=AckState)
+    outbox: dict[int, OutMessage] = field(default_factory=dict)
+    ack_version: int = 0
+    ack_sent_version: int = 0
+    last_link: Any = None
+    route: Decision | None = None
+    route_link: Any = None
+    route_expires: float = 0.0
+    """Wall-clock time until which ``route_link`` may be reused (a route lifetime, R-OBJ-5)."""
+    broker_errors: int = 0
+    uncommitted_sends: int = 0
+    """Messages queued by SEND whose transaction has not committed yet."""
+    timer_due: float = 0.0
+    """Wall-clock time the conversation timer fires (R-DLG-11); 0 = no timer."""
+
+    @property
+    def lifetime_ends(self) -> float:
+        """Wall-clock time the dialog's lifetime passes (R-DLG-9); 0 = no lifetime."""
+        return self.created_at + self.lifetime if self.lifetime > 0 else 0.0
+
+    @property
+    def key(self) -> tuple[uuid.UUID, bool]:
+        return (self.conversation_id, self.initiator)
+
+    def may_send(self) -> str | None:
+        """Why this endpoint cannot SEND now, or None."""
+        if self.state is State.CLOSED:
+            return "the conversation is closed"
+        if self.ended_local:
+            return "this side has ended the conversation"
+        if self.state is State.ERROR:
+            return "the conversation is in error; end it"
+        if self.ended_remote:
+            return "the other side has ended the conversation (state DI); end it"
+        return None
+
+    def refresh_state(self) -> bool:
+        """Recompute the state from the dialog's facts; True if it changed (SPEC §5)."""
+        settled = not self.outbox and not self.uncommitted_sends
+        if self.ended_local and (self.broker_error or (self.ended_remote and settled)):
+            new = State.CLOSED
+        elif self.ended_local:
+            new = State.DISCONNECTED_OUTBOUND
+        elif self.broker_error or self.error_received:
+            new = State.ERROR
+        elif self.ended_remote:
+            new = State.DISCONNECTED_INBOUND
+        elif self.initiator:
+            new = State.STARTED_OUTBOUND if self.send_sequence == 0 else State.CONVERSING
+        else:
+            new = State.CONVERSING if self.accepted.through > 0 else State.STARTED_INBOUND
+        if new is self.state:
+            return False
+        self.state = new
+        return True
+
+    def mark_ack_needed(self) -> None:
+        self.ack_version += 1
+
+
+def _remote_bits(ep: Endpoint) -> int:
+    return int(ep.ended_remote) | (2 if ep.broker_error else 0) | (4 if ep.error_received else 0)
+
+
+def endpoint_snapshot(ep: Endpoint) -> Statement:
+    """The endpoint's whole row, written with the job that changed it (deduplicated per batch)."""
+    return (
+        ENDPOINT_SNAPSHOT,
+        (
+            str(ep.handle),
+            str(ep.conversation_id),
+            int(ep.initiator),
+            str(ep.group_id),
+            ep.service,
+            ep.far_service,
+            str(ep.far_broker_instance) if ep.far_broker_instance else None,
+            ep.contract,
+            ep.state.value,
+            ep.lifetime,
+            ep.created_at,
+            ep.send_sequence,
+            ep.accepted.through,
+            int(ep.ended_local),
+            _remote_bits(ep),
+        ),
+    )
+
+
+def endpoint_deletion(ep: Endpoint) -> Statement:
+    return (ENDPOINT_DELETE, (str(ep.handle),))
+
+
+def endpoint_from_row(row: Any, database: str) -> Endpoint:
+    ended_remote = int(row["ended_remote"])
+    ep = Endpoint(
+        handle=uuid.UUID(row["conversation_handle"]),
+        conversation_id=uuid.UUID(row["conversation_id"]),
+        initiator=bool(row["is_initiator"]),
+        group_id=uuid.UUID(row["conversation_group_id"]),
+        database=database,
+        service=row["service_name"],
+        far_service=row["far_service"],
+        far_broker_instance=(
+            uuid.UUID(row["far_broker_instance"]) if row["far_broker_instance"] else None
+        ),
+        contract=row["contract"],
+        state=State(row["state"]),
+        lifetime=int(row["lifetime"]),
+        created_at=float(row["created_at"]),
+        send_sequence=int(row["send_sequence"]),
+        ended_local=bool(row["ended_local"]),
+        ended_remote=bool(ended_remote & 1),
+        broker_error=bool(ended_remote & 2),
+        error_received=bool(ended_remote & 4),
+    )
+    ep.accepted.through = ep.durable.through = int(row["receive_sequence"])
+    return ep

@@ -1,0 +1,1505 @@
+"""The dialog engine: exactly-once-in-order dialogs over links (SPEC §4 and §5).
+
+Owns R-DLG-1 to R-DLG-13 for the databases of one instance:
+
+* the application verbs (BEGIN DIALOG, SEND, RECEIVE, END CONVERSATION) and the
+  contract check at SEND (R-DLG-3);
+* sequence numbers, duplicate detection (R-DLG-4) and in-order release of
+  messages to the queue (status 2 while incomplete or out of order, R-DLG-7);
+* acknowledgements, piggybacked on every outgoing header and otherwise sent as
+  dedicated ACK frames after a short coalescing delay, never before the commit
+  that made the message durable (R-DLG-5);
+* retransmission with exponential backoff and a readable transmission status
+  on every waiting message (R-DLG-6); fragments of large messages resent alone;
+* broker-generated (unsequenced) errors for messages the receiver refuses;
+* dialog lifetimes (R-DLG-9: a timeout Error on each side, new messages refused)
+  and conversation timers (R-DLG-11: a DialogTimer message in the own queue),
+  both wall-clock deadlines checked by the engine's tick;
+* the dialog's delivery trace events (``brokerd.traces.writer``, docs/traces.md).
+
+Where messages go is the router's business (``brokerd.dialogs.router``, SPEC §2): the
+engine asks it for a conversation's link and for the database of each message
+from outside, which it may instead forward or drop.
+
+A *link* is where fragments go: a network connection to a peer broker
+(``brokerd.server.transport``) or the in-process :class:`LocalLink` for services of
+this same instance, which skips the network. The engine never touches sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+from xml.sax.saxutils import escape
+
+import aiosqlite
+
+from brokerd.config import BrokerConfig
+from brokerd.dialogs.database import Database
+from brokerd.dialogs.endpoint import (
+    Endpoint,
+    OutMessage,
+    State,
+    endpoint_deletion,
+    endpoint_snapshot,
+)
+from brokerd.dialogs.links import Link, LinkProvider
+from brokerd.dialogs.router import Router
+from brokerd.errors import DialogError, QueueDisabled, ServiceNotFound, StoreError
+from brokerd.routing.forwarding import Forward
+from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
+from brokerd.storage.store import Statement
+from brokerd.traces.writer import TraceWriter
+from protocol.dialog import (
+    DIALOG_TIMER,
+    END_DIALOG,
+    ERROR,
+    Acknowledgement,
+    DialogHeader,
+    MessageFlags,
+)
+from protocol.events import PrincipalAnswer, PrincipalQuery
+from protocol.fragments import fragment_count
+
+log = logging.getLogger("brokerd.dialogs.engine")
+
+ERROR_NS = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
+CODE_SERVICE_NOT_FOUND = -8425
+CODE_CONTRACT_NOT_SUPPORTED = -8408
+CODE_MESSAGE_TYPE_REFUSED = -8457
+CODE_LIFETIME_EXPIRED = -8489
+CODE_VALIDATION_FAILED = -9615
+CODE_MESSAGE_TOO_LARGE = -9617
+
+
+def error_body(code: int, description: str) -> bytes:
+    """The XML body of an Error message (SPEC §6)."""
+    return (
+        f'<?xml version="1.0"?><Error xmlns="{ERROR_NS}"><Code>{code}</Code>'
+        f"<Description>{escape(description)}</Description></Error>"
+    ).encode()
+
+
+@dataclass
+class EngineStats:
+    sent_messages: int = 0
+    delivered_messages: int = 0
+    received_by_application: int = 0
+    fragments_sent: int = 0
+    fragments_received: int = 0
+    retransmissions: int = 0
+    duplicates: int = 0
+    acks_sent: int = 0
+    acks_received: int = 0
+    integrity_failures: int = 0
+    dropped: int = 0
+    broker_errors_sent: int = 0
+    drop_reasons: list[str] = field(default_factory=list)
+
+
+class LocalLink:
+    """Delivery between databases of this instance: no network, same dialog rules."""
+
+    name = "local"
+    is_open = True
+    status = "delivered inside this instance"
+
+    def __init__(self, engine: DialogEngine) -> None:
+        self._engine = engine
+        self._items: list[tuple[Any, ...]] = []
+        self._scheduled = False
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
+        target = ep.route.database if ep.route is not None else None
+        self._items.append((ep, msg, index, target))
+        self._schedule()
+
+    def queue_acks(self, headers: list[DialogHeader]) -> None:
+        self._items.append((headers,))
+        self._schedule()
+
+    def queue_header(self, header: DialogHeader, body: bytes) -> None:
+        self._items.append((header, body))
+        self._schedule()
+
+    def want(self, ep: Endpoint) -> None:
+        self._engine.transmit(ep)
+
+    def forward(self, item: Forward) -> None:
+        raise AssertionError("nothing is forwarded inside the instance")
+
+    def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None:
+        pass  # every database here answers for itself
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        items, self._items = self._items, []
+        engine = self._engine
+        for item in items:
+            if len(item) == 4:
+                ep, msg, index, target = item
+                if msg.seq not in ep.outbox:
+                    continue
+                header, body = engine.build_fragment(ep, msg, index)
+                db = engine.databases.get(target) if target else None
+                engine.on_fragment(self, header, body, db)
+            elif len(item) == 2:
+                header = item[0]
+                db = engine.by_instance.get(header.to_broker_instance)
+                engine.on_fragment(self, header, item[1], db)
+            else:
+                engine.on_acks(self, item[0])
+
+
+class DialogEngine:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        databases: dict[str, Database],
+        links: LinkProvider,
+        clock: Callable[[], float] = time.time,
+        trace: TraceWriter | None = None,
+    ) -> None:
+        self.config = config
+        self.trace = trace or TraceWriter(replace(config.trace, enabled=False), "")
+        self.retry = config.retry
+        self.fragment_size = config.limits.fragment_size
+        self.max_message_size = config.limits.max_message_size
+        self.databases = databases
+        self.msdb = databases["msdb"]
+        self.links = links
+        self.clock = clock
+        self.local_link = LocalLink(self)
+        self.stats = EngineStats()
+        self.by_instance: dict[uuid.UUID, Database] = {}
+        self.router = Router(self)
+        self._heap: list[tuple[float, int, Endpoint]] = []
+        self._deadlines: list[tuple[float, int, str, Endpoint]] = []
+        """Wall-clock deadlines: ("timer" | "lifetime", endpoint), R-DLG-9 and R-DLG-11."""
+        self._counter = itertools.count()
+        self._ack_dirty: set[Endpoint] = set()
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- life cycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        waiting: list[Endpoint] = []
+        for db in self.databases.values():
+            self.by_instance[db.broker_instance] = db
+            waiting += await db.recover(self.fragment_size)
+        self.router.start()
+        for db in self.databases.values():
+            for ep in db.endpoints.values():
+                if ep.ack_version > ep.ack_sent_version:
+                    self._ack_dirty.add(ep)
+                self._watch(ep)
+        self._ticker = self._loop.create_task(self._tick(), name="engine-retransmit")
+        for ep in waiting:
+            self.transmit(ep)
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "engine not started"
+        return self._loop
+
+    # -- lookups ----------------------------------------------------------------
+
+    def database(self, name: str) -> Database:
+        db = self.databases.get(name)
+        if db is None:
+            raise DialogError(f"database {name!r} does not exist on this broker")
+        return db
+
+    def endpoint(self, handle: uuid.UUID) -> tuple[Database, Endpoint]:
+        for db in self.databases.values():
+            ep = db.endpoints.get(handle)
+            if ep is not None:
+                return db, ep
+        raise DialogError(f"conversation handle {handle} does not exist on this broker")
+
+    def database_of_service(self, service: str) -> Database:
+        found = [db for db in self.databases.values() if service in db.catalog.services]
+        if not found:
+            raise ServiceNotFound(f"service {service!r} does not exist on this broker")
+        if len(found) > 1:
+            raise DialogError(
+                f"service {service!r} exists in several databases "
+                f"({', '.join(db.name for db in found)}); name the database"
+            )
+        return found[0]
+
+    # -- application verbs --------------------------------------------------------
+
+    async def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> Endpoint:
+        db = self.database(database) if database else self.database_of_service(from_service)
+        if db.mirror_role == "mirror":
+            raise DialogError(
+                f"database {db.name!r} is the mirror partner; begin dialogs on the principal "
+                "(R-ROUTE-10)"
+            )
+        if from_service not in db.catalog.services:
+            raise ServiceNotFound(
+                f"service {from_service!r} does not exist in database {db.name!r}"
+            )
+        if contract not in db.catalog.contracts:
+            raise DialogError(f"contract {contract!r} does not exist in database {db.name!r}")
+        if not to_service:
+            raise DialogError("the target service name must not be empty")
+        group = uuid.uuid4()
+        if related_conversation is not None:
+            group = self.endpoint(related_conversation)[1].group_id
+        handle = uuid.uuid4()
+        ep = Endpoint(
+            handle=handle,
+            conversation_id=uuid.uuid4(),
+            initiator=True,
+            group_id=group,
+            database=db.name,
+            service=from_service,
+            far_service=to_service,
+            far_broker_instance=to_broker_instance,
+            contract=contract,
+            state=State.STARTED_OUTBOUND,
+            lifetime=max(0, int(lifetime)),
+            created_at=self.clock(),
+        )
+        db.add_endpoint(ep)
+        try:
+            await self.submit_wait(db, [endpoint_snapshot(ep)])
+        except StoreError:
+            db.remove_endpoint(ep)
+            raise
+        self._watch(ep)
+        self.trace.emit(
+            "dialog_begun",
+            ep.conversation_id,
+            database=db.name,
+            initiator=True,
+            service=from_service,
+            far_service=to_service,
+            contract=contract,
+        )
+        return ep
+
+    async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
+        db, ep = self.endpoint(handle)
+        problem = ep.may_send()
+        if problem:
+            raise DialogError(f"cannot SEND on conversation {handle}: {problem}")
+        if len(body) > self.max_message_size:
+            raise DialogError(
+                f"message of {len(body)} bytes exceeds max_message_size {self.max_message_size}"
+            )
+        refusal = db.catalog.send_refusal(ep.contract, message_type, ep.initiator)
+        if refusal:
+            raise DialogError(f"SEND refused by contract {ep.contract!r}: {refusal}")
+        invalid = db.catalog.validation_problem(message_type, body)
+        if invalid:
+            raise DialogError(f"SEND refused: {invalid}")
+        return await self._enqueue(db, ep, message_type, int(MessageFlags.SEQUENCED), body)
+
+    async def _enqueue(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        flags: int,
+        body: bytes,
+        extra: Iterable[Statement] = (),
+    ) -> int:
+        ep.send_sequence += 1
+        seq = ep.send_sequence
+        if ep.initiator:
+            flags |= MessageFlags.INITIATOR
+        msg = OutMessage(
+            seq=seq,
+            message_type=message_type,
+            flags=flags,
+            body=body,
+            enqueued_at=self.clock(),
+            fragment_count=fragment_count(len(body), self.fragment_size),
+        )
+        ep.uncommitted_sends += 1
+        ep.refresh_state()
+        trace = self.trace
+        trace.emit(
+            "message_sent",
+            ep.conversation_id,
+            database=db.name,
+            initiator=ep.initiator,
+            seq=seq,
+            size=len(body),
+            message_type=message_type,
+            service=ep.service,
+            far_service=ep.far_service,
+        )
+        statements: list[Statement] = [
+            *extra,
+            (
+                "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?)",
+                (str(ep.handle), seq, message_type, flags, body, msg.enqueued_at),
+            ),
+            endpoint_snapshot(ep),
+        ]
+
+        def committed() -> None:
+            ep.uncommitted_sends -= 1
+            ep.outbox[seq] = msg
+            self.stats.sent_messages += 1
+            trace.emit(
+                "enqueued",
+                ep.conversation_id,
+                database=db.name,
+                initiator=ep.initiator,
+                seq=seq,
+                size=len(body),
+                fragments=msg.fragment_count,
+            )
+            self.transmit(ep)
+
+        def failed(_: BaseException) -> None:
+            ep.uncommitted_sends -= 1
+            if ep.send_sequence == seq:
+                ep.send_sequence -= 1
+                ep.refresh_state()
+
+        await self.submit_wait(db, statements, on_commit=committed, on_failure=failed)
+        return seq
+
+    async def end_conversation(
+        self,
+        handle: uuid.UUID,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> None:
+        db, ep = self.endpoint(handle)
+        if cleanup:
+            await self._cleanup(db, ep)
+            return
+        if ep.ended_local or ep.state is State.CLOSED:
+            return
+        ep.ended_local = True
+        if ep.broker_error:
+            self._trace_discarded(ep, list(ep.outbox), "END CONVERSATION after a broker error")
+            ep.outbox.clear()
+            ep.refresh_state()
+            await self.submit_wait(db, [endpoint_snapshot(ep)])
+            return
+        if error_code is not None:
+            dropped = list(ep.outbox)
+            self._trace_discarded(ep, dropped, "END CONVERSATION WITH ERROR")
+            ep.outbox.clear()
+            extra = _unqueue_sent(ep, dropped)
+            await self._enqueue(
+                db,
+                ep,
+                ERROR,
+                int(MessageFlags.SEQUENCED | MessageFlags.ERROR),
+                error_body(error_code, description),
+                extra,
+            )
+        else:
+            await self._enqueue(
+                db, ep, END_DIALOG, int(MessageFlags.SEQUENCED | MessageFlags.END_DIALOG), b""
+            )
+
+    async def _cleanup(self, db: Database, ep: Endpoint) -> None:
+        self._trace_discarded(ep, list(ep.outbox), "END CONVERSATION WITH CLEANUP")
+        ep.outbox.clear()
+        ep.state = State.CLOSED
+        self._trace_closed(ep)
+        h = str(ep.handle)
+        db.remove_endpoint(ep)
+        queue = db.queue_of(ep.service)
+        if queue in db.ready:
+            db.ready[queue].drop_conversation(ep.handle)
+        ep.timer_due = 0.0
+        await self.submit_wait(
+            db,
+            [
+                ("DELETE FROM transmission_queue WHERE conversation_handle = ?", (h,)),
+                ("DELETE FROM conversation_timers WHERE conversation_handle = ?", (h,)),
+                ("DELETE FROM queue_messages WHERE conversation_handle = ?", (h,)),
+                ("DELETE FROM message_fragments WHERE conversation_handle = ?", (h,)),
+                endpoint_deletion(ep),
+            ],
+        )
+
+    async def discard_received(self, ep: Endpoint) -> None:
+        """Remove what ``ep`` received from its queue (system dialogs consume their replies)."""
+        db = self.databases[ep.database]
+        queue = db.queue_of(ep.service)
+        if queue in db.ready:
+            db.ready[queue].drop_conversation(ep.handle)
+        await self.submit_wait(
+            db, [("DELETE FROM queue_messages WHERE conversation_handle = ?", (str(ep.handle),))]
+        )
+
+    async def receive(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+    ) -> list[dict[str, Any]]:
+        """RECEIVE TOP (top) from a queue; waits up to ``timeout`` s (negative: forever)."""
+        db = self._database_of_queue(queue, database)
+        info = db.catalog.queues[queue]
+        if not info.status:
+            raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
+        index = db.ready[queue]
+        group = None
+        if handle is not None:
+            group = self.endpoint(handle)[1].group_id
+        deadline = None if timeout < 0 else self.loop.time() + timeout
+        while True:
+            taken = index.take(max(1, top), handle, group)
+            if taken is not None:
+                break
+            remaining = None if deadline is None else deadline - self.loop.time()
+            if remaining is not None and remaining <= 0:
+                return []
+            index.changed.clear()
+            try:
+                await asyncio.wait_for(index.changed.wait(), remaining)
+            except TimeoutError:
+                return []
+        gid, items = taken
+        try:
+            rows = await db.store.run(lambda conn: _fetch_and_remove(conn, items, info.retention))
+        except BaseException:
+            index.locked.discard(gid)
+            index.put_back(gid, items)
+            raise
+        index.locked.discard(gid)
+        if index.count:
+            index.changed.set()
+        self.stats.received_by_application += len(rows)
+        for row in rows if self.trace.enabled else ():
+            owner = db.endpoints.get(uuid.UUID(row["conversation_handle"]))
+            if owner is not None:
+                self.trace.emit(
+                    "received",
+                    owner.conversation_id,
+                    database=db.name,
+                    initiator=not owner.initiator,
+                    seq=row["message_sequence_number"],
+                    queue=queue,
+                )
+        return rows
+
+    async def alter_queue(self, queue: str, status: bool, database: str | None = None) -> None:
+        """ALTER QUEUE ... WITH STATUS = ON | OFF (R-DLG-12).
+
+        While a queue is off, messages for it are still accepted, stored and
+        acknowledged, but RECEIVE refuses; turning it on makes them receivable.
+        """
+        db = self._database_of_queue(queue, database)
+        info = db.catalog.queues[queue]
+        await self.submit_wait(
+            db, [("UPDATE queues SET status = ? WHERE name = ?", (int(status), queue))]
+        )
+        info.status = status
+        if status:
+            db.ready[queue].changed.set()
+
+    def _database_of_queue(self, queue: str, database: str | None) -> Database:
+        if database is not None:
+            db = self.database(database)
+            if queue not in db.catalog.queues:
+                raise DialogError(f"queue {queue!r} does not exist in database {db.name!r}")
+            return db
+        found = [db for db in self.databases.values() if queue in db.catalog.queues]
+        if len(found) != 1:
+            raise DialogError(
+                f"queue {queue!r} does not exist on this broker"
+                if not found
+                else f"queue {queue!r} exists in several databases; name the database"
+            )
+        return found[0]
+
+    async def submit_wait(
+        self,
+        db: Database,
+        statements: list[Statement],
+        on_commit: Callable[[], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        future = db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, wait=True)
+        assert future is not None
+        await future
+
+    # -- transmission ------------------------------------------------------------
+
+    def build_fragment(
+        self, ep: Endpoint, msg: OutMessage, index: int
+    ) -> tuple[DialogHeader, bytes]:
+        """Header and bytes of one fragment; carries the endpoint's current acknowledgement."""
+        size = self.fragment_size
+        offset = index * size
+        body = msg.body[offset : offset + size] if msg.fragment_count > 1 else msg.body
+        db = self.databases[ep.database]
+        header = DialogHeader(
+            ep.conversation_id,
+            ep.service,
+            ep.far_service,
+            db.broker_instance,
+            ep.far_broker_instance,
+            ep.contract,
+            msg.message_type,
+            msg.flags,
+            msg.seq,
+            index,
+            msg.fragment_count,
+            offset,
+            len(msg.body),
+            ep.lifetime,
+            0,
+            self._ack_of(ep),
+        )
+        self.stats.fragments_sent += 1
+        return header, body
+
+    def _ack_of(self, ep: Endpoint) -> Acknowledgement:
+        ep.ack_sent_version = ep.ack_version
+        return ep.durable.acknowledgement()
+
+    def transmit(self, ep: Endpoint) -> None:
+        """Send every message of ``ep`` that is due, or record why it waits."""
+        if not ep.outbox:
+            return
+        link = self.router.link_for(ep)
+        now = self.loop.time()
+        if link is None:
+            reason = self.router.waiting_status(ep)
+            for msg in ep.outbox.values():
+                msg.status = reason
+            self._schedule(ep, now + self.retry.delayed_retry)
+            return
+        if not link.is_open:
+            for msg in ep.outbox.values():
+                msg.status = link.status
+            link.want(ep)
+            return
+        earliest = None
+        for msg in ep.outbox.values():
+            if msg.due <= now:
+                self._send_message(ep, msg, link, now)
+            if earliest is None or msg.due < earliest:
+                earliest = msg.due
+        if earliest is not None:
+            self._schedule(ep, earliest)
+
+    def _send_message(self, ep: Endpoint, msg: OutMessage, link: Link, now: float) -> None:
+        msg.attempts += 1
+        wait = min(self.retry.maximum, self.retry.initial * (2 ** (msg.attempts - 1)))
+        trace = self.trace
+        if msg.attempts > 1:
+            self.stats.retransmissions += 1
+            trace.emit(
+                "retransmission",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                seq=msg.seq,
+                attempt=msg.attempts,
+                wait=wait,
+                peer=link.name,
+            )
+        msg.due = now + wait
+        msg.last_sent_at = now
+        msg.status = (
+            f"sent to {link.name} (attempt {msg.attempts}); waiting for acknowledgement, "
+            f"resent in {wait:g} s if none"
+        )
+        for index in range(msg.fragment_count):
+            if index not in msg.acked_fragments:
+                if trace.enabled:
+                    trace.emit(
+                        "fragment_sent",
+                        ep.conversation_id,
+                        database=ep.database,
+                        initiator=ep.initiator,
+                        seq=msg.seq,
+                        fragment=index,
+                        fragments=msg.fragment_count,
+                        size=min(self.fragment_size, len(msg.body) - index * self.fragment_size),
+                        attempt=msg.attempts,
+                        peer=link.name,
+                        route=ep.route.route if ep.route else None,
+                    )
+                link.queue_fragment(ep, msg, index)
+
+    def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
+        """A link opened: everything waiting for it goes now (resent at once after a drop)."""
+        for ep in waiting:
+            for msg in ep.outbox.values():
+                msg.due = 0.0
+            self.transmit(ep)
+
+    def link_down(self, link: Link, endpoints: Iterable[Endpoint]) -> None:
+        """A link closed: unacknowledged messages sent on it wait for the next connection."""
+        for ep in endpoints:
+            if ep.outbox and ep.route_link is link:
+                for msg in ep.outbox.values():
+                    msg.status = link.status
+                link.want(ep)
+
+    def _schedule(self, ep: Endpoint, due: float) -> None:
+        heapq.heappush(self._heap, (due, next(self._counter), ep))
+
+    async def _tick(self) -> None:
+        interval = max(0.01, min(0.1, self.retry.initial / 4))
+        while True:
+            await asyncio.sleep(interval)
+            now = self.loop.time()
+            due: dict[int, Endpoint] = {}
+            while self._heap and self._heap[0][0] <= now:
+                _, _, ep = heapq.heappop(self._heap)
+                due[id(ep)] = ep
+            for ep in due.values():
+                if ep.outbox:
+                    self.transmit(ep)
+            self.router.tick()
+            self._fire_deadlines(self.clock())
+
+    # -- acknowledgements ---------------------------------------------------------
+
+    def _ack_needed(self, ep: Endpoint) -> None:
+        ep.mark_ack_needed()
+        self._ack_dirty.add(ep)
+        if self._ack_timer is None:
+            self._ack_timer = self.loop.call_later(self.retry.ack_delay, self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        self._ack_timer = None
+        dirty, self._ack_dirty = self._ack_dirty, set()
+        per_link: dict[int, tuple[Link, list[DialogHeader]]] = {}
+        for ep in dirty:
+            if ep.ack_sent_version >= ep.ack_version:
+                continue  # piggybacked on a message meanwhile
+            link = ep.last_link if ep.last_link is not None and ep.last_link.is_open else None
+            if link is None:
+                link = self.router.link_for(ep)
+                if link is None or not link.is_open:
+                    continue  # the peer retransmits; it will be acknowledged then
+            db = self.databases[ep.database]
+            header = DialogHeader(
+                ep.conversation_id,
+                ep.service,
+                ep.far_service,
+                db.broker_instance,
+                ep.far_broker_instance,
+                ep.contract,
+                flags=int(MessageFlags.INITIATOR) if ep.initiator else 0,
+                ack=self._ack_of(ep),
+            )
+            per_link.setdefault(id(link), (link, []))[1].append(header)
+            self.trace.emit(
+                "ack_sent",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=not ep.initiator,
+                through=header.ack.through,
+                peer=link.name,
+            )
+        for link, headers in per_link.values():
+            self.stats.acks_sent += len(headers)
+            link.queue_acks(headers)
+
+    def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
+        elsewhere: list[DialogHeader] = []
+        for h in headers:
+            self.stats.acks_received += 1
+            ep = self._endpoint_for(h)
+            if ep is not None:
+                self._apply_ack(ep, h.ack, h.from_broker_instance)
+            elif link is not self.local_link:
+                elsewhere.append(h)
+        if elsewhere and self.router.forwarding:
+            self.router.forward_acks(elsewhere)
+
+    def _endpoint_for(self, h: DialogHeader) -> Endpoint | None:
+        key = (h.conversation_id, not h.initiator)
+        if h.to_broker_instance is not None:
+            db = self.by_instance.get(h.to_broker_instance)
+            return db.by_key.get(key) if db else None
+        for db in self.databases.values():
+            ep = db.by_key.get(key)
+            if ep is not None:
+                return ep
+        return None
+
+    def _apply_ack(self, ep: Endpoint, ack: Acknowledgement, far_instance: uuid.UUID) -> None:
+        db = self.databases[ep.database]
+        statements: list[Statement] = []
+        changed = False
+        if ep.far_broker_instance is None:
+            ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
+            self.router.rebind(ep)
+            changed = True
+        outbox = ep.outbox
+        removed: list[int] = []
+        for seq in list(outbox):
+            if seq <= ack.through:
+                removed.append(seq)
+            else:
+                break
+        if ack.ranges or ack.fragments:
+            for seq, msg in list(outbox.items()):
+                if seq <= ack.through:
+                    continue
+                if ack.covers(seq):
+                    removed.append(seq)
+                elif msg.fragment_count > 1:
+                    for f in ack.fragments:
+                        if f.sequence_number == seq:
+                            msg.acked_fragments.update(range(f.first, f.last + 1))
+        for seq in removed:
+            del outbox[seq]
+        if removed:
+            self.trace.emit(
+                "ack_received",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                through=ack.through,
+                acked=len(removed),
+                seqs=",".join(map(str, removed)),
+            )
+        statements += _unqueue_sent(ep, removed)
+        if ep.refresh_state():
+            changed = True
+            self._trace_closed(ep)
+        if changed:
+            statements.append(endpoint_snapshot(ep))
+        if statements:
+            db.store.submit(statements)
+
+    # -- receiving -------------------------------------------------------------------
+
+    def on_fragment(
+        self, link: Link, header: DialogHeader, body: bytes, db: Database | None = None
+    ) -> None:
+        """One fragment arrived (already integrity-checked by the protocol layer).
+
+        ``db`` is the target database when the sender is in this instance (its own
+        routing chose it); a message from outside is routed here (R-ROUTE-1, R-ROUTE-2),
+        and relayed or dropped if it is not for this instance.
+        """
+        self.stats.fragments_received += 1
+        if self.trace.enabled:
+            self.trace.emit(
+                "fragment_received",
+                header.conversation_id,
+                initiator=header.initiator,
+                seq=header.sequence_number,
+                fragment=header.fragment_index,
+                fragments=header.fragment_count,
+                size=len(body),
+                hop=header.hop_count or None,
+                peer=link.name,
+            )
+        if db is None:
+            db = self.router.inbound(header, body)
+            if db is None:
+                return
+        if db.mirror_role == "mirror":
+            self.drop(header, f"database {db.name!r} is the mirror partner (R-ROUTE-10)")
+            self.router.tell_mirror(link, db, header)
+            return
+        if db.rx_suspended:
+            return self.drop(header, f"database {db.name!r} is recovering from a store error")
+        ep = db.by_key.get((header.conversation_id, not header.initiator))
+        if ep is None:
+            if not header.initiator or not header.sequenced:
+                return self.drop(header, "no conversation endpoint for this message")
+            ep = self._new_target_endpoint(db, link, header, body)
+            if ep is None:
+                return
+            checked = True
+        else:
+            checked = False
+        ep.last_link = link
+        if ep.far_broker_instance is None:
+            ep.far_broker_instance = header.from_broker_instance
+        if header.ack.through or header.ack.ranges or header.ack.fragments:
+            self._apply_ack(ep, header.ack, header.from_broker_instance)
+        if not header.sequenced:
+            if header.flags & MessageFlags.ERROR:
+                self._on_broker_error(db, ep, header, body)
+            return
+        seq = header.sequence_number
+        if ep.accepted.has_fragment(seq, header.fragment_index):
+            self.stats.duplicates += 1
+            self.trace.emit(
+                "duplicate",
+                ep.conversation_id,
+                database=db.name,
+                initiator=header.initiator,
+                seq=seq,
+                fragment=header.fragment_index,
+                peer=link.name,
+            )
+            self._ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
+            return
+        if ep.state is State.CLOSED or ep.broker_error:
+            return self.drop(header, f"conversation is {ep.state.value}")
+        refusal = None if checked else self._refusal(db, ep.contract, header, body)
+        if refusal is not None:
+            code, text = refusal
+            self._send_broker_error(link, db, header, code, text)
+            return
+        if header.fragment_count == 1:
+            self._accept_message(db, ep, header, body)
+        else:
+            self._accept_fragment(db, ep, header, body)
+
+    def _refusal(
+        self, db: Database, contract: str, header: DialogHeader, body: bytes
+    ) -> tuple[int, str] | None:
+        """Why the receiver refuses this message (R-OBJ-1, R-DLG-3, size), as (code, text)."""
+        if header.message_length > self.max_message_size:
+            return CODE_MESSAGE_TOO_LARGE, (
+                f"message of {header.message_length} bytes exceeds this broker's "
+                f"max_message_size of {self.max_message_size}"
+            )
+        refusal = db.catalog.send_refusal(contract, header.message_type, header.initiator)
+        if refusal:
+            return CODE_MESSAGE_TYPE_REFUSED, refusal
+        if header.fragment_count == 1:
+            invalid = db.catalog.validation_problem(header.message_type, body)
+            if invalid:
+                return CODE_VALIDATION_FAILED, invalid
+        return None
+
+    def drop(self, header: DialogHeader, reason: str) -> None:
+        self.stats.dropped += 1
+        self.trace.emit(
+            "dropped",
+            header.conversation_id,
+            initiator=header.initiator,
+            seq=header.sequence_number,
+            fragment=header.fragment_index,
+            service=header.to_service,
+            reason=reason,
+        )
+        self.note_drop(
+            f"dropped message {header.sequence_number} of conversation {header.conversation_id} "
+            f"for {header.to_service!r}: {reason}"
+        )
+
+    def note_drop(self, text: str) -> None:
+        """Keep the reason for the ``drops`` view (the first 100) and log it."""
+        if len(self.stats.drop_reasons) < 100:
+            self.stats.drop_reasons.append(text)
+        log.warning("%s", text)
+
+    def _new_target_endpoint(
+        self, db: Database, link: Link, header: DialogHeader, body: bytes
+    ) -> Endpoint | None:
+        """The target's endpoint, created by the first message if the target accepts it."""
+        service = db.catalog.services.get(header.to_service)
+        if service is None:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_SERVICE_NOT_FOUND,
+                f"service {header.to_service!r} does not exist in database {db.name!r}",
+            )
+            return None
+        if header.contract not in service.contracts:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_CONTRACT_NOT_SUPPORTED,
+                f"service {header.to_service!r} does not accept contract {header.contract!r}",
+            )
+            return None
+        refusal = self._refusal(db, header.contract, header, body)
+        if refusal is not None:
+            self._send_broker_error(link, db, header, *refusal)
+            return None
+        ep = Endpoint(
+            handle=uuid.uuid4(),
+            conversation_id=header.conversation_id,
+            initiator=False,
+            group_id=uuid.uuid4(),
+            database=db.name,
+            service=header.to_service,
+            far_service=header.from_service,
+            far_broker_instance=header.from_broker_instance,
+            contract=header.contract,
+            state=State.STARTED_INBOUND,
+            lifetime=header.lifetime,
+            created_at=self.clock(),
+        )
+        db.add_endpoint(ep)
+        self._watch(ep)
+        self.trace.emit(
+            "dialog_begun",
+            ep.conversation_id,
+            database=db.name,
+            initiator=False,
+            service=ep.service,
+            far_service=ep.far_service,
+            contract=ep.contract,
+            peer=link.name,
+        )
+        return ep
+
+    def _trace_discarded(self, ep: Endpoint, seqs: list[int], reason: str) -> None:
+        """Messages leaving the transmission queue undelivered (the audit then stops waiting)."""
+        if seqs:
+            self.trace.emit(
+                "discarded",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                seqs=",".join(map(str, sorted(seqs))),
+                reason=reason,
+            )
+
+    def _trace_closed(self, ep: Endpoint) -> None:
+        if ep.state is State.CLOSED:
+            self.trace.emit(
+                "dialog_ended", ep.conversation_id, database=ep.database, initiator=ep.initiator
+            )
+
+    def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> None:
+        for s in released:
+            f = flags if s == seq else ep.held_end_flags.pop(s, 0)
+            if f & MessageFlags.ERROR:
+                ep.ended_remote = True
+                ep.error_received = True
+            elif f & MessageFlags.END_DIALOG:
+                ep.ended_remote = True
+        if not released and flags & (MessageFlags.ERROR | MessageFlags.END_DIALOG):
+            ep.held_end_flags[seq] = flags
+        if ep.refresh_state():
+            self._trace_closed(ep)
+
+    def _accept_message(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        seq = header.sequence_number
+        released = ep.accepted.add_message(seq)
+        self._release(ep, released, seq, header.flags)
+        queue = db.queue_of(ep.service) or ""
+        h = str(ep.handle)
+        statements: list[Statement] = [
+            _queue_row(
+                ep,
+                queue,
+                seq,
+                1 if released else 2,
+                header.message_type,
+                len(body),
+                body,
+                self.clock(),
+            ),
+            *self._promotions(h, released[1:]),
+            endpoint_snapshot(ep),
+        ]
+        self._submit_received(db, ep, queue, statements, released, seq, None)
+
+    def _promotions(self, handle: str, seqs: list[int]) -> list[Statement]:
+        return [
+            (
+                "UPDATE queue_messages SET status = 1 WHERE conversation_handle = ? AND "
+                "message_sequence_number = ?",
+                (handle, s),
+            )
+            for s in seqs
+        ]
+
+    def _accept_fragment(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        seq, index = header.sequence_number, header.fragment_index
+        first = seq not in ep.accepted.fragments
+        complete = ep.accepted.add_fragment(seq, index, header.fragment_count)
+        queue = db.queue_of(ep.service) or ""
+        h = str(ep.handle)
+        statements: list[Statement] = []
+        if first:
+            statements.append(
+                _queue_row(
+                    ep,
+                    queue,
+                    seq,
+                    2,
+                    header.message_type,
+                    header.message_length,
+                    None,
+                    self.clock(),
+                )
+            )
+        statements.append(
+            (
+                "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?)",
+                (h, seq, index, header.fragment_offset, body),
+            )
+        )
+        if not complete:
+            statements.append(endpoint_snapshot(ep))
+            self._submit_received(db, ep, queue, statements, [], seq, index)
+            return
+        released = ep.accepted.add_message(seq)
+        self._release(ep, released, seq, header.flags)
+        statements += self._promotions(h, released[1:])
+        statements.append(endpoint_snapshot(ep))
+        status = 1 if released else 2
+        catalog = db.catalog
+        message_type = header.message_type
+
+        async def assemble(conn: aiosqlite.Connection) -> None:
+            rows = await conn.execute_fetchall(
+                "SELECT data FROM message_fragments WHERE conversation_handle = ? AND "
+                "message_sequence_number = ? ORDER BY fragment_index",
+                (h, seq),
+            )
+            whole = b"".join(bytes(r[0]) for r in rows)
+            await conn.execute(
+                "UPDATE queue_messages SET body = ?, status = ? WHERE conversation_handle = ? "
+                "AND message_sequence_number = ?",
+                (whole, status, h, seq),
+            )
+            await conn.execute(
+                "DELETE FROM message_fragments WHERE conversation_handle = ? AND "
+                "message_sequence_number = ?",
+                (h, seq),
+            )
+            problem = catalog.validation_problem(message_type, whole)
+            if problem:
+                log.warning("reassembled message %s of %s fails validation: %s", seq, h, problem)
+
+        self._submit_received(db, ep, queue, statements, released, seq, None, assemble)
+
+    def _submit_received(
+        self,
+        db: Database,
+        ep: Endpoint,
+        queue: str,
+        statements: list[Statement],
+        released: list[int],
+        seq: int,
+        fragment: int | None,
+        fn: Callable[[aiosqlite.Connection], Any] | None = None,
+    ) -> None:
+        index = db.ready.get(queue)
+
+        def committed() -> None:
+            if fragment is None:
+                ep.durable.add_message(seq)
+            else:
+                ep.durable.add_fragment(seq, fragment, 1 << 30)
+            if index is not None:
+                for s in released:
+                    index.add(ep.group_id, ep.handle, s)
+            for s in released:
+                self.trace.emit(
+                    "delivered",
+                    ep.conversation_id,
+                    database=db.name,
+                    initiator=not ep.initiator,
+                    seq=s,
+                    queue=queue,
+                )
+            if released:
+                self.stats.delivered_messages += len(released)
+                if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
+                    self.router.request_ended(ep)
+            self._ack_needed(ep)
+
+        def failed(exc: BaseException) -> None:
+            log.error("store error while receiving into %s: %s", db.name, exc)
+            self._suspend_receiving(db)
+
+        db.store.submit(statements, fn=fn, on_commit=committed, on_failure=failed)
+
+    def _suspend_receiving(self, db: Database) -> None:
+        """After a failed write, refuse inbound traffic until memory matches the file again."""
+        if db.rx_suspended:
+            return
+        db.rx_suspended = True
+
+        async def reload() -> None:
+            await asyncio.sleep(1.0)
+            try:
+                # A job of its own: it runs after every write already queued.
+                await db.store.run(lambda conn: db.load_received(conn.execute_fetchall))
+            except StoreError:
+                log.exception("database %s still failing; retrying", db.name)
+                db.rx_suspended = False
+                self._suspend_receiving(db)
+                return
+            db.rx_suspended = False
+
+        self.loop.create_task(reload())
+
+    # -- broker errors ------------------------------------------------------------------
+
+    def _send_broker_error(
+        self, link: Link, db: Database | None, header: DialogHeader, code: int, text: str
+    ) -> None:
+        """An unsequenced Error in answer to a refused message (R-DLG-2); nothing is stored."""
+        self.stats.broker_errors_sent += 1
+        self.drop(header, f"refused with broker error {code}: {text}")
+        body = error_body(code, text)
+        instance = (db or self.msdb).broker_instance
+        reply = DialogHeader(
+            header.conversation_id,
+            header.to_service,
+            header.from_service,
+            instance,
+            header.from_broker_instance,
+            header.contract,
+            ERROR,
+            int(MessageFlags.ERROR) | (0 if header.initiator else int(MessageFlags.INITIATOR)),
+            0,
+            0,
+            1,
+            0,
+            len(body),
+        )
+        link.queue_header(reply, body)
+
+    def _on_broker_error(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        self._fail_locally(db, ep, body, "the broker reported an error for the conversation")
+
+    def _fail_locally(self, db: Database, ep: Endpoint, body: bytes, why: str) -> None:
+        """The broker ends the dialog with an error: the Error goes to this side's queue,
+        unacknowledged messages are dropped, new messages are refused (state ER)."""
+        if ep.broker_error or ep.state is State.CLOSED:
+            return
+        ep.broker_error = True
+        dropped = list(ep.outbox)
+        self._trace_discarded(ep, dropped, why)
+        ep.outbox.clear()
+        ep.refresh_state()
+
+        def committed() -> None:
+            if ep.service == ROUTE_REQUESTER_SERVICE:
+                self.router.request_ended(ep)
+
+        self._queue_local(
+            db, ep, ERROR, body, [*_unqueue_sent(ep, dropped), endpoint_snapshot(ep)], committed
+        )
+
+    def _queue_local(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        body: bytes,
+        extra: list[Statement],
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue a message this broker makes for the endpoint's own side (a broker Error, a
+        DialogTimer), numbered from ``Database.next_local_seq``, with ``extra`` statements
+        in the same transaction; ``then`` runs once it is committed."""
+        seq = db.next_local_seq
+        db.next_local_seq -= 1
+        queue = db.queue_of(ep.service) or ""
+        index = db.ready.get(queue)
+
+        def committed() -> None:
+            if index is not None:
+                index.add(ep.group_id, ep.handle, seq)
+            if then is not None:
+                then()
+
+        db.store.submit(
+            [_queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock()), *extra],
+            on_commit=committed,
+        )
+
+    # -- conversation timers (R-DLG-11) and dialog lifetimes (R-DLG-9) ------------------
+
+    async def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER: a DialogTimer message in this side's queue after
+        ``timeout`` seconds. A new timer replaces the conversation's current one; it is
+        not shared with the other side and does not change the lifetime."""
+        db, ep = self.endpoint(handle)
+        if ep.state is State.CLOSED:
+            raise DialogError(f"cannot set a timer on conversation {handle}: it is closed")
+        if not timeout >= 0:
+            raise DialogError(f"timer timeout must be >= 0 seconds, not {timeout}")
+        due = self.clock() + timeout
+        await self.submit_wait(
+            db, [("INSERT OR REPLACE INTO conversation_timers VALUES (?, ?)", (str(handle), due))]
+        )
+        ep.timer_due = due
+        self._watch(ep)
+
+    def _watch(self, ep: Endpoint) -> None:
+        """Schedule the endpoint's timer and lifetime deadlines, if it has them."""
+        if ep.state is State.CLOSED:
+            return
+        if ep.timer_due:
+            heapq.heappush(self._deadlines, (ep.timer_due, next(self._counter), "timer", ep))
+        if ep.lifetime_ends and not ep.broker_error:
+            heapq.heappush(self._deadlines, (ep.lifetime_ends, next(self._counter), "lifetime", ep))
+
+    def _fire_deadlines(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            due, _, kind, ep = heapq.heappop(self._deadlines)
+            db = self.databases[ep.database]
+            if db.endpoints.get(ep.handle) is not ep or ep.state is State.CLOSED:
+                continue
+            if kind == "timer" and ep.timer_due == due:
+                self._fire_timer(db, ep)
+            elif kind == "lifetime" and ep.lifetime_ends == due:
+                self._expire(db, ep)
+
+    def _fire_timer(self, db: Database, ep: Endpoint) -> None:
+        ep.timer_due = 0.0
+        self.trace.emit(
+            "timer_fired",
+            ep.conversation_id,
+            database=db.name,
+            initiator=ep.initiator,
+            queue=db.queue_of(ep.service),
+        )
+        forget = "DELETE FROM conversation_timers WHERE conversation_handle = ?"
+        self._queue_local(db, ep, DIALOG_TIMER, b"", [(forget, (str(ep.handle),))])
+
+    def _expire(self, db: Database, ep: Endpoint) -> None:
+        if ep.broker_error:
+            return
+        reason = f"the dialog's lifetime of {ep.lifetime} s passed"
+        self.trace.emit(
+            "lifetime_expired",
+            ep.conversation_id,
+            database=db.name,
+            initiator=ep.initiator,
+            reason=reason,
+        )
+        body = error_body(
+            CODE_LIFETIME_EXPIRED, f"The dialog has exceeded its lifetime of {ep.lifetime} seconds."
+        )
+        self._fail_locally(db, ep, body, reason)
+
+    def on_integrity_failure(self, link: Link, reason: str) -> None:
+        self.stats.integrity_failures += 1
+        self.trace.emit("integrity_failure", peer=link.name, reason=reason)
+        log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def conversation_endpoints(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": db.name,
+                "conversation_handle": str(ep.handle),
+                "conversation_id": str(ep.conversation_id),
+                "is_initiator": ep.initiator,
+                "service": ep.service,
+                "far_service": ep.far_service,
+                "far_broker_instance": str(ep.far_broker_instance or ""),
+                "contract": ep.contract,
+                "state": ep.state.value,
+                "route": ep.route.route or "" if ep.route else "",
+                "send_sequence": ep.send_sequence,
+                "receive_sequence": ep.accepted.through,
+                "unacknowledged": len(ep.outbox),
+            }
+            for db in self.databases.values()
+            for ep in db.endpoints.values()
+        ]
+
+    def transmission_queue(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": db.name,
+                "conversation_handle": str(ep.handle),
+                "to_service": ep.far_service,
+                "to_broker_instance": str(ep.far_broker_instance or ""),
+                "message_sequence_number": msg.seq,
+                "message_type": msg.message_type,
+                "size": len(msg.body),
+                "enqueued_at": datetime.fromtimestamp(msg.enqueued_at, UTC).isoformat(),
+                "attempts": msg.attempts,
+                "transmission_status": msg.status,
+            }
+            for db in self.databases.values()
+            for ep in db.endpoints.values()
+            for msg in ep.outbox.values()
+        ]
+
+    def queues(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": db.name,
+                "queue": q.name,
+                "status": "on" if q.status else "off",
+                "retention": q.retention,
+                "ready_messages": db.ready[q.name].count,
+            }
+            for db in self.databases.values()
+            for q in db.catalog.queues.values()
+            if not q.system
+        ]
+
+    def routes(self) -> list[dict[str, Any]]:
+        now = datetime.now(UTC)
+        return [
+            {
+                "database": db.name,
+                "name": r.name,
+                "remote_service_name": r.remote_service_name or "",
+                "broker_instance": str(r.broker_instance or ""),
+                "address": r.address,
+                "mirror_address": r.mirror_address or "",
+                "lifetime": r.lifetime.isoformat() if r.lifetime else "",
+                "expired": r.expired(now),
+                "source": r.source,
+            }
+            for db in self.databases.values()
+            for r in db.catalog.routes.values()
+        ]
+
+    def databases_view(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": db.name,
+                "broker_instance": str(db.broker_instance),
+                "file": str(db.store.path),
+                "commits": db.store.commits,
+                "jobs_committed": db.store.jobs_committed,
+                "endpoints": len(db.endpoints),
+            }
+            for db in self.databases.values()
+        ]
+
+
+def _queue_row(
+    ep: Endpoint,
+    queue: str,
+    seq: int,
+    status: int,
+    message_type: str,
+    length: int,
+    body: bytes | None,
+    now: float,
+) -> Statement:
+    """A received message's row in its service queue (``body`` None while fragments arrive)."""
+    return (
+        "INSERT OR IGNORE INTO queue_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            queue,
+            str(ep.group_id),
+            str(ep.handle),
+            seq,
+            status,
+            ep.service,
+            ep.contract,
+            message_type,
+            length,
+            body,
+            now,
+        ),
+    )
+
+
+def _unqueue_sent(ep: Endpoint, seqs: Iterable[int]) -> list[Statement]:
+    """Delete sent messages from the transmission queue (acknowledged, or dropped by an error)."""
+    handle = str(ep.handle)
+    return [
+        (
+            "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
+            "message_sequence_number = ?",
+            (handle, seq),
+        )
+        for seq in seqs
+    ]
+
+
+async def _fetch_and_remove(
+    conn: aiosqlite.Connection, items: list[tuple[uuid.UUID, int]], retention: bool
+) -> list[dict[str, Any]]:
+    keys = [(str(h), s) for h, s in items]
+    placeholders = ",".join("(?, ?)" for _ in keys)
+    flat = [v for key in keys for v in key]
+    rows = await conn.execute_fetchall(
+        "SELECT conversation_handle, message_sequence_number, conversation_group_id, "
+        "service_name, contract, message_type, body, enqueued_at, queue_name "
+        f"FROM queue_messages WHERE (conversation_handle, message_sequence_number) IN "
+        f"(VALUES {placeholders})",
+        flat,
+    )
+    if retention:
+        await conn.execute(
+            "UPDATE queue_messages SET status = 0 WHERE (conversation_handle, "
+            f"message_sequence_number) IN (VALUES {placeholders})",
+            flat,
+        )
+    else:
+        await conn.execute(
+            "DELETE FROM queue_messages WHERE (conversation_handle, message_sequence_number) "
+            f"IN (VALUES {placeholders})",
+            flat,
+        )
+    by_key = {(r[0], int(r[1])): r for r in rows}
+    out = []
+    for key in keys:
+        r = by_key.get(key)
+        if r is None:
+            continue
+        out.append(
+            {
+                "conversation_handle": r[0],
+                "message_sequence_number": int(r[1]),
+                "conversation_group_id": r[2],
+                "service_name": r[3],
+                "service_contract_name": r[4],
+                "message_type_name": r[5],
+                "message_body": bytes(r[6] or b""),
+                "message_enqueue_time": float(r[7]),
+                "queue": r[8],
+            }
+        )
+    return out

@@ -1,0 +1,48 @@
+"""Where an endpoint's fragments go, as the dialog engine sees it.
+
+A *link* is a network connection to a peer broker (``brokerd.server.transport``)
+or the engine's in-process link for services of this same instance. The engine
+and the router only ever talk to a :class:`Link`; the server provides them
+through a :class:`LinkProvider`, so nothing in ``brokerd.dialogs`` touches a socket.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.endpoint import Endpoint, OutMessage
+    from brokerd.routing.forwarding import Forward
+    from protocol.dialog import DialogHeader
+    from protocol.events import PrincipalAnswer, PrincipalQuery
+
+
+class Link(Protocol):
+    """Where an endpoint's fragments and acknowledgements go."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def is_open(self) -> bool: ...
+
+    @property
+    def status(self) -> str: ...
+
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None: ...
+
+    def queue_acks(self, headers: list[DialogHeader]) -> None: ...
+
+    def queue_header(self, header: DialogHeader, body: bytes) -> None: ...
+
+    def want(self, ep: Endpoint) -> None: ...
+
+    def forward(self, item: Forward) -> None: ...
+
+    def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None: ...
+
+
+class LinkProvider(Protocol):
+    """The link to a peer address, opened on demand (the server's transport)."""
+
+    def link_for(self, address: str) -> Link: ...

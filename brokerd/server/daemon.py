@@ -1,0 +1,139 @@
+"""One broker instance: configuration, databases, engine, transport and client listener.
+
+``brokerd run --config FILE`` builds a :class:`Broker` and runs it until SIGTERM
+or SIGINT (R-OBJ-7: the endpoint on port 4022). It also runs the trace writer
+(``brokerd.traces.writer``), flushed and closed last at shutdown. Start-up opens every database
+file (msdb included), recovers endpoints and transmission queues from them,
+then starts listening; shutdown closes connections, then commits what is
+pending and closes the files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+
+from brokerd.config import BrokerConfig, load_config
+from brokerd.dialogs.database import Database
+from brokerd.dialogs.engine import DialogEngine
+from brokerd.errors import ConfigError
+from brokerd.server.client_listener import ClientSession, load_or_create_token
+from brokerd.server.transport import Transport
+from brokerd.traces.writer import TraceWriter
+from protocol.errors import BrokerError
+from protocol.security import Identity
+
+log = logging.getLogger("brokerd")
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        endpoint = config.endpoint
+        for key, path in (
+            ("endpoint.certificate", endpoint.certificate),
+            ("endpoint.private_key", endpoint.private_key),
+            ("endpoint.ca_certificate", endpoint.ca_certificate),
+        ):
+            if not path.is_file():
+                raise ConfigError(config.path, key, f"file {path} does not exist")
+        try:
+            self.identity = Identity.from_pem(
+                endpoint.certificate.read_bytes(),
+                endpoint.private_key.read_bytes(),
+                endpoint.ca_certificate.read_bytes(),
+            )
+        except (ValueError, OSError) as exc:
+            raise ConfigError(config.path, "endpoint.certificate", f"cannot load: {exc}") from exc
+        self.instance_name = self.identity.instance_name
+        self.databases = {db.name: Database(db, config.data_dir) for db in config.databases}
+        self.transport = Transport(endpoint, self.identity)
+        self.trace = TraceWriter(config.trace, self.instance_name)
+        self.engine = DialogEngine(config, self.databases, self.transport, trace=self.trace)
+        self.transport.engine = self.engine
+        self.client_sessions: set[ClientSession] = set()
+        self._client_server: asyncio.Server | None = None
+        self._opened: list[Database] = []
+
+    async def start(self) -> None:
+        try:
+            for db in self.databases.values():
+                await db.open()
+                self._opened.append(db)
+            await self.trace.start()
+            await self.engine.start()
+            await self.transport.start()
+            token = load_or_create_token(self.config.client.token_file)
+            loop = asyncio.get_running_loop()
+            self._client_server = await loop.create_server(
+                lambda: ClientSession(self, token),
+                self.config.client.host,
+                self.config.client.port,
+                reuse_address=True,
+            )
+        except OSError as exc:
+            await self.stop()
+            raise BrokerError(f"cannot start: {exc}") from exc
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "brokerd %s listening on %s:%d (client %s:%d), databases %s",
+            self.instance_name,
+            self.config.endpoint.host,
+            self.config.endpoint.port,
+            self.config.client.host,
+            self.config.client.port,
+            ", ".join(f"{db.name}={db.broker_instance}" for db in self.databases.values()),
+        )
+
+    async def stop(self) -> None:
+        if self._client_server is not None:
+            self._client_server.close()
+            for session in list(self.client_sessions):
+                if session.transport is not None:
+                    session.transport.close()
+            self._client_server = None
+        await self.transport.stop()
+        await self.engine.stop()
+        for db in self._opened:
+            await db.store.close()
+        self._opened = []
+        await self.trace.stop()
+
+
+def install_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def serve(config_path: Path, ready_file: Path | None = None) -> None:
+    config = load_config(config_path)
+    broker = Broker(config)
+    await broker.start()
+    if ready_file is not None:
+        ready_file.write_text(f"{os.getpid()}\n")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("brokerd %s stopping", broker.instance_name)
+        await broker.stop()
+
+
+def run(config_path: Path, ready_file: Path | None = None, log_level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    install_uvloop()
+    asyncio.run(serve(config_path, ready_file))

@@ -1,0 +1,542 @@
+"""Broker-to-broker TCP: the listener on port 4022 and one outgoing link per peer (R-PROTO-1..3).
+
+* :class:`BrokerProtocol` runs one ``protocol.BrokerConnection`` over an asyncio
+  transport (uvloop when installed). It hands dialog fragments and ACKs to the
+  engine and pumps outgoing frames with backpressure: single-fragment messages
+  and acknowledgements go first and one fragment of a large message after each
+  round, so small messages are not held up behind a large one (R-DLG-7).
+* :class:`PeerLink` is the outgoing connection to one address, shared by every
+  dialog routed there: opened on demand, reconnected with exponential backoff,
+  and carrying the readable status ("connection refused by 127.0.0.2:4022 ...")
+  that waiting messages show. It also carries forwarded messages (R-ROUTE-7) and
+  principal queries (R-ROUTE-10), held until the connection opens.
+* :class:`Transport` owns the listener, the links, the idle timer that closes
+  quiet connections (R-PROTO-3) and the ``broker_connections`` view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from brokerd.config import EndpointConfig, parse_tcp_address
+from brokerd.routing.forwarding import Forward
+from protocol import dialog, events
+from protocol.connection import BrokerConnection, ConnectionSettings, Role
+from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
+from protocol.frames import EncryptionMode
+from protocol.security import Identity
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.endpoint import Endpoint, OutMessage
+    from brokerd.dialogs.engine import DialogEngine
+
+log = logging.getLogger("brokerd.server.transport")
+
+HIGH_WATER = 512 * 1024
+"""Stop feeding the socket while this much is already buffered for it."""
+
+
+class BrokerProtocol(asyncio.Protocol):
+    """One TCP connection between two brokers, either direction."""
+
+    def __init__(self, transport_owner: Transport, role: Role, link: PeerLink | None) -> None:
+        self.owner = transport_owner
+        self.engine = transport_owner.engine
+        self.link = link
+        self.role = role
+        self.conn = BrokerConnection(role, transport_owner.settings, datetime.now(UTC))
+        self.transport: asyncio.Transport | None = None
+        self.peer_address = ""
+        self.opened = False
+        self.closed = False
+        self.close_reason = ""
+        self.login_time: float | None = None
+        self.last_activity = time.time()
+        self._small: collections.deque[Any] = collections.deque()
+        self._bulk: collections.deque[tuple[Endpoint, OutMessage, int]] = collections.deque()
+        self._paused = False
+        self._pump_scheduled = False
+        self.handshake_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # -- Link interface (used by the engine for acknowledgements and errors) -------
+
+    @property
+    def name(self) -> str:
+        who = self.conn.peer_instance or "?"
+        return f"{who}@{self.peer_address}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.opened and not self.closed
+
+    @property
+    def status(self) -> str:
+        return "open" if self.is_open else (self.close_reason or "closed")
+
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
+        if msg.fragment_count > 1:
+            self._bulk.append((ep, msg, index))
+        else:
+            self._small.append((ep, msg, index))
+        self._schedule_pump()
+
+    def queue_acks(self, headers: list[dialog.DialogHeader]) -> None:
+        for start in range(0, len(headers), dialog.MAX_ACKS_PER_FRAME):
+            self._small.append((headers[start : start + dialog.MAX_ACKS_PER_FRAME],))
+        self._schedule_pump()
+
+    def queue_header(self, header: dialog.DialogHeader, body: bytes) -> None:
+        self._small.append((header, body))
+        self._schedule_pump()
+
+    def want(self, ep: Endpoint) -> None:
+        if self.link is not None:
+            self.link.want(ep)
+
+    def forward(self, item: Forward) -> None:
+        """Relay a forwarded fragment or acknowledgements (R-ROUTE-7)."""
+        self._small.append(item)
+        self._schedule_pump()
+
+    def send_control(self, event: events.PrincipalQuery | events.PrincipalAnswer) -> None:
+        self._small.append(event)
+        self._schedule_pump()
+
+    @property
+    def direction(self) -> str:
+        return "outbound" if self.role is Role.INITIATOR else "inbound"
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.peer_address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.owner.connections.add(self)
+        hello = self.conn.start()
+        if hello:
+            self.transport.write(hello)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_activity = time.time()
+        try:
+            received = self.conn.receive_data(data)
+        except RemoteProtocolError as exc:
+            self._handle(exc.events)
+            self._abort(f"protocol error from {self.peer_address}: {exc}")
+            return
+        out = self.conn.data_to_send()
+        if out and self.transport is not None:
+            self.transport.write(out)
+        self._handle(received)
+        if self.conn.closed and not self.closed:
+            self._abort(self.close_reason or f"closed by {self.peer_address}")
+
+    def _handle(self, received: list[events.Event]) -> None:
+        engine = self.engine
+        for ev in received:
+            if isinstance(ev, events.Fragment):
+                try:
+                    header, body = dialog.decode_fragment(ev.payload)
+                except RemoteProtocolError as exc:
+                    engine.on_integrity_failure(self, f"undecodable dialog message: {exc}")
+                    continue
+                engine.on_fragment(self, header, body)
+            elif isinstance(ev, events.Ack):
+                try:
+                    headers = dialog.decode_acks(ev.payload)
+                except RemoteProtocolError as exc:
+                    engine.on_integrity_failure(self, f"undecodable acknowledgement: {exc}")
+                    continue
+                engine.on_acks(self, headers)
+            elif isinstance(ev, events.IntegrityFailure):
+                engine.on_integrity_failure(
+                    self, f"frame type {ev.frame_type} counter {ev.counter}: {ev.reason}"
+                )
+            elif isinstance(ev, events.HandshakeComplete):
+                self.opened = True
+                self.login_time = time.time()
+                log.info("connection %s open (%s)", self.name, self.role.name.lower())
+                engine.trace.emit(
+                    "connection_opened",
+                    peer=self.name,
+                    direction=self.direction,
+                    encrypted=bool(self.conn.encrypted),
+                )
+                if not self.handshake_done.done():
+                    self.handshake_done.set_result(None)
+                if self.link is not None:
+                    self.link.opened(self)
+            elif isinstance(ev, events.Close):
+                self.close_reason = f"closed by {self.name}: {ev.code.name} {ev.reason}".strip()
+            elif isinstance(ev, events.PrincipalQuery):
+                engine.router.on_principal_query(self, ev)
+            elif isinstance(ev, events.PrincipalAnswer) and self.link is not None:
+                engine.router.on_principal_answer(self.link.name, ev)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.owner.connections.discard(self)
+        if not self.close_reason:
+            self.close_reason = (
+                f"connection to {self.peer_address} lost: {exc}"
+                if exc
+                else f"connection to {self.peer_address} closed"
+            )
+        if self.opened:
+            self.engine.trace.emit(
+                "connection_closed",
+                peer=self.name,
+                direction=self.direction,
+                reason=self.close_reason,
+            )
+        if not self.handshake_done.done():
+            if self.link is None:
+                self.handshake_done.cancel()  # an accepted connection: nobody waits on it
+            else:
+                self.handshake_done.set_exception(ConnectionError(self.close_reason))
+        unsent = [item for item in self._small if type(item) is Forward]
+        self._small.clear()
+        self._bulk.clear()
+        if unsent:
+            self.engine.router.forward_lost(unsent)
+        if self.link is not None:
+            self.link.lost(self, self.close_reason)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._schedule_pump()
+
+    # -- sending ------------------------------------------------------------------------
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self._pump_scheduled = False
+        transport = self.transport
+        if transport is None or not self.is_open:
+            return
+        out: list[bytes] = []
+        size = transport.get_write_buffer_size()
+        small, bulk = self._small, self._bulk
+        build = self.engine.build_fragment
+        send = self.conn.send
+        try:
+            while (small or bulk) and not self._paused and size < HIGH_WATER:
+                item = small.popleft() if small else bulk.popleft()
+                if type(item) is tuple:
+                    if len(item) == 3:
+                        ep, msg, index = item
+                        if msg.seq not in ep.outbox or index in msg.acked_fragments:
+                            continue
+                        header, body = build(ep, msg, index)
+                        frame = send(events.Fragment(dialog.encode_fragment(header, body)))
+                    elif len(item) == 2:
+                        frame = send(events.Fragment(dialog.encode_fragment(item[0], item[1])))
+                    else:
+                        frame = send(events.Ack(dialog.encode_acks(item[0])))
+                elif type(item) is Forward:
+                    self.engine.router.forward_sent(item)
+                    if item.header is not None:
+                        payload = dialog.encode_fragment(item.header, item.body)
+                        frame = send(events.Fragment(payload))
+                    else:
+                        frame = send(events.Ack(dialog.encode_acks(item.acks or [])))
+                else:
+                    frame = send(cast(events.PrincipalQuery | events.PrincipalAnswer, item))
+                out.append(frame)
+                size += len(frame)
+        except LocalProtocolError as exc:
+            log.error("cannot send on %s: %s", self.name, exc)
+            self._abort(f"local protocol error: {exc}")
+            return
+        if out:
+            self.last_activity = time.time()
+            transport.write(b"".join(out))
+        if (small or bulk) and not self._paused:
+            self._schedule_pump()
+
+    def close(self, code: CloseCode, reason: str) -> None:
+        if self.transport is None or self.closed:
+            return
+        self.close_reason = reason
+        with contextlib.suppress(LocalProtocolError):
+            self.transport.write(self.conn.close(code, reason))
+        self.transport.close()
+
+    def _abort(self, reason: str) -> None:
+        self.close_reason = reason
+        log.warning("%s", reason)
+        if self.transport is not None:
+            out = self.conn.data_to_send()
+            if out:
+                self.transport.write(out)
+            self.transport.close()
+
+    def view(self) -> dict[str, Any]:
+        stats = self.conn.stats
+        return {
+            "peer": self.conn.peer_instance or "",
+            "address": self.peer_address,
+            "direction": self.direction,
+            "state": "open" if self.is_open else ("closed" if self.closed else "handshake"),
+            "encrypted": bool(self.conn.encrypted),
+            "login_time": _iso(self.login_time),
+            "last_activity": _iso(self.last_activity),
+            "frames_sent": stats.frames_sent,
+            "frames_received": stats.frames_received,
+            "bytes_sent": stats.bytes_sent,
+            "bytes_received": stats.bytes_received,
+            "integrity_failures": stats.integrity_failures,
+        }
+
+
+def _iso(t: float | None) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds") if t else ""
+
+
+class PeerLink:
+    """The outgoing connection to one peer address, shared by all dialogs routed there."""
+
+    def __init__(self, owner: Transport, address: str) -> None:
+        self.owner = owner
+        self.name = address
+        self.host, self.port = parse_tcp_address(address)
+        self.protocol: BrokerProtocol | None = None
+        self.waiting: set[Endpoint] = set()
+        self.pending: list[Forward | events.PrincipalQuery | events.PrincipalAnswer] = []
+        """Forwarded messages and principal queries held until the connection opens."""
+        self.users: set[Endpoint] = set()
+        self.attempts = 0
+        self._status = "not connected yet"
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.protocol is not None and self.protocol.is_open
+
+    @property
+    def status(self) -> str:
+        return self._status
+
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
+        self.users.add(ep)
+        if self.protocol is not None and self.protocol.is_open:
+            self.protocol.queue_fragment(ep, msg, index)
+        else:
+            self.want(ep)
+
+    def queue_acks(self, headers: list[dialog.DialogHeader]) -> None:
+        if self.protocol is not None and self.protocol.is_open:
+            self.protocol.queue_acks(headers)
+
+    def queue_header(self, header: dialog.DialogHeader, body: bytes) -> None:
+        if self.protocol is not None and self.protocol.is_open:
+            self.protocol.queue_header(header, body)
+
+    def forward(self, item: Forward) -> None:
+        """Relay a forwarded message (R-ROUTE-7), connecting first if needed."""
+        if self.protocol is not None and self.protocol.is_open:
+            self.protocol.forward(item)
+        else:
+            self.pending.append(item)
+            self.connect()
+
+    def send_control(self, event: events.PrincipalQuery | events.PrincipalAnswer) -> None:
+        if self.protocol is not None and self.protocol.is_open:
+            self.protocol.send_control(event)
+        else:
+            self.pending.append(event)
+            self.connect()
+
+    def want(self, ep: Endpoint) -> None:
+        """``ep`` has messages for this peer: connect if needed, then send them."""
+        self.waiting.add(ep)
+        if self.is_open:
+            waiting, self.waiting = self.waiting, set()
+            self.owner.engine.link_up(self, waiting)
+            return
+        self.connect()
+
+    def connect(self) -> None:
+        """Open the connection unless it is open or being opened."""
+        if self._task is None and not self.owner.stopping and not self.is_open:
+            self._task = asyncio.get_running_loop().create_task(
+                self._connect(), name=f"connect-{self.name}"
+            )
+
+    async def _connect(self) -> None:
+        endpoint = self.owner.config
+        delay = endpoint.reconnect_initial
+        try:
+            while not self.owner.stopping:
+                self.attempts += 1
+                if self.attempts == 1 or self._status.startswith("not connected"):
+                    self._status = f"connecting to {self.host}:{self.port}"
+                try:
+                    await self._open_once(endpoint.connect_timeout)
+                    return
+                except (OSError, TimeoutError, ConnectionError) as exc:
+                    self._status = (
+                        f"{_describe(exc, self.host, self.port)} (attempt {self.attempts}); "
+                        f"next attempt in {delay:g} s"
+                    )
+                    log.info("link %s: %s", self.name, self._status)
+                    self.owner.engine.trace.emit(
+                        "connection_refused", peer=self.name, reason=self._status
+                    )
+                    for ep in self.waiting:
+                        for msg in ep.outbox.values():
+                            msg.status = self._status
+                    self._fail_pending()
+                    self.owner.engine.router.link_unreachable(self.name)
+                await asyncio.sleep(delay)
+                delay = min(endpoint.reconnect_max, delay * 2)
+        finally:
+            self._task = None
+
+    async def _open_once(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        protocol = BrokerProtocol(self.owner, Role.INITIATOR, self)
+        self.protocol = protocol
+        try:
+            host = self.owner.config.host
+            local = None if host in ("0.0.0.0", "::", "") else (host, 0)
+            await asyncio.wait_for(
+                loop.create_connection(lambda: protocol, self.host, self.port, local_addr=local),
+                timeout,
+            )
+            await asyncio.wait_for(asyncio.shield(protocol.handshake_done), timeout)
+        except BaseException:
+            if protocol.transport is not None:
+                protocol.transport.abort()
+            if self.protocol is protocol:
+                self.protocol = None
+            if not protocol.handshake_done.done():
+                protocol.handshake_done.cancel()
+            elif not protocol.handshake_done.cancelled():
+                protocol.handshake_done.exception()
+            if protocol.close_reason and "closed by" in protocol.close_reason:
+                raise ConnectionError(protocol.close_reason) from None
+            raise
+
+    def _fail_pending(self) -> None:
+        """Nothing is kept for a peer that cannot be reached: senders of forwarded messages
+        retry, and principal queries are asked again (R-ROUTE-10)."""
+        forwards = [item for item in self.pending if type(item) is Forward]
+        self.pending = []
+        if forwards:
+            self.owner.engine.router.forward_lost(forwards)
+
+    def opened(self, protocol: BrokerProtocol) -> None:
+        self.attempts = 0
+        self._status = f"connected to {protocol.name}"
+        pending, self.pending = self.pending, []
+        for item in pending:
+            if isinstance(item, Forward):
+                protocol.forward(item)
+            else:
+                protocol.send_control(item)
+        waiting, self.waiting = self.waiting, set()
+        self.owner.engine.link_up(self, waiting)
+
+    def lost(self, protocol: BrokerProtocol, reason: str) -> None:
+        if self.protocol is not protocol:
+            return
+        self.protocol = None
+        if not protocol.opened:
+            return  # a failed attempt: _connect reports it and retries
+        self._status = reason
+        users = [ep for ep in self.users if ep.outbox]
+        self.users = set(users)
+        self.owner.engine.link_down(self, users)
+
+    def idle(self) -> bool:
+        return not any(ep.outbox for ep in self.users) and not self.waiting and not self.pending
+
+
+def _describe(exc: BaseException, host: str, port: int) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused by {host}:{port}"
+    if isinstance(exc, TimeoutError):
+        return f"no answer from {host}:{port} (timed out)"
+    if isinstance(exc, ConnectionError) and str(exc):
+        return str(exc)
+    return f"cannot connect to {host}:{port}: {exc}"
+
+
+class Transport:
+    """The listener and the links of one instance."""
+
+    def __init__(self, config: EndpointConfig, identity: Identity) -> None:
+        self.config = config
+        self.settings = ConnectionSettings(
+            identity=identity,
+            encryption=EncryptionMode[config.encryption.upper()],
+            max_frame_size=config.max_frame_size,
+        )
+        self.engine: DialogEngine  # set by the daemon before start()
+        self.links: dict[str, PeerLink] = {}
+        self.connections: set[BrokerProtocol] = set()
+        self.server: asyncio.Server | None = None
+        self.stopping = False
+        self._idle_task: asyncio.Task[None] | None = None
+
+    def link_for(self, address: str) -> PeerLink:
+        link = self.links.get(address)
+        if link is None:
+            link = self.links[address] = PeerLink(self, address)
+        return link
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: BrokerProtocol(self, Role.ACCEPTOR, None),
+            self.config.host,
+            self.config.port,
+            reuse_address=True,
+        )
+        self._idle_task = loop.create_task(self._close_idle(), name="transport-idle")
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        if self.server is not None:
+            self.server.close()
+        for protocol in list(self.connections):
+            protocol.close(CloseCode.SHUTDOWN, "broker shutting down")
+        for link in self.links.values():
+            if link._task is not None:
+                link._task.cancel()
+        if self.server is not None:
+            await self.server.wait_closed()
+            self.server = None
+        await asyncio.sleep(0)
+
+    async def _close_idle(self) -> None:
+        timeout = self.config.idle_timeout
+        while True:
+            await asyncio.sleep(max(0.05, min(1.0, timeout / 4)))
+            now = time.time()
+            for protocol in list(self.connections):
+                if not protocol.is_open or now - protocol.last_activity < timeout:
+                    continue
+                if protocol.link is not None and not protocol.link.idle():
+                    continue
+                protocol.close(CloseCode.IDLE, f"idle for {timeout:g} s")
+
+    def broker_connections(self) -> list[dict[str, Any]]:
+        return [p.view() for p in sorted(self.connections, key=lambda p: p.peer_address)]

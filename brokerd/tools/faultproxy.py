@@ -1,0 +1,512 @@
+"""A fault-injecting TCP proxy between two brokers (there is no kernel netem here).
+
+This module owns :class:`FaultProxy`, :class:`FaultPlan` and :class:`ProxyStats`,
+and the little command line ``python -m brokerd.tools.faultproxy``. The proxy sits
+between an initiating broker (the client, "up" direction: client to server) and
+an accepting broker (the server, "down" direction) and does, per :class:`FaultPlan`:
+
+* corrupt or drop chosen FRAGMENT frames of the up direction, counted 1, 2, 3, ...
+  over the proxy's lifetime across all its connections, and drop chosen ACK frames
+  of the down direction, counted the same way (a lost acknowledgement: the sender
+  retransmits and the receiver sees a duplicate). Both directions are cut into
+  frames with :func:`protocol.frames.decode_header`; if a header does not parse,
+  the rest of that direction is passed through unchanged;
+* delay every chunk forwarded, both directions;
+* refuse new connections (accept, then close at once) or blackhole connections
+  (read and discard everything: the peer seems hung);
+* :meth:`FaultProxy.cut` every open connection at once (TCP reset on both sides).
+
+The plan is read again for every chunk and frame, so tests may change it while the
+proxy runs. Everything runs on the event loop (asyncio streams, no threads).
+
+    python -m brokerd.tools.faultproxy --listen 127.0.0.3:4022 --target 127.0.0.2:4022 \\
+        [--corrupt 3,7] [--drop 5] [--drop-ack 2] [--delay 0.1] [--refuse] [--blackhole]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import socket
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from protocol.errors import RemoteProtocolError
+from protocol.frames import HEADER_SIZE, FrameType, decode_header
+
+MAX_FRAME_SIZE = 64 * 1024 * 1024
+"""Largest frame body the proxy parses; a bigger announced length counts as unparseable."""
+READ_SIZE = 64 * 1024
+
+_LINGER_RESET = struct.pack("ii", 1, 0)
+"""SO_LINGER on, timeout 0: closing the socket sends a TCP reset."""
+
+
+@dataclass
+class FaultPlan:
+    """What to break. Mutable while the proxy runs; it is read for every chunk and frame."""
+
+    corrupt_fragments: set[int] = field(default_factory=set)
+    """Ordinals (1-based, up direction, proxy lifetime) of FRAGMENT frames whose body gets
+    the middle byte flipped (XOR 0xFF). An empty body cannot be corrupted (logged)."""
+    drop_fragments: set[int] = field(default_factory=set)
+    """Ordinals of FRAGMENT frames removed from the stream entirely (the receiver then
+    sees a counter gap). Dropping wins over corrupting."""
+    drop_acks: set[int] = field(default_factory=set)
+    """Ordinals (1-based, down direction, proxy lifetime) of dedicated ACK frames removed
+    from the stream: the acknowledgement is lost, so the sender retransmits."""
+    delay: float = 0.0
+    """Seconds slept before forwarding each chunk, both directions. While it sleeps the
+    proxy does not read that direction, so it also bounds the throughput."""
+    refuse: bool = False
+    """Accept new connections, then close them at once (the target is never dialled)."""
+    blackhole: bool = False
+    """New connections are accepted and everything they send is read and discarded (the
+    target is never dialled). Live connections go silent in both directions too, and
+    stay silent even if the flag is cleared again (their byte streams are broken)."""
+
+
+@dataclass
+class ProxyStats:
+    connections: int = 0
+    """Connections accepted (refused and blackholed ones included)."""
+    fragments_seen: int = 0
+    """FRAGMENT frames parsed in the up direction (dropped ones included)."""
+    fragments_corrupted: int = 0
+    fragments_dropped: int = 0
+    acks_seen: int = 0
+    """ACK frames parsed in the down direction (dropped ones included)."""
+    acks_dropped: int = 0
+    bytes_up: int = 0
+    """Bytes written to the server (after drops; discarded bytes not counted)."""
+    bytes_down: int = 0
+    """Bytes written to the client."""
+
+
+class _Connection:
+    """One accepted client connection and, once dialled, its server connection."""
+
+    def __init__(self, ident: int, client: asyncio.StreamWriter) -> None:
+        self.ident = ident
+        self.client = client
+        self.server: asyncio.StreamWriter | None = None
+        self.aborted = False
+        self.blackholed = False
+
+    def abort(self) -> None:
+        """Close both sockets with a TCP reset (idempotent)."""
+        self.aborted = True
+        for writer in (self.client, self.server):
+            if writer is not None:
+                _reset(writer)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    writer.transport.abort()
+
+
+class _FrameFilter:
+    """Sans-I/O frame cutter of one direction: bytes in, bytes to forward out.
+
+    Buffers until a whole frame is there, then applies the plan's faults: FRAGMENT
+    faults going up, ACK drops going down. After a header fails to parse it passes
+    everything through unchanged.
+    """
+
+    def __init__(self, proxy: FaultProxy, ident: int, *, up: bool) -> None:
+        self._proxy = proxy
+        self._ident = ident
+        self._up = up
+        self._buffer = bytearray()
+        self.raw = False
+
+    def feed(self, data: bytes) -> bytes:
+        if self.raw:
+            return data
+        buf = self._buffer
+        buf += data
+        out = bytearray()
+        pos = 0
+        while len(buf) - pos >= HEADER_SIZE:
+            try:
+                header = decode_header(bytes(buf[pos : pos + HEADER_SIZE]), MAX_FRAME_SIZE)
+            except RemoteProtocolError as exc:
+                self._proxy._event(
+                    f"connection {self._ident}: unparseable frame header ({exc}); "
+                    "passing the rest through unchanged"
+                )
+                self.raw = True
+                out += buf[pos:]
+                buf.clear()
+                return bytes(out)
+            end = pos + HEADER_SIZE + header.length
+            if end > len(buf):
+                break
+            frame = buf[pos:end]
+            pos = end
+            if self._keep(frame, header.frame_type, header.counter, header.length):
+                out += frame
+        del buf[:pos]
+        return bytes(out)
+
+    def flush(self) -> bytes:
+        """The incomplete frame left at end of stream (forwarded unchanged)."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return rest
+
+    def _keep(self, frame: bytearray, kind: int, counter: int, length: int) -> bool:
+        """Apply the plan to one frame (in place); False means drop it."""
+        if self._up and kind == FrameType.FRAGMENT:
+            return self._fragment(frame, counter, length)
+        if not self._up and kind == FrameType.ACK:
+            return self._ack(counter)
+        return True
+
+    def _fragment(self, frame: bytearray, counter: int, length: int) -> bool:
+        """Apply the plan to one FRAGMENT frame in place; False means drop it."""
+        proxy = self._proxy
+        proxy.stats.fragments_seen += 1
+        ordinal = proxy.stats.fragments_seen
+        prefix = f"connection {self._ident}: "
+        what = f"FRAGMENT #{ordinal} (counter {counter})"
+        if ordinal in proxy.plan.drop_fragments:
+            proxy.stats.fragments_dropped += 1
+            proxy._event(f"{prefix}dropped {what}")
+            return False
+        if ordinal in proxy.plan.corrupt_fragments:
+            if length == 0:
+                proxy._event(f"{prefix}{what} has an empty body, forwarded unchanged")
+                return True
+            at = length // 2
+            frame[HEADER_SIZE + at] ^= 0xFF
+            proxy.stats.fragments_corrupted += 1
+            proxy._event(f"{prefix}corrupted {what} at body byte {at}")
+        return True
+
+    def _ack(self, counter: int) -> bool:
+        """Apply the plan to one ACK frame; False means drop it."""
+        proxy = self._proxy
+        proxy.stats.acks_seen += 1
+        ordinal = proxy.stats.acks_seen
+        if ordinal in proxy.plan.drop_acks:
+            proxy.stats.acks_dropped += 1
+            proxy._event(f"connection {self._ident}: dropped ACK #{ordinal} (counter {counter})")
+            return False
+        return True
+
+
+class FaultProxy:
+    """An asyncio TCP proxy that injects the faults of its :class:`FaultPlan`.
+
+    ``on_event`` (optional) is called with every line appended to :attr:`events`.
+    """
+
+    def __init__(
+        self,
+        listen_host: str,
+        listen_port: int,
+        target_host: str,
+        target_port: int,
+        plan: FaultPlan | None = None,
+        *,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.listen_host = listen_host
+        self.listen_port = listen_port
+        self.target_host = target_host
+        self.target_port = target_port
+        self.plan = plan if plan is not None else FaultPlan()
+        self.stats = ProxyStats()
+        self.events: list[str] = []
+        self._on_event = on_event
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("fault proxy already started")
+        self._server = await asyncio.start_server(self._handle, self.listen_host, self.listen_port)
+
+    async def stop(self) -> None:
+        """Stop listening and reset every open connection. Idempotent."""
+        if self._server is None or self._stopped:
+            return
+        self._stopped = True
+        self._server.close()
+        for conn in list(self._connections):
+            conn.abort()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def __aenter__(self) -> FaultProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when ``listen_port`` was 0)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("fault proxy is not listening")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def cut(self) -> None:
+        """Abort every open proxied connection at once: both sides see a TCP reset."""
+        conns = list(self._connections)
+        for conn in conns:
+            conn.abort()
+        self._event(f"cut {len(conns)} connection(s)")
+
+    # -- connections -------------------------------------------------------------
+
+    def _event(self, text: str) -> None:
+        self.events.append(text)
+        if self._on_event is not None:
+            self._on_event(text)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.stats.connections += 1
+        conn = _Connection(self.stats.connections, writer)
+        self._connections.add(conn)
+        try:
+            await self._serve(conn, reader)
+        except asyncio.CancelledError:
+            pass  # stop(): the sockets are already reset
+        except Exception as exc:  # a proxy bug must not kill the event loop's other tasks
+            self._event(f"connection {conn.ident}: internal error {exc!r}")
+        finally:
+            if not conn.aborted:
+                _close(conn)
+            self._connections.discard(conn)
+            self._tasks.discard(task)
+
+    async def _serve(self, conn: _Connection, reader: asyncio.StreamReader) -> None:
+        peer = _endpoint(conn.client.get_extra_info("peername"))
+        if self.plan.refuse:
+            self._event(f"connection {conn.ident} from {peer}: refused")
+            return
+        if self.plan.blackhole:
+            conn.blackholed = True
+            self._event(f"connection {conn.ident} from {peer}: blackholed")
+            await _discard(reader)
+            return
+        try:
+            server_reader, conn.server = await asyncio.open_connection(
+                self.target_host, self.target_port
+            )
+        except OSError as exc:
+            self._event(f"connection {conn.ident} from {peer}: target unreachable ({exc})")
+            conn.abort()
+            return
+        if conn.aborted:  # cut() while dialling
+            conn.abort()
+            return
+        self._event(
+            f"connection {conn.ident} from {peer}: open to {self.target_host}:{self.target_port}"
+        )
+        await asyncio.gather(
+            self._pump(conn, reader, conn.server, up=True),
+            self._pump(conn, server_reader, conn.client, up=False),
+        )
+        self._event(f"connection {conn.ident}: {'reset' if conn.aborted else 'closed'}")
+
+    async def _pump(
+        self,
+        conn: _Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        up: bool,
+    ) -> None:
+        """Forward one direction until EOF; an error resets the whole connection."""
+        frames = _FrameFilter(self, conn.ident, up=up)
+        try:
+            while True:
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    break
+                if conn.blackholed or self.plan.blackhole:
+                    if not conn.blackholed:
+                        conn.blackholed = True
+                        self._event(f"connection {conn.ident}: blackholed")
+                    continue
+                data = frames.feed(data)
+                await self._forward(conn, writer, data, up)
+            if not (conn.aborted or conn.blackholed):
+                rest = frames.flush()
+                if rest:
+                    self._event(
+                        f"connection {conn.ident}: {'client' if up else 'server'} closed "
+                        "inside a frame, "
+                        f"{len(rest)} trailing bytes forwarded unchanged"
+                    )
+                    await self._forward(conn, writer, rest, up)
+            if not conn.aborted and writer.can_write_eof():
+                writer.write_eof()
+        except OSError as exc:
+            if not conn.aborted:
+                direction = "client->server" if up else "server->client"
+                self._event(f"connection {conn.ident}: {direction} failed ({exc}), resetting")
+                conn.abort()
+
+    async def _forward(
+        self, conn: _Connection, writer: asyncio.StreamWriter, data: bytes, up: bool
+    ) -> None:
+        if not data:
+            return
+        delay = self.plan.delay
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if conn.aborted or conn.blackholed:
+            return
+        writer.write(data)
+        await writer.drain()
+        if up:
+            self.stats.bytes_up += len(data)
+        else:
+            self.stats.bytes_down += len(data)
+
+
+def _close(conn: _Connection) -> None:
+    for writer in (conn.client, conn.server):
+        if writer is not None:
+            writer.close()
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    with contextlib.suppress(OSError):
+        while await reader.read(READ_SIZE):
+            pass
+
+
+def _endpoint(address: object) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(address)
+
+
+# -- command line ----------------------------------------------------------------
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6-host]:port`` into (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _ordinals(text: str) -> set[int]:
+    try:
+        values = {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N[,N...], got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("frame ordinals start at 1")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m brokerd.tools.faultproxy",
+        description="Fault-injecting TCP proxy between two brokers; runs until Ctrl-C.",
+    )
+    parser.add_argument("--listen", type=parse_endpoint, required=True, metavar="HOST:PORT")
+    parser.add_argument("--target", type=parse_endpoint, required=True, metavar="HOST:PORT")
+    parser.add_argument(
+        "--corrupt",
+        type=_ordinals,
+        default=set(),
+        metavar="N,...",
+        help="corrupt these FRAGMENT frames (1-based, client to server)",
+    )
+    parser.add_argument(
+        "--drop",
+        type=_ordinals,
+        default=set(),
+        metavar="N,...",
+        help="drop these FRAGMENT frames (1-based, client to server)",
+    )
+    parser.add_argument(
+        "--drop-ack",
+        type=_ordinals,
+        default=set(),
+        metavar="N,...",
+        help="drop these ACK frames (1-based, server to client)",
+    )
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds added to each chunk")
+    parser.add_argument("--refuse", action="store_true", help="close new connections at once")
+    parser.add_argument("--blackhole", action="store_true", help="swallow everything")
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> None:
+    plan = FaultPlan(
+        corrupt_fragments=args.corrupt,
+        drop_fragments=args.drop,
+        drop_acks=args.drop_ack,
+        delay=args.delay,
+        refuse=args.refuse,
+        blackhole=args.blackhole,
+    )
+    (listen_host, listen_port), (target_host, target_port) = args.listen, args.target
+    proxy = FaultProxy(
+        listen_host,
+        listen_port,
+        target_host,
+        target_port,
+        plan,
+        on_event=lambda text: print(text, flush=True),
+    )
+    async with proxy:
+        print(
+            f"fault proxy {listen_host}:{proxy.port} -> {target_host}:{target_port} "
+            f"(Ctrl-C to stop)",
+            flush=True,
+        )
+        await asyncio.Event().wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        asyncio.run(_run(args))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"faultproxy: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

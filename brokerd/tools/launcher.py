@@ -1,0 +1,184 @@
+"""Run several brokerd daemons as real processes on loopback addresses.
+
+Used by the example application (the README's main job), the integration
+tests and the benchmarks: it creates a deployment CA and instance
+certificates, writes each instance's TOML configuration into a working
+directory, starts ``python -m brokerd run`` processes, waits until each listens,
+and stops them by PID (SIGTERM, or SIGKILL to simulate a crash).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from brokerd.sdk.client import BrokerClient
+from brokerd.tools import certs
+
+
+@dataclass
+class Daemon:
+    name: str
+    host: str
+    directory: Path
+    config_path: Path
+    client_port: int
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.directory / "brokerd.log"
+
+    @property
+    def token_file(self) -> Path:
+        return self.directory / "data" / "client.token"
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{self.host}:4022"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    async def client(self) -> BrokerClient:
+        return await BrokerClient.connect(self.host, self.client_port, token_file=self.token_file)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Deployment:
+    """A directory holding certificates, configurations and data of several daemons."""
+
+    def __init__(self, root: Path, retry: dict[str, float] | None = None) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.cert_dir = root / "certs"
+        self.daemons: dict[str, Daemon] = {}
+        self.retry = retry or {}
+        self._ca: certs.Issued | None = None
+
+    def _ensure_ca(self) -> certs.Issued:
+        if self._ca is None:
+            if (self.cert_dir / "ca.pem").exists():
+                self._ca = certs.read_pair(self.cert_dir, "ca")
+            else:
+                self._ca = certs.create_ca("brokerd deployment CA")
+                certs.write_pair(self.cert_dir, "ca", self._ca)
+        return self._ca
+
+    def add(
+        self,
+        name: str,
+        host: str,
+        databases_toml: str,
+        *,
+        client_port: int = 4023,
+        endpoint_extra: str = "",
+        extra: str = "",
+    ) -> Daemon:
+        """Declare a daemon: certificate and configuration file (not started)."""
+        ca = self._ensure_ca()
+        if not (self.cert_dir / f"{name}.pem").exists():
+            certs.write_pair(self.cert_dir, name, certs.issue_instance(ca, name))
+        directory = self.root / name
+        directory.mkdir(parents=True, exist_ok=True)
+        retry = {"initial": 1.0, "maximum": 8.0, "ack_delay": 0.01, "delayed_retry": 1.0}
+        retry.update(self.retry)
+        retry_toml = "\n".join(f"{k} = {float(v)!r}" for k, v in retry.items())
+        config = f"""# written by brokerd.tools.launcher
+data_dir = "data"
+{extra}
+[endpoint]
+host = "{host}"
+port = 4022
+certificate = "{self.cert_dir / name}.pem"
+private_key = "{self.cert_dir / name}.key"
+ca_certificate = "{self.cert_dir / "ca.pem"}"
+reconnect_initial = 0.2
+reconnect_max = 2.0
+{endpoint_extra}
+[retry]
+{retry_toml}
+
+[client]
+host = "{host}"
+port = {client_port}
+
+{databases_toml}
+"""
+        path = directory / "brokerd.toml"
+        path.write_text(config)
+        daemon = Daemon(name, host, directory, path, client_port)
+        self.daemons[name] = daemon
+        return daemon
+
+    def start(self, name: str, timeout: float = 20.0) -> Daemon:
+        daemon = self.daemons[name]
+        if daemon.running:
+            return daemon
+        ready = daemon.directory / "ready"
+        ready.unlink(missing_ok=True)
+        log = daemon.log_path.open("ab")
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        daemon.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "brokerd",
+                "run",
+                "--config",
+                str(daemon.config_path),
+                "--ready-file",
+                str(ready),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if daemon.process.poll() is not None:
+                raise RuntimeError(
+                    f"brokerd {name} exited with {daemon.process.returncode}:\n{daemon.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self.kill(name)
+                raise RuntimeError(f"brokerd {name} did not start in {timeout} s")
+            time.sleep(0.02)
+        return daemon
+
+    def stop(self, name: str, timeout: float = 15.0) -> int | None:
+        """SIGTERM and wait; SIGKILL if it does not stop in time."""
+        daemon = self.daemons[name]
+        process = daemon.process
+        if process is None or process.poll() is not None:
+            return process.returncode if process else None
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: the daemon dies without any chance to flush (a crash)."""
+        daemon = self.daemons[name]
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.process.kill()
+            daemon.process.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.daemons):
+            self.stop(name)

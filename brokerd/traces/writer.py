@@ -1,0 +1,276 @@
+"""Delivery traces: what happened to each message, written as append-only JSON Lines.
+
+Owns the trace file format (schema version 1, documented in ``docs/traces.md``)
+and the writer every daemon runs:
+
+* events are formatted on the event loop (a few microseconds each) into an
+  in-memory buffer and written by a background flush every
+  ``trace.flush_interval`` seconds, in a worker thread, so the broker never
+  waits for the trace disk;
+* files are segments ``<instance>-<UTC start>-<n>.jsonl`` in
+  ``trace.directory``, closed (and a new one begun) at ``trace.segment_mb`` or
+  after ``trace.segment_seconds``; a segment being written has the suffix
+  ``.jsonl.open`` until it is closed, so readers may skip it;
+* a crash can leave a torn last line; readers skip lines that do not parse
+  (:func:`read_events` does, and the Spark jobs read with a permissive mode);
+* ``trace.sample`` keeps a fraction of conversations, chosen by conversation
+  id so a conversation is traced on every broker or on none; events without a
+  conversation (connections) are always kept; ``trace.enabled = false`` turns
+  tracing off.
+
+Trace writing never raises into the broker: a write error is logged, counted
+and the buffered events are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from brokerd.config import TraceConfig
+
+SCHEMA_VERSION = 1
+OPEN_SUFFIX = ".jsonl.open"
+log = logging.getLogger("brokerd.traces.writer")
+
+EVENTS: dict[str, str] = {
+    "dialog_begun": "BEGIN DIALOG by the application (initiator) or the first message (target)",
+    "dialog_ended": "the endpoint reached CD (closed)",
+    "message_sent": "SEND by the application committed (seq, size)",
+    "enqueued": "the message entered the transmission queue",
+    "route_chosen": "routing decided for a conversation (route, step, address, decision)",
+    "delayed": "no route: the conversation is DELAYED (reason)",
+    "released": "a DELAYED conversation found a route",
+    "fragment_sent": "one fragment handed to a connection (seq, fragment, size, attempt)",
+    "retransmission": "a message sent again (seq, attempt, wait before the next)",
+    "fragment_received": "one fragment arrived (seq, fragment, size, peer)",
+    "integrity_failure": "a frame failed its integrity check (peer, reason)",
+    "duplicate": "a fragment already received arrived again and was acknowledged again",
+    "ack_sent": "an acknowledgement was sent (through)",
+    "ack_received": "an acknowledgement arrived (through; acked = messages it released)",
+    "forwarded": "a fragment relayed to the next broker (hop count, address)",
+    "dropped": "a message dropped, not acknowledged (reason)",
+    "discarded": "unacknowledged messages removed from the transmission queue (seqs, reason)",
+    "delivered": "a message stored in the target queue, ready to RECEIVE (seq)",
+    "received": "the application RECEIVEd the message (seq)",
+    "timer_fired": "a conversation timer put a DialogTimer message in this side's queue",
+    "lifetime_expired": "the dialog's lifetime passed: an Error in this side's queue (reason)",
+    "connection_opened": "a broker connection completed its handshake (peer)",
+    "connection_closed": "a broker connection closed (peer, reason)",
+    "connection_refused": "an outgoing connection attempt failed (peer, reason)",
+}
+"""Every event name of schema version 1, with what it means."""
+
+
+@lru_cache(maxsize=8192)
+def _jstr(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+@lru_cache(maxsize=65536)
+def _juuid(value: uuid.UUID) -> str:
+    return f'"{value}"'
+
+
+def _encode(value: Any) -> str:
+    kind = type(value)
+    if kind is int or kind is float:
+        return repr(value)
+    if kind is str:
+        return _jstr(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is uuid.UUID:
+        return _juuid(value)
+    return _jstr(str(value))
+
+
+@lru_cache(maxsize=4)
+def _second(whole: int) -> str:
+    return datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def iso_micros(t: float) -> str:
+    """A UTC timestamp with microseconds, as traces carry it (``2026-11-21T09:08:50.098996Z``)."""
+    micros = round(t * 1_000_000)
+    whole, fraction = divmod(micros, 1_000_000)
+    return f"{_second(whole)}.{fraction:06d}Z"
+
+
+class TraceWriter:
+    """Buffered, rotated, crash-tolerant trace segments of one broker instance."""
+
+    def __init__(self, config: TraceConfig, instance: str, clock: Any = time.time) -> None:
+        self.config = config
+        self.enabled = config.enabled
+        self.instance = instance
+        self.directory = Path(config.directory or "traces")
+        self.clock = clock
+        self._prefix = f'{{"v":{SCHEMA_VERSION},"instance":{_jstr(instance)},'
+        self._threshold = int(config.sample * 10_000)
+        self._buffer: list[str] = []
+        self._segment: Any = None
+        self._segment_path: Path | None = None
+        self._segment_bytes = 0
+        self._segment_started = 0.0
+        self._segment_count = 0
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self.events_written = 0
+        self.events_lost = 0
+        self.segments_closed = 0
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def sampled(self, conversation_id: uuid.UUID | None) -> bool:
+        """Whether events of this conversation are traced (``trace.sample``)."""
+        if not self.enabled:
+            return False
+        if conversation_id is None or self._threshold >= 10_000:
+            return True
+        return (conversation_id.int >> 64) % 10_000 < self._threshold
+
+    def emit(self, event: str, conversation_id: uuid.UUID | None = None, **fields: Any) -> None:
+        """Record one event now; ``None`` fields are left out."""
+        if not self.enabled:
+            return
+        if (
+            conversation_id is not None
+            and self._threshold < 10_000
+            and (conversation_id.int >> 64) % 10_000 >= self._threshold
+        ):
+            return
+        parts = [self._prefix, '"ts":"', iso_micros(self.clock()), '","event":"', event, '"']
+        if conversation_id is not None:
+            parts.append(',"conversation_id":')
+            parts.append(_juuid(conversation_id))
+        for key, value in fields.items():
+            if value is not None:
+                parts.append(f',"{key}":')
+                parts.append(_encode(value))
+        parts.append("}\n")
+        self._buffer.append("".join(parts))
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if not self.enabled:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._recover_open_segments()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="trace-writer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self.enabled:
+            await self.flush()
+            await asyncio.to_thread(self._close_segment)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.flush_interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what is buffered (in a worker thread)."""
+        if not self._buffer:
+            if self._segment is not None and self._segment_expired():
+                async with self._lock:
+                    await asyncio.to_thread(self._close_segment)
+            return
+        lines, self._buffer = self._buffer, []
+        async with self._lock:
+            await asyncio.to_thread(self._write, lines)
+
+    def _segment_expired(self) -> bool:
+        age: float = self.clock() - self._segment_started
+        return age >= self.config.segment_seconds
+
+    def _write(self, lines: list[str]) -> None:
+        data = "".join(lines).encode("utf-8")
+        try:
+            if self._segment is not None and (
+                self._segment_bytes >= self.config.segment_mb * 1024 * 1024
+                or self._segment_expired()
+            ):
+                self._close_segment()
+            if self._segment is None:
+                self._open_segment()
+            self._segment.write(data)
+            self._segment.flush()
+            self._segment_bytes += len(data)
+            self.events_written += len(lines)
+        except OSError as exc:
+            self.events_lost += len(lines)
+            log.error("cannot write trace segment %s: %s", self._segment_path, exc)
+
+    def _open_segment(self) -> None:
+        self._segment_count += 1
+        self._segment_started = self.clock()
+        stamp = datetime.fromtimestamp(self._segment_started, UTC).strftime("%Y%m%dT%H%M%S")
+        name = f"{self.instance}-{stamp}-{os.getpid()}-{self._segment_count:05d}{OPEN_SUFFIX}"
+        self._segment_path = self.directory / name
+        self._segment = self._segment_path.open("ab")
+        self._segment_bytes = 0
+
+    def _close_segment(self) -> None:
+        if self._segment is None or self._segment_path is None:
+            return
+        self._segment.close()
+        self._segment = None
+        final = self._segment_path.with_name(self._segment_path.name.removesuffix(".open"))
+        self._segment_path.rename(final)
+        self._segment_path = None
+        self.segments_closed += 1
+
+    def _recover_open_segments(self) -> None:
+        """Segments left open by a crash are closed as they are (a torn line is skipped)."""
+        for path in self.directory.glob(f"{self.instance}-*{OPEN_SUFFIX}"):
+            path.rename(path.with_name(path.name.removesuffix(".open")))
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "trace_enabled": self.enabled,
+            "trace_directory": str(self.directory),
+            "trace_events_written": self.events_written,
+            "trace_events_buffered": len(self._buffer),
+            "trace_events_lost": self.events_lost,
+            "trace_segments_closed": self.segments_closed,
+        }
+
+
+def segment_files(directories: Iterable[Path], include_open: bool = True) -> list[Path]:
+    """Every trace segment under ``directories`` (recursively), oldest name first."""
+    out: list[Path] = []
+    for directory in directories:
+        out += directory.rglob("*.jsonl")
+        if include_open:
+            out += directory.rglob(f"*{OPEN_SUFFIX}")
+    return sorted(out)
+
+
+def read_events(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
+    """Events from segment files in order; lines that do not parse (a torn tail) are skipped."""
+    for path in paths:
+        with path.open("rb") as f:
+            for raw in f:
+                try:
+                    event = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    yield event

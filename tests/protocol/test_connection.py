@@ -1,0 +1,399 @@
+"""The adjacent-broker connection: handshake, refusals and fragment protection.
+
+SPEC R-PROTO-1 (adjacent broker protocol), R-OBJ-7 (encryption modes),
+R-DLG-8 (integrity: altered frames discarded, never handed up), R-ROUTE-10
+(principal query/answer frames). Two sans-I/O connections talk through an
+in-memory link (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+
+from brokerd.tools.certs import identity_for, issue_instance
+from protocol import (
+    BrokerConnection,
+    CloseCode,
+    ConnectionSettings,
+    EncryptionMode,
+    HandshakeRefused,
+    Identity,
+    LocalProtocolError,
+    MirrorRole,
+    RemoteProtocolError,
+    Role,
+    State,
+    frames,
+)
+from protocol.events import (
+    Ack,
+    Close,
+    Fragment,
+    HandshakeComplete,
+    IntegrityFailure,
+    Keepalive,
+    PrincipalAnswer,
+    PrincipalQuery,
+)
+from tests.conftest import NOW, Pki, make_pair, open_pair, run_handshake
+
+R, S, D = EncryptionMode.REQUIRED, EncryptionMode.SUPPORTED, EncryptionMode.DISABLED
+
+
+def test_handshake_completes_and_names_both_sides(pki: Pki) -> None:
+    i, a = make_pair(pki.alpha, pki.beta)
+    i_events, a_events = run_handshake(i, a)
+    assert i_events == [HandshakeComplete("beta", 1, True, frames.DEFAULT_MAX_FRAME_SIZE)]
+    assert a_events == [HandshakeComplete("alpha", 1, True, frames.DEFAULT_MAX_FRAME_SIZE)]
+    assert i.state is State.OPEN and a.state is State.OPEN
+    assert i.peer_instance == "beta" and a.peer_instance == "alpha"
+
+
+def test_handshake_with_ecdsa_certificates(pki: Pki) -> None:
+    ec_a = identity_for(issue_instance(pki.ca, "alpha", key_type="ec-p256"), pki.ca)
+    ec_b = identity_for(issue_instance(pki.ca, "beta", key_type="ec-p256"), pki.ca)
+    i, a = make_pair(ec_a, ec_b)
+    i_events, _ = run_handshake(i, a)
+    assert isinstance(i_events[0], HandshakeComplete)
+
+
+def test_handshake_fed_byte_by_byte(pki: Pki) -> None:
+    i, a = make_pair(pki.alpha, pki.beta)
+
+    def dribble(conn: BrokerConnection, data: bytes) -> list[object]:
+        out: list[object] = []
+        for k in range(len(data)):
+            out += conn.receive_data(data[k : k + 1])
+        return out
+
+    assert dribble(a, i.start()) == []
+    assert dribble(i, a.data_to_send()) == []
+    assert [type(e) for e in dribble(a, i.data_to_send())] == [HandshakeComplete]
+    assert [type(e) for e in dribble(i, a.data_to_send())] == [HandshakeComplete]
+    frame = i.send(Fragment(b"x" * 300))
+    assert dribble(a, frame) == [Fragment(b"x" * 300)]
+
+
+def test_all_sendable_events_cross_both_ways(pki: Pki) -> None:
+    i, a = open_pair(pki)
+    broker = uuid.uuid4()
+    sent = [
+        Fragment(b"payload"),
+        Ack(b"ack bytes"),
+        Keepalive(),
+        PrincipalQuery(7, broker, "Expenses"),
+        PrincipalAnswer(7, MirrorRole.PRINCIPAL, broker, "Expenses"),
+    ]
+    assert a.receive_data(b"".join(i.send(e) for e in sent)) == sent
+    assert i.receive_data(b"".join(a.send(e) for e in sent)) == sent
+
+
+def test_close_is_delivered_with_reason(pki: Pki) -> None:
+    i, a = open_pair(pki)
+    assert a.receive_data(i.close(CloseCode.IDLE, "idle for 90 s")) == [
+        Close(CloseCode.IDLE, "idle for 90 s")
+    ]
+    assert i.state is State.CLOSED and a.state is State.CLOSED
+    assert a.close_code is CloseCode.IDLE
+
+
+# --------------------------------------------------------------- R-OBJ-7 modes
+
+
+@pytest.mark.parametrize(
+    ("mode_i", "mode_a", "encrypted"),
+    [
+        (R, R, True),
+        (R, S, True),
+        (S, R, True),
+        (S, S, True),
+        (S, D, False),
+        (D, S, False),
+        (D, D, False),
+    ],
+)
+def test_encryption_negotiation(
+    pki: Pki, mode_i: EncryptionMode, mode_a: EncryptionMode, encrypted: bool
+) -> None:
+    """R-OBJ-7: encrypted unless a side disables it; signed either way."""
+    i, a = make_pair(pki.alpha, pki.beta, mode_i, mode_a)
+    i_events, a_events = run_handshake(i, a)
+    assert i_events[0].encrypted is encrypted  # type: ignore[union-attr]
+    assert a_events[0].encrypted is encrypted  # type: ignore[union-attr]
+    secret = b"the quarterly numbers " * 10
+    frame = i.send(Fragment(secret))
+    assert (secret in frame) is not encrypted
+    assert a.receive_data(frame) == [Fragment(secret)]
+
+
+@pytest.mark.parametrize(("mode_i", "mode_a"), [(R, D), (D, R)])
+def test_required_against_disabled_is_refused(
+    pki: Pki, mode_i: EncryptionMode, mode_a: EncryptionMode
+) -> None:
+    i, a = make_pair(pki.alpha, pki.beta, mode_i, mode_a)
+    with pytest.raises(HandshakeRefused) as refused:
+        run_handshake(i, a)
+    assert refused.value.close_code is CloseCode.ENCRYPTION_MISMATCH
+    assert a.state is State.CLOSED
+    events = i.receive_data(a.data_to_send())
+    assert events == [Close(CloseCode.ENCRYPTION_MISMATCH, str(refused.value))]
+    assert "required" in str(refused.value) and "disabled" in str(refused.value)
+
+
+def test_signed_only_payload_alteration_is_detected(pki: Pki) -> None:
+    """Clear payload, but the encrypted MD5 signature still guards it (R-DLG-8)."""
+    i, a = open_pair(pki, initiator_mode=S, acceptor_mode=D)
+    frame = bytearray(i.send(Fragment(b"amount=100")))
+    frame[frame.index(b"100")] = ord("9")
+    events = a.receive_data(bytes(frame))
+    assert [type(e) for e in events] == [IntegrityFailure]
+    assert a.state is State.OPEN
+
+
+# ------------------------------------------------------- authentication refusals
+
+
+def test_certificate_from_another_ca_is_refused_by_acceptor(pki: Pki) -> None:
+    i, a = make_pair(pki.stranger, pki.beta)
+    with pytest.raises(HandshakeRefused) as refused:
+        run_handshake(i, a)
+    assert refused.value.close_code is CloseCode.UNTRUSTED_CERTIFICATE
+    assert "not issued by a trusted CA" in str(refused.value)
+    (close,) = i.receive_data(a.data_to_send())
+    assert isinstance(close, Close) and close.code is CloseCode.UNTRUSTED_CERTIFICATE
+    assert i.state is State.CLOSED
+
+
+def test_certificate_from_another_ca_is_refused_by_initiator(pki: Pki) -> None:
+    i, a = make_pair(pki.alpha, pki.stranger)
+    with pytest.raises(HandshakeRefused) as refused:
+        run_handshake(i, a)
+    assert refused.value.close_code is CloseCode.UNTRUSTED_CERTIFICATE
+    (close,) = a.receive_data(i.data_to_send())
+    assert isinstance(close, Close) and close.code is CloseCode.UNTRUSTED_CERTIFICATE
+
+
+def test_expired_certificate_is_refused(pki: Pki) -> None:
+    old = identity_for(
+        issue_instance(pki.ca, "alpha", days=1, now=NOW - dt.timedelta(days=30)), pki.ca
+    )
+    i, a = make_pair(old, pki.beta)
+    with pytest.raises(HandshakeRefused, match="not valid at"):
+        run_handshake(i, a)
+
+
+def test_stolen_certificate_without_its_key_fails_the_proof(pki: Pki) -> None:
+    """The initiator presents alpha's certificate but signs with beta's key."""
+    impostor = Identity(pki.alpha.certificate, pki.beta.private_key, pki.alpha.trusted_cas)
+    i, a = make_pair(impostor, pki.beta)
+    with pytest.raises(HandshakeRefused) as refused:
+        run_handshake(i, a)
+    assert refused.value.close_code is CloseCode.AUTHENTICATION_FAILED
+    assert "failed to prove possession" in str(refused.value)
+    (close,) = i.receive_data(a.data_to_send())
+    assert isinstance(close, Close) and close.code is CloseCode.AUTHENTICATION_FAILED
+
+
+def test_acceptor_with_stolen_certificate_fails_the_proof(pki: Pki) -> None:
+    impostor = Identity(pki.beta.certificate, pki.alpha.private_key, pki.beta.trusted_cas)
+    i, a = make_pair(pki.alpha, impostor)
+    with pytest.raises(HandshakeRefused) as refused:
+        run_handshake(i, a)
+    assert refused.value.close_code is CloseCode.AUTHENTICATION_FAILED
+
+
+def test_expected_peer_name_is_enforced(pki: Pki) -> None:
+    i = BrokerConnection(Role.INITIATOR, ConnectionSettings(pki.alpha, expected_peer="gamma"), NOW)
+    a = BrokerConnection(Role.ACCEPTOR, ConnectionSettings(pki.beta), NOW)
+    with pytest.raises(HandshakeRefused) as refused:
+        run_handshake(i, a)
+    assert refused.value.close_code is CloseCode.PEER_NAME_MISMATCH
+
+
+def _rewrite(frame: bytes, frame_type: frames.FrameType, **changes: object) -> bytes:
+    """Re-encode a clear handshake frame with altered body fields and a valid CRC."""
+    header = frames.decode_header(frame, frames.DEFAULT_MAX_FRAME_SIZE)
+    value = dict(frames.BODY_CODECS[frame_type].parse(frame[frames.HEADER_SIZE :]))
+    value.pop("_io", None)
+    value.update(changes)
+    body = frames.BODY_CODECS[frame_type].build(value)
+    return (
+        frames.encode_header(
+            header.version, header.frame_type, header.flags, len(body), header.counter
+        )
+        + body
+    )
+
+
+def test_no_common_version_is_refused(pki: Pki) -> None:
+    i, a = make_pair(pki.alpha, pki.beta)
+    hello = _rewrite(i.start(), frames.FrameType.HELLO, versions=[7, 9])
+    with pytest.raises(HandshakeRefused) as refused:
+        a.receive_data(hello)
+    assert refused.value.close_code is CloseCode.VERSION_MISMATCH
+    assert "[7, 9]" in str(refused.value)
+
+
+def _tamper_hello(**changes: object):  # type: ignore[no-untyped-def]
+    def tamper(direction: str, data: bytes) -> bytes:
+        if direction == "i->a" and frames.iter_frame_headers(data)[0].frame_type == 1:
+            return _rewrite(data, frames.FrameType.HELLO, **changes)
+        return data
+
+    return tamper
+
+
+def test_downgrade_of_the_encryption_mode_in_flight_is_refused(pki: Pki) -> None:
+    """A man in the middle rewriting HELLO to 'disabled' (with a valid CRC) cannot make
+    the initiator accept an unencrypted session."""
+    i, a = make_pair(pki.alpha, pki.beta, S, S)
+    with pytest.raises(HandshakeRefused) as refused:
+        run_handshake(i, a, _tamper_hello(encryption=int(D)))
+    assert refused.value.close_code in (
+        CloseCode.ENCRYPTION_MISMATCH,
+        CloseCode.AUTHENTICATION_FAILED,
+    )
+    assert i.state is State.CLOSED
+
+
+def test_hello_altered_in_flight_fails_the_transcript_signature(pki: Pki) -> None:
+    i, a = make_pair(pki.alpha, pki.beta)
+    with pytest.raises(HandshakeRefused) as refused:
+        run_handshake(i, a, _tamper_hello(random=b"\x00" * 32))
+    assert refused.value.close_code is CloseCode.AUTHENTICATION_FAILED
+    assert "bad handshake signature" in str(refused.value)
+
+
+def test_sending_before_the_handshake_is_a_local_error(pki: Pki) -> None:
+    i, _ = make_pair(pki.alpha, pki.beta)
+    with pytest.raises(LocalProtocolError, match="handshake"):
+        i.send(Fragment(b"too early"))
+
+
+def test_payload_over_the_peer_limit_is_a_local_error(pki: Pki) -> None:
+    i, _ = open_pair(pki, max_frame_size=frames.MIN_MAX_FRAME_SIZE)
+    assert i.max_payload_size == frames.MIN_MAX_FRAME_SIZE - 32
+    i.send(Fragment(b"x" * i.max_payload_size))
+    with pytest.raises(LocalProtocolError, match="exceeds the peer's frame limit"):
+        i.send(Fragment(b"x" * (i.max_payload_size + 1)))
+
+
+# ------------------------------------------------------------ R-DLG-8 integrity
+
+
+@pytest.mark.parametrize("mode", [R, D])
+def test_flipping_any_single_byte_of_a_fragment_frame_is_detected(
+    pki: Pki, mode: EncryptionMode
+) -> None:
+    """Every position: the frame is never handed up; a body flip is an IntegrityFailure
+    and the connection goes on, a header flip kills the connection."""
+    payload = bytes(range(200))
+    for position in range(frames.HEADER_SIZE + len(payload) + 32):
+        i, a = open_pair(pki, initiator_mode=mode, acceptor_mode=mode)
+        good = i.send(Fragment(payload))
+        bad = bytearray(good)
+        bad[position] ^= 0x01
+        try:
+            events = a.receive_data(bytes(bad))
+        except RemoteProtocolError:
+            assert position < frames.HEADER_SIZE, position
+            assert a.state is State.CLOSED
+            continue
+        if position < frames.HEADER_SIZE:
+            # A larger length: still waiting for the rest, nothing handed up.
+            assert events == [] or [type(e) for e in events] == [IntegrityFailure]
+            continue
+        assert [type(e) for e in events] == [IntegrityFailure], position
+        # The counter was not consumed: the genuine frame is still accepted.
+        assert a.receive_data(good) == [Fragment(payload)]
+
+
+def test_replayed_frame_is_rejected(pki: Pki) -> None:
+    i, a = open_pair(pki)
+    f1, f2 = i.send(Fragment(b"one")), i.send(Fragment(b"two"))
+    assert a.receive_data(f1) == [Fragment(b"one")]
+    (failure,) = a.receive_data(f1)
+    assert isinstance(failure, IntegrityFailure) and "replayed" in failure.reason
+    assert a.receive_data(f2) == [Fragment(b"two")]
+
+
+def test_reordered_frame_is_rejected(pki: Pki) -> None:
+    i, a = open_pair(pki)
+    f1, f2 = i.send(Fragment(b"one")), i.send(Fragment(b"two"))
+    assert a.receive_data(f2) == [Fragment(b"two")]
+    assert [type(e) for e in a.receive_data(f1)] == [IntegrityFailure]
+
+
+def test_frame_from_another_connection_is_rejected(pki: Pki) -> None:
+    i1, _ = open_pair(pki)
+    _, a2 = open_pair(pki)
+    (failure,) = a2.receive_data(i1.send(Fragment(b"elsewhere")))
+    assert isinstance(failure, IntegrityFailure) and "tag mismatch" in failure.reason
+
+
+def test_truncated_frame_is_never_handed_up(pki: Pki) -> None:
+    i, a = open_pair(pki)
+    f1, f2 = i.send(Fragment(b"first" * 20)), i.send(Fragment(b"second" * 20))
+    with pytest.raises(RemoteProtocolError) as failed:
+        a.receive_data(f1[:-1] + f2)
+    assert [type(e) for e in failed.value.events] == [IntegrityFailure]
+    assert a.state is State.CLOSED
+
+
+def test_injected_clear_close_is_ignored_once_open(pki: Pki) -> None:
+    i, a = open_pair(pki)
+    forged = frames.encode_header(1, frames.FrameType.CLOSE, 0, 6, 99) + b"\x00\x00\x00\x02hi"
+    (failure,) = a.receive_data(forged)
+    assert isinstance(failure, IntegrityFailure)
+    assert a.state is State.OPEN
+    assert a.receive_data(i.send(Fragment(b"still here"))) == [Fragment(b"still here")]
+
+
+def test_too_many_integrity_failures_close_the_connection(pki: Pki) -> None:
+    i, a = open_pair(pki, max_integrity_failures=3)
+    frame = i.send(Fragment(b"x"))
+    a.receive_data(frame)
+    for _ in range(3):
+        a.receive_data(frame)
+    with pytest.raises(RemoteProtocolError) as failed:
+        a.receive_data(frame)
+    assert failed.value.close_code is CloseCode.INTEGRITY
+    (close,) = i.receive_data(a.data_to_send())
+    assert isinstance(close, Close) and close.code is CloseCode.INTEGRITY
+
+
+def test_oversized_length_is_refused_before_buffering(pki: Pki) -> None:
+    _, a = open_pair(pki, max_frame_size=frames.MIN_MAX_FRAME_SIZE)
+    header = frames.encode_header(1, frames.FrameType.FRAGMENT, 3, 10**9, 50)
+    with pytest.raises(RemoteProtocolError) as failed:
+        a.receive_data(header)
+    assert failed.value.close_code is CloseCode.FRAME_TOO_LARGE
+    assert a.buffered_bytes == 0
+
+
+def test_unknown_ca_certificate_reason_names_the_issuer(pki: Pki) -> None:
+    i, a = make_pair(pki.stranger, pki.beta)
+    with pytest.raises(HandshakeRefused, match=r"issuer .CN=someone else's CA."):
+        run_handshake(i, a)
+
+
+def test_bytearray_input_yields_immutable_payloads(pki: Pki) -> None:
+    i, a = open_pair(pki)
+    data = bytearray(i.send(Fragment(b"abc")))
+    (event,) = a.receive_data(data)  # type: ignore[arg-type]
+    assert isinstance(event, Fragment) and type(event.payload) is bytes
+    data[-1] ^= 1  # the caller reusing its buffer does not change what was handed up
+    assert event.payload == b"abc"
+
+
+def test_close_with_unencodable_reason_still_closes_and_keeps_queued_bytes(pki: Pki) -> None:
+    i, a = make_pair(pki.alpha, pki.beta)
+    a.receive_data(i.start())
+    a.receive_data(b"")  # HELLO_REPLY is queued in data_to_send()
+    out = a.close(CloseCode.SHUTDOWN, "bye \udcff")
+    assert a.state is State.CLOSED
+    headers = frames.iter_frame_headers(out)
+    assert [h.frame_type for h in headers] == [frames.FrameType.HELLO_REPLY, frames.FrameType.CLOSE]

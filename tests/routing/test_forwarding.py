@@ -1,0 +1,179 @@
+"""Forwarding through a middle broker, with real daemons on 127.0.0.x:4022.
+
+SPEC ids: R-ROUTE-1 (msdb routes for traffic from outside), R-ROUTE-2 (replies
+by broker instance), R-ROUTE-6 (the forwarding gate), R-ROUTE-7 (relaying,
+hop count, routing loops), R-ROUTE-13 (drops are not acknowledged).
+Worked example 6 (forwarding for one service) is in tests/routing/test_worked_examples.py; here
+the loop between two forwarders and the reply path back through a forwarder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from brokerd.tools.launcher import Deployment
+from tests.daemons import drain, wait_until
+from tests.routing.deploy import RETRY, R, addr, database, queue_of, stat, wait_drops
+
+A, F1, F2, C = "127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24"
+INITIATOR = "//aw/Initiator"
+ELSEWHERE = "ElsewhereService"
+FORWARDING = "message_forwarding = true\n"
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    d = Deployment(tmp_path, RETRY)
+    try:
+        yield d
+    finally:
+        d.stop_all()
+
+
+async def test_request_and_reply_through_a_forwarder(deployment: Deployment) -> None:
+    """A -> F1 -> C and back: F1 relays both directions by msdb routes (R-ROUTE-7)."""
+    deployment.add("a", A, database("AW", [INITIATOR], [R("ToElsewhere", addr(F1), ELSEWHERE)]))
+    deployment.add(
+        "f1",
+        F1,
+        database("msdb", routes=[R("Fwd", addr(C), ELSEWHERE), R("Back", addr(A), INITIATOR)]),
+        endpoint_extra=FORWARDING,
+    )
+    deployment.add("c", C, database("Remote", [ELSEWHERE], [R("Back", addr(F1), INITIATOR)]))
+    for name in ("a", "f1", "c"):
+        deployment.start(name)
+    a = await deployment.daemons["a"].client()
+    f1 = await deployment.daemons["f1"].client()
+    c = await deployment.daemons["c"].client()
+    handle = await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW")
+    for n in range(20):
+        await a.send(handle, body=f"request {n}".encode())
+    got = await drain(c, queue_of(ELSEWHERE), 20)
+    assert [m.message_body for m in got] == [f"request {n}".encode() for n in range(20)]
+    target = got[0].conversation_handle
+    await c.send(target, body=b"reply")
+    (reply,) = await drain(a, queue_of(INITIATOR), 1)
+    assert reply.message_body == b"reply" and reply.conversation_handle == handle
+    await a.end_conversation(handle)
+    (end,) = await drain(c, queue_of(ELSEWHERE), 1)
+    assert end.is_end_dialog
+    await c.end_conversation(target)
+
+    async def closed() -> bool:
+        states = [r["state"] for x in (a, c) for r in await x.conversation_endpoints()]
+        return states == ["CD", "CD"] and not await a.transmission_queue()
+
+    await wait_until(closed, 20)
+    assert not await c.transmission_queue()
+    assert await f1.conversation_endpoints() == []  # a forwarder keeps no dialog state
+    assert await stat(f1, "forwarded_fragments") >= 22
+    assert await stat(f1, "forwarded_acks") >= 1
+    assert await stat(f1, "forward_buffer_bytes") == 0
+
+
+async def test_routing_loop_is_stopped_by_the_hop_count(deployment: Deployment) -> None:
+    """F1 and F2 forward every service to each other: the hop count ends the loop."""
+    deployment.add("a", A, database("AW", [INITIATOR], [R("ToF1", addr(F1), ELSEWHERE)]))
+    loop_extra = FORWARDING + "max_hop_count = 8\n"
+    deployment.add(
+        "f1", F1, database("msdb", routes=[R("All", addr(F2))]), endpoint_extra=loop_extra
+    )
+    deployment.add(
+        "f2", F2, database("msdb", routes=[R("All", addr(F1))]), endpoint_extra=loop_extra
+    )
+    for name in ("a", "f1", "f2"):
+        deployment.start(name)
+    a = await deployment.daemons["a"].client()
+    f1 = await deployment.daemons["f1"].client()
+    f2 = await deployment.daemons["f2"].client()
+    handle = await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW")
+    await a.send(handle, body=b"lost in a loop")
+    reason = await wait_drops(f1, "max_hop_count 8")
+    assert "routing loop" in reason and "R-ROUTE-7" in reason
+    forwarded = await stat(f1, "forwarded_fragments") + await stat(f2, "forwarded_fragments")
+    # Each transmission crosses exactly 8 hops (A->F1 is hop 0) and is then dropped.
+    assert forwarded % 8 == 0 and forwarded >= 8
+    assert await stat(f1, "hop_limit_drops") + await stat(f2, "hop_limit_drops") >= 1
+    # Nothing spins: between A's retransmissions (every 2 s at most) the relays are quiet.
+    (row,) = await a.transmission_queue()  # never acknowledged: it stays with its sender
+    assert row["message_sequence_number"] == 1
+    before = await stat(f1, "forwarded_fragments") + await stat(f2, "forwarded_fragments")
+    await asyncio.sleep(3.0)
+    after = await stat(f1, "forwarded_fragments") + await stat(f2, "forwarded_fragments")
+    assert after - before <= 8 * 3, (before, after)  # at most 3 retransmissions x 8 hops
+
+
+async def test_forwarding_disabled_drops_without_acknowledging(deployment: Deployment) -> None:
+    """R-ROUTE-6: a message from outside whose route is not LOCAL needs forwarding enabled."""
+    deployment.add("a", A, database("AW", [INITIATOR], [R("ToF1", addr(F1), ELSEWHERE)]))
+    deployment.add("f1", F1, database("msdb", routes=[R("Fwd", addr(C), ELSEWHERE)]))
+    deployment.add("c", C, database("Remote", [ELSEWHERE]))
+    for name in ("a", "f1", "c"):
+        deployment.start(name)
+    a = await deployment.daemons["a"].client()
+    f1 = await deployment.daemons["f1"].client()
+    handle = await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW")
+    await a.send(handle, body=b"x")
+    reason = await wait_drops(f1, "message forwarding is disabled")
+    assert "R-ROUTE-6" in reason
+    (row,) = await a.transmission_queue()  # not acknowledged: still waiting at A
+    assert row["message_sequence_number"] == 1
+    assert await stat(f1, "forwarded_fragments") == 0
+
+
+async def test_forwarding_buffer_limit_drops_and_the_sender_keeps_the_message(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-7: at most message_forward_size MB held; over it a message is dropped (not
+    acknowledged) and waits at its sender."""
+    deployment.add("a", A, database("AW", [INITIATOR], [R("ToF1", addr(F1), ELSEWHERE)]))
+    deployment.add(
+        "f1",
+        F1,
+        database("msdb", routes=[R("Fwd", addr(C), ELSEWHERE)]),
+        endpoint_extra=FORWARDING + "message_forward_size = 0\n",
+    )
+    deployment.add("c", C, database("Remote", [ELSEWHERE]))
+    for name in ("a", "f1", "c"):
+        deployment.start(name)
+    a = await deployment.daemons["a"].client()
+    f1 = await deployment.daemons["f1"].client()
+    handle = await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW")
+    await a.send(handle, body=b"too much")
+    reason = await wait_drops(f1, "forwarding buffer full")
+    assert "message_forward_size" in reason
+    assert await stat(f1, "forward_buffer_drops") >= 1
+    (row,) = await a.transmission_queue()
+    assert row["message_sequence_number"] == 1
+
+
+async def test_reply_is_delivered_by_broker_instance_before_msdb_routes(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-2: a reply from a target names the initiator's broker instance; held here, it is
+    delivered locally even though msdb's route for that service points elsewhere."""
+    misleading = R("Elsewhere", "tcp://127.0.0.29:4022", INITIATOR)
+    deployment.add(
+        "a",
+        A,
+        database("AW", [INITIATOR], [R("ToC", addr(C), ELSEWHERE)])
+        + database("msdb", routes=[misleading]),
+    )
+    deployment.add("c", C, database("Remote", [ELSEWHERE], [R("Back", addr(A), INITIATOR)]))
+    deployment.start("a")
+    deployment.start("c")
+    a = await deployment.daemons["a"].client()
+    c = await deployment.daemons["c"].client()
+    explained = await a.explain(INITIATOR, from_outside=True)
+    assert explained["decision"] == "drop"  # a new conversation from outside would not get in
+    handle = await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW")
+    await a.send(handle, body=b"question")
+    (question,) = await drain(c, queue_of(ELSEWHERE), 1)
+    await c.send(question.conversation_handle, body=b"answer")
+    (answer,) = await drain(a, queue_of(INITIATOR), 1)
+    assert answer.message_body == b"answer" and answer.conversation_handle == handle
+    assert await a.view("drops") == []

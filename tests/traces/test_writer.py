@@ -1,0 +1,130 @@
+"""The trace writer (docs/traces.md): format, rotation, sampling, torn tails, off switch."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from brokerd.config import TraceConfig
+from brokerd.traces.writer import EVENTS, TraceWriter, iso_micros, read_events, segment_files
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.25
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_events_are_json_lines_with_the_documented_fields(tmp_path: Path) -> None:
+    clock = Clock()
+    writer = TraceWriter(TraceConfig(directory=tmp_path), "alpha", clock)
+    await writer.start()
+    conversation = uuid.uuid4()
+    writer.emit("message_sent", conversation, seq=1, size=200, service='//x "q"', initiator=True)
+    writer.emit("connection_opened", peer="beta@127.0.0.2:4022", encrypted=True, reason=None)
+    await writer.stop()
+    (path,) = segment_files([tmp_path])
+    assert path.name.startswith("alpha-") and path.suffix == ".jsonl"
+    lines = path.read_text().splitlines()
+    first, second = (json.loads(line) for line in lines)
+    assert first == {
+        "v": 1,
+        "instance": "alpha",
+        "ts": "2027-01-15T08:00:00.250000Z",
+        "event": "message_sent",
+        "conversation_id": str(conversation),
+        "seq": 1,
+        "size": 200,
+        "service": '//x "q"',
+        "initiator": True,
+    }
+    assert "reason" not in second and second["encrypted"] is True
+    assert {"message_sent", "connection_opened", "dropped", "forwarded"} <= set(EVENTS)
+
+
+def test_iso_micros_rounds_to_the_microsecond() -> None:
+    assert iso_micros(0.0000004) == "1970-01-01T00:00:00.000000Z"
+    assert iso_micros(59.9999996) == "1970-01-01T00:01:00.000000Z"
+
+
+async def test_segments_rotate_by_size_and_age(tmp_path: Path) -> None:
+    clock = Clock()
+    config = TraceConfig(directory=tmp_path, segment_mb=1, segment_seconds=60)
+    writer = TraceWriter(config, "alpha", clock)
+    await writer.start()
+    big = "x" * 1000
+    for _ in range(1100):  # about 1.1 MB: the second flush starts a new segment
+        writer.emit("dropped", reason=big)
+    await writer.flush()
+    writer.emit("dropped", reason="after size")
+    await writer.flush()
+    clock.now += 61
+    writer.emit("dropped", reason="after age")
+    await writer.flush()
+    await writer.stop()
+    files = segment_files([tmp_path])
+    assert len(files) == 3 and writer.segments_closed == 3
+    events = list(read_events(files))
+    assert len(events) == 1102 and events[-1]["reason"] == "after age"
+
+
+async def test_a_torn_last_line_is_skipped_and_open_segments_are_recovered(
+    tmp_path: Path,
+) -> None:
+    writer = TraceWriter(TraceConfig(directory=tmp_path), "alpha", Clock())
+    await writer.start()
+    writer.emit("dropped", reason="whole")
+    await writer.flush()
+    (open_path,) = tmp_path.glob("*.jsonl.open")
+    with open_path.open("ab") as f:  # a crash in the middle of a line
+        f.write(b'{"v":1,"instance":"alpha","ts":"2027-01-15T08:0')
+    # The process dies here; a new writer starts later.
+    later = TraceWriter(TraceConfig(directory=tmp_path), "alpha", Clock())
+    await later.start()
+    assert not list(tmp_path.glob("*.jsonl.open"))
+    events = list(read_events(segment_files([tmp_path])))
+    assert [e["reason"] for e in events] == ["whole"]
+    await later.stop()
+
+
+async def test_sampling_keeps_whole_conversations(tmp_path: Path) -> None:
+    writer = TraceWriter(TraceConfig(directory=tmp_path, sample=0.25), "alpha", Clock())
+    await writer.start()
+    conversations = [uuid.uuid4() for _ in range(2000)]
+    for c in conversations:
+        writer.emit("message_sent", c, seq=1)
+        writer.emit("delivered", c, seq=1)
+    writer.emit("connection_opened", peer="x")
+    await writer.stop()
+    events = list(read_events(segment_files([tmp_path])))
+    per: dict[str, int] = {}
+    for e in events:
+        if "conversation_id" in e:
+            per[e["conversation_id"]] = per.get(e["conversation_id"], 0) + 1
+    assert all(n == 2 for n in per.values())  # both events of a traced conversation
+    assert 350 < len(per) < 650  # about a quarter of 2000
+    assert sum(writer.sampled(c) for c in conversations) == len(per)
+    assert any(e["event"] == "connection_opened" for e in events)
+
+
+async def test_disabled_writes_nothing(tmp_path: Path) -> None:
+    writer = TraceWriter(TraceConfig(directory=tmp_path / "t", enabled=False), "alpha")
+    await writer.start()
+    writer.emit("dropped", reason="x")
+    await writer.stop()
+    assert not (tmp_path / "t").exists()
+
+
+async def test_a_write_error_is_counted_not_raised(tmp_path: Path) -> None:
+    target = tmp_path / "file-not-dir"
+    writer = TraceWriter(TraceConfig(directory=tmp_path), "alpha", Clock())
+    await writer.start()
+    writer.directory = target  # segments cannot be created under a regular file
+    target.write_text("")
+    writer.emit("dropped", reason="x")
+    await writer.flush()
+    assert writer.events_lost == 1 and writer.events_written == 0
+    await writer.stop()
