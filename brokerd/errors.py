@@ -1,23 +1,40 @@
-"""The daemon's and the SDK's errors, all under the one root ``protocol.errors.BrokerError``.
+"""The daemon's errors, all under the one root ``protocol.errors.BrokerError``.
 
 * :class:`ConfigError`: a configuration file is wrong; the message names the file,
   the key and the problem, and start-up stops.
 * :class:`StoreError`: a database file cannot be opened, written or is of another
-  schema (a full disk lands here).
-* :class:`DialogError`: an application verb was refused (unknown conversation,
-  a message type the contract forbids for this role (R-DLG-3), a closed dialog).
-* :class:`ServiceNotFound`, :class:`QueueDisabled`: refusals with their own class
-  so that applications can catch them.
+  schema (a full disk lands here); an application sees it as ``StorageFailure``.
 * :class:`AnalyticsError`: ``brokerd analyze`` cannot read a trace set (no
   segments, a directory that does not exist) or Spark cannot start.
-* :class:`ClientError`, :class:`AuthenticationFailed` and :class:`RemoteError`
-  live in ``protocol.errors`` (the SDK imports only ``protocol/``) and are
-  re-exported here.
+* The errors an application sees (``DialogError``, ``ConversationEnded``,
+  ``QueueDisabled``, ... each with its wire code) live in ``protocol.errors``,
+  because the SDK imports only ``protocol/``; they are re-exported here.
 """
 
 from __future__ import annotations
 
-from protocol.errors import AuthenticationFailed, BrokerError, ClientError, RemoteError
+from protocol.errors import (
+    AuthenticationFailed,
+    BrokerError,
+    ClientError,
+    ContractViolation,
+    ConversationEnded,
+    ConversationNotFound,
+    DatabaseNotFound,
+    DialogError,
+    InvalidRequest,
+    LockConflict,
+    MessageTooLarge,
+    NotPrincipal,
+    QueueDisabled,
+    QueueNotFound,
+    RemoteError,
+    RouteInvalid,
+    ServiceNotFound,
+    TransactionError,
+    TransactionRolledBack,
+    ValidationFailed,
+)
 
 __all__ = [
     "AnalyticsError",
@@ -25,11 +42,24 @@ __all__ = [
     "BrokerError",
     "ClientError",
     "ConfigError",
+    "ContractViolation",
+    "ConversationEnded",
+    "ConversationNotFound",
+    "DatabaseNotFound",
     "DialogError",
+    "InvalidRequest",
+    "LockConflict",
+    "MessageTooLarge",
+    "NotPrincipal",
     "QueueDisabled",
+    "QueueNotFound",
     "RemoteError",
+    "RouteInvalid",
     "ServiceNotFound",
     "StoreError",
+    "TransactionError",
+    "TransactionRolledBack",
+    "ValidationFailed",
 ]
 
 
@@ -46,20 +76,6 @@ class ConfigError(BrokerError):
 
 class StoreError(BrokerError):
     """A database file cannot be used (unreadable, another schema, disk full)."""
-
-
-class DialogError(BrokerError):
-    """An application verb on a conversation was refused."""
-
-
-class ServiceNotFound(DialogError):
-    """The named service does not exist in the database."""
-
-
-class QueueDisabled(DialogError):
-    """RECEIVE on a queue whose status is off."""
-
-    retriable = True
 
 
 class AnalyticsError(BrokerError):

@@ -19,7 +19,7 @@ Later layers (configuration, store, dialogs, SDK) add their subclasses of
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 
 class CloseCode(enum.IntEnum):
@@ -90,10 +90,163 @@ class AuthenticationFailed(ClientError):
 
 
 class RemoteError(BrokerError):
-    """An error the daemon reported to the SDK; ``kind`` is the daemon-side class name."""
+    """A request the daemon refused, as the application sees it.
 
-    def __init__(self, kind: str, message: str, retriable: bool = False) -> None:
-        super().__init__(f"{kind}: {message}")
-        self.kind = kind
+    The daemon raises these classes and the client listener sends their
+    :attr:`code`; the SDK raises the same class again (:func:`for_code`), so an
+    application catches ``ConversationEnded`` or ``QueueDisabled`` by type, as
+    aiokafka's errors are caught. ``kind`` is the class name the daemon sent.
+    An unknown code arrives as this base class.
+    """
+
+    code: ClassVar[str] = "refused"
+
+    def __init__(self, message: str, *, kind: str | None = None, retriable: bool | None = None):
+        self.kind = kind or type(self).__name__
+        super().__init__(message if kind is None else f"{self.kind}: {message}")
         self.remote_message = message
-        self.retriable = retriable
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class InvalidRequest(RemoteError):
+    """The request itself is malformed: a missing or ill-typed field, an unknown operation."""
+
+    code = "invalid_request"
+
+
+class NotAuthorised(RemoteError):
+    """The client may not do this (its credentials do not allow it)."""
+
+    code = "not_authorised"
+
+
+class NotFound(RemoteError):
+    """A named object does not exist on this broker."""
+
+    code = "not_found"
+
+
+class DatabaseNotFound(NotFound):
+    code = "database_not_found"
+
+
+class ServiceNotFound(NotFound):
+    """The named service does not exist in the database."""
+
+    code = "service_not_found"
+
+
+class QueueNotFound(NotFound):
+    code = "queue_not_found"
+
+
+class ConversationNotFound(NotFound):
+    """No conversation endpoint with this handle (never begun, or cleaned up)."""
+
+    code = "conversation_not_found"
+
+
+class DialogError(RemoteError):
+    """An application verb on a conversation was refused."""
+
+    code = "dialog_refused"
+
+
+class ConversationEnded(DialogError):
+    """The conversation is closed, in error, or ended by one side: no more SENDs (SPEC §5)."""
+
+    code = "conversation_ended"
+
+
+class ContractViolation(DialogError):
+    """The contract does not allow this message type from this side (R-DLG-3), or the
+    service does not accept the contract."""
+
+    code = "contract_violation"
+
+
+class ValidationFailed(DialogError):
+    """The body fails its message type's validation (R-OBJ-1)."""
+
+    code = "validation_failed"
+
+
+class MessageTooLarge(DialogError):
+    """The body exceeds the broker's ``max_message_size``."""
+
+    code = "message_too_large"
+
+
+class NotPrincipal(DialogError):
+    """The database is the mirror partner; work on the principal (R-ROUTE-10)."""
+
+    code = "not_principal"
+    retriable = True
+
+
+class QueueDisabled(DialogError):
+    """RECEIVE on a queue whose status is off (R-DLG-12)."""
+
+    code = "queue_disabled"
+    retriable = True
+
+
+class LockConflict(DialogError):
+    """The conversation group is locked by another transaction."""
+
+    code = "lock_conflict"
+    retriable = True
+
+
+class TransactionError(RemoteError):
+    """A client transaction cannot go on: unknown, already finished, or spanning databases."""
+
+    code = "transaction_invalid"
+
+
+class TransactionRolledBack(TransactionError):
+    """COMMIT failed; nothing of the transaction took effect."""
+
+    code = "transaction_rolled_back"
+
+
+class RouteInvalid(RemoteError):
+    """A route administration request was refused (R-OBJ-5, R-OBJ-6)."""
+
+    code = "route_invalid"
+
+
+class StorageFailure(RemoteError):
+    """The daemon could not commit (a full disk, an unwritable file); nothing took effect."""
+
+    code = "storage_failure"
+
+
+class InternalError(RemoteError):
+    """The daemon failed unexpectedly while handling the request (its log has the details)."""
+
+    code = "internal_error"
+
+
+def _registry() -> dict[str, type[RemoteError]]:
+    found: dict[str, type[RemoteError]] = {}
+    pending: list[type[RemoteError]] = [RemoteError]
+    while pending:
+        cls = pending.pop()
+        found[cls.code] = cls
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+_BY_CODE = _registry()
+
+
+def for_code(code: object) -> type[RemoteError]:
+    """The error class of a code sent by the daemon; :class:`RemoteError` if unknown."""
+    return _BY_CODE.get(code, RemoteError) if isinstance(code, str) else RemoteError
+
+
+def error_codes() -> dict[str, type[RemoteError]]:
+    """Every code the daemon may send, with its class (docs/errors.md lists them)."""
+    return dict(_BY_CODE)

@@ -8,80 +8,19 @@ that rebuilds all of it from the SQLite file after a restart or ``kill -9``.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_from_row
+from brokerd.dialogs.ready import ReadyIndex
 from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.store import Store
 from protocol.acks import AckState
 from protocol.dialog import END_DIALOG, ERROR, MessageFlags
 from protocol.fragments import fragment_count
-
-
-@dataclass
-class ReadyIndex:
-    """Messages of one queue that RECEIVE may hand out: group -> [(handle, seq)] in order."""
-
-    groups: OrderedDict[uuid.UUID, list[tuple[uuid.UUID, int]]] = field(default_factory=OrderedDict)
-    locked: set[uuid.UUID] = field(default_factory=set)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    count: int = 0
-
-    def add(self, group: uuid.UUID, handle: uuid.UUID, seq: int) -> None:
-        self.groups.setdefault(group, []).append((handle, seq))
-        self.count += 1
-        self.changed.set()
-
-    def take(
-        self, top: int, handle: uuid.UUID | None, group: uuid.UUID | None
-    ) -> tuple[uuid.UUID, list[tuple[uuid.UUID, int]]] | None:
-        """Up to ``top`` messages of one unlocked group, oldest group first; locks the group."""
-        for gid, items in self.groups.items():
-            if gid in self.locked or (group is not None and gid != group):
-                continue
-            if handle is not None:
-                chosen = [item for item in items if item[0] == handle][:top]
-                if not chosen:
-                    continue
-            else:
-                chosen = items[:top]
-            chosen_set = set(chosen)
-            rest = [item for item in items if item not in chosen_set]
-            if rest:
-                self.groups[gid] = rest
-            else:
-                del self.groups[gid]
-            self.count -= len(chosen)
-            self.locked.add(gid)
-            return gid, chosen
-        return None
-
-    def put_back(self, group: uuid.UUID, items: list[tuple[uuid.UUID, int]]) -> None:
-        self.groups[group] = items + self.groups.get(group, [])
-        self.groups.move_to_end(group, last=False)
-        self.count += len(items)
-        self.changed.set()
-
-    def clear(self) -> None:
-        self.groups.clear()
-        self.count = 0
-
-    def drop_conversation(self, handle: uuid.UUID) -> None:
-        for gid in list(self.groups):
-            kept = [item for item in self.groups[gid] if item[0] != handle]
-            self.count -= len(self.groups[gid]) - len(kept)
-            if kept:
-                self.groups[gid] = kept
-            else:
-                del self.groups[gid]
-
 
 Fetch = Callable[[str, Sequence[Any]], Awaitable[Iterable[Any]]]
 """Runs a query and returns its rows: the store's start-up read, or a connection's."""

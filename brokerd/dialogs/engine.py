@@ -35,7 +35,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -53,8 +53,25 @@ from brokerd.dialogs.endpoint import (
     endpoint_snapshot,
 )
 from brokerd.dialogs.links import Link, LinkProvider
+from brokerd.dialogs.ready import Lease
 from brokerd.dialogs.router import Router
-from brokerd.errors import DialogError, QueueDisabled, ServiceNotFound, StoreError
+from brokerd.dialogs.work import Work
+from brokerd.errors import (
+    ContractViolation,
+    ConversationEnded,
+    ConversationNotFound,
+    DatabaseNotFound,
+    DialogError,
+    InvalidRequest,
+    LockConflict,
+    MessageTooLarge,
+    NotPrincipal,
+    QueueDisabled,
+    QueueNotFound,
+    ServiceNotFound,
+    StoreError,
+    ValidationFailed,
+)
 from brokerd.routing.forwarding import Forward
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
 from brokerd.storage.store import Statement
@@ -234,7 +251,7 @@ class DialogEngine:
     def database(self, name: str) -> Database:
         db = self.databases.get(name)
         if db is None:
-            raise DialogError(f"database {name!r} does not exist on this broker")
+            raise DatabaseNotFound(f"database {name!r} does not exist on this broker")
         return db
 
     def endpoint(self, handle: uuid.UUID) -> tuple[Database, Endpoint]:
@@ -242,7 +259,7 @@ class DialogEngine:
             ep = db.endpoints.get(handle)
             if ep is not None:
                 return db, ep
-        raise DialogError(f"conversation handle {handle} does not exist on this broker")
+        raise ConversationNotFound(f"conversation handle {handle} does not exist on this broker")
 
     def database_of_service(self, service: str) -> Database:
         found = [db for db in self.databases.values() if service in db.catalog.services]
@@ -256,8 +273,21 @@ class DialogEngine:
         return found[0]
 
     # -- application verbs --------------------------------------------------------
+    #
+    # Each verb has a work form (``*_work``): its checks, its in-memory effects and
+    # the rows it writes, as a :class:`~brokerd.dialogs.work.Work`, with no I/O. The
+    # awaitable form commits that work alone; a client transaction
+    # (``brokerd.dialogs.transactions``) commits the works of several verbs together.
 
-    async def begin_dialog(
+    async def commit(self, db: Database, work: Work) -> None:
+        """Make ``work`` durable in one SQLite transaction; its callbacks run after it."""
+        future = db.store.submit(
+            work.statements, on_commit=work.committed, on_failure=work.failed, wait=True
+        )
+        assert future is not None
+        await future
+
+    def new_dialog(
         self,
         from_service: str,
         to_service: str,
@@ -266,10 +296,11 @@ class DialogEngine:
         to_broker_instance: uuid.UUID | None = None,
         lifetime: int = 0,
         related_conversation: uuid.UUID | None = None,
-    ) -> Endpoint:
+    ) -> tuple[Database, Endpoint]:
+        """BEGIN DIALOG's checks and the new initiator endpoint, not registered yet."""
         db = self.database(database) if database else self.database_of_service(from_service)
         if db.mirror_role == "mirror":
-            raise DialogError(
+            raise NotPrincipal(
                 f"database {db.name!r} is the mirror partner; begin dialogs on the principal "
                 "(R-ROUTE-10)"
             )
@@ -278,15 +309,14 @@ class DialogEngine:
                 f"service {from_service!r} does not exist in database {db.name!r}"
             )
         if contract not in db.catalog.contracts:
-            raise DialogError(f"contract {contract!r} does not exist in database {db.name!r}")
+            raise ContractViolation(f"contract {contract!r} does not exist in database {db.name!r}")
         if not to_service:
-            raise DialogError("the target service name must not be empty")
+            raise InvalidRequest("the target service name must not be empty")
         group = uuid.uuid4()
         if related_conversation is not None:
             group = self.endpoint(related_conversation)[1].group_id
-        handle = uuid.uuid4()
         ep = Endpoint(
-            handle=handle,
+            handle=uuid.uuid4(),
             conversation_id=uuid.uuid4(),
             initiator=True,
             group_id=group,
@@ -299,42 +329,96 @@ class DialogEngine:
             lifetime=max(0, int(lifetime)),
             created_at=self.clock(),
         )
+        return db, ep
+
+    def begin_dialog_work(self, db: Database, ep: Endpoint) -> Work:
+        """Register the endpoint from :meth:`new_dialog`; forgotten if the work fails."""
         db.add_endpoint(ep)
-        try:
-            await self.submit_wait(db, [endpoint_snapshot(ep)])
-        except StoreError:
-            db.remove_endpoint(ep)
-            raise
-        self._watch(ep)
-        self.trace.emit(
-            "dialog_begun",
-            ep.conversation_id,
-            database=db.name,
-            initiator=True,
-            service=from_service,
-            far_service=to_service,
-            contract=contract,
+
+        def committed() -> None:
+            self._watch(ep)
+            self.trace.emit(
+                "dialog_begun",
+                ep.conversation_id,
+                database=db.name,
+                initiator=True,
+                service=ep.service,
+                far_service=ep.far_service,
+                contract=ep.contract,
+            )
+
+        return Work().add([endpoint_snapshot(ep)], committed, lambda _: db.remove_endpoint(ep))
+
+    async def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> Endpoint:
+        db, ep = self.new_dialog(
+            from_service,
+            to_service,
+            contract,
+            database,
+            to_broker_instance,
+            lifetime,
+            related_conversation,
         )
+        await self.commit(db, self.begin_dialog_work(db, ep))
         return ep
 
-    async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
-        db, ep = self.endpoint(handle)
+    def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None:
+        """SEND's checks: the endpoint's state, the size, the contract (R-DLG-3), validation."""
         problem = ep.may_send()
         if problem:
-            raise DialogError(f"cannot SEND on conversation {handle}: {problem}")
+            raise ConversationEnded(f"cannot SEND on conversation {ep.handle}: {problem}")
         if len(body) > self.max_message_size:
-            raise DialogError(
+            raise MessageTooLarge(
                 f"message of {len(body)} bytes exceeds max_message_size {self.max_message_size}"
             )
         refusal = db.catalog.send_refusal(ep.contract, message_type, ep.initiator)
         if refusal:
-            raise DialogError(f"SEND refused by contract {ep.contract!r}: {refusal}")
+            raise ContractViolation(f"SEND refused by contract {ep.contract!r}: {refusal}")
         invalid = db.catalog.validation_problem(message_type, body)
         if invalid:
-            raise DialogError(f"SEND refused: {invalid}")
-        return await self._enqueue(db, ep, message_type, int(MessageFlags.SEQUENCED), body)
+            raise ValidationFailed(f"SEND refused: {invalid}")
 
-    async def _enqueue(
+    def send_work(
+        self, db: Database, ep: Endpoint, message_type: str, body: bytes
+    ) -> tuple[int, Work]:
+        self.check_send(db, ep, message_type, body)
+        return self._enqueue_work(db, ep, message_type, int(MessageFlags.SEQUENCED), body)
+
+    async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
+        db, ep = self.endpoint(handle)
+        seq, work = self.send_work(db, ep, message_type, body)
+        await self.commit(db, work)
+        return seq
+
+    async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> list[int]:
+        """SEND several messages with one commit per database (a producer's batched path).
+
+        Every message is checked before any is queued: one refusal refuses the batch.
+        """
+        found = [
+            (*self.endpoint(handle), message_type, body) for handle, message_type, body in messages
+        ]
+        for db, ep, message_type, body in found:
+            self.check_send(db, ep, message_type, body)
+        works: dict[str, tuple[Database, Work]] = {}
+        seqs: list[int] = []
+        for db, ep, message_type, body in found:
+            seq, work = self.send_work(db, ep, message_type, body)
+            seqs.append(seq)
+            works.setdefault(db.name, (db, Work()))[1].extend(work)
+        await asyncio.gather(*(self.commit(db, work) for db, work in works.values()))
+        return seqs
+
+    def _enqueue_work(
         self,
         db: Database,
         ep: Endpoint,
@@ -342,7 +426,7 @@ class DialogEngine:
         flags: int,
         body: bytes,
         extra: Iterable[Statement] = (),
-    ) -> int:
+    ) -> tuple[int, Work]:
         ep.send_sequence += 1
         seq = ep.send_sequence
         if ep.initiator:
@@ -399,8 +483,50 @@ class DialogEngine:
                 ep.send_sequence -= 1
                 ep.refresh_state()
 
-        await self.submit_wait(db, statements, on_commit=committed, on_failure=failed)
-        return seq
+        return seq, Work().add(statements, committed, failed)
+
+    def end_conversation_work(
+        self,
+        db: Database,
+        ep: Endpoint,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> Work:
+        if cleanup:
+            return self._cleanup_work(db, ep)
+        if ep.ended_local or ep.state is State.CLOSED:
+            return Work()
+        ep.ended_local = True
+        dropped = dict(ep.outbox)
+
+        def failed(_: BaseException) -> None:
+            ep.ended_local = False
+            ep.outbox.update(dropped)
+            ep.refresh_state()
+
+        work = Work().add(on_failure=failed)
+        if ep.broker_error:
+            self._trace_discarded(ep, list(dropped), "END CONVERSATION after a broker error")
+            ep.outbox.clear()
+            ep.refresh_state()
+            return work.add([endpoint_snapshot(ep)])
+        if error_code is not None:
+            self._trace_discarded(ep, list(dropped), "END CONVERSATION WITH ERROR")
+            ep.outbox.clear()
+            _, enqueued = self._enqueue_work(
+                db,
+                ep,
+                ERROR,
+                int(MessageFlags.SEQUENCED | MessageFlags.ERROR),
+                error_body(error_code, description),
+                _unqueue_sent(ep, list(dropped)),
+            )
+        else:
+            _, enqueued = self._enqueue_work(
+                db, ep, END_DIALOG, int(MessageFlags.SEQUENCED | MessageFlags.END_DIALOG), b""
+            )
+        return work.extend(enqueued)
 
     async def end_conversation(
         self,
@@ -410,37 +536,11 @@ class DialogEngine:
         cleanup: bool = False,
     ) -> None:
         db, ep = self.endpoint(handle)
-        if cleanup:
-            await self._cleanup(db, ep)
-            return
-        if ep.ended_local or ep.state is State.CLOSED:
-            return
-        ep.ended_local = True
-        if ep.broker_error:
-            self._trace_discarded(ep, list(ep.outbox), "END CONVERSATION after a broker error")
-            ep.outbox.clear()
-            ep.refresh_state()
-            await self.submit_wait(db, [endpoint_snapshot(ep)])
-            return
-        if error_code is not None:
-            dropped = list(ep.outbox)
-            self._trace_discarded(ep, dropped, "END CONVERSATION WITH ERROR")
-            ep.outbox.clear()
-            extra = _unqueue_sent(ep, dropped)
-            await self._enqueue(
-                db,
-                ep,
-                ERROR,
-                int(MessageFlags.SEQUENCED | MessageFlags.ERROR),
-                error_body(error_code, description),
-                extra,
-            )
-        else:
-            await self._enqueue(
-                db, ep, END_DIALOG, int(MessageFlags.SEQUENCED | MessageFlags.END_DIALOG), b""
-            )
+        work = self.end_conversation_work(db, ep, error_code, description, cleanup)
+        if work.statements:
+            await self.commit(db, work)
 
-    async def _cleanup(self, db: Database, ep: Endpoint) -> None:
+    def _cleanup_work(self, db: Database, ep: Endpoint) -> Work:
         self._trace_discarded(ep, list(ep.outbox), "END CONVERSATION WITH CLEANUP")
         ep.outbox.clear()
         ep.state = State.CLOSED
@@ -451,16 +551,56 @@ class DialogEngine:
         if queue in db.ready:
             db.ready[queue].drop_conversation(ep.handle)
         ep.timer_due = 0.0
-        await self.submit_wait(
-            db,
+        return Work().add(
             [
                 ("DELETE FROM transmission_queue WHERE conversation_handle = ?", (h,)),
                 ("DELETE FROM conversation_timers WHERE conversation_handle = ?", (h,)),
                 ("DELETE FROM queue_messages WHERE conversation_handle = ?", (h,)),
                 ("DELETE FROM message_fragments WHERE conversation_handle = ?", (h,)),
                 endpoint_deletion(ep),
-            ],
+            ]
         )
+
+    def move_conversation_work(self, db: Database, ep: Endpoint, group: uuid.UUID) -> Work:
+        """MOVE CONVERSATION: the conversation joins conversation group ``group``.
+
+        Its waiting messages move with it. Refused while another transaction holds
+        the conversation's current group (its messages are being received).
+        """
+        old = ep.group_id
+        if old == group:
+            return Work()
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        if index is not None and (old in index.locked or group in index.locked):
+            raise LockConflict(
+                f"conversation group {old if old in index.locked else group} is locked by "
+                "a RECEIVE of another transaction"
+            )
+        ep.group_id = group
+        if index is not None:
+            index.move_conversation(ep.handle, old, group)
+
+        def failed(_: BaseException) -> None:
+            ep.group_id = old
+            if index is not None:
+                index.move_conversation(ep.handle, group, old)
+
+        return Work().add(
+            [
+                (
+                    "UPDATE queue_messages SET conversation_group_id = ? "
+                    "WHERE conversation_handle = ?",
+                    (str(group), str(ep.handle)),
+                ),
+                endpoint_snapshot(ep),
+            ],
+            on_failure=failed,
+        )
+
+    async def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
+        db, ep = self.endpoint(handle)
+        await self.commit(db, self.move_conversation_work(db, ep, group))
 
     async def discard_received(self, ep: Endpoint) -> None:
         """Remove what ``ep`` received from its queue (system dialogs consume their replies)."""
@@ -472,15 +612,21 @@ class DialogEngine:
             db, [("DELETE FROM queue_messages WHERE conversation_handle = ?", (str(ep.handle),))]
         )
 
-    async def receive(
+    async def take_ready(
         self,
         queue: str,
         database: str | None = None,
         top: int = 1,
         timeout: float = 0.0,
         handle: uuid.UUID | None = None,
-    ) -> list[dict[str, Any]]:
-        """RECEIVE TOP (top) from a queue; waits up to ``timeout`` s (negative: forever)."""
+        owned: Collection[uuid.UUID] = (),
+    ) -> Lease | None:
+        """RECEIVE's choice: up to ``top`` ready messages of one conversation group, whose
+        lock the returned lease holds; waits up to ``timeout`` s (negative: forever).
+
+        ``owned`` are groups the caller's transaction already holds: they may be taken
+        from again. None when nothing arrived in time.
+        """
         db = self._database_of_queue(queue, database)
         info = db.catalog.queues[queue]
         if not info.status:
@@ -491,39 +637,93 @@ class DialogEngine:
             group = self.endpoint(handle)[1].group_id
         deadline = None if timeout < 0 else self.loop.time() + timeout
         while True:
-            taken = index.take(max(1, top), handle, group)
+            taken = index.take(max(1, top), handle, group, owned)
             if taken is not None:
-                break
+                gid, items = taken
+                return Lease(db, queue, index, gid, items, info.retention, gid not in owned)
             remaining = None if deadline is None else deadline - self.loop.time()
             if remaining is not None and remaining <= 0:
-                return []
+                return None
             index.changed.clear()
             try:
                 await asyncio.wait_for(index.changed.wait(), remaining)
             except TimeoutError:
-                return []
-        gid, items = taken
+                return None
+
+    async def read_leased(self, lease: Lease) -> list[dict[str, Any]]:
+        """The rows of a lease's messages, read without removing them."""
         try:
-            rows = await db.store.run(lambda conn: _fetch_and_remove(conn, items, info.retention))
+            return await lease.db.store.run(lambda conn: _fetch_rows(conn, lease.items))
         except BaseException:
-            index.locked.discard(gid)
-            index.put_back(gid, items)
+            self.release(lease, received=False)
             raise
-        index.locked.discard(gid)
+
+    def receive_work(self, lease: Lease) -> Work:
+        """Remove a lease's messages from the queue (or keep them with status 0 under
+        RETENTION); once committed the group's lock is released."""
+        sql = _REMOVE_RETAINED if lease.retention else _REMOVE_RECEIVED
+        rows = [(sql, (str(h), s)) for h, s in lease.items]
+        return Work().add(
+            rows,
+            on_commit=lambda: self.release(lease, received=True),
+            on_failure=lambda _: self.release(lease, received=False),
+        )
+
+    def release(self, lease: Lease, received: bool) -> None:
+        """Unlock a lease's group; its messages go back in front, in order, unless received."""
+        if lease.released:
+            return
+        lease.released = True
+        index = lease.index
+        if not received:
+            index.put_back(lease.group, lease.items)
+        if lease.locks:
+            index.locked.discard(lease.group)
         if index.count:
             index.changed.set()
-        self.stats.received_by_application += len(rows)
-        for row in rows if self.trace.enabled else ():
-            owner = db.endpoints.get(uuid.UUID(row["conversation_handle"]))
+        if received:
+            self._trace_received(lease)
+
+    def _trace_received(self, lease: Lease) -> None:
+        self.stats.received_by_application += len(lease.items)
+        if not self.trace.enabled:
+            return
+        db = lease.db
+        for handle, seq in lease.items:
+            owner = db.endpoints.get(handle)
             if owner is not None:
                 self.trace.emit(
                     "received",
                     owner.conversation_id,
                     database=db.name,
                     initiator=not owner.initiator,
-                    seq=row["message_sequence_number"],
-                    queue=queue,
+                    seq=seq,
+                    queue=lease.queue,
                 )
+
+    async def receive(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+    ) -> list[dict[str, Any]]:
+        """RECEIVE TOP (top) outside a transaction: the messages leave the queue in the
+        same commit that reads them (autocommit; at most once to the application)."""
+        lease = await self.take_ready(queue, database, top, timeout, handle)
+        if lease is None:
+            return []
+        remove = _REMOVE_RETAINED if lease.retention else _REMOVE_RECEIVED
+        future = lease.db.store.submit(
+            (),
+            fn=lambda conn: _fetch_rows(conn, lease.items, remove),
+            on_commit=lambda: self.release(lease, received=True),
+            on_failure=lambda _: self.release(lease, received=False),
+            wait=True,
+        )
+        assert future is not None
+        rows: list[dict[str, Any]] = await future
         return rows
 
     async def alter_queue(self, queue: str, status: bool, database: str | None = None) -> None:
@@ -545,7 +745,7 @@ class DialogEngine:
         if database is not None:
             db = self.database(database)
             if queue not in db.catalog.queues:
-                raise DialogError(f"queue {queue!r} does not exist in database {db.name!r}")
+                raise QueueNotFound(f"queue {queue!r} does not exist in database {db.name!r}")
             return db
         found = [db for db in self.databases.values() if queue in db.catalog.queues]
         if len(found) != 1:
@@ -1259,21 +1459,28 @@ class DialogEngine:
 
     # -- conversation timers (R-DLG-11) and dialog lifetimes (R-DLG-9) ------------------
 
-    async def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
+    def timer_work(self, db: Database, ep: Endpoint, timeout: float) -> Work:
         """BEGIN CONVERSATION TIMER: a DialogTimer message in this side's queue after
         ``timeout`` seconds. A new timer replaces the conversation's current one; it is
         not shared with the other side and does not change the lifetime."""
-        db, ep = self.endpoint(handle)
         if ep.state is State.CLOSED:
-            raise DialogError(f"cannot set a timer on conversation {handle}: it is closed")
+            raise ConversationEnded(f"cannot set a timer on conversation {ep.handle}: it is closed")
         if not timeout >= 0:
-            raise DialogError(f"timer timeout must be >= 0 seconds, not {timeout}")
+            raise InvalidRequest(f"timer timeout must be >= 0 seconds, not {timeout}")
         due = self.clock() + timeout
-        await self.submit_wait(
-            db, [("INSERT OR REPLACE INTO conversation_timers VALUES (?, ?)", (str(handle), due))]
+
+        def committed() -> None:
+            ep.timer_due = due
+            self._watch(ep)
+
+        return Work().add(
+            [("INSERT OR REPLACE INTO conversation_timers VALUES (?, ?)", (str(ep.handle), due))],
+            committed,
         )
-        ep.timer_due = due
-        self._watch(ep)
+
+    async def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
+        db, ep = self.endpoint(handle)
+        await self.commit(db, self.timer_work(db, ep, timeout))
 
     def _watch(self, ep: Endpoint) -> None:
         """Schedule the endpoint's timer and lifetime deadlines, if it has them."""
@@ -1458,48 +1665,54 @@ def _unqueue_sent(ep: Endpoint, seqs: Iterable[int]) -> list[Statement]:
     ]
 
 
-async def _fetch_and_remove(
-    conn: aiosqlite.Connection, items: list[tuple[uuid.UUID, int]], retention: bool
+_REMOVE_RECEIVED = (
+    "DELETE FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number = ?"
+)
+_REMOVE_RETAINED = (
+    "UPDATE queue_messages SET status = 0 WHERE conversation_handle = ? "
+    "AND message_sequence_number = ?"
+)
+
+
+async def _fetch_rows(
+    conn: aiosqlite.Connection, items: list[tuple[uuid.UUID, int]], remove: str | None = None
 ) -> list[dict[str, Any]]:
-    keys = [(str(h), s) for h, s in items]
-    placeholders = ",".join("(?, ?)" for _ in keys)
-    flat = [v for key in keys for v in key]
-    rows = await conn.execute_fetchall(
-        "SELECT conversation_handle, message_sequence_number, conversation_group_id, "
-        "service_name, contract, message_type, body, enqueued_at, queue_name "
-        f"FROM queue_messages WHERE (conversation_handle, message_sequence_number) IN "
-        f"(VALUES {placeholders})",
-        flat,
-    )
-    if retention:
-        await conn.execute(
-            "UPDATE queue_messages SET status = 0 WHERE (conversation_handle, "
-            f"message_sequence_number) IN (VALUES {placeholders})",
-            flat,
-        )
-    else:
-        await conn.execute(
-            "DELETE FROM queue_messages WHERE (conversation_handle, message_sequence_number) "
-            f"IN (VALUES {placeholders})",
-            flat,
-        )
-    by_key = {(r[0], int(r[1])): r for r in rows}
+    """RECEIVE's result rows for ``items``, in their order; then ``remove`` for each of them.
+
+    One indexed query per conversation (the primary key), never a scan of the queue.
+    """
+    by_handle: dict[str, list[int]] = {}
+    for handle, seq in items:
+        by_handle.setdefault(str(handle), []).append(seq)
+    found: dict[tuple[str, int], Any] = {}
+    for key, seqs in by_handle.items():
+        marks = ",".join("?" * len(seqs))
+        for r in await conn.execute_fetchall(
+            "SELECT conversation_handle, message_sequence_number, conversation_group_id, "
+            "service_name, contract, message_type, body, enqueued_at, queue_name "
+            "FROM queue_messages WHERE conversation_handle = ? "
+            f"AND message_sequence_number IN ({marks})",
+            [key, *seqs],
+        ):
+            found[(r[0], int(r[1]))] = r
+    if remove is not None:
+        await conn.executemany(remove, [(str(h), s) for h, s in items])
     out = []
-    for key in keys:
-        r = by_key.get(key)
-        if r is None:
+    for handle, seq in items:
+        row = found.get((str(handle), seq))
+        if row is None:
             continue
         out.append(
             {
-                "conversation_handle": r[0],
-                "message_sequence_number": int(r[1]),
-                "conversation_group_id": r[2],
-                "service_name": r[3],
-                "service_contract_name": r[4],
-                "message_type_name": r[5],
-                "message_body": bytes(r[6] or b""),
-                "message_enqueue_time": float(r[7]),
-                "queue": r[8],
+                "conversation_handle": row[0],
+                "message_sequence_number": int(row[1]),
+                "conversation_group_id": row[2],
+                "service_name": row[3],
+                "service_contract_name": row[4],
+                "message_type_name": row[5],
+                "message_body": bytes(row[6] or b""),
+                "message_enqueue_time": float(row[7]),
+                "queue": row[8],
             }
         )
     return out

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from xml.sax.saxutils import escape
 
 from brokerd.config import normal_tcp_address, parse_route
-from brokerd.errors import ConfigError, DialogError
+from brokerd.errors import ConfigError, DialogError, InvalidRequest, RouteInvalid
 from brokerd.routing import rules as routing
 from brokerd.routing.forwarding import Forward, ForwardBudget, acks_item, fragment_item, hop_refusal
 from brokerd.routing.mirrors import MirrorKey, MirrorPair, MirrorTracker, Role
@@ -448,7 +448,7 @@ class Router:
         name = str(fields.get("name") or "")
         existing = db.catalog.find_route(name) if name else None
         if existing is not None:
-            raise DialogError(f"route {existing.name!r} already exists in database {db.name!r}")
+            raise RouteInvalid(f"route {existing.name!r} already exists in database {db.name!r}")
         route = self._parse(fields)
         await self._store_route(db, route)
         return route
@@ -466,9 +466,9 @@ class Router:
         }
         unknown = set(changes) - set(fields) - {"name"}
         if unknown:
-            raise DialogError(f"ALTER ROUTE cannot change {', '.join(sorted(unknown))}")
+            raise RouteInvalid(f"ALTER ROUTE cannot change {', '.join(sorted(unknown))}")
         if "name" in changes and changes["name"] != current.name:
-            raise DialogError("ALTER ROUTE cannot rename a route; drop it and create another")
+            raise RouteInvalid("ALTER ROUTE cannot rename a route; drop it and create another")
         fields.update(changes)
         route = self._parse(fields)
         await self._store_route(db, route)
@@ -484,14 +484,14 @@ class Router:
     def _admin_route(self, db: Database, name: str, verb: str) -> Route:
         route = db.catalog.find_route(name)
         if route is None:
-            raise DialogError(f"route {name!r} does not exist in database {db.name!r}")
+            raise RouteInvalid(f"route {name!r} does not exist in database {db.name!r}")
         if route.source == "system":
-            raise DialogError(
+            raise RouteInvalid(
                 f"cannot {verb} {AUTO_CREATED_LOCAL}: the store creates it in every database "
                 "(R-OBJ-6)"
             )
         if route.source == "config":
-            raise DialogError(
+            raise RouteInvalid(
                 f"route {route.name!r} comes from the configuration file "
                 f"{self.engine.config.path}; {verb} it there"
             )
@@ -502,7 +502,7 @@ class Router:
         try:
             config = parse_route(data, datetime.now(UTC))
         except ConfigError as exc:
-            raise DialogError(f"route: {exc.key.lstrip('.')}: {exc.problem}") from None
+            raise RouteInvalid(f"route: {exc.key.lstrip('.')}: {exc.problem}") from None
         return Route(
             config.name,
             config.address,
@@ -728,7 +728,7 @@ class Router:
                 f"database {db.name!r} is not mirrored (set mirror_role in the configuration)"
             )
         if role not in ("principal", "mirror"):
-            raise DialogError(f"mirror role must be principal or mirror, not {role!r}")
+            raise InvalidRequest(f"mirror role must be principal or mirror, not {role!r}")
         await self.engine.submit_wait(
             db,
             [("INSERT OR REPLACE INTO meta (key, value) VALUES ('mirror_role', ?)", (role,))],

@@ -13,22 +13,26 @@ closing fails every pending call, as aiokafka does).
             ...
         await client.end_conversation(handle)
 
-Errors raised by the daemon arrive as :class:`protocol.errors.RemoteError`
-(``kind`` names the daemon-side class, e.g. ``DialogError``); connection
-problems as :class:`ClientError`; refused credentials as
-:class:`AuthenticationFailed`.
+Errors the daemon reports arrive as the subclass of
+:class:`protocol.errors.RemoteError` named by their code (``ConversationEnded``,
+``QueueDisabled``, ``LockConflict``, ...; docs/errors.md lists them), ``kind``
+naming the daemon-side class; connection problems as :class:`ClientError`;
+refused credentials as :class:`AuthenticationFailed`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import uuid
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
+from brokerd.sdk.messages import ReceivedMessage, parse_received, send_many_request
+from brokerd.sdk.transaction import Transaction
 from protocol.client_wire import (
     ClientFrame,
     ClientFrameKind,
@@ -36,37 +40,11 @@ from protocol.client_wire import (
     auth_proof,
     encode_frame,
 )
-from protocol.dialog import DIALOG_TIMER, END_DIALOG, ERROR
-from protocol.errors import AuthenticationFailed, ClientError, RemoteError, RemoteProtocolError
+from protocol.errors import AuthenticationFailed, ClientError, RemoteProtocolError, for_code
 
 DEFAULT_PORT = 4023
 
-
-@dataclass(frozen=True)
-class ReceivedMessage:
-    """One row of RECEIVE's result set."""
-
-    conversation_handle: uuid.UUID
-    conversation_group_id: uuid.UUID
-    message_sequence_number: int
-    service_name: str
-    service_contract_name: str
-    message_type_name: str
-    message_body: bytes
-    queue: str
-    message_enqueue_time: float
-
-    @property
-    def is_end_dialog(self) -> bool:
-        return self.message_type_name == END_DIALOG
-
-    @property
-    def is_error(self) -> bool:
-        return self.message_type_name == ERROR
-
-    @property
-    def is_timer(self) -> bool:
-        return self.message_type_name == DIALOG_TIMER
+__all__ = ["DEFAULT_PORT", "BrokerClient", "ReceivedMessage", "Transaction"]
 
 
 class _ClientProtocol(asyncio.Protocol):
@@ -210,7 +188,8 @@ class BrokerClient:
             message = str(frame.meta.get("message", ""))
             if kind == "AuthenticationFailed":
                 raise AuthenticationFailed(message)
-            raise RemoteError(kind, message, bool(frame.meta.get("retriable", False)))
+            error = for_code(frame.meta.get("code"))
+            raise error(message, kind=kind, retriable=bool(frame.meta.get("retriable", False)))
         return frame.meta, frame.body
 
     # -- verbs -----------------------------------------------------------------------
@@ -277,25 +256,7 @@ class BrokerClient:
                 "conversation_handle": str(conversation_handle) if conversation_handle else None,
             }
         )
-        out: list[ReceivedMessage] = []
-        offset = 0
-        for row in meta.get("messages", []):
-            length = int(row["body_length"])
-            out.append(
-                ReceivedMessage(
-                    conversation_handle=uuid.UUID(row["conversation_handle"]),
-                    conversation_group_id=uuid.UUID(row["conversation_group_id"]),
-                    message_sequence_number=int(row["message_sequence_number"]),
-                    service_name=row["service_name"],
-                    service_contract_name=row["service_contract_name"],
-                    message_type_name=row["message_type_name"],
-                    message_body=body[offset : offset + length],
-                    queue=row["queue"],
-                    message_enqueue_time=float(row["message_enqueue_time"]),
-                )
-            )
-            offset += length
-        return out
+        return parse_received(meta, body)
 
     async def end_conversation(
         self,
@@ -328,6 +289,54 @@ class BrokerClient:
                 "timeout": timeout,
             }
         )
+
+    async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> list[int]:
+        """SEND several (handle, message type, body) in one request and one commit per
+        database: a producer's batched path without a transaction. One refusal
+        refuses them all; the sequence numbers come back in order."""
+        meta, _ = await self._call(*send_many_request(messages))
+        return [int(s) for s in meta["sequence_numbers"]]
+
+    async def move_conversation(
+        self, conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID
+    ) -> None:
+        """MOVE CONVERSATION (handle) TO (group): its waiting messages move with it."""
+        await self._call(
+            {
+                "op": "move_conversation",
+                "conversation_handle": str(conversation_handle),
+                "conversation_group_id": str(conversation_group_id),
+            }
+        )
+
+    async def begin_transaction(self) -> Transaction:
+        """BEGIN TRANSACTION; prefer ``async with client.transaction() as tx``."""
+        meta, _ = await self._call({"op": "begin_transaction"})
+        return Transaction(self._call, int(meta["transaction"]))
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """A client transaction: COMMIT when the block ends, ROLLBACK if it raises.
+
+        Inside it RECEIVE holds its conversation group until the end; SEND, BEGIN
+        DIALOG, END CONVERSATION, the timer and MOVE take effect at COMMIT, all
+        together or not at all. A connection lost mid-transaction rolls it back.
+
+            async with client.transaction() as tx:
+                for message in await tx.receive("OrderQueue", top=10, timeout=5):
+                    await tx.send(message.conversation_handle, "//shop/Reply", b"...")
+                    await tx.end_conversation(message.conversation_handle)
+        """
+        tx = await self.begin_transaction()
+        try:
+            yield tx
+        except BaseException:
+            if not tx.finished and self._transport is not None:
+                with contextlib.suppress(ClientError):
+                    await tx.rollback()
+            raise
+        if not tx.finished:
+            await tx.commit()
 
     async def alter_queue(self, queue: str, status: bool, *, database: str | None = None) -> None:
         """ALTER QUEUE queue WITH STATUS = ON | OFF (R-DLG-12)."""

@@ -21,6 +21,7 @@ hold up the client's other calls.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import uuid
@@ -29,6 +30,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from brokerd.dialogs.transactions import Transaction
+from brokerd.errors import StoreError
 from protocol.client_wire import (
     ClientFrame,
     ClientFrameKind,
@@ -37,7 +40,15 @@ from protocol.client_wire import (
     encode_frame,
     new_nonce,
 )
-from protocol.errors import BrokerError, RemoteProtocolError
+from protocol.errors import (
+    BrokerError,
+    InternalError,
+    InvalidRequest,
+    RemoteError,
+    RemoteProtocolError,
+    StorageFailure,
+    TransactionError,
+)
 
 if TYPE_CHECKING:
     from brokerd.config import BrokerConfig
@@ -74,22 +85,43 @@ def _uuid(meta: dict[str, Any], key: str, required: bool = True) -> uuid.UUID | 
     value = meta.get(key)
     if value in (None, ""):
         if required:
-            raise BrokerError(f"{key} is required")
+            raise InvalidRequest(f"{key} is required")
         return None
     try:
         return uuid.UUID(str(value))
     except ValueError:
-        raise BrokerError(f"{key} {value!r} is not a UUID") from None
+        raise InvalidRequest(f"{key} {value!r} is not a UUID") from None
 
 
 def _str(meta: dict[str, Any], key: str, default: str | None = None) -> str:
     value = meta.get(key, default)
     if not isinstance(value, str):
-        raise BrokerError(f"{key} must be a string")
+        raise InvalidRequest(f"{key} must be a string")
     return value
 
 
+def error_meta(exc: BaseException) -> dict[str, Any]:
+    """The ERROR frame's meta: the class name, its code (``protocol.errors.for_code``),
+    the message and whether a retry may succeed."""
+    if isinstance(exc, RemoteError):
+        code = exc.code
+    elif isinstance(exc, StoreError):
+        code = StorageFailure.code
+    elif isinstance(exc, BrokerError):
+        code = RemoteError.code
+    else:
+        code = InternalError.code
+    return {
+        "error": type(exc).__name__,
+        "code": code,
+        "message": str(exc),
+        "retriable": bool(getattr(exc, "retriable", False)),
+    }
+
+
 class ClientSession(asyncio.Protocol):
+    """One application connection: its login, its requests and its open transactions."""
+
     def __init__(self, broker: Broker, token: bytes) -> None:
         self.broker = broker
         self.token = token
@@ -99,6 +131,8 @@ class ClientSession(asyncio.Protocol):
         self.user: str | None = None
         self.transport: asyncio.Transport | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.transactions: dict[int, Transaction] = {}
+        self._tx_ids = itertools.count(1)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -120,7 +154,9 @@ class ClientSession(asyncio.Protocol):
             return
         for frame in frames:
             if frame.kind is not ClientFrameKind.REQUEST:
-                self._reply_error(frame.request_id, BrokerError("only REQUEST frames are accepted"))
+                self._reply_error(
+                    frame.request_id, InvalidRequest("only REQUEST frames are accepted")
+                )
                 continue
             if self.user is None:
                 self._login(frame)
@@ -133,6 +169,9 @@ class ClientSession(asyncio.Protocol):
         self.broker.client_sessions.discard(self)
         for task in list(self.tasks):
             task.cancel()
+        transactions, self.transactions = self.transactions, {}
+        for tx in transactions.values():
+            tx.rollback()  # a client that goes away mid-transaction leaves nothing behind
         self.transport = None
 
     def _close(self) -> None:
@@ -172,17 +211,17 @@ class ClientSession(asyncio.Protocol):
     def _reply_error(self, request_id: int, exc: BaseException) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        retriable = bool(getattr(exc, "retriable", False))
-        meta = {"error": type(exc).__name__, "message": str(exc), "retriable": retriable}
-        self.transport.write(encode_frame(ClientFrame(ClientFrameKind.ERROR, request_id, meta)))
+        self.transport.write(
+            encode_frame(ClientFrame(ClientFrameKind.ERROR, request_id, error_meta(exc)))
+        )
 
     async def _run(self, frame: ClientFrame) -> None:
         op = frame.meta.get("op")
         handler = _OPS.get(op) if isinstance(op, str) else None
         try:
             if handler is None:
-                raise BrokerError(f"unknown operation {op!r}")
-            meta, body = await handler(self.broker, frame)
+                raise InvalidRequest(f"unknown operation {op!r}")
+            meta, body = await handler(self, frame)
         except asyncio.CancelledError:
             raise
         except BrokerError as exc:
@@ -195,23 +234,67 @@ class ClientSession(asyncio.Protocol):
         self._reply(frame.request_id, meta, body)
 
 
-Handler = Callable[["Broker", ClientFrame], Awaitable[tuple[dict[str, Any], bytes]]]
+Handler = Callable[["ClientSession", ClientFrame], Awaitable[tuple[dict[str, Any], bytes]]]
 
 
-async def _begin_dialog(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+def _transaction(session: ClientSession, m: dict[str, Any]) -> Transaction | None:
+    """The open transaction a request names with ``transaction``, if it names one."""
+    tx_id = m.get("transaction")
+    if tx_id is None:
+        return None
+    if not isinstance(tx_id, int) or isinstance(tx_id, bool):
+        raise InvalidRequest("transaction must be the id begin_transaction returned")
+    tx = session.transactions.get(tx_id)
+    if tx is None:
+        raise TransactionError(f"transaction {tx_id} is not open on this connection")
+    return tx
+
+
+async def _begin_transaction(
+    session: ClientSession, frame: ClientFrame
+) -> tuple[dict[str, Any], bytes]:
+    tx = Transaction(session.broker.engine, next(session._tx_ids))
+    session.transactions[tx.id] = tx
+    return {"transaction": tx.id}, b""
+
+
+async def _commit(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    tx = _transaction(session, frame.meta)
+    if tx is None:
+        raise InvalidRequest("commit needs the transaction's id")
+    try:
+        seqs = await tx.commit()
+    finally:
+        session.transactions.pop(tx.id, None)
+    return {"sequence_numbers": seqs}, b""
+
+
+async def _rollback(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    tx = _transaction(session, frame.meta)
+    if tx is None:
+        raise InvalidRequest("rollback needs the transaction's id")
+    session.transactions.pop(tx.id, None)
+    tx.rollback()
+    return {}, b""
+
+
+async def _begin_dialog(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
     lifetime = m.get("lifetime", 0)
-    if not isinstance(lifetime, int) or lifetime < 0:
-        raise BrokerError("lifetime must be a whole number of seconds >= 0")
-    ep = await broker.engine.begin_dialog(
-        _str(m, "from_service"),
-        _str(m, "to_service"),
-        _str(m, "contract", "DEFAULT"),
-        database=m.get("database") or None,
-        to_broker_instance=_uuid(m, "to_broker_instance", required=False),
-        lifetime=lifetime,
-        related_conversation=_uuid(m, "related_conversation", required=False),
-    )
+    if not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime < 0:
+        raise InvalidRequest("lifetime must be a whole number of seconds >= 0")
+    args = (_str(m, "from_service"), _str(m, "to_service"), _str(m, "contract", "DEFAULT"))
+    options: dict[str, Any] = {
+        "database": m.get("database") or None,
+        "to_broker_instance": _uuid(m, "to_broker_instance", required=False),
+        "lifetime": lifetime,
+        "related_conversation": _uuid(m, "related_conversation", required=False),
+    }
+    tx = _transaction(session, m)
+    if tx is not None:
+        ep = tx.begin_dialog(*args, **options)
+    else:
+        ep = await session.broker.engine.begin_dialog(*args, **options)
     return {
         "conversation_handle": str(ep.handle),
         "conversation_id": str(ep.conversation_id),
@@ -219,28 +302,72 @@ async def _begin_dialog(broker: Broker, frame: ClientFrame) -> tuple[dict[str, A
     }, b""
 
 
-async def _send(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _send(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
     handle = _uuid(m, "conversation_handle")
     assert handle is not None
-    seq = await broker.engine.send(handle, _str(m, "message_type", "DEFAULT"), frame.body)
+    message_type = _str(m, "message_type", "DEFAULT")
+    tx = _transaction(session, m)
+    if tx is not None:
+        tx.send(handle, message_type, frame.body)
+        return {"sequence_number": None}, b""
+    seq = await session.broker.engine.send(handle, message_type, frame.body)
     return {"sequence_number": seq}, b""
 
 
-async def _receive(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+MAX_SEND_MANY = 10_000
+"""Messages in one send_many request."""
+
+
+async def _send_many(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """Several SENDs in one request: ``messages`` lists each one's conversation handle,
+    message type and body length; the bodies follow one another in the frame's body."""
+    items = frame.meta.get("messages")
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest("messages must be a non-empty list")
+    if len(items) > MAX_SEND_MANY:
+        raise InvalidRequest(f"at most {MAX_SEND_MANY} messages per send_many")
+    body = frame.body
+    offset = 0
+    messages: list[tuple[uuid.UUID, str, bytes]] = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise InvalidRequest("each message must be an object")
+        length = item.get("body_length")
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            raise InvalidRequest("body_length must be a whole number >= 0")
+        if offset + length > len(body):
+            raise InvalidRequest("the body lengths exceed the frame's body")
+        handle = _uuid(item, "conversation_handle")
+        assert handle is not None
+        messages.append(
+            (handle, _str(item, "message_type", "DEFAULT"), body[offset : offset + length])
+        )
+        offset += length
+    if offset != len(body):
+        raise InvalidRequest("the body lengths do not add up to the frame's body")
+    tx = _transaction(session, frame.meta)
+    if tx is not None:
+        for handle, message_type, data in messages:
+            tx.send(handle, message_type, data)
+        return {"sequence_numbers": None}, b""
+    return {"sequence_numbers": await session.broker.engine.send_many(messages)}, b""
+
+
+async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
     top, timeout = m.get("top", 1), m.get("timeout", 0)
-    if not isinstance(top, int) or top < 1:
-        raise BrokerError("top must be a whole number >= 1")
-    if not isinstance(timeout, int | float):
-        raise BrokerError("timeout must be a number of seconds")
-    rows = await broker.engine.receive(
-        _str(m, "queue"),
-        database=m.get("database") or None,
-        top=top,
-        timeout=float(timeout),
-        handle=_uuid(m, "conversation_handle", required=False),
-    )
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise InvalidRequest("top must be a whole number >= 1")
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        raise InvalidRequest("timeout must be a number of seconds")
+    args = (_str(m, "queue"), m.get("database") or None, top, float(timeout))
+    handle = _uuid(m, "conversation_handle", required=False)
+    tx = _transaction(session, m)
+    if tx is not None:
+        rows = await tx.receive(*args, handle=handle)
+    else:
+        rows = await session.broker.engine.receive(*args, handle=handle)
     bodies = []
     messages = []
     for row in rows:
@@ -251,38 +378,57 @@ async def _receive(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], 
     return {"messages": messages}, b"".join(bodies)
 
 
-async def _end(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _end(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
     handle = _uuid(m, "conversation_handle")
     assert handle is not None
     code = m.get("error_code")
-    if code is not None and not isinstance(code, int):
-        raise BrokerError("error_code must be an integer")
-    await broker.engine.end_conversation(
-        handle,
-        error_code=code,
-        description=_str(m, "description", ""),
-        cleanup=bool(m.get("cleanup", False)),
-    )
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+        raise InvalidRequest("error_code must be an integer")
+    description = _str(m, "description", "")
+    cleanup = bool(m.get("cleanup", False))
+    tx = _transaction(session, m)
+    if tx is not None:
+        tx.end_conversation(handle, code, description, cleanup)
+    else:
+        await session.broker.engine.end_conversation(handle, code, description, cleanup)
     return {}, b""
 
 
-async def _begin_timer(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _begin_timer(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
     handle = _uuid(m, "conversation_handle")
     assert handle is not None
     timeout = m.get("timeout")
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
-        raise BrokerError("timeout must be a number of seconds >= 0")
-    await broker.engine.begin_conversation_timer(handle, float(timeout))
+        raise InvalidRequest("timeout must be a number of seconds >= 0")
+    tx = _transaction(session, m)
+    if tx is not None:
+        tx.begin_conversation_timer(handle, float(timeout))
+    else:
+        await session.broker.engine.begin_conversation_timer(handle, float(timeout))
     return {}, b""
 
 
-async def _alter_queue(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _move(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    handle = _uuid(m, "conversation_handle")
+    group = _uuid(m, "conversation_group_id")
+    assert handle is not None and group is not None
+    tx = _transaction(session, m)
+    if tx is not None:
+        tx.move_conversation(handle, group)
+    else:
+        await session.broker.engine.move_conversation(handle, group)
+    return {}, b""
+
+
+async def _alter_queue(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
     m = frame.meta
     status = m.get("status")
     if not isinstance(status, bool):
-        raise BrokerError("status must be true (on) or false (off)")
+        raise InvalidRequest("status must be true (on) or false (off)")
     await broker.engine.alter_queue(_str(m, "queue"), status, m.get("database") or None)
     return {}, b""
 
@@ -301,24 +447,26 @@ def _route_fields(m: dict[str, Any], only_given: bool) -> dict[str, Any]:
     """The route's fields from a request; with ``only_given``, just those present (ALTER)."""
     fields = m.get("route")
     if not isinstance(fields, dict):
-        raise BrokerError("route must be an object with the route's fields")
+        raise InvalidRequest("route must be an object with the route's fields")
     unknown = set(fields) - set(_ROUTE_FIELDS)
     if unknown:
-        raise BrokerError(f"unknown route field(s): {', '.join(sorted(unknown))}")
+        raise InvalidRequest(f"unknown route field(s): {', '.join(sorted(unknown))}")
     for key, value in fields.items():
         if value is not None and not isinstance(value, str | int | float):
-            raise BrokerError(f"route field {key} must be a string or a number")
+            raise InvalidRequest(f"route field {key} must be a string or a number")
     return dict(fields) if only_given else {k: fields.get(k) for k in _ROUTE_FIELDS}
 
 
-async def _create_route(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _create_route(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
     route = await broker.engine.router.create_route(
         _str(frame.meta, "database"), _route_fields(frame.meta, only_given=False)
     )
     return {"name": route.name}, b""
 
 
-async def _alter_route(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _alter_route(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
     m = frame.meta
     route = await broker.engine.router.alter_route(
         _str(m, "database"), _str(m, "name"), _route_fields(m, only_given=True)
@@ -326,12 +474,14 @@ async def _alter_route(broker: Broker, frame: ClientFrame) -> tuple[dict[str, An
     return {"name": route.name}, b""
 
 
-async def _drop_route(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _drop_route(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
     await broker.engine.router.drop_route(_str(frame.meta, "database"), _str(frame.meta, "name"))
     return {}, b""
 
 
-async def _explain(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _explain(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
     m = frame.meta
     from_outside = bool(m.get("from_outside", False))
     database = (m.get("database") or "msdb") if from_outside else _str(m, "database")
@@ -344,13 +494,17 @@ async def _explain(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], 
     return result, b""
 
 
-async def _set_mirror_role(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _set_mirror_role(
+    session: ClientSession, frame: ClientFrame
+) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
     m = frame.meta
     await broker.engine.router.set_mirror_role(_str(m, "database"), _str(m, "role"))
     return {}, b""
 
 
-async def _view(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
     name = _str(frame.meta, "name")
     engine = broker.engine
     views: dict[str, Callable[[], Any]] = {
@@ -372,17 +526,23 @@ async def _view(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], byt
     }
     view = views.get(name)
     if view is None:
-        raise BrokerError(f"unknown view {name!r}; views: {', '.join(sorted(views))}")
+        raise InvalidRequest(f"unknown view {name!r}; views: {', '.join(sorted(views))}")
     return {"rows": view()}, b""
 
 
-async def _ping(broker: Broker, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _ping(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
     return {"instance": broker.instance_name, "pid": os.getpid()}, b""
 
 
 _OPS: dict[str, Handler] = {
+    "begin_transaction": _begin_transaction,
+    "commit": _commit,
+    "rollback": _rollback,
     "begin_dialog": _begin_dialog,
     "send": _send,
+    "send_many": _send_many,
+    "move_conversation": _move,
     "receive": _receive,
     "end_conversation": _end,
     "begin_conversation_timer": _begin_timer,

@@ -253,15 +253,16 @@ class Store:
         on_commit: Callable[[], None] | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         wait: bool = False,
-    ) -> asyncio.Future[None] | None:
+    ) -> asyncio.Future[Any] | None:
         """Queue statements for the next group commit.
 
         ``on_commit`` runs in the writer right after the commit; ``wait=True``
-        returns a future that resolves then (or fails with StoreError).
+        returns a future that resolves then, with ``fn``'s result (or fails with
+        StoreError). ``fn`` runs inside the transaction after the statements.
         """
         if self._closing:
             raise StoreError(f"database {self.database!r} is shutting down")
-        future: asyncio.Future[None] | None = None
+        future: asyncio.Future[Any] | None = None
         if wait:
             future = asyncio.get_running_loop().create_future()
         self._pending.append(

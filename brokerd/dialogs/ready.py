@@ -1,0 +1,120 @@
+"""The messages RECEIVE may hand out, per queue and conversation group (R-OBJ-3 status 1).
+
+A :class:`ReadyIndex` keeps, for one queue, each conversation group's ready
+messages in the order they became ready, oldest group first, and which groups
+are locked. RECEIVE takes messages of one unlocked group and locks it
+(Service Broker's conversation group lock); a :class:`Lease` holds that lock
+until the messages are removed by a commit, or put back, in front and in order,
+by a rollback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import OrderedDict
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.database import Database
+
+Item = tuple[uuid.UUID, int]
+"""(conversation handle, message sequence number)"""
+
+
+@dataclass
+class ReadyIndex:
+    """Messages of one queue that RECEIVE may hand out: group -> [(handle, seq)] in order."""
+
+    groups: OrderedDict[uuid.UUID, list[Item]] = field(default_factory=OrderedDict)
+    locked: set[uuid.UUID] = field(default_factory=set)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    count: int = 0
+
+    def add(self, group: uuid.UUID, handle: uuid.UUID, seq: int) -> None:
+        self.groups.setdefault(group, []).append((handle, seq))
+        self.count += 1
+        self.changed.set()
+
+    def take(
+        self,
+        top: int,
+        handle: uuid.UUID | None,
+        group: uuid.UUID | None,
+        owned: Collection[uuid.UUID] = (),
+    ) -> tuple[uuid.UUID, list[Item]] | None:
+        """Up to ``top`` messages of one group, oldest group first, and lock the group.
+
+        Locked groups are skipped unless they are among ``owned`` (the caller's
+        transaction holds them already).
+        """
+        for gid, items in self.groups.items():
+            if (gid in self.locked and gid not in owned) or (group is not None and gid != group):
+                continue
+            if handle is not None:
+                chosen = [item for item in items if item[0] == handle][:top]
+                if not chosen:
+                    continue
+            else:
+                chosen = items[:top]
+            chosen_set = set(chosen)
+            rest = [item for item in items if item not in chosen_set]
+            if rest:
+                self.groups[gid] = rest
+            else:
+                del self.groups[gid]
+            self.count -= len(chosen)
+            self.locked.add(gid)
+            return gid, chosen
+        return None
+
+    def put_back(self, group: uuid.UUID, items: list[Item]) -> None:
+        """Return taken messages in front of their group, which moves to the front."""
+        self.groups[group] = items + self.groups.get(group, [])
+        self.groups.move_to_end(group, last=False)
+        self.count += len(items)
+        self.changed.set()
+
+    def clear(self) -> None:
+        self.groups.clear()
+        self.count = 0
+
+    def drop_conversation(self, handle: uuid.UUID) -> None:
+        for gid in list(self.groups):
+            kept = [item for item in self.groups[gid] if item[0] != handle]
+            self.count -= len(self.groups[gid]) - len(kept)
+            if kept:
+                self.groups[gid] = kept
+            else:
+                del self.groups[gid]
+
+    def move_conversation(self, handle: uuid.UUID, old: uuid.UUID, new: uuid.UUID) -> None:
+        """MOVE CONVERSATION: the conversation's ready messages join group ``new``."""
+        items = self.groups.get(old, [])
+        moving = [item for item in items if item[0] == handle]
+        if not moving:
+            return
+        kept = [item for item in items if item[0] != handle]
+        if kept:
+            self.groups[old] = kept
+        else:
+            del self.groups[old]
+        self.groups.setdefault(new, []).extend(moving)
+        self.changed.set()
+
+
+@dataclass(eq=False)
+class Lease:
+    """Messages taken by a RECEIVE, with their group's lock, until commit or rollback."""
+
+    db: Database
+    queue: str
+    index: ReadyIndex
+    group: uuid.UUID
+    items: list[Item]
+    retention: bool
+    locks: bool = True
+    """False when the caller's transaction already held the group (it unlocks it once)."""
+    released: bool = False

@@ -1,0 +1,217 @@
+"""Client transactions: RECEIVE, SEND, BEGIN DIALOG, END CONVERSATION, BEGIN CONVERSATION
+TIMER and MOVE CONVERSATION committed together or not at all (SPEC §6).
+
+A :class:`Transaction` belongs to one client connection and one database (its
+SQLite file is the unit of atomicity; a second database is refused). Its verbs
+are checked when they are called, so a refusal reaches the application at once,
+but they take effect only at COMMIT, where their works
+(:mod:`brokerd.dialogs.work`) are concatenated into one store job:
+
+* RECEIVE takes messages at once and holds their conversation group's lock
+  (:class:`~brokerd.dialogs.ready.Lease`) until COMMIT removes them or ROLLBACK
+  puts them back, in front and in order. Other readers skip a locked group.
+* SEND, BEGIN DIALOG, END CONVERSATION, the timer and MOVE are applied at COMMIT,
+  in the order they were called; sequence numbers are assigned then, so a
+  rolled-back SEND leaves no gap. No SEND waits for a disk write of its own:
+  the COMMIT is the transaction's one durability point.
+* A connection that closes, or a daemon that dies, before COMMIT leaves nothing
+  behind: the leases are released (or, after a crash, never existed on disk).
+
+The states and their transitions are the table :data:`TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from brokerd.dialogs.work import Work
+from brokerd.errors import StoreError, TransactionError, TransactionRolledBack
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.database import Database
+    from brokerd.dialogs.endpoint import Endpoint
+    from brokerd.dialogs.engine import DialogEngine
+    from brokerd.dialogs.ready import Lease
+
+
+class TxState(enum.Enum):
+    ACTIVE = "active"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled back"
+
+
+TRANSITIONS: dict[tuple[TxState, str], TxState] = {
+    (TxState.ACTIVE, "commit"): TxState.COMMITTING,
+    (TxState.ACTIVE, "rollback"): TxState.ROLLED_BACK,
+    (TxState.COMMITTING, "committed"): TxState.COMMITTED,
+    (TxState.COMMITTING, "failed"): TxState.ROLLED_BACK,
+}
+"""(state, event) -> next state; any other pair is refused with TransactionError."""
+
+
+class Transaction:
+    def __init__(self, engine: DialogEngine, tx_id: int) -> None:
+        self.engine = engine
+        self.id = tx_id
+        self.state = TxState.ACTIVE
+        self.db: Database | None = None
+        self.leases: list[Lease] = []
+        self.new_endpoints: dict[uuid.UUID, Endpoint] = {}
+        self.steps: list[Callable[[], Work]] = []
+        self.sequence_numbers: list[int] = []
+        """The sequence numbers of the transaction's SENDs, set at COMMIT."""
+
+    # -- states -------------------------------------------------------------------
+
+    def _event(self, event: str) -> None:
+        following = TRANSITIONS.get((self.state, event))
+        if following is None:
+            raise TransactionError(f"transaction {self.id} is {self.state.value}; cannot {event}")
+        self.state = following
+
+    def _require_active(self) -> None:
+        if self.state is not TxState.ACTIVE:
+            raise TransactionError(f"transaction {self.id} is {self.state.value}")
+
+    def _bind(self, db: Database) -> None:
+        if self.db is None:
+            self.db = db
+        elif self.db is not db:
+            raise TransactionError(
+                f"transaction {self.id} works in database {self.db.name!r}; a transaction "
+                f"cannot also touch {db.name!r} (each database is its own file)"
+            )
+
+    def _endpoint(self, handle: uuid.UUID) -> tuple[Database, Endpoint]:
+        self._require_active()
+        ep = self.new_endpoints.get(handle)
+        if ep is not None:
+            db = self.engine.databases[ep.database]
+        else:
+            db, ep = self.engine.endpoint(handle)
+        self._bind(db)
+        return db, ep
+
+    # -- verbs ----------------------------------------------------------------------
+
+    def begin_dialog(self, *args: Any, **kwargs: Any) -> Endpoint:
+        """BEGIN DIALOG (the arguments of ``DialogEngine.new_dialog``); exists at COMMIT."""
+        self._require_active()
+        db, ep = self.engine.new_dialog(*args, **kwargs)
+        self._bind(db)
+        self.new_endpoints[ep.handle] = ep
+        self.steps.append(lambda: self.engine.begin_dialog_work(db, ep))
+        return ep
+
+    def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> None:
+        db, ep = self._endpoint(handle)
+        self.engine.check_send(db, ep, message_type, body)
+
+        def step() -> Work:
+            seq, work = self.engine.send_work(db, ep, message_type, body)
+            self.sequence_numbers.append(seq)
+            return work
+
+        self.steps.append(step)
+
+    def end_conversation(
+        self,
+        handle: uuid.UUID,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> None:
+        db, ep = self._endpoint(handle)
+        self.steps.append(
+            lambda: self.engine.end_conversation_work(db, ep, error_code, description, cleanup)
+        )
+
+    def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
+        db, ep = self._endpoint(handle)
+        self.engine.timer_work(db, ep, timeout)  # checks now; the work is made again at COMMIT
+        self.steps.append(lambda: self.engine.timer_work(db, ep, timeout))
+
+    def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
+        db, ep = self._endpoint(handle)
+        self.steps.append(lambda: self.engine.move_conversation_work(db, ep, group))
+
+    async def receive(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+    ) -> list[dict[str, Any]]:
+        """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK."""
+        self._require_active()
+        if database is None and self.db is not None:
+            database = self.db.name
+        owned = {lease.group for lease in self.leases}
+        lease = await self.engine.take_ready(queue, database, top, timeout, handle, owned)
+        if lease is None:
+            return []
+        try:
+            self._require_active()
+            self._bind(lease.db)
+        except TransactionError:
+            self.engine.release(lease, received=False)
+            raise
+        rows = await self.engine.read_leased(lease)
+        if self.state is not TxState.ACTIVE:  # rolled back while the rows were read
+            self.engine.release(lease, received=False)
+            raise TransactionError(f"transaction {self.id} is {self.state.value}")
+        self.leases.append(lease)
+        return rows
+
+    # -- the end ------------------------------------------------------------------------
+
+    async def commit(self) -> list[int]:
+        """Apply every verb and remove every received message in one SQLite transaction.
+
+        Raises TransactionRolledBack (nothing took effect, the received messages are
+        back in their queue) when a verb is refused now or the commit fails.
+        """
+        self._event("commit")
+        db = self.db
+        work = Work()
+        try:
+            for step in self.steps:
+                work.extend(step())
+        except Exception as exc:
+            work.failed(exc)
+            self._put_back()
+            self.state = TxState.ROLLED_BACK
+            raise TransactionRolledBack(
+                f"transaction {self.id} rolled back: {type(exc).__name__}: {exc}"
+            ) from exc
+        for lease in self.leases:
+            work.extend(self.engine.receive_work(lease))
+        if db is None:
+            self._event("committed")
+            return []
+        try:
+            await self.engine.commit(db, work)
+        except StoreError as exc:
+            self._event("failed")
+            raise TransactionRolledBack(f"transaction {self.id} rolled back: {exc}") from exc
+        self._event("committed")
+        return self.sequence_numbers
+
+    def rollback(self) -> None:
+        """Undo: received messages go back, in order; nothing else happened yet.
+
+        A transaction already committing is left to finish (its outcome is decided
+        by the store); a finished one is left as it is.
+        """
+        if self.state is TxState.ACTIVE:
+            self._event("rollback")
+            self._put_back()
+
+    def _put_back(self) -> None:
+        for lease in reversed(self.leases):
+            self.engine.release(lease, received=False)
