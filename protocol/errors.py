@@ -115,12 +115,6 @@ class InvalidRequest(RemoteError):
     code = "invalid_request"
 
 
-class NotAuthorised(RemoteError):
-    """The client may not do this (its credentials do not allow it)."""
-
-    code = "not_authorised"
-
-
 class NotFound(RemoteError):
     """A named object does not exist on this broker."""
 
@@ -128,6 +122,8 @@ class NotFound(RemoteError):
 
 
 class DatabaseNotFound(NotFound):
+    """No database of this name on this broker."""
+
     code = "database_not_found"
 
 
@@ -138,6 +134,8 @@ class ServiceNotFound(NotFound):
 
 
 class QueueNotFound(NotFound):
+    """No queue of this name in the database (or it exists in several: name the database)."""
+
     code = "queue_not_found"
 
 

@@ -7,15 +7,19 @@ gets an ``AuthenticationFailed`` error and the connection is closed; before
 the login, frame bodies over 4 KiB are refused from the header alone.
 
 Operations (``meta["op"]``): ``login``, ``begin_dialog``, ``send`` (the body is
-the message), ``receive`` (message bodies concatenated in the response body,
-their lengths in meta), ``end_conversation``, ``begin_conversation_timer``
-(R-DLG-11), ``alter_queue``, the routing administration ``create_route``,
+the message), ``send_many`` (several messages, their bodies concatenated),
+``receive`` (message bodies concatenated in the response body, their lengths in
+meta), ``end_conversation``, ``begin_conversation_timer`` (R-DLG-11),
+``move_conversation``, ``begin_transaction``, ``commit`` and ``rollback`` (the
+verbs above take ``transaction``: ``brokerd.dialogs.transactions``; a closed
+connection rolls back its open transactions), ``alter_queue``, the routing administration ``create_route``,
 ``alter_route``, ``drop_route`` (R-OBJ-5, persisted), ``explain`` (why a route is
 chosen, SPEC §2) and ``set_mirror_role`` (failover, R-ROUTE-10), ``view``
 (``conversation_endpoints``, ``transmission_queue``, ``queues``, ``routes``,
 ``broker_connections``, ``databases``, ``stats``, ``drops``, ``mirrors``) and
 ``ping``. Each request runs as its own task, so a RECEIVE waiting for messages does not
-hold up the client's other calls.
+hold up the client's other calls. A refusal is an ERROR frame with the error's
+class name and code (``protocol.errors``, docs/errors.md).
 """
 
 from __future__ import annotations
