@@ -10,17 +10,34 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_from_row
-from brokerd.dialogs.ready import ReadyIndex
+from brokerd.dialogs.ready import Item, ReadyIndex
 from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.store import Store
 from protocol.acks import AckState
 from protocol.dialog import END_DIALOG, ERROR, MessageFlags
 from protocol.fragments import fragment_count
+
+
+@dataclass(eq=False)
+class Lease:
+    """Messages taken by a RECEIVE, with their group's lock, until commit or rollback."""
+
+    db: Database
+    queue: str
+    index: ReadyIndex
+    group: uuid.UUID
+    items: list[Item]
+    retention: bool
+    locks: bool = True
+    """False when the caller's transaction already held the group (it unlocks it once)."""
+    released: bool = False
+
 
 Fetch = Callable[[str, Sequence[Any]], Awaitable[Iterable[Any]]]
 """Runs a query and returns its rows: the store's start-up read, or a connection's."""

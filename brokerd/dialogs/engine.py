@@ -44,7 +44,7 @@ from xml.sax.saxutils import escape
 import aiosqlite
 
 from brokerd.config import BrokerConfig
-from brokerd.dialogs.database import Database
+from brokerd.dialogs.database import Database, Lease
 from brokerd.dialogs.endpoint import (
     Endpoint,
     OutMessage,
@@ -53,7 +53,6 @@ from brokerd.dialogs.endpoint import (
     endpoint_snapshot,
 )
 from brokerd.dialogs.links import Link, LinkProvider
-from brokerd.dialogs.ready import Lease
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.work import Work
 from brokerd.errors import (

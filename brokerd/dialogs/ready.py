@@ -3,9 +3,9 @@
 A :class:`ReadyIndex` keeps, for one queue, each conversation group's ready
 messages in the order they became ready, oldest group first, and which groups
 are locked. RECEIVE takes messages of one unlocked group and locks it
-(Service Broker's conversation group lock); a :class:`Lease` holds that lock
-until the messages are removed by a commit, or put back, in front and in order,
-by a rollback.
+(Service Broker's conversation group lock); a lease (``brokerd.dialogs.database.Lease``)
+holds that lock until the messages are removed by a commit, or put back, in front
+and in order, by a rollback.
 """
 
 from __future__ import annotations
@@ -15,10 +15,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from brokerd.dialogs.database import Database
 
 Item = tuple[uuid.UUID, int]
 """(conversation handle, message sequence number)"""
@@ -103,18 +99,3 @@ class ReadyIndex:
             del self.groups[old]
         self.groups.setdefault(new, []).extend(moving)
         self.changed.set()
-
-
-@dataclass(eq=False)
-class Lease:
-    """Messages taken by a RECEIVE, with their group's lock, until commit or rollback."""
-
-    db: Database
-    queue: str
-    index: ReadyIndex
-    group: uuid.UUID
-    items: list[Item]
-    retention: bool
-    locks: bool = True
-    """False when the caller's transaction already held the group (it unlocks it once)."""
-    released: bool = False

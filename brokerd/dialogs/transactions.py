@@ -31,10 +31,9 @@ from brokerd.dialogs.work import Work
 from brokerd.errors import StoreError, TransactionError, TransactionRolledBack
 
 if TYPE_CHECKING:
-    from brokerd.dialogs.database import Database
+    from brokerd.dialogs.database import Database, Lease
     from brokerd.dialogs.endpoint import Endpoint
     from brokerd.dialogs.engine import DialogEngine
-    from brokerd.dialogs.ready import Lease
 
 
 class TxState(enum.Enum):

@@ -12,7 +12,8 @@ the message), ``send_many`` (several messages, their bodies concatenated),
 meta), ``end_conversation``, ``begin_conversation_timer`` (R-DLG-11),
 ``move_conversation``, ``begin_transaction``, ``commit`` and ``rollback`` (the
 verbs above take ``transaction``: ``brokerd.dialogs.transactions``; a closed
-connection rolls back its open transactions), ``alter_queue``, the routing administration ``create_route``,
+connection rolls back its open transactions), ``alter_queue``, the routing
+administration ``create_route``,
 ``alter_route``, ``drop_route`` (R-OBJ-5, persisted), ``explain`` (why a route is
 chosen, SPEC §2) and ``set_mirror_role`` (failover, R-ROUTE-10), ``view``
 (``conversation_endpoints``, ``transmission_queue``, ``queues``, ``routes``,
