@@ -560,22 +560,35 @@ class DialogEngine:
             ]
         )
 
-    def move_conversation_work(self, db: Database, ep: Endpoint, group: uuid.UUID) -> Work:
+    def check_move(
+        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
+    ) -> None:
+        """MOVE CONVERSATION's check: neither group is locked by another transaction
+        (``owned`` are the groups the caller's own transaction holds)."""
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        if index is None:
+            return
+        for gid in (ep.group_id, group):
+            if gid in index.locked and gid not in owned:
+                raise LockConflict(
+                    f"conversation group {gid} is locked by a RECEIVE of another transaction"
+                )
+
+    def move_conversation_work(
+        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
+    ) -> Work:
         """MOVE CONVERSATION: the conversation joins conversation group ``group``.
 
         Its waiting messages move with it. Refused while another transaction holds
-        the conversation's current group (its messages are being received).
+        either group (its messages are being received).
         """
         old = ep.group_id
         if old == group:
             return Work()
+        self.check_move(db, ep, group, owned)
         queue = db.queue_of(ep.service)
         index = db.ready.get(queue) if queue else None
-        if index is not None and (old in index.locked or group in index.locked):
-            raise LockConflict(
-                f"conversation group {old if old in index.locked else group} is locked by "
-                "a RECEIVE of another transaction"
-            )
         ep.group_id = group
         if index is not None:
             index.move_conversation(ep.handle, old, group)
@@ -675,7 +688,10 @@ class DialogEngine:
         lease.released = True
         index = lease.index
         if not received:
-            index.put_back(lease.group, lease.items)
+            # A conversation cleaned up meanwhile has no rows left to give back.
+            kept = [item for item in lease.items if item[0] in lease.db.endpoints]
+            if kept:
+                index.put_back(lease.group, kept)
         if lease.locks:
             index.locked.discard(lease.group)
         if index.count:

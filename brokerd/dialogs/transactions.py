@@ -136,7 +136,12 @@ class Transaction:
 
     def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
         db, ep = self._endpoint(handle)
-        self.steps.append(lambda: self.engine.move_conversation_work(db, ep, group))
+        self.engine.check_move(db, ep, group, self._owned())
+        self.steps.append(lambda: self.engine.move_conversation_work(db, ep, group, self._owned()))
+
+    def _owned(self) -> set[uuid.UUID]:
+        """The conversation groups this transaction's RECEIVEs hold."""
+        return {lease.group for lease in self.leases}
 
     async def receive(
         self,
@@ -150,8 +155,7 @@ class Transaction:
         self._require_active()
         if database is None and self.db is not None:
             database = self.db.name
-        owned = {lease.group for lease in self.leases}
-        lease = await self.engine.take_ready(queue, database, top, timeout, handle, owned)
+        lease = await self.engine.take_ready(queue, database, top, timeout, handle, self._owned())
         if lease is None:
             return []
         try:
