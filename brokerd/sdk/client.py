@@ -31,7 +31,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
-from brokerd.sdk.messages import ReceivedMessage, parse_received, send_many_request
+from brokerd.sdk.messages import ReceivedMessage, parse_received
+from brokerd.sdk.requests import (
+    begin_dialog_request,
+    end_conversation_request,
+    move_request,
+    receive_request,
+    send_many_request,
+    send_request,
+    timer_request,
+)
 from brokerd.sdk.transaction import Transaction
 from protocol.client_wire import (
     ClientFrame,
@@ -207,18 +216,15 @@ class BrokerClient:
     ) -> uuid.UUID:
         """BEGIN DIALOG FROM SERVICE ... TO SERVICE ... ON CONTRACT ...; the new handle."""
         meta, _ = await self._call(
-            {
-                "op": "begin_dialog",
-                "from_service": from_service,
-                "to_service": to_service,
-                "contract": contract,
-                "database": database,
-                "to_broker_instance": str(to_broker_instance) if to_broker_instance else None,
-                "lifetime": lifetime,
-                "related_conversation": (
-                    str(related_conversation) if related_conversation else None
-                ),
-            }
+            *begin_dialog_request(
+                from_service,
+                to_service,
+                contract,
+                database,
+                to_broker_instance,
+                lifetime,
+                related_conversation,
+            )
         )
         return uuid.UUID(meta["conversation_handle"])
 
@@ -226,14 +232,7 @@ class BrokerClient:
         self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
     ) -> int:
         """SEND ON CONVERSATION; returns after the message is durably queued."""
-        meta, _ = await self._call(
-            {
-                "op": "send",
-                "conversation_handle": str(conversation_handle),
-                "message_type": message_type,
-            },
-            bytes(body),
-        )
+        meta, _ = await self._call(*send_request(conversation_handle, message_type, body))
         return int(meta["sequence_number"])
 
     async def receive(
@@ -247,14 +246,7 @@ class BrokerClient:
     ) -> list[ReceivedMessage]:
         """RECEIVE TOP (top) FROM queue, WAITFOR up to ``timeout`` s (negative: forever)."""
         meta, body = await self._call(
-            {
-                "op": "receive",
-                "queue": queue,
-                "database": database,
-                "top": top,
-                "timeout": timeout,
-                "conversation_handle": str(conversation_handle) if conversation_handle else None,
-            }
+            *receive_request(queue, database, top, timeout, conversation_handle)
         )
         return parse_received(meta, body)
 
@@ -268,13 +260,7 @@ class BrokerClient:
     ) -> None:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = ... | WITH CLEANUP]."""
         await self._call(
-            {
-                "op": "end_conversation",
-                "conversation_handle": str(conversation_handle),
-                "error_code": error_code,
-                "description": description,
-                "cleanup": cleanup,
-            }
+            *end_conversation_request(conversation_handle, error_code, description, cleanup)
         )
 
     async def begin_conversation_timer(
@@ -282,13 +268,7 @@ class BrokerClient:
     ) -> None:
         """BEGIN CONVERSATION TIMER (handle) TIMEOUT = seconds (R-DLG-11): a DialogTimer
         message arrives in this side's queue when it fires; a new timer replaces the old."""
-        await self._call(
-            {
-                "op": "begin_conversation_timer",
-                "conversation_handle": str(conversation_handle),
-                "timeout": timeout,
-            }
-        )
+        await self._call(*timer_request(conversation_handle, timeout))
 
     async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> list[int]:
         """SEND several (handle, message type, body) in one request and one commit per
@@ -301,13 +281,7 @@ class BrokerClient:
         self, conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID
     ) -> None:
         """MOVE CONVERSATION (handle) TO (group): its waiting messages move with it."""
-        await self._call(
-            {
-                "op": "move_conversation",
-                "conversation_handle": str(conversation_handle),
-                "conversation_group_id": str(conversation_group_id),
-            }
-        )
+        await self._call(*move_request(conversation_handle, conversation_group_id))
 
     async def begin_transaction(self) -> Transaction:
         """BEGIN TRANSACTION; prefer ``async with client.transaction() as tx``."""

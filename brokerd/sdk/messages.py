@@ -1,4 +1,4 @@
-"""What RECEIVE returns, and the layout of requests that carry several bodies."""
+"""What RECEIVE returns: one :class:`ReceivedMessage` per row."""
 
 from __future__ import annotations
 
@@ -57,17 +57,3 @@ def parse_received(meta: dict[str, Any], body: bytes) -> list[ReceivedMessage]:
         )
         offset += length
     return out
-
-
-def send_many_request(
-    messages: list[tuple[uuid.UUID, str, bytes]],
-) -> tuple[dict[str, Any], bytes]:
-    """The meta and body of a ``send_many`` request."""
-    meta = {
-        "op": "send_many",
-        "messages": [
-            {"conversation_handle": str(h), "message_type": t, "body_length": len(b)}
-            for h, t, b in messages
-        ],
-    }
-    return meta, b"".join(bytes(b) for _, _, b in messages)

@@ -13,7 +13,16 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from brokerd.sdk.messages import ReceivedMessage, parse_received, send_many_request
+from brokerd.sdk.messages import ReceivedMessage, parse_received
+from brokerd.sdk.requests import (
+    begin_dialog_request,
+    end_conversation_request,
+    move_request,
+    receive_request,
+    send_many_request,
+    send_request,
+    timer_request,
+)
 
 Call = Callable[[dict[str, Any], bytes], Awaitable[tuple[dict[str, Any], bytes]]]
 
@@ -41,14 +50,7 @@ class Transaction:
     ) -> list[ReceivedMessage]:
         """RECEIVE; the messages leave the queue only if the transaction commits."""
         meta, body = await self._request(
-            {
-                "op": "receive",
-                "queue": queue,
-                "database": database,
-                "top": top,
-                "timeout": timeout,
-                "conversation_handle": str(conversation_handle) if conversation_handle else None,
-            }
+            *receive_request(queue, database, top, timeout, conversation_handle)
         )
         return parse_received(meta, body)
 
@@ -56,18 +58,11 @@ class Transaction:
         self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
     ) -> None:
         """SEND, checked now and queued at COMMIT."""
-        await self._request(
-            {
-                "op": "send",
-                "conversation_handle": str(conversation_handle),
-                "message_type": message_type,
-            },
-            bytes(body),
-        )
+        await self._request(*send_request(conversation_handle, message_type, body))
 
     async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> None:
-        meta, body = send_many_request(messages)
-        await self._request(meta, body)
+        """Several SENDs in one request, queued at COMMIT."""
+        await self._request(*send_many_request(messages))
 
     async def begin_dialog(
         self,
@@ -82,18 +77,15 @@ class Transaction:
     ) -> uuid.UUID:
         """BEGIN DIALOG; the handle may be used in this transaction at once."""
         meta, _ = await self._request(
-            {
-                "op": "begin_dialog",
-                "from_service": from_service,
-                "to_service": to_service,
-                "contract": contract,
-                "database": database,
-                "to_broker_instance": str(to_broker_instance) if to_broker_instance else None,
-                "lifetime": lifetime,
-                "related_conversation": (
-                    str(related_conversation) if related_conversation else None
-                ),
-            }
+            *begin_dialog_request(
+                from_service,
+                to_service,
+                contract,
+                database,
+                to_broker_instance,
+                lifetime,
+                related_conversation,
+            )
         )
         return uuid.UUID(meta["conversation_handle"])
 
@@ -106,36 +98,18 @@ class Transaction:
         cleanup: bool = False,
     ) -> None:
         await self._request(
-            {
-                "op": "end_conversation",
-                "conversation_handle": str(conversation_handle),
-                "error_code": error_code,
-                "description": description,
-                "cleanup": cleanup,
-            }
+            *end_conversation_request(conversation_handle, error_code, description, cleanup)
         )
 
     async def begin_conversation_timer(
         self, conversation_handle: uuid.UUID, timeout: float
     ) -> None:
-        await self._request(
-            {
-                "op": "begin_conversation_timer",
-                "conversation_handle": str(conversation_handle),
-                "timeout": timeout,
-            }
-        )
+        await self._request(*timer_request(conversation_handle, timeout))
 
     async def move_conversation(
         self, conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID
     ) -> None:
-        await self._request(
-            {
-                "op": "move_conversation",
-                "conversation_handle": str(conversation_handle),
-                "conversation_group_id": str(conversation_group_id),
-            }
-        )
+        await self._request(*move_request(conversation_handle, conversation_group_id))
 
     async def commit(self) -> list[int]:
         """COMMIT: everything at once; raises TransactionRolledBack if nothing took effect."""

@@ -1,0 +1,100 @@
+"""The meta (and body) of each verb's request on the client wire, built in one place
+for the plain verbs of ``BrokerClient`` and those of a ``Transaction``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+Request = tuple[dict[str, Any], bytes]
+
+
+def _text(value: uuid.UUID | str | None) -> str | None:
+    return str(value) if value else None
+
+
+def begin_dialog_request(
+    from_service: str,
+    to_service: str,
+    contract: str,
+    database: str | None,
+    to_broker_instance: uuid.UUID | str | None,
+    lifetime: int,
+    related_conversation: uuid.UUID | None,
+) -> Request:
+    return {
+        "op": "begin_dialog",
+        "from_service": from_service,
+        "to_service": to_service,
+        "contract": contract,
+        "database": database,
+        "to_broker_instance": _text(to_broker_instance),
+        "lifetime": lifetime,
+        "related_conversation": _text(related_conversation),
+    }, b""
+
+
+def send_request(conversation_handle: uuid.UUID, message_type: str, body: bytes) -> Request:
+    meta = {
+        "op": "send",
+        "conversation_handle": str(conversation_handle),
+        "message_type": message_type,
+    }
+    return meta, bytes(body)
+
+
+def send_many_request(messages: list[tuple[uuid.UUID, str, bytes]]) -> Request:
+    """Each message's handle, type and body length in meta; the bodies one after another."""
+    meta = {
+        "op": "send_many",
+        "messages": [
+            {"conversation_handle": str(h), "message_type": t, "body_length": len(b)}
+            for h, t, b in messages
+        ],
+    }
+    return meta, b"".join(bytes(b) for _, _, b in messages)
+
+
+def receive_request(
+    queue: str,
+    database: str | None,
+    top: int,
+    timeout: float,
+    conversation_handle: uuid.UUID | None,
+) -> Request:
+    return {
+        "op": "receive",
+        "queue": queue,
+        "database": database,
+        "top": top,
+        "timeout": timeout,
+        "conversation_handle": _text(conversation_handle),
+    }, b""
+
+
+def end_conversation_request(
+    conversation_handle: uuid.UUID, error_code: int | None, description: str, cleanup: bool
+) -> Request:
+    return {
+        "op": "end_conversation",
+        "conversation_handle": str(conversation_handle),
+        "error_code": error_code,
+        "description": description,
+        "cleanup": cleanup,
+    }, b""
+
+
+def timer_request(conversation_handle: uuid.UUID, timeout: float) -> Request:
+    return {
+        "op": "begin_conversation_timer",
+        "conversation_handle": str(conversation_handle),
+        "timeout": timeout,
+    }, b""
+
+
+def move_request(conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID) -> Request:
+    return {
+        "op": "move_conversation",
+        "conversation_handle": str(conversation_handle),
+        "conversation_group_id": str(conversation_group_id),
+    }, b""
