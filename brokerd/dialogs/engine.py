@@ -336,15 +336,7 @@ class DialogEngine:
 
         def committed() -> None:
             self._watch(ep)
-            self.trace.emit(
-                "dialog_begun",
-                ep.conversation_id,
-                database=db.name,
-                initiator=True,
-                service=ep.service,
-                far_service=ep.far_service,
-                contract=ep.contract,
-            )
+            self._trace_begun(ep)
 
         return Work().add([endpoint_snapshot(ep)], committed, lambda _: db.remove_endpoint(ep))
 
@@ -410,8 +402,9 @@ class DialogEngine:
             self.check_send(db, ep, message_type, body)
         works: dict[str, tuple[Database, Work]] = {}
         seqs: list[int] = []
+        flags = int(MessageFlags.SEQUENCED)
         for db, ep, message_type, body in found:
-            seq, work = self.send_work(db, ep, message_type, body)
+            seq, work = self._enqueue_work(db, ep, message_type, flags, body)
             seqs.append(seq)
             works.setdefault(db.name, (db, Work()))[1].extend(work)
         await asyncio.gather(*(self.commit(db, work) for db, work in works.values()))
@@ -1191,17 +1184,20 @@ class DialogEngine:
         )
         db.add_endpoint(ep)
         self._watch(ep)
+        self._trace_begun(ep, link.name)
+        return ep
+
+    def _trace_begun(self, ep: Endpoint, peer: str | None = None) -> None:
         self.trace.emit(
             "dialog_begun",
             ep.conversation_id,
-            database=db.name,
-            initiator=False,
+            database=ep.database,
+            initiator=ep.initiator,
             service=ep.service,
             far_service=ep.far_service,
             contract=ep.contract,
-            peer=link.name,
+            peer=peer,
         )
-        return ep
 
     def _trace_discarded(self, ep: Endpoint, seqs: list[int], reason: str) -> None:
         """Messages leaving the transmission queue undelivered (the audit then stops waiting)."""
@@ -1474,14 +1470,18 @@ class DialogEngine:
 
     # -- conversation timers (R-DLG-11) and dialog lifetimes (R-DLG-9) ------------------
 
-    def timer_work(self, db: Database, ep: Endpoint, timeout: float) -> Work:
-        """BEGIN CONVERSATION TIMER: a DialogTimer message in this side's queue after
-        ``timeout`` seconds. A new timer replaces the conversation's current one; it is
-        not shared with the other side and does not change the lifetime."""
+    def check_timer(self, ep: Endpoint, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER's checks: an open conversation, a timeout >= 0."""
         if ep.state is State.CLOSED:
             raise ConversationEnded(f"cannot set a timer on conversation {ep.handle}: it is closed")
         if not timeout >= 0:
             raise InvalidRequest(f"timer timeout must be >= 0 seconds, not {timeout}")
+
+    def timer_work(self, db: Database, ep: Endpoint, timeout: float) -> Work:
+        """BEGIN CONVERSATION TIMER (R-DLG-11): a DialogTimer message in this side's queue
+        after ``timeout`` seconds. A new timer replaces the conversation's current one; it
+        is not shared with the other side and does not change the lifetime."""
+        self.check_timer(ep, timeout)
         due = self.clock() + timeout
 
         def committed() -> None:

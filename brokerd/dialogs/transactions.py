@@ -97,10 +97,28 @@ class Transaction:
 
     # -- verbs ----------------------------------------------------------------------
 
-    def begin_dialog(self, *args: Any, **kwargs: Any) -> Endpoint:
-        """BEGIN DIALOG (the arguments of ``DialogEngine.new_dialog``); exists at COMMIT."""
+    def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> Endpoint:
+        """BEGIN DIALOG: the handle may be used in this transaction at once; the
+        endpoint exists for everyone else from COMMIT on."""
         self._require_active()
-        db, ep = self.engine.new_dialog(*args, **kwargs)
+        db, ep = self.engine.new_dialog(
+            from_service,
+            to_service,
+            contract,
+            database,
+            to_broker_instance,
+            lifetime,
+            related_conversation,
+        )
         self._bind(db)
         self.new_endpoints[ep.handle] = ep
         self.steps.append(lambda: self.engine.begin_dialog_work(db, ep))
@@ -131,7 +149,7 @@ class Transaction:
 
     def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
         db, ep = self._endpoint(handle)
-        self.engine.timer_work(db, ep, timeout)  # checks now; the work is made again at COMMIT
+        self.engine.check_timer(ep, timeout)
         self.steps.append(lambda: self.engine.timer_work(db, ep, timeout))
 
     def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
