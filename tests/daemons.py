@@ -10,6 +10,9 @@ from typing import Any
 
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 
+FAST_RETRY = {"initial": 0.5, "maximum": 2.0, "ack_delay": 0.005, "delayed_retry": 0.5}
+"""Retry settings that make retransmission tests quick."""
+
 
 async def wait_until(
     check: Callable[[], Awaitable[bool]], timeout: float = 30.0, interval: float = 0.05

@@ -17,7 +17,11 @@ but they take effect only at COMMIT, where their works
 * A connection that closes, or a daemon that dies, before COMMIT leaves nothing
   behind: the leases are released (or, after a crash, never existed on disk).
 
-The states and their transitions are the table :data:`TRANSITIONS`.
+The states and their transitions are the table :data:`TRANSITIONS`. What one
+transaction holds in memory is bounded: :data:`MAX_VERBS` verbs, and SEND bodies
+of at most :data:`SEND_BUDGET_MESSAGES` times the broker's ``max_message_size``;
+a verb beyond either is refused with TransactionError (the transaction stays
+open and may still commit what it holds).
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ if TYPE_CHECKING:
     from brokerd.dialogs.database import Database, Lease
     from brokerd.dialogs.endpoint import Endpoint
     from brokerd.dialogs.engine import DialogEngine
+
+
+MAX_VERBS = 10_000
+"""Verbs (RECEIVE, SEND, ...) one transaction may hold until COMMIT."""
+SEND_BUDGET_MESSAGES = 4
+"""A transaction's SEND bodies may add up to this many maximum-size messages."""
 
 
 class TxState(enum.Enum):
@@ -63,6 +73,8 @@ class Transaction:
         self.steps: list[Callable[[], Work]] = []
         self.sequence_numbers: list[int] = []
         """The sequence numbers of the transaction's SENDs, set at COMMIT."""
+        self.verbs = 0
+        self.send_bytes = 0
 
     # -- states -------------------------------------------------------------------
 
@@ -75,6 +87,22 @@ class Transaction:
     def _require_active(self) -> None:
         if self.state is not TxState.ACTIVE:
             raise TransactionError(f"transaction {self.id} is {self.state.value}")
+
+    def _admit(self, body_bytes: int = 0) -> None:
+        """Count one more verb (and its SEND body) against the transaction's bounds."""
+        self._require_active()
+        if self.verbs >= MAX_VERBS:
+            raise TransactionError(
+                f"transaction {self.id} holds {MAX_VERBS} verbs, the most one may; commit it"
+            )
+        budget = SEND_BUDGET_MESSAGES * self.engine.max_message_size
+        if self.send_bytes + body_bytes > budget:
+            raise TransactionError(
+                f"transaction {self.id}'s SENDs would hold {self.send_bytes + body_bytes} "
+                f"bytes, over its budget of {budget}; commit it"
+            )
+        self.verbs += 1
+        self.send_bytes += body_bytes
 
     def _bind(self, db: Database) -> None:
         if self.db is None:
@@ -120,6 +148,7 @@ class Transaction:
             related_conversation,
         )
         self._bind(db)
+        self._admit()
         self.new_endpoints[ep.handle] = ep
         self.steps.append(lambda: self.engine.begin_dialog_work(db, ep))
         return ep
@@ -127,6 +156,7 @@ class Transaction:
     def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> None:
         db, ep = self._endpoint(handle)
         self.engine.check_send(db, ep, message_type, body)
+        self._admit(len(body))
 
         def step() -> Work:
             seq, work = self.engine.send_work(db, ep, message_type, body)
@@ -143,6 +173,7 @@ class Transaction:
         cleanup: bool = False,
     ) -> None:
         db, ep = self._endpoint(handle)
+        self._admit()
         self.steps.append(
             lambda: self.engine.end_conversation_work(db, ep, error_code, description, cleanup)
         )
@@ -150,11 +181,13 @@ class Transaction:
     def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
         db, ep = self._endpoint(handle)
         self.engine.check_timer(ep, timeout)
+        self._admit()
         self.steps.append(lambda: self.engine.timer_work(db, ep, timeout))
 
     def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
         db, ep = self._endpoint(handle)
         self.engine.check_move(db, ep, group, self._owned())
+        self._admit()
         self.steps.append(lambda: self.engine.move_conversation_work(db, ep, group, self._owned()))
 
     def _owned(self) -> set[uuid.UUID]:
@@ -170,7 +203,7 @@ class Transaction:
         handle: uuid.UUID | None = None,
     ) -> list[dict[str, Any]]:
         """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK."""
-        self._require_active()
+        self._admit()
         if database is None and self.db is not None:
             database = self.db.name
         lease = await self.engine.take_ready(queue, database, top, timeout, handle, self._owned())

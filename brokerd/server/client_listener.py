@@ -12,9 +12,9 @@ the message), ``send_many`` (several messages, their bodies concatenated),
 meta), ``end_conversation``, ``begin_conversation_timer`` (R-DLG-11),
 ``move_conversation``, ``begin_transaction``, ``commit`` and ``rollback`` (the
 verbs above take ``transaction``: ``brokerd.dialogs.transactions``; a closed
-connection rolls back its open transactions), ``alter_queue``, the routing
-administration ``create_route``,
-``alter_route``, ``drop_route`` (R-OBJ-5, persisted), ``explain`` (why a route is
+connection rolls back its open transactions; at most :data:`MAX_OPEN_TRANSACTIONS`
+are open per connection), ``alter_queue``, the routing administration
+``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted), ``explain`` (why a route is
 chosen, SPEC §2) and ``set_mirror_role`` (failover, R-ROUTE-10), ``view``
 (``conversation_endpoints``, ``transmission_queue``, ``queues``, ``routes``,
 ``broker_connections``, ``databases``, ``stats``, ``drops``, ``mirrors``) and
@@ -74,6 +74,10 @@ class Broker(Protocol):
 log = logging.getLogger("brokerd.server.client_listener")
 
 PRE_LOGIN_MAX_BODY = 4096
+MAX_OPEN_TRANSACTIONS = 16
+"""Transactions one client connection may hold open at once."""
+MAX_SEND_MANY = 2_000
+"""Messages in one send_many request (their entries must fit the 1 MiB meta limit)."""
 
 
 def load_or_create_token(path: Path) -> bytes:
@@ -258,6 +262,11 @@ def _transaction(session: ClientSession, m: dict[str, Any]) -> Transaction | Non
 async def _begin_transaction(
     session: ClientSession, frame: ClientFrame
 ) -> tuple[dict[str, Any], bytes]:
+    if len(session.transactions) >= MAX_OPEN_TRANSACTIONS:
+        raise TransactionError(
+            f"this connection has {MAX_OPEN_TRANSACTIONS} open transactions, the most it may; "
+            "commit or roll one back"
+        )
     tx = Transaction(session.broker.engine, next(session._tx_ids))
     session.transactions[tx.id] = tx
     return {"transaction": tx.id}, b""
@@ -318,10 +327,6 @@ async def _send(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
         return {"sequence_number": None}, b""
     seq = await session.broker.engine.send(handle, message_type, frame.body)
     return {"sequence_number": seq}, b""
-
-
-MAX_SEND_MANY = 10_000
-"""Messages in one send_many request."""
 
 
 async def _send_many(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:

@@ -16,7 +16,6 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,66 +23,14 @@ import pytest
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.example import (
     CONFIRMATION,
-    CONTRACT,
     ORDER,
-    SHOP_SERVICE,
-    WAREHOUSE_SERVICE,
-    shop_and_warehouse,
 )
 from brokerd.tools.launcher import Deployment
 from protocol.errors import ClientError, LockConflict, QueueDisabled, TransactionError
-from tests.daemons import assert_exactly_once_in_order, drain, wait_until
+from tests.daemons import assert_exactly_once_in_order, drain
+from tests.sdk.orders import order_dialogs, ready_count, seqs, wait_ready
 
-FAST_RETRY = {"initial": 0.5, "maximum": 2.0, "ack_delay": 0.005, "delayed_retry": 0.5}
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = shop_and_warehouse(tmp_path / "deployment", FAST_RETRY)
-    d.start("alpha")
-    d.start("beta")
-    try:
-        yield d
-    finally:
-        d.stop_all()
-
-
-Sent = dict[uuid.UUID, list[bytes]]
-
-
-async def ready_count(warehouse: BrokerClient) -> int:
-    rows = await warehouse.queues()
-    return sum(r["ready_messages"] for r in rows if r["queue"] == "OrderQueue")
-
-
-async def wait_ready(warehouse: BrokerClient, count: int, timeout: float = 20) -> None:
-    async def check() -> bool:
-        return await ready_count(warehouse) >= count
-
-    await wait_until(check, timeout)
-
-
-async def order_dialogs(
-    shop: BrokerClient, warehouse: BrokerClient, dialogs: int, per_dialog: int
-) -> Sent:
-    """``dialogs`` dialogs with ``per_dialog`` orders each, sent interleaved (one order of
-    each dialog in turn); returns the bodies per shop handle once all are ready."""
-    handles = [
-        await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT) for _ in range(dialogs)
-    ]
-    sent: Sent = {h: [] for h in handles}
-    for n in range(per_dialog):
-        for d, handle in enumerate(handles):
-            body = f"<order dialog='{d}' n='{n}'/>".encode()
-            await shop.send(handle, ORDER, body)
-            sent[handle].append(body)
-    await wait_ready(warehouse, dialogs * per_dialog)
-    return sent
-
-
-def seqs(messages: list[ReceivedMessage]) -> list[int]:
-    return [m.message_sequence_number for m in messages]
 
 
 def dialog_of(message: ReceivedMessage) -> str:

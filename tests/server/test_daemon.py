@@ -35,9 +35,7 @@ from brokerd.tools.example import (
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
 from protocol.errors import AuthenticationFailed, RemoteError
-from tests.daemons import assert_exactly_once_in_order, drain, wait_until
-
-FAST_RETRY = {"initial": 0.5, "maximum": 2.0, "ack_delay": 0.005, "delayed_retry": 0.5}
+from tests.daemons import FAST_RETRY, assert_exactly_once_in_order, drain, wait_until
 
 
 @pytest.fixture
