@@ -8,16 +8,17 @@ that rebuilds all of it from the SQLite file after a restart or ``kill -9``.
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_from_row
 from brokerd.dialogs.ready import Item, ReadyIndex
+from brokerd.storage import queries
 from brokerd.storage.catalog import Catalog, route_from_row
+from brokerd.storage.queries import Rows
 from brokerd.storage.store import Store
 from protocol.acks import AckState
 from protocol.dialog import END_DIALOG, ERROR, MessageFlags
@@ -39,8 +40,9 @@ class Lease:
     released: bool = False
 
 
-Fetch = Callable[[str, Sequence[Any]], Awaitable[Iterable[Any]]]
-"""Runs a query and returns its rows: the store's start-up read, or a connection's."""
+def _rows(conn: sqlite3.Connection) -> Rows:
+    return lambda sql, params: conn.execute(sql, params).fetchall()
+
 
 _END_FLAGS = {
     END_DIALOG: int(MessageFlags.END_DIALOG | MessageFlags.SEQUENCED),
@@ -68,12 +70,13 @@ class Database:
     async def open(self) -> None:
         self.broker_instance = await self.store.open(self.config.broker_instance)
         await self.store.execute_now(self.catalog.persist())
-        for row in await self.store.fetchall("SELECT * FROM routes WHERE source = 'admin'"):
+        for row in await self.store.fetchall(queries.READ_ADMIN_ROUTES):
             route = route_from_row(row)
             self.catalog.routes[route.name] = route
         if self.config.mirror_role is not None:
-            rows = await self.store.fetchall("SELECT value FROM meta WHERE key = 'mirror_role'")
-            self.mirror_role = str(rows[0][0]) if rows else self.config.mirror_role
+            rows = await self.store.fetchall(queries.READ_META)
+            stored = {str(k): str(v) for k, v in rows}
+            self.mirror_role = stored.get("mirror_role", self.config.mirror_role)
 
     def add_endpoint(self, ep: Endpoint) -> None:
         self.endpoints[ep.handle] = ep
@@ -93,13 +96,13 @@ class Database:
 
         Returns the endpoints that have messages waiting to be transmitted.
         """
-        store = self.store
-        for row in await store.fetchall("SELECT * FROM conversation_endpoints"):
+        return await self.store.read(lambda conn: self._recover(_rows(conn), fragment_size))
+
+    def _recover(self, fetch: Rows, fragment_size: int) -> list[Endpoint]:
+        for row in fetch(queries.READ_ENDPOINTS, ()):
             self.add_endpoint(endpoint_from_row(row, self.name))
         waiting: dict[uuid.UUID, Endpoint] = {}
-        for row in await store.fetchall(
-            "SELECT * FROM transmission_queue ORDER BY conversation_handle, message_sequence_number"
-        ):
+        for row in fetch(queries.READ_TRANSMISSION_QUEUE, ()):
             ep = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
             if ep is None:
                 continue
@@ -115,8 +118,8 @@ class Database:
                 status="waiting to be sent (recovered after a restart)",
             )
             waiting[ep.handle] = ep
-        await self.load_received(store.fetchall)
-        for row in await store.fetchall("SELECT conversation_handle, due FROM conversation_timers"):
+        self.load_received(fetch)
+        for row in fetch(queries.READ_TIMERS, ()):
             timed = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
             if timed is not None:
                 timed.timer_due = float(row["due"])
@@ -125,7 +128,11 @@ class Database:
                 ep.mark_ack_needed()
         return [ep for ep in waiting.values() if ep.outbox]
 
-    async def load_received(self, fetch: Fetch) -> None:
+    async def reload_received(self) -> None:
+        """:meth:`load_received` as a job of its own: after every write already queued."""
+        await self.store.run(lambda conn: self.load_received(_rows(conn)))
+
+    def load_received(self, fetch: Rows) -> None:
         """Set what every endpoint has received, and the ready index, from the file.
 
         Used by recovery and after a failed receive-side write, when memory may
@@ -133,10 +140,7 @@ class Database:
         first message never committed are forgotten (the peer retransmits).
         """
         stored = {
-            uuid.UUID(row[0]): int(row[1])
-            for row in await fetch(
-                "SELECT conversation_handle, receive_sequence FROM conversation_endpoints", ()
-            )
+            uuid.UUID(row[0]): int(row[1]) for row in fetch(queries.READ_RECEIVE_SEQUENCES, ())
         }
         received: dict[uuid.UUID, AckState] = {}
         for ep in list(self.endpoints.values()):
@@ -147,22 +151,14 @@ class Database:
                 continue
             received[ep.handle] = AckState(through)
             ep.held_end_flags.clear()
-        for row in await fetch(
-            "SELECT conversation_handle, message_sequence_number, message_type "
-            "FROM queue_messages WHERE status = 2 AND body IS NOT NULL",
-            (),
-        ):
+        for row in fetch(queries.READ_HELD, ()):
             handle, seq = uuid.UUID(row[0]), int(row[1])
             if handle in received:
                 received[handle].beyond.add(seq)
                 flags = _END_FLAGS.get(row[2], 0)
                 if flags:
                     self.endpoints[handle].held_end_flags[seq] = flags
-        for row in await fetch(
-            "SELECT conversation_handle, message_sequence_number, fragment_index "
-            "FROM message_fragments",
-            (),
-        ):
+        for row in fetch(queries.READ_FRAGMENT_POSITIONS, ()):
             handle = uuid.UUID(row[0])
             if handle in received:
                 received[handle].fragments.setdefault(int(row[1]), set()).add(int(row[2]))
@@ -171,14 +167,10 @@ class Database:
             ep.accepted, ep.durable = state, state.copy()
         for index in self.ready.values():
             index.clear()
-        for row in await fetch(
-            "SELECT queue_name, conversation_group_id, conversation_handle, "
-            "message_sequence_number FROM queue_messages WHERE status = 1 ORDER BY rowid",
-            (),
-        ):
+        for row in fetch(queries.READ_READY, ()):
             ready = self.ready.get(row[0])
             if ready is not None:
                 ready.add(uuid.UUID(row[1]), uuid.UUID(row[2]), int(row[3]))
-        low = list(await fetch("SELECT MIN(message_sequence_number) FROM queue_messages", ()))
+        low = fetch(queries.READ_LOWEST_SEQUENCE, ())
         if low and low[0][0] is not None and int(low[0][0]) < 0:
             self.next_local_seq = int(low[0][0]) - 1

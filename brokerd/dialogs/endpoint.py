@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from brokerd.storage.store import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
+from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
 from protocol.acks import AckState
 
 if TYPE_CHECKING:
@@ -90,6 +90,20 @@ class Endpoint:
     """Messages queued by SEND whose transaction has not committed yet."""
     timer_due: float = 0.0
     """Wall-clock time the conversation timer fires (R-DLG-11); 0 = no timer."""
+    handle_text: str = field(init=False)
+    """``str(handle)``, the key of the endpoint's rows, made once."""
+    _group_text: tuple[uuid.UUID, str] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.handle_text = str(self.handle)
+
+    @property
+    def group_text(self) -> str:
+        """``str(group_id)``, made once per group."""
+        cached = self._group_text
+        if cached is None or cached[0] is not self.group_id:
+            cached = self._group_text = (self.group_id, str(self.group_id))
+        return cached[1]
 
     @property
     def lifetime_ends(self) -> float:
@@ -145,10 +159,10 @@ def endpoint_snapshot(ep: Endpoint) -> Statement:
     return (
         ENDPOINT_SNAPSHOT,
         (
-            str(ep.handle),
+            ep.handle_text,
             str(ep.conversation_id),
             int(ep.initiator),
-            str(ep.group_id),
+            ep.group_text,
             ep.service,
             ep.far_service,
             str(ep.far_broker_instance) if ep.far_broker_instance else None,
@@ -165,7 +179,7 @@ def endpoint_snapshot(ep: Endpoint) -> Statement:
 
 
 def endpoint_deletion(ep: Endpoint) -> Statement:
-    return (ENDPOINT_DELETE, (str(ep.handle),))
+    return (ENDPOINT_DELETE, (ep.handle_text,))
 
 
 def endpoint_from_row(row: Any, database: str) -> Endpoint:

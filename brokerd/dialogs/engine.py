@@ -33,6 +33,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
@@ -40,8 +41,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from xml.sax.saxutils import escape
-
-import aiosqlite
 
 from brokerd.config import BrokerConfig
 from brokerd.dialogs.database import Database, Lease
@@ -72,8 +71,9 @@ from brokerd.errors import (
     ValidationFailed,
 )
 from brokerd.routing.forwarding import Forward
+from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
-from brokerd.storage.store import Statement
+from brokerd.storage.queries import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import (
     DIALOG_TIMER,
@@ -447,10 +447,7 @@ class DialogEngine:
         )
         statements: list[Statement] = [
             *extra,
-            (
-                "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?)",
-                (str(ep.handle), seq, message_type, flags, body, msg.enqueued_at),
-            ),
+            queries.sent_message(ep.handle_text, seq, message_type, flags, body, msg.enqueued_at),
             endpoint_snapshot(ep),
         ]
 
@@ -537,21 +534,12 @@ class DialogEngine:
         ep.outbox.clear()
         ep.state = State.CLOSED
         self._trace_closed(ep)
-        h = str(ep.handle)
         db.remove_endpoint(ep)
         queue = db.queue_of(ep.service)
         if queue in db.ready:
             db.ready[queue].drop_conversation(ep.handle)
         ep.timer_due = 0.0
-        return Work().add(
-            [
-                ("DELETE FROM transmission_queue WHERE conversation_handle = ?", (h,)),
-                ("DELETE FROM conversation_timers WHERE conversation_handle = ?", (h,)),
-                ("DELETE FROM queue_messages WHERE conversation_handle = ?", (h,)),
-                ("DELETE FROM message_fragments WHERE conversation_handle = ?", (h,)),
-                endpoint_deletion(ep),
-            ]
-        )
+        return Work().add([*queries.forget_conversation(ep.handle_text), endpoint_deletion(ep)])
 
     def check_move(
         self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
@@ -592,14 +580,7 @@ class DialogEngine:
                 index.move_conversation(ep.handle, group, old)
 
         return Work().add(
-            [
-                (
-                    "UPDATE queue_messages SET conversation_group_id = ? "
-                    "WHERE conversation_handle = ?",
-                    (str(group), str(ep.handle)),
-                ),
-                endpoint_snapshot(ep),
-            ],
+            [queries.regroup(ep.handle_text, ep.group_text), endpoint_snapshot(ep)],
             on_failure=failed,
         )
 
@@ -613,9 +594,7 @@ class DialogEngine:
         queue = db.queue_of(ep.service)
         if queue in db.ready:
             db.ready[queue].drop_conversation(ep.handle)
-        await self.submit_wait(
-            db, [("DELETE FROM queue_messages WHERE conversation_handle = ?", (str(ep.handle),))]
-        )
+        await self.submit_wait(db, [queries.discard_received(ep.handle_text)])
 
     async def take_ready(
         self,
@@ -658,7 +637,7 @@ class DialogEngine:
     async def read_leased(self, lease: Lease) -> list[dict[str, Any]]:
         """The rows of a lease's messages, read without removing them."""
         try:
-            return await lease.db.store.run(lambda conn: _fetch_rows(conn, lease.items))
+            return await lease.db.store.run(lambda conn: queries.read_received(conn, lease.items))
         except BaseException:
             self.release(lease, received=False)
             raise
@@ -666,8 +645,7 @@ class DialogEngine:
     def receive_work(self, lease: Lease) -> Work:
         """Remove a lease's messages from the queue (or keep them with status 0 under
         RETENTION); once committed the group's lock is released."""
-        sql = _REMOVE_RETAINED if lease.retention else _REMOVE_RECEIVED
-        rows = [(sql, (str(h), s)) for h, s in lease.items]
+        rows = [queries.received(str(h), s, lease.retention) for h, s in lease.items]
         return Work().add(
             rows,
             on_commit=lambda: self.release(lease, received=True),
@@ -722,10 +700,9 @@ class DialogEngine:
         lease = await self.take_ready(queue, database, top, timeout, handle)
         if lease is None:
             return []
-        remove = _REMOVE_RETAINED if lease.retention else _REMOVE_RECEIVED
         future = lease.db.store.submit(
             (),
-            fn=lambda conn: _fetch_rows(conn, lease.items, remove),
+            fn=lambda conn: queries.read_received(conn, lease.items, True, lease.retention),
             on_commit=lambda: self.release(lease, received=True),
             on_failure=lambda _: self.release(lease, received=False),
             wait=True,
@@ -742,9 +719,7 @@ class DialogEngine:
         """
         db = self._database_of_queue(queue, database)
         info = db.catalog.queues[queue]
-        await self.submit_wait(
-            db, [("UPDATE queues SET status = ? WHERE name = ?", (int(status), queue))]
-        )
+        await self.submit_wait(db, [queries.set_queue_status(queue, status)])
         info.status = status
         if status:
             db.ready[queue].changed.set()
@@ -1237,7 +1212,7 @@ class DialogEngine:
         released = ep.accepted.add_message(seq)
         self._release(ep, released, seq, header.flags)
         queue = db.queue_of(ep.service) or ""
-        h = str(ep.handle)
+        h = ep.handle_text
         statements: list[Statement] = [
             _queue_row(
                 ep,
@@ -1249,20 +1224,10 @@ class DialogEngine:
                 body,
                 self.clock(),
             ),
-            *self._promotions(h, released[1:]),
+            *queries.promote(h, released[1:]),
             endpoint_snapshot(ep),
         ]
         self._submit_received(db, ep, queue, statements, released, seq, None)
-
-    def _promotions(self, handle: str, seqs: list[int]) -> list[Statement]:
-        return [
-            (
-                "UPDATE queue_messages SET status = 1 WHERE conversation_handle = ? AND "
-                "message_sequence_number = ?",
-                (handle, s),
-            )
-            for s in seqs
-        ]
 
     def _accept_fragment(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
@@ -1271,7 +1236,7 @@ class DialogEngine:
         first = seq not in ep.accepted.fragments
         complete = ep.accepted.add_fragment(seq, index, header.fragment_count)
         queue = db.queue_of(ep.service) or ""
-        h = str(ep.handle)
+        h = ep.handle_text
         statements: list[Statement] = []
         if first:
             statements.append(
@@ -1286,41 +1251,21 @@ class DialogEngine:
                     self.clock(),
                 )
             )
-        statements.append(
-            (
-                "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?)",
-                (h, seq, index, header.fragment_offset, body),
-            )
-        )
+        statements.append(queries.fragment(h, seq, index, header.fragment_offset, body))
         if not complete:
             statements.append(endpoint_snapshot(ep))
             self._submit_received(db, ep, queue, statements, [], seq, index)
             return
         released = ep.accepted.add_message(seq)
         self._release(ep, released, seq, header.flags)
-        statements += self._promotions(h, released[1:])
+        statements += queries.promote(h, released[1:])
         statements.append(endpoint_snapshot(ep))
         status = 1 if released else 2
         catalog = db.catalog
         message_type = header.message_type
 
-        async def assemble(conn: aiosqlite.Connection) -> None:
-            rows = await conn.execute_fetchall(
-                "SELECT data FROM message_fragments WHERE conversation_handle = ? AND "
-                "message_sequence_number = ? ORDER BY fragment_index",
-                (h, seq),
-            )
-            whole = b"".join(bytes(r[0]) for r in rows)
-            await conn.execute(
-                "UPDATE queue_messages SET body = ?, status = ? WHERE conversation_handle = ? "
-                "AND message_sequence_number = ?",
-                (whole, status, h, seq),
-            )
-            await conn.execute(
-                "DELETE FROM message_fragments WHERE conversation_handle = ? AND "
-                "message_sequence_number = ?",
-                (h, seq),
-            )
+        def assemble(conn: sqlite3.Connection) -> None:
+            whole = queries.assemble(conn, h, seq, status)
             problem = catalog.validation_problem(message_type, whole)
             if problem:
                 log.warning("reassembled message %s of %s fails validation: %s", seq, h, problem)
@@ -1336,7 +1281,7 @@ class DialogEngine:
         released: list[int],
         seq: int,
         fragment: int | None,
-        fn: Callable[[aiosqlite.Connection], Any] | None = None,
+        fn: Callable[[sqlite3.Connection], Any] | None = None,
     ) -> None:
         index = db.ready.get(queue)
 
@@ -1379,7 +1324,7 @@ class DialogEngine:
             await asyncio.sleep(1.0)
             try:
                 # A job of its own: it runs after every write already queued.
-                await db.store.run(lambda conn: db.load_received(conn.execute_fetchall))
+                await db.reload_received()
             except StoreError:
                 log.exception("database %s still failing; retrying", db.name)
                 db.rx_suspended = False
@@ -1489,7 +1434,7 @@ class DialogEngine:
             self._watch(ep)
 
         return Work().add(
-            [("INSERT OR REPLACE INTO conversation_timers VALUES (?, ?)", (str(ep.handle), due))],
+            [queries.set_timer(ep.handle_text, due)],
             committed,
         )
 
@@ -1526,8 +1471,7 @@ class DialogEngine:
             initiator=ep.initiator,
             queue=db.queue_of(ep.service),
         )
-        forget = "DELETE FROM conversation_timers WHERE conversation_handle = ?"
-        self._queue_local(db, ep, DIALOG_TIMER, b"", [(forget, (str(ep.handle),))])
+        self._queue_local(db, ep, DIALOG_TIMER, b"", [queries.forget_timer(ep.handle_text)])
 
     def _expire(self, db: Database, ep: Endpoint) -> None:
         if ep.broker_error:
@@ -1649,85 +1593,21 @@ def _queue_row(
     now: float,
 ) -> Statement:
     """A received message's row in its service queue (``body`` None while fragments arrive)."""
-    return (
-        "INSERT OR IGNORE INTO queue_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            queue,
-            str(ep.group_id),
-            str(ep.handle),
-            seq,
-            status,
-            ep.service,
-            ep.contract,
-            message_type,
-            length,
-            body,
-            now,
-        ),
+    return queries.queued_message(
+        queue,
+        ep.group_text,
+        ep.handle_text,
+        seq,
+        status,
+        ep.service,
+        ep.contract,
+        message_type,
+        length,
+        body,
+        now,
     )
 
 
-def _unqueue_sent(ep: Endpoint, seqs: Iterable[int]) -> list[Statement]:
+def _unqueue_sent(ep: Endpoint, seqs: Iterable[int], through: int = 0) -> list[Statement]:
     """Delete sent messages from the transmission queue (acknowledged, or dropped by an error)."""
-    handle = str(ep.handle)
-    return [
-        (
-            "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
-            "message_sequence_number = ?",
-            (handle, seq),
-        )
-        for seq in seqs
-    ]
-
-
-_REMOVE_RECEIVED = (
-    "DELETE FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number = ?"
-)
-_REMOVE_RETAINED = (
-    "UPDATE queue_messages SET status = 0 WHERE conversation_handle = ? "
-    "AND message_sequence_number = ?"
-)
-
-
-async def _fetch_rows(
-    conn: aiosqlite.Connection, items: list[tuple[uuid.UUID, int]], remove: str | None = None
-) -> list[dict[str, Any]]:
-    """RECEIVE's result rows for ``items``, in their order; then ``remove`` for each of them.
-
-    One indexed query per conversation (the primary key), never a scan of the queue.
-    """
-    by_handle: dict[str, list[int]] = {}
-    for handle, seq in items:
-        by_handle.setdefault(str(handle), []).append(seq)
-    found: dict[tuple[str, int], Any] = {}
-    for key, seqs in by_handle.items():
-        marks = ",".join("?" * len(seqs))
-        for r in await conn.execute_fetchall(
-            "SELECT conversation_handle, message_sequence_number, conversation_group_id, "
-            "service_name, contract, message_type, body, enqueued_at, queue_name "
-            "FROM queue_messages WHERE conversation_handle = ? "
-            f"AND message_sequence_number IN ({marks})",
-            [key, *seqs],
-        ):
-            found[(r[0], int(r[1]))] = r
-    if remove is not None:
-        await conn.executemany(remove, [(str(h), s) for h, s in items])
-    out = []
-    for handle, seq in items:
-        row = found.get((str(handle), seq))
-        if row is None:
-            continue
-        out.append(
-            {
-                "conversation_handle": row[0],
-                "message_sequence_number": int(row[1]),
-                "conversation_group_id": row[2],
-                "service_name": row[3],
-                "service_contract_name": row[4],
-                "message_type_name": row[5],
-                "message_body": bytes(row[6] or b""),
-                "message_enqueue_time": float(row[7]),
-                "queue": row[8],
-            }
-        )
-    return out
+    return queries.unqueue_sent(ep.handle_text, seqs, through)

@@ -45,8 +45,9 @@ from brokerd.errors import ConfigError, DialogError, InvalidRequest, RouteInvali
 from brokerd.routing import rules as routing
 from brokerd.routing.forwarding import Forward, ForwardBudget, acks_item, fragment_item, hop_refusal
 from brokerd.routing.mirrors import MirrorKey, MirrorPair, MirrorTracker, Role
+from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE, Route, route_row
-from brokerd.storage.store import AUTO_CREATED_LOCAL
+from brokerd.storage.queries import AUTO_CREATED_LOCAL
 from protocol import events
 from protocol.dialog import (
     BROKER_CONFIGURATION_NOTICE,
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
     from brokerd.dialogs.database import Database
     from brokerd.dialogs.endpoint import Endpoint
     from brokerd.dialogs.links import Link, LinkProvider
-    from brokerd.storage.store import Statement
+    from brokerd.storage.queries import Statement
     from brokerd.traces.writer import TraceWriter
 
 log = logging.getLogger("brokerd.dialogs.router")
@@ -477,7 +478,7 @@ class Router:
     async def drop_route(self, database: str, name: str) -> None:
         db = self.engine.database(database)
         route = self._admin_route(db, name, "drop")
-        await self.engine.submit_wait(db, [("DELETE FROM routes WHERE name = ?", (route.name,))])
+        await self.engine.submit_wait(db, [queries.drop_route(route.name)])
         del db.catalog.routes[route.name]
         self.routes_changed(db)
 
@@ -731,7 +732,7 @@ class Router:
             raise InvalidRequest(f"mirror role must be principal or mirror, not {role!r}")
         await self.engine.submit_wait(
             db,
-            [("INSERT OR REPLACE INTO meta (key, value) VALUES ('mirror_role', ?)", (role,))],
+            [queries.meta("mirror_role", role)],
         )
         db.mirror_role = role
         self._inbound.clear()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from brokerd.storage.store import Statement
+from brokerd.storage.queries import Statement
 
 
 @dataclass

@@ -15,7 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from brokerd.config import DatabaseConfig
-from brokerd.storage.store import AUTO_CREATED_LOCAL, Statement
+from brokerd.storage import queries
+from brokerd.storage.queries import AUTO_CREATED_LOCAL, Statement
 from protocol.dialog import (
     BROKER_CONFIGURATION_NOTICE,
     DEFAULT_CONTRACT,
@@ -124,33 +125,17 @@ class Catalog:
 
     def persist(self) -> list[Statement]:
         """Statements that make the tables equal to this catalog (config and system rows)."""
-        out: list[Statement] = [
-            ("DELETE FROM message_types", ()),
-            ("DELETE FROM contract_messages", ()),
-            ("DELETE FROM queues", ()),
-            ("DELETE FROM services", ()),
-            ("DELETE FROM service_contracts", ()),
-            ("DELETE FROM routes WHERE source != 'admin'", ()),
-        ]
+        out: list[Statement] = list(queries.CLEAR_CATALOG)
+        out += [queries.message_type(n, v) for n, v in self.message_types.items()]
         out += [
-            ("INSERT INTO message_types VALUES (?, ?)", (name, validation))
-            for name, validation in self.message_types.items()
-        ]
-        out += [
-            ("INSERT INTO contract_messages VALUES (?, ?, ?)", (contract, mt, sent_by))
+            queries.contract_message(contract, mt, sent_by)
             for contract, messages in self.contracts.items()
             for mt, sent_by in messages.items()
         ]
+        out += [queries.queue(q.name, q.status, q.retention) for q in self.queues.values()]
+        out += [queries.service(s.name, s.queue) for s in self.services.values()]
         out += [
-            ("INSERT INTO queues VALUES (?, ?, ?)", (q.name, int(q.status), int(q.retention)))
-            for q in self.queues.values()
-        ]
-        out += [
-            ("INSERT INTO services VALUES (?, ?)", (s.name, s.queue))
-            for s in self.services.values()
-        ]
-        out += [
-            ("INSERT INTO service_contracts VALUES (?, ?)", (s.name, c))
+            queries.service_contract(s.name, c)
             for s in self.services.values()
             for c in sorted(s.contracts)
         ]
@@ -205,17 +190,14 @@ class Catalog:
 
 def route_row(route: Route) -> Statement:
     """The ``routes`` row of one route (inserted or replaced)."""
-    return (
-        "INSERT OR REPLACE INTO routes VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (
-            route.name,
-            route.remote_service_name,
-            str(route.broker_instance) if route.broker_instance else None,
-            route.address,
-            route.mirror_address,
-            route.lifetime.isoformat() if route.lifetime else None,
-            route.source,
-        ),
+    return queries.route(
+        route.name,
+        route.remote_service_name,
+        str(route.broker_instance) if route.broker_instance else None,
+        route.address,
+        route.mirror_address,
+        route.lifetime.isoformat() if route.lifetime else None,
+        route.source,
     )
 
 

@@ -1,19 +1,24 @@
-"""One SQLite file per database: schema, durable settings and the group-commit writer.
+"""One SQLite file per database: opening and migrating it, and its single committer.
 
-Owns (SPEC R-OBJ-3..6, R-DLG-5, R-DLG-13; docs/design.md "Storage"):
+Owns (SPEC R-OBJ-6, R-DLG-13; docs/design.md "Storage"):
 
-* the schema: catalog tables, ``conversation_endpoints``, ``transmission_queue``,
-  ``queue_messages`` (status 0-3 as in R-OBJ-3), ``message_fragments``
-  (fragments of messages being reassembled, R-DLG-7) and ``conversation_timers``
-  (R-DLG-11);
-* the file's persisted broker instance identifier and the ``AutoCreatedLocal``
-  route (R-OBJ-6);
-* :class:`Store`, whose single writer task drains a queue of jobs and commits
-  them as one transaction (group commit). Callers get a future that resolves
-  only after the commit, so an acknowledgement or a client reply can wait for
-  durability. If a batch fails, its jobs are retried one by one so only the
-  failing job reports the error (a full disk fails them all, with a clear
+* opening the file: the numbered migrations of :mod:`brokerd.storage.queries`,
+  the persisted broker instance identifier and the ``AutoCreatedLocal`` route;
+* :class:`Store`, whose committer gathers every job submitted while the
+  previous commit ran and commits them as one transaction (group commit).
+  A job is statements and/or a function of the connection, with callbacks that
+  run on the event loop once the transaction has committed (or failed). If a
+  batch fails, its jobs are retried one by one in the same thread call so only
+  the failing job reports the error (a full disk fails them all, with a clear
   :class:`~brokerd.errors.StoreError`).
+
+**Why a thread of our own, not aiosqlite.** aiosqlite's public API crosses
+from the event loop to its thread and back once per statement (a future and a
+``call_soon_threadsafe`` each), and a batch is many statement groups. The
+committer thread here receives a whole batch and runs it, from ``BEGIN`` to
+``COMMIT``, in one call, then wakes the event loop once. It owns the only
+connection to the file; start-up reads and the reads of RECEIVE run in it too,
+ordered with the writes.
 
 WAL journal, ``synchronous=FULL``: a committed job survives ``kill -9`` and power loss.
 """
@@ -21,103 +26,39 @@ WAL journal, ``synchronous=FULL``: a committed job survives ``kill -9`` and powe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import queue
 import sqlite3
+import threading
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiosqlite
-
 from brokerd.errors import StoreError
-
-SCHEMA_VERSION = 1
-AUTO_CREATED_LOCAL = "AutoCreatedLocal"
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS message_types (name TEXT PRIMARY KEY, validation TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS contract_messages (
-    contract TEXT NOT NULL, message_type TEXT NOT NULL, sent_by TEXT NOT NULL,
-    PRIMARY KEY (contract, message_type));
-CREATE TABLE IF NOT EXISTS queues (
-    name TEXT PRIMARY KEY, status INTEGER NOT NULL, retention INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS services (name TEXT PRIMARY KEY, queue TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS service_contracts (
-    service TEXT NOT NULL, contract TEXT NOT NULL, PRIMARY KEY (service, contract));
-CREATE TABLE IF NOT EXISTS routes (
-    name TEXT PRIMARY KEY, remote_service_name TEXT, broker_instance TEXT,
-    address TEXT NOT NULL, mirror_address TEXT, lifetime TEXT, source TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS conversation_endpoints (
-    conversation_handle TEXT PRIMARY KEY,
-    conversation_id TEXT NOT NULL,
-    is_initiator INTEGER NOT NULL,
-    conversation_group_id TEXT NOT NULL,
-    service_name TEXT NOT NULL,
-    far_service TEXT NOT NULL,
-    far_broker_instance TEXT,
-    contract TEXT NOT NULL,
-    state TEXT NOT NULL,
-    lifetime INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    send_sequence INTEGER NOT NULL,
-    receive_sequence INTEGER NOT NULL,
-    ended_local INTEGER NOT NULL,
-    ended_remote INTEGER NOT NULL,
-    UNIQUE (conversation_id, is_initiator));
-CREATE TABLE IF NOT EXISTS transmission_queue (
-    conversation_handle TEXT NOT NULL,
-    message_sequence_number INTEGER NOT NULL,
-    message_type TEXT NOT NULL,
-    flags INTEGER NOT NULL,
-    body BLOB NOT NULL,
-    enqueued_at REAL NOT NULL,
-    PRIMARY KEY (conversation_handle, message_sequence_number));
-CREATE TABLE IF NOT EXISTS queue_messages (
-    queue_name TEXT NOT NULL,
-    conversation_group_id TEXT NOT NULL,
-    conversation_handle TEXT NOT NULL,
-    message_sequence_number INTEGER NOT NULL,
-    status INTEGER NOT NULL,
-    service_name TEXT NOT NULL,
-    contract TEXT NOT NULL,
-    message_type TEXT NOT NULL,
-    message_length INTEGER NOT NULL,
-    body BLOB,
-    enqueued_at REAL NOT NULL,
-    PRIMARY KEY (conversation_handle, message_sequence_number));
-CREATE INDEX IF NOT EXISTS queue_messages_ready ON queue_messages (queue_name, status);
-CREATE TABLE IF NOT EXISTS conversation_timers (
-    conversation_handle TEXT PRIMARY KEY,
-    due REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS message_fragments (
-    conversation_handle TEXT NOT NULL,
-    message_sequence_number INTEGER NOT NULL,
-    fragment_index INTEGER NOT NULL,
-    fragment_offset INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (conversation_handle, message_sequence_number, fragment_index));
-"""
-
-Statement = tuple[str, Sequence[Any]]
-
-ENDPOINT_SNAPSHOT = (
-    "INSERT OR REPLACE INTO conversation_endpoints VALUES (" + ", ".join("?" * 15) + ")"
+from brokerd.storage import queries
+from brokerd.storage.queries import (
+    AUTO_CREATED_LOCAL,
+    ENDPOINT_DELETE,
+    ENDPOINT_SNAPSHOT,
+    SCHEMA_VERSION,
+    Statement,
 )
-"""A whole endpoint row; within a batch only the last snapshot of each endpoint is written."""
-ENDPOINT_DELETE = "DELETE FROM conversation_endpoints WHERE conversation_handle = ?"
-"""Removes an endpoint row; deduplicated together with the snapshots."""
+
+__all__ = ["AUTO_CREATED_LOCAL", "SCHEMA_VERSION", "Statement", "Store", "describe_sqlite_error"]
+
 T = TypeVar("T")
 log = logging.getLogger("brokerd.storage.store")
+Fn = Callable[[sqlite3.Connection], Any]
+Done = Callable[[Any, BaseException | None], None]
+"""Told, in the committer thread, a call's result or error."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
     statements: Sequence[Statement] = ()
-    fn: Callable[[aiosqlite.Connection], Awaitable[Any]] | None = None
+    fn: Fn | None = None
     future: asyncio.Future[Any] | None = None
     on_commit: Callable[[], None] | None = None
     on_failure: Callable[[BaseException], None] | None = None
@@ -132,18 +73,69 @@ def describe_sqlite_error(database: str, exc: BaseException) -> str:
     return f"database {database!r}: {type(exc).__name__}: {text}"
 
 
+class _Committer:
+    """The thread that owns the connection: runs one call at a time, in submission order."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path = path
+        self._calls: queue.SimpleQueue[
+            tuple[Fn, Callable[[Any, BaseException | None], None]] | None
+        ]
+        self._calls = queue.SimpleQueue()
+        self.conn: sqlite3.Connection | None = None
+        self._thread = threading.Thread(target=self._run, name=f"store-{name}", daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Fn, done: Done) -> None:
+        """Run ``fn(connection)`` in the thread; ``done(result, error)`` is called there."""
+        self._calls.put((fn, done))
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._calls.get()
+            if item is None:
+                if self.conn is not None:
+                    self.conn.close()
+                    self.conn = None
+                return
+            fn, done = item
+            try:
+                if self.conn is None:
+                    self.conn = _connect(self.path)
+                result = fn(self.conn)
+            except BaseException as exc:  # reported to the caller on the event loop
+                done(None, exc)
+            else:
+                done(result, None)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    return conn
+
+
 class Store:
     """The SQLite file of one database and its single group-commit writer."""
 
     def __init__(self, path: Path, database: str) -> None:
         self.path = path
         self.database = database
-        self._conn: aiosqlite.Connection | None = None
+        self._committer: _Committer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[_Job] = []
-        self._wakeup = asyncio.Event()
+        self._busy = False
         self._idle = asyncio.Event()
         self._idle.set()
-        self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.commits = 0
         self.jobs_committed = 0
@@ -151,243 +143,311 @@ class Store:
     # -- opening and closing --------------------------------------------------
 
     async def open(self, broker_instance: uuid.UUID | None = None) -> uuid.UUID:
-        """Open (creating if needed) the file; return its broker instance identifier."""
+        """Open (creating or migrating if needed) the file; return its broker instance id."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = await aiosqlite.connect(self.path, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
+        except OSError as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
-        self._conn = conn
-        conn.row_factory = sqlite3.Row
+        self._loop = asyncio.get_running_loop()
+        self._committer = _Committer(self.path, self.database)
         try:
-            await conn.execute("PRAGMA journal_mode=WAL")
-            await conn.execute("PRAGMA synchronous=FULL")
-            await conn.execute("PRAGMA foreign_keys=OFF")
-            await conn.executescript(SCHEMA)
-            rows = await conn.execute_fetchall("SELECT key, value FROM meta")
-            meta = {str(k): str(v) for k, v in rows}
-            version = meta.get("schema_version")
-            if version is not None and version != str(SCHEMA_VERSION):
-                raise StoreError(
-                    f"{self.path}: schema version {version}, this brokerd reads {SCHEMA_VERSION}"
-                )
-            stored = meta.get("broker_instance")
-            if stored is None:
-                instance = broker_instance or uuid.uuid4()
-                await conn.execute("BEGIN IMMEDIATE")
-                await conn.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)",
-                    [
-                        ("schema_version", str(SCHEMA_VERSION)),
-                        ("broker_instance", str(instance)),
-                        ("database", self.database),
-                    ],
-                )
-                await conn.execute(
-                    "INSERT OR IGNORE INTO routes VALUES (?, NULL, NULL, 'LOCAL', NULL, NULL, "
-                    "'system')",
-                    (AUTO_CREATED_LOCAL,),
-                )
-                await conn.commit()
-            else:
-                instance = uuid.UUID(stored)
-                if broker_instance is not None and broker_instance != instance:
-                    raise StoreError(
-                        f"{self.path}: holds broker instance {instance}, but the configuration "
-                        f"says {broker_instance}"
-                    )
-        except sqlite3.Error as exc:
-            await conn.close()
-            raise StoreError(describe_sqlite_error(self.database, exc)) from exc
+            instance: uuid.UUID = await self._call(
+                lambda conn: _open_file(conn, self.path, self.database, broker_instance)
+            )
         except BaseException:
-            await conn.close()
+            await self._shutdown()
             raise
-        self._task = asyncio.get_running_loop().create_task(
-            self._writer(), name=f"store-writer-{self.database}"
-        )
         return instance
 
     async def close(self) -> None:
         """Commit what is pending, then close. Idempotent."""
-        if self._conn is None:
+        if self._committer is None:
             return
         self._closing = True
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
-        await self._conn.close()
-        self._conn = None
+        await self._idle.wait()
+        await self._shutdown()
 
-    @property
-    def conn(self) -> aiosqlite.Connection:
-        if self._conn is None:
+    async def _shutdown(self) -> None:
+        committer, self._committer = self._committer, None
+        if committer is not None:
+            committer.stop()
+            await asyncio.to_thread(committer.join)
+
+    # -- calls into the committer thread ------------------------------------------
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in the committer thread now (start-up, before traffic flows)."""
+        committer = self._running()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def done(result: Any, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_resolve, future, result, error)
+
+        committer.call(fn, done)
+        try:
+            return await future
+        except sqlite3.Error as exc:
+            raise StoreError(describe_sqlite_error(self.database, exc)) from exc
+        except OSError as exc:
+            raise StoreError(f"cannot open {self.path}: {exc}") from exc
+
+    def _running(self) -> _Committer:
+        if self._committer is None:
             raise StoreError(f"database {self.database!r} is closed")
-        return self._conn
-
-    # -- direct access while nothing else runs (start-up) -----------------------
+        return self._committer
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        """A read outside the writer; only for start-up, before traffic flows."""
-        return list(await self.conn.execute_fetchall(sql, params))
+        """A read outside the group commit; only for start-up, before traffic flows."""
+        return await self._call(lambda conn: conn.execute(sql, params).fetchall())
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Several reads in one call of the committer thread; only for start-up."""
+        return await self._call(fn)
 
     async def execute_now(self, statements: Iterable[Statement]) -> None:
         """Run statements in one transaction immediately; only for start-up."""
-        conn = self.conn
-        await conn.execute("BEGIN IMMEDIATE")
-        try:
-            for sql, params in statements:
-                await conn.execute(sql, params)
-            await conn.commit()
-        except sqlite3.Error as exc:
-            await conn.rollback()
-            raise StoreError(describe_sqlite_error(self.database, exc)) from exc
+        batch = list(statements)
 
-    # -- the writer -------------------------------------------------------------
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                _apply(conn, [_Job(batch)])
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+
+        await self._call(run)
+
+    # -- the group commit -------------------------------------------------------------
 
     def submit(
         self,
         statements: Sequence[Statement],
         *,
-        fn: Callable[[aiosqlite.Connection], Awaitable[Any]] | None = None,
+        fn: Fn | None = None,
         on_commit: Callable[[], None] | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         wait: bool = False,
     ) -> asyncio.Future[Any] | None:
         """Queue statements for the next group commit.
 
-        ``on_commit`` runs in the writer right after the commit; ``wait=True``
-        returns a future that resolves then, with ``fn``'s result (or fails with
-        StoreError). ``fn`` runs inside the transaction after the statements.
+        ``fn(connection)`` runs in the committer thread inside the transaction,
+        after the statements. ``on_commit`` runs on the event loop right after
+        the commit; ``wait=True`` returns a future that resolves then, with
+        ``fn``'s result (or fails with StoreError).
         """
         if self._closing:
             raise StoreError(f"database {self.database!r} is shutting down")
         future: asyncio.Future[Any] | None = None
         if wait:
-            future = asyncio.get_running_loop().create_future()
+            assert self._loop is not None
+            future = self._loop.create_future()
         self._pending.append(
             _Job(statements, fn, future=future, on_commit=on_commit, on_failure=on_failure)
         )
-        self._idle.clear()
-        self._wakeup.set()
+        if not self._busy:
+            self._dispatch()
         return future
 
-    async def run(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` inside the next batch's transaction; its result after commit."""
-        if self._closing:
-            raise StoreError(f"database {self.database!r} is shutting down")
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Job(fn=fn, future=future))
-        self._idle.clear()
-        self._wakeup.set()
-        return await future
+        future = self.submit((), fn=fn, wait=True)
+        assert future is not None
+        result: T = await future
+        return result
 
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         """A read ordered after every job submitted before it."""
-
-        async def read(conn: aiosqlite.Connection) -> list[sqlite3.Row]:
-            return list(await conn.execute_fetchall(sql, params))
-
-        return await self.run(read)
+        return await self.run(lambda conn: conn.execute(sql, params).fetchall())
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
-    async def _writer(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            batch, self._pending = self._pending, []
-            if batch:
-                await self._commit_batch(batch)
-            if not self._pending:
-                self._idle.set()
-                if self._closing:
-                    return
-            else:
-                self._wakeup.set()
-
-    async def _commit_batch(self, batch: list[_Job]) -> None:
-        try:
-            await self._execute(batch)
-        except Exception as exc:  # one bad job must not sink the others: retry one by one
-            await self._rollback()
-            if len(batch) > 1 and not _disk_full(exc):
-                for job in batch:
-                    await self._commit_batch([job])
-                return
-            error = StoreError(describe_sqlite_error(self.database, exc))
-            error.__cause__ = exc
+    def _dispatch(self) -> None:
+        """Hand every pending job to the committer thread as one batch."""
+        batch, self._pending = self._pending, []
+        committer = self._committer
+        if committer is None:
+            error = StoreError(f"database {self.database!r} is closed")
             for job in batch:
                 _finish(job, error)
             return
-        self.commits += 1
-        self.jobs_committed += len(batch)
+        self._busy = True
+        self._idle.clear()
+        loop = self._loop
+        assert loop is not None
+        database = self.database
+
+        def done(_: Any, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(self._committed, batch, error)
+
+        committer.call(lambda conn: _commit(conn, batch, database), done)
+
+    def _committed(self, batch: list[_Job], error: BaseException | None) -> None:
+        if error is not None:  # the commit function itself failed: report it to every job
+            failure = StoreError(describe_sqlite_error(self.database, error))
+            failure.__cause__ = error
+            for job in batch:
+                job.error = job.error or failure
+        failed = sum(1 for job in batch if job.error is not None)
+        if failed < len(batch):
+            self.commits += 1
+            self.jobs_committed += len(batch) - failed
         for job in batch:
-            _finish(job, None)
+            _finish(job, job.error)
+        self._busy = False
+        if self._pending:
+            self._dispatch()
+        else:
+            self._idle.set()
 
-    async def _execute(self, batch: list[_Job]) -> None:
-        """One transaction for the whole batch, in as few thread round trips as possible.
 
-        Between two coroutine jobs, statements are grouped by SQL text: every
-        INSERT group first (in order of first appearance), then every UPDATE and
-        DELETE group. Jobs therefore must not rely on an UPDATE or DELETE running
-        before an INSERT of the same batch; the dialog engine's statements never
-        do (an update or delete always concerns a row committed earlier or
-        inserted by the same or an earlier job). Endpoint snapshots are
-        deduplicated per endpoint and written last: a snapshot is a whole row.
-        """
-        conn = self.conn
-        await conn.execute("BEGIN IMMEDIATE")
-        inserts: dict[str, list[Sequence[Any]]] = {}
-        changes: dict[str, list[Sequence[Any]]] = {}
-        endpoints: dict[Any, Sequence[Any] | None] = {}
-        for job in batch:
-            for sql, params in job.statements:
-                if sql == ENDPOINT_SNAPSHOT:
-                    endpoints[params[0]] = params
-                elif sql == ENDPOINT_DELETE:
-                    endpoints[params[0]] = None
-                elif sql.startswith("INSERT"):
-                    inserts.setdefault(sql, []).append(params)
-                else:
-                    changes.setdefault(sql, []).append(params)
-            if job.fn is not None:
-                await self._flush(inserts, changes)
-                job.result = await job.fn(conn)
-        await self._flush(inserts, changes)
-        rows = [row for row in endpoints.values() if row is not None]
-        if rows:
-            await conn.executemany(ENDPOINT_SNAPSHOT, rows)
-        gone = [(handle,) for handle, row in endpoints.items() if row is None]
-        if gone:
-            await conn.executemany(ENDPOINT_DELETE, gone)
-        await conn.commit()
+# -- in the committer thread ---------------------------------------------------------------
 
-    async def _flush(
-        self, inserts: dict[str, list[Sequence[Any]]], changes: dict[str, list[Sequence[Any]]]
-    ) -> None:
-        for groups in (inserts, changes):
-            for sql, params in groups.items():
-                if len(params) == 1:
-                    await self.conn.execute(sql, params[0])
-                else:
-                    await self.conn.executemany(sql, params)
-            groups.clear()
 
-    async def _rollback(self) -> None:
-        with contextlib.suppress(sqlite3.Error):
-            await self.conn.rollback()
+def _open_file(
+    conn: sqlite3.Connection, path: Path, database: str, broker_instance: uuid.UUID | None
+) -> uuid.UUID:
+    conn.execute(queries.CREATE_META)
+    meta = {str(k): str(v) for k, v in conn.execute(queries.READ_META).fetchall()}
+    version = int(meta.get("schema_version", "0"))
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"{path}: schema version {version}, this brokerd reads {SCHEMA_VERSION}")
+    for step in queries.MIGRATIONS:
+        if step.version > version:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql in step.script.split(";"):
+                    if sql.strip():
+                        conn.execute(sql)
+                conn.execute(queries.WRITE_META, ("schema_version", str(step.version)))
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+            log.info("%s: schema step %d applied (%s)", path, step.version, step.what)
+    stored = meta.get("broker_instance")
+    if stored is not None:
+        instance = uuid.UUID(stored)
+        if broker_instance is not None and broker_instance != instance:
+            raise StoreError(
+                f"{path}: holds broker instance {instance}, but the configuration "
+                f"says {broker_instance}"
+            )
+        return instance
+    instance = broker_instance or uuid.uuid4()
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        queries.WRITE_META, [("broker_instance", str(instance)), ("database", database)]
+    )
+    conn.execute(queries.ADD_AUTO_CREATED_LOCAL, (AUTO_CREATED_LOCAL,))
+    conn.execute("COMMIT")
+    return instance
+
+
+def _commit(conn: sqlite3.Connection, batch: list[_Job], database: str) -> None:
+    """Commit ``batch`` as one transaction; if it fails, each job alone (errors on the jobs)."""
+    try:
+        _transaction(conn, batch)
+        return
+    except Exception as exc:  # one bad job must not sink the others: retry one by one
+        _rollback(conn)
+        if len(batch) == 1 or _disk_full(exc):
+            error = StoreError(describe_sqlite_error(database, exc))
+            error.__cause__ = exc
+            for job in batch:
+                job.error = error
+            return
+    for job in batch:
+        _commit(conn, [job], database)
+
+
+def _transaction(conn: sqlite3.Connection, batch: list[_Job]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    _apply(conn, batch)
+    conn.execute("COMMIT")
+
+
+def _apply(conn: sqlite3.Connection, batch: list[_Job]) -> None:
+    """Every job's statements, in as few ``executemany`` calls as possible.
+
+    Between two function jobs, statements are grouped by SQL text: every INSERT
+    group first (in order of first appearance), then every UPDATE and DELETE
+    group. Jobs therefore must not rely on an UPDATE or DELETE running before
+    an INSERT of the same batch; the dialog engine's statements never do (an
+    update or delete always concerns a row committed earlier or inserted by the
+    same or an earlier job). Endpoint snapshots are deduplicated per endpoint
+    and written last: a snapshot is a whole row.
+    """
+    inserts: dict[str, list[Sequence[Any]]] = {}
+    changes: dict[str, list[Sequence[Any]]] = {}
+    endpoints: dict[Any, Sequence[Any] | None] = {}
+    for job in batch:
+        for sql, params in job.statements:
+            if sql is ENDPOINT_SNAPSHOT or sql == ENDPOINT_SNAPSHOT:
+                endpoints[params[0]] = params
+            elif sql == ENDPOINT_DELETE:
+                endpoints[params[0]] = None
+            elif sql.startswith("INSERT"):
+                inserts.setdefault(sql, []).append(params)
+            else:
+                changes.setdefault(sql, []).append(params)
+        if job.fn is not None:
+            _flush(conn, inserts, changes)
+            job.result = job.fn(conn)
+    _flush(conn, inserts, changes)
+    rows = [row for row in endpoints.values() if row is not None]
+    if rows:
+        conn.executemany(ENDPOINT_SNAPSHOT, rows)
+    gone = [(handle,) for handle, row in endpoints.items() if row is None]
+    if gone:
+        conn.executemany(ENDPOINT_DELETE, gone)
+
+
+def _flush(
+    conn: sqlite3.Connection,
+    inserts: dict[str, list[Sequence[Any]]],
+    changes: dict[str, list[Sequence[Any]]],
+) -> None:
+    for groups in (inserts, changes):
+        for sql, params in groups.items():
+            if len(params) == 1:
+                conn.execute(sql, params[0])
+            else:
+                conn.executemany(sql, params)
+        groups.clear()
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            log.exception("store: rollback failed")
 
 
 def _disk_full(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.Error) and "full" in str(exc).lower()
 
 
+# -- back on the event loop -------------------------------------------------------------------
+
+
+def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+
+
 def _finish(job: _Job, error: BaseException | None) -> None:
     try:
         _settle(job, error)
-    except Exception:  # a callback bug must not stop the writer
+    except Exception:  # a callback bug must not stop the committer
         log.exception("store: a commit callback failed")
 
 

@@ -1,0 +1,399 @@
+"""Every SQL statement of a database file, and its numbered schema migrations.
+
+Owns (SPEC R-OBJ-3..6, R-DLG-5, R-DLG-7, R-DLG-11, R-DLG-13; docs/design.md "Storage"):
+
+* :data:`MIGRATIONS`, the schema as numbered steps. A file records the last
+  step applied (``meta.schema_version``); opening it applies the later ones in
+  order, each in its own transaction, and refuses a file newer than this code;
+* the write statements, as :data:`Statement` pairs built by small functions
+  named after what they do (the dialog engine and the router never spell SQL);
+* the reads, as plain functions of a :class:`sqlite3.Connection`, run by the
+  store's committer thread (see :mod:`brokerd.storage.store`).
+
+Tables: the catalog (``message_types``, ``contract_messages``, ``queues``,
+``services``, ``service_contracts``, ``routes``), ``conversation_endpoints``,
+``transmission_queue``, ``queue_messages`` (status 0-3 as in R-OBJ-3),
+``message_fragments`` (fragments of messages being reassembled) and
+``conversation_timers``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Statement = tuple[str, Sequence[Any]]
+"""One write: SQL text and its parameters."""
+
+Rows = Callable[[str, Sequence[Any]], list[sqlite3.Row]]
+"""Runs a read and returns its rows (a connection's ``execute(...).fetchall()``)."""
+
+
+# -- schema ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    what: str
+    script: str
+
+
+_SCHEMA_1 = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS message_types (name TEXT PRIMARY KEY, validation TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS contract_messages (
+    contract TEXT NOT NULL, message_type TEXT NOT NULL, sent_by TEXT NOT NULL,
+    PRIMARY KEY (contract, message_type));
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY, status INTEGER NOT NULL, retention INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS services (name TEXT PRIMARY KEY, queue TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS service_contracts (
+    service TEXT NOT NULL, contract TEXT NOT NULL, PRIMARY KEY (service, contract));
+CREATE TABLE IF NOT EXISTS routes (
+    name TEXT PRIMARY KEY, remote_service_name TEXT, broker_instance TEXT,
+    address TEXT NOT NULL, mirror_address TEXT, lifetime TEXT, source TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS conversation_endpoints (
+    conversation_handle TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    is_initiator INTEGER NOT NULL,
+    conversation_group_id TEXT NOT NULL,
+    service_name TEXT NOT NULL,
+    far_service TEXT NOT NULL,
+    far_broker_instance TEXT,
+    contract TEXT NOT NULL,
+    state TEXT NOT NULL,
+    lifetime INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    send_sequence INTEGER NOT NULL,
+    receive_sequence INTEGER NOT NULL,
+    ended_local INTEGER NOT NULL,
+    ended_remote INTEGER NOT NULL,
+    UNIQUE (conversation_id, is_initiator));
+CREATE TABLE IF NOT EXISTS transmission_queue (
+    conversation_handle TEXT NOT NULL,
+    message_sequence_number INTEGER NOT NULL,
+    message_type TEXT NOT NULL,
+    flags INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    enqueued_at REAL NOT NULL,
+    PRIMARY KEY (conversation_handle, message_sequence_number));
+CREATE TABLE IF NOT EXISTS queue_messages (
+    queue_name TEXT NOT NULL,
+    conversation_group_id TEXT NOT NULL,
+    conversation_handle TEXT NOT NULL,
+    message_sequence_number INTEGER NOT NULL,
+    status INTEGER NOT NULL,
+    service_name TEXT NOT NULL,
+    contract TEXT NOT NULL,
+    message_type TEXT NOT NULL,
+    message_length INTEGER NOT NULL,
+    body BLOB,
+    enqueued_at REAL NOT NULL,
+    PRIMARY KEY (conversation_handle, message_sequence_number));
+CREATE INDEX IF NOT EXISTS queue_messages_ready ON queue_messages (queue_name, status);
+CREATE TABLE IF NOT EXISTS conversation_timers (
+    conversation_handle TEXT PRIMARY KEY,
+    due REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS message_fragments (
+    conversation_handle TEXT NOT NULL,
+    message_sequence_number INTEGER NOT NULL,
+    fragment_index INTEGER NOT NULL,
+    fragment_offset INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (conversation_handle, message_sequence_number, fragment_index));
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1, "catalog, endpoints, transmission and service queues, fragments, timers", _SCHEMA_1
+    ),
+)
+"""The schema, step by step; a step is never edited once released, only followed by another."""
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+CREATE_META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+"""Made before any step, so the file's step can be read."""
+READ_META = "SELECT key, value FROM meta"
+WRITE_META = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
+AUTO_CREATED_LOCAL = "AutoCreatedLocal"
+ADD_AUTO_CREATED_LOCAL = (
+    "INSERT OR IGNORE INTO routes VALUES (?, NULL, NULL, 'LOCAL', NULL, NULL, 'system')"
+)
+
+
+def meta(key: str, value: str) -> Statement:
+    return (WRITE_META, (key, value))
+
+
+# -- endpoints --------------------------------------------------------------------------
+
+ENDPOINT_SNAPSHOT = (
+    "INSERT OR REPLACE INTO conversation_endpoints VALUES (" + ", ".join("?" * 15) + ")"
+)
+"""A whole endpoint row; within a batch only the last snapshot of each endpoint is written."""
+ENDPOINT_DELETE = "DELETE FROM conversation_endpoints WHERE conversation_handle = ?"
+"""Removes an endpoint row; deduplicated together with the snapshots."""
+READ_ENDPOINTS = "SELECT * FROM conversation_endpoints"
+READ_RECEIVE_SEQUENCES = "SELECT conversation_handle, receive_sequence FROM conversation_endpoints"
+
+
+def forget_conversation(handle: str) -> list[Statement]:
+    """Everything of a closed conversation except its endpoint row."""
+    return [
+        ("DELETE FROM transmission_queue WHERE conversation_handle = ?", (handle,)),
+        ("DELETE FROM conversation_timers WHERE conversation_handle = ?", (handle,)),
+        ("DELETE FROM queue_messages WHERE conversation_handle = ?", (handle,)),
+        ("DELETE FROM message_fragments WHERE conversation_handle = ?", (handle,)),
+    ]
+
+
+# -- the transmission queue ---------------------------------------------------------------
+
+_SENT = "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?)"
+_UNQUEUE_SENT = (
+    "DELETE FROM transmission_queue WHERE conversation_handle = ? AND message_sequence_number = ?"
+)
+_UNQUEUE_THROUGH = (
+    "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
+    "message_sequence_number BETWEEN 1 AND ?"
+)
+READ_TRANSMISSION_QUEUE = (
+    "SELECT * FROM transmission_queue ORDER BY conversation_handle, message_sequence_number"
+)
+
+
+def sent_message(
+    handle: str, seq: int, message_type: str, flags: int, body: bytes, enqueued_at: float
+) -> Statement:
+    """A message SENT and not yet acknowledged."""
+    return (_SENT, (handle, seq, message_type, flags, body, enqueued_at))
+
+
+def unqueue_sent(handle: str, seqs: Iterable[int], through: int = 0) -> list[Statement]:
+    """Delete sent messages: every one up to ``through`` in one statement, then ``seqs``."""
+    out: list[Statement] = [(_UNQUEUE_THROUGH, (handle, through))] if through > 0 else []
+    out += [(_UNQUEUE_SENT, (handle, seq)) for seq in seqs if seq > through]
+    return out
+
+
+# -- service queues --------------------------------------------------------------------------
+
+_QUEUED = "INSERT OR IGNORE INTO queue_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_PROMOTE = (
+    "UPDATE queue_messages SET status = 1 WHERE conversation_handle = ? AND "
+    "message_sequence_number = ?"
+)
+_REMOVE_RECEIVED = (
+    "DELETE FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number = ?"
+)
+_RETAIN_RECEIVED = (
+    "UPDATE queue_messages SET status = 0 WHERE conversation_handle = ? "
+    "AND message_sequence_number = ?"
+)
+_DISCARD_RECEIVED = "DELETE FROM queue_messages WHERE conversation_handle = ?"
+_REGROUP = "UPDATE queue_messages SET conversation_group_id = ? WHERE conversation_handle = ?"
+READ_HELD = (
+    "SELECT conversation_handle, message_sequence_number, message_type "
+    "FROM queue_messages WHERE status = 2 AND body IS NOT NULL"
+)
+READ_READY = (
+    "SELECT queue_name, conversation_group_id, conversation_handle, "
+    "message_sequence_number FROM queue_messages WHERE status = 1 ORDER BY rowid"
+)
+READ_LOWEST_SEQUENCE = "SELECT MIN(message_sequence_number) FROM queue_messages"
+_READ_RECEIVED = (
+    "SELECT conversation_handle, message_sequence_number, conversation_group_id, "
+    "service_name, contract, message_type, body, enqueued_at, queue_name "
+    "FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number IN "
+)
+
+
+def queued_message(
+    queue: str,
+    group: str,
+    handle: str,
+    seq: int,
+    status: int,
+    service: str,
+    contract: str,
+    message_type: str,
+    length: int,
+    body: bytes | None,
+    now: float,
+) -> Statement:
+    """A received message's row in its service queue (``body`` None while fragments arrive)."""
+    return (
+        _QUEUED,
+        (queue, group, handle, seq, status, service, contract, message_type, length, body, now),
+    )
+
+
+def promote(handle: str, seqs: Iterable[int]) -> list[Statement]:
+    """Messages held out of order (status 2) become ready (status 1)."""
+    return [(_PROMOTE, (handle, seq)) for seq in seqs]
+
+
+def received(handle: str, seq: int, retention: bool) -> Statement:
+    """RECEIVE removes a message, or keeps it with status 0 under RETENTION."""
+    return (_RETAIN_RECEIVED if retention else _REMOVE_RECEIVED, (handle, seq))
+
+
+def discard_received(handle: str) -> Statement:
+    return (_DISCARD_RECEIVED, (handle,))
+
+
+def regroup(handle: str, group: str) -> Statement:
+    """MOVE CONVERSATION: the conversation's queued messages change group."""
+    return (_REGROUP, (group, handle))
+
+
+def set_queue_status(queue: str, status: bool) -> Statement:
+    return ("UPDATE queues SET status = ? WHERE name = ?", (int(status), queue))
+
+
+def read_received(
+    conn: sqlite3.Connection,
+    items: Sequence[tuple[uuid.UUID, int]],
+    remove: bool | None = None,
+    retention: bool = False,
+) -> list[dict[str, Any]]:
+    """RECEIVE's result rows for ``items``, in their order; removed (or retained) if ``remove``.
+
+    One indexed query per conversation (the primary key), never a scan of the queue.
+    """
+    by_handle: dict[str, list[int]] = {}
+    for handle, seq in items:
+        by_handle.setdefault(str(handle), []).append(seq)
+    found: dict[tuple[str, int], Any] = {}
+    for key, seqs in by_handle.items():
+        marks = ",".join("?" * len(seqs))
+        for r in conn.execute(f"{_READ_RECEIVED}({marks})", [key, *seqs]):
+            found[(r[0], int(r[1]))] = r
+    if remove:
+        sql = _RETAIN_RECEIVED if retention else _REMOVE_RECEIVED
+        conn.executemany(sql, [(h, s) for h, seqs in by_handle.items() for s in seqs])
+    out = []
+    for handle, seq in items:
+        row = found.get((str(handle), seq))
+        if row is None:
+            continue
+        out.append(
+            {
+                "conversation_handle": row[0],
+                "message_sequence_number": int(row[1]),
+                "conversation_group_id": row[2],
+                "service_name": row[3],
+                "service_contract_name": row[4],
+                "message_type_name": row[5],
+                "message_body": bytes(row[6] or b""),
+                "message_enqueue_time": float(row[7]),
+                "queue": row[8],
+            }
+        )
+    return out
+
+
+# -- fragments being reassembled ----------------------------------------------------------------
+
+READ_FRAGMENT_POSITIONS = (
+    "SELECT conversation_handle, message_sequence_number, fragment_index FROM message_fragments"
+)
+
+
+def fragment(handle: str, seq: int, index: int, offset: int, data: bytes) -> Statement:
+    return (
+        "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?)",
+        (handle, seq, index, offset, data),
+    )
+
+
+def assemble(conn: sqlite3.Connection, handle: str, seq: int, status: int) -> bytes:
+    """Join a message's stored fragments into its queue row (with ``status``); the whole body."""
+    rows = conn.execute(
+        "SELECT data FROM message_fragments WHERE conversation_handle = ? AND "
+        "message_sequence_number = ? ORDER BY fragment_index",
+        (handle, seq),
+    ).fetchall()
+    whole = b"".join(bytes(r[0]) for r in rows)
+    conn.execute(
+        "UPDATE queue_messages SET body = ?, status = ? WHERE conversation_handle = ? "
+        "AND message_sequence_number = ?",
+        (whole, status, handle, seq),
+    )
+    conn.execute(
+        "DELETE FROM message_fragments WHERE conversation_handle = ? AND "
+        "message_sequence_number = ?",
+        (handle, seq),
+    )
+    return whole
+
+
+# -- conversation timers -------------------------------------------------------------------------
+
+READ_TIMERS = "SELECT conversation_handle, due FROM conversation_timers"
+
+
+def set_timer(handle: str, due: float) -> Statement:
+    return ("INSERT OR REPLACE INTO conversation_timers VALUES (?, ?)", (handle, due))
+
+
+def forget_timer(handle: str) -> Statement:
+    return ("DELETE FROM conversation_timers WHERE conversation_handle = ?", (handle,))
+
+
+# -- the catalog ----------------------------------------------------------------------------------
+
+CLEAR_CATALOG: tuple[Statement, ...] = (
+    ("DELETE FROM message_types", ()),
+    ("DELETE FROM contract_messages", ()),
+    ("DELETE FROM queues", ()),
+    ("DELETE FROM services", ()),
+    ("DELETE FROM service_contracts", ()),
+    ("DELETE FROM routes WHERE source != 'admin'", ()),
+)
+"""Before the configuration's catalog is written again (admin routes stay)."""
+READ_ADMIN_ROUTES = "SELECT * FROM routes WHERE source = 'admin'"
+
+
+def message_type(name: str, validation: str) -> Statement:
+    return ("INSERT INTO message_types VALUES (?, ?)", (name, validation))
+
+
+def contract_message(contract: str, message_type: str, sent_by: str) -> Statement:
+    return ("INSERT INTO contract_messages VALUES (?, ?, ?)", (contract, message_type, sent_by))
+
+
+def queue(name: str, status: bool, retention: bool) -> Statement:
+    return ("INSERT INTO queues VALUES (?, ?, ?)", (name, int(status), int(retention)))
+
+
+def service(name: str, queue: str) -> Statement:
+    return ("INSERT INTO services VALUES (?, ?)", (name, queue))
+
+
+def service_contract(service: str, contract: str) -> Statement:
+    return ("INSERT INTO service_contracts VALUES (?, ?)", (service, contract))
+
+
+def route(
+    name: str,
+    remote_service_name: str | None,
+    broker_instance: str | None,
+    address: str,
+    mirror_address: str | None,
+    lifetime: str | None,
+    source: str,
+) -> Statement:
+    """A ``routes`` row, inserted or replaced."""
+    return (
+        "INSERT OR REPLACE INTO routes VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (name, remote_service_name, broker_instance, address, mirror_address, lifetime, source),
+    )
+
+
+def drop_route(name: str) -> Statement:
+    return ("DELETE FROM routes WHERE name = ?", (name,))
