@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import construct as c
+import orjson
 
 from protocol.codec import fixed_struct
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
@@ -122,9 +123,7 @@ def encode_frame(frame: ClientFrame) -> bytes:
             f"cannot encode: meta must be a dict (a JSON object), not {type(meta).__name__}"
         )
     try:
-        meta_bytes = json.dumps(
-            meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        ).encode("utf-8")
+        meta_bytes = _dumps(meta)
     except (TypeError, ValueError, RecursionError) as exc:
         # TypeError: unserialisable value or key; ValueError: NaN/Infinity, circular
         # reference, or a lone surrogate (UnicodeEncodeError); RecursionError: nesting.
@@ -269,7 +268,36 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _dumps(meta: dict[str, Any]) -> bytes:
+    """Strict JSON of ``meta``: orjson, or the standard library where they could differ.
+
+    orjson writes NaN and Infinity as ``null`` and refuses non-string keys and
+    integers beyond 64 bits, so output containing ``null`` and anything orjson
+    refuses go through :func:`json.dumps`, whose rules this format keeps.
+    """
+    try:
+        fast = orjson.dumps(meta)
+    except orjson.JSONEncodeError:
+        fast = b"null"
+    if b"null" not in fast:
+        return fast
+    text = json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8")
+
+
 def _decode_meta(raw: memoryview) -> dict[str, Any]:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _decode_meta_exactly(raw)  # the standard library says what is wrong
+    if not isinstance(value, dict):
+        raise RemoteProtocolError(
+            f"client frame meta must be a JSON object, not {_json_type(value)}"
+        )
+    return value
+
+
+def _decode_meta_exactly(raw: memoryview) -> dict[str, Any]:
     try:
         # Decoded explicitly: json.loads(bytes) would also accept UTF-16 and UTF-32.
         text = str(raw, "utf-8")

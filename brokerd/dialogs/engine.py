@@ -286,6 +286,25 @@ class DialogEngine:
         assert future is not None
         await future
 
+    def apply(
+        self,
+        db: Database,
+        work: Work,
+        then: Callable[[], None],
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        """:meth:`commit` without a future: ``then`` or ``failed`` runs after the commit."""
+
+        def committed() -> None:
+            work.committed()
+            then()
+
+        def not_committed(exc: BaseException) -> None:
+            work.failed(exc)
+            failed(exc)
+
+        db.store.submit(work.statements, on_commit=committed, on_failure=not_committed)
+
     def new_dialog(
         self,
         from_service: str,
@@ -988,7 +1007,7 @@ class DialogEngine:
                 acked=len(removed),
                 seqs=",".join(map(str, removed)),
             )
-        statements += _unqueue_sent(ep, removed)
+        statements += _unqueue_sent(ep, removed, ack.through)
         if ep.refresh_state():
             changed = True
             self._trace_closed(ep)

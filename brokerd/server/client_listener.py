@@ -170,6 +170,9 @@ class ClientSession(asyncio.Protocol):
             if self.user is None:
                 self._login(frame)
                 continue
+            if frame.meta.get("op") == "send" and "transaction" not in frame.meta:
+                self._send_now(frame)
+                continue
             task = asyncio.get_running_loop().create_task(self._run(frame))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -223,6 +226,28 @@ class ClientSession(asyncio.Protocol):
         self.transport.write(
             encode_frame(ClientFrame(ClientFrameKind.ERROR, request_id, error_meta(exc)))
         )
+
+    def _send_now(self, frame: ClientFrame) -> None:
+        """SEND outside a transaction, without a task: the reply goes once it has committed."""
+        request_id = frame.request_id
+        try:
+            m = frame.meta
+            handle = _uuid(m, "conversation_handle")
+            assert handle is not None
+            engine = self.broker.engine
+            db, ep = engine.endpoint(handle)
+            seq, work = engine.send_work(db, ep, _str(m, "message_type", "DEFAULT"), frame.body)
+            engine.apply(
+                db,
+                work,
+                lambda: self._reply(request_id, {"sequence_number": seq}),
+                lambda exc: self._reply_error(request_id, exc),
+            )
+        except BrokerError as exc:
+            self._reply_error(request_id, exc)
+        except Exception as exc:
+            log.exception("client operation send failed")
+            self._reply_error(request_id, exc)
 
     async def _run(self, frame: ClientFrame) -> None:
         op = frame.meta.get("op")

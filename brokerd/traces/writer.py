@@ -37,6 +37,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from brokerd.config import TraceConfig
 
 SCHEMA_VERSION = 1
@@ -71,28 +73,12 @@ EVENTS: dict[str, str] = {
 }
 """Every event name of schema version 1, with what it means."""
 
+Event = tuple[float, str, uuid.UUID | None, dict[str, Any]]
+"""An event as buffered: wall-clock time, name, conversation and fields."""
 
-@lru_cache(maxsize=8192)
+
 def _jstr(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
-
-
-@lru_cache(maxsize=65536)
-def _juuid(value: uuid.UUID) -> str:
-    return f'"{value}"'
-
-
-def _encode(value: Any) -> str:
-    kind = type(value)
-    if kind is int or kind is float:
-        return repr(value)
-    if kind is str:
-        return _jstr(value)
-    if kind is bool:
-        return "true" if value else "false"
-    if kind is uuid.UUID:
-        return _juuid(value)
-    return _jstr(str(value))
 
 
 @lru_cache(maxsize=4)
@@ -116,9 +102,9 @@ class TraceWriter:
         self.instance = instance
         self.directory = Path(config.directory or "traces")
         self.clock = clock
-        self._prefix = f'{{"v":{SCHEMA_VERSION},"instance":{_jstr(instance)},'
+        self._prefix = f'{{"v":{SCHEMA_VERSION},"instance":{_jstr(instance)},'.encode()
         self._threshold = int(config.sample * 10_000)
-        self._buffer: list[str] = []
+        self._buffer: list[Event] = []
         self._segment: Any = None
         self._segment_path: Path | None = None
         self._segment_bytes = 0
@@ -141,7 +127,11 @@ class TraceWriter:
         return (conversation_id.int >> 64) % 10_000 < self._threshold
 
     def emit(self, event: str, conversation_id: uuid.UUID | None = None, **fields: Any) -> None:
-        """Record one event now; ``None`` fields are left out."""
+        """Record one event now; ``None`` fields are left out.
+
+        The hot path only appends ``(time, event, conversation, fields)``; lines are
+        formatted in batches, by the flush, in its worker thread.
+        """
         if not self.enabled:
             return
         if (
@@ -150,16 +140,7 @@ class TraceWriter:
             and (conversation_id.int >> 64) % 10_000 >= self._threshold
         ):
             return
-        parts = [self._prefix, '"ts":"', iso_micros(self.clock()), '","event":"', event, '"']
-        if conversation_id is not None:
-            parts.append(',"conversation_id":')
-            parts.append(_juuid(conversation_id))
-        for key, value in fields.items():
-            if value is not None:
-                parts.append(f',"{key}":')
-                parts.append(_encode(value))
-        parts.append("}\n")
-        self._buffer.append("".join(parts))
+        self._buffer.append((self.clock(), event, conversation_id, fields))
 
     # -- writing -------------------------------------------------------------------------
 
@@ -200,8 +181,25 @@ class TraceWriter:
         age: float = self.clock() - self._segment_started
         return age >= self.config.segment_seconds
 
-    def _write(self, lines: list[str]) -> None:
-        data = "".join(lines).encode("utf-8")
+    def _format(self, events: list[Event]) -> bytes:
+        """JSON Lines for ``events``, in their order (orjson; one call per event)."""
+        prefix = self._prefix
+        dumps = orjson.dumps
+        out: list[bytes] = []
+        for t, event, conversation_id, fields in events:
+            record: dict[str, Any] = {"ts": iso_micros(t), "event": event}
+            if conversation_id is not None:
+                record["conversation_id"] = conversation_id
+            for key, value in fields.items():
+                if value is not None:
+                    record[key] = value
+            out.append(prefix)
+            out.append(dumps(record, default=str)[1:])
+            out.append(b"\n")
+        return b"".join(out)
+
+    def _write(self, lines: list[Event]) -> None:
+        data = self._format(lines)
         try:
             if self._segment is not None and (
                 self._segment_bytes >= self.config.segment_mb * 1024 * 1024
