@@ -23,7 +23,9 @@ The nil UUID stands for "no broker instance named".
 from __future__ import annotations
 
 import enum
+import struct
 import uuid
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import construct as c
@@ -49,6 +51,7 @@ MAX_FRAGMENT_ACKS = 32
 MAX_ACKS_PER_FRAME = 1024
 
 NIL_UUID = uuid.UUID(int=0)
+_NIL_BYTES = NIL_UUID.bytes
 
 
 class MessageFlags(enum.IntFlag):
@@ -167,17 +170,61 @@ class DialogHeader(NamedTuple):
 
     @property
     def initiator(self) -> bool:
-        return bool(self.flags & MessageFlags.INITIATOR)
+        return bool(self.flags & 0x01)  # MessageFlags.INITIATOR, as an int: IntFlag is slow
 
     @property
     def sequenced(self) -> bool:
-        return bool(self.flags & MessageFlags.SEQUENCED)
+        return bool(self.flags & 0x02)  # MessageFlags.SEQUENCED
 
 
 _HEADER_CODEC = FastCodec(DIALOG_HEADER)
-_FRAGMENT_CODEC = FastCodec(FRAGMENT_PAYLOAD)
-_ACK_CODEC = FastCodec(ACK_PAYLOAD)
-_uuid = uuid.UUID
+"""The generic codec of DIALOG_HEADER; the hand-written one below must agree with it."""
+
+# The hot path: DIALOG_HEADER spelled out with struct (tests check byte equality with
+# construct and with _HEADER_CODEC). Names and identifiers repeat from one message of a
+# dialog to the next, so their encodings and UUID objects are cached.
+_FIXED = struct.Struct(">16sHQIIQQIB16s16sQ")
+_RANGE = struct.Struct(">QQ")
+_FRAGMENT_ACK = struct.Struct(">QII")
+_U16 = struct.Struct(">H")
+_INITIATOR = int(MessageFlags.INITIATOR)
+_SEQUENCED = int(MessageFlags.SEQUENCED)
+
+
+@lru_cache(maxsize=65536)
+def _uuid_of(raw: bytes) -> uuid.UUID:
+    return uuid.UUID(bytes=raw)
+
+
+@lru_cache(maxsize=4096)
+def _encoded_names(from_service: str, to_service: str, contract: str, message_type: str) -> bytes:
+    parts = []
+    for name in (from_service, to_service, contract, message_type):
+        raw = name.encode("utf-8")
+        parts.append(_U16.pack(len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+@lru_cache(maxsize=4096)
+def _decoded_names(raw: bytes) -> tuple[str, str, str, str]:
+    names = []
+    pos = 0
+    for _ in range(4):
+        if pos + 2 > len(raw):
+            raise RemoteProtocolError("dialog header names run past the end")
+        (length,) = _U16.unpack_from(raw, pos)
+        pos += 2
+        if pos + length > len(raw):
+            raise RemoteProtocolError("length prefix runs past the end")
+        try:
+            names.append(raw[pos : pos + length].decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise RemoteProtocolError(f"a name is not valid UTF-8: {exc.reason}") from None
+        pos += length
+    if pos != len(raw):
+        raise RemoteProtocolError(f"{len(raw) - pos} trailing bytes")
+    return names[0], names[1], names[2], names[3]
 
 
 def _to_row(h: DialogHeader) -> tuple[Any, ...]:
@@ -204,7 +251,41 @@ def _to_row(h: DialogHeader) -> tuple[Any, ...]:
     )
 
 
-def _from_row(v: tuple[Any, ...]) -> DialogHeader:
+def _header_bytes(h: DialogHeader) -> bytes:
+    ack = h.ack
+    to = h.to_broker_instance
+    try:
+        fixed = _FIXED.pack(
+            h.conversation_id.bytes,
+            h.flags,
+            h.sequence_number,
+            h.fragment_index,
+            h.fragment_count,
+            h.fragment_offset,
+            h.message_length,
+            h.lifetime,
+            h.hop_count,
+            h.from_broker_instance.bytes,
+            _NIL_BYTES if to is None else to.bytes,
+            ack.through,
+        )
+        names = _encoded_names(h.from_service, h.to_service, h.contract, h.message_type)
+        if not ack.ranges and not ack.fragments:
+            return fixed + b"\0\0" + names
+        parts = [fixed, bytes((len(ack.ranges),))]
+        parts += [_RANGE.pack(*r) for r in ack.ranges]
+        parts.append(bytes((len(ack.fragments),)))
+        parts += [_FRAGMENT_ACK.pack(*f) for f in ack.fragments]
+        parts.append(names)
+        return b"".join(parts)
+    except (struct.error, ValueError, TypeError, AttributeError, UnicodeEncodeError) as exc:
+        raise LocalProtocolError(f"cannot encode: {exc}") from None
+
+
+def _parse_header(data: bytes | memoryview) -> DialogHeader:
+    size = len(data)
+    if size < _FIXED.size + 2:
+        raise RemoteProtocolError("dialog header is truncated")
     (
         conversation_id,
         flags,
@@ -218,27 +299,39 @@ def _from_row(v: tuple[Any, ...]) -> DialogHeader:
         from_broker,
         to_broker,
         ack_through,
-        ack_ranges,
-        ack_fragments,
-        from_service,
-        to_service,
-        contract,
-        message_type,
-    ) = v
-    if ack_through or ack_ranges or ack_fragments:
-        ack = Acknowledgement(
-            ack_through,
-            tuple(AckRange(*r) for r in ack_ranges),
-            tuple(FragmentAck(*f) for f in ack_fragments),
-        )
+    ) = _FIXED.unpack_from(data, 0)
+    pos = _FIXED.size
+    count = data[pos]
+    pos += 1
+    ranges: tuple[AckRange, ...] = ()
+    if count:
+        end = pos + count * _RANGE.size
+        if end > size:
+            raise RemoteProtocolError("array runs past the end")
+        ranges = tuple(AckRange(*r) for r in _RANGE.iter_unpack(data[pos:end]))
+        pos = end
+    if pos >= size:
+        raise RemoteProtocolError("dialog header is truncated")
+    count = data[pos]
+    pos += 1
+    fragments: tuple[FragmentAck, ...] = ()
+    if count:
+        end = pos + count * _FRAGMENT_ACK.size
+        if end > size:
+            raise RemoteProtocolError("array runs past the end")
+        fragments = tuple(FragmentAck(*f) for f in _FRAGMENT_ACK.iter_unpack(data[pos:end]))
+        pos = end
+    from_service, to_service, contract, message_type = _decoded_names(bytes(data[pos:]))
+    if ack_through or ranges or fragments:
+        ack = Acknowledgement(ack_through, ranges, fragments)
     else:
         ack = NO_ACK
     return DialogHeader(
-        _uuid(bytes=conversation_id),
+        _uuid_of(conversation_id),
         from_service,
         to_service,
-        _uuid(bytes=from_broker),
-        None if to_broker == _NIL_BYTES else _uuid(bytes=to_broker),
+        _uuid_of(from_broker),
+        None if to_broker == _NIL_BYTES else _uuid_of(to_broker),
         contract,
         message_type,
         flags,
@@ -253,9 +346,6 @@ def _from_row(v: tuple[Any, ...]) -> DialogHeader:
     )
 
 
-_NIL_BYTES = NIL_UUID.bytes
-
-
 def to_construct_value(h: DialogHeader) -> dict[str, Any]:
     """The header as a construct container value (for tests and tooling)."""
     row = _to_row(h)
@@ -267,13 +357,15 @@ def to_construct_value(h: DialogHeader) -> dict[str, Any]:
     return value
 
 
-def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
-    """The first rule ``h`` breaks, or None. ``body_length`` is None for acknowledgements."""
+@lru_cache(maxsize=4096)
+def _names_problem(
+    from_service: str, to_service: str, contract: str, message_type: str
+) -> str | None:
     for what, name in (
-        ("from service", h.from_service),
-        ("to service", h.to_service),
-        ("contract", h.contract),
-        ("message type", h.message_type),
+        ("from service", from_service),
+        ("to service", to_service),
+        ("contract", contract),
+        ("message type", message_type),
     ):
         try:
             size = len(name.encode("utf-8"))
@@ -281,6 +373,14 @@ def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
             return f"{what} name is not valid Unicode text"
         if size > MAX_NAME_BYTES:
             return f"{what} name of {size} bytes exceeds {MAX_NAME_BYTES}"
+    return None
+
+
+def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
+    """The first rule ``h`` breaks, or None. ``body_length`` is None for acknowledgements."""
+    problem = _names_problem(h.from_service, h.to_service, h.contract, h.message_type)
+    if problem:
+        return problem
     if not h.from_service or not h.to_service:
         return "service names must not be empty"
     if h.flags & ~_KNOWN_FLAGS:
@@ -316,11 +416,11 @@ def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
 
 
 def encode_header(h: DialogHeader) -> bytes:
-    return _HEADER_CODEC.build(_to_row(h))
+    return _header_bytes(h)
 
 
 def decode_header(data: bytes) -> DialogHeader:
-    return _from_row(_HEADER_CODEC.parse(data))
+    return _parse_header(data)
 
 
 def encode_fragment(h: DialogHeader, body: bytes) -> bytes:
@@ -328,13 +428,20 @@ def encode_fragment(h: DialogHeader, body: bytes) -> bytes:
     problem = validate_header(h, len(body))
     if problem:
         raise LocalProtocolError(f"invalid dialog message: {problem}")
-    return _FRAGMENT_CODEC.build((encode_header(h), body))
+    header = _header_bytes(h)
+    return b"".join((_U16.pack(len(header)), header, body))
 
 
 def decode_fragment(payload: bytes) -> tuple[DialogHeader, bytes]:
     """Header and fragment bytes of a FRAGMENT frame payload; RemoteProtocolError if invalid."""
-    raw_header, body = _FRAGMENT_CODEC.parse(payload)
-    header = decode_header(raw_header)
+    if len(payload) < 2:
+        raise RemoteProtocolError("FRAGMENT payload is truncated")
+    (length,) = _U16.unpack_from(payload, 0)
+    if 2 + length > len(payload):
+        raise RemoteProtocolError("length prefix runs past the end")
+    view = memoryview(payload)
+    header = _parse_header(view[2 : 2 + length])
+    body = bytes(view[2 + length :])
     problem = validate_header(header, len(body))
     if problem:
         raise RemoteProtocolError(f"invalid dialog message: {problem}")
@@ -345,20 +452,40 @@ def encode_acks(headers: list[DialogHeader]) -> bytes:
     """The payload of an ACK frame: one header per acknowledged conversation endpoint."""
     if not 0 < len(headers) <= MAX_ACKS_PER_FRAME:
         raise LocalProtocolError(f"an ACK frame carries 1..{MAX_ACKS_PER_FRAME} headers")
+    parts = [_U16.pack(len(headers))]
     for h in headers:
         problem = validate_header(h, None)
         if problem:
             raise LocalProtocolError(f"invalid acknowledgement: {problem}")
-    return _ACK_CODEC.build(([encode_header(h) for h in headers],))
+        raw = _header_bytes(h)
+        parts.append(_U16.pack(len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
 
 
 def decode_acks(payload: bytes) -> list[DialogHeader]:
-    (raw_headers,) = _ACK_CODEC.parse(payload)
-    if not 0 < len(raw_headers) <= MAX_ACKS_PER_FRAME:
-        raise RemoteProtocolError(f"ACK frame with {len(raw_headers)} headers")
-    headers = [decode_header(raw) for raw in raw_headers]
-    for h in headers:
+    size = len(payload)
+    if size < 2:
+        raise RemoteProtocolError("ACK payload is truncated")
+    (count,) = _U16.unpack_from(payload, 0)
+    if not 0 < count <= MAX_ACKS_PER_FRAME:
+        raise RemoteProtocolError(f"ACK frame with {count} headers")
+    view = memoryview(payload)
+    pos = 2
+    headers = []
+    for _ in range(count):
+        if pos + 2 > size:
+            raise RemoteProtocolError("length prefix runs past the end")
+        (length,) = _U16.unpack_from(payload, pos)
+        pos += 2
+        if pos + length > size:
+            raise RemoteProtocolError("length prefix runs past the end")
+        h = _parse_header(view[pos : pos + length])
+        pos += length
         problem = validate_header(h, None)
         if problem:
             raise RemoteProtocolError(f"invalid acknowledgement: {problem}")
+        headers.append(h)
+    if pos != size:
+        raise RemoteProtocolError(f"{size - pos} trailing bytes")
     return headers

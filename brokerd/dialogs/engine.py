@@ -86,6 +86,16 @@ from protocol.dialog import (
 from protocol.events import PrincipalAnswer, PrincipalQuery
 from protocol.fragments import fragment_count
 
+_INITIATOR, _SEQUENCED, _END_DIALOG, _ERROR = (
+    int(f)
+    for f in (
+        MessageFlags.INITIATOR,
+        MessageFlags.SEQUENCED,
+        MessageFlags.END_DIALOG,
+        MessageFlags.ERROR,
+    )
+)
+"""The message flags as plain ints: IntFlag arithmetic costs microseconds."""
 log = logging.getLogger("brokerd.dialogs.engine")
 
 ERROR_NS = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
@@ -401,7 +411,7 @@ class DialogEngine:
         self, db: Database, ep: Endpoint, message_type: str, body: bytes
     ) -> tuple[int, Work]:
         self.check_send(db, ep, message_type, body)
-        return self._enqueue_work(db, ep, message_type, int(MessageFlags.SEQUENCED), body)
+        return self._enqueue_work(db, ep, message_type, int(_SEQUENCED), body)
 
     async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
         db, ep = self.endpoint(handle)
@@ -421,7 +431,7 @@ class DialogEngine:
             self.check_send(db, ep, message_type, body)
         works: dict[str, tuple[Database, Work]] = {}
         seqs: list[int] = []
-        flags = int(MessageFlags.SEQUENCED)
+        flags = int(_SEQUENCED)
         for db, ep, message_type, body in found:
             seq, work = self._enqueue_work(db, ep, message_type, flags, body)
             seqs.append(seq)
@@ -441,7 +451,7 @@ class DialogEngine:
         ep.send_sequence += 1
         seq = ep.send_sequence
         if ep.initiator:
-            flags |= MessageFlags.INITIATOR
+            flags |= _INITIATOR
         msg = OutMessage(
             seq=seq,
             message_type=message_type,
@@ -526,14 +536,12 @@ class DialogEngine:
                 db,
                 ep,
                 ERROR,
-                int(MessageFlags.SEQUENCED | MessageFlags.ERROR),
+                int(_SEQUENCED | _ERROR),
                 error_body(error_code, description),
                 _unqueue_sent(ep, list(dropped)),
             )
         else:
-            _, enqueued = self._enqueue_work(
-                db, ep, END_DIALOG, int(MessageFlags.SEQUENCED | MessageFlags.END_DIALOG), b""
-            )
+            _, enqueued = self._enqueue_work(db, ep, END_DIALOG, int(_SEQUENCED | _END_DIALOG), b"")
         return work.extend(enqueued)
 
     async def end_conversation(
@@ -931,7 +939,7 @@ class DialogEngine:
                 db.broker_instance,
                 ep.far_broker_instance,
                 ep.contract,
-                flags=int(MessageFlags.INITIATOR) if ep.initiator else 0,
+                flags=int(_INITIATOR) if ep.initiator else 0,
                 ack=self._ack_of(ep),
             )
             per_link.setdefault(id(link), (link, []))[1].append(header)
@@ -1066,7 +1074,7 @@ class DialogEngine:
         if header.ack.through or header.ack.ranges or header.ack.fragments:
             self._apply_ack(ep, header.ack, header.from_broker_instance)
         if not header.sequenced:
-            if header.flags & MessageFlags.ERROR:
+            if header.flags & _ERROR:
                 self._on_broker_error(db, ep, header, body)
             return
         seq = header.sequence_number
@@ -1214,12 +1222,12 @@ class DialogEngine:
     def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> None:
         for s in released:
             f = flags if s == seq else ep.held_end_flags.pop(s, 0)
-            if f & MessageFlags.ERROR:
+            if f & _ERROR:
                 ep.ended_remote = True
                 ep.error_received = True
-            elif f & MessageFlags.END_DIALOG:
+            elif f & _END_DIALOG:
                 ep.ended_remote = True
-        if not released and flags & (MessageFlags.ERROR | MessageFlags.END_DIALOG):
+        if not released and flags & (_ERROR | _END_DIALOG):
             ep.held_end_flags[seq] = flags
         if ep.refresh_state():
             self._trace_closed(ep)
@@ -1371,7 +1379,7 @@ class DialogEngine:
             header.from_broker_instance,
             header.contract,
             ERROR,
-            int(MessageFlags.ERROR) | (0 if header.initiator else int(MessageFlags.INITIATOR)),
+            int(_ERROR) | (0 if header.initiator else int(_INITIATOR)),
             0,
             0,
             1,
