@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
@@ -92,10 +93,12 @@ class Endpoint:
     """Wall-clock time the conversation timer fires (R-DLG-11); 0 = no timer."""
     handle_text: str = field(init=False)
     """``str(handle)``, the key of the endpoint's rows, made once."""
+    conversation_text: str = field(init=False)
     _group_text: tuple[uuid.UUID, str] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.handle_text = str(self.handle)
+        self.conversation_text = str(self.conversation_id)
 
     @property
     def group_text(self) -> str:
@@ -150,6 +153,11 @@ class Endpoint:
         self.ack_version += 1
 
 
+@lru_cache(maxsize=1024)
+def _text(instance: uuid.UUID) -> str:
+    return str(instance)
+
+
 def _remote_bits(ep: Endpoint) -> int:
     return int(ep.ended_remote) | (2 if ep.broker_error else 0) | (4 if ep.error_received else 0)
 
@@ -160,12 +168,12 @@ def endpoint_snapshot(ep: Endpoint) -> Statement:
         ENDPOINT_SNAPSHOT,
         (
             ep.handle_text,
-            str(ep.conversation_id),
+            ep.conversation_text,
             int(ep.initiator),
             ep.group_text,
             ep.service,
             ep.far_service,
-            str(ep.far_broker_instance) if ep.far_broker_instance else None,
+            _text(ep.far_broker_instance) if ep.far_broker_instance else None,
             ep.contract,
             ep.state.value,
             ep.lifetime,
