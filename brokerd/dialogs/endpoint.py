@@ -4,34 +4,24 @@ An :class:`Endpoint` is one side of a dialog in one database: its identity,
 its state (``SO SI CO DI DO ER CD``), the messages it has sent and not yet had
 acknowledged (:class:`OutMessage`, the in-memory image of its transmission
 queue rows), and the two acknowledgement states of what it received
-(accepted, and durable). The state rules live in :meth:`Endpoint.refresh_state`.
+(accepted, and durable). The state rules are data, in :mod:`brokerd.dialogs.states`.
 Rows are written as whole snapshots (:func:`endpoint_snapshot`), always inside
 the same transaction as the message that changed them.
 """
 
 from __future__ import annotations
 
-import enum
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from brokerd.dialogs.states import Facts, State, derive, next_state
 from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
 from protocol.acks import AckState
 
 if TYPE_CHECKING:
     from brokerd.routing.rules import Decision
-
-
-class State(enum.StrEnum):
-    STARTED_OUTBOUND = "SO"
-    STARTED_INBOUND = "SI"
-    CONVERSING = "CO"
-    DISCONNECTED_INBOUND = "DI"
-    DISCONNECTED_OUTBOUND = "DO"
-    ERROR = "ER"
-    CLOSED = "CD"
 
 
 @dataclass(slots=True, eq=False)
@@ -129,21 +119,26 @@ class Endpoint:
             return "the other side has ended the conversation (state DI); end it"
         return None
 
-    def refresh_state(self) -> bool:
-        """Recompute the state from the dialog's facts; True if it changed (SPEC §5)."""
-        settled = not self.outbox and not self.uncommitted_sends
-        if self.ended_local and (self.broker_error or (self.ended_remote and settled)):
-            new = State.CLOSED
-        elif self.ended_local:
-            new = State.DISCONNECTED_OUTBOUND
-        elif self.broker_error or self.error_received:
-            new = State.ERROR
-        elif self.ended_remote:
-            new = State.DISCONNECTED_INBOUND
-        elif self.initiator:
-            new = State.STARTED_OUTBOUND if self.send_sequence == 0 else State.CONVERSING
-        else:
-            new = State.CONVERSING if self.accepted.through > 0 else State.STARTED_INBOUND
+    def facts(self) -> Facts:
+        """What the endpoint's state follows from (``brokerd.dialogs.states``)."""
+        return Facts(
+            initiator=self.initiator,
+            sent=self.send_sequence > 0,
+            received=self.accepted.through > 0,
+            ended_local=self.ended_local,
+            ended_remote=self.ended_remote,
+            error_received=self.error_received,
+            broker_error=self.broker_error,
+            settled=not self.outbox and not self.uncommitted_sends,
+        )
+
+    def refresh_state(self, undo: bool = False) -> bool:
+        """Move to the state the dialog's facts call for; True if it changed (SPEC §5).
+
+        ``undo`` is for a unit of work that failed to commit: its memory effects are
+        reversed, so the state may go back to what it was before it.
+        """
+        new = derive(self.facts()) if undo else next_state(self.state, self.facts())
         if new is self.state:
             return False
         self.state = new

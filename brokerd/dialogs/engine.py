@@ -44,15 +44,10 @@ from xml.sax.saxutils import escape
 
 from brokerd.config import BrokerConfig
 from brokerd.dialogs.database import Database, Lease
-from brokerd.dialogs.endpoint import (
-    Endpoint,
-    OutMessage,
-    State,
-    endpoint_deletion,
-    endpoint_snapshot,
-)
+from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_deletion, endpoint_snapshot
 from brokerd.dialogs.links import Link, LinkProvider
 from brokerd.dialogs.router import Router
+from brokerd.dialogs.states import State
 from brokerd.dialogs.work import Work
 from brokerd.errors import (
     ContractViolation,
@@ -499,7 +494,7 @@ class DialogEngine:
             ep.uncommitted_sends -= 1
             if ep.send_sequence == seq:
                 ep.send_sequence -= 1
-                ep.refresh_state()
+                ep.refresh_state(undo=True)
 
         return seq, Work().add(statements, committed, failed)
 
@@ -521,7 +516,7 @@ class DialogEngine:
         def failed(_: BaseException) -> None:
             ep.ended_local = False
             ep.outbox.update(dropped)
-            ep.refresh_state()
+            ep.refresh_state(undo=True)
 
         work = Work().add(on_failure=failed)
         if ep.broker_error:

@@ -1,0 +1,97 @@
+"""The endpoint state machine as data (SPEC §5), tested without I/O."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from brokerd.dialogs.states import (
+    RULES,
+    TRANSITIONS,
+    Facts,
+    IllegalTransition,
+    State,
+    derive,
+    next_state,
+)
+
+ALL_FACTS = [
+    Facts(*values) for values in itertools.product((False, True), repeat=len(Facts._fields))
+]
+
+
+def test_every_state_has_a_transition_entry_and_closed_is_final() -> None:
+    assert set(TRANSITIONS) == set(State)
+    assert TRANSITIONS[State.CLOSED] == frozenset()
+    for state, following in TRANSITIONS.items():
+        assert state not in following
+
+
+def test_every_combination_of_facts_gives_exactly_the_first_matching_rule() -> None:
+    for facts in ALL_FACTS:
+        matching = [state for _, applies, state in RULES if applies(facts)]
+        assert matching, facts
+        assert derive(facts) is matching[0]
+
+
+@pytest.mark.parametrize(
+    ("facts", "state"),
+    [
+        (Facts(True, False, False, False, False, False, False, True), State.STARTED_OUTBOUND),
+        (Facts(True, True, False, False, False, False, False, False), State.CONVERSING),
+        (Facts(False, False, False, False, False, False, False, True), State.STARTED_INBOUND),
+        (Facts(False, False, True, False, False, False, False, True), State.CONVERSING),
+        (Facts(False, False, True, False, True, False, False, True), State.DISCONNECTED_INBOUND),
+        (Facts(True, True, False, True, False, False, False, False), State.DISCONNECTED_OUTBOUND),
+        (Facts(True, True, False, True, True, False, False, True), State.CLOSED),
+        (Facts(True, True, False, True, True, False, False, False), State.DISCONNECTED_OUTBOUND),
+        (Facts(True, True, False, False, False, True, False, True), State.ERROR),
+        (Facts(True, False, False, False, False, False, True, True), State.ERROR),
+        (Facts(True, False, False, True, False, False, True, False), State.CLOSED),
+    ],
+)
+def test_the_states_service_broker_documents(facts: Facts, state: State) -> None:
+    """SO before the first SEND, SI until the first message, CO, DI, DO waiting for the
+    other side, CD once both ended and everything is acknowledged, ER on an Error."""
+    assert derive(facts) is state
+
+
+def test_a_dialog_never_moves_back_towards_its_start() -> None:
+    order = {
+        State.STARTED_OUTBOUND: 0,
+        State.STARTED_INBOUND: 0,
+        State.CONVERSING: 1,
+        State.DISCONNECTED_INBOUND: 2,
+        State.ERROR: 2,
+        State.DISCONNECTED_OUTBOUND: 3,
+        State.CLOSED: 4,
+    }
+    for state, following in TRANSITIONS.items():
+        for new in following:
+            assert order[new] > order[state] or {state, new} <= {
+                State.DISCONNECTED_INBOUND,
+                State.ERROR,
+            }, (state, new)
+
+
+def test_next_state_refuses_what_the_table_does_not_list() -> None:
+    conversing = Facts(True, True, False, False, False, False, False, True)
+    with pytest.raises(IllegalTransition, match="CD -> CO"):
+        next_state(State.CLOSED, conversing)
+    started = Facts(True, False, False, False, False, False, False, True)
+    with pytest.raises(IllegalTransition, match="CO -> SO"):
+        next_state(State.CONVERSING, started)
+    assert next_state(State.STARTED_OUTBOUND, conversing) is State.CONVERSING
+    assert next_state(State.CONVERSING, conversing) is State.CONVERSING
+
+
+def test_every_state_a_rule_gives_is_reachable_from_a_start() -> None:
+    reachable = {State.STARTED_OUTBOUND, State.STARTED_INBOUND}
+    frontier = list(reachable)
+    while frontier:
+        for new in TRANSITIONS[frontier.pop()]:
+            if new not in reachable:
+                reachable.add(new)
+                frontier.append(new)
+    assert {derive(f) for f in ALL_FACTS} <= reachable == set(State)
