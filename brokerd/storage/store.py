@@ -26,11 +26,13 @@ WAL journal, ``synchronous=FULL``: a committed job survives ``kill -9`` and powe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import sqlite3
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,45 +76,98 @@ def describe_sqlite_error(database: str, exc: BaseException) -> str:
 
 
 class _Committer:
-    """The thread that owns the connection: runs one call at a time, in submission order."""
+    """The thread that owns the connection.
 
-    def __init__(self, path: Path, name: str) -> None:
+    It runs *calls* (start-up reads and writes, one at a time) and *jobs* (the
+    group commit). Jobs are handed straight to the thread: after each commit it
+    takes every job submitted meanwhile and begins the next transaction at
+    once, without waiting for the event loop, and tells the loop about the
+    finished batch with one ``call_soon_threadsafe``.
+    """
+
+    def __init__(self, path: Path, name: str, on_batch: Callable[[list[_Job]], None]) -> None:
         self.path = path
-        self._calls: queue.SimpleQueue[
-            tuple[Fn, Callable[[Any, BaseException | None], None]] | None
-        ]
-        self._calls = queue.SimpleQueue()
-        self.conn: sqlite3.Connection | None = None
+        self.name = name
+        self._on_batch = on_batch
+        self._lock = threading.Lock()
+        self._jobs: list[_Job] = []
+        self._calls: deque[tuple[Fn, Done]] = deque()
+        self._stopping = False
+        self._waiting = False
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"store-{name}", daemon=True)
         self._thread.start()
 
     def call(self, fn: Fn, done: Done) -> None:
         """Run ``fn(connection)`` in the thread; ``done(result, error)`` is called there."""
-        self._calls.put((fn, done))
+        with self._lock:
+            self._calls.append((fn, done))
+            wake, self._waiting = self._waiting, False
+        if wake:
+            self._wake.put(None)
+
+    def add(self, job: _Job) -> None:
+        """Queue a job for the next group commit."""
+        with self._lock:
+            self._jobs.append(job)
+            wake, self._waiting = self._waiting, False
+        if wake:
+            self._wake.put(None)
 
     def stop(self) -> None:
-        self._calls.put(None)
+        """Finish what is queued, then close the connection and end the thread."""
+        with self._lock:
+            self._stopping = True
+            wake, self._waiting = self._waiting, False
+        if wake:
+            self._wake.put(None)
 
     def join(self) -> None:
         self._thread.join()
 
     def _run(self) -> None:
-        while True:
-            item = self._calls.get()
-            if item is None:
-                if self.conn is not None:
-                    self.conn.close()
-                    self.conn = None
-                return
-            fn, done = item
-            try:
-                if self.conn is None:
-                    self.conn = _connect(self.path)
-                result = fn(self.conn)
-            except BaseException as exc:  # reported to the caller on the event loop
-                done(None, exc)
-            else:
-                done(result, None)
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                call: tuple[Fn, Done] | None = None
+                batch: list[_Job] = []
+                with self._lock:
+                    if self._calls:
+                        call = self._calls.popleft()
+                    elif self._jobs:
+                        batch, self._jobs = self._jobs, []
+                    elif self._stopping:
+                        return
+                    else:
+                        self._waiting = True
+                if call is not None:
+                    fn, done = call
+                    try:
+                        if conn is None:
+                            conn = _connect(self.path)
+                        result = fn(conn)
+                    except BaseException as exc:  # reported to the caller on the event loop
+                        done(None, exc)
+                    else:
+                        done(result, None)
+                elif batch:
+                    if conn is None:
+                        error = StoreError(f"database {self.name!r} is not open")
+                        for job in batch:
+                            job.error = error
+                    else:
+                        try:
+                            _commit(conn, batch, self.name)
+                        except BaseException as exc:  # a bug, not a database error
+                            log.exception("store %s: the commit failed", self.name)
+                            for job in batch:
+                                job.error = job.error or exc
+                    self._on_batch(batch)
+                else:
+                    self._wake.get()
+        finally:
+            if conn is not None:
+                conn.close()
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -132,8 +187,8 @@ class Store:
         self.database = database
         self._committer: _Committer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: list[_Job] = []
-        self._busy = False
+        self._outstanding = 0
+        """Jobs submitted whose callbacks have not run yet."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
@@ -148,8 +203,13 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
-        self._loop = asyncio.get_running_loop()
-        self._committer = _Committer(self.path, self.database)
+        self._loop = loop = asyncio.get_running_loop()
+
+        def on_batch(batch: list[_Job]) -> None:  # in the committer thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(self._committed, batch)
+
+        self._committer = _Committer(self.path, self.database, on_batch)
         try:
             instance: uuid.UUID = await self._call(
                 lambda conn: _open_file(conn, self.path, self.database, broker_instance)
@@ -240,15 +300,16 @@ class Store:
         """
         if self._closing:
             raise StoreError(f"database {self.database!r} is shutting down")
+        committer = self._running()
         future: asyncio.Future[Any] | None = None
         if wait:
             assert self._loop is not None
             future = self._loop.create_future()
-        self._pending.append(
+        self._outstanding += 1
+        self._idle.clear()
+        committer.add(
             _Job(statements, fn, future=future, on_commit=on_commit, on_failure=on_failure)
         )
-        if not self._busy:
-            self._dispatch()
         return future
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -265,42 +326,16 @@ class Store:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
-    def _dispatch(self) -> None:
-        """Hand every pending job to the committer thread as one batch."""
-        batch, self._pending = self._pending, []
-        committer = self._committer
-        if committer is None:
-            error = StoreError(f"database {self.database!r} is closed")
-            for job in batch:
-                _finish(job, error)
-            return
-        self._busy = True
-        self._idle.clear()
-        loop = self._loop
-        assert loop is not None
-        database = self.database
-
-        def done(_: Any, error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(self._committed, batch, error)
-
-        committer.call(lambda conn: _commit(conn, batch, database), done)
-
-    def _committed(self, batch: list[_Job], error: BaseException | None) -> None:
-        if error is not None:  # the commit function itself failed: report it to every job
-            failure = StoreError(describe_sqlite_error(self.database, error))
-            failure.__cause__ = error
-            for job in batch:
-                job.error = job.error or failure
+    def _committed(self, batch: list[_Job]) -> None:
+        """Back on the event loop: each job's callbacks, in submission order."""
         failed = sum(1 for job in batch if job.error is not None)
         if failed < len(batch):
             self.commits += 1
             self.jobs_committed += len(batch) - failed
         for job in batch:
             _finish(job, job.error)
-        self._busy = False
-        if self._pending:
-            self._dispatch()
-        else:
+        self._outstanding -= len(batch)
+        if not self._outstanding:
             self._idle.set()
 
 
