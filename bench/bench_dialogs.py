@@ -14,9 +14,10 @@ For each: ``--dialogs`` dialogs //shop/Client -> //warehouse/Orders on contract
 //shop/OrderContract (plus one warm-up message per dialog, not counted, which
 opens the broker connection and creates the target endpoints), then
 ``--messages`` //shop/Order messages of ``--size`` bytes, spread round-robin
-over the dialogs, sent by ``--senders`` concurrent tasks, each with its own
-SDK connection (SEND returns after the commit, so concurrency is what lets the
-store's group commit batch). ``--receivers`` connections (two) on the target
+over the dialogs, sent by ``--senders`` SDK connections. SEND returns after
+the commit; with ``--window W`` each connection keeps W SENDs in flight
+(pipelined, as a RabbitMQ publisher keeps unconfirmed messages in flight),
+otherwise each SEND waits for the previous one. ``--receivers`` connections (two) on the target
 side loop on ``RECEIVE TOP (100) FROM OrderQueue``.
 
 Each body starts with the send-start ``time.perf_counter_ns()`` (8 bytes, the
@@ -34,7 +35,7 @@ returned, and per conversation handle the sequence numbers strictly increase
 in the order the RECEIVE responses reached the benchmark.
 Any violation makes the exit status 1.
 
-Usage: python bench/bench_dialogs.py [--messages 5000] [--dialogs 20] [--senders 8]
+Usage: python bench/bench_dialogs.py [--messages 5000] [--dialogs 20] [--senders 8] [--window 1]
        [--receivers 2] [--size 200] [--hosts 127.0.0.1,127.0.0.2] [--only cross|local]
        [--workdir DIR] [--json FILE]
 """
@@ -197,6 +198,7 @@ async def measure(
     receivers_count: int,
     size: int,
     timeout: float,
+    window: int = 1,
 ) -> dict[str, Any]:
     problems: list[str] = []
     control = await sender.client()
@@ -251,7 +253,9 @@ async def measure(
         deadline = time.monotonic() + timeout
         receive_tasks = [asyncio.create_task(_receive_until(c, state, deadline)) for c in receivers]
         await asyncio.sleep(0.05)  # the receivers are waiting before the first SEND
-        tasks = receive_tasks + [asyncio.create_task(send_loop(c)) for c in send_clients]
+        tasks = receive_tasks + [
+            asyncio.create_task(send_loop(c)) for c in send_clients for _ in range(window)
+        ]
         try:
             await asyncio.gather(*tasks)  # the first failure (a daemon died...) ends the run
         finally:
@@ -315,6 +319,7 @@ async def measure(
         "messages": messages,
         "dialogs": dialogs,
         "senders": senders,
+        "window": window,
         "receivers": receivers_count,
         "size": size,
         "warmup_s": round(warmup_s, 3),
@@ -434,6 +439,7 @@ def run_scenario(kind: str, root: Path, args: argparse.Namespace) -> dict[str, A
                     receivers_count=args.receivers,
                     size=args.size,
                     timeout=args.timeout,
+                    window=args.window,
                 ),
                 args.timeout + 60,
             )
@@ -525,6 +531,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=5000, help="messages measured (M)")
     parser.add_argument("--dialogs", type=int, default=20, help="dialogs the messages share")
     parser.add_argument("--senders", type=int, default=8, help="concurrent SEND connections")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=1,
+        help="SENDs each sender keeps in flight on its connection (pipelined; default 1: "
+        "each SEND waits for the previous one's commit)",
+    )
     parser.add_argument("--receivers", type=int, default=2, help="RECEIVE connections")
     parser.add_argument("--size", type=int, default=200, help=f"body bytes (>= {MARKER.size})")
     parser.add_argument(
@@ -548,8 +561,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hosts = hosts
     if args.size < MARKER.size:
         parser.error(f"--size must be at least {MARKER.size}")
-    if min(args.messages, args.dialogs, args.senders, args.receivers) < 1:
-        parser.error("--messages, --dialogs, --senders and --receivers must be >= 1")
+    if min(args.messages, args.dialogs, args.senders, args.receivers, args.window) < 1:
+        parser.error("--messages, --dialogs, --senders, --receivers and --window must be >= 1")
     return args
 
 
@@ -571,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{args.messages} messages of {args.size} B over {args.dialogs} dialogs, "
-        f"{args.senders} senders, {args.receivers} receivers (TOP {TOP}), "
+        f"{args.senders} senders (window {args.window}), {args.receivers} receivers (TOP {TOP}), "
         f"WAL + synchronous=FULL; hosts {','.join(args.hosts)}"
     )
     results: list[dict[str, Any]] = []
