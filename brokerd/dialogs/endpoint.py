@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from brokerd.dialogs.states import Facts, State, derive, next_state
+from brokerd.dialogs.states import Facts, State, check, state_of
 from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
 from protocol.acks import AckState
 
@@ -81,6 +81,8 @@ class Endpoint:
     """Messages queued by SEND whose transaction has not committed yet."""
     timer_due: float = 0.0
     """Wall-clock time the conversation timer fires (R-DLG-11); 0 = no timer."""
+    wakeup: float = 0.0
+    """Loop time the engine will next look at this endpoint's outbox; 0 = not scheduled."""
     handle_text: str = field(init=False)
     """``str(handle)``, the key of the endpoint's rows, made once."""
     conversation_text: str = field(init=False)
@@ -138,10 +140,19 @@ class Endpoint:
         ``undo`` is for a unit of work that failed to commit: its memory effects are
         reversed, so the state may go back to what it was before it.
         """
-        new = derive(self.facts()) if undo else next_state(self.state, self.facts())
+        new = state_of(
+            self.initiator,
+            self.send_sequence > 0,
+            self.accepted.through > 0,
+            self.ended_local,
+            self.ended_remote,
+            self.error_received,
+            self.broker_error,
+            not self.outbox and not self.uncommitted_sends,
+        )
         if new is self.state:
             return False
-        self.state = new
+        self.state = new if undo else check(self.state, new)
         return True
 
     def mark_ack_needed(self) -> None:

@@ -889,6 +889,11 @@ class DialogEngine:
                 link.want(ep)
 
     def _schedule(self, ep: Endpoint, due: float) -> None:
+        """Wake ``ep``'s transmission at loop time ``due``: one entry per endpoint, the
+        earliest (a later wake-up is recomputed by :meth:`transmit` when it runs)."""
+        if ep.wakeup and ep.wakeup <= due:
+            return
+        ep.wakeup = due
         heapq.heappush(self._heap, (due, next(self._counter), ep))
 
     async def _tick(self) -> None:
@@ -898,7 +903,10 @@ class DialogEngine:
             now = self.loop.time()
             due: dict[int, Endpoint] = {}
             while self._heap and self._heap[0][0] <= now:
-                _, _, ep = heapq.heappop(self._heap)
+                when, _, ep = heapq.heappop(self._heap)
+                if ep.wakeup != when:
+                    continue  # replaced by an earlier wake-up
+                ep.wakeup = 0.0
                 due[id(ep)] = ep
             for ep in due.values():
                 if ep.outbox:

@@ -102,7 +102,6 @@ class TraceWriter:
         self.instance = instance
         self.directory = Path(config.directory or "traces")
         self.clock = clock
-        self._prefix = f'{{"v":{SCHEMA_VERSION},"instance":{_jstr(instance)},'.encode()
         self._threshold = int(config.sample * 10_000)
         self._buffer: list[Event] = []
         self._segment: Any = None
@@ -182,20 +181,23 @@ class TraceWriter:
         return age >= self.config.segment_seconds
 
     def _format(self, events: list[Event]) -> bytes:
-        """JSON Lines for ``events``, in their order (orjson; one call per event)."""
-        prefix = self._prefix
+        """JSON Lines for ``events``, in their order (orjson, one call per event)."""
         dumps = orjson.dumps
+        newline = orjson.OPT_APPEND_NEWLINE
+        head = {"v": SCHEMA_VERSION, "instance": self.instance}
+        second, stamp = -1, ""
         out: list[bytes] = []
         for t, event, conversation_id, fields in events:
-            record: dict[str, Any] = {"ts": iso_micros(t), "event": event}
+            whole, fraction = divmod(round(t * 1_000_000), 1_000_000)
+            if whole != second:
+                second, stamp = whole, _second(whole)
+            record = {**head, "ts": f"{stamp}.{fraction:06d}Z", "event": event}
             if conversation_id is not None:
                 record["conversation_id"] = conversation_id
-            for key, value in fields.items():
-                if value is not None:
-                    record[key] = value
-            out.append(prefix)
-            out.append(dumps(record, default=str)[1:])
-            out.append(b"\n")
+            if None in fields.values():
+                fields = {k: v for k, v in fields.items() if v is not None}
+            record.update(fields)
+            out.append(dumps(record, default=str, option=newline))
         return b"".join(out)
 
     def _write(self, lines: list[Event]) -> None:

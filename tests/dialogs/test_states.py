@@ -14,6 +14,7 @@ from brokerd.dialogs.states import (
     State,
     derive,
     next_state,
+    state_of,
 )
 
 ALL_FACTS = [
@@ -95,3 +96,9 @@ def test_every_state_a_rule_gives_is_reachable_from_a_start() -> None:
                 reachable.add(new)
                 frontier.append(new)
     assert {derive(f) for f in ALL_FACTS} <= reachable == set(State)
+
+
+def test_the_hot_path_lookup_agrees_with_the_rules_for_every_combination() -> None:
+    for facts in ALL_FACTS:
+        by_rules = next(state for _, applies, state in RULES if applies(facts))
+        assert state_of(*facts) is by_rules is derive(facts)
