@@ -39,7 +39,11 @@ class OutMessage:
     due: float = 0.0
     """Loop time of the next (re)transmission; 0 = as soon as a link is open."""
     status: str = "waiting to be sent"
-    """The human-readable transmission status shown by the transmission_queue view."""
+    """Why the message waits, for the transmission_queue view; empty once sent."""
+    sent_via: str = ""
+    """The connection it was last sent on."""
+    retry_wait: float = 0.0
+    """Seconds until it is sent again if no acknowledgement comes."""
     last_sent_at: float = 0.0
 
 

@@ -38,7 +38,6 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 from xml.sax.saxutils import escape
 
@@ -851,10 +850,9 @@ class DialogEngine:
             )
         msg.due = now + wait
         msg.last_sent_at = now
-        msg.status = (
-            f"sent to {link.name} (attempt {msg.attempts}); waiting for acknowledgement, "
-            f"resent in {wait:g} s if none"
-        )
+        msg.status = ""  # sent: the view describes it from sent_via, attempts and retry_wait
+        msg.sent_via = link.name
+        msg.retry_wait = wait
         for index in range(msg.fragment_count):
             if index not in msg.acked_fragments:
                 if trace.enabled:
@@ -1525,91 +1523,6 @@ class DialogEngine:
         log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)
 
     # -- views ----------------------------------------------------------------------------
-
-    def conversation_endpoints(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "database": db.name,
-                "conversation_handle": str(ep.handle),
-                "conversation_id": str(ep.conversation_id),
-                "is_initiator": ep.initiator,
-                "service": ep.service,
-                "far_service": ep.far_service,
-                "far_broker_instance": str(ep.far_broker_instance or ""),
-                "contract": ep.contract,
-                "state": ep.state.value,
-                "route": ep.route.route or "" if ep.route else "",
-                "send_sequence": ep.send_sequence,
-                "receive_sequence": ep.accepted.through,
-                "unacknowledged": len(ep.outbox),
-            }
-            for db in self.databases.values()
-            for ep in db.endpoints.values()
-        ]
-
-    def transmission_queue(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "database": db.name,
-                "conversation_handle": str(ep.handle),
-                "to_service": ep.far_service,
-                "to_broker_instance": str(ep.far_broker_instance or ""),
-                "message_sequence_number": msg.seq,
-                "message_type": msg.message_type,
-                "size": len(msg.body),
-                "enqueued_at": datetime.fromtimestamp(msg.enqueued_at, UTC).isoformat(),
-                "attempts": msg.attempts,
-                "transmission_status": msg.status,
-            }
-            for db in self.databases.values()
-            for ep in db.endpoints.values()
-            for msg in ep.outbox.values()
-        ]
-
-    def queues(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "database": db.name,
-                "queue": q.name,
-                "status": "on" if q.status else "off",
-                "retention": q.retention,
-                "ready_messages": db.ready[q.name].count,
-            }
-            for db in self.databases.values()
-            for q in db.catalog.queues.values()
-            if not q.system
-        ]
-
-    def routes(self) -> list[dict[str, Any]]:
-        now = datetime.now(UTC)
-        return [
-            {
-                "database": db.name,
-                "name": r.name,
-                "remote_service_name": r.remote_service_name or "",
-                "broker_instance": str(r.broker_instance or ""),
-                "address": r.address,
-                "mirror_address": r.mirror_address or "",
-                "lifetime": r.lifetime.isoformat() if r.lifetime else "",
-                "expired": r.expired(now),
-                "source": r.source,
-            }
-            for db in self.databases.values()
-            for r in db.catalog.routes.values()
-        ]
-
-    def databases_view(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "database": db.name,
-                "broker_instance": str(db.broker_instance),
-                "file": str(db.store.path),
-                "commits": db.store.commits,
-                "jobs_committed": db.store.jobs_committed,
-                "endpoints": len(db.endpoints),
-            }
-            for db in self.databases.values()
-        ]
 
 
 def _queue_row(

@@ -35,6 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from brokerd.dialogs import views
 from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
 from protocol.client_wire import (
@@ -542,12 +543,13 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
     broker = session.broker
     name = _str(frame.meta, "name")
     engine = broker.engine
-    views: dict[str, Callable[[], Any]] = {
-        "conversation_endpoints": engine.conversation_endpoints,
-        "transmission_queue": engine.transmission_queue,
-        "queues": engine.queues,
-        "routes": engine.routes,
-        "databases": engine.databases_view,
+    databases = engine.databases.values()
+    views_by_name: dict[str, Callable[[], Any]] = {
+        "conversation_endpoints": lambda: views.conversation_endpoints(databases),
+        "transmission_queue": lambda: views.transmission_queue(databases),
+        "queues": lambda: views.queues(databases),
+        "routes": lambda: views.routes(databases),
+        "databases": lambda: views.databases(databases),
         "broker_connections": broker.transport.broker_connections,
         "stats": lambda: [
             {
@@ -559,9 +561,9 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
         "mirrors": engine.router.mirrors_view,
         "drops": lambda: [{"reason": r} for r in engine.stats.drop_reasons],
     }
-    view = views.get(name)
+    view = views_by_name.get(name)
     if view is None:
-        raise InvalidRequest(f"unknown view {name!r}; views: {', '.join(sorted(views))}")
+        raise InvalidRequest(f"unknown view {name!r}; views: {', '.join(sorted(views_by_name))}")
     return {"rows": view()}, b""
 
 

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from brokerd.config import EndpointConfig, parse_tcp_address
 from brokerd.routing.forwarding import Forward
+from brokerd.server.outbox import Outbox, SendAcks, SendFragment, SendHeader
 from protocol import dialog, events
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
@@ -58,8 +58,7 @@ class BrokerProtocol(asyncio.Protocol):
         self.close_reason = ""
         self.login_time: float | None = None
         self.last_activity = time.time()
-        self._small: collections.deque[Any] = collections.deque()
-        self._bulk: collections.deque[tuple[Endpoint, OutMessage, int]] = collections.deque()
+        self.outbox = Outbox()
         self._paused = False
         self._pump_scheduled = False
         self.handshake_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -80,19 +79,15 @@ class BrokerProtocol(asyncio.Protocol):
         return "open" if self.is_open else (self.close_reason or "closed")
 
     def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
-        if msg.fragment_count > 1:
-            self._bulk.append((ep, msg, index))
-        else:
-            self._small.append((ep, msg, index))
+        self.outbox.add(SendFragment(ep, msg, index))
         self._schedule_pump()
 
     def queue_acks(self, headers: list[dialog.DialogHeader]) -> None:
-        for start in range(0, len(headers), dialog.MAX_ACKS_PER_FRAME):
-            self._small.append((headers[start : start + dialog.MAX_ACKS_PER_FRAME],))
+        self.outbox.add_acks(headers)
         self._schedule_pump()
 
     def queue_header(self, header: dialog.DialogHeader, body: bytes) -> None:
-        self._small.append((header, body))
+        self.outbox.add(SendHeader(header, body))
         self._schedule_pump()
 
     def want(self, ep: Endpoint) -> None:
@@ -101,11 +96,11 @@ class BrokerProtocol(asyncio.Protocol):
 
     def forward(self, item: Forward) -> None:
         """Relay a forwarded fragment or acknowledgements (R-ROUTE-7)."""
-        self._small.append(item)
+        self.outbox.add(item)
         self._schedule_pump()
 
     def send_control(self, event: events.PrincipalQuery | events.PrincipalAnswer) -> None:
-        self._small.append(event)
+        self.outbox.add(event)
         self._schedule_pump()
 
     @property
@@ -201,9 +196,8 @@ class BrokerProtocol(asyncio.Protocol):
                 self.handshake_done.cancel()  # an accepted connection: nobody waits on it
             else:
                 self.handshake_done.set_exception(ConnectionError(self.close_reason))
-        unsent = [item for item in self._small if type(item) is Forward]
-        self._small.clear()
-        self._bulk.clear()
+        unsent = self.outbox.forwards()
+        self.outbox.clear()
         if unsent:
             self.engine.router.forward_lost(unsent)
         if self.link is not None:
@@ -230,30 +224,33 @@ class BrokerProtocol(asyncio.Protocol):
             return
         out: list[bytes] = []
         size = transport.get_write_buffer_size()
-        small, bulk = self._small, self._bulk
+        outbox = self.outbox
         build = self.engine.build_fragment
         send = self.conn.send
         try:
-            while (small or bulk) and not self._paused and size < HIGH_WATER:
-                item = small.popleft() if small else bulk.popleft()
-                if type(item) is tuple:
-                    if len(item) == 3:
-                        ep, msg, index = item
-                        if msg.seq not in ep.outbox or index in msg.acked_fragments:
-                            continue
-                        header, body = build(ep, msg, index)
-                        frame = send(events.Fragment(dialog.encode_fragment(header, body)))
-                    elif len(item) == 2:
-                        frame = send(events.Fragment(dialog.encode_fragment(item[0], item[1])))
-                    else:
-                        frame = send(events.Ack(dialog.encode_acks(item[0])))
-                elif type(item) is Forward:
-                    self.engine.router.forward_sent(item)
-                    if item.header is not None:
-                        payload = dialog.encode_fragment(item.header, item.body)
+            while outbox and not self._paused and size < HIGH_WATER:
+                item = outbox.pop()
+                kind = type(item)
+                if kind is SendFragment:
+                    ep, msg, index = cast(SendFragment, item)
+                    if msg.seq not in ep.outbox or index in msg.acked_fragments:
+                        continue  # acknowledged meanwhile
+                    header, body = build(ep, msg, index)
+                    frame = send(events.Fragment(dialog.encode_fragment(header, body)))
+                elif kind is SendAcks:
+                    headers = outbox.take_acks(cast(SendAcks, item))
+                    frame = send(events.Ack(dialog.encode_acks(headers)))
+                elif kind is SendHeader:
+                    header, body = cast(SendHeader, item)
+                    frame = send(events.Fragment(dialog.encode_fragment(header, body)))
+                elif kind is Forward:
+                    forward = cast(Forward, item)
+                    self.engine.router.forward_sent(forward)
+                    if forward.header is not None:
+                        payload = dialog.encode_fragment(forward.header, forward.body)
                         frame = send(events.Fragment(payload))
                     else:
-                        frame = send(events.Ack(dialog.encode_acks(item.acks or [])))
+                        frame = send(events.Ack(dialog.encode_acks(forward.acks or [])))
                 else:
                     frame = send(cast(events.PrincipalQuery | events.PrincipalAnswer, item))
                 out.append(frame)
@@ -265,7 +262,7 @@ class BrokerProtocol(asyncio.Protocol):
         if out:
             self.last_activity = time.time()
             transport.write(b"".join(out))
-        if (small or bulk) and not self._paused:
+        if outbox and not self._paused:
             self._schedule_pump()
 
     def close(self, code: CloseCode, reason: str) -> None:

@@ -1,0 +1,111 @@
+"""The daemon's views of its dialogs (``sys.conversation_endpoints``, ``sys.transmission_queue``
+and the rest, SPEC R-DLG-12): rows computed from the in-memory image, without I/O.
+
+May import: ``brokerd.dialogs`` models, ``brokerd.storage``, ``protocol``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from brokerd.dialogs.database import Database
+from brokerd.dialogs.endpoint import OutMessage
+
+
+def _sent_status(msg: OutMessage) -> str:
+    return (
+        f"sent to {msg.sent_via} (attempt {msg.attempts}); waiting for acknowledgement, "
+        f"resent in {msg.retry_wait:g} s if none"
+    )
+
+
+def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    return [
+        {
+            "database": db.name,
+            "conversation_handle": str(ep.handle),
+            "conversation_id": str(ep.conversation_id),
+            "is_initiator": ep.initiator,
+            "service": ep.service,
+            "far_service": ep.far_service,
+            "far_broker_instance": str(ep.far_broker_instance or ""),
+            "contract": ep.contract,
+            "state": ep.state.value,
+            "route": ep.route.route or "" if ep.route else "",
+            "send_sequence": ep.send_sequence,
+            "receive_sequence": ep.accepted.through,
+            "unacknowledged": len(ep.outbox),
+        }
+        for db in databases
+        for ep in db.endpoints.values()
+    ]
+
+
+def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    return [
+        {
+            "database": db.name,
+            "conversation_handle": str(ep.handle),
+            "to_service": ep.far_service,
+            "to_broker_instance": str(ep.far_broker_instance or ""),
+            "message_sequence_number": msg.seq,
+            "message_type": msg.message_type,
+            "size": len(msg.body),
+            "enqueued_at": datetime.fromtimestamp(msg.enqueued_at, UTC).isoformat(),
+            "attempts": msg.attempts,
+            "transmission_status": msg.status or _sent_status(msg),
+        }
+        for db in databases
+        for ep in db.endpoints.values()
+        for msg in ep.outbox.values()
+    ]
+
+
+def queues(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    return [
+        {
+            "database": db.name,
+            "queue": q.name,
+            "status": "on" if q.status else "off",
+            "retention": q.retention,
+            "ready_messages": db.ready[q.name].count,
+        }
+        for db in databases
+        for q in db.catalog.queues.values()
+        if not q.system
+    ]
+
+
+def routes(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    now = datetime.now(UTC)
+    return [
+        {
+            "database": db.name,
+            "name": r.name,
+            "remote_service_name": r.remote_service_name or "",
+            "broker_instance": str(r.broker_instance or ""),
+            "address": r.address,
+            "mirror_address": r.mirror_address or "",
+            "lifetime": r.lifetime.isoformat() if r.lifetime else "",
+            "expired": r.expired(now),
+            "source": r.source,
+        }
+        for db in databases
+        for r in db.catalog.routes.values()
+    ]
+
+
+def databases(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    return [
+        {
+            "database": db.name,
+            "broker_instance": str(db.broker_instance),
+            "file": str(db.store.path),
+            "commits": db.store.commits,
+            "jobs_committed": db.store.jobs_committed,
+            "endpoints": len(db.endpoints),
+        }
+        for db in databases
+    ]
