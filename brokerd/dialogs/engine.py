@@ -22,7 +22,7 @@ engine asks it for a conversation's link and for the database of each message
 from outside, which it may instead forward or drop.
 
 A *link* is where fragments go: a network connection to a peer broker
-(``brokerd.server.transport``) or the in-process :class:`LocalLink` for services of
+(``brokerd.server.transport``) or the in-process ``LocalLink`` for services of
 this same instance, which skips the network. The engine never touches sockets.
 """
 
@@ -30,23 +30,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
 import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 from xml.sax.saxutils import escape
 
 from brokerd.config import BrokerConfig
 from brokerd.dialogs.database import Database, Lease
+from brokerd.dialogs.deadlines import Deadline, Deadlines
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_deletion, endpoint_snapshot
 from brokerd.dialogs.links import Link, LinkProvider
+from brokerd.dialogs.local_link import LocalLink
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.states import State
+from brokerd.dialogs.stats import EngineStats
+from brokerd.dialogs.transmission import Transmission
 from brokerd.dialogs.work import Work
 from brokerd.errors import (
     ContractViolation,
@@ -64,7 +66,6 @@ from brokerd.errors import (
     StoreError,
     ValidationFailed,
 )
-from brokerd.routing.forwarding import Forward
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
 from brokerd.storage.queries import Statement
@@ -77,7 +78,6 @@ from protocol.dialog import (
     DialogHeader,
     MessageFlags,
 )
-from protocol.events import PrincipalAnswer, PrincipalQuery
 from protocol.fragments import fragment_count
 
 _INITIATOR, _SEQUENCED, _END_DIALOG, _ERROR = (
@@ -109,82 +109,6 @@ def error_body(code: int, description: str) -> bytes:
     ).encode()
 
 
-@dataclass
-class EngineStats:
-    sent_messages: int = 0
-    delivered_messages: int = 0
-    received_by_application: int = 0
-    fragments_sent: int = 0
-    fragments_received: int = 0
-    retransmissions: int = 0
-    duplicates: int = 0
-    acks_sent: int = 0
-    acks_received: int = 0
-    integrity_failures: int = 0
-    dropped: int = 0
-    broker_errors_sent: int = 0
-    drop_reasons: list[str] = field(default_factory=list)
-
-
-class LocalLink:
-    """Delivery between databases of this instance: no network, same dialog rules."""
-
-    name = "local"
-    is_open = True
-    status = "delivered inside this instance"
-
-    def __init__(self, engine: DialogEngine) -> None:
-        self._engine = engine
-        self._items: list[tuple[Any, ...]] = []
-        self._scheduled = False
-
-    def _schedule(self) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
-        target = ep.route.database if ep.route is not None else None
-        self._items.append((ep, msg, index, target))
-        self._schedule()
-
-    def queue_acks(self, headers: list[DialogHeader]) -> None:
-        self._items.append((headers,))
-        self._schedule()
-
-    def queue_header(self, header: DialogHeader, body: bytes) -> None:
-        self._items.append((header, body))
-        self._schedule()
-
-    def want(self, ep: Endpoint) -> None:
-        self._engine.transmit(ep)
-
-    def forward(self, item: Forward) -> None:
-        raise AssertionError("nothing is forwarded inside the instance")
-
-    def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None:
-        pass  # every database here answers for itself
-
-    def _flush(self) -> None:
-        self._scheduled = False
-        items, self._items = self._items, []
-        engine = self._engine
-        for item in items:
-            if len(item) == 4:
-                ep, msg, index, target = item
-                if msg.seq not in ep.outbox:
-                    continue
-                header, body = engine.build_fragment(ep, msg, index)
-                db = engine.databases.get(target) if target else None
-                engine.on_fragment(self, header, body, db)
-            elif len(item) == 2:
-                header = item[0]
-                db = engine.by_instance.get(header.to_broker_instance)
-                engine.on_fragment(self, header, item[1], db)
-            else:
-                engine.on_acks(self, item[0])
-
-
 class DialogEngine:
     def __init__(
         self,
@@ -207,12 +131,15 @@ class DialogEngine:
         self.stats = EngineStats()
         self.by_instance: dict[uuid.UUID, Database] = {}
         self.router = Router(self)
-        self._heap: list[tuple[float, int, Endpoint]] = []
-        self._deadlines: list[tuple[float, int, str, Endpoint]] = []
-        """Wall-clock deadlines: ("timer" | "lifetime", endpoint), R-DLG-9 and R-DLG-11."""
-        self._counter = itertools.count()
-        self._ack_dirty: set[Endpoint] = set()
-        self._ack_timer: asyncio.TimerHandle | None = None
+        self.transmission = Transmission(
+            self.router,
+            self.retry,
+            self.fragment_size,
+            self.trace,
+            self.stats,
+            lambda database: self.databases[database].broker_instance,
+        )
+        self.deadlines = Deadlines()
         self._ticker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -225,11 +152,13 @@ class DialogEngine:
             self.by_instance[db.broker_instance] = db
             waiting += await db.recover(self.fragment_size)
         self.router.start()
+        owed = []
         for db in self.databases.values():
             for ep in db.endpoints.values():
                 if ep.ack_version > ep.ack_sent_version:
-                    self._ack_dirty.add(ep)
+                    owed.append(ep)
                 self._watch(ep)
+        self.transmission.start(self._loop, owed)
         self._ticker = self._loop.create_task(self._tick(), name="engine-retransmit")
         for ep in waiting:
             self.transmit(ep)
@@ -240,9 +169,7 @@ class DialogEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
             self._ticker = None
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-            self._ack_timer = None
+        self.transmission.stop()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -771,190 +698,31 @@ class DialogEngine:
         assert future is not None
         await future
 
-    # -- transmission ------------------------------------------------------------
+    # -- transmission (brokerd.dialogs.transmission) ------------------------------
+
+    def transmit(self, ep: Endpoint) -> None:
+        self.transmission.transmit(ep)
 
     def build_fragment(
         self, ep: Endpoint, msg: OutMessage, index: int
     ) -> tuple[DialogHeader, bytes]:
-        """Header and bytes of one fragment; carries the endpoint's current acknowledgement."""
-        size = self.fragment_size
-        offset = index * size
-        body = msg.body[offset : offset + size] if msg.fragment_count > 1 else msg.body
-        db = self.databases[ep.database]
-        header = DialogHeader(
-            ep.conversation_id,
-            ep.service,
-            ep.far_service,
-            db.broker_instance,
-            ep.far_broker_instance,
-            ep.contract,
-            msg.message_type,
-            msg.flags,
-            msg.seq,
-            index,
-            msg.fragment_count,
-            offset,
-            len(msg.body),
-            ep.lifetime,
-            0,
-            self._ack_of(ep),
-        )
-        self.stats.fragments_sent += 1
-        return header, body
-
-    def _ack_of(self, ep: Endpoint) -> Acknowledgement:
-        ep.ack_sent_version = ep.ack_version
-        return ep.durable.acknowledgement()
-
-    def transmit(self, ep: Endpoint) -> None:
-        """Send every message of ``ep`` that is due, or record why it waits."""
-        if not ep.outbox:
-            return
-        link = self.router.link_for(ep)
-        now = self.loop.time()
-        if link is None:
-            reason = self.router.waiting_status(ep)
-            for msg in ep.outbox.values():
-                msg.status = reason
-            self._schedule(ep, now + self.retry.delayed_retry)
-            return
-        if not link.is_open:
-            for msg in ep.outbox.values():
-                msg.status = link.status
-            link.want(ep)
-            return
-        earliest = None
-        for msg in ep.outbox.values():
-            if msg.due <= now:
-                self._send_message(ep, msg, link, now)
-            if earliest is None or msg.due < earliest:
-                earliest = msg.due
-        if earliest is not None:
-            self._schedule(ep, earliest)
-
-    def _send_message(self, ep: Endpoint, msg: OutMessage, link: Link, now: float) -> None:
-        msg.attempts += 1
-        wait = min(self.retry.maximum, self.retry.initial * (2 ** (msg.attempts - 1)))
-        trace = self.trace
-        if msg.attempts > 1:
-            self.stats.retransmissions += 1
-            trace.emit(
-                "retransmission",
-                ep.conversation_id,
-                database=ep.database,
-                initiator=ep.initiator,
-                seq=msg.seq,
-                attempt=msg.attempts,
-                wait=wait,
-                peer=link.name,
-            )
-        msg.due = now + wait
-        msg.last_sent_at = now
-        msg.status = ""  # sent: the view describes it from sent_via, attempts and retry_wait
-        msg.sent_via = link.name
-        msg.retry_wait = wait
-        for index in range(msg.fragment_count):
-            if index not in msg.acked_fragments:
-                if trace.enabled:
-                    trace.emit(
-                        "fragment_sent",
-                        ep.conversation_id,
-                        database=ep.database,
-                        initiator=ep.initiator,
-                        seq=msg.seq,
-                        fragment=index,
-                        fragments=msg.fragment_count,
-                        size=min(self.fragment_size, len(msg.body) - index * self.fragment_size),
-                        attempt=msg.attempts,
-                        peer=link.name,
-                        route=ep.route.route if ep.route else None,
-                    )
-                link.queue_fragment(ep, msg, index)
+        return self.transmission.build_fragment(ep, msg, index)
 
     def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
-        """A link opened: everything waiting for it goes now (resent at once after a drop)."""
-        for ep in waiting:
-            for msg in ep.outbox.values():
-                msg.due = 0.0
-            self.transmit(ep)
+        self.transmission.link_up(link, waiting)
 
     def link_down(self, link: Link, endpoints: Iterable[Endpoint]) -> None:
-        """A link closed: unacknowledged messages sent on it wait for the next connection."""
-        for ep in endpoints:
-            if ep.outbox and ep.route_link is link:
-                for msg in ep.outbox.values():
-                    msg.status = link.status
-                link.want(ep)
-
-    def _schedule(self, ep: Endpoint, due: float) -> None:
-        """Wake ``ep``'s transmission at loop time ``due``: one entry per endpoint, the
-        earliest (a later wake-up is recomputed by :meth:`transmit` when it runs)."""
-        if ep.wakeup and ep.wakeup <= due:
-            return
-        ep.wakeup = due
-        heapq.heappush(self._heap, (due, next(self._counter), ep))
+        self.transmission.link_down(link, endpoints)
 
     async def _tick(self) -> None:
         interval = max(0.01, min(0.1, self.retry.initial / 4))
         while True:
             await asyncio.sleep(interval)
-            now = self.loop.time()
-            due: dict[int, Endpoint] = {}
-            while self._heap and self._heap[0][0] <= now:
-                when, _, ep = heapq.heappop(self._heap)
-                if ep.wakeup != when:
-                    continue  # replaced by an earlier wake-up
-                ep.wakeup = 0.0
-                due[id(ep)] = ep
-            for ep in due.values():
-                if ep.outbox:
-                    self.transmit(ep)
+            self.transmission.wake_due()
             self.router.tick()
             self._fire_deadlines(self.clock())
 
     # -- acknowledgements ---------------------------------------------------------
-
-    def _ack_needed(self, ep: Endpoint) -> None:
-        ep.mark_ack_needed()
-        self._ack_dirty.add(ep)
-        if self._ack_timer is None:
-            self._ack_timer = self.loop.call_later(self.retry.ack_delay, self._flush_acks)
-
-    def _flush_acks(self) -> None:
-        self._ack_timer = None
-        dirty, self._ack_dirty = self._ack_dirty, set()
-        per_link: dict[int, tuple[Link, list[DialogHeader]]] = {}
-        for ep in dirty:
-            if ep.ack_sent_version >= ep.ack_version:
-                continue  # piggybacked on a message meanwhile
-            link = ep.last_link if ep.last_link is not None and ep.last_link.is_open else None
-            if link is None:
-                link = self.router.link_for(ep)
-                if link is None or not link.is_open:
-                    continue  # the peer retransmits; it will be acknowledged then
-            db = self.databases[ep.database]
-            header = DialogHeader(
-                ep.conversation_id,
-                ep.service,
-                ep.far_service,
-                db.broker_instance,
-                ep.far_broker_instance,
-                ep.contract,
-                flags=int(_INITIATOR) if ep.initiator else 0,
-                ack=self._ack_of(ep),
-            )
-            per_link.setdefault(id(link), (link, []))[1].append(header)
-            self.trace.emit(
-                "ack_sent",
-                ep.conversation_id,
-                database=ep.database,
-                initiator=not ep.initiator,
-                through=header.ack.through,
-                peer=link.name,
-            )
-        for link, headers in per_link.values():
-            self.stats.acks_sent += len(headers)
-            link.queue_acks(headers)
 
     def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
         elsewhere: list[DialogHeader] = []
@@ -1090,7 +858,7 @@ class DialogEngine:
                 fragment=header.fragment_index,
                 peer=link.name,
             )
-            self._ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
+            self.transmission.ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
             return
         if ep.state is State.CLOSED or ep.broker_error:
             return self.drop(header, f"conversation is {ep.state.value}")
@@ -1334,7 +1102,7 @@ class DialogEngine:
                 self.stats.delivered_messages += len(released)
                 if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
                     self.router.request_ended(ep)
-            self._ack_needed(ep)
+            self.transmission.ack_needed(ep)
 
         def failed(exc: BaseException) -> None:
             log.error("store error while receiving into %s: %s", db.name, exc)
@@ -1471,23 +1239,16 @@ class DialogEngine:
         await self.commit(db, self.timer_work(db, ep, timeout))
 
     def _watch(self, ep: Endpoint) -> None:
-        """Schedule the endpoint's timer and lifetime deadlines, if it has them."""
-        if ep.state is State.CLOSED:
-            return
-        if ep.timer_due:
-            heapq.heappush(self._deadlines, (ep.timer_due, next(self._counter), "timer", ep))
-        if ep.lifetime_ends and not ep.broker_error:
-            heapq.heappush(self._deadlines, (ep.lifetime_ends, next(self._counter), "lifetime", ep))
+        self.deadlines.watch(ep)
 
     def _fire_deadlines(self, now: float) -> None:
-        while self._deadlines and self._deadlines[0][0] <= now:
-            due, _, kind, ep = heapq.heappop(self._deadlines)
+        for kind, due, ep in self.deadlines.due(now):
             db = self.databases[ep.database]
             if db.endpoints.get(ep.handle) is not ep or ep.state is State.CLOSED:
                 continue
-            if kind == "timer" and ep.timer_due == due:
+            if kind is Deadline.TIMER and ep.timer_due == due:
                 self._fire_timer(db, ep)
-            elif kind == "lifetime" and ep.lifetime_ends == due:
+            elif kind is Deadline.LIFETIME and ep.lifetime_ends == due:
                 self._expire(db, ep)
 
     def _fire_timer(self, db: Database, ep: Endpoint) -> None:

@@ -8,13 +8,35 @@ through a :class:`LinkProvider`, so nothing in ``brokerd.dialogs`` touches a soc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from protocol.dialog import DialogHeader
 
 if TYPE_CHECKING:
     from brokerd.dialogs.endpoint import Endpoint, OutMessage
     from brokerd.routing.forwarding import Forward
-    from protocol.dialog import DialogHeader
     from protocol.events import PrincipalAnswer, PrincipalQuery
+
+
+class SendFragment(NamedTuple):
+    """Fragment number ``fragment`` of an unacknowledged message; built when it is sent."""
+
+    ep: Endpoint
+    msg: OutMessage
+    fragment: int
+
+
+class SendAcks(NamedTuple):
+    """Dedicated acknowledgements of several conversations."""
+
+    headers: list[DialogHeader]
+
+
+class SendHeader(NamedTuple):
+    """A ready-made dialog message (a broker error answering a refused message)."""
+
+    header: DialogHeader
+    body: bytes
 
 
 class Link(Protocol):

@@ -6,41 +6,16 @@ messages, acknowledgements, forwarded messages and principal queries go first
 so a small message never waits behind a large one. Consecutive acknowledgement
 items are merged into one ACK frame when the pump builds them.
 
-May import: ``protocol``, ``brokerd.routing``; endpoints only for typing.
+May import: ``protocol``, ``brokerd.routing``, ``brokerd.dialogs.links``.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, NamedTuple
 
+from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
 from protocol import dialog, events
-
-if TYPE_CHECKING:
-    from brokerd.dialogs.endpoint import Endpoint, OutMessage
-
-
-class SendFragment(NamedTuple):
-    """Fragment number ``fragment`` of an unacknowledged message; built when the pump reaches it."""
-
-    ep: Endpoint
-    msg: OutMessage
-    fragment: int
-
-
-class SendAcks(NamedTuple):
-    """Dedicated acknowledgements, at most ``MAX_ACKS_PER_FRAME`` per frame."""
-
-    headers: list[dialog.DialogHeader]
-
-
-class SendHeader(NamedTuple):
-    """A ready-made dialog message (a broker error answering a refused message)."""
-
-    header: dialog.DialogHeader
-    body: bytes
-
 
 Item = (
     SendFragment | SendAcks | SendHeader | Forward | events.PrincipalQuery | events.PrincipalAnswer

@@ -24,8 +24,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from brokerd.config import EndpointConfig, parse_tcp_address
+from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
-from brokerd.server.outbox import Outbox, SendAcks, SendFragment, SendHeader
+from brokerd.server.outbox import Outbox
 from protocol import dialog, events
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
@@ -225,7 +226,7 @@ class BrokerProtocol(asyncio.Protocol):
         out: list[bytes] = []
         size = transport.get_write_buffer_size()
         outbox = self.outbox
-        build = self.engine.build_fragment
+        build = self.engine.transmission.build_fragment
         send = self.conn.send
         try:
             while outbox and not self._paused and size < HIGH_WATER:

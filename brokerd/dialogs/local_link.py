@@ -1,0 +1,110 @@
+"""The link between databases of one instance: no network, the same dialog rules.
+
+A fragment for a service of this instance goes through :class:`LocalLink` as it
+would through a connection: queued, built when the link drains, acknowledged
+(R-ROUTE-1's ``LOCAL`` address and the ``AutoCreatedLocal`` route).
+
+May import: ``protocol``, ``brokerd.dialogs`` models; the engine only through
+:class:`LocalDelivery`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from brokerd.dialogs.links import Link, SendAcks, SendHeader
+from protocol.dialog import DialogHeader
+from protocol.events import PrincipalAnswer, PrincipalQuery
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.database import Database
+    from brokerd.dialogs.endpoint import Endpoint, OutMessage
+    from brokerd.routing.forwarding import Forward
+
+
+class LocalDelivery(Protocol):
+    """What the local link needs of the dialog engine."""
+
+    databases: dict[str, Database]
+    by_instance: dict[uuid.UUID, Database]
+
+    def build_fragment(
+        self, ep: Endpoint, msg: OutMessage, index: int
+    ) -> tuple[DialogHeader, bytes]: ...
+
+    def on_fragment(
+        self, link: Link, header: DialogHeader, body: bytes, db: Database | None = None
+    ) -> None: ...
+
+    def on_acks(self, link: Link, headers: list[DialogHeader]) -> None: ...
+
+    def transmit(self, ep: Endpoint) -> None: ...
+
+
+class _LocalFragment(NamedTuple):
+    ep: Endpoint
+    msg: OutMessage
+    fragment: int
+    database: str | None
+    """The target database the sender's routing chose (None: route it on arrival)."""
+
+
+class LocalLink:
+    """Delivery between databases of this instance."""
+
+    name = "local"
+    is_open = True
+    status = "delivered inside this instance"
+
+    def __init__(self, engine: LocalDelivery) -> None:
+        self._engine = engine
+        self._items: list[_LocalFragment | SendAcks | SendHeader] = []
+        self._scheduled = False
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
+        target = ep.route.database if ep.route is not None else None
+        self._items.append(_LocalFragment(ep, msg, index, target))
+        self._schedule()
+
+    def queue_acks(self, headers: list[DialogHeader]) -> None:
+        self._items.append(SendAcks(headers))
+        self._schedule()
+
+    def queue_header(self, header: DialogHeader, body: bytes) -> None:
+        self._items.append(SendHeader(header, body))
+        self._schedule()
+
+    def want(self, ep: Endpoint) -> None:
+        self._engine.transmit(ep)
+
+    def forward(self, item: Forward) -> None:
+        raise AssertionError("nothing is forwarded inside the instance")
+
+    def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None:
+        pass  # every database here answers for itself
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        items, self._items = self._items, []
+        engine = self._engine
+        for item in items:
+            if type(item) is _LocalFragment:
+                ep, msg, index, target = item
+                if msg.seq not in ep.outbox:
+                    continue
+                header, body = engine.build_fragment(ep, msg, index)
+                db = engine.databases.get(target) if target else None
+                engine.on_fragment(self, header, body, db)
+            elif type(item) is SendHeader:
+                header, body = item
+                to = header.to_broker_instance
+                engine.on_fragment(self, header, body, engine.by_instance.get(to) if to else None)
+            elif type(item) is SendAcks:
+                engine.on_acks(self, item.headers)

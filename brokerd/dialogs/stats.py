@@ -1,0 +1,22 @@
+"""The dialog engine's counters, shown by the ``stats`` view."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineStats:
+    sent_messages: int = 0
+    delivered_messages: int = 0
+    received_by_application: int = 0
+    fragments_sent: int = 0
+    fragments_received: int = 0
+    retransmissions: int = 0
+    duplicates: int = 0
+    acks_sent: int = 0
+    acks_received: int = 0
+    integrity_failures: int = 0
+    dropped: int = 0
+    broker_errors_sent: int = 0
+    drop_reasons: list[str] = field(default_factory=list)
