@@ -1,6 +1,19 @@
-"""Dialogs: conversation endpoints, their state table, sequencing, reassembly and
+"""Dialogs: conversation endpoints, their state machine, sequencing, reassembly and
 the dialog engine that applies application verbs and peer fragments to them
 (SPEC §4, §5).
+
+Modules, from the models up:
+
+* ``states`` (the endpoint state machine as data, pure), ``endpoint`` (an
+  endpoint and its unacknowledged messages), ``ready`` (messages ready to
+  RECEIVE, by conversation group), ``database`` (one database's image and its
+  recovery), ``work`` (a unit of work), ``links`` (what a link is asked to send),
+  ``stats``;
+* ``deadlines`` (timers and lifetimes), ``router`` (where messages go),
+  ``transmission`` (sending, retransmission, acknowledgements), ``local_link``;
+* the engine: ``core`` (state, lookups, commits), ``verbs`` (the application's
+  verbs), ``receiving`` (what arrives from links), ``engine`` (joins them; life
+  cycle and tick), ``transactions`` (client transactions), ``views``.
 
 May import: ``protocol``, ``brokerd.storage``, ``brokerd.routing``,
 ``brokerd.traces``, ``brokerd.config``, ``brokerd.errors``. Never ``brokerd.server``

@@ -1,0 +1,337 @@
+"""The dialog engine's shared core: its state, lookups, commits and helpers (SPEC §4, §5).
+
+Owns what every part of the engine uses: the databases of the instance and their
+lookups, committing units of work (:meth:`EngineCore.commit`, :meth:`EngineCore.apply`),
+the router, the :class:`~brokerd.dialogs.transmission.Transmission` and the
+:class:`~brokerd.dialogs.deadlines.Deadlines`, messages this broker queues for an
+endpoint's own side (broker errors, DialogTimer), dropped messages, and the trace
+events of a dialog's life. The parts built on it: ``verbs`` (the application's
+verbs) and ``receiving`` (what arrives from links); ``engine`` joins them.
+
+May import: ``protocol``, ``brokerd.storage``, ``brokerd.routing``, ``brokerd.traces``,
+``brokerd.config``, ``brokerd.errors`` and the models of ``brokerd.dialogs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from xml.sax.saxutils import escape
+
+from brokerd.config import BrokerConfig
+from brokerd.dialogs.database import Database
+from brokerd.dialogs.deadlines import Deadlines
+from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_snapshot
+from brokerd.dialogs.links import Link, LinkProvider
+from brokerd.dialogs.local_link import LocalLink
+from brokerd.dialogs.router import Router
+from brokerd.dialogs.states import State
+from brokerd.dialogs.stats import EngineStats
+from brokerd.dialogs.transmission import Transmission
+from brokerd.dialogs.work import Work
+from brokerd.errors import (
+    ConversationNotFound,
+    DatabaseNotFound,
+    DialogError,
+    QueueNotFound,
+    ServiceNotFound,
+)
+from brokerd.storage import queries
+from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
+from brokerd.storage.queries import Statement
+from brokerd.traces.writer import TraceWriter
+from protocol.dialog import (
+    ERROR,
+    DialogHeader,
+    MessageFlags,
+)
+
+_INITIATOR, _SEQUENCED, _END_DIALOG, _ERROR = (
+    int(f)
+    for f in (
+        MessageFlags.INITIATOR,
+        MessageFlags.SEQUENCED,
+        MessageFlags.END_DIALOG,
+        MessageFlags.ERROR,
+    )
+)
+"""The message flags as plain ints: IntFlag arithmetic costs microseconds."""
+log = logging.getLogger("brokerd.dialogs.engine")
+
+ERROR_NS = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
+CODE_SERVICE_NOT_FOUND = -8425
+CODE_CONTRACT_NOT_SUPPORTED = -8408
+CODE_MESSAGE_TYPE_REFUSED = -8457
+CODE_LIFETIME_EXPIRED = -8489
+CODE_VALIDATION_FAILED = -9615
+CODE_MESSAGE_TOO_LARGE = -9617
+
+
+def error_body(code: int, description: str) -> bytes:
+    """The XML body of an Error message (SPEC §6)."""
+    return (
+        f'<?xml version="1.0"?><Error xmlns="{ERROR_NS}"><Code>{code}</Code>'
+        f"<Description>{escape(description)}</Description></Error>"
+    ).encode()
+
+
+class EngineCore:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        databases: dict[str, Database],
+        links: LinkProvider,
+        clock: Callable[[], float] = time.time,
+        trace: TraceWriter | None = None,
+    ) -> None:
+        self.config = config
+        self.trace = trace or TraceWriter(replace(config.trace, enabled=False), "")
+        self.retry = config.retry
+        self.fragment_size = config.limits.fragment_size
+        self.max_message_size = config.limits.max_message_size
+        self.databases = databases
+        self.msdb = databases["msdb"]
+        self.links = links
+        self.clock = clock
+        self.stats = EngineStats()
+        self.by_instance: dict[uuid.UUID, Database] = {}
+        self.deadlines = Deadlines()
+        # Made by the finished engine, which has every method they call back:
+        self.local_link: LocalLink
+        self.router: Router
+        self.transmission: Transmission
+        self._ticker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "engine not started"
+        return self._loop
+
+    def database(self, name: str) -> Database:
+        db = self.databases.get(name)
+        if db is None:
+            raise DatabaseNotFound(f"database {name!r} does not exist on this broker")
+        return db
+
+    def endpoint(self, handle: uuid.UUID) -> tuple[Database, Endpoint]:
+        for db in self.databases.values():
+            ep = db.endpoints.get(handle)
+            if ep is not None:
+                return db, ep
+        raise ConversationNotFound(f"conversation handle {handle} does not exist on this broker")
+
+    def database_of_service(self, service: str) -> Database:
+        found = [db for db in self.databases.values() if service in db.catalog.services]
+        if not found:
+            raise ServiceNotFound(f"service {service!r} does not exist on this broker")
+        if len(found) > 1:
+            raise DialogError(
+                f"service {service!r} exists in several databases "
+                f"({', '.join(db.name for db in found)}); name the database"
+            )
+        return found[0]
+
+    async def commit(self, db: Database, work: Work) -> None:
+        """Make ``work`` durable in one SQLite transaction; its callbacks run after it."""
+        future = db.store.submit(
+            work.statements, on_commit=work.committed, on_failure=work.failed, wait=True
+        )
+        assert future is not None
+        await future
+
+    def apply(
+        self,
+        db: Database,
+        work: Work,
+        then: Callable[[], None],
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        """:meth:`commit` without a future: ``then`` or ``failed`` runs after the commit."""
+
+        def committed() -> None:
+            work.committed()
+            then()
+
+        def not_committed(exc: BaseException) -> None:
+            work.failed(exc)
+            failed(exc)
+
+        db.store.submit(work.statements, on_commit=committed, on_failure=not_committed)
+
+    def _database_of_queue(self, queue: str, database: str | None) -> Database:
+        if database is not None:
+            db = self.database(database)
+            if queue not in db.catalog.queues:
+                raise QueueNotFound(f"queue {queue!r} does not exist in database {db.name!r}")
+            return db
+        found = [db for db in self.databases.values() if queue in db.catalog.queues]
+        if len(found) != 1:
+            raise DialogError(
+                f"queue {queue!r} does not exist on this broker"
+                if not found
+                else f"queue {queue!r} exists in several databases; name the database"
+            )
+        return found[0]
+
+    async def submit_wait(
+        self,
+        db: Database,
+        statements: list[Statement],
+        on_commit: Callable[[], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        future = db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, wait=True)
+        assert future is not None
+        await future
+
+    def transmit(self, ep: Endpoint) -> None:
+        self.transmission.transmit(ep)
+
+    def build_fragment(
+        self, ep: Endpoint, msg: OutMessage, index: int
+    ) -> tuple[DialogHeader, bytes]:
+        return self.transmission.build_fragment(ep, msg, index)
+
+    def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
+        self.transmission.link_up(link, waiting)
+
+    def link_down(self, link: Link, endpoints: Iterable[Endpoint]) -> None:
+        self.transmission.link_down(link, endpoints)
+
+    def drop(self, header: DialogHeader, reason: str) -> None:
+        self.stats.dropped += 1
+        self.trace.emit(
+            "dropped",
+            header.conversation_id,
+            initiator=header.initiator,
+            seq=header.sequence_number,
+            fragment=header.fragment_index,
+            service=header.to_service,
+            reason=reason,
+        )
+        self.note_drop(
+            f"dropped message {header.sequence_number} of conversation {header.conversation_id} "
+            f"for {header.to_service!r}: {reason}"
+        )
+
+    def note_drop(self, text: str) -> None:
+        """Keep the reason for the ``drops`` view (the first 100) and log it."""
+        if len(self.stats.drop_reasons) < 100:
+            self.stats.drop_reasons.append(text)
+        log.warning("%s", text)
+
+    def _trace_begun(self, ep: Endpoint, peer: str | None = None) -> None:
+        self.trace.emit(
+            "dialog_begun",
+            ep.conversation_id,
+            database=ep.database,
+            initiator=ep.initiator,
+            service=ep.service,
+            far_service=ep.far_service,
+            contract=ep.contract,
+            peer=peer,
+        )
+
+    def _trace_discarded(self, ep: Endpoint, seqs: list[int], reason: str) -> None:
+        """Messages leaving the transmission queue undelivered (the audit then stops waiting)."""
+        if seqs:
+            self.trace.emit(
+                "discarded",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                seqs=",".join(map(str, sorted(seqs))),
+                reason=reason,
+            )
+
+    def _trace_closed(self, ep: Endpoint) -> None:
+        if ep.state is State.CLOSED:
+            self.trace.emit(
+                "dialog_ended", ep.conversation_id, database=ep.database, initiator=ep.initiator
+            )
+
+    def _fail_locally(self, db: Database, ep: Endpoint, body: bytes, why: str) -> None:
+        """The broker ends the dialog with an error: the Error goes to this side's queue,
+        unacknowledged messages are dropped, new messages are refused (state ER)."""
+        if ep.broker_error or ep.state is State.CLOSED:
+            return
+        ep.broker_error = True
+        dropped = list(ep.outbox)
+        self._trace_discarded(ep, dropped, why)
+        ep.outbox.clear()
+        ep.refresh_state()
+
+        def committed() -> None:
+            if ep.service == ROUTE_REQUESTER_SERVICE:
+                self.router.request_ended(ep)
+
+        self._queue_local(
+            db, ep, ERROR, body, [*_unqueue_sent(ep, dropped), endpoint_snapshot(ep)], committed
+        )
+
+    def _queue_local(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        body: bytes,
+        extra: list[Statement],
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue a message this broker makes for the endpoint's own side (a broker Error, a
+        DialogTimer), numbered from ``Database.next_local_seq``, with ``extra`` statements
+        in the same transaction; ``then`` runs once it is committed."""
+        seq = db.next_local_seq
+        db.next_local_seq -= 1
+        queue = db.queue_of(ep.service) or ""
+        index = db.ready.get(queue)
+
+        def committed() -> None:
+            if index is not None:
+                index.add(ep.group_id, ep.handle, seq)
+            if then is not None:
+                then()
+
+        db.store.submit(
+            [_queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock()), *extra],
+            on_commit=committed,
+        )
+
+    def _watch(self, ep: Endpoint) -> None:
+        self.deadlines.watch(ep)
+
+
+def _queue_row(
+    ep: Endpoint,
+    queue: str,
+    seq: int,
+    status: int,
+    message_type: str,
+    length: int,
+    body: bytes | None,
+    now: float,
+) -> Statement:
+    """A received message's row in its service queue (``body`` None while fragments arrive)."""
+    return queries.queued_message(
+        queue,
+        ep.group_text,
+        ep.handle_text,
+        seq,
+        status,
+        ep.service,
+        ep.contract,
+        message_type,
+        length,
+        body,
+        now,
+    )
+
+
+def _unqueue_sent(ep: Endpoint, seqs: Iterable[int], through: int = 0) -> list[Statement]:
+    """Delete sent messages from the transmission queue (acknowledged, or dropped by an error)."""
+    return queries.unqueue_sent(ep.handle_text, seqs, through)

@@ -1,0 +1,439 @@
+"""What arrives from links: fragments, acknowledgements, broker errors (SPEC §4, R-DLG-2..8).
+
+A fragment is routed (or forwarded, or dropped), checked against the target's
+contract and validation, deduplicated (R-DLG-4), stored in order or held
+(status 2) until the messages before it arrive (R-DLG-7), reassembled from its
+fragments, and acknowledged only after the commit that made it durable
+(R-DLG-5). An acknowledgement removes what it confirms from the transmission
+queue. A refused message is answered with an unsequenced broker Error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from brokerd.dialogs.core import (
+    _END_DIALOG,
+    _ERROR,
+    _INITIATOR,
+    CODE_CONTRACT_NOT_SUPPORTED,
+    CODE_MESSAGE_TOO_LARGE,
+    CODE_MESSAGE_TYPE_REFUSED,
+    CODE_SERVICE_NOT_FOUND,
+    CODE_VALIDATION_FAILED,
+    EngineCore,
+    _queue_row,
+    _unqueue_sent,
+    error_body,
+)
+from brokerd.dialogs.database import Database
+from brokerd.dialogs.endpoint import Endpoint, endpoint_snapshot
+from brokerd.dialogs.links import Link
+from brokerd.dialogs.states import State
+from brokerd.errors import (
+    StoreError,
+)
+from brokerd.storage import queries
+from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
+from brokerd.storage.queries import Statement
+from protocol.dialog import (
+    ERROR,
+    Acknowledgement,
+    DialogHeader,
+)
+
+log = logging.getLogger("brokerd.dialogs.receiving")
+
+
+class Receiving(EngineCore):
+    def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
+        elsewhere: list[DialogHeader] = []
+        for h in headers:
+            self.stats.acks_received += 1
+            ep = self._endpoint_for(h)
+            if ep is not None:
+                self._apply_ack(ep, h.ack, h.from_broker_instance)
+            elif link is not self.local_link:
+                elsewhere.append(h)
+        if elsewhere and self.router.forwarding:
+            self.router.forward_acks(elsewhere)
+
+    def _endpoint_for(self, h: DialogHeader) -> Endpoint | None:
+        key = (h.conversation_id, not h.initiator)
+        if h.to_broker_instance is not None:
+            db = self.by_instance.get(h.to_broker_instance)
+            return db.by_key.get(key) if db else None
+        for db in self.databases.values():
+            ep = db.by_key.get(key)
+            if ep is not None:
+                return ep
+        return None
+
+    def _apply_ack(self, ep: Endpoint, ack: Acknowledgement, far_instance: uuid.UUID) -> None:
+        db = self.databases[ep.database]
+        statements: list[Statement] = []
+        changed = False
+        if ep.far_broker_instance is None:
+            ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
+            self.router.rebind(ep)
+            changed = True
+        outbox = ep.outbox
+        removed: list[int] = []
+        for seq in list(outbox):
+            if seq <= ack.through:
+                removed.append(seq)
+            else:
+                break
+        if ack.ranges or ack.fragments:
+            for seq, msg in list(outbox.items()):
+                if seq <= ack.through:
+                    continue
+                if ack.covers(seq):
+                    removed.append(seq)
+                elif msg.fragment_count > 1:
+                    for f in ack.fragments:
+                        if f.sequence_number == seq:
+                            msg.acked_fragments.update(range(f.first, f.last + 1))
+        for seq in removed:
+            del outbox[seq]
+        if removed:
+            self.trace.emit(
+                "ack_received",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                through=ack.through,
+                acked=len(removed),
+                seqs=",".join(map(str, removed)),
+            )
+        statements += _unqueue_sent(ep, removed, ack.through)
+        if ep.refresh_state():
+            changed = True
+            self._trace_closed(ep)
+        if changed:
+            statements.append(endpoint_snapshot(ep))
+        if statements:
+            db.store.submit(statements)
+
+    def on_fragment(
+        self, link: Link, header: DialogHeader, body: bytes, db: Database | None = None
+    ) -> None:
+        """One fragment arrived (already integrity-checked by the protocol layer).
+
+        ``db`` is the target database when the sender is in this instance (its own
+        routing chose it); a message from outside is routed here (R-ROUTE-1, R-ROUTE-2),
+        and relayed or dropped if it is not for this instance.
+        """
+        self.stats.fragments_received += 1
+        if self.trace.enabled:
+            self.trace.emit(
+                "fragment_received",
+                header.conversation_id,
+                initiator=header.initiator,
+                seq=header.sequence_number,
+                fragment=header.fragment_index,
+                fragments=header.fragment_count,
+                size=len(body),
+                hop=header.hop_count or None,
+                peer=link.name,
+            )
+        if db is None:
+            db = self.router.inbound(header, body)
+            if db is None:
+                return
+        if db.mirror_role == "mirror":
+            self.drop(header, f"database {db.name!r} is the mirror partner (R-ROUTE-10)")
+            self.router.tell_mirror(link, db, header)
+            return
+        if db.rx_suspended:
+            return self.drop(header, f"database {db.name!r} is recovering from a store error")
+        ep = db.by_key.get((header.conversation_id, not header.initiator))
+        if ep is None:
+            if not header.initiator or not header.sequenced:
+                return self.drop(header, "no conversation endpoint for this message")
+            ep = self._new_target_endpoint(db, link, header, body)
+            if ep is None:
+                return
+            checked = True
+        else:
+            checked = False
+        ep.last_link = link
+        if ep.far_broker_instance is None:
+            ep.far_broker_instance = header.from_broker_instance
+        if header.ack.through or header.ack.ranges or header.ack.fragments:
+            self._apply_ack(ep, header.ack, header.from_broker_instance)
+        if not header.sequenced:
+            if header.flags & _ERROR:
+                self._on_broker_error(db, ep, header, body)
+            return
+        seq = header.sequence_number
+        if ep.accepted.has_fragment(seq, header.fragment_index):
+            self.stats.duplicates += 1
+            self.trace.emit(
+                "duplicate",
+                ep.conversation_id,
+                database=db.name,
+                initiator=header.initiator,
+                seq=seq,
+                fragment=header.fragment_index,
+                peer=link.name,
+            )
+            self.transmission.ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
+            return
+        if ep.state is State.CLOSED or ep.broker_error:
+            return self.drop(header, f"conversation is {ep.state.value}")
+        refusal = None if checked else self._refusal(db, ep.contract, header, body)
+        if refusal is not None:
+            code, text = refusal
+            self._send_broker_error(link, db, header, code, text)
+            return
+        if header.fragment_count == 1:
+            self._accept_message(db, ep, header, body)
+        else:
+            self._accept_fragment(db, ep, header, body)
+
+    def _refusal(
+        self, db: Database, contract: str, header: DialogHeader, body: bytes
+    ) -> tuple[int, str] | None:
+        """Why the receiver refuses this message (R-OBJ-1, R-DLG-3, size), as (code, text)."""
+        if header.message_length > self.max_message_size:
+            return CODE_MESSAGE_TOO_LARGE, (
+                f"message of {header.message_length} bytes exceeds this broker's "
+                f"max_message_size of {self.max_message_size}"
+            )
+        refusal = db.catalog.send_refusal(contract, header.message_type, header.initiator)
+        if refusal:
+            return CODE_MESSAGE_TYPE_REFUSED, refusal
+        if header.fragment_count == 1:
+            invalid = db.catalog.validation_problem(header.message_type, body)
+            if invalid:
+                return CODE_VALIDATION_FAILED, invalid
+        return None
+
+    def _new_target_endpoint(
+        self, db: Database, link: Link, header: DialogHeader, body: bytes
+    ) -> Endpoint | None:
+        """The target's endpoint, created by the first message if the target accepts it."""
+        service = db.catalog.services.get(header.to_service)
+        if service is None:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_SERVICE_NOT_FOUND,
+                f"service {header.to_service!r} does not exist in database {db.name!r}",
+            )
+            return None
+        if header.contract not in service.contracts:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_CONTRACT_NOT_SUPPORTED,
+                f"service {header.to_service!r} does not accept contract {header.contract!r}",
+            )
+            return None
+        refusal = self._refusal(db, header.contract, header, body)
+        if refusal is not None:
+            self._send_broker_error(link, db, header, *refusal)
+            return None
+        ep = Endpoint(
+            handle=uuid.uuid4(),
+            conversation_id=header.conversation_id,
+            initiator=False,
+            group_id=uuid.uuid4(),
+            database=db.name,
+            service=header.to_service,
+            far_service=header.from_service,
+            far_broker_instance=header.from_broker_instance,
+            contract=header.contract,
+            state=State.STARTED_INBOUND,
+            lifetime=header.lifetime,
+            created_at=self.clock(),
+        )
+        db.add_endpoint(ep)
+        self._watch(ep)
+        self._trace_begun(ep, link.name)
+        return ep
+
+    def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> None:
+        for s in released:
+            f = flags if s == seq else ep.held_end_flags.pop(s, 0)
+            if f & _ERROR:
+                ep.ended_remote = True
+                ep.error_received = True
+            elif f & _END_DIALOG:
+                ep.ended_remote = True
+        if not released and flags & (_ERROR | _END_DIALOG):
+            ep.held_end_flags[seq] = flags
+        if ep.refresh_state():
+            self._trace_closed(ep)
+
+    def _accept_message(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        seq = header.sequence_number
+        released = ep.accepted.add_message(seq)
+        self._release(ep, released, seq, header.flags)
+        queue = db.queue_of(ep.service) or ""
+        h = ep.handle_text
+        statements: list[Statement] = [
+            _queue_row(
+                ep,
+                queue,
+                seq,
+                1 if released else 2,
+                header.message_type,
+                len(body),
+                body,
+                self.clock(),
+            ),
+            *queries.promote(h, released[1:]),
+            endpoint_snapshot(ep),
+        ]
+        self._submit_received(db, ep, queue, statements, released, seq, None)
+
+    def _accept_fragment(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        seq, index = header.sequence_number, header.fragment_index
+        first = seq not in ep.accepted.fragments
+        complete = ep.accepted.add_fragment(seq, index, header.fragment_count)
+        queue = db.queue_of(ep.service) or ""
+        h = ep.handle_text
+        statements: list[Statement] = []
+        if first:
+            statements.append(
+                _queue_row(
+                    ep,
+                    queue,
+                    seq,
+                    2,
+                    header.message_type,
+                    header.message_length,
+                    None,
+                    self.clock(),
+                )
+            )
+        statements.append(queries.fragment(h, seq, index, header.fragment_offset, body))
+        if not complete:
+            statements.append(endpoint_snapshot(ep))
+            self._submit_received(db, ep, queue, statements, [], seq, index)
+            return
+        released = ep.accepted.add_message(seq)
+        self._release(ep, released, seq, header.flags)
+        statements += queries.promote(h, released[1:])
+        statements.append(endpoint_snapshot(ep))
+        status = 1 if released else 2
+        catalog = db.catalog
+        message_type = header.message_type
+
+        def assemble(conn: sqlite3.Connection) -> None:
+            whole = queries.assemble(conn, h, seq, status)
+            problem = catalog.validation_problem(message_type, whole)
+            if problem:
+                log.warning("reassembled message %s of %s fails validation: %s", seq, h, problem)
+
+        self._submit_received(db, ep, queue, statements, released, seq, None, assemble)
+
+    def _submit_received(
+        self,
+        db: Database,
+        ep: Endpoint,
+        queue: str,
+        statements: list[Statement],
+        released: list[int],
+        seq: int,
+        fragment: int | None,
+        fn: Callable[[sqlite3.Connection], Any] | None = None,
+    ) -> None:
+        index = db.ready.get(queue)
+
+        def committed() -> None:
+            if fragment is None:
+                ep.durable.add_message(seq)
+            else:
+                ep.durable.add_fragment(seq, fragment, 1 << 30)
+            if index is not None:
+                for s in released:
+                    index.add(ep.group_id, ep.handle, s)
+            for s in released:
+                self.trace.emit(
+                    "delivered",
+                    ep.conversation_id,
+                    database=db.name,
+                    initiator=not ep.initiator,
+                    seq=s,
+                    queue=queue,
+                )
+            if released:
+                self.stats.delivered_messages += len(released)
+                if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
+                    self.router.request_ended(ep)
+            self.transmission.ack_needed(ep)
+
+        def failed(exc: BaseException) -> None:
+            log.error("store error while receiving into %s: %s", db.name, exc)
+            self._suspend_receiving(db)
+
+        db.store.submit(statements, fn=fn, on_commit=committed, on_failure=failed)
+
+    def _suspend_receiving(self, db: Database) -> None:
+        """After a failed write, refuse inbound traffic until memory matches the file again."""
+        if db.rx_suspended:
+            return
+        db.rx_suspended = True
+
+        async def reload() -> None:
+            await asyncio.sleep(1.0)
+            try:
+                # A job of its own: it runs after every write already queued.
+                await db.reload_received()
+            except StoreError:
+                log.exception("database %s still failing; retrying", db.name)
+                db.rx_suspended = False
+                self._suspend_receiving(db)
+                return
+            db.rx_suspended = False
+
+        self.loop.create_task(reload())
+
+    def _send_broker_error(
+        self, link: Link, db: Database | None, header: DialogHeader, code: int, text: str
+    ) -> None:
+        """An unsequenced Error in answer to a refused message (R-DLG-2); nothing is stored."""
+        self.stats.broker_errors_sent += 1
+        self.drop(header, f"refused with broker error {code}: {text}")
+        body = error_body(code, text)
+        instance = (db or self.msdb).broker_instance
+        reply = DialogHeader(
+            header.conversation_id,
+            header.to_service,
+            header.from_service,
+            instance,
+            header.from_broker_instance,
+            header.contract,
+            ERROR,
+            int(_ERROR) | (0 if header.initiator else int(_INITIATOR)),
+            0,
+            0,
+            1,
+            0,
+            len(body),
+        )
+        link.queue_header(reply, body)
+
+    def _on_broker_error(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        self._fail_locally(db, ep, body, "the broker reported an error for the conversation")
+
+    def on_integrity_failure(self, link: Link, reason: str) -> None:
+        self.stats.integrity_failures += 1
+        self.trace.emit("integrity_failure", peer=link.name, reason=reason)
+        log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)

@@ -1,0 +1,516 @@
+"""The application's verbs (SPEC §6, R-DLG-3, R-DLG-11, R-DLG-12).
+
+BEGIN DIALOG, SEND (checked against the contract and the message type's
+validation), END CONVERSATION (all forms), MOVE CONVERSATION, RECEIVE (a
+:class:`~brokerd.dialogs.database.Lease` on one conversation group), BEGIN
+CONVERSATION TIMER and ALTER QUEUE. Each verb has a ``*_work`` form that checks,
+changes memory and returns a :class:`~brokerd.dialogs.work.Work`, and an
+awaitable form that commits it alone; a client transaction commits several.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Collection, Iterable
+from typing import Any
+
+from brokerd.dialogs.core import (
+    _END_DIALOG,
+    _ERROR,
+    _INITIATOR,
+    _SEQUENCED,
+    EngineCore,
+    _unqueue_sent,
+    error_body,
+)
+from brokerd.dialogs.database import Database, Lease
+from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_deletion, endpoint_snapshot
+from brokerd.dialogs.states import State
+from brokerd.dialogs.work import Work
+from brokerd.errors import (
+    ContractViolation,
+    ConversationEnded,
+    InvalidRequest,
+    LockConflict,
+    MessageTooLarge,
+    NotPrincipal,
+    QueueDisabled,
+    ServiceNotFound,
+    ValidationFailed,
+)
+from brokerd.storage import queries
+from brokerd.storage.queries import Statement
+from protocol.dialog import (
+    END_DIALOG,
+    ERROR,
+)
+from protocol.fragments import fragment_count
+
+log = logging.getLogger("brokerd.dialogs.verbs")
+
+
+class ApplicationVerbs(EngineCore):
+    def new_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> tuple[Database, Endpoint]:
+        """BEGIN DIALOG's checks and the new initiator endpoint, not registered yet."""
+        db = self.database(database) if database else self.database_of_service(from_service)
+        if db.mirror_role == "mirror":
+            raise NotPrincipal(
+                f"database {db.name!r} is the mirror partner; begin dialogs on the principal "
+                "(R-ROUTE-10)"
+            )
+        if from_service not in db.catalog.services:
+            raise ServiceNotFound(
+                f"service {from_service!r} does not exist in database {db.name!r}"
+            )
+        if contract not in db.catalog.contracts:
+            raise ContractViolation(f"contract {contract!r} does not exist in database {db.name!r}")
+        if not to_service:
+            raise InvalidRequest("the target service name must not be empty")
+        group = uuid.uuid4()
+        if related_conversation is not None:
+            group = self.endpoint(related_conversation)[1].group_id
+        ep = Endpoint(
+            handle=uuid.uuid4(),
+            conversation_id=uuid.uuid4(),
+            initiator=True,
+            group_id=group,
+            database=db.name,
+            service=from_service,
+            far_service=to_service,
+            far_broker_instance=to_broker_instance,
+            contract=contract,
+            state=State.STARTED_OUTBOUND,
+            lifetime=max(0, int(lifetime)),
+            created_at=self.clock(),
+        )
+        return db, ep
+
+    def begin_dialog_work(self, db: Database, ep: Endpoint) -> Work:
+        """Register the endpoint from :meth:`new_dialog`; forgotten if the work fails."""
+        db.add_endpoint(ep)
+
+        def committed() -> None:
+            self._watch(ep)
+            self._trace_begun(ep)
+
+        return Work().add([endpoint_snapshot(ep)], committed, lambda _: db.remove_endpoint(ep))
+
+    async def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> Endpoint:
+        db, ep = self.new_dialog(
+            from_service,
+            to_service,
+            contract,
+            database,
+            to_broker_instance,
+            lifetime,
+            related_conversation,
+        )
+        await self.commit(db, self.begin_dialog_work(db, ep))
+        return ep
+
+    def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None:
+        """SEND's checks: the endpoint's state, the size, the contract (R-DLG-3), validation."""
+        problem = ep.may_send()
+        if problem:
+            raise ConversationEnded(f"cannot SEND on conversation {ep.handle}: {problem}")
+        if len(body) > self.max_message_size:
+            raise MessageTooLarge(
+                f"message of {len(body)} bytes exceeds max_message_size {self.max_message_size}"
+            )
+        refusal = db.catalog.send_refusal(ep.contract, message_type, ep.initiator)
+        if refusal:
+            raise ContractViolation(f"SEND refused by contract {ep.contract!r}: {refusal}")
+        invalid = db.catalog.validation_problem(message_type, body)
+        if invalid:
+            raise ValidationFailed(f"SEND refused: {invalid}")
+
+    def send_work(
+        self, db: Database, ep: Endpoint, message_type: str, body: bytes
+    ) -> tuple[int, Work]:
+        self.check_send(db, ep, message_type, body)
+        return self._enqueue_work(db, ep, message_type, int(_SEQUENCED), body)
+
+    async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
+        db, ep = self.endpoint(handle)
+        seq, work = self.send_work(db, ep, message_type, body)
+        await self.commit(db, work)
+        return seq
+
+    async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> list[int]:
+        """SEND several messages with one commit per database (a producer's batched path).
+
+        Every message is checked before any is queued: one refusal refuses the batch.
+        """
+        found = [
+            (*self.endpoint(handle), message_type, body) for handle, message_type, body in messages
+        ]
+        for db, ep, message_type, body in found:
+            self.check_send(db, ep, message_type, body)
+        works: dict[str, tuple[Database, Work]] = {}
+        seqs: list[int] = []
+        flags = int(_SEQUENCED)
+        for db, ep, message_type, body in found:
+            seq, work = self._enqueue_work(db, ep, message_type, flags, body)
+            seqs.append(seq)
+            works.setdefault(db.name, (db, Work()))[1].extend(work)
+        await asyncio.gather(*(self.commit(db, work) for db, work in works.values()))
+        return seqs
+
+    def _enqueue_work(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        flags: int,
+        body: bytes,
+        extra: Iterable[Statement] = (),
+    ) -> tuple[int, Work]:
+        ep.send_sequence += 1
+        seq = ep.send_sequence
+        if ep.initiator:
+            flags |= _INITIATOR
+        msg = OutMessage(
+            seq=seq,
+            message_type=message_type,
+            flags=flags,
+            body=body,
+            enqueued_at=self.clock(),
+            fragment_count=fragment_count(len(body), self.fragment_size),
+        )
+        ep.uncommitted_sends += 1
+        ep.refresh_state()
+        trace = self.trace
+        trace.emit(
+            "message_sent",
+            ep.conversation_id,
+            database=db.name,
+            initiator=ep.initiator,
+            seq=seq,
+            size=len(body),
+            message_type=message_type,
+            service=ep.service,
+            far_service=ep.far_service,
+        )
+        statements: list[Statement] = [
+            *extra,
+            queries.sent_message(ep.handle_text, seq, message_type, flags, body, msg.enqueued_at),
+            endpoint_snapshot(ep),
+        ]
+
+        def committed() -> None:
+            ep.uncommitted_sends -= 1
+            ep.outbox[seq] = msg
+            self.stats.sent_messages += 1
+            trace.emit(
+                "enqueued",
+                ep.conversation_id,
+                database=db.name,
+                initiator=ep.initiator,
+                seq=seq,
+                size=len(body),
+                fragments=msg.fragment_count,
+            )
+            self.transmit(ep)
+
+        def failed(_: BaseException) -> None:
+            ep.uncommitted_sends -= 1
+            if ep.send_sequence == seq:
+                ep.send_sequence -= 1
+                ep.refresh_state(undo=True)
+
+        return seq, Work().add(statements, committed, failed)
+
+    def end_conversation_work(
+        self,
+        db: Database,
+        ep: Endpoint,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> Work:
+        if cleanup:
+            return self._cleanup_work(db, ep)
+        if ep.ended_local or ep.state is State.CLOSED:
+            return Work()
+        ep.ended_local = True
+        dropped = dict(ep.outbox)
+
+        def failed(_: BaseException) -> None:
+            ep.ended_local = False
+            ep.outbox.update(dropped)
+            ep.refresh_state(undo=True)
+
+        work = Work().add(on_failure=failed)
+        if ep.broker_error:
+            self._trace_discarded(ep, list(dropped), "END CONVERSATION after a broker error")
+            ep.outbox.clear()
+            ep.refresh_state()
+            return work.add([endpoint_snapshot(ep)])
+        if error_code is not None:
+            self._trace_discarded(ep, list(dropped), "END CONVERSATION WITH ERROR")
+            ep.outbox.clear()
+            _, enqueued = self._enqueue_work(
+                db,
+                ep,
+                ERROR,
+                int(_SEQUENCED | _ERROR),
+                error_body(error_code, description),
+                _unqueue_sent(ep, list(dropped)),
+            )
+        else:
+            _, enqueued = self._enqueue_work(db, ep, END_DIALOG, int(_SEQUENCED | _END_DIALOG), b"")
+        return work.extend(enqueued)
+
+    async def end_conversation(
+        self,
+        handle: uuid.UUID,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> None:
+        db, ep = self.endpoint(handle)
+        work = self.end_conversation_work(db, ep, error_code, description, cleanup)
+        if work.statements:
+            await self.commit(db, work)
+
+    def _cleanup_work(self, db: Database, ep: Endpoint) -> Work:
+        self._trace_discarded(ep, list(ep.outbox), "END CONVERSATION WITH CLEANUP")
+        ep.outbox.clear()
+        ep.state = State.CLOSED
+        self._trace_closed(ep)
+        db.remove_endpoint(ep)
+        queue = db.queue_of(ep.service)
+        if queue in db.ready:
+            db.ready[queue].drop_conversation(ep.handle)
+        ep.timer_due = 0.0
+        return Work().add([*queries.forget_conversation(ep.handle_text), endpoint_deletion(ep)])
+
+    def check_move(
+        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
+    ) -> None:
+        """MOVE CONVERSATION's check: neither group is locked by another transaction
+        (``owned`` are the groups the caller's own transaction holds)."""
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        if index is None:
+            return
+        for gid in (ep.group_id, group):
+            if gid in index.locked and gid not in owned:
+                raise LockConflict(
+                    f"conversation group {gid} is locked by a RECEIVE of another transaction"
+                )
+
+    def move_conversation_work(
+        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
+    ) -> Work:
+        """MOVE CONVERSATION: the conversation joins conversation group ``group``.
+
+        Its waiting messages move with it. Refused while another transaction holds
+        either group (its messages are being received).
+        """
+        old = ep.group_id
+        if old == group:
+            return Work()
+        self.check_move(db, ep, group, owned)
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        ep.group_id = group
+        if index is not None:
+            index.move_conversation(ep.handle, old, group)
+
+        def failed(_: BaseException) -> None:
+            ep.group_id = old
+            if index is not None:
+                index.move_conversation(ep.handle, group, old)
+
+        return Work().add(
+            [queries.regroup(ep.handle_text, ep.group_text), endpoint_snapshot(ep)],
+            on_failure=failed,
+        )
+
+    async def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
+        db, ep = self.endpoint(handle)
+        await self.commit(db, self.move_conversation_work(db, ep, group))
+
+    async def discard_received(self, ep: Endpoint) -> None:
+        """Remove what ``ep`` received from its queue (system dialogs consume their replies)."""
+        db = self.databases[ep.database]
+        queue = db.queue_of(ep.service)
+        if queue in db.ready:
+            db.ready[queue].drop_conversation(ep.handle)
+        await self.submit_wait(db, [queries.discard_received(ep.handle_text)])
+
+    async def take_ready(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+        owned: Collection[uuid.UUID] = (),
+    ) -> Lease | None:
+        """RECEIVE's choice: up to ``top`` ready messages of one conversation group, whose
+        lock the returned lease holds; waits up to ``timeout`` s (negative: forever).
+
+        ``owned`` are groups the caller's transaction already holds: they may be taken
+        from again. None when nothing arrived in time.
+        """
+        db = self._database_of_queue(queue, database)
+        info = db.catalog.queues[queue]
+        if not info.status:
+            raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
+        index = db.ready[queue]
+        group = None
+        if handle is not None:
+            group = self.endpoint(handle)[1].group_id
+        deadline = None if timeout < 0 else self.loop.time() + timeout
+        while True:
+            taken = index.take(max(1, top), handle, group, owned)
+            if taken is not None:
+                gid, items = taken
+                return Lease(db, queue, index, gid, items, info.retention, gid not in owned)
+            remaining = None if deadline is None else deadline - self.loop.time()
+            if remaining is not None and remaining <= 0:
+                return None
+            index.changed.clear()
+            try:
+                await asyncio.wait_for(index.changed.wait(), remaining)
+            except TimeoutError:
+                return None
+
+    async def read_leased(self, lease: Lease) -> list[dict[str, Any]]:
+        """The rows of a lease's messages, read without removing them."""
+        try:
+            return await lease.db.store.run(lambda conn: queries.read_received(conn, lease.items))
+        except BaseException:
+            self.release(lease, received=False)
+            raise
+
+    def receive_work(self, lease: Lease) -> Work:
+        """Remove a lease's messages from the queue (or keep them with status 0 under
+        RETENTION); once committed the group's lock is released."""
+        rows = [queries.received(str(h), s, lease.retention) for h, s in lease.items]
+        return Work().add(
+            rows,
+            on_commit=lambda: self.release(lease, received=True),
+            on_failure=lambda _: self.release(lease, received=False),
+        )
+
+    def release(self, lease: Lease, received: bool) -> None:
+        """Unlock a lease's group; its messages go back in front, in order, unless received."""
+        if lease.released:
+            return
+        lease.released = True
+        index = lease.index
+        if not received:
+            # A conversation cleaned up meanwhile has no rows left to give back.
+            kept = [item for item in lease.items if item[0] in lease.db.endpoints]
+            if kept:
+                index.put_back(lease.group, kept)
+        if lease.locks:
+            index.locked.discard(lease.group)
+        if index.count:
+            index.changed.set()
+        if received:
+            self._trace_received(lease)
+
+    def _trace_received(self, lease: Lease) -> None:
+        self.stats.received_by_application += len(lease.items)
+        if not self.trace.enabled:
+            return
+        db = lease.db
+        for handle, seq in lease.items:
+            owner = db.endpoints.get(handle)
+            if owner is not None:
+                self.trace.emit(
+                    "received",
+                    owner.conversation_id,
+                    database=db.name,
+                    initiator=not owner.initiator,
+                    seq=seq,
+                    queue=lease.queue,
+                )
+
+    async def receive(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+    ) -> list[dict[str, Any]]:
+        """RECEIVE TOP (top) outside a transaction: the messages leave the queue in the
+        same commit that reads them (autocommit; at most once to the application)."""
+        lease = await self.take_ready(queue, database, top, timeout, handle)
+        if lease is None:
+            return []
+        future = lease.db.store.submit(
+            (),
+            fn=lambda conn: queries.read_received(conn, lease.items, True, lease.retention),
+            on_commit=lambda: self.release(lease, received=True),
+            on_failure=lambda _: self.release(lease, received=False),
+            wait=True,
+        )
+        assert future is not None
+        rows: list[dict[str, Any]] = await future
+        return rows
+
+    async def alter_queue(self, queue: str, status: bool, database: str | None = None) -> None:
+        """ALTER QUEUE ... WITH STATUS = ON | OFF (R-DLG-12).
+
+        While a queue is off, messages for it are still accepted, stored and
+        acknowledged, but RECEIVE refuses; turning it on makes them receivable.
+        """
+        db = self._database_of_queue(queue, database)
+        info = db.catalog.queues[queue]
+        await self.submit_wait(db, [queries.set_queue_status(queue, status)])
+        info.status = status
+        if status:
+            db.ready[queue].changed.set()
+
+    def check_timer(self, ep: Endpoint, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER's checks: an open conversation, a timeout >= 0."""
+        if ep.state is State.CLOSED:
+            raise ConversationEnded(f"cannot set a timer on conversation {ep.handle}: it is closed")
+        if not timeout >= 0:
+            raise InvalidRequest(f"timer timeout must be >= 0 seconds, not {timeout}")
+
+    def timer_work(self, db: Database, ep: Endpoint, timeout: float) -> Work:
+        """BEGIN CONVERSATION TIMER (R-DLG-11): a DialogTimer message in this side's queue
+        after ``timeout`` seconds. A new timer replaces the conversation's current one; it
+        is not shared with the other side and does not change the lifetime."""
+        self.check_timer(ep, timeout)
+        due = self.clock() + timeout
+
+        def committed() -> None:
+            ep.timer_due = due
+            self._watch(ep)
+
+        return Work().add(
+            [queries.set_timer(ep.handle_text, due)],
+            committed,
+        )
+
+    async def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
+        db, ep = self.endpoint(handle)
+        await self.commit(db, self.timer_work(db, ep, timeout))
