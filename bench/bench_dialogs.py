@@ -31,8 +31,11 @@ the target queue), then enqueued to RECEIVE returned.
 
 Verified: exactly once (every marker once, count == M, nothing more arrives
 after), the sequence number received for each marker is the one its SEND
-returned, and per conversation handle the sequence numbers strictly increase
-in the order the RECEIVE responses reached the benchmark.
+returned, per conversation handle the sequence numbers each receiver connection
+got strictly increase, and (with traces on) the receiving broker's ``received``
+events, in commit order, have increasing sequence numbers per conversation. Two
+receivers' replies may reach the benchmark in either order: an autocommit
+RECEIVE releases its conversation group at its commit, before its reply is read.
 Any violation makes the exit status 1.
 
 Usage: python bench/bench_dialogs.py [--messages 5000] [--dialogs 20] [--senders 8] [--window 1]
@@ -64,6 +67,7 @@ from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.server.daemon import install_uvloop
 from brokerd.tools import example
 from brokerd.tools.launcher import Daemon, Deployment
+from brokerd.traces.writer import read_events, segment_files
 
 MARKER = struct.Struct("<qIIB")
 """Send-start perf_counter_ns, dialog number, index within the run, phase."""
@@ -112,6 +116,8 @@ class Received:
     dialog: int
     index: int
     phase: int
+    receiver: int
+    """Which receiver connection got it."""
 
 
 @dataclass
@@ -123,7 +129,7 @@ class RunState:
     batches: list[int] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def record(self, now: int, batch: list[ReceivedMessage]) -> None:
+    def record(self, now: int, batch: list[ReceivedMessage], receiver: int = 0) -> None:
         if not batch:
             return
         wall = time.time()
@@ -148,6 +154,7 @@ class RunState:
                     dialog,
                     index,
                     phase,
+                    receiver,
                 )
             )
             if phase == MEASURED:
@@ -180,12 +187,14 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-async def _receive_until(client: BrokerClient, state: RunState, deadline: float) -> None:
+async def _receive_until(
+    client: BrokerClient, state: RunState, deadline: float, receiver: int
+) -> None:
     while not state.done.is_set():
         if time.monotonic() > deadline:
             return
         batch = await client.receive(QUEUE, top=TOP, timeout=POLL)
-        state.record(time.perf_counter_ns(), batch)
+        state.record(time.perf_counter_ns(), batch, receiver)
 
 
 async def measure(
@@ -251,7 +260,10 @@ async def measure(
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         bench_cpu_before = time.process_time()
         deadline = time.monotonic() + timeout
-        receive_tasks = [asyncio.create_task(_receive_until(c, state, deadline)) for c in receivers]
+        receive_tasks = [
+            asyncio.create_task(_receive_until(c, state, deadline, n))
+            for n, c in enumerate(receivers)
+        ]
         await asyncio.sleep(0.05)  # the receivers are waiting before the first SEND
         tasks = receive_tasks + [
             asyncio.create_task(send_loop(c)) for c in send_clients for _ in range(window)
@@ -292,6 +304,9 @@ async def measure(
     problems += verify(
         rows, warm.rows, handles, warm_seq, send_seq, messages=messages, dialogs=dialogs, size=size
     )
+    await asyncio.sleep(0.5)  # the receiving broker flushes its traces every 0.2 s
+    broker_order = received_order_problems(receiver.directory / "data" / "traces")
+    problems += broker_order or []
     if unacked:
         problems.append(f"{unacked} message(s) still unacknowledged on the sender after 10 s")
 
@@ -359,6 +374,26 @@ async def measure(
     }
 
 
+def received_order_problems(trace_dir: Path) -> list[str] | None:
+    """Per conversation, the receiving broker's ``received`` events (in commit order) must
+    have increasing sequence numbers (R-DLG-1). None when the broker writes no traces."""
+    if not trace_dir.is_dir():
+        return None
+    last: dict[str, int] = {}
+    problems: list[str] = []
+    for event in read_events(segment_files([trace_dir])):
+        if event.get("event") != "received":
+            continue
+        conversation, seq = str(event.get("conversation_id")), int(event.get("seq", 0))
+        if seq <= last.get(conversation, 0) and len(problems) < 20:
+            problems.append(
+                f"broker order: conversation {conversation} received seq {seq} after "
+                f"{last[conversation]}"
+            )
+        last[conversation] = max(seq, last.get(conversation, 0))
+    return problems
+
+
 def verify(
     rows: list[Received],
     warm_rows: list[Received],
@@ -379,7 +414,7 @@ def verify(
 
     target_of: dict[int, uuid.UUID] = {}
     dialog_of: dict[uuid.UUID, int] = {}
-    last_seq: dict[uuid.UUID, int] = {}
+    last_seq: dict[tuple[int, uuid.UUID], int] = {}
     seen: set[tuple[int, int, int]] = set()
     measured = 0
     for r in sorted(warm_rows, key=lambda r: r.order) + sorted(rows, key=lambda r: r.order):
@@ -408,10 +443,16 @@ def verify(
             measured += 1
         if r.seq != expected:
             complain(f"marker {marker}: received as seq {r.seq}, SEND returned {expected}")
-        previous = last_seq.get(r.handle, 0)
+        # Two receivers' replies may reach this process in either order: an autocommit
+        # RECEIVE releases the group's lock at its commit, before its reply is read. The
+        # order the broker received them in is checked from its traces.
+        previous = last_seq.get((r.receiver, r.handle), 0)
         if r.seq <= previous:
-            complain(f"order: conversation {r.handle} delivered seq {r.seq} after {previous}")
-        last_seq[r.handle] = max(previous, r.seq)
+            complain(
+                f"order: receiver {r.receiver} got seq {r.seq} of conversation {r.handle} "
+                f"after {previous}"
+            )
+        last_seq[(r.receiver, r.handle)] = max(previous, r.seq)
     if measured != messages:
         complain(f"count: {measured} distinct messages received, {messages} sent")
     if len(target_of) != len(handles):

@@ -194,6 +194,13 @@ _RETAIN_RECEIVED = (
     "UPDATE queue_messages SET status = 0 WHERE conversation_handle = ? "
     "AND message_sequence_number = ?"
 )
+_REMOVE_MANY = (
+    "DELETE FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number IN "
+)
+_RETAIN_MANY = (
+    "UPDATE queue_messages SET status = 0 WHERE conversation_handle = ? "
+    "AND message_sequence_number IN "
+)
 _DISCARD_RECEIVED = "DELETE FROM queue_messages WHERE conversation_handle = ?"
 _REGROUP = "UPDATE queue_messages SET conversation_group_id = ? WHERE conversation_handle = ?"
 READ_HELD = (
@@ -255,6 +262,11 @@ def set_queue_status(queue: str, status: bool) -> Statement:
     return ("UPDATE queues SET status = ? WHERE name = ?", (int(status), queue))
 
 
+def _chunks(seqs: list[int], size: int = 1000) -> list[list[int]]:
+    """At most ``size`` sequence numbers per statement (SQLite allows 32,766 variables)."""
+    return [seqs[i : i + size] for i in range(0, len(seqs), size)]
+
+
 def read_received(
     conn: sqlite3.Connection,
     items: Sequence[tuple[uuid.UUID, int]],
@@ -270,12 +282,15 @@ def read_received(
         by_handle.setdefault(str(handle), []).append(seq)
     found: dict[tuple[str, int], Any] = {}
     for key, seqs in by_handle.items():
-        marks = ",".join("?" * len(seqs))
-        for r in conn.execute(f"{_READ_RECEIVED}({marks})", [key, *seqs]):
-            found[(r[0], int(r[1]))] = r
+        for part in _chunks(seqs):
+            marks = ",".join("?" * len(part))
+            for r in conn.execute(f"{_READ_RECEIVED}({marks})", [key, *part]):
+                found[(r[0], int(r[1]))] = r
     if remove:
-        sql = _RETAIN_RECEIVED if retention else _REMOVE_RECEIVED
-        conn.executemany(sql, [(h, s) for h, seqs in by_handle.items() for s in seqs])
+        verb = _RETAIN_MANY if retention else _REMOVE_MANY
+        for key, seqs in by_handle.items():
+            for part in _chunks(seqs):
+                conn.execute(f"{verb}({','.join('?' * len(part))})", [key, *part])
     out = []
     for handle, seq in items:
         row = found.get((str(handle), seq))

@@ -35,6 +35,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -435,7 +436,7 @@ def _apply(conn: sqlite3.Connection, batch: list[_Job]) -> None:
     _flush(conn, inserts, changes)
     rows = [row for row in endpoints.values() if row is not None]
     if rows:
-        conn.executemany(ENDPOINT_SNAPSHOT, rows)
+        _insert_many(conn, ENDPOINT_SNAPSHOT, rows)
     gone = [(handle,) for handle, row in endpoints.items() if row is None]
     if gone:
         conn.executemany(ENDPOINT_DELETE, gone)
@@ -446,13 +447,41 @@ def _flush(
     inserts: dict[str, list[Sequence[Any]]],
     changes: dict[str, list[Sequence[Any]]],
 ) -> None:
-    for groups in (inserts, changes):
-        for sql, params in groups.items():
-            if len(params) == 1:
-                conn.execute(sql, params[0])
-            else:
-                conn.executemany(sql, params)
-        groups.clear()
+    for sql, rows in inserts.items():
+        _insert_many(conn, sql, rows)
+    inserts.clear()
+    for sql, params in changes.items():
+        if len(params) == 1:
+            conn.execute(sql, params[0])
+        else:
+            conn.executemany(sql, params)
+    changes.clear()
+
+
+ROWS_PER_STATEMENT = 128
+"""Rows of one multi-row INSERT (at most 15 columns: far below SQLite's 32,766 variables)."""
+
+
+@lru_cache(maxsize=2048)
+def _multi_row(sql: str, count: int) -> str:
+    head, _, values = sql.rpartition("VALUES ")
+    return f"{head}VALUES {', '.join([values] * count)}"
+
+
+def _insert_many(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``sql`` (an ``INSERT ... VALUES (?, ...)``) for every row, many rows per statement.
+
+    ``executemany`` steps SQLite once per row, and the sqlite3 module releases
+    and retakes the GIL around every step: beside a busy event loop, each
+    retake can wait out the interpreter's switch interval. One statement per
+    chunk of rows crosses that boundary once per chunk.
+    """
+    if len(rows) == 1:
+        conn.execute(sql, rows[0])
+        return
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        conn.execute(_multi_row(sql, len(chunk)), [value for row in chunk for value in row])
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

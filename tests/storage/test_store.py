@@ -1,0 +1,129 @@
+"""The store: numbered migrations, the committer thread's group commit and its failures.
+
+Real SQLite files in a temporary directory (R-DLG-13: nothing committed is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+
+from brokerd.errors import StoreError
+from brokerd.storage import queries
+from brokerd.storage.store import Store
+
+
+def _meta(path: Path) -> dict[str, str]:
+    with sqlite3.connect(path) as conn:
+        return {str(k): str(v) for k, v in conn.execute(queries.READ_META)}
+
+
+async def test_a_new_file_gets_every_step_and_keeps_its_instance(tmp_path: Path) -> None:
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    instance = await store.open()
+    await store.close()
+    meta = _meta(path)
+    assert meta["schema_version"] == str(queries.SCHEMA_VERSION)
+    assert meta["broker_instance"] == str(instance)
+    again = Store(path, "shop")
+    assert await again.open() == instance
+    await again.close()
+
+
+async def test_a_file_newer_than_the_code_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute(queries.WRITE_META, ("schema_version", str(queries.SCHEMA_VERSION + 1)))
+    with pytest.raises(StoreError, match="schema version"):
+        await Store(path, "shop").open()
+
+
+async def test_a_file_of_the_first_step_is_brought_up_to_date(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later step runs once, in order, on a file that has only the earlier ones."""
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    await store.close()
+    step = queries.Migration(
+        queries.SCHEMA_VERSION + 1,
+        "a test table",
+        "CREATE TABLE later_step (x INTEGER); INSERT INTO later_step VALUES (7)",
+    )
+    monkeypatch.setattr(queries, "MIGRATIONS", (*queries.MIGRATIONS, step))
+    monkeypatch.setattr("brokerd.storage.store.SCHEMA_VERSION", step.version)
+    for _ in range(2):  # the second open applies nothing
+        store = Store(path, "shop")
+        await store.open()
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT x FROM later_step").fetchall() == [(7,)]
+    assert _meta(path)["schema_version"] == str(step.version)
+
+
+async def test_a_configured_instance_that_differs_from_the_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    await store.close()
+    with pytest.raises(StoreError, match="holds broker instance"):
+        await Store(path, "shop").open(uuid.uuid4())
+
+
+async def test_jobs_submitted_together_commit_together_and_callbacks_run_in_order(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "shop.sqlite", "shop")
+    await store.open()
+    order: list[int] = []
+    futures = [
+        store.submit(
+            [queries.meta(f"k{i}", str(i))],
+            on_commit=lambda i=i: order.append(i),
+            wait=True,
+        )
+        for i in range(200)
+    ]
+    await asyncio.gather(*[f for f in futures if f is not None])
+    assert order == list(range(200))
+    assert store.jobs_committed == 200
+    assert store.commits < 200  # grouped
+    rows = await store.query("SELECT COUNT(*) FROM meta WHERE key LIKE 'k%'")
+    assert rows[0][0] == 200
+    await store.close()
+
+
+async def test_a_failing_job_fails_alone(tmp_path: Path) -> None:
+    store = Store(tmp_path / "shop.sqlite", "shop")
+    await store.open()
+    good = store.submit([queries.meta("good", "1")], wait=True)
+    bad = store.submit([("INSERT INTO no_such_table VALUES (1)", ())], wait=True)
+    also_good = store.submit([queries.meta("also", "2")], wait=True)
+    assert good is not None and bad is not None and also_good is not None
+    await good
+    await also_good
+    with pytest.raises(StoreError, match="no such table"):
+        await bad
+    rows = await store.query("SELECT key FROM meta WHERE key IN ('good', 'also') ORDER BY key")
+    assert [r[0] for r in rows] == ["also", "good"]
+    await store.close()
+
+
+async def test_close_commits_what_is_pending_and_refuses_more(tmp_path: Path) -> None:
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    store.submit([queries.meta("last", "1")])
+    await store.close()
+    assert _meta(path)["last"] == "1"
+    with pytest.raises(StoreError):
+        store.submit([queries.meta("later", "1")])
