@@ -103,6 +103,8 @@ class TraceWriter:
         self.directory = Path(config.directory or "traces")
         self.clock = clock
         self._threshold = int(config.sample * 10_000)
+        self._head = f'{{"v":{SCHEMA_VERSION},"instance":{_jstr(instance)},'.encode()
+        """Every line's start; the event's own fields follow."""
         self._buffer: list[Event] = []
         self._segment: Any = None
         self._segment_path: Path | None = None
@@ -181,23 +183,28 @@ class TraceWriter:
         return age >= self.config.segment_seconds
 
     def _format(self, events: list[Event]) -> bytes:
-        """JSON Lines for ``events``, in their order (orjson, one call per event)."""
+        """JSON Lines for ``events``, in their order (orjson, one call per event).
+
+        The fields dict each event was emitted with is completed in place (it is
+        the writer's own: ``emit``'s keyword arguments) and serialised behind the
+        instance's constant prefix.
+        """
         dumps = orjson.dumps
-        newline = orjson.OPT_APPEND_NEWLINE
-        head = {"v": SCHEMA_VERSION, "instance": self.instance}
+        head = self._head
         second, stamp = -1, ""
         out: list[bytes] = []
         for t, event, conversation_id, fields in events:
             whole, fraction = divmod(round(t * 1_000_000), 1_000_000)
             if whole != second:
                 second, stamp = whole, _second(whole)
-            record = {**head, "ts": f"{stamp}.{fraction:06d}Z", "event": event}
-            if conversation_id is not None:
-                record["conversation_id"] = conversation_id
             if None in fields.values():
                 fields = {k: v for k, v in fields.items() if v is not None}
-            record.update(fields)
-            out.append(dumps(record, default=str, option=newline))
+            fields["ts"] = f"{stamp}.{fraction:06d}Z"
+            fields["event"] = event
+            if conversation_id is not None:
+                fields["conversation_id"] = conversation_id
+            out.append(head)
+            out.append(dumps(fields, default=str, option=orjson.OPT_APPEND_NEWLINE)[1:])
         return b"".join(out)
 
     def _write(self, lines: list[Event]) -> None:
