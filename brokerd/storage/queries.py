@@ -135,6 +135,49 @@ ENDPOINT_SNAPSHOT = (
     "INSERT OR REPLACE INTO conversation_endpoints VALUES (" + ", ".join("?" * 15) + ")"
 )
 """A whole endpoint row; within a batch only the last snapshot of each endpoint is written."""
+_ENDPOINT_COLUMNS = (
+    "conversation_handle",
+    "conversation_id",
+    "is_initiator",
+    "conversation_group_id",
+    "service_name",
+    "far_service",
+    "far_broker_instance",
+    "contract",
+    "state",
+    "lifetime",
+    "created_at",
+    "send_sequence",
+    "receive_sequence",
+    "ended_local",
+    "ended_remote",
+)
+_ENDPOINT_CHANGING = (
+    "conversation_group_id",
+    "far_broker_instance",
+    "state",
+    "send_sequence",
+    "receive_sequence",
+    "ended_local",
+    "ended_remote",
+)
+"""The columns a snapshot can change; none is indexed, so an update touches no index."""
+ENDPOINT_ADD = "INSERT OR IGNORE INTO conversation_endpoints VALUES (" + ", ".join("?" * 15) + ")"
+
+
+def endpoint_updates(count: int) -> str:
+    """One statement that writes ``count`` snapshots of existing endpoints (UPDATE FROM)."""
+    row = "(" + ", ".join("?" * len(_ENDPOINT_COLUMNS)) + ")"
+    values = ", ".join([row] * count)
+    assignments = ", ".join(
+        f"{column} = v.column{_ENDPOINT_COLUMNS.index(column) + 1}" for column in _ENDPOINT_CHANGING
+    )
+    return (
+        f"UPDATE conversation_endpoints SET {assignments} FROM (VALUES {values}) AS v "
+        "WHERE conversation_endpoints.conversation_handle = v.column1"
+    )
+
+
 ENDPOINT_DELETE = "DELETE FROM conversation_endpoints WHERE conversation_handle = ?"
 """Removes an endpoint row; deduplicated together with the snapshots."""
 READ_ENDPOINTS = "SELECT * FROM conversation_endpoints"

@@ -436,7 +436,7 @@ def _apply(conn: sqlite3.Connection, batch: list[_Job]) -> None:
     _flush(conn, inserts, changes)
     rows = [row for row in endpoints.values() if row is not None]
     if rows:
-        _insert_many(conn, ENDPOINT_SNAPSHOT, rows)
+        _write_endpoints(conn, rows)
     gone = [(handle,) for handle, row in endpoints.items() if row is None]
     if gone:
         conn.executemany(ENDPOINT_DELETE, gone)
@@ -482,6 +482,22 @@ def _insert_many(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
         conn.execute(_multi_row(sql, len(chunk)), [value for row in chunk for value in row])
+
+
+@lru_cache(maxsize=ROWS_PER_STATEMENT)
+def _endpoint_updates(count: int) -> str:
+    return queries.endpoint_updates(count)
+
+
+def _write_endpoints(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) -> None:
+    """Endpoint snapshots: an UPDATE of the columns that change for the endpoints that
+    have a row (no index is touched), then an insert of the ones that are new."""
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        flat = [value for row in chunk for value in row]
+        changed = conn.execute(_endpoint_updates(len(chunk)), flat).rowcount
+        if changed < len(chunk):
+            _insert_many(conn, queries.ENDPOINT_ADD, chunk)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
