@@ -111,6 +111,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1, "catalog, endpoints, transmission and service queues, fragments, timers", _SCHEMA_1
     ),
+    Migration(
+        2,
+        "no (queue_name, status) index on queue_messages: only recovery, which reads the "
+        "whole table, filtered on it, while every received message paid for it",
+        "DROP INDEX IF EXISTS queue_messages_ready",
+    ),
 )
 """The schema, step by step; a step is never edited once released, only followed by another."""
 SCHEMA_VERSION = MIGRATIONS[-1].version

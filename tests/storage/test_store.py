@@ -127,3 +127,22 @@ async def test_close_commits_what_is_pending_and_refuses_more(tmp_path: Path) ->
     assert _meta(path)["last"] == "1"
     with pytest.raises(StoreError):
         store.submit([queries.meta("later", "1")])
+
+
+async def test_a_file_written_by_the_first_schema_loses_the_ready_index(tmp_path: Path) -> None:
+    """A database file of an earlier brokerd (schema step 1) opens and is migrated."""
+    path = tmp_path / "shop.sqlite"
+    instance = uuid.uuid4()
+    with sqlite3.connect(path) as conn:
+        conn.executescript(queries.MIGRATIONS[0].script)
+        conn.executemany(
+            queries.WRITE_META,
+            [("schema_version", "1"), ("broker_instance", str(instance)), ("database", "shop")],
+        )
+    store = Store(path, "shop")
+    assert await store.open() == instance
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        indexes = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")]
+    assert "queue_messages_ready" not in indexes
+    assert _meta(path)["schema_version"] == "2" == str(queries.SCHEMA_VERSION)
