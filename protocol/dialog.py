@@ -282,6 +282,22 @@ def _header_bytes(h: DialogHeader) -> bytes:
         raise LocalProtocolError(f"cannot encode: {exc}") from None
 
 
+def _array(
+    data: bytes | memoryview, pos: int, item: struct.Struct
+) -> tuple[list[tuple[Any, ...]], int]:
+    """A u8-counted array of fixed-size items at ``pos``; the items and the next position."""
+    if pos >= len(data):
+        raise RemoteProtocolError("dialog header is truncated")
+    count = data[pos]
+    pos += 1
+    if not count:
+        return [], pos
+    end = pos + count * item.size
+    if end > len(data):
+        raise RemoteProtocolError("array runs past the end")
+    return list(item.iter_unpack(data[pos:end])), end
+
+
 def _parse_header(data: bytes | memoryview) -> DialogHeader:
     size = len(data)
     if size < _FIXED.size + 2:
@@ -300,27 +316,10 @@ def _parse_header(data: bytes | memoryview) -> DialogHeader:
         to_broker,
         ack_through,
     ) = _FIXED.unpack_from(data, 0)
-    pos = _FIXED.size
-    count = data[pos]
-    pos += 1
-    ranges: tuple[AckRange, ...] = ()
-    if count:
-        end = pos + count * _RANGE.size
-        if end > size:
-            raise RemoteProtocolError("array runs past the end")
-        ranges = tuple(AckRange(*r) for r in _RANGE.iter_unpack(data[pos:end]))
-        pos = end
-    if pos >= size:
-        raise RemoteProtocolError("dialog header is truncated")
-    count = data[pos]
-    pos += 1
-    fragments: tuple[FragmentAck, ...] = ()
-    if count:
-        end = pos + count * _FRAGMENT_ACK.size
-        if end > size:
-            raise RemoteProtocolError("array runs past the end")
-        fragments = tuple(FragmentAck(*f) for f in _FRAGMENT_ACK.iter_unpack(data[pos:end]))
-        pos = end
+    raw_ranges, pos = _array(data, _FIXED.size, _RANGE)
+    raw_fragments, pos = _array(data, pos, _FRAGMENT_ACK)
+    ranges = tuple(AckRange(*r) for r in raw_ranges)
+    fragments = tuple(FragmentAck(*f) for f in raw_fragments)
     from_service, to_service, contract, message_type = _decoded_names(bytes(data[pos:]))
     if ack_through or ranges or fragments:
         ack = Acknowledgement(ack_through, ranges, fragments)
