@@ -1,0 +1,95 @@
+"""A connection's outbox: what goes first, and acknowledgements merged into few frames (R-DLG-7)."""
+
+from __future__ import annotations
+
+import uuid
+
+from brokerd.dialogs.endpoint import Endpoint, OutMessage
+from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
+from brokerd.dialogs.states import State
+from brokerd.routing.forwarding import Forward
+from brokerd.server.outbox import Outbox
+from protocol.dialog import MAX_ACKS_PER_FRAME, Acknowledgement, DialogHeader
+
+
+def _endpoint() -> Endpoint:
+    return Endpoint(
+        handle=uuid.uuid4(),
+        conversation_id=uuid.uuid4(),
+        initiator=True,
+        group_id=uuid.uuid4(),
+        database="shop",
+        service="//shop/Client",
+        far_service="//warehouse/Orders",
+        far_broker_instance=None,
+        contract="DEFAULT",
+        state=State.CONVERSING,
+        lifetime=0,
+        created_at=0.0,
+    )
+
+
+def _message(seq: int, fragments: int) -> OutMessage:
+    return OutMessage(seq, "DEFAULT", 3, b"x" * fragments, 0.0, fragments)
+
+
+def _ack(n: int) -> DialogHeader:
+    return DialogHeader(uuid.uuid4(), "//a", "//b", uuid.uuid4(), ack=Acknowledgement(n))
+
+
+def test_small_items_go_before_the_fragments_of_large_messages() -> None:
+    ep = _endpoint()
+    outbox = Outbox()
+    large = _message(1, 3)
+    for index in range(3):
+        outbox.add(SendFragment(ep, large, index))
+    small = SendFragment(ep, _message(2, 1), 0)
+    header = SendHeader(_ack(1), b"")
+    forward = Forward(_ack(2), b"", None, 0)
+    outbox.add(small)
+    outbox.add(header)
+    outbox.add(forward)
+    order = [outbox.pop() for _ in range(6)]
+    assert order[:3] == [small, header, forward]
+    assert [item.fragment for item in order[3:] if isinstance(item, SendFragment)] == [0, 1, 2]
+    assert not outbox
+
+
+def test_consecutive_acknowledgements_become_one_frame_up_to_its_limit() -> None:
+    outbox = Outbox()
+    outbox.add_acks([_ack(n) for n in range(1, 11)])
+    outbox.add_acks([_ack(n) for n in range(11, 21)])
+    between = SendHeader(_ack(99), b"")
+    outbox.add(between)
+    outbox.add_acks([_ack(30)])
+    first = outbox.pop()
+    assert isinstance(first, SendAcks)
+    merged = outbox.take_acks(first)
+    assert [h.ack.through for h in merged] == list(range(1, 21))
+    assert outbox.pop() is between  # acknowledgements never jump over another item
+    last = outbox.pop()
+    assert isinstance(last, SendAcks)
+    assert [h.ack.through for h in outbox.take_acks(last)] == [30]
+
+
+def test_an_ack_frame_never_carries_more_than_the_protocol_allows() -> None:
+    outbox = Outbox()
+    outbox.add_acks([_ack(n) for n in range(1, MAX_ACKS_PER_FRAME + 500)])
+    frames = []
+    while outbox:
+        item = outbox.pop()
+        assert isinstance(item, SendAcks)
+        frames.append(outbox.take_acks(item))
+    assert [len(f) for f in frames] == [MAX_ACKS_PER_FRAME, 499]
+
+
+def test_unsent_forwards_are_handed_back_when_the_connection_goes() -> None:
+    ep = _endpoint()
+    outbox = Outbox()
+    forward = Forward(_ack(1), b"", None, 0)
+    outbox.add(SendFragment(ep, _message(1, 1), 0))
+    outbox.add(forward)
+    outbox.add_acks([_ack(2)])
+    assert outbox.forwards() == [forward]
+    outbox.clear()
+    assert not outbox
