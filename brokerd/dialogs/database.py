@@ -12,6 +12,7 @@ import sqlite3
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_from_row
@@ -167,10 +168,35 @@ class Database:
             ep.accepted, ep.durable = state, state.copy()
         for index in self.ready.values():
             index.clear()
-        for row in fetch(queries.READ_READY, ()):
-            ready = self.ready.get(row[0])
+        for queue, group_text, handle_text, seq in _in_sequence_order(
+            fetch(queries.READ_READY, ())
+        ):
+            ready = self.ready.get(queue)
             if ready is not None:
-                ready.add(uuid.UUID(row[1]), uuid.UUID(row[2]), int(row[3]))
+                ready.add(uuid.UUID(group_text), uuid.UUID(handle_text), seq)
         low = fetch(queries.READ_LOWEST_SEQUENCE, ())
         if low and low[0][0] is not None and int(low[0][0]) < 0:
             self.next_local_seq = int(low[0][0]) - 1
+
+
+def _in_sequence_order(rows: list[Any]) -> list[tuple[str, str, str, int]]:
+    """Ready rows, oldest row first, with each conversation's messages in sequence order.
+
+    Row order is the order messages were *stored*, not the order they became ready:
+    a message that overtook a larger one (its fragments go out behind small messages,
+    R-DLG-7), or one held while an earlier one was lost, is stored first. Each
+    conversation keeps the places its rows hold among the others, and its sequenced
+    messages fill them in sequence order (R-DLG-1). The broker's own messages (negative
+    numbers: broker errors, DialogTimer) keep their places.
+    """
+    out = [(str(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
+    places: dict[str, list[int]] = {}
+    for i, (_, _, handle, seq) in enumerate(out):
+        if seq > 0:
+            places.setdefault(handle, []).append(i)
+    for indexes in places.values():
+        ordered = sorted(out[i][3] for i in indexes)
+        for i, seq in zip(indexes, ordered, strict=True):
+            queue, group, handle, _ = out[i]
+            out[i] = (queue, group, handle, seq)
+    return out
