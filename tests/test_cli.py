@@ -58,7 +58,9 @@ def test_existing_files_are_not_overwritten_without_force(tmp_path: Path) -> Non
     done = brokerd("certs", "ca", "--dir", str(tmp_path))
     assert done.returncode == 2 and "--force" in done.stderr
     assert (tmp_path / "ca.pem").read_bytes() == before
+    (tmp_path / "ca.key").chmod(0o644)  # as an older brokerd, or a careless copy, left it
     assert brokerd("certs", "ca", "--dir", str(tmp_path), "--force").returncode == 0
+    assert stat.S_IMODE(os.stat(tmp_path / "ca.key").st_mode) == 0o600
     assert (tmp_path / "ca.pem").read_bytes() != before
 
 

@@ -136,4 +136,7 @@ def run(config_path: Path, ready_file: Path | None = None, log_level: str = "INF
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     install_uvloop()
+    # Database, WAL, trace and token files hold messages and secrets: only the daemon's
+    # user may read them, whatever umask it was started with.
+    os.umask(0o077)
     asyncio.run(serve(config_path, ready_file))

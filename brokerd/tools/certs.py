@@ -149,6 +149,7 @@ def write_pair(directory: Path, stem: str, issued: Issued, overwrite: bool = Fal
             raise FileExistsError(f"{path} exists (pass --force to overwrite)")
     cert_path.write_bytes(issued.certificate_pem)
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an overwritten key keeps its old mode otherwise
     with os.fdopen(fd, "wb") as handle:
         handle.write(issued.key_pem)
     return [cert_path, key_path]
