@@ -31,6 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
+import orjson
+
 from brokerd.sdk.messages import ReceivedMessage, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
@@ -374,9 +376,17 @@ class BrokerClient:
         await self._call({"op": "set_mirror_role", "database": database, "role": role})
 
     async def view(self, name: str) -> list[dict[str, Any]]:
-        meta, _ = await self._call({"op": "view", "name": name})
-        rows: list[dict[str, Any]] = meta["rows"]
-        return rows
+        meta, body = await self._call({"op": "view", "name": name})
+        if "rows" in meta:  # a daemon that sends rows in the meta
+            rows: list[dict[str, Any]] = meta["rows"]
+            return rows
+        try:
+            decoded = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ClientError(f"view {name!r}: the rows are not valid JSON ({exc})") from None
+        if not isinstance(decoded, list) or len(decoded) != meta.get("rows_in_body"):
+            raise ClientError(f"view {name!r}: expected {meta.get('rows_in_body')} rows")
+        return decoded
 
     async def conversation_endpoints(self) -> list[dict[str, Any]]:
         return await self.view("conversation_endpoints")

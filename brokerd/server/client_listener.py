@@ -35,6 +35,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+import orjson
+
 from brokerd.dialogs import views
 from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
@@ -50,6 +52,7 @@ from protocol.errors import (
     BrokerError,
     InternalError,
     InvalidRequest,
+    LocalProtocolError,
     RemoteError,
     RemoteProtocolError,
     StorageFailure,
@@ -216,10 +219,15 @@ class ClientSession(asyncio.Protocol):
         self._reply(frame.request_id, {"user": user, "instance": self.broker.instance_name})
 
     def _reply(self, request_id: int, meta: dict[str, Any], body: bytes = b"") -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(
-                encode_frame(ClientFrame(ClientFrameKind.RESPONSE, request_id, meta, body))
-            )
+        if self.transport is None or self.transport.is_closing():
+            return
+        try:
+            frame = encode_frame(ClientFrame(ClientFrameKind.RESPONSE, request_id, meta, body))
+        except LocalProtocolError as exc:  # the client must not wait for a reply forever
+            log.error("reply to request %d cannot be sent: %s", request_id, exc)
+            self._reply_error(request_id, InternalError(f"the reply cannot be sent: {exc}"))
+            return
+        self.transport.write(frame)
 
     def _reply_error(self, request_id: int, exc: BaseException) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -564,7 +572,9 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
     view = views_by_name.get(name)
     if view is None:
         raise InvalidRequest(f"unknown view {name!r}; views: {', '.join(sorted(views_by_name))}")
-    return {"rows": view()}, b""
+    rows = view()
+    # In the body, not the meta: a view may be larger than a meta's 1 MiB.
+    return {"rows_in_body": len(rows)}, orjson.dumps(rows, default=str)
 
 
 async def _ping(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
