@@ -188,6 +188,8 @@ class EndpointConfig:
     """A message already forwarded this many times is dropped, not forwarded (R-ROUTE-7)."""
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     idle_timeout: float = 90.0
+    handshake_timeout: float = 10.0
+    """A connection that has not completed its handshake by then is closed."""
     connect_timeout: float = 5.0
     reconnect_initial: float = 1.0
     reconnect_max: float = 30.0
@@ -210,6 +212,8 @@ class ClientConfig:
     host: str
     port: int
     token_file: Path
+    login_timeout: float = 10.0
+    """A client connection that has not logged in by then is closed."""
 
 
 @dataclass(frozen=True)
@@ -590,6 +594,7 @@ def _endpoint(t: _Table, base: Path) -> EndpointConfig:
         max_hop_count=t.integer("max_hop_count", d["max_hop_count"], 1, 255),
         max_frame_size=max_frame_size,
         idle_timeout=t.seconds("idle_timeout", d["idle_timeout"]),
+        handshake_timeout=t.seconds("handshake_timeout", d["handshake_timeout"]),
         connect_timeout=t.seconds("connect_timeout", d["connect_timeout"]),
         reconnect_initial=t.seconds("reconnect_initial", d["reconnect_initial"]),
         reconnect_max=t.seconds("reconnect_max", d["reconnect_max"]),
@@ -639,10 +644,12 @@ def _client(
 ) -> ClientConfig:
     default_host = endpoint.host if _is_loopback(endpoint.host) else _DEFAULT_CLIENT_HOST
     host, port, token_file = default_host, _DEFAULT_CLIENT_PORT, None
+    login_timeout = _defaults(ClientConfig)["login_timeout"]
     if t is not None:
         host = t.text("host") or default_host
         port = t.integer("port", _DEFAULT_CLIENT_PORT, 1, 65535)
         token_file = t.path("token_file", base)
+        login_timeout = t.seconds("login_timeout", login_timeout)
     if port == endpoint.port and (
         host == endpoint.host or _is_unspecified(endpoint.host) or _is_unspecified(host)
     ):
@@ -652,7 +659,12 @@ def _client(
             f"{port} is also endpoint.port on the same host; the client listener needs "
             "a port of its own",
         )
-    return ClientConfig(host=host, port=port, token_file=token_file or data_dir / "client.token")
+    return ClientConfig(
+        host=host,
+        port=port,
+        token_file=token_file or data_dir / "client.token",
+        login_timeout=login_timeout,
+    )
 
 
 def _trace(t: _Table | None, data_dir: Path, base: Path) -> TraceConfig:

@@ -49,6 +49,7 @@ from protocol.client_wire import (
     new_nonce,
 )
 from protocol.errors import (
+    AuthenticationFailed,
     BrokerError,
     InternalError,
     InvalidRequest,
@@ -146,10 +147,14 @@ class ClientSession(asyncio.Protocol):
         self.tasks: set[asyncio.Task[None]] = set()
         self.transactions: dict[int, Transaction] = {}
         self._tx_ids = itertools.count(1)
+        self._login_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.broker.client_sessions.add(self)
+        self._login_deadline = asyncio.get_running_loop().call_later(
+            self.broker.config.client.login_timeout, self._login_expired
+        )
         self.transport.write(
             encode_frame(
                 ClientFrame(
@@ -183,6 +188,8 @@ class ClientSession(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.client_sessions.discard(self)
+        if self._login_deadline is not None:
+            self._login_deadline.cancel()
         for task in list(self.tasks):
             task.cancel()
         transactions, self.transactions = self.transactions, {}
@@ -194,6 +201,14 @@ class ClientSession(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _login_expired(self) -> None:
+        """No login within ``client.login_timeout``: the connection is closed."""
+        if self.user is None:
+            timeout = self.broker.config.client.login_timeout
+            log.warning("client connection closed: no login within %g s", timeout)
+            self._reply_error(0, AuthenticationFailed(f"no login within {timeout:g} s"))
+            self._close()
+
     def _login(self, frame: ClientFrame) -> None:
         meta = frame.meta
         user = meta.get("user")
@@ -202,8 +217,6 @@ class ClientSession(asyncio.Protocol):
             or not isinstance(user, str)
             or not check_proof(self.token, self.nonce, user, meta.get("proof"))
         ):
-            from protocol.errors import AuthenticationFailed
-
             log.warning("client login refused")
             self._reply_error(
                 frame.request_id,
@@ -215,6 +228,9 @@ class ClientSession(asyncio.Protocol):
             self._close()
             return
         self.user = user
+        if self._login_deadline is not None:
+            self._login_deadline.cancel()
+            self._login_deadline = None
         self.reader.max_body = self.broker.config.limits.max_message_size
         self._reply(frame.request_id, {"user": user, "instance": self.broker.instance_name})
 

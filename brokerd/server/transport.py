@@ -59,6 +59,7 @@ class BrokerProtocol(asyncio.Protocol):
         self.close_reason = ""
         self.login_time: float | None = None
         self.last_activity = time.time()
+        self.created = time.time()
         self.outbox = Outbox()
         self._paused = False
         self._pump_scheduled = False
@@ -525,11 +526,18 @@ class Transport:
         await asyncio.sleep(0)
 
     async def _close_idle(self) -> None:
+        """Close connections idle for ``idle_timeout``, and abort those that have not
+        completed their handshake within ``handshake_timeout``."""
         timeout = self.config.idle_timeout
+        handshake = self.config.handshake_timeout
         while True:
-            await asyncio.sleep(max(0.05, min(1.0, timeout / 4)))
+            await asyncio.sleep(max(0.05, min(1.0, timeout / 4, handshake / 4)))
             now = time.time()
             for protocol in list(self.connections):
+                if not protocol.opened and not protocol.closed:
+                    if now - protocol.created >= handshake:
+                        protocol._abort(f"no handshake within {handshake:g} s")
+                    continue
                 if not protocol.is_open or now - protocol.last_activity < timeout:
                     continue
                 if protocol.link is not None and not protocol.link.idle():
