@@ -46,6 +46,9 @@ MISSING_ROUTE = BROKER_CONFIGURATION_NOTICE + "/MissingRoute"
 DEFAULT_CONTRACT = "DEFAULT"
 DEFAULT_MESSAGE_TYPE = "DEFAULT"
 
+MAX_SEQUENCE_NUMBER = 2**63 - 1
+"""Sequence numbers travel as u64 but are stored as SQLite INTEGERs (signed 64-bit):
+a larger one from a peer is refused at the wire, never handed to storage."""
 MAX_ACK_RANGES = 32
 MAX_FRAGMENT_ACKS = 32
 MAX_ACKS_PER_FRAME = 1024
@@ -388,6 +391,13 @@ def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
         return "the sending broker instance must be named"
     if len(h.ack.ranges) > MAX_ACK_RANGES or len(h.ack.fragments) > MAX_FRAGMENT_ACKS:
         return "too many acknowledgement ranges"
+    if (
+        h.sequence_number > MAX_SEQUENCE_NUMBER
+        or h.ack.through > MAX_SEQUENCE_NUMBER
+        or (h.ack.ranges and h.ack.ranges[-1].last > MAX_SEQUENCE_NUMBER)
+        or any(f.sequence_number > MAX_SEQUENCE_NUMBER for f in h.ack.fragments)
+    ):
+        return f"a sequence number above {MAX_SEQUENCE_NUMBER}"
     low = h.ack.through
     for r in h.ack.ranges:
         if not low < r.first <= r.last:

@@ -27,6 +27,7 @@ from protocol.dialog import (
     MAX_ACK_RANGES,
     MAX_ACKS_PER_FRAME,
     MAX_FRAGMENT_ACKS,
+    MAX_SEQUENCE_NUMBER,
     NIL_UUID,
     NO_ACK,
     Acknowledgement,
@@ -219,7 +220,7 @@ def test_round_trip_dedicated_acks_several_conversations() -> None:
     headers = [
         ack_header(Acknowledgement(through=7)),
         ack_header(
-            Acknowledgement(3, (AckRange(5, 6), AckRange(9, U64)), (FragmentAck(4, 2, U32),)),
+            Acknowledgement(3, (AckRange(5, 6), AckRange(9, MAX_SEQUENCE_NUMBER)), (FragmentAck(4, 2, U32),)),
             conversation_id=uuid.UUID(int=1),
             flags=INIT,
         ),
@@ -262,7 +263,11 @@ def acknowledgements(draw: st.DrawFn) -> Acknowledgement:
     for _ in range(draw(st.integers(0, 4))):
         first = draw(st.integers(0, U32))
         fragments.append(
-            FragmentAck(draw(st.integers(through + 1, U64)), first, draw(st.integers(first, U32)))
+            FragmentAck(
+                draw(st.integers(through + 1, MAX_SEQUENCE_NUMBER)),
+                first,
+                draw(st.integers(first, U32)),
+            )
         )
     return Acknowledgement(through, tuple(ranges), tuple(fragments))
 
@@ -288,7 +293,7 @@ def headers_and_bodies(draw: st.DrawFn, ack_only: bool = False) -> tuple[DialogH
         contract=draw(names),
         message_type=draw(names),
         flags=flags,
-        sequence_number=draw(st.integers(low_seq, U64)),
+        sequence_number=draw(st.integers(low_seq, MAX_SEQUENCE_NUMBER)),
         fragment_index=draw(st.integers(0, count - 1)),
         fragment_count=count,
         fragment_offset=offset,
@@ -706,3 +711,25 @@ def test_golden_fragment_vector_v1() -> None:
     assert expected[2:18] == CONV.bytes
     assert expected[18:20] == b"\x00\x03"
     assert expected[-16:] == body
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        user_message(sequence_number=MAX_SEQUENCE_NUMBER + 1),
+        user_message(sequence_number=2**64 - 1),
+        user_message(ack=Acknowledgement(MAX_SEQUENCE_NUMBER + 1)),
+        user_message(ack=Acknowledgement(5, (AckRange(7, MAX_SEQUENCE_NUMBER + 1),))),
+        user_message(ack=Acknowledgement(5, (), (FragmentAck(MAX_SEQUENCE_NUMBER + 1, 0, 1),))),
+    ],
+    ids=["seq", "seq-u64-max", "ack-through", "ack-range", "fragment-ack"],
+)
+def test_sequence_numbers_beyond_signed_64_bits_are_refused_at_the_wire(
+    header: DialogHeader,
+) -> None:
+    """Storage keeps sequence numbers as SQLite INTEGERs: a peer's larger one must never
+    reach it (it used to fail the database's writes for half a minute)."""
+    with pytest.raises(RemoteProtocolError, match="sequence number above"):
+        decode_fragment(raw_fragment(header, b"<order id='1'/>"))
+    with pytest.raises(LocalProtocolError, match="sequence number above"):
+        encode_fragment(header, b"<order id='1'/>")
