@@ -168,10 +168,13 @@ class ClientFrameReader:
     its buffer released, and every later ``feed`` raises again.
     """
 
-    def __init__(self, max_body: int = DEFAULT_MAX_BODY) -> None:
-        if type(max_body) is bool or not isinstance(max_body, int) or max_body < 0:
-            raise LocalProtocolError(f"max_body must be a non-negative int, not {max_body!r}")
+    def __init__(self, max_body: int = DEFAULT_MAX_BODY, max_meta: int = MAX_META_BYTES) -> None:
+        for name, value in (("max_body", max_body), ("max_meta", max_meta)):
+            if type(value) is bool or not isinstance(value, int) or value < 0:
+                raise LocalProtocolError(f"{name} must be a non-negative int, not {value!r}")
         self.max_body = max_body
+        self.max_meta = min(max_meta, MAX_META_BYTES)
+        """The largest meta accepted (a server keeps it small until the peer logs in)."""
         self._buffer = bytearray()
         self._pos = 0
         self._pending: _Pending | None = None
@@ -245,9 +248,9 @@ class ClientFrameReader:
         frame_kind = _KIND_BY_VALUE.get(kind)
         if frame_kind is None:
             raise RemoteProtocolError(f"unknown client frame kind {kind}")
-        if meta_length > MAX_META_BYTES:
+        if meta_length > self.max_meta:
             raise RemoteProtocolError(
-                f"client frame meta of {meta_length} bytes exceeds the limit of {MAX_META_BYTES}",
+                f"client frame meta of {meta_length} bytes exceeds the limit of {self.max_meta}",
                 CloseCode.FRAME_TOO_LARGE,
             )
         if body_length > self.max_body:

@@ -41,6 +41,7 @@ from brokerd.dialogs import views
 from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
 from protocol.client_wire import (
+    MAX_META_BYTES,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
@@ -79,6 +80,8 @@ class Broker(Protocol):
 log = logging.getLogger("brokerd.server.client_listener")
 
 PRE_LOGIN_MAX_BODY = 4096
+PRE_LOGIN_MAX_META = 4096
+"""Until the login succeeds a peer may send only small frames (a login is about 200 bytes)."""
 MAX_OPEN_TRANSACTIONS = 16
 """Transactions one client connection may hold open at once."""
 MAX_SEND_MANY = 2_000
@@ -140,7 +143,7 @@ class ClientSession(asyncio.Protocol):
         self.broker = broker
         self.token = token
         # Until the login succeeds a peer may send only small frames.
-        self.reader = ClientFrameReader(max_body=PRE_LOGIN_MAX_BODY)
+        self.reader = ClientFrameReader(max_body=PRE_LOGIN_MAX_BODY, max_meta=PRE_LOGIN_MAX_META)
         self.nonce = new_nonce(os.urandom)
         self.user: str | None = None
         self.transport: asyncio.Transport | None = None
@@ -232,6 +235,7 @@ class ClientSession(asyncio.Protocol):
             self._login_deadline.cancel()
             self._login_deadline = None
         self.reader.max_body = self.broker.config.limits.max_message_size
+        self.reader.max_meta = MAX_META_BYTES
         self._reply(frame.request_id, {"user": user, "instance": self.broker.instance_name})
 
     def _reply(self, request_id: int, meta: dict[str, Any], body: bytes = b"") -> None:

@@ -316,6 +316,20 @@ def test_dead_after_meta_error_keeps_close_code() -> None:
 def test_bad_max_body() -> None:
     with pytest.raises(LocalProtocolError):
         ClientFrameReader(max_body=-1)
+    with pytest.raises(LocalProtocolError):
+        ClientFrameReader(max_meta=-1)
+
+
+def test_a_small_meta_limit_refuses_from_the_header_alone() -> None:
+    """A server keeps the meta small until its peer logs in: the announced length is
+    refused before any of the meta is buffered."""
+    frame = ClientFrame(ClientFrameKind.REQUEST, 1, {"pad": "x" * 200}, b"")
+    wire = encode_frame(frame)
+    assert ClientFrameReader(max_meta=len(wire)).feed(wire) == [frame]
+    reader = ClientFrameReader(max_meta=100)
+    with pytest.raises(RemoteProtocolError, match="exceeds the limit of 100"):
+        reader.feed(wire[:HEADER_SIZE])
+    assert reader.buffered_bytes == 0
 
 
 # --- encode errors ---------------------------------------------------------------

@@ -220,7 +220,9 @@ def test_round_trip_dedicated_acks_several_conversations() -> None:
     headers = [
         ack_header(Acknowledgement(through=7)),
         ack_header(
-            Acknowledgement(3, (AckRange(5, 6), AckRange(9, MAX_SEQUENCE_NUMBER)), (FragmentAck(4, 2, U32),)),
+            Acknowledgement(
+                3, (AckRange(5, 6), AckRange(9, MAX_SEQUENCE_NUMBER)), (FragmentAck(4, 2, U32),)
+            ),
             conversation_id=uuid.UUID(int=1),
             flags=INIT,
         ),
