@@ -190,6 +190,10 @@ class EndpointConfig:
     idle_timeout: float = 90.0
     handshake_timeout: float = 10.0
     """A connection that has not completed its handshake by then is closed."""
+    max_connections: int = 512
+    """Incoming broker connections at once; more are closed when they arrive."""
+    max_connections_per_address: int = 64
+    """Incoming broker connections at once from one IP address."""
     connect_timeout: float = 5.0
     reconnect_initial: float = 1.0
     reconnect_max: float = 30.0
@@ -595,6 +599,10 @@ def _endpoint(t: _Table, base: Path) -> EndpointConfig:
         max_frame_size=max_frame_size,
         idle_timeout=t.seconds("idle_timeout", d["idle_timeout"]),
         handshake_timeout=t.seconds("handshake_timeout", d["handshake_timeout"]),
+        max_connections=t.integer("max_connections", d["max_connections"], 1),
+        max_connections_per_address=t.integer(
+            "max_connections_per_address", d["max_connections_per_address"], 1
+        ),
         connect_timeout=t.seconds("connect_timeout", d["connect_timeout"]),
         reconnect_initial=t.seconds("reconnect_initial", d["reconnect_initial"]),
         reconnect_max=t.seconds("reconnect_max", d["reconnect_max"]),

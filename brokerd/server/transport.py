@@ -54,6 +54,7 @@ class BrokerProtocol(asyncio.Protocol):
         self.conn = BrokerConnection(role, transport_owner.settings, datetime.now(UTC))
         self.transport: asyncio.Transport | None = None
         self.peer_address = ""
+        self.peer_host = ""
         self.opened = False
         self.closed = False
         self.close_reason = ""
@@ -115,6 +116,15 @@ class BrokerProtocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer_address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = str(peer[0]) if peer else "?"
+        if self.link is None:
+            refusal = self.owner.admission(self.peer_host)
+            if refusal:
+                log.warning("connection from %s refused: %s", self.peer_address, refusal)
+                self.closed = True
+                self.close_reason = refusal
+                self.transport.abort()
+                return
         self.owner.connections.add(self)
         hello = self.conn.start()
         if hello:
@@ -543,6 +553,19 @@ class Transport:
                 if protocol.link is not None and not protocol.link.idle():
                     continue
                 protocol.close(CloseCode.IDLE, f"idle for {timeout:g} s")
+
+    def admission(self, host: str) -> str | None:
+        """Why a new incoming connection from ``host`` is refused, or None (the caps)."""
+        incoming = [p for p in self.connections if p.link is None and not p.closed]
+        if len(incoming) >= self.config.max_connections:
+            return f"{len(incoming)} incoming connections already (endpoint.max_connections)"
+        same = sum(1 for p in incoming if p.peer_host == host)
+        if same >= self.config.max_connections_per_address:
+            return (
+                f"{same} incoming connections from {host} already "
+                "(endpoint.max_connections_per_address)"
+            )
+        return None
 
     def broker_connections(self) -> list[dict[str, Any]]:
         return [p.view() for p in sorted(self.connections, key=lambda p: p.peer_address)]
