@@ -218,6 +218,9 @@ class ClientConfig:
     token_file: Path
     login_timeout: float = 10.0
     """A client connection that has not logged in by then is closed."""
+    allow_remote: bool = False
+    """Listen on an address that is not loopback although client traffic is not encrypted
+    and every holder of the token may administer the broker."""
 
 
 @dataclass(frozen=True)
@@ -653,11 +656,21 @@ def _client(
     default_host = endpoint.host if _is_loopback(endpoint.host) else _DEFAULT_CLIENT_HOST
     host, port, token_file = default_host, _DEFAULT_CLIENT_PORT, None
     login_timeout = _defaults(ClientConfig)["login_timeout"]
+    allow_remote = False
     if t is not None:
         host = t.text("host") or default_host
         port = t.integer("port", _DEFAULT_CLIENT_PORT, 1, 65535)
         token_file = t.path("token_file", base)
         login_timeout = t.seconds("login_timeout", login_timeout)
+        allow_remote = t.flag("allow_remote", False)
+    if not (_is_loopback(host) or host == "localhost") and not allow_remote:
+        raise ConfigError(
+            file,
+            "client.host",
+            f"{host!r} is not a loopback address: client traffic is not encrypted and every "
+            "holder of the token may administer the broker; listen on 127.0.0.1 or ::1, or "
+            "set client.allow_remote = true to accept that",
+        )
     if port == endpoint.port and (
         host == endpoint.host or _is_unspecified(endpoint.host) or _is_unspecified(host)
     ):
@@ -672,6 +685,7 @@ def _client(
         port=port,
         token_file=token_file or data_dir / "client.token",
         login_timeout=login_timeout,
+        allow_remote=allow_remote,
     )
 
 

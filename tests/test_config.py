@@ -660,6 +660,16 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
             "also endpoint.port",
         ),
         (config_text(rest='[client]\nhost = ""\n'), "client.host", "must not be empty"),
+        (
+            config_text(rest='[client]\nhost = "0.0.0.0"\n'),
+            "client.host",
+            "not a loopback address: client traffic is not encrypted",
+        ),
+        (
+            config_text(rest='[client]\nhost = "192.0.2.7"\n'),
+            "client.host",
+            "set client.allow_remote = true",
+        ),
         (config_text(rest="[client]\ntoken_file = 3\n"), "client.token_file", "must be a string"),
         (
             config_text(rest="[limits]\nmax_message_size = 0\n"),
@@ -1090,3 +1100,11 @@ def test_parse_config_without_a_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(config_text(endpoint="port = 0"), path)
     assert str(info.value).startswith(f"{path}: endpoint.port: ")
+
+
+def test_a_remote_client_listener_needs_allow_remote(tmp_path: Path) -> None:
+    """Client traffic is not encrypted: a non-loopback listener is a deliberate choice."""
+    cfg = load(tmp_path, rest='[client]\nhost = "0.0.0.0"\nallow_remote = true\n')
+    assert (cfg.client.host, cfg.client.allow_remote) == ("0.0.0.0", True)
+    local = load(tmp_path, rest='[client]\nhost = "localhost"\n')
+    assert (local.client.host, local.client.allow_remote) == ("localhost", False)
