@@ -70,6 +70,10 @@ class Database:
 
     async def open(self) -> None:
         self.broker_instance = await self.store.open(self.config.broker_instance)
+        for name, status, configured in await self.store.fetchall(queries.READ_QUEUE_STATES):
+            info = self.catalog.queues.get(str(name))
+            if info is not None:
+                info.keep_altered(bool(status), None if configured is None else bool(configured))
         await self.store.execute_now(self.catalog.persist())
         for row in await self.store.fetchall(queries.READ_ADMIN_ROUTES):
             route = route_from_row(row)

@@ -68,6 +68,18 @@ class QueueInfo:
     retention: bool
     system: bool = False
     """The broker's own queue (not listed in the queues view)."""
+    configured_status: bool | None = None
+    """The status the configuration declares (``status`` may differ after ALTER QUEUE)."""
+
+    def __post_init__(self) -> None:
+        if self.configured_status is None:
+            self.configured_status = self.status
+
+    def keep_altered(self, stored_status: bool, stored_configured: bool | None) -> None:
+        """At start-up: a status set by ALTER QUEUE stays, unless the configuration's
+        own status changed since the file recorded it (R-DLG-12)."""
+        if stored_configured is None or stored_configured == self.configured_status:
+            self.status = stored_status
 
 
 @dataclass(frozen=True)
@@ -132,7 +144,10 @@ class Catalog:
             for contract, messages in self.contracts.items()
             for mt, sent_by in messages.items()
         ]
-        out += [queries.queue(q.name, q.status, q.retention) for q in self.queues.values()]
+        out += [
+            queries.queue(q.name, q.status, q.retention, bool(q.configured_status))
+            for q in self.queues.values()
+        ]
         out += [queries.service(s.name, s.queue) for s in self.services.values()]
         out += [
             queries.service_contract(s.name, c)

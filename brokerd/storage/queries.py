@@ -117,6 +117,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "whole table, filtered on it, while every received message paid for it",
         "DROP INDEX IF EXISTS queue_messages_ready",
     ),
+    Migration(
+        3,
+        "queues remember the status the configuration gave them, so that a status set "
+        "with ALTER QUEUE survives a restart unless the configuration changes it",
+        "ALTER TABLE queues ADD COLUMN configured_status INTEGER",
+    ),
 )
 """The schema, step by step; a step is never edited once released, only followed by another."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -308,6 +314,7 @@ def regroup(handle: str, group: str) -> Statement:
 
 
 def set_queue_status(queue: str, status: bool) -> Statement:
+    """ALTER QUEUE ... STATUS: kept across restarts unless the configuration changes it."""
     return ("UPDATE queues SET status = ? WHERE name = ?", (int(status), queue))
 
 
@@ -431,8 +438,14 @@ def contract_message(contract: str, message_type: str, sent_by: str) -> Statemen
     return ("INSERT INTO contract_messages VALUES (?, ?, ?)", (contract, message_type, sent_by))
 
 
-def queue(name: str, status: bool, retention: bool) -> Statement:
-    return ("INSERT INTO queues VALUES (?, ?, ?)", (name, int(status), int(retention)))
+def queue(name: str, status: bool, retention: bool, configured_status: bool) -> Statement:
+    return (
+        "INSERT INTO queues (name, status, retention, configured_status) VALUES (?, ?, ?, ?)",
+        (name, int(status), int(retention), int(configured_status)),
+    )
+
+
+READ_QUEUE_STATES = "SELECT name, status, configured_status FROM queues"
 
 
 def service(name: str, queue: str) -> Statement:

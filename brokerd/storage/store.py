@@ -267,13 +267,18 @@ class Store:
         return await self._call(fn)
 
     async def execute_now(self, statements: Iterable[Statement]) -> None:
-        """Run statements in one transaction immediately; only for start-up."""
+        """Run statements in one transaction immediately, in their order; only for start-up.
+
+        Unlike the group commit, nothing is regrouped: the catalog is rewritten as
+        deletes followed by inserts.
+        """
         batch = list(statements)
 
         def run(conn: sqlite3.Connection) -> None:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                _apply(conn, [_Job(batch)])
+                for sql, params in batch:
+                    conn.execute(sql, params)
                 conn.execute("COMMIT")
             except BaseException:
                 _rollback(conn)

@@ -129,7 +129,7 @@ async def test_close_commits_what_is_pending_and_refuses_more(tmp_path: Path) ->
         store.submit([queries.meta("later", "1")])
 
 
-async def test_a_file_written_by_the_first_schema_loses_the_ready_index(tmp_path: Path) -> None:
+async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path: Path) -> None:
     """A database file of an earlier brokerd (schema step 1) opens and is migrated."""
     path = tmp_path / "shop.sqlite"
     instance = uuid.uuid4()
@@ -144,5 +144,21 @@ async def test_a_file_written_by_the_first_schema_loses_the_ready_index(tmp_path
     await store.close()
     with sqlite3.connect(path) as conn:
         indexes = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")]
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(queues)")]
     assert "queue_messages_ready" not in indexes
-    assert _meta(path)["schema_version"] == "2" == str(queries.SCHEMA_VERSION)
+    assert "configured_status" in columns
+    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "3"
+
+
+async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:
+    """The catalog is rewritten as deletes, then inserts: none may be regrouped."""
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    for _ in range(2):
+        await store.execute_now(
+            [*queries.CLEAR_CATALOG, queries.queue("OrderQueue", False, False, True)]
+        )
+    rows = await store.fetchall(queries.READ_QUEUE_STATES)
+    assert [tuple(r) for r in rows] == [("OrderQueue", 0, 1)]
+    await store.close()
