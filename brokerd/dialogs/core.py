@@ -47,19 +47,8 @@ from brokerd.traces.writer import TraceWriter
 from protocol.dialog import (
     ERROR,
     DialogHeader,
-    MessageFlags,
 )
 
-_INITIATOR, _SEQUENCED, _END_DIALOG, _ERROR = (
-    int(f)
-    for f in (
-        MessageFlags.INITIATOR,
-        MessageFlags.SEQUENCED,
-        MessageFlags.END_DIALOG,
-        MessageFlags.ERROR,
-    )
-)
-"""The message flags as plain ints: IntFlag arithmetic costs microseconds."""
 log = logging.getLogger("brokerd.dialogs.engine")
 
 ERROR_NS = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"

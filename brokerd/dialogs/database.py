@@ -22,7 +22,13 @@ from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.queries import Rows
 from brokerd.storage.store import Store
 from protocol.acks import AckState
-from protocol.dialog import END_DIALOG, ERROR, MessageFlags
+from protocol.dialog import (
+    END_DIALOG,
+    ERROR,
+    FLAG_END_DIALOG,
+    FLAG_ERROR,
+    FLAG_SEQUENCED,
+)
 from protocol.fragments import fragment_count
 
 
@@ -46,8 +52,8 @@ def _rows(conn: sqlite3.Connection) -> Rows:
 
 
 _END_FLAGS = {
-    END_DIALOG: int(MessageFlags.END_DIALOG | MessageFlags.SEQUENCED),
-    ERROR: int(MessageFlags.ERROR | MessageFlags.SEQUENCED),
+    END_DIALOG: FLAG_END_DIALOG | FLAG_SEQUENCED,
+    ERROR: FLAG_ERROR | FLAG_SEQUENCED,
 }
 
 

@@ -18,9 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 from brokerd.dialogs.core import (
-    _END_DIALOG,
-    _ERROR,
-    _INITIATOR,
     CODE_CONTRACT_NOT_SUPPORTED,
     CODE_MESSAGE_TOO_LARGE,
     CODE_MESSAGE_TYPE_REFUSED,
@@ -35,14 +32,15 @@ from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint, endpoint_snapshot
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.states import State
-from brokerd.errors import (
-    StoreError,
-)
+from brokerd.errors import StoreError
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
 from brokerd.storage.queries import Statement
 from protocol.dialog import (
     ERROR,
+    FLAG_END_DIALOG,
+    FLAG_ERROR,
+    FLAG_INITIATOR,
     Acknowledgement,
     DialogHeader,
 )
@@ -168,7 +166,7 @@ class Receiving(EngineCore):
         if header.ack.through or header.ack.ranges or header.ack.fragments:
             self._apply_ack(ep, header.ack, header.from_broker_instance)
         if not header.sequenced:
-            if header.flags & _ERROR:
+            if header.flags & FLAG_ERROR:
                 self._on_broker_error(db, ep, header, body)
             return
         seq = header.sequence_number
@@ -264,12 +262,12 @@ class Receiving(EngineCore):
     def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> None:
         for s in released:
             f = flags if s == seq else ep.held_end_flags.pop(s, 0)
-            if f & _ERROR:
+            if f & FLAG_ERROR:
                 ep.ended_remote = True
                 ep.error_received = True
-            elif f & _END_DIALOG:
+            elif f & FLAG_END_DIALOG:
                 ep.ended_remote = True
-        if not released and flags & (_ERROR | _END_DIALOG):
+        if not released and flags & (FLAG_ERROR | FLAG_END_DIALOG):
             ep.held_end_flags[seq] = flags
         if ep.refresh_state():
             self._trace_closed(ep)
@@ -419,7 +417,7 @@ class Receiving(EngineCore):
             header.from_broker_instance,
             header.contract,
             ERROR,
-            int(_ERROR) | (0 if header.initiator else int(_INITIATOR)),
+            FLAG_ERROR | (0 if header.initiator else FLAG_INITIATOR),
             0,
             0,
             1,

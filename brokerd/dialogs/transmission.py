@@ -31,9 +31,7 @@ from brokerd.dialogs.links import Link
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.stats import EngineStats
 from brokerd.traces.writer import TraceWriter
-from protocol.dialog import Acknowledgement, DialogHeader, MessageFlags
-
-_INITIATOR = int(MessageFlags.INITIATOR)
+from protocol.dialog import FLAG_INITIATOR, Acknowledgement, DialogHeader
 
 
 class Transmission:
@@ -245,7 +243,7 @@ class Transmission:
                 self.instance_of(ep.database),
                 ep.far_broker_instance,
                 ep.contract,
-                flags=_INITIATOR if ep.initiator else 0,
+                flags=FLAG_INITIATOR if ep.initiator else 0,
                 ack=self.ack_of(ep),
             )
             per_link.setdefault(id(link), (link, []))[1].append(header)

@@ -17,10 +17,6 @@ from collections.abc import Collection, Iterable
 from typing import Any
 
 from brokerd.dialogs.core import (
-    _END_DIALOG,
-    _ERROR,
-    _INITIATOR,
-    _SEQUENCED,
     EngineCore,
     _unqueue_sent,
     error_body,
@@ -45,6 +41,10 @@ from brokerd.storage.queries import Statement
 from protocol.dialog import (
     END_DIALOG,
     ERROR,
+    FLAG_END_DIALOG,
+    FLAG_ERROR,
+    FLAG_INITIATOR,
+    FLAG_SEQUENCED,
 )
 from protocol.fragments import fragment_count
 
@@ -148,7 +148,7 @@ class ApplicationVerbs(EngineCore):
         self, db: Database, ep: Endpoint, message_type: str, body: bytes
     ) -> tuple[int, Work]:
         self.check_send(db, ep, message_type, body)
-        return self._enqueue_work(db, ep, message_type, int(_SEQUENCED), body)
+        return self._enqueue_work(db, ep, message_type, FLAG_SEQUENCED, body)
 
     async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
         db, ep = self.endpoint(handle)
@@ -168,7 +168,7 @@ class ApplicationVerbs(EngineCore):
             self.check_send(db, ep, message_type, body)
         works: dict[str, tuple[Database, Work]] = {}
         seqs: list[int] = []
-        flags = int(_SEQUENCED)
+        flags = FLAG_SEQUENCED
         for db, ep, message_type, body in found:
             seq, work = self._enqueue_work(db, ep, message_type, flags, body)
             seqs.append(seq)
@@ -188,7 +188,7 @@ class ApplicationVerbs(EngineCore):
         ep.send_sequence += 1
         seq = ep.send_sequence
         if ep.initiator:
-            flags |= _INITIATOR
+            flags |= FLAG_INITIATOR
         msg = OutMessage(
             seq=seq,
             message_type=message_type,
@@ -273,12 +273,14 @@ class ApplicationVerbs(EngineCore):
                 db,
                 ep,
                 ERROR,
-                int(_SEQUENCED | _ERROR),
+                FLAG_SEQUENCED | FLAG_ERROR,
                 error_body(error_code, description),
                 _unqueue_sent(ep, list(dropped)),
             )
         else:
-            _, enqueued = self._enqueue_work(db, ep, END_DIALOG, int(_SEQUENCED | _END_DIALOG), b"")
+            _, enqueued = self._enqueue_work(
+                db, ep, END_DIALOG, FLAG_SEQUENCED | FLAG_END_DIALOG, b""
+            )
         return work.extend(enqueued)
 
     async def end_conversation(

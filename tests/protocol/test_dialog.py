@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import dialog
+from protocol.codec import FastCodec
 from protocol.dialog import (
     DIALOG_HEADER,
     END_DIALOG,
@@ -239,7 +240,7 @@ def test_round_trip_dedicated_acks_several_conversations() -> None:
 
 
 def test_to_construct_value_builds_same_bytes_as_fast_path() -> None:
-    """The construct declaration and the FastCodec hot path agree on a dialog header."""
+    """The construct declaration and the struct hot path agree on a dialog header."""
     h = user_message(ack=Acknowledgement(0, (AckRange(2, 3),), (FragmentAck(1, 0, 1),)))
     assert DIALOG_HEADER.build(to_construct_value(h)) == encode_header(h)
     assert decode_header(DIALOG_HEADER.build(to_construct_value(h))) == h
@@ -315,8 +316,38 @@ def test_round_trip_generated_fragments(case: tuple[DialogHeader, bytes]) -> Non
     assert validate_header(h, len(body)) is None
     payload = encode_fragment(h, body)
     assert decode_fragment(payload) == (h, body)
-    # The FastCodec bytes are exactly what the construct declaration builds.
+    # The hot path's bytes are exactly what the construct declaration builds.
     assert payload == raw_fragment(h, body)
+
+
+STRICT_HEADER = FastCodec(DIALOG_HEADER)
+"""The generic strict parser of the construct declaration (tests/protocol/test_codec.py
+checks it against construct): the reference for the hand-written hot path."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    case=headers_and_bodies(),
+    cut=st.integers(0, 400),
+    flip=st.integers(0, 400),
+    value=st.integers(0, 255),
+)
+def test_the_hot_path_accepts_exactly_what_the_declaration_accepts(
+    case: tuple[DialogHeader, bytes], cut: int, flip: int, value: int
+) -> None:
+    """Damaged headers (truncated, a byte replaced, bytes added): decode_header raises
+    RemoteProtocolError exactly when the strict parser of the declaration does."""
+    encoded = bytearray(DIALOG_HEADER.build(to_construct_value(case[0])))
+    if flip < len(encoded):
+        encoded[flip] = value
+    for damaged in (bytes(encoded[:cut]), bytes(encoded), bytes(encoded) + b"\0"):
+        try:
+            STRICT_HEADER.parse(damaged)
+        except RemoteProtocolError:
+            with pytest.raises(RemoteProtocolError):
+                decode_header(damaged)
+        else:
+            decode_header(damaged)
 
 
 @settings(max_examples=100, deadline=None)
