@@ -136,14 +136,14 @@ class BrokerProtocol(asyncio.Protocol):
             received = self.conn.receive_data(data)
         except RemoteProtocolError as exc:
             self._handle(exc.events)
-            self._abort(f"protocol error from {self.peer_address}: {exc}")
+            self.abort(f"protocol error from {self.peer_address}: {exc}")
             return
         out = self.conn.data_to_send()
         if out and self.transport is not None:
             self.transport.write(out)
         self._handle(received)
         if self.conn.closed and not self.closed:
-            self._abort(self.close_reason or f"closed by {self.peer_address}")
+            self.abort(self.close_reason or f"closed by {self.peer_address}")
 
     def _handle(self, received: list[events.Event]) -> None:
         engine = self.engine
@@ -269,7 +269,7 @@ class BrokerProtocol(asyncio.Protocol):
                 size += len(frame)
         except LocalProtocolError as exc:
             log.error("cannot send on %s: %s", self.name, exc)
-            self._abort(f"local protocol error: {exc}")
+            self.abort(f"local protocol error: {exc}")
             return
         if out:
             self.last_activity = time.time()
@@ -285,7 +285,7 @@ class BrokerProtocol(asyncio.Protocol):
             self.transport.write(self.conn.close(code, reason))
         self.transport.close()
 
-    def _abort(self, reason: str) -> None:
+    def abort(self, reason: str) -> None:
         self.close_reason = reason
         log.warning("%s", reason)
         if self.transport is not None:
@@ -546,7 +546,7 @@ class Transport:
             for protocol in list(self.connections):
                 if not protocol.opened and not protocol.closed:
                     if now - protocol.created >= handshake:
-                        protocol._abort(f"no handshake within {handshake:g} s")
+                        protocol.abort(f"no handshake within {handshake:g} s")
                     continue
                 if not protocol.is_open or now - protocol.last_activity < timeout:
                     continue

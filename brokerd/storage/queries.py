@@ -146,7 +146,9 @@ def meta(key: str, value: str) -> Statement:
 ENDPOINT_SNAPSHOT = (
     "INSERT OR REPLACE INTO conversation_endpoints VALUES (" + ", ".join("?" * 15) + ")"
 )
-"""A whole endpoint row; within a batch only the last snapshot of each endpoint is written."""
+"""A whole endpoint row. The committer writes only the last snapshot of each endpoint
+in a batch, as an update of the columns that change (:func:`endpoint_updates`) or,
+for a new endpoint, an insert (:data:`ENDPOINT_ADD`)."""
 _ENDPOINT_COLUMNS = (
     "conversation_handle",
     "conversation_id",

@@ -427,7 +427,7 @@ def _apply(conn: sqlite3.Connection, batch: list[_Job]) -> None:
     endpoints: dict[Any, Sequence[Any] | None] = {}
     for job in batch:
         for sql, params in job.statements:
-            if sql is ENDPOINT_SNAPSHOT or sql == ENDPOINT_SNAPSHOT:
+            if sql == ENDPOINT_SNAPSHOT:
                 endpoints[params[0]] = params
             elif sql == ENDPOINT_DELETE:
                 endpoints[params[0]] = None

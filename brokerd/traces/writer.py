@@ -3,9 +3,9 @@
 Owns the trace file format (schema version 1, documented in ``docs/traces.md``)
 and the writer every daemon runs:
 
-* events are formatted on the event loop (a few microseconds each) into an
-  in-memory buffer and written by a background flush every
-  ``trace.flush_interval`` seconds, in a worker thread, so the broker never
+* on the event loop an event is only appended to an in-memory buffer; a
+  background flush every ``trace.flush_interval`` seconds formats the buffered
+  events (orjson) and writes them in a worker thread, so the broker never
   waits for the trace disk;
 * files are segments ``<instance>-<UTC start>-<n>.jsonl`` in
   ``trace.directory``, closed (and a new one begun) at ``trace.segment_mb`` or
@@ -191,15 +191,11 @@ class TraceWriter:
         """
         dumps = orjson.dumps
         head = self._head
-        second, stamp = -1, ""
         out: list[bytes] = []
         for t, event, conversation_id, fields in events:
-            whole, fraction = divmod(round(t * 1_000_000), 1_000_000)
-            if whole != second:
-                second, stamp = whole, _second(whole)
             if None in fields.values():
                 fields = {k: v for k, v in fields.items() if v is not None}
-            fields["ts"] = f"{stamp}.{fraction:06d}Z"
+            fields["ts"] = iso_micros(t)
             fields["event"] = event
             if conversation_id is not None:
                 fields["conversation_id"] = conversation_id
