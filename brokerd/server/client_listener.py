@@ -182,7 +182,7 @@ class ClientSession(asyncio.Protocol):
             if self.user is None:
                 self._login(frame)
                 continue
-            if frame.meta.get("op") == "send" and "transaction" not in frame.meta:
+            if frame.meta.get("op") == "send" and frame.meta.get("transaction") is None:
                 self._send_now(frame)
                 continue
             task = asyncio.get_running_loop().create_task(self._run(frame))
@@ -371,16 +371,14 @@ async def _begin_dialog(session: ClientSession, frame: ClientFrame) -> tuple[dic
 
 
 async def _send(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """SEND in a transaction (outside one, ``ClientSession._send_now`` runs it, no task)."""
     m = frame.meta
     handle = _uuid(m, "conversation_handle")
     assert handle is not None
-    message_type = _str(m, "message_type", "DEFAULT")
     tx = _transaction(session, m)
-    if tx is not None:
-        tx.send(handle, message_type, frame.body)
-        return {"sequence_number": None}, b""
-    seq = await session.broker.engine.send(handle, message_type, frame.body)
-    return {"sequence_number": seq}, b""
+    assert tx is not None, "data_received hands SENDs without a transaction to _send_now"
+    tx.send(handle, _str(m, "message_type", "DEFAULT"), frame.body)
+    return {"sequence_number": None}, b""
 
 
 async def _send_many(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
