@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from brokerd.dialogs.states import Facts, State, check, state_of
+from brokerd.dialogs.states import State, check, state_of
 from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
 from protocol.acks import AckState
 
@@ -125,21 +125,9 @@ class Endpoint:
             return "the other side has ended the conversation (state DI); end it"
         return None
 
-    def facts(self) -> Facts:
-        """What the endpoint's state follows from (``brokerd.dialogs.states``)."""
-        return Facts(
-            initiator=self.initiator,
-            sent=self.send_sequence > 0,
-            received=self.accepted.through > 0,
-            ended_local=self.ended_local,
-            ended_remote=self.ended_remote,
-            error_received=self.error_received,
-            broker_error=self.broker_error,
-            settled=not self.outbox and not self.uncommitted_sends,
-        )
-
     def refresh_state(self, undo: bool = False) -> bool:
-        """Move to the state the dialog's facts call for; True if it changed (SPEC §5).
+        """Move to the state the dialog's facts call for (``states.Facts``, passed as
+        arguments: no tuple on the hot path); True if it changed (SPEC §5).
 
         ``undo`` is for a unit of work that failed to commit: its memory effects are
         reversed, so the state may go back to what it was before it.
