@@ -411,7 +411,7 @@ class ApplicationVerbs(EngineCore):
     def receive_work(self, lease: Lease) -> Work:
         """Remove a lease's messages from the queue (or keep them with status 0 under
         RETENTION); once committed the group's lock is released."""
-        rows = [queries.received(str(h), s, lease.retention) for h, s in lease.items]
+        rows = queries.received(lease.items, lease.retention)
         return Work().add(
             rows,
             on_commit=lambda: self.release(lease, received=True),

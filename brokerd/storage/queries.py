@@ -244,13 +244,6 @@ _PROMOTE = (
     "UPDATE queue_messages SET status = 1 WHERE conversation_handle = ? AND "
     "message_sequence_number = ?"
 )
-_REMOVE_RECEIVED = (
-    "DELETE FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number = ?"
-)
-_RETAIN_RECEIVED = (
-    "UPDATE queue_messages SET status = 0 WHERE conversation_handle = ? "
-    "AND message_sequence_number = ?"
-)
 _REMOVE_MANY = (
     "DELETE FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number IN "
 )
@@ -301,9 +294,22 @@ def promote(handle: str, seqs: Iterable[int]) -> list[Statement]:
     return [(_PROMOTE, (handle, seq)) for seq in seqs]
 
 
-def received(handle: str, seq: int, retention: bool) -> Statement:
-    """RECEIVE removes a message, or keeps it with status 0 under RETENTION."""
-    return (_RETAIN_RECEIVED if retention else _REMOVE_RECEIVED, (handle, seq))
+def received(items: Sequence[tuple[uuid.UUID, int]], retention: bool) -> list[Statement]:
+    """RECEIVE removes its messages, or keeps them with status 0 under RETENTION: one
+    statement per conversation (and per thousand messages)."""
+    verb = _RETAIN_MANY if retention else _REMOVE_MANY
+    return [
+        (f"{verb}({','.join('?' * len(part))})", [key, *part])
+        for key, seqs in _by_conversation(items).items()
+        for part in _chunks(seqs)
+    ]
+
+
+def _by_conversation(items: Sequence[tuple[uuid.UUID, int]]) -> dict[str, list[int]]:
+    by_handle: dict[str, list[int]] = {}
+    for handle, seq in items:
+        by_handle.setdefault(str(handle), []).append(seq)
+    return by_handle
 
 
 def discard_received(handle: str) -> Statement:
@@ -335,20 +341,15 @@ def read_received(
 
     One indexed query per conversation (the primary key), never a scan of the queue.
     """
-    by_handle: dict[str, list[int]] = {}
-    for handle, seq in items:
-        by_handle.setdefault(str(handle), []).append(seq)
     found: dict[tuple[str, int], Any] = {}
-    for key, seqs in by_handle.items():
+    for key, seqs in _by_conversation(items).items():
         for part in _chunks(seqs):
             marks = ",".join("?" * len(part))
             for r in conn.execute(f"{_READ_RECEIVED}({marks})", [key, *part]):
                 found[(r[0], int(r[1]))] = r
     if remove:
-        verb = _RETAIN_MANY if retention else _REMOVE_MANY
-        for key, seqs in by_handle.items():
-            for part in _chunks(seqs):
-                conn.execute(f"{verb}({','.join('?' * len(part))})", [key, *part])
+        for sql, params in received(items, retention):
+            conn.execute(sql, params)
     out = []
     for handle, seq in items:
         row = found.get((str(handle), seq))
