@@ -59,10 +59,11 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from brokerd.config import RetryConfig
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.server.daemon import install_uvloop
 from brokerd.tools import example
@@ -88,13 +89,24 @@ def local_databases_toml() -> str:
 
 
 def build(
-    kind: str, root: Path, hosts: tuple[str, str], trace: bool = True
+    kind: str,
+    root: Path,
+    hosts: tuple[str, str],
+    trace: bool = True,
+    retry: dict[str, float] | None = None,
 ) -> tuple[Deployment, str, str]:
-    """The deployment of one scenario and the names of the sending and receiving daemons."""
+    """The deployment of one scenario and the names of the sending and receiving daemons.
+
+    Retransmission and acknowledgement timings are the daemon's defaults (as a user
+    runs it), not the launcher's short test timings, unless ``retry`` overrides them.
+    """
     extra = "" if trace else "[trace]\nenabled = false\n"
+    timings = {f.name: getattr(RetryConfig(), f.name) for f in fields(RetryConfig)}
+    timings.update(retry or {})
     if kind == "cross":
-        return example.shop_and_warehouse(root, hosts=hosts, extra=extra), "alpha", "beta"
-    deployment = Deployment(root)
+        deployment = example.shop_and_warehouse(root, retry=timings, hosts=hosts, extra=extra)
+        return deployment, "alpha", "beta"
+    deployment = Deployment(root, timings)
     deployment.add("solo", hosts[0], local_databases_toml(), extra=extra)
     return deployment, "solo", "solo"
 
@@ -464,7 +476,13 @@ def verify(
 
 
 def run_scenario(kind: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    deployment, sender_name, receiver_name = build(kind, root, args.hosts, args.trace == "on")
+    deployment, sender_name, receiver_name = build(
+        kind,
+        root,
+        args.hosts,
+        args.trace == "on",
+        retry=None if args.ack_delay is None else {"ack_delay": args.ack_delay},
+    )
     result: dict[str, Any]
     try:
         for name in deployment.daemons:
@@ -589,6 +607,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", choices=SCENARIOS, help="run one scenario only")
     parser.add_argument(
         "--trace", choices=("on", "off"), default="on", help="delivery traces (default on)"
+    )
+    parser.add_argument(
+        "--ack-delay",
+        type=float,
+        help="retry.ack_delay of both daemons in seconds (default: the daemon's default)",
     )
     parser.add_argument(
         "--workdir", type=Path, help="keep certificates, data and logs here (default: temp)"

@@ -126,8 +126,8 @@ class Database:
                 body=body,
                 enqueued_at=float(row["enqueued_at"]),
                 fragment_count=fragment_count(len(body), fragment_size),
-                status="waiting to be sent (recovered after a restart)",
             )
+            ep.waiting_status = "waiting to be sent (recovered after a restart)"
             waiting[ep.handle] = ep
         self.load_received(fetch)
         for row in fetch(queries.READ_TIMERS, ()):

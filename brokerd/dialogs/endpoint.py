@@ -37,14 +37,15 @@ class OutMessage:
     acked_fragments: set[int] = field(default_factory=set)
     attempts: int = 0
     due: float = 0.0
-    """Loop time of the next (re)transmission; 0 = as soon as a link is open."""
-    status: str = "waiting to be sent"
-    """Why the message waits, for the transmission_queue view; empty once sent."""
+    """Loop time of the next (re)transmission; 0 = as soon as a link is open; ``inf``
+    while it waits in a connection's outbox (the retry clock starts when it is written)."""
     sent_via: str = ""
-    """The connection it was last sent on."""
+    """The connection it was last handed to; empty while it waits for one (the
+    endpoint's ``waiting_status`` then says why)."""
     retry_wait: float = 0.0
     """Seconds until it is sent again if no acknowledgement comes."""
     last_sent_at: float = 0.0
+    """Loop time its last fragment was written to the connection."""
 
 
 @dataclass(slots=True, eq=False)
@@ -87,6 +88,10 @@ class Endpoint:
     """Wall-clock time the conversation timer fires (R-DLG-11); 0 = no timer."""
     wakeup: float = 0.0
     """Loop time the engine will next look at this endpoint's outbox; 0 = not scheduled."""
+    waiting_status: str = "waiting to be sent"
+    """Why its messages not handed to a connection wait (no route, DELAYED, the
+    connection's status), for the transmission_queue view. Kept per endpoint, so a
+    SEND behind a backlog touches none of the messages already waiting."""
     handle_text: str = field(init=False)
     """``str(handle)``, the key of the endpoint's rows, made once."""
     conversation_text: str = field(init=False)

@@ -97,6 +97,8 @@ class Receiving(EngineCore):
                     for f in ack.fragments:
                         if f.sequence_number == seq:
                             msg.acked_fragments.update(range(f.first, f.last + 1))
+        if removed:
+            self.transmission.acknowledged(outbox[removed[-1]])
         for seq in removed:
             del outbox[seq]
         if removed:

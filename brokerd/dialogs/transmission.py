@@ -3,11 +3,19 @@
 Owns (SPEC R-DLG-4..7, R-PROTO-4):
 
 * :meth:`Transmission.transmit`: every message of an endpoint's outbox that is
-  due goes to the link its route chose, or records why it waits (DELAYED, the
-  connection's status); retransmission with exponential backoff
-  (``retry.initial`` doubling up to ``retry.maximum``), one wake-up per endpoint;
+  due goes to the link its route chose, or the endpoint records why it waits
+  (DELAYED, the connection's status); retransmission with exponential backoff
+  from the link's timeout (:mod:`brokerd.dialogs.rtt`: ``retry.initial``, or
+  more on a link observed to acknowledge slowly, doubling up to
+  ``retry.maximum``), one wake-up per endpoint;
+* :meth:`Transmission.send_new`: a committed SEND hands its message to an open
+  link without looking at the messages already waiting (a SEND costs the same
+  behind a backlog);
 * :meth:`Transmission.build_fragment`: a fragment's dialog header, built when
-  the link drains it, carrying the endpoint's current acknowledgement (piggybacked);
+  the link writes it, carrying the endpoint's current acknowledgement
+  (piggybacked). The retry clock starts then, not when the message was queued
+  for the link: a backlog handed to a connection at once is not resent before
+  its first copy is even written;
 * dedicated acknowledgements: endpoints that received something are collected
   for ``retry.ack_delay`` and acknowledged per link in one batch
   (:meth:`ack_needed`, :meth:`flush_acks`), unless a message carried the
@@ -22,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import uuid
 from collections.abc import Callable, Iterable
 
@@ -29,6 +38,7 @@ from brokerd.config import RetryConfig
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.router import Router
+from brokerd.dialogs.rtt import RttEstimator
 from brokerd.dialogs.stats import EngineStats
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import FLAG_INITIATOR, Acknowledgement, DialogHeader
@@ -58,6 +68,8 @@ class Transmission:
         self._ack_dirty: set[Endpoint] = set()
         self._ack_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._rtt: dict[str, RttEstimator] = {}
+        """Acknowledgement delays per link name."""
 
     def start(self, loop: asyncio.AbstractEventLoop, unacknowledged: Iterable[Endpoint]) -> None:
         """Begin on ``loop``; ``unacknowledged`` are endpoints recovered with an ack owed."""
@@ -79,7 +91,8 @@ class Transmission:
     def build_fragment(
         self, ep: Endpoint, msg: OutMessage, index: int
     ) -> tuple[DialogHeader, bytes]:
-        """Header and bytes of one fragment; carries the endpoint's current acknowledgement."""
+        """Header and bytes of one fragment, as the link writes it; carries the endpoint's
+        current acknowledgement. The message's retry clock starts now."""
         size = self.fragment_size
         offset = index * size
         body = msg.body[offset : offset + size] if msg.fragment_count > 1 else msg.body
@@ -102,6 +115,10 @@ class Transmission:
             self.ack_of(ep),
         )
         self.stats.fragments_sent += 1
+        now = self.loop.time()
+        msg.last_sent_at = now
+        msg.due = now + msg.retry_wait
+        self.schedule(ep, msg.due)
         return header, body
 
     def ack_of(self, ep: Endpoint) -> Acknowledgement:
@@ -109,35 +126,63 @@ class Transmission:
         ep.ack_sent_version = ep.ack_version
         return ep.durable.acknowledgement()
 
+    def acknowledged(self, msg: OutMessage) -> None:
+        """``msg`` was acknowledged: a message sent once tells how slow its link is."""
+        if msg.attempts == 1 and msg.last_sent_at and msg.sent_via:
+            rtt = self._rtt.get(msg.sent_via)
+            if rtt is not None:
+                rtt.observe(self.loop.time() - msg.last_sent_at)
+
+    def timeout_of(self, link_name: str) -> float:
+        """The current first retransmission wait on a link (for views and tests)."""
+        rtt = self._rtt.get(link_name)
+        return rtt.timeout if rtt is not None else self.retry.initial
+
     def transmit(self, ep: Endpoint) -> None:
         """Send every message of ``ep`` that is due, or record why it waits."""
         if not ep.outbox:
             return
         link = self.router.link_for(ep)
         now = self.loop.time()
-        if link is None:
-            reason = self.router.waiting_status(ep)
-            for msg in ep.outbox.values():
-                msg.status = reason
-            self.schedule(ep, now + self.retry.delayed_retry)
+        if link is None or not link.is_open:
+            self._wait(ep, link, now)
             return
-        if not link.is_open:
-            for msg in ep.outbox.values():
-                msg.status = link.status
-            link.want(ep)
-            return
-        earliest = None
+        earliest = math.inf
         for msg in ep.outbox.values():
             if msg.due <= now:
                 self._send_message(ep, msg, link, now)
-            if earliest is None or msg.due < earliest:
+            if msg.due < earliest:
                 earliest = msg.due
-        if earliest is not None:
+        if earliest < math.inf:
             self.schedule(ep, earliest)
+
+    def send_new(self, ep: Endpoint, msg: OutMessage) -> None:
+        """A SEND committed ``msg``: hand it to the endpoint's link if that is open,
+        without looking at the messages already waiting; otherwise the endpoint
+        waits as a whole (its messages go when the link opens)."""
+        link = self.router.link_for(ep)
+        if link is not None and link.is_open:
+            self._send_message(ep, msg, link, self.loop.time())
+        else:
+            self._wait(ep, link, self.loop.time())
+
+    def _wait(self, ep: Endpoint, link: Link | None, now: float) -> None:
+        """``ep`` has no open link: say why, and look again when that may have changed."""
+        if link is None:
+            ep.waiting_status = self.router.waiting_status(ep)
+            self.schedule(ep, now + self.retry.delayed_retry)
+        else:
+            ep.waiting_status = link.status
+            link.want(ep)
 
     def _send_message(self, ep: Endpoint, msg: OutMessage, link: Link, now: float) -> None:
         msg.attempts += 1
-        wait = min(self.retry.maximum, self.retry.initial * (2 ** (msg.attempts - 1)))
+        rtt = self._rtt.get(link.name)
+        if rtt is None:
+            rtt = self._rtt[link.name] = RttEstimator(self.retry.initial, self.retry.maximum)
+        if msg.attempts > 1:
+            rtt.retransmitted(now)
+        wait = rtt.wait(msg.attempts)
         trace = self.trace
         if msg.attempts > 1:
             self.stats.retransmissions += 1
@@ -151,9 +196,7 @@ class Transmission:
                 wait=wait,
                 peer=link.name,
             )
-        msg.due = now + wait
-        msg.last_sent_at = now
-        msg.status = ""  # sent: the view describes it from sent_via, attempts and retry_wait
+        msg.due = math.inf  # until the link writes it (build_fragment)
         msg.sent_via = link.name
         msg.retry_wait = wait
         for index in range(msg.fragment_count):
@@ -182,12 +225,21 @@ class Transmission:
             self.transmit(ep)
 
     def link_down(self, link: Link, endpoints: Iterable[Endpoint]) -> None:
-        """A link closed: unacknowledged messages sent on it wait for the next connection."""
+        """A link closed: unacknowledged messages sent on it wait for the next connection
+        (or another link the router chooses meanwhile)."""
+        name = link.name
         for ep in endpoints:
+            lost = False
+            for msg in ep.outbox.values():
+                if msg.sent_via == name:
+                    msg.sent_via = ""
+                    msg.due = 0.0
+                    lost = True
             if ep.outbox and ep.route_link is link:
-                for msg in ep.outbox.values():
-                    msg.status = link.status
+                ep.waiting_status = link.status
                 link.want(ep)
+            elif lost:
+                self.transmit(ep)  # on the link the router chose since
 
     # -- wake-ups ---------------------------------------------------------------------
 

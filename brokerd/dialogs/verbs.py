@@ -230,7 +230,7 @@ class ApplicationVerbs(EngineCore):
                 size=len(body),
                 fragments=msg.fragment_count,
             )
-            self.transmit(ep)
+            self.transmission.send_new(ep, msg)
 
         def failed(_: BaseException) -> None:
             ep.uncommitted_sends -= 1

@@ -6,6 +6,7 @@ May import: ``brokerd.dialogs`` models, ``brokerd.storage``, ``protocol``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +16,11 @@ from brokerd.dialogs.endpoint import OutMessage
 
 
 def _sent_status(msg: OutMessage) -> str:
+    if msg.due == math.inf:
+        return (
+            f"handed to {msg.sent_via} (attempt {msg.attempts}); waiting to be written: the "
+            "connection is busy with the messages before it"
+        )
     return (
         f"sent to {msg.sent_via} (attempt {msg.attempts}); waiting for acknowledgement, "
         f"resent in {msg.retry_wait:g} s if none"
@@ -55,7 +61,7 @@ def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
             "size": len(msg.body),
             "enqueued_at": datetime.fromtimestamp(msg.enqueued_at, UTC).isoformat(),
             "attempts": msg.attempts,
-            "transmission_status": msg.status or _sent_status(msg),
+            "transmission_status": _sent_status(msg) if msg.sent_via else ep.waiting_status,
         }
         for db in databases
         for ep in db.endpoints.values()

@@ -309,6 +309,11 @@ class BrokerProtocol(asyncio.Protocol):
             "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received,
             "integrity_failures": stats.integrity_failures,
+            "retransmit_timeout": (
+                self.engine.transmission.timeout_of(self.link.name)
+                if self.link is not None
+                else None
+            ),
         }
 
 
@@ -407,8 +412,7 @@ class PeerLink:
                         "connection_refused", peer=self.name, reason=self._status
                     )
                     for ep in self.waiting:
-                        for msg in ep.outbox.values():
-                            msg.status = self._status
+                        ep.waiting_status = self._status
                     self._fail_pending()
                     self.owner.engine.router.link_unreachable(self.name)
                 await asyncio.sleep(delay)

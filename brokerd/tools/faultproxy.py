@@ -12,6 +12,9 @@ an accepting broker (the server, "down" direction) and does, per :class:`FaultPl
   frames with :func:`protocol.frames.decode_header`; if a header does not parse,
   the rest of that direction is passed through unchanged;
 * delay every chunk forwarded, both directions;
+* stall the up direction: stop reading from the client while the connection
+  stays open, so the sending broker's socket buffers fill as with a peer that
+  hangs without reading (and resume reading when the plan says so);
 * refuse new connections (accept, then close at once) or blackhole connections
   (read and discard everything: the peer seems hung);
 * :meth:`FaultProxy.cut` every open connection at once (TCP reset on both sides).
@@ -62,6 +65,8 @@ class FaultPlan:
     delay: float = 0.0
     """Seconds slept before forwarding each chunk, both directions. While it sleeps the
     proxy does not read that direction, so it also bounds the throughput."""
+    stall: bool = False
+    """Stop reading the up direction (client to server) until this is false again."""
     refuse: bool = False
     """Accept new connections, then close them at once (the target is never dialled)."""
     blackhole: bool = False
@@ -348,6 +353,8 @@ class FaultProxy:
         frames = _FrameFilter(self, conn.ident, up=up)
         try:
             while True:
+                while up and self.plan.stall and not conn.aborted:
+                    await asyncio.sleep(0.02)
                 data = await reader.read(READ_SIZE)
                 if not data:
                     break

@@ -3,10 +3,11 @@
 The statements are the ones :mod:`brokerd.storage.queries` gives the engine for
 SEND, transmission and acknowledgement, arrival, promotion, reassembly,
 RECEIVE, END CONVERSATION, MOVE CONVERSATION and timers, and the endpoint
-snapshot the store writes. (The store's multi-row INSERTs are plain inserts.) Each is run against a file with the current schema, with
-SQLite's trace callback capturing the SQL actually executed (parameters
-expanded); then ``EXPLAIN QUERY PLAN`` of each must show only searches (or a
-scan of the statement's own ``VALUES`` list), never ``SCAN <table>``.
+snapshot the store writes (its multi-row INSERTs are plain inserts). Each is
+run against a file with the current schema, with SQLite's trace callback
+capturing the SQL actually executed (parameters expanded); then ``EXPLAIN
+QUERY PLAN`` of each must show only searches (or a scan of the statement's own
+``VALUES`` list), never ``SCAN <table>``.
 
 A full scan makes a statement's cost grow with the backlog: the cost of one
 RECEIVE then depends on every message waiting in its queue. Recovery's reads
@@ -59,7 +60,7 @@ def _run(conn: sqlite3.Connection, statements: list[queries.Statement]) -> None:
 def _snapshot_update(conn: sqlite3.Connection) -> None:
     row = (H1, str(uuid.uuid4()), 1, G, "//s", "//f", None, "//c", "CO", 0, 1.0, 5, 3, 0, 0)
     conn.execute(queries.ENDPOINT_ADD, row)
-    conn.execute(queries.endpoint_updates(2), row + (H2, *row[1:]))
+    conn.execute(queries.endpoint_updates(2), (*row, H2, *row[1:]))
 
 
 HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {

@@ -1,0 +1,132 @@
+"""Retransmission against real daemons behind the fault proxy (R-DLG-4, R-DLG-6).
+
+* A backlog handed to a connection that does not drain is not resent before its
+  first copy is written: the retry clock starts when the link writes a message.
+* On a link slower than ``retry.initial``, the timeout learns the acknowledgement
+  delay, so later messages are sent once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brokerd.sdk.client import BrokerClient
+from brokerd.tools.example import (
+    CONTRACT,
+    ORDER,
+    SHOP_SERVICE,
+    WAREHOUSE_SERVICE,
+    shop_and_warehouse,
+)
+from brokerd.tools.faultproxy import FaultPlan, FaultProxy
+from brokerd.tools.launcher import Deployment
+from tests.daemons import drain, wait_until
+
+PROXY = "127.0.0.3"
+
+
+@pytest.fixture
+async def behind_proxy(tmp_path: Path) -> AsyncIterator[tuple[Deployment, FaultProxy]]:
+    """alpha -> proxy (127.0.0.3:4022) -> beta, with short retry timings."""
+    d = shop_and_warehouse(
+        tmp_path,
+        {"initial": 0.3, "maximum": 1.2, "ack_delay": 0.005, "delayed_retry": 0.5},
+        beta_route_host=PROXY,
+    )
+    proxy = FaultProxy(PROXY, 4022, "127.0.0.2", 4022, FaultPlan())
+    await proxy.start()
+    try:
+        d.start("alpha")
+        d.start("beta")
+        yield d, proxy
+    finally:
+        d.stop_all()
+        await proxy.stop()
+
+
+async def stats(client: BrokerClient) -> dict[str, Any]:
+    (row,) = await client.view("stats")
+    return row
+
+
+async def test_a_backlog_is_not_resent_before_it_is_written(
+    behind_proxy: tuple[Deployment, FaultProxy],
+) -> None:
+    """R-DLG-6: the retry clock of a message starts when its connection writes it.
+
+    The proxy stops reading from alpha: alpha's socket buffers fill, and the rest
+    of 200 messages of 64 KiB waits in alpha's outbox for the connection. Over
+    several retry periods, only messages actually written are resent (each
+    once, since its copy then waits behind the others), and the messages are
+    shown as waiting to be written. Then the connection drains and every message
+    arrives exactly once, in order.
+    """
+    d, proxy = behind_proxy
+    shop = await d.daemons["alpha"].client()
+    warehouse = await d.daemons["beta"].client()
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    await shop.send(handle, ORDER, b"open the connection")
+    await drain(warehouse, "OrderQueue", 1)
+    proxy.plan.stall = True
+    count = 200
+    for n in range(count):
+        await shop.send(handle, ORDER, n.to_bytes(4, "big") * (16 * 1024))
+    before = (await stats(shop))["retransmissions"]
+    await asyncio.sleep(4 * 1.2)  # several retry periods
+    resent = (await stats(shop))["retransmissions"]
+    # Handing every message to the connection again at each retry period would have made
+    # several hundred retransmissions here. Only a message that was written can be resent,
+    # and its copy then waits to be written behind the others: at most once each.
+    assert resent - before <= count, (before, resent)
+    rows = await shop.transmission_queue()
+    unwritten = [r for r in rows if "waiting to be written" in r["transmission_status"]]
+    assert len(rows) == count
+    assert len(unwritten) > count // 2, rows[-1]
+    proxy.plan.stall = False
+    received = await drain(warehouse, "OrderQueue", count, timeout=60)
+    assert [m.message_body[:4] for m in received] == [n.to_bytes(4, "big") for n in range(count)]
+    assert [m.message_sequence_number for m in received] == list(range(2, count + 2))
+    assert await warehouse.receive("OrderQueue", timeout=0.5) == []
+    await shop.close()
+    await warehouse.close()
+
+
+async def test_a_slow_link_teaches_the_timeout_and_later_messages_go_once(
+    behind_proxy: tuple[Deployment, FaultProxy],
+) -> None:
+    """R-DLG-6: every chunk through the proxy waits 0.25 s each way, so acknowledgements
+    come ~0.5 s after a message is written while ``retry.initial`` is 0.3 s. The first
+    messages are resent (and the link's timeout backs off); once a message sent once is
+    acknowledged, the timeout follows the observed delay and no message is resent."""
+    d, proxy = behind_proxy
+    shop = await d.daemons["alpha"].client()
+    warehouse = await d.daemons["beta"].client()
+    proxy.plan.delay = 0.25
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    for n in range(10):
+        await shop.send(handle, ORDER, f"early {n}".encode())
+        await asyncio.sleep(0.15)
+    await drain(warehouse, "OrderQueue", 10, timeout=30)
+    await wait_until(lambda: _empty(shop), 10)
+    await asyncio.sleep(1.5)  # the early messages' last retransmissions, if any, are done
+    before = (await stats(shop))["retransmissions"]
+    for n in range(20):
+        await shop.send(handle, ORDER, f"late {n}".encode())
+        await asyncio.sleep(0.1)
+    received = await drain(warehouse, "OrderQueue", 20, timeout=30)
+    assert [m.message_body for m in received] == [f"late {n}".encode() for n in range(20)]
+    await wait_until(lambda: _empty(shop), 10)
+    assert (await stats(shop))["retransmissions"] == before
+    (link,) = [r for r in await shop.view("broker_connections") if r["direction"] == "outbound"]
+    assert link["retransmit_timeout"] > 0.5, link
+    await shop.close()
+    await warehouse.close()
+
+
+async def _empty(client: BrokerClient) -> bool:
+    return not await client.transmission_queue()
