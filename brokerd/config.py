@@ -196,7 +196,10 @@ class EndpointConfig:
     """Incoming broker connections at once from one IP address."""
     connect_timeout: float = 5.0
     reconnect_initial: float = 1.0
-    reconnect_max: float = 30.0
+    reconnect_max: float = 2.0
+    """An unreachable peer is dialled again at most this long after the last attempt, so a
+    peer that returns is reached within seconds (a refused attempt costs next to nothing);
+    a connection from the peer itself makes the link dial at once."""
 
 
 @dataclass(frozen=True)

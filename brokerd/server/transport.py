@@ -180,6 +180,8 @@ class BrokerProtocol(asyncio.Protocol):
                     self.handshake_done.set_result(None)
                 if self.link is not None:
                     self.link.opened(self)
+                else:
+                    self.owner.peer_connected(self.peer_host)
             elif isinstance(ev, events.Close):
                 self.close_reason = f"closed by {self.name}: {ev.code.name} {ev.reason}".strip()
             elif isinstance(ev, events.PrincipalQuery):
@@ -336,6 +338,8 @@ class PeerLink:
         self.attempts = 0
         self._status = "not connected yet"
         self._task: asyncio.Task[None] | None = None
+        self._dial_now: asyncio.Event | None = None
+        """Set when the peer has shown it is back: the wait before the next attempt ends."""
 
     @property
     def is_open(self) -> bool:
@@ -415,10 +419,29 @@ class PeerLink:
                         ep.waiting_status = self._status
                     self._fail_pending()
                     self.owner.engine.router.link_unreachable(self.name)
-                await asyncio.sleep(delay)
-                delay = min(endpoint.reconnect_max, delay * 2)
+                if await self._wait_before_dialling(delay):
+                    delay = endpoint.reconnect_initial
+                else:
+                    delay = min(endpoint.reconnect_max, delay * 2)
         finally:
             self._task = None
+
+    async def _wait_before_dialling(self, delay: float) -> bool:
+        """Sleep ``delay`` seconds, or less if the peer shows it is back (then True)."""
+        event = self._dial_now = asyncio.Event()
+        try:
+            await asyncio.wait_for(event.wait(), delay)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._dial_now = None
+
+    def peer_is_back(self) -> None:
+        """The peer connected to us: if this link is waiting to dial it again, dial now."""
+        if self._dial_now is not None:
+            log.info("link %s: the peer connected to us; dialling it now", self.name)
+            self._dial_now.set()
 
     async def _open_once(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -570,6 +593,14 @@ class Transport:
                 "(endpoint.max_connections_per_address)"
             )
         return None
+
+    def peer_connected(self, host: str) -> None:
+        """A broker at ``host`` completed a handshake with us: it is up, so links to it that
+        wait before dialling again dial now (a returning peer is reached at once, whatever
+        the reconnect back-off has grown to)."""
+        for link in self.links.values():
+            if link.host == host and not link.is_open:
+                link.peer_is_back()
 
     def broker_connections(self) -> list[dict[str, Any]]:
         return [p.view() for p in sorted(self.connections, key=lambda p: p.peer_address)]

@@ -95,6 +95,11 @@ class Deployment:
         retry = {"initial": 1.0, "maximum": 8.0, "ack_delay": 0.01, "delayed_retry": 1.0}
         retry.update(self.retry)
         retry_toml = "\n".join(f"{k} = {float(v)!r}" for k, v in retry.items())
+        quick = {"reconnect_initial": 0.2, "reconnect_max": 2.0}
+        # Short reconnect waits, unless endpoint_extra sets its own.
+        reconnect_toml = "\n".join(
+            f"{k} = {v!r}" for k, v in quick.items() if f"{k} =" not in endpoint_extra
+        )
         config = f"""# written by brokerd.tools.launcher
 data_dir = "data"
 {extra}
@@ -104,8 +109,7 @@ port = 4022
 certificate = "{self.cert_dir / name}.pem"
 private_key = "{self.cert_dir / name}.key"
 ca_certificate = "{self.cert_dir / "ca.pem"}"
-reconnect_initial = 0.2
-reconnect_max = 2.0
+{reconnect_toml}
 {endpoint_extra}
 [retry]
 {retry_toml}
