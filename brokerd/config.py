@@ -194,6 +194,10 @@ class EndpointConfig:
     """Incoming broker connections at once; more are closed when they arrive."""
     max_connections_per_address: int = 64
     """Incoming broker connections at once from one IP address."""
+    max_pending_handshakes: int = 128
+    """Incoming connections still in their handshake at once; a new one beyond this (or
+    beyond ``max_connections``) closes the oldest of them instead of being refused, so
+    unauthenticated connections cannot keep a broker from completing its handshake."""
     connect_timeout: float = 5.0
     reconnect_initial: float = 1.0
     reconnect_max: float = 2.0
@@ -609,6 +613,7 @@ def _endpoint(t: _Table, base: Path) -> EndpointConfig:
         max_connections_per_address=t.integer(
             "max_connections_per_address", d["max_connections_per_address"], 1
         ),
+        max_pending_handshakes=t.integer("max_pending_handshakes", d["max_pending_handshakes"], 1),
         connect_timeout=t.seconds("connect_timeout", d["connect_timeout"]),
         reconnect_initial=t.seconds("reconnect_initial", d["reconnect_initial"]),
         reconnect_max=t.seconds("reconnect_max", d["reconnect_max"]),

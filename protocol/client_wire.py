@@ -40,6 +40,7 @@ import enum
 import hashlib
 import hmac
 import json
+import re
 import struct
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -288,7 +289,13 @@ def _dumps(meta: dict[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
+_LONG_DIGITS = re.compile(rb"\d{19}")
+"""19 digits in a row may be an integer beyond 64 bits, which orjson would read as a float."""
+
+
 def _decode_meta(raw: memoryview) -> dict[str, Any]:
+    if _LONG_DIGITS.search(raw):
+        return _decode_meta_exactly(raw)
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:

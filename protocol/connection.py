@@ -102,6 +102,11 @@ _INITIATOR_CONTEXT = b"brokerd handshake v1: initiator signature\x00"
 _SALT_CONTEXT = b"brokerd handshake v1: key salt\x00"
 
 
+HANDSHAKE_MAX_FRAME_SIZE = 16 * 1024
+"""Largest frame body accepted before the handshake completes (a HELLO or PROOF with its
+certificate is a few KiB): an unauthenticated peer can make this side buffer no more."""
+
+
 class Role(enum.Enum):
     INITIATOR = "initiator"
     ACCEPTOR = "acceptor"
@@ -229,9 +234,10 @@ class BrokerConnection:
         events: list[Event] = []
         pos = 0
         size = len(data)
-        limit = self.settings.max_frame_size
+        opened_limit = self.settings.max_frame_size
         try:
             while size - pos >= HEADER_SIZE:
+                limit = opened_limit if self.state is State.OPEN else HANDSHAKE_MAX_FRAME_SIZE
                 header = frames.decode_header(data, limit, pos)
                 end = pos + HEADER_SIZE + header.length
                 if end > size:
@@ -255,6 +261,7 @@ class BrokerConnection:
             buffer += data[pos:]
             # The header of the pending frame is validated as soon as it is complete,
             # so an oversized length is refused before its body is buffered.
+            limit = opened_limit if self.state is State.OPEN else HANDSHAKE_MAX_FRAME_SIZE
             self._need = (
                 HEADER_SIZE + frames.decode_header(data, limit, pos).length
                 if size - pos >= HEADER_SIZE

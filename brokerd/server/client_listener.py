@@ -582,6 +582,7 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
                 **{k: v for k, v in asdict(engine.stats).items() if k != "drop_reasons"},
                 **engine.router.stats_view(),
                 **engine.trace.view(),
+                **broker.transport.view(),
             }
         ],
         "mirrors": engine.router.mirrors_view,

@@ -296,6 +296,15 @@ class BrokerProtocol(asyncio.Protocol):
                 self.transport.write(out)
             self.transport.close()
 
+    def evict(self, reason: str) -> None:
+        """Close a connection still in its handshake at once (a reset: an unauthenticated
+        peer that does not read must not keep buffers), logging at debug level only, so a
+        flood of such connections does not flood the log."""
+        self.close_reason = reason
+        log.debug("%s: %s", self.peer_address, reason)
+        if self.transport is not None:
+            self.transport.abort()
+
     def view(self) -> dict[str, Any]:
         stats = self.conn.stats
         return {
@@ -529,6 +538,8 @@ class Transport:
         self.server: asyncio.Server | None = None
         self.stopping = False
         self._idle_task: asyncio.Task[None] | None = None
+        self.evicted_handshakes = 0
+        """Connections closed in their handshake to admit newer ones (``admission``)."""
 
     def link_for(self, address: str) -> PeerLink:
         link = self.links.get(address)
@@ -582,17 +593,38 @@ class Transport:
                 protocol.close(CloseCode.IDLE, f"idle for {timeout:g} s")
 
     def admission(self, host: str) -> str | None:
-        """Why a new incoming connection from ``host`` is refused, or None (the caps)."""
+        """Why a new incoming connection from ``host`` is refused, or None (the caps).
+
+        Beyond ``max_pending_handshakes`` connections in their handshake, or at
+        ``max_connections``, the oldest connection still in its handshake is closed to
+        make room (as SSH's MaxStartups drops unauthenticated ones): a flood of
+        connections that never authenticate churns among themselves, while a broker's
+        handshake, done in milliseconds, completes. Only authenticated connections
+        filling ``max_connections`` refuse a newcomer.
+        """
+        config = self.config
         incoming = [p for p in self.connections if p.link is None and not p.closed]
-        if len(incoming) >= self.config.max_connections:
-            return f"{len(incoming)} incoming connections already (endpoint.max_connections)"
         same = sum(1 for p in incoming if p.peer_host == host)
-        if same >= self.config.max_connections_per_address:
+        if same >= config.max_connections_per_address:
             return (
                 f"{same} incoming connections from {host} already "
                 "(endpoint.max_connections_per_address)"
             )
+        pending = [p for p in incoming if not p.opened]
+        if len(incoming) >= config.max_connections or len(pending) >= config.max_pending_handshakes:
+            if not pending:
+                return f"{len(incoming)} incoming connections already (endpoint.max_connections)"
+            oldest = min(pending, key=lambda p: p.created)
+            self.evicted_handshakes += 1
+            oldest.evict(
+                f"closed to admit a newer connection: {len(pending)} connections were in "
+                "their handshake (endpoint.max_pending_handshakes)"
+            )
         return None
+
+    def view(self) -> dict[str, Any]:
+        """Counters of the ``stats`` view."""
+        return {"handshakes_evicted": self.evicted_handshakes}
 
     def peer_connected(self, host: str) -> None:
         """A broker at ``host`` completed a handshake with us: it is up, so links to it that

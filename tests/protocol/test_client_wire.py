@@ -513,3 +513,12 @@ def test_fuzz_round_trip_any_split(frames: list[ClientFrame], cuts: list[int]) -
         got += reader.feed(chunk)
     assert got == frames
     assert reader.buffered_bytes == 0
+
+
+@pytest.mark.parametrize("number", [-(2**63) - 1, 2**64, 10**30, -(10**19)])
+def test_integers_beyond_64_bits_in_meta_stay_integers(number: int) -> None:
+    """orjson reads such integers as floats; the meta decoder hands them to json instead."""
+    frame = ClientFrame(ClientFrameKind.REQUEST, 7, {"n": number, "s": "x" * 25}, b"")
+    (got,) = ClientFrameReader().feed(encode_frame(frame))
+    assert got.meta == {"n": number, "s": "x" * 25}
+    assert type(got.meta["n"]) is int

@@ -28,6 +28,7 @@ from protocol import (
     State,
     frames,
 )
+from protocol.connection import HANDSHAKE_MAX_FRAME_SIZE
 from protocol.events import (
     Ack,
     Close,
@@ -397,3 +398,33 @@ def test_close_with_unencodable_reason_still_closes_and_keeps_queued_bytes(pki: 
     assert a.state is State.CLOSED
     headers = frames.iter_frame_headers(out)
     assert [h.frame_type for h in headers] == [frames.FrameType.HELLO_REPLY, frames.FrameType.CLOSE]
+
+
+def test_before_the_handshake_frames_are_small(pki: Pki) -> None:
+    """An unauthenticated peer cannot make a connection buffer more than a handshake frame:
+    a header announcing more is refused at once, whatever max_frame_size allows later."""
+    _, a = make_pair(pki.alpha, pki.beta)
+    header = frames.encode_header(1, frames.FrameType.HELLO, 0, HANDSHAKE_MAX_FRAME_SIZE + 1, 0)
+    with pytest.raises(RemoteProtocolError) as failed:
+        a.receive_data(header)
+    assert failed.value.close_code is CloseCode.FRAME_TOO_LARGE
+    assert a.buffered_bytes == 0
+
+
+def test_large_frames_are_accepted_once_open_even_in_the_chunk_that_opens(pki: Pki) -> None:
+    """The limit follows the state frame by frame: a big fragment that arrives in the same
+    chunk as the acceptor's last handshake frame is accepted."""
+    i, a = make_pair(pki.alpha, pki.beta)
+    payload = b"x" * (HANDSHAKE_MAX_FRAME_SIZE * 4)
+    events = []
+    to_a = i.start()
+    while to_a:
+        a.receive_data(to_a)
+        to_i = a.data_to_send()
+        if a.state is State.OPEN:
+            to_i += a.send(Fragment(payload))
+        events += i.receive_data(to_i)
+        to_a = i.data_to_send()
+    assert i.state is State.OPEN
+    fragments = [e for e in events if isinstance(e, Fragment)]
+    assert [f.payload for f in fragments] == [payload]
