@@ -117,6 +117,16 @@ def _str(meta: dict[str, Any], key: str, default: str | None = None) -> str:
     return value
 
 
+def _database(meta: dict[str, Any]) -> str | None:
+    """The optional ``database`` a request names (absent, null or empty: the default)."""
+    value = meta.get("database")
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest("database must be a string (a database's name) or null")
+    return value
+
+
 def error_meta(exc: BaseException) -> dict[str, Any]:
     """The ERROR frame's meta: the class name, its code (``protocol.errors.for_code``),
     the message and whether a retry may succeed."""
@@ -353,7 +363,7 @@ async def _begin_dialog(session: ClientSession, frame: ClientFrame) -> tuple[dic
         raise InvalidRequest("lifetime must be a whole number of seconds >= 0")
     args = (_str(m, "from_service"), _str(m, "to_service"), _str(m, "contract", "DEFAULT"))
     options: dict[str, Any] = {
-        "database": m.get("database") or None,
+        "database": _database(m),
         "to_broker_instance": _uuid(m, "to_broker_instance", required=False),
         "lifetime": lifetime,
         "related_conversation": _uuid(m, "related_conversation", required=False),
@@ -423,7 +433,7 @@ async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str
         raise InvalidRequest("top must be a whole number >= 1")
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise InvalidRequest("timeout must be a number of seconds")
-    args = (_str(m, "queue"), m.get("database") or None, top, float(timeout))
+    args = (_str(m, "queue"), _database(m), top, float(timeout))
     handle = _uuid(m, "conversation_handle", required=False)
     tx = _transaction(session, m)
     if tx is not None:
@@ -491,7 +501,7 @@ async def _alter_queue(session: ClientSession, frame: ClientFrame) -> tuple[dict
     status = m.get("status")
     if not isinstance(status, bool):
         raise InvalidRequest("status must be true (on) or false (off)")
-    await broker.engine.alter_queue(_str(m, "queue"), status, m.get("database") or None)
+    await broker.engine.alter_queue(_str(m, "queue"), status, _database(m))
     return {}, b""
 
 
@@ -546,7 +556,7 @@ async def _explain(session: ClientSession, frame: ClientFrame) -> tuple[dict[str
     broker = session.broker
     m = frame.meta
     from_outside = bool(m.get("from_outside", False))
-    database = (m.get("database") or "msdb") if from_outside else _str(m, "database")
+    database = (_database(m) or "msdb") if from_outside else _str(m, "database")
     result = broker.engine.router.explain(
         database,
         _str(m, "service"),
