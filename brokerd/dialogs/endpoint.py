@@ -45,6 +45,9 @@ class OutMessage:
     retry_wait: float = 0.0
     """Seconds until it is sent again if no acknowledgement comes."""
     last_sent_at: float = 0.0
+    unanswered: int = 0
+    """Retransmissions since its link last acknowledged anything (``answer_epoch``)."""
+    answer_epoch: int = 0
 
 
 @dataclass(slots=True, eq=False)

@@ -99,6 +99,8 @@ class Receiving(EngineCore):
                             msg.acked_fragments.update(range(f.first, f.last + 1))
         for seq in removed:
             del outbox[seq]
+        if removed or ack.fragments:
+            self.transmission.answered(ep)
         if removed:
             self.trace.emit(
                 "ack_received",
