@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.errors import ConfigError
+from protocol import client_wire
 from protocol.dialog import BROKER_CONFIGURATION_NOTICE, MISSING_ROUTE
 from protocol.frames import DEFAULT_MAX_FRAME_SIZE, MAX_NAME_BYTES, MIN_MAX_FRAME_SIZE
 
@@ -731,7 +732,10 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
     if t is None:
         # An unset fragment size shrinks to fit a small max_frame_size.
         return LimitsConfig(fragment_size=min(d["fragment_size"], top))
-    max_message_size = t.integer("max_message_size", d["max_message_size"], 1)
+    # A received message travels to the application in one client frame.
+    max_message_size = t.integer(
+        "max_message_size", d["max_message_size"], 1, client_wire.DEFAULT_MAX_BODY
+    )
     fragment_size = t.integer("fragment_size", min(d["fragment_size"], top), 1)
     if not _MIN_FRAGMENT_SIZE <= fragment_size <= top:
         raise t.error(

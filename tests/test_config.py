@@ -692,7 +692,12 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
         (
             config_text(rest="[limits]\nmax_message_size = 0\n"),
             "limits.max_message_size",
-            "at least 1",
+            "between 1 and 134217728",
+        ),
+        (  # a received message must fit one client frame
+            config_text(rest="[limits]\nmax_message_size = 134217729\n"),
+            "limits.max_message_size",
+            "between 1 and 134217728",
         ),
         (
             config_text(rest="[limits]\nmax_message_size = true\n"),
