@@ -74,6 +74,8 @@ class Endpoint:
     held_end_flags: dict[int, int] = field(default_factory=dict)
     """End/error flags of messages accepted out of order, applied when they are released."""
     accepted: AckState = field(default_factory=AckState)
+    validating: set[int] = field(default_factory=set)
+    """Messages whose last fragment waits while the whole body is validated (R-OBJ-1)."""
     durable: AckState = field(default_factory=AckState)
     outbox: dict[int, OutMessage] = field(default_factory=dict)
     ack_version: int = 0

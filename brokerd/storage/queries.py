@@ -403,14 +403,24 @@ def fragment(handle: str, seq: int, index: int, offset: int, data: bytes) -> Sta
     )
 
 
-def assemble(conn: sqlite3.Connection, handle: str, seq: int, status: int) -> bytes:
-    """Join a message's stored fragments into its queue row (with ``status``); the whole body."""
+def read_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> dict[int, bytes]:
+    """The stored fragments of a message being reassembled, by fragment index."""
     rows = conn.execute(
-        "SELECT data FROM message_fragments WHERE conversation_handle = ? AND "
-        "message_sequence_number = ? ORDER BY fragment_index",
+        "SELECT fragment_index, data FROM message_fragments WHERE conversation_handle = ? AND "
+        "message_sequence_number = ?",
         (handle, seq),
-    ).fetchall()
-    whole = b"".join(bytes(r[0]) for r in rows)
+    )
+    return {int(index): bytes(data) for index, data in rows}
+
+
+def joined(fragments: dict[int, bytes]) -> bytes:
+    """A message's body from its fragments by index."""
+    return b"".join(fragments[index] for index in sorted(fragments))
+
+
+def assemble(conn: sqlite3.Connection, handle: str, seq: int, status: int) -> None:
+    """Join a message's stored fragments into its queue row (with ``status``)."""
+    whole = joined(read_fragments(conn, handle, seq))
     conn.execute(
         "UPDATE queue_messages SET body = ?, status = ? WHERE conversation_handle = ? "
         "AND message_sequence_number = ?",
@@ -421,7 +431,6 @@ def assemble(conn: sqlite3.Connection, handle: str, seq: int, status: int) -> by
         "message_sequence_number = ?",
         (handle, seq),
     )
-    return whole
 
 
 # -- conversation timers -------------------------------------------------------------------------
