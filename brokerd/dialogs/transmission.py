@@ -207,7 +207,8 @@ class Transmission:
         return True
 
     def answered(self, ep: Endpoint) -> None:
-        """An acknowledgement removed messages of ``ep``: its link carries answers."""
+        """An acknowledgement removed messages of ``ep``, or acknowledged fragments: the
+        link its messages are routed over carries answers."""
         link = ep.route_link
         if link is not None:
             self._answer_epochs[link] = self._answer_epochs.get(link, 0) + 1

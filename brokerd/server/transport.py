@@ -544,7 +544,7 @@ class Transport:
         self.connections: set[BrokerProtocol] = set()
         self.server: asyncio.Server | None = None
         self.stopping = False
-        self._idle_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
 
     def link_for(self, address: str) -> PeerLink:
         link = self.links.get(address)
@@ -560,12 +560,12 @@ class Transport:
             self.config.port,
             reuse_address=True,
         )
-        self._idle_task = loop.create_task(self._watch(), name="transport-watch")
+        self._watch_task = loop.create_task(self._watch(), name="transport-watch")
 
     async def stop(self) -> None:
         self.stopping = True
-        if self._idle_task is not None:
-            self._idle_task.cancel()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
         if self.server is not None:
             self.server.close()
         for protocol in list(self.connections):
