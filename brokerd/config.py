@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.errors import ConfigError
+from protocol import client_wire
 from protocol.dialog import BROKER_CONFIGURATION_NOTICE, MISSING_ROUTE
 from protocol.frames import DEFAULT_MAX_FRAME_SIZE, MAX_NAME_BYTES, MIN_MAX_FRAME_SIZE
 
@@ -188,6 +189,11 @@ class EndpointConfig:
     """A message already forwarded this many times is dropped, not forwarded (R-ROUTE-7)."""
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     idle_timeout: float = 90.0
+    heartbeat_interval: float = 5.0
+    """An open connection that has sent nothing for this long sends a heartbeat (R-PROTO-5)."""
+    heartbeat_deadline: float = 20.0
+    """An open connection that has received nothing for this long is closed, and an
+    outgoing one dialled again (R-PROTO-5); must exceed ``heartbeat_interval``."""
     handshake_timeout: float = 10.0
     """A connection that has not completed its handshake by then is closed."""
     max_connections: int = 512
@@ -214,6 +220,9 @@ class RetryConfig:
     maximum: float = 64.0
     ack_delay: float = 0.02
     delayed_retry: float = 5.0
+    redial_after: int = 4
+    """A message retransmitted this many times on a connection that acknowledged nothing
+    meanwhile makes the link close that connection and dial again (R-PROTO-5)."""
 
 
 @dataclass(frozen=True)
@@ -608,6 +617,8 @@ def _endpoint(t: _Table, base: Path) -> EndpointConfig:
         max_hop_count=t.integer("max_hop_count", d["max_hop_count"], 1, 255),
         max_frame_size=max_frame_size,
         idle_timeout=t.seconds("idle_timeout", d["idle_timeout"]),
+        heartbeat_interval=t.seconds("heartbeat_interval", d["heartbeat_interval"]),
+        heartbeat_deadline=t.seconds("heartbeat_deadline", d["heartbeat_deadline"]),
         handshake_timeout=t.seconds("handshake_timeout", d["handshake_timeout"]),
         max_connections=t.integer("max_connections", d["max_connections"], 1),
         max_connections_per_address=t.integer(
@@ -618,6 +629,12 @@ def _endpoint(t: _Table, base: Path) -> EndpointConfig:
         reconnect_initial=t.seconds("reconnect_initial", d["reconnect_initial"]),
         reconnect_max=t.seconds("reconnect_max", d["reconnect_max"]),
     )
+    if endpoint.heartbeat_deadline <= endpoint.heartbeat_interval:
+        raise t.error(
+            "heartbeat_deadline",
+            f"({endpoint.heartbeat_deadline}) must exceed "
+            f"{t.key('heartbeat_interval')} ({endpoint.heartbeat_interval})",
+        )
     if endpoint.reconnect_initial > endpoint.reconnect_max:
         raise t.error(
             "reconnect_initial",
@@ -636,6 +653,7 @@ def _retry(t: _Table | None) -> RetryConfig:
         maximum=t.seconds("maximum", d["maximum"]),
         ack_delay=t.seconds("ack_delay", d["ack_delay"]),
         delayed_retry=t.seconds("delayed_retry", d["delayed_retry"]),
+        redial_after=t.integer("redial_after", d["redial_after"], 1, 1000),
     )
     if retry.initial > retry.maximum:
         raise t.error(
@@ -722,7 +740,10 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
     if t is None:
         # An unset fragment size shrinks to fit a small max_frame_size.
         return LimitsConfig(fragment_size=min(d["fragment_size"], top))
-    max_message_size = t.integer("max_message_size", d["max_message_size"], 1)
+    # A received message travels to the application in one client frame.
+    max_message_size = t.integer(
+        "max_message_size", d["max_message_size"], 1, client_wire.DEFAULT_MAX_BODY
+    )
     fragment_size = t.integer("fragment_size", min(d["fragment_size"], top), 1)
     if not _MIN_FRAGMENT_SIZE <= fragment_size <= top:
         raise t.error(

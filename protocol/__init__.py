@@ -7,6 +7,7 @@ Modules:
   security    identities, certificate checks, key schedule, fragment protection
   events      connection events
   connection  the adjacent-broker connection state machine (handshake + frames)
+  liveness    heartbeats and the silence deadline of an open connection
   dialog      dialog-protocol message header codec
   fragments   fragmenter and reassembler
   client_wire SDK <-> daemon client-listener frame format, its reader and auth proof

@@ -272,6 +272,14 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def meta_size(meta: dict[str, Any]) -> int:
+    """Bytes ``meta`` takes in a frame (raises like :func:`encode_frame` if it cannot)."""
+    try:
+        return len(_dumps(meta))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise LocalProtocolError(f"cannot encode: meta is not JSON-serialisable: {exc}") from None
+
+
 def _dumps(meta: dict[str, Any]) -> bytes:
     """Strict JSON of ``meta``: orjson, or the standard library where they could differ.
 

@@ -40,14 +40,16 @@ class Pki:
 
 @pytest.fixture(scope="session")
 def pki() -> Pki:
-    ca = create_ca("brokerd test CA")
-    other = create_ca("someone else's CA")
+    # Issued at NOW, the time the sans-I/O connections are given, however late in the
+    # session the fixture is first used (certificates are valid from 5 minutes before).
+    ca = create_ca("brokerd test CA", now=NOW)
+    other = create_ca("someone else's CA", now=NOW)
     return Pki(
         ca=ca,
-        alpha=identity_for(issue_instance(ca, "alpha"), ca),
-        beta=identity_for(issue_instance(ca, "beta"), ca),
+        alpha=identity_for(issue_instance(ca, "alpha", now=NOW), ca),
+        beta=identity_for(issue_instance(ca, "beta", now=NOW), ca),
         other_ca=other,
-        stranger=identity_for(issue_instance(other, "gamma"), ca),
+        stranger=identity_for(issue_instance(other, "gamma", now=NOW), ca),
     )
 
 

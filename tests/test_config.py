@@ -156,7 +156,10 @@ def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
     assert e.max_frame_size == DEFAULT_MAX_FRAME_SIZE
     assert (e.idle_timeout, e.connect_timeout) == (90.0, 5.0)
     assert (e.reconnect_initial, e.reconnect_max) == (1.0, 2.0)
-    assert cfg.retry == RetryConfig(initial=4.0, maximum=64.0, ack_delay=0.02, delayed_retry=5.0)
+    assert (e.heartbeat_interval, e.heartbeat_deadline) == (5.0, 20.0)
+    assert cfg.retry == RetryConfig(
+        initial=4.0, maximum=64.0, ack_delay=0.02, delayed_retry=5.0, redial_after=4
+    )
     assert cfg.limits == LimitsConfig(max_message_size=100 * 1024 * 1024, fragment_size=65536)
     assert cfg.client.host == "127.0.0.1"
     assert cfg.client.port == 4023
@@ -205,6 +208,8 @@ idle_timeout = 10
 connect_timeout = 2.5
 reconnect_initial = 0.5
 reconnect_max = 0.5
+heartbeat_interval = 0.25
+heartbeat_deadline = 1
 """,
         rest=f"""
 [retry]
@@ -212,6 +217,7 @@ initial = 1
 maximum = 1
 ack_delay = 0.5
 delayed_retry = 2
+redial_after = 2
 [client]
 host = "::1"
 port = 6000
@@ -241,7 +247,8 @@ status = false
         0.5,
     )
     assert isinstance(e.idle_timeout, float)
-    assert cfg.retry == RetryConfig(1.0, 1.0, 0.5, 2.0)
+    assert (e.heartbeat_interval, e.heartbeat_deadline) == (0.25, 1.0)
+    assert cfg.retry == RetryConfig(1.0, 1.0, 0.5, 2.0, redial_after=2)
     assert (cfg.client.host, cfg.client.port) == ("::1", 6000)
     assert cfg.client.token_file == Path("/run/brokerd/token")
     assert cfg.limits == LimitsConfig(1, 1024)
@@ -642,6 +649,17 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
         (config_text(rest="[retry]\nmaximum = -1\n"), "retry.maximum", "positive"),
         (config_text(rest="[retry]\nack_delay = 0\n"), "retry.ack_delay", "positive"),
         (config_text(rest="[retry]\ndelayed_retry = 0\n"), "retry.delayed_retry", "positive"),
+        (config_text(rest="[retry]\nredial_after = 0\n"), "retry.redial_after", "between 1"),
+        (
+            config_text(endpoint="heartbeat_interval = 0"),
+            "endpoint.heartbeat_interval",
+            "positive",
+        ),
+        (
+            config_text(endpoint="heartbeat_deadline = 5"),
+            "endpoint.heartbeat_deadline",
+            "must exceed endpoint.heartbeat_interval (5.0)",
+        ),
         (
             config_text(rest="[retry]\ninitial = 10\nmaximum = 5\n"),
             "retry.initial",
@@ -674,7 +692,12 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
         (
             config_text(rest="[limits]\nmax_message_size = 0\n"),
             "limits.max_message_size",
-            "at least 1",
+            "between 1 and 134217728",
+        ),
+        (  # a received message must fit one client frame
+            config_text(rest="[limits]\nmax_message_size = 134217729\n"),
+            "limits.max_message_size",
+            "between 1 and 134217728",
         ),
         (
             config_text(rest="[limits]\nmax_message_size = true\n"),

@@ -46,6 +46,9 @@ class OutMessage:
     """Seconds until it is sent again if no acknowledgement comes."""
     last_sent_at: float = 0.0
     """Loop time its last fragment was written to the connection."""
+    unanswered: int = 0
+    """Retransmissions since its link last acknowledged anything (``answer_epoch``)."""
+    answer_epoch: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -72,6 +75,8 @@ class Endpoint:
     held_end_flags: dict[int, int] = field(default_factory=dict)
     """End/error flags of messages accepted out of order, applied when they are released."""
     accepted: AckState = field(default_factory=AckState)
+    validating: set[int] = field(default_factory=set)
+    """Messages whose last fragment waits while the whole body is validated (R-OBJ-1)."""
     durable: AckState = field(default_factory=AckState)
     outbox: dict[int, OutMessage] = field(default_factory=dict)
     ack_version: int = 0

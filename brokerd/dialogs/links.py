@@ -63,6 +63,9 @@ class Link(Protocol):
 
     def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None: ...
 
+    def redial(self, reason: str) -> None:
+        """Close the open connection, if any, and dial again (R-PROTO-5)."""
+
 
 class LinkProvider(Protocol):
     """The link to a peer address, opened on demand (the server's transport)."""

@@ -90,6 +90,9 @@ class LocalLink:
     def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None:
         pass  # every database here answers for itself
 
+    def redial(self, reason: str) -> None:
+        pass  # no connection to lose inside the instance
+
     def _flush(self) -> None:
         self._scheduled = False
         items, self._items = self._items, []

@@ -4,8 +4,11 @@ A fragment is routed (or forwarded, or dropped), checked against the target's
 contract and validation, deduplicated (R-DLG-4), stored in order or held
 (status 2) until the messages before it arrive (R-DLG-7), reassembled from its
 fragments, and acknowledged only after the commit that made it durable
-(R-DLG-5). An acknowledgement removes what it confirms from the transmission
-queue. A refused message is answered with an unsequenced broker Error.
+(R-DLG-5). A message of several fragments whose validation needs its whole body
+(``well_formed_xml``, R-OBJ-1) is validated when its last fragment arrives,
+before that fragment is stored or acknowledged. An acknowledgement removes what
+it confirms from the transmission queue. A refused message is answered with an
+unsequenced broker Error.
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ class Receiving(EngineCore):
             self.transmission.acknowledged(outbox[removed[-1]])
         for seq in removed:
             del outbox[seq]
+        if removed or ack.fragments:
+            self.transmission.answered(ep)
         if removed:
             self.trace.emit(
                 "ack_received",
@@ -194,6 +199,8 @@ class Receiving(EngineCore):
             return
         if header.fragment_count == 1:
             self._accept_message(db, ep, header, body)
+        elif self._completes_whole_check(db, ep, header):
+            self._validate_whole(link, db, ep, header, body)
         else:
             self._accept_fragment(db, ep, header, body)
 
@@ -209,11 +216,52 @@ class Receiving(EngineCore):
         refusal = db.catalog.send_refusal(contract, header.message_type, header.initiator)
         if refusal:
             return CODE_MESSAGE_TYPE_REFUSED, refusal
-        if header.fragment_count == 1:
-            invalid = db.catalog.validation_problem(header.message_type, body)
+        catalog = db.catalog
+        if header.fragment_count == 1 or not catalog.needs_whole_body(header.message_type):
+            invalid = catalog.validation_problem(header.message_type, body)
             if invalid:
                 return CODE_VALIDATION_FAILED, invalid
         return None
+
+    def _completes_whole_check(self, db: Database, ep: Endpoint, header: DialogHeader) -> bool:
+        """This fragment completes a message whose validation needs the whole body."""
+        if not db.catalog.needs_whole_body(header.message_type):
+            return False
+        held = ep.accepted.fragments_of(header.sequence_number)
+        held.add(header.fragment_index)
+        return len(held) >= header.fragment_count
+
+    def _validate_whole(
+        self, link: Link, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        """R-OBJ-1 for a message of several fragments: join the stored fragments and this
+        last one in the store's thread and validate the whole; then accept the fragment,
+        or refuse the message with a broker error (not acknowledged, like a refused
+        single fragment, so a lost error is produced again on retransmission)."""
+        seq = header.sequence_number
+        if seq in ep.validating:
+            return  # a retransmission while the body is checked: the sender sends it again
+        ep.validating.add(seq)
+        h, catalog, message_type = ep.handle_text, db.catalog, header.message_type
+        problem: list[str | None] = [None]
+
+        def check(conn: sqlite3.Connection) -> None:
+            fragments = queries.read_fragments(conn, h, seq)
+            fragments[header.fragment_index] = body
+            problem[0] = catalog.validation_problem(message_type, queries.joined(fragments))
+
+        def checked() -> None:
+            ep.validating.discard(seq)
+            if ep.state is State.CLOSED or ep.broker_error:
+                self.drop(header, f"conversation is {ep.state.value}")
+            elif problem[0] is not None:
+                self._send_broker_error(link, db, header, CODE_VALIDATION_FAILED, problem[0])
+            elif not ep.accepted.has_fragment(seq, header.fragment_index):
+                self._accept_fragment(db, ep, header, body)
+
+        db.store.submit(
+            (), fn=check, on_commit=checked, on_failure=lambda _: ep.validating.discard(seq)
+        )
 
     def _new_target_endpoint(
         self, db: Database, link: Link, header: DialogHeader, body: bytes
@@ -330,14 +378,9 @@ class Receiving(EngineCore):
         statements += queries.promote(h, released[1:])
         statements.append(endpoint_snapshot(ep))
         status = 1 if released else 2
-        catalog = db.catalog
-        message_type = header.message_type
 
         def assemble(conn: sqlite3.Connection) -> None:
-            whole = queries.assemble(conn, h, seq, status)
-            problem = catalog.validation_problem(message_type, whole)
-            if problem:
-                log.warning("reassembled message %s of %s fails validation: %s", seq, h, problem)
+            queries.assemble(conn, h, seq, status)
 
         self._submit_received(db, ep, queue, statements, released, seq, None, assemble)
 

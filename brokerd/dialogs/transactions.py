@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from brokerd.dialogs.database import Database, Lease
     from brokerd.dialogs.endpoint import Endpoint
     from brokerd.dialogs.engine import DialogEngine
+    from brokerd.storage.queries import Budget
 
 
 MAX_VERBS = 10_000
@@ -201,8 +202,12 @@ class Transaction:
         top: int = 1,
         timeout: float = 0.0,
         handle: uuid.UUID | None = None,
+        budget: Budget | None = None,
     ) -> list[dict[str, Any]]:
-        """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK."""
+        """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK.
+
+        ``budget`` cuts the batch to what the caller's reply can carry: COMMIT removes
+        exactly the messages returned, and the others are receivable again at once."""
         self._admit()
         if database is None and self.db is not None:
             database = self.db.name
@@ -215,7 +220,7 @@ class Transaction:
         except TransactionError:
             self.engine.release(lease, received=False)
             raise
-        rows = await self.engine.read_leased(lease)
+        rows = await self.engine.read_leased(lease, budget)
         if self.state is not TxState.ACTIVE:  # rolled back while the rows were read
             self.engine.release(lease, received=False)
             raise TransactionError(f"transaction {self.id} is {self.state.value}")

@@ -19,7 +19,12 @@ Owns (SPEC R-DLG-4..7, R-PROTO-4):
 * dedicated acknowledgements: endpoints that received something are collected
   for ``retry.ack_delay`` and acknowledged per link in one batch
   (:meth:`ack_needed`, :meth:`flush_acks`), unless a message carried the
-  acknowledgement meanwhile.
+  acknowledgement meanwhile;
+* the redial rule (R-PROTO-5): a message retransmitted ``retry.redial_after``
+  times on a link that acknowledged nothing meanwhile (no acknowledgement
+  removed a message of an endpoint routed over it, and it did not reconnect)
+  makes the link close its connection and dial again, instead of a further
+  retransmission on a connection that carries nothing back.
 
 May import: ``protocol``, ``brokerd.config``, ``brokerd.traces``, the models of
 ``brokerd.dialogs`` and the router (which decides where an endpoint's messages go).
@@ -66,6 +71,8 @@ class Transmission:
         self._wakeups: list[tuple[float, int, Endpoint]] = []
         self._counter = itertools.count()
         self._ack_dirty: set[Endpoint] = set()
+        self._answer_epochs: dict[Link, int] = {}
+        """Per link, how often it answered (acknowledged something, or reconnected)."""
         self._ack_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rtt: dict[str, RttEstimator] = {}
@@ -149,8 +156,11 @@ class Transmission:
             return
         earliest = math.inf
         for msg in ep.outbox.values():
-            if msg.due <= now:
-                self._send_message(ep, msg, link, now)
+            if msg.due <= now and not self._send_message(ep, msg, link, now):
+                # The link redials; its link_up sends everything again, and this
+                # wake-up covers a link that had no connection to close.
+                self.schedule(ep, now + self.retry.initial)
+                return
             if msg.due < earliest:
                 earliest = msg.due
         if earliest < math.inf:
@@ -175,7 +185,16 @@ class Transmission:
             ep.waiting_status = link.status
             link.want(ep)
 
-    def _send_message(self, ep: Endpoint, msg: OutMessage, link: Link, now: float) -> None:
+    def _send_message(self, ep: Endpoint, msg: OutMessage, link: Link, now: float) -> bool:
+        """Send ``msg`` on ``link``; False if the link redials instead (nothing sent)."""
+        if msg.attempts and not self._answered_lately(link, msg):
+            self._answer_epochs[link] = self._answer_epochs.get(link, 0) + 1
+            link.redial(
+                f"message {msg.seq} of conversation {ep.conversation_id} was retransmitted "
+                f"{msg.unanswered} times on {link.name} and nothing was acknowledged "
+                "(retry.redial_after)"
+            )
+            return False
         msg.attempts += 1
         rtt = self._rtt.get(link.name)
         if rtt is None:
@@ -216,9 +235,30 @@ class Transmission:
                         route=ep.route.route if ep.route else None,
                     )
                 link.queue_fragment(ep, msg, index)
+        return True
+
+    def _answered_lately(self, link: Link, msg: OutMessage) -> bool:
+        """Count one more retransmission of ``msg`` on ``link``; False once it has been
+        retransmitted ``retry.redial_after`` times since the link last answered."""
+        epoch = self._answer_epochs.get(link, 0)
+        if msg.answer_epoch != epoch:
+            msg.answer_epoch = epoch
+            msg.unanswered = 0
+        if msg.unanswered >= self.retry.redial_after:
+            return False
+        msg.unanswered += 1
+        return True
+
+    def answered(self, ep: Endpoint) -> None:
+        """An acknowledgement removed messages of ``ep``, or acknowledged fragments: the
+        link its messages are routed over carries answers."""
+        link = ep.route_link
+        if link is not None:
+            self._answer_epochs[link] = self._answer_epochs.get(link, 0) + 1
 
     def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
         """A link opened: everything waiting for it goes now (resent at once after a drop)."""
+        self._answer_epochs[link] = self._answer_epochs.get(link, 0) + 1
         for ep in waiting:
             for msg in ep.outbox.values():
                 msg.due = 0.0

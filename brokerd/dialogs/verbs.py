@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import uuid
 from collections.abc import Collection, Iterable
 from typing import Any
@@ -400,13 +401,31 @@ class ApplicationVerbs(EngineCore):
             except TimeoutError:
                 return None
 
-    async def read_leased(self, lease: Lease) -> list[dict[str, Any]]:
-        """The rows of a lease's messages, read without removing them."""
+    async def read_leased(
+        self, lease: Lease, budget: queries.Budget | None = None
+    ) -> list[dict[str, Any]]:
+        """The rows of a lease's messages, read without removing them; the messages
+        beyond ``budget`` go back to the queue at once (the lease keeps the lock)."""
         try:
-            return await lease.db.store.run(lambda conn: queries.read_received(conn, lease.items))
+            rows, used = await lease.db.store.run(
+                lambda conn: queries.read_received(conn, lease.items, budget)
+            )
         except BaseException:
             self.release(lease, received=False)
             raise
+        self.trim(lease, used)
+        return rows
+
+    def trim(self, lease: Lease, used: int) -> None:
+        """Keep the first ``used`` messages of a lease; the others go back in front of
+        their group, in order, while the lease still holds the group's lock."""
+        rest = lease.items[used:]
+        if not rest:
+            return
+        lease.items = lease.items[:used]
+        kept = [item for item in rest if item[0] in lease.db.endpoints]
+        if kept:
+            lease.index.put_back(lease.group, kept)
 
     def receive_work(self, lease: Lease) -> Work:
         """Remove a lease's messages from the queue (or keep them with status 0 under
@@ -460,16 +479,30 @@ class ApplicationVerbs(EngineCore):
         top: int = 1,
         timeout: float = 0.0,
         handle: uuid.UUID | None = None,
+        budget: queries.Budget | None = None,
     ) -> list[dict[str, Any]]:
         """RECEIVE TOP (top) outside a transaction: the messages leave the queue in the
-        same commit that reads them (autocommit; at most once to the application)."""
+        same commit that reads them (autocommit; at most once to the application).
+
+        ``budget`` cuts the batch to what the caller's reply can carry before anything
+        is removed; the messages beyond it stay in the queue, first in their group."""
         lease = await self.take_ready(queue, database, top, timeout, handle)
         if lease is None:
             return []
+        used = [len(lease.items)]
+
+        def read_and_remove(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows, used[0] = queries.read_received(conn, lease.items, budget, True, lease.retention)
+            return rows
+
+        def committed() -> None:
+            self.trim(lease, used[0])
+            self.release(lease, received=True)
+
         future = lease.db.store.submit(
             (),
-            fn=lambda conn: queries.read_received(conn, lease.items, True, lease.retention),
-            on_commit=lambda: self.release(lease, received=True),
+            fn=read_and_remove,
+            on_commit=committed,
             on_failure=lambda _: self.release(lease, received=False),
             wait=True,
         )

@@ -13,6 +13,23 @@ closing fails every pending call, as aiokafka does).
             ...
         await client.end_conversation(handle)
 
+Two receive loops (SPEC §6, R-DLG-1):
+
+* :meth:`BrokerClient.messages` yields messages taken by autocommit RECEIVEs. A
+  message leaves the queue before the application sees it, so one that the
+  application had not finished with when it (or its host) died is gone: **at
+  most once**.
+* :meth:`BrokerClient.consume` receives each batch inside a client transaction,
+  hands it to the application's handler with that transaction, and commits when
+  the handler returns: the messages leave the queue together with whatever the
+  handler did through the transaction (SENDs, END CONVERSATION, ...), or not at
+  all. If the handler raises, the transaction rolls back; if the client dies or
+  loses its connection first, the daemon rolls it back. Either way the messages
+  are receivable again, in order. This is the **exactly-once** loop for
+  everything the handler does through the transaction; what it does elsewhere
+  (a file, another system) may happen again for a batch received again, so make
+  that idempotent.
+
 Errors the daemon reports arrive as the subclass of
 :class:`protocol.errors.RemoteError` named by their code (``ConversationEnded``,
 ``QueueDisabled``, ``LockConflict``, ...; docs/errors.md lists them), ``kind``
@@ -26,7 +43,7 @@ import asyncio
 import contextlib
 import itertools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
@@ -313,6 +330,63 @@ class BrokerClient:
             raise
         if not tx.finished:
             await tx.commit()
+
+    async def messages(
+        self,
+        queue: str,
+        *,
+        database: str | None = None,
+        top: int = 100,
+        timeout: float = 1.0,
+        stop: asyncio.Event | None = None,
+    ) -> AsyncIterator[ReceivedMessage]:
+        """Every message of ``queue`` as it arrives, by autocommit RECEIVEs of up to
+        ``top`` (each waiting up to ``timeout`` s), until ``stop`` is set.
+
+        **At most once**: a message is removed from the queue when it is received, so
+        one the application had not finished with when it died is lost. Use
+        :meth:`consume` for exactly once.
+        """
+        while stop is None or not stop.is_set():
+            for message in await self.receive(queue, database=database, top=top, timeout=timeout):
+                yield message
+
+    async def consume(
+        self,
+        queue: str,
+        handler: Callable[[Transaction, list[ReceivedMessage]], Awaitable[None]],
+        *,
+        database: str | None = None,
+        top: int = 100,
+        timeout: float = 1.0,
+        stop: asyncio.Event | None = None,
+        batches: int | None = None,
+    ) -> int:
+        """Receive ``queue`` batch by batch, each inside its own client transaction:
+        RECEIVE up to ``top`` messages of one conversation group (waiting up to
+        ``timeout`` s), ``await handler(tx, messages)``, then COMMIT. Returns how many
+        messages were committed, once ``stop`` is set or after ``batches`` batches.
+
+        **Exactly once** for what the handler does through ``tx``: the messages leave
+        the queue in the same commit as the handler's SENDs and other verbs. If the
+        handler raises, the transaction rolls back (the messages are back in the queue,
+        first in their group and in order) and the exception propagates; if the client
+        dies between RECEIVE and COMMIT, the daemon rolls back when the connection
+        closes. A batch handed out again may therefore reach the handler twice: make
+        its effects outside the broker idempotent.
+        """
+        done = 0
+        handled = 0
+        while (stop is None or not stop.is_set()) and (batches is None or handled < batches):
+            async with self.transaction() as tx:
+                received = await tx.receive(queue, database=database, top=top, timeout=timeout)
+                if not received:
+                    await tx.rollback()  # nothing held: no commit needed
+                    continue
+                await handler(tx, received)
+            done += len(received)
+            handled += 1
+        return done
 
     async def alter_queue(self, queue: str, status: bool, *, database: str | None = None) -> None:
         """ALTER QUEUE queue WITH STATUS = ON | OFF (R-DLG-12)."""

@@ -41,12 +41,14 @@ from brokerd.dialogs import views
 from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
 from protocol.client_wire import (
+    DEFAULT_MAX_BODY,
     MAX_META_BYTES,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
     check_proof,
     encode_frame,
+    meta_size,
     new_nonce,
 )
 from protocol.errors import (
@@ -437,17 +439,39 @@ async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str
     handle = _uuid(m, "conversation_handle", required=False)
     tx = _transaction(session, m)
     if tx is not None:
-        rows = await tx.receive(*args, handle=handle)
+        rows = await tx.receive(*args, handle=handle, budget=receive_budget)
     else:
-        rows = await session.broker.engine.receive(*args, handle=handle)
-    bodies = []
-    messages = []
-    for row in rows:
-        body = row.pop("message_body")
-        bodies.append(body)
-        row["body_length"] = len(body)
-        messages.append(row)
-    return {"messages": messages}, b"".join(bodies)
+        rows = await session.broker.engine.receive(*args, handle=handle, budget=receive_budget)
+    return {"messages": [_reply_row(row) for row in rows]}, b"".join(
+        row["message_body"] for row in rows
+    )
+
+
+RECEIVE_META_LIMIT = MAX_META_BYTES - 4096
+"""What a RECEIVE reply's meta may take (the frame limit, less a margin for the two JSON
+encoders' float spellings)."""
+RECEIVE_BODY_LIMIT = DEFAULT_MAX_BODY
+"""What a RECEIVE reply's body may take: the SDK reader's limit on a frame body."""
+
+
+def _reply_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A RECEIVE row as the reply's meta lists it: the body's length instead of the body."""
+    out = {k: v for k, v in row.items() if k != "message_body"}
+    out["body_length"] = len(row["message_body"])
+    return out
+
+
+def receive_budget(rows: list[dict[str, Any]]) -> int:
+    """How many leading rows one RECEIVE reply can carry (R-DLG-1: the engine removes only
+    those, so a batch too big for one frame is never lost). Runs in the store's thread."""
+    meta = len(b'{"messages":[]}')
+    body = 0
+    for n, row in enumerate(rows):
+        meta += meta_size(_reply_row(row)) + 1
+        body += len(row["message_body"])
+        if meta > RECEIVE_META_LIMIT or body > RECEIVE_BODY_LIMIT:
+            return n
+    return len(rows)
 
 
 async def _end(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:

@@ -10,8 +10,11 @@
   and carrying the readable status ("connection refused by 127.0.0.2:4022 ...")
   that waiting messages show. It also carries forwarded messages (R-ROUTE-7) and
   principal queries (R-ROUTE-10), held until the connection opens.
-* :class:`Transport` owns the listener, the links, the idle timer that closes
-  quiet connections (R-PROTO-3) and the ``broker_connections`` view.
+* :class:`Transport` owns the listener, the links, the ``broker_connections``
+  view and the watch that sends heartbeats and closes connections that have
+  received nothing for the heartbeat deadline (R-PROTO-5; an outgoing one is then
+  dialled again), that never completed their handshake, or that are idle
+  (R-PROTO-3; heartbeats do not count as activity).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from protocol import dialog, events
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
 from protocol.frames import EncryptionMode
+from protocol.liveness import Liveness, LivenessAction, LivenessSettings
 from protocol.security import Identity
 
 if TYPE_CHECKING:
@@ -60,7 +64,9 @@ class BrokerProtocol(asyncio.Protocol):
         self.close_reason = ""
         self.login_time: float | None = None
         self.last_activity = time.time()
+        """Wall-clock time of the last frame other than a heartbeat, either way (idle close)."""
         self.created = time.time()
+        self.liveness = Liveness(transport_owner.liveness, time.monotonic())
         self.outbox = Outbox()
         self._paused = False
         self._pump_scheduled = False
@@ -131,13 +137,15 @@ class BrokerProtocol(asyncio.Protocol):
             self.transport.write(hello)
 
     def data_received(self, data: bytes) -> None:
-        self.last_activity = time.time()
+        self.liveness.heard(time.monotonic())
         try:
             received = self.conn.receive_data(data)
         except RemoteProtocolError as exc:
             self._handle(exc.events)
             self.abort(f"protocol error from {self.peer_address}: {exc}")
             return
+        if not _only_heartbeats(received) or self.conn.buffered_bytes:
+            self.last_activity = time.time()
         out = self.conn.data_to_send()
         if out and self.transport is not None:
             self.transport.write(out)
@@ -169,6 +177,7 @@ class BrokerProtocol(asyncio.Protocol):
             elif isinstance(ev, events.HandshakeComplete):
                 self.opened = True
                 self.login_time = time.time()
+                self.liveness = Liveness(self.owner.liveness, time.monotonic())
                 log.info("connection %s open (%s)", self.name, self.role.name.lower())
                 engine.trace.emit(
                     "connection_opened",
@@ -275,6 +284,7 @@ class BrokerProtocol(asyncio.Protocol):
             return
         if out:
             self.last_activity = time.time()
+            self.liveness.sent(time.monotonic())
             transport.write(b"".join(out))
         if outbox and not self._paused:
             self._schedule_pump()
@@ -286,6 +296,29 @@ class BrokerProtocol(asyncio.Protocol):
         with contextlib.suppress(LocalProtocolError):
             self.transport.write(self.conn.close(code, reason))
         self.transport.close()
+
+    def heartbeat(self) -> None:
+        """Send a KEEPALIVE: nothing else went out for the heartbeat interval (R-PROTO-5)."""
+        if self.transport is None or not self.is_open:
+            return
+        try:
+            frame = self.conn.send(events.Keepalive())
+        except LocalProtocolError:
+            return
+        self.liveness.sent(time.monotonic())
+        self.transport.write(frame)
+
+    def drop(self, reason: str) -> None:
+        """Close at once, without waiting for unsent bytes to drain: the peer is not
+        reading them (a silent connection). An outgoing link then dials again."""
+        if self.transport is None or self.closed:
+            return
+        self.close_reason = reason
+        log.warning("%s", reason)
+        self.transport.abort()
+
+    def redial(self, reason: str) -> None:
+        self.drop(reason)
 
     def abort(self, reason: str) -> None:
         self.close_reason = reason
@@ -326,6 +359,10 @@ class BrokerProtocol(asyncio.Protocol):
                 else None
             ),
         }
+
+
+def _only_heartbeats(received: list[events.Event]) -> bool:
+    return bool(received) and all(type(ev) is events.Keepalive for ev in received)
 
 
 def _iso(t: float | None) -> str:
@@ -387,6 +424,11 @@ class PeerLink:
         else:
             self.pending.append(event)
             self.connect()
+
+    def redial(self, reason: str) -> None:
+        """Close the open connection and dial again (R-PROTO-5): it carries nothing back."""
+        if self.protocol is not None and self.protocol.is_open:
+            self.protocol.drop(reason)
 
     def want(self, ep: Endpoint) -> None:
         """``ep`` has messages for this peer: connect if needed, then send them."""
@@ -532,12 +574,13 @@ class Transport:
             encryption=EncryptionMode[config.encryption.upper()],
             max_frame_size=config.max_frame_size,
         )
+        self.liveness = LivenessSettings(config.heartbeat_interval, config.heartbeat_deadline)
         self.engine: DialogEngine  # set by the daemon before start()
         self.links: dict[str, PeerLink] = {}
         self.connections: set[BrokerProtocol] = set()
         self.server: asyncio.Server | None = None
         self.stopping = False
-        self._idle_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self.evicted_handshakes = 0
         """Connections closed in their handshake to admit newer ones (``admission``)."""
 
@@ -555,12 +598,12 @@ class Transport:
             self.config.port,
             reuse_address=True,
         )
-        self._idle_task = loop.create_task(self._close_idle(), name="transport-idle")
+        self._watch_task = loop.create_task(self._watch(), name="transport-watch")
 
     async def stop(self) -> None:
         self.stopping = True
-        if self._idle_task is not None:
-            self._idle_task.cancel()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
         if self.server is not None:
             self.server.close()
         for protocol in list(self.connections):
@@ -573,20 +616,35 @@ class Transport:
             self.server = None
         await asyncio.sleep(0)
 
-    async def _close_idle(self) -> None:
-        """Close connections idle for ``idle_timeout``, and abort those that have not
-        completed their handshake within ``handshake_timeout``."""
+    async def _watch(self) -> None:
+        """Abort connections that have not completed their handshake within
+        ``handshake_timeout``; on open ones, send heartbeats and drop those silent for
+        ``heartbeat_deadline`` (R-PROTO-5); close those idle for ``idle_timeout``."""
         timeout = self.config.idle_timeout
         handshake = self.config.handshake_timeout
+        interval = self.liveness.heartbeat_interval
+        deadline = self.liveness.deadline
         while True:
-            await asyncio.sleep(max(0.05, min(1.0, timeout / 4, handshake / 4)))
+            await asyncio.sleep(max(0.05, min(1.0, timeout / 4, handshake / 4, interval / 4)))
             now = time.time()
+            mono = time.monotonic()
             for protocol in list(self.connections):
                 if not protocol.opened and not protocol.closed:
                     if now - protocol.created >= handshake:
                         protocol.abort(f"no handshake within {handshake:g} s")
                     continue
-                if not protocol.is_open or now - protocol.last_activity < timeout:
+                if not protocol.is_open:
+                    continue
+                action = protocol.liveness.poll(mono)
+                if action is LivenessAction.DEAD:
+                    protocol.drop(
+                        f"nothing received from {protocol.name} for {deadline:g} s "
+                        "(endpoint.heartbeat_deadline)"
+                    )
+                    continue
+                if action is LivenessAction.HEARTBEAT:
+                    protocol.heartbeat()
+                if now - protocol.last_activity < timeout:
                     continue
                 if protocol.link is not None and not protocol.link.idle():
                     continue

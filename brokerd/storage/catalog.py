@@ -183,6 +183,11 @@ class Catalog:
             )
         return None
 
+    def needs_whole_body(self, message_type: str) -> bool:
+        """Whether the validation of ``message_type`` can only judge a whole body (XML);
+        the others judge a fragment of a message of several as well as the whole."""
+        return self.message_types.get(message_type) == "well_formed_xml"
+
     def validation_problem(self, message_type: str, body: bytes) -> str | None:
         """R-OBJ-1: why ``body`` fails its message type's validation, or None."""
         if message_type in SYSTEM_MESSAGE_TYPES:

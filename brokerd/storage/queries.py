@@ -331,15 +331,25 @@ def _chunks(seqs: list[int], size: int = 1000) -> list[list[int]]:
     return [seqs[i : i + size] for i in range(0, len(seqs), size)]
 
 
+Budget = Callable[[list[dict[str, Any]]], int]
+"""How many leading RECEIVE rows the caller can hand on (at least one of a non-empty list)."""
+
+
 def read_received(
     conn: sqlite3.Connection,
     items: Sequence[tuple[uuid.UUID, int]],
-    remove: bool | None = None,
+    budget: Budget | None = None,
+    remove: bool = False,
     retention: bool = False,
-) -> list[dict[str, Any]]:
-    """RECEIVE's result rows for ``items``, in their order; removed (or retained) if ``remove``.
+) -> tuple[list[dict[str, Any]], int]:
+    """RECEIVE's result rows for ``items``, in their order, and how many items they use.
 
-    One indexed query per conversation (the primary key), never a scan of the queue.
+    ``budget`` (default: no limit) cuts the rows to the leading ones the caller can
+    hand on (R-DLG-1: what RECEIVE removes must reach the application, so the cut is
+    made before anything is removed). The count returned covers the items of the rows
+    kept, and the items without a row among them (a conversation cleaned up meanwhile);
+    with ``remove`` exactly those are removed (or retained, with status 0). One indexed
+    query per conversation (the primary key), never a scan of the queue.
     """
     found: dict[tuple[str, int], Any] = {}
     for key, seqs in _by_conversation(items).items():
@@ -347,14 +357,13 @@ def read_received(
             marks = ",".join("?" * len(part))
             for r in conn.execute(f"{_READ_RECEIVED}({marks})", [key, *part]):
                 found[(r[0], int(r[1]))] = r
-    if remove:
-        for sql, params in received(items, retention):
-            conn.execute(sql, params)
     out = []
-    for handle, seq in items:
+    positions = []
+    for position, (handle, seq) in enumerate(items):
         row = found.get((str(handle), seq))
         if row is None:
             continue
+        positions.append(position)
         out.append(
             {
                 "conversation_handle": row[0],
@@ -368,7 +377,16 @@ def read_received(
                 "queue": row[8],
             }
         )
-    return out
+    used = len(items)
+    if budget is not None and out:
+        keep = max(1, min(len(out), budget(out)))
+        if keep < len(out):
+            out = out[:keep]
+            used = positions[keep]
+    if remove:
+        for sql, params in received(items[:used], retention):
+            conn.execute(sql, params)
+    return out, used
 
 
 # -- fragments being reassembled ----------------------------------------------------------------
@@ -385,14 +403,24 @@ def fragment(handle: str, seq: int, index: int, offset: int, data: bytes) -> Sta
     )
 
 
-def assemble(conn: sqlite3.Connection, handle: str, seq: int, status: int) -> bytes:
-    """Join a message's stored fragments into its queue row (with ``status``); the whole body."""
+def read_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> dict[int, bytes]:
+    """The stored fragments of a message being reassembled, by fragment index."""
     rows = conn.execute(
-        "SELECT data FROM message_fragments WHERE conversation_handle = ? AND "
-        "message_sequence_number = ? ORDER BY fragment_index",
+        "SELECT fragment_index, data FROM message_fragments WHERE conversation_handle = ? AND "
+        "message_sequence_number = ?",
         (handle, seq),
-    ).fetchall()
-    whole = b"".join(bytes(r[0]) for r in rows)
+    )
+    return {int(index): bytes(data) for index, data in rows}
+
+
+def joined(fragments: dict[int, bytes]) -> bytes:
+    """A message's body from its fragments by index."""
+    return b"".join(fragments[index] for index in sorted(fragments))
+
+
+def assemble(conn: sqlite3.Connection, handle: str, seq: int, status: int) -> None:
+    """Join a message's stored fragments into its queue row (with ``status``)."""
+    whole = joined(read_fragments(conn, handle, seq))
     conn.execute(
         "UPDATE queue_messages SET body = ?, status = ? WHERE conversation_handle = ? "
         "AND message_sequence_number = ?",
@@ -403,7 +431,6 @@ def assemble(conn: sqlite3.Connection, handle: str, seq: int, status: int) -> by
         "message_sequence_number = ?",
         (handle, seq),
     )
-    return whole
 
 
 # -- conversation timers -------------------------------------------------------------------------

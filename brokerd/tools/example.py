@@ -79,16 +79,26 @@ def shop_and_warehouse(
     hosts: tuple[str, str] = ("127.0.0.1", "127.0.0.2"),
     beta_route_host: str | None = None,
     extra: str = "",
+    endpoint_extra: str = "",
 ) -> Deployment:
     """The two-broker deployment, declared (not started).
 
     ``beta_route_host`` makes alpha's route to the warehouse point elsewhere (a
     fault-injection proxy in front of beta, for instance). ``extra`` is top-level TOML
-    added to both configurations (a ``[trace]`` table, for instance).
+    added to both configurations (a ``[trace]`` table, for instance), ``endpoint_extra``
+    lines added to both ``[endpoint]`` tables.
     """
     deployment = Deployment(root, retry)
-    deployment.add("alpha", hosts[0], shop_database(beta_route_host or hosts[1]), extra=extra)
-    deployment.add("beta", hosts[1], warehouse_database(hosts[0]), extra=extra)
+    deployment.add(
+        "alpha",
+        hosts[0],
+        shop_database(beta_route_host or hosts[1]),
+        extra=extra,
+        endpoint_extra=endpoint_extra,
+    )
+    deployment.add(
+        "beta", hosts[1], warehouse_database(hosts[0]), extra=extra, endpoint_extra=endpoint_extra
+    )
     return deployment
 
 

@@ -94,7 +94,7 @@ class Deployment:
         directory.mkdir(parents=True, exist_ok=True)
         retry = {"initial": 1.0, "maximum": 8.0, "ack_delay": 0.01, "delayed_retry": 1.0}
         retry.update(self.retry)
-        retry_toml = "\n".join(f"{k} = {float(v)!r}" for k, v in retry.items())
+        retry_toml = "\n".join(f"{k} = {v!r}" for k, v in retry.items())
         quick = {"reconnect_initial": 0.2, "reconnect_max": 2.0}
         # Short reconnect waits, unless endpoint_extra sets its own.
         reconnect_toml = "\n".join(

@@ -165,6 +165,7 @@ def golden_vectors() -> dict[str, bytes]:
         ),
         "welcome_encrypted": encrypted.seal(FrameType.WELCOME, b"", 1),
         "keepalive_encrypted": encrypted.seal(FrameType.KEEPALIVE, b"", 7),
+        "keepalive_signed": signed.seal(FrameType.KEEPALIVE, b"", 13),
         "fragment_encrypted": encrypted.seal(FrameType.FRAGMENT, b"hello broker", 8),
         "fragment_signed": signed.seal(FrameType.FRAGMENT, b"hello broker", 9),
         "ack_signed": signed.seal(FrameType.ACK, b"ack payload", 10),

@@ -44,9 +44,9 @@ EVENT_TYPES = (
 )
 MAX_FRAME = frames.MIN_MAX_FRAME_SIZE
 NOW = dt.datetime.now(dt.UTC)
-_CA = create_ca("fuzz CA")
-ALPHA = identity_for(issue_instance(_CA, "alpha"), _CA)
-BETA = identity_for(issue_instance(_CA, "beta"), _CA)
+_CA = create_ca("fuzz CA", now=NOW)
+ALPHA = identity_for(issue_instance(_CA, "alpha", now=NOW), _CA)
+BETA = identity_for(issue_instance(_CA, "beta", now=NOW), _CA)
 
 
 def _feed(conn: BrokerConnection, chunks: list[bytes]) -> None:
