@@ -28,15 +28,18 @@ from brokerd.dialogs.work import Work
 from brokerd.errors import (
     ContractViolation,
     ConversationEnded,
+    InvalidErrorCode,
     InvalidRequest,
     LockConflict,
     MessageTooLarge,
     NotPrincipal,
     QueueDisabled,
     ServiceNotFound,
+    SystemMessageType,
     ValidationFailed,
 )
 from brokerd.storage import queries
+from brokerd.storage.catalog import SYSTEM_MESSAGE_TYPES
 from brokerd.storage.queries import Statement
 from protocol.dialog import (
     END_DIALOG,
@@ -129,7 +132,13 @@ class ApplicationVerbs(EngineCore):
         return ep
 
     def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None:
-        """SEND's checks: the endpoint's state, the size, the contract (R-DLG-3), validation."""
+        """SEND's checks: no system message type (SPEC §6), the endpoint's state, the size,
+        the contract (R-DLG-3), validation."""
+        if message_type in SYSTEM_MESSAGE_TYPES:
+            raise SystemMessageType(
+                f"SEND refused: {message_type!r} is a system message type; only the broker "
+                "sends it (END CONVERSATION ends a dialog, BEGIN CONVERSATION TIMER sets a timer)"
+            )
         problem = ep.may_send()
         if problem:
             raise ConversationEnded(f"cannot SEND on conversation {ep.handle}: {problem}")
@@ -240,6 +249,16 @@ class ApplicationVerbs(EngineCore):
 
         return seq, Work().add(statements, committed, failed)
 
+    @staticmethod
+    def check_end(error_code: int | None, cleanup: bool = False) -> None:
+        """END CONVERSATION's check: WITH ERROR takes a code greater than 0; the codes
+        below zero are the broker's own (SPEC §6)."""
+        if error_code is not None and not cleanup and error_code <= 0:
+            raise InvalidErrorCode(
+                f"END CONVERSATION WITH ERROR needs a code greater than 0, not {error_code}: "
+                "codes of 0 and below are the broker's own"
+            )
+
     def end_conversation_work(
         self,
         db: Database,
@@ -248,6 +267,7 @@ class ApplicationVerbs(EngineCore):
         description: str = "",
         cleanup: bool = False,
     ) -> Work:
+        self.check_end(error_code, cleanup)
         if cleanup:
             return self._cleanup_work(db, ep)
         if ep.ended_local or ep.state is State.CLOSED:
