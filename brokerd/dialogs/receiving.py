@@ -431,7 +431,7 @@ class Receiving(EngineCore):
     ) -> None:
         self._fail_locally(db, ep, body, "the broker reported an error for the conversation")
 
-    def on_integrity_failure(self, link: Link, reason: str) -> None:
-        self.stats.integrity_failures += 1
-        self.trace.emit("integrity_failure", peer=link.name, reason=reason)
+    def on_corrupted_message(self, link: Link, reason: str) -> None:
+        self.stats.corrupted_messages += 1
+        self.trace.emit("corrupted_message", peer=link.name, reason=reason)
         log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)

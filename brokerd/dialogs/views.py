@@ -12,6 +12,12 @@ from typing import Any
 
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import OutMessage
+from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR
+
+
+def _iso(t: float) -> str:
+    """A wall-clock time as ISO 8601 in UTC; empty for 0 (none)."""
+    return datetime.fromtimestamp(t, UTC).isoformat() if t else ""
 
 
 def _sent_status(msg: OutMessage) -> str:
@@ -22,17 +28,22 @@ def _sent_status(msg: OutMessage) -> str:
 
 
 def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    """One row per endpoint; ``lifetime`` and ``dialog_timer`` are when the dialog's
+    lifetime passes (R-DLG-9) and when its timer fires (R-DLG-11), empty if none."""
     return [
         {
             "database": db.name,
             "conversation_handle": str(ep.handle),
             "conversation_id": str(ep.conversation_id),
+            "conversation_group_id": str(ep.group_id),
             "is_initiator": ep.initiator,
             "service": ep.service,
             "far_service": ep.far_service,
             "far_broker_instance": str(ep.far_broker_instance or ""),
             "contract": ep.contract,
             "state": ep.state.value,
+            "lifetime": _iso(ep.lifetime_ends),
+            "dialog_timer": _iso(ep.timer_due),
             "route": ep.route.route or "" if ep.route else "",
             "send_sequence": ep.send_sequence,
             "receive_sequence": ep.accepted.through,
@@ -44,6 +55,8 @@ def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]
 
 
 def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    """One row per message sent and not yet acknowledged; ``is_conversation_error`` and
+    ``is_end_of_dialog`` mark the Error and EndDialog that END CONVERSATION sent."""
     return [
         {
             "database": db.name,
@@ -52,8 +65,10 @@ def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
             "to_broker_instance": str(ep.far_broker_instance or ""),
             "message_sequence_number": msg.seq,
             "message_type": msg.message_type,
+            "is_conversation_error": bool(msg.flags & FLAG_ERROR),
+            "is_end_of_dialog": bool(msg.flags & FLAG_END_DIALOG),
             "size": len(msg.body),
-            "enqueued_at": datetime.fromtimestamp(msg.enqueued_at, UTC).isoformat(),
+            "enqueued_at": _iso(msg.enqueued_at),
             "attempts": msg.attempts,
             "transmission_status": msg.status or _sent_status(msg),
         }

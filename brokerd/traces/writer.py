@@ -56,7 +56,7 @@ EVENTS: dict[str, str] = {
     "fragment_sent": "one fragment handed to a connection (seq, fragment, size, attempt)",
     "retransmission": "a message sent again (seq, attempt, wait before the next)",
     "fragment_received": "one fragment arrived (seq, fragment, size, peer)",
-    "integrity_failure": "a frame failed its integrity check (peer, reason)",
+    "corrupted_message": "a frame failed its integrity check (peer, reason)",
     "duplicate": "a fragment already received arrived again and was acknowledged again",
     "ack_sent": "an acknowledgement was sent (through)",
     "ack_received": "an acknowledgement arrived (through; acked = messages it released)",

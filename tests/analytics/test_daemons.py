@@ -132,7 +132,7 @@ async def test_analysis_of_real_daemons_matches_the_workload(
     assert t["retransmissions"] == known["retransmissions"]
     assert t["messages_retransmitted"] == 2
     assert t["duplicates"] == known["duplicates"]
-    assert t["integrity_failures"] == 0
+    assert t["corrupted_messages"] == 0
     assert result.inputs["instances"] == ["alpha", "beta"]
     assert result.inputs["lines_skipped"] == 0
 

@@ -34,6 +34,7 @@ from brokerd.tools.example import (
 )
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.writer import read_events, segment_files
 from protocol.errors import AuthenticationFailed, RemoteError
 from tests.daemons import FAST_RETRY, assert_exactly_once_in_order, drain, wait_until
 
@@ -294,12 +295,16 @@ async def test_altered_frame_is_not_acknowledged_and_retransmitted(tmp_path: Pat
         assert [m.message_body for m in received] == bodies
         assert proxy.stats.fragments_corrupted == 1
         (beta_stats,) = await warehouse.view("stats")
-        assert beta_stats["integrity_failures"] == 1
+        assert beta_stats["corrupted_messages"] == 1
         (alpha_stats,) = await shop.view("stats")
         assert alpha_stats["retransmissions"] >= 1
         await wait_until(lambda: tq_empty(shop), 10)
         await shop.close()
         await warehouse.close()
+        d.stop_all()
+        traced = read_events(segment_files([d.daemons["beta"].directory / "data" / "traces"]))
+        corrupted = [e for e in traced if e["event"] == "corrupted_message"]  # R-DLG-8
+        assert len(corrupted) == 1 and corrupted[0]["peer"]
     finally:
         d.stop_all()
         await proxy.stop()
