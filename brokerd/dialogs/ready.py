@@ -77,14 +77,21 @@ class ReadyIndex:
         self.groups.clear()
         self.count = 0
 
-    def drop_conversation(self, handle: uuid.UUID) -> None:
+    def drop_conversation(self, handle: uuid.UUID) -> list[tuple[uuid.UUID, list[Item]]]:
+        """Remove a conversation's ready messages; returns them per group, for put_back."""
+        dropped: list[tuple[uuid.UUID, list[Item]]] = []
         for gid in list(self.groups):
-            kept = [item for item in self.groups[gid] if item[0] != handle]
-            self.count -= len(self.groups[gid]) - len(kept)
+            items = self.groups[gid]
+            kept = [item for item in items if item[0] != handle]
+            if len(kept) == len(items):
+                continue
+            dropped.append((gid, [item for item in items if item[0] == handle]))
+            self.count -= len(items) - len(kept)
             if kept:
                 self.groups[gid] = kept
             else:
                 del self.groups[gid]
+        return dropped
 
     def move_conversation(self, handle: uuid.UUID, old: uuid.UUID, new: uuid.UUID) -> None:
         """MOVE CONVERSATION: the conversation's ready messages join group ``new``."""

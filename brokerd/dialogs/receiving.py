@@ -31,7 +31,8 @@ from brokerd.dialogs.core import (
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint, endpoint_snapshot
 from brokerd.dialogs.links import Link
-from brokerd.dialogs.states import State
+from brokerd.dialogs.ready import ReadyIndex
+from brokerd.dialogs.states import DELIVERING, State
 from brokerd.errors import StoreError
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
@@ -276,6 +277,7 @@ class Receiving(EngineCore):
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
     ) -> None:
         seq = header.sequence_number
+        fenced = ep.state not in DELIVERING
         released = ep.accepted.add_message(seq)
         self._release(ep, released, seq, header.flags)
         queue = db.queue_of(ep.service) or ""
@@ -294,12 +296,15 @@ class Receiving(EngineCore):
             *queries.promote(h, released[1:]),
             endpoint_snapshot(ep),
         ]
-        self._submit_received(db, ep, queue, statements, released, seq, None)
+        if fenced and released:
+            statements += queries.received([(ep.handle, s) for s in released], False)
+        self._submit_received(db, ep, queue, statements, released, seq, None, fenced)
 
     def _accept_fragment(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
     ) -> None:
         seq, index = header.sequence_number, header.fragment_index
+        fenced = ep.state not in DELIVERING
         first = seq not in ep.accepted.fragments
         complete = ep.accepted.add_fragment(seq, index, header.fragment_count)
         queue = db.queue_of(ep.service) or ""
@@ -321,12 +326,17 @@ class Receiving(EngineCore):
         statements.append(queries.fragment(h, seq, index, header.fragment_offset, body))
         if not complete:
             statements.append(endpoint_snapshot(ep))
-            self._submit_received(db, ep, queue, statements, [], seq, index)
+            self._submit_received(db, ep, queue, statements, [], seq, index, fenced)
             return
         released = ep.accepted.add_message(seq)
         self._release(ep, released, seq, header.flags)
         statements += queries.promote(h, released[1:])
         statements.append(endpoint_snapshot(ep))
+        if fenced and released:
+            statements.append(queries.drop_fragments(h, seq))
+            statements += queries.received([(ep.handle, s) for s in released], False)
+            self._submit_received(db, ep, queue, statements, released, seq, None, fenced)
+            return
         status = 1 if released else 2
         catalog = db.catalog
         message_type = header.message_type
@@ -337,7 +347,7 @@ class Receiving(EngineCore):
             if problem:
                 log.warning("reassembled message %s of %s fails validation: %s", seq, h, problem)
 
-        self._submit_received(db, ep, queue, statements, released, seq, None, assemble)
+        self._submit_received(db, ep, queue, statements, released, seq, None, fenced, assemble)
 
     def _submit_received(
         self,
@@ -348,8 +358,11 @@ class Receiving(EngineCore):
         released: list[int],
         seq: int,
         fragment: int | None,
+        fenced: bool,
         fn: Callable[[sqlite3.Connection], Any] | None = None,
     ) -> None:
+        """Commit what arrived; then acknowledge it and make what it released ready, unless
+        ``fenced`` (this side has ended: the statements remove it again, R-DLG-10)."""
         index = db.ready.get(queue)
 
         def committed() -> None:
@@ -357,22 +370,14 @@ class Receiving(EngineCore):
                 ep.durable.add_message(seq)
             else:
                 ep.durable.add_fragment(seq, fragment, 1 << 30)
-            if index is not None:
-                for s in released:
-                    index.add(ep.group_id, ep.handle, s)
-            for s in released:
-                self.trace.emit(
-                    "delivered",
-                    ep.conversation_id,
-                    database=db.name,
-                    initiator=not ep.initiator,
-                    seq=s,
-                    queue=queue,
+            if fenced or ep.state not in DELIVERING:  # an END committed with it or before
+                self._trace_discarded(
+                    ep, released, "this side has ended the conversation", received=True
                 )
-            if released:
-                self.stats.delivered_messages += len(released)
-                if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
-                    self.router.request_ended(ep)
+            else:
+                self._delivered(db, ep, queue, index, released)
+            if released and ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
+                self.router.request_ended(ep)
             self.transmission.ack_needed(ep)
 
         def failed(exc: BaseException) -> None:
@@ -380,6 +385,29 @@ class Receiving(EngineCore):
             self._suspend_receiving(db)
 
         db.store.submit(statements, fn=fn, on_commit=committed, on_failure=failed)
+
+    def _delivered(
+        self,
+        db: Database,
+        ep: Endpoint,
+        queue: str,
+        index: ReadyIndex | None,
+        released: list[int],
+    ) -> None:
+        """Messages released in order are ready to RECEIVE (R-DLG-1)."""
+        if index is not None:
+            for s in released:
+                index.add(ep.group_id, ep.handle, s)
+        for s in released:
+            self.trace.emit(
+                "delivered",
+                ep.conversation_id,
+                database=db.name,
+                initiator=not ep.initiator,
+                seq=s,
+                queue=queue,
+            )
+        self.stats.delivered_messages += len(released)
 
     def _suspend_receiving(self, db: Database) -> None:
         """After a failed write, refuse inbound traffic until memory matches the file again."""

@@ -23,7 +23,7 @@ from brokerd.dialogs.core import (
 )
 from brokerd.dialogs.database import Database, Lease
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_deletion, endpoint_snapshot
-from brokerd.dialogs.states import State
+from brokerd.dialogs.states import DELIVERING, State
 from brokerd.dialogs.work import Work
 from brokerd.errors import (
     ContractViolation,
@@ -274,13 +274,20 @@ class ApplicationVerbs(EngineCore):
             return Work()
         ep.ended_local = True
         dropped = dict(ep.outbox)
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        unreceived = index.drop_conversation(ep.handle) if index is not None else []
 
         def failed(_: BaseException) -> None:
             ep.ended_local = False
             ep.outbox.update(dropped)
             ep.refresh_state(undo=True)
+            if index is not None:
+                for group, items in unreceived:
+                    index.put_back(group, items)
 
-        work = Work().add(on_failure=failed)
+        # SPEC §6, R-DLG-10: what waits in this side's queue goes, and nothing more comes.
+        work = Work().add([queries.discard_queued(ep.handle_text)], on_failure=failed)
         if ep.broker_error:
             self._trace_discarded(ep, list(dropped), "END CONVERSATION after a broker error")
             ep.outbox.clear()
@@ -445,8 +452,13 @@ class ApplicationVerbs(EngineCore):
         lease.released = True
         index = lease.index
         if not received:
-            # A conversation cleaned up meanwhile has no rows left to give back.
-            kept = [item for item in lease.items if item[0] in lease.db.endpoints]
+            # A conversation cleaned up or ended meanwhile has no rows left to give back.
+            endpoints = lease.db.endpoints
+            kept = [
+                item
+                for item in lease.items
+                if (owner := endpoints.get(item[0])) is not None and owner.state in DELIVERING
+            ]
             if kept:
                 index.put_back(lease.group, kept)
         if lease.locks:

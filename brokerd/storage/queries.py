@@ -252,6 +252,10 @@ _RETAIN_MANY = (
     "AND message_sequence_number IN "
 )
 _DISCARD_RECEIVED = "DELETE FROM queue_messages WHERE conversation_handle = ?"
+_DISCARD_QUEUED = "DELETE FROM queue_messages WHERE conversation_handle = ? AND status <> 2"
+_DROP_FRAGMENTS = (
+    "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number = ?"
+)
 _REGROUP = "UPDATE queue_messages SET conversation_group_id = ? WHERE conversation_handle = ?"
 READ_HELD = (
     "SELECT conversation_handle, message_sequence_number, message_type "
@@ -314,6 +318,17 @@ def _by_conversation(items: Sequence[tuple[uuid.UUID, int]]) -> dict[str, list[i
 
 def discard_received(handle: str) -> Statement:
     return (_DISCARD_RECEIVED, (handle,))
+
+
+def discard_queued(handle: str) -> Statement:
+    """A local END removes the conversation's messages from its queue (SPEC §6); those
+    held out of order (status 2) stay, so recovery still knows what arrived."""
+    return (_DISCARD_QUEUED, (handle,))
+
+
+def drop_fragments(handle: str, seq: int) -> Statement:
+    """A reassembled message's fragments, when the message is not kept."""
+    return (_DROP_FRAGMENTS, (handle, seq))
 
 
 def regroup(handle: str, group: str) -> Statement:

@@ -62,7 +62,8 @@ EVENTS: dict[str, str] = {
     "ack_received": "an acknowledgement arrived (through; acked = messages it released)",
     "forwarded": "a fragment relayed to the next broker (hop count, address)",
     "dropped": "a message dropped, not acknowledged (reason)",
-    "discarded": "unacknowledged messages removed from the transmission queue (seqs, reason)",
+    "discarded": "messages removed unacknowledged from the transmission queue, or arrived "
+    "after the receiving side ended (seqs, reason)",
     "delivered": "a message stored in the target queue, ready to RECEIVE (seq)",
     "received": "the application RECEIVEd the message (seq)",
     "timer_fired": "a conversation timer put a DialogTimer message in this side's queue",

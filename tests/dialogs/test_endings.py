@@ -2,17 +2,19 @@
 
 alpha (127.0.0.73, the shop) and beta (127.0.0.74, the warehouse). Only the
 broker sends the system message types, and END CONVERSATION WITH ERROR takes a
-code greater than 0 (§6).
+code greater than 0 (§6). A side that has ended receives nothing more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
 
+from brokerd.sdk.client import BrokerClient
 from brokerd.tools.example import (
+    CONFIRMATION,
     CONTRACT,
     ORDER,
     SHOP_SERVICE,
@@ -22,7 +24,7 @@ from brokerd.tools.example import (
 from brokerd.tools.launcher import Deployment
 from protocol.dialog import DIALOG_TIMER, END_DIALOG, ERROR
 from protocol.errors import ContractViolation, InvalidErrorCode, SystemMessageType
-from tests.daemons import FAST_RETRY, drain
+from tests.daemons import FAST_RETRY, drain, wait_until
 
 HOSTS = ("127.0.0.73", "127.0.0.74")
 
@@ -80,3 +82,49 @@ async def test_end_with_error_takes_a_code_greater_than_zero(
     (row,) = await shop.conversation_endpoints()
     assert row["state"] == "DO"
     await shop.close()
+
+
+async def queued(client: BrokerClient, queue: str) -> int:
+    (row,) = [q for q in await client.queues() if q["queue"] == queue]
+    return int(row["ready_messages"])
+
+
+async def endpoint_state(client: BrokerClient) -> str:
+    (row,) = await client.conversation_endpoints()
+    return str(row["state"])
+
+
+async def test_a_side_that_ended_receives_nothing_more(deployment: Deployment) -> None:
+    """SPEC §6, R-DLG-10: a local END removes the conversation's waiting messages, also
+    across a restart; the other side's EndDialog then only closes the endpoint (DO -> CD)."""
+    shop = await deployment.daemons["alpha"].client()
+    warehouse = await deployment.daemons["beta"].client()
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    await shop.send(handle, ORDER, b"order")
+    (order,) = await drain(warehouse, "OrderQueue", 1)
+    for n in (1, 2):
+        await warehouse.send(order.conversation_handle, CONFIRMATION, b"confirmation %d" % n)
+    await wait_until(lambda: _equals(queued(shop, "ClientQueue"), 2))
+    await shop.end_conversation(handle)
+    assert await queued(shop, "ClientQueue") == 0
+    assert await shop.receive("ClientQueue", timeout=0.3) == []
+    await shop.close()
+    deployment.stop("alpha")
+    deployment.start("alpha")
+    shop = await deployment.daemons["alpha"].client()
+    assert await shop.receive("ClientQueue", timeout=0.3) == []
+    assert await endpoint_state(shop) == "DO"
+
+    (end,) = await drain(warehouse, "OrderQueue", 1)
+    assert end.is_end_dialog
+    await warehouse.end_conversation(order.conversation_handle)
+    await wait_until(lambda: _equals(endpoint_state(shop), "CD"))
+    await wait_until(lambda: _equals(endpoint_state(warehouse), "CD"))
+    assert await shop.receive("ClientQueue", timeout=0.5) == []
+    assert await shop.transmission_queue() == [] and await warehouse.transmission_queue() == []
+    await shop.close()
+    await warehouse.close()
+
+
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
