@@ -28,6 +28,7 @@ from brokerd.dialogs.deadlines import Deadlines
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_snapshot
 from brokerd.dialogs.links import Link, LinkProvider
 from brokerd.dialogs.local_link import LocalLink
+from brokerd.dialogs.ready import rank_of
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.states import DELIVERING, State
 from brokerd.dialogs.stats import EngineStats
@@ -288,7 +289,7 @@ class EngineCore:
 
         def committed() -> None:
             if index is not None:
-                index.add(ep.group_id, ep.handle, seq)
+                index.add(ep.group_id, ep.handle, seq, rank_of(message_type))
             if then is not None:
                 then()
 

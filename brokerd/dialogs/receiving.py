@@ -31,7 +31,7 @@ from brokerd.dialogs.core import (
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint, endpoint_snapshot
 from brokerd.dialogs.links import Link
-from brokerd.dialogs.ready import ReadyIndex
+from brokerd.dialogs.ready import Rank, ReadyIndex
 from brokerd.dialogs.states import DELIVERING, State
 from brokerd.errors import StoreError
 from brokerd.storage import queries
@@ -260,18 +260,22 @@ class Receiving(EngineCore):
         self._trace_begun(ep, link.name)
         return ep
 
-    def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> None:
+    def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> bool:
+        """Apply the ends among ``released``; True if the last of them is the other side's
+        Error (it ends the dialog, so nothing follows it)."""
+        error = False
         for s in released:
             f = flags if s == seq else ep.held_end_flags.pop(s, 0)
             if f & FLAG_ERROR:
                 ep.ended_remote = True
-                ep.error_received = True
+                ep.error_received = error = True
             elif f & FLAG_END_DIALOG:
                 ep.ended_remote = True
         if not released and flags & (FLAG_ERROR | FLAG_END_DIALOG):
             ep.held_end_flags[seq] = flags
         if ep.refresh_state():
             self._trace_closed(ep)
+        return error
 
     def _accept_message(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
@@ -279,7 +283,7 @@ class Receiving(EngineCore):
         seq = header.sequence_number
         fenced = ep.state not in DELIVERING
         released = ep.accepted.add_message(seq)
-        self._release(ep, released, seq, header.flags)
+        error = self._release(ep, released, seq, header.flags)
         queue = db.queue_of(ep.service) or ""
         h = ep.handle_text
         statements: list[Statement] = [
@@ -298,7 +302,7 @@ class Receiving(EngineCore):
         ]
         if fenced and released:
             statements += queries.received([(ep.handle, s) for s in released], False)
-        self._submit_received(db, ep, queue, statements, released, seq, None, fenced)
+        self._submit_received(db, ep, queue, statements, released, seq, None, fenced, error)
 
     def _accept_fragment(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
@@ -326,16 +330,16 @@ class Receiving(EngineCore):
         statements.append(queries.fragment(h, seq, index, header.fragment_offset, body))
         if not complete:
             statements.append(endpoint_snapshot(ep))
-            self._submit_received(db, ep, queue, statements, [], seq, index, fenced)
+            self._submit_received(db, ep, queue, statements, [], seq, index, fenced, False)
             return
         released = ep.accepted.add_message(seq)
-        self._release(ep, released, seq, header.flags)
+        error = self._release(ep, released, seq, header.flags)
         statements += queries.promote(h, released[1:])
         statements.append(endpoint_snapshot(ep))
         if fenced and released:
             statements.append(queries.drop_fragments(h, seq))
             statements += queries.received([(ep.handle, s) for s in released], False)
-            self._submit_received(db, ep, queue, statements, released, seq, None, fenced)
+            self._submit_received(db, ep, queue, statements, released, seq, None, fenced, error)
             return
         status = 1 if released else 2
         catalog = db.catalog
@@ -347,7 +351,9 @@ class Receiving(EngineCore):
             if problem:
                 log.warning("reassembled message %s of %s fails validation: %s", seq, h, problem)
 
-        self._submit_received(db, ep, queue, statements, released, seq, None, fenced, assemble)
+        self._submit_received(
+            db, ep, queue, statements, released, seq, None, fenced, error, assemble
+        )
 
     def _submit_received(
         self,
@@ -359,10 +365,12 @@ class Receiving(EngineCore):
         seq: int,
         fragment: int | None,
         fenced: bool,
+        error: bool,
         fn: Callable[[sqlite3.Connection], Any] | None = None,
     ) -> None:
         """Commit what arrived; then acknowledge it and make what it released ready, unless
-        ``fenced`` (this side has ended: the statements remove it again, R-DLG-10)."""
+        ``fenced`` (this side has ended: the statements remove it again, R-DLG-10).
+        ``error``: the last released message is the other side's Error."""
         index = db.ready.get(queue)
 
         def committed() -> None:
@@ -375,7 +383,7 @@ class Receiving(EngineCore):
                     ep, released, "this side has ended the conversation", received=True
                 )
             else:
-                self._delivered(db, ep, queue, index, released)
+                self._delivered(db, ep, queue, index, released, error)
             if released and ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
                 self.router.request_ended(ep)
             self.transmission.ack_needed(ep)
@@ -393,11 +401,14 @@ class Receiving(EngineCore):
         queue: str,
         index: ReadyIndex | None,
         released: list[int],
+        error: bool,
     ) -> None:
-        """Messages released in order are ready to RECEIVE (R-DLG-1)."""
+        """Messages released in order are ready to RECEIVE (R-DLG-1); the other side's
+        Error goes ahead of the conversation's waiting messages (R-DLG-10)."""
         if index is not None:
+            last = released[-1] if error else None
             for s in released:
-                index.add(ep.group_id, ep.handle, s)
+                index.add(ep.group_id, ep.handle, s, Rank.ERROR if s == last else Rank.IN_SEQUENCE)
         for s in released:
             self.trace.emit(
                 "delivered",

@@ -461,6 +461,9 @@ class ApplicationVerbs(EngineCore):
             ]
             if kept:
                 index.put_back(lease.group, kept)
+            index.received([item for item in lease.items if item not in kept])
+        else:
+            index.received(lease.items)
         if lease.locks:
             index.locked.discard(lease.group)
         if index.count:

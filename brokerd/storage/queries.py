@@ -263,7 +263,7 @@ READ_HELD = (
 )
 READ_READY = (
     "SELECT queue_name, conversation_group_id, conversation_handle, "
-    "message_sequence_number FROM queue_messages WHERE status = 1 ORDER BY rowid"
+    "message_sequence_number, message_type FROM queue_messages WHERE status = 1 ORDER BY rowid"
 )
 READ_LOWEST_SEQUENCE = "SELECT MIN(message_sequence_number) FROM queue_messages"
 _READ_RECEIVED = (

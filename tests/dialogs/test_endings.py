@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.sdk.client import BrokerClient
+from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.example import (
     CONFIRMATION,
     CONTRACT,
@@ -128,3 +128,62 @@ async def test_a_side_that_ended_receives_nothing_more(deployment: Deployment) -
 
 async def _equals(value: Awaitable[object], expected: object) -> bool:
     return await value == expected
+
+
+def kinds(messages: list[ReceivedMessage]) -> list[str]:
+    return [
+        "timer"
+        if m.is_timer
+        else "error"
+        if m.is_error
+        else "end"
+        if m.is_end_dialog
+        else m.message_body.decode()
+        for m in messages
+    ]
+
+
+async def test_a_timer_then_an_error_come_before_waiting_messages(
+    deployment: Deployment,
+) -> None:
+    """R-DLG-10: a DialogTimer, then an Error, is received before the dialog's other
+    waiting messages; an EndDialog in sequence order, after them. The order holds across
+    a restart (recovery rebuilds it)."""
+    shop = await deployment.daemons["alpha"].client()
+    warehouse = await deployment.daemons["beta"].client()
+    errored = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    ended = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    for handle in (errored, ended):
+        await shop.send(handle, ORDER, b"order")
+    targets = {m.conversation_handle for m in await drain(warehouse, "OrderQueue", 2)}
+    for target in sorted(targets):
+        for n in (1, 2):
+            await warehouse.send(target, CONFIRMATION, b"c%d" % n)
+    await wait_until(lambda: _equals(queued(shop, "ClientQueue"), 4))
+    # One target ends with an error, the other plainly; then each shop side's timer fires.
+    first, second = sorted(targets)
+    await warehouse.end_conversation(first, error_code=5, description="out of stock")
+    await warehouse.end_conversation(second)
+    await wait_until(lambda: _equals(queued(shop, "ClientQueue"), 6))
+    for handle in (errored, ended):
+        await shop.begin_conversation_timer(handle, 0.1)
+    await wait_until(lambda: _equals(queued(shop, "ClientQueue"), 8))
+    expected = [["timer", "error", "c1", "c2"], ["timer", "c1", "c2", "end"]]
+
+    async def ready_order(client: BrokerClient) -> list[list[str]]:
+        """Each conversation's messages in RECEIVE order, looked at and put back."""
+        seen = []
+        async with client.transaction() as tx:
+            for _ in (1, 2):
+                seen.append(kinds(await tx.receive("ClientQueue", top=10, timeout=5)))
+            await tx.rollback()
+        return sorted(seen, key=lambda k: "end" in k)
+
+    assert await ready_order(shop) == expected
+    await shop.close()
+    deployment.stop("alpha")
+    deployment.start("alpha")
+    shop = await deployment.daemons["alpha"].client()
+    assert await ready_order(shop) == expected
+    await shop.close()
+    await warehouse.close()
