@@ -277,15 +277,35 @@ class Receiving(EngineCore):
             self._trace_closed(ep)
         return error
 
+    def _complete(
+        self, ep: Endpoint, seq: int, flags: int
+    ) -> tuple[list[int], bool, list[Statement]]:
+        """A whole message arrived: the messages it releases in order, whether the last of
+        them is the other side's Error, and the statements promoting the held ones.
+
+        The other side's Error never waits behind a gap (R-DLG-10): its sender dropped
+        what it had not had acknowledged, so the Error closes every gap before it, and
+        partial messages before it are abandoned.
+        """
+        h = ep.handle_text
+        statements: list[Statement] = []
+        if flags & FLAG_ERROR:
+            if seq > ep.accepted.through + 1:
+                statements += queries.abandon_before(h, seq)
+            released = ep.accepted.add_last(seq)
+        else:
+            released = ep.accepted.add_message(seq)
+        error = self._release(ep, released, seq, flags)
+        statements += queries.promote(h, [s for s in released if s != seq])
+        return released, error, statements
+
     def _accept_message(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
     ) -> None:
         seq = header.sequence_number
         fenced = ep.state not in DELIVERING
-        released = ep.accepted.add_message(seq)
-        error = self._release(ep, released, seq, header.flags)
+        released, error, promoted = self._complete(ep, seq, header.flags)
         queue = db.queue_of(ep.service) or ""
-        h = ep.handle_text
         statements: list[Statement] = [
             _queue_row(
                 ep,
@@ -297,7 +317,7 @@ class Receiving(EngineCore):
                 body,
                 self.clock(),
             ),
-            *queries.promote(h, released[1:]),
+            *promoted,
             endpoint_snapshot(ep),
         ]
         if fenced and released:
@@ -332,9 +352,8 @@ class Receiving(EngineCore):
             statements.append(endpoint_snapshot(ep))
             self._submit_received(db, ep, queue, statements, [], seq, index, fenced, False)
             return
-        released = ep.accepted.add_message(seq)
-        error = self._release(ep, released, seq, header.flags)
-        statements += queries.promote(h, released[1:])
+        released, error, promoted = self._complete(ep, seq, header.flags)
+        statements += promoted
         statements.append(endpoint_snapshot(ep))
         if fenced and released:
             statements.append(queries.drop_fragments(h, seq))
@@ -375,7 +394,7 @@ class Receiving(EngineCore):
 
         def committed() -> None:
             if fragment is None:
-                ep.durable.add_message(seq)
+                (ep.durable.add_last if error else ep.durable.add_message)(seq)
             else:
                 ep.durable.add_fragment(seq, fragment, 1 << 30)
             if fenced or ep.state not in DELIVERING:  # an END committed with it or before

@@ -253,6 +253,13 @@ _RETAIN_MANY = (
 )
 _DISCARD_RECEIVED = "DELETE FROM queue_messages WHERE conversation_handle = ?"
 _DISCARD_QUEUED = "DELETE FROM queue_messages WHERE conversation_handle = ? AND status <> 2"
+_ABANDON_PARTIAL = (
+    "DELETE FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number < ? "
+    "AND status = 2 AND body IS NULL"
+)
+_ABANDON_FRAGMENTS = (
+    "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number < ?"
+)
 _DROP_FRAGMENTS = (
     "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number = ?"
 )
@@ -324,6 +331,15 @@ def discard_queued(handle: str) -> Statement:
     """A local END removes the conversation's messages from its queue (SPEC §6); those
     held out of order (status 2) stay, so recovery still knows what arrived."""
     return (_DISCARD_QUEUED, (handle,))
+
+
+def abandon_before(handle: str, seq: int) -> list[Statement]:
+    """Messages before ``seq`` still being reassembled will never complete (the other
+    side ended with an error and dropped them, R-DLG-10): their rows and fragments go."""
+    return [
+        (_ABANDON_PARTIAL, (handle, seq)),
+        (_ABANDON_FRAGMENTS, (handle, seq)),
+    ]
 
 
 def drop_fragments(handle: str, seq: int) -> Statement:

@@ -187,3 +187,35 @@ async def test_a_timer_then_an_error_come_before_waiting_messages(
     assert await ready_order(shop) == expected
     await shop.close()
     await warehouse.close()
+
+
+async def test_an_error_ending_reaches_a_peer_that_was_away(deployment: Deployment) -> None:
+    """R-DLG-10: END WITH ERROR drops the messages the target never acknowledged; the
+    Error that follows them closes the gap they leave and is delivered on its own, so
+    both sides can end and close (ER, then CD on both)."""
+    shop = await deployment.daemons["alpha"].client()
+    warehouse = await deployment.daemons["beta"].client()
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    await shop.send(handle, ORDER, b"order 1")
+    (first,) = await drain(warehouse, "OrderQueue", 1)
+    await wait_until(lambda: _equals(shop.transmission_queue(), []))
+    await warehouse.close()
+    deployment.stop("beta")
+    for n in (2, 3, 4):
+        await shop.send(handle, ORDER, b"order %d" % n)
+    await shop.end_conversation(handle, error_code=5, description="cancelled")
+    (waiting,) = await shop.transmission_queue()
+    assert waiting["is_conversation_error"] and waiting["message_sequence_number"] == 5
+    deployment.start("beta")
+    warehouse = await deployment.daemons["beta"].client()
+    (error,) = await drain(warehouse, "OrderQueue", 1, timeout=30)
+    assert error.is_error and error.conversation_handle == first.conversation_handle
+    assert b"<Code>5</Code>" in error.message_body
+    assert await endpoint_state(warehouse) == "ER"
+    await warehouse.end_conversation(first.conversation_handle)
+    await wait_until(lambda: _equals(endpoint_state(shop), "CD"))
+    await wait_until(lambda: _equals(endpoint_state(warehouse), "CD"))
+    assert await shop.transmission_queue() == [] and await warehouse.transmission_queue() == []
+    assert await warehouse.receive("OrderQueue", timeout=0.3) == []
+    await shop.close()
+    await warehouse.close()
