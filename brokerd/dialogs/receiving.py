@@ -252,6 +252,8 @@ class Receiving(EngineCore):
             far_broker_instance=header.from_broker_instance,
             contract=header.contract,
             state=State.STARTED_INBOUND,
+            # R-DLG-9: the header carries what is left of the lifetime, counted from BEGIN
+            # DIALOG, so this side's deadline is the initiator's.
             lifetime=header.lifetime,
             created_at=self.clock(),
         )
