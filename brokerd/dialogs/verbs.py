@@ -11,11 +11,13 @@ awaitable form that commits it alone; a client transaction commits several.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from brokerd.dialogs import views
 from brokerd.dialogs.core import (
     EngineCore,
     _unqueue_sent,
@@ -524,6 +526,18 @@ class ApplicationVerbs(EngineCore):
         info.status = status
         if status:
             db.ready[queue].changed.set()
+
+    async def transmission_queue(self) -> list[dict[str, Any]]:
+        """The ``transmission_queue`` view: what each database sent and has not had
+        acknowledged, then what it received for a queue that is off and holds until the
+        queue is turned on (R-DLG-12), read from its file."""
+        rows = views.transmission_queue(self.databases.values())
+        for db in self.databases.values():
+            off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
+            if off:
+                held = await db.store.run(functools.partial(queries.read_held_for, queues=off))
+                rows += views.held_for_disabled_queues(db, held)
+        return rows
 
     def check_timer(self, ep: Endpoint, timeout: float) -> None:
         """BEGIN CONVERSATION TIMER's checks: an open conversation, a timeout >= 0."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import OutMessage
-from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR
+from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR
 
 
 def _iso(t: float) -> str:
@@ -56,7 +56,8 @@ def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]
 
 def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
     """One row per message sent and not yet acknowledged; ``is_conversation_error`` and
-    ``is_end_of_dialog`` mark the Error and EndDialog that END CONVERSATION sent."""
+    ``is_end_of_dialog`` mark the Error and EndDialog that END CONVERSATION sent. The
+    engine adds the messages held for queues that are off (:func:`held_for_disabled_queues`)."""
     return [
         {
             "database": db.name,
@@ -75,6 +76,31 @@ def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
         for db in databases
         for ep in db.endpoints.values()
         for msg in ep.outbox.values()
+    ]
+
+
+def held_for_disabled_queues(db: Database, rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """``transmission_queue`` rows for messages this database received for a queue that is
+    off (R-DLG-12): stored and acknowledged, held until the queue is turned on. ``rows``
+    are ``queries.read_held_for``'s."""
+    return [
+        {
+            "database": db.name,
+            "conversation_handle": str(handle),
+            "to_service": service,
+            "to_broker_instance": str(db.broker_instance),
+            "message_sequence_number": int(seq),
+            "message_type": message_type,
+            "is_conversation_error": message_type == ERROR,
+            "is_end_of_dialog": message_type == END_DIALOG,
+            "size": int(length),
+            "enqueued_at": _iso(float(enqueued_at)),
+            "attempts": 0,
+            "transmission_status": (
+                f"received; held until queue {queue!r} is turned on (status off, R-DLG-12)"
+            ),
+        }
+        for handle, seq, service, message_type, length, enqueued_at, queue in rows
     ]
 
 

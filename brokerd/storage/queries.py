@@ -362,6 +362,19 @@ def _chunks(seqs: list[int], size: int = 1000) -> list[list[int]]:
     return [seqs[i : i + size] for i in range(0, len(seqs), size)]
 
 
+_READ_HELD_FOR = (
+    "SELECT conversation_handle, message_sequence_number, service_name, message_type, "
+    "message_length, enqueued_at, queue_name FROM queue_messages WHERE status = 1 "
+    "AND queue_name IN "
+)
+
+
+def read_held_for(conn: sqlite3.Connection, queues: Sequence[str]) -> list[Any]:
+    """Ready messages of ``queues`` (queues that are off, R-DLG-12), oldest first."""
+    marks = ",".join("?" * len(queues))
+    return conn.execute(f"{_READ_HELD_FOR}({marks}) ORDER BY rowid", list(queues)).fetchall()
+
+
 def read_received(
     conn: sqlite3.Connection,
     items: Sequence[tuple[uuid.UUID, int]],
