@@ -53,8 +53,8 @@ def test_handshake_completes_and_names_both_sides(pki: Pki) -> None:
 
 
 def test_handshake_with_ecdsa_certificates(pki: Pki) -> None:
-    ec_a = identity_for(issue_instance(pki.ca, "alpha", key_type="ec-p256"), pki.ca)
-    ec_b = identity_for(issue_instance(pki.ca, "beta", key_type="ec-p256"), pki.ca)
+    ec_a = identity_for(issue_instance(pki.ca, "alpha", key_type="ec-p256", now=NOW), pki.ca)
+    ec_b = identity_for(issue_instance(pki.ca, "beta", key_type="ec-p256", now=NOW), pki.ca)
     i, a = make_pair(ec_a, ec_b)
     i_events, _ = run_handshake(i, a)
     assert isinstance(i_events[0], HandshakeComplete)
