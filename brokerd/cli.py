@@ -50,7 +50,7 @@ def _wire_demo(args: argparse.Namespace) -> None:
     from brokerd.tools.demo import run_demo
 
     result = run_demo(encryption=EncryptionMode[args.encryption.upper()])
-    if not (result["intact"] and result["integrity_failures"] and result["refused"]):
+    if not (result["intact"] and result["corrupted_messages"] and result["refused"]):
         raise SystemExit("demo did not behave as expected")
 
 

@@ -67,6 +67,22 @@ class AckState:
             released.append(self.through)
         return released
 
+    def add_last(self, seq: int) -> list[int]:
+        """Record the message that ends the stream (the other side's Error, R-DLG-10).
+
+        Its sender dropped whatever it had not had acknowledged, so nothing missing
+        before it will come: every gap before ``seq`` closes. Returns the held messages
+        before it, in order, then ``seq`` (empty if it is a duplicate).
+        """
+        if self.has_message(seq):
+            return []
+        for partial in [s for s in self.fragments if s < seq]:
+            del self.fragments[partial]
+        held = sorted(s for s in self.beyond if s < seq)
+        self.beyond.difference_update(held)
+        self.through = max(self.through, seq - 1)
+        return held + self.add_message(seq)
+
     def add_fragment(self, seq: int, index: int, count: int) -> bool:
         """Record one fragment; True when the message is now complete (all ``count`` held)."""
         if self.has_message(seq):

@@ -173,7 +173,8 @@ class DialogHeader(NamedTuple):
     fragment_offset: int = 0
     message_length: int = 0
     lifetime: int = 0
-    """Dialog lifetime in seconds as set by the initiator; 0 = unlimited (R-DLG-9)."""
+    """Seconds left of the dialog's lifetime when the fragment was built, rounded up;
+    0 = unlimited (R-DLG-9)."""
     hop_count: int = 0
     ack: Acknowledgement = NO_ACK
 

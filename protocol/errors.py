@@ -115,6 +115,13 @@ class InvalidRequest(RemoteError):
     code = "invalid_request"
 
 
+class InvalidErrorCode(InvalidRequest):
+    """END CONVERSATION WITH ERROR with a code of 0 or less: those are the broker's own
+    (SPEC §6)."""
+
+    code = "invalid_error_code"
+
+
 class NotFound(RemoteError):
     """A named object does not exist on this broker."""
 
@@ -162,6 +169,13 @@ class ContractViolation(DialogError):
     service does not accept the contract."""
 
     code = "contract_violation"
+
+
+class SystemMessageType(ContractViolation):
+    """SEND of a message type the broker reserves for itself (EndDialog, Error,
+    DialogTimer): no contract holds them (SPEC §6)."""
+
+    code = "system_message_type"
 
 
 class ValidationFailed(DialogError):

@@ -77,8 +77,10 @@ VIEWS: dict[str, str] = {
 """Command name -> the daemon's view name."""
 
 _VIEW_HELP = {
-    "endpoints": "conversation endpoints: state, sequence numbers, unacknowledged messages",
-    "transmission-queue": "messages sent but not yet acknowledged by the far broker",
+    "endpoints": "conversation endpoints: group, state, lifetime, timer, sequence numbers, "
+    "unacknowledged messages",
+    "transmission-queue": "messages sent but not yet acknowledged by the far broker, "
+    "EndDialog and Error flagged",
     "queues": "queues, their status and ready messages",
     "routes": "routes of every database",
     "connections": "connections to and from other brokers",
@@ -97,6 +99,9 @@ LAST_COLUMNS = ("transmission_status",)
 SHORT_HEADERS = {
     "conversation_handle": "handle",
     "conversation_id": "conversation",
+    "conversation_group_id": "group",
+    "is_conversation_error": "error",
+    "is_end_of_dialog": "end",
     "far_broker_instance": "far_broker",
     "to_broker_instance": "to_broker",
     "message_sequence_number": "seq",
@@ -104,7 +109,7 @@ SHORT_HEADERS = {
     "receive_sequence": "recv_seq",
     "unacknowledged": "unacked",
     "remote_service_name": "remote_service",
-    "integrity_failures": "integrity_fail",
+    "corrupted_messages": "corrupted",
 }
 """Column titles used unless ``wide`` (``--json`` and ``--wide`` keep the real names)."""
 

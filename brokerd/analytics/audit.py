@@ -3,8 +3,9 @@
 For every stream (one direction of one conversation, named by ``conversation_id``
 and the sender's ``initiator`` role) the delivered sequence numbers must be
 1..n with no gap and no duplicate, delivered in order, and every sent message must
-be delivered, discarded by its own side (END CONVERSATION WITH ERROR or CLEANUP, a
-broker error) or still waiting in a transmission queue. Violations:
+be delivered, discarded (by its own side: END CONVERSATION WITH ERROR or CLEANUP, a
+broker error; or by a receiver that had ended, R-DLG-10) or still waiting in a
+transmission queue. Violations:
 
 * ``duplicate``: a message delivered more than once;
 * ``gap``: sequence numbers never delivered (nor discarded) although a later one

@@ -1,12 +1,12 @@
-"""Retransmissions, integrity failures, duplicates and drops, per connection and per route.
+"""Retransmissions, corrupted messages, duplicates and drops, per connection and per route.
 
 A *connection* is one instance's view of one peer: ``(instance, peer)``, where the
 peer is ``tcp://host:port`` for the sender's outgoing link and
 ``instance@host:port`` for a connection a broker accepted. Retransmissions are
-counted on the sender's link, duplicates and integrity failures on the receiving
+counted on the sender's link, duplicates and corrupted messages on the receiving
 side's connection. A *route* is the sender's route name and the address it led to;
 duplicates and drops are joined to it through the message they concern.
-Integrity failures concern a frame, not a message, so they are counted per
+Corrupted messages concern a frame, not a message, so they are counted per
 connection only. Duplicates and drops are counted per fragment, as the events
 are. :func:`drops_by_reason` says why messages were dropped, where.
 """
@@ -20,7 +20,7 @@ from brokerd.analytics.messages import count_of, is_event
 
 
 def by_connection(events: DataFrame) -> DataFrame:
-    """Fragments, retransmissions, duplicates, integrity failures per (instance, peer)."""
+    """Fragments, retransmissions, duplicates, corrupted messages per (instance, peer)."""
     return (
         events.where(
             F.col("peer").isNotNull()
@@ -29,7 +29,7 @@ def by_connection(events: DataFrame) -> DataFrame:
                 "retransmission",
                 "fragment_received",
                 "duplicate",
-                "integrity_failure",
+                "corrupted_message",
                 "connection_opened",
                 "connection_closed",
                 "connection_refused",
@@ -41,13 +41,13 @@ def by_connection(events: DataFrame) -> DataFrame:
             count_of("retransmission").alias("retransmissions"),
             count_of("fragment_received").alias("fragments_received"),
             count_of("duplicate").alias("duplicates"),
-            count_of("integrity_failure").alias("integrity_failures"),
+            count_of("corrupted_message").alias("corrupted_messages"),
             count_of("connection_opened").alias("opened"),
             count_of("connection_closed").alias("closed"),
             count_of("connection_refused").alias("refused"),
         )
         .orderBy(
-            (F.col("retransmissions") + F.col("duplicates") + F.col("integrity_failures")).desc(),
+            (F.col("retransmissions") + F.col("duplicates") + F.col("corrupted_messages")).desc(),
             "instance",
             "peer",
         )
@@ -91,7 +91,7 @@ def total_columns() -> list[Column]:
     return [
         count_of("retransmission").alias("retransmissions"),
         count_of("duplicate").alias("duplicates"),
-        count_of("integrity_failure").alias("integrity_failures"),
+        count_of("corrupted_message").alias("corrupted_messages"),
         count_of("dropped").alias("drops"),
         count_of("discarded").alias("discards"),
         count_of("connection_refused").alias("connections_refused"),

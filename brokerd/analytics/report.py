@@ -328,7 +328,7 @@ PRINTED: dict[str, Sequence[str] | None] = {
         "fragments_sent",
         "retransmissions",
         "duplicates",
-        "integrity_failures",
+        "corrupted_messages",
         "refused",
     ),
     "faults_by_route": None,
@@ -364,7 +364,7 @@ def print_summary(analysis: Analysis, out: TextIO = sys.stdout, limit: int = 10)
     )
     print(
         f"faults: {t['retransmissions']:,} retransmissions, {t['duplicates']:,} duplicates, "
-        f"{t['integrity_failures']:,} integrity failures, {t['drops']:,} drops, "
+        f"{t['corrupted_messages']:,} corrupted messages, {t['drops']:,} drops, "
         f"{t['connections_refused']:,} connections refused; "
         f"{t['conversations_delayed']:,} conversation(s) DELAYED",
         file=out,

@@ -75,7 +75,7 @@ class Truth:
     messages_received: int = 0
     retransmissions: int = 0
     duplicates: int = 0
-    integrity_failures: int = 0
+    corrupted_messages: int = 0
     connections_refused: int = 0
     messages_waiting: int = 0
     messages_forwarded: int = 0
@@ -255,12 +255,12 @@ class _Simulation:
                 self.emit(
                     first_hop,
                     arrive,
-                    "integrity_failure",
+                    "corrupted_message",
                     None,
                     peer=f"{sender}@{address.removeprefix('tcp://')}",
                     reason="MD5 signature does not match",
                 )
-                self.truth.integrity_failures += 1
+                self.truth.corrupted_messages += 1
             if failed:
                 if fault == "stuck" and attempt == 3:
                     self.emit(

@@ -28,8 +28,9 @@ from brokerd.dialogs.deadlines import Deadlines
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_snapshot
 from brokerd.dialogs.links import Link, LinkProvider
 from brokerd.dialogs.local_link import LocalLink
+from brokerd.dialogs.ready import rank_of
 from brokerd.dialogs.router import Router
-from brokerd.dialogs.states import State
+from brokerd.dialogs.states import DELIVERING, State
 from brokerd.dialogs.stats import EngineStats
 from brokerd.dialogs.transmission import Transmission
 from brokerd.dialogs.work import Work
@@ -226,14 +227,17 @@ class EngineCore:
             peer=peer,
         )
 
-    def _trace_discarded(self, ep: Endpoint, seqs: list[int], reason: str) -> None:
-        """Messages leaving the transmission queue undelivered (the audit then stops waiting)."""
+    def _trace_discarded(
+        self, ep: Endpoint, seqs: list[int], reason: str, received: bool = False
+    ) -> None:
+        """Messages leaving the transmission queue undelivered, or (``received``) arriving
+        after this side ended, not delivered either: the audit then stops waiting."""
         if seqs:
             self.trace.emit(
                 "discarded",
                 ep.conversation_id,
                 database=ep.database,
-                initiator=ep.initiator,
+                initiator=ep.initiator != received,
                 seqs=",".join(map(str, sorted(seqs))),
                 reason=reason,
             )
@@ -275,6 +279,9 @@ class EngineCore:
         """Queue a message this broker makes for the endpoint's own side (a broker Error, a
         DialogTimer), numbered from ``Database.next_local_seq``, with ``extra`` statements
         in the same transaction; ``then`` runs once it is committed."""
+        if ep.state not in DELIVERING:  # this side has ended: nothing more reaches it
+            db.store.submit(extra, on_commit=then)
+            return
         seq = db.next_local_seq
         db.next_local_seq -= 1
         queue = db.queue_of(ep.service) or ""
@@ -282,7 +289,7 @@ class EngineCore:
 
         def committed() -> None:
             if index is not None:
-                index.add(ep.group_id, ep.handle, seq)
+                index.add(ep.group_id, ep.handle, seq, rank_of(message_type))
             if then is not None:
                 then()
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_from_row
-from brokerd.dialogs.ready import Item, ReadyIndex
+from brokerd.dialogs.ready import Item, Rank, ReadyIndex, rank_of
 from brokerd.storage import queries
 from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.queries import Rows
@@ -178,19 +178,21 @@ class Database:
             ep.accepted, ep.durable = state, state.copy()
         for index in self.ready.values():
             index.clear()
-        for queue, group_text, handle_text, seq in _in_sequence_order(
+        for queue, group_text, handle_text, seq, rank in _in_sequence_order(
             fetch(queries.READ_READY, ())
         ):
             ready = self.ready.get(queue)
             if ready is not None:
-                ready.add(uuid.UUID(group_text), uuid.UUID(handle_text), seq)
+                ready.add(uuid.UUID(group_text), uuid.UUID(handle_text), seq, rank)
         low = fetch(queries.READ_LOWEST_SEQUENCE, ())
         if low and low[0][0] is not None and int(low[0][0]) < 0:
             self.next_local_seq = int(low[0][0]) - 1
 
 
-def _in_sequence_order(rows: list[Any]) -> list[tuple[str, str, str, int]]:
-    """Ready rows, oldest row first, with each conversation's messages in sequence order.
+def _in_sequence_order(rows: list[Any]) -> list[tuple[str, str, str, int, Rank]]:
+    """Ready rows, oldest row first, with each conversation's messages in sequence order,
+    each with its rank (``ReadyIndex.add`` puts a DialogTimer, then an Error, ahead again,
+    R-DLG-10).
 
     Row order is the order messages were *stored*, not the order they became ready:
     a message that overtook a larger one (its fragments go out behind small messages,
@@ -199,14 +201,15 @@ def _in_sequence_order(rows: list[Any]) -> list[tuple[str, str, str, int]]:
     messages fill them in sequence order (R-DLG-1). The broker's own messages (negative
     numbers: broker errors, DialogTimer) keep their places.
     """
-    out = [(str(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
+    out = [(str(r[0]), str(r[1]), str(r[2]), int(r[3]), rank_of(str(r[4]))) for r in rows]
+    ranks = {(handle, seq): rank for _, _, handle, seq, rank in out}
     places: dict[str, list[int]] = {}
-    for i, (_, _, handle, seq) in enumerate(out):
+    for i, (_, _, handle, seq, _) in enumerate(out):
         if seq > 0:
             places.setdefault(handle, []).append(i)
     for indexes in places.values():
         ordered = sorted(out[i][3] for i in indexes)
         for i, seq in zip(indexes, ordered, strict=True):
-            queue, group, handle, _ = out[i]
-            out[i] = (queue, group, handle, seq)
+            queue, group, handle, _, _ = out[i]
+            out[i] = (queue, group, handle, seq, ranks[handle, seq])
     return out

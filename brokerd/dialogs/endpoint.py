@@ -11,6 +11,7 @@ the same transaction as the message that changed them.
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -118,6 +119,13 @@ class Endpoint:
     def lifetime_ends(self) -> float:
         """Wall-clock time the dialog's lifetime passes (R-DLG-9); 0 = no lifetime."""
         return self.created_at + self.lifetime if self.lifetime > 0 else 0.0
+
+    def lifetime_left(self, now: float) -> int:
+        """Whole seconds of the lifetime left at ``now``, rounded up, as a message header
+        carries it (R-DLG-9); 0 = no lifetime. At least 1 while the dialog has one."""
+        if self.lifetime <= 0:
+            return 0
+        return max(1, math.ceil(self.lifetime_ends - now))
 
     @property
     def key(self) -> tuple[uuid.UUID, bool]:

@@ -86,6 +86,7 @@ class DialogEngine(ApplicationVerbs, Receiving):
             self.trace,
             self.stats,
             lambda database: self.databases[database].broker_instance,
+            clock,
         )
 
     async def start(self) -> None:
@@ -146,7 +147,7 @@ class DialogEngine(ApplicationVerbs, Receiving):
     def _expire(self, db: Database, ep: Endpoint) -> None:
         if ep.broker_error:
             return
-        reason = f"the dialog's lifetime of {ep.lifetime} s passed"
+        reason = "the dialog's lifetime passed"
         self.trace.emit(
             "lifetime_expired",
             ep.conversation_id,
@@ -154,7 +155,5 @@ class DialogEngine(ApplicationVerbs, Receiving):
             initiator=ep.initiator,
             reason=reason,
         )
-        body = error_body(
-            CODE_LIFETIME_EXPIRED, f"The dialog has exceeded its lifetime of {ep.lifetime} seconds."
-        )
+        body = error_body(CODE_LIFETIME_EXPIRED, "The dialog has exceeded its lifetime.")
         self._fail_locally(db, ep, body, reason)

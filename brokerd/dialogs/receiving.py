@@ -34,7 +34,8 @@ from brokerd.dialogs.core import (
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint, endpoint_snapshot
 from brokerd.dialogs.links import Link
-from brokerd.dialogs.states import State
+from brokerd.dialogs.ready import Rank, ReadyIndex
+from brokerd.dialogs.states import DELIVERING, State
 from brokerd.errors import StoreError
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
@@ -301,6 +302,8 @@ class Receiving(EngineCore):
             far_broker_instance=header.from_broker_instance,
             contract=header.contract,
             state=State.STARTED_INBOUND,
+            # R-DLG-9: the header carries what is left of the lifetime, counted from BEGIN
+            # DIALOG, so this side's deadline is the initiator's.
             lifetime=header.lifetime,
             created_at=self.clock(),
         )
@@ -309,27 +312,52 @@ class Receiving(EngineCore):
         self._trace_begun(ep, link.name)
         return ep
 
-    def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> None:
+    def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> bool:
+        """Apply the ends among ``released``; True if the last of them is the other side's
+        Error (it ends the dialog, so nothing follows it)."""
+        error = False
         for s in released:
             f = flags if s == seq else ep.held_end_flags.pop(s, 0)
             if f & FLAG_ERROR:
                 ep.ended_remote = True
-                ep.error_received = True
+                ep.error_received = error = True
             elif f & FLAG_END_DIALOG:
                 ep.ended_remote = True
         if not released and flags & (FLAG_ERROR | FLAG_END_DIALOG):
             ep.held_end_flags[seq] = flags
         if ep.refresh_state():
             self._trace_closed(ep)
+        return error
+
+    def _complete(
+        self, ep: Endpoint, seq: int, flags: int
+    ) -> tuple[list[int], bool, list[Statement]]:
+        """A whole message arrived: the messages it releases in order, whether the last of
+        them is the other side's Error, and the statements promoting the held ones.
+
+        The other side's Error never waits behind a gap (R-DLG-10): its sender dropped
+        what it had not had acknowledged, so the Error closes every gap before it, and
+        partial messages before it are abandoned.
+        """
+        h = ep.handle_text
+        statements: list[Statement] = []
+        if flags & FLAG_ERROR:
+            if seq > ep.accepted.through + 1:
+                statements += queries.abandon_before(h, seq)
+            released = ep.accepted.add_last(seq)
+        else:
+            released = ep.accepted.add_message(seq)
+        error = self._release(ep, released, seq, flags)
+        statements += queries.promote(h, [s for s in released if s != seq])
+        return released, error, statements
 
     def _accept_message(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
     ) -> None:
         seq = header.sequence_number
-        released = ep.accepted.add_message(seq)
-        self._release(ep, released, seq, header.flags)
+        fenced = ep.state not in DELIVERING
+        released, error, promoted = self._complete(ep, seq, header.flags)
         queue = db.queue_of(ep.service) or ""
-        h = ep.handle_text
         statements: list[Statement] = [
             _queue_row(
                 ep,
@@ -341,15 +369,18 @@ class Receiving(EngineCore):
                 body,
                 self.clock(),
             ),
-            *queries.promote(h, released[1:]),
+            *promoted,
             endpoint_snapshot(ep),
         ]
-        self._submit_received(db, ep, queue, statements, released, seq, None)
+        if fenced and released:
+            statements += queries.received([(ep.handle, s) for s in released], False)
+        self._submit_received(db, ep, queue, statements, released, seq, None, fenced, error)
 
     def _accept_fragment(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
     ) -> None:
         seq, index = header.sequence_number, header.fragment_index
+        fenced = ep.state not in DELIVERING
         first = seq not in ep.accepted.fragments
         complete = ep.accepted.add_fragment(seq, index, header.fragment_count)
         queue = db.queue_of(ep.service) or ""
@@ -371,18 +402,24 @@ class Receiving(EngineCore):
         statements.append(queries.fragment(h, seq, index, header.fragment_offset, body))
         if not complete:
             statements.append(endpoint_snapshot(ep))
-            self._submit_received(db, ep, queue, statements, [], seq, index)
+            self._submit_received(db, ep, queue, statements, [], seq, index, fenced, False)
             return
-        released = ep.accepted.add_message(seq)
-        self._release(ep, released, seq, header.flags)
-        statements += queries.promote(h, released[1:])
+        released, error, promoted = self._complete(ep, seq, header.flags)
+        statements += promoted
         statements.append(endpoint_snapshot(ep))
+        if fenced and released:
+            statements.append(queries.drop_fragments(h, seq))
+            statements += queries.received([(ep.handle, s) for s in released], False)
+            self._submit_received(db, ep, queue, statements, released, seq, None, fenced, error)
+            return
         status = 1 if released else 2
 
         def assemble(conn: sqlite3.Connection) -> None:
             queries.assemble(conn, h, seq, status)
 
-        self._submit_received(db, ep, queue, statements, released, seq, None, assemble)
+        self._submit_received(
+            db, ep, queue, statements, released, seq, None, fenced, error, assemble
+        )
 
     def _submit_received(
         self,
@@ -393,31 +430,28 @@ class Receiving(EngineCore):
         released: list[int],
         seq: int,
         fragment: int | None,
+        fenced: bool,
+        error: bool,
         fn: Callable[[sqlite3.Connection], Any] | None = None,
     ) -> None:
+        """Commit what arrived; then acknowledge it and make what it released ready, unless
+        ``fenced`` (this side has ended: the statements remove it again, R-DLG-10).
+        ``error``: the last released message is the other side's Error."""
         index = db.ready.get(queue)
 
         def committed() -> None:
             if fragment is None:
-                ep.durable.add_message(seq)
+                (ep.durable.add_last if error else ep.durable.add_message)(seq)
             else:
                 ep.durable.add_fragment(seq, fragment, 1 << 30)
-            if index is not None:
-                for s in released:
-                    index.add(ep.group_id, ep.handle, s)
-            for s in released:
-                self.trace.emit(
-                    "delivered",
-                    ep.conversation_id,
-                    database=db.name,
-                    initiator=not ep.initiator,
-                    seq=s,
-                    queue=queue,
+            if fenced or ep.state not in DELIVERING:  # an END committed with it or before
+                self._trace_discarded(
+                    ep, released, "this side has ended the conversation", received=True
                 )
-            if released:
-                self.stats.delivered_messages += len(released)
-                if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
-                    self.router.request_ended(ep)
+            else:
+                self._delivered(db, ep, queue, index, released, error)
+            if released and ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
+                self.router.request_ended(ep)
             self.transmission.ack_needed(ep)
 
         def failed(exc: BaseException) -> None:
@@ -425,6 +459,32 @@ class Receiving(EngineCore):
             self._suspend_receiving(db)
 
         db.store.submit(statements, fn=fn, on_commit=committed, on_failure=failed)
+
+    def _delivered(
+        self,
+        db: Database,
+        ep: Endpoint,
+        queue: str,
+        index: ReadyIndex | None,
+        released: list[int],
+        error: bool,
+    ) -> None:
+        """Messages released in order are ready to RECEIVE (R-DLG-1); the other side's
+        Error goes ahead of the conversation's waiting messages (R-DLG-10)."""
+        if index is not None:
+            last = released[-1] if error else None
+            for s in released:
+                index.add(ep.group_id, ep.handle, s, Rank.ERROR if s == last else Rank.IN_SEQUENCE)
+        for s in released:
+            self.trace.emit(
+                "delivered",
+                ep.conversation_id,
+                database=db.name,
+                initiator=not ep.initiator,
+                seq=s,
+                queue=queue,
+            )
+        self.stats.delivered_messages += len(released)
 
     def _suspend_receiving(self, db: Database) -> None:
         """After a failed write, refuse inbound traffic until memory matches the file again."""
@@ -476,7 +536,7 @@ class Receiving(EngineCore):
     ) -> None:
         self._fail_locally(db, ep, body, "the broker reported an error for the conversation")
 
-    def on_integrity_failure(self, link: Link, reason: str) -> None:
-        self.stats.integrity_failures += 1
-        self.trace.emit("integrity_failure", peer=link.name, reason=reason)
+    def on_corrupted_message(self, link: Link, reason: str) -> None:
+        self.stats.corrupted_messages += 1
+        self.trace.emit("corrupted_message", peer=link.name, reason=reason)
         log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)

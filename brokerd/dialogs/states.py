@@ -88,6 +88,12 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 """Every legal change of state: a dialog only moves towards its end, never back."""
 
 
+DELIVERING: frozenset[State] = frozenset(State) - {_S.DISCONNECTED_OUTBOUND, _S.CLOSED}
+"""States in which what arrives for this side reaches its application's queue. After this
+side's END (DO, then CD) nothing does: the other side's messages are acknowledged and
+discarded, and its EndDialog or Error only completes the close (R-DLG-10)."""
+
+
 class IllegalTransition(Exception):
     """A change of state that :data:`TRANSITIONS` does not allow."""
 

@@ -16,7 +16,7 @@ class EngineStats:
     duplicates: int = 0
     acks_sent: int = 0
     acks_received: int = 0
-    integrity_failures: int = 0
+    corrupted_messages: int = 0
     dropped: int = 0
     broker_errors_sent: int = 0
     drop_reasons: list[str] = field(default_factory=list)

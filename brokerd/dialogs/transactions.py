@@ -174,6 +174,7 @@ class Transaction:
         cleanup: bool = False,
     ) -> None:
         db, ep = self._endpoint(handle)
+        self.engine.check_end(error_code, cleanup)
         self._admit()
         self.steps.append(
             lambda: self.engine.end_conversation_work(db, ep, error_code, description, cleanup)

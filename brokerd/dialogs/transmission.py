@@ -60,6 +60,7 @@ class Transmission:
         trace: TraceWriter,
         stats: EngineStats,
         instance_of: Callable[[str], uuid.UUID],
+        clock: Callable[[], float],
     ) -> None:
         self.router = router
         self.retry = retry
@@ -68,6 +69,8 @@ class Transmission:
         self.stats = stats
         self.instance_of = instance_of
         """The broker instance of a database, by name."""
+        self.clock = clock
+        """Wall-clock time (the lifetime a header carries is counted on it)."""
         self._wakeups: list[tuple[float, int, Endpoint]] = []
         self._counter = itertools.count()
         self._ack_dirty: set[Endpoint] = set()
@@ -117,7 +120,7 @@ class Transmission:
             msg.fragment_count,
             offset,
             len(msg.body),
-            ep.lifetime,
+            ep.lifetime_left(self.clock()),
             0,
             self.ack_of(ep),
         )

@@ -11,12 +11,14 @@ awaitable form that commits it alone; a client transaction commits several.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import uuid
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from brokerd.dialogs import views
 from brokerd.dialogs.core import (
     EngineCore,
     _unqueue_sent,
@@ -24,20 +26,23 @@ from brokerd.dialogs.core import (
 )
 from brokerd.dialogs.database import Database, Lease
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_deletion, endpoint_snapshot
-from brokerd.dialogs.states import State
+from brokerd.dialogs.states import DELIVERING, State
 from brokerd.dialogs.work import Work
 from brokerd.errors import (
     ContractViolation,
     ConversationEnded,
+    InvalidErrorCode,
     InvalidRequest,
     LockConflict,
     MessageTooLarge,
     NotPrincipal,
     QueueDisabled,
     ServiceNotFound,
+    SystemMessageType,
     ValidationFailed,
 )
 from brokerd.storage import queries
+from brokerd.storage.catalog import SYSTEM_MESSAGE_TYPES
 from brokerd.storage.queries import Statement
 from protocol.dialog import (
     END_DIALOG,
@@ -130,7 +135,13 @@ class ApplicationVerbs(EngineCore):
         return ep
 
     def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None:
-        """SEND's checks: the endpoint's state, the size, the contract (R-DLG-3), validation."""
+        """SEND's checks: no system message type (SPEC §6), the endpoint's state, the size,
+        the contract (R-DLG-3), validation."""
+        if message_type in SYSTEM_MESSAGE_TYPES:
+            raise SystemMessageType(
+                f"SEND refused: {message_type!r} is a system message type; only the broker "
+                "sends it (END CONVERSATION ends a dialog, BEGIN CONVERSATION TIMER sets a timer)"
+            )
         problem = ep.may_send()
         if problem:
             raise ConversationEnded(f"cannot SEND on conversation {ep.handle}: {problem}")
@@ -241,6 +252,16 @@ class ApplicationVerbs(EngineCore):
 
         return seq, Work().add(statements, committed, failed)
 
+    @staticmethod
+    def check_end(error_code: int | None, cleanup: bool = False) -> None:
+        """END CONVERSATION's check: WITH ERROR takes a code greater than 0; the codes
+        below zero are the broker's own (SPEC §6)."""
+        if error_code is not None and not cleanup and error_code <= 0:
+            raise InvalidErrorCode(
+                f"END CONVERSATION WITH ERROR needs a code greater than 0, not {error_code}: "
+                "codes of 0 and below are the broker's own"
+            )
+
     def end_conversation_work(
         self,
         db: Database,
@@ -249,19 +270,27 @@ class ApplicationVerbs(EngineCore):
         description: str = "",
         cleanup: bool = False,
     ) -> Work:
+        self.check_end(error_code, cleanup)
         if cleanup:
             return self._cleanup_work(db, ep)
         if ep.ended_local or ep.state is State.CLOSED:
             return Work()
         ep.ended_local = True
         dropped = dict(ep.outbox)
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        unreceived = index.drop_conversation(ep.handle) if index is not None else []
 
         def failed(_: BaseException) -> None:
             ep.ended_local = False
             ep.outbox.update(dropped)
             ep.refresh_state(undo=True)
+            if index is not None:
+                for group, items in unreceived:
+                    index.put_back(group, items)
 
-        work = Work().add(on_failure=failed)
+        # SPEC §6, R-DLG-10: what waits in this side's queue goes, and nothing more comes.
+        work = Work().add([queries.discard_queued(ep.handle_text)], on_failure=failed)
         if ep.broker_error:
             self._trace_discarded(ep, list(dropped), "END CONVERSATION after a broker error")
             ep.outbox.clear()
@@ -444,10 +473,18 @@ class ApplicationVerbs(EngineCore):
         lease.released = True
         index = lease.index
         if not received:
-            # A conversation cleaned up meanwhile has no rows left to give back.
-            kept = [item for item in lease.items if item[0] in lease.db.endpoints]
+            # A conversation cleaned up or ended meanwhile has no rows left to give back.
+            endpoints = lease.db.endpoints
+            kept = [
+                item
+                for item in lease.items
+                if (owner := endpoints.get(item[0])) is not None and owner.state in DELIVERING
+            ]
             if kept:
                 index.put_back(lease.group, kept)
+            index.received([item for item in lease.items if item not in kept])
+        else:
+            index.received(lease.items)
         if lease.locks:
             index.locked.discard(lease.group)
         if index.count:
@@ -522,6 +559,18 @@ class ApplicationVerbs(EngineCore):
         info.status = status
         if status:
             db.ready[queue].changed.set()
+
+    async def transmission_queue(self) -> list[dict[str, Any]]:
+        """The ``transmission_queue`` view: what each database sent and has not had
+        acknowledged, then what it received for a queue that is off and holds until the
+        queue is turned on (R-DLG-12), read from its file."""
+        rows = views.transmission_queue(self.databases.values())
+        for db in self.databases.values():
+            off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
+            if off:
+                held = await db.store.run(functools.partial(queries.read_held_for, queues=off))
+                rows += views.held_for_disabled_queues(db, held)
+        return rows
 
     def check_timer(self, ep: Endpoint, timeout: float) -> None:
         """BEGIN CONVERSATION TIMER's checks: an open conversation, a timeout >= 0."""

@@ -13,6 +13,12 @@ from typing import Any
 
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import OutMessage
+from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR
+
+
+def _iso(t: float) -> str:
+    """A wall-clock time as ISO 8601 in UTC; empty for 0 (none)."""
+    return datetime.fromtimestamp(t, UTC).isoformat() if t else ""
 
 
 def _sent_status(msg: OutMessage) -> str:
@@ -28,17 +34,22 @@ def _sent_status(msg: OutMessage) -> str:
 
 
 def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    """One row per endpoint; ``lifetime`` and ``dialog_timer`` are when the dialog's
+    lifetime passes (R-DLG-9) and when its timer fires (R-DLG-11), empty if none."""
     return [
         {
             "database": db.name,
             "conversation_handle": str(ep.handle),
             "conversation_id": str(ep.conversation_id),
+            "conversation_group_id": str(ep.group_id),
             "is_initiator": ep.initiator,
             "service": ep.service,
             "far_service": ep.far_service,
             "far_broker_instance": str(ep.far_broker_instance or ""),
             "contract": ep.contract,
             "state": ep.state.value,
+            "lifetime": _iso(ep.lifetime_ends),
+            "dialog_timer": _iso(ep.timer_due),
             "route": ep.route.route or "" if ep.route else "",
             "send_sequence": ep.send_sequence,
             "receive_sequence": ep.accepted.through,
@@ -50,6 +61,9 @@ def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]
 
 
 def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    """One row per message sent and not yet acknowledged; ``is_conversation_error`` and
+    ``is_end_of_dialog`` mark the Error and EndDialog that END CONVERSATION sent. The
+    engine adds the messages held for queues that are off (:func:`held_for_disabled_queues`)."""
     return [
         {
             "database": db.name,
@@ -58,14 +72,41 @@ def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
             "to_broker_instance": str(ep.far_broker_instance or ""),
             "message_sequence_number": msg.seq,
             "message_type": msg.message_type,
+            "is_conversation_error": bool(msg.flags & FLAG_ERROR),
+            "is_end_of_dialog": bool(msg.flags & FLAG_END_DIALOG),
             "size": len(msg.body),
-            "enqueued_at": datetime.fromtimestamp(msg.enqueued_at, UTC).isoformat(),
+            "enqueued_at": _iso(msg.enqueued_at),
             "attempts": msg.attempts,
             "transmission_status": _sent_status(msg) if msg.sent_via else ep.waiting_status,
         }
         for db in databases
         for ep in db.endpoints.values()
         for msg in ep.outbox.values()
+    ]
+
+
+def held_for_disabled_queues(db: Database, rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """``transmission_queue`` rows for messages this database received for a queue that is
+    off (R-DLG-12): stored and acknowledged, held until the queue is turned on. ``rows``
+    are ``queries.read_held_for``'s."""
+    return [
+        {
+            "database": db.name,
+            "conversation_handle": str(handle),
+            "to_service": service,
+            "to_broker_instance": str(db.broker_instance),
+            "message_sequence_number": int(seq),
+            "message_type": message_type,
+            "is_conversation_error": message_type == ERROR,
+            "is_end_of_dialog": message_type == END_DIALOG,
+            "size": int(length),
+            "enqueued_at": _iso(float(enqueued_at)),
+            "attempts": 0,
+            "transmission_status": (
+                f"received; held until queue {queue!r} is turned on (status off, R-DLG-12)"
+            ),
+        }
+        for handle, seq, service, message_type, length, enqueued_at, queue in rows
     ]
 
 

@@ -463,9 +463,16 @@ class BrokerClient:
         return decoded
 
     async def conversation_endpoints(self) -> list[dict[str, Any]]:
+        """``sys.conversation_endpoints``: per endpoint its handle, conversation id,
+        ``conversation_group_id``, role, services, contract, ``state`` (SPEC §5),
+        ``lifetime`` and ``dialog_timer`` (ISO 8601 UTC, empty if none), sequence numbers
+        and unacknowledged messages."""
         return await self.view("conversation_endpoints")
 
     async def transmission_queue(self) -> list[dict[str, Any]]:
+        """``sys.transmission_queue``: per message sent and not yet acknowledged, its
+        conversation, sequence number, type, ``is_conversation_error``,
+        ``is_end_of_dialog``, size, attempts and ``transmission_status``."""
         return await self.view("transmission_queue")
 
     async def queues(self) -> list[dict[str, Any]]:

@@ -606,7 +606,7 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
     databases = engine.databases.values()
     views_by_name: dict[str, Callable[[], Any]] = {
         "conversation_endpoints": lambda: views.conversation_endpoints(databases),
-        "transmission_queue": lambda: views.transmission_queue(databases),
+        "transmission_queue": engine.transmission_queue,
         "queues": lambda: views.queues(databases),
         "routes": lambda: views.routes(databases),
         "databases": lambda: views.databases(databases),
@@ -626,6 +626,8 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
     if view is None:
         raise InvalidRequest(f"unknown view {name!r}; views: {', '.join(sorted(views_by_name))}")
     rows = view()
+    if isinstance(rows, Awaitable):
+        rows = await rows
     # In the body, not the meta: a view may be larger than a meta's 1 MiB.
     return {"rows_in_body": len(rows)}, orjson.dumps(rows, default=str)
 

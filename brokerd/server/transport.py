@@ -160,18 +160,18 @@ class BrokerProtocol(asyncio.Protocol):
                 try:
                     header, body = dialog.decode_fragment(ev.payload)
                 except RemoteProtocolError as exc:
-                    engine.on_integrity_failure(self, f"undecodable dialog message: {exc}")
+                    engine.on_corrupted_message(self, f"undecodable dialog message: {exc}")
                     continue
                 engine.on_fragment(self, header, body)
             elif isinstance(ev, events.Ack):
                 try:
                     headers = dialog.decode_acks(ev.payload)
                 except RemoteProtocolError as exc:
-                    engine.on_integrity_failure(self, f"undecodable acknowledgement: {exc}")
+                    engine.on_corrupted_message(self, f"undecodable acknowledgement: {exc}")
                     continue
                 engine.on_acks(self, headers)
             elif isinstance(ev, events.IntegrityFailure):
-                engine.on_integrity_failure(
+                engine.on_corrupted_message(
                     self, f"frame type {ev.frame_type} counter {ev.counter}: {ev.reason}"
                 )
             elif isinstance(ev, events.HandshakeComplete):
@@ -352,7 +352,7 @@ class BrokerProtocol(asyncio.Protocol):
             "frames_received": stats.frames_received,
             "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received,
-            "integrity_failures": stats.integrity_failures,
+            "corrupted_messages": stats.integrity_failures,
             "retransmit_timeout": (
                 self.engine.transmission.timeout_of(self.link.name)
                 if self.link is not None

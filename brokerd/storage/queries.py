@@ -252,6 +252,17 @@ _RETAIN_MANY = (
     "AND message_sequence_number IN "
 )
 _DISCARD_RECEIVED = "DELETE FROM queue_messages WHERE conversation_handle = ?"
+_DISCARD_QUEUED = "DELETE FROM queue_messages WHERE conversation_handle = ? AND status <> 2"
+_ABANDON_PARTIAL = (
+    "DELETE FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number < ? "
+    "AND status = 2 AND body IS NULL"
+)
+_ABANDON_FRAGMENTS = (
+    "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number < ?"
+)
+_DROP_FRAGMENTS = (
+    "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number = ?"
+)
 _REGROUP = "UPDATE queue_messages SET conversation_group_id = ? WHERE conversation_handle = ?"
 READ_HELD = (
     "SELECT conversation_handle, message_sequence_number, message_type "
@@ -259,7 +270,7 @@ READ_HELD = (
 )
 READ_READY = (
     "SELECT queue_name, conversation_group_id, conversation_handle, "
-    "message_sequence_number FROM queue_messages WHERE status = 1 ORDER BY rowid"
+    "message_sequence_number, message_type FROM queue_messages WHERE status = 1 ORDER BY rowid"
 )
 READ_LOWEST_SEQUENCE = "SELECT MIN(message_sequence_number) FROM queue_messages"
 _READ_RECEIVED = (
@@ -316,6 +327,26 @@ def discard_received(handle: str) -> Statement:
     return (_DISCARD_RECEIVED, (handle,))
 
 
+def discard_queued(handle: str) -> Statement:
+    """A local END removes the conversation's messages from its queue (SPEC §6); those
+    held out of order (status 2) stay, so recovery still knows what arrived."""
+    return (_DISCARD_QUEUED, (handle,))
+
+
+def abandon_before(handle: str, seq: int) -> list[Statement]:
+    """Messages before ``seq`` still being reassembled will never complete (the other
+    side ended with an error and dropped them, R-DLG-10): their rows and fragments go."""
+    return [
+        (_ABANDON_PARTIAL, (handle, seq)),
+        (_ABANDON_FRAGMENTS, (handle, seq)),
+    ]
+
+
+def drop_fragments(handle: str, seq: int) -> Statement:
+    """A reassembled message's fragments, when the message is not kept."""
+    return (_DROP_FRAGMENTS, (handle, seq))
+
+
 def regroup(handle: str, group: str) -> Statement:
     """MOVE CONVERSATION: the conversation's queued messages change group."""
     return (_REGROUP, (group, handle))
@@ -329,6 +360,19 @@ def set_queue_status(queue: str, status: bool) -> Statement:
 def _chunks(seqs: list[int], size: int = 1000) -> list[list[int]]:
     """At most ``size`` sequence numbers per statement (SQLite allows 32,766 variables)."""
     return [seqs[i : i + size] for i in range(0, len(seqs), size)]
+
+
+_READ_HELD_FOR = (
+    "SELECT conversation_handle, message_sequence_number, service_name, message_type, "
+    "message_length, enqueued_at, queue_name FROM queue_messages WHERE status = 1 "
+    "AND queue_name IN "
+)
+
+
+def read_held_for(conn: sqlite3.Connection, queues: Sequence[str]) -> list[Any]:
+    """Ready messages of ``queues`` (queues that are off, R-DLG-12), oldest first."""
+    marks = ",".join("?" * len(queues))
+    return conn.execute(f"{_READ_HELD_FOR}({marks}) ORDER BY rowid", list(queues)).fetchall()
 
 
 Budget = Callable[[list[dict[str, Any]]], int]

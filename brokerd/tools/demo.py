@@ -179,12 +179,12 @@ def run_demo(
     ok = delivered.get(2) == big and len(delivered) == 3
     out(
         f"\nresult: {len(delivered)} messages delivered intact={ok}, "
-        f"{len(failures)} integrity failure detected, {refused} peer refused"
+        f"{len(failures)} corrupted message detected, {refused} peer refused"
     )
     return {
         "delivered": len(delivered),
         "intact": int(ok),
-        "integrity_failures": len(failures),
+        "corrupted_messages": len(failures),
         "refused": refused,
         "closed": int(a.closed),
     }

@@ -186,7 +186,8 @@ def test_endpoints_after_request_reply(alpha: str) -> None:
     table = brokerctl("--config", alpha, "endpoints")
     assert table.returncode == 0, table.stderr
     header, *body = table.stdout.splitlines()
-    assert header.split()[:3] == ["database", "handle", "conversation"]
+    assert header.split()[:4] == ["database", "handle", "conversation", "group"]
+    assert {"lifetime", "dialog_timer"} <= set(header.split())
     assert any(done[0]["conversation_handle"][:8] in line and " CD " in line for line in body)
     assert done[0]["conversation_handle"] not in table.stdout
 
@@ -203,6 +204,8 @@ def test_transmission_queue_holds_the_undeliverable_message(alpha: str) -> None:
     assert table.returncode == 0, table.stderr
     header, *body = table.stdout.splitlines()
     assert header.split()[-1] == "transmission_status"
+    assert {"error", "end"} <= set(header.split())
+    assert lost["is_conversation_error"] is False and lost["is_end_of_dialog"] is False
     [row] = [line for line in body if NOWHERE in line]
     assert row.startswith(f"shop      {lost['conversation_handle'][:8]}  ")
     assert row.endswith(status)
@@ -224,7 +227,7 @@ def test_queues_routes_connections_stats(alpha: str) -> None:
     assert outbound[0]["encrypted"] is True
 
     [stats] = ok_json("--config", alpha, "stats")
-    assert stats["sent_messages"] >= 4 and stats["integrity_failures"] == 0
+    assert stats["sent_messages"] >= 4 and stats["corrupted_messages"] == 0
     table = brokerctl("--config", alpha, "stats")
     assert table.stdout.splitlines()[0].split() == ["counter", "value"]
 

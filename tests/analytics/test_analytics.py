@@ -66,7 +66,7 @@ def test_synthetic_totals_match_the_generator(synthetic: tuple[Truth, Analysis])
     assert t["messages_forwarded"] == truth.messages_forwarded
     assert t["retransmissions"] == truth.retransmissions
     assert t["duplicates"] == truth.duplicates
-    assert t["integrity_failures"] == truth.integrity_failures
+    assert t["corrupted_messages"] == truth.corrupted_messages
     assert t["connections_refused"] == truth.connections_refused
     assert t["conversations_delayed"] == truth.delayed_conversations
 
@@ -116,7 +116,7 @@ def test_synthetic_latency_delays_spread_and_waiting(synthetic: tuple[Truth, Ana
     assert result.tables["open_endpoints"].total_rows == truth.open_endpoints
     connections = result.tables["faults_by_connection"].records()
     assert sum(r["retransmissions"] for r in connections) == truth.retransmissions
-    assert sum(r["integrity_failures"] for r in connections) == truth.integrity_failures
+    assert sum(r["corrupted_messages"] for r in connections) == truth.corrupted_messages
     routes = result.tables["faults_by_route"].records()
     assert sum(r["retransmissions"] for r in routes) == truth.retransmissions
     assert sum(r["duplicates"] for r in routes) == truth.duplicates

@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from brokerd.dialogs.states import (
+    DELIVERING,
     RULES,
     TRANSITIONS,
     Facts,
@@ -102,3 +103,10 @@ def test_the_hot_path_lookup_agrees_with_the_rules_for_every_combination() -> No
     for facts in ALL_FACTS:
         by_rules = next(state for _, applies, state in RULES if applies(facts))
         assert state_of(*facts) is by_rules is derive(facts)
+
+
+def test_what_arrives_is_delivered_exactly_until_this_side_ends() -> None:
+    """R-DLG-10: the states a local END leads to (DO, CD) fence the application; every
+    other state delivers."""
+    for facts in ALL_FACTS:
+        assert (derive(facts) in DELIVERING) is not facts.ended_local, facts

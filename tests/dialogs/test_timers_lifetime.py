@@ -4,22 +4,26 @@ alpha (127.0.0.71, the shop) and beta (127.0.0.72, the warehouse). A timer puts 
 DialogTimer message in its own side's queue only, survives a restart and is
 replaced by a new one. A lifetime that passes while the dialog is active puts a
 timeout Error (code -8489) in each side's queue; the broker then refuses new
-messages for the dialog and drops what it had not delivered. Both show in the
-traces as ``timer_fired`` and ``lifetime_expired``.
+messages for the dialog and drops what it had not delivered; both sides count it
+from BEGIN DIALOG. Both show in the traces as ``timer_fired`` and ``lifetime_expired``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from brokerd.dialogs.engine import CODE_LIFETIME_EXPIRED
 from brokerd.errors import RemoteError
 from brokerd.tools.example import (
+    CONFIRMATION,
     CONTRACT,
     ORDER,
     SHOP_SERVICE,
@@ -154,3 +158,36 @@ async def test_a_lifetime_passing_errors_both_sides_and_refuses_new_messages(
     deployment.stop_all()
     for name in ("alpha", "beta"):
         assert [e["event"] for e in events(deployment, name)].count("lifetime_expired") == 1
+
+
+async def test_both_sides_count_the_lifetime_from_begin_dialog(deployment: Deployment) -> None:
+    """R-DLG-9: the first message carries what is left of the lifetime, so the target's
+    deadline is the initiator's (within the rounding to whole seconds and the transit),
+    not the first arrival plus the whole lifetime; both sides expire together."""
+    deployment.start("alpha")
+    deployment.start("beta")
+    shop = await deployment.daemons["alpha"].client()
+    warehouse = await deployment.daemons["beta"].client()
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT, lifetime=5)
+    await asyncio.sleep(3)
+    await shop.send(handle, ORDER, b"late in the dialog's life")
+    (order,) = await drain(warehouse, "OrderQueue", 1)
+
+    def deadline(rows: list[dict[str, Any]]) -> float:
+        (row,) = rows
+        return datetime.fromisoformat(row["lifetime"]).timestamp()
+
+    initiator = deadline(await shop.conversation_endpoints())
+    target = deadline(await warehouse.conversation_endpoints())
+    assert initiator - 0.5 <= target <= initiator + 1.5
+
+    (error,) = await drain(warehouse, "OrderQueue", 1, timeout=10)
+    expired = time.time()
+    assert error.is_error and error_code(error.message_body) == CODE_LIFETIME_EXPIRED
+    assert expired <= initiator + 2.5
+    (own,) = await drain(shop, "ClientQueue", 1, timeout=10)
+    assert own.is_error
+    with pytest.raises(RemoteError, match="in error"):
+        await warehouse.send(order.conversation_handle, CONFIRMATION, b"too late")
+    await shop.close()
+    await warehouse.close()

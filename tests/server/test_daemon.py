@@ -34,6 +34,7 @@ from brokerd.tools.example import (
 )
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.writer import read_events, segment_files
 from protocol.errors import AuthenticationFailed, RemoteError
 from tests.daemons import FAST_RETRY, assert_exactly_once_in_order, drain, wait_until
 
@@ -79,14 +80,14 @@ async def test_request_reply_both_sides_end_and_reach_cd(deployment: Deployment)
     (target_row,) = await warehouse.conversation_endpoints()
     assert target_row["state"] == "DI"
     await warehouse.end_conversation(end.conversation_handle)
-    (end_back,) = await drain(shop, "ClientQueue", 1)
-    assert end_back.is_end_dialog
+    # R-DLG-10: the shop has ended; the warehouse's EndDialog only closes its endpoint
 
     async def both_closed() -> bool:
         states = [r["state"] for c in (shop, warehouse) for r in await c.conversation_endpoints()]
         return states == ["CD", "CD"]
 
     await wait_until(both_closed, 10)
+    assert await shop.receive("ClientQueue", timeout=0.5) == []
     assert await shop.transmission_queue() == []
     assert await warehouse.transmission_queue() == [], await warehouse.transmission_queue()
     connections = await shop.broker_connections()
@@ -294,12 +295,16 @@ async def test_altered_frame_is_not_acknowledged_and_retransmitted(tmp_path: Pat
         assert [m.message_body for m in received] == bodies
         assert proxy.stats.fragments_corrupted == 1
         (beta_stats,) = await warehouse.view("stats")
-        assert beta_stats["integrity_failures"] == 1
+        assert beta_stats["corrupted_messages"] == 1
         (alpha_stats,) = await shop.view("stats")
         assert alpha_stats["retransmissions"] >= 1
         await wait_until(lambda: tq_empty(shop), 10)
         await shop.close()
         await warehouse.close()
+        d.stop_all()
+        traced = read_events(segment_files([d.daemons["beta"].directory / "data" / "traces"]))
+        corrupted = [e for e in traced if e["event"] == "corrupted_message"]  # R-DLG-8
+        assert len(corrupted) == 1 and corrupted[0]["peer"]
     finally:
         d.stop_all()
         await proxy.stop()

@@ -1,0 +1,32 @@
+"""The receive-side acknowledgement state (R-DLG-4, R-DLG-10), without I/O."""
+
+from __future__ import annotations
+
+from protocol.acks import AckState
+
+
+def test_messages_are_released_in_order_and_held_beyond_a_gap() -> None:
+    state = AckState()
+    assert state.add_message(1) == [1]
+    assert state.add_message(3) == []
+    assert state.add_message(2) == [2, 3]
+    assert state.add_message(2) == []  # a duplicate (R-DLG-4)
+    assert state.through == 3 and not state.beyond
+
+
+def test_the_last_message_closes_every_gap_before_it() -> None:
+    """R-DLG-10: an Error is released at once; what is held before it comes first, in
+    order; partial messages before it are given up; a second copy is a duplicate."""
+    state = AckState()
+    assert state.add_message(1) == [1]
+    assert state.add_message(4) == []
+    assert not state.add_fragment(3, 0, 2)
+    assert state.add_last(6) == [4, 6]
+    assert state.through == 6 and not state.beyond and not state.fragments
+    assert state.add_last(6) == [] and state.has_message(5)
+
+
+def test_the_last_message_in_order_is_an_ordinary_release() -> None:
+    state = AckState(2)
+    assert state.add_last(3) == [3]
+    assert state.acknowledgement().through == 3
