@@ -59,12 +59,20 @@ class Daemon:
 class Deployment:
     """A directory holding certificates, configurations and data of several daemons."""
 
-    def __init__(self, root: Path, retry: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        retry: dict[str, float] | None = None,
+        reconnect: tuple[float, float] = (0.2, 2.0),
+    ) -> None:
+        """``retry`` overrides the short test timings of ``[retry]``; ``reconnect`` is
+        ``[endpoint]``'s (reconnect_initial, reconnect_max), short by default too."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.cert_dir = root / "certs"
         self.daemons: dict[str, Daemon] = {}
         self.retry = retry or {}
+        self.reconnect = reconnect
         self._ca: certs.Issued | None = None
 
     def _ensure_ca(self) -> certs.Issued:
@@ -104,8 +112,8 @@ port = 4022
 certificate = "{self.cert_dir / name}.pem"
 private_key = "{self.cert_dir / name}.key"
 ca_certificate = "{self.cert_dir / "ca.pem"}"
-reconnect_initial = 0.2
-reconnect_max = 2.0
+reconnect_initial = {float(self.reconnect[0])!r}
+reconnect_max = {float(self.reconnect[1])!r}
 {endpoint_extra}
 [retry]
 {retry_toml}
