@@ -65,7 +65,11 @@ def parser() -> argparse.ArgumentParser:
         "--warmup", type=int, help="unrecorded messages before each run (a tenth, 10-5,000)"
     )
     run.add_argument("--runs", type=_positive, default=1, help="runs per workload (1)")
-    run.add_argument("--timeout", type=float, default=300.0, help="seconds per run (300)")
+    run.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds per phase of a run (300, or 2 ms per message when that is more)",
+    )
     run.add_argument("--json", action="store_true", help="print one JSON line per run")
     run.add_argument("--jsonl", type=Path, help="also append the JSON lines to this file")
     run.add_argument("--workdir", type=Path, help="where the deployments go (default: temp)")
@@ -100,7 +104,7 @@ def options_for(name: str, args: argparse.Namespace) -> Options:
         encryption=args.encryption,
         trace=args.trace,
         warmup=default_warmup(workload, messages) if args.warmup is None else args.warmup,
-        timeout=args.timeout,
+        timeout=args.timeout or max(300.0, messages / 500),
         workdir=args.workdir,
         keep=args.keep,
     )

@@ -40,14 +40,17 @@ class Pki:
 
 @pytest.fixture(scope="session")
 def pki() -> Pki:
-    ca = create_ca("brokerd test CA")
-    other = create_ca("someone else's CA")
+    # Issued as of NOW, the time the connections under test are given: a session that
+    # reaches its first handshake more than the certificates' 5 minutes of slack after
+    # this module was imported must not see them as not yet valid.
+    ca = create_ca("brokerd test CA", now=NOW)
+    other = create_ca("someone else's CA", now=NOW)
     return Pki(
         ca=ca,
-        alpha=identity_for(issue_instance(ca, "alpha"), ca),
-        beta=identity_for(issue_instance(ca, "beta"), ca),
+        alpha=identity_for(issue_instance(ca, "alpha", now=NOW), ca),
+        beta=identity_for(issue_instance(ca, "beta", now=NOW), ca),
         other_ca=other,
-        stranger=identity_for(issue_instance(other, "gamma"), ca),
+        stranger=identity_for(issue_instance(other, "gamma", now=NOW), ca),
     )
 
 
