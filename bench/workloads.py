@@ -29,6 +29,9 @@ from bench.system import cpu_seconds, memory_mb
 from brokerd.tools.launcher import Daemon
 
 MIB = 1 << 20
+RECEIVE_BYTES = 64 * MIB
+"""A RECEIVE's reply is one client frame, whose body the SDK accepts up to
+``DEFAULT_MAX_BODY`` (128 MiB): TOP is lowered so that its bodies fit in half of that."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,11 @@ class Options:
     timeout: float = 300.0
     workdir: Path | None = None
     keep: bool = False
+
+    @property
+    def receive_top(self) -> int:
+        """``top``, lowered for large bodies (see :data:`RECEIVE_BYTES`)."""
+        return max(1, min(self.top, RECEIVE_BYTES // self.size))
 
     @property
     def mode(self) -> str:
@@ -169,7 +177,7 @@ def consumer_job(
         messages,
         options.size,
         dialogs,
-        options.top,
+        options.receive_top,
         options.receivers,
         options.timeout,
     )
@@ -249,7 +257,7 @@ def base_line(options: Options) -> dict[str, Any]:
         "size": options.size,
         "dialogs": options.dialogs,
         "window": options.window,
-        "top": options.top,
+        "top": options.receive_top,
         "encryption": "on" if options.encryption else "off",
         "trace": "on" if options.trace else "off",
         "mode": options.mode,
