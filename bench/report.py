@@ -69,23 +69,27 @@ def medians(lines: list[dict[str, Any]]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name in FIGURES:
         values = [r[name] for r in lines if isinstance(r.get(name), int | float)]
-        out[name] = statistics.median(values) if values else None
+        out[name] = round(statistics.median(values), 4) if values else None
     return out
 
 
 def summary_line(
     workload: str, mine: list[dict[str, Any]], peer: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """One line of medians per broker across ``--runs`` and their ratios."""
+    """One line of medians per broker across the runs, and the ratios brokerd / peer."""
     line: dict[str, Any] = {"summary": True, "workload": workload, "runs": len(mine)}
-    ours, theirs = medians(mine), medians(peer)
-    line["brokerd"] = ours
-    line["peer"] = theirs
+    if mine:
+        line["mode"] = mine[0].get("mode", "")
+    ours = medians(mine)
+    line[BROKERD] = ours
+    if peer:
+        theirs = medians(peer)
+        line["peer"] = {"broker": peer[0].get(PEER_FIELD), **theirs}
+        for name in RATIOS:
+            a, b = ours.get(name), theirs.get(name)
+            if a is not None and b:
+                line[f"ratio_{name}"] = round(a / b, 3)
     line["ok"] = all(r.get("ok") for r in mine + peer)
-    for name in RATIOS:
-        a, b = ours.get(name), theirs.get(name)
-        if a is not None and b:
-            line[f"ratio_{name}"] = round(a / b, 3)
     return line
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
+from bench.peer import find
 from bench.report import add_ratios, markdown, percentile, read_lines
 from bench.workloads import Options, run
 
@@ -73,3 +74,10 @@ def test_ratios_and_the_summary_table(tmp_path: Path) -> None:
     path.write_text(json.dumps(ours) + "\n" + json.dumps(theirs) + "\n")
     table = markdown(read_lines([path]))
     assert "| W2 | - | rabbitmq | 1.50x | - | - | 0.50x |" in table
+
+
+def test_a_peer_directory_must_hold_the_set_up(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"holds no setup\.sh"):
+        find("rabbitmq", tmp_path)
+    with pytest.raises(ValueError, match="unknown peer"):
+        find("kafka", tmp_path)
