@@ -21,6 +21,7 @@ from typing import Any
 
 from bench import peer as peers
 from bench import report
+from bench.messages import HEADER
 from bench.workloads import PEER_WORKLOADS, WORKLOADS, Options, default_warmup
 from bench.workloads import run as run_workload
 
@@ -124,9 +125,10 @@ def command_run(args: argparse.Namespace) -> int:
     for name in names:
         if name not in WORKLOADS:
             raise SystemExit(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
-    for directory in (args.workdir,):
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
+    if args.size is not None and args.size < HEADER.size:
+        raise SystemExit(f"--size must be at least {HEADER.size} (the index and send time)")
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     peer = None
     if args.peer:
         try:
