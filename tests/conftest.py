@@ -40,7 +40,7 @@ class Pki:
 
 @pytest.fixture(scope="session")
 def pki() -> Pki:
-    # Issued as of NOW, the time the connections under test are given: a session that
+    # Issued as of NOW, the time the connections under test are given: a test run that
     # reaches its first handshake more than the certificates' 5 minutes of slack after
     # this module was imported must not see them as not yet valid.
     ca = create_ca("brokerd test CA", now=NOW)
