@@ -38,7 +38,7 @@ receivers' replies may reach the benchmark in either order: an autocommit
 RECEIVE releases its conversation group at its commit, before its reply is read.
 Any violation makes the exit status 1.
 
-Usage: python bench/bench_dialogs.py [--messages 5000] [--dialogs 20] [--senders 8] [--window 1]
+Usage: python -m bench.bench_dialogs [--messages 5000] [--dialogs 20] [--senders 8] [--window 1]
        [--receivers 2] [--size 200] [--hosts 127.0.0.1,127.0.0.2] [--only cross|local]
        [--workdir DIR] [--json FILE]
 """
@@ -50,10 +50,7 @@ import asyncio
 import itertools
 import json
 import math
-import os
-import platform
 import shutil
-import sqlite3
 import struct
 import sys
 import tempfile
@@ -63,12 +60,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from bench.checks import broker_order_problems
+from bench.deployments import local_databases_toml
+from bench.report import percentile
+from bench.system import cpu_seconds, machine
 from brokerd.config import RetryConfig
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.server.daemon import install_uvloop
 from brokerd.tools import example
 from brokerd.tools.launcher import Daemon, Deployment
-from brokerd.traces.writer import read_events, segment_files
 
 MARKER = struct.Struct("<qIIB")
 """Send-start perf_counter_ns, dialog number, index within the run, phase."""
@@ -81,11 +81,6 @@ SCENARIOS = ("cross", "local")
 
 
 # -- deployments ---------------------------------------------------------------------
-
-
-def local_databases_toml() -> str:
-    """Shop and warehouse in one instance, without routes (AutoCreatedLocal applies)."""
-    return example.shop_database(None) + example.warehouse_database(None)
 
 
 def build(
@@ -175,28 +170,9 @@ class RunState:
             self.done.set()
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of a process so far (Linux /proc), or NaN."""
-    if pid is None:
-        return math.nan
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def make_body(size: int, dialog: int, index: int, phase: int) -> bytes:
     head = MARKER.pack(time.perf_counter_ns(), dialog, index, phase)
     return head + b"." * (size - len(head))
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an already sorted list."""
-    if not sorted_values:
-        return math.nan
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 async def _receive_until(
@@ -317,8 +293,7 @@ async def measure(
         rows, warm.rows, handles, warm_seq, send_seq, messages=messages, dialogs=dialogs, size=size
     )
     await asyncio.sleep(0.5)  # the receiving broker flushes its traces every 0.2 s
-    broker_order = received_order_problems(receiver.directory / "data" / "traces")
-    problems += broker_order or []
+    problems += broker_order_problems(receiver.directory / "data" / "traces")
     if unacked:
         problems.append(f"{unacked} message(s) still unacknowledged on the sender after 10 s")
 
@@ -384,26 +359,6 @@ async def measure(
         "problems": problems,
         "ok": not problems,
     }
-
-
-def received_order_problems(trace_dir: Path) -> list[str] | None:
-    """Per conversation, the receiving broker's ``received`` events (in commit order) must
-    have increasing sequence numbers (R-DLG-1). None when the broker writes no traces."""
-    if not trace_dir.is_dir():
-        return None
-    last: dict[str, int] = {}
-    problems: list[str] = []
-    for event in read_events(segment_files([trace_dir])):
-        if event.get("event") != "received":
-            continue
-        conversation, seq = str(event.get("conversation_id")), int(event.get("seq", 0))
-        if seq <= last.get(conversation, 0) and len(problems) < 20:
-            problems.append(
-                f"broker order: conversation {conversation} received seq {seq} after "
-                f"{last[conversation]}"
-            )
-        last[conversation] = max(seq, last.get(conversation, 0))
-    return problems
 
 
 def verify(
@@ -518,55 +473,6 @@ def run_scenario(kind: str, root: Path, args: argparse.Namespace) -> dict[str, A
     result["scenario"] = kind
     result["daemons"] = {n: d.host for n, d in deployment.daemons.items()}
     return result
-
-
-def filesystem_of(path: Path) -> str:
-    """The file system type holding ``path`` (fsync cost depends on it)."""
-    best, kind = "", "?"
-    resolved = path.resolve()
-    try:
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                parts = line.split()
-                if (
-                    len(parts) >= 3
-                    and resolved.is_relative_to(parts[1])
-                    and len(parts[1]) > len(best)
-                ):
-                    best, kind = parts[1], parts[2]
-    except OSError:
-        pass
-    return f"{kind} ({best})" if best else kind
-
-
-def machine(workdir: Path) -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 0
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "sqlite": sqlite3.sqlite_version,
-        "event_loop": _loop_name(),
-        "workdir_fs": filesystem_of(workdir),
-        "kernel": platform.release(),
-    }
-
-
-def _loop_name() -> str:
-    policy = asyncio.get_event_loop_policy()
-    return type(policy).__module__.split(".")[0]
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:

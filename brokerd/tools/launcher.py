@@ -59,12 +59,20 @@ class Daemon:
 class Deployment:
     """A directory holding certificates, configurations and data of several daemons."""
 
-    def __init__(self, root: Path, retry: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        retry: dict[str, float] | None = None,
+        reconnect: tuple[float, float] = (0.2, 2.0),
+    ) -> None:
+        """``retry`` overrides the short test timings of ``[retry]``; ``reconnect`` is
+        ``[endpoint]``'s (reconnect_initial, reconnect_max), short by default too."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.cert_dir = root / "certs"
         self.daemons: dict[str, Daemon] = {}
         self.retry = retry or {}
+        self.reconnect = reconnect
         self._ca: certs.Issued | None = None
 
     def _ensure_ca(self) -> certs.Issued:
@@ -95,10 +103,10 @@ class Deployment:
         retry = {"initial": 1.0, "maximum": 8.0, "ack_delay": 0.01, "delayed_retry": 1.0}
         retry.update(self.retry)
         retry_toml = "\n".join(f"{k} = {v!r}" for k, v in retry.items())
-        quick = {"reconnect_initial": 0.2, "reconnect_max": 2.0}
-        # Short reconnect waits, unless endpoint_extra sets its own.
+        waits = {"reconnect_initial": self.reconnect[0], "reconnect_max": self.reconnect[1]}
+        # The deployment's reconnect waits, unless endpoint_extra sets its own.
         reconnect_toml = "\n".join(
-            f"{k} = {v!r}" for k, v in quick.items() if f"{k} =" not in endpoint_extra
+            f"{k} = {float(v)!r}" for k, v in waits.items() if f"{k} =" not in endpoint_extra
         )
         config = f"""# written by brokerd.tools.launcher
 data_dir = "data"

@@ -1,0 +1,90 @@
+"""What the benchmarks read from the operating system: CPU time and memory of a process
+(Linux ``/proc``) and a description of the machine a result was measured on."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import platform
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a process so far (Linux /proc), or NaN."""
+    if pid is None:
+        return math.nan
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_mb(pid: int | None, field: str = "VmHWM") -> float:
+    """A memory figure of ``/proc/PID/status`` in MB (10^6 bytes): ``VmHWM`` is the peak
+    resident set size, ``VmRSS`` the current one. NaN when unknown."""
+    if pid is None:
+        return math.nan
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024 / 1e6
+    except (OSError, ValueError, IndexError):
+        pass
+    return math.nan
+
+
+def filesystem_of(path: Path) -> str:
+    """The file system type holding ``path`` (fsync cost depends on it)."""
+    best, kind = "", "?"
+    resolved = path.resolve()
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                parts = line.split()
+                if (
+                    len(parts) >= 3
+                    and resolved.is_relative_to(parts[1])
+                    and len(parts[1]) > len(best)
+                ):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return f"{kind} ({best})" if best else kind
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(workdir: Path) -> dict[str, Any]:
+    """The CPU, cores, interpreter, SQLite, event loop and file system of a run."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 0
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "sqlite": sqlite3.sqlite_version,
+        "event_loop": type(asyncio.get_event_loop_policy()).__module__.split(".")[0],
+        "workdir_fs": filesystem_of(workdir),
+        "kernel": platform.release(),
+    }
+
+
+def own_cpu_seconds() -> float:
+    """User + system CPU time of this process so far."""
+    t = os.times()
+    return t.user + t.system
