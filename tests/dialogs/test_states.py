@@ -110,3 +110,21 @@ def test_what_arrives_is_delivered_exactly_until_this_side_ends() -> None:
     other state delivers."""
     for facts in ALL_FACTS:
         assert (derive(facts) in DELIVERING) is not facts.ended_local, facts
+
+
+def test_every_legal_transition_is_driven_and_every_illegal_one_refused() -> None:
+    """SPEC §5, exhaustively: from every state, every combination of facts either leads to
+    a state the table lists (or stays), or is refused; and every listed transition is
+    reached by some combination of facts."""
+    driven: set[tuple[State, State]] = set()
+    for current in State:
+        for facts in ALL_FACTS:
+            target = derive(facts)
+            if target is current or target in TRANSITIONS[current]:
+                assert next_state(current, facts) is target
+                driven.add((current, target))
+            else:
+                with pytest.raises(IllegalTransition):
+                    next_state(current, facts)
+    listed = {(state, new) for state, following in TRANSITIONS.items() for new in following}
+    assert listed <= driven, listed - driven
