@@ -245,6 +245,12 @@ class LimitsConfig:
 
     max_message_size: int = 100 * 1024 * 1024
     fragment_size: int = 64 * 1024
+    held_bodies_mb: int = 64
+    """MB of unacknowledged message bodies kept in memory from SEND until acknowledged;
+    beyond it a body is read back from the database file whenever it is sent."""
+    transit_bodies_mb: int = 16
+    """MB of bodies not kept (read back, or beyond ``held_bodies_mb``) in memory at once
+    while they wait to be written: a backlog is fed to a connection as it drains."""
 
 
 @dataclass(frozen=True)
@@ -751,7 +757,12 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
             f"must be between {_MIN_FRAGMENT_SIZE} and {top} (endpoint.max_frame_size "
             f"{endpoint.max_frame_size} minus {_FRAME_RESERVE} for headers), not {fragment_size}",
         )
-    return LimitsConfig(max_message_size=max_message_size, fragment_size=fragment_size)
+    return LimitsConfig(
+        max_message_size=max_message_size,
+        fragment_size=fragment_size,
+        held_bodies_mb=t.integer("held_bodies_mb", d["held_bodies_mb"], 0),
+        transit_bodies_mb=t.integer("transit_bodies_mb", d["transit_bodies_mb"], 1),
+    )
 
 
 # --------------------------------------------------------------------------- databases

@@ -256,7 +256,7 @@ class EngineCore:
         ep.broker_error = True
         dropped = list(ep.outbox)
         self._trace_discarded(ep, dropped, why)
-        ep.outbox.clear()
+        self.transmission.discard(ep)
         ep.refresh_state()
 
         def committed() -> None:

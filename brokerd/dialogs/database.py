@@ -117,15 +117,16 @@ class Database:
             ep = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
             if ep is None:
                 continue
-            body = bytes(row["body"])
             seq = int(row["message_sequence_number"])
+            length = int(row["length"])
             ep.outbox[seq] = OutMessage(
                 seq=seq,
                 message_type=row["message_type"],
                 flags=int(row["flags"]),
-                body=body,
+                body=None,  # read back when sent: a restart loads no body
+                length=length,
                 enqueued_at=float(row["enqueued_at"]),
-                fragment_count=fragment_count(len(body), fragment_size),
+                fragment_count=fragment_count(length, fragment_size),
             )
             ep.waiting_status = "waiting to be sent (recovered after a restart)"
             waiting[ep.handle] = ep

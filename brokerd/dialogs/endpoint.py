@@ -32,7 +32,10 @@ class OutMessage:
     seq: int
     message_type: str
     flags: int
-    body: bytes
+    body: bytes | None
+    """In memory while held or about to be written; None: read back when sent
+    (:mod:`brokerd.dialogs.bodies`)."""
+    length: int
     enqueued_at: float
     fragment_count: int
     acked_fragments: set[int] = field(default_factory=set)
@@ -47,6 +50,10 @@ class OutMessage:
     """Seconds until it is sent again if no acknowledgement comes."""
     last_sent_at: float = 0.0
     """Loop time its last fragment was written to the connection."""
+    held: bool = False
+    """Its body stays in memory until acknowledged (within ``limits.held_bodies_mb``)."""
+    in_transit: bool = False
+    """Its body is in memory only until the connection writes it."""
     unanswered: int = 0
     """Retransmissions since its link last acknowledged anything (``answer_epoch``)."""
     answer_epoch: int = 0
@@ -94,6 +101,8 @@ class Endpoint:
     """Wall-clock time the conversation timer fires (R-DLG-11); 0 = no timer."""
     wakeup: float = 0.0
     """Loop time the engine will next look at this endpoint's outbox; 0 = not scheduled."""
+    bodies_waiting: int = 0
+    """Messages of this endpoint waiting for their bodies to be read back (in order)."""
     waiting_status: str = "waiting to be sent"
     """Why its messages not handed to a connection wait (no route, DELAYED, the
     connection's status), for the transmission_queue view. Kept per endpoint, so a

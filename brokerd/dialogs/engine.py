@@ -87,7 +87,17 @@ class DialogEngine(ApplicationVerbs, Receiving):
             self.stats,
             lambda database: self.databases[database].broker_instance,
             clock,
+            config.limits,
+            self._read_bodies,
         )
+
+    async def _read_bodies(
+        self, database: str, wanted: dict[str, list[int]]
+    ) -> dict[tuple[str, int], bytes]:
+        """Bodies of unacknowledged messages, read back in a job of the database's committer
+        (ordered after every write already submitted)."""
+        store = self.databases[database].store
+        return await store.run(lambda conn: queries.read_sent_bodies(conn, wanted))
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

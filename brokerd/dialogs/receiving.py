@@ -103,8 +103,9 @@ class Receiving(EngineCore):
                             msg.acked_fragments.update(range(f.first, f.last + 1))
         if removed:
             self.transmission.acknowledged(outbox[removed[-1]])
+        release = self.transmission.bodies.release
         for seq in removed:
-            del outbox[seq]
+            release(outbox.pop(seq))
         if removed or ack.fragments:
             self.transmission.answered(ep)
         if removed:

@@ -39,7 +39,8 @@ import math
 import uuid
 from collections.abc import Callable, Iterable
 
-from brokerd.config import RetryConfig
+from brokerd.config import LimitsConfig, RetryConfig
+from brokerd.dialogs.bodies import Bodies, ReadBodies
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.router import Router
@@ -61,6 +62,8 @@ class Transmission:
         stats: EngineStats,
         instance_of: Callable[[str], uuid.UUID],
         clock: Callable[[], float],
+        limits: LimitsConfig,
+        read_bodies: ReadBodies,
     ) -> None:
         self.router = router
         self.retry = retry
@@ -80,6 +83,12 @@ class Transmission:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rtt: dict[str, RttEstimator] = {}
         """Acknowledgement delays per link name."""
+        self.bodies = Bodies(
+            limits.held_bodies_mb * 1024 * 1024,
+            limits.transit_bodies_mb * 1024 * 1024,
+            read_bodies,
+            self.read_failed,
+        )
 
     def start(self, loop: asyncio.AbstractEventLoop, unacknowledged: Iterable[Endpoint]) -> None:
         """Begin on ``loop``; ``unacknowledged`` are endpoints recovered with an ack owed."""
@@ -105,7 +114,9 @@ class Transmission:
         current acknowledgement. The message's retry clock starts now."""
         size = self.fragment_size
         offset = index * size
-        body = msg.body[offset : offset + size] if msg.fragment_count > 1 else msg.body
+        whole = msg.body
+        assert whole is not None, "a message is queued on a link only with its body"
+        body = whole[offset : offset + size] if msg.fragment_count > 1 else whole
         header = DialogHeader(
             ep.conversation_id,
             ep.service,
@@ -119,7 +130,7 @@ class Transmission:
             index,
             msg.fragment_count,
             offset,
-            len(msg.body),
+            msg.length,
             ep.lifetime_left(self.clock()),
             0,
             self.ack_of(ep),
@@ -129,6 +140,8 @@ class Transmission:
         msg.last_sent_at = now
         msg.due = now + msg.retry_wait
         self.schedule(ep, msg.due)
+        if index == msg.fragment_count - 1 or _last_unacknowledged(msg) == index:
+            self.bodies.written(msg)
         return header, body
 
     def ack_of(self, ep: Endpoint) -> Acknowledgement:
@@ -221,6 +234,12 @@ class Transmission:
         msg.due = math.inf  # until the link writes it (build_fragment)
         msg.sent_via = link.name
         msg.retry_wait = wait
+        self.bodies.hand_over(ep, msg, link, self._queue_fragments)
+        return True
+
+    def _queue_fragments(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
+        """Queue the fragments of ``msg`` not yet acknowledged (its body is in memory)."""
+        trace = self.trace
         for index in range(msg.fragment_count):
             if index not in msg.acked_fragments:
                 if trace.enabled:
@@ -232,13 +251,22 @@ class Transmission:
                         seq=msg.seq,
                         fragment=index,
                         fragments=msg.fragment_count,
-                        size=min(self.fragment_size, len(msg.body) - index * self.fragment_size),
+                        size=min(self.fragment_size, msg.length - index * self.fragment_size),
                         attempt=msg.attempts,
                         peer=link.name,
                         route=ep.route.route if ep.route else None,
                     )
                 link.queue_fragment(ep, msg, index)
-        return True
+
+    def discard(self, ep: Endpoint) -> None:
+        """``ep``'s unacknowledged messages are dropped (an ending): their memory is freed."""
+        self.bodies.release_all(ep.outbox.values())
+        ep.outbox.clear()
+
+    def read_failed(self, ep: Endpoint, msg: OutMessage) -> None:
+        """``msg``'s body could not be read back: send it again after the first wait."""
+        msg.due = 0.0
+        self.schedule(ep, self.loop.time() + self.retry.initial)
 
     def _answered_lately(self, link: Link, msg: OutMessage) -> bool:
         """Count one more retransmission of ``msg`` on ``link``; False once it has been
@@ -353,3 +381,11 @@ class Transmission:
         for link, headers in per_link.values():
             self.stats.acks_sent += len(headers)
             link.queue_acks(headers)
+
+
+def _last_unacknowledged(msg: OutMessage) -> int:
+    """The highest fragment of ``msg`` its peer has not acknowledged."""
+    for index in range(msg.fragment_count - 1, -1, -1):
+        if index not in msg.acked_fragments:
+            return index
+    return -1

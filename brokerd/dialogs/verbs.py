@@ -206,6 +206,7 @@ class ApplicationVerbs(EngineCore):
             message_type=message_type,
             flags=flags,
             body=body,
+            length=len(body),
             enqueued_at=self.clock(),
             fragment_count=fragment_count(len(body), self.fragment_size),
         )
@@ -242,6 +243,7 @@ class ApplicationVerbs(EngineCore):
                 size=len(body),
                 fragments=msg.fragment_count,
             )
+            self.transmission.bodies.keep(msg)
             self.transmission.send_new(ep, msg)
 
         def failed(_: BaseException) -> None:
@@ -293,12 +295,12 @@ class ApplicationVerbs(EngineCore):
         work = Work().add([queries.discard_queued(ep.handle_text)], on_failure=failed)
         if ep.broker_error:
             self._trace_discarded(ep, list(dropped), "END CONVERSATION after a broker error")
-            ep.outbox.clear()
+            self.transmission.discard(ep)
             ep.refresh_state()
             return work.add([endpoint_snapshot(ep)])
         if error_code is not None:
             self._trace_discarded(ep, list(dropped), "END CONVERSATION WITH ERROR")
-            ep.outbox.clear()
+            self.transmission.discard(ep)
             _, enqueued = self._enqueue_work(
                 db,
                 ep,
@@ -327,7 +329,7 @@ class ApplicationVerbs(EngineCore):
 
     def _cleanup_work(self, db: Database, ep: Endpoint) -> Work:
         self._trace_discarded(ep, list(ep.outbox), "END CONVERSATION WITH CLEANUP")
-        ep.outbox.clear()
+        self.transmission.discard(ep)
         ep.state = State.CLOSED
         self._trace_closed(ep)
         db.remove_endpoint(ep)

@@ -74,7 +74,7 @@ def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
             "message_type": msg.message_type,
             "is_conversation_error": bool(msg.flags & FLAG_ERROR),
             "is_end_of_dialog": bool(msg.flags & FLAG_END_DIALOG),
-            "size": len(msg.body),
+            "size": msg.length,
             "enqueued_at": _iso(msg.enqueued_at),
             "attempts": msg.attempts,
             "transmission_status": _sent_status(msg) if msg.sent_via else ep.waiting_status,

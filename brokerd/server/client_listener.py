@@ -617,6 +617,7 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
                 **engine.router.stats_view(),
                 **engine.trace.view(),
                 **broker.transport.view(),
+                **engine.transmission.bodies.view(),
             }
         ],
         "mirrors": engine.router.mirrors_view,

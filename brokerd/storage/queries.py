@@ -219,8 +219,28 @@ _UNQUEUE_THROUGH = (
     "message_sequence_number BETWEEN 1 AND ?"
 )
 READ_TRANSMISSION_QUEUE = (
-    "SELECT * FROM transmission_queue ORDER BY conversation_handle, message_sequence_number"
+    "SELECT conversation_handle, message_sequence_number, message_type, flags, "
+    "length(body) AS length, enqueued_at FROM transmission_queue "
+    "ORDER BY conversation_handle, message_sequence_number"
 )
+"""Recovery: every unacknowledged message without its body (read back when sent)."""
+_READ_SENT_BODIES = (
+    "SELECT message_sequence_number, body FROM transmission_queue "
+    "WHERE conversation_handle = ? AND message_sequence_number IN "
+)
+
+
+def read_sent_bodies(
+    conn: sqlite3.Connection, wanted: dict[str, list[int]]
+) -> dict[tuple[str, int], bytes]:
+    """Bodies of unacknowledged messages, by (conversation handle, sequence number)."""
+    found: dict[tuple[str, int], bytes] = {}
+    for handle, seqs in wanted.items():
+        for part in _chunks(seqs):
+            marks = ",".join("?" * len(part))
+            for seq, body in conn.execute(f"{_READ_SENT_BODIES}({marks})", [handle, *part]):
+                found[(handle, int(seq))] = bytes(body)
+    return found
 
 
 def sent_message(

@@ -30,7 +30,7 @@ def _endpoint() -> Endpoint:
 
 
 def _message(seq: int, fragments: int) -> OutMessage:
-    return OutMessage(seq, "DEFAULT", 3, b"x" * fragments, 0.0, fragments)
+    return OutMessage(seq, "DEFAULT", 3, b"x" * fragments, fragments, 0.0, fragments)
 
 
 def _ack(n: int) -> DialogHeader:
