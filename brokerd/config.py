@@ -200,6 +200,9 @@ class EndpointConfig:
     """Incoming broker connections at once; more are closed when they arrive."""
     max_connections_per_address: int = 64
     """Incoming broker connections at once from one IP address."""
+    inbound_backlog_mb: int = 32
+    """MB received from peers and not yet committed above which broker connections stop
+    being read until a quarter of it is left (peers wait instead of resending)."""
     max_pending_handshakes: int = 128
     """Incoming connections still in their handshake at once; a new one beyond this (or
     beyond ``max_connections``) closes the oldest of them instead of being refused, so
@@ -631,6 +634,7 @@ def _endpoint(t: _Table, base: Path) -> EndpointConfig:
             "max_connections_per_address", d["max_connections_per_address"], 1
         ),
         max_pending_handshakes=t.integer("max_pending_handshakes", d["max_pending_handshakes"], 1),
+        inbound_backlog_mb=t.integer("inbound_backlog_mb", d["inbound_backlog_mb"], 1),
         connect_timeout=t.seconds("connect_timeout", d["connect_timeout"]),
         reconnect_initial=t.seconds("reconnect_initial", d["reconnect_initial"]),
         reconnect_max=t.seconds("reconnect_max", d["reconnect_max"]),

@@ -375,7 +375,9 @@ class Receiving(EngineCore):
         ]
         if fenced and released:
             statements += queries.received([(ep.handle, s) for s in released], False)
-        self._submit_received(db, ep, queue, statements, released, seq, None, fenced, error)
+        self._submit_received(
+            db, ep, queue, statements, released, seq, None, fenced, error, weight=len(body)
+        )
 
     def _accept_fragment(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
@@ -403,7 +405,9 @@ class Receiving(EngineCore):
         statements.append(queries.fragment(h, seq, index, header.fragment_offset, body))
         if not complete:
             statements.append(endpoint_snapshot(ep))
-            self._submit_received(db, ep, queue, statements, [], seq, index, fenced, False)
+            self._submit_received(
+                db, ep, queue, statements, [], seq, index, fenced, False, weight=len(body)
+            )
             return
         released, error, promoted = self._complete(ep, seq, header.flags)
         statements += promoted
@@ -411,7 +415,9 @@ class Receiving(EngineCore):
         if fenced and released:
             statements.append(queries.drop_fragments(h, seq))
             statements += queries.received([(ep.handle, s) for s in released], False)
-            self._submit_received(db, ep, queue, statements, released, seq, None, fenced, error)
+            self._submit_received(
+                db, ep, queue, statements, released, seq, None, fenced, error, weight=len(body)
+            )
             return
         status = 1 if released else 2
 
@@ -419,7 +425,17 @@ class Receiving(EngineCore):
             queries.assemble(conn, h, seq, status)
 
         self._submit_received(
-            db, ep, queue, statements, released, seq, None, fenced, error, assemble
+            db,
+            ep,
+            queue,
+            statements,
+            released,
+            seq,
+            None,
+            fenced,
+            error,
+            assemble,
+            weight=len(body),
         )
 
     def _submit_received(
@@ -434,10 +450,13 @@ class Receiving(EngineCore):
         fenced: bool,
         error: bool,
         fn: Callable[[sqlite3.Connection], Any] | None = None,
+        *,
+        weight: int,
     ) -> None:
         """Commit what arrived; then acknowledge it and make what it released ready, unless
         ``fenced`` (this side has ended: the statements remove it again, R-DLG-10).
-        ``error``: the last released message is the other side's Error."""
+        ``error``: the last released message is the other side's Error; ``weight``: the
+        bytes that arrived, counted as the inbound backlog until the commit."""
         index = db.ready.get(queue)
 
         def committed() -> None:
@@ -459,7 +478,12 @@ class Receiving(EngineCore):
             log.error("store error while receiving into %s: %s", db.name, exc)
             self._suspend_receiving(db)
 
-        db.store.submit(statements, fn=fn, on_commit=committed, on_failure=failed)
+        db.store.submit(statements, fn=fn, on_commit=committed, on_failure=failed, weight=weight)
+
+    def inbound_backlog(self) -> int:
+        """Bytes received from peers and not yet committed, over every database: the
+        transport stops reading broker connections while it is high."""
+        return sum(db.store.pending_weight for db in self.databases.values())
 
     def _delivered(
         self,

@@ -152,6 +152,8 @@ class BrokerProtocol(asyncio.Protocol):
         self._handle(received)
         if self.conn.closed and not self.closed:
             self.abort(self.close_reason or f"closed by {self.peer_address}")
+        elif received and self.engine.inbound_backlog() > self.owner.inbound_high_water:
+            self.owner.hold_reading(self)
 
     def _handle(self, received: list[events.Event]) -> None:
         engine = self.engine
@@ -582,6 +584,15 @@ class Transport:
         self.stopping = False
         self._watch_task: asyncio.Task[None] | None = None
         self.evicted_handshakes = 0
+        self.inbound_high_water = config.inbound_backlog_mb * 1024 * 1024
+        """Bytes received and not yet committed above which broker connections are not
+        read (the peers' writes then block, and their retry clocks do not start) ..."""
+        self.inbound_low_water = self.inbound_high_water // 4
+        """... until this much is left."""
+        self._held: set[BrokerProtocol] = set()
+        """Connections not read while the inbound backlog is high."""
+        self._release: asyncio.TimerHandle | None = None
+        self.holds = 0
         """Connections closed in their handshake to admit newer ones (``admission``)."""
 
     def link_for(self, address: str) -> PeerLink:
@@ -635,6 +646,8 @@ class Transport:
                     continue
                 if not protocol.is_open:
                     continue
+                if protocol in self._held:
+                    protocol.liveness.heard(mono)  # we stopped reading it, it is not silent
                 action = protocol.liveness.poll(mono)
                 if action is LivenessAction.DEAD:
                     protocol.drop(
@@ -680,9 +693,32 @@ class Transport:
             )
         return None
 
+    def hold_reading(self, protocol: BrokerProtocol) -> None:
+        """Stop reading ``protocol`` until what peers sent has been committed down to the
+        low water mark: a receiver that cannot commit as fast as peers write makes
+        them wait, instead of buffering without bound and acknowledging so late that
+        they resend."""
+        if protocol in self._held or protocol.transport is None or protocol.closed:
+            return
+        protocol.transport.pause_reading()
+        self._held.add(protocol)
+        self.holds += 1
+        if self._release is None:
+            self._release = asyncio.get_running_loop().call_later(0.01, self._release_held)
+
+    def _release_held(self) -> None:
+        self._release = None
+        if self._held and self.engine.inbound_backlog() > self.inbound_low_water:
+            self._release = asyncio.get_running_loop().call_later(0.01, self._release_held)
+            return
+        held, self._held = self._held, set()
+        for protocol in held:
+            if protocol.transport is not None and not protocol.closed:
+                protocol.transport.resume_reading()
+
     def view(self) -> dict[str, Any]:
         """Counters of the ``stats`` view."""
-        return {"handshakes_evicted": self.evicted_handshakes}
+        return {"handshakes_evicted": self.evicted_handshakes, "inbound_holds": self.holds}
 
     def peer_connected(self, host: str) -> None:
         """A broker at ``host`` completed a handshake with us: it is up, so links to it that

@@ -67,6 +67,7 @@ class _Job:
     on_failure: Callable[[BaseException], None] | None = None
     result: Any = None
     error: BaseException | None = field(default=None)
+    weight: int = 0
 
 
 def describe_sqlite_error(database: str, exc: BaseException) -> str:
@@ -189,6 +190,8 @@ class Store:
         self._committer: _Committer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outstanding = 0
+        self.pending_weight = 0
+        """Bytes carried by jobs submitted and not yet committed (``submit(weight=...)``)."""
         """Jobs submitted whose callbacks have not run yet."""
         self._idle = asyncio.Event()
         self._idle.set()
@@ -296,13 +299,15 @@ class Store:
         on_commit: Callable[[], None] | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         wait: bool = False,
+        weight: int = 0,
     ) -> asyncio.Future[Any] | None:
         """Queue statements for the next group commit.
 
         ``fn(connection)`` runs in the committer thread inside the transaction,
         after the statements. ``on_commit`` runs on the event loop right after
         the commit; ``wait=True`` returns a future that resolves then, with
-        ``fn``'s result (or fails with StoreError).
+        ``fn``'s result (or fails with StoreError). ``weight`` (bytes the job carries)
+        counts in :attr:`pending_weight` until the job's commit ends.
         """
         if self._closing:
             raise StoreError(f"database {self.database!r} is shutting down")
@@ -312,9 +317,17 @@ class Store:
             assert self._loop is not None
             future = self._loop.create_future()
         self._outstanding += 1
+        self.pending_weight += weight
         self._idle.clear()
         committer.add(
-            _Job(statements, fn, future=future, on_commit=on_commit, on_failure=on_failure)
+            _Job(
+                statements,
+                fn,
+                future=future,
+                on_commit=on_commit,
+                on_failure=on_failure,
+                weight=weight,
+            )
         )
         return future
 
@@ -339,6 +352,7 @@ class Store:
             self.commits += 1
             self.jobs_committed += len(batch) - failed
         for job in batch:
+            self.pending_weight -= job.weight
             _finish(job, job.error)
         self._outstanding -= len(batch)
         if not self._outstanding:

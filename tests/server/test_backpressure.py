@@ -1,0 +1,67 @@
+"""A receiver that commits more slowly than a peer writes stops reading the peer's
+connection until its backlog is committed (R-DLG-6, R-DLG-13): the peer's writes wait,
+its retry clocks do not start, and nothing is resent or received twice."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from brokerd.tools.example import (
+    CONTRACT,
+    ORDER,
+    SHOP_SERVICE,
+    WAREHOUSE_SERVICE,
+    shop_database,
+    warehouse_database,
+)
+from brokerd.tools.launcher import Deployment
+from tests.daemons import drain, wait_until
+
+MB = 1024 * 1024
+
+
+async def test_a_slow_committer_holds_reading_and_nothing_is_resent(tmp_path: Path) -> None:
+    d = Deployment(tmp_path, {"initial": 2.0, "maximum": 8.0})
+    d.add("alpha", "127.0.0.1", shop_database("127.0.0.2"))
+    d.add(
+        "beta",
+        "127.0.0.2",
+        warehouse_database("127.0.0.1"),
+        endpoint_extra="inbound_backlog_mb = 1\n",
+    )
+    try:
+        d.start("alpha")
+        d.start("beta")
+        shop = await d.daemons["alpha"].client()
+        warehouse = await d.daemons["beta"].client()
+        handles = [
+            await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT) for _ in range(4)
+        ]
+        count = 40
+        sends = [
+            shop.send(handles[n % 4], ORDER, n.to_bytes(4, "big") * (MB // 4)) for n in range(count)
+        ]
+        await asyncio.gather(*sends)  # pipelined on one connection: 40 MiB at once
+        received = await drain(warehouse, "OrderQueue", count, timeout=120)
+        per_dialog: dict[object, list[int]] = {}
+        for m in received:
+            per_dialog.setdefault(m.conversation_handle, []).append(
+                int.from_bytes(m.message_body[:4], "big")
+            )
+        assert sorted(n for ns in per_dialog.values() for n in ns) == list(range(count))
+        assert all(ns == sorted(ns) for ns in per_dialog.values()), per_dialog
+        (beta,) = await warehouse.view("stats")
+        assert beta["inbound_holds"] >= 1, beta
+        assert beta["duplicates"] == 0, beta
+        await wait_until(lambda: _empty(shop), 30)
+        (alpha,) = await shop.view("stats")
+        assert alpha["retransmissions"] == 0, alpha
+        await shop.close()
+        await warehouse.close()
+    finally:
+        d.stop_all()
+
+
+async def _empty(client: object) -> bool:
+    return not await client.transmission_queue()  # type: ignore[attr-defined]
