@@ -149,7 +149,8 @@ class Bodies:
                         self.release(msg)  # acknowledged or dropped meanwhile
                         continue
                     if msg.sent_via != link.name or not link.is_open:
-                        self.written(msg)  # the link went away: transmit() sends it again
+                        self.written(msg)  # the link went away: it is sent again later
+                        self._failed(ep, msg)
                         continue
                     queue(ep, msg, link)
         except Exception:  # a read that fails: the messages are sent again later

@@ -54,6 +54,8 @@ class OutMessage:
     """Its body stays in memory until acknowledged (within ``limits.held_bodies_mb``)."""
     in_transit: bool = False
     """Its body is in memory only until the connection writes it."""
+    window: str = ""
+    """The link whose send window counts it (handed over, not yet acknowledged)."""
     unanswered: int = 0
     """Retransmissions since its link last acknowledged anything (``answer_epoch``)."""
     answer_epoch: int = 0

@@ -49,6 +49,11 @@ from protocol.dialog import (
     DialogHeader,
 )
 
+ARRIVAL_WEIGHT = 2048
+"""What a fragment's arrival weighs in the inbound backlog besides its bytes: its rows,
+index entries and share of a commit cost as much as about 2 KiB of body, so thousands of
+small messages count as a backlog too."""
+
 log = logging.getLogger("brokerd.dialogs.receiving")
 
 
@@ -103,7 +108,7 @@ class Receiving(EngineCore):
                             msg.acked_fragments.update(range(f.first, f.last + 1))
         if removed:
             self.transmission.acknowledged(outbox[removed[-1]])
-        release = self.transmission.bodies.release
+        release = self.transmission.release
         for seq in removed:
             release(outbox.pop(seq))
         if removed or ack.fragments:
@@ -376,7 +381,16 @@ class Receiving(EngineCore):
         if fenced and released:
             statements += queries.received([(ep.handle, s) for s in released], False)
         self._submit_received(
-            db, ep, queue, statements, released, seq, None, fenced, error, weight=len(body)
+            db,
+            ep,
+            queue,
+            statements,
+            released,
+            seq,
+            None,
+            fenced,
+            error,
+            weight=ARRIVAL_WEIGHT + len(body),
         )
 
     def _accept_fragment(
@@ -406,7 +420,16 @@ class Receiving(EngineCore):
         if not complete:
             statements.append(endpoint_snapshot(ep))
             self._submit_received(
-                db, ep, queue, statements, [], seq, index, fenced, False, weight=len(body)
+                db,
+                ep,
+                queue,
+                statements,
+                [],
+                seq,
+                index,
+                fenced,
+                False,
+                weight=ARRIVAL_WEIGHT + len(body),
             )
             return
         released, error, promoted = self._complete(ep, seq, header.flags)
@@ -416,7 +439,16 @@ class Receiving(EngineCore):
             statements.append(queries.drop_fragments(h, seq))
             statements += queries.received([(ep.handle, s) for s in released], False)
             self._submit_received(
-                db, ep, queue, statements, released, seq, None, fenced, error, weight=len(body)
+                db,
+                ep,
+                queue,
+                statements,
+                released,
+                seq,
+                None,
+                fenced,
+                error,
+                weight=ARRIVAL_WEIGHT + len(body),
             )
             return
         status = 1 if released else 2
@@ -435,7 +467,7 @@ class Receiving(EngineCore):
             fenced,
             error,
             assemble,
-            weight=len(body),
+            weight=ARRIVAL_WEIGHT + len(body),
         )
 
     def _submit_received(

@@ -46,6 +46,7 @@ from brokerd.dialogs.links import Link
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.rtt import RttEstimator
 from brokerd.dialogs.stats import EngineStats
+from brokerd.dialogs.window import SendWindow
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import FLAG_INITIATOR, Acknowledgement, DialogHeader
 
@@ -83,6 +84,8 @@ class Transmission:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rtt: dict[str, RttEstimator] = {}
         """Acknowledgement delays per link name."""
+        self._windows: dict[str, SendWindow] = {}
+        """The send window of each link, by name."""
         self.bodies = Bodies(
             limits.held_bodies_mb * 1024 * 1024,
             limits.transit_bodies_mb * 1024 * 1024,
@@ -234,8 +237,24 @@ class Transmission:
         msg.due = math.inf  # until the link writes it (build_fragment)
         msg.sent_via = link.name
         msg.retry_wait = wait
-        self.bodies.hand_over(ep, msg, link, self._queue_fragments)
+        window = self._windows.get(link.name)
+        if window is None:
+            window = self._windows[link.name] = SendWindow()
+        window.offer(ep, msg, link, self._hand_over)
         return True
+
+    def _hand_over(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
+        self.bodies.hand_over(ep, msg, link, self._queue_fragments)
+
+    def release(self, msg: OutMessage) -> None:
+        """``msg`` left the transmission queue (acknowledged, or dropped by an ending): its
+        body's memory and its place in its link's send window are freed."""
+        self.bodies.release(msg)
+        if msg.window:
+            window = self._windows.get(msg.window)
+            if window is not None:
+                window.release(msg)
+            msg.window = ""
 
     def _queue_fragments(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
         """Queue the fragments of ``msg`` not yet acknowledged (its body is in memory)."""
@@ -259,12 +278,15 @@ class Transmission:
                 link.queue_fragment(ep, msg, index)
 
     def discard(self, ep: Endpoint) -> None:
-        """``ep``'s unacknowledged messages are dropped (an ending): their memory is freed."""
-        self.bodies.release_all(ep.outbox.values())
+        """``ep``'s unacknowledged messages are dropped (an ending): their memory and window
+        places are freed."""
+        for msg in list(ep.outbox.values()):
+            self.release(msg)
         ep.outbox.clear()
 
     def read_failed(self, ep: Endpoint, msg: OutMessage) -> None:
-        """``msg``'s body could not be read back: send it again after the first wait."""
+        """``msg``'s body could not be read back, or its link went away meanwhile: send it
+        again after the first wait."""
         msg.due = 0.0
         self.schedule(ep, self.loop.time() + self.retry.initial)
 
@@ -299,9 +321,15 @@ class Transmission:
         """A link closed: unacknowledged messages sent on it wait for the next connection
         (or another link the router chooses meanwhile)."""
         name = link.name
+        window = self._windows.pop(name, None)
+        if window is not None:
+            # What waited for room was never handed over: it goes again like the rest.
+            endpoints = [*endpoints, *{id(ep): ep for ep, _ in window.forget_waiting()}.values()]
         for ep in endpoints:
             lost = False
             for msg in ep.outbox.values():
+                if msg.window == name:
+                    msg.window = ""  # the window starts empty on the next connection
                 if msg.sent_via == name:
                     msg.sent_via = ""
                     msg.due = 0.0

@@ -1,0 +1,88 @@
+"""The send window of each link: how much may be sent and not yet acknowledged.
+
+Owns (SPEC R-DLG-6, R-DLG-13) the flow control between a sender and a receiver: a
+link carries at most ``WINDOW_MESSAGES`` messages or ``WINDOW_BYTES`` bytes that
+were handed to it and not yet acknowledged. Beyond that, messages wait here, in the
+order they were sent (so each endpoint's order holds), and go as acknowledgements
+return. A backlog of any size is thus fed to a connection at the pace the receiver
+commits, every message's retry clock starts within a window's worth of the receiver's
+work, and a peer returning to a large backlog is not sent more than it can
+acknowledge before the first wait runs out.
+
+Pure: no I/O and no clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from brokerd.dialogs.endpoint import Endpoint, OutMessage
+from brokerd.dialogs.links import Link
+
+WINDOW_MESSAGES = 2000
+"""Messages handed to one link and not yet acknowledged, at most."""
+WINDOW_BYTES = 32 * 1024 * 1024
+"""Their bytes, at most (one message always fits, however large)."""
+
+Send = Callable[[Endpoint, OutMessage, Link], None]
+
+
+class SendWindow:
+    """The window of one link."""
+
+    __slots__ = ("bytes", "count", "waiting")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.waiting: deque[tuple[Endpoint, OutMessage, Link, Send]] = deque()
+
+    def offer(self, ep: Endpoint, msg: OutMessage, link: Link, send: Send) -> None:
+        """Send ``msg`` now if the window has room (or it is already counted in it, as a
+        retransmission is), otherwise when acknowledgements make room."""
+        if msg.window == link.name:
+            send(ep, msg, link)
+        elif not self.waiting and self._room(msg):
+            self._count(msg, link)
+            send(ep, msg, link)
+        else:
+            self.waiting.append((ep, msg, link, send))
+
+    def release(self, msg: OutMessage) -> None:
+        """``msg`` was acknowledged, dropped, or its link went down: it leaves the window."""
+        if msg.window:
+            msg.window = ""
+            self.count -= 1
+            self.bytes -= msg.length
+        self.feed()
+
+    def feed(self) -> None:
+        """Send what waits, in order, while there is room."""
+        waiting = self.waiting
+        while waiting:
+            ep, msg, link, send = waiting[0]
+            if msg.seq not in ep.outbox or msg.sent_via != link.name:
+                waiting.popleft()  # acknowledged, dropped, or moved to another link
+                continue
+            if not self._room(msg):
+                return
+            waiting.popleft()
+            self._count(msg, link)
+            send(ep, msg, link)
+
+    def forget_waiting(self) -> list[tuple[Endpoint, OutMessage]]:
+        """The link went down: what waited goes again when a link is up."""
+        items = [(ep, msg) for ep, msg, _, _ in self.waiting]
+        self.waiting.clear()
+        return items
+
+    def _room(self, msg: OutMessage) -> bool:
+        if self.count == 0:
+            return True
+        return self.count < WINDOW_MESSAGES and self.bytes + msg.length <= WINDOW_BYTES
+
+    def _count(self, msg: OutMessage, link: Link) -> None:
+        msg.window = link.name
+        self.count += 1
+        self.bytes += msg.length

@@ -1,0 +1,92 @@
+"""The send window of a link (R-DLG-6, R-DLG-13), without I/O."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from brokerd.dialogs.endpoint import Endpoint, OutMessage
+from brokerd.dialogs.states import State
+from brokerd.dialogs.window import WINDOW_BYTES, WINDOW_MESSAGES, SendWindow
+
+
+class FakeLink:
+    """Only what the window reads of a link: its name."""
+
+    name = "tcp://127.0.0.2:4022"
+
+
+LINK = FakeLink()
+
+
+def endpoint() -> Endpoint:
+    return Endpoint(
+        uuid.uuid4(),
+        uuid.uuid4(),
+        True,
+        uuid.uuid4(),
+        "shop",
+        "//a",
+        "//b",
+        None,
+        "//c",
+        State.CONVERSING,
+        0,
+        time.time(),
+    )
+
+
+def message(ep: Endpoint, seq: int, length: int = 100) -> OutMessage:
+    msg = OutMessage(seq, "DEFAULT", 0, b"x" * length, length, 0.0, 1)
+    msg.sent_via = LINK.name
+    ep.outbox[seq] = msg
+    return msg
+
+
+def test_beyond_the_window_messages_wait_in_order_and_go_as_acknowledgements_return() -> None:
+    window = SendWindow()
+    ep = endpoint()
+    sent: list[int] = []
+    messages = [message(ep, seq) for seq in range(1, WINDOW_MESSAGES + 11)]
+    for msg in messages:
+        window.offer(ep, msg, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    assert sent == list(range(1, WINDOW_MESSAGES + 1))
+    assert len(window.waiting) == 10
+    for msg in messages[:3]:
+        del ep.outbox[msg.seq]
+        window.release(msg)
+    assert sent[-3:] == [WINDOW_MESSAGES + 1, WINDOW_MESSAGES + 2, WINDOW_MESSAGES + 3]
+    assert window.count == WINDOW_MESSAGES
+
+
+def test_a_retransmission_is_not_counted_twice_and_one_large_message_always_fits() -> None:
+    window = SendWindow()
+    ep = endpoint()
+    sent: list[int] = []
+    big = message(ep, 1, WINDOW_BYTES * 2)
+    window.offer(ep, big, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    window.offer(ep, big, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    assert sent == [1, 1] and window.count == 1
+    small = message(ep, 2)
+    window.offer(ep, small, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    assert sent == [1, 1] and len(window.waiting) == 1  # over the bytes: it waits
+    del ep.outbox[1]
+    window.release(big)
+    assert sent == [1, 1, 2]
+
+
+def test_what_was_acknowledged_or_moved_while_waiting_is_skipped() -> None:
+    window = SendWindow()
+    ep = endpoint()
+    sent: list[int] = []
+    first = message(ep, 1, WINDOW_BYTES)
+    window.offer(ep, first, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    gone, moved, kept = message(ep, 2), message(ep, 3), message(ep, 4)
+    for msg in (gone, moved, kept):
+        window.offer(ep, msg, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    del ep.outbox[2]
+    moved.sent_via = "tcp://127.0.0.9:4022"
+    del ep.outbox[1]
+    window.release(first)
+    assert sent == [1, 4]
+    assert [m.seq for _, m in window.forget_waiting()] == []
