@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from brokerd.admin.ctl import main as brokerctl
 from brokerd.sdk.client import BrokerClient
 from brokerd.tools.example import (
     CONFIRMATION,
@@ -177,3 +178,21 @@ async def test_the_login_name_selects_the_token(daemon: Daemon) -> None:
         await daemon.client("admin", token(daemon, "shop"))
     with pytest.raises(AuthenticationFailed):
         await daemon.client("warehouse", token(daemon, "shop"))
+
+
+def test_brokerctl_logs_in_with_an_application_token(
+    daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shop = [
+        "--host",
+        daemon.client_host,
+        "--user",
+        "shop",
+        "--token-file",
+        str(token(daemon, "shop")),
+    ]
+    assert brokerctl([*shop, "ping"]) == 0
+    assert brokerctl([*shop, "queues"]) == 2
+    assert "view is an admin operation" in capsys.readouterr().err
+    assert brokerctl(["--config", str(daemon.config_path), "queues"]) == 0  # the admin token
+    assert "OrderQueue" in capsys.readouterr().out
