@@ -1,4 +1,4 @@
-"""Who a client is and what it may do: the client tokens and their roles.
+"""Who a client is and what it may do: the client tokens and their roles (R-CLIENT-2).
 
 The admin token (``[client] token_file``, created on first start) and each
 ``[[client.token]]`` are shared secrets; a client proves it holds one with an HMAC

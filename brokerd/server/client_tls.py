@@ -1,4 +1,4 @@
-"""TLS on the client listener (``[client] tls_certificate`` and ``tls_private_key``).
+"""TLS on the client listener (R-CLIENT-1: ``[client] tls_certificate``, ``tls_private_key``).
 
 The standard library's ``ssl``, TLS 1.2 or later only; asyncio's ``create_server``
 does the handshake before the listener sees the connection, bounded by the login

@@ -1,4 +1,4 @@
-"""Client roles (docs/design.md "Security defaults", SPEC §6): the login name selects a
+"""Client roles (R-CLIENT-2; docs/design.md "Security defaults"): the login name selects a
 token; an ``application`` token may use only its own services and queues, an ``admin``
 token (the daemon's ``client.token``) everything. One daemon holds the shop and the
 warehouse, each an application with a token of its own."""

@@ -1,4 +1,4 @@
-"""TLS on the client port (docs/design.md "Security defaults", SPEC §6): a daemon with
+"""TLS on the client port (R-CLIENT-1; docs/design.md "Security defaults"): a daemon with
 ``[client] tls_certificate`` speaks TLS 1.2+ only, the SDK and brokerctl verify its
 certificate, and a client listener off loopback is refused without TLS."""
 
