@@ -227,7 +227,7 @@ class ClientSession(asyncio.Protocol):
             or access is None
             or not check_proof(token, self.nonce, str(user), meta.get("proof"))
         ):
-            log.warning("client login refused")
+            log.warning("client login refused (user %r)", user)
             self._reply_error(
                 frame.request_id,
                 AuthenticationFailed(

@@ -113,6 +113,22 @@ def test_a_non_loopback_client_host_without_tls_is_refused_at_start_up(tmp_path:
         d.start("beta")
 
 
+def test_a_missing_or_wrong_tls_certificate_is_a_clear_start_up_error(tmp_path: Path) -> None:
+    d = _beta(tmp_path / "missing", client_tls=True)
+    config = d.daemons["beta"].config_path
+    text = config.read_text()
+    config.write_text(text.replace('tls_certificate = "', 'tls_certificate = "nowhere/'))
+    with pytest.raises(RuntimeError, match=r"client\.tls_certificate: file .* does not exist"):
+        d.start("beta")
+    beta_pem, ca_pem = d.cert_dir / "beta.pem", d.cert_dir / "ca.pem"
+    # a certificate that does not belong to the key
+    config.write_text(
+        text.replace(f'tls_certificate = "{beta_pem}"', f'tls_certificate = "{ca_pem}"')
+    )
+    with pytest.raises(RuntimeError, match=r"client\.tls_certificate: cannot load"):
+        d.start("beta")
+
+
 async def test_a_non_loopback_client_host_with_tls_serves_tls(tmp_path: Path) -> None:
     d = _beta(tmp_path / "tls", client_tls=True)
     daemon = d.daemons["beta"]
