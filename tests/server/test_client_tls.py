@@ -105,12 +105,17 @@ def test_a_non_loopback_client_host_without_tls_is_refused_at_start_up(tmp_path:
     config.write_text(
         config.read_text().replace(f'[client]\nhost = "{HOST}"', '[client]\nhost = "0.0.0.0"')
     )
-    with pytest.raises(RuntimeError, match=r"client\.host: '0\.0\.0\.0' is not a loopback address"):
-        d.start("beta")
-    # the old escape hatch is gone: it names what to do instead
-    config.write_text(config.read_text().replace("[client]", "[client]\nallow_remote = true"))
-    with pytest.raises(RuntimeError, match=r"client\.allow_remote: is no longer accepted.*TLS"):
-        d.start("beta")
+    try:
+        with pytest.raises(
+            RuntimeError, match=r"client\.host: '0\.0\.0\.0' is not a loopback address"
+        ):
+            d.start("beta")
+        # the old escape hatch is gone: it names what to do instead
+        config.write_text(config.read_text().replace("[client]", "[client]\nallow_remote = true"))
+        with pytest.raises(RuntimeError, match=r"client\.allow_remote: is no longer accepted.*TLS"):
+            d.start("beta")
+    finally:
+        d.stop_all()  # a daemon that started by mistake must not hold the ports
 
 
 def test_a_missing_or_wrong_tls_certificate_is_a_clear_start_up_error(tmp_path: Path) -> None:
@@ -118,15 +123,18 @@ def test_a_missing_or_wrong_tls_certificate_is_a_clear_start_up_error(tmp_path: 
     config = d.daemons["beta"].config_path
     text = config.read_text()
     config.write_text(text.replace('tls_certificate = "', 'tls_certificate = "nowhere/'))
-    with pytest.raises(RuntimeError, match=r"client\.tls_certificate: file .* does not exist"):
-        d.start("beta")
-    beta_pem, ca_pem = d.cert_dir / "beta.pem", d.cert_dir / "ca.pem"
-    # a certificate that does not belong to the key
-    config.write_text(
-        text.replace(f'tls_certificate = "{beta_pem}"', f'tls_certificate = "{ca_pem}"')
-    )
-    with pytest.raises(RuntimeError, match=r"client\.tls_certificate: cannot load"):
-        d.start("beta")
+    try:
+        with pytest.raises(RuntimeError, match=r"client\.tls_certificate: file .* does not exist"):
+            d.start("beta")
+        beta_pem, ca_pem = d.cert_dir / "beta.pem", d.cert_dir / "ca.pem"
+        # a certificate that does not belong to the key
+        config.write_text(
+            text.replace(f'tls_certificate = "{beta_pem}"', f'tls_certificate = "{ca_pem}"')
+        )
+        with pytest.raises(RuntimeError, match=r"client\.tls_certificate: cannot load"):
+            d.start("beta")
+    finally:
+        d.stop_all()
 
 
 async def test_a_non_loopback_client_host_with_tls_serves_tls(tmp_path: Path) -> None:
