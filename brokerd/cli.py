@@ -1,7 +1,7 @@
 """The ``brokerd`` command line: run a daemon, certificates, demonstrations.
 
     brokerd certs ca --dir DIR [--name NAME] [--days N] [--key-type ed25519|ec-p256]
-    brokerd certs instance NAME --dir DIR [--days N] [--key-type ...]
+    brokerd certs instance NAME --dir DIR [--days N] [--key-type ...] [--san HOST]...
     brokerd run --config FILE [--ready-file FILE] [--log-level LEVEL]
     brokerd demo [--orders N] [--workdir DIR]
     brokerd wire-demo [--encryption required|supported|disabled]
@@ -35,7 +35,9 @@ def _certs_instance(args: argparse.Namespace) -> None:
             f"no CA in {args.dir} (expected ca.pem and ca.key; run 'brokerd certs ca' first)"
         )
     ca = certs.read_pair(args.dir, "ca")
-    issued = certs.issue_instance(ca, args.name, days=args.days, key_type=args.key_type)
+    issued = certs.issue_instance(
+        ca, args.name, days=args.days, key_type=args.key_type, alt_names=args.san
+    )
     for path in certs.write_pair(args.dir, args.name, issued, overwrite=args.force):
         print(f"wrote {path}")
 
@@ -81,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     ca.set_defaults(func=_certs_ca, days=3650)
     inst = cert_kinds.add_parser("instance", help="issue an instance certificate")
     inst.add_argument("name", help="instance name (certificate common name)")
+    inst.add_argument(
+        "--san",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="a host name or IP address clients use to reach the instance over TLS "
+        "([client] tls_certificate); repeat for several",
+    )
     inst.set_defaults(func=_certs_instance, days=825)
     for sub in (ca, inst):
         sub.add_argument("--dir", type=Path, required=True, help="directory of the CA files")

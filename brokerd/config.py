@@ -66,6 +66,7 @@ __all__ = [
     "VALIDATIONS",
     "BrokerConfig",
     "ClientConfig",
+    "ClientToken",
     "ContractConfig",
     "ContractMessage",
     "DatabaseConfig",
@@ -228,6 +229,24 @@ class RetryConfig:
     meanwhile makes the link close that connection and dial again (R-PROTO-5)."""
 
 
+CLIENT_ROLES = ("admin", "application")
+"""What a client token may do: everything, or the verbs on its own services and queues."""
+
+
+@dataclass(frozen=True)
+class ClientToken:
+    """One ``[[client.token]]``: the login name that selects it, its secret's file and
+    its role. An ``application`` token may BEGIN DIALOG from, SEND on and END the
+    conversations of ``services`` and RECEIVE from ``queues`` (names in any database);
+    nothing else. An ``admin`` token may do everything, as the ``token_file`` one."""
+
+    name: str
+    file: Path
+    role: str
+    services: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """The listener for the client SDK."""
@@ -235,11 +254,19 @@ class ClientConfig:
     host: str
     port: int
     token_file: Path
+    """The admin token, selected by any login name that no ``[[client.token]]`` has."""
     login_timeout: float = 10.0
-    """A client connection that has not logged in by then is closed."""
-    allow_remote: bool = False
-    """Listen on an address that is not loopback although client traffic is not encrypted
-    and every holder of the token may administer the broker."""
+    """A client connection that has not logged in (TLS handshake included) by then is
+    closed."""
+    tls_certificate: Path | None = None
+    """With ``tls_private_key``: the listener speaks TLS (1.2 or later) only. Required when
+    ``host`` is not a loopback address."""
+    tls_private_key: Path | None = None
+    tokens: tuple[ClientToken, ...] = ()
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_certificate is not None
 
 
 @dataclass(frozen=True)
@@ -381,9 +408,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
     assert endpoint_table is not None
     endpoint = _endpoint(endpoint_table, base)
     retry = _retry(top.table("retry", [f.name for f in fields(RetryConfig)]))
-    client = _client(
-        path, top.table("client", [f.name for f in fields(ClientConfig)]), endpoint, data_dir, base
-    )
+    client = _client(path, top.table("client", _CLIENT_KEYS), endpoint, data_dir, base)
     limits = _limits(top.table("limits", [f.name for f in fields(LimitsConfig)]), endpoint)
     trace = _trace(top.table("trace", [f.name for f in fields(TraceConfig)]), data_dir, base)
 
@@ -686,43 +711,99 @@ def _is_unspecified(host: str) -> bool:
         return False
 
 
+_CLIENT_KEYS = (
+    "host",
+    "port",
+    "token_file",
+    "login_timeout",
+    "tls_certificate",
+    "tls_private_key",
+    "token",
+    "allow_remote",
+)
+
+
 def _client(
     file: Path, t: _Table | None, endpoint: EndpointConfig, data_dir: Path, base: Path
 ) -> ClientConfig:
     default_host = endpoint.host if _is_loopback(endpoint.host) else _DEFAULT_CLIENT_HOST
-    host, port, token_file = default_host, _DEFAULT_CLIENT_PORT, None
-    login_timeout = _defaults(ClientConfig)["login_timeout"]
-    allow_remote = False
-    if t is not None:
-        host = t.text("host") or default_host
-        port = t.integer("port", _DEFAULT_CLIENT_PORT, 1, 65535)
-        token_file = t.path("token_file", base)
-        login_timeout = t.seconds("login_timeout", login_timeout)
-        allow_remote = t.flag("allow_remote", False)
-    if not (_is_loopback(host) or host == "localhost") and not allow_remote:
-        raise ConfigError(
-            file,
-            "client.host",
-            f"{host!r} is not a loopback address: client traffic is not encrypted and every "
-            "holder of the token may administer the broker; listen on 127.0.0.1 or ::1, or "
-            "set client.allow_remote = true to accept that",
+    if t is None:
+        t = _Table(file, "client", {}, _CLIENT_KEYS)
+    if "allow_remote" in t.data:
+        raise t.error(
+            "allow_remote",
+            "is no longer accepted: a client listener on an address that is not loopback "
+            "needs TLS instead (set client.tls_certificate and client.tls_private_key)",
+        )
+    host = t.text("host") or default_host
+    port = t.integer("port", _DEFAULT_CLIENT_PORT, 1, 65535)
+    tls_certificate = t.path("tls_certificate", base)
+    tls_private_key = t.path("tls_private_key", base)
+    if (tls_certificate is None) != (tls_private_key is None):
+        given, missing = (
+            ("tls_certificate", "tls_private_key")
+            if tls_private_key is None
+            else ("tls_private_key", "tls_certificate")
+        )
+        raise t.error(missing, f"is required with {t.key(given)} (TLS needs both)")
+    if not (_is_loopback(host) or host == "localhost") and tls_certificate is None:
+        raise t.error(
+            "host",
+            f"{host!r} is not a loopback address: a client listener reachable from other "
+            "hosts must use TLS; set client.tls_certificate and client.tls_private_key "
+            "(the instance certificate may be reused if it names this host), or listen on "
+            "127.0.0.1 or ::1",
         )
     if port == endpoint.port and (
         host == endpoint.host or _is_unspecified(endpoint.host) or _is_unspecified(host)
     ):
-        raise ConfigError(
-            file,
-            "client.port",
+        raise t.error(
+            "port",
             f"{port} is also endpoint.port on the same host; the client listener needs "
             "a port of its own",
         )
     return ClientConfig(
         host=host,
         port=port,
-        token_file=token_file or data_dir / "client.token",
-        login_timeout=login_timeout,
-        allow_remote=allow_remote,
+        token_file=t.path("token_file", base) or data_dir / "client.token",
+        login_timeout=t.seconds("login_timeout", _defaults(ClientConfig)["login_timeout"]),
+        tls_certificate=tls_certificate,
+        tls_private_key=tls_private_key,
+        tokens=_client_tokens(t, base),
     )
+
+
+def _client_tokens(client: _Table, base: Path) -> tuple[ClientToken, ...]:
+    tokens: list[ClientToken] = []
+    names: dict[str, str] = {}
+    files: dict[Path, str] = {}
+    for t in client.tables("token", [f.name for f in fields(ClientToken)]):
+        name = t.name()
+        if name in names:
+            raise t.error("name", f"client token '{name}' is already defined at {names[name]}")
+        names[name] = t.where
+        path = t.required_path("file", base)
+        if path in files:
+            raise t.error("file", f"{path} is already the file of {files[path]}; one token each")
+        files[path] = t.where
+        if "role" not in t.data:
+            raise t.error("role", f"is required (one of {', '.join(CLIENT_ROLES)})")
+        role = t.choice("role", "", CLIENT_ROLES)
+        services, queues = tuple(t.strings("services")), tuple(t.strings("queues"))
+        if role == "admin" and (services or queues):
+            raise t.error(
+                "services" if services else "queues",
+                "an admin token may do everything; services and queues are for "
+                'role = "application"',
+            )
+        if role == "application" and not (services or queues):
+            raise t.error(
+                "services",
+                "an application token needs the services it may use and/or the queues it "
+                "may RECEIVE from",
+            )
+        tokens.append(ClientToken(name, path, role, services, queues))
+    return tuple(tokens)
 
 
 def _trace(t: _Table | None, data_dir: Path, base: Path) -> TraceConfig:

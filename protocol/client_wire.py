@@ -1,6 +1,6 @@
 """Client wire format: frames between an application SDK and the daemon's client listener.
 
-This module owns the byte layout of the client protocol (TCP on loopback), its
+This module owns the byte layout of the client protocol (TCP on loopback, TLS elsewhere), its
 incremental parser and the helpers of its challenge/response authentication. It
 does not own what the frames *mean* (the operations named in ``meta``, the
 listener's state machine); that lives with the listener and the SDK.
@@ -25,7 +25,7 @@ hot path packs and unpacks it with the ``struct`` derived from that declaration
 
 Authentication: the daemon sends a CHALLENGE carrying a nonce from
 :func:`new_nonce`; the SDK answers with :func:`auth_proof`, an HMAC-SHA256 under
-the shared token over ``b"brokerd-client-v1\\0" + user + b"\\0" + nonce``; the
+the token the user name selects over ``b"brokerd-client-v1\\0" + user + b"\\0" + nonce``; the
 daemon verifies it with :func:`check_proof` (constant time).
 
 Errors: :func:`encode_frame` raises :class:`LocalProtocolError` (our own values do

@@ -229,6 +229,13 @@ class RouteInvalid(RemoteError):
     code = "route_invalid"
 
 
+class PermissionDenied(RemoteError):
+    """The client's token does not allow this: an application token asked for an admin
+    operation, or for a service, queue or conversation that is not its own."""
+
+    code = "permission_denied"
+
+
 class StorageFailure(RemoteError):
     """The daemon could not commit (a full disk, an unwritable file); nothing took effect."""
 

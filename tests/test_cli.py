@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import os
 import stat
 import subprocess
 import sys
 from pathlib import Path
+
+from cryptography import x509
 
 from brokerd.tools.certs import load_identity
 from protocol import BrokerConnection, ConnectionSettings, Role
@@ -43,6 +46,22 @@ def test_ecdsa_key_type(tmp_path: Path) -> None:
     done = brokerd("certs", "instance", "gamma", "--dir", str(tmp_path), "--key-type", "ec-p256")
     assert done.returncode == 0, done.stderr
     assert b"BEGIN PRIVATE KEY" in (tmp_path / "gamma.key").read_bytes()
+
+
+def test_instance_certificates_name_the_hosts_clients_dial(tmp_path: Path) -> None:
+    """``--san`` puts host names and addresses in the certificate, so a TLS client port
+    (R-CLIENT-1) can reuse it and clients can check the host they dialled."""
+    assert brokerd("certs", "ca", "--dir", str(tmp_path)).returncode == 0
+    done = brokerd(
+        "certs", "instance", "alpha", "--dir", str(tmp_path), "--san", "10.0.0.5", "--san", "a.lan"
+    )
+    assert done.returncode == 0, done.stderr
+    cert = x509.load_pem_x509_certificate((tmp_path / "alpha.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.5")]
+    assert names.get_values_for_type(x509.DNSName) == ["a.lan"]
+    bad = brokerd("certs", "instance", "beta", "--dir", str(tmp_path), "--san", "not a host")
+    assert bad.returncode == 2 and "neither an IP address nor a host name" in bad.stderr
 
 
 def test_instance_without_a_ca_is_a_clear_error(tmp_path: Path) -> None:

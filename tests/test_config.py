@@ -12,6 +12,7 @@ from brokerd.config import (
     SENT_BY,
     VALIDATIONS,
     BrokerConfig,
+    ClientToken,
     ContractConfig,
     ContractMessage,
     DatabaseConfig,
@@ -525,7 +526,7 @@ def test_unknown_key_typo_is_named_with_the_allowed_keys(tmp_path: Path) -> None
         (config_text(data_dir='data_dir = "d"\ndatabse = 1\n'), "databse"),
         (config_text(endpoint="prot = 1"), "endpoint.prot"),
         (config_text(rest="[retry]\nmaximun = 3\n"), "retry.maximun"),
-        (config_text(rest="[client]\ntoken = 'x'\n"), "client.token"),
+        (config_text(rest="[client]\ntokens = 'x'\n"), "client.tokens"),
         (config_text(rest="[limits]\nfragment = 2048\n"), "limits.fragment"),
         (config_text(rest='[[database]]\nname = "d"\nqueues = []\n'), "database[0].queues"),
         (
@@ -681,12 +682,55 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
         (
             config_text(rest='[client]\nhost = "0.0.0.0"\n'),
             "client.host",
-            "not a loopback address: client traffic is not encrypted",
+            "not a loopback address: a client listener reachable from other hosts must use TLS",
         ),
         (
             config_text(rest='[client]\nhost = "192.0.2.7"\n'),
             "client.host",
-            "set client.allow_remote = true",
+            "set client.tls_certificate and client.tls_private_key",
+        ),
+        (
+            config_text(rest='[client]\nhost = "0.0.0.0"\nallow_remote = true\n'),
+            "client.allow_remote",
+            "is no longer accepted: a client listener on an address that is not loopback needs TLS",
+        ),
+        (
+            config_text(rest='[client]\ntls_certificate = "c.pem"\n'),
+            "client.tls_private_key",
+            "is required with client.tls_certificate",
+        ),
+        (
+            config_text(rest='[[client.token]]\nname = "shop"\nfile = "shop.token"\n'),
+            "client.token[0].role",
+            "is required (one of admin, application)",
+        ),
+        (
+            config_text(rest='[[client.token]]\nname = "shop"\nfile = "s.token"\nrole = "app"\n'),
+            "client.token[0].role",
+            "must be one of admin, application",
+        ),
+        (
+            config_text(
+                rest='[[client.token]]\nname = "shop"\nfile = "s.token"\nrole = "application"\n'
+            ),
+            "client.token[0].services",
+            "needs the services it may use",
+        ),
+        (
+            config_text(
+                rest='[[client.token]]\nname = "ops"\nfile = "o.token"\nrole = "admin"\n'
+                'queues = ["Q"]\n'
+            ),
+            "client.token[0].queues",
+            "an admin token may do everything",
+        ),
+        (
+            config_text(
+                rest='[[client.token]]\nname = "a"\nfile = "a.token"\nrole = "admin"\n'
+                '[[client.token]]\nname = "a"\nfile = "b.token"\nrole = "admin"\n'
+            ),
+            "client.token[1].name",
+            "client token 'a' is already defined at client.token[0]",
         ),
         (config_text(rest="[client]\ntoken_file = 3\n"), "client.token_file", "must be a string"),
         (
@@ -1125,9 +1169,40 @@ def test_parse_config_without_a_file(tmp_path: Path) -> None:
     assert str(info.value).startswith(f"{path}: endpoint.port: ")
 
 
-def test_a_remote_client_listener_needs_allow_remote(tmp_path: Path) -> None:
-    """Client traffic is not encrypted: a non-loopback listener is a deliberate choice."""
-    cfg = load(tmp_path, rest='[client]\nhost = "0.0.0.0"\nallow_remote = true\n')
-    assert (cfg.client.host, cfg.client.allow_remote) == ("0.0.0.0", True)
+def test_a_remote_client_listener_needs_tls(tmp_path: Path) -> None:
+    """A client listener that is not on loopback speaks TLS; loopback may, too."""
+    tls = 'tls_certificate = "alpha.pem"\ntls_private_key = "alpha.key"\n'
+    cfg = load(tmp_path, rest=f'[client]\nhost = "0.0.0.0"\n{tls}')
+    assert (cfg.client.host, cfg.client.tls) == ("0.0.0.0", True)
+    assert cfg.client.tls_certificate == tmp_path / "alpha.pem"
     local = load(tmp_path, rest='[client]\nhost = "localhost"\n')
-    assert (local.client.host, local.client.allow_remote) == ("localhost", False)
+    assert (local.client.host, local.client.tls) == ("localhost", False)
+    assert load(tmp_path, rest=f"[client]\n{tls}").client.tls
+
+
+def test_client_tokens_name_a_file_a_role_and_what_an_application_owns(tmp_path: Path) -> None:
+    cfg = load(
+        tmp_path,
+        rest="""[client]
+[[client.token]]
+name = "shop"
+file = "tokens/shop.token"
+role = "application"
+services = ["//shop/Client"]
+queues = ["ClientQueue"]
+[[client.token]]
+name = "ops"
+file = "/etc/brokerd/ops.token"
+role = "ADMIN"
+""",
+    )
+    shop, ops = cfg.client.tokens
+    assert shop == ClientToken(
+        "shop",
+        tmp_path / "tokens/shop.token",
+        "application",
+        ("//shop/Client",),
+        ("ClientQueue",),
+    )
+    assert (ops.name, ops.file, ops.role) == ("ops", Path("/etc/brokerd/ops.token"), "admin")
+    assert cfg.client.token_file == tmp_path / "data" / "client.token"

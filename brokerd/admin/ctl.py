@@ -28,7 +28,12 @@ listener's host and port and the token file are read from its ``[client]``
 table; the environment variable ``BROKERD_CONFIG`` stands in for a missing
 ``--config``), or ``--host HOST --port PORT --token-file FILE``. Explicit
 ``--host``/``--port``/``--token-file`` override what the file says. Options may
-be given before or after the command.
+be given before or after the command. ``--user NAME`` logs in with a
+``[[client.token]]`` (give its ``--token-file``); without it, the admin token.
+A client port with TLS (``[client] tls_certificate``) is reached with
+``--tls-ca-file FILE``, the CA that issued its certificate; with ``--config`` it
+defaults to the endpoint's ``ca_certificate`` (the deployment CA) when the file
+turns TLS on.
 
 Views print as aligned text tables: UUIDs are shortened to their first 8
 characters, timestamps to whole seconds and long text to 40 characters unless
@@ -48,6 +53,7 @@ import asyncio
 import json
 import os
 import re
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -209,6 +215,8 @@ class Target:
     host: str
     port: int
     token_file: Path | None
+    user: str = "admin"
+    tls_ca_file: Path | None = None
 
     @property
     def where(self) -> str:
@@ -224,6 +232,7 @@ def resolve_target(args: argparse.Namespace, environ: dict[str, str] | None = No
     if config_path is None and environ.get(ENV_CONFIG):
         config_path, source = environ[ENV_CONFIG], ENV_CONFIG
     host, port, token_file = DEFAULT_HOST, DEFAULT_PORT, None
+    tls_ca_file: Path | None = None
     if config_path is not None:
         from brokerd.config import load_config
 
@@ -232,6 +241,8 @@ def resolve_target(args: argparse.Namespace, environ: dict[str, str] | None = No
         except (BrokerError, OSError, ValueError) as exc:  # ConfigError: "FILE: KEY: problem"
             raise CtlError(f"{exc} (from {source})") from None
         host, port, token_file = config.client.host, config.client.port, config.client.token_file
+        if config.client.tls:
+            tls_ca_file = config.endpoint.ca_certificate
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     if getattr(args, "host", None):
         host = args.host
@@ -239,12 +250,14 @@ def resolve_target(args: argparse.Namespace, environ: dict[str, str] | None = No
         port = args.port
     if getattr(args, "token_file", None) is not None:
         token_file = Path(args.token_file)
+    if getattr(args, "tls_ca_file", None) is not None:
+        tls_ca_file = Path(args.tls_ca_file)
     if token_file is None:
         raise CtlError(
             f"no credentials: give --config FILE (the daemon's configuration; or set "
             f"{ENV_CONFIG}) or --token-file FILE"
         )
-    return Target(host, port, token_file)
+    return Target(host, port, token_file, getattr(args, "user", None) or "admin", tls_ca_file)
 
 
 def _read_token(target: Target) -> str:
@@ -272,16 +285,26 @@ async def connect(target: Target, timeout: float) -> BrokerClient:
     try:
         # The SDK bounds the TCP connect and the challenge, not the login answer.
         return await asyncio.wait_for(
-            BrokerClient.connect(target.host, target.port, token=token, timeout=timeout),
+            BrokerClient.connect(
+                target.host,
+                target.port,
+                token=token,
+                user=target.user,
+                timeout=timeout,
+                tls_ca_file=target.tls_ca_file,
+            ),
             timeout + 1.0,
         )
     except AuthenticationFailed:
         raise CtlError(
-            f"brokerd at {target.where} refused the token in {target.token_file} — wrong token "
-            "file, or the token of another daemon? (see [client] token_file in its configuration)"
+            f"brokerd at {target.where} refused the token in {target.token_file} for user "
+            f"{target.user!r} — wrong token file, or the token of another daemon? (see [client] "
+            "token_file and [[client.token]] in its configuration)"
         ) from None
     except ClientError as exc:
         cause = exc.__cause__
+        if isinstance(cause, ssl.SSLError):
+            raise CtlError(f"{exc} (--tls-ca-file)") from None
         if isinstance(cause, ConnectionRefusedError):
             raise CtlError(f"{prefix}: connection refused — is the daemon running?") from None
         if isinstance(cause, TimeoutError):
@@ -524,6 +547,18 @@ def _common(parser: argparse.ArgumentParser, top: bool) -> None:
     )
     conn.add_argument(
         "--token-file", metavar="FILE", default=default(None), help="the daemon's client token"
+    )
+    conn.add_argument(
+        "--user",
+        metavar="NAME",
+        default=default(None),
+        help="the login name: a [[client.token]] name, or none for the admin token",
+    )
+    conn.add_argument(
+        "--tls-ca-file",
+        metavar="FILE",
+        default=default(None),
+        help="the CA that issued the client port's TLS certificate (the port uses TLS)",
     )
     conn.add_argument(
         "--timeout", type=float, default=default(5.0), help="seconds to wait (default 5)"

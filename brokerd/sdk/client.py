@@ -30,6 +30,15 @@ Two receive loops (SPEC §6, R-DLG-1):
   (a file, another system) may happen again for a batch received again, so make
   that idempotent.
 
+A daemon whose client port speaks TLS (``[client] tls_certificate``, required when
+it listens on an address other than loopback) is reached with ``tls_ca_file=`` (the
+CA that issued its certificate) or ``ssl_context=`` (an ``ssl.SSLContext`` of your
+own, e.g. with a client certificate); the certificate must name the host dialled
+(``server_hostname=`` overrides the name checked). ``user=`` selects the token: a
+``[[client.token]]`` name with that token's file, or the admin token for any
+other name. An application token may use only its own services and queues; what
+it may not do is refused with ``PermissionDenied``.
+
 Errors the daemon reports arrive as the subclass of
 :class:`protocol.errors.RemoteError` named by their code (``ConversationEnded``,
 ``QueueDisabled``, ``LockConflict``, ...; docs/errors.md lists them), ``kind``
@@ -42,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -60,6 +70,7 @@ from brokerd.sdk.requests import (
     send_request,
     timer_request,
 )
+from brokerd.sdk.tls import client_context, describe_failure
 from brokerd.sdk.transaction import Transaction
 from protocol.client_wire import (
     ClientFrame,
@@ -98,6 +109,8 @@ class BrokerClient:
         self._challenge: asyncio.Future[ClientFrame] | None = None
         self._closed_reason: str | None = None
         self.instance: str = ""
+        self.role: str = ""
+        """``admin`` or ``application``: what the token this client logged in with may do."""
 
     @classmethod
     async def connect(
@@ -109,8 +122,12 @@ class BrokerClient:
         token_file: str | Path | None = None,
         user: str = "app",
         timeout: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+        tls_ca_file: str | Path | None = None,
+        server_hostname: str | None = None,
     ) -> BrokerClient:
-        """Connect and log in with the daemon's client token."""
+        """Connect (over TLS with ``ssl_context`` or ``tls_ca_file``) and log in with the
+        token ``user`` selects."""
         if token is None:
             if token_file is None:
                 raise AuthenticationFailed("no credentials: pass token= or token_file=")
@@ -119,15 +136,27 @@ class BrokerClient:
             except OSError as exc:
                 raise AuthenticationFailed(f"cannot read token file {token_file}: {exc}") from exc
         secret = token.encode() if isinstance(token, str) else token
+        if ssl_context is None and tls_ca_file is not None:
+            ssl_context = client_context(tls_ca_file)
         client = cls()
         loop = asyncio.get_running_loop()
         client._challenge = loop.create_future()
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientProtocol(client), host, port), timeout
+                loop.create_connection(
+                    lambda: _ClientProtocol(client),
+                    host,
+                    port,
+                    ssl=ssl_context,
+                    server_hostname=(server_hostname or host) if ssl_context else None,
+                    ssl_handshake_timeout=timeout if ssl_context else None,
+                ),
+                timeout,
             )
         except (OSError, TimeoutError) as exc:
-            raise ClientError(f"cannot connect to brokerd at {host}:{port}: {exc}") from exc
+            reason = describe_failure(exc) or str(exc) or type(exc).__name__
+            raise ClientError(f"cannot connect to brokerd at {host}:{port}: {reason}") from exc
+        challenge: ClientFrame | None = None
         try:
             challenge = await asyncio.wait_for(client._challenge, timeout)
             nonce = bytes.fromhex(str(challenge.meta.get("nonce", "")))
@@ -139,17 +168,39 @@ class BrokerClient:
             )
         except TimeoutError:
             await client.close()
+            hint = (
+                "; does its client port require TLS? (pass tls_ca_file= or ssl_context=)"
+                if challenge is None and ssl_context is None
+                else ""
+            )
             raise ClientError(
-                f"{host}:{port} did not complete the brokerd login in {timeout} s"
+                f"{host}:{port} did not complete the brokerd login in {timeout} s{hint}"
             ) from None
         except ValueError:
             await client.close()
             raise ClientError(f"{host}:{port} sent a malformed login challenge") from None
+        except ClientError as exc:
+            await client.close()
+            if challenge is None and ssl_context is None:
+                raise ClientError(
+                    f"{host}:{port} closed the connection before its login challenge ({exc}); "
+                    "does its client port require TLS? (pass tls_ca_file= or ssl_context=)"
+                ) from exc
+            raise
         except BaseException:
             await client.close()
             raise
         client.instance = str(meta[0].get("instance", ""))
+        client.role = str(meta[0].get("role", "admin"))
         return client
+
+    @property
+    def tls_version(self) -> str | None:
+        """The TLS version of the connection (``TLSv1.3``), None if it is plain TCP."""
+        if self._transport is None:
+            return None
+        ssl_object = self._transport.get_extra_info("ssl_object")
+        return None if ssl_object is None else ssl_object.version()
 
     async def __aenter__(self) -> BrokerClient:
         return self

@@ -1,10 +1,14 @@
 """The client listener: applications reach the dialog engine through it (SPEC §6).
 
-Binds to loopback by default and requires credentials: on connect it sends a
-CHALLENGE nonce, and the first request must be ``login`` with an HMAC proof of
-the shared token (``protocol.client_wire``). Anything else before a good login
-gets an ``AuthenticationFailed`` error and the connection is closed; before
-the login, frame bodies over 4 KiB are refused from the header alone.
+Binds to loopback by default, speaks TLS when ``[client] tls_certificate`` is set
+(``brokerd.server.client_tls``; required off loopback) and requires credentials:
+on connect it sends a CHALLENGE nonce, and the first request must be ``login``
+with an HMAC proof of the token its user name selects (``protocol.client_wire``,
+``brokerd.server.client_access``). Anything else before a good login gets an
+``AuthenticationFailed`` error and the connection is closed; before the login,
+frame bodies over 4 KiB are refused from the header alone. After it, an
+application token's requests are checked against its services and queues, and
+admin operations are refused it (``PermissionDenied``).
 
 Operations (``meta["op"]``): ``login``, ``begin_dialog``, ``send`` (the body is
 the message), ``send_many`` (several messages, their bodies concatenated),
@@ -32,7 +36,6 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import orjson
@@ -40,6 +43,7 @@ import orjson
 from brokerd.dialogs import views
 from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
+from brokerd.server.client_access import Access, Credentials
 from protocol.client_wire import (
     DEFAULT_MAX_BODY,
     MAX_META_BYTES,
@@ -88,16 +92,6 @@ MAX_OPEN_TRANSACTIONS = 16
 """Transactions one client connection may hold open at once."""
 MAX_SEND_MANY = 2_000
 """Messages in one send_many request (their entries must fit the 1 MiB meta limit)."""
-
-
-def load_or_create_token(path: Path) -> bytes:
-    """The shared client token; created (mode 0600) on first start."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(os.urandom(32).hex() + "\n")
-    return path.read_text().strip().encode()
 
 
 def _uuid(meta: dict[str, Any], key: str, required: bool = True) -> uuid.UUID | None:
@@ -151,13 +145,13 @@ def error_meta(exc: BaseException) -> dict[str, Any]:
 class ClientSession(asyncio.Protocol):
     """One application connection: its login, its requests and its open transactions."""
 
-    def __init__(self, broker: Broker, token: bytes) -> None:
+    def __init__(self, broker: Broker, credentials: Credentials) -> None:
         self.broker = broker
-        self.token = token
+        self.credentials = credentials
         # Until the login succeeds a peer may send only small frames.
         self.reader = ClientFrameReader(max_body=PRE_LOGIN_MAX_BODY, max_meta=PRE_LOGIN_MAX_META)
         self.nonce = new_nonce(os.urandom)
-        self.user: str | None = None
+        self.access: Access | None = None
         self.transport: asyncio.Transport | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.transactions: dict[int, Transaction] = {}
@@ -191,7 +185,7 @@ class ClientSession(asyncio.Protocol):
                     frame.request_id, InvalidRequest("only REQUEST frames are accepted")
                 )
                 continue
-            if self.user is None:
+            if self.access is None:
                 self._login(frame)
                 continue
             if frame.meta.get("op") == "send" and frame.meta.get("transaction") is None:
@@ -218,7 +212,7 @@ class ClientSession(asyncio.Protocol):
 
     def _login_expired(self) -> None:
         """No login within ``client.login_timeout``: the connection is closed."""
-        if self.user is None:
+        if self.access is None:
             timeout = self.broker.config.client.login_timeout
             log.warning("client connection closed: no login within %g s", timeout)
             self._reply_error(0, AuthenticationFailed(f"no login within {timeout:g} s"))
@@ -227,28 +221,43 @@ class ClientSession(asyncio.Protocol):
     def _login(self, frame: ClientFrame) -> None:
         meta = frame.meta
         user = meta.get("user")
+        token, access = self.credentials.select(user) if isinstance(user, str) else (b"", None)
         if (
             meta.get("op") != "login"
-            or not isinstance(user, str)
-            or not check_proof(self.token, self.nonce, user, meta.get("proof"))
+            or access is None
+            or not check_proof(token, self.nonce, str(user), meta.get("proof"))
         ):
-            log.warning("client login refused")
+            log.warning("client login refused (user %r)", user)
             self._reply_error(
                 frame.request_id,
                 AuthenticationFailed(
-                    "credentials refused: log in first with the daemon's client token "
-                    "(see [client] token_file in the configuration)"
+                    "credentials refused: log in first with the token your user name selects "
+                    "(a [[client.token]] name, or any other name with [client] token_file)"
                 ),
             )
             self._close()
             return
-        self.user = user
+        self.access = access
         if self._login_deadline is not None:
             self._login_deadline.cancel()
             self._login_deadline = None
         self.reader.max_body = self.broker.config.limits.max_message_size
         self.reader.max_meta = MAX_META_BYTES
-        self._reply(frame.request_id, {"user": user, "instance": self.broker.instance_name})
+        self._reply(
+            frame.request_id,
+            {"user": user, "role": access.role, "instance": self.broker.instance_name},
+        )
+
+    @property
+    def allowed(self) -> Access:
+        """What the logged-in client may do."""
+        assert self.access is not None, "requests are handled only after the login"
+        return self.access
+
+    def check_own(self, handle: uuid.UUID) -> None:
+        """Refuse an application a conversation of a service that is not its own."""
+        if not self.allowed.admin:
+            self.allowed.check_conversation(self.broker.engine.endpoint(handle)[1])
 
     def _reply(self, request_id: int, meta: dict[str, Any], body: bytes = b"") -> None:
         if self.transport is None or self.transport.is_closing():
@@ -277,6 +286,7 @@ class ClientSession(asyncio.Protocol):
             assert handle is not None
             engine = self.broker.engine
             db, ep = engine.endpoint(handle)
+            self.allowed.check_conversation(ep)
             seq, work = engine.send_work(db, ep, _str(m, "message_type", "DEFAULT"), frame.body)
             engine.apply(
                 db,
@@ -296,6 +306,7 @@ class ClientSession(asyncio.Protocol):
         try:
             if handler is None:
                 raise InvalidRequest(f"unknown operation {op!r}")
+            self.allowed.check_operation(str(op))
             meta, body = await handler(self, frame)
         except asyncio.CancelledError:
             raise
@@ -364,11 +375,15 @@ async def _begin_dialog(session: ClientSession, frame: ClientFrame) -> tuple[dic
     if not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime < 0:
         raise InvalidRequest("lifetime must be a whole number of seconds >= 0")
     args = (_str(m, "from_service"), _str(m, "to_service"), _str(m, "contract", "DEFAULT"))
+    session.allowed.check_service(args[0])
+    related = _uuid(m, "related_conversation", required=False)
+    if related is not None:
+        session.check_own(related)
     options: dict[str, Any] = {
         "database": _database(m),
         "to_broker_instance": _uuid(m, "to_broker_instance", required=False),
         "lifetime": lifetime,
-        "related_conversation": _uuid(m, "related_conversation", required=False),
+        "related_conversation": related,
     }
     tx = _transaction(session, m)
     if tx is not None:
@@ -389,6 +404,7 @@ async def _send(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
     assert handle is not None
     tx = _transaction(session, m)
     assert tx is not None, "data_received hands SENDs without a transaction to _send_now"
+    session.check_own(handle)
     tx.send(handle, _str(m, "message_type", "DEFAULT"), frame.body)
     return {"sequence_number": None}, b""
 
@@ -414,6 +430,7 @@ async def _send_many(session: ClientSession, frame: ClientFrame) -> tuple[dict[s
             raise InvalidRequest("the body lengths exceed the frame's body")
         handle = _uuid(item, "conversation_handle")
         assert handle is not None
+        session.check_own(handle)
         messages.append(
             (handle, _str(item, "message_type", "DEFAULT"), body[offset : offset + length])
         )
@@ -436,6 +453,7 @@ async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise InvalidRequest("timeout must be a number of seconds")
     args = (_str(m, "queue"), _database(m), top, float(timeout))
+    session.allowed.check_queue(args[0])
     handle = _uuid(m, "conversation_handle", required=False)
     tx = _transaction(session, m)
     if tx is not None:
@@ -483,6 +501,7 @@ async def _end(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, An
         raise InvalidRequest("error_code must be an integer")
     description = _str(m, "description", "")
     cleanup = bool(m.get("cleanup", False))
+    session.check_own(handle)
     tx = _transaction(session, m)
     if tx is not None:
         tx.end_conversation(handle, code, description, cleanup)
@@ -498,6 +517,7 @@ async def _begin_timer(session: ClientSession, frame: ClientFrame) -> tuple[dict
     timeout = m.get("timeout")
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
         raise InvalidRequest("timeout must be a number of seconds >= 0")
+    session.check_own(handle)
     tx = _transaction(session, m)
     if tx is not None:
         tx.begin_conversation_timer(handle, float(timeout))
@@ -511,6 +531,7 @@ async def _move(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
     handle = _uuid(m, "conversation_handle")
     group = _uuid(m, "conversation_group_id")
     assert handle is not None and group is not None
+    session.check_own(handle)
     tx = _transaction(session, m)
     if tx is not None:
         tx.move_conversation(handle, group)

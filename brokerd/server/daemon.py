@@ -21,7 +21,9 @@ from brokerd.config import BrokerConfig, load_config
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.engine import DialogEngine
 from brokerd.errors import ConfigError
-from brokerd.server.client_listener import ClientSession, load_or_create_token
+from brokerd.server.client_access import Credentials
+from brokerd.server.client_listener import ClientSession
+from brokerd.server.client_tls import server_context
 from brokerd.server.transport import Transport
 from brokerd.traces.writer import TraceWriter
 from protocol.errors import BrokerError
@@ -50,6 +52,7 @@ class Broker:
         except (ValueError, OSError) as exc:
             raise ConfigError(config.path, "endpoint.certificate", f"cannot load: {exc}") from exc
         self.instance_name = self.identity.instance_name
+        self.client_tls = server_context(config)
         self.databases = {db.name: Database(db, config.data_dir) for db in config.databases}
         self.transport = Transport(endpoint, self.identity)
         self.trace = TraceWriter(config.trace, self.instance_name)
@@ -67,13 +70,17 @@ class Broker:
             await self.trace.start()
             await self.engine.start()
             await self.transport.start()
-            token = load_or_create_token(self.config.client.token_file)
+            credentials = Credentials(self.config.client)
             loop = asyncio.get_running_loop()
             self._client_server = await loop.create_server(
-                lambda: ClientSession(self, token),
+                lambda: ClientSession(self, credentials),
                 self.config.client.host,
                 self.config.client.port,
                 reuse_address=True,
+                ssl=self.client_tls,
+                ssl_handshake_timeout=(
+                    self.config.client.login_timeout if self.client_tls else None
+                ),
             )
         except OSError as exc:
             await self.stop()
@@ -82,12 +89,13 @@ class Broker:
             await self.stop()
             raise
         log.info(
-            "brokerd %s listening on %s:%d (client %s:%d), databases %s",
+            "brokerd %s listening on %s:%d (client %s:%d%s), databases %s",
             self.instance_name,
             self.config.endpoint.host,
             self.config.endpoint.port,
             self.config.client.host,
             self.config.client.port,
+            " TLS" if self.client_tls else "",
             ", ".join(f"{db.name}={db.broker_instance}" for db in self.databases.values()),
         )
 

@@ -12,7 +12,9 @@ Files written (PEM):
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,16 +110,24 @@ def issue_instance(
     days: int = 825,
     key_type: str = "ed25519",
     now: dt.datetime | None = None,
+    alt_names: Iterable[str] = (),
 ) -> Issued:
-    """An instance certificate (subject CN = instance name) signed by the CA."""
+    """An instance certificate (subject CN = instance name) signed by the CA.
+
+    ``alt_names`` are the host names and IP addresses clients reach the instance by
+    (subject alternative names): a client connecting over TLS (``[client]
+    tls_certificate``) checks the address it dialled against them."""
     if not instance_name or len(instance_name.encode("utf-8")) > 256:
         raise ValueError("instance name must be 1..256 bytes of UTF-8")
     now = now or dt.datetime.now(dt.UTC)
     key = _new_key(key_type)
     ca_cert, ca_key = ca.certificate, ca.private_key
+    builder = x509.CertificateBuilder()
+    names = subject_alt_names(alt_names)
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, instance_name)]))
+        builder.subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, instance_name)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -133,6 +143,19 @@ def issue_instance(
         .sign(ca_key, _hash_for(ca_key))
     )
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def subject_alt_names(values: Iterable[str]) -> list[x509.GeneralName]:
+    """Each value as an IP address if it is one, else as a DNS name; duplicates once."""
+    names: list[x509.GeneralName] = []
+    for value in dict.fromkeys(values):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(value)))
+        except ValueError:
+            if not value or any(ch.isspace() for ch in value):
+                raise ValueError(f"{value!r} is neither an IP address nor a host name") from None
+            names.append(x509.DNSName(value))
+    return names
 
 
 def identity_for(issued: Issued, ca: Issued) -> Identity:

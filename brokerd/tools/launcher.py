@@ -28,11 +28,16 @@ class Daemon:
     directory: Path
     config_path: Path
     client_port: int
+    client_host: str = ""
+    """Where clients dial (default ``host``)."""
+    tls_ca_file: Path | None = None
+    """The CA that issued the client port's TLS certificate; None: plain TCP."""
     process: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.log_path = self.directory / "brokerd.log"
+        self.client_host = self.client_host or self.host
 
     @property
     def token_file(self) -> Path:
@@ -46,8 +51,15 @@ class Daemon:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    async def client(self) -> BrokerClient:
-        return await BrokerClient.connect(self.host, self.client_port, token_file=self.token_file)
+    async def client(self, user: str = "app", token_file: Path | None = None) -> BrokerClient:
+        """A client logged in as ``user`` with ``token_file`` (default: the admin token)."""
+        return await BrokerClient.connect(
+            self.client_host,
+            self.client_port,
+            user=user,
+            token_file=token_file or self.token_file,
+            tls_ca_file=self.tls_ca_file,
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -93,11 +105,17 @@ class Deployment:
         client_port: int = 4023,
         endpoint_extra: str = "",
         extra: str = "",
+        client_tls: bool = False,
+        client_extra: str = "",
     ) -> Daemon:
-        """Declare a daemon: certificate and configuration file (not started)."""
+        """Declare a daemon: certificate and configuration file (not started).
+
+        ``client_tls`` makes the client port speak TLS with the instance certificate
+        (issued for ``host``); ``client_extra`` adds lines to ``[client]``."""
         ca = self._ensure_ca()
         if not (self.cert_dir / f"{name}.pem").exists():
-            certs.write_pair(self.cert_dir, name, certs.issue_instance(ca, name))
+            issued = certs.issue_instance(ca, name, alt_names=[host])
+            certs.write_pair(self.cert_dir, name, issued)
         directory = self.root / name
         directory.mkdir(parents=True, exist_ok=True)
         retry = {"initial": 1.0, "maximum": 8.0, "ack_delay": 0.01, "delayed_retry": 1.0}
@@ -107,6 +125,12 @@ class Deployment:
         # The deployment's reconnect waits, unless endpoint_extra sets its own.
         reconnect_toml = "\n".join(
             f"{k} = {float(v)!r}" for k, v in waits.items() if f"{k} =" not in endpoint_extra
+        )
+        tls_toml = (
+            f'tls_certificate = "{self.cert_dir / name}.pem"\n'
+            f'tls_private_key = "{self.cert_dir / name}.key"'
+            if client_tls
+            else ""
         )
         config = f"""# written by brokerd.tools.launcher
 data_dir = "data"
@@ -125,12 +149,21 @@ ca_certificate = "{self.cert_dir / "ca.pem"}"
 [client]
 host = "{host}"
 port = {client_port}
+{tls_toml}
+{client_extra}
 
 {databases_toml}
 """
         path = directory / "brokerd.toml"
         path.write_text(config)
-        daemon = Daemon(name, host, directory, path, client_port)
+        daemon = Daemon(
+            name,
+            host,
+            directory,
+            path,
+            client_port,
+            tls_ca_file=self.cert_dir / "ca.pem" if client_tls else None,
+        )
         self.daemons[name] = daemon
         return daemon
 

@@ -1,0 +1,108 @@
+"""Who a client is and what it may do: the client tokens and their roles (R-CLIENT-2).
+
+The admin token (``[client] token_file``, created on first start) and each
+``[[client.token]]`` are shared secrets; a client proves it holds one with an HMAC
+over the listener's nonce (``protocol.client_wire``) and its login name selects
+which: a name listed in ``[[client.token]]`` selects that token, any other name the
+admin token. An ``admin`` may do everything. An ``application`` may use only its
+own services (BEGIN DIALOG from them, and SEND, END CONVERSATION, timers and MOVE on
+their conversations) and RECEIVE only from its own queues; every admin operation
+(views, routes, ALTER QUEUE, EXPLAIN, mirror roles) is refused with
+:class:`~protocol.errors.PermissionDenied`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from brokerd.config import ClientConfig
+from brokerd.dialogs.endpoint import Endpoint
+from protocol.errors import PermissionDenied
+
+ADMIN_OPERATIONS = frozenset(
+    {
+        "alter_queue",
+        "create_route",
+        "alter_route",
+        "drop_route",
+        "explain",
+        "set_mirror_role",
+        "view",
+    }
+)
+"""Operations only an admin token may ask for."""
+
+
+def load_or_create_token(path: Path) -> bytes:
+    """A client token's secret; created (mode 0600) on first start."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
+    return path.read_text().strip().encode()
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one logged-in client may do."""
+
+    name: str
+    role: str
+    services: frozenset[str] = frozenset()
+    queues: frozenset[str] = frozenset()
+
+    @property
+    def admin(self) -> bool:
+        return self.role == "admin"
+
+    def check_operation(self, op: str) -> None:
+        if not self.admin and op in ADMIN_OPERATIONS:
+            raise PermissionDenied(
+                f"{op} is an admin operation; the application token {self.name!r} may not ask "
+                "for it"
+            )
+
+    def check_service(self, service: str) -> None:
+        if not self.admin and service not in self.services:
+            raise PermissionDenied(
+                f"service {service!r} is not one of the application token {self.name!r}'s "
+                f"services ({', '.join(sorted(self.services)) or 'none'})"
+            )
+
+    def check_conversation(self, ep: Endpoint) -> None:
+        if not self.admin and ep.service not in self.services:
+            raise PermissionDenied(
+                f"conversation {ep.handle} belongs to service {ep.service!r}, which is not one "
+                f"of the application token {self.name!r}'s services"
+            )
+
+    def check_queue(self, queue: str) -> None:
+        if not self.admin and queue not in self.queues:
+            raise PermissionDenied(
+                f"queue {queue!r} is not one of the application token {self.name!r}'s queues "
+                f"({', '.join(sorted(self.queues)) or 'none'})"
+            )
+
+
+class Credentials:
+    """The tokens of one daemon, read (and created where missing) at start-up."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.admin_token = load_or_create_token(config.token_file)
+        self.named: dict[str, tuple[bytes, Access]] = {
+            token.name: (
+                load_or_create_token(token.file),
+                Access(token.name, token.role, frozenset(token.services), frozenset(token.queues)),
+            )
+            for token in config.tokens
+        }
+
+    def select(self, user: str) -> tuple[bytes, Access]:
+        """The secret the login name ``user`` must prove, and what it may then do."""
+        named = self.named.get(user)
+        if named is not None:
+            return named
+        return self.admin_token, Access(user, "admin")
