@@ -19,8 +19,8 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
 from dataclasses import replace
+from typing import Any
 from xml.sax.saxutils import escape
 
 from brokerd.config import BrokerConfig
