@@ -37,7 +37,7 @@ def run_soak(workdir: Path, seconds: float, seed: int) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, "-m", "brokerd.tools.soak", *command],
         capture_output=True,
-        timeout=seconds + 600,
+        timeout=seconds + 900,
         check=False,
     )
     assert result.stdout, f"no summary; stderr:\n{result.stderr.decode()[-3000:]}"

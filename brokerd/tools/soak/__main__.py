@@ -28,7 +28,9 @@ def _soak_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", type=int, default=200, help="last octet base of the addresses")
     p.add_argument("--dialogs", type=int, default=6, help="dialogs per direction")
     p.add_argument("--large", type=float, default=0.03, help="fraction of 100-300 KiB bodies")
-    p.add_argument("--drain-timeout", type=float, default=240.0)
+    p.add_argument(
+        "--drain-timeout", type=float, default=180.0, help="seconds without progress allowed"
+    )
     p.add_argument("--netns", help="create this network namespace and run inside it (root)")
     p.add_argument("--verbose", action="store_true", help="print every fault to stderr")
     return p

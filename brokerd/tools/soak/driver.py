@@ -65,7 +65,8 @@ class Settings:
     reply_every: int = 5
     max_backlog: int = 2000
     fault_interval: tuple[float, float] = (0.4, 2.0)
-    drain_timeout: float = 240.0
+    drain_timeout: float = 180.0
+    """Seconds the drain may go without progress."""
     kinds: tuple[str, ...] = (
         "kill_daemon",
         "kill_consumer",
@@ -456,15 +457,23 @@ class Soak:
         self.event("healed: no faults from now on")
 
     async def _drain(self) -> bool:
-        """Wait until the checker finds nothing missing (or no progress for a long while)."""
-        deadline = time.monotonic() + self.s.drain_timeout
-        while time.monotonic() < deadline:
-            await asyncio.sleep(2.0)
+        """Wait until the checker finds nothing missing: give up after ``drain_timeout``
+        seconds without progress, or four times that in all."""
+        start = last_progress = time.monotonic()
+        missing: int | None = None
+        while True:
+            await asyncio.sleep(5.0)
             verdict = checker.check(self.ledgers, self.s.reply_every)
-            if not verdict.violations["loss"]:
+            now = time.monotonic()
+            left = len(verdict.violations["loss"])
+            if not left:
                 await asyncio.sleep(2.0)  # let late duplicates show, if any
                 return True
-        return False
+            if missing is None or left < missing:
+                missing, last_progress = left, now
+                self.event(f"draining: {left} not received yet")
+            if now - last_progress > self.s.drain_timeout or now - start > 4 * self.s.drain_timeout:
+                return False
 
     async def _leftover(self, clients: _Clients) -> dict[str, int]:
         """Rows still in each daemon's transmission queue after the drain (0 expected

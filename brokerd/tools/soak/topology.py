@@ -29,9 +29,13 @@ HOPS = ("a>f", "f>b", "b>f", "f>a")
 
 RETRY = {"initial": 0.5, "maximum": 2.0, "ack_delay": 0.005, "delayed_retry": 0.5}
 ENDPOINT = (
-    "heartbeat_interval = 0.5\nheartbeat_deadline = 2.0\nconnect_timeout = 2.0\n"
+    "heartbeat_interval = 1.0\nheartbeat_deadline = 6.0\nconnect_timeout = 5.0\n"
     "handshake_timeout = 5.0\n"
 )
+"""Short enough to find a blackholed connection in seconds, long enough for a host whose
+CPUs are busy: with a 2 s deadline and a 2 s connect timeout, daemons starved of CPU
+closed their own healthy connections for missed heartbeats again and again, and the
+queues hardly drained."""
 
 
 @dataclass(frozen=True)
