@@ -105,3 +105,12 @@ def open_pair(pki: Pki, **kwargs: object) -> tuple[BrokerConnection, BrokerConne
     i, a = make_pair(pki.alpha, pki.beta, **kwargs)  # type: ignore[arg-type]
     run_handshake(i, a)
     return i, a
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak-seconds",
+        type=float,
+        default=None,
+        help="seconds of faults for the long soak (tests/tools/test_soak.py; run with -m soak)",
+    )

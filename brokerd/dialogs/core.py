@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import Any
 from xml.sax.saxutils import escape
 
 from brokerd.config import BrokerConfig
@@ -126,13 +127,19 @@ class EngineCore:
             )
         return found[0]
 
-    async def commit(self, db: Database, work: Work) -> None:
-        """Make ``work`` durable in one SQLite transaction; its callbacks run after it."""
+    def submit(self, db: Database, work: Work) -> asyncio.Future[Any]:
+        """Queue ``work`` for the next group commit now, before anything else runs on the
+        loop: its endpoint snapshots were taken now, and a snapshot queued after a newer
+        one of the same endpoint would write back an older ``receive_sequence``."""
         future = db.store.submit(
             work.statements, on_commit=work.committed, on_failure=work.failed, wait=True
         )
         assert future is not None
-        await future
+        return future
+
+    async def commit(self, db: Database, work: Work) -> None:
+        """Make ``work`` durable in one SQLite transaction; its callbacks run after it."""
+        await self.submit(db, work)
 
     def apply(
         self,

@@ -185,7 +185,9 @@ class ApplicationVerbs(EngineCore):
             seq, work = self._enqueue_work(db, ep, message_type, flags, body)
             seqs.append(seq)
             works.setdefault(db.name, (db, Work()))[1].extend(work)
-        await asyncio.gather(*(self.commit(db, work) for db, work in works.values()))
+        # Queued at once, not from tasks started later: by then a message received on one
+        # of these endpoints could have queued a newer snapshot than the ones taken here.
+        await asyncio.gather(*(self.submit(db, work) for db, work in works.values()))
         return seqs
 
     def _enqueue_work(

@@ -1,0 +1,16 @@
+"""A soak of brokerd under fire, with an independent checker (``python -m brokerd.tools.soak``).
+
+Three real daemons, an initiator A, a target B and a forwarder F between them,
+with a fault proxy in front of every hop; producers send over long-lived dialogs
+in both directions, consumer processes receive with the SDK's exactly-once loop
+(``BrokerClient.consume()``), and a scheduler SIGKILLs and restarts every daemon
+and consumer, stalls consumers (SIGSTOP) and breaks the links. When the time is
+up the faults stop, the queues drain, and the checker reads only what the
+applications wrote down to report loss, duplication, reordering, corruption and
+phantoms (SPEC R-DLG-1). docs/reliability.md describes the design and the results.
+
+Modules: :mod:`.records` (message bodies and ledger files), :mod:`.topology` (the
+deployment), :mod:`.consumer` (the application process that receives),
+:mod:`.checker` (the verdict), :mod:`.driver` (producers, faults, drain) and
+:mod:`.netns` (running inside a network namespace of its own).
+"""

@@ -1,0 +1,154 @@
+"""The independent checker: reads only the ledgers the producers and the consumer
+applications wrote (:mod:`.records`), never the daemons, and reports violations of
+exactly once in order (SPEC R-DLG-1).
+
+A consumer's batch is *committed* if its ``K`` line is there, *rolled back* if its
+``A`` line is, and otherwise (the consumer died between writing its records and
+learning the COMMIT's outcome) rolled back if any of its messages was received again
+later in that ledger, committed if none was. Over the committed batches:
+
+* **loss**: a SEND whose commit was acknowledged (``C``), or a reply sent in a
+  committed batch, that was never received;
+* **duplicate**: a (key, index) received in two committed batches;
+* **reorder**: within a key, an index received after a greater one;
+* **corrupt**: a payload that does not match its length and checksum;
+* **phantom**: a body that is not a soak body, or names a (key, index) that no
+  producer tried to send, or that a SEND refused by the daemon carried, or a reply
+  to a request that was not received;
+* **dialog_error**: an Error or EndDialog message the applications did not cause.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brokerd.tools.soak.consumer import REPLY, is_reply, wants_reply
+
+Key = tuple[str, int]
+
+
+@dataclass
+class _Batch:
+    position: int
+    records: list[tuple[str, int, bool]] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)
+    state: str = "unknown"
+
+
+@dataclass
+class Verdict:
+    committed_sends: int = 0
+    uncertain_sends: int = 0
+    refused_sends: int = 0
+    received: int = 0
+    replies_expected: int = 0
+    batches: dict[str, int] = field(default_factory=dict)
+    violations: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not any(self.violations.values())
+
+    def summary(self, examples: int = 10) -> dict[str, Any]:
+        return {
+            "committed_sends": self.committed_sends,
+            "uncertain_sends": self.uncertain_sends,
+            "refused_sends": self.refused_sends,
+            "received": self.received,
+            "replies_expected": self.replies_expected,
+            "batches": self.batches,
+            "violations": {k: len(v) for k, v in self.violations.items()},
+            "examples": {k: v[:examples] for k, v in self.violations.items() if v},
+        }
+
+
+def _sent(workdir: Path) -> tuple[set[Key], set[Key], set[Key]]:
+    tried: set[Key] = set()
+    committed: set[Key] = set()
+    refused: set[Key] = set()
+    for path in sorted(workdir.glob("sent-*.log")):
+        for line in path.read_text().splitlines():
+            parts = line.split(" ")
+            if len(parts) != 3:
+                continue  # a line cut short by the end of the file
+            target = {"T": tried, "C": committed, "F": refused}.get(parts[0])
+            if target is not None:
+                target.add((parts[1], int(parts[2])))
+    return tried, committed, refused
+
+
+def _batches(path: Path) -> list[_Batch]:
+    batches: dict[str, _Batch] = {}
+    for n, line in enumerate(path.read_text().splitlines()):
+        parts = line.split(" ")
+        if len(parts) < 2:
+            continue
+        kind, name = parts[0], parts[1]
+        batch = batches.setdefault(name, _Batch(n))
+        if kind == "R" and len(parts) == 5:
+            batch.records.append((parts[2], int(parts[3]), parts[4] == "1"))
+        elif kind == "X":
+            batch.others.append(" ".join(parts[2:]))
+        elif kind == "K":
+            batch.state = "committed"
+        elif kind == "A":
+            batch.state = "rolled back"
+    ordered = sorted(batches.values(), key=lambda b: b.position)
+    seen_later: set[Key] = set()
+    for batch in reversed(ordered):
+        keys = {(k, i) for k, i, _ in batch.records}
+        if batch.state == "unknown":
+            batch.state = "rolled back" if keys & seen_later else "committed (resolved)"
+        seen_later |= keys
+    return ordered
+
+
+def check(workdir: Path, reply_every: int) -> Verdict:
+    verdict = Verdict()
+    tried, committed, refused = _sent(workdir)
+    verdict.committed_sends = len(committed)
+    verdict.uncertain_sends = len(tried - committed - refused)
+    verdict.refused_sends = len(refused)
+    v: dict[str, list[str]] = defaultdict(list)
+    accepted: dict[Key, int] = defaultdict(int)
+    states: dict[str, int] = defaultdict(int)
+    for path in sorted(workdir.glob("received-*.log")):
+        last: dict[str, int] = {}
+        for batch in _batches(path):
+            states[batch.state] += 1
+            if batch.state == "rolled back":
+                continue
+            for other in batch.others:
+                kind = "phantom" if other.startswith("unparseable") else "dialog_error"
+                v[kind].append(f"{path.name}: {other}")
+            for key, index, intact in batch.records:
+                verdict.received += 1
+                accepted[(key, index)] += 1
+                where = f"{path.name}: {key} #{index}"
+                if accepted[(key, index)] > 1:
+                    v["duplicate"].append(where)
+                    continue
+                if not intact:
+                    v["corrupt"].append(where)
+                if key in last and index < last[key]:
+                    v["reorder"].append(f"{where} after #{last[key]}")
+                last[key] = max(index, last.get(key, index))
+    verdict.batches = dict(states)
+    requests = {k for k in accepted if not is_reply(k[0])}
+    expected = {(k + REPLY, i) for k, i in requests if wants_reply(k, i, reply_every)}
+    verdict.replies_expected = len(expected)
+    for key, index in sorted(committed | expected):
+        if (key, index) not in accepted:
+            v["loss"].append(f"{key} #{index}")
+    for key, index in sorted(accepted):
+        if is_reply(key):
+            if (key, index) not in expected:
+                v["phantom"].append(f"reply {key} #{index} to a request never received")
+        elif (key, index) not in tried or (key, index) in refused:
+            v["phantom"].append(f"{key} #{index} was never sent")
+    for kind in ("loss", "duplicate", "reorder", "corrupt", "phantom", "dialog_error"):
+        verdict.violations[kind] = v.get(kind, [])
+    return verdict

@@ -1,0 +1,519 @@
+"""The soak itself: daemons, proxies, consumers, producers, the fault scheduler and
+the drain, then the checker's verdict as one JSON-ready summary.
+
+Faults (chosen at random intervals by a seeded generator, every kind counted):
+
+* ``kill_daemon``: SIGKILL A, F or B, restarted 0.5-4 s later;
+* ``kill_consumer``: SIGKILL a consumer process (at any point, including between
+  RECEIVE and COMMIT), restarted 0.2-2 s later; ``stall_consumer``: SIGSTOP it for
+  1-8 s (a receiver that hangs while holding its transaction);
+* on one hop's proxy: ``corrupt`` or ``drop`` 1-3 of the next FRAGMENT frames,
+  ``drop_ack`` 1-3 of the next ACK frames, ``delay`` every chunk for 1-5 s,
+  ``stall`` the sending side for 1-6 s, ``blackhole`` new and live connections for
+  1-6 s (the live ones stay silent: heartbeats and redial must find them), ``cut``
+  every connection (TCP reset).
+
+Producers send over long-lived dialogs in both directions (A to B and B to A,
+through F): single SENDs, ``send_many`` batches and client transactions of several
+SENDs, a few bodies of 100-300 KiB (several fragments). They pause while too many
+committed messages wait to be received, so the drain stays bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brokerd.sdk.client import BrokerClient
+from brokerd.tools.faultproxy import FaultPlan, FaultProxy
+from brokerd.tools.launcher import Deployment
+from brokerd.tools.soak import checker, topology
+from brokerd.tools.soak.records import Ledger, make_body
+from protocol.errors import ClientError, RemoteError
+
+DIRECTIONS = {
+    "ab": ("a", topology.SERVICE_A, topology.SERVICE_B),
+    "ba": ("b", topology.SERVICE_B, topology.SERVICE_A),
+}
+"""Producer direction: (sending daemon, from service, to service)."""
+CONSUMERS = {
+    "a": (topology.QUEUE_A, topology.DATABASE_A),
+    "b": (topology.QUEUE_B, topology.DATABASE_B),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    seconds: float
+    seed: int
+    workdir: Path
+    hosts: topology.Hosts = field(default_factory=topology.Hosts)
+    dialogs: int = 6
+    """Dialogs per direction at once."""
+    large_fraction: float = 0.03
+    reply_every: int = 5
+    max_backlog: int = 2000
+    fault_interval: tuple[float, float] = (0.4, 2.0)
+    drain_timeout: float = 180.0
+    """Seconds the drain may go without progress."""
+    kinds: tuple[str, ...] = (
+        "kill_daemon",
+        "kill_consumer",
+        "stall_consumer",
+        "corrupt",
+        "drop",
+        "drop_ack",
+        "delay",
+        "stall",
+        "blackhole",
+        "cut",
+    )
+
+
+WEIGHTS = {
+    "kill_daemon": 2,
+    "kill_consumer": 2,
+    "stall_consumer": 1,
+    "corrupt": 2,
+    "drop": 2,
+    "drop_ack": 2,
+    "delay": 1,
+    "stall": 1,
+    "blackhole": 1,
+    "cut": 2,
+}
+
+
+class _Clients:
+    """One SDK connection per daemon, dialled again after it breaks."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self._deployment = deployment
+        self._clients: dict[str, BrokerClient] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def get(self, name: str) -> BrokerClient:
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            client = self._clients.get(name)
+            if client is not None:
+                return client
+            daemon = self._deployment.daemons[name]
+            client = await BrokerClient.connect(
+                daemon.host, daemon.client_port, token_file=daemon.token_file, timeout=3
+            )
+            self._clients[name] = client
+            return client
+
+    async def drop(self, name: str, client: BrokerClient) -> None:
+        if self._clients.get(name) is client:
+            del self._clients[name]
+        await client.close()
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+
+class Soak:
+    def __init__(self, settings: Settings, log: Callable[[str], None] | None = None) -> None:
+        self.s = settings
+        self.rng = random.Random(settings.seed)
+        self.root = settings.workdir
+        self.ledgers = self.root / "ledgers"
+        self.deployment = topology.build(self.root / "deployment", settings.hosts)
+        self.proxies: dict[str, FaultProxy] = {}
+        self.consumers: dict[str, subprocess.Popen[bytes]] = {}
+        self.stalled: set[str] = set()
+        self.down: set[str] = set()
+        self.faults: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self.stop_producing = asyncio.Event()
+        self.received = 0
+        self.committed = 0
+        self.large = 0
+        self._offsets: dict[Path, int] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+        self._events = (self.root / "events.log").open("a", encoding="utf-8")
+        self._log = log or (lambda _: None)
+        self._t0 = time.monotonic()
+
+    def event(self, text: str) -> None:
+        line = f"{time.monotonic() - self._t0:8.2f} {text}"
+        self._events.write(line + "\n")
+        self._events.flush()
+        self._log(line)
+
+    # -- processes -----------------------------------------------------------------
+
+    def _start_consumer(self, name: str) -> None:
+        queue, database = CONSUMERS[name]
+        daemon = self.deployment.daemons[name]
+        log = (self.root / f"consumer-{name}.log").open("ab")
+        self.consumers[name] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "brokerd.tools.soak",
+                "consume",
+                "--host",
+                daemon.host,
+                "--port",
+                str(daemon.client_port),
+                "--token-file",
+                str(daemon.token_file),
+                "--queue",
+                queue,
+                "--database",
+                database,
+                "--ledger",
+                str(self.ledgers / f"received-{name}.log"),
+                "--reply-every",
+                str(self.s.reply_every),
+                "--seed",
+                str(self.s.seed),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    async def _start_daemon(self, name: str) -> None:
+        for attempt in range(5):
+            try:
+                await asyncio.to_thread(self.deployment.start, name)
+                self.down.discard(name)
+                return
+            except RuntimeError as exc:
+                self.errors.append(f"restart of {name} failed (attempt {attempt + 1}): {exc}")
+                await asyncio.sleep(1.0)
+        raise RuntimeError(f"daemon {name} does not start again; see {self.root}")
+
+    def _later(self, delay: float, action: Callable[[], Any]) -> None:
+        async def run() -> None:
+            await asyncio.sleep(delay)
+            result = action()
+            if asyncio.iscoroutine(result):
+                await result
+
+        task = asyncio.create_task(run())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    # -- faults ------------------------------------------------------------------------
+
+    def _inject(self, kind: str) -> bool:
+        rng = self.rng
+        if kind == "kill_daemon":
+            name = rng.choice([n for n in topology.DAEMONS if n not in self.down])
+            self.deployment.kill(name)
+            self.down.add(name)
+            delay = rng.uniform(0.5, 4.0)
+            self.event(f"SIGKILL daemon {name}, restart in {delay:.1f} s")
+            self._later(delay, lambda: self._start_daemon(name))
+            return True
+        if kind in ("kill_consumer", "stall_consumer"):
+            name = rng.choice(sorted(CONSUMERS))
+            process = self.consumers[name]
+            if name in self.stalled or process.poll() is not None:
+                return False
+            if kind == "kill_consumer":
+                process.kill()
+                process.wait()
+                delay = rng.uniform(0.2, 2.0)
+                self.event(f"SIGKILL consumer {name}, restart in {delay:.1f} s")
+                self._later(delay, lambda: self._start_consumer(name))
+            else:
+                process.send_signal(signal.SIGSTOP)
+                self.stalled.add(name)
+                delay = rng.uniform(1.0, 8.0)
+                self.event(f"SIGSTOP consumer {name} for {delay:.1f} s")
+                self._later(delay, lambda: self._resume(name))
+            return True
+        hop = rng.choice(topology.HOPS)
+        proxy = self.proxies[hop]
+        plan = proxy.plan
+        if kind in ("corrupt", "drop"):
+            base = proxy.stats.fragments_seen
+            chosen = {base + rng.randint(1, 20) for _ in range(rng.randint(1, 3))}
+            (plan.corrupt_fragments if kind == "corrupt" else plan.drop_fragments).update(chosen)
+            self.event(f"{kind} fragments {sorted(chosen)} on {hop}")
+            return True
+        if kind == "drop_ack":
+            base = proxy.stats.acks_seen
+            chosen = {base + rng.randint(1, 10) for _ in range(rng.randint(1, 3))}
+            plan.drop_acks.update(chosen)
+            self.event(f"drop acks {sorted(chosen)} on {hop}")
+            return True
+        if kind == "cut":
+            proxy.cut()
+            self.event(f"cut {hop}")
+            return True
+        if plan.delay or plan.stall or plan.blackhole:
+            return False  # one timed fault per hop at a time
+        duration = rng.uniform(1.0, 6.0)
+        if kind == "delay":
+            plan.delay = rng.uniform(0.01, 0.2)
+        elif kind == "stall":
+            plan.stall = True
+        else:
+            plan.blackhole = True
+        self.event(f"{kind} {hop} for {duration:.1f} s")
+        self._later(duration, lambda: self._clear_timed(plan))
+        return True
+
+    @staticmethod
+    def _clear_timed(plan: FaultPlan) -> None:
+        plan.delay = 0.0
+        plan.stall = False
+        plan.blackhole = False
+
+    def _resume(self, name: str) -> None:
+        self.stalled.discard(name)
+        process = self.consumers[name]
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+
+    async def _faults(self, until: float) -> None:
+        kinds = list(self.s.kinds)
+        weights = [WEIGHTS[k] for k in kinds]
+        while time.monotonic() < until:
+            await asyncio.sleep(self.rng.uniform(*self.s.fault_interval))
+            kind = self.rng.choices(kinds, weights)[0]
+            if kind == "kill_daemon" and len(self.down) >= 2:
+                continue
+            if self._inject(kind):
+                self.faults[kind] += 1
+
+    # -- producers ---------------------------------------------------------------------
+
+    def _tail(self) -> None:
+        """Count the R lines the consumers appended since the last look (for back-pressure)."""
+        for path in self.ledgers.glob("received-*.log"):
+            offset = self._offsets.get(path, 0)
+            with path.open("rb") as f:
+                f.seek(offset)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self._offsets[path] = offset + end
+            self.received += data[:end].count(b"\nR ") + int(data.startswith(b"R "))
+
+    def _size(self) -> int:
+        if self.rng.random() < self.s.large_fraction:
+            self.large += 1
+            return self.rng.randint(100 * 1024, 300 * 1024)
+        return self.rng.randint(0, 2000)
+
+    async def _producer(self, direction: str, slot: int, clients: _Clients) -> None:
+        daemon, from_service, to_service = DIRECTIONS[direction]
+        ledger = Ledger(self.ledgers / f"sent-{direction}{slot}.log", sync=False)
+        rng = random.Random(f"{self.s.seed}/{direction}/{slot}")
+        generation = 0
+        handle = None
+        index = 0
+        key = ""
+        try:
+            while not self.stop_producing.is_set():
+                if self.committed - self.received > self.s.max_backlog:
+                    await asyncio.sleep(0.2)
+                    continue
+                try:
+                    client = await clients.get(daemon)
+                except (ClientError, RemoteError, OSError):
+                    await asyncio.sleep(0.3)
+                    continue
+                try:
+                    if handle is None:
+                        handle = await client.begin_dialog(from_service, to_service, database=None)
+                        generation += 1
+                        key, index = f"{direction}{slot}.{generation}", 0
+                    count = 1 if rng.random() < 0.6 else rng.randint(2, 5)
+                    mode = "send" if count == 1 else rng.choice(("many", "tx"))
+                    batch = [(key, index + n) for n in range(count)]
+                    bodies = [make_body(k, i, self._size(), rng) for k, i in batch]
+                    ledger.write([f"T {k} {i}" for k, i in batch])
+                    index += count
+                    try:
+                        if mode == "send":
+                            await client.send(handle, "DEFAULT", bodies[0])
+                        elif mode == "many":
+                            await client.send_many([(handle, "DEFAULT", b) for b in bodies])
+                        else:
+                            async with client.transaction() as tx:
+                                for body in bodies:
+                                    await tx.send(handle, "DEFAULT", body)
+                    except RemoteError:
+                        ledger.write([f"F {k} {i}" for k, i in batch])
+                        raise
+                    ledger.write([f"C {k} {i}" for k, i in batch])
+                    self.committed += count
+                except ClientError:
+                    await clients.drop(daemon, client)
+                    await asyncio.sleep(0.1)
+                except RemoteError as exc:
+                    self.errors.append(f"{direction}{slot}: {type(exc).__name__}: {exc}")
+                    handle = None  # start a new dialog
+                await asyncio.sleep(rng.uniform(0, 0.01))
+        finally:
+            ledger.close()
+
+    # -- the run ----------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        self.ledgers.mkdir(parents=True, exist_ok=True)
+        for hop in topology.HOPS:
+            proxy = FaultProxy(
+                self.s.hosts.proxy(hop), 4022, topology.proxy_target(self.s.hosts, hop), 4022
+            )
+            await proxy.start()
+            self.proxies[hop] = proxy
+        clients = _Clients(self.deployment)
+        started = time.monotonic()
+        try:
+            for name in topology.DAEMONS:
+                await self._start_daemon(name)
+            for name in CONSUMERS:
+                self._start_consumer(name)
+            self.event(f"started; seed {self.s.seed}, {self.s.seconds:.0f} s of faults")
+            producers = [
+                asyncio.create_task(self._producer(direction, slot, clients))
+                for direction in DIRECTIONS
+                for slot in range(self.s.dialogs)
+            ]
+            until = time.monotonic() + self.s.seconds
+            faults = asyncio.create_task(self._faults(until))
+            while time.monotonic() < until:
+                await asyncio.sleep(1.0)
+                self._tail()
+            await faults
+            self.event(f"faults stop; {self.committed} committed, {self.received} received")
+            self.stop_producing.set()
+            await asyncio.gather(*producers)
+            await self._heal()
+            drained = await self._drain()
+            self.event(f"drain {'complete' if drained else 'timed out'}")
+            leftover = await self._leftover(clients)
+        finally:
+            await clients.close()
+            await self._shutdown()
+        verdict = checker.check(self.ledgers, self.s.reply_every)
+        proxy_totals: Counter[str] = Counter()
+        for proxy in self.proxies.values():
+            proxy_totals["fragments_corrupted"] += proxy.stats.fragments_corrupted
+            proxy_totals["fragments_dropped"] += proxy.stats.fragments_dropped
+            proxy_totals["acks_dropped"] += proxy.stats.acks_dropped
+            proxy_totals["fragments_seen"] += proxy.stats.fragments_seen
+        summary = {
+            "seed": self.s.seed,
+            "seconds": self.s.seconds,
+            "elapsed": round(time.monotonic() - started, 1),
+            "workdir": str(self.root),
+            "messages": {
+                "committed_sends": verdict.committed_sends,
+                "uncertain_sends": verdict.uncertain_sends,
+                "refused_sends": verdict.refused_sends,
+                "replies_expected": verdict.replies_expected,
+                "received": verdict.received,
+                "large_bodies": self.large,
+            },
+            "kills": {k: self.faults[k] for k in ("kill_daemon", "kill_consumer")},
+            "faults": {**{k: self.faults[k] for k in self.s.kinds}, **proxy_totals},
+            "drained": drained,
+            "leftover": leftover,
+            "consumer_batches": verdict.batches,
+            "errors": self.errors[:20],
+            **{k: v for k, v in verdict.summary().items() if k in ("violations", "examples")},
+            "clean": verdict.clean and drained,
+        }
+        (self.root / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    async def _heal(self) -> None:
+        """Stop every fault: clear the plans, resume and restart whatever is down."""
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        for proxy in self.proxies.values():
+            proxy.plan = FaultPlan()
+        for name in list(self.stalled):
+            self._resume(name)
+        for name in topology.DAEMONS:
+            if not self.deployment.daemons[name].running:
+                await self._start_daemon(name)
+        for name, process in self.consumers.items():
+            if process.poll() is not None:
+                self._start_consumer(name)
+        self.event("healed: no faults from now on")
+
+    async def _drain(self) -> bool:
+        """Wait until the checker finds nothing missing: give up after ``drain_timeout``
+        seconds without progress, or four times that in all."""
+        start = last_progress = time.monotonic()
+        missing: int | None = None
+        while True:
+            await asyncio.sleep(5.0)
+            verdict = checker.check(self.ledgers, self.s.reply_every)
+            now = time.monotonic()
+            left = len(verdict.violations["loss"])
+            if not left:
+                await asyncio.sleep(2.0)  # let late duplicates show, if any
+                return True
+            if missing is None or left < missing:
+                missing, last_progress = left, now
+                self.event(f"draining: {left} not received yet")
+            if now - last_progress > self.s.drain_timeout or now - start > 4 * self.s.drain_timeout:
+                return False
+
+    async def _leftover(self, clients: _Clients) -> dict[str, int]:
+        """Rows still in each daemon's transmission queue after the drain (0 expected
+        once every acknowledgement arrived; a few may still be in flight)."""
+        out: dict[str, int] = {}
+        for name in topology.DAEMONS:
+            try:
+                client = await clients.get(name)
+                for _ in range(20):
+                    rows = await client.transmission_queue()
+                    if not rows:
+                        break
+                    await asyncio.sleep(0.5)
+                out[name] = len(rows)
+            except (ClientError, RemoteError) as exc:
+                self.errors.append(f"transmission_queue of {name}: {exc}")
+        return out
+
+    async def _shutdown(self) -> None:
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        for name, process in self.consumers.items():
+            if process.poll() is None:
+                if name in self.stalled:
+                    process.send_signal(signal.SIGCONT)
+                process.terminate()
+                try:
+                    await asyncio.to_thread(process.wait, 10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        await asyncio.to_thread(self.deployment.stop_all)
+        for proxy in self.proxies.values():
+            await proxy.stop()
+        self._events.close()
+
+
+def run(settings: Settings, verbose: bool = False) -> dict[str, Any]:
+    settings.workdir.mkdir(parents=True, exist_ok=True)
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if verbose else None
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return asyncio.run(Soak(settings, log).run())

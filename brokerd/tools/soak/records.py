@@ -1,0 +1,73 @@
+"""Message bodies and the ledger files of the soak (the checker reads nothing else).
+
+A body is a header line ``key index length sha256`` and ``length`` payload bytes:
+``key`` names the dialog as its producer knows it (a consumer sees only its own
+conversation handle), ``index`` counts that dialog's messages from 0 in SEND order.
+
+Ledgers are text files of one record per line, appended and flushed:
+
+* ``sent-*.log`` (producers): ``T key index`` before a SEND is issued and
+  ``C key index`` once its commit was acknowledged. A SEND whose outcome is unknown
+  (the connection broke) has only its ``T`` line: it may arrive at most once.
+* ``received-*.log`` (consumers): ``R batch key index ok`` for every message of a
+  batch inside the transaction, before COMMIT (``ok`` is 1 when the payload matches
+  its length and checksum), ``X batch kind detail`` for a message that is not a
+  soak body, then ``K batch`` after the COMMIT returned, fsynced each time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+
+@dataclass(frozen=True)
+class Parsed:
+    key: str
+    index: int
+    intact: bool
+
+
+def make_body(key: str, index: int, size: int, rng: random.Random) -> bytes:
+    payload = rng.randbytes(size)
+    digest = hashlib.sha256(payload).hexdigest()
+    return f"{key} {index} {size} {digest}\n".encode() + payload
+
+
+def parse_body(body: bytes) -> Parsed | None:
+    """The header of a soak body and whether its payload is intact; None if not a soak body."""
+    head, sep, payload = body.partition(b"\n")
+    if not sep:
+        return None
+    try:
+        key, index, size, digest = head.decode().split(" ")
+        n = int(index)
+        length = int(size)
+    except ValueError:
+        return None
+    intact = len(payload) == length and hashlib.sha256(payload).hexdigest() == digest
+    return Parsed(key, n, intact)
+
+
+class Ledger:
+    """An append-only record file; ``sync`` makes every write durable before returning."""
+
+    def __init__(self, path: Path, *, sync: bool) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] = path.open("a", encoding="utf-8")
+        self._sync = sync
+
+    def write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        self._file.write("".join(line + "\n" for line in lines))
+        self._file.flush()
+        if self._sync:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,97 @@
+"""The soak's checker (brokerd/tools/soak/checker.py) on ledgers written here: it must
+see every kind of violation of exactly once in order (SPEC R-DLG-1), and resolve a
+batch whose consumer died before learning the COMMIT's outcome."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from brokerd.tools.soak.checker import check
+from brokerd.tools.soak.records import make_body, parse_body
+
+REPLY_EVERY = 0
+
+
+def ledgers(tmp_path: Path, sent: str, received: str) -> Path:
+    (tmp_path / "sent-ab0.log").write_text(sent)
+    (tmp_path / "received-b.log").write_text(received)
+    return tmp_path
+
+
+def sent(*indexes: int, key: str = "k") -> str:
+    return "".join(f"T {key} {i}\nC {key} {i}\n" for i in indexes)
+
+
+def counts(tmp_path: Path, received: str, sent_text: str | None = None) -> dict[str, int]:
+    ledgers(tmp_path, sent(0, 1, 2) if sent_text is None else sent_text, received)
+    verdict = check(tmp_path, REPLY_EVERY)
+    return {k: len(v) for k, v in verdict.violations.items() if v}
+
+
+def test_a_clean_run(tmp_path: Path) -> None:
+    received = "R 1.1 k 0 1\nR 1.1 k 1 1\nK 1.1\nR 1.2 k 2 1\nK 1.2\n"
+    assert counts(tmp_path, received) == {}
+
+
+def test_loss_duplicate_reorder_corrupt(tmp_path: Path) -> None:
+    assert counts(tmp_path, "R 1.1 k 0 1\nR 1.1 k 1 1\nK 1.1\n") == {"loss": 1}
+    received = "R 1.1 k 0 1\nR 1.1 k 1 1\nK 1.1\nR 1.2 k 1 1\nR 1.2 k 2 1\nK 1.2\n"
+    assert counts(tmp_path, received) == {"duplicate": 1}
+    received = "R 1.1 k 0 1\nR 1.1 k 2 1\nK 1.1\nR 1.2 k 1 1\nK 1.2\n"
+    assert counts(tmp_path, received) == {"reorder": 1}
+    received = "R 1.1 k 0 1\nR 1.1 k 1 0\nR 1.1 k 2 1\nK 1.1\n"
+    assert counts(tmp_path, received) == {"corrupt": 1}
+
+
+def test_phantoms_and_dialog_errors(tmp_path: Path) -> None:
+    received = "R 1.1 k 0 1\nR 1.1 k 1 1\nR 1.1 k 2 1\nR 1.1 other 0 1\nK 1.1\n"
+    assert counts(tmp_path, received) == {"phantom": 1}
+    refused = sent(0, 1) + "T k 2\nF k 2\n"
+    received = "R 1.1 k 0 1\nR 1.1 k 1 1\nR 1.1 k 2 1\nK 1.1\n"
+    assert counts(tmp_path, received, refused) == {"phantom": 1}
+    received = "R 1.1 k 0 1\nR 1.1 k 1 1\nR 1.1 k 2 1\nX 1.1 unparseable 12\nK 1.1\n"
+    assert counts(tmp_path, received) == {"phantom": 1}
+    received = "R 1.1 k 0 1\nR 1.1 k 1 1\nR 1.1 k 2 1\nX 1.1 Error 8 gone\nK 1.1\n"
+    assert counts(tmp_path, received) == {"dialog_error": 1}
+
+
+def test_an_uncertain_send_may_arrive_once_or_not_at_all(tmp_path: Path) -> None:
+    text = sent(0) + "T k 1\n" + sent(2)
+    assert counts(tmp_path, "R 1.1 k 0 1\nR 1.1 k 2 1\nK 1.1\n", text) == {}
+    assert counts(tmp_path, "R 1.1 k 0 1\nR 1.1 k 1 1\nR 1.1 k 2 1\nK 1.1\n", text) == {}
+
+
+def test_batches_rolled_back_or_left_without_outcome(tmp_path: Path) -> None:
+    # Rolled back on purpose, then received again: counted once.
+    received = "R 1.1 k 0 1\nA 1.1\nR 1.2 k 0 1\nR 1.2 k 1 1\nR 1.2 k 2 1\nK 1.2\n"
+    assert counts(tmp_path, received) == {}
+    # The consumer died after its records: received again later, so it rolled back.
+    received = "R 1.1 k 0 1\nR 2.1 k 0 1\nR 2.1 k 1 1\nR 2.1 k 2 1\nK 2.1\n"
+    assert counts(tmp_path, received) == {}
+    # Not received again: its COMMIT took effect before the consumer died.
+    received = "R 1.1 k 0 1\nR 2.1 k 1 1\nR 2.1 k 2 1\nK 2.1\n"
+    assert counts(tmp_path, received) == {}
+    assert check(tmp_path, REPLY_EVERY).batches == {"committed (resolved)": 1, "committed": 1}
+
+
+def test_replies_sent_in_a_committed_batch_must_arrive(tmp_path: Path) -> None:
+    (tmp_path / "sent-ab0.log").write_text(sent(0, 1, 2))
+    (tmp_path / "received-b.log").write_text("R 1.1 k 0 1\nR 1.1 k 1 1\nR 1.1 k 2 1\nK 1.1\n")
+    (tmp_path / "received-a.log").write_text("R 1.1 k~r 0 1\nK 1.1\nR 1.2 k~r 3 1\nK 1.2\n")
+    verdict = check(tmp_path, reply_every=2)
+    assert verdict.replies_expected == 2
+    assert verdict.violations["loss"] == ["k~r #2"]
+    assert verdict.violations["phantom"] == ["reply k~r #3 to a request never received"]
+
+
+def test_bodies_carry_their_checksum() -> None:
+    body = make_body("ab0.1", 7, 1000, random.Random(1))
+    parsed = parse_body(body)
+    assert parsed is not None and (parsed.key, parsed.index, parsed.intact) == ("ab0.1", 7, True)
+    broken = bytearray(body)
+    broken[-10] ^= 0xFF
+    assert parse_body(bytes(broken)) == parsed.__class__("ab0.1", 7, False)
+    truncated = parse_body(body[:-1])
+    assert truncated is not None and not truncated.intact
+    assert parse_body(b"not a soak body") is None
