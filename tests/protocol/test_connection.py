@@ -85,8 +85,8 @@ def test_all_sendable_events_cross_both_ways(pki: Pki) -> None:
         Fragment(b"payload"),
         Ack(b"ack bytes"),
         Keepalive(),
-        PrincipalQuery(7, broker, "Expenses"),
-        PrincipalAnswer(7, MirrorRole.PRINCIPAL, broker, "Expenses"),
+        PrincipalQuery(7, broker, "Expenses", 5),
+        PrincipalAnswer(7, MirrorRole.PRINCIPAL, broker, "Expenses", 6),
     ]
     assert a.receive_data(b"".join(i.send(e) for e in sent)) == sent
     assert i.receive_data(b"".join(a.send(e) for e in sent)) == sent
