@@ -668,7 +668,8 @@ class Router:
             )
 
     def tick(self) -> None:
-        """Keep asking both partners of a mirrored route in use that has no principal."""
+        """Keep asking both partners of a mirrored route in use: often while it has no
+        principal, every ``retry.maximum`` seconds while it has one (R-ROUTE-15)."""
         now = time.monotonic()
         interval, recheck = self._ask_interval(), self._recheck_interval()
         for pair in self.mirrors.pairs.values():
@@ -705,7 +706,8 @@ class Router:
         """R-ROUTE-15: a sender has seen the pair at a higher epoch than this partner's. If
         this partner is principal, its partner was promoted behind its back: it demotes
         itself (fencing); either way it adopts the epoch, so that its own next promotion is
-        numbered above it. Persisted before it is reported anywhere but here."""
+        numbered above it. Committed in the background: if the daemon stops first, the
+        next query carrying the epoch demotes it again."""
         if db.mirror_role == "principal":
             log.warning(
                 "database %s: a partner is principal at epoch %d, above this partner's %d; "
