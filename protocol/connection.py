@@ -295,6 +295,7 @@ class BrokerConnection:
                     "query_id": event.query_id,
                     "broker_instance": event.broker_instance.bytes,
                     "service": event.service,
+                    "epoch": event.epoch,
                 },
             )
             return self._send_protected(FrameType.PRINCIPAL_QUERY, body)
@@ -306,6 +307,7 @@ class BrokerConnection:
                     "role": int(event.role),
                     "broker_instance": event.broker_instance.bytes,
                     "service": event.service,
+                    "epoch": event.epoch,
                 },
             )
             return self._send_protected(FrameType.PRINCIPAL_ANSWER, body)
@@ -513,7 +515,9 @@ class BrokerConnection:
             events.append(Keepalive())
         elif frame_type == FrameType.PRINCIPAL_QUERY:
             q = frames.decode_body(FrameType.PRINCIPAL_QUERY, payload)
-            events.append(PrincipalQuery(q.query_id, uuid.UUID(bytes=q.broker_instance), q.service))
+            events.append(
+                PrincipalQuery(q.query_id, uuid.UUID(bytes=q.broker_instance), q.service, q.epoch)
+            )
         else:
             a = frames.decode_body(FrameType.PRINCIPAL_ANSWER, payload)
             try:
@@ -521,7 +525,9 @@ class BrokerConnection:
             except ValueError:
                 raise RemoteProtocolError(f"unknown mirror role {a.role}") from None
             events.append(
-                PrincipalAnswer(a.query_id, role, uuid.UUID(bytes=a.broker_instance), a.service)
+                PrincipalAnswer(
+                    a.query_id, role, uuid.UUID(bytes=a.broker_instance), a.service, a.epoch
+                )
             )
 
     def _on_close(

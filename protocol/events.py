@@ -56,25 +56,30 @@ class PrincipalQuery:
     """Sendable. Is this instance principal for the database of (broker instance, service)?
 
     SPEC R-ROUTE-10. The nil UUID when the route names no broker instance: the
-    database holding ``service`` is meant.
+    database holding ``service`` is meant. ``epoch``: the highest mirroring epoch the
+    asker has seen for the pair (R-ROUTE-15); a principal at a lower epoch learns from it
+    that it has been superseded.
     """
 
     query_id: int
     broker_instance: uuid.UUID
     service: str
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class PrincipalAnswer:
     """Sendable. This instance's role for the queried database (SPEC R-ROUTE-10).
 
-    ``query_id`` 0: unsolicited, sent by a mirror that refused a message.
+    ``query_id`` 0: unsolicited, sent by a mirror that refused a message. ``epoch``: the
+    answering partner's mirroring epoch (R-ROUTE-15); senders prefer the highest.
     """
 
     query_id: int
     role: MirrorRole
     broker_instance: uuid.UUID
     service: str
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

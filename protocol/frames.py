@@ -141,15 +141,19 @@ PRINCIPAL_QUERY_BODY = c.Struct(
     "query_id" / c.Int32ub,
     "broker_instance" / c.Bytes(16),
     "service" / _Name,
+    "epoch" / c.Int64ub,
     c.Terminated,
 )
+"""``epoch``: the highest mirroring epoch the asker has seen for the pair (R-ROUTE-15)."""
 PRINCIPAL_ANSWER_BODY = c.Struct(
     "query_id" / c.Int32ub,
     "role" / c.Int8ub,
     "broker_instance" / c.Bytes(16),
     "service" / _Name,
+    "epoch" / c.Int64ub,
     c.Terminated,
 )
+"""``epoch``: the answering partner's mirroring epoch for the database (R-ROUTE-15)."""
 
 BODY_CODECS: dict[FrameType, Any] = {
     FrameType.HELLO: HELLO_BODY,

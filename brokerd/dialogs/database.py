@@ -73,6 +73,8 @@ class Database:
         self.rx_suspended = False
         self.mirror_role: str | None = config.mirror_role
         """``principal``, ``mirror`` or None (not mirrored), R-ROUTE-10; swapped by failover."""
+        self.mirror_epoch = 0
+        """The mirroring epoch of the last role change this partner knows of (R-ROUTE-15)."""
 
     async def open(self) -> None:
         self.broker_instance = await self.store.open(self.config.broker_instance)
@@ -88,6 +90,14 @@ class Database:
             rows = await self.store.fetchall(queries.READ_META)
             stored = {str(k): str(v) for k, v in rows}
             self.mirror_role = stored.get("mirror_role", self.config.mirror_role)
+            self.mirror_epoch = int(stored.get("mirror_epoch", "0"))
+
+    def fenced_reason(self) -> str:
+        """Why a partner that is not principal refuses work for this database (R-ROUTE-15)."""
+        return (
+            f"database {self.name!r} is the mirror partner at epoch {self.mirror_epoch}: it "
+            "neither sends nor accepts messages for the mirrored database (fenced, R-ROUTE-15)"
+        )
 
     def add_endpoint(self, ep: Endpoint) -> None:
         self.endpoints[ep.handle] = ep

@@ -159,7 +159,7 @@ class Receiving(EngineCore):
             if db is None:
                 return
         if db.mirror_role == "mirror":
-            self.drop(header, f"database {db.name!r} is the mirror partner (R-ROUTE-10)")
+            self.drop(header, db.fenced_reason() + "; the sender retries toward the principal")
             self.router.tell_mirror(link, db, header)
             return
         if db.rx_suspended:

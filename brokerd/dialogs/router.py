@@ -21,12 +21,16 @@ conversations and holds the state routing needs between messages:
   waiting conversations are routed again;
 * mirroring (R-ROUTE-10): principal queries to both partners of a mirrored
   route, answers to other brokers' queries, the role of each local database;
+  fencing by epoch (R-ROUTE-15): each role change carries an epoch, persisted;
+  a partner that is not principal sends nothing for the mirrored database, and
+  one that hears of a higher epoch while principal demotes itself;
 * ``explain``: the step-by-step reasoning for a service, as ``brokerctl explain``
   prints it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import itertools
@@ -59,8 +63,6 @@ from protocol.errors import BrokerError
 from protocol.frames import MirrorRole
 
 if TYPE_CHECKING:
-    import asyncio
-
     from brokerd.config import BrokerConfig, RetryConfig
     from brokerd.dialogs.database import Database
     from brokerd.dialogs.endpoint import Endpoint
@@ -201,6 +203,7 @@ class Router:
         self._inbound: dict[tuple[Any, ...], routing.Decision] = {}
         self._inbound_expires = math.inf
         self._query_ids = itertools.count(1)
+        self._persisting: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self.local_dbs = [
@@ -235,10 +238,12 @@ class Router:
 
     def link_for(self, ep: Endpoint) -> Link | None:
         """The link ``ep``'s messages go to now, or None (DELAYED, or no principal yet)."""
+        db = self.engine.databases[ep.database]
+        if db.mirror_role == "mirror":
+            return None  # R-ROUTE-15: a partner that is not principal sends nothing
         if ep.route_link is not None and time.time() < ep.route_expires:
             link: Link = ep.route_link
             return link
-        db = self.engine.databases[ep.database]
         decision = self.decide(db, ep.far_service, ep.far_broker_instance, ep.conversation_id)
         self._trace_decision(ep, decision)
         ep.route = decision
@@ -296,6 +301,9 @@ class Router:
 
     def waiting_status(self, ep: Endpoint) -> str:
         """Why ``ep``'s messages have no link: the routing reason, or the mirror state."""
+        db = self.engine.databases[ep.database]
+        if db.mirror_role == "mirror":
+            return db.fenced_reason() + ": held until this partner is principal again"
         decision = ep.route
         if decision is None:
             return "no route"
@@ -637,12 +645,16 @@ class Router:
         pair = self.mirrors.pair(key)
         now = time.monotonic()
         pair.last_used = now
-        if pair.needs_asking(now, self._ask_interval()):
+        if pair.needs_asking(now, self._ask_interval(), self._recheck_interval()):
             self._ask(pair)
         return pair.principal
 
     def _ask_interval(self) -> float:
         return max(0.05, self.engine.retry.initial)
+
+    def _recheck_interval(self) -> float:
+        """How often both partners are asked again while one is principal (R-ROUTE-15)."""
+        return max(0.5, self.engine.retry.maximum)
 
     def _ask(self, pair: MirrorPair) -> None:
         pair.asked_at = time.monotonic()
@@ -651,43 +663,84 @@ class Router:
             self.stats.principal_queries_sent += 1
             self.engine.links.link_for(address).send_control(
                 events.PrincipalQuery(
-                    next(self._query_ids), key.broker_instance or NIL_UUID, key.service
+                    next(self._query_ids), key.broker_instance or NIL_UUID, key.service, pair.epoch
                 )
             )
 
     def tick(self) -> None:
-        """Keep asking both partners of a mirrored route in use that has no principal."""
+        """Keep asking both partners of a mirrored route in use: often while it has no
+        principal, every ``retry.maximum`` seconds while it has one (R-ROUTE-15)."""
         now = time.monotonic()
-        interval = self._ask_interval()
+        interval, recheck = self._ask_interval(), self._recheck_interval()
         for pair in self.mirrors.pairs.values():
-            if now - pair.last_used < 600 and pair.needs_asking(now, interval):
+            if now - pair.last_used < 600 and pair.needs_asking(now, interval, recheck):
                 self._ask(pair)
 
-    def role_of(self, broker_instance: uuid.UUID, service: str) -> MirrorRole:
-        """What this instance answers to a principal query."""
-        engine = self.engine
+    def _queried_database(self, broker_instance: uuid.UUID, service: str) -> Database | None:
         if broker_instance != NIL_UUID:
-            db = engine.by_instance.get(broker_instance)
-        else:
-            found = routing.locate_local(service, None, self.local_dbs, None)
-            db = engine.databases[found.name] if found else None
+            return self.engine.by_instance.get(broker_instance)
+        found = routing.locate_local(service, None, self.local_dbs, None)
+        return self.engine.databases[found.name] if found else None
+
+    def role_of(self, broker_instance: uuid.UUID, service: str) -> tuple[MirrorRole, int]:
+        """What this instance answers to a principal query: its role and epoch."""
+        db = self._queried_database(broker_instance, service)
         if db is None:
-            return MirrorRole.UNKNOWN
-        return MirrorRole.MIRROR if db.mirror_role == "mirror" else MirrorRole.PRINCIPAL
+            return MirrorRole.UNKNOWN, 0
+        role = MirrorRole.MIRROR if db.mirror_role == "mirror" else MirrorRole.PRINCIPAL
+        return role, db.mirror_epoch
 
     def on_principal_query(self, link: Link, query: events.PrincipalQuery) -> None:
         self.stats.principal_queries_answered += 1
-        role = self.role_of(query.broker_instance, query.service)
+        db = self._queried_database(query.broker_instance, query.service)
+        if db is not None and db.mirror_role is not None and query.epoch > db.mirror_epoch:
+            self._superseded(db, query.epoch)
+        role, epoch = self.role_of(query.broker_instance, query.service)
         link.send_control(
-            events.PrincipalAnswer(query.query_id, role, query.broker_instance, query.service)
+            events.PrincipalAnswer(
+                query.query_id, role, query.broker_instance, query.service, epoch
+            )
         )
+
+    def _superseded(self, db: Database, epoch: int) -> None:
+        """R-ROUTE-15: a sender has seen the pair at a higher epoch than this partner's. If
+        this partner is principal, its partner was promoted behind its back: it demotes
+        itself (fencing); either way it adopts the epoch, so that its own next promotion is
+        numbered above it. Committed in the background: if the daemon stops first, the
+        next query carrying the epoch demotes it again."""
+        if db.mirror_role == "principal":
+            log.warning(
+                "database %s: a partner is principal at epoch %d, above this partner's %d; "
+                "this partner is now the mirror (fenced)",
+                db.name,
+                epoch,
+                db.mirror_epoch,
+            )
+            db.mirror_role = "mirror"
+            self._inbound.clear()
+        db.mirror_epoch = epoch
+        self._persist_role(db)
+
+    def _persist_role(self, db: Database) -> None:
+        assert db.mirror_role is not None
+        task = asyncio.get_running_loop().create_task(
+            self.engine.submit_wait(
+                db,
+                [
+                    queries.meta("mirror_role", db.mirror_role),
+                    queries.meta("mirror_epoch", str(db.mirror_epoch)),
+                ],
+            )
+        )
+        self._persisting.add(task)
+        task.add_done_callback(self._persisting.discard)
 
     def on_principal_answer(self, address: str, answer: events.PrincipalAnswer) -> None:
         instance = None if answer.broker_instance == NIL_UUID else answer.broker_instance
         changed = False
         for pair in self.mirrors.matching(address, instance, answer.service):
             before = pair.principal
-            if pair.answer(address, _ROLE_NAMES[answer.role]):
+            if pair.answer(address, _ROLE_NAMES[answer.role], answer.epoch):
                 changed = True
                 log.info(
                     "mirrored route %s/%s: principal %s -> %s",
@@ -709,7 +762,9 @@ class Router:
     def tell_mirror(self, link: Link, db: Database, header: DialogHeader) -> None:
         """A message reached the mirror partner: tell the sender it is not principal."""
         link.send_control(
-            events.PrincipalAnswer(0, MirrorRole.MIRROR, db.broker_instance, header.to_service)
+            events.PrincipalAnswer(
+                0, MirrorRole.MIRROR, db.broker_instance, header.to_service, db.mirror_epoch
+            )
         )
 
     def _resend_mirrored(self) -> None:
@@ -722,7 +777,11 @@ class Router:
                     self.engine.transmit(ep)
 
     async def set_mirror_role(self, database: str, role: str) -> None:
-        """Failover: this partner becomes ``principal`` or ``mirror`` (persisted)."""
+        """Failover: this partner becomes ``principal`` or ``mirror`` (persisted).
+
+        R-ROUTE-15: a promotion opens a new epoch, one above the highest this partner
+        knows of (its own and any it heard in principal queries); a demotion keeps the
+        epoch. Both are stored before the role is used."""
         db = self.engine.database(database)
         if db.mirror_role is None:
             raise DialogError(
@@ -730,13 +789,22 @@ class Router:
             )
         if role not in ("principal", "mirror"):
             raise InvalidRequest(f"mirror role must be principal or mirror, not {role!r}")
+        epoch = db.mirror_epoch
+        if role == "principal" and db.mirror_role != "principal":
+            epoch += 1
         await self.engine.submit_wait(
             db,
-            [queries.meta("mirror_role", role)],
+            [queries.meta("mirror_role", role), queries.meta("mirror_epoch", str(epoch))],
         )
         db.mirror_role = role
+        db.mirror_epoch = max(db.mirror_epoch, epoch)
         self._inbound.clear()
-        log.info("database %s is now the %s partner", db.name, role)
+        log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)
+        if role == "principal":
+            for ep in db.endpoints.values():
+                if ep.outbox:
+                    ep.route_link = None
+                    self.engine.transmit(ep)
 
     # -- explain -----------------------------------------------------------------------------------
 
@@ -806,6 +874,7 @@ class Router:
                 "name": db.name,
                 "broker_instance": str(db.broker_instance),
                 "role": db.mirror_role,
+                "epoch": db.mirror_epoch,
                 "principal": "",
             }
             for db in self.engine.databases.values()
@@ -817,6 +886,7 @@ class Router:
                 "name": f"{p.key.address} / {p.key.mirror_address}",
                 "broker_instance": str(p.key.broker_instance or ""),
                 "role": p.status(),
+                "epoch": p.epoch,
                 "principal": p.principal or "",
             }
             for p in self.mirrors.pairs.values()

@@ -142,6 +142,8 @@ class ApplicationVerbs(EngineCore):
                 f"SEND refused: {message_type!r} is a system message type; only the broker "
                 "sends it (END CONVERSATION ends a dialog, BEGIN CONVERSATION TIMER sets a timer)"
             )
+        if db.mirror_role == "mirror":
+            raise NotPrincipal(f"SEND refused: {db.fenced_reason()}; send on the principal")
         problem = ep.may_send()
         if problem:
             raise ConversationEnded(f"cannot SEND on conversation {ep.handle}: {problem}")

@@ -14,6 +14,13 @@ answers and connection failures in here, and sends the route's messages to
 * if the principal is unreachable and the partner does not claim to be
   principal, send to neither and keep asking both until one answers as principal.
 
+Fencing by epoch (R-ROUTE-15): every answer carries the partner's mirroring
+epoch. An answer older than one already heard from the same address is stale and
+ignored; of the partners that claim the role, only one at the highest epoch seen
+for the pair is principal, so a demoted partner that still believes it is
+principal (split brain) is never sent to. Queries carry that highest epoch, so
+the stale partner learns it has been superseded.
+
 The database-side role (a database declared ``principal`` or ``mirror``,
 swapped by ``brokerctl mirror-role``) lives in the engine; this module only
 tracks what the senders have been told.
@@ -43,6 +50,8 @@ class MirrorPair:
     key: MirrorKey
     roles: dict[str, Role] = field(default_factory=dict)
     """The last thing each address said (or ``unreachable``)."""
+    epochs: dict[str, int] = field(default_factory=dict)
+    """The epoch of each address's last answer (R-ROUTE-15)."""
     principal: str | None = None
     asked_at: float | None = None
     """When both were last asked; None = never."""
@@ -57,34 +66,64 @@ class MirrorPair:
         a, b = self.addresses
         return b if address == a else a
 
-    def answer(self, address: str, role: Role) -> bool:
-        """Record an answer; True if the principal changed."""
+    @property
+    def epoch(self) -> int:
+        """The highest epoch either partner has answered with (R-ROUTE-15)."""
+        return max(self.epochs.values(), default=0)
+
+    def answer(self, address: str, role: Role, epoch: int = 0) -> bool:
+        """Record an answer; True if the principal changed.
+
+        An answer at an epoch below the last one heard from ``address`` is stale
+        (it was overtaken on the way) and is ignored.
+        """
         if address not in self.addresses:
             return False
+        if epoch < self.epochs.get(address, 0):
+            return False
         self.roles[address] = role
-        before = self.principal
-        if role == "principal":
-            self.principal = address
-        elif address == self.principal:
-            partner = self.partner_of(address)
-            self.principal = partner if self.roles.get(partner) == "principal" else None
-        return self.principal != before
+        self.epochs[address] = epoch
+        return self._choose()
 
     def unreachable(self, address: str) -> bool:
         """The address could not be reached; True if the principal changed."""
-        return self.answer(address, "unreachable")
-
-    def needs_asking(self, now: float, interval: float) -> bool:
-        """Whether both should be asked (again) now."""
-        if self.principal is not None:
+        if address not in self.addresses:
             return False
-        return self.asked_at is None or now - self.asked_at >= interval
+        self.roles[address] = "unreachable"
+        return self._choose()
+
+    def _choose(self) -> bool:
+        """The principal: a partner that claims the role at the highest epoch seen."""
+        before = self.principal
+        top = self.epoch
+        claims = [
+            a
+            for a in self.addresses
+            if self.roles.get(a) == "principal" and self.epochs.get(a, 0) == top
+        ]
+        if before in claims:
+            self.principal = before
+        else:
+            self.principal = claims[0] if claims else None
+        return self.principal != before
+
+    def needs_asking(self, now: float, interval: float, recheck: float) -> bool:
+        """Whether both should be asked (again) now: every ``interval`` while no partner is
+        principal, every ``recheck`` while one is, so that a promotion the principal was not
+        told of (R-ROUTE-15) is learned and the principal is fenced."""
+        if self.asked_at is None:
+            return True
+        return now - self.asked_at >= (interval if self.principal is None else recheck)
 
     def status(self) -> str:
         """The readable state, as the transmission queue shows it."""
-        said = ", ".join(f"{a} says {self.roles.get(a, 'nothing yet')}" for a in self.addresses)
+        said = ", ".join(
+            f"{a} says {self.roles.get(a, 'nothing yet')}"
+            + (f" at epoch {self.epochs[a]}" if a in self.epochs else "")
+            for a in self.addresses
+        )
         if self.principal is not None:
-            return f"principal is {self.principal} ({said})"
+            return f"principal is {self.principal} at epoch {self.epoch} ({said})"
         return f"waiting for a principal among {' and '.join(self.addresses)} ({said}) (R-ROUTE-10)"
 
 

@@ -119,9 +119,12 @@ SAMPLES: dict[str, list[dict[str, Any]]] = {
     "HELLO_REPLY_BODY": [dict(core=b"core bytes", signature=b"\x00sig\xff")],
     "PROOF_BODY": [dict(signature=b"signature"), dict(signature=b"")],
     "CLOSE_BODY": [dict(code=1, reason="idle"), dict(code=65535, reason="")],
-    "PRINCIPAL_QUERY_BODY": [dict(query_id=7, broker_instance=UUID_A, service="msdb")],
+    "PRINCIPAL_QUERY_BODY": [
+        dict(query_id=7, broker_instance=UUID_A, service="msdb", epoch=0),
+        dict(query_id=8, broker_instance=UUID_A, service="msdb", epoch=2**64 - 1),
+    ],
     "PRINCIPAL_ANSWER_BODY": [
-        dict(query_id=2**32 - 1, role=2, broker_instance=UUID_B, service="Базаданных")
+        dict(query_id=2**32 - 1, role=2, broker_instance=UUID_B, service="Базаданных", epoch=9)
     ],
     "KEEPALIVE_BODY": [{}],
     "WELCOME_BODY": [{}],

@@ -85,8 +85,8 @@ def test_all_sendable_events_cross_both_ways(pki: Pki) -> None:
         Fragment(b"payload"),
         Ack(b"ack bytes"),
         Keepalive(),
-        PrincipalQuery(7, broker, "Expenses"),
-        PrincipalAnswer(7, MirrorRole.PRINCIPAL, broker, "Expenses"),
+        PrincipalQuery(7, broker, "Expenses", 5),
+        PrincipalAnswer(7, MirrorRole.PRINCIPAL, broker, "Expenses", 6),
     ]
     assert a.receive_data(b"".join(i.send(e) for e in sent)) == sent
     assert i.receive_data(b"".join(a.send(e) for e in sent)) == sent
@@ -338,6 +338,11 @@ def test_frame_from_another_connection_is_rejected(pki: Pki) -> None:
 def test_truncated_frame_is_never_handed_up(pki: Pki) -> None:
     i, a = open_pair(pki)
     f1, f2 = i.send(Fragment(b"first" * 20)), i.send(Fragment(b"second" * 20))
+    while f1[-1:] == f2[:1]:
+        # The truncated frame borrows the next frame's first byte: when it equals the byte
+        # cut off (one session key in 256), the frame is whole again. Take fresh keys.
+        i, a = open_pair(pki)
+        f1, f2 = i.send(Fragment(b"first" * 20)), i.send(Fragment(b"second" * 20))
     with pytest.raises(RemoteProtocolError) as failed:
         a.receive_data(f1[:-1] + f2)
     assert [type(e) for e in failed.value.events] == [IntegrityFailure]

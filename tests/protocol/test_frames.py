@@ -46,12 +46,14 @@ SAMPLE_BODIES: dict[FrameType, dict[str, Any]] = {
         "query_id": 7,
         "broker_instance": BROKER.bytes,
         "service": "Expenses",
+        "epoch": 3,
     },
     FrameType.PRINCIPAL_ANSWER: {
         "query_id": 7,
         "role": 1,
         "broker_instance": BROKER.bytes,
         "service": "Expenses",
+        "epoch": 4,
     },
 }
 
@@ -197,6 +199,23 @@ def test_golden_vectors_parse_back() -> None:
             assert _clean(frames.decode_body(frame_type, body)) == SAMPLE_BODIES[frame_type]
 
 
+def test_principal_frames_carry_the_epoch_last_as_u64_big_endian() -> None:
+    """R-ROUTE-15: the mirroring epoch is the last field of both principal bodies."""
+    service = b"\x00\x08Expenses"
+    query = frames.encode_body(FrameType.PRINCIPAL_QUERY, SAMPLE_BODIES[FrameType.PRINCIPAL_QUERY])
+    assert query == bytes.fromhex("00000007") + BROKER.bytes + service + bytes.fromhex(
+        "0000000000000003"
+    )
+    answer = frames.encode_body(
+        FrameType.PRINCIPAL_ANSWER, SAMPLE_BODIES[FrameType.PRINCIPAL_ANSWER]
+    )
+    assert answer == bytes.fromhex("0000000701") + BROKER.bytes + service + bytes.fromhex(
+        "0000000000000004"
+    )
+    with pytest.raises(RemoteProtocolError):
+        frames.decode_body(FrameType.PRINCIPAL_ANSWER, answer[:-8])  # a body without it
+
+
 # ------------------------------------------- streams: whole, byte by byte, chunks
 
 
@@ -206,8 +225,8 @@ def _stream(pki: Pki) -> tuple[Any, bytes, list[Event]]:
         Fragment(b"a" * 10),
         Keepalive(),
         Fragment(bytes(70_000)),
-        PrincipalQuery(1, BROKER, "Expenses"),
-        PrincipalAnswer(1, frames.MirrorRole.MIRROR, BROKER, "Expenses"),
+        PrincipalQuery(1, BROKER, "Expenses", 2),
+        PrincipalAnswer(1, frames.MirrorRole.MIRROR, BROKER, "Expenses", 2**64 - 1),
         Fragment(b""),
     ]
     return a, b"".join(i.send(e) for e in sent), sent
