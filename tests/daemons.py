@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
+from brokerd.tools.launcher import Deployment
 
 FAST_RETRY = {"initial": 0.5, "maximum": 2.0, "ack_delay": 0.005, "delayed_retry": 0.5}
 """Retry settings that make retransmission tests quick."""
+
+
+@contextlib.contextmanager
+def running(d: Deployment, *names: str) -> Iterator[Deployment]:
+    """Start ``names`` (every daemon declared, by default); stop them all at the end, also
+    when one fails to start."""
+    try:
+        for name in names or list(d.daemons):
+            d.start(name)
+        yield d
+    finally:
+        d.stop_all()
 
 
 async def wait_until(

@@ -390,7 +390,7 @@ class Receiving(EngineCore):
             None,
             fenced,
             error,
-            weight=ARRIVAL_WEIGHT + len(body),
+            arrived=len(body),
         )
 
     def _accept_fragment(
@@ -429,7 +429,7 @@ class Receiving(EngineCore):
                 index,
                 fenced,
                 False,
-                weight=ARRIVAL_WEIGHT + len(body),
+                arrived=len(body),
             )
             return
         released, error, promoted = self._complete(ep, seq, header.flags)
@@ -448,7 +448,7 @@ class Receiving(EngineCore):
                 None,
                 fenced,
                 error,
-                weight=ARRIVAL_WEIGHT + len(body),
+                arrived=len(body),
             )
             return
         status = 1 if released else 2
@@ -467,7 +467,7 @@ class Receiving(EngineCore):
             fenced,
             error,
             assemble,
-            weight=ARRIVAL_WEIGHT + len(body),
+            arrived=len(body),
         )
 
     def _submit_received(
@@ -483,12 +483,13 @@ class Receiving(EngineCore):
         error: bool,
         fn: Callable[[sqlite3.Connection], Any] | None = None,
         *,
-        weight: int,
+        arrived: int,
     ) -> None:
         """Commit what arrived; then acknowledge it and make what it released ready, unless
         ``fenced`` (this side has ended: the statements remove it again, R-DLG-10).
-        ``error``: the last released message is the other side's Error; ``weight``: the
-        bytes that arrived, counted as the inbound backlog until the commit."""
+        ``error``: the last released message is the other side's Error; ``arrived``: the
+        bytes that arrived, counted (with ARRIVAL_WEIGHT) in the inbound backlog until the
+        commit."""
         index = db.ready.get(queue)
 
         def committed() -> None:
@@ -510,7 +511,13 @@ class Receiving(EngineCore):
             log.error("store error while receiving into %s: %s", db.name, exc)
             self._suspend_receiving(db)
 
-        db.store.submit(statements, fn=fn, on_commit=committed, on_failure=failed, weight=weight)
+        db.store.submit(
+            statements,
+            fn=fn,
+            on_commit=committed,
+            on_failure=failed,
+            weight=ARRIVAL_WEIGHT + arrived,
+        )
 
     def inbound_backlog(self) -> int:
         """Bytes received from peers and not yet committed, over every database: the

@@ -302,7 +302,7 @@ class ClientSession(asyncio.Protocol):
 
     async def _run(self, frame: ClientFrame) -> None:
         op = frame.meta.get("op")
-        handler = _OPS.get(op) if isinstance(op, str) else None
+        handler = OPERATIONS.get(op) if isinstance(op, str) else None
         try:
             if handler is None:
                 raise InvalidRequest(f"unknown operation {op!r}")
@@ -659,7 +659,7 @@ async def _ping(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
     return {"instance": broker.instance_name, "pid": os.getpid()}, b""
 
 
-_OPS: dict[str, Handler] = {
+OPERATIONS: dict[str, Handler] = {
     "begin_transaction": _begin_transaction,
     "commit": _commit,
     "rollback": _rollback,

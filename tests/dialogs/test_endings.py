@@ -24,20 +24,15 @@ from brokerd.tools.example import (
 from brokerd.tools.launcher import Deployment
 from protocol.dialog import DIALOG_TIMER, END_DIALOG, ERROR
 from protocol.errors import ContractViolation, InvalidErrorCode, SystemMessageType
-from tests.daemons import FAST_RETRY, drain, wait_until
+from tests.daemons import FAST_RETRY, drain, running, wait_until
 
 HOSTS = ("127.0.0.73", "127.0.0.74")
 
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = shop_and_warehouse(tmp_path, FAST_RETRY, hosts=HOSTS)
-    d.start("alpha")
-    d.start("beta")
-    try:
+    with running(shop_and_warehouse(tmp_path, FAST_RETRY, hosts=HOSTS)) as d:
         yield d
-    finally:
-        d.stop_all()
 
 
 async def test_an_application_cannot_send_a_system_message_type(deployment: Deployment) -> None:

@@ -10,15 +10,10 @@ import pytest
 
 from brokerd.tools.example import shop_and_warehouse
 from brokerd.tools.launcher import Deployment
-from tests.daemons import FAST_RETRY
+from tests.daemons import FAST_RETRY, running
 
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = shop_and_warehouse(tmp_path / "deployment", FAST_RETRY)
-    d.start("alpha")
-    d.start("beta")
-    try:
+    with running(shop_and_warehouse(tmp_path / "deployment", FAST_RETRY)) as d:
         yield d
-    finally:
-        d.stop_all()

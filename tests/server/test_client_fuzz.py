@@ -23,6 +23,7 @@ import pytest
 
 from brokerd.sdk import requests
 from brokerd.sdk.client import BrokerClient
+from brokerd.server.client_listener import OPERATIONS
 from brokerd.tools.example import (
     CONTRACT,
     ORDER,
@@ -32,30 +33,10 @@ from brokerd.tools.example import (
 )
 from brokerd.tools.launcher import Deployment
 from protocol.errors import BrokerError
-from tests.daemons import FAST_RETRY, drain
+from tests.daemons import FAST_RETRY, drain, running
 
-OPS = [
-    "begin_transaction",
-    "commit",
-    "rollback",
-    "begin_dialog",
-    "send",
-    "send_many",
-    "move_conversation",
-    "receive",
-    "end_conversation",
-    "begin_conversation_timer",
-    "alter_queue",
-    "create_route",
-    "alter_route",
-    "drop_route",
-    "explain",
-    "set_mirror_role",
-    "view",
-    "ping",
-    "login",
-    "no_such_operation",
-]
+OPS = [*OPERATIONS, "login", "no_such_operation"]
+"""Every operation the client listener serves, the login, and one it does not know."""
 FIELDS = [
     "body_length",
     "broker_instance",
@@ -192,13 +173,8 @@ def request(rng: random.Random, known: list[str], tx: list[int]) -> tuple[dict[s
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = shop_and_warehouse(tmp_path, FAST_RETRY)
-    try:
-        d.start("alpha")
-        d.start("beta")
+    with running(shop_and_warehouse(tmp_path, FAST_RETRY)) as d:
         yield d
-    finally:
-        d.stop_all()
 
 
 async def test_random_requests_get_typed_answers_and_break_nothing(

@@ -17,20 +17,17 @@ from brokerd.tools.example import (
     shop_and_warehouse,
 )
 from brokerd.tools.launcher import Deployment
-from tests.daemons import FAST_RETRY, wait_until
+from tests.daemons import FAST_RETRY, running, wait_until
 from tests.sdk.orders import wait_ready
 
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     old = os.umask(0o022)  # as a shell usually has it: the daemon must not rely on it
-    d = shop_and_warehouse(tmp_path / "deployment", FAST_RETRY)
     try:
-        d.start("alpha")
-        d.start("beta")
-        yield d
+        with running(shop_and_warehouse(tmp_path / "deployment", FAST_RETRY)) as d:
+            yield d
     finally:
-        d.stop_all()
         os.umask(old)
 
 

@@ -31,7 +31,7 @@ from brokerd.tools.launcher import Deployment
 from protocol import frames
 from protocol.client_wire import HEADER_SIZE as CLIENT_HEADER_SIZE
 from protocol.connection import HANDSHAKE_MAX_FRAME_SIZE
-from tests.daemons import FAST_RETRY, drain
+from tests.daemons import FAST_RETRY, drain, running
 
 BETA = "127.0.0.2"
 HOSTILE = [f"127.0.0.{n}" for n in range(10, 30)]
@@ -39,13 +39,8 @@ HOSTILE = [f"127.0.0.{n}" for n in range(10, 30)]
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = shop_and_warehouse(tmp_path, FAST_RETRY)
-    try:
-        d.start("alpha")
-        d.start("beta")
+    with running(shop_and_warehouse(tmp_path, FAST_RETRY)) as d:
         yield d
-    finally:
-        d.stop_all()
 
 
 def rss_mb(pid: int) -> float:

@@ -23,7 +23,7 @@ from brokerd.tools.example import (
     shop_and_warehouse,
 )
 from brokerd.tools.launcher import Deployment
-from tests.daemons import FAST_RETRY, drain, wait_until
+from tests.daemons import FAST_RETRY, drain, running, wait_until
 
 FRAGMENT = 64 * 1024
 """The default fragment size: the bodies below span several fragments."""
@@ -37,12 +37,8 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     order_type = f'name = "{ORDER}"\nvalidation = "none"'
     assert order_type in text
     beta.write_text(text.replace(order_type, f'name = "{ORDER}"\nvalidation = "well_formed_xml"'))
-    try:
-        d.start("alpha")
-        d.start("beta")
+    with running(d):
         yield d
-    finally:
-        d.stop_all()
 
 
 async def _refused(shop: BrokerClient, warehouse: BrokerClient, body: bytes) -> None:
