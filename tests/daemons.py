@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
+from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
 
 FAST_RETRY = {"initial": 0.5, "maximum": 2.0, "ack_delay": 0.005, "delayed_retry": 0.5}
@@ -26,6 +27,24 @@ def running(d: Deployment, *names: str) -> Iterator[Deployment]:
         yield d
     finally:
         d.stop_all()
+
+
+PROXY_HOST = "127.0.0.3"
+"""Where a fault proxy in front of beta (127.0.0.2:4022) listens; a deployment built with
+``beta_route_host=PROXY_HOST`` sends alpha's messages through it."""
+
+
+@contextlib.asynccontextmanager
+async def proxied(d: Deployment, plan: FaultPlan | None = None) -> AsyncIterator[FaultProxy]:
+    """A fault proxy 127.0.0.3:4022 -> 127.0.0.2:4022, then every daemon of ``d`` started;
+    all stopped at the end."""
+    proxy = FaultProxy(PROXY_HOST, 4022, "127.0.0.2", 4022, plan or FaultPlan())
+    await proxy.start()
+    try:
+        with running(d):
+            yield proxy
+    finally:
+        await proxy.stop()
 
 
 async def wait_until(

@@ -23,11 +23,9 @@ from brokerd.tools.example import (
     WAREHOUSE_SERVICE,
     shop_and_warehouse,
 )
-from brokerd.tools.faultproxy import FaultPlan, FaultProxy
+from brokerd.tools.faultproxy import FaultProxy
 from brokerd.tools.launcher import Deployment
-from tests.daemons import drain, wait_until
-
-PROXY = "127.0.0.3"
+from tests.daemons import PROXY_HOST, drain, proxied, wait_until
 
 
 @pytest.fixture
@@ -36,17 +34,10 @@ async def behind_proxy(tmp_path: Path) -> AsyncIterator[tuple[Deployment, FaultP
     d = shop_and_warehouse(
         tmp_path,
         {"initial": 0.3, "maximum": 1.2, "ack_delay": 0.005, "delayed_retry": 0.5},
-        beta_route_host=PROXY,
+        beta_route_host=PROXY_HOST,
     )
-    proxy = FaultProxy(PROXY, 4022, "127.0.0.2", 4022, FaultPlan())
-    await proxy.start()
-    try:
-        d.start("alpha")
-        d.start("beta")
+    async with proxied(d) as proxy:
         yield d, proxy
-    finally:
-        d.stop_all()
-        await proxy.stop()
 
 
 async def stats(client: BrokerClient) -> dict[str, Any]:

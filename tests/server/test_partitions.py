@@ -26,7 +26,14 @@ from brokerd.tools.example import (
 )
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
-from tests.daemons import FAST_RETRY, assert_exactly_once_in_order, drain, wait_until
+from tests.daemons import (
+    FAST_RETRY,
+    PROXY_HOST,
+    assert_exactly_once_in_order,
+    drain,
+    proxied,
+    wait_until,
+)
 
 IDLE_TIMEOUT = 90.0
 
@@ -37,18 +44,11 @@ async def _deployment(
     d = shop_and_warehouse(
         tmp_path,
         retry,
-        beta_route_host="127.0.0.3",
+        beta_route_host=PROXY_HOST,
         endpoint_extra=f"idle_timeout = {IDLE_TIMEOUT}\nconnect_timeout = 2\n{endpoint}",
     )
-    proxy = FaultProxy("127.0.0.3", 4022, "127.0.0.2", 4022, plan)
-    await proxy.start()
-    try:
-        d.start("alpha")
-        d.start("beta")
+    async with proxied(d, plan) as proxy:
         yield d, proxy
-    finally:
-        d.stop_all()
-        await proxy.stop()
 
 
 @pytest.fixture
