@@ -281,6 +281,10 @@ class LimitsConfig:
     transit_bodies_mb: int = 16
     """MB of bodies not kept (read back, or beyond ``held_bodies_mb``) in memory at once
     while they wait to be written: a backlog is fed to a connection as it drains."""
+    client_pending_mb: int = 64
+    """MB of request bodies one client connection may have awaiting their replies (SENDs
+    waiting for their commit); beyond it the broker stops reading that connection until
+    replies bring it under half (the application's sends then wait in its own socket)."""
 
 
 @dataclass(frozen=True)
@@ -847,6 +851,7 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         fragment_size=fragment_size,
         held_bodies_mb=t.integer("held_bodies_mb", d["held_bodies_mb"], 0),
         transit_bodies_mb=t.integer("transit_bodies_mb", d["transit_bodies_mb"], 1),
+        client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
     )
 
 

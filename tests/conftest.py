@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -17,6 +18,20 @@ from protocol import BrokerConnection, ConnectionSettings, EncryptionMode, Ident
 from protocol.events import Event
 
 NOW = dt.datetime.now(dt.UTC)
+
+
+@pytest.fixture(autouse=True)
+def no_daemon_traceback(tmp_path: Path) -> Iterator[None]:
+    """Every daemon a test ran (its log under the test's ``tmp_path``) logged no
+    traceback: an exception escaping into the event loop, or a crash at shutdown, fails
+    the test even when what the test checked went well. Checked after the test's own
+    fixtures stopped their daemons."""
+    yield
+    for log in sorted(tmp_path.rglob("brokerd.log")):
+        text = log.read_text(errors="replace")
+        at = text.find("Traceback")
+        if at >= 0:
+            pytest.fail(f"{log} logged a traceback:\n{text[max(0, at - 400) : at + 3000]}")
 
 
 @pytest.fixture(scope="session")

@@ -123,6 +123,7 @@ class DialogEngine(ApplicationVerbs, Receiving):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
             self._ticker = None
+        self.local_link.close()
         self.transmission.stop()
 
     async def _tick(self) -> None:

@@ -62,6 +62,14 @@ class LocalLink:
         self._engine = engine
         self._items: list[_LocalFragment | SendAcks | SendHeader] = []
         self._scheduled = False
+        self._closed = False
+
+    def close(self) -> None:
+        """At shutdown, before the stores close: what is still queued here is dropped. It
+        is all in memory and redone after the restart (committed messages are sent
+        again, R-DLG-6, and a resent message is acknowledged again, R-DLG-4)."""
+        self._closed = True
+        self._items = []
 
     def _schedule(self) -> None:
         if not self._scheduled:
@@ -95,6 +103,8 @@ class LocalLink:
 
     def _flush(self) -> None:
         self._scheduled = False
+        if self._closed:
+            return
         items, self._items = self._items, []
         engine = self._engine
         for item in items:

@@ -193,6 +193,8 @@ class Transmission:
         if link is not None and link.is_open:
             self._send_message(ep, msg, link, self.loop.time())
         else:
+            if not msg.held:
+                msg.body = None  # beyond the budget: read back when the link opens
             self._wait(ep, link, self.loop.time())
 
     def _wait(self, ep: Endpoint, link: Link | None, now: float) -> None:

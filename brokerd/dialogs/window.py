@@ -47,6 +47,8 @@ class SendWindow:
             self._count(msg, link)
             send(ep, msg, link)
         else:
+            if not msg.held and not msg.in_transit:
+                msg.body = None  # a waiting body beyond the budget is read back when sent
             self.waiting.append((ep, msg, link, send))
 
     def release(self, msg: OutMessage) -> None:

@@ -157,6 +157,11 @@ class ClientSession(asyncio.Protocol):
         self.transactions: dict[int, Transaction] = {}
         self._tx_ids = itertools.count(1)
         self._login_deadline: asyncio.TimerHandle | None = None
+        self._pending: dict[int, int] = {}
+        """Body bytes of each request awaiting its reply (``limits.client_pending_mb``)."""
+        self._pending_bytes = 0
+        self._pending_limit = broker.config.limits.client_pending_mb * 1024 * 1024
+        self._reading_held = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -188,6 +193,8 @@ class ClientSession(asyncio.Protocol):
             if self.access is None:
                 self._login(frame)
                 continue
+            if frame.body:
+                self._hold(frame.request_id, len(frame.body))
             if frame.meta.get("op") == "send" and frame.meta.get("transaction") is None:
                 self._send_now(frame)
                 continue
@@ -259,7 +266,29 @@ class ClientSession(asyncio.Protocol):
         if not self.allowed.admin:
             self.allowed.check_conversation(self.broker.engine.endpoint(handle)[1])
 
+    def _hold(self, request_id: int, size: int) -> None:
+        """Count a request's body until its reply; stop reading past the limit."""
+        self._pending[request_id] = self._pending.get(request_id, 0) + size
+        self._pending_bytes += size
+        if self._pending_bytes > self._pending_limit and not self._reading_held:
+            if self.transport is not None and not self.transport.is_closing():
+                self._reading_held = True
+                self.transport.pause_reading()
+                self.broker.client_reads_held += 1
+
+    def _release(self, request_id: int) -> None:
+        size = self._pending.pop(request_id, 0)
+        if not size:
+            return
+        self._pending_bytes -= size
+        if self._reading_held and self._pending_bytes <= self._pending_limit // 2:
+            self._reading_held = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+
     def _reply(self, request_id: int, meta: dict[str, Any], body: bytes = b"") -> None:
+        if self._pending:
+            self._release(request_id)
         if self.transport is None or self.transport.is_closing():
             return
         try:
@@ -271,6 +300,8 @@ class ClientSession(asyncio.Protocol):
         self.transport.write(frame)
 
     def _reply_error(self, request_id: int, exc: BaseException) -> None:
+        if self._pending:
+            self._release(request_id)
         if self.transport is None or self.transport.is_closing():
             return
         self.transport.write(
@@ -639,6 +670,7 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
                 **engine.trace.view(),
                 **broker.transport.view(),
                 **engine.transmission.bodies.view(),
+                "client_reads_held": broker.client_reads_held,
             }
         ],
         "mirrors": engine.router.mirrors_view,

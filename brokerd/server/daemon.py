@@ -59,6 +59,8 @@ class Broker:
         self.engine = DialogEngine(config, self.databases, self.transport, trace=self.trace)
         self.transport.engine = self.engine
         self.client_sessions: set[ClientSession] = set()
+        self.client_reads_held = 0
+        """Times a client connection was not read for its pending request bytes."""
         self._client_server: asyncio.Server | None = None
         self._opened: list[Database] = []
 

@@ -292,7 +292,7 @@ class BrokerProtocol(asyncio.Protocol):
             self._schedule_pump()
 
     def close(self, code: CloseCode, reason: str) -> None:
-        if self.transport is None or self.closed:
+        if self.transport is None or self.closed or self.transport.is_closing():
             return
         self.close_reason = reason
         with contextlib.suppress(LocalProtocolError):
@@ -301,7 +301,7 @@ class BrokerProtocol(asyncio.Protocol):
 
     def heartbeat(self) -> None:
         """Send a KEEPALIVE: nothing else went out for the heartbeat interval (R-PROTO-5)."""
-        if self.transport is None or not self.is_open:
+        if self.transport is None or not self.is_open or self.transport.is_closing():
             return
         try:
             frame = self.conn.send(events.Keepalive())
@@ -325,7 +325,7 @@ class BrokerProtocol(asyncio.Protocol):
     def abort(self, reason: str) -> None:
         self.close_reason = reason
         log.warning("%s", reason)
-        if self.transport is not None:
+        if self.transport is not None and not self.transport.is_closing():
             out = self.conn.data_to_send()
             if out:
                 self.transport.write(out)

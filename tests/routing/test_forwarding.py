@@ -177,3 +177,36 @@ async def test_reply_is_delivered_by_broker_instance_before_msdb_routes(
     (answer,) = await drain(a, queue_of(INITIATOR), 1)
     assert answer.message_body == b"answer" and answer.conversation_handle == handle
     assert await a.view("drops") == []
+
+
+async def test_a_forwarder_stopped_mid_traffic_exits_cleanly(deployment: Deployment) -> None:
+    """SIGTERM of a forwarder while it relays large bodies both ways: it exits with status 0
+    and logs no traceback; after its restart every message arrives exactly once, in order
+    (R-ROUTE-7: a forwarder holds relayed messages only in memory, so the senders resend)."""
+    deployment.add("a", A, database("AW", [INITIATOR], [R("ToElsewhere", addr(F1), ELSEWHERE)]))
+    deployment.add(
+        "f1",
+        F1,
+        database("msdb", routes=[R("Fwd", addr(C), ELSEWHERE), R("Back", addr(A), INITIATOR)]),
+        endpoint_extra=FORWARDING,
+    )
+    deployment.add("c", C, database("Remote", [ELSEWHERE], [R("Back", addr(F1), INITIATOR)]))
+    for name in ("a", "f1", "c"):
+        deployment.start(name)
+    a = await deployment.daemons["a"].client()
+    c = await deployment.daemons["c"].client()
+    handles = [await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW") for _ in range(4)]
+    big = b"x" * 200_000
+    for n in range(10):
+        for h in handles:
+            await a.send(h, body=big + str(n).encode())
+    await asyncio.sleep(0.3)  # relaying is under way
+    assert deployment.stop("f1") == 0
+    log = deployment.daemons["f1"].log_tail(400)
+    assert "Traceback" not in log, log
+    deployment.start("f1")
+    got = await drain(c, queue_of(ELSEWHERE), 40, timeout=90)
+    per: dict[object, list[bytes]] = {}
+    for m in got:
+        per.setdefault(m.conversation_handle, []).append(m.message_body[len(big) :])
+    assert sorted(per.values()) == [[str(n).encode() for n in range(10)]] * 4

@@ -16,7 +16,7 @@ from brokerd.tools.example import (
     warehouse_database,
 )
 from brokerd.tools.launcher import Deployment
-from tests.daemons import drain, wait_until
+from tests.daemons import drain, running, wait_until
 
 MB = 1024 * 1024
 
@@ -65,3 +65,37 @@ async def test_a_slow_committer_holds_reading_and_nothing_is_resent(tmp_path: Pa
 
 async def _empty(client: object) -> bool:
     return not await client.transmission_queue()  # type: ignore[attr-defined]
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_a_client_pipelining_large_sends_is_read_only_as_its_sends_commit(
+    tmp_path: Path,
+) -> None:
+    """An application with 200 MiB of SENDs in flight on one connection while the target's
+    broker is down: the broker stops reading the connection past
+    ``limits.client_pending_mb`` until commits catch up, and keeps no body beyond
+    ``limits.held_bodies_mb`` while the link is down, so its memory stays bounded (it
+    peaked at 457 MB before both), and every SEND still commits, in order (R-DLG-1)."""
+    d = Deployment(tmp_path)
+    limits = "[limits]\nclient_pending_mb = 8\nheld_bodies_mb = 8\n"
+    d.add("alpha", "127.0.0.1", shop_database("127.0.0.2"), extra=limits)
+    with running(d, "alpha"):
+        shop = await d.daemons["alpha"].client()
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        count = 200
+        sends = [shop.send(handle, ORDER, n.to_bytes(4, "big") * (MB // 4)) for n in range(count)]
+        seqs = await asyncio.gather(*sends)
+        assert seqs == list(range(1, count + 1))
+        (alpha,) = await shop.view("stats")
+        assert alpha["client_reads_held"] >= 1, alpha
+        process = d.daemons["alpha"].process
+        assert process is not None
+        assert _peak_rss_mb(process.pid) < 160, _peak_rss_mb(process.pid)
+        assert len(await shop.transmission_queue()) == count
+        await shop.close()
