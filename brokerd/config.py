@@ -281,7 +281,7 @@ class LimitsConfig:
     transit_bodies_mb: int = 16
     """MB of bodies not kept (read back, or beyond ``held_bodies_mb``) in memory at once
     while they wait to be written: a backlog is fed to a connection as it drains."""
-    client_pending_mb: int = 64
+    client_pending_mb: int = 16
     """MB of request bodies one client connection may have awaiting their replies (SENDs
     waiting for their commit); beyond it the broker stops reading that connection until
     replies bring it under half (the application's sends then wait in its own socket)."""
