@@ -110,8 +110,8 @@ class LocalLink:
         for item in items:
             if type(item) is _LocalFragment:
                 ep, msg, index, target = item
-                if msg.seq not in ep.outbox:
-                    continue
+                if msg.seq not in ep.outbox or msg.body is None:
+                    continue  # acknowledged, or a copy already written (see the transport)
                 header, body = engine.build_fragment(ep, msg, index)
                 db = engine.databases.get(target) if target else None
                 engine.on_fragment(self, header, body, db)

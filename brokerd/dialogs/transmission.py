@@ -118,7 +118,7 @@ class Transmission:
         size = self.fragment_size
         offset = index * size
         whole = msg.body
-        assert whole is not None, "a message is queued on a link only with its body"
+        assert whole is not None, "links skip a queued copy whose body was dropped (written)"
         body = whole[offset : offset + size] if msg.fragment_count > 1 else whole
         header = DialogHeader(
             ep.conversation_id,

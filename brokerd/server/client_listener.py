@@ -79,7 +79,8 @@ class Broker(Protocol):
     config: BrokerConfig
     engine: DialogEngine
     transport: Transport
-    instance_name: str
+    client_sessions: set[ClientSession]
+    client_reads_held: int
     client_sessions: set[ClientSession]
 
 
@@ -270,11 +271,16 @@ class ClientSession(asyncio.Protocol):
         """Count a request's body until its reply; stop reading past the limit."""
         self._pending[request_id] = self._pending.get(request_id, 0) + size
         self._pending_bytes += size
-        if self._pending_bytes > self._pending_limit and not self._reading_held:
-            if self.transport is not None and not self.transport.is_closing():
-                self._reading_held = True
-                self.transport.pause_reading()
-                self.broker.client_reads_held += 1
+        transport = self.transport
+        if (
+            self._pending_bytes > self._pending_limit
+            and not self._reading_held
+            and transport is not None
+            and not transport.is_closing()
+        ):
+            self._reading_held = True
+            transport.pause_reading()
+            self.broker.client_reads_held += 1
 
     def _release(self, request_id: int) -> None:
         size = self._pending.pop(request_id, 0)

@@ -260,6 +260,11 @@ class BrokerProtocol(asyncio.Protocol):
                     ep, msg, index = cast(SendFragment, item)
                     if msg.seq not in ep.outbox or index in msg.acked_fragments:
                         continue  # acknowledged meanwhile
+                    if msg.body is None:
+                        # A second copy queued (a retransmission due while the first
+                        # waited to be written) after the first was written and its body
+                        # dropped: its retry clock runs, the next copy reads the body back.
+                        continue
                     header, body = build(ep, msg, index)
                     frame = send(events.Fragment(dialog.encode_fragment(header, body)))
                 elif kind is SendAcks:

@@ -87,6 +87,44 @@ async def test_a_backlog_is_not_resent_before_it_is_written(
     await warehouse.close()
 
 
+async def test_large_messages_resent_on_a_stalling_link_with_no_body_in_memory(
+    tmp_path: Path,
+) -> None:
+    """R-DLG-6, R-DLG-7: with no body held in memory (``held_bodies_mb = 0``), large
+    messages on a link that stalls and resumes are resent with their bodies read back
+    from the file, and a copy still queued after an earlier copy was written (and its
+    body dropped) is skipped, not built (the daemons log no traceback; the short soak
+    hit that case). Every message arrives once, in order."""
+    d = shop_and_warehouse(
+        tmp_path,
+        {"initial": 0.3, "maximum": 1.2, "ack_delay": 0.005, "delayed_retry": 0.5},
+        beta_route_host=PROXY_HOST,
+        extra="[limits]\nheld_bodies_mb = 0\n",
+    )
+    async with proxied(d) as proxy:
+        shop = await d.daemons["alpha"].client()
+        warehouse = await d.daemons["beta"].client()
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop.send(handle, ORDER, b"open the connection")
+        await drain(warehouse, "OrderQueue", 1)
+        count = 60
+        for round_ in range(2):
+            proxy.plan.stall = True
+            for n in range(count // 2):
+                body = (round_ * count // 2 + n).to_bytes(4, "big") * (50 * 1024)
+                await shop.send(handle, ORDER, body)  # 200 KiB: four fragments
+            await asyncio.sleep(2.5)  # several retry periods while the link is stalled
+            proxy.plan.stall = False
+            await asyncio.sleep(1.0)
+        received = await drain(warehouse, "OrderQueue", count, timeout=90)
+        assert [m.message_body[:4] for m in received] == [
+            n.to_bytes(4, "big") for n in range(count)
+        ]
+        assert (await stats(shop))["retransmissions"] > 0
+        await shop.close()
+        await warehouse.close()
+
+
 async def test_a_slow_link_teaches_the_timeout_and_later_messages_go_once(
     behind_proxy: tuple[Deployment, FaultProxy],
 ) -> None:
