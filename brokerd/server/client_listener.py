@@ -79,9 +79,9 @@ class Broker(Protocol):
     config: BrokerConfig
     engine: DialogEngine
     transport: Transport
+    instance_name: str
     client_sessions: set[ClientSession]
     client_reads_held: int
-    client_sessions: set[ClientSession]
 
 
 log = logging.getLogger("brokerd.server.client_listener")
