@@ -91,11 +91,11 @@ class Receiving(EngineCore):
             changed = True
         outbox = ep.outbox
         removed: list[int] = []
-        for seq in list(outbox):
-            if seq <= ack.through:
-                removed.append(seq)
-            else:
+        through = ack.through
+        for seq in outbox:  # in sending order: only the acknowledged head is visited
+            if seq > through:
                 break
+            removed.append(seq)
         if ack.ranges or ack.fragments:
             for seq, msg in list(outbox.items()):
                 if seq <= ack.through:
@@ -539,15 +539,15 @@ class Receiving(EngineCore):
             last = released[-1] if error else None
             for s in released:
                 index.add(ep.group_id, ep.handle, s, Rank.ERROR if s == last else Rank.IN_SEQUENCE)
-        for s in released:
-            self.trace.emit(
-                "delivered",
-                ep.conversation_id,
-                database=db.name,
-                initiator=not ep.initiator,
-                seq=s,
-                queue=queue,
-            )
+        self.trace.emit_each(
+            "delivered",
+            ep.conversation_id,
+            "seq",
+            released,
+            database=db.name,
+            initiator=not ep.initiator,
+            queue=queue,
+        )
         self.stats.delivered_messages += len(released)
 
     def _suspend_receiving(self, db: Database) -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
+import operator
 import sqlite3
 import uuid
 from collections.abc import Collection, Iterable
@@ -503,15 +505,17 @@ class ApplicationVerbs(EngineCore):
         if not self.trace.enabled:
             return
         db = lease.db
-        for handle, seq in lease.items:
+        # One buffered entry per run of messages of one conversation (the lines are the same).
+        for handle, run in itertools.groupby(lease.items, key=operator.itemgetter(0)):
             owner = db.endpoints.get(handle)
             if owner is not None:
-                self.trace.emit(
+                self.trace.emit_each(
                     "received",
                     owner.conversation_id,
+                    "seq",
+                    [seq for _, seq in run],
                     database=db.name,
                     initiator=not owner.initiator,
-                    seq=seq,
                     queue=lease.queue,
                 )
 
