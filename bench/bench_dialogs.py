@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     install_uvloop()
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=args.workdir))
+        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=args.workdir.resolve()))
         remove = False
     else:
         workdir = Path(tempfile.mkdtemp(prefix="brokerd-bench-"))
