@@ -86,6 +86,9 @@ class Transmission:
         """Acknowledgement delays per link name."""
         self._windows: dict[str, SendWindow] = {}
         """The send window of each link, by name."""
+        self._hand_over_fn = self._hand_over
+        """One bound method for every message a window holds back (a backlog of a million
+        messages would otherwise hold a million of them)."""
         self.bodies = Bodies(
             limits.held_bodies_mb * 1024 * 1024,
             limits.transit_bodies_mb * 1024 * 1024,
@@ -240,7 +243,7 @@ class Transmission:
         window = self._windows.get(link.name)
         if window is None:
             window = self._windows[link.name] = SendWindow()
-        window.offer(ep, msg, link, self._hand_over)
+        window.offer(ep, msg, link, self._hand_over_fn)
         return True
 
     def _hand_over(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
