@@ -309,11 +309,12 @@ class ClientSession(asyncio.Protocol):
             engine = self.broker.engine
             db, ep = engine.endpoint(handle)
             self.allowed.check_conversation(ep)
-            seq, work = engine.send_work(db, ep, _str(m, "message_type", "DEFAULT"), frame.body)
-            engine.apply(
+            engine.send_now(
                 db,
-                work,
-                lambda: self._reply(request_id, {"sequence_number": seq}),
+                ep,
+                _str(m, "message_type", "DEFAULT"),
+                frame.body,
+                lambda seq: self._reply(request_id, {"sequence_number": seq}),
                 lambda exc: self._reply_error(request_id, exc),
             )
         except BrokerError as exc:
