@@ -5,10 +5,11 @@ link carries at most ``WINDOW_MESSAGES`` messages or ``WINDOW_BYTES`` bytes that
 were handed to it and not yet acknowledged. Beyond that, messages wait here, in the
 order they were sent (so each endpoint's order holds), and go as acknowledgements
 return; an endpoint with more due messages than that (a backlog) waits as one entry,
-*blocked*, and offers the rest once the window has room. A backlog of any size is thus fed to a connection at the pace the receiver
-commits, every message's retry clock starts within a window's worth of the receiver's
-work, and a peer returning to a large backlog is not sent more than it can
-acknowledge before the first wait runs out.
+*blocked*, and offers the rest once the window has room. A backlog of any size is
+thus fed to a connection at the pace the receiver commits, every message's retry
+clock starts within a window's worth of the receiver's work, and a peer returning to
+a large backlog is not sent more than it can acknowledge before the first wait runs
+out.
 
 Pure: no I/O and no clock.
 """
