@@ -106,7 +106,7 @@ def options_for(name: str, args: argparse.Namespace) -> Options:
         trace=args.trace,
         warmup=default_warmup(workload, messages) if args.warmup is None else args.warmup,
         timeout=args.timeout or max(300.0, messages / 500),
-        workdir=args.workdir,
+        workdir=args.workdir.resolve() if args.workdir is not None else None,
         keep=args.keep,
     )
 

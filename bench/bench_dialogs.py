@@ -245,6 +245,8 @@ async def measure(
                 send_end[k] = time.perf_counter_ns()
 
         pids = {d.name: d.process.pid if d.process else None for d in (sender, receiver)}
+        commit_views = {sender.name: control, receiver.name: receivers[0]}
+        commits_before = {name: await _commits(c) for name, c in commit_views.items()}
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         bench_cpu_before = time.process_time()
         deadline = time.monotonic() + timeout
@@ -263,6 +265,9 @@ async def measure(
                 task.cancel()
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
         cpu["benchmark"] = time.process_time() - bench_cpu_before
+        commits = {
+            name: await _commits(c) - commits_before[name] for name, c in commit_views.items()
+        }
         if not state.done.is_set():
             problems.append(
                 f"timed out after {timeout:g} s: received {state.measured} of {messages}"
@@ -350,6 +355,7 @@ async def measure(
             "p99": round(percentile(in_queue, 99), 2),
         },
         "cpu_s": {name: round(v, 2) for name, v in cpu.items()},
+        "commits": commits,
         "receive_calls": len(state.batches),
         "mean_receive_batch": round(sum(state.batches) / len(state.batches), 1)
         if state.batches
@@ -359,6 +365,11 @@ async def measure(
         "problems": problems,
         "ok": not problems,
     }
+
+
+async def _commits(client: BrokerClient) -> int:
+    """Group commits of a daemon's databases so far (one fsync of a WAL file each)."""
+    return sum(int(row.get("commits", 0)) for row in await client.view("databases"))
 
 
 def verify(
@@ -541,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     install_uvloop()
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=args.workdir))
+        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=args.workdir.resolve()))
         remove = False
     else:
         workdir = Path(tempfile.mkdtemp(prefix="brokerd-bench-"))
@@ -577,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['enqueue_to_receive_ms']['p99']} ms; retransmissions {s.get('retransmissions')}, "
             f"duplicates {t.get('duplicates')}, acks sent {t.get('acks_sent')}; CPU s "
             + ", ".join(f"{name} {v}" for name, v in r["cpu_s"].items())
+            + "; commits "
+            + ", ".join(
+                f"{name} {n} ({n / r['elapsed_s']:.0f}/s, "
+                f"{r['messages'] / max(n, 1):.1f} msgs each)"
+                for name, n in r["commits"].items()
+            )
         )
         for p in r["problems"]:
             print(f"{r['scenario']}: VIOLATION: {p}")

@@ -51,6 +51,17 @@ def _rows(conn: sqlite3.Connection) -> Rows:
     return lambda sql, params: conn.execute(sql, params).fetchall()
 
 
+def _cursor(conn: sqlite3.Connection) -> Rows:
+    """Rows as plain tuples, one at a time (no list of them all, no ``sqlite3.Row``)."""
+
+    def rows(sql: str, params: Any) -> Any:
+        cursor = conn.execute(sql, params)
+        cursor.row_factory = None
+        return cursor
+
+    return rows
+
+
 _END_FLAGS = {
     END_DIALOG: FLAG_END_DIALOG | FLAG_SEQUENCED,
     ERROR: FLAG_ERROR | FLAG_SEQUENCED,
@@ -117,29 +128,40 @@ class Database:
 
         Returns the endpoints that have messages waiting to be transmitted.
         """
-        return await self.store.read(lambda conn: self._recover(_rows(conn), fragment_size))
+        return await self.store.read(
+            lambda conn: self._recover(_rows(conn), fragment_size, _cursor(conn))
+        )
 
-    def _recover(self, fetch: Rows, fragment_size: int) -> list[Endpoint]:
+    def _recover(self, fetch: Rows, fragment_size: int, stream: Rows) -> list[Endpoint]:
         for row in fetch(queries.READ_ENDPOINTS, ()):
             self.add_endpoint(endpoint_from_row(row, self.name))
         waiting: dict[uuid.UUID, Endpoint] = {}
-        for row in fetch(queries.READ_TRANSMISSION_QUEUE, ()):
-            ep = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
+        # The transmission queue can hold millions of rows: they are read as a stream (not
+        # all at once), in conversation order, so a handle is looked up once per
+        # conversation and a message type's name is one string shared by its messages.
+        names: dict[str, str] = {}
+        handle_text = ""
+        ep: Endpoint | None = None
+        for handle, seq, message_type, flags, length, enqueued_at in stream(
+            queries.READ_TRANSMISSION_QUEUE, ()
+        ):
+            if handle != handle_text:
+                handle_text = handle
+                ep = self.endpoints.get(uuid.UUID(handle))
+                if ep is not None:
+                    ep.waiting_status = "waiting to be sent (recovered after a restart)"
+                    waiting[ep.handle] = ep
             if ep is None:
                 continue
-            seq = int(row["message_sequence_number"])
-            length = int(row["length"])
             ep.outbox[seq] = OutMessage(
                 seq=seq,
-                message_type=row["message_type"],
-                flags=int(row["flags"]),
+                message_type=names.setdefault(message_type, message_type),
+                flags=flags,
                 body=None,  # read back when sent: a restart loads no body
                 length=length,
-                enqueued_at=float(row["enqueued_at"]),
+                enqueued_at=enqueued_at,
                 fragment_count=fragment_count(length, fragment_size),
             )
-            ep.waiting_status = "waiting to be sent (recovered after a restart)"
-            waiting[ep.handle] = ep
         self.load_received(fetch)
         for row in fetch(queries.READ_TIMERS, ()):
             timed = self.endpoints.get(uuid.UUID(row["conversation_handle"]))

@@ -38,7 +38,9 @@ class OutMessage:
     length: int
     enqueued_at: float
     fragment_count: int
-    acked_fragments: set[int] = field(default_factory=set)
+    acked_fragments: set[int] | frozenset[int] = frozenset()
+    """Fragments the peer acknowledged (of a message of several): a set of its own once
+    there is one, the shared empty one until then (most messages are one fragment)."""
     attempts: int = 0
     due: float = 0.0
     """Loop time of the next (re)transmission; 0 = as soon as a link is open; ``inf``

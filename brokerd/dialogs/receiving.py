@@ -60,13 +60,17 @@ log = logging.getLogger("brokerd.dialogs.receiving")
 class Receiving(EngineCore):
     def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
         elsewhere: list[DialogHeader] = []
+        writes: dict[str, list[Statement]] = {}
+        """The frame's transmission-queue deletions, one store job per database."""
         for h in headers:
             self.stats.acks_received += 1
             ep = self._endpoint_for(h)
             if ep is not None:
-                self._apply_ack(ep, h.ack, h.from_broker_instance)
+                self._apply_ack(ep, h.ack, h.from_broker_instance, writes)
             elif link is not self.local_link:
                 elsewhere.append(h)
+        for name, statements in writes.items():
+            self.databases[name].store.submit(statements)
         if elsewhere and self.router.forwarding:
             self.router.forward_acks(elsewhere)
 
@@ -81,7 +85,15 @@ class Receiving(EngineCore):
                 return ep
         return None
 
-    def _apply_ack(self, ep: Endpoint, ack: Acknowledgement, far_instance: uuid.UUID) -> None:
+    def _apply_ack(
+        self,
+        ep: Endpoint,
+        ack: Acknowledgement,
+        far_instance: uuid.UUID,
+        writes: dict[str, list[Statement]] | None = None,
+    ) -> None:
+        """Release what ``ack`` acknowledges; its rows leave the transmission queue in a
+        job of their own, or, given ``writes``, in the caller's job for the database."""
         db = self.databases[ep.database]
         statements: list[Statement] = []
         changed = False
@@ -91,11 +103,11 @@ class Receiving(EngineCore):
             changed = True
         outbox = ep.outbox
         removed: list[int] = []
-        for seq in list(outbox):
-            if seq <= ack.through:
-                removed.append(seq)
-            else:
+        through = ack.through
+        for seq in outbox:  # in sending order: only the acknowledged head is visited
+            if seq > through:
                 break
+            removed.append(seq)
         if ack.ranges or ack.fragments:
             for seq, msg in list(outbox.items()):
                 if seq <= ack.through:
@@ -105,7 +117,10 @@ class Receiving(EngineCore):
                 elif msg.fragment_count > 1:
                     for f in ack.fragments:
                         if f.sequence_number == seq:
-                            msg.acked_fragments.update(range(f.first, f.last + 1))
+                            msg.acked_fragments = {
+                                *msg.acked_fragments,
+                                *range(f.first, f.last + 1),
+                            }
         if removed:
             self.transmission.acknowledged(outbox[removed[-1]])
         release = self.transmission.release
@@ -129,8 +144,12 @@ class Receiving(EngineCore):
             self._trace_closed(ep)
         if changed:
             statements.append(endpoint_snapshot(ep))
-        if statements:
+        if not statements:
+            return
+        if writes is None:
             db.store.submit(statements)
+        else:
+            writes.setdefault(db.name, []).extend(statements)
 
     def on_fragment(
         self, link: Link, header: DialogHeader, body: bytes, db: Database | None = None
@@ -539,15 +558,15 @@ class Receiving(EngineCore):
             last = released[-1] if error else None
             for s in released:
                 index.add(ep.group_id, ep.handle, s, Rank.ERROR if s == last else Rank.IN_SEQUENCE)
-        for s in released:
-            self.trace.emit(
-                "delivered",
-                ep.conversation_id,
-                database=db.name,
-                initiator=not ep.initiator,
-                seq=s,
-                queue=queue,
-            )
+        self.trace.emit_each(
+            "delivered",
+            ep.conversation_id,
+            "seq",
+            released,
+            database=db.name,
+            initiator=not ep.initiator,
+            queue=queue,
+        )
         self.stats.delivered_messages += len(released)
 
     def _suspend_receiving(self, db: Database) -> None:

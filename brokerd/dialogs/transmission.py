@@ -86,6 +86,9 @@ class Transmission:
         """Acknowledgement delays per link name."""
         self._windows: dict[str, SendWindow] = {}
         """The send window of each link, by name."""
+        self._hand_over_fn = self._hand_over
+        """One bound method for every message a window holds back (a backlog of a million
+        messages would otherwise hold a million of them)."""
         self.bodies = Bodies(
             limits.held_bodies_mb * 1024 * 1024,
             limits.transit_bodies_mb * 1024 * 1024,
@@ -175,11 +178,18 @@ class Transmission:
             return
         earliest = math.inf
         for msg in ep.outbox.values():
-            if msg.due <= now and not self._send_message(ep, msg, link, now):
-                # The link redials; its link_up sends everything again, and this
-                # wake-up covers a link that had no connection to close.
-                self.schedule(ep, now + self.retry.initial)
-                return
+            if msg.due <= now:
+                if not self._send_message(ep, msg, link, now):
+                    # The link redials; its link_up sends everything again, and this
+                    # wake-up covers a link that had no connection to close.
+                    self.schedule(ep, now + self.retry.initial)
+                    return
+                if msg.window != link.name:
+                    # The window is full: this message waits in it, and the endpoint's
+                    # other due messages are offered when it has room again, so a
+                    # backlog costs the window one entry per endpoint, not per message.
+                    self._windows[link.name].block(ep)
+                    break
             if msg.due < earliest:
                 earliest = msg.due
         if earliest < math.inf:
@@ -191,6 +201,11 @@ class Transmission:
         waits as a whole (its messages go when the link opens)."""
         link = self.router.link_for(ep)
         if link is not None and link.is_open:
+            window = self._windows.get(link.name)
+            if window is not None and id(ep) in window.blocked:
+                if not msg.held:
+                    msg.body = None  # read back when it is offered
+                return  # due: offered after the endpoint's older messages, in order
             self._send_message(ep, msg, link, self.loop.time())
         else:
             if not msg.held:
@@ -242,7 +257,7 @@ class Transmission:
         window = self._windows.get(link.name)
         if window is None:
             window = self._windows[link.name] = SendWindow()
-        window.offer(ep, msg, link, self._hand_over)
+        window.offer(ep, msg, link, self._hand_over_fn)
         return True
 
     def _hand_over(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
@@ -256,7 +271,16 @@ class Transmission:
             window = self._windows.get(msg.window)
             if window is not None:
                 window.release(msg)
+                if window.blocked and not window.resuming:
+                    window.resuming = True
+                    self.loop.call_soon(self._resume, window)
             msg.window = ""
+
+    def _resume(self, window: SendWindow) -> None:
+        """Endpoints that stopped at a full window offer their due messages again."""
+        window.resuming = False
+        for ep in window.unblocked():
+            self.transmit(ep)
 
     def _queue_fragments(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
         """Queue the fragments of ``msg`` not yet acknowledged (its body is in memory)."""
@@ -326,7 +350,7 @@ class Transmission:
         window = self._windows.pop(name, None)
         if window is not None:
             # What waited for room was never handed over: it goes again like the rest.
-            endpoints = [*endpoints, *{id(ep): ep for ep, _ in window.forget_waiting()}.values()]
+            endpoints = [*endpoints, *window.forget_waiting()]
         for ep in endpoints:
             lost = False
             for msg in ep.outbox.values():

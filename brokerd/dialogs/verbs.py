@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
+import operator
 import sqlite3
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from brokerd.dialogs import views
@@ -192,6 +194,33 @@ class ApplicationVerbs(EngineCore):
         await asyncio.gather(*(self.submit(db, work) for db, work in works.values()))
         return seqs
 
+    def send_now(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        body: bytes,
+        then: Callable[[int], None],
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        """SEND outside a transaction without a future: :meth:`send_work` committed on
+        its own, then ``then(sequence number)``, or ``failed(error)``. The client
+        listener's path for every pipelined SEND, so it builds no :class:`Work`."""
+        self.check_send(db, ep, message_type, body)
+        seq, statements, committed, undo = self._enqueue_steps(
+            db, ep, message_type, FLAG_SEQUENCED, body
+        )
+
+        def on_commit() -> None:
+            committed()
+            then(seq)
+
+        def on_failure(exc: BaseException) -> None:
+            undo(exc)
+            failed(exc)
+
+        db.store.submit(statements, on_commit=on_commit, on_failure=on_failure)
+
     def _enqueue_work(
         self,
         db: Database,
@@ -201,6 +230,21 @@ class ApplicationVerbs(EngineCore):
         body: bytes,
         extra: Iterable[Statement] = (),
     ) -> tuple[int, Work]:
+        seq, statements, committed, failed = self._enqueue_steps(
+            db, ep, message_type, flags, body, extra
+        )
+        return seq, Work().add(statements, committed, failed)
+
+    def _enqueue_steps(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        flags: int,
+        body: bytes,
+        extra: Iterable[Statement] = (),
+    ) -> tuple[int, list[Statement], Callable[[], None], Callable[[BaseException], None]]:
+        """A SEND's sequence number, rows, and what runs after its commit or failure."""
         ep.send_sequence += 1
         seq = ep.send_sequence
         if ep.initiator:
@@ -256,7 +300,7 @@ class ApplicationVerbs(EngineCore):
                 ep.send_sequence -= 1
                 ep.refresh_state(undo=True)
 
-        return seq, Work().add(statements, committed, failed)
+        return seq, statements, committed, failed
 
     @staticmethod
     def check_end(error_code: int | None, cleanup: bool = False) -> None:
@@ -503,15 +547,17 @@ class ApplicationVerbs(EngineCore):
         if not self.trace.enabled:
             return
         db = lease.db
-        for handle, seq in lease.items:
+        # One buffered entry per run of messages of one conversation (the lines are the same).
+        for handle, run in itertools.groupby(lease.items, key=operator.itemgetter(0)):
             owner = db.endpoints.get(handle)
             if owner is not None:
-                self.trace.emit(
+                self.trace.emit_each(
                     "received",
                     owner.conversation_id,
+                    "seq",
+                    [seq for _, seq in run],
                     database=db.name,
                     initiator=not owner.initiator,
-                    seq=seq,
                     queue=lease.queue,
                 )
 

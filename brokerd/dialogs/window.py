@@ -4,10 +4,12 @@ Owns (SPEC R-DLG-6, R-DLG-13) the flow control between a sender and a receiver: 
 link carries at most ``WINDOW_MESSAGES`` messages or ``WINDOW_BYTES`` bytes that
 were handed to it and not yet acknowledged. Beyond that, messages wait here, in the
 order they were sent (so each endpoint's order holds), and go as acknowledgements
-return. A backlog of any size is thus fed to a connection at the pace the receiver
-commits, every message's retry clock starts within a window's worth of the receiver's
-work, and a peer returning to a large backlog is not sent more than it can
-acknowledge before the first wait runs out.
+return; an endpoint with more due messages than that (a backlog) waits as one entry,
+*blocked*, and offers the rest once the window has room. A backlog of any size is
+thus fed to a connection at the pace the receiver commits, every message's retry
+clock starts within a window's worth of the receiver's work, and a peer returning to
+a large backlog is not sent more than it can acknowledge before the first wait runs
+out.
 
 Pure: no I/O and no clock.
 """
@@ -31,16 +33,20 @@ Send = Callable[[Endpoint, OutMessage, Link], None]
 class SendWindow:
     """The window of one link."""
 
-    __slots__ = ("bytes", "count", "waiting")
+    __slots__ = ("blocked", "bytes", "count", "resuming", "waiting")
 
     def __init__(self) -> None:
         self.count = 0
         self.bytes = 0
         self.waiting: deque[tuple[Endpoint, OutMessage, Link, Send]] = deque()
+        self.blocked: dict[int, Endpoint] = {}
+        """Endpoints that stopped offering their due messages when the window was full
+        (:meth:`block`); they offer the rest once everything waiting has gone."""
+        self.resuming = False
 
-    def offer(self, ep: Endpoint, msg: OutMessage, link: Link, send: Send) -> None:
+    def offer(self, ep: Endpoint, msg: OutMessage, link: Link, send: Send) -> bool:
         """Send ``msg`` now if the window has room (or it is already counted in it, as a
-        retransmission is), otherwise when acknowledgements make room."""
+        retransmission is), otherwise when acknowledgements make room (False)."""
         if msg.window == link.name:
             send(ep, msg, link)
         elif not self.waiting and self._room(msg):
@@ -50,6 +56,25 @@ class SendWindow:
             if not msg.held and not msg.in_transit:
                 msg.body = None  # a waiting body beyond the budget is read back when sent
             self.waiting.append((ep, msg, link, send))
+            return False
+        return True
+
+    def block(self, ep: Endpoint) -> None:
+        """``ep`` has more due messages than the window takes now: rather than queue each of
+        them here (a backlog of a million would be a million entries, and the event loop
+        would stop to queue them), it offers the rest when :meth:`unblocked` says so."""
+        self.blocked[id(ep)] = ep
+
+    def unblocked(self) -> list[Endpoint]:
+        """The blocked endpoints, once nothing waits and there is room again (else none)."""
+        if not self.blocked or self.waiting or not self._room_for_more():
+            return []
+        endpoints = list(self.blocked.values())
+        self.blocked.clear()
+        return endpoints
+
+    def _room_for_more(self) -> bool:
+        return self.count < WINDOW_MESSAGES and self.bytes < WINDOW_BYTES
 
     def release(self, msg: OutMessage) -> None:
         """``msg`` was acknowledged, dropped, or its link went down: it leaves the window."""
@@ -73,11 +98,14 @@ class SendWindow:
             self._count(msg, link)
             send(ep, msg, link)
 
-    def forget_waiting(self) -> list[tuple[Endpoint, OutMessage]]:
-        """The link went down: what waited goes again when a link is up."""
-        items = [(ep, msg) for ep, msg, _, _ in self.waiting]
+    def forget_waiting(self) -> list[Endpoint]:
+        """The link went down: the endpoints of what waited (and of what was not offered
+        yet) send it again when a link is up."""
+        endpoints = {id(ep): ep for ep, _, _, _ in self.waiting}
+        endpoints.update(self.blocked)
         self.waiting.clear()
-        return items
+        self.blocked.clear()
+        return list(endpoints.values())
 
     def _room(self, msg: OutMessage) -> bool:
         if self.count == 0:

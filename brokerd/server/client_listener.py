@@ -30,6 +30,7 @@ class name and code (``protocol.errors``, docs/errors.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -102,9 +103,15 @@ def _uuid(meta: dict[str, Any], key: str, required: bool = True) -> uuid.UUID | 
             raise InvalidRequest(f"{key} is required")
         return None
     try:
-        return uuid.UUID(str(value))
+        return _parsed_uuid(str(value))
     except ValueError:
         raise InvalidRequest(f"{key} {value!r} is not a UUID") from None
+
+
+@functools.lru_cache(maxsize=65536)
+def _parsed_uuid(text: str) -> uuid.UUID:
+    """A handle as text, parsed once: a producer names the same conversations again and again."""
+    return uuid.UUID(text)
 
 
 def _str(meta: dict[str, Any], key: str, default: str | None = None) -> str:
@@ -163,6 +170,8 @@ class ClientSession(asyncio.Protocol):
         self._pending_bytes = 0
         self._pending_limit = broker.config.limits.client_pending_mb * 1024 * 1024
         self._reading_held = False
+        self._out: list[bytes] | None = None
+        """Replies not yet written: one write per turn of the event loop, not per reply."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -216,7 +225,22 @@ class ClientSession(asyncio.Protocol):
 
     def _close(self) -> None:
         if self.transport is not None:
+            self._write_out()
             self.transport.close()
+
+    def _write(self, frame: bytes) -> None:
+        """Queue a reply frame; the replies of one turn of the event loop (a group commit's
+        callbacks answer many SENDs at once) go to the socket in one write, in order."""
+        if self._out is None:
+            self._out = [frame]
+            asyncio.get_running_loop().call_soon(self._write_out)
+        else:
+            self._out.append(frame)
+
+    def _write_out(self) -> None:
+        out, self._out = self._out, None
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _login_expired(self) -> None:
         """No login within ``client.login_timeout``: the connection is closed."""
@@ -303,16 +327,14 @@ class ClientSession(asyncio.Protocol):
             log.error("reply to request %d cannot be sent: %s", request_id, exc)
             self._reply_error(request_id, InternalError(f"the reply cannot be sent: {exc}"))
             return
-        self.transport.write(frame)
+        self._write(frame)
 
     def _reply_error(self, request_id: int, exc: BaseException) -> None:
         if self._pending:
             self._release(request_id)
         if self.transport is None or self.transport.is_closing():
             return
-        self.transport.write(
-            encode_frame(ClientFrame(ClientFrameKind.ERROR, request_id, error_meta(exc)))
-        )
+        self._write(encode_frame(ClientFrame(ClientFrameKind.ERROR, request_id, error_meta(exc))))
 
     def _send_now(self, frame: ClientFrame) -> None:
         """SEND outside a transaction, without a task: the reply goes once it has committed."""
@@ -324,11 +346,12 @@ class ClientSession(asyncio.Protocol):
             engine = self.broker.engine
             db, ep = engine.endpoint(handle)
             self.allowed.check_conversation(ep)
-            seq, work = engine.send_work(db, ep, _str(m, "message_type", "DEFAULT"), frame.body)
-            engine.apply(
+            engine.send_now(
                 db,
-                work,
-                lambda: self._reply(request_id, {"sequence_number": seq}),
+                ep,
+                _str(m, "message_type", "DEFAULT"),
+                frame.body,
+                lambda seq: self._reply(request_id, {"sequence_number": seq}),
                 lambda exc: self._reply_error(request_id, exc),
             )
         except BrokerError as exc:
@@ -519,6 +542,13 @@ def _reply_row(row: dict[str, Any]) -> dict[str, Any]:
 def receive_budget(rows: list[dict[str, Any]]) -> int:
     """How many leading rows one RECEIVE reply can carry (R-DLG-1: the engine removes only
     those, so a batch too big for one frame is never lost). Runs in the store's thread."""
+    # The usual case, in one serialisation: the whole reply's meta is what the loop below
+    # adds up (each row and a separator), so everything fits if the last row would.
+    if (
+        sum(len(row["message_body"]) for row in rows) <= RECEIVE_BODY_LIMIT
+        and meta_size({"messages": [_reply_row(row) for row in rows]}) + 1 <= RECEIVE_META_LIMIT
+    ):
+        return len(rows)
     meta = len(b'{"messages":[]}')
     body = 0
     for n, row in enumerate(rows):

@@ -415,19 +415,26 @@ def read_received(
     with ``remove`` exactly those are removed (or retained, with status 0). One indexed
     query per conversation (the primary key), never a scan of the queue.
     """
-    found: dict[tuple[str, int], Any] = {}
-    for key, seqs in _by_conversation(items).items():
+    found: dict[tuple[uuid.UUID, int], Any] = {}
+    by_handle: dict[uuid.UUID, list[int]] = {}
+    for handle, seq in items:
+        by_handle.setdefault(handle, []).append(seq)
+    for handle, seqs in by_handle.items():
+        key = str(handle)
         for part in _chunks(seqs):
             marks = ",".join("?" * len(part))
-            for r in conn.execute(f"{_READ_RECEIVED}({marks})", [key, *part]):
-                found[(r[0], int(r[1]))] = r
+            cursor = conn.execute(f"{_READ_RECEIVED}({marks})", [key, *part])
+            cursor.row_factory = None  # plain tuples: cheaper than sqlite3.Row
+            for r in cursor:
+                found[(handle, int(r[1]))] = r
     out = []
     positions = []
-    for position, (handle, seq) in enumerate(items):
-        row = found.get((str(handle), seq))
+    for position, item in enumerate(items):
+        row = found.get(item)
         if row is None:
             continue
         positions.append(position)
+        body = row[6]
         out.append(
             {
                 "conversation_handle": row[0],
@@ -436,7 +443,7 @@ def read_received(
                 "service_name": row[3],
                 "service_contract_name": row[4],
                 "message_type_name": row[5],
-                "message_body": bytes(row[6] or b""),
+                "message_body": body if type(body) is bytes else bytes(body or b""),
                 "message_enqueue_time": float(row[7]),
                 "queue": row[8],
             }

@@ -77,6 +77,10 @@ EVENTS: dict[str, str] = {
 Event = tuple[float, str, uuid.UUID | None, dict[str, Any]]
 """An event as buffered: wall-clock time, name, conversation and fields."""
 
+Events = tuple[float, str, uuid.UUID | None, dict[str, Any], str, list[int]]
+"""Several events buffered as one (:meth:`TraceWriter.emit_each`): the fields they share,
+and the name and values of the one field that differs (one line per value)."""
+
 
 def _jstr(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
@@ -106,7 +110,9 @@ class TraceWriter:
         self._threshold = int(config.sample * 10_000)
         self._head = f'{{"v":{SCHEMA_VERSION},"instance":{_jstr(instance)},'.encode()
         """Every line's start; the event's own fields follow."""
-        self._buffer: list[Event] = []
+        self._buffer: list[Event | Events] = []
+        self._buffered = 0
+        """Events (lines) in the buffer: an ``emit_each`` entry holds several."""
         self._segment: Any = None
         self._segment_path: Path | None = None
         self._segment_bytes = 0
@@ -143,6 +149,30 @@ class TraceWriter:
         ):
             return
         self._buffer.append((self.clock(), event, conversation_id, fields))
+        self._buffered += 1
+
+    def emit_each(
+        self,
+        event: str,
+        conversation_id: uuid.UUID | None,
+        key: str,
+        values: list[int],
+        **fields: Any,
+    ) -> None:
+        """Record one event per value of ``values`` now, each with ``key`` set to its value
+        and the shared ``fields``: the lines :meth:`emit` would write called once per value,
+        at one time, buffered as one entry (the messages one commit delivered, for example).
+        """
+        if not self.enabled or not values:
+            return
+        if (
+            conversation_id is not None
+            and self._threshold < 10_000
+            and (conversation_id.int >> 64) % 10_000 >= self._threshold
+        ):
+            return
+        self._buffer.append((self.clock(), event, conversation_id, fields, key, values))
+        self._buffered += len(values)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -176,35 +206,60 @@ class TraceWriter:
                     await asyncio.to_thread(self._close_segment)
             return
         lines, self._buffer = self._buffer, []
+        count, self._buffered = self._buffered, 0
         async with self._lock:
-            await asyncio.to_thread(self._write, lines)
+            await asyncio.to_thread(self._write, lines, count)
 
     def _segment_expired(self) -> bool:
         age: float = self.clock() - self._segment_started
         return age >= self.config.segment_seconds
 
-    def _format(self, events: list[Event]) -> bytes:
-        """JSON Lines for ``events``, in their order (orjson, one call per event).
+    def _format(self, events: list[Event | Events]) -> bytes:
+        """JSON Lines for ``events``, in their order.
 
-        The fields dict each event was emitted with is completed in place (it is
-        the writer's own: ``emit``'s keyword arguments) and serialised behind the
-        instance's constant prefix.
+        A line is the instance's constant prefix, then ``ts``, ``event`` and
+        ``conversation_id`` from byte pieces cached for the batch (a timestamp's
+        second, an event name and a conversation recur), then the event's own
+        fields (orjson, one call per event; one per :meth:`emit_each` entry,
+        whose lines differ only in one integer field).
         """
         dumps = orjson.dumps
         head = self._head
+        seconds: dict[int, bytes] = {}
+        names: dict[str, bytes] = {}
+        conversations: dict[uuid.UUID | None, bytes] = {None: b""}
         out: list[bytes] = []
-        for t, event, conversation_id, fields in events:
+        add = out.append
+        for entry in events:
+            t, event, conversation_id, fields = entry[0], entry[1], entry[2], entry[3]
             if None in fields.values():
                 fields = {k: v for k, v in fields.items() if v is not None}
-            fields["ts"] = iso_micros(t)
-            fields["event"] = event
-            if conversation_id is not None:
-                fields["conversation_id"] = conversation_id
-            out.append(head)
-            out.append(dumps(fields, default=str, option=orjson.OPT_APPEND_NEWLINE)[1:])
+            whole, fraction = divmod(round(t * 1_000_000), 1_000_000)
+            second = seconds.get(whole)
+            if second is None:
+                second = seconds[whole] = b'"ts":"%s.' % _second(whole).encode()
+            name = names.get(event)
+            if name is None:
+                name = names[event] = b'Z","event":' + dumps(event)
+            conversation = conversations.get(conversation_id)
+            if conversation is None:
+                conversation = conversations[conversation_id] = (
+                    b',"conversation_id":"%s"' % str(conversation_id).encode()
+                )
+            start = b"%s%s%06d%s%s" % (head, second, fraction, name, conversation)
+            rest = dumps(fields, default=str)[1:] if fields else b"}"
+            if len(entry) == 4:
+                add(start + (b"," + rest if fields else rest) + b"\n")
+                continue
+            key, values = entry[4], entry[5]
+            if fields:
+                start += b"," + rest[:-1]
+            start += b"," + dumps(key) + b":"
+            for value in values:
+                add(b"%s%d}\n" % (start, value))
         return b"".join(out)
 
-    def _write(self, lines: list[Event]) -> None:
+    def _write(self, lines: list[Event | Events], count: int) -> None:
         data = self._format(lines)
         try:
             if self._segment is not None and (
@@ -217,9 +272,9 @@ class TraceWriter:
             self._segment.write(data)
             self._segment.flush()
             self._segment_bytes += len(data)
-            self.events_written += len(lines)
+            self.events_written += count
         except OSError as exc:
-            self.events_lost += len(lines)
+            self.events_lost += count
             log.error("cannot write trace segment %s: %s", self._segment_path, exc)
 
     def _open_segment(self) -> None:
@@ -251,7 +306,7 @@ class TraceWriter:
             "trace_enabled": self.enabled,
             "trace_directory": str(self.directory),
             "trace_events_written": self.events_written,
-            "trace_events_buffered": len(self._buffer),
+            "trace_events_buffered": self._buffered,
             "trace_events_lost": self.events_lost,
             "trace_segments_closed": self.segments_closed,
         }

@@ -89,4 +89,30 @@ def test_what_was_acknowledged_or_moved_while_waiting_is_skipped() -> None:
     del ep.outbox[1]
     window.release(first)
     assert sent == [1, 4]
-    assert [m.seq for _, m in window.forget_waiting()] == []
+    assert window.forget_waiting() == []
+
+
+def test_a_full_window_holds_one_entry_per_blocked_endpoint_and_resumes_it() -> None:
+    """A backlog beyond the window is not queued message by message: the endpoint that
+    found the window full is blocked, and offered again once nothing waits and there is
+    room (a million waiting messages would cost a million entries, and stop the loop)."""
+    window = SendWindow()
+    ep, other = endpoint(), endpoint()
+    sent: list[int] = []
+    messages = [message(ep, seq) for seq in range(1, WINDOW_MESSAGES + 2)]
+    for msg in messages[:-1]:
+        assert window.offer(ep, msg, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    assert not window.offer(ep, messages[-1], LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    window.block(ep)
+    window.block(other)
+    assert window.unblocked() == []  # a message still waits
+    del ep.outbox[1]
+    window.release(messages[0])
+    assert sent[-1] == WINDOW_MESSAGES + 1 and not window.waiting
+    assert window.unblocked() == []  # the window is full again
+    del ep.outbox[2]
+    window.release(messages[1])
+    assert window.unblocked() == [ep, other]
+    assert window.unblocked() == []
+    window.block(ep)
+    assert window.forget_waiting() == [ep]

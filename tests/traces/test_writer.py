@@ -45,6 +45,38 @@ async def test_events_are_json_lines_with_the_documented_fields(tmp_path: Path) 
     assert {"message_sent", "connection_opened", "dropped", "forwarded"} <= set(EVENTS)
 
 
+async def test_emit_each_writes_the_lines_emit_would_one_per_value(tmp_path: Path) -> None:
+    """The messages one commit delivers are buffered as one entry: the lines and the
+    counters are those of one ``emit`` per message, at the same time."""
+    clock = Clock()
+    conversation = uuid.uuid4()
+    each = TraceWriter(TraceConfig(directory=tmp_path / "each"), "beta", clock)
+    one = TraceWriter(TraceConfig(directory=tmp_path / "one"), "beta", clock)
+    for writer in (each, one):
+        await writer.start()
+    each.emit_each(
+        "delivered", conversation, "seq", [3, 4, 5], database="w", initiator=True, hop=None
+    )
+    each.emit_each("received", conversation, "seq", [], database="w")  # nothing at all
+    for seq in (3, 4, 5):
+        one.emit("delivered", conversation, database="w", initiator=True, hop=None, seq=seq)
+    assert each.view()["trace_events_buffered"] == 3
+    for writer in (each, one):
+        await writer.stop()
+    assert each.events_written == one.events_written == 3
+    lines = {
+        name: [json.loads(line) for line in read_lines(tmp_path / name)] for name in ("each", "one")
+    }
+    assert lines["each"] == lines["one"]
+    assert [line["seq"] for line in lines["each"]] == [3, 4, 5]
+    assert "hop" not in lines["each"][0]
+
+
+def read_lines(directory: Path) -> list[str]:
+    (path,) = segment_files([directory])
+    return path.read_text().splitlines()
+
+
 def test_iso_micros_rounds_to_the_microsecond() -> None:
     assert iso_micros(0.0000004) == "1970-01-01T00:00:00.000000Z"
     assert iso_micros(59.9999996) == "1970-01-01T00:01:00.000000Z"
