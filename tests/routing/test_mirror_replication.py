@@ -80,7 +80,9 @@ async def wait_caught_up(deployment: Deployment, principal: str, mirror: str) ->
     await wait_until(same, 30)
 
 
-async def receive_some(client: BrokerClient, count: int, timeout: float = 30) -> list[ReceivedMessage]:
+async def receive_some(
+    client: BrokerClient, count: int, timeout: float = 30
+) -> list[ReceivedMessage]:
     got: list[ReceivedMessage] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -228,5 +230,15 @@ async def test_stall_mode_holds_acknowledgements_until_a_mirror_has_the_message(
 
     await wait_until(acknowledged, 30)
     p2 = await fail_over(deployment)
-    got = await receive_some(p2, 5)
-    assert [m.message_body for m in got] == [f"held {i}".encode() for i in range(5)]
+    # The new principal has no mirror: in stall mode it acknowledges nothing new.
+    await a.send(handle, body=b"after the failover")
+    await asyncio.sleep(3)
+    assert len(await a.transmission_queue()) == 1
+    deployment.start("p1")
+    p1 = await deployment.daemons["p1"].client()
+    await p1.set_mirror_role("Parts", "mirror")
+    await wait_caught_up(deployment, "p2", "p1")
+    await wait_until(acknowledged, 30)
+    got = await receive_some(p2, 6)
+    expected = [f"held {i}".encode() for i in range(5)] + [b"after the failover"]
+    assert [m.message_body for m in got] == expected
