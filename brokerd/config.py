@@ -86,6 +86,7 @@ VALIDATIONS = ("none", "empty", "well_formed_xml")
 """R-OBJ-1 message type validations."""
 SENT_BY = ("initiator", "target", "any")
 MIRROR_ROLES = ("principal", "mirror")
+MIRROR_WHEN_LOST = ("exposed", "stall")
 """R-OBJ-2 roles that may send a message type on a contract."""
 
 _ENCRYPTIONS = ("required", "supported", "disabled")
@@ -170,6 +171,15 @@ class DatabaseConfig:
     routes: tuple[RouteConfig, ...] = ()
     mirror_role: str | None = None
     """``principal`` or ``mirror`` for a mirrored database (R-ROUTE-10); None = not mirrored."""
+    mirror_partner: str | None = None
+    """``tcp://host:port`` of the other partner: the database's committed units of work are
+    shipped between them (R-ROUTE-16). None: the partners share only the identifier."""
+    mirror_when_lost: str = "exposed"
+    """R-ROUTE-16: with no mirror attached (or one silent for ``mirror_timeout``), the
+    principal goes on alone (``exposed``) or holds every commit's outcome until a mirror
+    has it (``stall``)."""
+    mirror_timeout: float = 10.0
+    """Seconds a principal waits for a confirmation before it deems the mirror lost."""
 
 
 @dataclass(frozen=True)
@@ -866,6 +876,9 @@ _DATABASE_KEYS = (
     "service",
     "route",
     "mirror_role",
+    "mirror_partner",
+    "mirror_when_lost",
+    "mirror_timeout",
 )
 
 
@@ -997,11 +1010,21 @@ def _database(t: _Table, now: datetime) -> DatabaseConfig:
         )
     if mirror_role is not None and name == _MSDB:
         raise t.error("mirror_role", "msdb cannot be mirrored")
+    partner = t.text("mirror_partner")
+    if partner is not None:
+        if mirror_role is None:
+            raise t.error("mirror_partner", "is only allowed with mirror_role")
+        partner = _tcp(t, "mirror_partner", partner)
+    when_lost = t.choice("mirror_when_lost", "exposed", MIRROR_WHEN_LOST)
+    mirror_timeout = t.seconds("mirror_timeout", 10.0)
 
     return DatabaseConfig(
         name=name,
         broker_instance=broker_instance,
         mirror_role=mirror_role,
+        mirror_partner=partner,
+        mirror_when_lost=when_lost,
+        mirror_timeout=mirror_timeout,
         message_types=tuple(message_types),
         contracts=tuple(contracts),
         queues=tuple(queues),

@@ -11,6 +11,7 @@ Modules:
   dialog      dialog-protocol message header codec
   fragments   fragmenter and reassembler
   client_wire SDK <-> daemon client-listener frame format, its reader and auth proof
+  mirroring   database mirroring messages (units of work, snapshots, confirmations)
 
 Nothing here imports asyncio, sockets, sqlite or reads a clock; a test enforces it.
 """

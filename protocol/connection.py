@@ -29,7 +29,7 @@ table is a RemoteProtocolError. CLOSE is accepted in every state but CLOSED::
     SENT_HELLO  INITIATOR  HELLO_REPLY  -> SENT_PROOF   (send PROOF)
     SENT_REPLY  ACCEPTOR   PROOF        -> OPEN         (send WELCOME; HandshakeComplete)
     SENT_PROOF  INITIATOR  WELCOME      -> OPEN         (HandshakeComplete)
-    OPEN        both       FRAGMENT, ACK, KEEPALIVE, PRINCIPAL_QUERY, PRINCIPAL_ANSWER
+    OPEN        both       FRAGMENT, ACK, KEEPALIVE, PRINCIPAL_QUERY, PRINCIPAL_ANSWER, MIRROR
     any         both       CLOSE        -> CLOSED       (Close event)
 
 In OPEN, a frame that fails its integrity check (altered, replayed, reordered,
@@ -72,6 +72,7 @@ from protocol.events import (
     HandshakeComplete,
     IntegrityFailure,
     Keepalive,
+    Mirror,
     PrincipalAnswer,
     PrincipalQuery,
     SendableEvent,
@@ -284,6 +285,8 @@ class BrokerConnection:
             return self._send_protected(FrameType.FRAGMENT, event.payload)
         if isinstance(event, Ack):
             return self._send_protected(FrameType.ACK, event.payload)
+        if isinstance(event, Mirror):
+            return self._send_protected(FrameType.MIRROR, event.payload)
         if isinstance(event, Keepalive):
             return self._send_protected(
                 FrameType.KEEPALIVE, frames.encode_body(FrameType.KEEPALIVE, {})
@@ -510,6 +513,8 @@ class BrokerConnection:
             events.append(Fragment(payload))
         elif frame_type == FrameType.ACK:
             events.append(Ack(payload))
+        elif frame_type == FrameType.MIRROR:
+            events.append(Mirror(payload))
         elif frame_type == FrameType.KEEPALIVE:
             frames.decode_body(FrameType.KEEPALIVE, payload)
             events.append(Keepalive())
@@ -728,6 +733,7 @@ _OPEN_TYPES = (
     FrameType.KEEPALIVE,
     FrameType.PRINCIPAL_QUERY,
     FrameType.PRINCIPAL_ANSWER,
+    FrameType.MIRROR,
 )
 _OPEN_TYPE_VALUES = frozenset(int(t) for t in _OPEN_TYPES)
 _TRANSITIONS: dict[tuple[State, Role, FrameType], _Handler] = {

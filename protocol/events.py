@@ -83,6 +83,14 @@ class PrincipalAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class Mirror:
+    """Sendable and received: a database mirroring message (R-ROUTE-16), its bytes
+    decoded by ``protocol.mirroring``."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class IntegrityFailure:
     """Received: a frame failed its integrity check and was dropped (SPEC R-DLG-8).
 
@@ -103,6 +111,7 @@ Event = (
     | Close
     | PrincipalQuery
     | PrincipalAnswer
+    | Mirror
     | IntegrityFailure
 )
-SendableEvent = Fragment | Ack | Keepalive | Close | PrincipalQuery | PrincipalAnswer
+SendableEvent = Fragment | Ack | Keepalive | Close | PrincipalQuery | PrincipalAnswer | Mirror

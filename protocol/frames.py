@@ -63,6 +63,8 @@ class FrameType(enum.IntEnum):
     CLOSE = 19
     PRINCIPAL_QUERY = 20
     PRINCIPAL_ANSWER = 21
+    MIRROR = 22
+    """Database mirroring (R-ROUTE-16); the body is opaque here, see protocol/mirroring.py."""
 
 
 class FrameFlags(enum.IntFlag):

@@ -81,7 +81,7 @@ def assert_exactly_once_in_order(
         per.setdefault(m.conversation_handle, []).append(m.message_sequence_number)
         bodies.setdefault(m.conversation_handle, []).append(m.message_body)
     for handle, seqs in per.items():
-        assert seqs == list(range(1, len(seqs) + 1)), f"conversation {handle}: {seqs[:20]}..."
+        assert seqs == list(range(1, len(seqs) + 1)), f"conversation {handle}: {seqs}"
     if sent is not None:
         assert sorted(sorted(b) for b in bodies.values()) == sorted(
             sorted(b) for b in sent.values()

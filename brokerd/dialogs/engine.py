@@ -57,6 +57,7 @@ from brokerd.dialogs.states import State
 from brokerd.dialogs.transmission import Transmission
 from brokerd.dialogs.verbs import ApplicationVerbs
 from brokerd.storage import queries
+from brokerd.storage.catalog import route_from_row
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import (
     DIALOG_TIMER,
@@ -116,6 +117,43 @@ class DialogEngine(ApplicationVerbs, Receiving):
         self._ticker = self._loop.create_task(self._tick(), name="engine-retransmit")
         for ep in waiting:
             self.transmit(ep)
+
+    async def rebuild(self, db: Database) -> list[Endpoint]:
+        """R-ROUTE-16: a promoted mirror's in-memory image, rebuilt from its file as recovery
+        does at start: its endpoints, unacknowledged messages, ready index, timers and
+        lifetimes, routes created by the administrator and queue states are the ones the
+        principal's shipped units wrote. Returns the endpoints with messages to transmit.
+
+        The image held while mirror is dropped: its endpoints lose their outbox (a
+        connection still holding one of their fragments skips it), and their deadlines
+        no longer match (``_fire_deadlines`` checks the endpoint is the database's)."""
+        for ep in list(db.endpoints.values()):
+            ep.outbox.clear()
+            db.remove_endpoint(ep)
+        for index in db.ready.values():
+            index.clear()
+            index.locked.clear()
+        db.next_local_seq = -1
+        for name, status, configured in await db.store.read(
+            lambda conn: conn.execute(queries.READ_QUEUE_STATES).fetchall()
+        ):
+            info = db.catalog.queues.get(str(name))
+            if info is not None:
+                info.keep_altered(bool(status), None if configured is None else bool(configured))
+        for row in await db.store.read(
+            lambda conn: conn.execute(queries.READ_ADMIN_ROUTES).fetchall()
+        ):
+            route = route_from_row(row)
+            db.catalog.routes[route.name] = route
+        waiting = await db.recover(self.fragment_size)
+        for ep in db.endpoints.values():
+            if ep.ack_version > ep.ack_sent_version:
+                self.transmission.ack_needed(ep)
+            self._watch(ep)
+        for index in db.ready.values():
+            index.changed.set()
+        self.router.routes_changed(db)
+        return waiting
 
     async def stop(self) -> None:
         if self._ticker is not None:

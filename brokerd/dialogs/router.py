@@ -187,6 +187,19 @@ class DialogServices(Protocol):
 
     async def discard_received(self, ep: Endpoint) -> None: ...
 
+    async def rebuild(self, db: Database) -> list[Endpoint]: ...
+
+
+class MirrorHooks(Protocol):
+    """What a role change tells the mirroring service (R-ROUTE-16; the server's
+    ``Mirroring`` satisfies it): a promotion waits until every unit already shipped
+    to this partner is applied and stops taking more; a demotion drops the mirror
+    attached to this partner and what waited for it."""
+
+    async def promoting(self, db: Database) -> None: ...
+
+    def demoting(self, db: Database) -> None: ...
+
 
 class Router:
     def __init__(self, engine: DialogServices) -> None:
@@ -204,6 +217,8 @@ class Router:
         self._inbound_expires = math.inf
         self._query_ids = itertools.count(1)
         self._persisting: set[asyncio.Task[None]] = set()
+        self.mirroring: MirrorHooks | None = None
+        """Set by the daemon when a database is mirrored with a partner (R-ROUTE-16)."""
 
     def start(self) -> None:
         self.local_dbs = [
@@ -718,6 +733,8 @@ class Router:
             )
             db.mirror_role = "mirror"
             self._inbound.clear()
+            if self.mirroring is not None:
+                self.mirroring.demoting(db)
         db.mirror_epoch = epoch
         self._persist_role(db)
 
@@ -789,13 +806,23 @@ class Router:
             )
         if role not in ("principal", "mirror"):
             raise InvalidRequest(f"mirror role must be principal or mirror, not {role!r}")
+        promotion = role == "principal" and db.mirror_role != "principal"
+        if self.mirroring is not None:
+            if promotion:
+                await self.mirroring.promoting(db)
+            elif role == "mirror" and db.mirror_role == "principal":
+                db.mirror_role = role  # fenced at once: nothing more is committed as principal
+                self.mirroring.demoting(db)
         epoch = db.mirror_epoch
-        if role == "principal" and db.mirror_role != "principal":
+        if promotion:
             epoch += 1
         await self.engine.submit_wait(
             db,
             [queries.meta("mirror_role", role), queries.meta("mirror_epoch", str(epoch))],
         )
+        if promotion and self.mirroring is not None:
+            # R-ROUTE-16: resume every conversation where the old principal stood.
+            await self.engine.rebuild(db)
         db.mirror_role = role
         db.mirror_epoch = max(db.mirror_epoch, epoch)
         self._inbound.clear()

@@ -71,6 +71,7 @@ from protocol.errors import (
 if TYPE_CHECKING:
     from brokerd.config import BrokerConfig
     from brokerd.dialogs.engine import DialogEngine
+    from brokerd.server.mirroring import Mirroring
     from brokerd.server.transport import Transport
 
 
@@ -80,6 +81,7 @@ class Broker(Protocol):
     config: BrokerConfig
     engine: DialogEngine
     transport: Transport
+    mirroring: Mirroring
     instance_name: str
     client_sessions: set[ClientSession]
     client_reads_held: int
@@ -710,6 +712,7 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
             }
         ],
         "mirrors": engine.router.mirrors_view,
+        "mirroring": broker.mirroring.view,
         "drops": lambda: [{"reason": r} for r in engine.stats.drop_reasons],
     }
     view = views_by_name.get(name)

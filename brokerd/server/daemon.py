@@ -24,6 +24,7 @@ from brokerd.errors import ConfigError
 from brokerd.server.client_access import Credentials
 from brokerd.server.client_listener import ClientSession
 from brokerd.server.client_tls import server_context
+from brokerd.server.mirroring import Mirroring
 from brokerd.server.transport import Transport
 from brokerd.traces.writer import TraceWriter
 from protocol.errors import BrokerError
@@ -58,6 +59,10 @@ class Broker:
         self.trace = TraceWriter(config.trace, self.instance_name)
         self.engine = DialogEngine(config, self.databases, self.transport, trace=self.trace)
         self.transport.engine = self.engine
+        self.mirroring = Mirroring(self.transport, self.engine)
+        if self.mirroring:
+            self.transport.mirroring = self.mirroring
+            self.engine.router.mirroring = self.mirroring
         self.client_sessions: set[ClientSession] = set()
         self.client_reads_held = 0
         """Times a client connection was not read for its pending request bytes."""
@@ -69,9 +74,12 @@ class Broker:
             for db in self.databases.values():
                 await db.open()
                 self._opened.append(db)
+            self.mirroring.opened()
             await self.trace.start()
             await self.engine.start()
             await self.transport.start()
+            if self.mirroring:
+                self.mirroring.start()
             credentials = Credentials(self.config.client)
             loop = asyncio.get_running_loop()
             self._client_server = await loop.create_server(
@@ -108,6 +116,7 @@ class Broker:
                 if session.transport is not None:
                     session.transport.close()
             self._client_server = None
+        await self.mirroring.stop()
         await self.transport.stop()
         await self.engine.stop()
         for db in self._opened:

@@ -18,7 +18,13 @@ from brokerd.routing.forwarding import Forward
 from protocol import dialog, events
 
 Item = (
-    SendFragment | SendAcks | SendHeader | Forward | events.PrincipalQuery | events.PrincipalAnswer
+    SendFragment
+    | SendAcks
+    | SendHeader
+    | Forward
+    | events.PrincipalQuery
+    | events.PrincipalAnswer
+    | events.Mirror
 )
 
 

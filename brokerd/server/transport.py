@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from brokerd.config import EndpointConfig, parse_tcp_address
 from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
@@ -42,6 +42,15 @@ if TYPE_CHECKING:
     from brokerd.dialogs.engine import DialogEngine
 
 log = logging.getLogger("brokerd.server.transport")
+
+
+class MirroringHandler(Protocol):
+    """What the transport hands to the mirroring service (``brokerd.server.mirroring``)."""
+
+    def on_message(self, protocol: BrokerProtocol, payload: bytes) -> None: ...
+
+    def connection_lost(self, protocol: BrokerProtocol) -> None: ...
+
 
 HIGH_WATER = 512 * 1024
 """Stop feeding the socket while this much is already buffered for it."""
@@ -70,6 +79,8 @@ class BrokerProtocol(asyncio.Protocol):
         self.outbox = Outbox()
         self._paused = False
         self._pump_scheduled = False
+        self.pinned = False
+        """Carries a mirroring session (R-ROUTE-16): never closed as idle."""
         self.handshake_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # -- Link interface (used by the engine for acknowledgements and errors) -------
@@ -108,7 +119,9 @@ class BrokerProtocol(asyncio.Protocol):
         self.outbox.add(item)
         self._schedule_pump()
 
-    def send_control(self, event: events.PrincipalQuery | events.PrincipalAnswer) -> None:
+    def send_control(
+        self, event: events.PrincipalQuery | events.PrincipalAnswer | events.Mirror
+    ) -> None:
         self.outbox.add(event)
         self._schedule_pump()
 
@@ -199,6 +212,14 @@ class BrokerProtocol(asyncio.Protocol):
                 engine.router.on_principal_query(self, ev)
             elif isinstance(ev, events.PrincipalAnswer) and self.link is not None:
                 engine.router.on_principal_answer(self.link.name, ev)
+            elif isinstance(ev, events.Mirror):
+                mirroring = self.owner.mirroring
+                if mirroring is None:
+                    self.abort(
+                        f"{self.name} sent a mirroring message; no database here is mirrored"
+                    )
+                    return
+                mirroring.on_message(self, ev.payload)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -221,6 +242,8 @@ class BrokerProtocol(asyncio.Protocol):
                 self.handshake_done.cancel()  # an accepted connection: nobody waits on it
             else:
                 self.handshake_done.set_exception(ConnectionError(self.close_reason))
+        if self.pinned and self.owner.mirroring is not None:
+            self.owner.mirroring.connection_lost(self)
         unsent = self.outbox.forwards()
         self.outbox.clear()
         if unsent:
@@ -282,7 +305,9 @@ class BrokerProtocol(asyncio.Protocol):
                     else:
                         frame = send(events.Ack(dialog.encode_acks(forward.acks or [])))
                 else:
-                    frame = send(cast(events.PrincipalQuery | events.PrincipalAnswer, item))
+                    frame = send(
+                        cast(events.PrincipalQuery | events.PrincipalAnswer | events.Mirror, item)
+                    )
                 out.append(frame)
                 size += len(frame)
         except LocalProtocolError as exc:
@@ -385,9 +410,13 @@ class PeerLink:
         self.host, self.port = parse_tcp_address(address)
         self.protocol: BrokerProtocol | None = None
         self.waiting: set[Endpoint] = set()
-        self.pending: list[Forward | events.PrincipalQuery | events.PrincipalAnswer] = []
+        self.pending: list[
+            Forward | events.PrincipalQuery | events.PrincipalAnswer | events.Mirror
+        ] = []
         """Forwarded messages and principal queries held until the connection opens."""
         self.users: set[Endpoint] = set()
+        self.pinned = False
+        """Dialled by a mirror partner for its mirroring session (R-ROUTE-16): kept open."""
         self.attempts = 0
         self._status = "not connected yet"
         self._task: asyncio.Task[None] | None = None
@@ -425,7 +454,9 @@ class PeerLink:
             self.pending.append(item)
             self.connect()
 
-    def send_control(self, event: events.PrincipalQuery | events.PrincipalAnswer) -> None:
+    def send_control(
+        self, event: events.PrincipalQuery | events.PrincipalAnswer | events.Mirror
+    ) -> None:
         if self.protocol is not None and self.protocol.is_open:
             self.protocol.send_control(event)
         else:
@@ -558,6 +589,8 @@ class PeerLink:
         self.owner.engine.link_down(self, users)
 
     def idle(self) -> bool:
+        if self.pinned:
+            return False
         return not any(ep.outbox for ep in self.users) and not self.waiting and not self.pending
 
 
@@ -583,6 +616,8 @@ class Transport:
         )
         self.liveness = LivenessSettings(config.heartbeat_interval, config.heartbeat_deadline)
         self.engine: DialogEngine  # set by the daemon before start()
+        self.mirroring: MirroringHandler | None = None
+        """Set by the daemon when a database is mirrored with a partner (R-ROUTE-16)."""
         self.links: dict[str, PeerLink] = {}
         self.connections: set[BrokerProtocol] = set()
         self.server: asyncio.Server | None = None
@@ -664,7 +699,7 @@ class Transport:
                     protocol.heartbeat()
                 if now - protocol.last_activity < timeout:
                     continue
-                if protocol.link is not None and not protocol.link.idle():
+                if protocol.pinned or (protocol.link is not None and not protocol.link.idle()):
                     continue
                 protocol.close(CloseCode.IDLE, f"idle for {timeout:g} s")
 

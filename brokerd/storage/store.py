@@ -46,8 +46,10 @@ from brokerd.storage.queries import (
     ENDPOINT_DELETE,
     ENDPOINT_SNAPSHOT,
     SCHEMA_VERSION,
+    WRITE_META,
     Statement,
 )
+from brokerd.storage.replica import FencedWrite, Recorder, Replica, Unit
 
 __all__ = ["AUTO_CREATED_LOCAL", "SCHEMA_VERSION", "Statement", "Store", "describe_sqlite_error"]
 
@@ -87,10 +89,17 @@ class _Committer:
     finished batch with one ``call_soon_threadsafe``.
     """
 
-    def __init__(self, path: Path, name: str, on_batch: Callable[[list[_Job]], None]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        name: str,
+        on_batch: Callable[[list[_Job], list[Unit], int], None],
+        replica: Replica | None = None,
+    ) -> None:
         self.path = path
         self.name = name
         self._on_batch = on_batch
+        self.replica = replica
         self._lock = threading.Lock()
         self._jobs: list[_Job] = []
         self._calls: deque[tuple[Fn, Done]] = deque()
@@ -153,18 +162,20 @@ class _Committer:
                     else:
                         done(result, None)
                 elif batch:
+                    units: list[Unit] = []
                     if conn is None:
                         error = StoreError(f"database {self.name!r} is not open")
                         for job in batch:
                             job.error = error
                     else:
                         try:
-                            _commit(conn, batch, self.name)
+                            _commit(conn, batch, self.name, self.replica, units)
                         except BaseException as exc:  # a bug, not a database error
                             log.exception("store %s: the commit failed", self.name)
                             for job in batch:
                                 job.error = job.error or exc
-                    self._on_batch(batch)
+                    replica = self.replica
+                    self._on_batch(batch, units, replica.lsn if replica is not None else 0)
                 else:
                     self._wake.get()
         finally:
@@ -198,6 +209,8 @@ class Store:
         self._closing = False
         self.commits = 0
         self.jobs_committed = 0
+        self.replica: Replica | None = None
+        """Set before :meth:`open` for a mirrored database (R-ROUTE-16); None otherwise."""
 
     # -- opening and closing --------------------------------------------------
 
@@ -209,11 +222,11 @@ class Store:
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
         self._loop = loop = asyncio.get_running_loop()
 
-        def on_batch(batch: list[_Job]) -> None:  # in the committer thread
+        def on_batch(batch: list[_Job], units: list[Unit], release: int) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                loop.call_soon_threadsafe(self._committed, batch)
+                loop.call_soon_threadsafe(self._committed, batch, units, release)
 
-        self._committer = _Committer(self.path, self.database, on_batch)
+        self._committer = _Committer(self.path, self.database, on_batch, self.replica)
         try:
             instance: uuid.UUID = await self._call(
                 lambda conn: _open_file(conn, self.path, self.database, broker_instance)
@@ -221,6 +234,10 @@ class Store:
         except BaseException:
             await self._shutdown()
             raise
+        if self.replica is not None:
+            stored = {str(k): str(v) for k, v in await self.fetchall(queries.READ_META)}
+            self.replica.lsn = int(stored.get("mirror_lsn", "0"))
+            self.replica.lsn_epoch = int(stored.get("mirror_lsn_epoch", "0"))
         return instance
 
     async def close(self) -> None:
@@ -345,18 +362,92 @@ class Store:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
-    def _committed(self, batch: list[_Job]) -> None:
-        """Back on the event loop: each job's callbacks, in submission order."""
+    def _committed(self, batch: list[_Job], units: list[Unit], release: int) -> None:
+        """Back on the event loop: each job's callbacks, in submission order (for a
+        mirrored database, once the mirroring service releases the batch)."""
         failed = sum(1 for job in batch if job.error is not None)
         if failed < len(batch):
             self.commits += 1
             self.jobs_committed += len(batch) - failed
+        replica = self.replica
+        if replica is not None and replica.sink is not None:
+            try:
+                replica.sink(
+                    units,
+                    release,
+                    lambda: self._settle(batch, None),
+                    lambda exc: self._settle(batch, exc),
+                )
+            except Exception as exc:  # a bug: the outcome must still reach the callers
+                log.exception("store %s: the mirroring of a commit failed", self.database)
+                self._settle(batch, StoreError(f"database {self.database!r}: {exc}"))
+            return
+        self._settle(batch, None)
+
+    def _settle(self, batch: list[_Job], error: BaseException | None) -> None:
         for job in batch:
             self.pending_weight -= job.weight
-            _finish(job, job.error)
+            _finish(job, job.error or error)
         self._outstanding -= len(batch)
         if not self._outstanding:
             self._idle.set()
+
+    # -- mirroring (R-ROUTE-16) ---------------------------------------------------------------
+
+    async def apply_unit(self, unit: Unit) -> None:
+        """On the mirror: replay a unit shipped by the principal, in one transaction with
+        the LSN it reached; ordered before every group commit queued after it."""
+        replica = self.replica
+        assert replica is not None
+
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in unit.statements:
+                    conn.execute(sql, params)
+                conn.execute(WRITE_META, ("mirror_lsn", str(unit.lsn)))
+                conn.execute(WRITE_META, ("mirror_lsn_epoch", str(unit.epoch)))
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+            replica.lsn, replica.lsn_epoch = unit.lsn, unit.epoch
+
+        await self._call(run)
+
+    async def snapshot(self) -> tuple[bytes, int, int]:
+        """On the principal: the whole file as bytes, with the LSN and epoch it holds
+        (taken between two group commits)."""
+        replica = self.replica
+        assert replica is not None
+
+        def run(conn: sqlite3.Connection) -> tuple[bytes, int, int]:
+            return bytes(conn.serialize()), replica.lsn, replica.lsn_epoch
+
+        return await self._call(run)
+
+    async def install_snapshot(self, data: bytes, own: Sequence[Statement]) -> None:
+        """On the mirror: replace the file's content by a copy of the principal's, then
+        write back this partner's own ``meta`` keys (``own``: its role and epoch)."""
+        replica = self.replica
+        assert replica is not None
+
+        def run(conn: sqlite3.Connection) -> None:
+            source = sqlite3.connect(":memory:")
+            try:
+                source.deserialize(data)
+                source.backup(conn)
+            finally:
+                source.close()
+            conn.execute("BEGIN IMMEDIATE")
+            for sql, params in own:
+                conn.execute(sql, params)
+            conn.execute("COMMIT")
+            meta = {str(k): str(v) for k, v in conn.execute(queries.READ_META).fetchall()}
+            replica.lsn = int(meta.get("mirror_lsn", "0"))
+            replica.lsn_epoch = int(meta.get("mirror_lsn_epoch", "0"))
+
+        await self._call(run)
 
 
 # -- in the committer thread ---------------------------------------------------------------
@@ -402,27 +493,64 @@ def _open_file(
     return instance
 
 
-def _commit(conn: sqlite3.Connection, batch: list[_Job], database: str) -> None:
-    """Commit ``batch`` as one transaction; if it fails, each job alone (errors on the jobs)."""
+def _commit(
+    conn: sqlite3.Connection,
+    batch: list[_Job],
+    database: str,
+    replica: Replica | None = None,
+    units: list[Unit] | None = None,
+) -> None:
+    """Commit ``batch`` as one transaction; if it fails, each job alone (errors on the jobs).
+
+    With a ``replica`` (a mirrored database), each committed transaction's writes are
+    appended to ``units``, numbered."""
     try:
-        _transaction(conn, batch)
+        if replica is None:
+            _transaction(conn, batch)
+        else:
+            _recorded_transaction(conn, batch, replica, units if units is not None else [])
         return
     except Exception as exc:  # one bad job must not sink the others: retry one by one
         _rollback(conn)
         if len(batch) == 1 or _disk_full(exc):
-            error = StoreError(describe_sqlite_error(database, exc))
+            if isinstance(exc, FencedWrite):
+                error = StoreError(
+                    f"database {database!r} is the mirror partner: its file changes only by "
+                    "what the principal ships (R-ROUTE-16)"
+                )
+            else:
+                error = StoreError(describe_sqlite_error(database, exc))
             error.__cause__ = exc
             for job in batch:
                 job.error = error
             return
     for job in batch:
-        _commit(conn, [job], database)
+        _commit(conn, [job], database, replica, units)
 
 
 def _transaction(conn: sqlite3.Connection, batch: list[_Job]) -> None:
     conn.execute("BEGIN IMMEDIATE")
     _apply(conn, batch)
     conn.execute("COMMIT")
+
+
+def _recorded_transaction(
+    conn: sqlite3.Connection, batch: list[_Job], replica: Replica, units: list[Unit]
+) -> None:
+    """A mirrored database's transaction: its writes recorded as a unit numbered with the
+    next LSN (stored in the same transaction), or refused on the mirror."""
+    recorder = Recorder(conn, replica, fenced=replica.role() != "principal")
+    conn.execute("BEGIN IMMEDIATE")
+    _apply(recorder, batch)  # type: ignore[arg-type]  # the connection's write surface
+    if not recorder.statements:
+        conn.execute("COMMIT")
+        return
+    lsn, epoch = replica.lsn + 1, replica.epoch()
+    conn.execute(WRITE_META, ("mirror_lsn", str(lsn)))
+    conn.execute(WRITE_META, ("mirror_lsn_epoch", str(epoch)))
+    conn.execute("COMMIT")
+    replica.lsn, replica.lsn_epoch = lsn, epoch
+    units.append(Unit(lsn, epoch, recorder.statements))
 
 
 def _apply(conn: sqlite3.Connection, batch: list[_Job]) -> None:

@@ -173,6 +173,7 @@ def golden_vectors() -> dict[str, bytes]:
         "ack_signed": signed.seal(FrameType.ACK, b"ack payload", 10),
         "principal_query_encrypted": encrypted.seal(FrameType.PRINCIPAL_QUERY, query, 11),
         "principal_answer_signed": signed.seal(FrameType.PRINCIPAL_ANSWER, answer, 12),
+        "mirror_encrypted": encrypted.seal(FrameType.MIRROR, b"mirroring message", 14),
     }
 
 
@@ -193,8 +194,8 @@ def test_golden_vectors_parse_back() -> None:
             body = FrameOpener(KEY, encrypt=name.endswith("encrypted")).open(
                 header, data[: frames.HEADER_SIZE], body
             )
-        if frame_type in (FrameType.FRAGMENT, FrameType.ACK):
-            assert body in (b"hello broker", b"ack payload")
+        if frame_type in (FrameType.FRAGMENT, FrameType.ACK, FrameType.MIRROR):
+            assert body in (b"hello broker", b"ack payload", b"mirroring message")
         else:
             assert _clean(frames.decode_body(frame_type, body)) == SAMPLE_BODIES[frame_type]
 

@@ -1,0 +1,532 @@
+"""Database mirroring in high-safety mode (SPEC R-ROUTE-16; docs/design.md "Mirroring").
+
+For each database configured with ``mirror_role`` and ``mirror_partner`` one
+:class:`Partner` plays the role its database holds now:
+
+* **Mirror.** It keeps a connection to the partner's 4022 endpoint (the same
+  authenticated, encrypted connection as any broker's) and sends ATTACH: the
+  database, its epoch and the last unit of work its file holds (LSN and the epoch
+  that unit was written at). It then applies, in order, each UNIT the principal
+  ships (``Store.apply_unit``) or a SNAPSHOT (a copy of the principal's file, when
+  the mirror's last unit is not in the principal's history: too far behind, or
+  diverged) and CONFIRMs each.
+* **Principal.** The store hands it every committed batch with its units
+  (``Replica.sink``). It ships them to the attached mirror in commit order and
+  holds the batch (its callbacks: acknowledgements to senders, client replies,
+  outgoing messages) until the mirror confirms. With no mirror attached it goes on
+  alone (``mirror_when_lost = "exposed"``) or holds everything until one attaches
+  and has caught up (``"stall"``); a mirror that confirms nothing for
+  ``mirror_timeout`` seconds while batches wait is deemed lost (its connection is
+  closed). Recent units are kept in memory (:data:`CATCH_UP_BYTES`) so a mirror
+  that was away briefly receives only what it missed.
+
+A promotion (``Router.set_mirror_role``) first waits for every unit already
+received to be applied, then the engine rebuilds the database's image from the file.
+A demotion fails the batches still held (their outcome was never revealed, and the
+new principal may not have them) and starts the mirror side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from brokerd.dialogs.database import Database
+from brokerd.errors import StoreError
+from brokerd.storage import queries
+from brokerd.storage.replica import Replica, Unit
+from protocol import events, mirroring
+from protocol.errors import LocalProtocolError, RemoteProtocolError
+from protocol.mirroring import Attach, Chunk, Confirm, Kind, Refuse
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.engine import DialogEngine
+    from brokerd.server.transport import BrokerProtocol, Transport
+
+log = logging.getLogger("brokerd.server.mirroring")
+
+CATCH_UP_BYTES = 64 * 1024 * 1024
+"""Units kept in memory after their commit, for a mirror that returns (beyond: a copy)."""
+POLL = 0.2
+"""How often a mirror checks its session (connected, attached)."""
+DIVERGED = 2**64 - 1
+"""An ATTACH ``lsn_epoch`` that matches no unit: asks for a copy of the file."""
+
+
+@dataclass(slots=True)
+class _Held:
+    release_lsn: int
+    release: Callable[[], None]
+    fail: Callable[[BaseException], None]
+
+
+class Partner:
+    """The mirroring state of one mirrored database on this instance."""
+
+    def __init__(self, owner: Mirroring, db: Database) -> None:
+        self.owner = owner
+        self.db = db
+        config = db.config
+        assert config.mirror_partner is not None
+        self.address = config.mirror_partner
+        self.stall = config.mirror_when_lost == "stall"
+        self.timeout = config.mirror_timeout
+        self.replica = Replica(role=lambda: db.mirror_role, epoch=lambda: db.mirror_epoch)
+        self.replica.sink = self._committed
+        db.store.replica = self.replica
+        # principal side
+        self.session: BrokerProtocol | None = None
+        self.copying = False
+        self.confirmed = 0
+        self.ring: deque[tuple[Unit, bytes]] = deque()
+        self.ring_bytes = 0
+        self.base = (0, 0)
+        """(LSN, epoch) of the unit just before the ring's first (or the file's last)."""
+        self.held: deque[_Held] = deque()
+        self.progress = time.monotonic()
+        # mirror side
+        self.attached_on: BrokerProtocol | None = None
+        self.refused_until = 0.0
+        self.assembler = mirroring.ChunkAssembler(mirroring.MAX_UNIT_BYTES)
+        self.applying: asyncio.Queue[tuple[BrokerProtocol, Chunk, bytes]] = asyncio.Queue()
+        self.busy = False
+        self.closing = False
+        self.stats = {
+            "units_shipped": 0,
+            "units_applied": 0,
+            "snapshots_sent": 0,
+            "snapshots_installed": 0,
+            "batches_held": 0,
+        }
+
+    @property
+    def instance(self) -> uuid.UUID:
+        return self.db.broker_instance
+
+    def opened(self) -> None:
+        """After the store opened: the file's last unit is the ring's base."""
+        self.base = (self.replica.lsn, self.replica.lsn_epoch)
+
+    # -- principal -------------------------------------------------------------------------
+
+    def _committed(
+        self,
+        units: list[Unit],
+        release_lsn: int,
+        release: Callable[[], None],
+        fail: Callable[[BaseException], None],
+    ) -> None:
+        for unit in units:
+            data = mirroring.encode_statements(unit.statements)
+            self.ring.append((unit, data))
+            self.ring_bytes += len(data)
+            if self.session is not None and not self.copying:
+                self._ship(self.session, unit.lsn, unit.epoch, data)
+        self._trim()
+        if self.closing:
+            fail(StoreError(f"database {self.db.name!r}: the broker is stopping"))
+            return
+        if self.db.mirror_role != "principal" or (not units and not self.held):
+            release()  # nothing new to confirm, nothing before it waits
+            return
+        if self.session is None and not self.stall:
+            release()  # exposed: no mirror to wait for
+            return
+        if not self.held:
+            self.progress = time.monotonic()
+        self.held.append(_Held(release_lsn, release, fail))
+        self.stats["batches_held"] += 1
+
+    def _trim(self) -> None:
+        while self.ring and self.ring_bytes > CATCH_UP_BYTES and not self.copying:
+            unit, data = self.ring.popleft()
+            self.ring_bytes -= len(data)
+            self.base = (unit.lsn, unit.epoch)
+
+    def _ship(
+        self, protocol: BrokerProtocol, lsn: int, epoch: int, data: bytes, kind: Kind = Kind.UNIT
+    ) -> None:
+        size = mirroring.chunk_size(protocol.conn.peer_max_frame_size)
+        for chunk in mirroring.split(kind, self.instance, lsn, epoch, data, size):
+            protocol.send_control(events.Mirror(mirroring.encode(chunk)))
+        if kind is Kind.UNIT:
+            self.stats["units_shipped"] += 1
+
+    def _knows(self, lsn: int, epoch: int) -> bool:
+        """Whether the principal's history holds unit ``lsn`` written at ``epoch``."""
+        if (lsn, epoch) == self.base or (lsn, epoch) == (self.replica.lsn, self.replica.lsn_epoch):
+            return True
+        return any(unit.lsn == lsn and unit.epoch == epoch for unit, _ in self.ring)
+
+    def on_attach(self, protocol: BrokerProtocol, message: Attach) -> None:
+        db = self.db
+        if message.epoch > db.mirror_epoch and db.mirror_role == "principal":
+            self.owner.engine.router._superseded(db, message.epoch)
+        if db.mirror_role != "principal":
+            self._refuse(protocol, f"{db.fenced_reason()}")
+            return
+        if self.session is not None and self.session is not protocol:
+            self.session.pinned = False
+            self.session.drop("another mirror attached for the database")
+        self.session = protocol
+        protocol.pinned = True
+        self.confirmed = message.lsn
+        if (
+            message.lsn <= self.replica.lsn
+            and self._knows(message.lsn, message.lsn_epoch)
+            and (message.lsn >= self.base[0])
+        ):
+            log.info(
+                "database %s: mirror %s attached at LSN %d (principal at %d)",
+                db.name,
+                protocol.name,
+                message.lsn,
+                self.replica.lsn,
+            )
+            for unit, data in self.ring:
+                if unit.lsn > message.lsn:
+                    self._ship(protocol, unit.lsn, unit.epoch, data)
+            self._release_confirmed()
+            return
+        log.info(
+            "database %s: mirror %s at LSN %d (epoch %d) is not in this principal's history "
+            "(LSN %d): sending a copy of the file",
+            db.name,
+            protocol.name,
+            message.lsn,
+            message.lsn_epoch,
+            self.replica.lsn,
+        )
+        self.copying = True
+        self.owner.spawn(self._copy(protocol))
+
+    async def _copy(self, protocol: BrokerProtocol) -> None:
+        try:
+            data, lsn, epoch = await self.db.store.snapshot()
+        except StoreError as exc:
+            log.error("database %s: cannot copy the file for the mirror: %s", self.db.name, exc)
+            self.copying = False
+            protocol.drop(f"copy for the mirror failed: {exc}")
+            return
+        if self.session is not protocol or protocol.closed:
+            self.copying = False
+            return
+        self._ship(protocol, lsn, epoch, data, Kind.SNAPSHOT)
+        self.stats["snapshots_sent"] += 1
+        self.copying = False
+        for unit, unit_data in self.ring:
+            if unit.lsn > lsn:
+                self._ship(protocol, unit.lsn, unit.epoch, unit_data)
+        self._trim()
+
+    def on_confirm(self, protocol: BrokerProtocol, message: Confirm) -> None:
+        if protocol is not self.session:
+            return
+        if message.lsn > self.confirmed:
+            self.confirmed = message.lsn
+            self.progress = time.monotonic()
+        self._release_confirmed()
+
+    def _release_confirmed(self) -> None:
+        while self.held and self.held[0].release_lsn <= self.confirmed:
+            self.held.popleft().release()
+
+    def lost(self, protocol: BrokerProtocol) -> None:
+        if protocol is self.session:
+            log.warning(
+                "database %s: the mirror is lost (%s); %s",
+                self.db.name,
+                protocol.close_reason,
+                "commits wait for it (stall)" if self.stall else "running exposed",
+            )
+            self.session = None
+            self.copying = False
+            if not self.stall:
+                self._release_all()
+        if protocol is self.attached_on:
+            self.attached_on = None
+            self.assembler.reset()
+
+    def _release_all(self) -> None:
+        held, self.held = self.held, deque()
+        for item in held:
+            item.release()
+
+    def fail_held(self, reason: str) -> None:
+        held, self.held = self.held, deque()
+        error = StoreError(f"database {self.db.name!r}: {reason}")
+        for item in held:
+            item.fail(error)
+
+    def tick(self, now: float) -> None:
+        db = self.db
+        if db.mirror_role == "principal":
+            if self.session is not None and self.held and now - self.progress > self.timeout:
+                session = self.session
+                session.drop(
+                    f"database {db.name}: the mirror confirmed nothing for {self.timeout:g} s "
+                    "(mirror_timeout)"
+                )
+                self.lost(session)
+            return
+        # mirror side: keep a session with the partner
+        if self.attached_on is not None and not self.attached_on.closed:
+            return
+        if now < self.refused_until:
+            return
+        link = self.owner.transport.link_for(self.address)
+        link.pinned = True
+        if not link.is_open or link.protocol is None:
+            link.connect()
+            return
+        self.attach(link.protocol)
+
+    def attach(self, protocol: BrokerProtocol, lsn_epoch: int | None = None) -> None:
+        self.attached_on = protocol
+        self.assembler.reset()
+        protocol.pinned = True
+        message = Attach(
+            self.instance,
+            self.db.mirror_epoch,
+            self.replica.lsn,
+            self.replica.lsn_epoch if lsn_epoch is None else lsn_epoch,
+        )
+        protocol.send_control(events.Mirror(mirroring.encode(message)))
+
+    # -- mirror --------------------------------------------------------------------------------
+
+    def on_chunk(self, protocol: BrokerProtocol, chunk: Chunk) -> None:
+        if self.db.mirror_role != "mirror" or protocol is not self.attached_on:
+            return
+        if chunk.kind is Kind.SNAPSHOT:
+            self.assembler.limit = mirroring.MAX_SNAPSHOT_BYTES
+        payload = self.assembler.add(chunk)
+        if payload is None:
+            return
+        self.assembler.limit = mirroring.MAX_UNIT_BYTES
+        self.applying.put_nowait((protocol, chunk, payload))
+        if not self.busy:
+            self.busy = True
+            self.owner.spawn(self._apply_all())
+
+    async def _apply_all(self) -> None:
+        try:
+            while not self.applying.empty():
+                protocol, chunk, payload = self.applying.get_nowait()
+                if self.db.mirror_role != "mirror" or protocol is not self.attached_on:
+                    continue
+                try:
+                    confirmed = await self._apply(chunk, payload)
+                except (StoreError, RemoteProtocolError) as exc:
+                    log.error(
+                        "database %s: cannot apply the principal's LSN %d: %s; asking for a copy",
+                        self.db.name,
+                        chunk.lsn,
+                        exc,
+                    )
+                    self._drain()
+                    self.attach(protocol, DIVERGED)
+                    continue
+                if confirmed is None:
+                    self._drain()
+                    self.attach(protocol)  # a gap: attach again from what the file holds
+                    continue
+                protocol.send_control(
+                    events.Mirror(mirroring.encode(Confirm(self.instance, confirmed)))
+                )
+        finally:
+            self.busy = False
+
+    def _drain(self) -> None:
+        while not self.applying.empty():
+            self.applying.get_nowait()
+
+    async def _apply(self, chunk: Chunk, payload: bytes) -> int | None:
+        store = self.db.store
+        if chunk.kind is Kind.SNAPSHOT:
+            own = [
+                queries.meta("mirror_role", "mirror"),
+                queries.meta("mirror_epoch", str(self.db.mirror_epoch)),
+            ]
+            await store.install_snapshot(payload, own)
+            self.stats["snapshots_installed"] += 1
+            log.info(
+                "database %s: installed the principal's copy at LSN %d", self.db.name, chunk.lsn
+            )
+            return self.replica.lsn
+        if chunk.lsn <= self.replica.lsn:
+            return self.replica.lsn  # already applied (sent again after a new attach)
+        if chunk.lsn != self.replica.lsn + 1:
+            return None
+        statements = mirroring.decode_statements(payload)
+        await store.apply_unit(Unit(chunk.lsn, chunk.epoch, list(statements)))
+        self.stats["units_applied"] += 1
+        return chunk.lsn
+
+    async def drained(self) -> None:
+        """Every unit received so far is applied (before a promotion)."""
+        while self.busy or not self.applying.empty():
+            await asyncio.sleep(0.01)
+
+    def view(self) -> dict[str, object]:
+        return {
+            "kind": "mirroring",
+            "database": self.db.name,
+            "role": self.db.mirror_role,
+            "partner": self.address,
+            "lsn": self.replica.lsn,
+            "lsn_epoch": self.replica.lsn_epoch,
+            "mirror_attached": self.session is not None and not self.session.closed,
+            "confirmed": self.confirmed,
+            "held": len(self.held),
+            "when_lost": "stall" if self.stall else "exposed",
+            "attached_to_principal": self.attached_on is not None and not self.attached_on.closed,
+            **self.stats,
+        }
+
+    def _refuse(self, protocol: BrokerProtocol, reason: str) -> None:
+        with contextlib.suppress(LocalProtocolError):
+            protocol.send_control(
+                events.Mirror(mirroring.encode(Refuse(self.instance, reason[:900])))
+            )
+
+
+class Mirroring:
+    """Every :class:`Partner` of the instance; the transport hands it MIRROR frames."""
+
+    def __init__(self, transport: Transport, engine: DialogEngine) -> None:
+        self.transport = transport
+        self.engine = engine
+        self.partners: dict[uuid.UUID, Partner] = {}
+        self.by_name: dict[str, Partner] = {}
+        for db in engine.databases.values():
+            if db.config.mirror_role is not None and db.config.mirror_partner is not None:
+                self.by_name[db.name] = Partner(self, db)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.by_name)
+
+    def opened(self) -> None:
+        """The databases are open: index the partners by broker instance."""
+        for partner in self.by_name.values():
+            partner.opened()
+            self.partners[partner.instance] = partner
+
+    def start(self) -> None:
+        self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="mirroring")
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        for task in list(self._tasks):
+            task.cancel()
+        for partner in self.by_name.values():
+            partner.closing = True
+            partner.fail_held("the broker is stopping")
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(POLL)
+            now = time.monotonic()
+            for partner in self.by_name.values():
+                try:
+                    partner.tick(now)
+                except Exception:
+                    log.exception("mirroring of %s", partner.db.name)
+
+    # -- from the transport --------------------------------------------------------------
+
+    def on_message(self, protocol: BrokerProtocol, payload: bytes) -> None:
+        try:
+            message = mirroring.decode(payload)
+        except RemoteProtocolError as exc:
+            protocol.abort(f"malformed mirroring message from {protocol.name}: {exc}")
+            return
+        partner = self.partners.get(message.broker_instance)
+        if partner is None:
+            if isinstance(message, Attach):
+                with contextlib.suppress(LocalProtocolError):
+                    protocol.send_control(
+                        events.Mirror(
+                            mirroring.encode(
+                                Refuse(
+                                    message.broker_instance,
+                                    "no database with that broker instance is mirrored here",
+                                )
+                            )
+                        )
+                    )
+            return
+        try:
+            if isinstance(message, Attach):
+                partner.on_attach(protocol, message)
+            elif isinstance(message, Confirm):
+                partner.on_confirm(protocol, message)
+            elif isinstance(message, Chunk):
+                partner.on_chunk(protocol, message)
+            else:
+                log.warning(
+                    "database %s: the partner %s refused mirroring: %s",
+                    partner.db.name,
+                    protocol.name,
+                    message.reason,
+                )
+                if protocol is partner.attached_on:
+                    partner.attached_on = None
+                    partner.refused_until = time.monotonic() + 1.0
+        except RemoteProtocolError as exc:
+            protocol.abort(f"bad mirroring message from {protocol.name}: {exc}")
+
+    def connection_lost(self, protocol: BrokerProtocol) -> None:
+        for partner in self.by_name.values():
+            partner.lost(protocol)
+
+    # -- from the router (MirrorHooks) ------------------------------------------------------
+
+    async def promoting(self, db: Database) -> None:
+        partner = self.by_name.get(db.name)
+        if partner is None:
+            return
+        await partner.drained()
+        if partner.attached_on is not None:
+            partner.attached_on.pinned = False
+        partner.attached_on = None
+        partner.ring.clear()
+        partner.ring_bytes = 0
+        partner.base = (partner.replica.lsn, partner.replica.lsn_epoch)
+        partner.confirmed = 0
+
+    def demoting(self, db: Database) -> None:
+        partner = self.by_name.get(db.name)
+        if partner is None:
+            return
+        if partner.session is not None:
+            session, partner.session = partner.session, None
+            session.pinned = False
+            session.drop(f"database {db.name} is no longer principal here")
+        partner.fail_held(
+            "this partner is no longer principal: the outcome of the commit is the new "
+            "principal's (R-ROUTE-16)"
+        )
+        partner.ring.clear()
+        partner.ring_bytes = 0
+        partner.copying = False
+
+    def view(self) -> list[dict[str, object]]:
+        return [partner.view() for partner in self.by_name.values()]

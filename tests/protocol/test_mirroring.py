@@ -1,0 +1,131 @@
+"""Database mirroring messages (SPEC R-ROUTE-16): round trips, golden bytes, bounds.
+
+The golden vectors in tests/protocol/golden/mirroring_v1.json pin the MIRROR frame body
+and the encoding of a unit's statements; regenerate only on purpose:
+``python -m tests.protocol.test_mirroring --regenerate``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from protocol import mirroring
+from protocol.errors import LocalProtocolError, RemoteProtocolError
+from protocol.events import Mirror
+from protocol.mirroring import Attach, Chunk, ChunkAssembler, Confirm, Kind, Refuse
+from tests.conftest import Pki, open_pair
+
+GOLDEN = Path(__file__).parent / "golden" / "mirroring_v1.json"
+INSTANCE = uuid.UUID("5d0c2b1e-7f43-4a9b-8e21-3c6f0a9d4b72")
+STATEMENTS = [
+    ("INSERT INTO t VALUES (?, ?, ?, ?, ?)", (None, 7, -1.5, "text", b"\x00\xff")),
+    ("DELETE FROM t WHERE a = ?", (2**63 - 1,)),
+    ("INSERT INTO t VALUES (?, ?, ?, ?, ?)", (-(2**63), 0, 0.0, "", b"")),
+]
+MESSAGES: dict[str, mirroring.Message] = {
+    "attach": Attach(INSTANCE, 3, 41, 2),
+    "unit": Chunk(Kind.UNIT, INSTANCE, 42, 3, True, b"statements"),
+    "snapshot_part": Chunk(Kind.SNAPSHOT, INSTANCE, 42, 3, False, b"SQLite format 3\x00"),
+    "confirm": Confirm(INSTANCE, 42),
+    "refuse": Refuse(INSTANCE, "not principal"),
+}
+
+
+def golden_vectors() -> dict[str, bytes]:
+    out = {name: mirroring.encode(message) for name, message in MESSAGES.items()}
+    out["statements"] = mirroring.encode_statements(STATEMENTS)
+    return out
+
+
+def test_golden_vectors_match_the_checked_in_bytes() -> None:
+    expected = {k: bytes.fromhex(v) for k, v in json.loads(GOLDEN.read_text()).items()}
+    assert golden_vectors() == expected
+
+
+def test_messages_round_trip() -> None:
+    for message in MESSAGES.values():
+        assert mirroring.decode(mirroring.encode(message)) == message
+
+
+def test_statements_round_trip_with_texts_stored_once() -> None:
+    data = mirroring.encode_statements(STATEMENTS)
+    assert mirroring.decode_statements(data) == STATEMENTS
+    assert data.count(b"INSERT INTO t") == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"\x01" + INSTANCE.bytes,  # ATTACH without its fields
+        b"\x09" + INSTANCE.bytes,  # unknown kind
+        mirroring.encode(MESSAGES["confirm"]) + b"\x00",  # trailing byte
+        b"\x02" + INSTANCE.bytes + struct.pack(">QQB", 1, 1, 2),  # final flag 2
+        b"\x05" + INSTANCE.bytes + struct.pack(">H", 2000) + b"x" * 2000,  # long reason
+    ],
+)
+def test_malformed_messages_are_refused(body: bytes) -> None:
+    with pytest.raises(RemoteProtocolError):
+        mirroring.decode(body)
+
+
+def test_malformed_statements_are_refused_before_allocating() -> None:
+    good = mirroring.encode_statements(STATEMENTS)
+    for cut in range(len(good)):
+        with pytest.raises(RemoteProtocolError):
+            mirroring.decode_statements(good[:cut])
+    with pytest.raises(RemoteProtocolError, match="distinct"):
+        mirroring.decode_statements(struct.pack(">I", mirroring.MAX_SQL_TEXTS + 1))
+    with pytest.raises(RemoteProtocolError, match="exceeds"):
+        mirroring.decode_statements(struct.pack(">II", 1, mirroring.MAX_SQL_BYTES + 1))
+    with pytest.raises(RemoteProtocolError, match="refers to text"):
+        mirroring.decode_statements(struct.pack(">IIIH", 0, 1, 0, 0))
+    with pytest.raises(RemoteProtocolError, match="tag"):
+        mirroring.decode_statements(struct.pack(">IIIIH", 1, 0, 1, 0, 1) + b"\x07")
+    with pytest.raises(RemoteProtocolError, match="trailing"):
+        mirroring.decode_statements(good + b"\x00")
+
+
+def test_values_that_cannot_travel_are_our_mistake() -> None:
+    with pytest.raises(LocalProtocolError):
+        mirroring.encode_statements([("INSERT INTO t VALUES (?)", (2**64,))])
+    with pytest.raises(LocalProtocolError):
+        mirroring.encode_statements([("INSERT INTO t VALUES (?)", (object(),))])
+
+
+def test_split_and_assemble_within_the_bound() -> None:
+    data = bytes(range(256)) * 40
+    chunks = mirroring.split(Kind.UNIT, INSTANCE, 5, 1, data, 1000)
+    assert len(chunks) == 11 and [c.final for c in chunks] == [False] * 10 + [True]
+    assembler = ChunkAssembler(len(data))
+    results = [assembler.add(mirroring.decode(mirroring.encode(c))) for c in chunks]  # type: ignore[arg-type]
+    assert results[:-1] == [None] * 10 and results[-1] == data
+    assert mirroring.split(Kind.UNIT, INSTANCE, 6, 1, b"", 1000)[0].final
+    small = ChunkAssembler(len(data) - 1)
+    with pytest.raises(RemoteProtocolError, match="exceeds"):
+        for chunk in chunks:
+            small.add(chunk)
+    assert small.buffered == 0
+    mixed = ChunkAssembler(len(data))
+    mixed.add(chunks[0])
+    with pytest.raises(RemoteProtocolError, match="before the previous"):
+        mixed.add(Chunk(Kind.UNIT, INSTANCE, 6, 1, True, b""))
+
+
+def test_a_mirror_frame_travels_protected_between_two_connections(pki: Pki) -> None:
+    left, right = open_pair(pki)
+    body = mirroring.encode(MESSAGES["unit"])
+    (event,) = right.receive_data(left.send(Mirror(body)))
+    assert event == Mirror(body)
+
+
+if __name__ == "__main__" and "--regenerate" in sys.argv:
+    GOLDEN.write_text(
+        json.dumps({k: v.hex() for k, v in golden_vectors().items()}, indent=2) + "\n"
+    )

@@ -1,0 +1,244 @@
+"""Database mirroring in high-safety mode with real daemons on 127.0.0.9x:4022.
+
+SPEC ids: R-ROUTE-16 (the principal ships each committed unit of work to the mirror and
+releases its outcome once the mirror has confirmed it; a promoted mirror resumes every
+conversation where the old principal stood; a returning mirror catches up), R-ROUTE-10,
+R-ROUTE-15 (failover and fencing), R-DLG-1 (exactly once, in order, across a failover).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from brokerd.sdk.client import BrokerClient, ReceivedMessage
+from brokerd.tools.launcher import Deployment
+from tests.daemons import assert_exactly_once_in_order, wait_until
+from tests.routing.deploy import RETRY, R, addr, database, queue_of
+
+A, P1, P2 = "127.0.0.91", "127.0.0.92", "127.0.0.93"
+INITIATOR = "//aw/Initiator"
+PARTS = "//parts/OrderParts"
+PARTS_INSTANCE = uuid.UUID("5d0c2b1e-7f43-4a9b-8e21-3c6f0a9d4b72")
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    d = Deployment(tmp_path, RETRY)
+    try:
+        yield d
+    finally:
+        d.stop_all()
+
+
+def parts_database(role: str, partner: str, extra: str = "") -> str:
+    text = database(
+        "Parts", [PARTS], [R("Back", addr(A), INITIATOR)], PARTS_INSTANCE, mirror_role=role
+    )
+    head, sep, tail = text.partition("[[database.queue]]")
+    return f'{head}mirror_partner = "tcp://{partner}:4022"\n{extra}{sep}{tail}'
+
+
+async def start_pair(deployment: Deployment, extra: str = "") -> BrokerClient:
+    route = R("OrderPartsRoute", addr(P1), PARTS, mirror_address=addr(P2))
+    deployment.add("a", A, database("AW", [INITIATOR], [route]))
+    deployment.add("p1", P1, parts_database("principal", P2, extra))
+    deployment.add("p2", P2, parts_database("mirror", P1, extra))
+    for name in ("a", "p1", "p2"):
+        deployment.start(name)
+    await wait_attached(deployment, "p1")
+    return await deployment.daemons["a"].client()
+
+
+async def mirroring(deployment: Deployment, name: str) -> dict[str, object]:
+    client = await deployment.daemons[name].client()
+    try:
+        (row,) = await client.view("mirroring")
+        return row
+    finally:
+        await client.close()
+
+
+async def wait_attached(deployment: Deployment, principal: str, timeout: float = 20) -> None:
+    async def attached() -> bool:
+        return bool((await mirroring(deployment, principal))["mirror_attached"])
+
+    await wait_until(attached, timeout)
+
+
+async def wait_caught_up(deployment: Deployment, principal: str, mirror: str) -> None:
+    async def same() -> bool:
+        p = await mirroring(deployment, principal)
+        m = await mirroring(deployment, mirror)
+        return bool(p["mirror_attached"]) and p["lsn"] == m["lsn"] == p["confirmed"]
+
+    await wait_until(same, 30)
+
+
+async def receive_some(
+    client: BrokerClient, count: int, timeout: float = 30
+) -> list[ReceivedMessage]:
+    got: list[ReceivedMessage] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(got) < count and loop.time() < deadline:
+        got += await client.receive(queue_of(PARTS), top=count - len(got), timeout=1.0)
+    return got
+
+
+async def fail_over(deployment: Deployment) -> BrokerClient:
+    """SIGKILL the principal p1, promote p2; return a client of p2."""
+    deployment.kill("p1")
+    p2 = await deployment.daemons["p2"].client()
+    await p2.set_mirror_role("Parts", "principal")
+    return p2
+
+
+async def test_in_flight_messages_move_to_the_new_principal_exactly_once(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16: a sender keeps sending while the principal is killed mid-traffic and the
+    mirror promoted. What the old principal's application received (committed) is not
+    received again at the new one; every later message (acknowledged or not by the old
+    principal) is delivered there in order; nothing is lost or duplicated."""
+    a = await start_pair(deployment)
+    p1 = await deployment.daemons["p1"].client()
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    total = 120
+    bodies = [f"part {i}".encode() for i in range(1, total + 1)]
+    sent = 0
+
+    async def sender() -> None:
+        nonlocal sent
+        for body in bodies:
+            await a.send(handle, body=body)
+            sent += 1
+            await asyncio.sleep(0.01)
+
+    sending = asyncio.create_task(sender())
+    try:
+        received = await receive_some(p1, 30)
+        assert len(received) == 30
+        await wait_until(lambda: _true(sent >= 60), 30)
+        p2 = await fail_over(deployment)  # mid-traffic: messages in flight and unreceived
+        await asyncio.wait_for(sending, 60)
+    finally:
+        if not sending.done():
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+    received += await receive_some(p2, total - len(received), timeout=60)
+    assert await p2.receive(queue_of(PARTS), timeout=0.5) == []
+    assert_exactly_once_in_order(received, {handle: bodies})
+
+    async def acknowledged() -> bool:
+        return await a.transmission_queue() == []
+
+    await wait_until(acknowledged, 30)  # the new principal acknowledges the rest
+
+    # The old principal returns as the mirror of the new one and catches up.
+    deployment.start("p1")
+    p1 = await deployment.daemons["p1"].client()
+    await p1.set_mirror_role("Parts", "mirror")
+    await wait_caught_up(deployment, "p2", "p1")
+
+
+def _true(value: bool) -> asyncio.Future[bool]:
+    future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
+
+
+async def test_a_message_received_at_the_old_principal_is_not_received_again(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16: RECEIVE committed at the principal, then SIGKILL at once: the promoted
+    mirror does not hand the message out again; the next message of the conversation,
+    sent after the failover, is delivered in order (not held waiting for numbers the new
+    principal never saw)."""
+    a = await start_pair(deployment)
+    p1 = await deployment.daemons["p1"].client()
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    await a.send(handle, body=b"one")
+    await a.send(handle, body=b"two")
+    first = await receive_some(p1, 2)
+    assert [m.message_body for m in first] == [b"one", b"two"]
+    p2 = await fail_over(deployment)
+    assert await p2.receive(queue_of(PARTS), timeout=1.0) == []
+    await a.send(handle, body=b"three")
+    (third,) = await receive_some(p2, 1)
+    assert (third.message_body, third.message_sequence_number) == (b"three", 3)
+    assert third.conversation_handle == first[0].conversation_handle
+
+
+async def test_a_mirror_that_was_away_catches_up_and_a_failover_then_loses_nothing(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16: with the mirror down the principal runs exposed (it goes on alone); the
+    mirror, started again, catches up on what it missed; a failover after that loses
+    nothing and duplicates nothing."""
+    a = await start_pair(deployment)
+    p1 = await deployment.daemons["p1"].client()
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    bodies = [f"order {i}".encode() for i in range(1, 41)]
+    for body in bodies[:10]:
+        await a.send(handle, body=body)
+    received = await receive_some(p1, 5)
+    deployment.kill("p2")
+    for body in bodies[10:30]:
+        await a.send(handle, body=body)
+    received += await receive_some(p1, 10)
+
+    async def acknowledged() -> bool:
+        return await a.transmission_queue() == []
+
+    await wait_until(acknowledged, 30)  # exposed: the principal goes on alone
+    assert len(received) == 15
+    deployment.start("p2")
+    await wait_caught_up(deployment, "p1", "p2")
+    p2 = await fail_over(deployment)
+    for body in bodies[30:]:
+        await a.send(handle, body=body)
+    received += await receive_some(p2, 25, timeout=60)
+    assert await p2.receive(queue_of(PARTS), timeout=0.5) == []
+    assert_exactly_once_in_order(received, {handle: bodies})
+
+
+async def test_stall_mode_holds_acknowledgements_until_a_mirror_has_the_message(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16 decision: with ``mirror_when_lost = "stall"`` and no mirror, the principal
+    stores what arrives but acknowledges nothing; once the mirror is back and has it, the
+    acknowledgements go out and a failover then finds every message."""
+    a = await start_pair(deployment, 'mirror_when_lost = "stall"\n')
+    deployment.kill("p2")
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    for i in range(5):
+        await a.send(handle, body=f"held {i}".encode())
+    await asyncio.sleep(3)
+    assert len(await a.transmission_queue()) == 5  # stored at p1, not acknowledged
+    deployment.start("p2")
+    await wait_caught_up(deployment, "p1", "p2")
+
+    async def acknowledged() -> bool:
+        return await a.transmission_queue() == []
+
+    await wait_until(acknowledged, 30)
+    p2 = await fail_over(deployment)
+    # The new principal has no mirror: in stall mode it acknowledges nothing new.
+    await a.send(handle, body=b"after the failover")
+    await asyncio.sleep(3)
+    assert len(await a.transmission_queue()) == 1
+    deployment.start("p1")
+    p1 = await deployment.daemons["p1"].client()
+    await p1.set_mirror_role("Parts", "mirror")
+    await wait_caught_up(deployment, "p2", "p1")
+    await wait_until(acknowledged, 30)
+    got = await receive_some(p2, 6)
+    expected = [f"held {i}".encode() for i in range(5)] + [b"after the failover"]
+    assert [m.message_body for m in got] == expected
