@@ -75,6 +75,9 @@ class Endpoint:
     state: State
     lifetime: int
     created_at: float
+    far_peer: str = ""
+    """Who may speak for the far side (``brokerd.dialogs.binding``, R-DLG-14): ``peer:NAME``,
+    ``forwarded`` or ``local``; empty until the far side first answers."""
     send_sequence: int = 0
     ended_local: bool = False
     ended_remote: bool = False
@@ -209,6 +212,7 @@ def endpoint_snapshot(ep: Endpoint) -> Statement:
             ep.accepted.through,
             int(ep.ended_local),
             _remote_bits(ep),
+            ep.far_peer or None,
         ),
     )
 
@@ -234,6 +238,7 @@ def endpoint_from_row(row: Any, database: str) -> Endpoint:
         state=State(row["state"]),
         lifetime=int(row["lifetime"]),
         created_at=float(row["created_at"]),
+        far_peer=row["far_peer"] or "",
         send_sequence=int(row["send_sequence"]),
         ended_local=bool(row["ended_local"]),
         ended_remote=bool(ended_remote & 1),

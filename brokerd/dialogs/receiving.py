@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from brokerd.dialogs import binding
 from brokerd.dialogs.core import (
     CODE_CONTRACT_NOT_SUPPORTED,
     CODE_MESSAGE_TOO_LARGE,
@@ -64,7 +65,9 @@ class Receiving(EngineCore):
             self.stats.acks_received += 1
             ep = self._endpoint_for(h)
             if ep is not None:
-                self._apply_ack(ep, h.ack, h.from_broker_instance)
+                if self._refused(link, ep, h, "acknowledgement"):
+                    continue
+                self._apply_ack(ep, h.ack, h.from_broker_instance, link.identity, h)
             elif link is not self.local_link:
                 elsewhere.append(h)
         if elsewhere and self.router.forwarding:
@@ -81,10 +84,27 @@ class Receiving(EngineCore):
                 return ep
         return None
 
-    def _apply_ack(self, ep: Endpoint, ack: Acknowledgement, far_instance: uuid.UUID) -> None:
+    def _refused(self, link: Link, ep: Endpoint, header: DialogHeader, what: str) -> bool:
+        """R-DLG-14: drop (never acknowledge or apply) what does not come from the far side
+        ``ep`` is bound to."""
+        reason = binding.refusal(ep, header, link.identity)
+        if reason is None:
+            return False
+        self.stats.binding_refusals += 1
+        self.drop(header, f"{what} refused: {reason}")
+        return True
+
+    def _apply_ack(
+        self,
+        ep: Endpoint,
+        ack: Acknowledgement,
+        far_instance: uuid.UUID,
+        identity: str,
+        header: DialogHeader,
+    ) -> None:
         db = self.databases[ep.database]
         statements: list[Statement] = []
-        changed = False
+        changed = binding.bind(ep, header, identity)
         if ep.far_broker_instance is None:
             ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
             self.router.rebind(ep)
@@ -173,12 +193,17 @@ class Receiving(EngineCore):
                 return
             checked = True
         else:
+            what = "error" if header.flags & FLAG_ERROR else "message"
+            if self._refused(link, ep, header, what):
+                return
             checked = False
         ep.last_link = link
         if ep.far_broker_instance is None:
             ep.far_broker_instance = header.from_broker_instance
         if header.ack.through or header.ack.ranges or header.ack.fragments:
-            self._apply_ack(ep, header.ack, header.from_broker_instance)
+            self._apply_ack(ep, header.ack, header.from_broker_instance, link.identity, header)
+        elif not ep.far_peer:
+            binding.bind(ep, header, link.identity)
         if not header.sequenced:
             if header.flags & FLAG_ERROR:
                 self._on_broker_error(db, ep, header, body)
@@ -306,6 +331,7 @@ class Receiving(EngineCore):
             service=header.to_service,
             far_service=header.from_service,
             far_broker_instance=header.from_broker_instance,
+            far_peer=binding.arrival_binding(header, link.identity),
             contract=header.contract,
             state=State.STARTED_INBOUND,
             # R-DLG-9: the header carries what is left of the lifetime, counted from BEGIN
