@@ -17,6 +17,7 @@ from typing import Any
 from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_from_row
 from brokerd.dialogs.ready import Item, Rank, ReadyIndex, rank_of
+from brokerd.dialogs.service_keys import ServiceKeys
 from brokerd.storage import queries
 from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.queries import Rows
@@ -63,6 +64,8 @@ class Database:
         self.name = config.name
         self.store = Store(data_dir / f"{config.name}.sqlite", config.name)
         self.catalog = Catalog.from_config(config)
+        self.service_keys = ServiceKeys()
+        """Key pairs and remote service bindings (R-DLG-14), read by :meth:`open`."""
         self.broker_instance = uuid.UUID(int=0)
         self.endpoints: dict[uuid.UUID, Endpoint] = {}
         self.by_key: dict[tuple[uuid.UUID, bool], Endpoint] = {}
@@ -77,6 +80,7 @@ class Database:
         """The mirroring epoch of the last role change this partner knows of (R-ROUTE-15)."""
 
     async def open(self) -> None:
+        self.service_keys = ServiceKeys.load(self.config)
         self.broker_instance = await self.store.open(self.config.broker_instance)
         for name, status, configured in await self.store.fetchall(queries.READ_QUEUE_STATES):
             info = self.catalog.queues.get(str(name))

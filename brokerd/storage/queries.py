@@ -129,6 +129,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "authenticated adjacent broker, 'forwarded' or 'local' (R-DLG-14)",
         "ALTER TABLE conversation_endpoints ADD COLUMN far_peer TEXT",
     ),
+    Migration(
+        5,
+        "secured dialogs keep their dialog key with the endpoint, so dialog security "
+        "survives a restart (R-DLG-14)",
+        "ALTER TABLE conversation_endpoints ADD COLUMN dialog_key BLOB",
+    ),
 )
 """The schema, step by step; a step is never edited once released, only followed by another."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -150,7 +156,7 @@ def meta(key: str, value: str) -> Statement:
 # -- endpoints --------------------------------------------------------------------------
 
 ENDPOINT_SNAPSHOT = (
-    "INSERT OR REPLACE INTO conversation_endpoints VALUES (" + ", ".join("?" * 16) + ")"
+    "INSERT OR REPLACE INTO conversation_endpoints VALUES (" + ", ".join("?" * 17) + ")"
 )
 """A whole endpoint row. The committer writes only the last snapshot of each endpoint
 in a batch, as an update of the columns that change (:func:`endpoint_updates`) or,
@@ -172,6 +178,7 @@ _ENDPOINT_COLUMNS = (
     "ended_local",
     "ended_remote",
     "far_peer",
+    "dialog_key",
 )
 _ENDPOINT_CHANGING = (
     "conversation_group_id",
@@ -184,7 +191,7 @@ _ENDPOINT_CHANGING = (
     "far_peer",
 )
 """The columns a snapshot can change; none is indexed, so an update touches no index."""
-ENDPOINT_ADD = "INSERT OR IGNORE INTO conversation_endpoints VALUES (" + ", ".join("?" * 16) + ")"
+ENDPOINT_ADD = "INSERT OR IGNORE INTO conversation_endpoints VALUES (" + ", ".join("?" * 17) + ")"
 
 
 def endpoint_updates(count: int) -> str:

