@@ -12,15 +12,24 @@ A conversation endpoint is *bound* to the far side that first answered it:
   then ``forwarded``. Delivery inside the instance is ``local``.
 
 Every later message, acknowledgement (piggybacked or dedicated) and broker error
-for the endpoint must match the binding: same far broker instance, and either a
-hop count of 0 from the bound peer, or (for a ``forwarded`` binding) a hop count
-above 0. Anything else is refused: dropped, counted, traced, never acknowledged
-or applied.
+for the endpoint must match the binding: the same far broker instance always, and
+for a ``peer:NAME`` binding a hop count of 0 from that very peer. Anything else is
+refused: dropped, counted, traced, never acknowledged or applied.
 
-What this does not stop: a ``forwarded`` binding cannot tell a forwarder from a
-broker that claims to be one, and a forwarder on the path can read, alter, drop
-and forge what it relays. Dialog security (keys per dialog, ``dialog_security``)
-closes both.
+What the adjacent check cannot do, and does not try to:
+
+* a ``forwarded`` binding accepts any authenticated broker: a forwarder's
+  certificate says nothing about the far end, and a broker that claims to relay
+  (hop count above 0) cannot be told from one that does. A forwarder on the path
+  (or a broker pretending to be one) can read, alter, drop and forge what it
+  relays for such a dialog;
+* a ``peer:NAME`` binding refuses the far side's frames once they come through a
+  forwarder (a route changed, or the two directions take different paths): such
+  a dialog must be secured.
+
+Dialog security (``dialog_security``, :mod:`protocol.dialog_security`) closes
+both: a secured dialog authenticates every frame end to end with its dialog key,
+so for it only the far broker instance is checked here, and any path is allowed.
 
 Pure: no I/O; the engine passes the link's authenticated identity.
 """
@@ -61,14 +70,7 @@ def refusal(ep: Endpoint, header: DialogHeader, identity: str) -> str | None:
             f"bound to broker instance {far} (R-DLG-14)"
         )
     bound = ep.far_peer
-    if not bound:
-        return None
-    if bound == FORWARDED:
-        if header.hop_count == 0:
-            return (
-                f"sent directly by {identity}, but the conversation's far broker reaches this "
-                "one through forwarders (R-DLG-14)"
-            )
+    if not bound or bound == FORWARDED or ep.keys is not None:
         return None
     if header.hop_count != 0:
         return (

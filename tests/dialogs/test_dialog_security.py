@@ -19,13 +19,14 @@ every header authenticated end to end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from brokerd.sdk.client import BrokerClient
+from brokerd.tools import certs
 from brokerd.tools.example import (
     CONFIRMATION,
     CONTRACT,
@@ -34,11 +35,13 @@ from brokerd.tools.example import (
     WAREHOUSE_SERVICE,
     database_toml,
 )
+from brokerd.tools.faultproxy import RelayPlan, TerminatingRelay
 from brokerd.tools.launcher import Deployment
 from protocol.errors import DialogSecurityUnavailable
 from tests.daemons import FAST_RETRY, drain, running, wait_until
 
 ALPHA, BETA, FORWARDER = "127.0.0.1", "127.0.0.2", "127.0.0.5"
+RELAY_TO_BETA, RELAY_TO_ALPHA = "127.0.0.3", "127.0.0.4"
 MARKER = b"PLAINTEXT-MARKER-7f3a"
 
 
@@ -177,3 +180,100 @@ async def test_an_unsecured_dialog_to_a_service_that_requires_security_is_refuse
         assert await warehouse_client.receive("OrderQueue", timeout=0.5) == []
         await shop_client.close()
         await warehouse_client.close()
+
+
+async def test_a_forwarder_never_holds_the_plaintext_of_a_secured_dialog(tmp_path: Path) -> None:
+    """alpha -> forwarder -> beta and back; the forwarder's files are grepped for a marker
+    the bodies carry both ways."""
+    d = Deployment(tmp_path, FAST_RETRY)
+    d.add("alpha", ALPHA, shop(d, FORWARDER))
+    d.add("beta", BETA, warehouse(d, FORWARDER))
+    d.add(
+        "forwarder",
+        FORWARDER,
+        '\n[[database]]\nname = "msdb"\n'
+        f'[[database.route]]\nname = "Fwd"\nremote_service_name = "{WAREHOUSE_SERVICE}"\n'
+        f'address = "tcp://{BETA}:4022"\n'
+        f'[[database.route]]\nname = "Back"\nremote_service_name = "{SHOP_SERVICE}"\n'
+        f'address = "tcp://{ALPHA}:4022"\n',
+        endpoint_extra="message_forwarding = true\n",
+    )
+    with running(d):
+        shop_client = await d.daemons["alpha"].client()
+        warehouse_client = await d.daemons["beta"].client()
+        forwarder = await d.daemons["forwarder"].client()
+        handle = await shop_client.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        for n in range(5):
+            await shop_client.send(handle, ORDER, MARKER + b" order %d" % n)
+        got = await drain(warehouse_client, "OrderQueue", 5)
+        assert [m.message_body for m in got] == [MARKER + b" order %d" % n for n in range(5)]
+        await warehouse_client.send(got[0].conversation_handle, CONFIRMATION, MARKER + b" reply")
+        (reply,) = await drain(shop_client, "ClientQueue", 1)
+        assert reply.message_body == MARKER + b" reply"
+        (stats,) = await forwarder.view("stats")
+        assert stats["forwarded_fragments"] >= 6
+        for client in (shop_client, warehouse_client, forwarder):
+            await client.close()
+    # Stopped: every trace segment is flushed, the WAL is in the file.
+    forwarder_dir = d.daemons["forwarder"].directory
+    assert list(forwarder_dir.rglob("*.sqlite")) and list(forwarder_dir.rglob("*.jsonl*"))
+    assert files_holding(forwarder_dir, MARKER) == []
+
+
+@pytest.fixture
+async def relayed(tmp_path: Path) -> AsyncIterator[tuple[Deployment, TerminatingRelay]]:
+    """alpha -> relay -> beta, beta -> relay -> alpha: every frame of the dialog passes a
+    relay that holds a deployment certificate and ends both connections."""
+    d = Deployment(tmp_path, FAST_RETRY)
+    d.add("alpha", ALPHA, shop(d, RELAY_TO_BETA))
+    d.add("beta", BETA, warehouse(d, RELAY_TO_ALPHA))
+    ca = certs.read_pair(d.cert_dir, "ca")
+    identity = certs.identity_for(certs.issue_instance(ca, "relay"), ca)
+    up = TerminatingRelay(RELAY_TO_BETA, 4022, BETA, 4022, identity)
+    down = TerminatingRelay(RELAY_TO_ALPHA, 4022, ALPHA, 4022, identity)
+    await up.start()
+    await down.start()
+    try:
+        with running(d):
+            yield d, up
+    finally:
+        await up.stop()
+        await down.stop()
+
+
+async def test_what_a_relay_alters_is_refused_and_then_delivered_intact(
+    relayed: tuple[Deployment, TerminatingRelay],
+) -> None:
+    d, relay = relayed
+    relay.plan = RelayPlan(alter_fragments={1, 3}, alter_acks={1}, alter_errors={1})
+    shop_client = await d.daemons["alpha"].client()
+    warehouse_client = await d.daemons["beta"].client()
+    handle = await shop_client.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    bodies = [MARKER + b" order %d" % n for n in range(1, 4)]
+    for body in bodies:
+        await shop_client.send(handle, ORDER, body)
+    got = await drain(warehouse_client, "OrderQueue", 3, timeout=30)
+    assert [(m.message_sequence_number, m.message_body) for m in got] == [
+        (n, body) for n, body in enumerate(bodies, 1)
+    ]
+
+    async def settled() -> bool:
+        return not await shop_client.transmission_queue()
+
+    await wait_until(settled, 30)
+    assert relay.stats.altered >= 3  # two bodies and an acknowledgement
+    assert all(MARKER not in body for body in relay.bodies)
+
+    # END CONVERSATION WITH ERROR: the relay alters the Error; the target refuses it,
+    # and the retransmitted one arrives intact.
+    await shop_client.end_conversation(handle, error_code=7, description="out of stock")
+    (error,) = await drain(warehouse_client, "OrderQueue", 1, timeout=30)
+    assert error.is_error and b"out of stock" in error.message_body
+    assert relay.stats.altered >= 4
+    refused = await stat(warehouse_client, "dialog_security_refusals")
+    assert refused >= 3  # two altered bodies and the altered Error
+    assert await stat(shop_client, "dialog_security_refusals") >= 1  # the altered ack
+    drops = [r["reason"] for r in await warehouse_client.view("drops")]
+    assert any("refused by dialog security" in r for r in drops)
+    await shop_client.close()
+    await warehouse_client.close()
