@@ -71,7 +71,7 @@ KEY_EXCHANGE = c.Struct(
     "signature" / c.Bytes(SIGNATURE_SIZE),
     c.Terminated,
 )
-"""The key exchange a secured dialog's first messages carry (193 bytes)."""
+"""The key exchange a secured dialog's first messages carry (177 bytes)."""
 KEY_EXCHANGE_SIZE = POINT_SIZE + WRAPPED_SIZE + SIGNATURE_SIZE
 
 _ZERO_TAG = bytes(TAG_SIZE)
