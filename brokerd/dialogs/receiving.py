@@ -9,6 +9,12 @@ fragments, and acknowledged only after the commit that made it durable
 before that fragment is stored or acknowledged. An acknowledgement removes what
 it confirms from the transmission queue. A refused message is answered with an
 unsequenced broker Error.
+
+Before any of that, R-DLG-14: what arrives for an existing endpoint must come from
+the far side it is bound to (``binding``), and a secured dialog's frames must
+open under its dialog key (``protocol.dialog_security``); the target of a secured
+dialog takes the key from the first message's key exchange. What fails is
+dropped, counted and never acknowledged or applied.
 """
 
 from __future__ import annotations

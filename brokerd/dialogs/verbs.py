@@ -32,6 +32,7 @@ from brokerd.dialogs.work import Work
 from brokerd.errors import (
     ContractViolation,
     ConversationEnded,
+    DialogSecurityUnavailable,
     InvalidErrorCode,
     InvalidRequest,
     LockConflict,
@@ -54,7 +55,6 @@ from protocol.dialog import (
     FLAG_SEQUENCED,
 )
 from protocol.dialog_security import DialogKeys
-from protocol.errors import DialogSecurityUnavailable
 from protocol.fragments import fragment_count
 
 log = logging.getLogger("brokerd.dialogs.verbs")

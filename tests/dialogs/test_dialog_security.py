@@ -136,9 +136,10 @@ async def test_a_secured_dialog_survives_sigkill_and_restart_of_either_end(
     shop_client = await direct.daemons["alpha"].client()
     (reply,) = await drain(shop_client, "ClientQueue", 1, timeout=30)
     assert (reply.message_sequence_number, reply.message_body) == (2, b"<confirmed id='2'/>")
-    await shop_client.send(handle, ORDER, b"<order id='3'/>")
+    large = b"<order id='3'>" + bytes(range(256)) * 800 + b"</order>"  # 4 fragments
+    await shop_client.send(handle, ORDER, large)
     (third,) = await drain(warehouse_client, "OrderQueue", 1, timeout=30)
-    assert third.message_body == b"<order id='3'/>"
+    assert third.message_body == large
 
     for client in (shop_client, warehouse_client):
         assert await stat(client, "dialog_security_refusals") == 0
