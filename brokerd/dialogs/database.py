@@ -152,6 +152,12 @@ class Database:
         for ep in self.endpoints.values():
             if ep.accepted.through or ep.accepted.beyond or ep.accepted.fragments:
                 ep.mark_ack_needed()
+            if ep.keys is not None and ep.initiator:
+                # R-DLG-14: the target has answered under the dialog key if it sent a
+                # message, or if an (authenticated) acknowledgement removed the first one.
+                ep.key_confirmed = ep.accepted.through > 0 or (
+                    ep.send_sequence > 0 and 1 not in ep.outbox
+                )
         return [ep for ep in waiting.values() if ep.outbox]
 
     async def reload_received(self) -> None:

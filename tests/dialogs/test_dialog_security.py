@@ -19,12 +19,14 @@ every header authenticated end to end.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from brokerd.dialogs.core import error_body
 from brokerd.sdk.client import BrokerClient
 from brokerd.tools import certs
 from brokerd.tools.example import (
@@ -37,8 +39,10 @@ from brokerd.tools.example import (
 )
 from brokerd.tools.faultproxy import RelayPlan, TerminatingRelay
 from brokerd.tools.launcher import Deployment
+from protocol.dialog import ERROR, FLAG_ERROR, Acknowledgement, DialogHeader
 from protocol.errors import DialogSecurityUnavailable
 from tests.daemons import FAST_RETRY, drain, running, wait_until
+from tests.hostile import HostileBroker
 
 ALPHA, BETA, FORWARDER = "127.0.0.1", "127.0.0.2", "127.0.0.5"
 RELAY_TO_BETA, RELAY_TO_ALPHA = "127.0.0.3", "127.0.0.4"
@@ -143,8 +147,68 @@ async def test_a_secured_dialog_survives_sigkill_and_restart_of_either_end(
 
     for client in (shop_client, warehouse_client):
         assert await stat(client, "dialog_security_refusals") == 0
+
+    # With the warehouse down, the shop restarts; a CA-certified broker then forges the
+    # warehouse's broker error and acknowledgement (unsealed: it has no dialog key). They
+    # are refused: the restarted initiator knows the target has answered under the key.
+    (row,) = await shop_client.conversation_endpoints()
+    await warehouse_client.close()
+    direct.stop("beta")
+    await shop_client.close()
+    direct.kill("alpha")
+    direct.start("alpha")
+    shop_client = await direct.daemons["alpha"].client()
+    await shop_client.send(handle, ORDER, b"<order id='4'/>")
+    forged = forged_frames(row)
+    mallory = HostileBroker(direct.cert_dir)
+    await mallory.connect(ALPHA)
+    try:
+        await mallory.send_fragment(*forged[0])
+        await mallory.send_acks([forged[1]])
+
+        async def refused() -> bool:
+            return await stat(shop_client, "dialog_security_refusals") >= 2
+
+        await wait_until(refused, 10)
+    finally:
+        await mallory.close()
+    (row,) = await shop_client.conversation_endpoints()
+    assert (row["state"], row["unacknowledged"]) == ("CO", 1)
+    direct.start("beta")
+    warehouse_client = await direct.daemons["beta"].client()
+    (fourth,) = await drain(warehouse_client, "OrderQueue", 1, timeout=30)
+    assert fourth.message_body == b"<order id='4'/>"
     await shop_client.close()
     await warehouse_client.close()
+
+
+def forged_frames(row: dict[str, Any]) -> list[Any]:
+    """An unsealed broker error and acknowledgement, as if from the far side of ``row``."""
+    cid = uuid.UUID(row["conversation_id"])
+    far = uuid.UUID(row["far_broker_instance"])
+    error = error_body(-8408, "forged")
+    header = DialogHeader(
+        cid,
+        WAREHOUSE_SERVICE,
+        SHOP_SERVICE,
+        far,
+        None,
+        CONTRACT,
+        ERROR,
+        FLAG_ERROR,
+        message_length=len(error),
+    )
+    ack = DialogHeader(
+        cid,
+        WAREHOUSE_SERVICE,
+        SHOP_SERVICE,
+        far,
+        None,
+        CONTRACT,
+        flags=0,
+        ack=Acknowledgement(through=1000),
+    )
+    return [(header, error), ack]
 
 
 async def test_a_dialog_that_must_be_secured_without_a_binding_fails_at_begin(
