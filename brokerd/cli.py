@@ -2,6 +2,7 @@
 
     brokerd certs ca --dir DIR [--name NAME] [--days N] [--key-type ed25519|ec-p256]
     brokerd certs instance NAME --dir DIR [--days N] [--key-type ...] [--san HOST]...
+    brokerd certs service NAME --dir DIR [--days N] [--stem STEM]
     brokerd run --config FILE [--ready-file FILE] [--log-level LEVEL]
     brokerd demo [--orders N] [--workdir DIR]
     brokerd wire-demo [--encryption required|supported|disabled]
@@ -39,6 +40,18 @@ def _certs_instance(args: argparse.Namespace) -> None:
         ca, args.name, days=args.days, key_type=args.key_type, alt_names=args.san
     )
     for path in certs.write_pair(args.dir, args.name, issued, overwrite=args.force):
+        print(f"wrote {path}")
+
+
+def _certs_service(args: argparse.Namespace) -> None:
+    if not (args.dir / "ca.pem").exists() or not (args.dir / "ca.key").exists():
+        raise FileNotFoundError(
+            f"no CA in {args.dir} (expected ca.pem and ca.key; run 'brokerd certs ca' first)"
+        )
+    ca = certs.read_pair(args.dir, "ca")
+    issued = certs.issue_service(ca, args.name, days=args.days)
+    stem = args.stem or certs.service_stem(args.name)
+    for path in certs.write_pair(args.dir, stem, issued, overwrite=args.force):
         print(f"wrote {path}")
 
 
@@ -97,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--days", type=int, help="validity in days")
         sub.add_argument("--key-type", choices=certs.KEY_TYPES, default="ed25519")
         sub.add_argument("--force", action="store_true", help="overwrite existing files")
+    svc = cert_kinds.add_parser(
+        "service", help="issue a service certificate for dialog security (EC P-256)"
+    )
+    svc.add_argument("name", help="service name (certificate common name), e.g. //shop/Client")
+    svc.add_argument("--dir", type=Path, required=True, help="directory of the CA files")
+    svc.add_argument("--days", type=int, default=825, help="validity in days")
+    svc.add_argument("--stem", help="file name stem (default: from the service name)")
+    svc.add_argument("--force", action="store_true", help="overwrite existing files")
+    svc.set_defaults(func=_certs_service)
 
     run = commands.add_parser("run", help="run one broker daemon")
     run.add_argument("--config", type=Path, required=True, help="the instance's TOML file")

@@ -143,6 +143,23 @@ class ServiceConfig:
     name: str
     queue: str
     contracts: tuple[str, ...] = ()
+    certificate: Path | None = None
+    """The service's own certificate (EC P-256, from ``brokerd certs service``), for dialog
+    security (R-DLG-14); with ``private_key``."""
+    private_key: Path | None = None
+    dialog_security: bool = False
+    """``dialog_security = "required"``: every dialog this service begins or accepts is
+    secured (R-DLG-14), as ENCRYPTION = ON; an unsecured one is refused."""
+
+
+@dataclass(frozen=True)
+class RemoteServiceBindingConfig:
+    """The certificate of a service in another database or instance (R-DLG-14), as SQL
+    Server's REMOTE SERVICE BINDING: dialogs begun to that service are secured with it, and
+    dialogs it begins are checked against it."""
+
+    service: str
+    certificate: Path
 
 
 @dataclass(frozen=True)
@@ -169,6 +186,7 @@ class DatabaseConfig:
     queues: tuple[QueueConfig, ...] = ()
     services: tuple[ServiceConfig, ...] = ()
     routes: tuple[RouteConfig, ...] = ()
+    remote_service_bindings: tuple[RemoteServiceBindingConfig, ...] = ()
     mirror_role: str | None = None
     """``principal`` or ``mirror`` for a mirrored database (R-ROUTE-10); None = not mirrored."""
     mirror_partner: str | None = None
@@ -430,7 +448,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
     seen: dict[str, str] = {}
     instances: dict[uuid.UUID, str] = {}
     for table in top.tables("database", _DATABASE_KEYS):
-        db = _database(table, now)
+        db = _database(table, now, base)
         folded = db.name.casefold()
         if folded in seen:
             raise table.error(
@@ -875,6 +893,7 @@ _DATABASE_KEYS = (
     "queue",
     "service",
     "route",
+    "remote_service_binding",
     "mirror_role",
     "mirror_partner",
     "mirror_when_lost",
@@ -903,7 +922,7 @@ class _Unique:
         self.seen[key] = t.where
 
 
-def _database(t: _Table, now: datetime) -> DatabaseConfig:
+def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
     name = t.name()
     if not _DATABASE_NAME.fullmatch(name):
         raise t.error(
@@ -973,7 +992,10 @@ def _database(t: _Table, now: datetime) -> DatabaseConfig:
 
     services: list[ServiceConfig] = []
     names = _Unique("service", name, fold=False)
-    for st in t.tables("service", ("name", "queue", "contracts")):
+    for st in t.tables(
+        "service",
+        ("name", "queue", "contracts", "certificate", "private_key", "dialog_security"),
+    ):
         s_name = st.name()
         names.add(st, s_name)
         queue = st.required_text("queue")
@@ -992,7 +1014,34 @@ def _database(t: _Table, now: datetime) -> DatabaseConfig:
                 )
             if contract in accepted[:i]:
                 raise st.error(f"contracts[{i}]", f"contract '{contract}' is listed twice")
-        services.append(ServiceConfig(s_name, queue, tuple(accepted)))
+        certificate = st.path("certificate", base)
+        private_key = st.path("private_key", base)
+        if (certificate is None) != (private_key is None):
+            given, missing = (
+                ("certificate", "private_key")
+                if certificate is not None
+                else ("private_key", "certificate")
+            )
+            raise st.error(missing, f"is required with {given} (the service's key pair)")
+        security = st.choice("dialog_security", "off", ("off", "required")) == "required"
+        if security and certificate is None:
+            raise st.error(
+                "dialog_security",
+                "a service that requires dialog security needs its certificate and "
+                "private_key (brokerd certs service NAME)",
+            )
+        services.append(
+            ServiceConfig(s_name, queue, tuple(accepted), certificate, private_key, security)
+        )
+
+    bindings: list[RemoteServiceBindingConfig] = []
+    bound: dict[str, str] = {}
+    for bt in t.tables("remote_service_binding", ("service", "certificate")):
+        service = bt.required_text("service")
+        if service in bound:
+            raise bt.error("service", f"service '{service}' is already bound at {bound[service]}")
+        bound[service] = bt.where
+        bindings.append(RemoteServiceBindingConfig(service, bt.required_path("certificate", base)))
 
     routes: list[RouteConfig] = []
     names = _Unique("route", name, fold=True)
@@ -1030,6 +1079,7 @@ def _database(t: _Table, now: datetime) -> DatabaseConfig:
         queues=tuple(queues),
         services=tuple(services),
         routes=tuple(routes),
+        remote_service_bindings=tuple(bindings),
     )
 
 

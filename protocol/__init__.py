@@ -9,6 +9,7 @@ Modules:
   connection  the adjacent-broker connection state machine (handshake + frames)
   liveness    heartbeats and the silence deadline of an open connection
   dialog      dialog-protocol message header codec
+  dialog_security  dialog keys: key exchange, sealing and opening of secured dialogs
   fragments   fragmenter and reassembler
   client_wire SDK <-> daemon client-listener frame format, its reader and auth proof
   mirroring   database mirroring messages (units of work, snapshots, confirmations)

@@ -18,6 +18,14 @@ received beyond it; ``fragments`` = fragments received of messages not yet compl
 
 Sequence numbers start at 1; 0 means "none" (unsequenced messages, empty acks).
 The nil UUID stands for "no broker instance named".
+
+Dialog security (SPEC R-DLG-14): a header with the SECURED flag carries a
+*security trailer* between the acknowledgement lists and the names: a 12-byte
+nonce, a 16-byte AES-GCM tag and ``u16 length | key exchange`` (empty except on
+the initiator's messages until the target has answered). What the trailer
+protects is :mod:`protocol.dialog_security`'s business; this module only carries
+it. A header without the flag has no trailer, so its bytes are those of
+protocol version 1 before dialog security.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ FLAG_INITIATOR = 0x01
 FLAG_SEQUENCED = 0x02
 FLAG_END_DIALOG = 0x04
 FLAG_ERROR = 0x08
+FLAG_SECURED = 0x10
 """The message flags as plain ints, for hot paths: IntFlag arithmetic costs microseconds."""
 
 
@@ -72,11 +81,23 @@ class MessageFlags(enum.IntFlag):
     END_DIALOG = 0x04
     ERROR = 0x08
     """An Error message; unsequenced when the broker generated it."""
+    SECURED = 0x10
+    """Dialog security: the header carries a security trailer (R-DLG-14)."""
 
 
 _KNOWN_FLAGS = int(
-    MessageFlags.INITIATOR | MessageFlags.SEQUENCED | MessageFlags.END_DIALOG | MessageFlags.ERROR
+    MessageFlags.INITIATOR
+    | MessageFlags.SEQUENCED
+    | MessageFlags.END_DIALOG
+    | MessageFlags.ERROR
+    | MessageFlags.SECURED
 )
+
+NONCE_SIZE = 12
+TAG_SIZE = 16
+MAX_KEY_EXCHANGE_SIZE = 512
+"""Bound of a security trailer's key exchange (``dialog_security.KEY_EXCHANGE`` is
+177 bytes)."""
 
 _Name = c.PascalString(c.Int16ub, "utf8")
 
@@ -105,6 +126,18 @@ DIALOG_HEADER = c.Struct(
     "message_type" / _Name,
     c.Terminated,
 )
+_SECURITY_TRAILER = (
+    "nonce" / c.Bytes(NONCE_SIZE),
+    "tag" / c.Bytes(TAG_SIZE),
+    "key_exchange" / c.Prefixed(c.Int16ub, c.GreedyBytes),
+)
+SECURED_DIALOG_HEADER = c.Struct(
+    *DIALOG_HEADER.subcons[:14],
+    *_SECURITY_TRAILER,
+    *DIALOG_HEADER.subcons[14:],
+)
+"""The layout of a header whose flags have SECURED: DIALOG_HEADER with the security
+trailer between the acknowledgement lists and the names (R-DLG-14)."""
 FRAGMENT_PAYLOAD = c.Struct(
     "header" / c.Prefixed(c.Int16ub, c.GreedyBytes),
     "body" / c.GreedyBytes,
@@ -152,6 +185,14 @@ class Acknowledgement(NamedTuple):
 NO_ACK = Acknowledgement()
 
 
+class Security(NamedTuple):
+    """The security trailer of a SECURED header (R-DLG-14)."""
+
+    nonce: bytes
+    tag: bytes
+    key_exchange: bytes = b""
+
+
 class DialogHeader(NamedTuple):
     """The dialog-layer header of one message fragment or dedicated acknowledgement.
 
@@ -177,6 +218,8 @@ class DialogHeader(NamedTuple):
     0 = unlimited (R-DLG-9)."""
     hop_count: int = 0
     ack: Acknowledgement = NO_ACK
+    security: Security | None = None
+    """Present exactly when ``flags`` has SECURED."""
 
     @property
     def initiator(self) -> bool:
@@ -188,11 +231,13 @@ class DialogHeader(NamedTuple):
 
 
 _HEADER_FIELDS = tuple(sub.name for sub in DIALOG_HEADER.subcons if sub.name)
+assert _HEADER_FIELDS[13] == "ack_fragments" and _HEADER_FIELDS[14] == "from_service"
 
 # The hot path: DIALOG_HEADER spelled out with struct (tests check that it builds and
 # accepts exactly what the construct declaration does). Names and identifiers repeat
 # from one message of a dialog to the next, so their encodings and UUID objects are cached.
 _FIXED = struct.Struct(">16sHQIIQQIB16s16sQ")
+_TRAILER = struct.Struct(">12s16sH")
 _RANGE = struct.Struct(">QQ")
 _FRAGMENT_ACK = struct.Struct(">QII")
 _U16 = struct.Struct(">H")
@@ -277,12 +322,18 @@ def _header_bytes(h: DialogHeader) -> bytes:
             ack.through,
         )
         names = _encoded_names(h.from_service, h.to_service, h.contract, h.message_type)
-        if not ack.ranges and not ack.fragments:
+        sec = h.security
+        if not ack.ranges and not ack.fragments and sec is None:
             return fixed + b"\0\0" + names
         parts = [fixed, bytes((len(ack.ranges),))]
         parts += [_RANGE.pack(*r) for r in ack.ranges]
         parts.append(bytes((len(ack.fragments),)))
         parts += [_FRAGMENT_ACK.pack(*f) for f in ack.fragments]
+        if sec is not None:
+            if len(sec.nonce) != NONCE_SIZE or len(sec.tag) != TAG_SIZE:
+                raise ValueError("a security trailer needs a 12-byte nonce and a 16-byte tag")
+            parts.append(_TRAILER.pack(sec.nonce, sec.tag, len(sec.key_exchange)))
+            parts.append(sec.key_exchange)
         parts.append(names)
         return b"".join(parts)
     except (struct.error, ValueError, TypeError, AttributeError, UnicodeEncodeError) as exc:
@@ -325,6 +376,20 @@ def _parse_header(data: bytes | memoryview) -> DialogHeader:
     ) = _FIXED.unpack_from(data, 0)
     raw_ranges, pos = _array(data, _FIXED.size, _RANGE)
     raw_fragments, pos = _array(data, pos, _FRAGMENT_ACK)
+    security = None
+    if flags & FLAG_SECURED:
+        if pos + _TRAILER.size > size:
+            raise RemoteProtocolError("security trailer is truncated")
+        nonce, tag, exchange_size = _TRAILER.unpack_from(data, pos)
+        pos += _TRAILER.size
+        if exchange_size > MAX_KEY_EXCHANGE_SIZE:
+            raise RemoteProtocolError(
+                f"key exchange of {exchange_size} bytes exceeds {MAX_KEY_EXCHANGE_SIZE}"
+            )
+        if pos + exchange_size > size:
+            raise RemoteProtocolError("length prefix runs past the end")
+        security = Security(nonce, tag, bytes(data[pos : pos + exchange_size]))
+        pos += exchange_size
     ranges = tuple(AckRange(*r) for r in raw_ranges)
     fragments = tuple(FragmentAck(*f) for f in raw_fragments)
     from_service, to_service, contract, message_type = _decoded_names(bytes(data[pos:]))
@@ -349,6 +414,7 @@ def _parse_header(data: bytes | memoryview) -> DialogHeader:
         lifetime,
         hop_count,
         ack,
+        security,
     )
 
 
@@ -360,7 +426,15 @@ def to_construct_value(h: DialogHeader) -> dict[str, Any]:
     value["ack_fragments"] = [
         {"sequence_number": s, "first": a, "last": b} for s, a, b in h.ack.fragments
     ]
+    sec = h.security
+    if sec is not None:
+        value.update(nonce=sec.nonce, tag=sec.tag, key_exchange=sec.key_exchange)
     return value
+
+
+def declaration_of(h: DialogHeader) -> c.Struct:
+    """The construct declaration ``h`` is laid out by."""
+    return SECURED_DIALOG_HEADER if h.flags & FLAG_SECURED else DIALOG_HEADER
 
 
 @lru_cache(maxsize=4096)
@@ -393,6 +467,10 @@ def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
         return f"unknown message flags {int(h.flags):#x}"
     if h.from_broker_instance == NIL_UUID:
         return "the sending broker instance must be named"
+    if bool(h.flags & FLAG_SECURED) != (h.security is not None):
+        return "the SECURED flag and the security trailer must go together"
+    if h.security is not None and len(h.security.key_exchange) > MAX_KEY_EXCHANGE_SIZE:
+        return f"key exchange exceeds {MAX_KEY_EXCHANGE_SIZE} bytes"
     if len(h.ack.ranges) > MAX_ACK_RANGES or len(h.ack.fragments) > MAX_FRAGMENT_ACKS:
         return "too many acknowledgement ranges"
     if (

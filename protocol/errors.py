@@ -197,6 +197,14 @@ class NotPrincipal(DialogError):
     retriable = True
 
 
+class DialogSecurityUnavailable(DialogError):
+    """BEGIN DIALOG of a dialog that must be secured (the service requires dialog security,
+    or the target service has a remote service binding) without what it needs: the
+    initiating service's key pair, or a remote service binding for the target (R-DLG-14)."""
+
+    code = "dialog_security_unavailable"
+
+
 class QueueDisabled(DialogError):
     """RECEIVE on a queue whose status is off (R-DLG-12)."""
 

@@ -117,3 +117,19 @@ def test_a_ca_key_of_another_type_is_a_clear_error(tmp_path: Path) -> None:
     done = brokerd("certs", "instance", "alpha", "--dir", str(tmp_path))
     assert done.returncode == 2 and "unsupported key type" in done.stderr
     assert not (tmp_path / "alpha.pem").exists()
+
+
+def test_certs_service_issues_an_ec_p256_service_certificate(tmp_path: Path) -> None:
+    """R-DLG-14: a service certificate, its CN the service name, from the deployment CA."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    assert brokerd("certs", "ca", "--dir", str(tmp_path)).returncode == 0
+    done = brokerd("certs", "service", "//shop/Client", "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    cert = x509.load_pem_x509_certificate((tmp_path / "service-shop-Client.pem").read_bytes())
+    assert cert.subject.rfc4514_string() == "CN=//shop/Client"
+    public = cert.public_key()
+    assert isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp256r1"
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    assert stat.S_IMODE(os.stat(tmp_path / "service-shop-Client.key").st_mode) == 0o600

@@ -1206,3 +1206,69 @@ role = "ADMIN"
     )
     assert (ops.name, ops.file, ops.role) == ("ops", Path("/etc/brokerd/ops.token"), "admin")
     assert cfg.client.token_file == tmp_path / "data" / "client.token"
+
+
+# ------------------------------------------------------------------ dialog security (R-DLG-14)
+
+_SECURED_DB = """[[database]]
+name = "shop"
+[[database.queue]]
+name = "Q"
+[[database.service]]
+name = "//shop/Client"
+queue = "Q"
+{service}
+[[database.remote_service_binding]]
+service = "//warehouse/Orders"
+certificate = "certs/warehouse.pem"
+"""
+
+
+def test_service_key_pairs_and_remote_service_bindings(tmp_path: Path) -> None:
+    service = (
+        'certificate = "certs/shop.pem"\nprivate_key = "certs/shop.key"\n'
+        'dialog_security = "Required"'
+    )
+    (db,) = [
+        d
+        for d in load(tmp_path, rest=_SECURED_DB.format(service=service)).databases
+        if d.name == "shop"
+    ]
+    (svc,) = db.services
+    assert (svc.certificate, svc.private_key, svc.dialog_security) == (
+        tmp_path / "certs/shop.pem",
+        tmp_path / "certs/shop.key",
+        True,
+    )
+    (binding,) = db.remote_service_bindings
+    assert (binding.service, binding.certificate) == (
+        "//warehouse/Orders",
+        tmp_path / "certs/warehouse.pem",
+    )
+
+
+@pytest.mark.parametrize(
+    ("service", "key", "problem"),
+    [
+        ('certificate = "a.pem"', "database[0].service[0].private_key", "is required with"),
+        ('dialog_security = "required"', "database[0].service[0].dialog_security", "needs its"),
+        ('dialog_security = "maybe"', "database[0].service[0].dialog_security", "one of off"),
+    ],
+)
+def test_dialog_security_settings_are_checked(
+    tmp_path: Path, service: str, key: str, problem: str
+) -> None:
+    expect_error(tmp_path, config_text(rest=_SECURED_DB.format(service=service)), key, problem)
+
+
+def test_a_remote_service_binding_is_given_once(tmp_path: Path) -> None:
+    twice = _SECURED_DB.format(service="") + (
+        '[[database.remote_service_binding]]\nservice = "//warehouse/Orders"\n'
+        'certificate = "other.pem"\n'
+    )
+    expect_error(
+        tmp_path,
+        config_text(rest=twice),
+        "database[0].remote_service_binding[1].service",
+        "already bound",
+    )

@@ -9,6 +9,8 @@ Modules, from the models up:
   RECEIVE, by conversation group), ``database`` (one database's image and its
   recovery), ``work`` (a unit of work), ``links`` (what a link is asked to send),
   ``stats``;
+* ``binding`` (who may speak for a conversation's far side, pure) and
+  ``service_keys`` (service key pairs and remote service bindings), R-DLG-14;
 * ``deadlines`` (timers and lifetimes), ``router`` (where messages go),
   ``transmission`` (sending, retransmission, acknowledgements), ``local_link``;
 * the engine: ``core`` (state, lookups, commits), ``verbs`` (the application's

@@ -60,6 +60,8 @@ CODE_MESSAGE_TYPE_REFUSED = -8457
 CODE_LIFETIME_EXPIRED = -8489
 CODE_VALIDATION_FAILED = -9615
 CODE_MESSAGE_TOO_LARGE = -9617
+CODE_DIALOG_SECURITY = -28000
+"""The target cannot take a dialog under dialog security (R-DLG-14): brokerd's own code."""
 
 
 def error_body(code: int, description: str) -> bytes:

@@ -17,6 +17,7 @@ from typing import Any
 from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_from_row
 from brokerd.dialogs.ready import Item, Rank, ReadyIndex, rank_of
+from brokerd.dialogs.service_keys import ServiceKeys
 from brokerd.storage import queries
 from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.queries import Rows
@@ -74,6 +75,8 @@ class Database:
         self.name = config.name
         self.store = Store(data_dir / f"{config.name}.sqlite", config.name)
         self.catalog = Catalog.from_config(config)
+        self.service_keys = ServiceKeys()
+        """Key pairs and remote service bindings (R-DLG-14), read by :meth:`open`."""
         self.broker_instance = uuid.UUID(int=0)
         self.endpoints: dict[uuid.UUID, Endpoint] = {}
         self.by_key: dict[tuple[uuid.UUID, bool], Endpoint] = {}
@@ -88,6 +91,7 @@ class Database:
         """The mirroring epoch of the last role change this partner knows of (R-ROUTE-15)."""
 
     async def open(self) -> None:
+        self.service_keys = ServiceKeys.load(self.config)
         self.broker_instance = await self.store.open(self.config.broker_instance)
         for name, status, configured in await self.store.fetchall(queries.READ_QUEUE_STATES):
             info = self.catalog.queues.get(str(name))
@@ -170,6 +174,12 @@ class Database:
         for ep in self.endpoints.values():
             if ep.accepted.through or ep.accepted.beyond or ep.accepted.fragments:
                 ep.mark_ack_needed()
+            if ep.keys is not None and ep.initiator:
+                # R-DLG-14: the target has answered under the dialog key if it sent a
+                # message, or if an (authenticated) acknowledgement removed the first one.
+                ep.key_confirmed = ep.accepted.through > 0 or (
+                    ep.send_sequence > 0 and 1 not in ep.outbox
+                )
         return [ep for ep in waiting.values() if ep.outbox]
 
     async def reload_received(self) -> None:

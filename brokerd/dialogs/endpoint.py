@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.dialogs.states import State, check, state_of
 from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
 from protocol.acks import AckState
+from protocol.dialog_security import DialogKeys
 
 if TYPE_CHECKING:
     from brokerd.routing.rules import Decision
@@ -77,6 +78,17 @@ class Endpoint:
     state: State
     lifetime: int
     created_at: float
+    far_peer: str = ""
+    """Who may speak for the far side (``brokerd.dialogs.binding``, R-DLG-14): ``peer:NAME``,
+    ``forwarded`` or ``local``; empty until the far side first answers."""
+    keys: DialogKeys | None = None
+    """Dialog security (R-DLG-14): the dialog key, persisted with the endpoint; None =
+    the dialog is not secured."""
+    key_confirmed: bool = False
+    """The far side has answered under the dialog key: the initiator stops sending the key
+    exchange (in memory; after a restart it is sent again until the next answer)."""
+    key_exchange: bytes = b""
+    """The initiator's key exchange, made once per process when first sent."""
     send_sequence: int = 0
     ended_local: bool = False
     ended_remote: bool = False
@@ -211,6 +223,8 @@ def endpoint_snapshot(ep: Endpoint) -> Statement:
             ep.accepted.through,
             int(ep.ended_local),
             _remote_bits(ep),
+            ep.far_peer or None,
+            ep.keys.key if ep.keys is not None else None,
         ),
     )
 
@@ -236,6 +250,8 @@ def endpoint_from_row(row: Any, database: str) -> Endpoint:
         state=State(row["state"]),
         lifetime=int(row["lifetime"]),
         created_at=float(row["created_at"]),
+        far_peer=row["far_peer"] or "",
+        keys=DialogKeys(bytes(row["dialog_key"])) if row["dialog_key"] else None,
         send_sequence=int(row["send_sequence"]),
         ended_local=bool(row["ended_local"]),
         ended_remote=bool(ended_remote & 1),

@@ -90,6 +90,7 @@ class DialogEngine(ApplicationVerbs, Receiving):
             clock,
             config.limits,
             self._read_bodies,
+            lambda database: self.databases[database].service_keys,
         )
 
     async def _read_bodies(

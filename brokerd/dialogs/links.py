@@ -46,6 +46,11 @@ class Link(Protocol):
     def name(self) -> str: ...
 
     @property
+    def identity(self) -> str:
+        """Who sends what arrives on this link, as authenticated (``brokerd.dialogs.binding``)."""
+        ...
+
+    @property
     def is_open(self) -> bool: ...
 
     @property

@@ -14,6 +14,7 @@ import asyncio
 import uuid
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from brokerd.dialogs.binding import LOCAL
 from brokerd.dialogs.links import Link, SendAcks, SendHeader
 from protocol.dialog import DialogHeader
 from protocol.events import PrincipalAnswer, PrincipalQuery
@@ -55,6 +56,7 @@ class LocalLink:
     """Delivery between databases of this instance."""
 
     name = "local"
+    identity = LOCAL
     is_open = True
     status = "delivered inside this instance"
 

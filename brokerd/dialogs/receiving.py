@@ -9,6 +9,12 @@ fragments, and acknowledged only after the commit that made it durable
 before that fragment is stored or acknowledged. An acknowledgement removes what
 it confirms from the transmission queue. A refused message is answered with an
 unsequenced broker Error.
+
+Before any of that, R-DLG-14: what arrives for an existing endpoint must come from
+the far side it is bound to (``binding``), and a secured dialog's frames must
+open under its dialog key (``protocol.dialog_security``); the target of a secured
+dialog takes the key from the first message's key exchange. What fails is
+dropped, counted and never acknowledged or applied.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from brokerd.dialogs import binding
 from brokerd.dialogs.core import (
     CODE_CONTRACT_NOT_SUPPORTED,
+    CODE_DIALOG_SECURITY,
     CODE_MESSAGE_TOO_LARGE,
     CODE_MESSAGE_TYPE_REFUSED,
     CODE_SERVICE_NOT_FOUND,
@@ -48,6 +56,7 @@ from protocol.dialog import (
     Acknowledgement,
     DialogHeader,
 )
+from protocol.dialog_security import DialogKeys, DialogSecurityError, open_key_exchange
 
 ARRIVAL_WEIGHT = 2048
 """What a fragment's arrival weighs in the inbound backlog besides its bytes: its rows,
@@ -66,7 +75,13 @@ class Receiving(EngineCore):
             self.stats.acks_received += 1
             ep = self._endpoint_for(h)
             if ep is not None:
-                self._apply_ack(ep, h.ack, h.from_broker_instance, writes)
+                if self._refused(link, ep, h, "acknowledgement"):
+                    continue
+                if (ep.keys is not None or h.security is not None) and (
+                    self._opened(ep, h, b"", "acknowledgement") is None
+                ):
+                    continue
+                self._apply_ack(ep, h.ack, h.from_broker_instance, link.identity, h, writes)
             elif link is not self.local_link:
                 elsewhere.append(h)
         for name, statements in writes.items():
@@ -85,18 +100,61 @@ class Receiving(EngineCore):
                 return ep
         return None
 
+    def _refused(self, link: Link, ep: Endpoint, header: DialogHeader, what: str) -> bool:
+        """R-DLG-14: drop (never acknowledge or apply) what does not come from the far side
+        ``ep`` is bound to."""
+        reason = binding.refusal(ep, header, link.identity)
+        if reason is None:
+            return False
+        self.stats.binding_refusals += 1
+        self.drop(header, f"{what} refused: {reason}")
+        return True
+
+    def _opened(self, ep: Endpoint, header: DialogHeader, body: bytes, what: str) -> bytes | None:
+        """Dialog security (R-DLG-14): the plaintext of what arrived for ``ep``, or None if
+        it is refused (dropped, counted, never acknowledged or applied)."""
+        keys = ep.keys
+        reason = None
+        if keys is None:
+            if header.security is None:
+                return body
+            reason = "a secured frame for a dialog that is not secured"
+        elif header.security is None:
+            if (
+                header.flags & FLAG_ERROR
+                and not header.sequenced
+                and ep.initiator
+                and not ep.key_confirmed
+            ):
+                return body  # the target could not take the secured dialog: its broker error
+            reason = "the dialog is secured, but this frame is not"
+        else:
+            try:
+                plain = keys.open(header, body)
+            except DialogSecurityError as exc:
+                reason = str(exc)
+            else:
+                if ep.initiator:
+                    ep.key_confirmed = True
+                return plain
+        self.stats.dialog_security_refusals += 1
+        self.drop(header, f"{what} refused by dialog security: {reason} (R-DLG-14)")
+        return None
+
     def _apply_ack(
         self,
         ep: Endpoint,
         ack: Acknowledgement,
         far_instance: uuid.UUID,
+        identity: str,
+        header: DialogHeader,
         writes: dict[str, list[Statement]] | None = None,
     ) -> None:
         """Release what ``ack`` acknowledges; its rows leave the transmission queue in a
         job of their own, or, given ``writes``, in the caller's job for the database."""
         db = self.databases[ep.database]
         statements: list[Statement] = []
-        changed = False
+        changed = binding.bind(ep, header, identity)
         if ep.far_broker_instance is None:
             ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
             self.router.rebind(ep)
@@ -187,17 +245,28 @@ class Receiving(EngineCore):
         if ep is None:
             if not header.initiator or not header.sequenced:
                 return self.drop(header, "no conversation endpoint for this message")
-            ep = self._new_target_endpoint(db, link, header, body)
-            if ep is None:
+            created = self._new_target_endpoint(db, link, header, body)
+            if created is None:
                 return
+            ep, body = created
             checked = True
         else:
+            what = "error" if header.flags & FLAG_ERROR else "message"
+            if self._refused(link, ep, header, what):
+                return
+            if ep.keys is not None or header.security is not None:
+                opened = self._opened(ep, header, body, what)
+                if opened is None:
+                    return
+                body = opened
             checked = False
         ep.last_link = link
         if ep.far_broker_instance is None:
             ep.far_broker_instance = header.from_broker_instance
         if header.ack.through or header.ack.ranges or header.ack.fragments:
-            self._apply_ack(ep, header.ack, header.from_broker_instance)
+            self._apply_ack(ep, header.ack, header.from_broker_instance, link.identity, header)
+        elif not ep.far_peer:
+            binding.bind(ep, header, link.identity)
         if not header.sequenced:
             if header.flags & FLAG_ERROR:
                 self._on_broker_error(db, ep, header, body)
@@ -221,7 +290,7 @@ class Receiving(EngineCore):
         refusal = None if checked else self._refusal(db, ep.contract, header, body)
         if refusal is not None:
             code, text = refusal
-            self._send_broker_error(link, db, header, code, text)
+            self._send_broker_error(link, db, header, code, text, ep)
             return
         if header.fragment_count == 1:
             self._accept_message(db, ep, header, body)
@@ -281,7 +350,7 @@ class Receiving(EngineCore):
             if ep.state is State.CLOSED or ep.broker_error:
                 self.drop(header, f"conversation is {ep.state.value}")
             elif problem[0] is not None:
-                self._send_broker_error(link, db, header, CODE_VALIDATION_FAILED, problem[0])
+                self._send_broker_error(link, db, header, CODE_VALIDATION_FAILED, problem[0], ep)
             elif not ep.accepted.has_fragment(seq, header.fragment_index):
                 self._accept_fragment(db, ep, header, body)
 
@@ -291,8 +360,9 @@ class Receiving(EngineCore):
 
     def _new_target_endpoint(
         self, db: Database, link: Link, header: DialogHeader, body: bytes
-    ) -> Endpoint | None:
-        """The target's endpoint, created by the first message if the target accepts it."""
+    ) -> tuple[Endpoint, bytes] | None:
+        """The target's endpoint, created by the first message if the target accepts it,
+        and the message's plaintext (R-DLG-14: a secured dialog's key comes with it)."""
         service = db.catalog.services.get(header.to_service)
         if service is None:
             self._send_broker_error(
@@ -312,6 +382,10 @@ class Receiving(EngineCore):
                 f"service {header.to_service!r} does not accept contract {header.contract!r}",
             )
             return None
+        keys, plain = self._dialog_key(db, link, header, body)
+        if plain is None:
+            return None
+        body = plain
         refusal = self._refusal(db, header.contract, header, body)
         if refusal is not None:
             self._send_broker_error(link, db, header, *refusal)
@@ -325,17 +399,68 @@ class Receiving(EngineCore):
             service=header.to_service,
             far_service=header.from_service,
             far_broker_instance=header.from_broker_instance,
+            far_peer=binding.arrival_binding(header, link.identity),
             contract=header.contract,
             state=State.STARTED_INBOUND,
             # R-DLG-9: the header carries what is left of the lifetime, counted from BEGIN
             # DIALOG, so this side's deadline is the initiator's.
             lifetime=header.lifetime,
             created_at=self.clock(),
+            keys=keys,
         )
         db.add_endpoint(ep)
         self._watch(ep)
         self._trace_begun(ep, link.name)
-        return ep
+        return ep, body
+
+    def _dialog_key(
+        self, db: Database, link: Link, header: DialogHeader, body: bytes
+    ) -> tuple[DialogKeys | None, bytes | None]:
+        """R-DLG-14 at the target: the dialog's keys (None: not secured) and the first
+        message's plaintext (None: refused). A dialog the target cannot secure is answered
+        with a broker error; a key exchange or message that fails its check is dropped
+        (the initiator sends it again)."""
+        sk = db.service_keys
+        sec = header.security
+        if sec is None:
+            if header.to_service in sk.required:
+                self._send_broker_error(
+                    link,
+                    db,
+                    header,
+                    CODE_DIALOG_SECURITY,
+                    f"service {header.to_service!r} requires dialog security; the dialog is "
+                    "not secured",
+                )
+                return None, None
+            return None, body
+        problem = sk.plan(header.to_service, header.from_service)
+        if problem is not None:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_DIALOG_SECURITY,
+                f"the dialog is secured, but the target cannot take it: {problem}",
+            )
+            return None, None
+        try:
+            if not sec.key_exchange:
+                raise DialogSecurityError("the first message carries no key exchange")
+            key = open_key_exchange(
+                sec.key_exchange,
+                header.conversation_id,
+                header.from_service,
+                header.to_service,
+                sk.own[header.to_service],
+                sk.bound[header.from_service],
+            )
+            keys = DialogKeys(key)
+            return keys, keys.open(header, body)
+        except DialogSecurityError as exc:
+            self.stats.dialog_security_refusals += 1
+            self.drop(header, f"message refused by dialog security: {exc} (R-DLG-14)")
+            return None, None
 
     def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> bool:
         """Apply the ends among ``released``; True if the last of them is the other side's
@@ -590,7 +715,13 @@ class Receiving(EngineCore):
         self.loop.create_task(reload())
 
     def _send_broker_error(
-        self, link: Link, db: Database | None, header: DialogHeader, code: int, text: str
+        self,
+        link: Link,
+        db: Database | None,
+        header: DialogHeader,
+        code: int,
+        text: str,
+        ep: Endpoint | None = None,
     ) -> None:
         """An unsequenced Error in answer to a refused message (R-DLG-2); nothing is stored."""
         self.stats.broker_errors_sent += 1
@@ -612,6 +743,8 @@ class Receiving(EngineCore):
             0,
             len(body),
         )
+        if ep is not None and ep.keys is not None:
+            reply, body = self.transmission.seal(ep, reply, body)
         link.queue_header(reply, body)
 
     def _on_broker_error(

@@ -19,4 +19,10 @@ class EngineStats:
     corrupted_messages: int = 0
     dropped: int = 0
     broker_errors_sent: int = 0
+    binding_refusals: int = 0
+    """Messages, acknowledgements and errors refused because they did not come from the
+    broker the conversation is bound to (R-DLG-14)."""
+    dialog_security_refusals: int = 0
+    """Frames of secured dialogs refused: altered, not sealed with the dialog key, or not
+    secured at all (R-DLG-14)."""
     drop_reasons: list[str] = field(default_factory=list)

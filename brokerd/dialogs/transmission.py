@@ -45,10 +45,12 @@ from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.rtt import RttEstimator
+from brokerd.dialogs.service_keys import ServiceKeys
 from brokerd.dialogs.stats import EngineStats
 from brokerd.dialogs.window import SendWindow
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import FLAG_INITIATOR, Acknowledgement, DialogHeader
+from protocol.dialog_security import make_key_exchange
 
 
 class Transmission:
@@ -65,8 +67,11 @@ class Transmission:
         clock: Callable[[], float],
         limits: LimitsConfig,
         read_bodies: ReadBodies,
+        service_keys: Callable[[str], ServiceKeys] | None = None,
     ) -> None:
         self.router = router
+        self.service_keys = service_keys or (lambda _database: ServiceKeys())
+        """The key pairs and remote service bindings of a database, by name (R-DLG-14)."""
         self.retry = retry
         self.fragment_size = fragment_size
         self.trace = trace
@@ -141,6 +146,8 @@ class Transmission:
             0,
             self.ack_of(ep),
         )
+        if ep.keys is not None:
+            header, body = self.seal(ep, header, body)
         self.stats.fragments_sent += 1
         now = self.loop.time()
         msg.last_sent_at = now
@@ -149,6 +156,23 @@ class Transmission:
         if index == msg.fragment_count - 1 or _last_unacknowledged(msg) == index:
             self.bodies.written(msg)
         return header, body
+
+    def seal(self, ep: Endpoint, header: DialogHeader, body: bytes) -> tuple[DialogHeader, bytes]:
+        """``header`` and ``body`` under the dialog key (R-DLG-14); the initiator's carry
+        the key exchange until the target has answered under the key."""
+        keys = ep.keys
+        assert keys is not None
+        exchange = b""
+        if ep.initiator and not ep.key_confirmed and header.sequenced:
+            if not ep.key_exchange:
+                sk = self.service_keys(ep.database)
+                own, far = sk.own.get(ep.service), sk.bound.get(ep.far_service)
+                if own is not None and far is not None:
+                    ep.key_exchange = make_key_exchange(
+                        ep.conversation_id, ep.service, ep.far_service, keys.key, own, far
+                    )
+            exchange = ep.key_exchange
+        return keys.seal(header, body, exchange)
 
     def ack_of(self, ep: Endpoint) -> Acknowledgement:
         """What ``ep`` has durably received, now sent to the other side."""
@@ -423,6 +447,8 @@ class Transmission:
                 flags=FLAG_INITIATOR if ep.initiator else 0,
                 ack=self.ack_of(ep),
             )
+            if ep.keys is not None:
+                header = self.seal(ep, header, b"")[0]
             per_link.setdefault(id(link), (link, []))[1].append(header)
             self.trace.emit(
                 "ack_sent",

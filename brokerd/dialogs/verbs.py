@@ -28,11 +28,13 @@ from brokerd.dialogs.core import (
 )
 from brokerd.dialogs.database import Database, Lease
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_deletion, endpoint_snapshot
+from brokerd.dialogs.service_keys import new_dialog_key
 from brokerd.dialogs.states import DELIVERING, State
 from brokerd.dialogs.work import Work
 from brokerd.errors import (
     ContractViolation,
     ConversationEnded,
+    DialogSecurityUnavailable,
     InvalidErrorCode,
     InvalidRequest,
     LockConflict,
@@ -54,6 +56,7 @@ from protocol.dialog import (
     FLAG_INITIATOR,
     FLAG_SEQUENCED,
 )
+from protocol.dialog_security import DialogKeys
 from protocol.fragments import fragment_count
 
 log = logging.getLogger("brokerd.dialogs.verbs")
@@ -85,6 +88,16 @@ class ApplicationVerbs(EngineCore):
             raise ContractViolation(f"contract {contract!r} does not exist in database {db.name!r}")
         if not to_service:
             raise InvalidRequest("the target service name must not be empty")
+        keys = None
+        service_keys = db.service_keys
+        if service_keys.secured(from_service, to_service):
+            problem = service_keys.plan(from_service, to_service)
+            if problem is not None:
+                raise DialogSecurityUnavailable(
+                    f"a dialog from {from_service!r} to {to_service!r} must be secured "
+                    f"(R-DLG-14), but {problem}"
+                )
+            keys = DialogKeys(new_dialog_key())
         group = uuid.uuid4()
         if related_conversation is not None:
             group = self.endpoint(related_conversation)[1].group_id
@@ -101,6 +114,7 @@ class ApplicationVerbs(EngineCore):
             state=State.STARTED_OUTBOUND,
             lifetime=max(0, int(lifetime)),
             created_at=self.clock(),
+            keys=keys,
         )
         return db, ep
 

@@ -46,6 +46,8 @@ def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]
             "service": ep.service,
             "far_service": ep.far_service,
             "far_broker_instance": str(ep.far_broker_instance or ""),
+            "bound_to": ep.far_peer,
+            "secured": ep.keys is not None,
             "contract": ep.contract,
             "state": ep.state.value,
             "lifetime": _iso(ep.lifetime_ends),

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from brokerd.config import EndpointConfig, parse_tcp_address
+from brokerd.dialogs.binding import peer_identity
 from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
 from brokerd.server.outbox import Outbox
@@ -89,6 +90,11 @@ class BrokerProtocol(asyncio.Protocol):
     def name(self) -> str:
         who = self.conn.peer_instance or "?"
         return f"{who}@{self.peer_address}"
+
+    @property
+    def identity(self) -> str:
+        """Who the handshake authenticated (``peer:`` + certificate name, R-DLG-14)."""
+        return peer_identity(self.conn.peer_instance)
 
     @property
     def is_open(self) -> bool:
@@ -422,6 +428,11 @@ class PeerLink:
         self._task: asyncio.Task[None] | None = None
         self._dial_now: asyncio.Event | None = None
         """Set when the peer has shown it is back: the wait before the next attempt ends."""
+
+    @property
+    def identity(self) -> str:
+        """The identity of the open connection's peer (R-DLG-14)."""
+        return self.protocol.identity if self.protocol is not None else peer_identity(None)
 
     @property
     def is_open(self) -> bool:

@@ -123,6 +123,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         "with ALTER QUEUE survives a restart unless the configuration changes it",
         "ALTER TABLE queues ADD COLUMN configured_status INTEGER",
     ),
+    Migration(
+        4,
+        "endpoints remember who may speak for the far side of their conversation: the "
+        "authenticated adjacent broker, 'forwarded' or 'local' (R-DLG-14)",
+        "ALTER TABLE conversation_endpoints ADD COLUMN far_peer TEXT",
+    ),
+    Migration(
+        5,
+        "secured dialogs keep their dialog key with the endpoint, so dialog security "
+        "survives a restart (R-DLG-14)",
+        "ALTER TABLE conversation_endpoints ADD COLUMN dialog_key BLOB",
+    ),
 )
 """The schema, step by step; a step is never edited once released, only followed by another."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -144,7 +156,7 @@ def meta(key: str, value: str) -> Statement:
 # -- endpoints --------------------------------------------------------------------------
 
 ENDPOINT_SNAPSHOT = (
-    "INSERT OR REPLACE INTO conversation_endpoints VALUES (" + ", ".join("?" * 15) + ")"
+    "INSERT OR REPLACE INTO conversation_endpoints VALUES (" + ", ".join("?" * 17) + ")"
 )
 """A whole endpoint row. The committer writes only the last snapshot of each endpoint
 in a batch, as an update of the columns that change (:func:`endpoint_updates`) or,
@@ -165,6 +177,8 @@ _ENDPOINT_COLUMNS = (
     "receive_sequence",
     "ended_local",
     "ended_remote",
+    "far_peer",
+    "dialog_key",
 )
 _ENDPOINT_CHANGING = (
     "conversation_group_id",
@@ -174,9 +188,10 @@ _ENDPOINT_CHANGING = (
     "receive_sequence",
     "ended_local",
     "ended_remote",
+    "far_peer",
 )
 """The columns a snapshot can change; none is indexed, so an update touches no index."""
-ENDPOINT_ADD = "INSERT OR IGNORE INTO conversation_endpoints VALUES (" + ", ".join("?" * 15) + ")"
+ENDPOINT_ADD = "INSERT OR IGNORE INTO conversation_endpoints VALUES (" + ", ".join("?" * 17) + ")"
 
 
 def endpoint_updates(count: int) -> str:

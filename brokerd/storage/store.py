@@ -606,7 +606,7 @@ def _flush(
 
 
 ROWS_PER_STATEMENT = 128
-"""Rows of one multi-row INSERT (at most 15 columns: far below SQLite's 32,766 variables)."""
+"""Rows of one multi-row INSERT (at most 17 columns: far below SQLite's 32,766 variables)."""
 
 
 @lru_cache(maxsize=2048)

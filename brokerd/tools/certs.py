@@ -7,6 +7,9 @@ certificate another CA issued (docs/design.md, security defaults).
 Files written (PEM):
   ``ca.pem`` / ``ca.key``                 the deployment CA
   ``<instance>.pem`` / ``<instance>.key`` one instance (key file mode 0600)
+  ``<stem>.pem`` / ``<stem>.key``         one service, for dialog security (R-DLG-14);
+                                          the stem is the service name made a file name
+                                          (:func:`service_stem`)
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +143,50 @@ def issue_instance(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
             ),
             critical=False,
+        )
+        .sign(ca_key, _hash_for(ca_key))
+    )
+    return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def service_stem(service_name: str) -> str:
+    """A file name stem for a service name: ``//shop/Client`` -> ``service-shop-Client``."""
+    parts = re.split(r"[^A-Za-z0-9_.-]+", service_name)
+    return "service-" + "-".join(p for p in parts if p).strip(".")
+
+
+def issue_service(
+    ca: Issued, service_name: str, days: int = 825, now: dt.datetime | None = None
+) -> Issued:
+    """A service certificate for dialog security (R-DLG-14): subject CN = the service name,
+    an EC P-256 key (it signs the dialog key exchange and receives wrapped dialog keys)."""
+    if not service_name or len(service_name.encode("utf-8")) > 256:
+        raise ValueError("service name must be 1..256 bytes of UTF-8")
+    now = now or dt.datetime.now(dt.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert, ca_key = ca.certificate, ca.private_key
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, service_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=True,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
         )
         .sign(ca_key, _hash_for(ca_key))
     )

@@ -1,7 +1,10 @@
 """A fault-injecting TCP proxy between two brokers (there is no kernel netem here).
 
 This module owns :class:`FaultProxy`, :class:`FaultPlan` and :class:`ProxyStats`,
-and the little command line ``python -m brokerd.tools.faultproxy``. The proxy sits
+:class:`TerminatingRelay` (a relay that ends both connections with its own
+certificate, as a forwarder, and alters dialog bodies, acknowledgements and errors
+per :class:`RelayPlan`: a compromised forwarder, R-DLG-14), and the little
+command line ``python -m brokerd.tools.faultproxy``. The proxy sits
 between an initiating broker (the client, "up" direction: client to server) and
 an accepting broker (the server, "down" direction) and does, per :class:`FaultPlan`:
 
@@ -36,10 +39,15 @@ import struct
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import TracebackType
 
-from protocol.errors import RemoteProtocolError
+from protocol import dialog, events
+from protocol.connection import BrokerConnection, ConnectionSettings, Role
+from protocol.connection import State as ConnectionState
+from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.frames import HEADER_SIZE, FrameType, decode_header
+from protocol.security import Identity
 
 MAX_FRAME_SIZE = 64 * 1024 * 1024
 """Largest frame body the proxy parses; a bigger announced length counts as unparseable."""
@@ -398,6 +406,193 @@ class FaultProxy:
             self.stats.bytes_up += len(data)
         else:
             self.stats.bytes_down += len(data)
+
+
+@dataclass
+class RelayPlan:
+    """What a :class:`TerminatingRelay` alters in the dialog layer (ordinals 1-based over the
+    relay's lifetime, like :class:`FaultPlan`'s). Read for every frame."""
+
+    alter_fragments: set[int] = field(default_factory=set)
+    """FRAGMENT frames (client to server) whose dialog body gets its middle byte flipped;
+    one with an empty body gets its piggybacked acknowledgement raised instead."""
+    alter_errors: set[int] = field(default_factory=set)
+    """FRAGMENT frames carrying an Error (client to server, counted among those only) whose
+    body gets its middle byte flipped."""
+    alter_acks: set[int] = field(default_factory=set)
+    """ACK frames (server to client) whose every acknowledgement is raised by 1,000: a
+    forged acknowledgement that would delete unsent messages at the sender."""
+
+
+@dataclass
+class RelayStats:
+    connections: int = 0
+    fragments_relayed: int = 0
+    acks_relayed: int = 0
+    altered: int = 0
+
+
+class TerminatingRelay:
+    """A relay that ends both connections, as a forwarder does (R-ROUTE-7), and can alter
+    what it relays (:class:`RelayPlan`): a compromised forwarder.
+
+    Unlike :class:`FaultProxy`, which sees only frames protected by the two brokers'
+    session keys, it completes the adjacent-broker handshake on each side with its own
+    certificate from the deployment ``identity``, so it reads and rewrites dialog
+    headers and bodies in clear, increments their hop count like a forwarder, and
+    re-seals them for the next hop. What it alters is caught only end to end, by
+    dialog security (R-DLG-14).
+    """
+
+    def __init__(
+        self,
+        listen_host: str,
+        listen_port: int,
+        target_host: str,
+        target_port: int,
+        identity: Identity,
+        plan: RelayPlan | None = None,
+    ) -> None:
+        self.listen_host = listen_host
+        self.listen_port = listen_port
+        self.target_host = target_host
+        self.target_port = target_port
+        self.identity = identity
+        self.plan = plan if plan is not None else RelayPlan()
+        self.stats = RelayStats()
+        self.events: list[str] = []
+        self.bodies: list[bytes] = []
+        """Every dialog body the relay saw in the clear (what a forwarder could read)."""
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._fragments = 0
+        self._errors = 0
+        self._acks = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.listen_host, self.listen_port)
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for writer in list(self._writers):
+            _reset(writer)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(writer)
+        self.stats.connections += 1
+        server_writer: asyncio.StreamWriter | None = None
+        try:
+            settings = ConnectionSettings(self.identity)
+            now = datetime.now(UTC)
+            client = BrokerConnection(Role.ACCEPTOR, settings, now)
+            server = BrokerConnection(Role.INITIATOR, settings, now)
+            server_reader, server_writer = await asyncio.open_connection(
+                self.target_host, self.target_port
+            )
+            self._writers.add(server_writer)
+            server_writer.write(server.start())
+            await asyncio.gather(
+                self._pump(reader, client, writer, server, server_writer, up=True),
+                self._pump(server_reader, server, server_writer, client, writer, up=False),
+            )
+        except (OSError, RemoteProtocolError, LocalProtocolError) as exc:
+            self.events.append(f"relay connection ended: {exc!r}")
+        except asyncio.CancelledError:
+            pass
+        finally:
+            for w in (writer, server_writer):
+                if w is not None:
+                    self._writers.discard(w)
+                    w.close()
+            self._tasks.discard(task)
+
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        source: BrokerConnection,
+        source_writer: asyncio.StreamWriter,
+        sink: BrokerConnection,
+        sink_writer: asyncio.StreamWriter,
+        *,
+        up: bool,
+    ) -> None:
+        while True:
+            data = await reader.read(READ_SIZE)
+            if not data:
+                sink_writer.close()
+                return
+            received = source.receive_data(data)
+            reply = source.data_to_send()
+            if reply:
+                source_writer.write(reply)
+            for ev in received:
+                out = self._relayed(ev, up)
+                if out is None:
+                    continue
+                while sink.state is not ConnectionState.OPEN:  # the other side's handshake
+                    if sink.closed:
+                        return
+                    await asyncio.sleep(0.01)
+                sink_writer.write(sink.send(out))
+            await sink_writer.drain()
+
+    def _relayed(
+        self, ev: events.Event, up: bool
+    ) -> events.Fragment | events.Ack | events.Keepalive | None:
+        if isinstance(ev, events.Fragment):
+            header, body = dialog.decode_fragment(ev.payload)
+            self.stats.fragments_relayed += 1
+            self.bodies.append(body)
+            header, body = self._alter_fragment(header, body) if up else (header, body)
+            header = header._replace(hop_count=header.hop_count + 1)
+            return events.Fragment(dialog.encode_fragment(header, body))
+        if isinstance(ev, events.Ack):
+            headers = dialog.decode_acks(ev.payload)
+            self.stats.acks_relayed += 1
+            if not up:
+                self._acks += 1
+                if self._acks in self.plan.alter_acks:
+                    self.stats.altered += 1
+                    self.events.append(f"altered ACK frame {self._acks}")
+                    headers = [_raised(h) for h in headers]
+            bumped = [h._replace(hop_count=h.hop_count + 1) for h in headers]
+            return events.Ack(dialog.encode_acks(bumped))
+        if isinstance(ev, events.Keepalive):
+            return ev
+        return None
+
+    def _alter_fragment(
+        self, header: dialog.DialogHeader, body: bytes
+    ) -> tuple[dialog.DialogHeader, bytes]:
+        self._fragments += 1
+        alter = self._fragments in self.plan.alter_fragments
+        if header.flags & dialog.FLAG_ERROR:
+            self._errors += 1
+            alter = alter or self._errors in self.plan.alter_errors
+        if not alter:
+            return header, body
+        self.stats.altered += 1
+        self.events.append(f"altered FRAGMENT frame {self._fragments}")
+        if not body:
+            return _raised(header), body
+        middle = len(body) // 2
+        return header, body[:middle] + bytes([body[middle] ^ 0xFF]) + body[middle + 1 :]
+
+
+def _raised(h: dialog.DialogHeader) -> dialog.DialogHeader:
+    """``h`` acknowledging 1,000 messages more than it does."""
+    return h._replace(ack=dialog.Acknowledgement(h.ack.through + 1000))
 
 
 def _close(conn: _Connection) -> None:

@@ -96,6 +96,15 @@ class Deployment:
                 certs.write_pair(self.cert_dir, "ca", self._ca)
         return self._ca
 
+    def issue_service(self, service: str) -> tuple[Path, Path]:
+        """A service certificate and key for dialog security (R-DLG-14), issued once by the
+        deployment CA; their paths (certificate, private key)."""
+        ca = self._ensure_ca()
+        stem = certs.service_stem(service)
+        if not (self.cert_dir / f"{stem}.pem").exists():
+            certs.write_pair(self.cert_dir, stem, certs.issue_service(ca, service))
+        return self.cert_dir / f"{stem}.pem", self.cert_dir / f"{stem}.key"
+
     def add(
         self,
         name: str,

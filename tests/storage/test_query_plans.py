@@ -58,7 +58,25 @@ def _run(conn: sqlite3.Connection, statements: list[queries.Statement]) -> None:
 
 
 def _snapshot_update(conn: sqlite3.Connection) -> None:
-    row = (H1, str(uuid.uuid4()), 1, G, "//s", "//f", None, "//c", "CO", 0, 1.0, 5, 3, 0, 0)
+    row = (
+        H1,
+        str(uuid.uuid4()),
+        1,
+        G,
+        "//s",
+        "//f",
+        None,
+        "//c",
+        "CO",
+        0,
+        1.0,
+        5,
+        3,
+        0,
+        0,
+        None,
+        None,
+    )
     conn.execute(queries.ENDPOINT_ADD, row)
     conn.execute(queries.endpoint_updates(2), (*row, H2, *row[1:]))
 

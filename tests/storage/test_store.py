@@ -145,9 +145,11 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
     with sqlite3.connect(path) as conn:
         indexes = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")]
         columns = [r[1] for r in conn.execute("PRAGMA table_info(queues)")]
+        endpoint_columns = [r[1] for r in conn.execute("PRAGMA table_info(conversation_endpoints)")]
     assert "queue_messages_ready" not in indexes
     assert "configured_status" in columns
-    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "3"
+    assert {"far_peer", "dialog_key"} <= set(endpoint_columns)
+    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "5"
 
 
 async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:

@@ -1,0 +1,68 @@
+"""A hostile broker for tests: a valid deployment-CA certificate, the sans-I/O protocol
+codecs, and a real TCP connection to a daemon's port 4022.
+
+It completes the adjacent-broker handshake like any broker, then sends whatever dialog
+frames the test builds (forged messages, acknowledgements, errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from brokerd.tools import certs
+from protocol import dialog, events
+from protocol.connection import BrokerConnection, ConnectionSettings, Role
+from protocol.dialog import DialogHeader
+
+
+class HostileBroker:
+    """An authenticated adjacent-broker connection that sends what it is told to."""
+
+    def __init__(self, cert_dir: Path, name: str = "mallory") -> None:
+        ca = certs.read_pair(cert_dir, "ca")
+        issued = certs.issue_instance(ca, name, alt_names=["127.0.0.9"])
+        self.name = name
+        self.conn = BrokerConnection(
+            Role.INITIATOR, ConnectionSettings(certs.identity_for(issued, ca)), datetime.now(UTC)
+        )
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.received: list[events.Event] = []
+
+    async def connect(self, host: str, port: int = 4022, timeout: float = 10.0) -> None:
+        self.reader, self.writer = await asyncio.open_connection(host, port)
+        self.writer.write(self.conn.start())
+        deadline = time.monotonic() + timeout
+        while not any(isinstance(e, events.HandshakeComplete) for e in self.received):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("the hostile broker's handshake did not complete")
+            data = await asyncio.wait_for(self.reader.read(65536), left)
+            if not data:
+                raise AssertionError(f"connection closed during the handshake: {self.received}")
+            self.received += self.conn.receive_data(data)
+            out = self.conn.data_to_send()
+            if out:
+                self.writer.write(out)
+        await self.writer.drain()
+
+    async def send_fragment(self, header: DialogHeader, body: bytes) -> None:
+        assert self.writer is not None
+        payload = dialog.encode_fragment(header, body)
+        self.writer.write(self.conn.send(events.Fragment(payload)))
+        await self.writer.drain()
+
+    async def send_acks(self, headers: list[DialogHeader]) -> None:
+        assert self.writer is not None
+        self.writer.write(self.conn.send(events.Ack(dialog.encode_acks(headers))))
+        await self.writer.drain()
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(OSError):
+                await self.writer.wait_closed()
