@@ -25,7 +25,10 @@ What the adjacent check cannot do, and does not try to:
   relays for such a dialog;
 * a ``peer:NAME`` binding refuses the far side's frames once they come through a
   forwarder (a route changed, or the two directions take different paths): such
-  a dialog must be secured.
+  a dialog must be secured;
+* a far side reached over a mirrored route (R-ROUTE-10) answers from whichever
+  partner is principal, and after a failover from the other one: for such an
+  endpoint only the far broker instance is checked, as for a ``forwarded`` one.
 
 Dialog security (``dialog_security``, :mod:`protocol.dialog_security`) closes
 both: a secured dialog authenticates every frame end to end with its dialog key,
@@ -72,6 +75,9 @@ def refusal(ep: Endpoint, header: DialogHeader, identity: str) -> str | None:
     bound = ep.far_peer
     if not bound or bound == FORWARDED or ep.keys is not None:
         return None
+    route = ep.route
+    if route is not None and route.mirror_address is not None:
+        return None  # either partner of a mirrored pair speaks for its instance (R-ROUTE-10)
     if header.hop_count != 0:
         return (
             f"relayed (hop count {header.hop_count}) by {identity}, but the conversation is "
