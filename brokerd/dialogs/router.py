@@ -218,6 +218,7 @@ class Router:
             routing.LocalDatabase(db.name, db.broker_instance, frozenset(db.catalog.services))
             for db in self.engine.databases.values()
         ]
+        self.forget_decisions()
 
     # -- decisions ---------------------------------------------------------------------
 
