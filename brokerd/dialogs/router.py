@@ -73,6 +73,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerd.dialogs.router")
 
 INBOUND_CACHE_LIMIT = 100_000
+DECISION_CACHE_LIMIT = 10_000
+"""Shared decisions kept (one per database, service and broker instance; cleared past it)."""
 _ROLE_NAMES: dict[MirrorRole, Role] = {
     MirrorRole.PRINCIPAL: "principal",
     MirrorRole.MIRROR: "mirror",
@@ -93,6 +95,8 @@ class RouterStats:
     principal_queries_sent: int = 0
     principal_queries_answered: int = 0
     route_changes: int = 0
+    route_decisions: int = 0
+    """Decisions made in full (the others were shared, see :meth:`Router.decide`)."""
 
 
 @dataclass
@@ -215,6 +219,10 @@ class Router:
         self.stats = RouterStats()
         self._inbound: dict[tuple[Any, ...], routing.Decision] = {}
         self._inbound_expires = math.inf
+        self._decisions: dict[tuple[str, bool, str, uuid.UUID | None], routing.Decision] = {}
+        """Decisions that do not depend on the conversation, by (table, from outside,
+        service, broker instance): see :meth:`decide`."""
+        self._decisions_expire = math.inf
         self._query_ids = itertools.count(1)
         self._persisting: set[asyncio.Task[None]] = set()
         self.mirroring: MirrorHooks | None = None
@@ -225,6 +233,7 @@ class Router:
             routing.LocalDatabase(db.name, db.broker_instance, frozenset(db.catalog.services))
             for db in self.engine.databases.values()
         ]
+        self.forget_decisions()
 
     # -- decisions ---------------------------------------------------------------------
 
@@ -236,9 +245,28 @@ class Router:
         conversation_id: uuid.UUID,
         from_outside: bool = False,
     ) -> routing.Decision:
+        """Route one conversation (R-ROUTE-1, R-ROUTE-4, R-ROUTE-5).
+
+        A decision made without a choice among equal routes or broker instances
+        (``choices == 1``) is the same for every conversation to ``service`` and
+        ``broker_instance`` from ``db``: it is kept and reused until a route or the
+        mirroring role changes (:meth:`forget_decisions`) or a route it consulted
+        expires. A decision that asks the dynamic routing service for a route, or made
+        while such a request for ``service`` is pending (R-ROUTE-14), is not kept. With
+        10,000 conversations this spares one full decision per conversation and side.
+        """
         msdb = self.engine.msdb
         table = msdb if from_outside else db
-        return routing.decide(
+        key = (table.name, from_outside, service, broker_instance)
+        now = time.time()
+        if now >= self._decisions_expire or len(self._decisions) > DECISION_CACHE_LIMIT:
+            self.forget_decisions()
+        known = self._decisions.get(key)
+        if known is not None:
+            return known
+        pending = self.pending_services(table.name)
+        self.stats.route_decisions += 1
+        decision = routing.decide(
             table.catalog.routes.values(),
             routing.Conversation(
                 service, conversation_id, broker_instance, None if from_outside else db.name
@@ -248,8 +276,22 @@ class Router:
             msdb_routes=msdb.catalog.routes.values(),
             forwarding=self.forwarding,
             own_addresses=self.own_addresses,
-            pending_route_requests=self.pending_services(table.name),
+            pending_route_requests=pending,
         )
+        if decision.choices == 1 and not decision.request_route and service not in pending:
+            self._decisions[key] = decision
+            if decision.valid_until is not None:
+                self._decisions_expire = min(
+                    self._decisions_expire, decision.valid_until.timestamp()
+                )
+        return decision
+
+    def forget_decisions(self) -> None:
+        """Routes or roles changed: every decision is made again."""
+        self._decisions.clear()
+        self._decisions_expire = math.inf
+        self._inbound.clear()
+        self._inbound_expires = math.inf
 
     def link_for(self, ep: Endpoint) -> Link | None:
         """The link ``ep``'s messages go to now, or None (DELAYED, or no principal yet)."""
@@ -547,14 +589,13 @@ class Router:
         self.stats.route_changes += 1
         engine = self.engine
         affected = list(engine.databases.values()) if db is engine.msdb else [db]
-        if db is engine.msdb:
-            self._inbound.clear()
-            self._inbound_expires = math.inf
+        self.forget_decisions()
         for d in affected:
             self.reroute(d)
 
     def reroute(self, db: Database, service: str | None = None) -> None:
         """Route ``db``'s conversations again (only those for ``service`` if given)."""
+        self.forget_decisions()
         for ep in list(db.endpoints.values()):
             if service is not None and ep.far_service != service:
                 continue
@@ -732,7 +773,7 @@ class Router:
                 db.mirror_epoch,
             )
             db.mirror_role = "mirror"
-            self._inbound.clear()
+            self.forget_decisions()
             if self.mirroring is not None:
                 self.mirroring.demoting(db)
         db.mirror_epoch = epoch
@@ -825,7 +866,7 @@ class Router:
             await self.engine.rebuild(db)
         db.mirror_role = role
         db.mirror_epoch = max(db.mirror_epoch, epoch)
-        self._inbound.clear()
+        self.forget_decisions()
         log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)
         if role == "principal":
             for ep in db.endpoints.values():
