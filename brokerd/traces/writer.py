@@ -120,6 +120,7 @@ class TraceWriter:
         self._segment_count = 0
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
         self.events_written = 0
         self.events_lost = 0
         self.segments_closed = 0
@@ -184,18 +185,23 @@ class TraceWriter:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="trace-writer")
 
     async def stop(self) -> None:
+        # The flush loop is told to stop, not cancelled: a cancelled flush would lose the
+        # lines it had taken from the buffer (while waiting for the lock) or close the
+        # segment under a write still running in its thread.
+        self._stopping.set()
         if self._task is not None:
-            self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
         if self.enabled:
             await self.flush()
-            await asyncio.to_thread(self._close_segment)
+            async with self._lock:
+                await asyncio.to_thread(self._close_segment)
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.flush_interval)
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.config.flush_interval)
             await self.flush()
 
     async def flush(self) -> None:
