@@ -280,3 +280,40 @@ async def test_a_mirror_behind_a_restarted_principal_catches_up_by_a_copy_of_the
     received += await receive_some(p2, 25, timeout=60)
     assert await p2.receive(queue_of(PARTS), timeout=0.5) == []
     assert_exactly_once_in_order(received, {handle: bodies})
+
+
+async def local_epoch(deployment: Deployment, name: str) -> tuple[str, int]:
+    client = await deployment.daemons[name].client()
+    try:
+        rows = await client.view("mirrors")
+    finally:
+        await client.close()
+    (row,) = [r for r in rows if r["kind"] == "local database"]
+    return str(row["role"]), int(row["epoch"])
+
+
+async def test_a_partner_promoted_again_opens_an_epoch_above_its_partners(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-15: the old principal, demoted and caught up from the new principal's units
+    (written at epoch 1), is promoted in its turn: it opens epoch 2. It opened epoch 1
+    again (its own demoted epoch 0, plus one) when no sender had told it of epoch 1, so
+    the other partner, restarted, claimed the principal role at the same epoch and
+    senders could not tell the two apart (found by the soak, brokerd/tools/soak: SENDs
+    committed at that partner were lost, messages received twice)."""
+    a = await start_pair(deployment)
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    await a.send(handle, body=b"before")
+    p2 = await fail_over(deployment)
+    assert await local_epoch(deployment, "p2") == ("principal", 1)
+    await a.send(handle, body=b"at epoch 1")
+    assert len(await receive_some(p2, 2)) == 2  # units written at epoch 1
+    await a.close()
+    deployment.kill("a")  # no sender tells p1 of epoch 1
+    deployment.start("p1")
+    p1 = await deployment.daemons["p1"].client()
+    await p1.set_mirror_role("Parts", "mirror")
+    await wait_caught_up(deployment, "p2", "p1")
+    deployment.kill("p2")
+    await p1.set_mirror_role("Parts", "principal")
+    assert await local_epoch(deployment, "p1") == ("principal", 2)
