@@ -856,6 +856,12 @@ class Router:
                 self.mirroring.demoting(db)
         epoch = db.mirror_epoch
         if promotion:
+            # R-ROUTE-15: above every epoch this partner knows of, also the one its
+            # principal wrote the units it holds at (a demoted partner keeps its own,
+            # older epoch; promoted again, it opened the epoch its partner already had).
+            replica = db.store.replica
+            if replica is not None:
+                epoch = max(epoch, replica.lsn_epoch)
             epoch += 1
         await self.engine.submit_wait(
             db,

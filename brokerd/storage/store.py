@@ -435,7 +435,7 @@ class Store:
         def run(conn: sqlite3.Connection) -> None:
             source = sqlite3.connect(":memory:")
             try:
-                source.deserialize(data)
+                source.deserialize(_rollback_journal_image(data))
                 source.backup(conn)
             finally:
                 source.close()
@@ -448,6 +448,18 @@ class Store:
             replica.lsn_epoch = int(meta.get("mirror_lsn_epoch", "0"))
 
         await self._call(run)
+
+
+def _rollback_journal_image(data: bytes) -> bytes:
+    """A serialized database image whose header says rollback journal (bytes 18-19 = 1).
+
+    The principal's file is in WAL mode, and so is the image ``serialize`` gives of it
+    (header bytes 18-19 = 2); an in-memory database cannot open a WAL image ("unable to
+    open database file"), so a mirror could never install a copy. The backup into the
+    mirror's own file keeps that file in WAL mode."""
+    if len(data) >= 20 and data[18:20] == b"\x02\x02":
+        return data[:18] + b"\x01\x01" + data[20:]
+    return data
 
 
 # -- in the committer thread ---------------------------------------------------------------

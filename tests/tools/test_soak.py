@@ -1,13 +1,14 @@
-"""The soak (brokerd/tools/soak) end to end: real daemons A, F (forwarder) and B behind
-fault proxies, SIGKILLs and restarts of every daemon and consumer, stalled receivers,
-dialogs both ways with multi-fragment bodies, and the independent checker's verdict
-(SPEC R-DLG-1 exactly once in order, R-DLG-6 retransmission, R-PROTO-5 liveness,
-R-ROUTE-7 forwarding).
+"""The soak (brokerd/tools/soak) end to end: real daemons A, F (forwarder) and B (a
+mirrored pair, b and b2) behind fault proxies, SIGKILLs and restarts of every daemon
+and consumer, failovers of B, stalled receivers, dialogs both ways with
+multi-fragment bodies, and the independent checker's verdict (SPEC R-DLG-1 exactly
+once in order, R-DLG-6 retransmission, R-PROTO-5 liveness, R-ROUTE-7 forwarding,
+R-ROUTE-10, R-ROUTE-15, R-ROUTE-16 mirroring and failover).
 
 The short mode runs in the default test run (fixed seed, 120 s of faults); the long
 mode is marked ``soak``: ``pytest -m soak tests/tools/test_soak.py --soak-seconds 1800``.
 Each run gets a network namespace of its own when this process may create one (root),
-otherwise it runs on loopback addresses 127.0.0.201-214, which no other test uses.
+otherwise it runs on loopback addresses 127.0.0.201-216, which no other test uses.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def test_short_soak_finds_no_violation(tmp_path: Path) -> None:
     assert messages["replies_expected"] > 0
     for kind in ("kill_daemon", "kill_consumer", "corrupt", "drop", "drop_ack", "cut"):
         assert faults[kind] > 0, (kind, faults)
+    assert summary["mirror"] and summary["failovers"] > 0, summary
     assert faults["fragments_corrupted"] + faults["fragments_dropped"] > 0
 
 

@@ -4,8 +4,9 @@ queues did not drain).
 
 ``--netns NAME`` (root) runs it inside a new network namespace NAME, deleted
 afterwards; without it, run it under ``ip netns exec`` yourself, or on loopback
-addresses nothing else uses (``--base``: daemons at 127.0.0.base+1..3, proxies at
-base+11..14). ``check --workdir DIR`` runs the checker again on a finished run's
+addresses nothing else uses (``--base``: daemons at 127.0.0.base+1..4, proxies at
+base+11..16). B is a mirrored pair with failovers among the faults unless
+``--no-mirror``. ``check --workdir DIR`` runs the checker again on a finished run's
 ledgers; ``consume`` is the consumer application the soak starts.
 """
 
@@ -30,6 +31,9 @@ def _soak_parser() -> argparse.ArgumentParser:
     p.add_argument("--large", type=float, default=0.03, help="fraction of 100-300 KiB bodies")
     p.add_argument(
         "--drain-timeout", type=float, default=180.0, help="seconds without progress allowed"
+    )
+    p.add_argument(
+        "--no-mirror", action="store_true", help="B is one daemon (no pair, no failovers)"
     )
     p.add_argument("--netns", help="create this network namespace and run inside it (root)")
     p.add_argument("--verbose", action="store_true", help="print every fault to stderr")
@@ -63,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dialogs=args.dialogs,
         large_fraction=args.large,
         drain_timeout=args.drain_timeout,
+        mirror=not args.no_mirror,
     )
     summary = driver.run(settings, verbose=args.verbose)
     print(json.dumps(summary, indent=2))

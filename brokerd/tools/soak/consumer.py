@@ -7,6 +7,9 @@ after the COMMIT returned writes ``K batch`` (fsynced). Now and then it raises
 from its handler on purpose, so the batch rolls back, and writes ``A batch``.
 The soak SIGKILLs and SIGSTOPs this process at any point, so a batch may be left
 without its ``K`` or ``A`` line: the checker resolves it (see :mod:`.checker`).
+With ``--partner-host`` the queue's database is a mirrored pair and the consumer
+follows its principal (:mod:`.follow`): it moves to the other partner when the one
+it uses breaks the connection or answers ``not_principal``.
 
     python -m brokerd.tools.soak consume --host 127.0.0.201 --token-file T \\
         --queue SoakQueueA --database SoakA --ledger received-a.log
@@ -25,8 +28,9 @@ import uuid
 from pathlib import Path
 
 from brokerd.sdk.client import BrokerClient, ReceivedMessage, Transaction
+from brokerd.tools.soak.follow import Follower
 from brokerd.tools.soak.records import Ledger, make_body, parse_body
-from protocol.errors import ClientError, RemoteError
+from protocol.errors import ClientError, NotPrincipal, RemoteError
 
 REPLY = "~r"
 """Suffix of the key of a reply dialog direction: replies to ``key`` are ``key~r``."""
@@ -51,6 +55,11 @@ class Consumer:
         self.rng = random.Random(f"{args.seed}/{os.getpid()}")
         self.stop = asyncio.Event()
         self.batches = 0
+        partners = [(args.host, args.port, args.token_file)]
+        if args.partner_host:
+            partners.append((args.partner_host, args.port, args.partner_token_file))
+        epoch_file = args.ledger.with_suffix(".epoch") if args.partner_host else None
+        self.follower = Follower(partners, args.database, epoch_file)
 
     async def _handle_batch(
         self, batch: str, tx: Transaction, messages: list[ReceivedMessage]
@@ -83,15 +92,17 @@ class Consumer:
     async def run(self) -> None:
         while not self.stop.is_set():
             try:
-                client = await BrokerClient.connect(
-                    self.args.host, self.args.port, token_file=self.args.token_file, timeout=5
-                )
+                client = await self.follower.connect(timeout=5)
             except (ClientError, OSError):
                 await asyncio.sleep(0.3)
                 continue
             try:
                 await self._loop(client)
-            except (ClientError, RemoteError):
+            except (ClientError, NotPrincipal):
+                if self.follower.mirrored:
+                    self.follower.switch()  # R-ROUTE-10: try the other partner
+                await asyncio.sleep(0.2)
+            except RemoteError:
                 await asyncio.sleep(0.2)
             finally:
                 await client.close()
@@ -131,7 +142,9 @@ async def _main(args: argparse.Namespace) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, default=4023)
-    parser.add_argument("--token-file", required=True)
+    parser.add_argument("--partner-host", help="the mirror partner of --host, if any")
+    parser.add_argument("--partner-token-file", type=Path, help="its admin token")
+    parser.add_argument("--token-file", required=True, type=Path)
     parser.add_argument("--queue", required=True)
     parser.add_argument("--database", required=True)
     parser.add_argument("--ledger", required=True, type=Path)

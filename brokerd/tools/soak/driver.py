@@ -3,7 +3,14 @@ the drain, then the checker's verdict as one JSON-ready summary.
 
 Faults (chosen at random intervals by a seeded generator, every kind counted):
 
-* ``kill_daemon``: SIGKILL A, F or B, restarted 0.5-4 s later;
+* ``kill_daemon``: SIGKILL A, F or B (B's principal, when B is a mirrored pair),
+  restarted 0.5-4 s later;
+* ``failover`` (mirrored B): SIGKILL B's principal once its mirror is attached and
+  holds every unit the principal had revealed, promote the mirror
+  (``set_mirror_role(..., "principal")``), restart the old principal 0.5-4 s later
+  and demote it (``set_mirror_role(..., "mirror")``) before anything else is done to
+  the pair; ``kill_mirror``: SIGKILL B's mirror, restarted 0.5-4 s later (it catches
+  up when it attaches again);
 * ``kill_consumer``: SIGKILL a consumer process (at any point, including between
   RECEIVE and COMMIT), restarted 0.2-2 s later; ``stall_consumer``: SIGSTOP it for
   1-8 s (a receiver that hangs while holding its transaction);
@@ -16,7 +23,8 @@ Faults (chosen at random intervals by a seeded generator, every kind counted):
 Producers send over long-lived dialogs in both directions (A to B and B to A,
 through F): single SENDs, ``send_many`` batches and client transactions of several
 SENDs, a few bodies of 100-300 KiB (several fragments). They pause while too many
-committed messages wait to be received, so the drain stays bounded.
+committed messages wait to be received, so the drain stays bounded. The producers
+from B and B's consumer follow B's principal (:mod:`.follow`).
 """
 
 from __future__ import annotations
@@ -39,8 +47,9 @@ from brokerd.sdk.client import BrokerClient
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
 from brokerd.tools.soak import checker, topology
+from brokerd.tools.soak.follow import Follower
 from brokerd.tools.soak.records import Ledger, make_body
-from protocol.errors import ClientError, RemoteError
+from protocol.errors import ClientError, NotPrincipal, RemoteError
 
 DIRECTIONS = {
     "ab": ("a", topology.SERVICE_A, topology.SERVICE_B),
@@ -67,6 +76,8 @@ class Settings:
     fault_interval: tuple[float, float] = (0.4, 2.0)
     drain_timeout: float = 180.0
     """Seconds the drain may go without progress."""
+    mirror: bool = True
+    """B is a mirrored pair (``b`` and ``b2``) with failovers among the faults."""
     kinds: tuple[str, ...] = (
         "kill_daemon",
         "kill_consumer",
@@ -78,7 +89,14 @@ class Settings:
         "stall",
         "blackhole",
         "cut",
+        "failover",
+        "kill_mirror",
     )
+    """The fault kinds; ``failover`` and ``kill_mirror`` only with ``mirror``."""
+
+    def active_kinds(self) -> tuple[str, ...]:
+        mirror_only = ("failover", "kill_mirror")
+        return tuple(k for k in self.kinds if self.mirror or k not in mirror_only)
 
 
 WEIGHTS = {
@@ -92,32 +110,50 @@ WEIGHTS = {
     "stall": 1,
     "blackhole": 1,
     "cut": 2,
+    "failover": 1,
+    "kill_mirror": 1,
 }
 
 
 class _Clients:
-    """One SDK connection per daemon, dialled again after it breaks."""
+    """One SDK connection per daemon, dialled again after it breaks. With a mirrored B,
+    the connection named ``b`` goes to B's principal, whichever partner that is: it
+    moves to the other partner when the connection breaks or a verb answers
+    ``not_principal`` (:mod:`.follow`)."""
 
-    def __init__(self, deployment: Deployment) -> None:
+    def __init__(self, deployment: Deployment, mirror: bool) -> None:
         self._deployment = deployment
         self._clients: dict[str, BrokerClient] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        names = topology.PARTNERS if mirror else topology.PARTNERS[:1]
+        partners = [deployment.daemons[n] for n in names]
+        self._followers = {
+            "b": Follower(
+                [(d.host, d.client_port, d.token_file) for d in partners], topology.DATABASE_B
+            )
+        }
 
     async def get(self, name: str) -> BrokerClient:
         async with self._locks.setdefault(name, asyncio.Lock()):
             client = self._clients.get(name)
             if client is not None:
                 return client
-            daemon = self._deployment.daemons[name]
-            client = await BrokerClient.connect(
-                daemon.host, daemon.client_port, token_file=daemon.token_file, timeout=3
-            )
+            follower = self._followers.get(name)
+            if follower is not None:
+                client = await follower.connect(timeout=3)
+            else:
+                client = await direct(self._deployment, name)
             self._clients[name] = client
             return client
 
-    async def drop(self, name: str, client: BrokerClient) -> None:
+    async def drop(self, name: str, client: BrokerClient, *, moved: bool = False) -> None:
+        """Forget a broken connection; ``moved``: it failed as the principal's would not
+        (connection lost, ``not_principal``), so the next one tries the other partner."""
         if self._clients.get(name) is client:
             del self._clients[name]
+            follower = self._followers.get(name)
+            if moved and follower is not None and follower.mirrored:
+                follower.switch()
         await client.close()
 
     async def close(self) -> None:
@@ -126,13 +162,26 @@ class _Clients:
         self._clients.clear()
 
 
+async def direct(deployment: Deployment, name: str) -> BrokerClient:
+    daemon = deployment.daemons[name]
+    return await BrokerClient.connect(
+        daemon.host, daemon.client_port, token_file=daemon.token_file, timeout=3
+    )
+
+
 class Soak:
     def __init__(self, settings: Settings, log: Callable[[str], None] | None = None) -> None:
         self.s = settings
         self.rng = random.Random(settings.seed)
         self.root = settings.workdir
         self.ledgers = self.root / "ledgers"
-        self.deployment = topology.build(self.root / "deployment", settings.hosts)
+        self.deployment = topology.build(
+            self.root / "deployment", settings.hosts, mirror=settings.mirror
+        )
+        self.daemons = topology.daemons(settings.mirror)
+        self.principal, self.mirror = topology.PARTNERS
+        """B's partners as the soak made them (it alone changes their roles)."""
+        self.failing_over: asyncio.Task[None] | None = None
         self.proxies: dict[str, FaultProxy] = {}
         self.consumers: dict[str, subprocess.Popen[bytes]] = {}
         self.stalled: set[str] = set()
@@ -160,6 +209,10 @@ class Soak:
     def _start_consumer(self, name: str) -> None:
         queue, database = CONSUMERS[name]
         daemon = self.deployment.daemons[name]
+        partner = []
+        if name == "b" and self.s.mirror:
+            b2 = self.deployment.daemons["b2"]
+            partner = ["--partner-host", b2.host, "--partner-token-file", str(b2.token_file)]
         log = (self.root / f"consumer-{name}.log").open("ab")
         self.consumers[name] = subprocess.Popen(
             [
@@ -183,6 +236,7 @@ class Soak:
                 str(self.s.reply_every),
                 "--seed",
                 str(self.s.seed),
+                *partner,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -215,12 +269,33 @@ class Soak:
 
     def _inject(self, kind: str) -> bool:
         rng = self.rng
-        if kind == "kill_daemon":
-            name = rng.choice([n for n in topology.DAEMONS if n not in self.down])
+        if kind == "failover":
+            pair_busy = self.failing_over is not None and not self.failing_over.done()
+            if pair_busy or {self.principal, self.mirror} & self.down:
+                return False
+            delay = rng.uniform(0.5, 4.0)
+            self.failing_over = asyncio.create_task(self._failover(delay))
+            return False  # counted once it happened
+        if kind in ("kill_daemon", "kill_mirror"):
+            pair_busy = self.failing_over is not None and not self.failing_over.done()
+            if kind == "kill_mirror":
+                if pair_busy or self.mirror in self.down:
+                    return False
+                name = self.mirror
+            else:
+                # B's mirror is kill_mirror's; the pair is left alone during a failover.
+                names = [n for n in self.daemons if n not in self.down and n != self.mirror]
+                names = [n for n in names if not (pair_busy and n in topology.PARTNERS)]
+                if not names:
+                    return False
+                name = rng.choice(names)
             self.deployment.kill(name)
             self.down.add(name)
             delay = rng.uniform(0.5, 4.0)
-            self.event(f"SIGKILL daemon {name}, restart in {delay:.1f} s")
+            role = ""
+            if self.s.mirror and name in topology.PARTNERS:
+                role = " (principal)" if name == self.principal else " (mirror)"
+            self.event(f"SIGKILL daemon {name}{role}, restart in {delay:.1f} s")
             self._later(delay, lambda: self._start_daemon(name))
             return True
         if kind in ("kill_consumer", "stall_consumer"):
@@ -241,7 +316,7 @@ class Soak:
                 self.event(f"SIGSTOP consumer {name} for {delay:.1f} s")
                 self._later(delay, lambda: self._resume(name))
             return True
-        hop = rng.choice(topology.HOPS)
+        hop = rng.choice(topology.hops(self.s.mirror))
         proxy = self.proxies[hop]
         plan = proxy.plan
         if kind in ("corrupt", "drop"):
@@ -273,6 +348,75 @@ class Soak:
         self._later(duration, lambda: self._clear_timed(plan))
         return True
 
+    async def _failover(self, delay: float) -> None:
+        """Manual failover of B (R-ROUTE-15, R-ROUTE-16), as an operator does it: only
+        while the mirror holds everything the principal revealed; SIGKILL the principal,
+        promote the mirror, restart the old principal ``delay`` seconds later and demote
+        it at once. No other fault touches the pair meanwhile."""
+        old, new = self.principal, self.mirror
+        if not await self._synchronized(old, new):
+            self.faults["failover_skipped"] += 1
+            self.event(f"failover skipped: mirror {new} not synchronized with {old}")
+            return
+        self.deployment.kill(old)
+        self.down.add(old)
+        began = time.monotonic()
+        await self._set_role(new, "principal")
+        self.principal, self.mirror = new, old
+        self.faults["failover"] += 1
+        self.event(
+            f"failover {self.faults['failover']}: SIGKILL principal {old}, {new} promoted in "
+            f"{time.monotonic() - began:.1f} s; {old} back as mirror in {delay:.1f} s"
+        )
+        await asyncio.sleep(delay)
+        await self._start_daemon(old)
+        await self._set_role(old, "mirror")
+        self.event(f"{old} restarted and demoted to mirror")
+
+    async def _synchronized(self, principal: str, mirror: str) -> bool:
+        """The mirror is attached and has confirmed every unit the principal had written
+        when it was first seen attached (R-ROUTE-16: while attached, nothing is revealed
+        before the mirror confirms it; before, in exposed mode, commits were revealed
+        alone, and the mirror catches up on them after it attaches)."""
+        deadline = time.monotonic() + 10.0
+        lsn: int | None = None
+        while time.monotonic() < deadline:
+            try:
+                row = await self._mirroring(principal)
+                mine = await self._mirroring(mirror)
+            except (ClientError, RemoteError, OSError):
+                return False
+            if not (row["mirror_attached"] and mine["attached_to_principal"]):
+                lsn = None
+            elif lsn is None:
+                lsn = int(row["lsn"])
+            elif int(row["confirmed"]) >= lsn:
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+    async def _mirroring(self, name: str) -> dict[str, Any]:
+        client = await direct(self.deployment, name)
+        try:
+            (row,) = await asyncio.wait_for(client.view("mirroring"), 10)
+            return row
+        finally:
+            await client.close()
+
+    async def _set_role(self, name: str, role: str) -> None:
+        for attempt in range(20):
+            try:
+                client = await direct(self.deployment, name)
+                try:
+                    await asyncio.wait_for(client.set_mirror_role(topology.DATABASE_B, role), 60)
+                    return
+                finally:
+                    await client.close()
+            except (ClientError, RemoteError, OSError, TimeoutError) as exc:
+                self.errors.append(f"set_mirror_role {role} on {name} (try {attempt + 1}): {exc}")
+                await asyncio.sleep(0.5)
+        raise RuntimeError(f"{name} does not take the {role} role; see {self.root}")
+
     @staticmethod
     def _clear_timed(plan: FaultPlan) -> None:
         plan.delay = 0.0
@@ -286,7 +430,7 @@ class Soak:
             process.send_signal(signal.SIGCONT)
 
     async def _faults(self, until: float) -> None:
-        kinds = list(self.s.kinds)
+        kinds = list(self.s.active_kinds())
         weights = [WEIGHTS[k] for k in kinds]
         while time.monotonic() < until:
             await asyncio.sleep(self.rng.uniform(*self.s.fault_interval))
@@ -359,7 +503,12 @@ class Soak:
                     ledger.write([f"C {k} {i}" for k, i in batch])
                     self.committed += count
                 except ClientError:
-                    await clients.drop(daemon, client)
+                    await clients.drop(daemon, client, moved=True)
+                    await asyncio.sleep(0.1)
+                except NotPrincipal:
+                    # R-ROUTE-10: this partner is the mirror now; the dialog lives on at
+                    # the principal (R-ROUTE-16), so keep it and move there.
+                    await clients.drop(daemon, client, moved=True)
                     await asyncio.sleep(0.1)
                 except RemoteError as exc:
                     self.errors.append(f"{direction}{slot}: {type(exc).__name__}: {exc}")
@@ -372,16 +521,16 @@ class Soak:
 
     async def run(self) -> dict[str, Any]:
         self.ledgers.mkdir(parents=True, exist_ok=True)
-        for hop in topology.HOPS:
+        for hop in topology.hops(self.s.mirror):
             proxy = FaultProxy(
                 self.s.hosts.proxy(hop), 4022, topology.proxy_target(self.s.hosts, hop), 4022
             )
             await proxy.start()
             self.proxies[hop] = proxy
-        clients = _Clients(self.deployment)
+        clients = _Clients(self.deployment, self.s.mirror)
         started = time.monotonic()
         try:
-            for name in topology.DAEMONS:
+            for name in self.daemons:
                 await self._start_daemon(name)
             for name in CONSUMERS:
                 self._start_consumer(name)
@@ -427,8 +576,14 @@ class Soak:
                 "received": verdict.received,
                 "large_bodies": self.large,
             },
-            "kills": {k: self.faults[k] for k in ("kill_daemon", "kill_consumer")},
-            "faults": {**{k: self.faults[k] for k in self.s.kinds}, **proxy_totals},
+            "kills": {k: self.faults[k] for k in ("kill_daemon", "kill_mirror", "kill_consumer")},
+            "failovers": self.faults["failover"],
+            "mirror": self.s.mirror,
+            "faults": {
+                **{k: self.faults[k] for k in self.s.active_kinds()},
+                "failover_skipped": self.faults["failover_skipped"],
+                **proxy_totals,
+            },
             "drained": drained,
             "leftover": leftover,
             "consumer_batches": verdict.batches,
@@ -440,7 +595,12 @@ class Soak:
         return summary
 
     async def _heal(self) -> None:
-        """Stop every fault: clear the plans, resume and restart whatever is down."""
+        """Stop every fault: let a failover finish, clear the plans, resume and restart
+        whatever is down."""
+        if self.failing_over is not None:
+            (outcome,) = await asyncio.gather(self.failing_over, return_exceptions=True)
+            if isinstance(outcome, BaseException):
+                self.errors.append(f"failover: {type(outcome).__name__}: {outcome}")
         for task in list(self._pending):
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
@@ -448,7 +608,7 @@ class Soak:
             proxy.plan = FaultPlan()
         for name in list(self.stalled):
             self._resume(name)
-        for name in topology.DAEMONS:
+        for name in self.daemons:
             if not self.deployment.daemons[name].running:
                 await self._start_daemon(name)
         for name, process in self.consumers.items():
@@ -479,20 +639,26 @@ class Soak:
         """Rows still in each daemon's transmission queue after the drain (0 expected
         once every acknowledgement arrived; a few may still be in flight)."""
         out: dict[str, int] = {}
-        for name in topology.DAEMONS:
+        for name in self.daemons:
             try:
-                client = await clients.get(name)
-                for _ in range(20):
-                    rows = await client.transmission_queue()
-                    if not rows:
-                        break
-                    await asyncio.sleep(0.5)
-                out[name] = len(rows)
+                client = await direct(self.deployment, name)
+                try:
+                    for _ in range(20):
+                        rows = await client.transmission_queue()
+                        if not rows:
+                            break
+                        await asyncio.sleep(0.5)
+                    out[name] = len(rows)
+                finally:
+                    await client.close()
             except (ClientError, RemoteError) as exc:
                 self.errors.append(f"transmission_queue of {name}: {exc}")
         return out
 
     async def _shutdown(self) -> None:
+        if self.failing_over is not None and not self.failing_over.done():
+            self.failing_over.cancel()
+            await asyncio.gather(self.failing_over, return_exceptions=True)
         for task in list(self._pending):
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)

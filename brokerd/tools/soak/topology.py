@@ -1,8 +1,15 @@
 """The soak's deployment: A and B exchange dialogs through the forwarder F, and every
 hop goes through a fault proxy of its own.
 
-    A --(proxy a>f)--> F --(proxy f>b)--> B
-    A <--(proxy f>a)-- F <--(proxy b>f)-- B
+    A --(proxy a>f)--> F --(proxy f>b)--> B   (and --(proxy f>b2)--> B2)
+    A <--(proxy f>a)-- F <--(proxy b>f)-- B   (and <--(proxy b2>f)-- B2)
+
+B is a mirrored pair (R-ROUTE-10, R-ROUTE-15, R-ROUTE-16): daemons ``b`` and ``b2``
+hold the same database (one broker instance identifier), ``b`` starts as principal
+and ``b2`` as its mirror, and they replicate over a direct connection (no proxy: the
+pair's own link is not among the faults). F's route to B names both partners
+(``mirror_address``) and follows the principal. Without mirroring (``mirror=False``)
+B is the one daemon ``b``.
 
 Each daemon and each proxy has a loopback address of its own (127.0.0.x, port 4022;
 the daemons' client ports are 4023 on their own addresses). F holds no services: its
@@ -23,9 +30,21 @@ QUEUE_A = "SoakQueueA"
 QUEUE_B = "SoakQueueB"
 DATABASE_A = "SoakA"
 DATABASE_B = "SoakB"
-DAEMONS = ("a", "f", "b")
-HOPS = ("a>f", "f>b", "b>f", "f>a")
+DATABASE_B_INSTANCE = "8f4e2a61-3b7d-4c59-a0e2-6d1f9b3c7e45"
+DAEMONS = ("a", "f", "b", "b2")
+PARTNERS = ("b", "b2")
+"""The mirrored pair holding B's database; ``b`` starts as principal."""
+HOPS = ("a>f", "f>b", "b>f", "f>a", "f>b2", "b2>f")
 """The proxied hops, named sender>receiver."""
+
+
+def daemons(mirror: bool) -> tuple[str, ...]:
+    return DAEMONS if mirror else DAEMONS[:3]
+
+
+def hops(mirror: bool) -> tuple[str, ...]:
+    return HOPS if mirror else HOPS[:4]
+
 
 RETRY = {"initial": 0.5, "maximum": 2.0, "ack_delay": 0.005, "delayed_retry": 0.5}
 ENDPOINT = (
@@ -55,12 +74,14 @@ class Hosts:
         return self._at(11 + HOPS.index(hop))
 
 
-def _endpoint_database(name: str, service: str, queue: str, route: tuple[str, str]) -> str:
+def _endpoint_database(
+    name: str, service: str, queue: str, route: tuple[str, str], mirror: str = ""
+) -> str:
     remote, address = route
     return f"""
 [[database]]
 name = "{name}"
-[[database.queue]]
+{mirror}[[database.queue]]
 name = "{queue}"
 [[database.service]]
 name = "{service}"
@@ -73,7 +94,15 @@ address = "tcp://{address}:4022"
 """
 
 
-def _forwarder_database(hosts: Hosts) -> str:
+def _mirror_keys(hosts: Hosts, role: str, partner: str) -> str:
+    return (
+        f'broker_instance = "{DATABASE_B_INSTANCE}"\nmirror_role = "{role}"\n'
+        f'mirror_partner = "tcp://{hosts.daemon(partner)}:4022"\n'
+    )
+
+
+def _forwarder_database(hosts: Hosts, mirror: bool) -> str:
+    mirror_address = f'mirror_address = "tcp://{hosts.proxy("f>b2")}:4022"\n' if mirror else ""
     return f"""
 [[database]]
 name = "msdb"
@@ -81,7 +110,7 @@ name = "msdb"
 name = "To B"
 remote_service_name = "{SERVICE_B}"
 address = "tcp://{hosts.proxy("f>b")}:4022"
-[[database.route]]
+{mirror_address}[[database.route]]
 name = "To A"
 remote_service_name = "{SERVICE_A}"
 address = "tcp://{hosts.proxy("f>a")}:4022"
@@ -93,8 +122,8 @@ def proxy_target(hosts: Hosts, hop: str) -> str:
     return hosts.daemon(hop.split(">")[1])
 
 
-def build(root: Path, hosts: Hosts) -> Deployment:
-    """Declare the three daemons (certificates and configurations; nothing started)."""
+def build(root: Path, hosts: Hosts, mirror: bool = True) -> Deployment:
+    """Declare the daemons (certificates and configurations; nothing started)."""
     deployment = Deployment(root, RETRY)
     deployment.add(
         "a",
@@ -105,13 +134,20 @@ def build(root: Path, hosts: Hosts) -> Deployment:
     deployment.add(
         "f",
         hosts.daemon("f"),
-        _forwarder_database(hosts),
+        _forwarder_database(hosts, mirror),
         endpoint_extra=ENDPOINT + "message_forwarding = true\nmessage_forward_size = 64\n",
     )
-    deployment.add(
-        "b",
-        hosts.daemon("b"),
-        _endpoint_database(DATABASE_B, SERVICE_B, QUEUE_B, (SERVICE_A, hosts.proxy("b>f"))),
-        endpoint_extra=ENDPOINT,
-    )
+    for name in PARTNERS if mirror else PARTNERS[:1]:
+        keys = ""
+        if mirror:
+            role, partner = ("principal", "b2") if name == "b" else ("mirror", "b")
+            keys = _mirror_keys(hosts, role, partner)
+        deployment.add(
+            name,
+            hosts.daemon(name),
+            _endpoint_database(
+                DATABASE_B, SERVICE_B, QUEUE_B, (SERVICE_A, hosts.proxy(f"{name}>f")), keys
+            ),
+            endpoint_extra=ENDPOINT,
+        )
     return deployment
