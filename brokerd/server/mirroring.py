@@ -177,12 +177,12 @@ class Partner:
             self.session.drop("another mirror attached for the database")
         self.session = protocol
         protocol.pinned = True
-        self.confirmed = message.lsn
         if (
             message.lsn <= self.replica.lsn
             and self._knows(message.lsn, message.lsn_epoch)
             and (message.lsn >= self.base[0])
         ):
+            self.confirmed = message.lsn
             log.info(
                 "database %s: mirror %s attached at LSN %d (principal at %d)",
                 db.name,
@@ -204,6 +204,10 @@ class Partner:
             message.lsn_epoch,
             self.replica.lsn,
         )
+        # A mirror outside this history holds nothing of it until it has installed the
+        # copy and confirmed: its own LSN (a diverged history, possibly ahead) must not
+        # release a single commit, or a failover would lose what it released.
+        self.confirmed = 0
         self.copying = True
         self.owner.spawn(self._copy(protocol))
 
