@@ -95,9 +95,13 @@ address = "tcp://{address}:4022"
 
 
 def _mirror_keys(hosts: Hosts, role: str, partner: str) -> str:
+    # "stall" (R-ROUTE-16): nothing is released that the mirror does not hold, so a
+    # failover may lose nothing. In "exposed" mode a failover after the mirror was lost
+    # loses, by design, what only the old principal held: not what the soak checks.
     return (
         f'broker_instance = "{DATABASE_B_INSTANCE}"\nmirror_role = "{role}"\n'
         f'mirror_partner = "tcp://{hosts.daemon(partner)}:4022"\n'
+        'mirror_when_lost = "stall"\n'
     )
 
 
