@@ -90,17 +90,7 @@ def create_ca(
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage("key_cert_sign", "crl_sign"),
             critical=True,
         )
         .sign(key, _hash_for(key))
@@ -175,17 +165,7 @@ def issue_service(
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage("digital_signature", "key_agreement"),
             critical=True,
         )
         .sign(ca_key, _hash_for(ca_key))
@@ -235,3 +215,23 @@ def read_pair(directory: Path, stem: str) -> Issued:
 def load_identity(certificate: Path, key: Path, ca: Path) -> Identity:
     """Read an identity from PEM files (used by the daemon's configuration)."""
     return Identity.from_pem(certificate.read_bytes(), key.read_bytes(), ca.read_bytes())
+
+
+_KEY_USAGES = (
+    "digital_signature",
+    "content_commitment",
+    "key_encipherment",
+    "data_encipherment",
+    "key_agreement",
+    "key_cert_sign",
+    "crl_sign",
+    "encipher_only",
+    "decipher_only",
+)
+
+
+def _key_usage(*allowed: str) -> x509.KeyUsage:
+    """A KeyUsage extension allowing exactly ``allowed`` (names of its flags)."""
+    unknown = set(allowed) - set(_KEY_USAGES)
+    assert not unknown, unknown
+    return x509.KeyUsage(**{name: name in allowed for name in _KEY_USAGES})

@@ -34,8 +34,8 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         d.stop_all()
 
 
-async def test_request_and_reply_through_a_forwarder(deployment: Deployment) -> None:
-    """A -> F1 -> C and back: F1 relays both directions by msdb routes (R-ROUTE-7)."""
+def start_a_f1_c(deployment: Deployment) -> None:
+    """A -> F1 -> C: F1 forwards by msdb routes, both ways (R-ROUTE-7)."""
     deployment.add("a", A, database("AW", [INITIATOR], [R("ToElsewhere", addr(F1), ELSEWHERE)]))
     deployment.add(
         "f1",
@@ -46,6 +46,11 @@ async def test_request_and_reply_through_a_forwarder(deployment: Deployment) -> 
     deployment.add("c", C, database("Remote", [ELSEWHERE], [R("Back", addr(F1), INITIATOR)]))
     for name in ("a", "f1", "c"):
         deployment.start(name)
+
+
+async def test_request_and_reply_through_a_forwarder(deployment: Deployment) -> None:
+    """A -> F1 -> C and back: F1 relays both directions by msdb routes (R-ROUTE-7)."""
+    start_a_f1_c(deployment)
     a = await deployment.daemons["a"].client()
     f1 = await deployment.daemons["f1"].client()
     c = await deployment.daemons["c"].client()
@@ -183,16 +188,7 @@ async def test_a_forwarder_stopped_mid_traffic_exits_cleanly(deployment: Deploym
     """SIGTERM of a forwarder while it relays large bodies both ways: it exits with status 0
     and logs no traceback; after its restart every message arrives exactly once, in order
     (R-ROUTE-7: a forwarder holds relayed messages only in memory, so the senders resend)."""
-    deployment.add("a", A, database("AW", [INITIATOR], [R("ToElsewhere", addr(F1), ELSEWHERE)]))
-    deployment.add(
-        "f1",
-        F1,
-        database("msdb", routes=[R("Fwd", addr(C), ELSEWHERE), R("Back", addr(A), INITIATOR)]),
-        endpoint_extra=FORWARDING,
-    )
-    deployment.add("c", C, database("Remote", [ELSEWHERE], [R("Back", addr(F1), INITIATOR)]))
-    for name in ("a", "f1", "c"):
-        deployment.start(name)
+    start_a_f1_c(deployment)
     a = await deployment.daemons["a"].client()
     c = await deployment.daemons["c"].client()
     handles = [await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW") for _ in range(4)]
