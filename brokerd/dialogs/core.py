@@ -39,6 +39,7 @@ from brokerd.errors import (
     ConversationNotFound,
     DatabaseNotFound,
     DialogError,
+    NotPrincipal,
     QueueNotFound,
     ServiceNotFound,
 )
@@ -116,6 +117,12 @@ class EngineCore:
             ep = db.endpoints.get(handle)
             if ep is not None:
                 return db, ep
+        mirrors = [db.name for db in self.databases.values() if db.mirror_role == "mirror"]
+        if mirrors:  # R-ROUTE-15: a mirror keeps no image of its conversations
+            raise NotPrincipal(
+                f"conversation handle {handle} is not known here, and this broker is the "
+                f"mirror partner of {', '.join(repr(n) for n in mirrors)}: use the principal"
+            )
         raise ConversationNotFound(f"conversation handle {handle} does not exist on this broker")
 
     def database_of_service(self, service: str) -> Database:

@@ -89,6 +89,11 @@ class Database:
         """``principal``, ``mirror`` or None (not mirrored), R-ROUTE-10; swapped by failover."""
         self.mirror_epoch = 0
         """The mirroring epoch of the last role change this partner knows of (R-ROUTE-15)."""
+        self.mirror_in_doubt = False
+        """R-ROUTE-16: a principal restarted with units its mirror may never have confirmed
+        (the file's tail). Until its partner has confirmed them, or told it that it was
+        superseded, it sends nothing and accepts nothing from other brokers for the
+        database, and releases no commit (the mirroring service clears it)."""
 
     async def open(self) -> None:
         self.service_keys = ServiceKeys.load(self.config)
@@ -113,6 +118,19 @@ class Database:
             f"database {self.name!r} is the mirror partner at epoch {self.mirror_epoch}: it "
             "neither sends nor accepts messages for the mirrored database (fenced, R-ROUTE-15)"
         )
+
+    def in_doubt_reason(self) -> str:
+        """Why a restarted principal holds its traffic (R-ROUTE-16)."""
+        return (
+            f"database {self.name!r} restarted as principal at epoch {self.mirror_epoch}: "
+            "it sends and accepts nothing until its mirror partner has confirmed what its "
+            "file holds, or has shown it was superseded (R-ROUTE-16)"
+        )
+
+    @property
+    def sends_nothing(self) -> bool:
+        """A mirror (fenced, R-ROUTE-15) or a principal in doubt (R-ROUTE-16)."""
+        return self.mirror_role == "mirror" or self.mirror_in_doubt
 
     def add_endpoint(self, ep: Endpoint) -> None:
         self.endpoints[ep.handle] = ep

@@ -106,7 +106,8 @@ class DialogEngine(ApplicationVerbs, Receiving):
         waiting: list[Endpoint] = []
         for db in self.databases.values():
             self.by_instance[db.broker_instance] = db
-            waiting += await db.recover(self.fragment_size)
+            if db.mirror_role != "mirror":  # a mirror holds no image: its promotion builds it
+                waiting += await db.recover(self.fragment_size)
         self.router.start()
         owed = []
         for db in self.databases.values():
@@ -119,15 +120,13 @@ class DialogEngine(ApplicationVerbs, Receiving):
         for ep in waiting:
             self.transmit(ep)
 
-    async def rebuild(self, db: Database) -> list[Endpoint]:
-        """R-ROUTE-16: a promoted mirror's in-memory image, rebuilt from its file as recovery
-        does at start: its endpoints, unacknowledged messages, ready index, timers and
-        lifetimes, routes created by the administrator and queue states are the ones the
-        principal's shipped units wrote. Returns the endpoints with messages to transmit.
-
-        The image held while mirror is dropped: its endpoints lose their outbox (a
-        connection still holding one of their fragments skips it), and their deadlines
-        no longer match (``_fire_deadlines`` checks the endpoint is the database's)."""
+    def forget_image(self, db: Database) -> None:
+        """A partner that is no longer principal drops its in-memory image of the database
+        (R-ROUTE-15/16): its file now changes only by what the principal ships, so the
+        image would only go stale (views listing messages long delivered, deadlines firing).
+        Its endpoints lose their outbox (a connection still holding one of their fragments
+        skips it), and their deadlines no longer match (``_fire_deadlines`` checks the
+        endpoint is the database's)."""
         for ep in list(db.endpoints.values()):
             ep.outbox.clear()
             db.remove_endpoint(ep)
@@ -135,6 +134,26 @@ class DialogEngine(ApplicationVerbs, Receiving):
             index.clear()
             index.locked.clear()
         db.next_local_seq = -1
+
+    def resume(self, db: Database) -> None:
+        """The database's traffic may flow again (a promotion, or a principal out of doubt,
+        R-ROUTE-16): every routing decision is made again, every waiting message is
+        transmitted and every acknowledgement owed is sent."""
+        self.router.forget_decisions()
+        for ep in db.endpoints.values():
+            if ep.ack_version > ep.ack_sent_version:
+                self.transmission.ack_needed(ep)
+            if ep.outbox:
+                ep.route_link = None
+                self.transmit(ep)
+
+    async def rebuild(self, db: Database) -> list[Endpoint]:
+        """R-ROUTE-16: a promoted mirror's in-memory image, rebuilt from its file as recovery
+        does at start: its endpoints, unacknowledged messages, ready index, timers and
+        lifetimes, routes created by the administrator and queue states are the ones the
+        principal's shipped units wrote. Returns the endpoints with messages to transmit.
+        Any image held before is dropped first (:meth:`forget_image`)."""
+        self.forget_image(db)
         for name, status, configured in await db.store.read(
             lambda conn: conn.execute(queries.READ_QUEUE_STATES).fetchall()
         ):

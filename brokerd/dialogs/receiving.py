@@ -239,6 +239,10 @@ class Receiving(EngineCore):
             self.drop(header, db.fenced_reason() + "; the sender retries toward the principal")
             self.router.tell_mirror(link, db, header)
             return
+        if db.mirror_in_doubt:
+            # R-ROUTE-16: not even a duplicate's acknowledgement may reveal the file's
+            # unconfirmed tail; the sender retries.
+            return self.drop(header, db.in_doubt_reason())
         if db.rx_suspended:
             return self.drop(header, f"database {db.name!r} is recovering from a store error")
         ep = db.by_key.get((header.conversation_id, not header.initiator))

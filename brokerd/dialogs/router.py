@@ -193,6 +193,10 @@ class DialogServices(Protocol):
 
     async def rebuild(self, db: Database) -> list[Endpoint]: ...
 
+    def forget_image(self, db: Database) -> None: ...
+
+    def resume(self, db: Database) -> None: ...
+
 
 class MirrorHooks(Protocol):
     """What a role change tells the mirroring service (R-ROUTE-16; the server's
@@ -203,6 +207,12 @@ class MirrorHooks(Protocol):
     async def promoting(self, db: Database) -> None: ...
 
     def demoting(self, db: Database) -> None: ...
+
+    def resolved(self, db: Database, reason: str) -> None: ...
+
+    def partner_answered(self, address: str, answer: events.PrincipalAnswer) -> None: ...
+
+    def unreachable(self, address: str) -> None: ...
 
 
 class Router:
@@ -296,8 +306,8 @@ class Router:
     def link_for(self, ep: Endpoint) -> Link | None:
         """The link ``ep``'s messages go to now, or None (DELAYED, or no principal yet)."""
         db = self.engine.databases[ep.database]
-        if db.mirror_role == "mirror":
-            return None  # R-ROUTE-15: a partner that is not principal sends nothing
+        if db.sends_nothing:
+            return None  # R-ROUTE-15/16: a mirror, or a principal in doubt, sends nothing
         if ep.route_link is not None and time.time() < ep.route_expires:
             link: Link = ep.route_link
             return link
@@ -361,6 +371,8 @@ class Router:
         db = self.engine.databases[ep.database]
         if db.mirror_role == "mirror":
             return db.fenced_reason() + ": held until this partner is principal again"
+        if db.mirror_in_doubt:
+            return db.in_doubt_reason()
         decision = ep.route
         if decision is None:
             return "no route"
@@ -776,6 +788,7 @@ class Router:
             self.forget_decisions()
             if self.mirroring is not None:
                 self.mirroring.demoting(db)
+            self.engine.forget_image(db)
         db.mirror_epoch = epoch
         self._persist_role(db)
 
@@ -794,6 +807,8 @@ class Router:
         task.add_done_callback(self._persisting.discard)
 
     def on_principal_answer(self, address: str, answer: events.PrincipalAnswer) -> None:
+        if self.mirroring is not None:
+            self.mirroring.partner_answered(address, answer)
         instance = None if answer.broker_instance == NIL_UUID else answer.broker_instance
         changed = False
         for pair in self.mirrors.matching(address, instance, answer.service):
@@ -811,6 +826,8 @@ class Router:
             self._resend_mirrored()
 
     def link_unreachable(self, address: str) -> None:
+        if self.mirroring is not None:
+            self.mirroring.unreachable(address)
         changed = False
         for pair in self.mirrors.with_address(address):
             changed |= pair.unreachable(address)
@@ -854,6 +871,7 @@ class Router:
             elif role == "mirror" and db.mirror_role == "principal":
                 db.mirror_role = role  # fenced at once: nothing more is committed as principal
                 self.mirroring.demoting(db)
+                self.engine.forget_image(db)
         epoch = db.mirror_epoch
         if promotion:
             # R-ROUTE-15: above every epoch this partner knows of, also the one its
@@ -872,13 +890,14 @@ class Router:
             await self.engine.rebuild(db)
         db.mirror_role = role
         db.mirror_epoch = max(db.mirror_epoch, epoch)
-        self.forget_decisions()
         log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)
         if role == "principal":
-            for ep in db.endpoints.values():
-                if ep.outbox:
-                    ep.route_link = None
-                    self.engine.transmit(ep)
+            if db.mirror_in_doubt and self.mirroring is not None:
+                # the administrator vouches for this partner (a forced service)
+                self.mirroring.resolved(db, "the administrator confirmed it as principal")
+            self.engine.resume(db)
+        else:
+            self.forget_decisions()
 
     # -- explain -----------------------------------------------------------------------------------
 

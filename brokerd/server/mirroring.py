@@ -20,6 +20,19 @@ For each database configured with ``mirror_role`` and ``mirror_partner`` one
   closed). Recent units are kept in memory (:data:`CATCH_UP_BYTES`) so a mirror
   that was away briefly receives only what it missed.
 
+**A principal in doubt.** A principal restarted with units in its file (it may have
+been superseded, and its last units may never have been confirmed: their batches were
+held, never released) reveals nothing of them until it knows. It sends and accepts no
+dialog traffic for the database and releases no commit (``Database.mirror_in_doubt``)
+while it asks its partner which role the partner holds (a principal query). The doubt
+ends when a mirror has confirmed the file's last unit; or when the partner answers that
+it is principal at a higher epoch (this partner demotes itself, its tail is discarded by
+the copy it then installs); or, with ``mirror_when_lost = "exposed"``, when the partner
+is a mirror, cannot be reached, or has not answered for ``mirror_timeout``. Without it, a
+restarted old principal sent the messages of its unconfirmed tail while the new principal
+gave their sequence numbers to other messages: the far side kept the first and
+discarded the others as duplicates.
+
 A promotion (``Router.set_mirror_role``) first waits for every unit already
 received to be applied, then the engine rebuilds the database's image from the file.
 A demotion fails the batches still held (their outcome was never revealed, and the
@@ -44,6 +57,7 @@ from brokerd.storage import queries
 from brokerd.storage.replica import Replica, Unit
 from protocol import events, mirroring
 from protocol.errors import LocalProtocolError, RemoteProtocolError
+from protocol.frames import MirrorRole
 from protocol.mirroring import Attach, Chunk, Confirm, Kind, Refuse
 
 if TYPE_CHECKING:
@@ -56,6 +70,8 @@ CATCH_UP_BYTES = 64 * 1024 * 1024
 """Units kept in memory after their commit, for a mirror that returns (beyond: a copy)."""
 POLL = 0.2
 """How often a mirror checks its session (connected, attached)."""
+ASK_EVERY = 0.5
+"""How often a principal in doubt asks its partner for the partner's role."""
 DIVERGED = 2**64 - 1
 """An ATTACH ``lsn_epoch`` that matches no unit: asks for a copy of the file."""
 
@@ -91,6 +107,10 @@ class Partner:
         """(LSN, epoch) of the unit just before the ring's first (or the file's last)."""
         self.held: deque[_Held] = deque()
         self.progress = time.monotonic()
+        self.doubt_lsn = 0
+        """The file's last LSN at open, while the database is in doubt."""
+        self.doubt_since = 0.0
+        self.asked_at = 0.0
         # mirror side
         self.attached_on: BrokerProtocol | None = None
         self.refused_until = 0.0
@@ -111,8 +131,46 @@ class Partner:
         return self.db.broker_instance
 
     def opened(self) -> None:
-        """After the store opened: the file's last unit is the ring's base."""
+        """After the store opened: the file's last unit is the ring's base; a principal
+        whose file holds units is in doubt about them until its partner has answered."""
         self.base = (self.replica.lsn, self.replica.lsn_epoch)
+        if self.db.mirror_role == "principal" and self.replica.lsn > 0:
+            self.db.mirror_in_doubt = True
+            self.doubt_lsn = self.replica.lsn
+            self.doubt_since = time.monotonic()
+            log.info(
+                "database %s: restarted as principal at epoch %d with LSN %d; traffic held "
+                "until the partner %s confirms it or shows it was superseded",
+                self.db.name,
+                self.db.mirror_epoch,
+                self.doubt_lsn,
+                self.address,
+            )
+
+    def resolved(self, reason: str) -> None:
+        """The doubt is over and this partner stays principal: release and resume."""
+        db = self.db
+        if not db.mirror_in_doubt:
+            return
+        db.mirror_in_doubt = False
+        log.info("database %s: principal confirmed (%s); traffic resumes", db.name, reason)
+        if self.session is None and not self.stall:
+            self._release_all()
+        self.owner.engine.resume(db)
+
+    def on_partner_answer(self, answer: events.PrincipalAnswer) -> None:
+        """The partner's answer to this principal's question while in doubt."""
+        db = self.db
+        if not db.mirror_in_doubt or db.mirror_role != "principal":
+            return
+        if answer.role is MirrorRole.PRINCIPAL and answer.epoch > db.mirror_epoch:
+            self.owner.engine.router._superseded(db, answer.epoch)
+        elif answer.role is not MirrorRole.PRINCIPAL and not self.stall:
+            self.resolved(f"the partner answered {answer.role.name.lower()}; running exposed")
+
+    def partner_unreachable(self) -> None:
+        if self.db.mirror_in_doubt and not self.stall:
+            self.resolved("the partner cannot be reached; running exposed")
 
     # -- principal -------------------------------------------------------------------------
 
@@ -136,7 +194,7 @@ class Partner:
         if self.db.mirror_role != "principal" or (not units and not self.held):
             release()  # nothing new to confirm, nothing before it waits
             return
-        if self.session is None and not self.stall:
+        if self.session is None and not self.stall and not self.db.mirror_in_doubt:
             release()  # exposed: no mirror to wait for
             return
         if not self.held:
@@ -239,6 +297,8 @@ class Partner:
         self._release_confirmed()
 
     def _release_confirmed(self) -> None:
+        if self.db.mirror_in_doubt and self.confirmed >= self.doubt_lsn:
+            self.resolved(f"the mirror confirmed LSN {self.confirmed}")
         while self.held and self.held[0].release_lsn <= self.confirmed:
             self.held.popleft().release()
 
@@ -252,7 +312,7 @@ class Partner:
             )
             self.session = None
             self.copying = False
-            if not self.stall:
+            if not self.stall and not self.db.mirror_in_doubt:
                 self._release_all()
         if protocol is self.attached_on:
             self.attached_on = None
@@ -272,6 +332,8 @@ class Partner:
     def tick(self, now: float) -> None:
         db = self.db
         if db.mirror_role == "principal":
+            if db.mirror_in_doubt:
+                self._ask(now)
             if self.session is not None and self.held and now - self.progress > self.timeout:
                 session = self.session
                 session.drop(
@@ -291,6 +353,19 @@ class Partner:
             link.connect()
             return
         self.attach(link.protocol)
+
+    def _ask(self, now: float) -> None:
+        """In doubt: ask the partner its role (R-ROUTE-15), and give up waiting after
+        ``mirror_timeout`` when running exposed is allowed."""
+        if not self.stall and now - self.doubt_since > self.timeout:
+            self.resolved(f"the partner did not answer in {self.timeout:g} s; running exposed")
+            return
+        if now - self.asked_at < ASK_EVERY:
+            return
+        self.asked_at = now
+        self.owner.transport.link_for(self.address).send_control(
+            events.PrincipalQuery(0, self.instance, "", self.db.mirror_epoch)
+        )
 
     def attach(self, protocol: BrokerProtocol, lsn_epoch: int | None = None) -> None:
         self.attached_on = protocol
@@ -390,6 +465,7 @@ class Partner:
             "mirror_attached": self.session is not None and not self.session.closed,
             "confirmed": self.confirmed,
             "held": len(self.held),
+            "in_doubt": self.db.mirror_in_doubt,
             "when_lost": "stall" if self.stall else "exposed",
             "attached_to_principal": self.attached_on is not None and not self.attached_on.closed,
             **self.stats,
@@ -497,6 +573,16 @@ class Mirroring:
         except RemoteProtocolError as exc:
             protocol.abort(f"bad mirroring message from {protocol.name}: {exc}")
 
+    def partner_answered(self, address: str, answer: events.PrincipalAnswer) -> None:
+        partner = self.partners.get(answer.broker_instance)
+        if partner is not None and partner.address == address:
+            partner.on_partner_answer(answer)
+
+    def unreachable(self, address: str) -> None:
+        for partner in self.by_name.values():
+            if partner.address == address:
+                partner.partner_unreachable()
+
     def connection_lost(self, protocol: BrokerProtocol) -> None:
         for partner in self.by_name.values():
             partner.lost(protocol)
@@ -515,6 +601,7 @@ class Mirroring:
         partner.ring_bytes = 0
         partner.base = (partner.replica.lsn, partner.replica.lsn_epoch)
         partner.confirmed = 0
+        db.mirror_in_doubt = False  # a mirror holds only what its principal confirmed
 
     def demoting(self, db: Database) -> None:
         partner = self.by_name.get(db.name)
@@ -531,6 +618,12 @@ class Mirroring:
         partner.ring.clear()
         partner.ring_bytes = 0
         partner.copying = False
+        db.mirror_in_doubt = False  # superseded: its tail is discarded by the copy it installs
+
+    def resolved(self, db: Database, reason: str) -> None:
+        partner = self.by_name.get(db.name)
+        if partner is not None:
+            partner.resolved(reason)
 
     def view(self) -> list[dict[str, object]]:
         return [partner.view() for partner in self.by_name.values()]

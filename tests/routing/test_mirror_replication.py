@@ -244,6 +244,63 @@ async def test_stall_mode_holds_acknowledgements_until_a_mirror_has_the_message(
     assert [m.message_body for m in got] == expected
 
 
+async def test_a_restarted_old_principal_sends_nothing_its_mirror_never_confirmed(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16, R-ROUTE-15, R-DLG-1: in stall mode, replies SENT at the principal p1
+    while its mirror is away are committed in p1's file but never released (no SEND
+    returns). p1 is SIGKILLed, p2 promoted; the replies SENT there are the dialog's next
+    messages. When p1 comes back, its file still says principal and still holds the
+    unconfirmed replies. It sent them at once, before anyone could demote it, and the
+    initiator took them; p2's replies, with the same sequence numbers, were then
+    discarded as duplicates: three SENDs that returned success were lost, three that
+    never returned were delivered (found by the soak's mirrored pair). Now p1 starts in
+    doubt, asks p2, learns it was superseded and sends nothing; it keeps no image of the
+    database either (its views showed the stale replies)."""
+    a = await start_pair(deployment, 'mirror_when_lost = "stall"\n')
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    await a.send(handle, body=b"order")
+    p1 = await deployment.daemons["p1"].client()
+    (order,) = await receive_some(p1, 1)
+    target = order.conversation_handle
+    await wait_caught_up(deployment, "p1", "p2")
+    deployment.kill("p2")
+    unconfirmed = [
+        asyncio.create_task(p1.send(target, body=f"unconfirmed {i}".encode())) for i in range(3)
+    ]
+
+    async def held() -> bool:
+        return int(str((await mirroring(deployment, "p1"))["held"])) >= 1
+
+    await wait_until(held, 10)
+    await asyncio.sleep(1.0)  # committed in p1's file; held: no mirror confirms them
+    assert not any(task.done() for task in unconfirmed)
+    deployment.kill("p1")
+    await asyncio.gather(*unconfirmed, return_exceptions=True)  # outcome unknown to the app
+    deployment.start("p2")
+    p2 = await deployment.daemons["p2"].client()
+    await p2.set_mirror_role("Parts", "principal")
+    confirmed = [
+        asyncio.create_task(p2.send(target, body=f"confirmed {i}".encode())) for i in range(3)
+    ]
+    await asyncio.sleep(1.0)
+    deployment.start("p1")
+    p1 = await deployment.daemons["p1"].client()
+    await p1.set_mirror_role("Parts", "mirror")  # as an operator would, a moment late
+    await wait_caught_up(deployment, "p2", "p1")
+    await asyncio.wait_for(asyncio.gather(*confirmed), 30)
+    got: list[ReceivedMessage] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while len(got) < 4 and loop.time() < deadline:
+        got += await a.receive(queue_of(INITIATOR), top=10, timeout=1.0)
+    got += await a.receive(queue_of(INITIATOR), timeout=2.0)
+    assert [m.message_body for m in got] == [f"confirmed {i}".encode() for i in range(3)]
+    assert await p1.transmission_queue() == []  # no stale image on the mirror
+    view = await mirroring(deployment, "p1")
+    assert (view["role"], view["in_doubt"]) == ("mirror", False)
+
+
 async def test_a_mirror_behind_a_restarted_principal_catches_up_by_a_copy_of_the_file(
     deployment: Deployment,
 ) -> None:
