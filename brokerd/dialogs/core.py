@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -100,6 +101,8 @@ class EngineCore:
         self.transmission: Transmission
         self._ticker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._drop_logged_at = -math.inf
+        self._drops_not_logged = 0
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -226,10 +229,18 @@ class EngineCore:
         )
 
     def note_drop(self, text: str) -> None:
-        """Keep the reason for the ``drops`` view (the first 100) and log it."""
+        """Keep the reason for the ``drops`` view (the first 100) and log it: at most one
+        line a second (a sender retransmitting into a fenced partner drops thousands),
+        with the count of those not logged since."""
         if len(self.stats.drop_reasons) < 100:
             self.stats.drop_reasons.append(text)
-        log.warning("%s", text)
+        now = time.monotonic()
+        if now - self._drop_logged_at < 1.0:
+            self._drops_not_logged += 1
+            return
+        more = self._drops_not_logged
+        self._drop_logged_at, self._drops_not_logged = now, 0
+        log.warning("%s%s", text, f" (and {more} more drops not logged)" if more else "")
 
     def _trace_begun(self, ep: Endpoint, peer: str | None = None) -> None:
         self.trace.emit(

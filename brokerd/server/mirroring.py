@@ -363,8 +363,9 @@ class Partner:
         if now - self.asked_at < ASK_EVERY:
             return
         self.asked_at = now
+        service = min(self.db.catalog.services)  # any: the broker instance names the database
         self.owner.transport.link_for(self.address).send_control(
-            events.PrincipalQuery(0, self.instance, "", self.db.mirror_epoch)
+            events.PrincipalQuery(0, self.instance, service, self.db.mirror_epoch)
         )
 
     def attach(self, protocol: BrokerProtocol, lsn_epoch: int | None = None) -> None:

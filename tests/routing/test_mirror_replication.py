@@ -286,6 +286,15 @@ async def test_a_restarted_old_principal_sends_nothing_its_mirror_never_confirme
     await asyncio.sleep(1.0)
     deployment.start("p1")
     p1 = await deployment.daemons["p1"].client()
+
+    async def demoted() -> bool:
+        return (await mirroring(deployment, "p1"))["role"] == "mirror"
+
+    demoted_itself = True
+    try:
+        await wait_until(demoted, 10)  # it asks p2, which answers: principal, higher epoch
+    except AssertionError:
+        demoted_itself = False
     await p1.set_mirror_role("Parts", "mirror")  # as an operator would, a moment late
     await wait_caught_up(deployment, "p2", "p1")
     await asyncio.wait_for(asyncio.gather(*confirmed), 30)
@@ -299,6 +308,29 @@ async def test_a_restarted_old_principal_sends_nothing_its_mirror_never_confirme
     assert await p1.transmission_queue() == []  # no stale image on the mirror
     view = await mirroring(deployment, "p1")
     assert (view["role"], view["in_doubt"]) == ("mirror", False)
+    assert demoted_itself
+
+
+async def test_a_principal_restarted_in_stall_mode_resumes_once_its_mirror_confirms(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16: a principal restarted with units in its file is in doubt; its mirror
+    answers "mirror", attaches and confirms the file's last unit, and the principal then
+    takes traffic again (a message sent meanwhile is delivered)."""
+    a = await start_pair(deployment, 'mirror_when_lost = "stall"\n')
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    await a.send(handle, body=b"before")
+    p1 = await deployment.daemons["p1"].client()
+    assert [m.message_body for m in await receive_some(p1, 1)] == [b"before"]
+    await wait_caught_up(deployment, "p1", "p2")
+    await p1.close()
+    deployment.kill("p1")
+    deployment.start("p1")
+    await a.send(handle, body=b"after")
+    p1 = await deployment.daemons["p1"].client()
+    assert [m.message_body for m in await receive_some(p1, 1)] == [b"after"]
+    view = await mirroring(deployment, "p1")
+    assert (view["role"], view["in_doubt"]) == ("principal", False)
 
 
 async def test_a_mirror_behind_a_restarted_principal_catches_up_by_a_copy_of_the_file(
