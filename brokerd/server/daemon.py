@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -31,6 +32,23 @@ from protocol.errors import BrokerError
 from protocol.security import Identity
 
 log = logging.getLogger("brokerd")
+
+GC_THRESHOLDS = (50_000, 50, 100)
+"""The cyclic garbage collector's thresholds once the daemon runs (CPython's: 700, 10,
+10). Every message allocates a few dozen container objects (headers, jobs, closures,
+trace tuples) that reference counting frees; at 700 the collector still ran a young
+collection every few messages, and the older generations rescanned the whole recovered
+image. Measured on W2 (``python -m bench run --workload W2``, three alternating runs):
+CPU per message 98 / 90 µs (sender / receiver daemon) before, 74 / 75 µs after."""
+
+
+def settle_garbage_collector() -> None:
+    """After start-up: what recovery loaded is moved out of the collector's generations
+    (``gc.freeze``: it is never scanned again, it is still freed by reference counting),
+    and collections run at :data:`GC_THRESHOLDS`. Cycles are still collected."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class Broker:
@@ -77,6 +95,7 @@ class Broker:
             self.mirroring.opened()
             await self.trace.start()
             await self.engine.start()
+            settle_garbage_collector()
             await self.transport.start()
             if self.mirroring:
                 self.mirroring.start()
