@@ -59,7 +59,9 @@ def parser() -> argparse.ArgumentParser:
         "--window", type=_positive, default=1000, help="SENDs awaiting their commit (1000)"
     )
     run.add_argument("--top", type=_positive, default=1000, help="RECEIVE TOP (n) (1000)")
-    run.add_argument("--receivers", type=_positive, default=1, help="concurrent RECEIVE loops (1)")
+    run.add_argument(
+        "--receivers", type=_positive, help="concurrent RECEIVE loops (1; W4: 8, one group each)"
+    )
     run.add_argument("--encryption", type=_on_off, default=True, help="on (default) or off")
     run.add_argument("--trace", type=_on_off, default=True, help="delivery traces: on or off")
     run.add_argument(
@@ -101,7 +103,7 @@ def options_for(name: str, args: argparse.Namespace) -> Options:
         dialogs=min(dialogs, messages),
         window=args.window,
         top=args.top,
-        receivers=args.receivers,
+        receivers=args.receivers or workload.receivers,
         encryption=args.encryption,
         trace=args.trace,
         warmup=default_warmup(workload, messages) if args.warmup is None else args.warmup,
