@@ -53,6 +53,7 @@ from protocol.client_wire import (
     ClientFrameReader,
     check_proof,
     encode_frame,
+    encode_sequence_reply,
     meta_size,
     new_nonce,
 )
@@ -331,6 +332,14 @@ class ClientSession(asyncio.Protocol):
             return
         self._write(frame)
 
+    def _reply_sequence(self, request_id: int, seq: int) -> None:
+        """A SEND's reply (``_reply(request_id, {"sequence_number": seq})``, same bytes)."""
+        if self._pending:
+            self._release(request_id)
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._write(encode_sequence_reply(request_id, seq))
+
     def _reply_error(self, request_id: int, exc: BaseException) -> None:
         if self._pending:
             self._release(request_id)
@@ -353,7 +362,7 @@ class ClientSession(asyncio.Protocol):
                 ep,
                 _str(m, "message_type", "DEFAULT"),
                 frame.body,
-                lambda seq: self._reply(request_id, {"sequence_number": seq}),
+                lambda seq: self._reply_sequence(request_id, seq),
                 lambda exc: self._reply_error(request_id, exc),
             )
         except BrokerError as exc:
