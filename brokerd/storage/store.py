@@ -133,6 +133,11 @@ class _Committer:
         if wake:
             self._wake.put(None)
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the thread waits for work (read without the lock: a hint)."""
+        return self._waiting
+
     def add(self, jobs: list[_Job]) -> None:
         """Queue jobs, in order, for the next group commit."""
         with self._lock:
@@ -354,8 +359,12 @@ class Store:
         self._outstanding += 1
         self.pending_weight += weight
         self._idle.clear()
+        job = _Job(statements, fn, future, on_commit, on_failure, None, None, weight)
         turn = self._turn
-        turn.append(_Job(statements, fn, future, on_commit, on_failure, None, None, weight))
+        if not turn and committer.waiting:
+            committer.add([job])  # nothing is being committed: begin at once
+            return future
+        turn.append(job)
         if len(turn) == 1:
             assert self._loop is not None
             self._loop.call_soon(self._hand_over, committer)
@@ -404,9 +413,9 @@ class Store:
             self._loop.call_soon(self._hand_over, committer)
 
     def _hand_over(self, committer: _Committer) -> None:
-        """The jobs of one turn of the event loop go to the committer at once: one lock
-        and at most one wake-up of its thread per turn, not per job (each crossing can
-        cost a GIL hand-off), and they share a commit."""
+        """While a commit runs, the jobs of one turn of the event loop go to the committer
+        at once: one lock per turn, not per job (each crossing can cost a GIL hand-off).
+        A job submitted while the committer waits goes at once (it starts a commit)."""
         jobs, self._turn = self._turn, []
         committer.add(jobs)
 
