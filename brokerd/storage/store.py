@@ -99,10 +99,11 @@ class _Committer:
     """The thread that owns the connection.
 
     It runs *calls* (start-up reads and writes, one at a time) and *jobs* (the
-    group commit). Jobs are handed straight to the thread: after each commit it
-    takes every job submitted meanwhile and begins the next transaction at
-    once, without waiting for the event loop, and tells the loop about the
-    finished batch with one ``call_soon_threadsafe``.
+    group commit). The store hands jobs over once per turn of the event loop (at
+    once when the thread waits): after each commit the thread takes every job
+    handed over meanwhile and begins the next transaction at once, without
+    waiting for the event loop, and tells the loop about the finished batch with
+    one ``call_soon_threadsafe``.
     """
 
     def __init__(
@@ -359,16 +360,19 @@ class Store:
         self._outstanding += 1
         self.pending_weight += weight
         self._idle.clear()
-        job = _Job(statements, fn, future, on_commit, on_failure, None, None, weight)
         turn = self._turn
-        if not turn and committer.waiting:
-            committer.add([job])  # nothing is being committed: begin at once
-            return future
-        turn.append(job)
-        if len(turn) == 1:
+        turn.append(_Job(statements, fn, future, on_commit, on_failure, None, None, weight))
+        self._handed(committer, turn)
+        return future
+
+    def _handed(self, committer: _Committer, turn: list[_Job]) -> None:
+        """Hand this turn's jobs over now if the committer waits (its commit ended: do not
+        let it idle until the turn ends), else once at the end of the turn."""
+        if committer.waiting:
+            self._hand_over(committer)
+        elif len(turn) == 1:
             assert self._loop is not None
             self._loop.call_soon(self._hand_over, committer)
-        return future
 
     def submit_joined(
         self,
@@ -396,6 +400,9 @@ class Store:
                 last.on_commit.append(on_commit)
                 last.weight += weight
                 self.pending_weight += weight
+                committer = self._running()
+                if committer.waiting:
+                    self._hand_over(committer)
                 return
         if self._closing:
             raise StoreError(f"database {self.database!r} is shutting down")
@@ -408,16 +415,15 @@ class Store:
         turn.append(
             _Job(list(statements), None, None, callbacks, on_failure, None, None, weight, key)
         )
-        if len(turn) == 1:
-            assert self._loop is not None
-            self._loop.call_soon(self._hand_over, committer)
+        self._handed(committer, turn)
 
     def _hand_over(self, committer: _Committer) -> None:
         """While a commit runs, the jobs of one turn of the event loop go to the committer
         at once: one lock per turn, not per job (each crossing can cost a GIL hand-off).
-        A job submitted while the committer waits goes at once (it starts a commit)."""
+        Once the committer waits, what is queued goes at once (it starts a commit)."""
         jobs, self._turn = self._turn, []
-        committer.add(jobs)
+        if jobs:
+            committer.add(jobs)
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` inside the next batch's transaction; its result after commit."""
