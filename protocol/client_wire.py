@@ -146,6 +146,18 @@ def encode_frame(frame: ClientFrame) -> bytes:
     return b"".join((header, meta_bytes, body))
 
 
+def encode_sequence_reply(request_id: int, sequence_number: int) -> bytes:
+    """``encode_frame(ClientFrame(RESPONSE, request_id, {"sequence_number": n}))``, the
+    same bytes, built directly: the reply to every SEND, so it skips the general
+    checks. ``request_id`` is a u32 (it came from a REQUEST's header) and
+    ``sequence_number`` a 64-bit int."""
+    meta = b'{"sequence_number":%d}' % sequence_number
+    return _HEADER.pack(MAGIC, CLIENT_WIRE_VERSION, _RESPONSE, request_id, len(meta), 0) + meta
+
+
+_RESPONSE = int(ClientFrameKind.RESPONSE)
+
+
 class _Pending(NamedTuple):
     """The validated header of the frame being received."""
 

@@ -96,11 +96,14 @@ class ReadyIndex:
                 chosen = [item for item in items if item[0] == handle][:top]
                 if not chosen:
                     continue
+                chosen_set = set(chosen)
+                rest = [item for item in items if item not in chosen_set]
             else:
+                # The group's head: no scan of (or hash per) message behind it, so a
+                # RECEIVE costs what it takes, not what waits (a backlog of any size).
                 chosen = items[:top]
-            chosen_set = set(chosen)
-            rest = [item for item in items if item not in chosen_set]
-
+                del items[:top]
+                rest = items
             if rest:
                 self.groups[gid] = rest
             else:

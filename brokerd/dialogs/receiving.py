@@ -64,6 +64,8 @@ index entries and share of a commit cost as much as about 2 KiB of body, so thou
 small messages count as a backlog too."""
 
 log = logging.getLogger("brokerd.dialogs.receiving")
+_RECEIVED = "received"
+"""The key that joins the store jobs of received messages (``Store.submit_joined``)."""
 
 
 class Receiving(EngineCore):
@@ -659,6 +661,14 @@ class Receiving(EngineCore):
             log.error("store error while receiving into %s: %s", db.name, exc)
             self._suspend_receiving(db)
 
+        if fn is None:
+            # The messages a link hands over in one turn are one job per database: any
+            # failure means the same (receiving stops until memory matches the file),
+            # and each message is still acknowledged only by its commit's callback.
+            db.store.submit_joined(
+                _RECEIVED, statements, committed, failed, ARRIVAL_WEIGHT + arrived
+            )
+            return
         db.store.submit(
             statements,
             fn=fn,

@@ -28,6 +28,7 @@ from brokerd.dialogs.core import (
 )
 from brokerd.dialogs.database import Database, Lease
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_deletion, endpoint_snapshot
+from brokerd.dialogs.ready import ReadyIndex
 from brokerd.dialogs.service_keys import new_dialog_key
 from brokerd.dialogs.states import DELIVERING, State
 from brokerd.dialogs.work import Work
@@ -46,7 +47,7 @@ from brokerd.errors import (
     ValidationFailed,
 )
 from brokerd.storage import queries
-from brokerd.storage.catalog import SYSTEM_MESSAGE_TYPES
+from brokerd.storage.catalog import SYSTEM_MESSAGE_TYPES, QueueInfo
 from brokerd.storage.queries import Statement
 from protocol.dialog import (
     END_DIALOG,
@@ -471,14 +472,7 @@ class ApplicationVerbs(EngineCore):
         ``owned`` are groups the caller's transaction already holds: they may be taken
         from again. None when nothing arrived in time.
         """
-        db = self._database_of_queue(queue, database)
-        info = db.catalog.queues[queue]
-        if not info.status:
-            raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
-        index = db.ready[queue]
-        group = None
-        if handle is not None:
-            group = self.endpoint(handle)[1].group_id
+        db, info, index, group = self._ready_of(queue, database, handle)
         deadline = None if timeout < 0 else self.loop.time() + timeout
         while True:
             taken = index.take(max(1, top), handle, group, owned)
@@ -493,6 +487,20 @@ class ApplicationVerbs(EngineCore):
                 await asyncio.wait_for(index.changed.wait(), remaining)
             except TimeoutError:
                 return None
+
+    def _ready_of(
+        self, queue: str, database: str | None, handle: uuid.UUID | None
+    ) -> tuple[Database, QueueInfo, ReadyIndex, uuid.UUID | None]:
+        """RECEIVE's checks: the queue's database, the queue (enabled), its ready index,
+        and the group of ``handle`` if one is named."""
+        db = self._database_of_queue(queue, database)
+        info = db.catalog.queues[queue]
+        if not info.status:
+            raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
+        group = None
+        if handle is not None:
+            group = self.endpoint(handle)[1].group_id
+        return db, info, db.ready[queue], group
 
     async def read_leased(
         self, lease: Lease, budget: queries.Budget | None = None
@@ -592,26 +600,75 @@ class ApplicationVerbs(EngineCore):
         lease = await self.take_ready(queue, database, top, timeout, handle)
         if lease is None:
             return []
+        future = self._read_and_remove(lease, budget, None, None)
+        assert future is not None
+        rows: list[dict[str, Any]] = await future
+        return rows
+
+    def receive_now(
+        self,
+        queue: str,
+        database: str | None,
+        top: int,
+        handle: uuid.UUID | None,
+        budget: queries.Budget | None,
+        then: Callable[[list[dict[str, Any]]], None],
+        failed: Callable[[BaseException], None],
+    ) -> bool:
+        """:meth:`receive` without a task or a future when messages are ready now: the
+        rows go to ``then`` from the callback of the commit that removed them (or the
+        error to ``failed``). False, with nothing taken, when none are ready: the caller
+        waits with :meth:`receive`. The client listener's path for RECEIVE, so that a
+        consumer behind a busy event loop waits for its commit, not for further turns
+        of the loop."""
+        db, info, index, group = self._ready_of(queue, database, handle)
+        taken = index.take(max(1, top), handle, group)
+        if taken is None:
+            return False
+        gid, items = taken
+        lease = Lease(db, queue, index, gid, items, info.retention)
+        try:
+            self._read_and_remove(lease, budget, then, failed)
+        except BaseException:
+            self.release(lease, received=False)
+            raise
+        return True
+
+    def _read_and_remove(
+        self,
+        lease: Lease,
+        budget: queries.Budget | None,
+        then: Callable[[list[dict[str, Any]]], None] | None,
+        failed: Callable[[BaseException], None] | None,
+    ) -> asyncio.Future[Any] | None:
+        """The autocommit RECEIVE's job: read the lease's rows (cut to ``budget``) and
+        remove them in one commit; the rows to ``then`` (or the future, without it)."""
         used = [len(lease.items)]
+        result: list[list[dict[str, Any]]] = [[]]
 
         def read_and_remove(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             rows, used[0] = queries.read_received(conn, lease.items, budget, True, lease.retention)
+            result[0] = rows
             return rows
 
         def committed() -> None:
             self.trim(lease, used[0])
             self.release(lease, received=True)
+            if then is not None:
+                then(result[0])
 
-        future = lease.db.store.submit(
+        def not_committed(exc: BaseException) -> None:
+            self.release(lease, received=False)
+            if failed is not None:
+                failed(exc)
+
+        return lease.db.store.submit(
             (),
             fn=read_and_remove,
             on_commit=committed,
-            on_failure=lambda _: self.release(lease, received=False),
-            wait=True,
+            on_failure=not_committed,
+            wait=then is None,
         )
-        assert future is not None
-        rows: list[dict[str, Any]] = await future
-        return rows
 
     async def alter_queue(self, queue: str, status: bool, database: str | None = None) -> None:
         """ALTER QUEUE ... WITH STATUS = ON | OFF (R-DLG-12).

@@ -53,6 +53,7 @@ from protocol.client_wire import (
     ClientFrameReader,
     check_proof,
     encode_frame,
+    encode_sequence_reply,
     meta_size,
     new_nonce,
 )
@@ -207,8 +208,15 @@ class ClientSession(asyncio.Protocol):
                 continue
             if frame.body:
                 self._hold(frame.request_id, len(frame.body))
-            if frame.meta.get("op") == "send" and frame.meta.get("transaction") is None:
+            op = frame.meta.get("op")
+            if op == "send" and frame.meta.get("transaction") is None:
                 self._send_now(frame)
+                continue
+            if (
+                op == "receive"
+                and frame.meta.get("transaction") is None
+                and self._receive_now(frame)
+            ):
                 continue
             task = asyncio.get_running_loop().create_task(self._run(frame))
             self.tasks.add(task)
@@ -331,6 +339,14 @@ class ClientSession(asyncio.Protocol):
             return
         self._write(frame)
 
+    def _reply_sequence(self, request_id: int, seq: int) -> None:
+        """A SEND's reply (``_reply(request_id, {"sequence_number": seq})``, same bytes)."""
+        if self._pending:
+            self._release(request_id)
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._write(encode_sequence_reply(request_id, seq))
+
     def _reply_error(self, request_id: int, exc: BaseException) -> None:
         if self._pending:
             self._release(request_id)
@@ -353,7 +369,7 @@ class ClientSession(asyncio.Protocol):
                 ep,
                 _str(m, "message_type", "DEFAULT"),
                 frame.body,
-                lambda seq: self._reply(request_id, {"sequence_number": seq}),
+                lambda seq: self._reply_sequence(request_id, seq),
                 lambda exc: self._reply_error(request_id, exc),
             )
         except BrokerError as exc:
@@ -361,6 +377,33 @@ class ClientSession(asyncio.Protocol):
         except Exception as exc:
             log.exception("client operation send failed")
             self._reply_error(request_id, exc)
+
+    def _receive_now(self, frame: ClientFrame) -> bool:
+        """RECEIVE outside a transaction, without a task, when messages are ready now: the
+        reply is written from the callback of the commit that removed them. False when
+        nothing is ready or a check fails: the request then runs as a task (which waits,
+        or repeats the checks and replies with the error)."""
+        request_id = frame.request_id
+        try:
+            self.allowed.check_operation("receive")
+            (queue, database, top, _), handle = _receive_args(self, frame.meta)
+
+            def then(rows: list[dict[str, Any]]) -> None:
+                meta, body = _receive_reply(rows)
+                self._reply(request_id, meta, body)
+                self._write_out()  # now, not after another turn of a busy event loop
+
+            return self.broker.engine.receive_now(
+                queue,
+                database,
+                top,
+                handle,
+                receive_budget,
+                then,
+                lambda exc: self._reply_error(request_id, exc),
+            )
+        except Exception:
+            return False
 
     async def _run(self, frame: ClientFrame) -> None:
         op = frame.meta.get("op")
@@ -507,8 +550,10 @@ async def _send_many(session: ClientSession, frame: ClientFrame) -> tuple[dict[s
     return {"sequence_numbers": await session.broker.engine.send_many(messages)}, b""
 
 
-async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
-    m = frame.meta
+def _receive_args(
+    session: ClientSession, m: dict[str, Any]
+) -> tuple[tuple[str, str | None, int, float], uuid.UUID | None]:
+    """A RECEIVE's (queue, database, top, timeout) and conversation, checked."""
     top, timeout = m.get("top", 1), m.get("timeout", 0)
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise InvalidRequest("top must be a whole number >= 1")
@@ -516,12 +561,22 @@ async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str
         raise InvalidRequest("timeout must be a number of seconds")
     args = (_str(m, "queue"), _database(m), top, float(timeout))
     session.allowed.check_queue(args[0])
-    handle = _uuid(m, "conversation_handle", required=False)
+    return args, _uuid(m, "conversation_handle", required=False)
+
+
+async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    args, handle = _receive_args(session, m)
     tx = _transaction(session, m)
     if tx is not None:
         rows = await tx.receive(*args, handle=handle, budget=receive_budget)
     else:
         rows = await session.broker.engine.receive(*args, handle=handle, budget=receive_budget)
+    return _receive_reply(rows)
+
+
+def _receive_reply(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], bytes]:
+    """A RECEIVE reply: the rows in the meta (each body's length), the bodies after."""
     return {"messages": [_reply_row(row) for row in rows]}, b"".join(
         row["message_body"] for row in rows
     )

@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -70,6 +71,21 @@ class _Job:
     result: Any = None
     error: BaseException | None = field(default=None)
     weight: int = 0
+    joins: object = None
+    """The key :meth:`Store.submit_joined` gave it (None: a job of its own)."""
+
+
+class _Callbacks(list[Callable[[], None]]):
+    """The commit callbacks of the parts of one joined job, run in their order."""
+
+    __slots__ = ()
+
+    def __call__(self) -> None:
+        for callback in self:
+            try:
+                callback()
+            except Exception:  # one part's bug must not cost the others their callbacks
+                log.exception("store: a commit callback failed")
 
 
 def describe_sqlite_error(database: str, exc: BaseException) -> str:
@@ -83,10 +99,11 @@ class _Committer:
     """The thread that owns the connection.
 
     It runs *calls* (start-up reads and writes, one at a time) and *jobs* (the
-    group commit). Jobs are handed straight to the thread: after each commit it
-    takes every job submitted meanwhile and begins the next transaction at
-    once, without waiting for the event loop, and tells the loop about the
-    finished batch with one ``call_soon_threadsafe``.
+    group commit). The store hands jobs over once per turn of the event loop (at
+    once when the thread waits): after each commit the thread takes every job
+    handed over meanwhile and begins the next transaction at once, without
+    waiting for the event loop, and tells the loop about the finished batch with
+    one ``call_soon_threadsafe``.
     """
 
     def __init__(
@@ -117,10 +134,15 @@ class _Committer:
         if wake:
             self._wake.put(None)
 
-    def add(self, job: _Job) -> None:
-        """Queue a job for the next group commit."""
+    @property
+    def waiting(self) -> bool:
+        """Whether the thread waits for work (read without the lock: a hint)."""
+        return self._waiting
+
+    def add(self, jobs: list[_Job]) -> None:
+        """Queue jobs, in order, for the next group commit."""
         with self._lock:
-            self._jobs.append(job)
+            self._jobs += jobs
             wake, self._waiting = self._waiting, False
         if wake:
             self._wake.put(None)
@@ -211,6 +233,8 @@ class Store:
         self.jobs_committed = 0
         self.replica: Replica | None = None
         """Set before :meth:`open` for a mirrored database (R-ROUTE-16); None otherwise."""
+        self._turn: list[_Job] = []
+        """Jobs submitted in this turn of the event loop, handed to the committer at its end."""
 
     # -- opening and closing --------------------------------------------------
 
@@ -336,17 +360,70 @@ class Store:
         self._outstanding += 1
         self.pending_weight += weight
         self._idle.clear()
-        committer.add(
-            _Job(
-                statements,
-                fn,
-                future=future,
-                on_commit=on_commit,
-                on_failure=on_failure,
-                weight=weight,
-            )
-        )
+        turn = self._turn
+        turn.append(_Job(statements, fn, future, on_commit, on_failure, None, None, weight))
+        self._handed(committer, turn)
         return future
+
+    def _handed(self, committer: _Committer, turn: list[_Job]) -> None:
+        """Hand this turn's jobs over now if the committer waits (its commit ended: do not
+        let it idle until the turn ends), else once at the end of the turn."""
+        if committer.waiting:
+            self._hand_over(committer)
+        elif len(turn) == 1:
+            assert self._loop is not None
+            self._loop.call_soon(self._hand_over, committer)
+
+    def submit_joined(
+        self,
+        key: object,
+        statements: Sequence[Statement],
+        on_commit: Callable[[], None],
+        on_failure: Callable[[BaseException], None],
+        weight: int = 0,
+    ) -> None:
+        """Like :meth:`submit`, but the job joins the previous one of this turn of the
+        event loop if that was submitted here with the same ``key``: its statements
+        follow the previous ones, its ``on_commit`` runs after theirs. A joined job
+        commits or fails as a whole, and its ``on_failure`` is the first part's, so only
+        parts whose failure means the same thing share a key (the messages one link
+        delivers to a database in one turn, say). Order is kept: a part joins only the
+        job submitted last, never one with another job after it.
+        """
+        turn = self._turn
+        if turn:
+            last = turn[-1]
+            if last.joins is not None and last.joins == key:
+                assert isinstance(last.statements, list)
+                assert isinstance(last.on_commit, _Callbacks)
+                last.statements += statements
+                last.on_commit.append(on_commit)
+                last.weight += weight
+                self.pending_weight += weight
+                committer = self._running()
+                if committer.waiting:
+                    self._hand_over(committer)
+                return
+        if self._closing:
+            raise StoreError(f"database {self.database!r} is shutting down")
+        committer = self._running()
+        self._outstanding += 1
+        self.pending_weight += weight
+        self._idle.clear()
+        callbacks = _Callbacks()
+        callbacks.append(on_commit)
+        turn.append(
+            _Job(list(statements), None, None, callbacks, on_failure, None, None, weight, key)
+        )
+        self._handed(committer, turn)
+
+    def _hand_over(self, committer: _Committer) -> None:
+        """While a commit runs, the jobs of one turn of the event loop go to the committer
+        at once: one lock per turn, not per job (each crossing can cost a GIL hand-off).
+        Once the committer waits, what is queued goes at once (it starts a commit)."""
+        jobs, self._turn = self._turn, []
+        if jobs:
+            committer.add(jobs)
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` inside the next batch's transaction; its result after commit."""
@@ -640,7 +717,7 @@ def _insert_many(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any
         return
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
-        conn.execute(_multi_row(sql, len(chunk)), [value for row in chunk for value in row])
+        conn.execute(_multi_row(sql, len(chunk)), list(chain.from_iterable(chunk)))
 
 
 @lru_cache(maxsize=ROWS_PER_STATEMENT)
@@ -653,7 +730,7 @@ def _write_endpoints(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) ->
     have a row (no index is touched), then an insert of the ones that are new."""
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
-        flat = [value for row in chunk for value in row]
+        flat = list(chain.from_iterable(chunk))
         changed = conn.execute(_endpoint_updates(len(chunk)), flat).rowcount
         if changed < len(chunk):
             _insert_many(conn, queries.ENDPOINT_ADD, chunk)

@@ -32,6 +32,7 @@ from protocol.client_wire import (
     auth_proof,
     check_proof,
     encode_frame,
+    encode_sequence_reply,
     new_nonce,
 )
 from protocol.errors import CloseCode
@@ -522,3 +523,14 @@ def test_integers_beyond_64_bits_in_meta_stay_integers(number: int) -> None:
     (got,) = ClientFrameReader().feed(encode_frame(frame))
     assert got.meta == {"n": number, "s": "x" * 25}
     assert type(got.meta["n"]) is int
+
+
+@pytest.mark.parametrize(
+    ("request_id", "seq"), [(0, 1), (1, 0), (7, -3), (0xFFFF_FFFF, 2**63 - 1), (42, -(2**63))]
+)
+def test_sequence_reply_is_the_general_encoding(request_id: int, seq: int) -> None:
+    """The SEND reply's direct encoding is byte for byte the general one."""
+    general = encode_frame(
+        ClientFrame(ClientFrameKind.RESPONSE, request_id, {"sequence_number": seq})
+    )
+    assert encode_sequence_reply(request_id, seq) == general

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import uuid
 from pathlib import Path
 
@@ -115,6 +116,75 @@ async def test_a_failing_job_fails_alone(tmp_path: Path) -> None:
         await bad
     rows = await store.query("SELECT key FROM meta WHERE key IN ('good', 'also') ORDER BY key")
     assert [r[0] for r in rows] == ["also", "good"]
+    await store.close()
+
+
+async def _busy(store: Store) -> threading.Event:
+    """Keep the committer busy (inside a job) until the returned event is set: what is
+    submitted meanwhile waits for the next commit, as under load."""
+    gate = threading.Event()
+    store.submit((), fn=lambda conn: gate.wait(10))
+    await asyncio.sleep(0.2)  # the turn ends: the job is handed over and running
+    return gate
+
+
+async def test_parts_submitted_joined_in_one_turn_are_one_job_in_order(tmp_path: Path) -> None:
+    """``submit_joined``: consecutive parts with one key are one job (one commit, the
+    callbacks in order); a job of another kind between them starts a new one, so the
+    order of submission is the order of the statements."""
+    store = Store(tmp_path / "shop.sqlite", "shop")
+    await store.open()
+    gate = await _busy(store)
+    order: list[str] = []
+    failed: list[BaseException] = []
+    for i in range(3):
+        store.submit_joined(
+            "k",
+            [queries.meta(f"a{i}", str(i))],
+            lambda i=i: order.append(f"a{i}"),
+            failed.append,
+            weight=10,
+        )
+    assert store.pending_weight == 30
+    store.submit([queries.meta("a0", "overwritten")], on_commit=lambda: order.append("plain"))
+    store.submit_joined("k", [queries.meta("b", "1")], lambda: order.append("b"), failed.append)
+    gate.set()
+    await store.wait_idle()
+    assert order == ["a0", "a1", "a2", "plain", "b"]
+    assert store.jobs_committed == 4  # the busy job, the a parts as one, the plain job, b
+    assert store.pending_weight == 0
+    assert not failed
+    assert _meta(store.path)["a0"] == "overwritten"  # the plain job ran after the a parts
+    await store.close()
+
+
+async def test_a_joined_job_fails_as_a_whole_and_alone(tmp_path: Path) -> None:
+    """A failing part fails its joined job once (the first part's ``on_failure``), and
+    no part's ``on_commit`` runs; a job of its own in the same commit still commits."""
+    store = Store(tmp_path / "shop.sqlite", "shop")
+    await store.open()
+    gate = await _busy(store)
+    committed: list[str] = []
+    failures: list[str] = []
+    good = store.submit([queries.meta("good", "1")], wait=True)
+    store.submit_joined(
+        "k",
+        [queries.meta("p1", "1")],
+        lambda: committed.append("p1"),
+        lambda e: failures.append("1"),
+    )
+    store.submit_joined(
+        "k",
+        [("INSERT INTO no_such_table VALUES (1)", ())],
+        lambda: committed.append("p2"),
+        lambda e: failures.append("2"),
+    )
+    assert good is not None
+    gate.set()
+    await good
+    await store.wait_idle()
+    assert committed == [] and failures == ["1"]
+    assert "p1" not in _meta(store.path) and _meta(store.path)["good"] == "1"
     await store.close()
 
 

@@ -1,0 +1,53 @@
+"""The ready index (R-OBJ-3): what RECEIVE takes, and what taking costs."""
+
+from __future__ import annotations
+
+import uuid
+
+from brokerd.dialogs.ready import ReadyIndex
+
+
+class _Untouchable:
+    """A conversation handle that fails the test if it is hashed or compared."""
+
+    def __hash__(self) -> int:
+        raise AssertionError("a message behind the ones taken was looked at")
+
+    def __eq__(self, other: object) -> bool:
+        raise AssertionError("a message behind the ones taken was looked at")
+
+
+def test_taking_the_head_of_a_group_does_not_look_at_the_messages_behind_it() -> None:
+    """RECEIVE TOP (n) without a conversation takes the group's first n messages; what
+    waits behind them is not scanned or hashed, so a RECEIVE costs what it takes, not
+    the backlog (the local workload's consumer fell further behind as the queue grew)."""
+    index = ReadyIndex()
+    group, handle = uuid.uuid4(), uuid.uuid4()
+    for seq in range(1, 4):
+        index.add(group, handle, seq)
+    behind = _Untouchable()
+    for seq in range(4, 1004):
+        index.add(group, behind, seq)  # type: ignore[arg-type]  # a stand-in handle
+    taken = index.take(3, None, None)
+    assert taken is not None
+    assert taken[0] == group
+    assert taken[1] == [(handle, 1), (handle, 2), (handle, 3)]
+    assert index.count == 1000
+    assert group in index.locked
+    rest = index.groups[group]
+    assert len(rest) == 1000 and rest[0][1] == 4 and rest[-1][1] == 1003
+
+
+def test_taken_messages_put_back_come_first_again() -> None:
+    index = ReadyIndex()
+    group, handle = uuid.uuid4(), uuid.uuid4()
+    for seq in range(1, 11):
+        index.add(group, handle, seq)
+    taken = index.take(4, None, None)
+    assert taken is not None
+    index.put_back(group, taken[1])
+    index.locked.discard(group)
+    again = index.take(100, None, None)
+    assert again is not None
+    assert [seq for _, seq in again[1]] == list(range(1, 11))
+    assert index.count == 0 and group not in index.groups
