@@ -893,9 +893,10 @@ class Router:
         log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)
         if role == "principal":
             if db.mirror_in_doubt and self.mirroring is not None:
-                # the administrator vouches for this partner (a forced service)
+                # the administrator vouches for this partner (a forced service); resumes it
                 self.mirroring.resolved(db, "the administrator confirmed it as principal")
-            self.engine.resume(db)
+            else:
+                self.engine.resume(db)
         else:
             self.forget_decisions()
 
