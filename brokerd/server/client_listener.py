@@ -48,11 +48,13 @@ from brokerd.server.client_access import Access, Credentials
 from protocol.client_wire import (
     DEFAULT_MAX_BODY,
     MAX_META_BYTES,
+    Buffer,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
     check_proof,
     encode_frame,
+    encode_frame_parts,
     meta_size,
     new_nonce,
 )
@@ -88,6 +90,12 @@ class Broker(Protocol):
 
 
 log = logging.getLogger("brokerd.server.client_listener")
+
+ReplyBody = bytes | list[bytes]
+"""A reply's body: bytes, or pieces written one after the other (RECEIVE's bodies)."""
+JOIN_BELOW = 256 * 1024
+"""Replies of one turn smaller than this are joined into one write; larger ones are
+written as their pieces (a writev), so a large body is never copied into a join."""
 
 PRE_LOGIN_MAX_BODY = 4096
 PRE_LOGIN_MAX_META = 4096
@@ -172,7 +180,7 @@ class ClientSession(asyncio.Protocol):
         self._pending_bytes = 0
         self._pending_limit = broker.config.limits.client_pending_mb * 1024 * 1024
         self._reading_held = False
-        self._out: list[bytes] | None = None
+        self._out: list[Buffer] | None = None
         """Replies not yet written: one write per turn of the event loop, not per reply."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -230,19 +238,26 @@ class ClientSession(asyncio.Protocol):
             self._write_out()
             self.transport.close()
 
-    def _write(self, frame: bytes) -> None:
-        """Queue a reply frame; the replies of one turn of the event loop (a group commit's
-        callbacks answer many SENDs at once) go to the socket in one write, in order."""
+    def _write(self, *frame: Buffer) -> None:
+        """Queue a reply frame (its pieces); the replies of one turn of the event loop (a
+        group commit's callbacks answer many SENDs at once) go to the socket in one write,
+        in order."""
         if self._out is None:
-            self._out = [frame]
+            self._out = list(frame)
             asyncio.get_running_loop().call_soon(self._write_out)
         else:
-            self._out.append(frame)
+            self._out.extend(frame)
 
     def _write_out(self) -> None:
         out, self._out = self._out, None
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if not out or self.transport is None or self.transport.is_closing():
+            return
+        if len(out) == 1:
+            self.transport.write(out[0])
+        elif sum(len(piece) for piece in out) < JOIN_BELOW:
+            self.transport.write(b"".join(out))
+        else:  # large bodies go as they are, one writev, never joined into a copy
+            self.transport.writelines(out)
 
     def _login_expired(self) -> None:
         """No login within ``client.login_timeout``: the connection is closed."""
@@ -318,18 +333,23 @@ class ClientSession(asyncio.Protocol):
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
 
-    def _reply(self, request_id: int, meta: dict[str, Any], body: bytes = b"") -> None:
+    def _reply(self, request_id: int, meta: dict[str, Any], body: ReplyBody = b"") -> None:
         if self._pending:
             self._release(request_id)
         if self.transport is None or self.transport.is_closing():
             return
         try:
-            frame = encode_frame(ClientFrame(ClientFrameKind.RESPONSE, request_id, meta, body))
+            parts = encode_frame_parts(
+                ClientFrameKind.RESPONSE,
+                request_id,
+                meta,
+                body if isinstance(body, list) else (body,),
+            )
         except LocalProtocolError as exc:  # the client must not wait for a reply forever
             log.error("reply to request %d cannot be sent: %s", request_id, exc)
             self._reply_error(request_id, InternalError(f"the reply cannot be sent: {exc}"))
             return
-        self._write(frame)
+        self._write(*parts)
 
     def _reply_error(self, request_id: int, exc: BaseException) -> None:
         if self._pending:
@@ -382,7 +402,7 @@ class ClientSession(asyncio.Protocol):
         self._reply(frame.request_id, meta, body)
 
 
-Handler = Callable[["ClientSession", ClientFrame], Awaitable[tuple[dict[str, Any], bytes]]]
+Handler = Callable[["ClientSession", ClientFrame], Awaitable[tuple[dict[str, Any], ReplyBody]]]
 
 
 def _transaction(session: ClientSession, m: dict[str, Any]) -> Transaction | None:
@@ -507,7 +527,7 @@ async def _send_many(session: ClientSession, frame: ClientFrame) -> tuple[dict[s
     return {"sequence_numbers": await session.broker.engine.send_many(messages)}, b""
 
 
-async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], ReplyBody]:
     m = frame.meta
     top, timeout = m.get("top", 1), m.get("timeout", 0)
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
@@ -522,9 +542,8 @@ async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str
         rows = await tx.receive(*args, handle=handle, budget=receive_budget)
     else:
         rows = await session.broker.engine.receive(*args, handle=handle, budget=receive_budget)
-    return {"messages": [_reply_row(row) for row in rows]}, b"".join(
-        row["message_body"] for row in rows
-    )
+    # The bodies go to the socket as they are (one writev), not joined into one copy.
+    return {"messages": [_reply_row(row) for row in rows]}, [row["message_body"] for row in rows]
 
 
 RECEIVE_META_LIMIT = MAX_META_BYTES - 4096
