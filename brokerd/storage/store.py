@@ -455,7 +455,7 @@ class Store:
             source = sqlite3.connect(":memory:")
             try:
                 source.deserialize(_rollback_journal_image(data))
-                source.backup(conn)
+                _backup(source, conn)
             finally:
                 source.close()
             conn.execute("BEGIN IMMEDIATE")
@@ -467,6 +467,24 @@ class Store:
             replica.lsn_epoch = int(meta.get("mirror_lsn_epoch", "0"))
 
         await self._call(run)
+
+
+def _backup(source: sqlite3.Connection, conn: sqlite3.Connection) -> None:
+    """Copy ``source`` over ``conn``'s file. A file in WAL mode refuses a copy of another
+    page size (partners whose files were created by versions with different page
+    sizes, :data:`PAGE_SIZE`; SQLite reports it as a write to a read-only database,
+    and ``PRAGMA page_size`` does not tell, since :func:`_connect` asked for ours):
+    the copy then goes in rollback-journal mode, which takes the source's page size,
+    and the file returns to WAL."""
+    try:
+        source.backup(conn)
+        return
+    except sqlite3.OperationalError:
+        conn.execute("PRAGMA journal_mode=DELETE")
+    try:
+        source.backup(conn)
+    finally:
+        conn.execute("PRAGMA journal_mode=WAL")
 
 
 def _rollback_journal_image(data: bytes) -> bytes:
