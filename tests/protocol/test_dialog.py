@@ -323,6 +323,15 @@ def test_round_trip_generated_fragments(case: tuple[DialogHeader, bytes]) -> Non
 STRICT_HEADER = FastCodec(DIALOG_HEADER)
 """The generic strict parser of the construct declaration (tests/protocol/test_codec.py
 checks it against construct): the reference for the hand-written hot path."""
+STRICT_SECURED_HEADER = FastCodec(dialog.SECURED_DIALOG_HEADER)
+"""The same for a header whose flags have SECURED (the layout with the trailer)."""
+
+
+def _strict_parse(data: bytes) -> None:
+    """The declaration that applies to ``data``: its flags (bytes 16-17) choose the
+    layout, as they do for the hot path; a damaged byte may set or clear SECURED."""
+    secured = len(data) >= 18 and int.from_bytes(data[16:18], "big") & dialog.FLAG_SECURED
+    (STRICT_SECURED_HEADER if secured else STRICT_HEADER).parse(data)
 
 
 @settings(max_examples=300, deadline=None)
@@ -342,7 +351,7 @@ def test_the_hot_path_accepts_exactly_what_the_declaration_accepts(
         encoded[flip] = value
     for damaged in (bytes(encoded[:cut]), bytes(encoded), bytes(encoded) + b"\0"):
         try:
-            STRICT_HEADER.parse(damaged)
+            _strict_parse(damaged)
         except RemoteProtocolError:
             with pytest.raises(RemoteProtocolError):
                 decode_header(damaged)
