@@ -45,6 +45,7 @@ from brokerd.dialogs import views
 from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
+from brokerd.server.writes import coalesce
 from protocol.client_wire import (
     DEFAULT_MAX_BODY,
     MAX_META_BYTES,
@@ -93,9 +94,6 @@ log = logging.getLogger("brokerd.server.client_listener")
 
 ReplyBody = bytes | list[bytes]
 """A reply's body: bytes, or pieces written one after the other (RECEIVE's bodies)."""
-JOIN_BELOW = 256 * 1024
-"""Replies of one turn smaller than this are joined into one write; larger ones are
-written as their pieces (a writev), so a large body is never copied into a join."""
 
 PRE_LOGIN_MAX_BODY = 4096
 PRE_LOGIN_MAX_META = 4096
@@ -254,10 +252,12 @@ class ClientSession(asyncio.Protocol):
             return
         if len(out) == 1:
             self.transport.write(out[0])
-        elif sum(len(piece) for piece in out) < JOIN_BELOW:
-            self.transport.write(b"".join(out))
-        else:  # large bodies go as they are, one writev, never joined into a copy
-            self.transport.writelines(out)
+        else:  # large bodies go as they are (one writev), never joined into a copy
+            pieces = coalesce(out)
+            if len(pieces) == 1:
+                self.transport.write(pieces[0])
+            else:
+                self.transport.writelines(pieces)
 
     def _login_expired(self) -> None:
         """No login within ``client.login_timeout``: the connection is closed."""

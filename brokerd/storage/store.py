@@ -191,14 +191,6 @@ by one when its row is deleted: a 1 MiB body is 256 pages at SQLite's default 4 
 and 64 at 16 KiB (docs/performance.md, "Large bodies")."""
 
 
-CHECKPOINT_PAGES = 4096
-"""WAL pages after which a commit checkpoints (SQLite's default is 1000): 64 MiB at
-:data:`PAGE_SIZE`. A checkpoint copies the latest frame of each page in the WAL into
-the file; pages freed and reused within one WAL (a large body deleted when
-acknowledged or received, its pages taken by the next one) are copied once, not once
-per body. Durability does not depend on it: every commit fsyncs the WAL."""
-
-
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
@@ -206,7 +198,6 @@ def _connect(path: Path) -> sqlite3.Connection:
     conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    conn.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_PAGES}")
     conn.execute("PRAGMA foreign_keys=OFF")
     return conn
 
