@@ -42,7 +42,7 @@ import hmac
 import json
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import construct as c
@@ -106,12 +106,26 @@ def encode_frame(frame: ClientFrame) -> bytes:
     encoding exceeds MAX_META_BYTES, or ``body`` is not bytes-like or exceeds a u32.
     The body is not checked against any reader's ``max_body``: that is the peer's.
     """
-    raw_kind: object
-    raw_kind, request_id, meta, body = frame
+    kind, request_id, meta, body = frame
+    return b"".join(encode_frame_parts(kind, request_id, meta, (body,)))
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+def encode_frame_parts(
+    kind: ClientFrameKind, request_id: int, meta: dict[str, Any], body: Sequence[Buffer]
+) -> list[Buffer]:
+    """The wire bytes of a frame whose body is the concatenation of ``body``, as the
+    header (with the meta) followed by the pieces themselves, not copied: a writer that
+    takes several buffers at once sends a large body without joining it first (a
+    RECEIVE of many large messages). Checks and errors as :func:`encode_frame`.
+    """
+    raw_kind: object = kind
     if isinstance(raw_kind, bool) or not isinstance(raw_kind, int):
         raise LocalProtocolError(f"cannot encode: unknown client frame kind {raw_kind!r}")
-    kind = _KIND_BY_VALUE.get(raw_kind)
-    if kind is None:
+    known = _KIND_BY_VALUE.get(raw_kind)
+    if known is None:
         raise LocalProtocolError(f"cannot encode: unknown client frame kind {raw_kind!r}")
     if type(request_id) is bool or not isinstance(request_id, int):
         raise LocalProtocolError(
@@ -133,17 +147,19 @@ def encode_frame(frame: ClientFrame) -> bytes:
         raise LocalProtocolError(
             f"cannot encode: meta of {len(meta_bytes)} bytes exceeds the limit of {MAX_META_BYTES}"
         )
-    if not isinstance(body, bytes | bytearray | memoryview):
-        raise LocalProtocolError(
-            f"cannot encode: body must be bytes-like, not {type(body).__name__}"
-        )
-    body_size = body.nbytes if isinstance(body, memoryview) else len(body)
+    body_size = 0
+    for piece in body:
+        if not isinstance(piece, bytes | bytearray | memoryview):
+            raise LocalProtocolError(
+                f"cannot encode: body must be bytes-like, not {type(piece).__name__}"
+            )
+        body_size += piece.nbytes if isinstance(piece, memoryview) else len(piece)
     if body_size > _U32_MAX:
         raise LocalProtocolError(f"cannot encode: body of {body_size} bytes does not fit a u32")
     header = _HEADER.pack(
-        MAGIC, CLIENT_WIRE_VERSION, int(kind), request_id, len(meta_bytes), body_size
+        MAGIC, CLIENT_WIRE_VERSION, int(known), request_id, len(meta_bytes), body_size
     )
-    return b"".join((header, meta_bytes, body))
+    return [header + meta_bytes, *body]
 
 
 def encode_sequence_reply(request_id: int, sequence_number: int) -> bytes:

@@ -226,49 +226,76 @@ class BrokerConnection:
             data = bytes(data)  # payload slices handed up must be immutable
         self.stats.bytes_received += len(data)
         buffer = self._buffer
-        if buffer:
-            buffer += data
-            if len(buffer) < self._need:
-                return []
-            data = bytes(buffer)
-            buffer.clear()
         events: list[Event] = []
         pos = 0
-        size = len(data)
-        opened_limit = self.settings.max_frame_size
+        head = b""
+        if buffer:
+            missing = self._need - len(buffer)
+            if len(data) < missing:
+                buffer += data
+                return []
+            if len(buffer) < HEADER_SIZE:  # a header split across reads: join them
+                buffer += data
+                data = bytes(buffer)
+                buffer.clear()
+            else:
+                # Complete the pending frame from the head of ``data`` and parse the rest
+                # where it is: only the frame that straddled two reads is copied.
+                with memoryview(data) as view:
+                    buffer += view[:missing]
+                head = bytes(buffer)
+                buffer.clear()
+                pos = missing
         try:
-            while size - pos >= HEADER_SIZE:
-                limit = opened_limit if self.state is State.OPEN else HANDSHAKE_MAX_FRAME_SIZE
-                header = frames.decode_header(data, limit, pos)
-                end = pos + HEADER_SIZE + header.length
-                if end > size:
-                    break
-                header_bytes = data[pos : pos + HEADER_SIZE]
-                body = data[pos + HEADER_SIZE : end]
-                pos = end
-                self.stats.frames_received += 1
-                if self.state is State.OPEN and header.frame_type in _OPEN_TYPE_VALUES:
-                    # The common case skips the general dispatch's enum and table lookup.
-                    self._on_open_frame(header, header_bytes, body, events)
-                    continue
-                self._dispatch(header, header_bytes, body, events)
-                if self.closed:
-                    return events
+            if head and self._frames(head, 0, events) < 0:
+                return events
+            pos = self._frames(data, pos, events)
+            if pos < 0:
+                return events
         except RemoteProtocolError as exc:
             self._fail(exc)
             exc.events = events
             raise
+        size = len(data)
         if pos < size:
             buffer += data[pos:]
             # The header of the pending frame is validated as soon as it is complete,
             # so an oversized length is refused before its body is buffered.
-            limit = opened_limit if self.state is State.OPEN else HANDSHAKE_MAX_FRAME_SIZE
+            limit = (
+                self.settings.max_frame_size
+                if self.state is State.OPEN
+                else HANDSHAKE_MAX_FRAME_SIZE
+            )
             self._need = (
                 HEADER_SIZE + frames.decode_header(data, limit, pos).length
                 if size - pos >= HEADER_SIZE
                 else HEADER_SIZE
             )
         return events
+
+    def _frames(self, data: bytes, pos: int, events: list[Event]) -> int:
+        """Handle the whole frames of ``data`` from ``pos``; where the first incomplete
+        one starts, or -1 once the connection has closed."""
+        size = len(data)
+        opened_limit = self.settings.max_frame_size
+        while size - pos >= HEADER_SIZE:
+            limit = opened_limit if self.state is State.OPEN else HANDSHAKE_MAX_FRAME_SIZE
+            header = frames.decode_header(data, limit, pos)
+            end = pos + HEADER_SIZE + header.length
+            if end > size:
+                break
+            header_bytes = data[pos : pos + HEADER_SIZE]
+            body = data[pos + HEADER_SIZE : end]
+            pos = end
+            self.stats.frames_received += 1
+            if self.state is State.OPEN and header.frame_type in _OPEN_TYPE_VALUES:
+                # The common case skips the general dispatch's enum and table lookup.
+                self._on_open_frame(header, header_bytes, body, events)
+                continue
+            self._dispatch(header, header_bytes, body, events)
+            if self.closed:
+                return -1
+        return pos
 
     def data_to_send(self) -> bytes:
         """Bytes the connection produced by itself (handshake replies, refusals).

@@ -601,11 +601,9 @@ class Receiving(EngineCore):
                 arrived=len(body),
             )
             return
-        status = 1 if released else 2
-
-        def assemble(conn: sqlite3.Connection) -> None:
-            queries.assemble(conn, h, seq, status)
-
+        # The fragments stay where they are and are the body (queries.IN_FRAGMENTS): the
+        # row's update is ordered after their inserts by the store (inserts first).
+        statements.append(queries.complete_in_fragments(h, seq, 1 if released else 2))
         self._submit_received(
             db,
             ep,
@@ -616,7 +614,6 @@ class Receiving(EngineCore):
             None,
             fenced,
             error,
-            assemble,
             arrived=len(body),
         )
 

@@ -355,7 +355,7 @@ class ApplicationVerbs(EngineCore):
                     index.put_back(group, items)
 
         # SPEC §6, R-DLG-10: what waits in this side's queue goes, and nothing more comes.
-        work = Work().add([queries.discard_queued(ep.handle_text)], on_failure=failed)
+        work = Work().add(queries.discard_queued(ep.handle_text), on_failure=failed)
         if ep.broker_error:
             self._trace_discarded(ep, list(dropped), "END CONVERSATION after a broker error")
             self.transmission.discard(ep)
@@ -455,7 +455,7 @@ class ApplicationVerbs(EngineCore):
         queue = db.queue_of(ep.service)
         if queue in db.ready:
             db.ready[queue].drop_conversation(ep.handle)
-        await self.submit_wait(db, [queries.discard_received(ep.handle_text)])
+        await self.submit_wait(db, queries.discard_received(ep.handle_text))
 
     async def take_ready(
         self,

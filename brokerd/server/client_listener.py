@@ -45,14 +45,17 @@ from brokerd.dialogs import views
 from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
+from brokerd.server.writes import coalesce
 from protocol.client_wire import (
     DEFAULT_MAX_BODY,
     MAX_META_BYTES,
+    Buffer,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
     check_proof,
     encode_frame,
+    encode_frame_parts,
     encode_sequence_reply,
     meta_size,
     new_nonce,
@@ -89,6 +92,9 @@ class Broker(Protocol):
 
 
 log = logging.getLogger("brokerd.server.client_listener")
+
+ReplyBody = bytes | list[bytes]
+"""A reply's body: bytes, or pieces written one after the other (RECEIVE's bodies)."""
 
 PRE_LOGIN_MAX_BODY = 4096
 PRE_LOGIN_MAX_META = 4096
@@ -173,7 +179,7 @@ class ClientSession(asyncio.Protocol):
         self._pending_bytes = 0
         self._pending_limit = broker.config.limits.client_pending_mb * 1024 * 1024
         self._reading_held = False
-        self._out: list[bytes] | None = None
+        self._out: list[Buffer] | None = None
         """Replies not yet written: one write per turn of the event loop, not per reply."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -238,19 +244,28 @@ class ClientSession(asyncio.Protocol):
             self._write_out()
             self.transport.close()
 
-    def _write(self, frame: bytes) -> None:
-        """Queue a reply frame; the replies of one turn of the event loop (a group commit's
-        callbacks answer many SENDs at once) go to the socket in one write, in order."""
+    def _write(self, *frame: Buffer) -> None:
+        """Queue a reply frame (its pieces); the replies of one turn of the event loop (a
+        group commit's callbacks answer many SENDs at once) go to the socket in one write,
+        in order."""
         if self._out is None:
-            self._out = [frame]
+            self._out = list(frame)
             asyncio.get_running_loop().call_soon(self._write_out)
         else:
-            self._out.append(frame)
+            self._out.extend(frame)
 
     def _write_out(self) -> None:
         out, self._out = self._out, None
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if not out or self.transport is None or self.transport.is_closing():
+            return
+        if len(out) == 1:
+            self.transport.write(out[0])
+        else:  # large bodies go as they are (one writev), never joined into a copy
+            pieces = coalesce(out)
+            if len(pieces) == 1:
+                self.transport.write(pieces[0])
+            else:
+                self.transport.writelines(pieces)
 
     def _login_expired(self) -> None:
         """No login within ``client.login_timeout``: the connection is closed."""
@@ -326,18 +341,23 @@ class ClientSession(asyncio.Protocol):
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
 
-    def _reply(self, request_id: int, meta: dict[str, Any], body: bytes = b"") -> None:
+    def _reply(self, request_id: int, meta: dict[str, Any], body: ReplyBody = b"") -> None:
         if self._pending:
             self._release(request_id)
         if self.transport is None or self.transport.is_closing():
             return
         try:
-            frame = encode_frame(ClientFrame(ClientFrameKind.RESPONSE, request_id, meta, body))
+            parts = encode_frame_parts(
+                ClientFrameKind.RESPONSE,
+                request_id,
+                meta,
+                body if isinstance(body, list) else (body,),
+            )
         except LocalProtocolError as exc:  # the client must not wait for a reply forever
             log.error("reply to request %d cannot be sent: %s", request_id, exc)
             self._reply_error(request_id, InternalError(f"the reply cannot be sent: {exc}"))
             return
-        self._write(frame)
+        self._write(*parts)
 
     def _reply_sequence(self, request_id: int, seq: int) -> None:
         """A SEND's reply (``_reply(request_id, {"sequence_number": seq})``, same bytes)."""
@@ -425,7 +445,7 @@ class ClientSession(asyncio.Protocol):
         self._reply(frame.request_id, meta, body)
 
 
-Handler = Callable[["ClientSession", ClientFrame], Awaitable[tuple[dict[str, Any], bytes]]]
+Handler = Callable[["ClientSession", ClientFrame], Awaitable[tuple[dict[str, Any], ReplyBody]]]
 
 
 def _transaction(session: ClientSession, m: dict[str, Any]) -> Transaction | None:
@@ -564,7 +584,7 @@ def _receive_args(
     return args, _uuid(m, "conversation_handle", required=False)
 
 
-async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], ReplyBody]:
     m = frame.meta
     args, handle = _receive_args(session, m)
     tx = _transaction(session, m)
@@ -575,11 +595,12 @@ async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str
     return _receive_reply(rows)
 
 
-def _receive_reply(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], bytes]:
-    """A RECEIVE reply: the rows in the meta (each body's length), the bodies after."""
-    return {"messages": [_reply_row(row) for row in rows]}, b"".join(
-        row["message_body"] for row in rows
-    )
+def _receive_reply(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[bytes]]:
+    """A RECEIVE reply: the rows in the meta (each body's length), the bodies after.
+
+    The bodies go to the socket as they are (one writev), not joined into one copy.
+    """
+    return {"messages": [_reply_row(row) for row in rows]}, [row["message_body"] for row in rows]
 
 
 RECEIVE_META_LIMIT = MAX_META_BYTES - 4096

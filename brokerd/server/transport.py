@@ -31,6 +31,7 @@ from brokerd.dialogs.binding import peer_identity
 from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
 from brokerd.server.outbox import Outbox
+from brokerd.server.writes import coalesce
 from protocol import dialog, events
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
@@ -323,7 +324,12 @@ class BrokerProtocol(asyncio.Protocol):
         if out:
             self.last_activity = time.time()
             self.liveness.sent(time.monotonic())
-            transport.write(b"".join(out))
+            # Large fragments go as they are (one writev), small frames joined.
+            pieces = coalesce(out)
+            if len(pieces) == 1:
+                transport.write(pieces[0])
+            else:
+                transport.writelines(pieces)
         if outbox and not self._paused:
             self._schedule_pump()
 

@@ -13,7 +13,8 @@ Owns (SPEC R-OBJ-3..6, R-DLG-5, R-DLG-7, R-DLG-11, R-DLG-13; docs/design.md "Sto
 Tables: the catalog (``message_types``, ``contract_messages``, ``queues``,
 ``services``, ``service_contracts``, ``routes``), ``conversation_endpoints``,
 ``transmission_queue``, ``queue_messages`` (status 0-3 as in R-OBJ-3),
-``message_fragments`` (fragments of messages being reassembled) and
+``message_fragments`` (fragments of messages being reassembled, and the body of a
+message of several fragments once complete, see :data:`IN_FRAGMENTS`) and
 ``conversation_timers``.
 """
 
@@ -293,8 +294,22 @@ _ABANDON_PARTIAL = (
     "AND status = 2 AND body IS NULL"
 )
 _ABANDON_FRAGMENTS = (
-    "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number < ?"
+    "DELETE FROM message_fragments WHERE conversation_handle = ?1 "
+    "AND message_sequence_number < ?2 AND message_sequence_number NOT IN ("
+    "SELECT message_sequence_number FROM queue_messages WHERE conversation_handle = ?1 "
+    "AND message_sequence_number < ?2 AND body IS NOT NULL)"
 )
+"""The fragments of the partial messages before a sequence number (whether or not their
+rows are already gone); complete messages keep theirs (:data:`IN_FRAGMENTS`)."""
+_SWEEP_FRAGMENTS = (
+    "DELETE FROM message_fragments WHERE conversation_handle = ?1 "
+    "AND message_sequence_number NOT IN ("
+    "SELECT message_sequence_number FROM queue_messages WHERE conversation_handle = ?1 "
+    "AND status = 2)"
+)
+"""The fragments of a conversation except those of its rows with status 2 (partial or
+held out of order): written with :data:`_DISCARD_QUEUED`, before or after it."""
+_DISCARD_FRAGMENTS = "DELETE FROM message_fragments WHERE conversation_handle = ?"
 _DROP_FRAGMENTS = (
     "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number = ?"
 )
@@ -313,6 +328,20 @@ _READ_RECEIVED = (
     "service_name, contract, message_type, body, enqueued_at, queue_name "
     "FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number IN "
 )
+_REMOVE_FRAGMENTS = (
+    "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number IN "
+)
+
+IN_FRAGMENTS = b""
+"""The body column of a complete message of several fragments (R-DLG-7): its bytes stay
+in ``message_fragments``, where they were stored as they arrived, and RECEIVE joins
+them (:func:`read_received`). Joining them into the queue row when the last fragment
+arrived read the whole body back, wrote it a second time and deleted the fragments: for
+a 1 MiB body, a third of the receiving broker's work. A message of several fragments is
+never empty (its length is at least its fragment count), and a partial one has no body
+(NULL), so an empty body with fragments stored can only mean this. The fragments leave
+with the row: every statement below that removes complete rows removes their fragments
+too."""
 
 
 def queued_message(
@@ -341,9 +370,18 @@ def promote(handle: str, seqs: Iterable[int]) -> list[Statement]:
 
 
 def received(items: Sequence[tuple[uuid.UUID, int]], retention: bool) -> list[Statement]:
-    """RECEIVE removes its messages, or keeps them with status 0 under RETENTION: one
-    statement per conversation (and per thousand messages)."""
-    verb = _RETAIN_MANY if retention else _REMOVE_MANY
+    """RECEIVE removes its messages (with their fragments, :data:`IN_FRAGMENTS`), or keeps
+    them with status 0 under RETENTION: one statement per conversation (and per
+    thousand messages), and one for the fragments unless retained."""
+    if retention:
+        return _by_sequence_numbers(_RETAIN_MANY, items)
+    return [
+        *_by_sequence_numbers(_REMOVE_MANY, items),
+        *_by_sequence_numbers(_REMOVE_FRAGMENTS, items),
+    ]
+
+
+def _by_sequence_numbers(verb: str, items: Sequence[tuple[uuid.UUID, int]]) -> list[Statement]:
     return [
         (f"{verb}({','.join('?' * len(part))})", [key, *part])
         for key, seqs in _by_conversation(items).items()
@@ -358,14 +396,16 @@ def _by_conversation(items: Sequence[tuple[uuid.UUID, int]]) -> dict[str, list[i
     return by_handle
 
 
-def discard_received(handle: str) -> Statement:
-    return (_DISCARD_RECEIVED, (handle,))
+def discard_received(handle: str) -> list[Statement]:
+    """Every message of a conversation leaves its queue, with its fragments."""
+    return [(_DISCARD_RECEIVED, (handle,)), (_DISCARD_FRAGMENTS, (handle,))]
 
 
-def discard_queued(handle: str) -> Statement:
-    """A local END removes the conversation's messages from its queue (SPEC §6); those
-    held out of order (status 2) stay, so recovery still knows what arrived."""
-    return (_DISCARD_QUEUED, (handle,))
+def discard_queued(handle: str) -> list[Statement]:
+    """A local END removes the conversation's messages from its queue (SPEC §6), with
+    their fragments; those held out of order (status 2) stay, so recovery still knows
+    what arrived."""
+    return [(_DISCARD_QUEUED, (handle,)), (_SWEEP_FRAGMENTS, (handle,))]
 
 
 def abandon_before(handle: str, seq: int) -> list[Statement]:
@@ -375,6 +415,18 @@ def abandon_before(handle: str, seq: int) -> list[Statement]:
         (_ABANDON_PARTIAL, (handle, seq)),
         (_ABANDON_FRAGMENTS, (handle, seq)),
     ]
+
+
+def complete_in_fragments(handle: str, seq: int, status: int) -> Statement:
+    """The last fragment of a message arrived: its row gets ``status`` and the body
+    :data:`IN_FRAGMENTS` (its fragments stay where they are)."""
+    return (_COMPLETE_IN_FRAGMENTS, (IN_FRAGMENTS, status, handle, seq))
+
+
+_COMPLETE_IN_FRAGMENTS = (
+    "UPDATE queue_messages SET body = ?, status = ? WHERE conversation_handle = ? "
+    "AND message_sequence_number = ?"
+)
 
 
 def drop_fragments(handle: str, seq: int) -> Statement:
@@ -444,12 +496,16 @@ def read_received(
                 found[(handle, int(r[1]))] = r
     out = []
     positions = []
+    in_fragments: set[tuple[uuid.UUID, int]] = set()
     for position, item in enumerate(items):
         row = found.get(item)
         if row is None:
             continue
         positions.append(position)
         body = row[6]
+        if body == IN_FRAGMENTS:
+            body = _joined_fragments(conn, row[0], int(row[1]))
+            in_fragments.add(item)
         out.append(
             {
                 "conversation_handle": row[0],
@@ -470,16 +526,38 @@ def read_received(
             out = out[:keep]
             used = positions[keep]
     if remove:
-        for sql, params in received(items[:used], retention):
+        taken = items[:used]
+        for sql, params in _by_sequence_numbers(_RETAIN_MANY if retention else _REMOVE_MANY, taken):
             conn.execute(sql, params)
+        if in_fragments and not retention:
+            joined_bodies = [item for item in taken if item in in_fragments]
+            for sql, params in _by_sequence_numbers(_REMOVE_FRAGMENTS, joined_bodies):
+                conn.execute(sql, params)
     return out, used
+
+
+_READ_FRAGMENT_DATA = (
+    "SELECT data FROM message_fragments WHERE conversation_handle = ? "
+    "AND message_sequence_number = ? ORDER BY fragment_index"
+)
+
+
+def _joined_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> bytes:
+    """The body of a message kept :data:`IN_FRAGMENTS` (empty for an empty message)."""
+    cursor = conn.execute(_READ_FRAGMENT_DATA, (handle, seq))
+    cursor.row_factory = None
+    return b"".join([row[0] for row in cursor])
 
 
 # -- fragments being reassembled ----------------------------------------------------------------
 
 READ_FRAGMENT_POSITIONS = (
-    "SELECT conversation_handle, message_sequence_number, fragment_index FROM message_fragments"
+    "SELECT conversation_handle, message_sequence_number, fragment_index "
+    "FROM message_fragments AS f WHERE NOT EXISTS (SELECT 1 FROM queue_messages AS q "
+    "WHERE q.conversation_handle = f.conversation_handle "
+    "AND q.message_sequence_number = f.message_sequence_number AND q.body IS NOT NULL)"
 )
+"""Recovery: the fragments of partial messages (a complete message's are its body)."""
 
 
 def fragment(handle: str, seq: int, index: int, offset: int, data: bytes) -> Statement:
@@ -502,21 +580,6 @@ def read_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> dict[int,
 def joined(fragments: dict[int, bytes]) -> bytes:
     """A message's body from its fragments by index."""
     return b"".join(fragments[index] for index in sorted(fragments))
-
-
-def assemble(conn: sqlite3.Connection, handle: str, seq: int, status: int) -> None:
-    """Join a message's stored fragments into its queue row (with ``status``)."""
-    whole = joined(read_fragments(conn, handle, seq))
-    conn.execute(
-        "UPDATE queue_messages SET body = ?, status = ? WHERE conversation_handle = ? "
-        "AND message_sequence_number = ?",
-        (whole, status, handle, seq),
-    )
-    conn.execute(
-        "DELETE FROM message_fragments WHERE conversation_handle = ? AND "
-        "message_sequence_number = ?",
-        (handle, seq),
-    )
 
 
 # -- conversation timers -------------------------------------------------------------------------

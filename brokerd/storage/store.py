@@ -205,9 +205,19 @@ class _Committer:
                 conn.close()
 
 
+PAGE_SIZE = 16 * 1024
+"""Page size of a database file brokerd creates (an existing file keeps its own). A
+body longer than a page spills into a chain of overflow pages, each a WAL frame of
+its own with a checksum when committed, copied again by the checkpoint, and read one
+by one when its row is deleted: a 1 MiB body is 256 pages at SQLite's default 4 KiB
+and 64 at 16 KiB (docs/performance.md, "Large bodies")."""
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
+    # Only takes effect while the file is still empty (before its first table).
+    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=OFF")
@@ -513,7 +523,7 @@ class Store:
             source = sqlite3.connect(":memory:")
             try:
                 source.deserialize(_rollback_journal_image(data))
-                source.backup(conn)
+                _backup(source, conn)
             finally:
                 source.close()
             conn.execute("BEGIN IMMEDIATE")
@@ -525,6 +535,24 @@ class Store:
             replica.lsn_epoch = int(meta.get("mirror_lsn_epoch", "0"))
 
         await self._call(run)
+
+
+def _backup(source: sqlite3.Connection, conn: sqlite3.Connection) -> None:
+    """Copy ``source`` over ``conn``'s file. A file in WAL mode refuses a copy of another
+    page size (partners whose files were created by versions with different page
+    sizes, :data:`PAGE_SIZE`; SQLite reports it as a write to a read-only database,
+    and ``PRAGMA page_size`` does not tell, since :func:`_connect` asked for ours):
+    the copy then goes in rollback-journal mode, which takes the source's page size,
+    and the file returns to WAL."""
+    try:
+        source.backup(conn)
+        return
+    except sqlite3.OperationalError:
+        conn.execute("PRAGMA journal_mode=DELETE")
+    try:
+        source.backup(conn)
+    finally:
+        conn.execute("PRAGMA journal_mode=WAL")
 
 
 def _rollback_journal_image(data: bytes) -> bytes:

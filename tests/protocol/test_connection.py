@@ -9,6 +9,7 @@ in-memory link (tests/conftest.py).
 from __future__ import annotations
 
 import datetime as dt
+import random
 import uuid
 
 import pytest
@@ -433,3 +434,35 @@ def test_large_frames_are_accepted_once_open_even_in_the_chunk_that_opens(pki: P
     assert i.state is State.OPEN
     fragments = [e for e in events if isinstance(e, Fragment)]
     assert [f.payload for f in fragments] == [payload]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_frames_split_at_any_point_arrive_whole_and_in_order(pki: Pki, seed: int) -> None:
+    """Reads end anywhere: inside a header, inside a body, on a boundary; a frame that
+    straddles reads is completed from the next one and the rest of that read parsed
+    where it is (large fragments, small ones, acknowledgements, keepalives mixed)."""
+    rng = random.Random(seed)
+    i, a = open_pair(pki)
+    sent: list[object] = []
+    stream = bytearray()
+    for n in range(60):
+        kind = rng.random()
+        if kind < 0.1:
+            stream += i.send(Keepalive())
+            sent.append(Keepalive())
+        elif kind < 0.3:
+            payload = bytes([n]) * rng.randint(0, 40)
+            stream += i.send(Ack(payload))
+            sent.append(Ack(payload))
+        else:
+            payload = bytes([n % 251]) * rng.choice((1, 100, 70_000, 200_000, 1_000_000))
+            stream += i.send(Fragment(payload))
+            sent.append(Fragment(payload))
+    got: list[object] = []
+    pos = 0
+    while pos < len(stream):
+        step = rng.choice((1, 7, 21, 22, 23, 4096, 65_536, 262_144, 1_500_000))
+        got += a.receive_data(bytes(stream[pos : pos + step]))
+        pos += step
+    assert got == sent
+    assert a.buffered_bytes == 0

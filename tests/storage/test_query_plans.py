@@ -95,9 +95,22 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
     ),
     "promotion of held messages": lambda c: _run(c, queries.promote(H1, [100, 101])),
     "a fragment stored": lambda c: _run(c, [queries.fragment(H1, 101, 0, 0, b"ab")]),
-    "reassembly": lambda c: queries.assemble(c, H1, 101, 1),
+    "reassembly: the last fragment completes the row": lambda c: _run(
+        c, [queries.complete_in_fragments(H1, 101, 1)]
+    ),
     "RECEIVE: read and remove": lambda c: queries.read_received(
         c, [(uuid.UUID(H1), 1), (uuid.UUID(H1), 2), (uuid.UUID(H2), 3)], remove=True
+    ),
+    "RECEIVE of a body kept in its fragments": lambda c: (
+        _run(
+            c,
+            [
+                queries.fragment(H1, 3, 0, 0, b"a"),
+                queries.fragment(H1, 3, 1, 1, b"b"),
+                queries.complete_in_fragments(H1, 3, 1),
+            ],
+        ),
+        queries.read_received(c, [(uuid.UUID(H1), 3)], remove=True),
     ),
     "RECEIVE under RETENTION": lambda c: _run(
         c, queries.received([(uuid.UUID(H1), 4), (uuid.UUID(H2), 5)], retention=True)
@@ -109,7 +122,11 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
         c, queries.forget_conversation(H2)
     ),
     "END CONVERSATION: received messages discarded": lambda c: _run(
-        c, [queries.discard_received(H1)]
+        c, queries.discard_received(H1)
+    ),
+    "END CONVERSATION: queued messages discarded": lambda c: _run(c, queries.discard_queued(H1)),
+    "an Error abandons partial messages before it": lambda c: _run(
+        c, queries.abandon_before(H1, 40)
     ),
     "MOVE CONVERSATION": lambda c: _run(c, [queries.regroup(H1, str(uuid.uuid4()))]),
     "conversation timer set and forgotten": lambda c: _run(

@@ -234,3 +234,36 @@ async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:
     rows = await store.fetchall(queries.READ_QUEUE_STATES)
     assert [tuple(r) for r in rows] == [("OrderQueue", 0, 1)]
     await store.close()
+
+
+async def test_a_mirror_installs_a_copy_of_another_page_size(tmp_path: Path) -> None:
+    """A principal's file created with 16 KiB pages is installed over a mirror's file of
+    4 KiB pages (created by a version with SQLite's default): a file in WAL mode refuses
+    such a backup, so it goes in rollback-journal mode and the file returns to WAL."""
+    from brokerd.storage.replica import Replica
+
+    principal = Store(tmp_path / "principal.sqlite", "shop")
+    principal.replica = Replica(role=lambda: "principal", epoch=lambda: 1)
+    await principal.open()
+    await principal.execute_now([queries.sent_message(str(uuid.uuid4()), 1, "//t", 0, b"x", 1.0)])
+    data, _, _ = await principal.snapshot()
+    await principal.close()
+
+    old = tmp_path / "mirror.sqlite"
+    conn = sqlite3.connect(old)
+    conn.execute("PRAGMA page_size=4096")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(queries.CREATE_META)
+    conn.close()  # the mirror's store is then the file's only connection
+    mirror = Store(old, "shop")
+    mirror.replica = Replica(role=lambda: "mirror", epoch=lambda: 1)
+    await mirror.open()
+    await mirror.install_snapshot(data, [])
+    assert [tuple(r) for r in await mirror.query("SELECT count(*) FROM transmission_queue")] == [
+        (1,)
+    ]
+    await mirror.close()
+    conn = sqlite3.connect(old)
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert conn.execute("PRAGMA page_size").fetchone() == (16384,)
+    conn.close()
