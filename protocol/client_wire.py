@@ -133,16 +133,21 @@ def encode_frame_parts(
         )
     if not 0 <= request_id <= _U32_MAX:
         raise LocalProtocolError(f"cannot encode: request_id {request_id} does not fit in a u32")
-    if not isinstance(meta, dict):
-        raise LocalProtocolError(
-            f"cannot encode: meta must be a dict (a JSON object), not {type(meta).__name__}"
-        )
-    try:
-        meta_bytes = _dumps(meta)
-    except (TypeError, ValueError, RecursionError) as exc:
-        # TypeError: unserialisable value or key; ValueError: NaN/Infinity, circular
-        # reference, or a lone surrogate (UnicodeEncodeError); RecursionError: nesting.
-        raise LocalProtocolError(f"cannot encode: meta is not JSON-serialisable: {exc}") from None
+    return _frame_parts(known, request_id, encode_meta(meta), body)
+
+
+def encode_response_parts(
+    request_id: int, meta_json: bytes, body: Sequence[Buffer]
+) -> list[Buffer]:
+    """A RESPONSE frame, as :func:`encode_frame_parts`, whose meta ``meta_json`` was
+    already encoded by :func:`encode_meta` (a reply whose size was checked with the very
+    bytes it sends: a RECEIVE's). ``request_id`` came from a REQUEST's header."""
+    return _frame_parts(ClientFrameKind.RESPONSE, request_id, meta_json, body)
+
+
+def _frame_parts(
+    kind: ClientFrameKind, request_id: int, meta_bytes: bytes, body: Sequence[Buffer]
+) -> list[Buffer]:
     if len(meta_bytes) > MAX_META_BYTES:
         raise LocalProtocolError(
             f"cannot encode: meta of {len(meta_bytes)} bytes exceeds the limit of {MAX_META_BYTES}"
@@ -157,7 +162,7 @@ def encode_frame_parts(
     if body_size > _U32_MAX:
         raise LocalProtocolError(f"cannot encode: body of {body_size} bytes does not fit a u32")
     header = _HEADER.pack(
-        MAGIC, CLIENT_WIRE_VERSION, int(known), request_id, len(meta_bytes), body_size
+        MAGIC, CLIENT_WIRE_VERSION, int(kind), request_id, len(meta_bytes), body_size
     )
     return [header + meta_bytes, *body]
 
@@ -302,9 +307,21 @@ def _reject_constant(name: str) -> Any:
 
 def meta_size(meta: dict[str, Any]) -> int:
     """Bytes ``meta`` takes in a frame (raises like :func:`encode_frame` if it cannot)."""
+    return len(encode_meta(meta))
+
+
+def encode_meta(meta: dict[str, Any]) -> bytes:
+    """``meta`` as a frame carries it: strict JSON. Raises LocalProtocolError when
+    ``meta`` is not a dict serialisable as strict JSON (its size is the frame's check)."""
+    if not isinstance(meta, dict):
+        raise LocalProtocolError(
+            f"cannot encode: meta must be a dict (a JSON object), not {type(meta).__name__}"
+        )
     try:
-        return len(_dumps(meta))
+        return _dumps(meta)
     except (TypeError, ValueError, RecursionError) as exc:
+        # TypeError: unserialisable value or key; ValueError: NaN/Infinity, circular
+        # reference, or a lone surrogate (UnicodeEncodeError); RecursionError: nesting.
         raise LocalProtocolError(f"cannot encode: meta is not JSON-serialisable: {exc}") from None
 
 

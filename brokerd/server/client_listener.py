@@ -45,9 +45,9 @@ from brokerd.dialogs import views
 from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
+from brokerd.server.receive_reply import ReceiveReply
 from brokerd.server.writes import coalesce
 from protocol.client_wire import (
-    DEFAULT_MAX_BODY,
     MAX_META_BYTES,
     Buffer,
     ClientFrame,
@@ -56,8 +56,8 @@ from protocol.client_wire import (
     check_proof,
     encode_frame,
     encode_frame_parts,
+    encode_response_parts,
     encode_sequence_reply,
-    meta_size,
     new_nonce,
 )
 from protocol.errors import (
@@ -93,6 +93,8 @@ class Broker(Protocol):
 
 log = logging.getLogger("brokerd.server.client_listener")
 
+ReplyMeta = dict[str, Any] | bytes
+"""A reply's meta: a dict, or JSON already encoded by ``encode_meta`` (RECEIVE's)."""
 ReplyBody = bytes | list[bytes]
 """A reply's body: bytes, or pieces written one after the other (RECEIVE's bodies)."""
 
@@ -341,18 +343,17 @@ class ClientSession(asyncio.Protocol):
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
 
-    def _reply(self, request_id: int, meta: dict[str, Any], body: ReplyBody = b"") -> None:
+    def _reply(self, request_id: int, meta: ReplyMeta, body: ReplyBody = b"") -> None:
         if self._pending:
             self._release(request_id)
         if self.transport is None or self.transport.is_closing():
             return
+        pieces = body if isinstance(body, list) else (body,)
         try:
-            parts = encode_frame_parts(
-                ClientFrameKind.RESPONSE,
-                request_id,
-                meta,
-                body if isinstance(body, list) else (body,),
-            )
+            if isinstance(meta, bytes):
+                parts = encode_response_parts(request_id, meta, pieces)
+            else:
+                parts = encode_frame_parts(ClientFrameKind.RESPONSE, request_id, meta, pieces)
         except LocalProtocolError as exc:  # the client must not wait for a reply forever
             log.error("reply to request %d cannot be sent: %s", request_id, exc)
             self._reply_error(request_id, InternalError(f"the reply cannot be sent: {exc}"))
@@ -407,10 +408,10 @@ class ClientSession(asyncio.Protocol):
         try:
             self.allowed.check_operation("receive")
             (queue, database, top, _), handle = _receive_args(self, frame.meta)
+            reply = ReceiveReply()
 
             def then(rows: list[dict[str, Any]]) -> None:
-                meta, body = _receive_reply(rows)
-                self._reply(request_id, meta, body)
+                self._reply(request_id, *reply.encode(rows))
                 self._write_out()  # now, not after another turn of a busy event loop
 
             return self.broker.engine.receive_now(
@@ -418,7 +419,7 @@ class ClientSession(asyncio.Protocol):
                 database,
                 top,
                 handle,
-                receive_budget,
+                reply,
                 then,
                 lambda exc: self._reply_error(request_id, exc),
             )
@@ -445,7 +446,7 @@ class ClientSession(asyncio.Protocol):
         self._reply(frame.request_id, meta, body)
 
 
-Handler = Callable[["ClientSession", ClientFrame], Awaitable[tuple[dict[str, Any], ReplyBody]]]
+Handler = Callable[["ClientSession", ClientFrame], Awaitable[tuple[ReplyMeta, ReplyBody]]]
 
 
 def _transaction(session: ClientSession, m: dict[str, Any]) -> Transaction | None:
@@ -584,57 +585,16 @@ def _receive_args(
     return args, _uuid(m, "conversation_handle", required=False)
 
 
-async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], ReplyBody]:
+async def _receive(session: ClientSession, frame: ClientFrame) -> tuple[ReplyMeta, ReplyBody]:
     m = frame.meta
     args, handle = _receive_args(session, m)
     tx = _transaction(session, m)
+    reply = ReceiveReply()
     if tx is not None:
-        rows = await tx.receive(*args, handle=handle, budget=receive_budget)
+        rows = await tx.receive(*args, handle=handle, budget=reply)
     else:
-        rows = await session.broker.engine.receive(*args, handle=handle, budget=receive_budget)
-    return _receive_reply(rows)
-
-
-def _receive_reply(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[bytes]]:
-    """A RECEIVE reply: the rows in the meta (each body's length), the bodies after.
-
-    The bodies go to the socket as they are (one writev), not joined into one copy.
-    """
-    return {"messages": [_reply_row(row) for row in rows]}, [row["message_body"] for row in rows]
-
-
-RECEIVE_META_LIMIT = MAX_META_BYTES - 4096
-"""What a RECEIVE reply's meta may take (the frame limit, less a margin for the two JSON
-encoders' float spellings)."""
-RECEIVE_BODY_LIMIT = DEFAULT_MAX_BODY
-"""What a RECEIVE reply's body may take: the SDK reader's limit on a frame body."""
-
-
-def _reply_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A RECEIVE row as the reply's meta lists it: the body's length instead of the body."""
-    out = {k: v for k, v in row.items() if k != "message_body"}
-    out["body_length"] = len(row["message_body"])
-    return out
-
-
-def receive_budget(rows: list[dict[str, Any]]) -> int:
-    """How many leading rows one RECEIVE reply can carry (R-DLG-1: the engine removes only
-    those, so a batch too big for one frame is never lost). Runs in the store's thread."""
-    # The usual case, in one serialisation: the whole reply's meta is what the loop below
-    # adds up (each row and a separator), so everything fits if the last row would.
-    if (
-        sum(len(row["message_body"]) for row in rows) <= RECEIVE_BODY_LIMIT
-        and meta_size({"messages": [_reply_row(row) for row in rows]}) + 1 <= RECEIVE_META_LIMIT
-    ):
-        return len(rows)
-    meta = len(b'{"messages":[]}')
-    body = 0
-    for n, row in enumerate(rows):
-        meta += meta_size(_reply_row(row)) + 1
-        body += len(row["message_body"])
-        if meta > RECEIVE_META_LIMIT or body > RECEIVE_BODY_LIMIT:
-            return n
-    return len(rows)
+        rows = await session.broker.engine.receive(*args, handle=handle, budget=reply)
+    return reply.encode(rows)
 
 
 async def _end(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:

@@ -32,6 +32,9 @@ from protocol.client_wire import (
     auth_proof,
     check_proof,
     encode_frame,
+    encode_frame_parts,
+    encode_meta,
+    encode_response_parts,
     encode_sequence_reply,
     new_nonce,
 )
@@ -397,6 +400,26 @@ def test_encode_accepts_largest_meta_and_bytes_like_bodies() -> None:
     for body in (bytearray(b"abc"), memoryview(b"abc")):
         data = encode_frame(ClientFrame(ClientFrameKind.NOTICE, 0, {}, body))  # type: ignore[arg-type]
         assert ClientFrameReader().feed(data)[0].body == b"abc"
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{}, {"messages": []}, {"messages": [{"a": "é", "n": 2**63 - 1, "t": 1.5}]}],
+)
+def test_a_response_from_encoded_meta_is_the_same_bytes(meta: dict[str, Any]) -> None:
+    body = [b"one", bytearray(b"two"), memoryview(b"three")]
+    assert b"".join(encode_response_parts(7, encode_meta(meta), body)) == b"".join(
+        encode_frame_parts(ClientFrameKind.RESPONSE, 7, meta, body)
+    )
+
+
+def test_encoded_meta_is_checked_like_a_frame() -> None:
+    with pytest.raises(LocalProtocolError, match="must be a dict"):
+        encode_meta([])  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="JSON"):
+        encode_meta({"x": float("nan")})
+    with pytest.raises(LocalProtocolError, match="exceeds the limit"):
+        encode_response_parts(0, b"x" * (MAX_META_BYTES + 1), [])
 
 
 # --- authentication -------------------------------------------------------------

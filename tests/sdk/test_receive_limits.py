@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
-from brokerd.server.client_listener import RECEIVE_BODY_LIMIT, receive_budget
+from brokerd.server.receive_reply import RECEIVE_BODY_LIMIT, ReceiveReply
 from brokerd.tools.example import CONTRACT, ORDER, SHOP_SERVICE, WAREHOUSE_SERVICE
 from brokerd.tools.launcher import Deployment
 from tests.daemons import assert_exactly_once_in_order
@@ -73,6 +73,6 @@ def _row(body: bytes) -> dict[str, Any]:
 
 def test_the_budget_counts_bodies_against_the_sdk_frame_limit() -> None:
     big = bytes(RECEIVE_BODY_LIMIT // 3 + 1)  # one object, listed several times
-    assert receive_budget([_row(big)] * 5) == 2
-    assert receive_budget([_row(b"x")] * 5) == 5
-    assert receive_budget([]) == 0
+    assert ReceiveReply()([_row(big)] * 5) == 2
+    assert ReceiveReply()([_row(b"x")] * 5) == 5
+    assert ReceiveReply()([]) == 0
