@@ -1,11 +1,13 @@
 """The part of an endpoint's transmission queue that is only in the database file.
 
 Owns (SPEC R-DLG-5, R-DLG-13) the compact image of unacknowledged messages that
-recovery did not load: the sequence numbers of an endpoint's transmission queue rows,
-as ascending runs ``[first, last]`` (a dialog's queue is one run of numbers, less
-what was acknowledged out of order), and their count. No message object exists for
-them: the transmission pages them in from the file, in sequence order and a bounded
-number at a time, as the link has room (:mod:`brokerd.dialogs.transmission`).
+are not in memory (after a restart all of them, since recovery loads none; and
+those SENT while the endpoint's link is down, beyond :func:`spill`): the sequence
+numbers of an endpoint's transmission queue rows, as ascending runs ``[first,
+last]`` (a dialog's queue is one run of numbers, less what was acknowledged out
+of order), and their count. No message object exists for them: the transmission
+pages them in from the file, in sequence order and a bounded number at a time, as
+the link has room (:mod:`brokerd.dialogs.transmission`).
 
 Every number here is larger than those of the endpoint's messages in memory (its
 ``outbox``): a SEND committed while an endpoint has a backlog joins the backlog, so
@@ -19,11 +21,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 PAGE = 256
-"""Messages of one endpoint paged in at once; it pages in more once fewer than this of its
-messages are in memory (so at most twice this many)."""
-PAGED_LIMIT = 16384
-"""Paged-in messages in memory at once, over all endpoints, beyond which an endpoint that
-still has messages in memory waits for its next page (one with none never waits)."""
+"""Messages of one endpoint paged in at once (``limits.backlog_page``, its default); it
+pages in more once fewer than this of its messages are in memory (so at most twice this
+many)."""
+
+
+def spill(page: int) -> int:
+    """An endpoint whose link is not open keeps at most this many messages in memory: a
+    SEND beyond them joins its backlog (paged in once the link opens)."""
+    return 2 * page
+
+
+def paged_limit(page: int) -> int:
+    """Paged-in messages in memory at once, over all endpoints, beyond which an endpoint
+    that still has messages in memory waits for its next page (one with none never
+    waits): 16,384 with the default page."""
+    return 64 * page
 
 
 class Backlog:

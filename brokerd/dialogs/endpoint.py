@@ -66,7 +66,7 @@ class OutMessage:
     """Retransmissions since its link last acknowledged anything (``answer_epoch``)."""
     answer_epoch: int = 0
     paged: bool = False
-    """Paged in from its endpoint's backlog (counted against ``PAGED_LIMIT``)."""
+    """Paged in from its endpoint's backlog (counted against ``Transmission.paged_limit``)."""
 
 
 @dataclass(slots=True, eq=False)

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 from brokerd.dialogs import binding
-from brokerd.dialogs.backlog import PAGE
 from brokerd.dialogs.core import (
     CODE_CONTRACT_NOT_SUPPORTED,
     CODE_DIALOG_SECURITY,
@@ -208,7 +207,7 @@ class Receiving(EngineCore):
                 acked=len(removed) + sum(b - a + 1 for a, b in runs),
                 seqs=",".join(map(str, [*removed, *(s for a, b in runs for s in range(a, b + 1))])),
             )
-        if backlog and len(outbox) < PAGE:
+        if backlog and len(outbox) < self.transmission.page:
             self.transmission.page_in(ep)
         statements += _unqueue_sent(ep, removed, ack.through, runs)
         if ep.refresh_state():

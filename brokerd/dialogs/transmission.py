@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
 from brokerd.config import LimitsConfig, RetryConfig
-from brokerd.dialogs.backlog import PAGE, PAGED_LIMIT
+from brokerd.dialogs.backlog import paged_limit, spill
 from brokerd.dialogs.bodies import Bodies, ReadBodies
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
@@ -106,11 +106,15 @@ class Transmission:
         """One bound method for every message a window holds back (a backlog of a million
         messages would otherwise hold a million of them)."""
         self._read_page = read_page
+        self.page = limits.backlog_page
+        """Messages of one endpoint paged in at once (``limits.backlog_page``)."""
+        self.spill = spill(self.page)
+        self.paged_limit = paged_limit(self.page)
         self.paged = 0
         """Messages paged in from backlogs and still in an outbox (all endpoints)."""
         self.pages_read = 0
         self._page_waiting: deque[Endpoint] = deque()
-        """Endpoints waiting for :data:`PAGED_LIMIT` to allow their next page."""
+        """Endpoints waiting for :attr:`paged_limit` to allow their next page."""
         self._names: dict[str, str] = {}
         """One string per message type for the messages paged in."""
         self.bodies = Bodies(
@@ -220,7 +224,7 @@ class Transmission:
         if link is None or not link.is_open:
             self._wait(ep, link, now)
             return
-        if ep.backlog and len(ep.outbox) < PAGE:
+        if ep.backlog and len(ep.outbox) < self.page:
             self.page_in(ep)
         earliest = math.inf
         for msg in ep.outbox.values():
@@ -244,22 +248,25 @@ class Transmission:
     # -- the backlog ----------------------------------------------------------------------
 
     def page_in(self, ep: Endpoint) -> None:
-        """Read the next page of ``ep``'s backlog (R-DLG-13): at most :data:`PAGE` messages,
+        """Read the next page of ``ep``'s backlog (R-DLG-13): at most :attr:`page` messages,
         in sequence order, without bodies (read back when sent). An endpoint with messages
-        in memory waits while :data:`PAGED_LIMIT` paged-in messages are; one with none
+        in memory waits while :attr:`paged_limit` paged-in messages are; one with none
         always gets its page, so every endpoint progresses."""
         backlog = ep.backlog
-        if not backlog or backlog.paging or len(ep.outbox) >= PAGE:
+        if not backlog or backlog.paging or len(ep.outbox) >= self.page:
             return
         backlog.paging = True
-        if ep.outbox and self.paged >= PAGED_LIMIT:
+        if ep.outbox and self.paged >= self.paged_limit:
             self._page_waiting.append(ep)
             return
         self.loop.create_task(self._page(ep), name="backlog-page-in")
 
     async def _page(self, ep: Endpoint) -> None:
         backlog = ep.backlog
-        first, last = backlog.span(PAGE)
+        if not backlog:  # dropped meanwhile (an ending, or the image forgotten)
+            backlog.paging = False
+            return
+        first, last = backlog.span(self.page)
         try:
             rows = await self._read_page(ep.database, ep.handle_text, first, last)
         except Exception:  # the page is read again after the first wait
@@ -298,7 +305,7 @@ class Transmission:
         msg.paged = False
         self.paged -= 1
         waiting = self._page_waiting
-        while waiting and self.paged < PAGED_LIMIT:
+        while waiting and self.paged < self.paged_limit:
             ep = waiting.popleft()
             if ep.backlog.paging:
                 self.loop.create_task(self._page(ep), name="backlog-page-in")
@@ -316,6 +323,11 @@ class Transmission:
             "outbound_paged_in": self.paged,
             "backlog_pages_read": self.pages_read,
         }
+
+    def link_open(self, ep: Endpoint) -> bool:
+        """Whether ``ep``'s messages have an open link to go to now."""
+        link = self.router.link_for(ep)
+        return link is not None and link.is_open
 
     def send_new(self, ep: Endpoint, msg: OutMessage) -> None:
         """A SEND committed ``msg``: hand it to the endpoint's link if that is open,

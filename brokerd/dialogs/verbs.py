@@ -295,10 +295,13 @@ class ApplicationVerbs(EngineCore):
 
         def committed() -> None:
             ep.uncommitted_sends -= 1
-            behind = bool(ep.backlog)
+            behind = bool(ep.backlog) or (
+                len(ep.outbox) >= self.transmission.spill and not self.transmission.link_open(ep)
+            )
             if behind:
-                # Behind a backlog (after a restart): it is paged in after the messages
-                # before it, from the file it was just committed to.
+                # Behind a backlog (after a restart, or many messages waiting for a link
+                # that is down): it is paged in after the messages before it, from the
+                # file it was just committed to; no object of it stays in memory.
                 ep.backlog.add(seq)
             else:
                 ep.outbox[seq] = msg
