@@ -70,10 +70,13 @@ class Backlog:
         return self.runs[0][0]
 
     def add(self, first: int, last: int | None = None) -> None:
-        """Rows ``first..last`` (one row if ``last`` is None), above every number here."""
+        """Rows ``first..last`` (one row if ``last`` is None), normally above every number
+        here (a backlog grows in sequence order)."""
         last = first if last is None else last
         runs = self.runs
-        assert not runs or first > runs[-1][1], "a backlog grows in sequence order"
+        if runs and first <= runs[-1][1]:
+            self.restore([(first, last)])
+            return
         if runs and runs[-1][1] == first - 1:
             runs[-1][1] = last
         else:
@@ -117,7 +120,7 @@ class Backlog:
 
     def restore(self, runs: list[tuple[int, int]]) -> None:
         """Put back runs taken by :meth:`clear` (a unit of work that failed to commit)."""
-        merged: list[list[int]] = []
+        merged: list[list[int]] = []  # overlapping runs count once
         for lo, hi in sorted([*((a, b) for a, b in self.runs), *runs]):
             if merged and lo <= merged[-1][1] + 1:
                 merged[-1][1] = max(merged[-1][1], hi)
