@@ -117,6 +117,8 @@ class Transmission:
         """Endpoints waiting for :attr:`paged_limit` to allow their next page."""
         self._names: dict[str, str] = {}
         """One string per message type for the messages paged in."""
+        self._page_reads: set[asyncio.Task[None]] = set()
+        """Page reads in flight (held here so that none is collected before it ends)."""
         self.bodies = Bodies(
             limits.held_bodies_mb * 1024 * 1024,
             limits.transit_bodies_mb * 1024 * 1024,
@@ -259,7 +261,12 @@ class Transmission:
         if ep.outbox and self.paged >= self.paged_limit:
             self._page_waiting.append(ep)
             return
-        self.loop.create_task(self._page(ep), name="backlog-page-in")
+        self._read_next_page(ep)
+
+    def _read_next_page(self, ep: Endpoint) -> None:
+        task = self.loop.create_task(self._page(ep), name="backlog-page-in")
+        self._page_reads.add(task)
+        task.add_done_callback(self._page_reads.discard)
 
     async def _page(self, ep: Endpoint) -> None:
         backlog = ep.backlog
@@ -308,7 +315,7 @@ class Transmission:
         while waiting and self.paged < self.paged_limit:
             ep = waiting.popleft()
             if ep.backlog.paging:
-                self.loop.create_task(self._page(ep), name="backlog-page-in")
+                self._read_next_page(ep)
 
     def forget(self, ep: Endpoint) -> None:
         """``ep``'s image is dropped (its database is no longer principal here)."""
