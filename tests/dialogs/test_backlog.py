@@ -121,3 +121,26 @@ async def test_a_backlog_on_many_dialogs_is_recovered_as_numbers_and_paged_in(
 
 async def _empty(client: BrokerClient) -> bool:
     return not await client.transmission_queue()
+
+
+async def test_an_ending_with_error_discards_a_backlog(deployment: Deployment) -> None:
+    """END CONVERSATION WITH ERROR drops the unacknowledged messages, in memory and only
+    in the file alike (SPEC §6): the Error alone is left to send, also after a restart."""
+    deployment.start("alpha")
+    shop = await deployment.daemons["alpha"].client()
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    for first in range(0, 3 * PAGE, 64):
+        await shop.send_many([(handle, ORDER, b"%d" % n) for n in range(first, first + 64)])
+    split = await outbound(shop)
+    assert split["outbound_in_file_only"] == PAGE, split  # beyond two pages, numbers only
+    await shop.end_conversation(handle, error_code=7, description="given up")
+    queued = await shop.transmission_queue()
+    assert [r["message_sequence_number"] for r in queued] == [3 * PAGE + 1]
+    assert queued[0]["is_conversation_error"]
+    await shop.close()
+    deployment.kill("alpha")
+    deployment.start("alpha")
+    shop = await deployment.daemons["alpha"].client()
+    assert (await outbound(shop))["outbound_in_file_only"] == 1
+    assert [r["message_sequence_number"] for r in await shop.transmission_queue()] == [3 * PAGE + 1]
+    await shop.close()

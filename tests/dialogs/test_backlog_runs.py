@@ -70,3 +70,20 @@ async def test_recovery_of_a_queue_with_gaps_reads_only_numbers(tmp_path: Path) 
         assert page[0][1:4] == ("//t", 0, 10)
     finally:
         await again.store.close()
+
+
+def test_runs_of_a_backlog_leave_the_file_by_range(tmp_path: Path) -> None:
+    """An acknowledgement's runs beyond ``through`` delete exactly those rows."""
+    conn = sqlite3.connect(tmp_path / "t.sqlite", isolation_level=None)
+    conn.execute(queries.CREATE_META)
+    for step in queries.MIGRATIONS:
+        conn.executescript(step.script)
+    handle, other = str(uuid.uuid4()), str(uuid.uuid4())
+    for h in (handle, other):
+        for n in range(1, 13):
+            conn.execute(*queries.sent_message(h, n, "//t", 0, b"x", 1.0))
+    for sql, params in queries.unqueue_sent(handle, [], through=3, runs=[(2, 5), (8, 10)]):
+        conn.execute(sql, params)
+    left = [n for (n,) in conn.execute(queries.READ_SENT_NUMBERS, (handle,))]
+    assert left == [6, 7, 11, 12]
+    assert len(conn.execute(queries.READ_SENT_NUMBERS, (other,)).fetchall()) == 12
