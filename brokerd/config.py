@@ -309,6 +309,9 @@ class LimitsConfig:
     transit_bodies_mb: int = 16
     """MB of bodies not kept (read back, or beyond ``held_bodies_mb``) in memory at once
     while they wait to be written: a backlog is fed to a connection as it drains."""
+    backlog_page: int = 256
+    """Unacknowledged messages of one endpoint paged in from the file at once when it has a
+    backlog (after a restart, or while its link is down): see ``brokerd.dialogs.backlog``."""
     client_pending_mb: int = 16
     """MB of request bodies one client connection may have awaiting their replies (SENDs
     waiting for their commit); beyond it the broker stops reading that connection until
@@ -880,6 +883,7 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         held_bodies_mb=t.integer("held_bodies_mb", d["held_bodies_mb"], 0),
         transit_bodies_mb=t.integer("transit_bodies_mb", d["transit_bodies_mb"], 1),
         client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
+        backlog_page=t.integer("backlog_page", d["backlog_page"], 1),
     )
 
 

@@ -749,6 +749,11 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
             "integer",
         ),
         (
+            config_text(rest="[limits]\nbacklog_page = 0\n"),
+            "limits.backlog_page",
+            "at least 1",
+        ),
+        (
             config_text(rest="[limits]\nfragment_size = 1023\n"),
             "limits.fragment_size",
             "between 1024",
@@ -775,6 +780,11 @@ def test_fragment_size_bounds_are_inclusive(tmp_path: Path) -> None:
     top = DEFAULT_MAX_FRAME_SIZE - 8192
     assert load(tmp_path, rest=f"[limits]\nfragment_size = {top}\n").limits.fragment_size == top
     assert load(tmp_path, rest="[limits]\nfragment_size = 1024\n").limits.fragment_size == 1024
+
+
+def test_the_backlog_page_is_read(tmp_path: Path) -> None:
+    assert load(tmp_path).limits.backlog_page == 256
+    assert load(tmp_path, rest="[limits]\nbacklog_page = 16\n").limits.backlog_page == 16
 
 
 # ---------------------------------------------------------------------------- errors: databases

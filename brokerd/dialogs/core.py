@@ -282,7 +282,8 @@ class EngineCore:
             return
         ep.broker_error = True
         dropped = list(ep.outbox)
-        self._trace_discarded(ep, dropped, why)
+        runs = [(first, last) for first, last in ep.backlog.runs]
+        self._trace_discarded(ep, [*dropped, *ep.backlog], why)
         self.transmission.discard(ep)
         ep.refresh_state()
 
@@ -291,7 +292,12 @@ class EngineCore:
                 self.router.request_ended(ep)
 
         self._queue_local(
-            db, ep, ERROR, body, [*_unqueue_sent(ep, dropped), endpoint_snapshot(ep)], committed
+            db,
+            ep,
+            ERROR,
+            body,
+            [*_unqueue_sent(ep, dropped, runs=runs), endpoint_snapshot(ep)],
+            committed,
         )
 
     def _queue_local(
@@ -355,6 +361,12 @@ def _queue_row(
     )
 
 
-def _unqueue_sent(ep: Endpoint, seqs: Iterable[int], through: int = 0) -> list[Statement]:
-    """Delete sent messages from the transmission queue (acknowledged, or dropped by an error)."""
-    return queries.unqueue_sent(ep.handle_text, seqs, through)
+def _unqueue_sent(
+    ep: Endpoint,
+    seqs: Iterable[int],
+    through: int = 0,
+    runs: Iterable[tuple[int, int]] = (),
+) -> list[Statement]:
+    """Delete sent messages from the transmission queue (acknowledged, or dropped by an
+    error): ``seqs`` and the runs of numbers ``first..last`` (of a backlog)."""
+    return queries.unqueue_sent(ep.handle_text, seqs, through, runs)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.config import DatabaseConfig
-from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_from_row
+from brokerd.dialogs.endpoint import Endpoint, endpoint_from_row
 from brokerd.dialogs.ready import Item, Rank, ReadyIndex, rank_of
 from brokerd.dialogs.service_keys import ServiceKeys
 from brokerd.storage import queries
@@ -30,7 +30,6 @@ from protocol.dialog import (
     FLAG_ERROR,
     FLAG_SEQUENCED,
 )
-from protocol.fragments import fragment_count
 
 
 @dataclass(eq=False)
@@ -145,45 +144,34 @@ class Database:
         info = self.catalog.services.get(service)
         return info.queue if info else None
 
-    async def recover(self, fragment_size: int) -> list[Endpoint]:
-        """Rebuild endpoints, unacknowledged messages and the ready index from the file.
+    async def recover(self) -> list[Endpoint]:
+        """Rebuild endpoints, the numbers of unacknowledged messages (their backlogs) and
+        the ready index from the file.
 
         Returns the endpoints that have messages waiting to be transmitted.
         """
-        return await self.store.read(
-            lambda conn: self._recover(_rows(conn), fragment_size, _cursor(conn))
-        )
+        return await self.store.read(lambda conn: self._recover(_rows(conn), _cursor(conn)))
 
-    def _recover(self, fetch: Rows, fragment_size: int, stream: Rows) -> list[Endpoint]:
+    def _recover(self, fetch: Rows, stream: Rows) -> list[Endpoint]:
         for row in fetch(queries.READ_ENDPOINTS, ()):
             self.add_endpoint(endpoint_from_row(row, self.name))
-        waiting: dict[uuid.UUID, Endpoint] = {}
-        # The transmission queue can hold millions of rows: they are read as a stream (not
-        # all at once), in conversation order, so a handle is looked up once per
-        # conversation and a message type's name is one string shared by its messages.
-        names: dict[str, str] = {}
-        handle_text = ""
-        ep: Endpoint | None = None
-        for handle, seq, message_type, flags, length, enqueued_at in stream(
-            queries.READ_TRANSMISSION_QUEUE, ()
-        ):
-            if handle != handle_text:
-                handle_text = handle
-                ep = self.endpoints.get(uuid.UUID(handle))
-                if ep is not None:
-                    ep.waiting_status = "waiting to be sent (recovered after a restart)"
-                    waiting[ep.handle] = ep
+        waiting: list[Endpoint] = []
+        # The transmission queue can hold millions of rows: recovery makes no object per
+        # message. It reads, from the primary key's index alone, each conversation's
+        # lowest and highest number and their count; the messages are paged in from the
+        # file, in order, as the link has room (brokerd.dialogs.backlog). Only a
+        # conversation with gaps (messages acknowledged out of order) has its numbers read.
+        for handle, first, last, count in fetch(queries.READ_TRANSMISSION_RUNS, ()):
+            ep = self.endpoints.get(uuid.UUID(handle))
             if ep is None:
                 continue
-            ep.outbox[seq] = OutMessage(
-                seq=seq,
-                message_type=names.setdefault(message_type, message_type),
-                flags=flags,
-                body=None,  # read back when sent: a restart loads no body
-                length=length,
-                enqueued_at=enqueued_at,
-                fragment_count=fragment_count(length, fragment_size),
-            )
+            if int(count) == int(last) - int(first) + 1:
+                ep.backlog.add(int(first), int(last))
+            else:
+                for (seq,) in stream(queries.READ_SENT_NUMBERS, (handle,)):
+                    ep.backlog.add(int(seq))
+            ep.waiting_status = "waiting to be sent (recovered after a restart)"
+            waiting.append(ep)
         self.load_received(fetch)
         for row in fetch(queries.READ_TIMERS, ()):
             timed = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
@@ -196,9 +184,9 @@ class Database:
                 # R-DLG-14: the target has answered under the dialog key if it sent a
                 # message, or if an (authenticated) acknowledgement removed the first one.
                 ep.key_confirmed = ep.accepted.through > 0 or (
-                    ep.send_sequence > 0 and 1 not in ep.outbox
+                    ep.send_sequence > 0 and 1 not in ep.outbox and 1 not in ep.backlog
                 )
-        return [ep for ep in waiting.values() if ep.outbox]
+        return waiting
 
     async def reload_received(self) -> None:
         """:meth:`load_received` as a job of its own: after every write already queued."""

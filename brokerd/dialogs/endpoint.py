@@ -3,8 +3,10 @@
 An :class:`Endpoint` is one side of a dialog in one database: its identity,
 its state (``SO SI CO DI DO ER CD``), the messages it has sent and not yet had
 acknowledged (:class:`OutMessage`, the in-memory image of its transmission
-queue rows), and the two acknowledgement states of what it received
-(accepted, and durable). The state rules are data, in :mod:`brokerd.dialogs.states`.
+queue rows; after a restart most of them are only numbers in its
+:class:`~brokerd.dialogs.backlog.Backlog` until paged in), and the two
+acknowledgement states of what it received (accepted, and durable). The state
+rules are data, in :mod:`brokerd.dialogs.states`.
 Rows are written as whole snapshots (:func:`endpoint_snapshot`), always inside
 the same transaction as the message that changed them.
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from brokerd.dialogs.backlog import Backlog
 from brokerd.dialogs.states import State, check, state_of
 from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
 from protocol.acks import AckState
@@ -62,6 +65,8 @@ class OutMessage:
     unanswered: int = 0
     """Retransmissions since its link last acknowledged anything (``answer_epoch``)."""
     answer_epoch: int = 0
+    paged: bool = False
+    """Paged in from its endpoint's backlog (counted against ``Transmission.paged_limit``)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -103,6 +108,10 @@ class Endpoint:
     """Messages whose last fragment waits while the whole body is validated (R-OBJ-1)."""
     durable: AckState = field(default_factory=AckState)
     outbox: dict[int, OutMessage] = field(default_factory=dict)
+    """The unacknowledged messages in memory, in sequence order."""
+    backlog: Backlog = field(default_factory=Backlog)
+    """Unacknowledged messages only in the file (after a restart), all numbered above the
+    outbox's: paged in as the link has room (:mod:`brokerd.dialogs.backlog`)."""
     ack_version: int = 0
     ack_sent_version: int = 0
     last_link: Any = None
@@ -139,6 +148,15 @@ class Endpoint:
         if cached is None or cached[0] is not self.group_id:
             cached = self._group_text = (self.group_id, str(self.group_id))
         return cached[1]
+
+    @property
+    def unacknowledged(self) -> int:
+        """Messages sent and not yet acknowledged, in memory or only in the file."""
+        return len(self.outbox) + self.backlog.count
+
+    @property
+    def has_unacknowledged(self) -> bool:
+        return bool(self.outbox) or self.backlog.count > 0
 
     @property
     def lifetime_ends(self) -> float:
@@ -183,7 +201,7 @@ class Endpoint:
             self.ended_remote,
             self.error_received,
             self.broker_error,
-            not self.outbox and not self.uncommitted_sends,
+            not self.outbox and not self.backlog and not self.uncommitted_sends,
         )
         if new is self.state:
             return False

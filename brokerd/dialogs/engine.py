@@ -90,6 +90,7 @@ class DialogEngine(ApplicationVerbs, Receiving):
             clock,
             config.limits,
             self._read_bodies,
+            self._read_page,
             lambda database: self.databases[database].service_keys,
         )
 
@@ -101,13 +102,34 @@ class DialogEngine(ApplicationVerbs, Receiving):
         store = self.databases[database].store
         return await store.run(lambda conn: queries.read_sent_bodies(conn, wanted))
 
+    async def _read_page(
+        self, database: str, handle: str, first: int, last: int
+    ) -> list[tuple[int, str, int, int, float]]:
+        """A page of an endpoint's backlog, read in a job of the database's committer."""
+        store = self.databases[database].store
+        return await store.run(lambda conn: queries.read_sent_page(conn, handle, first, last))
+
+    def outbound_view(self) -> dict[str, int]:
+        """Where the unacknowledged messages are: objects in memory, or only numbers (a
+        backlog paged in as links have room, R-DLG-13)."""
+        in_memory = in_file = 0
+        for db in self.databases.values():
+            for ep in db.endpoints.values():
+                in_memory += len(ep.outbox)
+                in_file += ep.backlog.count
+        return {
+            "outbound_in_memory": in_memory,
+            "outbound_in_file_only": in_file,
+            **self.transmission.view(),
+        }
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         waiting: list[Endpoint] = []
         for db in self.databases.values():
             self.by_instance[db.broker_instance] = db
             if db.mirror_role != "mirror":  # a mirror holds no image: its promotion builds it
-                waiting += await db.recover(self.fragment_size)
+                waiting += await db.recover()
         self.router.start()
         owed = []
         for db in self.databases.values():
@@ -128,7 +150,7 @@ class DialogEngine(ApplicationVerbs, Receiving):
         skips it), and their deadlines no longer match (``_fire_deadlines`` checks the
         endpoint is the database's)."""
         for ep in list(db.endpoints.values()):
-            ep.outbox.clear()
+            self.transmission.forget(ep)
             db.remove_endpoint(ep)
         for index in db.ready.values():
             index.clear()
@@ -143,7 +165,7 @@ class DialogEngine(ApplicationVerbs, Receiving):
         for ep in db.endpoints.values():
             if ep.ack_version > ep.ack_sent_version:
                 self.transmission.ack_needed(ep)
-            if ep.outbox:
+            if ep.has_unacknowledged:
                 ep.route_link = None
                 self.transmit(ep)
 
@@ -165,7 +187,7 @@ class DialogEngine(ApplicationVerbs, Receiving):
         ):
             route = route_from_row(row)
             db.catalog.routes[route.name] = route
-        waiting = await db.recover(self.fragment_size)
+        waiting = await db.recover()
         for ep in db.endpoints.values():
             if ep.ack_version > ep.ack_sent_version:
                 self.transmission.ack_needed(ep)

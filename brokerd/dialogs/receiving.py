@@ -181,24 +181,35 @@ class Receiving(EngineCore):
                                 *msg.acked_fragments,
                                 *range(f.first, f.last + 1),
                             }
+        # Messages only in the file (the backlog, after a restart) leave it by number.
+        backlog = ep.backlog
+        runs: list[tuple[int, int]] = []
+        if backlog:
+            if through >= backlog.first:
+                runs += backlog.remove(backlog.first, through)
+            for r in ack.ranges:
+                if backlog and r.last >= backlog.first:
+                    runs += backlog.remove(r.first, r.last)
         if removed:
             self.transmission.acknowledged(outbox[removed[-1]])
         release = self.transmission.release
         for seq in removed:
             release(outbox.pop(seq))
-        if removed or ack.fragments:
+        if removed or runs or ack.fragments:
             self.transmission.answered(ep)
-        if removed:
+        if removed or runs:
             self.trace.emit(
                 "ack_received",
                 ep.conversation_id,
                 database=ep.database,
                 initiator=ep.initiator,
                 through=ack.through,
-                acked=len(removed),
-                seqs=",".join(map(str, removed)),
+                acked=len(removed) + sum(b - a + 1 for a, b in runs),
+                seqs=",".join(map(str, [*removed, *(s for a, b in runs for s in range(a, b + 1))])),
             )
-        statements += _unqueue_sent(ep, removed, ack.through)
+        if backlog and len(outbox) < self.transmission.page:
+            self.transmission.page_in(ep)
+        statements += _unqueue_sent(ep, removed, ack.through, runs)
         if ep.refresh_state():
             changed = True
             self._trace_closed(ep)

@@ -614,7 +614,7 @@ class Router:
             was_waiting = ep.route is None or ep.route.kind in ("delayed", "drop")
             ep.route_link = None
             ep.route_expires = 0.0
-            if ep.outbox:
+            if ep.has_unacknowledged:
                 if was_waiting:
                     for msg in ep.outbox.values():
                         msg.due = 0.0
@@ -845,7 +845,7 @@ class Router:
     def _resend_mirrored(self) -> None:
         for db in self.engine.databases.values():
             for ep in db.endpoints.values():
-                if ep.outbox and ep.route is not None and ep.route.mirror_address:
+                if ep.has_unacknowledged and ep.route is not None and ep.route.mirror_address:
                     ep.route_link = None
                     for msg in ep.outbox.values():
                         msg.due = 0.0

@@ -35,11 +35,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import math
 import uuid
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 
 from brokerd.config import LimitsConfig, RetryConfig
+from brokerd.dialogs.backlog import paged_limit, spill
 from brokerd.dialogs.bodies import Bodies, ReadBodies
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
@@ -51,6 +54,13 @@ from brokerd.dialogs.window import SendWindow
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import FLAG_INITIATOR, Acknowledgement, DialogHeader
 from protocol.dialog_security import make_key_exchange
+from protocol.fragments import fragment_count
+
+log = logging.getLogger("brokerd.dialogs.transmission")
+
+ReadPage = Callable[[str, str, int, int], Awaitable[list[tuple[int, str, int, int, float]]]]
+"""Reads a page of an endpoint's backlog, in one job of its database (database, handle,
+first and last number): sequence number, message type, flags, length, enqueue time."""
 
 
 class Transmission:
@@ -67,6 +77,7 @@ class Transmission:
         clock: Callable[[], float],
         limits: LimitsConfig,
         read_bodies: ReadBodies,
+        read_page: ReadPage,
         service_keys: Callable[[str], ServiceKeys] | None = None,
     ) -> None:
         self.router = router
@@ -94,6 +105,20 @@ class Transmission:
         self._hand_over_fn = self._hand_over
         """One bound method for every message a window holds back (a backlog of a million
         messages would otherwise hold a million of them)."""
+        self._read_page = read_page
+        self.page = limits.backlog_page
+        """Messages of one endpoint paged in at once (``limits.backlog_page``)."""
+        self.spill = spill(self.page)
+        self.paged_limit = paged_limit(self.page)
+        self.paged = 0
+        """Messages paged in from backlogs and still in an outbox (all endpoints)."""
+        self.pages_read = 0
+        self._page_waiting: deque[Endpoint] = deque()
+        """Endpoints waiting for :attr:`paged_limit` to allow their next page."""
+        self._names: dict[str, str] = {}
+        """One string per message type for the messages paged in."""
+        self._page_reads: set[asyncio.Task[None]] = set()
+        """Page reads in flight (held here so that none is collected before it ends)."""
         self.bodies = Bodies(
             limits.held_bodies_mb * 1024 * 1024,
             limits.transit_bodies_mb * 1024 * 1024,
@@ -192,14 +217,17 @@ class Transmission:
         return rtt.timeout if rtt is not None else self.retry.initial
 
     def transmit(self, ep: Endpoint) -> None:
-        """Send every message of ``ep`` that is due, or record why it waits."""
-        if not ep.outbox:
+        """Send every message of ``ep`` that is due, or record why it waits; page in more
+        of its backlog when few of its messages are in memory."""
+        if not ep.outbox and not ep.backlog:
             return
         link = self.router.link_for(ep)
         now = self.loop.time()
         if link is None or not link.is_open:
             self._wait(ep, link, now)
             return
+        if ep.backlog and len(ep.outbox) < self.page:
+            self.page_in(ep)
         earliest = math.inf
         for msg in ep.outbox.values():
             if msg.due <= now:
@@ -218,6 +246,95 @@ class Transmission:
                 earliest = msg.due
         if earliest < math.inf:
             self.schedule(ep, earliest)
+
+    # -- the backlog ----------------------------------------------------------------------
+
+    def page_in(self, ep: Endpoint) -> None:
+        """Read the next page of ``ep``'s backlog (R-DLG-13): at most :attr:`page` messages,
+        in sequence order, without bodies (read back when sent). An endpoint with messages
+        in memory waits while :attr:`paged_limit` paged-in messages are; one with none
+        always gets its page, so every endpoint progresses."""
+        backlog = ep.backlog
+        if not backlog or backlog.paging or len(ep.outbox) >= self.page:
+            return
+        backlog.paging = True
+        if ep.outbox and self.paged >= self.paged_limit:
+            self._page_waiting.append(ep)
+            return
+        self._read_next_page(ep)
+
+    def _read_next_page(self, ep: Endpoint) -> None:
+        task = self.loop.create_task(self._page(ep), name="backlog-page-in")
+        self._page_reads.add(task)
+        task.add_done_callback(self._page_reads.discard)
+
+    async def _page(self, ep: Endpoint) -> None:
+        backlog = ep.backlog
+        if not backlog:  # dropped meanwhile (an ending, or the image forgotten)
+            backlog.paging = False
+            return
+        first, last = backlog.span(self.page)
+        try:
+            rows = await self._read_page(ep.database, ep.handle_text, first, last)
+        except Exception:  # the page is read again after the first wait
+            log.exception("cannot read a page of conversation %s's backlog", ep.conversation_id)
+            backlog.paging = False
+            self.schedule(ep, self.loop.time() + self.retry.initial)
+            return
+        backlog.paging = False
+        # Acknowledgements and endings may have removed numbers while the page was read.
+        wanted = [row for row in rows if row[0] in backlog]
+        expected = sum(b - a + 1 for a, b in backlog.remove(first, last))
+        if expected != len(wanted):
+            log.warning(
+                "conversation %s: %d message(s) of its backlog are not in the file",
+                ep.conversation_id,
+                expected - len(wanted),
+            )
+        names, size, outbox = self._names, self.fragment_size, ep.outbox
+        for seq, message_type, flags, length, enqueued_at in wanted:
+            outbox[seq] = OutMessage(
+                seq=seq,
+                message_type=names.setdefault(message_type, message_type),
+                flags=flags,
+                body=None,  # read back when sent
+                length=length,
+                enqueued_at=enqueued_at,
+                fragment_count=fragment_count(length, size),
+                paged=True,
+            )
+        self.paged += len(wanted)
+        self.pages_read += 1
+        self.transmit(ep)
+
+    def _paged_left(self, msg: OutMessage) -> None:
+        """A paged-in message left its outbox: the next waiting page may be read."""
+        msg.paged = False
+        self.paged -= 1
+        waiting = self._page_waiting
+        while waiting and self.paged < self.paged_limit:
+            ep = waiting.popleft()
+            if ep.backlog.paging:
+                self._read_next_page(ep)
+
+    def forget(self, ep: Endpoint) -> None:
+        """``ep``'s image is dropped (its database is no longer principal here)."""
+        for msg in ep.outbox.values():
+            if msg.paged:
+                self._paged_left(msg)
+        ep.outbox.clear()
+        ep.backlog.clear()
+
+    def view(self) -> dict[str, int]:
+        return {
+            "outbound_paged_in": self.paged,
+            "backlog_pages_read": self.pages_read,
+        }
+
+    def link_open(self, ep: Endpoint) -> bool:
+        """Whether ``ep``'s messages have an open link to go to now."""
+        link = self.router.link_for(ep)
+        return link is not None and link.is_open
 
     def send_new(self, ep: Endpoint, msg: OutMessage) -> None:
         """A SEND committed ``msg``: hand it to the endpoint's link if that is open,
@@ -291,6 +408,8 @@ class Transmission:
         """``msg`` left the transmission queue (acknowledged, or dropped by an ending): its
         body's memory and its place in its link's send window are freed."""
         self.bodies.release(msg)
+        if msg.paged:
+            self._paged_left(msg)
         if msg.window:
             window = self._windows.get(msg.window)
             if window is not None:
@@ -333,6 +452,7 @@ class Transmission:
         for msg in list(ep.outbox.values()):
             self.release(msg)
         ep.outbox.clear()
+        ep.backlog.clear()
 
     def read_failed(self, ep: Endpoint, msg: OutMessage) -> None:
         """``msg``'s body could not be read back, or its link went away meanwhile: send it
@@ -384,7 +504,7 @@ class Transmission:
                     msg.sent_via = ""
                     msg.due = 0.0
                     lost = True
-            if ep.outbox and ep.route_link is link:
+            if ep.has_unacknowledged and ep.route_link is link:
                 ep.waiting_status = link.status
                 link.want(ep)
             elif lost:
@@ -412,7 +532,7 @@ class Transmission:
             ep.wakeup = 0.0
             due[id(ep)] = ep
         for ep in due.values():
-            if ep.outbox:
+            if ep.has_unacknowledged:
                 self.transmit(ep)
 
     # -- dedicated acknowledgements ---------------------------------------------------------

@@ -295,7 +295,16 @@ class ApplicationVerbs(EngineCore):
 
         def committed() -> None:
             ep.uncommitted_sends -= 1
-            ep.outbox[seq] = msg
+            behind = bool(ep.backlog) or (
+                len(ep.outbox) >= self.transmission.spill and not self.transmission.link_open(ep)
+            )
+            if behind:
+                # Behind a backlog (after a restart, or many messages waiting for a link
+                # that is down): it is paged in after the messages before it, from the
+                # file it was just committed to; no object of it stays in memory.
+                ep.backlog.add(seq)
+            else:
+                ep.outbox[seq] = msg
             self.stats.sent_messages += 1
             trace.emit(
                 "enqueued",
@@ -306,6 +315,9 @@ class ApplicationVerbs(EngineCore):
                 size=len(body),
                 fragments=msg.fragment_count,
             )
+            if behind:
+                self.transmission.page_in(ep)
+                return
             self.transmission.bodies.keep(msg)
             self.transmission.send_new(ep, msg)
 
@@ -342,6 +354,8 @@ class ApplicationVerbs(EngineCore):
             return Work()
         ep.ended_local = True
         dropped = dict(ep.outbox)
+        dropped_runs = [(first, last) for first, last in ep.backlog.runs]
+        dropped_seqs = [*dropped, *ep.backlog]
         queue = db.queue_of(ep.service)
         index = db.ready.get(queue) if queue else None
         unreceived = index.drop_conversation(ep.handle) if index is not None else []
@@ -349,6 +363,7 @@ class ApplicationVerbs(EngineCore):
         def failed(_: BaseException) -> None:
             ep.ended_local = False
             ep.outbox.update(dropped)
+            ep.backlog.restore(dropped_runs)
             ep.refresh_state(undo=True)
             if index is not None:
                 for group, items in unreceived:
@@ -357,12 +372,12 @@ class ApplicationVerbs(EngineCore):
         # SPEC §6, R-DLG-10: what waits in this side's queue goes, and nothing more comes.
         work = Work().add(queries.discard_queued(ep.handle_text), on_failure=failed)
         if ep.broker_error:
-            self._trace_discarded(ep, list(dropped), "END CONVERSATION after a broker error")
+            self._trace_discarded(ep, dropped_seqs, "END CONVERSATION after a broker error")
             self.transmission.discard(ep)
             ep.refresh_state()
             return work.add([endpoint_snapshot(ep)])
         if error_code is not None:
-            self._trace_discarded(ep, list(dropped), "END CONVERSATION WITH ERROR")
+            self._trace_discarded(ep, dropped_seqs, "END CONVERSATION WITH ERROR")
             self.transmission.discard(ep)
             _, enqueued = self._enqueue_work(
                 db,
@@ -370,7 +385,7 @@ class ApplicationVerbs(EngineCore):
                 ERROR,
                 FLAG_SEQUENCED | FLAG_ERROR,
                 error_body(error_code, description),
-                _unqueue_sent(ep, list(dropped)),
+                _unqueue_sent(ep, list(dropped), runs=dropped_runs),
             )
         else:
             _, enqueued = self._enqueue_work(
@@ -391,7 +406,7 @@ class ApplicationVerbs(EngineCore):
             await self.commit(db, work)
 
     def _cleanup_work(self, db: Database, ep: Endpoint) -> Work:
-        self._trace_discarded(ep, list(ep.outbox), "END CONVERSATION WITH CLEANUP")
+        self._trace_discarded(ep, [*ep.outbox, *ep.backlog], "END CONVERSATION WITH CLEANUP")
         self.transmission.discard(ep)
         ep.state = State.CLOSED
         self._trace_closed(ep)
@@ -687,7 +702,19 @@ class ApplicationVerbs(EngineCore):
         """The ``transmission_queue`` view: what each database sent and has not had
         acknowledged, then what it received for a queue that is off and holds until the
         queue is turned on (R-DLG-12), read from its file."""
-        rows = views.transmission_queue(self.databases.values())
+        backlogs: dict[uuid.UUID, list[tuple[int, str, int, int, float]]] = {}
+        for db in self.databases.values():
+            for ep in list(db.endpoints.values()):
+                for first, last in list(ep.backlog.runs):
+                    page = await db.store.run(
+                        functools.partial(
+                            queries.read_sent_page, handle=ep.handle_text, first=first, last=last
+                        )
+                    )
+                    backlogs.setdefault(ep.handle, []).extend(
+                        row for row in page if row[0] in ep.backlog
+                    )
+        rows = views.transmission_queue(self.databases.values(), backlogs)
         for db in self.databases.values():
             off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
             if off:

@@ -7,12 +7,13 @@ May import: ``brokerd.dialogs`` models, ``brokerd.storage``, ``protocol``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from brokerd.dialogs.database import Database
-from brokerd.dialogs.endpoint import OutMessage
+from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR
 
 
@@ -55,17 +56,57 @@ def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]
             "route": ep.route.route or "" if ep.route else "",
             "send_sequence": ep.send_sequence,
             "receive_sequence": ep.accepted.through,
-            "unacknowledged": len(ep.outbox),
+            "unacknowledged": ep.unacknowledged,
         }
         for db in databases
         for ep in db.endpoints.values()
     ]
 
 
-def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
+def transmission_queue(
+    databases: Iterable[Database],
+    backlogs: Mapping[uuid.UUID, list[tuple[int, str, int, int, float]]] | None = None,
+) -> list[dict[str, Any]]:
     """One row per message sent and not yet acknowledged; ``is_conversation_error`` and
     ``is_end_of_dialog`` mark the Error and EndDialog that END CONVERSATION sent. The
+    messages of an endpoint's backlog (only in the file) follow its others, from
+    ``backlogs`` (the rows ``queries.read_sent_page`` read, by endpoint handle). The
     engine adds the messages held for queues that are off (:func:`held_for_disabled_queues`)."""
+    backlogs = backlogs or {}
+    return [
+        row
+        for db in databases
+        for ep in db.endpoints.values()
+        for row in (
+            *_sent_rows(db, ep),
+            *_backlog_rows(db, ep, backlogs.get(ep.handle, [])),
+        )
+    ]
+
+
+def _backlog_rows(
+    db: Database, ep: Endpoint, rows: list[tuple[int, str, int, int, float]]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "database": db.name,
+            "conversation_handle": str(ep.handle),
+            "to_service": ep.far_service,
+            "to_broker_instance": str(ep.far_broker_instance or ""),
+            "message_sequence_number": seq,
+            "message_type": message_type,
+            "is_conversation_error": bool(flags & FLAG_ERROR),
+            "is_end_of_dialog": bool(flags & FLAG_END_DIALOG),
+            "size": length,
+            "enqueued_at": _iso(enqueued_at),
+            "attempts": 0,
+            "transmission_status": ep.waiting_status,
+        }
+        for seq, message_type, flags, length, enqueued_at in rows
+    ]
+
+
+def _sent_rows(db: Database, ep: Endpoint) -> list[dict[str, Any]]:
     return [
         {
             "database": db.name,
@@ -81,8 +122,6 @@ def transmission_queue(databases: Iterable[Database]) -> list[dict[str, Any]]:
             "attempts": msg.attempts,
             "transmission_status": _sent_status(msg) if msg.sent_via else ep.waiting_status,
         }
-        for db in databases
-        for ep in db.endpoints.values()
         for msg in ep.outbox.values()
     ]
 

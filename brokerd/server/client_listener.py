@@ -744,6 +744,7 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
                 **engine.trace.view(),
                 **broker.transport.view(),
                 **engine.transmission.bodies.view(),
+                **engine.outbound_view(),
                 "client_reads_held": broker.client_reads_held,
             }
         ],

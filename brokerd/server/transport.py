@@ -601,14 +601,18 @@ class PeerLink:
         if not protocol.opened:
             return  # a failed attempt: _connect reports it and retries
         self._status = reason
-        users = [ep for ep in self.users if ep.outbox]
+        users = [ep for ep in self.users if ep.has_unacknowledged]
         self.users = set(users)
         self.owner.engine.link_down(self, users)
 
     def idle(self) -> bool:
         if self.pinned:
             return False
-        return not any(ep.outbox for ep in self.users) and not self.waiting and not self.pending
+        return (
+            not any(ep.has_unacknowledged for ep in self.users)
+            and not self.waiting
+            and not self.pending
+        )
 
 
 def _describe(exc: BaseException, host: str, port: int) -> str:

@@ -234,12 +234,42 @@ _UNQUEUE_THROUGH = (
     "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
     "message_sequence_number BETWEEN 1 AND ?"
 )
-READ_TRANSMISSION_QUEUE = (
-    "SELECT conversation_handle, message_sequence_number, message_type, flags, "
-    "length(body) AS length, enqueued_at FROM transmission_queue "
-    "ORDER BY conversation_handle, message_sequence_number"
+_UNQUEUE_RUN = (
+    "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
+    "message_sequence_number BETWEEN ? AND ?"
 )
-"""Recovery: every unacknowledged message without its body (read back when sent)."""
+READ_TRANSMISSION_RUNS = (
+    "SELECT conversation_handle, min(message_sequence_number), "
+    "max(message_sequence_number), count(*) FROM transmission_queue "
+    "GROUP BY conversation_handle"
+)
+"""Recovery: per conversation, the lowest and highest unacknowledged sequence number and
+how many there are (the primary key's index alone, no row and no body is read)."""
+READ_SENT_NUMBERS = (
+    "SELECT message_sequence_number FROM transmission_queue "
+    "WHERE conversation_handle = ? ORDER BY message_sequence_number"
+)
+"""Recovery: the numbers of a conversation whose queue has gaps (acknowledged out of order)."""
+_READ_SENT_PAGE = (
+    "SELECT message_sequence_number, message_type, flags, length(body), enqueued_at "
+    "FROM transmission_queue WHERE conversation_handle = ? AND "
+    "message_sequence_number BETWEEN ? AND ? ORDER BY message_sequence_number"
+)
+
+
+def read_sent_page(
+    conn: sqlite3.Connection, handle: str, first: int, last: int
+) -> list[tuple[int, str, int, int, float]]:
+    """A page of unacknowledged messages of a conversation, without bodies (read back
+    when sent): sequence number, message type, flags, length, enqueue time."""
+    return [
+        (int(seq), str(message_type), int(flags), int(length), float(enqueued_at))
+        for seq, message_type, flags, length, enqueued_at in conn.execute(
+            _READ_SENT_PAGE, (handle, first, last)
+        )
+    ]
+
+
 _READ_SENT_BODIES = (
     "SELECT message_sequence_number, body FROM transmission_queue "
     "WHERE conversation_handle = ? AND message_sequence_number IN "
@@ -266,10 +296,21 @@ def sent_message(
     return (_SENT, (handle, seq, message_type, flags, body, enqueued_at))
 
 
-def unqueue_sent(handle: str, seqs: Iterable[int], through: int = 0) -> list[Statement]:
-    """Delete sent messages: every one up to ``through`` in one statement, then ``seqs``."""
+def unqueue_sent(
+    handle: str,
+    seqs: Iterable[int],
+    through: int = 0,
+    runs: Iterable[tuple[int, int]] = (),
+) -> list[Statement]:
+    """Delete sent messages: every one up to ``through`` in one statement, then ``seqs``,
+    then the runs ``first..last`` above ``through`` (one statement each)."""
     out: list[Statement] = [(_UNQUEUE_THROUGH, (handle, through))] if through > 0 else []
     out += [(_UNQUEUE_SENT, (handle, seq)) for seq in seqs if seq > through]
+    out += [
+        (_UNQUEUE_RUN, (handle, max(first, through + 1), last))
+        for first, last in runs
+        if last > through
+    ]
     return out
 
 

@@ -1,7 +1,7 @@
 """Every statement on the hot path uses an index: none scans a table (SPEC R-DLG-13).
 
 The statements are the ones :mod:`brokerd.storage.queries` gives the engine for
-SEND, transmission and acknowledgement, arrival, promotion, reassembly,
+SEND, transmission and acknowledgement, paging a backlog in, arrival, promotion, reassembly,
 RECEIVE, END CONVERSATION, MOVE CONVERSATION and timers, and the endpoint
 snapshot the store writes (its multi-row INSERTs are plain inserts). Each is
 run against a file with the current schema, with SQLite's trace callback
@@ -90,6 +90,10 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
     "acknowledgement: unqueue through and single": lambda c: _run(
         c, queries.unqueue_sent(H1, [7, 9, 12], through=5)
     ),
+    "acknowledgement of runs of a backlog": lambda c: _run(
+        c, queries.unqueue_sent(H1, [], through=2, runs=[(1, 4), (8, 20)])
+    ),
+    "a page of a backlog read in": lambda c: queries.read_sent_page(c, H1, 10, 30),
     "arrival: the queue row": lambda c: _run(
         c, [queries.queued_message("q", G, H1, 100, 2, "//s", "//c", "//t", 1, b"x", 1.0)]
     ),

@@ -1,0 +1,146 @@
+"""A transmission queue recovered as numbers, paged in from the file (R-DLG-5, R-DLG-13).
+
+Recovery makes no object per unacknowledged message: a daemon SIGKILLed with a backlog
+on many dialogs restarts holding only each endpoint's numbers, and once its peer
+appears delivers every message exactly once and in order, with the messages in memory
+bounded by the page (``limits.backlog_page``) rather than by the backlog. While an
+endpoint's link is down, SENDs beyond twice the page join its backlog too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brokerd.sdk.client import BrokerClient
+from brokerd.tools.example import (
+    CONTRACT,
+    ORDER,
+    SHOP_SERVICE,
+    WAREHOUSE_SERVICE,
+    shop_and_warehouse,
+)
+from brokerd.tools.launcher import Deployment
+from tests.daemons import FAST_RETRY, drain, wait_until
+
+PAGE = 256  # limits.backlog_page, its default
+DIALOGS, PER_DIALOG = 12, 1200  # 14,400 messages: more than two pages per dialog
+ROUNDS = 10  # rounds of messages (one per dialog) per SEND request
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    d = shop_and_warehouse(tmp_path, FAST_RETRY)
+    try:
+        yield d
+    finally:
+        d.stop_all()
+
+
+async def outbound(client: BrokerClient) -> dict[str, Any]:
+    (stats,) = await client.view("stats")
+    return {k: v for k, v in stats.items() if k.startswith(("outbound_", "backlog_"))}
+
+
+async def test_a_backlog_on_many_dialogs_is_recovered_as_numbers_and_paged_in(
+    deployment: Deployment,
+) -> None:
+    """R-DLG-13: SIGKILL with 14,400 messages waiting on 12 dialogs (the peer down). After
+    the restart no message object is in memory; once the peer appears every message
+    arrives exactly once and in order, while at most two pages per dialog are in memory."""
+    deployment.start("alpha")
+    shop = await deployment.daemons["alpha"].client()
+    handles = [
+        await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT) for _ in range(DIALOGS)
+    ]
+    for first in range(0, PER_DIALOG, ROUNDS):
+        await shop.send_many(
+            [
+                (handle, ORDER, f"{d}:{n}:".encode().ljust(64, b"."))
+                for n in range(first, first + ROUNDS)
+                for d, handle in enumerate(handles)
+            ]
+        )
+    before = await outbound(shop)
+    # The link is down: beyond twice the page, SENDs wait as numbers too.
+    assert before["outbound_in_memory"] <= DIALOGS * 2 * PAGE, before
+    assert before["outbound_in_memory"] + before["outbound_in_file_only"] == DIALOGS * PER_DIALOG
+    await shop.close()
+
+    deployment.kill("alpha")
+    deployment.start("alpha")
+    shop = await deployment.daemons["alpha"].client()
+    recovered = await outbound(shop)
+    assert recovered["outbound_in_memory"] == 0, recovered  # recovery made no message object
+    assert recovered["outbound_in_file_only"] == DIALOGS * PER_DIALOG, recovered
+    endpoints = await shop.conversation_endpoints()
+    assert sum(e["unacknowledged"] for e in endpoints) == DIALOGS * PER_DIALOG
+    queued = await shop.transmission_queue()
+    assert len(queued) == DIALOGS * PER_DIALOG
+    assert {(r["conversation_handle"], r["message_sequence_number"]) for r in queued} == {
+        (str(h), n) for h in handles for n in range(1, PER_DIALOG + 1)
+    }
+
+    deployment.start("beta")
+    warehouse = await deployment.daemons["beta"].client()
+    peaks: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            peaks.append((await outbound(shop))["outbound_in_memory"])
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        received = await drain(warehouse, "OrderQueue", DIALOGS * PER_DIALOG, timeout=120)
+    finally:
+        watcher.cancel()
+    per_dialog: dict[str, list[int]] = {}
+    seqs: dict[uuid.UUID, list[int]] = {}
+    for m in received:
+        dialog, index, _ = m.message_body.split(b":", 2)
+        per_dialog.setdefault(dialog.decode(), []).append(int(index))
+        seqs.setdefault(m.conversation_handle, []).append(m.message_sequence_number)
+    assert per_dialog == {str(d): list(range(PER_DIALOG)) for d in range(DIALOGS)}
+    assert all(s == list(range(1, PER_DIALOG + 1)) for s in seqs.values()), seqs
+    assert await warehouse.receive("OrderQueue", timeout=0.5) == []
+    assert peaks and max(peaks) <= DIALOGS * 2 * PAGE, max(peaks)
+    await wait_until(lambda: _empty(shop), 30)
+    final = await outbound(shop)
+    assert final["outbound_in_memory"] == final["outbound_in_file_only"] == 0, final
+    assert final["outbound_paged_in"] == 0, final
+    assert final["backlog_pages_read"] >= DIALOGS * PER_DIALOG // PAGE, final
+    await shop.close()
+    await warehouse.close()
+
+
+async def _empty(client: BrokerClient) -> bool:
+    return not await client.transmission_queue()
+
+
+async def test_an_ending_with_error_discards_a_backlog(deployment: Deployment) -> None:
+    """END CONVERSATION WITH ERROR drops the unacknowledged messages, in memory and only
+    in the file alike (SPEC §6): the Error alone is left to send, also after a restart."""
+    deployment.start("alpha")
+    shop = await deployment.daemons["alpha"].client()
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    for first in range(0, 3 * PAGE, 64):
+        await shop.send_many([(handle, ORDER, b"%d" % n) for n in range(first, first + 64)])
+    split = await outbound(shop)
+    assert split["outbound_in_file_only"] == PAGE, split  # beyond two pages, numbers only
+    await shop.end_conversation(handle, error_code=7, description="given up")
+    queued = await shop.transmission_queue()
+    assert [r["message_sequence_number"] for r in queued] == [3 * PAGE + 1]
+    assert queued[0]["is_conversation_error"]
+    await shop.close()
+    deployment.kill("alpha")
+    deployment.start("alpha")
+    shop = await deployment.daemons["alpha"].client()
+    assert (await outbound(shop))["outbound_in_file_only"] == 1
+    assert [r["message_sequence_number"] for r in await shop.transmission_queue()] == [3 * PAGE + 1]
+    await shop.close()
