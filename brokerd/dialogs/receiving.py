@@ -614,7 +614,9 @@ class Receiving(EngineCore):
             return
         # The fragments stay where they are and are the body (queries.IN_FRAGMENTS): the
         # row's update is ordered after their inserts by the store (inserts first).
-        statements.append(queries.complete_in_fragments(h, seq, 1 if released else 2))
+        statements.append(queries.complete_in_fragments(h, seq))
+        if released:
+            statements += queries.promote(h, [seq])
         self._submit_received(
             db,
             ep,

@@ -458,14 +458,17 @@ def abandon_before(handle: str, seq: int) -> list[Statement]:
     ]
 
 
-def complete_in_fragments(handle: str, seq: int, status: int) -> Statement:
-    """The last fragment of a message arrived: its row gets ``status`` and the body
-    :data:`IN_FRAGMENTS` (its fragments stay where they are)."""
-    return (_COMPLETE_IN_FRAGMENTS, (IN_FRAGMENTS, status, handle, seq))
+def complete_in_fragments(handle: str, seq: int) -> Statement:
+    """The last fragment of a message arrived: its row gets the body :data:`IN_FRAGMENTS`
+    (its fragments stay where they are). Its status is not touched: the row was written
+    held (status 2) with its first fragment, and :func:`promote` makes it ready. The
+    store runs each kind of UPDATE as one group, so a status written here could land
+    after the promotion of a later job of the same commit and hold the message again."""
+    return (_COMPLETE_IN_FRAGMENTS, (IN_FRAGMENTS, handle, seq))
 
 
 _COMPLETE_IN_FRAGMENTS = (
-    "UPDATE queue_messages SET body = ?, status = ? WHERE conversation_handle = ? "
+    "UPDATE queue_messages SET body = ? WHERE conversation_handle = ? "
     "AND message_sequence_number = ?"
 )
 

@@ -678,7 +678,10 @@ def _apply(conn: sqlite3.Connection, batch: list[_Job]) -> None:
     group. Jobs therefore must not rely on an UPDATE or DELETE running before
     an INSERT of the same batch; the dialog engine's statements never do (an
     update or delete always concerns a row committed earlier or inserted by the
-    same or an earlier job). Endpoint snapshots are deduplicated per endpoint
+    same or an earlier job). Nor may two UPDATEs or DELETEs of different text that
+    touch one row depend on their order: the groups run in order of their first
+    appearance, not of the jobs (a message's row gets its body and its status from
+    two statements that commute). Endpoint snapshots are deduplicated per endpoint
     and written last: a snapshot is a whole row.
     """
     inserts: dict[str, list[Sequence[Any]]] = {}

@@ -100,7 +100,7 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
     "promotion of held messages": lambda c: _run(c, queries.promote(H1, [100, 101])),
     "a fragment stored": lambda c: _run(c, [queries.fragment(H1, 101, 0, 0, b"ab")]),
     "reassembly: the last fragment completes the row": lambda c: _run(
-        c, [queries.complete_in_fragments(H1, 101, 1)]
+        c, [queries.complete_in_fragments(H1, 101)]
     ),
     "RECEIVE: read and remove": lambda c: queries.read_received(
         c, [(uuid.UUID(H1), 1), (uuid.UUID(H1), 2), (uuid.UUID(H2), 3)], remove=True
@@ -111,7 +111,7 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
             [
                 queries.fragment(H1, 3, 0, 0, b"a"),
                 queries.fragment(H1, 3, 1, 1, b"b"),
-                queries.complete_in_fragments(H1, 3, 1),
+                queries.complete_in_fragments(H1, 3),
             ],
         ),
         queries.read_received(c, [(uuid.UUID(H1), 3)], remove=True),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -267,3 +268,52 @@ async def test_a_mirror_installs_a_copy_of_another_page_size(tmp_path: Path) -> 
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert conn.execute("PRAGMA page_size").fetchone() == (16384,)
     conn.close()
+
+
+async def test_a_held_message_completed_and_released_in_one_commit_is_ready(
+    tmp_path: Path,
+) -> None:
+    """R-DLG-1, R-DLG-13: the store runs each kind of UPDATE as one group, in order of
+    first appearance. A message of several fragments whose last fragment arrives out of
+    order, and the message that releases it, in one commit behind another
+    conversation's promotion: its row ends ready, so recovery never takes it for held
+    (a held row at or below the receive sequence made every acknowledgement of its
+    dialog invalid, and the message was never delivered)."""
+    store = Store(tmp_path / "warehouse.sqlite", "warehouse")
+    await store.open()
+    h, other, group = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+
+    def row(handle: str, seq: int, status: int, body: bytes | None) -> queries.Statement:
+        return queries.queued_message(
+            "q", group, handle, seq, status, "//s", "//c", "//t", 2, body, 1.0
+        )
+
+    # Earlier commits: the first fragment of h's message 2, and other's message 5, held.
+    for statements in (
+        [row(h, 2, 2, None), queries.fragment(h, 2, 0, 0, b"a")],
+        [row(other, 5, 2, b"x")],
+    ):
+        earlier = store.submit(statements, wait=True)
+        assert earlier is not None
+        await earlier
+    # The committer is held by a job of its own while the three below queue up, so
+    # they commit together, in this order.
+    busy = asyncio.ensure_future(store.run(lambda conn: time.sleep(0.3)))
+    await asyncio.sleep(0.05)
+    futures = [
+        store.submit(queries.promote(other, [5]), wait=True),  # first UPDATE of its kind
+        store.submit(  # h's message 2 completes, still held behind message 1
+            [queries.fragment(h, 2, 1, 1, b"b"), queries.complete_in_fragments(h, 2)],
+            wait=True,
+        ),
+        store.submit([row(h, 1, 1, b"1"), *queries.promote(h, [2])], wait=True),
+    ]
+    await asyncio.gather(busy, *[f for f in futures if f is not None])
+    statuses = await store.query(
+        "SELECT message_sequence_number, status FROM queue_messages "
+        "WHERE conversation_handle = ? ORDER BY message_sequence_number",
+        (h,),
+    )
+    assert [tuple(r) for r in statuses] == [(1, 1), (2, 1)]
+    assert await store.query(queries.READ_HELD) == []
+    await store.close()
