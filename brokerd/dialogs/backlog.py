@@ -39,6 +39,15 @@ def paged_limit(page: int) -> int:
     return 64 * page
 
 
+Runs = list[tuple[int, int]]
+"""Runs of sequence numbers ``(first, last)``, ascending."""
+
+
+def numbers_in(runs: Runs) -> int:
+    """How many sequence numbers ``runs`` hold."""
+    return sum(last - first + 1 for first, last in runs)
+
+
 class Backlog:
     """Sequence numbers of one endpoint's transmission queue rows not in memory."""
 
@@ -93,9 +102,9 @@ class Backlog:
             left -= size
         return self.runs[0][0], self.runs[-1][1]
 
-    def remove(self, first: int, last: int) -> list[tuple[int, int]]:
+    def remove(self, first: int, last: int) -> Runs:
         """Drop the numbers in ``first..last``; returns the runs dropped."""
-        removed: list[tuple[int, int]] = []
+        removed: Runs = []
         kept: list[list[int]] = []
         for lo, hi in self.runs:
             if hi < first or lo > last:
@@ -111,14 +120,18 @@ class Backlog:
         self.runs = kept
         return removed
 
-    def clear(self) -> list[tuple[int, int]]:
+    def spans(self) -> Runs:
+        """The runs, as a copy (to restore after a unit of work that failed)."""
+        return [(lo, hi) for lo, hi in self.runs]
+
+    def clear(self) -> Runs:
         """Drop everything; returns the runs dropped."""
-        removed = [(lo, hi) for lo, hi in self.runs]
+        removed = self.spans()
         self.runs = []
         self.count = 0
         return removed
 
-    def restore(self, runs: list[tuple[int, int]]) -> None:
+    def restore(self, runs: Runs) -> None:
         """Put back runs taken by :meth:`clear` (a unit of work that failed to commit)."""
         merged: list[list[int]] = []  # overlapping runs count once
         for lo, hi in sorted([*((a, b) for a, b in self.runs), *runs]):

@@ -282,7 +282,7 @@ class EngineCore:
             return
         ep.broker_error = True
         dropped = list(ep.outbox)
-        runs = [(first, last) for first, last in ep.backlog.runs]
+        runs = ep.backlog.spans()
         self._trace_discarded(ep, [*dropped, *ep.backlog], why)
         self.transmission.discard(ep)
         ep.refresh_state()

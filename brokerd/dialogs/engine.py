@@ -104,7 +104,7 @@ class DialogEngine(ApplicationVerbs, Receiving):
 
     async def _read_page(
         self, database: str, handle: str, first: int, last: int
-    ) -> list[tuple[int, str, int, int, float]]:
+    ) -> list[queries.SentRow]:
         """A page of an endpoint's backlog, read in a job of the database's committer."""
         store = self.databases[database].store
         return await store.run(lambda conn: queries.read_sent_page(conn, handle, first, last))

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from brokerd.dialogs import binding
+from brokerd.dialogs.backlog import numbers_in
 from brokerd.dialogs.core import (
     CODE_CONTRACT_NOT_SUPPORTED,
     CODE_DIALOG_SECURITY,
@@ -204,7 +205,7 @@ class Receiving(EngineCore):
                 database=ep.database,
                 initiator=ep.initiator,
                 through=ack.through,
-                acked=len(removed) + sum(b - a + 1 for a, b in runs),
+                acked=len(removed) + numbers_in(runs),
                 seqs=",".join(map(str, [*removed, *(s for a, b in runs for s in range(a, b + 1))])),
             )
         if backlog and len(outbox) < self.transmission.page:

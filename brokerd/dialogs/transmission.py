@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
 from brokerd.config import LimitsConfig, RetryConfig
-from brokerd.dialogs.backlog import paged_limit, spill
+from brokerd.dialogs.backlog import numbers_in, paged_limit, spill
 from brokerd.dialogs.bodies import Bodies, ReadBodies
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
@@ -51,6 +51,7 @@ from brokerd.dialogs.rtt import RttEstimator
 from brokerd.dialogs.service_keys import ServiceKeys
 from brokerd.dialogs.stats import EngineStats
 from brokerd.dialogs.window import SendWindow
+from brokerd.storage.queries import SentRow
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import FLAG_INITIATOR, Acknowledgement, DialogHeader
 from protocol.dialog_security import make_key_exchange
@@ -58,7 +59,7 @@ from protocol.fragments import fragment_count
 
 log = logging.getLogger("brokerd.dialogs.transmission")
 
-ReadPage = Callable[[str, str, int, int], Awaitable[list[tuple[int, str, int, int, float]]]]
+ReadPage = Callable[[str, str, int, int], Awaitable[list[SentRow]]]
 """Reads a page of an endpoint's backlog, in one job of its database (database, handle,
 first and last number): sequence number, message type, flags, length, enqueue time."""
 
@@ -284,7 +285,7 @@ class Transmission:
         backlog.paging = False
         # Acknowledgements and endings may have removed numbers while the page was read.
         wanted = [row for row in rows if row[0] in backlog]
-        expected = sum(b - a + 1 for a, b in backlog.remove(first, last))
+        expected = numbers_in(backlog.remove(first, last))
         if expected != len(wanted):
             log.warning(
                 "conversation %s: %d message(s) of its backlog are not in the file",

@@ -354,7 +354,7 @@ class ApplicationVerbs(EngineCore):
             return Work()
         ep.ended_local = True
         dropped = dict(ep.outbox)
-        dropped_runs = [(first, last) for first, last in ep.backlog.runs]
+        dropped_runs = ep.backlog.spans()
         dropped_seqs = [*dropped, *ep.backlog]
         queue = db.queue_of(ep.service)
         index = db.ready.get(queue) if queue else None
@@ -702,10 +702,10 @@ class ApplicationVerbs(EngineCore):
         """The ``transmission_queue`` view: what each database sent and has not had
         acknowledged, then what it received for a queue that is off and holds until the
         queue is turned on (R-DLG-12), read from its file."""
-        backlogs: dict[uuid.UUID, list[tuple[int, str, int, int, float]]] = {}
+        backlogs: dict[uuid.UUID, list[queries.SentRow]] = {}
         for db in self.databases.values():
             for ep in list(db.endpoints.values()):
-                for first, last in list(ep.backlog.runs):
+                for first, last in ep.backlog.spans():
                     page = await db.store.run(
                         functools.partial(
                             queries.read_sent_page, handle=ep.handle_text, first=first, last=last

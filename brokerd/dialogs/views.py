@@ -14,6 +14,7 @@ from typing import Any
 
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
+from brokerd.storage.queries import SentRow
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR
 
 
@@ -65,7 +66,7 @@ def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]
 
 def transmission_queue(
     databases: Iterable[Database],
-    backlogs: Mapping[uuid.UUID, list[tuple[int, str, int, int, float]]] | None = None,
+    backlogs: Mapping[uuid.UUID, list[SentRow]] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per message sent and not yet acknowledged; ``is_conversation_error`` and
     ``is_end_of_dialog`` mark the Error and EndDialog that END CONVERSATION sent. The
@@ -84,9 +85,7 @@ def transmission_queue(
     ]
 
 
-def _backlog_rows(
-    db: Database, ep: Endpoint, rows: list[tuple[int, str, int, int, float]]
-) -> list[dict[str, Any]]:
+def _backlog_rows(db: Database, ep: Endpoint, rows: list[SentRow]) -> list[dict[str, Any]]:
     return [
         {
             "database": db.name,

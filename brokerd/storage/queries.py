@@ -257,9 +257,12 @@ _READ_SENT_PAGE = (
 )
 
 
-def read_sent_page(
-    conn: sqlite3.Connection, handle: str, first: int, last: int
-) -> list[tuple[int, str, int, int, float]]:
+SentRow = tuple[int, str, int, int, float]
+"""An unacknowledged message as a page of a backlog reads it, without its body: sequence
+number, message type, flags, length, enqueue time."""
+
+
+def read_sent_page(conn: sqlite3.Connection, handle: str, first: int, last: int) -> list[SentRow]:
     """A page of unacknowledged messages of a conversation, without bodies (read back
     when sent): sequence number, message type, flags, length, enqueue time."""
     return [
