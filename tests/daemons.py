@@ -94,3 +94,9 @@ def assert_exactly_once_in_order(
 
 async def view(client: BrokerClient, name: str) -> list[dict[str, Any]]:
     return await client.view(name)
+
+
+async def stats_with(client: BrokerClient, *prefixes: str) -> dict[str, Any]:
+    """The daemon's ``stats`` view, only the counters whose names start with ``prefixes``."""
+    (stats,) = await client.view("stats")
+    return {k: v for k, v in stats.items() if k.startswith(prefixes)}

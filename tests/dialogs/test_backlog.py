@@ -26,7 +26,7 @@ from brokerd.tools.example import (
     shop_and_warehouse,
 )
 from brokerd.tools.launcher import Deployment
-from tests.daemons import FAST_RETRY, drain, wait_until
+from tests.daemons import FAST_RETRY, drain, stats_with, wait_until
 
 PAGE = 256  # limits.backlog_page, its default
 DIALOGS, PER_DIALOG = 12, 1200  # 14,400 messages: more than two pages per dialog
@@ -43,8 +43,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
 
 
 async def outbound(client: BrokerClient) -> dict[str, Any]:
-    (stats,) = await client.view("stats")
-    return {k: v for k, v in stats.items() if k.startswith(("outbound_", "backlog_"))}
+    return await stats_with(client, "outbound_", "backlog_")
 
 
 async def test_a_backlog_on_many_dialogs_is_recovered_as_numbers_and_paged_in(

@@ -20,7 +20,7 @@ from brokerd.tools.example import (
     shop_and_warehouse,
 )
 from brokerd.tools.launcher import Deployment
-from tests.daemons import FAST_RETRY, drain, wait_until
+from tests.daemons import FAST_RETRY, drain, stats_with, wait_until
 
 MB = 1024 * 1024
 BODY = 16 * 1024
@@ -39,8 +39,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
 
 
 async def bodies(client: BrokerClient) -> dict[str, Any]:
-    (stats,) = await client.view("stats")
-    return {k: v for k, v in stats.items() if k.startswith("bodies_")}
+    return await stats_with(client, "bodies_")
 
 
 async def test_a_backlog_beyond_the_budget_survives_a_kill_and_is_read_back(
