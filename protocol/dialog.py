@@ -356,9 +356,14 @@ def _array(
     return list(item.iter_unpack(data[pos:end])), end
 
 
+_unpack_fixed = _FIXED.unpack_from
+_FIXED_SIZE = _FIXED.size
+_new_tuple = tuple.__new__
+
+
 def _parse_header(data: bytes | memoryview) -> DialogHeader:
     size = len(data)
-    if size < _FIXED.size + 2:
+    if size < _FIXED_SIZE + 2:
         raise RemoteProtocolError("dialog header is truncated")
     (
         conversation_id,
@@ -373,9 +378,16 @@ def _parse_header(data: bytes | memoryview) -> DialogHeader:
         from_broker,
         to_broker,
         ack_through,
-    ) = _FIXED.unpack_from(data, 0)
-    raw_ranges, pos = _array(data, _FIXED.size, _RANGE)
-    raw_fragments, pos = _array(data, pos, _FRAGMENT_ACK)
+    ) = _unpack_fixed(data, 0)
+    ranges: tuple[AckRange, ...] = ()
+    fragments: tuple[FragmentAck, ...] = ()
+    if data[_FIXED_SIZE] or data[_FIXED_SIZE + 1]:
+        raw_ranges, pos = _array(data, _FIXED_SIZE, _RANGE)
+        raw_fragments, pos = _array(data, pos, _FRAGMENT_ACK)
+        ranges = tuple(AckRange(*r) for r in raw_ranges)
+        fragments = tuple(FragmentAck(*f) for f in raw_fragments)
+    else:
+        pos = _FIXED_SIZE + 2  # the common case: two empty arrays
     security = None
     if flags & FLAG_SECURED:
         if pos + _TRAILER.size > size:
@@ -390,32 +402,36 @@ def _parse_header(data: bytes | memoryview) -> DialogHeader:
             raise RemoteProtocolError("length prefix runs past the end")
         security = Security(nonce, tag, bytes(data[pos : pos + exchange_size]))
         pos += exchange_size
-    ranges = tuple(AckRange(*r) for r in raw_ranges)
-    fragments = tuple(FragmentAck(*f) for f in raw_fragments)
     from_service, to_service, contract, message_type = _decoded_names(bytes(data[pos:]))
     if ack_through or ranges or fragments:
         ack = Acknowledgement(ack_through, ranges, fragments)
     else:
         ack = NO_ACK
-    return DialogHeader(
-        _uuid_of(conversation_id),
-        from_service,
-        to_service,
-        _uuid_of(from_broker),
-        None if to_broker == _NIL_BYTES else _uuid_of(to_broker),
-        contract,
-        message_type,
-        flags,
-        sequence_number,
-        fragment_index,
-        fragment_count,
-        fragment_offset,
-        message_length,
-        lifetime,
-        hop_count,
-        ack,
-        security,
+    # tuple.__new__ with every field in order: what DialogHeader(...) builds, without
+    # the generated __new__'s seventeen keyword parameters.
+    header: DialogHeader = _new_tuple(
+        DialogHeader,
+        (
+            _uuid_of(conversation_id),
+            from_service,
+            to_service,
+            _uuid_of(from_broker),
+            None if to_broker == _NIL_BYTES else _uuid_of(to_broker),
+            contract,
+            message_type,
+            flags,
+            sequence_number,
+            fragment_index,
+            fragment_count,
+            fragment_offset,
+            message_length,
+            lifetime,
+            hop_count,
+            ack,
+            security,
+        ),
     )
+    return header
 
 
 def to_construct_value(h: DialogHeader) -> dict[str, Any]:
@@ -457,52 +473,88 @@ def _names_problem(
 
 
 def validate_header(h: DialogHeader, body_length: int | None) -> str | None:
-    """The first rule ``h`` breaks, or None. ``body_length`` is None for acknowledgements."""
-    problem = _names_problem(h.from_service, h.to_service, h.contract, h.message_type)
+    """The first rule ``h`` breaks, or None. ``body_length`` is None for acknowledgements.
+
+    On the path of every fragment and acknowledgement: the fields are unpacked once, and
+    the acknowledgement's ranges are only looked at when there are any.
+    """
+    (
+        _,
+        from_service,
+        to_service,
+        from_broker,
+        _,
+        contract,
+        message_type,
+        flags,
+        sequence_number,
+        fragment_index,
+        fragment_count,
+        fragment_offset,
+        message_length,
+        _,
+        _,
+        ack,
+        security,
+    ) = h
+    problem = _names_problem(from_service, to_service, contract, message_type)
     if problem:
         return problem
-    if not h.from_service or not h.to_service:
+    if not from_service or not to_service:
         return "service names must not be empty"
-    if h.flags & ~_KNOWN_FLAGS:
-        return f"unknown message flags {int(h.flags):#x}"
-    if h.from_broker_instance == NIL_UUID:
+    if flags & ~_KNOWN_FLAGS:
+        return f"unknown message flags {int(flags):#x}"
+    if from_broker == NIL_UUID:
         return "the sending broker instance must be named"
-    if bool(h.flags & FLAG_SECURED) != (h.security is not None):
+    if bool(flags & FLAG_SECURED) != (security is not None):
         return "the SECURED flag and the security trailer must go together"
-    if h.security is not None and len(h.security.key_exchange) > MAX_KEY_EXCHANGE_SIZE:
+    if security is not None and len(security.key_exchange) > MAX_KEY_EXCHANGE_SIZE:
         return f"key exchange exceeds {MAX_KEY_EXCHANGE_SIZE} bytes"
-    if len(h.ack.ranges) > MAX_ACK_RANGES or len(h.ack.fragments) > MAX_FRAGMENT_ACKS:
+    through, ranges, fragments = ack
+    if not ranges and not fragments:
+        if sequence_number > MAX_SEQUENCE_NUMBER or through > MAX_SEQUENCE_NUMBER:
+            return f"a sequence number above {MAX_SEQUENCE_NUMBER}"
+    else:
+        problem = _ranges_problem(sequence_number, ack)
+        if problem:
+            return problem
+    if body_length is None:
+        return None
+    if flags & FLAG_SEQUENCED and sequence_number == 0:
+        return "a sequenced message needs a sequence number"
+    if not 0 <= fragment_index < fragment_count:
+        return f"fragment index {fragment_index} outside 0..{fragment_count - 1}"
+    if fragment_offset + body_length > message_length:
+        return (
+            f"fragment at offset {fragment_offset} with {body_length} bytes overruns a "
+            f"message of {message_length} bytes"
+        )
+    if fragment_count > max(1, message_length):
+        return f"{fragment_count} fragments for a message of {message_length} bytes"
+    if fragment_count == 1 and body_length != message_length:
+        return f"single-fragment message of {message_length} bytes carries {body_length}"
+    return None
+
+
+def _ranges_problem(sequence_number: int, ack: Acknowledgement) -> str | None:
+    """The first rule an acknowledgement with ranges or fragment acknowledgements breaks."""
+    if len(ack.ranges) > MAX_ACK_RANGES or len(ack.fragments) > MAX_FRAGMENT_ACKS:
         return "too many acknowledgement ranges"
     if (
-        h.sequence_number > MAX_SEQUENCE_NUMBER
-        or h.ack.through > MAX_SEQUENCE_NUMBER
-        or (h.ack.ranges and h.ack.ranges[-1].last > MAX_SEQUENCE_NUMBER)
-        or any(f.sequence_number > MAX_SEQUENCE_NUMBER for f in h.ack.fragments)
+        sequence_number > MAX_SEQUENCE_NUMBER
+        or ack.through > MAX_SEQUENCE_NUMBER
+        or (ack.ranges and ack.ranges[-1].last > MAX_SEQUENCE_NUMBER)
+        or any(f.sequence_number > MAX_SEQUENCE_NUMBER for f in ack.fragments)
     ):
         return f"a sequence number above {MAX_SEQUENCE_NUMBER}"
-    low = h.ack.through
-    for r in h.ack.ranges:
+    low = ack.through
+    for r in ack.ranges:
         if not low < r.first <= r.last:
             return f"acknowledgement range {r.first}..{r.last} is out of order"
         low = r.last
-    for f in h.ack.fragments:
-        if f.first > f.last or f.sequence_number <= h.ack.through:
+    for f in ack.fragments:
+        if f.first > f.last or f.sequence_number <= ack.through:
             return f"fragment acknowledgement {f} is inconsistent"
-    if body_length is None:
-        return None
-    if h.sequenced and h.sequence_number == 0:
-        return "a sequenced message needs a sequence number"
-    if not 0 <= h.fragment_index < h.fragment_count:
-        return f"fragment index {h.fragment_index} outside 0..{h.fragment_count - 1}"
-    if h.fragment_offset + body_length > h.message_length:
-        return (
-            f"fragment at offset {h.fragment_offset} with {body_length} bytes overruns a "
-            f"message of {h.message_length} bytes"
-        )
-    if h.fragment_count > max(1, h.message_length):
-        return f"{h.fragment_count} fragments for a message of {h.message_length} bytes"
-    if h.fragment_count == 1 and body_length != h.message_length:
-        return f"single-fragment message of {h.message_length} bytes carries {body_length}"
     return None
 
 

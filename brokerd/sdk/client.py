@@ -72,6 +72,7 @@ from brokerd.sdk.requests import (
 )
 from brokerd.sdk.tls import client_context, describe_failure
 from brokerd.sdk.transaction import Transaction
+from protocol.buffers import Buffer, coalesce
 from protocol.client_wire import (
     ClientFrame,
     ClientFrameKind,
@@ -106,6 +107,8 @@ class BrokerClient:
         self._reader = ClientFrameReader()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[ClientFrame]] = {}
+        self._out: list[Buffer] | None = None
+        """Request frames of this turn of the event loop, written together at its end."""
         self._challenge: asyncio.Future[ClientFrame] | None = None
         self._closed_reason: str | None = None
         self.instance: str = ""
@@ -213,6 +216,7 @@ class BrokerClient:
     async def close(self) -> None:
         """Close the connection; pending calls fail with ClientError. Idempotent."""
         if self._transport is not None:
+            self._write_out()  # requests already made reach the daemon, as before a close
             self._transport.close()
             self._transport = None
         self._fail_all("client closed")
@@ -221,6 +225,25 @@ class BrokerClient:
 
     def _attach(self, transport: asyncio.Transport) -> None:
         self._transport = transport
+
+    def _write(self, frame: bytes) -> None:
+        """Queue a request frame; the requests of one turn of the event loop (a pipelined
+        producer's SENDs) go to the socket in one write, in order, at the end of the turn."""
+        if self._out is None:
+            self._out = [frame]
+            asyncio.get_running_loop().call_soon(self._write_out)
+        else:
+            self._out.append(frame)
+
+    def _write_out(self) -> None:
+        out, self._out = self._out, None
+        if not out or self._transport is None or self._transport.is_closing():
+            return  # the pending calls fail with the connection
+        pieces = coalesce(out)
+        if len(pieces) == 1:
+            self._transport.write(pieces[0])
+        else:  # large bodies as they are (one writev), never joined into a copy
+            self._transport.writelines(pieces)
 
     def _on_data(self, data: bytes) -> None:
         try:
@@ -258,9 +281,7 @@ class BrokerClient:
         request_id = next(self._ids) & 0xFFFFFFFF
         future: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        self._transport.write(
-            encode_frame(ClientFrame(ClientFrameKind.REQUEST, request_id, meta, body))
-        )
+        self._write(encode_frame(ClientFrame(ClientFrameKind.REQUEST, request_id, meta, body)))
         frame = await future
         if frame.kind is ClientFrameKind.ERROR:
             kind = str(frame.meta.get("error", "BrokerError"))

@@ -37,22 +37,36 @@ class ReceivedMessage:
 
 
 def parse_received(meta: dict[str, Any], body: bytes) -> list[ReceivedMessage]:
-    """RECEIVE's rows: the metadata of each, their bodies one after another in ``body``."""
+    """RECEIVE's rows: the metadata of each, their bodies one after another in ``body``.
+
+    The rows of one RECEIVE share one conversation group, and mostly one conversation:
+    each handle's text is parsed into a UUID once per reply.
+    """
     out: list[ReceivedMessage] = []
+    add = out.append
+    uuids: dict[str, uuid.UUID] = {}
     offset = 0
     for row in meta.get("messages", []):
         length = int(row["body_length"])
-        out.append(
+        handle_text = row["conversation_handle"]
+        handle = uuids.get(handle_text)
+        if handle is None:
+            handle = uuids[handle_text] = uuid.UUID(handle_text)
+        group_text = row["conversation_group_id"]
+        group = uuids.get(group_text)
+        if group is None:
+            group = uuids[group_text] = uuid.UUID(group_text)
+        add(
             ReceivedMessage(
-                conversation_handle=uuid.UUID(row["conversation_handle"]),
-                conversation_group_id=uuid.UUID(row["conversation_group_id"]),
-                message_sequence_number=int(row["message_sequence_number"]),
-                service_name=row["service_name"],
-                service_contract_name=row["service_contract_name"],
-                message_type_name=row["message_type_name"],
-                message_body=body[offset : offset + length],
-                queue=row["queue"],
-                message_enqueue_time=float(row["message_enqueue_time"]),
+                handle,
+                group,
+                int(row["message_sequence_number"]),
+                row["service_name"],
+                row["service_contract_name"],
+                row["message_type_name"],
+                body[offset : offset + length],
+                row["queue"],
+                float(row["message_enqueue_time"]),
             )
         )
         offset += length

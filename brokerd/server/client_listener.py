@@ -46,7 +46,7 @@ from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
 from brokerd.server.receive_reply import ReceiveReply
-from brokerd.server.writes import coalesce
+from protocol.buffers import coalesce
 from protocol.client_wire import (
     MAX_META_BYTES,
     Buffer,

@@ -31,8 +31,8 @@ from brokerd.dialogs.binding import peer_identity
 from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
 from brokerd.server.outbox import Outbox
-from brokerd.server.writes import coalesce
 from protocol import dialog, events
+from protocol.buffers import coalesce
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
 from protocol.frames import EncryptionMode

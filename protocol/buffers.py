@@ -1,21 +1,22 @@
-"""How the server hands many buffers to a socket: large ones as they are, small ones
+"""How many buffers go to a socket in one write: large ones as they are, small ones
 joined.
 
-A reply or a pump round can be many buffers: the bodies of a RECEIVE, the frames
-of a round. Joining them all copies every byte once more (for 1 MiB bodies, a
-reply-sized copy whose pages fault in); writing them all as separate pieces makes a
-``writev`` of thousands of tiny pieces for small messages. :func:`coalesce` does
+A reply, a pump round or a client's pipelined requests can be many buffers: the
+bodies of a RECEIVE, the frames of a round, the SENDs of one turn of the event
+loop. Joining them all copies every byte once more (for 1 MiB bodies, a
+reply-sized copy whose pages fault in); writing them all as separate pieces makes
+a ``writev`` of thousands of tiny pieces for small messages. :func:`coalesce` does
 both: consecutive small pieces are joined, large ones kept, so the socket gets a
 few pieces and no large body is copied.
 
-May import: ``protocol`` (the buffer type).
+Pure (no I/O): the daemon's connections and the SDK write what it returns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from protocol.client_wire import Buffer
+Buffer = bytes | bytearray | memoryview
 
 LARGE = 64 * 1024
 """A piece at least this large is written as it is."""
