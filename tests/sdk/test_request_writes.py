@@ -1,0 +1,51 @@
+"""The SDK writes the requests of one turn of the event loop together: a pipelined
+producer's SENDs reach the daemon in the order they were made, each answered on its own,
+and a close still delivers the requests already made. SPEC R-DLG-1 (exactly once, in
+order) and §6 (a SEND returns after its message is durably queued)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from brokerd.tools.example import CONTRACT, ORDER, SHOP_SERVICE, WAREHOUSE_SERVICE
+from brokerd.tools.launcher import Deployment
+from protocol.errors import ClientError
+from tests.sdk.orders import ready_count
+
+
+async def test_pipelined_sends_keep_their_order_and_each_gets_its_sequence_number(
+    deployment: Deployment,
+) -> None:
+    shop = await deployment.daemons["alpha"].client()
+    warehouse = await deployment.daemons["beta"].client()
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    bodies = [f"<order n='{n}'/>".encode() for n in range(600)]
+    seqs = await asyncio.gather(*(shop.send(handle, ORDER, body) for body in bodies))
+    assert seqs == list(range(seqs[0], seqs[0] + 600))
+    received: list[bytes] = []
+    while len(received) < 600:
+        batch = await warehouse.receive("OrderQueue", top=1000, timeout=2.0)
+        assert batch, f"only {len(received)} of 600 received"
+        received += [m.message_body for m in batch]
+    assert received == bodies
+
+
+async def test_a_request_made_before_close_reaches_the_daemon(deployment: Deployment) -> None:
+    """The request is written when the client closes, not dropped with the turn's writes:
+    its caller learns nothing (the call fails), as when the connection closes under it."""
+    shop = await deployment.daemons["alpha"].client()
+    warehouse = await deployment.daemons["beta"].client()
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    send = asyncio.create_task(shop.send(handle, ORDER, b"<order n='last'/>"))
+    await asyncio.sleep(0)  # the SEND is made and waits for its reply
+    await shop.close()
+    with pytest.raises(ClientError):
+        await send
+    for _ in range(100):
+        if await ready_count(warehouse) == 1:
+            break
+        await asyncio.sleep(0.1)
+    (message,) = await warehouse.receive("OrderQueue", top=10, timeout=2.0)
+    assert message.message_body == b"<order n='last'/>"
