@@ -46,10 +46,9 @@ from brokerd.dialogs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
 from brokerd.server.receive_reply import ReceiveReply
-from protocol.buffers import coalesce
+from protocol.buffers import Buffer, coalesce
 from protocol.client_wire import (
     MAX_META_BYTES,
-    Buffer,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
