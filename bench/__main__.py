@@ -58,6 +58,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--window", type=_positive, default=1000, help="SENDs awaiting their commit (1000)"
     )
+    run.add_argument(
+        "--batch",
+        type=_positive,
+        default=1,
+        help="SENDs per request: 1 (default) pipelines single SENDs; more sends them in "
+        "batches with send_many, one commit each (a transaction's worth), as many batches "
+        "in flight as the window holds",
+    )
     run.add_argument("--top", type=_positive, default=1000, help="RECEIVE TOP (n) (1000)")
     run.add_argument(
         "--receivers", type=_positive, help="concurrent RECEIVE loops (1; W4: 8, one group each)"
@@ -102,6 +110,7 @@ def options_for(name: str, args: argparse.Namespace) -> Options:
         size=args.size or workload.size,
         dialogs=min(dialogs, messages),
         window=args.window,
+        batch=min(args.batch, args.window),
         top=args.top,
         receivers=args.receivers or workload.receivers,
         encryption=args.encryption,

@@ -84,6 +84,8 @@ class Options:
     size: int
     dialogs: int
     window: int = 1000
+    batch: int = 1
+    """SENDs per request (``send_many``); 1 pipelines single SENDs."""
     top: int = 1000
     receivers: int = 1
     encryption: bool = True
@@ -182,6 +184,7 @@ def producer_job(
         dialogs,
         options.window,
         options.timeout,
+        options.batch,
     )
 
 
@@ -275,6 +278,7 @@ def base_line(options: Options) -> dict[str, Any]:
         "size": options.size,
         "dialogs": options.dialogs,
         "window": options.window,
+        "batch": options.batch,
         "top": options.receive_top,
         "receivers": options.receivers,
         "encryption": "on" if options.encryption else "off",

@@ -30,8 +30,8 @@ _EMPTY = len(b'{"messages":[]}')
 
 def reply_row(row: Row) -> Row:
     """A RECEIVE row as the reply's meta lists it: the body's length instead of the body."""
-    out = {k: v for k, v in row.items() if k != "message_body"}
-    out["body_length"] = len(row["message_body"])
+    out = row.copy()  # a C-level copy; the keys keep their order, body_length comes last
+    out["body_length"] = len(out.pop("message_body"))
     return out
 
 
