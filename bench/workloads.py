@@ -108,6 +108,8 @@ class Options:
             labels.append("encryption off")
         if not self.trace:
             labels.append("trace off")
+        if self.batch > 1:
+            labels.append(f"batch {self.batch}")
         return ", ".join(labels)
 
 

@@ -37,6 +37,17 @@ def test_w2_remote(tmp_path: Path) -> None:
     assert line["mode"] == "" and line["encryption"] == "on"
 
 
+def test_w2_in_batches_is_labelled(tmp_path: Path) -> None:
+    """``batch`` SENDs per send_many request, the last batch shorter: still exactly once
+    and in order on each dialog, and the line says it ran in batches."""
+    options = Options(
+        "W2", messages=430, size=200, dialogs=3, warmup=20, workdir=tmp_path, batch=100
+    )
+    line = run(options)
+    check(line, 430)
+    assert line["batch"] == 100 and line["mode"] == "batch 100"
+
+
 def test_w3_large_remote(tmp_path: Path) -> None:
     line = run(Options("W3", messages=6, size=1 << 20, dialogs=1, warmup=2, workdir=tmp_path))
     check(line, 6)
