@@ -234,11 +234,12 @@ class Receiving(EngineCore):
         """
         self.stats.fragments_received += 1
         if self.trace.enabled:
-            self.trace.emit(
+            self.trace.emit_grouped(
                 "fragment_received",
                 header.conversation_id,
+                "seq",
+                header.sequence_number,
                 initiator=header.initiator,
-                seq=header.sequence_number,
                 fragment=header.fragment_index,
                 fragments=header.fragment_count,
                 size=len(body),

@@ -432,12 +432,13 @@ class Transmission:
         for index in range(msg.fragment_count):
             if index not in msg.acked_fragments:
                 if trace.enabled:
-                    trace.emit(
+                    trace.emit_grouped(
                         "fragment_sent",
                         ep.conversation_id,
+                        "seq",
+                        msg.seq,
                         database=ep.database,
                         initiator=ep.initiator,
-                        seq=msg.seq,
                         fragment=index,
                         fragments=msg.fragment_count,
                         size=min(self.fragment_size, msg.length - index * self.fragment_size),

@@ -276,12 +276,13 @@ class ApplicationVerbs(EngineCore):
         ep.uncommitted_sends += 1
         ep.refresh_state()
         trace = self.trace
-        trace.emit(
+        trace.emit_grouped(
             "message_sent",
             ep.conversation_id,
+            "seq",
+            seq,
             database=db.name,
             initiator=ep.initiator,
-            seq=seq,
             size=len(body),
             message_type=message_type,
             service=ep.service,
@@ -306,12 +307,13 @@ class ApplicationVerbs(EngineCore):
             else:
                 ep.outbox[seq] = msg
             self.stats.sent_messages += 1
-            trace.emit(
+            trace.emit_grouped(
                 "enqueued",
                 ep.conversation_id,
+                "seq",
+                seq,
                 database=db.name,
                 initiator=ep.initiator,
-                seq=seq,
                 size=len(body),
                 fragments=msg.fragment_count,
             )

@@ -72,6 +72,49 @@ async def test_emit_each_writes_the_lines_emit_would_one_per_value(tmp_path: Pat
     assert "hop" not in lines["each"][0]
 
 
+async def test_emit_grouped_folds_the_events_of_a_batch_into_one_entry(tmp_path: Path) -> None:
+    """An event joins the last entry of its name and conversation when its other fields
+    are the same and that entry is less than a millisecond old: the lines are those of one
+    ``emit`` each, at the entry's time. Other fields, another conversation, a later time or
+    a flush in between start a new entry."""
+    clock = Clock()
+    conversation, other = uuid.uuid4(), uuid.uuid4()
+    grouped = TraceWriter(TraceConfig(directory=tmp_path / "grouped"), "alpha", clock)
+    await grouped.start()
+
+    def sent(seq: int, size: int, conversation: uuid.UUID = conversation) -> None:
+        grouped.emit_grouped("enqueued", conversation, "seq", seq, size=size, route=None)
+
+    sent(1, 200)
+    clock.now += 0.0004
+    sent(2, 200)  # joins 1
+    sent(3, 90)  # other fields: a new entry
+    sent(4, 90, conversation=other)  # another conversation: a new entry
+    clock.now += 0.0004
+    sent(5, 90)  # joins 3
+    clock.now += 0.002
+    sent(6, 90)  # too late to join 3
+    assert len(grouped._buffer) == 4 and grouped.view()["trace_events_buffered"] == 6
+    await grouped.flush()
+    sent(7, 90)  # after a flush: a new entry
+    await grouped.stop()
+    assert grouped.events_written == 7
+    lines = [json.loads(line) for line in read_lines(tmp_path / "grouped")]
+    assert [(line["seq"], line["size"], line["ts"][-8:]) for line in lines] == [
+        (1, 200, ".250000Z"),
+        (2, 200, ".250000Z"),
+        (3, 90, ".250400Z"),
+        (5, 90, ".250400Z"),
+        (4, 90, ".250400Z"),
+        (6, 90, ".252800Z"),
+        (7, 90, ".252800Z"),
+    ]
+    assert [line["conversation_id"] == str(other) for line in lines] == [
+        False, False, False, False, True, False, False
+    ]  # fmt: skip
+    assert all("route" not in line and line["event"] == "enqueued" for line in lines)
+
+
 def read_lines(directory: Path) -> list[str]:
     (path,) = segment_files([directory])
     return path.read_text().splitlines()
