@@ -3,11 +3,13 @@
 Owns the in-memory image of a database (R-DLG-13): the conversation endpoints
 keyed by handle and by (conversation id, role), the index of messages ready to
 RECEIVE per queue and conversation group (status 1, R-OBJ-3), and the recovery
-that rebuilds all of it from the SQLite file after a restart or ``kill -9``.
+that rebuilds all of it from the SQLite file after a restart or ``kill -9`` (and
+repairs a message left held below its endpoint's receive sequence, ``_repair_held``).
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import uuid
 from dataclasses import dataclass
@@ -18,9 +20,10 @@ from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoint import Endpoint, endpoint_from_row
 from brokerd.dialogs.ready import Item, Rank, ReadyIndex, rank_of
 from brokerd.dialogs.service_keys import ServiceKeys
+from brokerd.dialogs.states import DELIVERING
 from brokerd.storage import queries
 from brokerd.storage.catalog import Catalog, route_from_row
-from brokerd.storage.queries import Rows
+from brokerd.storage.queries import Rows, Statement
 from brokerd.storage.store import Store
 from protocol.acks import AckState
 from protocol.dialog import (
@@ -61,6 +64,8 @@ def _cursor(conn: sqlite3.Connection) -> Rows:
 
     return rows
 
+
+log = logging.getLogger("brokerd.dialogs.database")
 
 _END_FLAGS = {
     END_DIALOG: FLAG_END_DIALOG | FLAG_SEQUENCED,
@@ -150,9 +155,14 @@ class Database:
 
         Returns the endpoints that have messages waiting to be transmitted.
         """
-        return await self.store.read(lambda conn: self._recover(_rows(conn), _cursor(conn)))
+        waiting, repairs = await self.store.read(
+            lambda conn: self._recover(_rows(conn), _cursor(conn))
+        )
+        if repairs:
+            self.store.submit(repairs)
+        return waiting
 
-    def _recover(self, fetch: Rows, stream: Rows) -> list[Endpoint]:
+    def _recover(self, fetch: Rows, stream: Rows) -> tuple[list[Endpoint], list[Statement]]:
         for row in fetch(queries.READ_ENDPOINTS, ()):
             self.add_endpoint(endpoint_from_row(row, self.name))
         waiting: list[Endpoint] = []
@@ -172,7 +182,7 @@ class Database:
                     ep.backlog.add(int(seq))
             ep.waiting_status = "waiting to be sent (recovered after a restart)"
             waiting.append(ep)
-        self.load_received(fetch)
+        repairs = self.load_received(fetch)
         for row in fetch(queries.READ_TIMERS, ()):
             timed = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
             if timed is not None:
@@ -186,18 +196,22 @@ class Database:
                 ep.key_confirmed = ep.accepted.through > 0 or (
                     ep.send_sequence > 0 and 1 not in ep.outbox and 1 not in ep.backlog
                 )
-        return waiting
+        return waiting, repairs
 
     async def reload_received(self) -> None:
         """:meth:`load_received` as a job of its own: after every write already queued."""
-        await self.store.run(lambda conn: self.load_received(_rows(conn)))
+        repairs = await self.store.run(lambda conn: self.load_received(_rows(conn)))
+        if repairs:
+            self.store.submit(repairs)
 
-    def load_received(self, fetch: Rows) -> None:
+    def load_received(self, fetch: Rows) -> list[Statement]:
         """Set what every endpoint has received, and the ready index, from the file.
 
         Used by recovery and after a failed receive-side write, when memory may
         claim messages that never committed. Endpoints started by a peer whose
         first message never committed are forgotten (the peer retransmits).
+        Returns the statements that bring the file in line with what was loaded
+        (:meth:`_repair_held`), for the caller to submit.
         """
         stored = {
             uuid.UUID(row[0]): int(row[1]) for row in fetch(queries.READ_RECEIVE_SEQUENCES, ())
@@ -211,31 +225,107 @@ class Database:
                 continue
             received[ep.handle] = AckState(through)
             ep.held_end_flags.clear()
+        repairs: list[Statement] = []
+        released: list[Any] = []
         for row in fetch(queries.READ_HELD, ()):
             handle, seq = uuid.UUID(row[0]), int(row[1])
-            if handle in received:
-                received[handle].beyond.add(seq)
-                flags = _END_FLAGS.get(row[2], 0)
-                if flags:
-                    self.endpoints[handle].held_end_flags[seq] = flags
+            if handle not in received:
+                continue
+            through = received[handle].through
+            if seq <= through:
+                repairs += self._repair_held(self.endpoints[handle], row, through, released)
+                continue
+            received[handle].beyond.add(seq)
+            flags = _END_FLAGS.get(row[2], 0)
+            if flags:
+                self.endpoints[handle].held_end_flags[seq] = flags
+        partial: set[tuple[uuid.UUID, int]] = set()
         for row in fetch(queries.READ_FRAGMENT_POSITIONS, ()):
-            handle = uuid.UUID(row[0])
-            if handle in received:
-                received[handle].fragments.setdefault(int(row[1]), set()).add(int(row[2]))
+            handle, seq = uuid.UUID(row[0]), int(row[1])
+            if handle not in received:
+                continue
+            if seq <= received[handle].through:
+                partial.add((handle, seq))
+                continue
+            received[handle].fragments.setdefault(seq, set()).add(int(row[2]))
+        for handle, seq in sorted(partial):
+            log.error(
+                "database %s: conversation %s holds fragments of message %d, a partial "
+                "message at or below its receive sequence %d; left held, never delivered "
+                "(its missing fragments will not come again)",
+                self.name,
+                self.endpoints[handle].conversation_id,
+                seq,
+                received[handle].through,
+            )
         for handle, state in received.items():
             ep = self.endpoints[handle]
             ep.accepted, ep.durable = state, state.copy()
         for index in self.ready.values():
             index.clear()
-        for queue, group_text, handle_text, seq, rank in _in_sequence_order(
-            fetch(queries.READ_READY, ())
-        ):
+        rows = fetch(queries.READ_READY, ())
+        if released:
+            rows = sorted([*rows, *released], key=lambda r: int(r[5]))
+        for queue, group_text, handle_text, seq, rank in _in_sequence_order(rows):
             ready = self.ready.get(queue)
             if ready is not None:
                 ready.add(uuid.UUID(group_text), uuid.UUID(handle_text), seq, rank)
         low = fetch(queries.READ_LOWEST_SEQUENCE, ())
         if low and low[0][0] is not None and int(low[0][0]) < 0:
             self.next_local_seq = int(low[0][0]) - 1
+        return repairs
+
+    def _repair_held(
+        self, ep: Endpoint, row: Any, through: int, released: list[Any]
+    ) -> list[Statement]:
+        """A complete message (``row`` of :data:`queries.READ_HELD`) held (status 2) at or
+        below its endpoint's receive sequence ``through``: the endpoint counts it received, so its
+        release committed, but the row was left held. A tree before the fix of
+        ``queries.complete_in_fragments`` wrote such rows (the completing UPDATE of a
+        message's last fragment could land after the promotion of the same commit).
+        Loaded as held, it sat among the messages received beyond the gap: every
+        acknowledgement of the dialog carried a range at or below ``through``, which the
+        sender refuses, and the message was never delivered.
+
+        It becomes what its release made it, in the file and in memory: ready, in its
+        conversation's sequence order among the ready rows (``released``, in
+        :data:`queries.READ_READY`'s shape, placed as :func:`_in_sequence_order` places
+        every ready row), so it is received exactly once and in order (R-DLG-1, R-DLG-7);
+        it is not counted beyond ``through`` again, so acknowledgements stay valid
+        (R-DLG-4, R-DLG-5). If this side has ended the conversation, it is removed as
+        what arrives after an END is (R-DLG-10). The statements are left to the caller
+        to submit; recovery never waits for them.
+
+        A *partial* message (no body, fragments missing) at or below the receive
+        sequence is not repaired (``load_received`` logs an error and leaves its row and
+        fragments in the file, out of the acknowledgement state): the endpoint counted it
+        received, so its sender may have had it acknowledged and dropped it, and its
+        missing fragments will never come. Delivering it would hand out a body that is
+        not the one sent, and counting its fragments again would make every
+        acknowledgement invalid (a fragment acknowledgement at or below ``through``); it
+        stays visible in the queue (status 2) for the administrator, never delivered
+        twice, and goes with its conversation. No tree is known to have written one.
+        """
+        handle, seq = str(row[0]), int(row[1])
+        if ep.state not in DELIVERING:
+            log.warning(
+                "database %s: conversation %s: message %d, held below the receive sequence, "
+                "removed (this side has ended the conversation)",
+                self.name,
+                ep.conversation_id,
+                seq,
+            )
+            return queries.received([(ep.handle, seq)], False)
+        log.warning(
+            "database %s: conversation %s: message %d was held at or below the receive "
+            "sequence %d; repaired: now ready to receive, in sequence order",
+            self.name,
+            ep.conversation_id,
+            seq,
+            through,
+        )
+        released.append((row[3], row[4], handle, seq, row[2], row[5]))
+        return [queries.repair_held(handle, seq)]
 
 
 def _in_sequence_order(rows: list[Any]) -> list[tuple[str, str, str, int, Rank]]:

@@ -359,12 +359,19 @@ _DROP_FRAGMENTS = (
 )
 _REGROUP = "UPDATE queue_messages SET conversation_group_id = ? WHERE conversation_handle = ?"
 READ_HELD = (
-    "SELECT conversation_handle, message_sequence_number, message_type "
-    "FROM queue_messages WHERE status = 2 AND body IS NOT NULL"
+    "SELECT conversation_handle, message_sequence_number, message_type, queue_name, "
+    "conversation_group_id, rowid FROM queue_messages WHERE status = 2 AND body IS NOT NULL"
 )
+"""Recovery: the complete messages held (status 2); the last three columns are those of
+:data:`READ_READY` for one that recovery finds already released (``repair_held``)."""
 READ_READY = (
     "SELECT queue_name, conversation_group_id, conversation_handle, "
-    "message_sequence_number, message_type FROM queue_messages WHERE status = 1 ORDER BY rowid"
+    "message_sequence_number, message_type, rowid FROM queue_messages WHERE status = 1 "
+    "ORDER BY rowid"
+)
+_REPAIR_HELD = (
+    "UPDATE queue_messages SET status = 1 WHERE conversation_handle = ? AND "
+    "message_sequence_number = ? AND status = 2"
 )
 READ_LOWEST_SEQUENCE = "SELECT MIN(message_sequence_number) FROM queue_messages"
 _READ_RECEIVED = (
@@ -411,6 +418,14 @@ def queued_message(
 def promote(handle: str, seqs: Iterable[int]) -> list[Statement]:
     """Messages held out of order (status 2) become ready (status 1)."""
     return [(_PROMOTE, (handle, seq)) for seq in seqs]
+
+
+def repair_held(handle: str, seq: int) -> Statement:
+    """A complete message recovery found held (status 2) at or below its endpoint's receive
+    sequence becomes ready, as its release would have made it. Only a row still held is
+    touched, so the statement commutes with a RECEIVE (removal, or status 0 under
+    RETENTION) in the same commit."""
+    return (_REPAIR_HELD, (handle, seq))
 
 
 def received(items: Sequence[tuple[uuid.UUID, int]], retention: bool) -> list[Statement]:

@@ -4,7 +4,9 @@ Recovery makes no object per unacknowledged message: a daemon SIGKILLed with a b
 on many dialogs restarts holding only each endpoint's numbers, and once its peer
 appears delivers every message exactly once and in order, with the messages in memory
 bounded by the page (``limits.backlog_page``) rather than by the backlog. While an
-endpoint's link is down, SENDs beyond twice the page join its backlog too.
+endpoint's link is down, SENDs beyond twice the page join its backlog too. An
+acknowledgement whose ranges (messages received out of order) fall in a backlog removes
+exactly those numbers, which are then never paged in or sent again.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from brokerd.tools.example import (
     shop_and_warehouse,
 )
 from brokerd.tools.launcher import Deployment
-from tests.daemons import FAST_RETRY, drain, stats_with, wait_until
+from tests.daemons import FAST_RETRY, PROXY_HOST, drain, proxied, stats_with, wait_until
 
 PAGE = 256  # limits.backlog_page, its default
 DIALOGS, PER_DIALOG = 12, 1200  # 14,400 messages: more than two pages per dialog
@@ -143,3 +145,73 @@ async def test_an_ending_with_error_discards_a_backlog(deployment: Deployment) -
     assert (await outbound(shop))["outbound_in_file_only"] == 1
     assert [r["message_sequence_number"] for r in await shop.transmission_queue()] == [3 * PAGE + 1]
     await shop.close()
+
+
+async def test_an_acknowledgement_with_ranges_removes_numbers_of_a_backlog(
+    tmp_path: Path,
+) -> None:
+    """R-DLG-5, R-DLG-13: the receiver holds messages 3..6 and 8..12 beyond gaps (the proxy
+    drops the fragments of 2 and 7, and every acknowledgement), and the sender is
+    SIGKILLed: it restarts with 2..12 as numbers and pages in 2 and 3 (a page of 2). The
+    proxy drops message 2 again; message 3 is a duplicate, and its acknowledgement
+    (through 1, ranges 3..6 and 8..12) removes 3 from memory and 4..6 and 8..12 from the
+    backlog by number, leaving 7 alone there, which is paged in and sent. What the ranges
+    removed is never read or sent again; message 2, resent once, releases them all, and
+    every message is received exactly once and in order."""
+    d = shop_and_warehouse(
+        tmp_path,
+        {"initial": 2.0, "maximum": 4.0, "ack_delay": 0.005, "delayed_retry": 0.5},
+        beta_route_host=PROXY_HOST,
+        extra="[limits]\nbacklog_page = 2\n",
+    )
+    count = 12
+    bodies = [f"<order n='{n}'/>".encode() for n in range(1, count + 1)]
+    async with proxied(d) as proxy:
+        shop = await d.daemons["alpha"].client()
+        warehouse = await d.daemons["beta"].client()
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop.send(handle, ORDER, bodies[0])
+        received = await drain(warehouse, "OrderQueue", 1)
+        await wait_until(lambda: _empty(shop), 10)
+
+        seen = proxy.stats.fragments_seen
+        proxy.plan.drop_fragments = {seen + 1, seen + 6}  # messages 2 and 7
+        proxy.plan.drop_acks = set(range(proxy.stats.acks_seen + 1, proxy.stats.acks_seen + 10**6))
+        await shop.send_many([(handle, ORDER, body) for body in bodies[1:]])
+
+        async def held_beyond_the_gap() -> bool:
+            got = await stats_with(warehouse, "fragments_received")
+            return int(got["fragments_received"]) >= count - 2
+
+        await wait_until(held_beyond_the_gap, 10)
+        assert await warehouse.receive("OrderQueue", timeout=0.2) == []  # 2 is missing
+        queued = await shop.transmission_queue()
+        assert [r["message_sequence_number"] for r in queued] == list(range(2, count + 1))
+        await shop.close()
+        d.kill("alpha")
+
+        beta_before = await stats_with(warehouse, "duplicates")
+        proxy.plan.drop_acks = set()
+        proxy.plan.drop_fragments = {proxy.stats.fragments_seen + 1}  # message 2 again
+        await asyncio.to_thread(d.start, "alpha")
+        shop = await d.daemons["alpha"].client()
+        received += await drain(warehouse, "OrderQueue", count - 1, timeout=30)
+        assert [m.message_sequence_number for m in received] == list(range(1, count + 1))
+        assert [m.message_body for m in received] == bodies
+        await wait_until(lambda: _empty(shop), 10)
+        assert await warehouse.receive("OrderQueue", timeout=0.5) == []
+
+        sender = await stats_with(
+            shop, "fragments_sent", "retransmissions", "backlog_", "outbound_", "acks_received"
+        )
+        # After the restart: 2 (dropped), 3 and 7 once each, then 2 again. 4..6 and 8..12
+        # left the backlog by number: never paged in, never sent.
+        assert sender["fragments_sent"] == 4, sender
+        assert sender["retransmissions"] == 1, sender
+        assert sender["backlog_pages_read"] == 2, sender
+        assert sender["outbound_in_memory"] == sender["outbound_in_file_only"] == 0, sender
+        beta_after = await stats_with(warehouse, "duplicates")
+        assert beta_after["duplicates"] - beta_before["duplicates"] == 1, beta_after
+        assert proxy.stats.fragments_dropped == 3
+        await shop.close()
+        await warehouse.close()
