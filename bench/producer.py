@@ -3,7 +3,8 @@
 It begins ``dialogs`` dialogs (before the clock starts), then SENDs message ``k`` on
 dialog ``k % dialogs`` for k = 0 .. messages-1. A SEND returns after the daemon's
 durable commit; up to ``window`` SENDs await theirs at any time, pipelined on the one
-SDK connection (as a RabbitMQ publisher keeps unconfirmed messages in flight). With
+SDK connection (as a RabbitMQ publisher keeps unconfirmed messages in flight), each
+made with ``send_nowait`` and finished by a callback on its future, no task per SEND. With
 ``batch`` above 1, the messages go ``batch`` at a time in one ``send_many`` request
 each (one commit, a transaction's worth), ``window // batch`` requests in flight; each
 body carries the time its batch was made. The
@@ -16,6 +17,7 @@ time the process used while sending, and any error.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from array import array
@@ -58,20 +60,18 @@ async def produce(job: ProducerJob) -> dict[str, Any]:
             )
         pad = messages.padding(job.size)
         window = asyncio.Semaphore(max(1, job.window // job.batch))
-        pending: set[asyncio.Task[None]] = set()
+        pending: set[asyncio.Future[Any]] = set()
         committed = 0
 
-        async def send(k: int) -> None:
+        def sent(k: int, future: asyncio.Future[int]) -> None:
             nonlocal committed
-            try:
-                data = messages.body(k, time.monotonic_ns(), pad)
-                seqs[k] = await client.send(handles[k % job.dialogs], MESSAGE_TYPE, data)
+            window.release()
+            exc = future.exception()
+            if exc is None:
+                seqs[k] = future.result()
                 committed += 1
-            except Exception as exc:
-                if len(errors) < 5:
-                    errors.append(f"SEND {k}: {type(exc).__name__}: {exc}")
-            finally:
-                window.release()
+            elif len(errors) < 5:
+                errors.append(f"SEND {k}: {type(exc).__name__}: {exc}")
 
         async def send_batch(first: int, last: int) -> None:
             nonlocal committed
@@ -99,10 +99,14 @@ async def produce(job: ProducerJob) -> dict[str, Any]:
                 break
             if step > 1:
                 task = asyncio.create_task(send_batch(k, min(k + step, job.messages)))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
             else:
-                task = asyncio.create_task(send(k))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+                data = messages.body(k, time.monotonic_ns(), pad)
+                future = client.send_nowait(handles[k % job.dialogs], MESSAGE_TYPE, data)
+                future.add_done_callback(functools.partial(sent, k))
+                pending.add(future)
+                future.add_done_callback(pending.discard)
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
         t_done = time.monotonic_ns()

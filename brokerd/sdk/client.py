@@ -56,7 +56,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import orjson
 
@@ -101,12 +101,53 @@ class _ClientProtocol(asyncio.Protocol):
         self.client._on_lost(exc)
 
 
+class _Reply(Protocol):
+    """What waits for a request's answer: a future of the frame, or an adapter."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, frame: ClientFrame, /) -> None: ...
+
+    def set_exception(self, exc: BaseException, /) -> None: ...
+
+
+def _error_of(frame: ClientFrame) -> Exception:
+    """The typed error an ERROR frame reports."""
+    kind = str(frame.meta.get("error", "BrokerError"))
+    message = str(frame.meta.get("message", ""))
+    if kind == "AuthenticationFailed":
+        return AuthenticationFailed(message)
+    error = for_code(frame.meta.get("code"))
+    return error(message, kind=kind, retriable=bool(frame.meta.get("retriable", False)))
+
+
+class _SequenceReply:
+    """A SEND's answer delivered straight to a future of its sequence number."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[int]) -> None:
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, frame: ClientFrame, /) -> None:
+        if frame.kind is ClientFrameKind.ERROR:
+            self.future.set_exception(_error_of(frame))
+        else:
+            self.future.set_result(int(frame.meta["sequence_number"]))
+
+    def set_exception(self, exc: BaseException, /) -> None:
+        self.future.set_exception(exc)
+
+
 class BrokerClient:
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
         self._reader = ClientFrameReader()
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[ClientFrame]] = {}
+        self._pending: dict[int, _Reply] = {}
         self._out: list[Buffer] | None = None
         """Request frames of this turn of the event loop, written together at its end."""
         self._challenge: asyncio.Future[ClientFrame] | None = None
@@ -275,21 +316,20 @@ class BrokerClient:
         if self._challenge is not None and not self._challenge.done():
             self._challenge.set_exception(ClientError(reason))
 
-    async def _call(self, meta: dict[str, Any], body: bytes = b"") -> tuple[dict[str, Any], bytes]:
+    def _request(self, meta: dict[str, Any], body: bytes, reply: _Reply) -> None:
+        """Queue a request; ``reply`` gets its answer (or the connection's failure)."""
         if self._transport is None or self._transport.is_closing():
             raise ClientError(self._closed_reason or "not connected")
         request_id = next(self._ids) & 0xFFFFFFFF
-        future: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
+        self._pending[request_id] = reply
         self._write(encode_frame(ClientFrame(ClientFrameKind.REQUEST, request_id, meta, body)))
+
+    async def _call(self, meta: dict[str, Any], body: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        future: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
+        self._request(meta, body, future)
         frame = await future
         if frame.kind is ClientFrameKind.ERROR:
-            kind = str(frame.meta.get("error", "BrokerError"))
-            message = str(frame.meta.get("message", ""))
-            if kind == "AuthenticationFailed":
-                raise AuthenticationFailed(message)
-            error = for_code(frame.meta.get("code"))
-            raise error(message, kind=kind, retriable=bool(frame.meta.get("retriable", False)))
+            raise _error_of(frame)
         return frame.meta, frame.body
 
     # -- verbs -----------------------------------------------------------------------
@@ -325,6 +365,20 @@ class BrokerClient:
         """SEND ON CONVERSATION; returns after the message is durably queued."""
         meta, _ = await self._call(*send_request(conversation_handle, message_type, body))
         return int(meta["sequence_number"])
+
+    def send_nowait(
+        self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
+    ) -> asyncio.Future[int]:
+        """SEND ON CONVERSATION without waiting (aiokafka's ``send`` to :meth:`send`'s
+        ``send_and_wait``): the request goes out with the others of this turn of the event
+        loop, in the order made, and the future gives the message's sequence number once
+        it is durably queued, or the error. A producer keeps many in flight without a
+        task for each. Raises ClientError at once if the connection is closed."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._request(
+            *send_request(conversation_handle, message_type, body), _SequenceReply(future)
+        )
+        return future
 
     async def receive(
         self,

@@ -6,12 +6,13 @@ order) and §6 (a SEND returns after its message is durably queued)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 
 from brokerd.tools.example import CONTRACT, ORDER, SHOP_SERVICE, WAREHOUSE_SERVICE
 from brokerd.tools.launcher import Deployment
-from protocol.errors import ClientError
+from protocol.errors import ClientError, ConversationNotFound
 from tests.sdk.orders import ready_count
 
 
@@ -49,3 +50,31 @@ async def test_a_request_made_before_close_reaches_the_daemon(deployment: Deploy
         await asyncio.sleep(0.1)
     (message,) = await warehouse.receive("OrderQueue", top=10, timeout=2.0)
     assert message.message_body == b"<order n='last'/>"
+
+
+async def test_send_nowait_futures_give_sequence_numbers_in_order_and_typed_errors(
+    deployment: Deployment,
+) -> None:
+    """``send_nowait`` writes the request with the others of the turn and returns a future:
+    the sequence number once the message is durably queued, or the typed error; with the
+    connection closed it raises at once."""
+    shop = await deployment.daemons["alpha"].client()
+    warehouse = await deployment.daemons["beta"].client()
+    handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    futures = [shop.send_nowait(handle, ORDER, f"<order n='{n}'/>".encode()) for n in range(300)]
+    unknown = shop.send_nowait(uuid.uuid4(), ORDER, b"<order/>")
+    futures += [shop.send_nowait(handle, ORDER, b"<order n='last'/>")]
+    seqs = await asyncio.gather(*futures)
+    assert seqs == list(range(seqs[0], seqs[0] + 301))
+    with pytest.raises(ConversationNotFound):
+        await unknown
+    received = []
+    while len(received) < 301:
+        batch = await warehouse.receive("OrderQueue", top=1000, timeout=2.0)
+        assert batch, f"only {len(received)} of 301 received"
+        received += batch
+    assert [m.message_sequence_number for m in received] == seqs
+    assert received[-1].message_body == b"<order n='last'/>"
+    await shop.close()
+    with pytest.raises(ClientError):
+        shop.send_nowait(handle, ORDER, b"<order/>")
