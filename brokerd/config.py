@@ -59,7 +59,12 @@ from typing import Any
 from brokerd.errors import ConfigError
 from protocol import client_wire
 from protocol.dialog import BROKER_CONFIGURATION_NOTICE, MISSING_ROUTE
-from protocol.frames import DEFAULT_MAX_FRAME_SIZE, MAX_NAME_BYTES, MIN_MAX_FRAME_SIZE
+from protocol.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    MAX_FRAGMENTS_PER_FRAME,
+    MAX_NAME_BYTES,
+    MIN_MAX_FRAME_SIZE,
+)
 
 __all__ = [
     "SENT_BY",
@@ -229,6 +234,9 @@ class EndpointConfig:
     """Incoming broker connections at once; more are closed when they arrive."""
     max_connections_per_address: int = 64
     """Incoming broker connections at once from one IP address."""
+    fragments_per_frame: int = MAX_FRAGMENTS_PER_FRAME
+    """Fragments one frame to another broker may carry (protocol version 2's FRAGMENTS
+    frame: one seal and signature for all); 1 sends each in a frame of its own."""
     inbound_backlog_mb: int = 32
     """MB received from peers and not yet committed above which broker connections stop
     being read until a quarter of it is left (peers wait instead of resending)."""
@@ -694,6 +702,9 @@ def _endpoint(t: _Table, base: Path) -> EndpointConfig:
             "max_connections_per_address", d["max_connections_per_address"], 1
         ),
         max_pending_handshakes=t.integer("max_pending_handshakes", d["max_pending_handshakes"], 1),
+        fragments_per_frame=t.integer(
+            "fragments_per_frame", d["fragments_per_frame"], 1, MAX_FRAGMENTS_PER_FRAME
+        ),
         inbound_backlog_mb=t.integer("inbound_backlog_mb", d["inbound_backlog_mb"], 1),
         connect_timeout=t.seconds("connect_timeout", d["connect_timeout"]),
         reconnect_initial=t.seconds("reconnect_initial", d["reconnect_initial"]),

@@ -29,7 +29,8 @@ table is a RemoteProtocolError. CLOSE is accepted in every state but CLOSED::
     SENT_HELLO  INITIATOR  HELLO_REPLY  -> SENT_PROOF   (send PROOF)
     SENT_REPLY  ACCEPTOR   PROOF        -> OPEN         (send WELCOME; HandshakeComplete)
     SENT_PROOF  INITIATOR  WELCOME      -> OPEN         (HandshakeComplete)
-    OPEN        both       FRAGMENT, ACK, KEEPALIVE, PRINCIPAL_QUERY, PRINCIPAL_ANSWER, MIRROR
+    OPEN        both       FRAGMENT, ACK, KEEPALIVE, PRINCIPAL_QUERY, PRINCIPAL_ANSWER, MIRROR,
+                           FRAGMENTS (version 2 on: one Fragment event per payload)
     any         both       CLOSE        -> CLOSED       (Close event)
 
 In OPEN, a frame that fails its integrity check (altered, replayed, reordered,
@@ -135,12 +136,19 @@ class ConnectionSettings:
     """If set, the peer's certificate must name this instance."""
     max_integrity_failures: int = 64
     """Integrity failures tolerated on one connection before it is closed."""
+    fragments_per_frame: int = frames.MAX_FRAGMENTS_PER_FRAME
+    """Fragments one FRAGMENTS frame may carry (version 2); 1 sends each in a FRAGMENT
+    frame of its own, as version 1 does."""
 
     def __post_init__(self) -> None:
         if self.max_frame_size < frames.MIN_MAX_FRAME_SIZE:
             raise ValueError(f"max_frame_size must be at least {frames.MIN_MAX_FRAME_SIZE}")
         if not self.versions or any(v not in frames.PROTOCOL_VERSIONS for v in self.versions):
             raise ValueError(f"versions must be a non-empty subset of {frames.PROTOCOL_VERSIONS}")
+        if not 1 <= self.fragments_per_frame <= frames.MAX_FRAGMENTS_PER_FRAME:
+            raise ValueError(
+                f"fragments_per_frame must be between 1 and {frames.MAX_FRAGMENTS_PER_FRAME}"
+            )
 
 
 @dataclass
@@ -345,6 +353,39 @@ class BrokerConnection:
             return self.close(event.code, event.reason)
         raise LocalProtocolError(f"cannot send {type(event).__name__}")
 
+    def send_fragments(self, payloads: list[bytes]) -> bytes:
+        """Frame several FRAGMENT payloads, in order: on a version 2 connection as few
+        FRAGMENTS frames as the peer's frame limit allows (one seal, signature and header
+        for many small fragments), otherwise, and for a payload alone, one FRAGMENT each.
+        """
+        per_frame = self.settings.fragments_per_frame
+        if (
+            len(payloads) == 1
+            or per_frame == 1
+            or self.version is None
+            or self.version < frames.FRAGMENTS_VERSION
+        ):
+            return b"".join([self._send_protected(FrameType.FRAGMENT, p) for p in payloads])
+        limit = self.max_payload_size
+        out: list[bytes] = []
+        batch: list[bytes] = []
+        size = 0
+        for payload in payloads:
+            cost = 4 + len(payload)
+            if batch and (size + cost > limit or len(batch) == per_frame):
+                out.append(self._send_batch(batch))
+                batch, size = [], 0
+            batch.append(payload)
+            size += cost
+        if batch:
+            out.append(self._send_batch(batch))
+        return b"".join(out)
+
+    def _send_batch(self, batch: list[bytes]) -> bytes:
+        if len(batch) == 1:
+            return self._send_protected(FrameType.FRAGMENT, batch[0])
+        return self._send_protected(FrameType.FRAGMENTS, frames.encode_fragments(batch))
+
     def close(self, code: CloseCode = CloseCode.NORMAL, reason: str = "") -> bytes:
         """The CLOSE frame that ends this connection (empty if already closed)."""
         if self.state is State.CLOSED:
@@ -538,6 +579,10 @@ class BrokerConnection:
         frame_type = header.frame_type
         if frame_type == FrameType.FRAGMENT:
             events.append(Fragment(payload))
+        elif frame_type == FrameType.FRAGMENTS:
+            if self.version is None or self.version < frames.FRAGMENTS_VERSION:
+                raise RemoteProtocolError(f"FRAGMENTS frame on a version {self.version} connection")
+            events.extend(Fragment(part) for part in frames.decode_fragments(payload))
         elif frame_type == FrameType.ACK:
             events.append(Ack(payload))
         elif frame_type == FrameType.MIRROR:
@@ -756,6 +801,7 @@ def _mode(value: int) -> EncryptionMode:
 
 _OPEN_TYPES = (
     FrameType.FRAGMENT,
+    FrameType.FRAGMENTS,
     FrameType.ACK,
     FrameType.KEEPALIVE,
     FrameType.PRINCIPAL_QUERY,

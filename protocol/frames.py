@@ -14,7 +14,9 @@ AEAD (``protocol/security.py``), whose associated data is the whole header.
 Bodies, one construct declaration per frame type; at run time they are parsed
 and built by FastCodecs derived from those declarations (``protocol/codec.py``
 says why). FRAGMENT and ACK bodies are opaque here: they carry dialog-layer bytes
-(``protocol/dialog.py``). The byte layouts are documented in docs/protocol.md.
+(``protocol/dialog.py``); a FRAGMENTS body is several FRAGMENT bodies, each prefixed
+by its length (u32), so one seal, one signature and one header serve them all. The
+byte layouts are documented in docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ from protocol.codec import FastCodec, fixed_struct
 from protocol.errors import CloseCode, RemoteProtocolError
 
 MAGIC = b"BK"
-PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
-"""Protocol versions this implementation speaks, oldest first."""
+PROTOCOL_VERSIONS: tuple[int, ...] = (1, 2)
+"""Protocol versions this implementation speaks, oldest first. Version 2 adds the
+FRAGMENTS frame; everything else is version 1's."""
+FRAGMENTS_VERSION = 2
+"""The first version with FRAGMENTS frames."""
 HELLO_VERSION = 1
 """Header version of every HELLO, frozen for all time: a peer of any later version can
 still read the offered version list and negotiate."""
@@ -65,6 +70,8 @@ class FrameType(enum.IntEnum):
     PRINCIPAL_ANSWER = 21
     MIRROR = 22
     """Database mirroring (R-ROUTE-16); the body is opaque here, see protocol/mirroring.py."""
+    FRAGMENTS = 23
+    """Version 2 on: several FRAGMENT payloads under one seal (:func:`encode_fragments`)."""
 
 
 class FrameFlags(enum.IntFlag):
@@ -290,3 +297,48 @@ def _check_name(
 def _check_blob(blob: bytes, limit: int, what: str) -> None:
     if len(blob) > limit:
         raise RemoteProtocolError(f"{what} of {len(blob)} bytes exceeds {limit}")
+
+
+_FRAGMENT_LENGTH = struct.Struct(">I")
+MAX_FRAGMENTS_PER_FRAME = 4096
+"""Bound on the FRAGMENT payloads one FRAGMENTS frame carries."""
+
+
+def encode_fragments(payloads: list[bytes]) -> bytes:
+    """The body of a FRAGMENTS frame: each payload prefixed by its length (u32)."""
+    if not 0 < len(payloads) <= MAX_FRAGMENTS_PER_FRAME:
+        raise ValueError(f"a FRAGMENTS frame carries 1..{MAX_FRAGMENTS_PER_FRAME} payloads")
+    pack = _FRAGMENT_LENGTH.pack
+    parts: list[bytes] = []
+    for payload in payloads:
+        parts.append(pack(len(payload)))
+        parts.append(payload)
+    return b"".join(parts)
+
+
+def decode_fragments(body: bytes) -> list[bytes]:
+    """The FRAGMENT payloads of a FRAGMENTS body; RemoteProtocolError if it is malformed
+    (no payload, an empty one, a length past the end, too many)."""
+    size = len(body)
+    unpack = _FRAGMENT_LENGTH.unpack_from
+    view = memoryview(body)
+    out: list[bytes] = []
+    pos = 0
+    while pos < size:
+        if len(out) == MAX_FRAGMENTS_PER_FRAME:
+            raise RemoteProtocolError(
+                f"FRAGMENTS frame with more than {MAX_FRAGMENTS_PER_FRAME} payloads"
+            )
+        if pos + 4 > size:
+            raise RemoteProtocolError("FRAGMENTS length prefix is truncated")
+        (length,) = unpack(body, pos)
+        pos += 4
+        if not length:
+            raise RemoteProtocolError("FRAGMENTS frame with an empty payload")
+        if pos + length > size:
+            raise RemoteProtocolError("FRAGMENTS payload runs past the end")
+        out.append(bytes(view[pos : pos + length]))
+        pos += length
+    if not out:
+        raise RemoteProtocolError("FRAGMENTS frame with no payload")
+    return out

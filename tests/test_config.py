@@ -155,6 +155,7 @@ def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
     assert (e.host, e.port, e.encryption) == ("127.0.0.1", 4022, "required")
     assert (e.message_forwarding, e.message_forward_size) == (False, 10)
     assert e.max_frame_size == DEFAULT_MAX_FRAME_SIZE
+    assert e.fragments_per_frame == 4096
     assert (e.idle_timeout, e.connect_timeout) == (90.0, 5.0)
     assert (e.reconnect_initial, e.reconnect_max) == (1.0, 2.0)
     assert (e.heartbeat_interval, e.heartbeat_deadline) == (5.0, 20.0)
@@ -619,6 +620,16 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
             "integer",
         ),
         (config_text(endpoint="max_frame_size = 1000"), "endpoint.max_frame_size", "between 32768"),
+        (
+            config_text(endpoint="fragments_per_frame = 0"),
+            "endpoint.fragments_per_frame",
+            "between 1",
+        ),
+        (
+            config_text(endpoint="fragments_per_frame = 4097"),
+            "endpoint.fragments_per_frame",
+            "4096",
+        ),
         (
             config_text(endpoint="max_frame_size = 4294967296"),
             "endpoint.max_frame_size",

@@ -281,7 +281,11 @@ class BrokerProtocol(asyncio.Protocol):
         size = transport.get_write_buffer_size()
         outbox = self.outbox
         build = self.engine.transmission.build_fragment
-        send = self.conn.send
+        conn = self.conn
+        send = conn.send
+        fragments: list[bytes] = []
+        """FRAGMENT payloads of this round not framed yet: consecutive ones share frames
+        (``send_fragments``: FRAGMENTS frames on a version 2 connection)."""
         try:
             while outbox and not self._paused and size < HIGH_WATER:
                 item = outbox.pop()
@@ -296,27 +300,42 @@ class BrokerProtocol(asyncio.Protocol):
                         # dropped: its retry clock runs, the next copy reads the body back.
                         continue
                     header, body = build(ep, msg, index)
-                    frame = send(events.Fragment(dialog.encode_fragment(header, body)))
-                elif kind is SendAcks:
+                    payload = dialog.encode_fragment(header, body)
+                    fragments.append(payload)
+                    size += len(payload)
+                    continue
+                if kind is SendHeader:
+                    header, body = cast(SendHeader, item)
+                    payload = dialog.encode_fragment(header, body)
+                    fragments.append(payload)
+                    size += len(payload)
+                    continue
+                if kind is Forward and cast(Forward, item).header is not None:
+                    forward = cast(Forward, item)
+                    self.engine.router.forward_sent(forward)
+                    assert forward.header is not None
+                    payload = dialog.encode_fragment(forward.header, forward.body)
+                    fragments.append(payload)
+                    size += len(payload)
+                    continue
+                if fragments:  # in order: what was queued before this item goes first
+                    out.append(conn.send_fragments(fragments))
+                    fragments = []
+                if kind is SendAcks:
                     headers = outbox.take_acks(cast(SendAcks, item))
                     frame = send(events.Ack(dialog.encode_acks(headers)))
-                elif kind is SendHeader:
-                    header, body = cast(SendHeader, item)
-                    frame = send(events.Fragment(dialog.encode_fragment(header, body)))
                 elif kind is Forward:
                     forward = cast(Forward, item)
                     self.engine.router.forward_sent(forward)
-                    if forward.header is not None:
-                        payload = dialog.encode_fragment(forward.header, forward.body)
-                        frame = send(events.Fragment(payload))
-                    else:
-                        frame = send(events.Ack(dialog.encode_acks(forward.acks or [])))
+                    frame = send(events.Ack(dialog.encode_acks(forward.acks or [])))
                 else:
                     frame = send(
                         cast(events.PrincipalQuery | events.PrincipalAnswer | events.Mirror, item)
                     )
                 out.append(frame)
                 size += len(frame)
+            if fragments:
+                out.append(conn.send_fragments(fragments))
         except LocalProtocolError as exc:
             log.error("cannot send on %s: %s", self.name, exc)
             self.abort(f"local protocol error: {exc}")
@@ -634,6 +653,7 @@ class Transport:
             identity=identity,
             encryption=EncryptionMode[config.encryption.upper()],
             max_frame_size=config.max_frame_size,
+            fragments_per_frame=config.fragments_per_frame,
         )
         self.liveness = LivenessSettings(config.heartbeat_interval, config.heartbeat_deadline)
         self.engine: DialogEngine  # set by the daemon before start()

@@ -8,7 +8,7 @@ command line ``python -m brokerd.tools.faultproxy``. The proxy sits
 between an initiating broker (the client, "up" direction: client to server) and
 an accepting broker (the server, "down" direction) and does, per :class:`FaultPlan`:
 
-* corrupt or drop chosen FRAGMENT frames of the up direction, counted 1, 2, 3, ...
+* corrupt or drop chosen FRAGMENT (or FRAGMENTS) frames of the up direction, counted 1, 2, 3, ...
   over the proxy's lifetime across all its connections, and drop chosen ACK frames
   of the down direction, counted the same way (a lost acknowledgement: the sender
   retransmits and the receiver sees a duplicate). Both directions are cut into
@@ -55,6 +55,11 @@ READ_SIZE = 64 * 1024
 
 _LINGER_RESET = struct.pack("ii", 1, 0)
 """SO_LINGER on, timeout 0: closing the socket sends a TCP reset."""
+
+
+_FRAGMENT_FRAMES = (FrameType.FRAGMENT, FrameType.FRAGMENTS)
+"""Frames the plan's fragment ordinals count: a FRAGMENTS frame is one, whatever it carries
+(brokers with ``fragments_per_frame = 1`` send one fragment per frame)."""
 
 
 @dataclass
@@ -178,14 +183,16 @@ class _FrameFilter:
 
     def _keep(self, frame: bytearray, kind: int, counter: int, length: int) -> bool:
         """Apply the plan to one frame (in place); False means drop it."""
-        if self._up and kind == FrameType.FRAGMENT:
+        if self._up and kind in _FRAGMENT_FRAMES:
             return self._fragment(frame, counter, length)
         if not self._up and kind == FrameType.ACK:
             return self._ack(counter)
         return True
 
     def _fragment(self, frame: bytearray, counter: int, length: int) -> bool:
-        """Apply the plan to one FRAGMENT frame in place; False means drop it."""
+        """Apply the plan to one FRAGMENT or FRAGMENTS frame in place (a FRAGMENTS frame,
+        several fragments under one seal, is dropped or corrupted as a whole); False means
+        drop it."""
         proxy = self._proxy
         proxy.stats.fragments_seen += 1
         ordinal = proxy.stats.fragments_seen

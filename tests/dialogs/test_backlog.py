@@ -163,6 +163,7 @@ async def test_an_acknowledgement_with_ranges_removes_numbers_of_a_backlog(
         {"initial": 2.0, "maximum": 4.0, "ack_delay": 0.005, "delayed_retry": 0.5},
         beta_route_host=PROXY_HOST,
         extra="[limits]\nbacklog_page = 2\n",
+        endpoint_extra="fragments_per_frame = 1",  # the plan's ordinals are messages
     )
     count = 12
     bodies = [f"<order n='{n}'/>".encode() for n in range(1, count + 1)]

@@ -48,8 +48,9 @@ R, S, D = EncryptionMode.REQUIRED, EncryptionMode.SUPPORTED, EncryptionMode.DISA
 def test_handshake_completes_and_names_both_sides(pki: Pki) -> None:
     i, a = make_pair(pki.alpha, pki.beta)
     i_events, a_events = run_handshake(i, a)
-    assert i_events == [HandshakeComplete("beta", 1, True, frames.DEFAULT_MAX_FRAME_SIZE)]
-    assert a_events == [HandshakeComplete("alpha", 1, True, frames.DEFAULT_MAX_FRAME_SIZE)]
+    latest = frames.PROTOCOL_VERSIONS[-1]
+    assert i_events == [HandshakeComplete("beta", latest, True, frames.DEFAULT_MAX_FRAME_SIZE)]
+    assert a_events == [HandshakeComplete("alpha", latest, True, frames.DEFAULT_MAX_FRAME_SIZE)]
     assert i.state is State.OPEN and a.state is State.OPEN
     assert i.peer_instance == "beta" and a.peer_instance == "alpha"
 
@@ -352,7 +353,10 @@ def test_truncated_frame_is_never_handed_up(pki: Pki) -> None:
 
 def test_injected_clear_close_is_ignored_once_open(pki: Pki) -> None:
     i, a = open_pair(pki)
-    forged = frames.encode_header(1, frames.FrameType.CLOSE, 0, 6, 99) + b"\x00\x00\x00\x02hi"
+    assert a.version is not None
+    forged = (
+        frames.encode_header(a.version, frames.FrameType.CLOSE, 0, 6, 99) + b"\x00\x00\x00\x02hi"
+    )
     (failure,) = a.receive_data(forged)
     assert isinstance(failure, IntegrityFailure)
     assert a.state is State.OPEN
@@ -466,3 +470,61 @@ def test_frames_split_at_any_point_arrive_whole_and_in_order(pki: Pki, seed: int
         pos += step
     assert got == sent
     assert a.buffered_bytes == 0
+
+
+# -- FRAGMENTS (version 2): several fragments under one seal --------------------------------
+
+
+def test_fragments_of_a_round_share_one_frame_on_version_2(pki: Pki) -> None:
+    """R-PROTO-2: one FRAGMENTS frame carries them, the peer gets one Fragment event each,
+    in order."""
+    i, a = open_pair(pki)
+    assert i.version == a.version == 2
+    payloads = [b"first", b"second" * 10, b"third"]
+    sent = i.stats.frames_sent
+    data = i.send_fragments(payloads)
+    assert i.stats.frames_sent == sent + 1
+    assert frames.decode_header(data, frames.DEFAULT_MAX_FRAME_SIZE).frame_type == (
+        frames.FrameType.FRAGMENTS
+    )
+    assert a.receive_data(data) == [Fragment(p) for p in payloads]
+    assert a.receive_data(i.send_fragments([b"alone"])) == [Fragment(b"alone")]
+
+
+def test_a_version_1_peer_gets_one_fragment_frame_each(pki: Pki) -> None:
+    """A broker that speaks version 2 and one that speaks only version 1 agree on 1, and
+    FRAGMENTS is never sent to it."""
+    i = BrokerConnection(Role.INITIATOR, ConnectionSettings(pki.alpha), NOW)
+    a = BrokerConnection(Role.ACCEPTOR, ConnectionSettings(pki.beta, versions=(1,)), NOW)
+    run_handshake(i, a)
+    assert i.version == a.version == 1
+    sent = i.stats.frames_sent
+    data = i.send_fragments([b"a", b"b", b"c"])
+    assert i.stats.frames_sent == sent + 3
+    headers = frames.iter_frame_headers(data)
+    assert {h.frame_type for h in headers} == {frames.FrameType.FRAGMENT}
+    assert a.receive_data(data) == [Fragment(b"a"), Fragment(b"b"), Fragment(b"c")]
+
+
+def test_fragments_are_split_at_the_peer_frame_limit(pki: Pki) -> None:
+    i, a = open_pair(pki, max_frame_size=frames.MIN_MAX_FRAME_SIZE)
+    payloads = [bytes([n]) * 10_000 for n in range(7)]
+    data = i.send_fragments(payloads)
+    headers = frames.iter_frame_headers(data)
+    assert len(headers) == 3  # three 10,004-byte entries fit in 32 KiB, a fourth does not
+    assert all(h.length <= frames.MIN_MAX_FRAME_SIZE for h in headers)
+    assert a.receive_data(data) == [Fragment(p) for p in payloads]
+
+
+def test_fragments_on_a_version_1_connection_is_a_protocol_error(pki: Pki) -> None:
+    i, a = open_pair(pki, versions=(1,))
+    forged = i._send_protected(frames.FrameType.FRAGMENTS, frames.encode_fragments([b"x", b"y"]))
+    with pytest.raises(RemoteProtocolError, match="FRAGMENTS frame on a version 1"):
+        a.receive_data(forged)
+
+
+def test_a_malformed_fragments_body_is_a_protocol_error(pki: Pki) -> None:
+    i, a = open_pair(pki)
+    forged = i._send_protected(frames.FrameType.FRAGMENTS, b"\x00\x00\x00\x09short")
+    with pytest.raises(RemoteProtocolError, match="runs past the end"):
+        a.receive_data(forged)

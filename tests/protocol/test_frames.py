@@ -267,3 +267,32 @@ if __name__ == "__main__" and "--regenerate" in sys.argv:
         json.dumps({k: v.hex() for k, v in golden_vectors().items()}, indent=2) + "\n"
     )
     print(f"wrote {GOLDEN}")
+
+
+def test_fragments_body_is_length_prefixed_payloads() -> None:
+    body = frames.encode_fragments([b"ab", b"c"])
+    assert body == b"\x00\x00\x00\x02ab\x00\x00\x00\x01c"
+    assert frames.decode_fragments(body) == [b"ab", b"c"]
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"", "no payload"),
+        (b"\x00\x00", "truncated"),
+        (b"\x00\x00\x00\x00", "empty payload"),
+        (b"\x00\x00\x00\x05abc", "past the end"),
+        (b"\x00\x00\x00\x01a\x00", "truncated"),
+        (b"\x00\x00\x00\x01a" * (frames.MAX_FRAGMENTS_PER_FRAME + 1), "more than"),
+    ],
+)
+def test_a_malformed_fragments_body_is_refused(body: bytes, problem: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=problem):
+        frames.decode_fragments(body)
+
+
+def test_fragments_encoder_bounds_its_count() -> None:
+    with pytest.raises(ValueError):
+        frames.encode_fragments([])
+    with pytest.raises(ValueError):
+        frames.encode_fragments([b"x"] * (frames.MAX_FRAGMENTS_PER_FRAME + 1))

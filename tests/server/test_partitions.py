@@ -61,9 +61,11 @@ async def heartbeats(tmp_path: Path) -> AsyncIterator[tuple[Deployment, FaultPro
 @pytest.fixture
 async def redial(tmp_path: Path) -> AsyncIterator[tuple[Deployment, FaultProxy]]:
     # Heartbeats keep flowing (the proxy drops FRAGMENT frames only); the redial rule
-    # alone must notice that the connection carries no acknowledgement back.
+    # alone must notice that the connection carries no acknowledgement back. One fragment
+    # per frame, so that the plan's ordinals are messages and their retransmissions.
     plan = FaultPlan(drop_fragments={2, 3, 4})
-    async for pair in _deployment(tmp_path, plan, "", {**FAST_RETRY, "redial_after": 2}):
+    endpoint = "fragments_per_frame = 1"
+    async for pair in _deployment(tmp_path, plan, endpoint, {**FAST_RETRY, "redial_after": 2}):
         yield pair
 
 
