@@ -281,7 +281,13 @@ async def test_kill_9_of_the_sender_then_restart(deployment: Deployment) -> None
 
 
 async def test_altered_frame_is_not_acknowledged_and_retransmitted(tmp_path: Path) -> None:
-    d = shop_and_warehouse(tmp_path, FAST_RETRY, beta_route_host="127.0.0.3")
+    # One fragment per frame: the plan's second frame is the second message.
+    d = shop_and_warehouse(
+        tmp_path,
+        FAST_RETRY,
+        beta_route_host="127.0.0.3",
+        endpoint_extra="fragments_per_frame = 1",
+    )
     proxy = FaultProxy("127.0.0.3", 4022, "127.0.0.2", 4022, FaultPlan(corrupt_fragments={2}))
     await proxy.start()
     try:
