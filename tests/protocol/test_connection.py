@@ -476,7 +476,7 @@ def test_frames_split_at_any_point_arrive_whole_and_in_order(pki: Pki, seed: int
 
 
 def test_fragments_of_a_round_share_one_frame_on_version_2(pki: Pki) -> None:
-    """R-PROTO-2: one FRAGMENTS frame carries them, the peer gets one Fragment event each,
+    """R-PROTO-1: one FRAGMENTS frame carries them, the peer gets one Fragment event each,
     in order."""
     i, a = open_pair(pki)
     assert i.version == a.version == 2

@@ -1,7 +1,7 @@
 """Several fragments under one seal between two real daemons: the fragments of one pump
 round go as FRAGMENTS frames (protocol version 2), or one frame each with
 ``fragments_per_frame = 1``; either way every message arrives exactly once and in
-order (R-PROTO-2, R-DLG-1)."""
+order (R-PROTO-1, R-DLG-1)."""
 
 from __future__ import annotations
 
