@@ -58,15 +58,15 @@ def parse_received(meta: dict[str, Any], body: bytes) -> list[ReceivedMessage]:
             group = uuids[group_text] = uuid.UUID(group_text)
         add(
             ReceivedMessage(
-                handle,
-                group,
-                int(row["message_sequence_number"]),
-                row["service_name"],
-                row["service_contract_name"],
-                row["message_type_name"],
-                body[offset : offset + length],
-                row["queue"],
-                float(row["message_enqueue_time"]),
+                conversation_handle=handle,
+                conversation_group_id=group,
+                message_sequence_number=int(row["message_sequence_number"]),
+                service_name=row["service_name"],
+                service_contract_name=row["service_contract_name"],
+                message_type_name=row["message_type_name"],
+                message_body=body[offset : offset + length],
+                queue=row["queue"],
+                message_enqueue_time=float(row["message_enqueue_time"]),
             )
         )
         offset += length
