@@ -121,6 +121,14 @@ def _error_of(frame: ClientFrame) -> Exception:
     return error(message, kind=kind, retriable=bool(frame.meta.get("retriable", False)))
 
 
+def _sequence_number(meta: dict[str, Any]) -> int:
+    """The sequence number a SEND's reply carries; RemoteProtocolError if it has none."""
+    value = meta.get("sequence_number")
+    if type(value) is not int:
+        raise RemoteProtocolError(f"the daemon's SEND reply has no sequence number: {value!r}")
+    return value
+
+
 class _SequenceReply:
     """A SEND's answer delivered straight to a future of its sequence number."""
 
@@ -133,10 +141,15 @@ class _SequenceReply:
         return self.future.done()
 
     def set_result(self, frame: ClientFrame, /) -> None:
+        """Called by the reader for the reply: never raises into it (a reply without a
+        sequence number fails this future only)."""
         if frame.kind is ClientFrameKind.ERROR:
             self.future.set_exception(_error_of(frame))
-        else:
-            self.future.set_result(int(frame.meta["sequence_number"]))
+            return
+        try:
+            self.future.set_result(_sequence_number(frame.meta))
+        except RemoteProtocolError as exc:
+            self.future.set_exception(exc)
 
     def set_exception(self, exc: BaseException, /) -> None:
         self.future.set_exception(exc)
@@ -364,7 +377,7 @@ class BrokerClient:
     ) -> int:
         """SEND ON CONVERSATION; returns after the message is durably queued."""
         meta, _ = await self._call(*send_request(conversation_handle, message_type, body))
-        return int(meta["sequence_number"])
+        return _sequence_number(meta)
 
     def send_nowait(
         self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""

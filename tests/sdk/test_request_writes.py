@@ -10,9 +10,11 @@ import uuid
 
 import pytest
 
+from brokerd.sdk.client import _SequenceReply
 from brokerd.tools.example import CONTRACT, ORDER, SHOP_SERVICE, WAREHOUSE_SERVICE
 from brokerd.tools.launcher import Deployment
-from protocol.errors import ClientError, ConversationNotFound
+from protocol.client_wire import ClientFrame, ClientFrameKind, ClientFrameReader, encode_frame
+from protocol.errors import ClientError, ConversationNotFound, RemoteProtocolError
 from tests.sdk.orders import ready_count
 
 
@@ -78,3 +80,22 @@ async def test_send_nowait_futures_give_sequence_numbers_in_order_and_typed_erro
     await shop.close()
     with pytest.raises(ClientError):
         shop.send_nowait(handle, ORDER, b"<order/>")
+
+
+@pytest.mark.parametrize("meta", [{}, {"sequence_number": "5"}, {"sequence_number": None}])
+async def test_a_send_reply_without_a_sequence_number_fails_its_future_only(
+    meta: dict[str, object],
+) -> None:
+    """Bad input from the daemon: the reply, read from its bytes, fails that SEND's future
+    with a clear error instead of raising into the reader (which would leave the future,
+    and every reply after it in the same read, unanswered)."""
+    good, bad = (asyncio.get_running_loop().create_future() for _ in range(2))
+    frames = ClientFrameReader().feed(
+        encode_frame(ClientFrame(ClientFrameKind.RESPONSE, 1, meta, b""))
+        + encode_frame(ClientFrame(ClientFrameKind.RESPONSE, 2, {"sequence_number": 9}, b""))
+    )
+    _SequenceReply(bad).set_result(frames[0])
+    _SequenceReply(good).set_result(frames[1])
+    with pytest.raises(RemoteProtocolError, match="no sequence number"):
+        await bad
+    assert await good == 9
