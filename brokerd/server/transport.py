@@ -290,6 +290,7 @@ class BrokerProtocol(asyncio.Protocol):
             while outbox and not self._paused and size < HIGH_WATER:
                 item = outbox.pop()
                 kind = type(item)
+                payload: bytes | None = None
                 if kind is SendFragment:
                     ep, msg, index = cast(SendFragment, item)
                     if msg.seq not in ep.outbox or index in msg.acked_fragments:
@@ -299,22 +300,15 @@ class BrokerProtocol(asyncio.Protocol):
                         # waited to be written) after the first was written and its body
                         # dropped: its retry clock runs, the next copy reads the body back.
                         continue
-                    header, body = build(ep, msg, index)
-                    payload = dialog.encode_fragment(header, body)
-                    fragments.append(payload)
-                    size += len(payload)
-                    continue
-                if kind is SendHeader:
-                    header, body = cast(SendHeader, item)
-                    payload = dialog.encode_fragment(header, body)
-                    fragments.append(payload)
-                    size += len(payload)
-                    continue
-                if kind is Forward and cast(Forward, item).header is not None:
+                    payload = dialog.encode_fragment(*build(ep, msg, index))
+                elif kind is SendHeader:
+                    payload = dialog.encode_fragment(*cast(SendHeader, item))
+                elif kind is Forward:
                     forward = cast(Forward, item)
                     self.engine.router.forward_sent(forward)
-                    assert forward.header is not None
-                    payload = dialog.encode_fragment(forward.header, forward.body)
+                    if forward.header is not None:
+                        payload = dialog.encode_fragment(forward.header, forward.body)
+                if payload is not None:
                     fragments.append(payload)
                     size += len(payload)
                     continue
@@ -325,9 +319,7 @@ class BrokerProtocol(asyncio.Protocol):
                     headers = outbox.take_acks(cast(SendAcks, item))
                     frame = send(events.Ack(dialog.encode_acks(headers)))
                 elif kind is Forward:
-                    forward = cast(Forward, item)
-                    self.engine.router.forward_sent(forward)
-                    frame = send(events.Ack(dialog.encode_acks(forward.acks or [])))
+                    frame = send(events.Ack(dialog.encode_acks(cast(Forward, item).acks or [])))
                 else:
                     frame = send(
                         cast(events.PrincipalQuery | events.PrincipalAnswer | events.Mirror, item)

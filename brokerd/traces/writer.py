@@ -134,7 +134,8 @@ class TraceWriter:
     # -- the hot path ---------------------------------------------------------------------
 
     def sampled(self, conversation_id: uuid.UUID | None) -> bool:
-        """Whether events of this conversation are traced (``trace.sample``)."""
+        """Whether events of this conversation are traced (``trace.sample``). The emitters
+        ask only when a sample below 1 is set: at the default every event is kept."""
         if not self.enabled:
             return False
         if conversation_id is None or self._threshold >= 10_000:
@@ -147,13 +148,7 @@ class TraceWriter:
         The hot path only appends ``(time, event, conversation, fields)``; lines are
         formatted in batches, by the flush, in its worker thread.
         """
-        if not self.enabled:
-            return
-        if (
-            conversation_id is not None
-            and self._threshold < 10_000
-            and (conversation_id.int >> 64) % 10_000 >= self._threshold
-        ):
+        if not self.enabled or (self._threshold < 10_000 and not self.sampled(conversation_id)):
             return
         self._buffer.append((self.clock(), event, conversation_id, fields))
         self._buffered += 1
@@ -172,11 +167,7 @@ class TraceWriter:
         """
         if not self.enabled or not values:
             return
-        if (
-            conversation_id is not None
-            and self._threshold < 10_000
-            and (conversation_id.int >> 64) % 10_000 >= self._threshold
-        ):
+        if self._threshold < 10_000 and not self.sampled(conversation_id):
             return
         self._buffer.append((self.clock(), event, conversation_id, fields, key, values))
         self._buffered += len(values)
@@ -200,9 +191,7 @@ class TraceWriter:
         read, the messages one commit released, the fragments of one read) cost one
         entry, not one formatted line each, and their times stay within a millisecond.
         """
-        if not self.enabled:
-            return
-        if self._threshold < 10_000 and (conversation_id.int >> 64) % 10_000 >= self._threshold:
+        if not self.enabled or (self._threshold < 10_000 and not self.sampled(conversation_id)):
             return
         now = self.clock()
         group = (event, conversation_id)
