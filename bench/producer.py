@@ -4,14 +4,14 @@ It begins ``dialogs`` dialogs (before the clock starts), then SENDs message ``k`
 dialog ``k % dialogs`` for k = 0 .. messages-1. A SEND returns after the daemon's
 durable commit; up to ``window`` SENDs await theirs at any time, pipelined on the one
 SDK connection (as a RabbitMQ publisher keeps unconfirmed messages in flight), each
-made with ``send_nowait`` and finished by a callback on its future, no task per SEND. With
-``batch`` above 1, the messages go ``batch`` at a time in one ``send_many`` request
-each (one commit, a transaction's worth), ``window // batch`` requests in flight; each
-body carries the time its batch was made. The
-daemon numbers SENDs in the order it reads them, so on each dialog the sequence numbers
-follow the indexes. The result goes back to the parent through a pipe: the first
-send time, the time the last commit returned, each index's sequence number, the CPU
-time the process used while sending, and any error.
+made with ``send_nowait`` and finished by a callback on its future, no task per SEND.
+With ``batch`` above 1, the messages go ``batch`` at a time in one ``send_many``
+request each (one commit, a transaction's worth), ``window // batch`` requests in
+flight; each body carries the time its batch was made. The daemon numbers SENDs in
+the order it reads them, so on each dialog the sequence numbers follow the indexes.
+The result goes back to the parent through a pipe: the first send time, the time the
+last commit returned, each index's sequence number, the CPU time the process used
+while sending, and any error.
 """
 
 from __future__ import annotations

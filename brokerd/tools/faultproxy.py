@@ -8,10 +8,11 @@ command line ``python -m brokerd.tools.faultproxy``. The proxy sits
 between an initiating broker (the client, "up" direction: client to server) and
 an accepting broker (the server, "down" direction) and does, per :class:`FaultPlan`:
 
-* corrupt or drop chosen FRAGMENT (or FRAGMENTS) frames of the up direction, counted 1, 2, 3, ...
-  over the proxy's lifetime across all its connections, and drop chosen ACK frames
-  of the down direction, counted the same way (a lost acknowledgement: the sender
-  retransmits and the receiver sees a duplicate). Both directions are cut into
+* corrupt or drop chosen FRAGMENT (or FRAGMENTS, as a whole) frames of the up
+  direction, counted 1, 2, 3, ... over the proxy's lifetime across all its
+  connections, and drop chosen ACK frames of the down direction, counted the same
+  way (a lost acknowledgement: the sender retransmits and the receiver sees a
+  duplicate). Both directions are cut into
   frames with :func:`protocol.frames.decode_header`; if a header does not parse,
   the rest of that direction is passed through unchanged;
 * delay every chunk forwarded, both directions;
