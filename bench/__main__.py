@@ -70,6 +70,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--receivers", type=_positive, help="concurrent RECEIVE loops (1; W4: 8, one group each)"
     )
+    run.add_argument(
+        "--databases",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="W1's databases: 2 (default), the shop and the warehouse, delivering through "
+        "the local link; 1, both services in one database (SEND straight into the queue)",
+    )
     run.add_argument("--encryption", type=_on_off, default=True, help="on (default) or off")
     run.add_argument("--trace", type=_on_off, default=True, help="delivery traces: on or off")
     run.add_argument(
@@ -119,6 +127,7 @@ def options_for(name: str, args: argparse.Namespace) -> Options:
         timeout=args.timeout or max(300.0, messages / 500),
         workdir=args.workdir.resolve() if args.workdir is not None else None,
         keep=args.keep,
+        databases=args.databases,
     )
 
 

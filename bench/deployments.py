@@ -61,6 +61,12 @@ def local_databases_toml() -> str:
     return example.shop_database(None) + example.warehouse_database(None)
 
 
+def one_database_toml() -> str:
+    """Shop and warehouse as two services of one database (``shop``): a SEND goes
+    straight into the warehouse's queue (R-DLG-13)."""
+    return example.two_services_database("shop")
+
+
 def _forwarder_msdb(shop_host: str, warehouse_host: str) -> str:
     """msdb of a forwarding broker: each service's traffic goes on to its own broker."""
     return f"""
@@ -85,11 +91,13 @@ def build(
     trace: bool = True,
     hosts: tuple[str, ...] = DEFAULT_HOSTS,
     retry: dict[str, float] | None = None,
+    databases: int = 2,
 ) -> Topology:
     """Declare (not start) one of :data:`TOPOLOGIES`:
 
     * ``local``: one daemon ``solo`` holding the shop and the warehouse (in-process
-      delivery by the ``AutoCreatedLocal`` route);
+      delivery by the ``AutoCreatedLocal`` route); with ``databases`` 1, both services
+      in one database;
     * ``remote``: ``alpha`` (shop) on hosts[0] and ``beta`` (warehouse) on hosts[1];
     * ``forwarder``: ``alpha`` and ``beta`` route to each other through ``gamma`` on
       hosts[2], which forwards (``message_forwarding = true``) by its msdb routes.
@@ -102,9 +110,8 @@ def build(
     extra = "" if trace else "[trace]\nenabled = false\n"
     endpoint_extra = "" if encryption else 'encryption = "disabled"\n'
     if topology == "local":
-        deployment.add(
-            "solo", hosts[0], local_databases_toml(), extra=extra, endpoint_extra=endpoint_extra
-        )
+        toml = one_database_toml() if databases == 1 else local_databases_toml()
+        deployment.add("solo", hosts[0], toml, extra=extra, endpoint_extra=endpoint_extra)
         return Topology(deployment, "solo", "solo")
     if topology == "remote":
         shop, warehouse = example.shop_database(hosts[1]), example.warehouse_database(hosts[0])

@@ -94,6 +94,9 @@ class Options:
     timeout: float = 300.0
     workdir: Path | None = None
     keep: bool = False
+    databases: int = 2
+    """The local topology's databases: 2, the shop and the warehouse (delivery through the
+    local link), or 1 holding both services (SEND straight into the target queue)."""
 
     @property
     def receive_top(self) -> int:
@@ -110,6 +113,8 @@ class Options:
             labels.append("trace off")
         if self.batch > 1:
             labels.append(f"batch {self.batch}")
+        if self.databases == 1:
+            labels.append("one database")
         return ", ".join(labels)
 
 
@@ -293,7 +298,13 @@ def run(options: Options) -> dict[str, Any]:
     """One run of ``options.workload``; returns its result line."""
     root = Path(tempfile.mkdtemp(prefix=f"brokerd-bench-{options.workload}-", dir=options.workdir))
     workload = WORKLOADS[options.workload]
-    topology = build(workload.topology, root, encryption=options.encryption, trace=options.trace)
+    topology = build(
+        workload.topology,
+        root,
+        encryption=options.encryption,
+        trace=options.trace,
+        databases=options.databases,
+    )
     try:
         if workload.name == "W6":
             return run_recovery(topology, options)

@@ -30,7 +30,7 @@ from brokerd.dialogs.deadlines import Deadlines
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_snapshot
 from brokerd.dialogs.links import Link, LinkProvider
 from brokerd.dialogs.local_link import LocalLink
-from brokerd.dialogs.ready import rank_of
+from brokerd.dialogs.ready import Rank, ReadyIndex, rank_of
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.states import DELIVERING, State
 from brokerd.dialogs.stats import EngineStats
@@ -43,6 +43,7 @@ from brokerd.errors import (
     NotPrincipal,
     QueueNotFound,
     ServiceNotFound,
+    StoreError,
 )
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
@@ -330,6 +331,52 @@ class EngineCore:
             [_queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock()), *extra],
             on_commit=committed,
         )
+
+    def _delivered(
+        self,
+        db: Database,
+        ep: Endpoint,
+        queue: str,
+        index: ReadyIndex | None,
+        released: list[int],
+        error: bool,
+    ) -> None:
+        """Messages released in order are ready to RECEIVE (R-DLG-1); the other side's
+        Error goes ahead of the conversation's waiting messages (R-DLG-10)."""
+        if index is not None:
+            last = released[-1] if error else None
+            for s in released:
+                index.add(ep.group_id, ep.handle, s, Rank.ERROR if s == last else Rank.IN_SEQUENCE)
+        self.trace.emit_each(
+            "delivered",
+            ep.conversation_id,
+            "seq",
+            released,
+            database=db.name,
+            initiator=not ep.initiator,
+            queue=queue,
+        )
+        self.stats.delivered_messages += len(released)
+
+    def _suspend_receiving(self, db: Database) -> None:
+        """After a failed write, refuse inbound traffic until memory matches the file again."""
+        if db.rx_suspended:
+            return
+        db.rx_suspended = True
+
+        async def reload() -> None:
+            await asyncio.sleep(1.0)
+            try:
+                # A job of its own: it runs after every write already queued.
+                await db.reload_received()
+            except StoreError:
+                log.exception("database %s still failing; retrying", db.name)
+                db.rx_suspended = False
+                self._suspend_receiving(db)
+                return
+            db.rx_suspended = False
+
+        self.loop.create_task(reload())
 
     def _watch(self, ep: Endpoint) -> None:
         self.deadlines.watch(ep)

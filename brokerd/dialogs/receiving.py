@@ -19,7 +19,6 @@ dropped, counted and never acknowledged or applied.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
 import uuid
@@ -43,9 +42,7 @@ from brokerd.dialogs.core import (
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint, endpoint_snapshot
 from brokerd.dialogs.links import Link
-from brokerd.dialogs.ready import Rank, ReadyIndex
 from brokerd.dialogs.states import DELIVERING, State
-from brokerd.errors import StoreError
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
 from brokerd.storage.queries import Statement
@@ -693,52 +690,6 @@ class Receiving(EngineCore):
         """Bytes received from peers and not yet committed, over every database: the
         transport stops reading broker connections while it is high."""
         return sum(db.store.pending_weight for db in self.databases.values())
-
-    def _delivered(
-        self,
-        db: Database,
-        ep: Endpoint,
-        queue: str,
-        index: ReadyIndex | None,
-        released: list[int],
-        error: bool,
-    ) -> None:
-        """Messages released in order are ready to RECEIVE (R-DLG-1); the other side's
-        Error goes ahead of the conversation's waiting messages (R-DLG-10)."""
-        if index is not None:
-            last = released[-1] if error else None
-            for s in released:
-                index.add(ep.group_id, ep.handle, s, Rank.ERROR if s == last else Rank.IN_SEQUENCE)
-        self.trace.emit_each(
-            "delivered",
-            ep.conversation_id,
-            "seq",
-            released,
-            database=db.name,
-            initiator=not ep.initiator,
-            queue=queue,
-        )
-        self.stats.delivered_messages += len(released)
-
-    def _suspend_receiving(self, db: Database) -> None:
-        """After a failed write, refuse inbound traffic until memory matches the file again."""
-        if db.rx_suspended:
-            return
-        db.rx_suspended = True
-
-        async def reload() -> None:
-            await asyncio.sleep(1.0)
-            try:
-                # A job of its own: it runs after every write already queued.
-                await db.reload_received()
-            except StoreError:
-                log.exception("database %s still failing; retrying", db.name)
-                db.rx_suspended = False
-                self._suspend_receiving(db)
-                return
-            db.rx_suspended = False
-
-        self.loop.create_task(reload())
 
     def _send_broker_error(
         self,

@@ -23,10 +23,12 @@ from typing import Any
 from brokerd.dialogs import views
 from brokerd.dialogs.core import (
     EngineCore,
+    _queue_row,
     _unqueue_sent,
     error_body,
 )
 from brokerd.dialogs.database import Database, Lease
+from brokerd.dialogs.direct import direct_target
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_deletion, endpoint_snapshot
 from brokerd.dialogs.ready import ReadyIndex
 from brokerd.dialogs.service_keys import new_dialog_key
@@ -220,8 +222,15 @@ class ApplicationVerbs(EngineCore):
     ) -> None:
         """SEND outside a transaction without a future: :meth:`send_work` committed on
         its own, then ``then(sequence number)``, or ``failed(error)``. The client
-        listener's path for every pipelined SEND, so it builds no :class:`Work`."""
+        listener's path for every pipelined SEND, so it builds no :class:`Work`.
+
+        A SEND to a dialog whose far endpoint is in the same database goes straight into
+        that endpoint's queue when it can (R-DLG-13, :mod:`brokerd.dialogs.direct`)."""
         self.check_send(db, ep, message_type, body)
+        far = direct_target(db, ep)
+        if far is not None:
+            self._send_direct(db, ep, far, message_type, body, then, failed)
+            return
         seq, statements, committed, undo = self._enqueue_steps(
             db, ep, message_type, FLAG_SEQUENCED, body
         )
@@ -235,6 +244,75 @@ class ApplicationVerbs(EngineCore):
             failed(exc)
 
         db.store.submit(statements, on_commit=on_commit, on_failure=on_failure)
+
+    def _send_direct(
+        self,
+        db: Database,
+        ep: Endpoint,
+        far: Endpoint,
+        message_type: str,
+        body: bytes,
+        then: Callable[[int], None],
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        """SEND ``body`` into ``far``'s queue in one transaction with both endpoints' rows
+        (R-DLG-13): no transmission queue row, no fragment, no acknowledgement. The far
+        side accepts the number now, as a receiver accepts a fragment before its commit;
+        the message is ready to RECEIVE once committed, and a failed commit reloads what
+        the database has received from its file, as a failed receive does."""
+        ep.send_sequence += 1
+        seq = ep.send_sequence
+        ep.uncommitted_sends += 1
+        ep.refresh_state()
+        far.accepted.add_message(seq)
+        if far.refresh_state():
+            self._trace_closed(far)
+        self._trace_sent(db, ep, seq, message_type, len(body))
+        queue = db.queue_of(far.service) or ""
+        index = db.ready.get(queue)
+        statements = [
+            _queue_row(far, queue, seq, 1, message_type, len(body), body, self.clock()),
+            endpoint_snapshot(ep),
+            endpoint_snapshot(far),
+        ]
+
+        def on_commit() -> None:
+            ep.uncommitted_sends -= 1
+            self.stats.sent_messages += 1
+            far.durable.add_message(seq)
+            if far.state in DELIVERING:
+                self._delivered(db, far, queue, index, [seq], False)
+            else:  # ended meanwhile: its END removes the row again (R-DLG-10)
+                self._trace_discarded(
+                    far, [seq], "this side has ended the conversation", received=True
+                )
+            then(seq)
+
+        def on_failure(exc: BaseException) -> None:
+            ep.uncommitted_sends -= 1
+            if ep.send_sequence == seq:
+                ep.send_sequence -= 1
+                ep.refresh_state(undo=True)
+            self._suspend_receiving(db)  # far.accepted claims seq: memory is reloaded
+            failed(exc)
+
+        db.store.submit(statements, on_commit=on_commit, on_failure=on_failure)
+
+    def _trace_sent(
+        self, db: Database, ep: Endpoint, seq: int, message_type: str, size: int
+    ) -> None:
+        self.trace.emit_grouped(
+            "message_sent",
+            ep.conversation_id,
+            "seq",
+            seq,
+            database=db.name,
+            initiator=ep.initiator,
+            size=size,
+            message_type=message_type,
+            service=ep.service,
+            far_service=ep.far_service,
+        )
 
     def _enqueue_work(
         self,
@@ -276,18 +354,7 @@ class ApplicationVerbs(EngineCore):
         ep.uncommitted_sends += 1
         ep.refresh_state()
         trace = self.trace
-        trace.emit_grouped(
-            "message_sent",
-            ep.conversation_id,
-            "seq",
-            seq,
-            database=db.name,
-            initiator=ep.initiator,
-            size=len(body),
-            message_type=message_type,
-            service=ep.service,
-            far_service=ep.far_service,
-        )
+        self._trace_sent(db, ep, seq, message_type, len(body))
         statements: list[Statement] = [
             *extra,
             queries.sent_message(ep.handle_text, seq, message_type, flags, body, msg.enqueued_at),

@@ -61,6 +61,28 @@ address = "tcp://{peer_host}:4022"
     return text
 
 
+def two_services_database(name: str) -> str:
+    """One ``[[database]]`` holding both the shop's and the warehouse's queue and service
+    (a dialog between them stays inside one database)."""
+    return f"""
+[[database]]
+name = "{name}"
+{_MESSAGE_TYPES}
+[[database.queue]]
+name = "ClientQueue"
+[[database.queue]]
+name = "OrderQueue"
+[[database.service]]
+name = "{SHOP_SERVICE}"
+queue = "ClientQueue"
+contracts = ["{CONTRACT}"]
+[[database.service]]
+name = "{WAREHOUSE_SERVICE}"
+queue = "OrderQueue"
+contracts = ["{CONTRACT}"]
+"""
+
+
 def shop_database(warehouse_host: str | None) -> str:
     """The shop; its route sends the warehouse's traffic to ``warehouse_host`` (None: no route)."""
     route = ("ToWarehouse", WAREHOUSE_SERVICE, warehouse_host) if warehouse_host else None

@@ -1,0 +1,151 @@
+"""Direct delivery inside one database (R-DLG-13): a SEND whose far endpoint is in the
+same database goes straight into its queue, bypassing the transmission queue, and the
+dialog stays exactly once and in order (R-DLG-1) across the paths, a queue turned off,
+and a SIGKILL. Real daemons; the paths are told apart by their delivery traces (a
+message through the transmission queue has an ``enqueued`` event, a direct one has
+not)."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from brokerd.sdk.client import BrokerClient
+from brokerd.tools import example
+from brokerd.tools.launcher import Deployment
+from brokerd.traces.writer import read_events, segment_files
+from tests.daemons import assert_exactly_once_in_order, drain, running
+
+HOST = "127.0.0.247"
+ONE_DATABASE = example.two_services_database("shop")
+TWO_DATABASES = example.shop_database(None) + example.warehouse_database(None)
+SHOP, WAREHOUSE = example.SHOP_SERVICE, example.WAREHOUSE_SERVICE
+
+
+def _events(d: Deployment) -> Counter[str]:
+    """Event names of the daemon's traces (each test has one dialog)."""
+    traced = read_events(segment_files([d.daemons["solo"].directory / "data" / "traces"]))
+    return Counter(e["event"] for e in traced)
+
+
+async def _orders(client: BrokerClient, handle: uuid.UUID, first: int, last: int) -> None:
+    for n in range(first, last + 1):
+        await client.send(handle, example.ORDER, f"order {n}".encode())
+
+
+async def test_messages_after_the_first_go_straight_into_the_target_queue(
+    tmp_path: Path,
+) -> None:
+    """R-DLG-13: the first message creates the target endpoint through the transmission
+    queue; the next ones, and the target's replies, go directly."""
+    d = Deployment(tmp_path)
+    d.add("solo", HOST, ONE_DATABASE)
+    with running(d):
+        client = await d.daemons["solo"].client()
+        try:
+            handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            await _orders(client, handle, 1, 200)
+            orders = await drain(client, "OrderQueue", 200)
+            assert [m.message_body for m in orders] == [
+                f"order {n}".encode() for n in range(1, 201)
+            ]
+            assert_exactly_once_in_order(orders)
+            target = orders[0].conversation_handle
+            for n in range(1, 51):
+                await client.send(target, example.CONFIRMATION, f"confirmed {n}".encode())
+            replies = await drain(client, "ClientQueue", 50)
+            assert [m.message_body for m in replies] == [
+                f"confirmed {n}".encode() for n in range(1, 51)
+            ]
+            assert await client.transmission_queue() == []
+        finally:
+            await client.close()
+    events = _events(d)
+    assert events["message_sent"] == 250
+    assert events["delivered"] == 250
+    assert events["received"] == 250
+    # Only what was sent before the target endpoint existed took the transmission queue.
+    assert 1 <= events["enqueued"] < 200, events
+
+
+async def test_direct_messages_survive_sigkill_and_numbering_goes_on(tmp_path: Path) -> None:
+    """R-DLG-1, R-DLG-13: a committed direct SEND is in the target queue after kill -9,
+    and both endpoints' numbers were committed with it: the dialog goes on in order."""
+    d = Deployment(tmp_path)
+    d.add("solo", HOST, ONE_DATABASE)
+    with running(d):
+        client = await d.daemons["solo"].client()
+        handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+        await _orders(client, handle, 1, 1)
+        first = await drain(client, "OrderQueue", 1)
+        await _orders(client, handle, 2, 300)  # each SEND returned: committed
+        await client.close()
+        d.kill("solo")
+        d.start("solo")
+        client = await d.daemons["solo"].client()
+        try:
+            after_restart = await drain(client, "OrderQueue", 299)
+            await _orders(client, handle, 301, 400)
+            rest = await drain(client, "OrderQueue", 100)
+            received = first + after_restart + rest
+            assert [m.message_body for m in received] == [
+                f"order {n}".encode() for n in range(1, 401)
+            ]
+            assert_exactly_once_in_order(received)
+            assert await client.receive("OrderQueue", timeout=0.5) == []
+        finally:
+            await client.close()
+
+
+async def test_a_queue_turned_off_sends_through_the_transmission_queue_in_order(
+    tmp_path: Path,
+) -> None:
+    """R-DLG-12, R-DLG-13: while the target queue is off a SEND takes the transmission
+    queue (the target holds the message); once it is on, SENDs go directly again, after
+    the held ones, and RECEIVE returns them all in order."""
+    d = Deployment(tmp_path)
+    d.add("solo", HOST, ONE_DATABASE)
+    with running(d):
+        client = await d.daemons["solo"].client()
+        try:
+            handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            await _orders(client, handle, 1, 10)
+            received = await drain(client, "OrderQueue", 10)
+            await client.alter_queue("OrderQueue", False)
+            await _orders(client, handle, 11, 20)
+            await client.alter_queue("OrderQueue", True)
+            await _orders(client, handle, 21, 40)
+            received += await drain(client, "OrderQueue", 30)
+            assert [m.message_body for m in received] == [
+                f"order {n}".encode() for n in range(1, 41)
+            ]
+            assert_exactly_once_in_order(received)
+        finally:
+            await client.close()
+    events = _events(d)
+    assert events["enqueued"] >= 10  # at least the ten sent while the queue was off
+    assert events["enqueued"] < 40
+    assert events["delivered"] == 40
+
+
+async def test_two_databases_of_one_instance_still_use_the_transmission_queue(
+    tmp_path: Path,
+) -> None:
+    """The decision in brokerd.dialogs.direct: two databases are two files, whose commits
+    cannot be one transaction, so every message goes through the transmission queue and
+    the local link, acknowledged."""
+    d = Deployment(tmp_path)
+    d.add("solo", HOST, TWO_DATABASES)
+    with running(d):
+        client = await d.daemons["solo"].client()
+        try:
+            handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            await _orders(client, handle, 1, 50)
+            received = await drain(client, "OrderQueue", 50)
+            assert_exactly_once_in_order(received)
+        finally:
+            await client.close()
+    events = _events(d)
+    assert events["enqueued"] == 50
+    assert events["delivered"] == 50
