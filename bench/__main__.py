@@ -127,7 +127,7 @@ def options_for(name: str, args: argparse.Namespace) -> Options:
         timeout=args.timeout or max(300.0, messages / 500),
         workdir=args.workdir.resolve() if args.workdir is not None else None,
         keep=args.keep,
-        databases=args.databases,
+        databases=args.databases if workload.topology == "local" else 2,
     )
 
 

@@ -16,7 +16,10 @@ message of the dialog in order. Those that came through the transmission queue w
 accepted into a commit of the same database, queued before this one, so the target
 queue still gets the dialog's messages in order; they are acknowledged as usual. A
 dialog's first message, and any SEND while earlier ones are still on their way to the
-target, take the transmission queue like any other.
+target, take the transmission queue like any other. So do the SENDs of a client
+transaction and of ``send_many``: only a SEND committed on its own (the client
+listener's pipelined path, ``ApplicationVerbs.send_now``) goes directly, because
+undoing a direct SEND means reloading what the database has received from its file.
 
 May import: ``brokerd.dialogs`` models.
 """

@@ -48,6 +48,15 @@ def test_w2_in_batches_is_labelled(tmp_path: Path) -> None:
     assert line["batch"] == 100 and line["mode"] == "batch 100"
 
 
+def test_w1_in_one_database_is_labelled(tmp_path: Path) -> None:
+    """W1 with both services in one database: SENDs go straight into the queue (R-DLG-13)."""
+    line = run(
+        Options("W1", messages=400, size=200, dialogs=1, warmup=20, workdir=tmp_path, databases=1)
+    )
+    check(line, 400)
+    assert line["mode"] == "one database" and set(line["cpu_daemon_s"]) == {"solo"}
+
+
 def test_w3_large_remote(tmp_path: Path) -> None:
     line = run(Options("W3", messages=6, size=1 << 20, dialogs=1, warmup=2, workdir=tmp_path))
     check(line, 6)
