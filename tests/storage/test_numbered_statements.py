@@ -1,0 +1,84 @@
+"""RECEIVE reads and removes its messages by runs of consecutive numbers (``BETWEEN``)
+and lists the numbers alone (``IN``): exactly the messages it took, never a neighbour
+(R-DLG-1: what RECEIVE removes reaches the application), against a real file."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+
+from brokerd.storage import queries
+
+H1, H2 = uuid.uuid4(), uuid.uuid4()
+
+
+def _queue(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(queries.CREATE_META)
+    for step in queries.MIGRATIONS:
+        conn.executescript(step.script)
+    for handle in (H1, H2):
+        for seq in [*range(-3, 0), *range(1, 21)]:  # the broker's own messages are negative
+            body = f"{handle} {seq}".encode()
+            conn.execute(
+                *queries.queued_message(
+                    "q", "g", str(handle), seq, 1, "//s", "//c", "//t", len(body), body, 1.0
+                )
+            )
+    return conn
+
+
+def _left(conn: sqlite3.Connection, handle: uuid.UUID) -> list[int]:
+    rows = conn.execute(
+        "SELECT message_sequence_number FROM queue_messages WHERE conversation_handle = ? "
+        "ORDER BY message_sequence_number",
+        (str(handle),),
+    )
+    return [int(row[0]) for row in rows]
+
+
+def test_runs_and_single_numbers_read_and_remove_exactly_the_items(tmp_path: Path) -> None:
+    conn = _queue(tmp_path / "q.db")
+    taken = [-2, -1, 1, 2, 3, 5, 7, 8, 9, 10, 20]
+    items = [(H1, s) for s in taken] + [(H2, 4)]
+    executed: list[str] = []
+    conn.set_trace_callback(executed.append)
+    conn.execute("BEGIN")
+    rows, used = queries.read_received(conn, items, remove=True)
+    conn.execute("COMMIT")
+    conn.set_trace_callback(None)
+    assert used == len(items)
+    assert [(r["conversation_handle"], r["message_sequence_number"]) for r in rows] == [
+        (str(h), s) for h, s in items
+    ]
+    assert [r["message_body"] for r in rows] == [f"{h} {s}".encode() for h, s in items]
+    assert _left(conn, H1) == [-3, 4, 6, *range(11, 20)]
+    assert _left(conn, H2) == [n for n in [*range(-3, 0), *range(1, 21)] if n != 4]
+    # -2..-1, 1..3, 7..10 are ranges; 5 and 20 are listed, as is H2's 4.
+    assert sum("BETWEEN" in sql for sql in executed) == 2 * 3
+    assert sum(" IN (" in sql for sql in executed) == 2 * 2
+
+
+def test_a_budget_removes_only_what_it_keeps(tmp_path: Path) -> None:
+    """The cut is made before anything is removed: the rows beyond it stay queued."""
+    conn = _queue(tmp_path / "q.db")
+    items = [(H1, s) for s in range(1, 11)]
+    conn.execute("BEGIN")
+    rows, used = queries.read_received(conn, items, budget=lambda rows: 4, remove=True)
+    conn.execute("COMMIT")
+    assert [r["message_sequence_number"] for r in rows] == [1, 2, 3, 4]
+    assert used == 4
+    assert _left(conn, H1) == [-3, -2, -1, *range(5, 21)]
+
+
+def test_received_statements_under_retention_keep_the_rows(tmp_path: Path) -> None:
+    """RETENTION keeps the messages with status 0, by the same runs and lists."""
+    conn = _queue(tmp_path / "q.db")
+    for sql, params in queries.received([(H1, 1), (H1, 2), (H1, 3), (H1, 9)], retention=True):
+        conn.execute(sql, params)
+    kept = conn.execute(
+        "SELECT message_sequence_number FROM queue_messages WHERE status = 0 "
+        "ORDER BY message_sequence_number"
+    ).fetchall()
+    assert [int(row[0]) for row in kept] == [1, 2, 3, 9]
