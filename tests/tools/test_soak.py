@@ -1,9 +1,10 @@
 """The soak (brokerd/tools/soak) end to end: real daemons A, F (forwarder) and B (a
 mirrored pair, b and b2) behind fault proxies, SIGKILLs and restarts of every daemon
 and consumer, failovers of B, stalled receivers, dialogs both ways with
-multi-fragment bodies, and the independent checker's verdict (SPEC R-DLG-1 exactly
-once in order, R-DLG-6 retransmission, R-PROTO-5 liveness, R-ROUTE-7 forwarding,
-R-ROUTE-10, R-ROUTE-15, R-ROUTE-16 mirroring and failover).
+multi-fragment bodies, dialogs between two services of one database of A (direct
+delivery), and the independent checker's verdict (SPEC R-DLG-1 exactly once in order,
+R-DLG-6 retransmission, R-PROTO-5 liveness, R-ROUTE-7 forwarding, R-ROUTE-10,
+R-ROUTE-15, R-ROUTE-16 mirroring and failover, R-DLG-13 direct delivery).
 
 The short mode runs in the default test run (fixed seed, 120 s of faults); the long
 mode is marked ``soak``: ``pytest -m soak tests/tools/test_soak.py --soak-seconds 1800``.
@@ -65,6 +66,16 @@ def test_short_soak_finds_no_violation(tmp_path: Path) -> None:
         assert faults[kind] > 0, (kind, faults)
     assert summary["mirror"] and summary["failovers"] > 0, summary
     assert faults["fragments_corrupted"] + faults["fragments_dropped"] > 0
+    # The local stream (inside one database of A) ran, was received without violation,
+    # and most of its requests went straight into the target queue (R-DLG-13): A's
+    # traces show no ``enqueued`` event for them.
+    local, remote = summary["local"], summary["remote"]
+    assert local["violations"] == 0 and remote["violations"] == 0, summary
+    assert local["committed_sends"] > 500 and local["received"] >= local["committed_sends"]
+    assert local["replies_expected"] > 0 and remote["committed_sends"] > 500
+    paths = local["paths"]
+    assert paths["requests_direct"] > paths["requests_transmission_queue"], paths
+    assert summary["kills"]["kill_consumer"] > 0
 
 
 @pytest.mark.soak

@@ -95,3 +95,28 @@ def test_bodies_carry_their_checksum() -> None:
     truncated = parse_body(body[:-1])
     assert truncated is not None and not truncated.intact
     assert parse_body(b"not a soak body") is None
+
+
+def test_the_local_stream_is_counted_apart(tmp_path: Path) -> None:
+    """The dialogs inside one database of A (keys ``ll...``, direct delivery, R-DLG-13)
+    are judged like the others and counted apart, violations included."""
+    (tmp_path / "sent-ab0.log").write_text(sent(0, 1, key="ab0.1"))
+    (tmp_path / "sent-ll0.log").write_text(sent(0, 1, 2, key="ll0.1") + "T ll0.1 3\n")
+    (tmp_path / "received-b.log").write_text("R 1.1 ab0.1 0 1\nR 1.1 ab0.1 1 1\nK 1.1\n")
+    received = "R 2.1 ll0.1 0 1\nR 2.1 ll0.1 2 1\nK 2.1\nR 2.2 ll0.1 1 1\nK 2.2\n"
+    (tmp_path / "received-l2.log").write_text(received + "X 2.3 Error 8 gone\nK 2.3\n")
+    verdict = check(tmp_path, REPLY_EVERY)
+    assert {k: len(v) for k, v in verdict.violations.items() if v} == {
+        "reorder": 1,
+        "dialog_error": 1,
+    }
+    assert verdict.streams["local"] == {
+        "committed_sends": 3,
+        "uncertain_sends": 1,
+        "refused_sends": 0,
+        "received": 3,
+        "replies_expected": 0,
+        "violations": 2,
+    }
+    assert verdict.streams["remote"]["received"] == 2
+    assert verdict.streams["remote"]["violations"] == 0

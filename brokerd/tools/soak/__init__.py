@@ -7,10 +7,15 @@ in both directions, consumer processes receive with the SDK's exactly-once loop
 and consumer, stalls consumers (SIGSTOP) and breaks the links. When the time is
 up the faults stop, the queues drain, and the checker reads only what the
 applications wrote down to report loss, duplication, reordering, corruption and
-phantoms (SPEC R-DLG-1). docs/reliability.md describes the design and the results.
+phantoms (SPEC R-DLG-1). A local stream runs dialogs between two services of one
+database of A as well, whose SENDs go straight into the target queue (direct
+delivery, R-DLG-13), checked the same way and counted apart. docs/reliability.md
+describes the design and the results.
 
 Modules: :mod:`.records` (message bodies and ledger files), :mod:`.topology` (the
 deployment), :mod:`.consumer` (the application process that receives),
-:mod:`.checker` (the verdict), :mod:`.driver` (producers, faults, drain) and
-:mod:`.netns` (running inside a network namespace of its own).
+:mod:`.checker` (the verdict), :mod:`.driver` (producers, faults, drain),
+:mod:`.delivery` (how the local stream's messages travelled, from A's traces),
+:mod:`.follow` (finding B's principal) and :mod:`.netns` (running inside a network
+namespace of its own).
 """

@@ -6,8 +6,10 @@ queues did not drain).
 afterwards; without it, run it under ``ip netns exec`` yourself, or on loopback
 addresses nothing else uses (``--base``: daemons at 127.0.0.base+1..4, proxies at
 base+11..16). B is a mirrored pair with failovers among the faults unless
-``--no-mirror``. ``check --workdir DIR`` runs the checker again on a finished run's
-ledgers; ``consume`` is the consumer application the soak starts.
+``--no-mirror``. ``--local-dialogs N`` sets how many dialogs at once run between two
+services of one database of A (direct delivery; 0: none). ``check --workdir DIR``
+runs the checker again on a finished run's ledgers; ``consume`` is the consumer
+application the soak starts.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ def _soak_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--base", type=int, default=200, help="last octet base of the addresses")
     p.add_argument("--dialogs", type=int, default=6, help="dialogs per direction")
+    p.add_argument(
+        "--local-dialogs",
+        type=int,
+        default=driver.Settings.local_dialogs,
+        help="dialogs at once inside one database of A (direct delivery); 0: none",
+    )
     p.add_argument("--large", type=float, default=0.03, help="fraction of 100-300 KiB bodies")
     p.add_argument(
         "--drain-timeout", type=float, default=180.0, help="seconds without progress allowed"
@@ -65,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir=args.workdir.resolve(),
         hosts=topology.Hosts(base=args.base),
         dialogs=args.dialogs,
+        local_dialogs=args.local_dialogs,
         large_fraction=args.large,
         drain_timeout=args.drain_timeout,
         mirror=not args.no_mirror,

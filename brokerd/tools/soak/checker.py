@@ -16,6 +16,10 @@ later in that ledger, committed if none was. Over the committed batches:
   producer tried to send, or that a SEND refused by the daemon carried, or a reply
   to a request that was not received;
 * **dialog_error**: an Error or EndDialog message the applications did not cause.
+
+Besides the totals, the verdict counts the same per stream (:func:`.records.stream_of`):
+``local`` (the dialogs inside one database of A, direct delivery) and ``remote`` (the
+dialogs between A and B), so a reader sees each was exercised and where a violation is.
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.tools.soak.consumer import REPLY, is_reply, wants_reply
+from brokerd.tools.soak.records import stream_of
 
 Key = tuple[str, int]
+LOCAL_CONSUMER_PREFIX = "l"
+"""The local queues' consumers are named ``l1`` and ``l2`` (ledgers ``received-l*.log``)."""
 
 
 @dataclass
@@ -47,6 +54,8 @@ class Verdict:
     replies_expected: int = 0
     batches: dict[str, int] = field(default_factory=dict)
     violations: dict[str, list[str]] = field(default_factory=dict)
+    streams: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per stream (``local``, ``remote``): the counts above and ``violations`` (their number)."""
 
     @property
     def clean(self) -> bool:
@@ -60,6 +69,7 @@ class Verdict:
             "received": self.received,
             "replies_expected": self.replies_expected,
             "batches": self.batches,
+            "streams": self.streams,
             "violations": {k: len(v) for k, v in self.violations.items()},
             "examples": {k: v[:examples] for k, v in self.violations.items() if v},
         }
@@ -106,13 +116,40 @@ def _batches(path: Path) -> list[_Batch]:
     return ordered
 
 
+def _by_stream(keys: set[Key]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for key, _ in keys:
+        out[stream_of(key)] += 1
+    return out
+
+
 def check(workdir: Path, reply_every: int) -> Verdict:
     verdict = Verdict()
     tried, committed, refused = _sent(workdir)
     verdict.committed_sends = len(committed)
     verdict.uncertain_sends = len(tried - committed - refused)
     verdict.refused_sends = len(refused)
+    streams: dict[str, dict[str, int]] = {name: defaultdict(int) for name in ("local", "remote")}
+    for name, keys in (
+        ("committed_sends", committed),
+        ("uncertain_sends", tried - committed - refused),
+        ("refused_sends", refused),
+    ):
+        for stream, n in _by_stream(keys).items():
+            streams[stream][name] = n
     v: dict[str, list[str]] = defaultdict(list)
+
+    def flag(kind: str, key: str, text: str) -> None:
+        v[kind].append(text)
+        streams[stream_of(key)]["violations"] += 1
+
+    def flag_other(path: Path, other: str) -> None:
+        # Not a soak body, so no key: the stream is the queue's (received-l*.log: local).
+        kind = "phantom" if other.startswith("unparseable") else "dialog_error"
+        v[kind].append(f"{path.name}: {other}")
+        local = path.name.startswith(f"received-{LOCAL_CONSUMER_PREFIX}")
+        streams["local" if local else "remote"]["violations"] += 1
+
     accepted: dict[Key, int] = defaultdict(int)
     states: dict[str, int] = defaultdict(int)
     for path in sorted(workdir.glob("received-*.log")):
@@ -122,33 +159,40 @@ def check(workdir: Path, reply_every: int) -> Verdict:
             if batch.state == "rolled back":
                 continue
             for other in batch.others:
-                kind = "phantom" if other.startswith("unparseable") else "dialog_error"
-                v[kind].append(f"{path.name}: {other}")
+                flag_other(path, other)
             for key, index, intact in batch.records:
                 verdict.received += 1
+                streams[stream_of(key)]["received"] += 1
                 accepted[(key, index)] += 1
                 where = f"{path.name}: {key} #{index}"
                 if accepted[(key, index)] > 1:
-                    v["duplicate"].append(where)
+                    flag("duplicate", key, where)
                     continue
                 if not intact:
-                    v["corrupt"].append(where)
+                    flag("corrupt", key, where)
                 if key in last and index < last[key]:
-                    v["reorder"].append(f"{where} after #{last[key]}")
+                    flag("reorder", key, f"{where} after #{last[key]}")
                 last[key] = max(index, last.get(key, index))
     verdict.batches = dict(states)
     requests = {k for k in accepted if not is_reply(k[0])}
     expected = {(k + REPLY, i) for k, i in requests if wants_reply(k, i, reply_every)}
     verdict.replies_expected = len(expected)
+    for stream, n in _by_stream(expected).items():
+        streams[stream]["replies_expected"] = n
     for key, index in sorted(committed | expected):
         if (key, index) not in accepted:
-            v["loss"].append(f"{key} #{index}")
+            flag("loss", key, f"{key} #{index}")
     for key, index in sorted(accepted):
         if is_reply(key):
             if (key, index) not in expected:
-                v["phantom"].append(f"reply {key} #{index} to a request never received")
+                flag("phantom", key, f"reply {key} #{index} to a request never received")
         elif (key, index) not in tried or (key, index) in refused:
-            v["phantom"].append(f"{key} #{index} was never sent")
+            flag("phantom", key, f"{key} #{index} was never sent")
     for kind in ("loss", "duplicate", "reorder", "corrupt", "phantom", "dialog_error"):
         verdict.violations[kind] = v.get(kind, [])
+    counts = ("committed_sends", "uncertain_sends", "refused_sends", "received")
+    verdict.streams = {
+        name: {k: c.get(k, 0) for k in (*counts, "replies_expected", "violations")}
+        for name, c in streams.items()
+    }
     return verdict

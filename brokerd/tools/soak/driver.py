@@ -25,6 +25,19 @@ through F): single SENDs, ``send_many`` batches and client transactions of sever
 SENDs, a few bodies of 100-300 KiB (several fragments). They pause while too many
 committed messages wait to be received, so the drain stays bounded. The producers
 from B and B's consumer follow B's principal (:mod:`.follow`).
+
+The local stream (``local_dialogs``, 0: none): dialogs between two services of one
+database of A (``//soak/L1`` to ``//soak/L2`` in ``SoakLocal``, :mod:`.topology`).
+Its producers SEND mostly outside transactions, one at a time or pipelined
+(``send_nowait``, several in flight on a dialog), so after a dialog's first message
+they go straight into the target queue (direct delivery, R-DLG-13); a few
+``send_many`` batches and client transactions take the transmission queue between
+them. A producer moves to a new dialog now and then, so dialogs' first messages keep
+coming. Consumers of both local queues (``l2``, and ``l1`` for the replies, which
+the consumer sends in its transaction, through the transmission queue) are killed
+and stalled like the others, and A is killed like every daemon. The checker judges
+the local stream with the others; the summary gives its counts apart (``local``),
+with how many of its messages A's traces show delivered directly (:mod:`.delivery`).
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,9 +60,9 @@ from typing import Any
 from brokerd.sdk.client import BrokerClient
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
-from brokerd.tools.soak import checker, topology
+from brokerd.tools.soak import checker, delivery, topology
 from brokerd.tools.soak.follow import Follower
-from brokerd.tools.soak.records import Ledger, make_body
+from brokerd.tools.soak.records import LOCAL_STREAM, Ledger, make_body
 from protocol.errors import ClientError, NotPrincipal, RemoteError
 
 DIRECTIONS = {
@@ -57,9 +71,15 @@ DIRECTIONS = {
 }
 """Producer direction: (sending daemon, from service, to service)."""
 CONSUMERS = {
-    "a": (topology.QUEUE_A, topology.DATABASE_A),
-    "b": (topology.QUEUE_B, topology.DATABASE_B),
+    "a": ("a", topology.QUEUE_A, topology.DATABASE_A),
+    "b": ("b", topology.QUEUE_B, topology.DATABASE_B),
 }
+"""Consumer name: (daemon, queue, database); its ledger is ``received-<name>.log``."""
+LOCAL_CONSUMERS = {
+    "l1": ("a", topology.QUEUE_L1, topology.DATABASE_LOCAL),
+    "l2": ("a", topology.QUEUE_L2, topology.DATABASE_LOCAL),
+}
+"""The local stream's consumers: ``l2`` receives its requests, ``l1`` the replies."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,8 @@ class Settings:
     hosts: topology.Hosts = field(default_factory=topology.Hosts)
     dialogs: int = 6
     """Dialogs per direction at once."""
+    local_dialogs: int = 3
+    """Dialogs of the local stream at once (inside one database of A); 0: no local stream."""
     large_fraction: float = 0.03
     reply_every: int = 5
     max_backlog: int = 2000
@@ -184,6 +206,9 @@ class Soak:
         self.failing_over: asyncio.Task[None] | None = None
         self.proxies: dict[str, FaultProxy] = {}
         self.consumers: dict[str, subprocess.Popen[bytes]] = {}
+        self.consumer_specs = dict(CONSUMERS)
+        if settings.local_dialogs > 0:
+            self.consumer_specs.update(LOCAL_CONSUMERS)
         self.stalled: set[str] = set()
         self.down: set[str] = set()
         self.faults: Counter[str] = Counter()
@@ -207,8 +232,8 @@ class Soak:
     # -- processes -----------------------------------------------------------------
 
     def _start_consumer(self, name: str) -> None:
-        queue, database = CONSUMERS[name]
-        daemon = self.deployment.daemons[name]
+        daemon_name, queue, database = self.consumer_specs[name]
+        daemon = self.deployment.daemons[daemon_name]
         partner = []
         if name == "b" and self.s.mirror:
             b2 = self.deployment.daemons["b2"]
@@ -299,7 +324,7 @@ class Soak:
             self._later(delay, lambda: self._start_daemon(name))
             return True
         if kind in ("kill_consumer", "stall_consumer"):
-            name = rng.choice(sorted(CONSUMERS))
+            name = rng.choice(sorted(self.consumer_specs))
             process = self.consumers[name]
             if name in self.stalled or process.poll() is not None:
                 return False
@@ -517,6 +542,112 @@ class Soak:
         finally:
             ledger.close()
 
+    async def _local_producer(self, slot: int, clients: _Clients) -> None:
+        """The local stream's producer ``slot``: dialogs from ``//soak/L1`` to ``//soak/L2``
+        in A's ``SoakLocal``, mostly SENDs outside transactions (direct delivery after a
+        dialog's first message, R-DLG-13), some pipelined, a few batched or transacted."""
+        stream = f"{LOCAL_STREAM}{slot}"
+        ledger = Ledger(self.ledgers / f"sent-{stream}.log", sync=False)
+        rng = random.Random(f"{self.s.seed}/{LOCAL_STREAM}/{slot}")
+        generation = 0
+        handle = None
+        index = left = 0
+        key = ""
+        try:
+            while not self.stop_producing.is_set():
+                if self.committed - self.received > self.s.max_backlog:
+                    await asyncio.sleep(0.2)
+                    continue
+                try:
+                    client = await clients.get("a")
+                except (ClientError, RemoteError, OSError):
+                    await asyncio.sleep(0.3)
+                    continue
+                try:
+                    if handle is None or left <= 0:
+                        handle = await client.begin_dialog(
+                            topology.SERVICE_L1,
+                            topology.SERVICE_L2,
+                            database=topology.DATABASE_LOCAL,
+                        )
+                        generation += 1
+                        key, index = f"{stream}.{generation}", 0
+                        left = rng.randint(20, 400)  # then a new dialog: a first message again
+                    roll = rng.random()
+                    mode = "send" if roll < 0.35 else "pipelined" if roll < 0.85 else "many"
+                    count = 1 if mode == "send" else rng.randint(2, 8)
+                    if mode == "many" and rng.random() < 0.5:
+                        mode = "tx"
+                    batch = [(key, index + n) for n in range(count)]
+                    bodies = [make_body(k, i, self._local_size(rng), rng) for k, i in batch]
+                    ledger.write([f"T {k} {i}" for k, i in batch])
+                    index += count
+                    left -= count
+                    if mode == "pipelined":
+                        await self._pipelined(client, handle, batch, bodies, ledger)
+                        continue
+                    try:
+                        if mode == "send":
+                            await client.send(handle, "DEFAULT", bodies[0])
+                        elif mode == "many":
+                            await client.send_many([(handle, "DEFAULT", b) for b in bodies])
+                        else:
+                            async with client.transaction() as tx:
+                                for body in bodies:
+                                    await tx.send(handle, "DEFAULT", body)
+                    except RemoteError:
+                        ledger.write([f"F {k} {i}" for k, i in batch])
+                        raise
+                    ledger.write([f"C {k} {i}" for k, i in batch])
+                    self.committed += count
+                except ClientError:
+                    await clients.drop("a", client)
+                    await asyncio.sleep(0.1)
+                except RemoteError as exc:
+                    self.errors.append(f"{stream}: {type(exc).__name__}: {exc}")
+                    handle = None  # start a new dialog
+                await asyncio.sleep(rng.uniform(0, 0.01))
+        finally:
+            ledger.close()
+
+    async def _pipelined(
+        self,
+        client: BrokerClient,
+        handle: uuid.UUID,
+        batch: list[tuple[str, int]],
+        bodies: list[bytes],
+        ledger: Ledger,
+    ) -> None:
+        """SEND ``bodies`` on one dialog without waiting between them (``send_nowait``), and
+        write down each one's outcome: committed (``C``), refused (``F``), or unknown (the
+        connection broke: no line). Raises the first error after all are answered."""
+        futures: list[asyncio.Future[int]] = []
+        first: BaseException | None = None
+        try:
+            for body in bodies:
+                futures.append(client.send_nowait(handle, "DEFAULT", body))
+        except ClientError as exc:
+            first = exc  # the rest were never sent
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        lines: list[str] = []
+        for (k, i), outcome in zip(batch, outcomes, strict=False):
+            if isinstance(outcome, int):
+                lines.append(f"C {k} {i}")
+                self.committed += 1
+            elif isinstance(outcome, RemoteError):
+                lines.append(f"F {k} {i}")
+            if isinstance(outcome, BaseException) and first is None:
+                first = outcome
+        ledger.write(lines)
+        if first is not None:
+            raise first
+
+    def _local_size(self, rng: random.Random) -> int:
+        if rng.random() < self.s.large_fraction:
+            self.large += 1
+            return rng.randint(100 * 1024, 300 * 1024)
+        return rng.randint(0, 2000)
+
     # -- the run ----------------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
@@ -532,13 +663,17 @@ class Soak:
         try:
             for name in self.daemons:
                 await self._start_daemon(name)
-            for name in CONSUMERS:
+            for name in self.consumer_specs:
                 self._start_consumer(name)
             self.event(f"started; seed {self.s.seed}, {self.s.seconds:.0f} s of faults")
             producers = [
                 asyncio.create_task(self._producer(direction, slot, clients))
                 for direction in DIRECTIONS
                 for slot in range(self.s.dialogs)
+            ]
+            producers += [
+                asyncio.create_task(self._local_producer(slot, clients))
+                for slot in range(self.s.local_dialogs)
             ]
             until = time.monotonic() + self.s.seconds
             faults = asyncio.create_task(self._faults(until))
@@ -557,6 +692,10 @@ class Soak:
             await clients.close()
             await self._shutdown()
         verdict = checker.check(self.ledgers, self.s.reply_every)
+        local: dict[str, Any] = dict(verdict.streams["local"])
+        if self.s.local_dialogs > 0:
+            traces = self.deployment.daemons["a"].directory / "data" / "traces"
+            local["paths"] = delivery.local_paths(traces, topology.DATABASE_LOCAL)
         proxy_totals: Counter[str] = Counter()
         for proxy in self.proxies.values():
             proxy_totals["fragments_corrupted"] += proxy.stats.fragments_corrupted
@@ -576,6 +715,8 @@ class Soak:
                 "received": verdict.received,
                 "large_bodies": self.large,
             },
+            "local": local,
+            "remote": verdict.streams["remote"],
             "kills": {k: self.faults[k] for k in ("kill_daemon", "kill_mirror", "kill_consumer")},
             "failovers": self.faults["failover"],
             "mirror": self.s.mirror,

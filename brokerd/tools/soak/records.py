@@ -3,6 +3,9 @@
 A body is a header line ``key index length sha256`` and ``length`` payload bytes:
 ``key`` names the dialog as its producer knows it (a consumer sees only its own
 conversation handle), ``index`` counts that dialog's messages from 0 in SEND order.
+A key begins with its producer's stream: ``ab`` and ``ba`` for the dialogs between A
+and B, ``ll`` for the local stream (both services in one database of A,
+:data:`LOCAL_STREAM`).
 
 Ledgers are text files of one record per line, appended and flushed:
 
@@ -23,6 +26,14 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+LOCAL_STREAM = "ll"
+"""The producer stream between two services of one database (direct delivery, R-DLG-13)."""
+
+
+def stream_of(key: str) -> str:
+    """``local`` for the keys of the local stream (and their replies), else ``remote``."""
+    return "local" if key.startswith(LOCAL_STREAM) else "remote"
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,13 @@ hop goes through a fault proxy of its own.
     A --(proxy a>f)--> F --(proxy f>b)--> B   (and --(proxy f>b2)--> B2)
     A <--(proxy f>a)-- F <--(proxy b>f)-- B   (and <--(proxy b2>f)-- B2)
 
+A also holds a second database, ``SoakLocal``, with two services ``//soak/L1`` and
+``//soak/L2`` (queues ``SoakQueueL1`` and ``SoakQueueL2``): dialogs between them stay
+inside one database of one daemon, so after a dialog's first message a SEND outside
+a transaction goes straight into the target queue (direct delivery, R-DLG-13), with
+no transmission queue, link or acknowledgement; no proxy is involved, but A is among
+the daemons the soak SIGKILLs.
+
 B is a mirrored pair (R-ROUTE-10, R-ROUTE-15, R-ROUTE-16): daemons ``b`` and ``b2``
 hold the same database (one broker instance identifier), ``b`` starts as principal
 and ``b2`` as its mirror, and they replicate over a direct connection (no proxy: the
@@ -30,6 +37,12 @@ QUEUE_A = "SoakQueueA"
 QUEUE_B = "SoakQueueB"
 DATABASE_A = "SoakA"
 DATABASE_B = "SoakB"
+SERVICE_L1 = "//soak/L1"
+SERVICE_L2 = "//soak/L2"
+QUEUE_L1 = "SoakQueueL1"
+QUEUE_L2 = "SoakQueueL2"
+DATABASE_LOCAL = "SoakLocal"
+"""A's second database: both services of the local stream (direct delivery, R-DLG-13)."""
 DATABASE_B_INSTANCE = "8f4e2a61-3b7d-4c59-a0e2-6d1f9b3c7e45"
 DAEMONS = ("a", "f", "b", "b2")
 PARTNERS = ("b", "b2")
@@ -94,6 +107,20 @@ address = "tcp://{address}:4022"
 """
 
 
+def _local_database() -> str:
+    """Both local services and their queues in one database (no route: the services are
+    found in the instance, R-ROUTE-12)."""
+    parts = [f'\n[[database]]\nname = "{DATABASE_LOCAL}"\n']
+    for queue in (QUEUE_L1, QUEUE_L2):
+        parts.append(f'[[database.queue]]\nname = "{queue}"\n')
+    for service, queue in ((SERVICE_L1, QUEUE_L1), (SERVICE_L2, QUEUE_L2)):
+        parts.append(
+            f'[[database.service]]\nname = "{service}"\nqueue = "{queue}"\n'
+            'contracts = ["DEFAULT"]\n'
+        )
+    return "".join(parts)
+
+
 def _mirror_keys(hosts: Hosts, role: str, partner: str) -> str:
     # "stall" (R-ROUTE-16): nothing is released that the mirror does not hold, so a
     # failover may lose nothing. In "exposed" mode a failover after the mirror was lost
@@ -132,7 +159,8 @@ def build(root: Path, hosts: Hosts, mirror: bool = True) -> Deployment:
     deployment.add(
         "a",
         hosts.daemon("a"),
-        _endpoint_database(DATABASE_A, SERVICE_A, QUEUE_A, (SERVICE_B, hosts.proxy("a>f"))),
+        _endpoint_database(DATABASE_A, SERVICE_A, QUEUE_A, (SERVICE_B, hosts.proxy("a>f")))
+        + _local_database(),
         endpoint_extra=ENDPOINT,
     )
     deployment.add(
