@@ -124,6 +124,7 @@ class Partner:
             "snapshots_sent": 0,
             "snapshots_installed": 0,
             "batches_held": 0,
+            "mirror_timeouts": 0,
         }
 
     @property
@@ -235,6 +236,9 @@ class Partner:
             self.session.drop("another mirror attached for the database")
         self.session = protocol
         protocol.pinned = True
+        # mirror_timeout counts from the attach: commits held while no mirror was there
+        # may be older than that, and a mirror cannot confirm before it has attached.
+        self.progress = time.monotonic()
         if (
             message.lsn <= self.replica.lsn
             and self._knows(message.lsn, message.lsn_epoch)
@@ -283,6 +287,7 @@ class Partner:
         self._ship(protocol, lsn, epoch, data, Kind.SNAPSHOT)
         self.stats["snapshots_sent"] += 1
         self.copying = False
+        self.progress = time.monotonic()  # the mirror has a whole file to install first
         for unit, unit_data in self.ring:
             if unit.lsn > lsn:
                 self._ship(protocol, unit.lsn, unit.epoch, unit_data)
@@ -335,6 +340,7 @@ class Partner:
             if db.mirror_in_doubt:
                 self._ask(now)
             if self.session is not None and self.held and now - self.progress > self.timeout:
+                self.stats["mirror_timeouts"] += 1
                 session = self.session
                 session.drop(
                     f"database {db.name}: the mirror confirmed nothing for {self.timeout:g} s "

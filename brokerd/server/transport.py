@@ -172,7 +172,9 @@ class BrokerProtocol(asyncio.Protocol):
         self._handle(received)
         if self.conn.closed and not self.closed:
             self.abort(self.close_reason or f"closed by {self.peer_address}")
-        elif received and self.engine.inbound_backlog() > self.owner.inbound_high_water:
+        elif _carries_messages(received) and (
+            self.engine.inbound_backlog() > self.owner.inbound_high_water
+        ):
             self.owner.hold_reading(self)
 
     def _handle(self, received: list[events.Event]) -> None:
@@ -414,6 +416,15 @@ class BrokerProtocol(asyncio.Protocol):
                 else None
             ),
         }
+
+
+def _carries_messages(received: list[events.Event]) -> bool:
+    """Whether ``received`` holds dialog traffic, what a held connection waits to send.
+    A connection that carries none (a handshake, heartbeats, a mirror's attach and
+    confirmations) is never held: a principal whose commits wait for its mirror
+    (``mirror_when_lost = "stall"``) must still read the mirror that comes back, or the
+    commits that fill its backlog wait for ever (R-ROUTE-16)."""
+    return any(type(ev) is events.Fragment for ev in received)
 
 
 def _only_heartbeats(received: list[events.Event]) -> bool:

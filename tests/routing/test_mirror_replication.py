@@ -244,6 +244,40 @@ async def test_stall_mode_holds_acknowledgements_until_a_mirror_has_the_message(
     assert [m.message_body for m in got] == expected
 
 
+async def test_a_mirror_returning_after_mirror_timeout_to_held_commits_is_kept(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16, stall mode: commits held longer than ``mirror_timeout`` while the
+    mirror was away must not make the principal drop the mirror that comes back. The
+    timeout's clock ran from the first held batch, so every new session was dropped at
+    the next tick, before the mirror could confirm anything, and the held commits (and
+    every SEND behind them) waited for ever (found by the soak)."""
+    a = await start_pair(deployment, 'mirror_when_lost = "stall"\nmirror_timeout = 2.0\n')
+    deployment.kill("p2")
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    # Enough bytes held that the principal stops reading peers (endpoint.inbound_backlog_mb):
+    # it must still read the mirror's connection.
+    bodies = [bytes([i]) * (1 << 20) for i in range(72)]
+    for body in bodies:
+        await a.send(handle, body=body)
+    await asyncio.sleep(4)  # twice mirror_timeout, with commits held all along
+    assert len(await a.transmission_queue()) == len(bodies)
+    deployment.start("p2")
+    await wait_caught_up(deployment, "p1", "p2")
+
+    async def acknowledged() -> bool:
+        return await a.transmission_queue() == []
+
+    await wait_until(acknowledged, 30)
+    p1 = await deployment.daemons["p1"].client()
+    try:
+        got = await receive_some(p1, len(bodies), timeout=60)
+    finally:
+        await p1.close()
+    assert [m.message_body for m in got] == bodies
+    assert (await mirroring(deployment, "p1"))["mirror_timeouts"] == 0
+
+
 async def test_a_restarted_old_principal_sends_nothing_its_mirror_never_confirmed(
     deployment: Deployment,
 ) -> None:
