@@ -24,7 +24,11 @@ Producers send over long-lived dialogs in both directions (A to B and B to A,
 through F): single SENDs, ``send_many`` batches and client transactions of several
 SENDs, a few bodies of 100-300 KiB (several fragments). They pause while too many
 committed messages wait to be received, so the drain stays bounded. The producers
-from B and B's consumer follow B's principal (:mod:`.follow`).
+from B and B's consumer follow B's principal (:mod:`.follow`). When the faults stop,
+each producer finishes the SENDs it has in flight; one still waiting after
+``drain_timeout`` (a SEND that never returns) is cancelled and reported
+(``stuck_producers``, an error, and the run is not clean), so a broker that hangs
+still gets a verdict (:func:`stop_producers`).
 
 The local stream (``local_dialogs``, 0: none): dialogs between two services of one
 database of A (``//soak/L1`` to ``//soak/L2`` in ``SoakLocal``, :mod:`.topology`).
@@ -213,6 +217,8 @@ class Soak:
         self.down: set[str] = set()
         self.faults: Counter[str] = Counter()
         self.errors: list[str] = []
+        self.stuck_producers = 0
+        """Producers cancelled because a SEND never returned after the faults stopped."""
         self.stop_producing = asyncio.Event()
         self.received = 0
         self.committed = 0
@@ -683,7 +689,14 @@ class Soak:
             await faults
             self.event(f"faults stop; {self.committed} committed, {self.received} received")
             self.stop_producing.set()
-            await asyncio.gather(*producers)
+            stuck = await stop_producers(producers, self.s.drain_timeout)
+            if stuck:
+                self.stuck_producers = stuck
+                self.errors.append(
+                    f"{stuck} producers still waited on a SEND {self.s.drain_timeout:g} s after "
+                    "the faults stopped (a SEND that never returns): cancelled"
+                )
+                self.event(f"{stuck} producers stuck on a SEND: cancelled")
             await self._heal()
             drained = await self._drain()
             self.event(f"drain {'complete' if drained else 'timed out'}")
@@ -730,7 +743,8 @@ class Soak:
             "consumer_batches": verdict.batches,
             "errors": self.errors[:20],
             **{k: v for k, v in verdict.summary().items() if k in ("violations", "examples")},
-            "clean": verdict.clean and drained,
+            "stuck_producers": self.stuck_producers,
+            "clean": verdict.clean and drained and not self.stuck_producers,
         }
         (self.root / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
@@ -824,3 +838,20 @@ def run(settings: Settings, verbose: bool = False) -> dict[str, Any]:
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if verbose else None
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     return asyncio.run(Soak(settings, log).run())
+
+
+async def stop_producers(producers: list[asyncio.Task[None]], timeout: float) -> int:
+    """Wait for the producers to end once told to stop (each finishes the SENDs it has in
+    flight); cancel those still waiting after ``timeout`` seconds. A SEND that never
+    returns is a fault of the broker (a commit held for ever, for instance): the run
+    reports it and goes on to its drain and verdict instead of hanging. Returns how many
+    were cancelled; a producer's own failure is raised, as before."""
+    if not producers:
+        return 0
+    done, pending = await asyncio.wait(producers, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for task in done:
+        task.result()
+    return len(pending)
