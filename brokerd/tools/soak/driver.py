@@ -484,11 +484,43 @@ class Soak:
             self._offsets[path] = offset + end
             self.received += data[:end].count(b"\nR ") + int(data.startswith(b"R "))
 
-    def _size(self) -> int:
-        if self.rng.random() < self.s.large_fraction:
+    def _size(self, rng: random.Random) -> int:
+        """A body size: mostly up to 2,000 bytes, ``large_fraction`` of 100-300 KiB."""
+        if rng.random() < self.s.large_fraction:
             self.large += 1
-            return self.rng.randint(100 * 1024, 300 * 1024)
-        return self.rng.randint(0, 2000)
+            return rng.randint(100 * 1024, 300 * 1024)
+        return rng.randint(0, 2000)
+
+    async def _send(
+        self,
+        client: BrokerClient,
+        handle: uuid.UUID,
+        mode: str,
+        batch: list[tuple[str, int]],
+        bodies: list[bytes],
+        ledger: Ledger,
+    ) -> None:
+        """SEND ``bodies`` on one dialog as ``mode`` says (``send``: one SEND, ``many``:
+        one ``send_many``, ``tx``: a client transaction, ``pipelined``: see
+        :meth:`_pipelined`), and write down the outcome: committed (``C``) or refused
+        (``F``, the error raised); a broken connection leaves the outcome unknown."""
+        if mode == "pipelined":
+            await self._pipelined(client, handle, batch, bodies, ledger)
+            return
+        try:
+            if mode == "send":
+                await client.send(handle, "DEFAULT", bodies[0])
+            elif mode == "many":
+                await client.send_many([(handle, "DEFAULT", b) for b in bodies])
+            else:
+                async with client.transaction() as tx:
+                    for body in bodies:
+                        await tx.send(handle, "DEFAULT", body)
+        except RemoteError:
+            ledger.write([f"F {k} {i}" for k, i in batch])
+            raise
+        ledger.write([f"C {k} {i}" for k, i in batch])
+        self.committed += len(batch)
 
     async def _producer(self, direction: str, slot: int, clients: _Clients) -> None:
         daemon, from_service, to_service = DIRECTIONS[direction]
@@ -516,23 +548,10 @@ class Soak:
                     count = 1 if rng.random() < 0.6 else rng.randint(2, 5)
                     mode = "send" if count == 1 else rng.choice(("many", "tx"))
                     batch = [(key, index + n) for n in range(count)]
-                    bodies = [make_body(k, i, self._size(), rng) for k, i in batch]
+                    bodies = [make_body(k, i, self._size(self.rng), rng) for k, i in batch]
                     ledger.write([f"T {k} {i}" for k, i in batch])
                     index += count
-                    try:
-                        if mode == "send":
-                            await client.send(handle, "DEFAULT", bodies[0])
-                        elif mode == "many":
-                            await client.send_many([(handle, "DEFAULT", b) for b in bodies])
-                        else:
-                            async with client.transaction() as tx:
-                                for body in bodies:
-                                    await tx.send(handle, "DEFAULT", body)
-                    except RemoteError:
-                        ledger.write([f"F {k} {i}" for k, i in batch])
-                        raise
-                    ledger.write([f"C {k} {i}" for k, i in batch])
-                    self.committed += count
+                    await self._send(client, handle, mode, batch, bodies, ledger)
                 except ClientError:
                     await clients.drop(daemon, client, moved=True)
                     await asyncio.sleep(0.1)
@@ -585,27 +604,11 @@ class Soak:
                     if mode == "many" and rng.random() < 0.5:
                         mode = "tx"
                     batch = [(key, index + n) for n in range(count)]
-                    bodies = [make_body(k, i, self._local_size(rng), rng) for k, i in batch]
+                    bodies = [make_body(k, i, self._size(rng), rng) for k, i in batch]
                     ledger.write([f"T {k} {i}" for k, i in batch])
                     index += count
                     left -= count
-                    if mode == "pipelined":
-                        await self._pipelined(client, handle, batch, bodies, ledger)
-                        continue
-                    try:
-                        if mode == "send":
-                            await client.send(handle, "DEFAULT", bodies[0])
-                        elif mode == "many":
-                            await client.send_many([(handle, "DEFAULT", b) for b in bodies])
-                        else:
-                            async with client.transaction() as tx:
-                                for body in bodies:
-                                    await tx.send(handle, "DEFAULT", body)
-                    except RemoteError:
-                        ledger.write([f"F {k} {i}" for k, i in batch])
-                        raise
-                    ledger.write([f"C {k} {i}" for k, i in batch])
-                    self.committed += count
+                    await self._send(client, handle, mode, batch, bodies, ledger)
                 except ClientError:
                     await clients.drop("a", client)
                     await asyncio.sleep(0.1)
@@ -647,12 +650,6 @@ class Soak:
         ledger.write(lines)
         if first is not None:
             raise first
-
-    def _local_size(self, rng: random.Random) -> int:
-        if rng.random() < self.s.large_fraction:
-            self.large += 1
-            return rng.randint(100 * 1024, 300 * 1024)
-        return rng.randint(0, 2000)
 
     # -- the run ----------------------------------------------------------------------
 
