@@ -40,17 +40,7 @@ messages = [
 def database_toml(name: str, queue: str, service: str, route: tuple[str, str, str] | None) -> str:
     """One ``[[database]]`` with the example's message types and contract, a queue and a
     service; ``route`` is (route name, remote service, peer host) or None for no route."""
-    text = f"""
-[[database]]
-name = "{name}"
-{_MESSAGE_TYPES}
-[[database.queue]]
-name = "{queue}"
-[[database.service]]
-name = "{service}"
-queue = "{queue}"
-contracts = ["{CONTRACT}"]
-"""
+    text = _database_head(name) + _queue_and_service(queue, service)
     if route is not None:
         route_name, remote_service, peer_host = route
         text += f"""[[database.route]]
@@ -64,21 +54,27 @@ address = "tcp://{peer_host}:4022"
 def two_services_database(name: str) -> str:
     """One ``[[database]]`` holding both the shop's and the warehouse's queue and service
     (a dialog between them stays inside one database)."""
+    return (
+        _database_head(name)
+        + _queue_and_service("ClientQueue", SHOP_SERVICE)
+        + _queue_and_service("OrderQueue", WAREHOUSE_SERVICE)
+    )
+
+
+def _database_head(name: str) -> str:
     return f"""
 [[database]]
 name = "{name}"
 {_MESSAGE_TYPES}
-[[database.queue]]
-name = "ClientQueue"
-[[database.queue]]
-name = "OrderQueue"
+"""
+
+
+def _queue_and_service(queue: str, service: str) -> str:
+    return f"""[[database.queue]]
+name = "{queue}"
 [[database.service]]
-name = "{SHOP_SERVICE}"
-queue = "ClientQueue"
-contracts = ["{CONTRACT}"]
-[[database.service]]
-name = "{WAREHOUSE_SERVICE}"
-queue = "OrderQueue"
+name = "{service}"
+queue = "{queue}"
 contracts = ["{CONTRACT}"]
 """
 
