@@ -347,26 +347,15 @@ class EngineCore:
             last = released[-1] if error else None
             for s in released:
                 index.add(ep.group_id, ep.handle, s, Rank.ERROR if s == last else Rank.IN_SEQUENCE)
-        if len(released) == 1:  # one message a commit: folded with the others of a batch
-            self.trace.emit_grouped(
-                "delivered",
-                ep.conversation_id,
-                "seq",
-                released[0],
-                database=db.name,
-                initiator=not ep.initiator,
-                queue=queue,
-            )
-        else:
-            self.trace.emit_each(
-                "delivered",
-                ep.conversation_id,
-                "seq",
-                released,
-                database=db.name,
-                initiator=not ep.initiator,
-                queue=queue,
-            )
+        self.trace.emit_each(
+            "delivered",
+            ep.conversation_id,
+            "seq",
+            released,
+            database=db.name,
+            initiator=not ep.initiator,
+            queue=queue,
+        )
         self.stats.delivered_messages += len(released)
 
     def _suspend_receiving(self, db: Database) -> None:

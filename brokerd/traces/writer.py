@@ -116,9 +116,9 @@ class TraceWriter:
         self._buffer: list[Event | Events] = []
         self._buffered = 0
         """Events (lines) in the buffer: an ``emit_each`` entry holds several."""
-        self._open: dict[tuple[str, uuid.UUID], Events] = {}
-        """The last :meth:`emit_grouped` entry of each event name and conversation, while
-        it is in the buffer: later events may still join it."""
+        self._open: dict[tuple[str, uuid.UUID | None], Events] = {}
+        """The last :meth:`emit_grouped` or :meth:`emit_each` entry of each event name and
+        conversation, while it is in the buffer: later events may still join it."""
         self._segment: Any = None
         self._segment_path: Path | None = None
         self._segment_bytes = 0
@@ -163,13 +163,13 @@ class TraceWriter:
     ) -> None:
         """Record one event per value of ``values`` now, each with ``key`` set to its value
         and the shared ``fields``: the lines :meth:`emit` would write called once per value,
-        at one time, buffered as one entry (the messages one commit delivered, for example).
-        """
+        buffered as one entry (the messages one commit delivered, for example), folded
+        into a recent one as :meth:`emit_grouped` folds."""
         if not self.enabled or not values:
             return
         if self._threshold < 10_000 and not self.sampled(conversation_id):
             return
-        self._buffer.append((self.clock(), event, conversation_id, fields, key, values))
+        self._fold(event, conversation_id, key, fields).extend(values)
         self._buffered += len(values)
 
     def emit_grouped(
@@ -187,12 +187,20 @@ class TraceWriter:
         entry's time.
 
         For the events of every message (``message_sent``, ``enqueued``,
-        ``fragment_sent``, ``fragment_received``): those of one batch (the SENDs of one
-        read, the messages one commit released, the fragments of one read) cost one
-        entry, not one formatted line each, and their times stay within a millisecond.
+        ``fragment_sent``, ``fragment_received``, ``delivered``, ``received``): those of
+        one batch (the SENDs of one read, the messages one commit released, the
+        fragments of one read) cost one entry, not one formatted line each, and their
+        times stay within a millisecond.
         """
         if not self.enabled or (self._threshold < 10_000 and not self.sampled(conversation_id)):
             return
+        self._fold(event, conversation_id, key, fields).append(value)
+        self._buffered += 1
+
+    def _fold(
+        self, event: str, conversation_id: uuid.UUID | None, key: str, fields: dict[str, Any]
+    ) -> list[int]:
+        """The values of the open entry these events join, or of a new one."""
         now = self.clock()
         group = (event, conversation_id)
         entry = self._open.get(group)
@@ -202,12 +210,11 @@ class TraceWriter:
             and entry[4] == key
             and entry[3] == fields
         ):
-            entry[5].append(value)
-        else:
-            entry = (now, event, conversation_id, fields, key, [value])
-            self._buffer.append(entry)
-            self._open[group] = entry
-        self._buffered += 1
+            return entry[5]
+        entry = (now, event, conversation_id, fields, key, [])
+        self._buffer.append(entry)
+        self._open[group] = entry
+        return entry[5]
 
     # -- writing -------------------------------------------------------------------------
 
