@@ -7,8 +7,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from brokerd.tools.soak import checker
 from brokerd.tools.soak.checker import check
-from brokerd.tools.soak.records import make_body, parse_body
+from brokerd.tools.soak.records import Ledger, make_body, parse_body
 
 REPLY_EVERY = 0
 
@@ -120,3 +121,30 @@ def test_the_local_stream_is_counted_apart(tmp_path: Path) -> None:
     }
     assert verdict.streams["remote"]["received"] == 2
     assert verdict.streams["remote"]["violations"] == 0
+
+
+def test_a_record_after_a_torn_line_is_read(tmp_path: Path) -> None:
+    """A consumer SIGKILLed in the middle of a write leaves its last line cut short; the
+    next consumer's records start on a line of their own and count. (The short soak
+    once glued ``R`` and the next record into ``RR ...``: a reception the checker could
+    not read, reported as a loss and a phantom reply.)"""
+    path = tmp_path / "received-b.log"
+    first = Ledger(path, sync=True)
+    first.write(["R 1.1 ab0.1 0 1", "K 1.1", "R 1.2 ab0.1 1 1"])
+    first.close()
+    with path.open("a") as f:
+        f.write("R 1.2 ab0.1 2")  # cut short: no flag, no newline
+    again = Ledger(path, sync=True)
+    again.write(["R 2.1 ab0.1 1 1", "R 2.1 ab0.1 2 1", "K 2.1"])
+    again.close()
+    lines = path.read_text().splitlines()
+    assert lines[-4:] == ["R 1.2 ab0.1 2", "R 2.1 ab0.1 1 1", "R 2.1 ab0.1 2 1", "K 2.1"]
+    batches = checker._batches(path)
+    assert [(b.state, [(k, i) for k, i, _ in b.records]) for b in batches] == [
+        ("committed", [("ab0.1", 0)]),
+        ("rolled back", [("ab0.1", 1)]),
+        ("committed", [("ab0.1", 1), ("ab0.1", 2)]),
+    ]
+    unchanged = Ledger(path, sync=False)  # a file ending in a newline gets none more
+    unchanged.close()
+    assert path.read_text().endswith("K 2.1\n") and "\n\n" not in path.read_text()

@@ -98,7 +98,7 @@ def _batches(path: Path) -> list[_Batch]:
             continue
         kind, name = parts[0], parts[1]
         batch = batches.setdefault(name, _Batch(n))
-        if kind == "R" and len(parts) == 5:
+        if kind == "R" and len(parts) == 5 and parts[4] in ("0", "1"):
             batch.records.append((parts[2], int(parts[3]), parts[4] == "1"))
         elif kind == "X":
             batch.others.append(" ".join(parts[2:]))

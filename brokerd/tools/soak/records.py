@@ -25,7 +25,6 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 LOCAL_STREAM = "ll"
 """The producer stream between two services of one database (direct delivery, R-DLG-13)."""
@@ -65,20 +64,35 @@ def parse_body(body: bytes) -> Parsed | None:
 
 
 class Ledger:
-    """An append-only record file; ``sync`` makes every write durable before returning."""
+    """An append-only record file; ``sync`` makes every write durable before returning.
+
+    A process SIGKILLed while writing can leave its last line cut short. Each write is
+    one system call (an unbuffered file), and a ledger opened on a file whose last line
+    was cut short begins on a line of its own: the next process's first record must not
+    be glued to the torn one, where the checker could not read it."""
 
     def __init__(self, path: Path, *, sync: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] = path.open("a", encoding="utf-8")
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._sync = sync
+        with path.open("rb") as f:
+            torn = (
+                f.seek(0, os.SEEK_END) > 0 and f.seek(-1, os.SEEK_END) >= 0 and (f.read(1) != b"\n")
+            )
+        if torn:
+            self._write(b"\n")
 
     def write(self, lines: list[str]) -> None:
         if not lines:
             return
-        self._file.write("".join(line + "\n" for line in lines))
-        self._file.flush()
+        self._write("".join(line + "\n" for line in lines).encode())
         if self._sync:
-            os.fsync(self._file.fileno())
+            os.fsync(self._fd)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
