@@ -145,7 +145,11 @@ class EngineCore:
         loop: its endpoint snapshots were taken now, and a snapshot queued after a newer
         one of the same endpoint would write back an older ``receive_sequence``."""
         future = db.store.submit(
-            work.statements, on_commit=work.committed, on_failure=work.failed, wait=True
+            work.statements,
+            on_commit=work.committed,
+            on_failure=work.failed,
+            wait=True,
+            chains=work.chains,
         )
         assert future is not None
         return future
@@ -171,7 +175,9 @@ class EngineCore:
             work.failed(exc)
             failed(exc)
 
-        db.store.submit(work.statements, on_commit=committed, on_failure=not_committed)
+        db.store.submit(
+            work.statements, on_commit=committed, on_failure=not_committed, chains=work.chains
+        )
 
     def _database_of_queue(self, queue: str, database: str | None) -> Database:
         if database is not None:

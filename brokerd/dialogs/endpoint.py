@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.dialogs.backlog import Backlog
 from brokerd.dialogs.states import State, check, state_of
+from brokerd.storage.chains import Token
 from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
 from protocol.acks import AckState
 from protocol.dialog_security import DialogKeys
@@ -95,6 +96,12 @@ class Endpoint:
     key_exchange: bytes = b""
     """The initiator's key exchange, made once per process when first sent."""
     send_sequence: int = 0
+    send_generation: int = 0
+    """The generation SENDs are numbered in: a SEND that fails to commit ends it, and the
+    numbers after the last stored one are given again in the next (:meth:`give_back`)."""
+    send_rewound: tuple[int, int] | None = None
+    """``(generation, number)``: the generation a failed SEND ended, and the number the
+    numbering went back to, while no SEND has been numbered since."""
     ended_local: bool = False
     ended_remote: bool = False
     broker_error: bool = False
@@ -185,6 +192,29 @@ class Endpoint:
         if self.ended_remote:
             return "the other side has ended the conversation (state DI); end it"
         return None
+
+    @property
+    def numbering(self) -> Token:
+        """The chain a SEND numbered now extends (:mod:`brokerd.storage.chains`)."""
+        return (self.handle, self.send_generation)
+
+    def give_back(self, chain: Token, seq: int) -> None:
+        """The SEND numbered ``seq`` in ``chain`` failed to commit (R-DLG-1): the numbering
+        goes back to the number before it, in a new generation.
+
+        Every SEND numbered after it in the same generation is refused untried by the
+        store (:mod:`brokerd.storage.chains`), so ``seq - 1`` is the last number stored,
+        whatever order their failures are told in: failures of separate commits come
+        first-first (the later ones change nothing), and the SENDs of one transaction
+        are undone last-first (each moves the numbering one further back, as long as
+        nothing was numbered meanwhile)."""
+        generation = chain[1]
+        if generation == self.send_generation:
+            self.send_generation += 1
+        elif self.send_rewound != (generation, seq) or self.send_sequence != seq:
+            return
+        self.send_sequence = seq - 1
+        self.send_rewound = (generation, seq - 1)
 
     def refresh_state(self, undo: bool = False) -> bool:
         """Move to the state the dialog's facts call for (``states.Facts``, passed as

@@ -11,6 +11,7 @@ awaitable form that commits it alone; a client transaction commits several.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -45,11 +46,13 @@ from brokerd.errors import (
     NotPrincipal,
     QueueDisabled,
     ServiceNotFound,
+    StoreError,
     SystemMessageType,
     ValidationFailed,
 )
 from brokerd.storage import queries
 from brokerd.storage.catalog import SYSTEM_MESSAGE_TYPES, QueueInfo
+from brokerd.storage.chains import Token
 from brokerd.storage.queries import Statement
 from protocol.dialog import (
     END_DIALOG,
@@ -231,6 +234,7 @@ class ApplicationVerbs(EngineCore):
         if far is not None:
             self._send_direct(db, ep, far, message_type, body, then, failed)
             return
+        chain = ep.numbering
         seq, statements, committed, undo = self._enqueue_steps(
             db, ep, message_type, FLAG_SEQUENCED, body
         )
@@ -243,7 +247,7 @@ class ApplicationVerbs(EngineCore):
             undo(exc)
             failed(exc)
 
-        db.store.submit(statements, on_commit=on_commit, on_failure=on_failure)
+        db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, chains=(chain,))
 
     def _send_direct(
         self,
@@ -260,6 +264,7 @@ class ApplicationVerbs(EngineCore):
         side accepts the number now, as a receiver accepts a fragment before its commit;
         the message is ready to RECEIVE once committed, and a failed commit reloads what
         the database has received from its file, as a failed receive does."""
+        chain = ep.numbering
         ep.send_sequence += 1
         seq = ep.send_sequence
         ep.uncommitted_sends += 1
@@ -289,14 +294,31 @@ class ApplicationVerbs(EngineCore):
             then(seq)
 
         def on_failure(exc: BaseException) -> None:
-            ep.uncommitted_sends -= 1
-            if ep.send_sequence == seq:
-                ep.send_sequence -= 1
-                ep.refresh_state(undo=True)
+            self._send_failed(db, ep, chain, seq)
             self._suspend_receiving(db)  # far.accepted claims seq: memory is reloaded
             failed(exc)
 
-        db.store.submit(statements, on_commit=on_commit, on_failure=on_failure)
+        db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, chains=(chain,))
+
+    def _send_failed(self, db: Database, ep: Endpoint, chain: Token, seq: int) -> None:
+        """A SEND did not commit: its number (and every later one of its generation, which
+        the store refuses untried) is given back (:meth:`Endpoint.give_back`). The
+        endpoint's row is written again: a snapshot committed meanwhile by another job
+        may hold the numbers given back."""
+        ep.uncommitted_sends -= 1
+        generation = ep.send_generation
+        ep.give_back(chain, seq)
+        ep.refresh_state(undo=True)
+        if ep.send_generation != generation:
+            # Once the failed work's other steps are undone: a BEGIN DIALOG failing with
+            # it removes the endpoint, whose row must then stay unwritten.
+            self.loop.call_soon(self._rewrite_endpoint, db, ep)
+
+    @staticmethod
+    def _rewrite_endpoint(db: Database, ep: Endpoint) -> None:
+        if db.endpoints.get(ep.handle) is ep:
+            with contextlib.suppress(StoreError):  # the store is closing: nothing more is written
+                db.store.submit([endpoint_snapshot(ep)])
 
     def _trace_sent(
         self, db: Database, ep: Endpoint, seq: int, message_type: str, size: int
@@ -323,10 +345,11 @@ class ApplicationVerbs(EngineCore):
         body: bytes,
         extra: Iterable[Statement] = (),
     ) -> tuple[int, Work]:
+        chain = ep.numbering
         seq, statements, committed, failed = self._enqueue_steps(
             db, ep, message_type, flags, body, extra
         )
-        return seq, Work().add(statements, committed, failed)
+        return seq, Work().add(statements, committed, failed, chain)
 
     def _enqueue_steps(
         self,
@@ -337,7 +360,9 @@ class ApplicationVerbs(EngineCore):
         body: bytes,
         extra: Iterable[Statement] = (),
     ) -> tuple[int, list[Statement], Callable[[], None], Callable[[BaseException], None]]:
-        """A SEND's sequence number, rows, and what runs after its commit or failure."""
+        """A SEND's sequence number, rows, and what runs after its commit or failure (the
+        job holding the rows extends the chain ``ep.numbering`` had before this call)."""
+        chain = ep.numbering
         ep.send_sequence += 1
         seq = ep.send_sequence
         if ep.initiator:
@@ -391,10 +416,7 @@ class ApplicationVerbs(EngineCore):
             self.transmission.send_new(ep, msg)
 
         def failed(_: BaseException) -> None:
-            ep.uncommitted_sends -= 1
-            if ep.send_sequence == seq:
-                ep.send_sequence -= 1
-                ep.refresh_state(undo=True)
+            self._send_failed(db, ep, chain, seq)
 
         return seq, statements, committed, failed
 

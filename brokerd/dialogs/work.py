@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from brokerd.storage.chains import Token
 from brokerd.storage.queries import Statement
 
 
@@ -24,24 +25,31 @@ class Work:
     """Run in order once the transaction holding ``statements`` has committed."""
     on_failure: list[Callable[[BaseException], None]] = field(default_factory=list)
     """Run in reverse order if it failed: each undoes what its step did in memory."""
+    chains: list[Token] = field(default_factory=list)
+    """The dialogs' numberings it extends (:mod:`brokerd.storage.chains`): if an earlier
+    SEND of one of them failed, this work is refused untried."""
 
     def add(
         self,
         statements: Iterable[Statement] = (),
         on_commit: Callable[[], None] | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
+        chain: Token | None = None,
     ) -> Work:
         self.statements.extend(statements)
         if on_commit is not None:
             self.on_commit.append(on_commit)
         if on_failure is not None:
             self.on_failure.append(on_failure)
+        if chain is not None and chain not in self.chains:
+            self.chains.append(chain)
         return self
 
     def extend(self, other: Work) -> Work:
         self.statements.extend(other.statements)
         self.on_commit.extend(other.on_commit)
         self.on_failure.extend(other.on_failure)
+        self.chains.extend(c for c in other.chains if c not in self.chains)
         return self
 
     def committed(self) -> None:

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from brokerd.errors import StoreError
 from brokerd.storage import queries
+from brokerd.storage.chains import BrokenChains, Token
 from brokerd.storage.queries import (
     AUTO_CREATED_LOCAL,
     ENDPOINT_DELETE,
@@ -73,6 +74,8 @@ class _Job:
     weight: int = 0
     joins: object = None
     """The key :meth:`Store.submit_joined` gave it (None: a job of its own)."""
+    chains: Sequence[Token] = ()
+    """The chains it extends (:mod:`brokerd.storage.chains`): refused untried once one broke."""
 
 
 class _Callbacks(list[Callable[[], None]]):
@@ -117,6 +120,8 @@ class _Committer:
         self.name = name
         self._on_batch = on_batch
         self.replica = replica
+        self.chains = BrokenChains()
+        """Chains a failed job broke (:mod:`brokerd.storage.chains`); this thread only."""
         self._lock = threading.Lock()
         self._jobs: list[_Job] = []
         self._calls: deque[tuple[Fn, Done]] = deque()
@@ -191,7 +196,7 @@ class _Committer:
                             job.error = error
                     else:
                         try:
-                            _commit(conn, batch, self.name, self.replica, units)
+                            _commit(conn, batch, self.name, self.chains, self.replica, units)
                         except BaseException as exc:  # a bug, not a database error
                             log.exception("store %s: the commit failed", self.name)
                             for job in batch:
@@ -351,6 +356,7 @@ class Store:
         on_failure: Callable[[BaseException], None] | None = None,
         wait: bool = False,
         weight: int = 0,
+        chains: Sequence[Token] = (),
     ) -> asyncio.Future[Any] | None:
         """Queue statements for the next group commit.
 
@@ -358,7 +364,9 @@ class Store:
         after the statements. ``on_commit`` runs on the event loop right after
         the commit; ``wait=True`` returns a future that resolves then, with
         ``fn``'s result (or fails with StoreError). ``weight`` (bytes the job carries)
-        counts in :attr:`pending_weight` until the job's commit ends.
+        counts in :attr:`pending_weight` until the job's commit ends. ``chains``: the
+        chains the job extends; it is refused untried if one of them broke
+        (:mod:`brokerd.storage.chains`).
         """
         if self._closing:
             raise StoreError(f"database {self.database!r} is shutting down")
@@ -371,7 +379,9 @@ class Store:
         self.pending_weight += weight
         self._idle.clear()
         turn = self._turn
-        turn.append(_Job(statements, fn, future, on_commit, on_failure, None, None, weight))
+        turn.append(
+            _Job(statements, fn, future, on_commit, on_failure, None, None, weight, None, chains)
+        )
         self._handed(committer, turn)
         return future
 
@@ -614,19 +624,23 @@ def _commit(
     conn: sqlite3.Connection,
     batch: list[_Job],
     database: str,
+    chains: BrokenChains,
     replica: Replica | None = None,
     units: list[Unit] | None = None,
 ) -> None:
     """Commit ``batch`` as one transaction; if it fails, each job alone (errors on the jobs).
 
-    With a ``replica`` (a mirrored database), each committed transaction's writes are
-    appended to ``units``, numbered."""
+    A job extending a broken chain is refused untried, and a job that fails breaks its
+    chains (:mod:`brokerd.storage.chains`). With a ``replica`` (a mirrored database),
+    each committed transaction's writes are appended to ``units``, numbered."""
+    batch = _admitted(batch, chains)
+    if not batch:
+        return
     try:
         if replica is None:
             _transaction(conn, batch)
         else:
             _recorded_transaction(conn, batch, replica, units if units is not None else [])
-        return
     except Exception as exc:  # one bad job must not sink the others: retry one by one
         _rollback(conn)
         if len(batch) == 1 or _disk_full(exc):
@@ -640,9 +654,31 @@ def _commit(
             error.__cause__ = exc
             for job in batch:
                 job.error = error
+                if job.chains:
+                    chains.failed(job.chains, error)
             return
+    else:
+        for job in batch:
+            if job.chains:
+                chains.committed(job.chains)
+        return
     for job in batch:
-        _commit(conn, [job], database, replica, units)
+        _commit(conn, [job], database, chains, replica, units)
+
+
+def _admitted(batch: list[_Job], chains: BrokenChains) -> list[_Job]:
+    """The jobs of ``batch`` to try: the others extend a broken chain and get its error."""
+    if not len(chains):
+        return batch
+    admitted = []
+    for job in batch:
+        refusal = chains.refusal(job.chains) if job.chains else None
+        if refusal is None:
+            admitted.append(job)
+        else:
+            job.error = refusal
+            chains.failed(job.chains, refusal)
+    return admitted
 
 
 def _transaction(conn: sqlite3.Connection, batch: list[_Job]) -> None:

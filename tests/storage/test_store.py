@@ -120,6 +120,42 @@ async def test_a_failing_job_fails_alone(tmp_path: Path) -> None:
     await store.close()
 
 
+async def test_a_job_after_a_failed_one_of_its_chain_is_refused_untried(tmp_path: Path) -> None:
+    """A job extends a chain (a dialog's numbering, R-DLG-1): once one of its jobs failed,
+    the later ones of that generation are refused without being tried, with a clear
+    error; a job of the chain's next generation, or of another chain, commits; and the
+    chain is forgotten once its next generation has committed."""
+    store = Store(tmp_path / "shop.sqlite", "shop")
+    await store.open()
+    gate = await _busy(store)  # everything below is tried in one batch, then one by one
+    bad = store.submit([("INSERT INTO no_such_table VALUES (1)", ())], wait=True, chains=[("d", 0)])
+    after = store.submit([queries.meta("after", "1")], wait=True, chains=[("d", 0)])
+    other = store.submit([queries.meta("other", "1")], wait=True, chains=[("e", 0)])
+    both = store.submit([queries.meta("both", "1")], wait=True, chains=[("e", 0), ("d", 0)])
+    other_after = store.submit([queries.meta("other2", "1")], wait=True, chains=[("e", 0)])
+    renumbered = store.submit([queries.meta("renumbered", "1")], wait=True, chains=[("d", 1)])
+    gate.set()
+    outcomes = await asyncio.gather(
+        *(f for f in (bad, after, other, both, other_after, renumbered) if f is not None),
+        return_exceptions=True,
+    )
+    assert "no such table" in str(outcomes[0])
+    assert isinstance(outcomes[1], StoreError)
+    assert "an earlier write it follows failed" in str(outcomes[1])
+    assert "no such table" in str(outcomes[1])
+    assert outcomes[2] is None
+    assert isinstance(outcomes[3], StoreError)  # d broke, and so e breaks with it
+    assert isinstance(outcomes[4], StoreError)
+    assert outcomes[5] is None
+    rows = await store.query(
+        "SELECT key FROM meta WHERE key IN ('after', 'other', 'both', 'other2', 'renumbered')"
+    )
+    assert sorted(r[0] for r in rows) == ["other", "renumbered"]
+    assert store._running().chains.refusal([("d", 1)]) is None
+    assert len(store._running().chains) == 1  # e is still broken in generation 0
+    await store.close()
+
+
 async def _busy(store: Store) -> threading.Event:
     """Keep the committer busy (inside a job) until the returned event is set: what is
     submitted meanwhile waits for the next commit, as under load."""
