@@ -47,6 +47,7 @@ from brokerd.storage.queries import (
     AUTO_CREATED_LOCAL,
     ENDPOINT_DELETE,
     ENDPOINT_SNAPSHOT,
+    MANY_ROWS,
     SCHEMA_VERSION,
     WRITE_META,
     Statement,
@@ -756,6 +757,11 @@ def _flush(
     for sql, params in changes.items():
         if len(params) == 1:
             conn.execute(sql, params[0])
+        elif sql in MANY_ROWS:
+            many = MANY_ROWS[sql]
+            for start in range(0, len(params), ROWS_PER_STATEMENT):
+                chunk = params[start : start + ROWS_PER_STATEMENT]
+                conn.execute(many(len(chunk)), list(chain.from_iterable(chunk)))
         else:
             conn.executemany(sql, params)
     changes.clear()

@@ -93,6 +93,9 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
     "acknowledgement of runs of a backlog": lambda c: _run(
         c, queries.unqueue_sent(H1, [], through=2, runs=[(1, 4), (8, 20)])
     ),
+    "acknowledgements of many conversations in one statement": lambda c: c.execute(
+        queries.unqueue_many(3), (H1, 1, 4, H2, 2, 2, H1, 9, 12)
+    ),
     "a page of a backlog read in": lambda c: queries.read_sent_page(c, H1, 10, 30),
     "arrival: the queue row": lambda c: _run(
         c, [queries.queued_message("q", G, H1, 100, 2, "//s", "//c", "//t", 1, b"x", 1.0)]

@@ -156,6 +156,35 @@ async def test_a_job_after_a_failed_one_of_its_chain_is_refused_untried(tmp_path
     await store.close()
 
 
+async def test_acknowledgements_of_many_conversations_remove_exactly_their_rows(
+    tmp_path: Path,
+) -> None:
+    """Deletes of many conversations in one commit run as one statement per chunk of rows
+    (``queries.MANY_ROWS``): each removes its conversation's range and nothing else."""
+    store = Store(tmp_path / "shop.sqlite", "shop")
+    await store.open()
+    handles = [str(uuid.uuid4()) for _ in range(300)]  # more than one chunk of rows
+    await store.execute_now(
+        queries.sent_message(h, seq, "//t", 0, b"x", 1.0) for h in handles for seq in range(1, 8)
+    )
+    gate = await _busy(store)
+    futures = [
+        store.submit(queries.unqueue_sent(h, [5], through=i % 3, runs=[(7, 7)]), wait=True)
+        for i, h in enumerate(handles)
+    ]
+    gate.set()
+    await asyncio.gather(*(f for f in futures if f is not None))
+    rows = await store.query(
+        "SELECT conversation_handle, message_sequence_number FROM transmission_queue"
+    )
+    left: dict[str, list[int]] = {}
+    for handle, seq in rows:
+        left.setdefault(handle, []).append(seq)
+    for i, h in enumerate(handles):
+        assert sorted(left[h]) == [n for n in range(1, 8) if n > i % 3 and n not in (5, 7)]
+    await store.close()
+
+
 async def _busy(store: Store) -> threading.Event:
     """Keep the committer busy (inside a job) until the returned event is set: what is
     submitted meanwhile waits for the next commit, as under load."""
