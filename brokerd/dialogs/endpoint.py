@@ -251,8 +251,11 @@ def _remote_bits(ep: Endpoint) -> int:
     return int(ep.ended_remote) | (2 if ep.broker_error else 0) | (4 if ep.error_received else 0)
 
 
-def endpoint_snapshot(ep: Endpoint) -> Statement:
-    """The endpoint's whole row, written with the job that changed it (deduplicated per batch)."""
+def endpoint_snapshot(ep: Endpoint, sent: int | None = None) -> Statement:
+    """The endpoint's whole row, written with the job that changed it (deduplicated per
+    batch). Its send sequence counts only the SENDs already committed, or is ``sent``, the
+    number of the SEND whose job this is: a number is in the file only with its message
+    (``queries.ENDPOINT_SNAPSHOT``)."""
     return (
         ENDPOINT_SNAPSHOT,
         (
@@ -267,7 +270,7 @@ def endpoint_snapshot(ep: Endpoint) -> Statement:
             ep.state.value,
             ep.lifetime,
             ep.created_at,
-            ep.send_sequence,
+            ep.send_sequence - ep.uncommitted_sends if sent is None else sent,
             ep.accepted.through,
             int(ep.ended_local),
             _remote_bits(ep),

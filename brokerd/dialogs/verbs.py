@@ -11,7 +11,6 @@ awaitable form that commits it alone; a client transaction commits several.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
@@ -46,7 +45,6 @@ from brokerd.errors import (
     NotPrincipal,
     QueueDisabled,
     ServiceNotFound,
-    StoreError,
     SystemMessageType,
     ValidationFailed,
 )
@@ -277,7 +275,7 @@ class ApplicationVerbs(EngineCore):
         index = db.ready.get(queue)
         statements = [
             _queue_row(far, queue, seq, 1, message_type, len(body), body, self.clock()),
-            endpoint_snapshot(ep),
+            endpoint_snapshot(ep, sent=seq),
             endpoint_snapshot(far),
         ]
 
@@ -294,31 +292,21 @@ class ApplicationVerbs(EngineCore):
             then(seq)
 
         def on_failure(exc: BaseException) -> None:
-            self._send_failed(db, ep, chain, seq)
+            self._send_failed(ep, chain, seq)
             self._suspend_receiving(db)  # far.accepted claims seq: memory is reloaded
             failed(exc)
 
         db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, chains=(chain,))
 
-    def _send_failed(self, db: Database, ep: Endpoint, chain: Token, seq: int) -> None:
+    @staticmethod
+    def _send_failed(ep: Endpoint, chain: Token, seq: int) -> None:
         """A SEND did not commit: its number (and every later one of its generation, which
-        the store refuses untried) is given back (:meth:`Endpoint.give_back`). The
-        endpoint's row is written again: a snapshot committed meanwhile by another job
-        may hold the numbers given back."""
+        the store refuses untried) is given back (:meth:`Endpoint.give_back`). The file
+        never held it: an endpoint row counts only committed SENDs
+        (:func:`~brokerd.dialogs.endpoint.endpoint_snapshot`)."""
         ep.uncommitted_sends -= 1
-        generation = ep.send_generation
         ep.give_back(chain, seq)
         ep.refresh_state(undo=True)
-        if ep.send_generation != generation:
-            # Once the failed work's other steps are undone: a BEGIN DIALOG failing with
-            # it removes the endpoint, whose row must then stay unwritten.
-            self.loop.call_soon(self._rewrite_endpoint, db, ep)
-
-    @staticmethod
-    def _rewrite_endpoint(db: Database, ep: Endpoint) -> None:
-        if db.endpoints.get(ep.handle) is ep:
-            with contextlib.suppress(StoreError):  # the store is closing: nothing more is written
-                db.store.submit([endpoint_snapshot(ep)])
 
     def _trace_sent(
         self, db: Database, ep: Endpoint, seq: int, message_type: str, size: int
@@ -383,7 +371,7 @@ class ApplicationVerbs(EngineCore):
         statements: list[Statement] = [
             *extra,
             queries.sent_message(ep.handle_text, seq, message_type, flags, body, msg.enqueued_at),
-            endpoint_snapshot(ep),
+            endpoint_snapshot(ep, sent=seq),
         ]
 
         def committed() -> None:
@@ -416,7 +404,7 @@ class ApplicationVerbs(EngineCore):
             self.transmission.send_new(ep, msg)
 
         def failed(_: BaseException) -> None:
-            self._send_failed(db, ep, chain, seq)
+            self._send_failed(ep, chain, seq)
 
         return seq, statements, committed, failed
 

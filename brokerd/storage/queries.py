@@ -162,7 +162,13 @@ ENDPOINT_SNAPSHOT = (
 )
 """A whole endpoint row. The committer writes only the last snapshot of each endpoint
 in a batch, as an update of the columns that change (:func:`endpoint_updates`) or,
-for a new endpoint, an insert (:data:`ENDPOINT_ADD`)."""
+for a new endpoint, an insert (:data:`ENDPOINT_ADD`).
+
+Its ``send_sequence`` only ever grows in the file: a batch keeps the highest of its
+snapshots' (:func:`merge_snapshots`) and the update the higher of the file's and the
+batch's. A snapshot counts only SENDs already committed and, in a SEND's own job, that
+SEND's number; so the file never holds a number whose message was not stored (one
+that failed to commit and was given back, R-DLG-1)."""
 _ENDPOINT_COLUMNS = (
     "conversation_handle",
     "conversation_id",
@@ -193,6 +199,17 @@ _ENDPOINT_CHANGING = (
     "far_peer",
 )
 """The columns a snapshot can change; none is indexed, so an update touches no index."""
+_SEND_SEQUENCE = _ENDPOINT_COLUMNS.index("send_sequence")
+
+
+def merge_snapshots(earlier: Sequence[Any], later: Sequence[Any]) -> Sequence[Any]:
+    """The snapshot a batch writes for an endpoint it holds two snapshots of: the later
+    one, with the higher ``send_sequence`` of the two (see :data:`ENDPOINT_SNAPSHOT`)."""
+    if earlier[_SEND_SEQUENCE] <= later[_SEND_SEQUENCE]:
+        return later
+    return (*later[:_SEND_SEQUENCE], earlier[_SEND_SEQUENCE], *later[_SEND_SEQUENCE + 1 :])
+
+
 ENDPOINT_ADD = "INSERT OR IGNORE INTO conversation_endpoints VALUES (" + ", ".join("?" * 17) + ")"
 
 
@@ -201,7 +218,10 @@ def endpoint_updates(count: int) -> str:
     row = "(" + ", ".join("?" * len(_ENDPOINT_COLUMNS)) + ")"
     values = ", ".join([row] * count)
     assignments = ", ".join(
-        f"{column} = v.column{_ENDPOINT_COLUMNS.index(column) + 1}" for column in _ENDPOINT_CHANGING
+        f"{column} = max({column}, v.column{_SEND_SEQUENCE + 1})"
+        if column == "send_sequence"
+        else f"{column} = v.column{_ENDPOINT_COLUMNS.index(column) + 1}"
+        for column in _ENDPOINT_CHANGING
     )
     return (
         f"UPDATE conversation_endpoints SET {assignments} FROM (VALUES {values}) AS v "

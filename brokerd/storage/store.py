@@ -51,6 +51,7 @@ from brokerd.storage.queries import (
     SCHEMA_VERSION,
     WRITE_META,
     Statement,
+    merge_snapshots,
 )
 from brokerd.storage.replica import FencedWrite, Recorder, Replica, Unit
 
@@ -727,7 +728,10 @@ def _apply(conn: sqlite3.Connection, batch: list[_Job]) -> None:
     for job in batch:
         for sql, params in job.statements:
             if sql == ENDPOINT_SNAPSHOT:
-                endpoints[params[0]] = params
+                earlier = endpoints.get(params[0])
+                endpoints[params[0]] = (
+                    params if earlier is None else merge_snapshots(earlier, params)
+                )
             elif sql == ENDPOINT_DELETE:
                 endpoints[params[0]] = None
             elif sql.startswith("INSERT"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -55,6 +56,14 @@ async def _limit(broker: Broker, pages: int | None) -> None:
     await broker.databases["shop"].store.run(run)
 
 
+async def _stored_send_sequence(broker: Broker, handle: uuid.UUID) -> int:
+    rows = await broker.databases["shop"].store.query(
+        "SELECT send_sequence FROM conversation_endpoints WHERE conversation_handle = ?",
+        (str(handle),),
+    )
+    return int(rows[0][0])
+
+
 @pytest.mark.parametrize("direct", [True, False])
 async def test_pipelined_sends_failing_together_leave_no_gap(broker: Broker, direct: bool) -> None:
     await _fail_then_resume(broker, direct, [BIG] * 5)
@@ -91,6 +100,7 @@ async def _fail_then_resume(broker: Broker, direct: bool, sizes: list[int]) -> N
         assert "full" in str(outcomes[0]), outcomes
         assert all("full" in str(o) or "earlier write" in str(o) for o in outcomes), outcomes
         await _limit(broker, None)
+        assert await _stored_send_sequence(broker, handle) == 1  # no number given back
         await asyncio.sleep(1.5)  # what the database received is reloaded from its file
         for n in range(2, 7):
             await client.send(handle, example.ORDER, str(n).encode())

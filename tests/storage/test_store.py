@@ -185,6 +185,37 @@ async def test_acknowledgements_of_many_conversations_remove_exactly_their_rows(
     await store.close()
 
 
+def _endpoint_row(handle: str, send_sequence: int, receive_sequence: int) -> queries.Statement:
+    fixed = (handle, handle, 1, "g", "//s", "//f", None, "//c", "CO", 0, 1.0)
+    return (queries.ENDPOINT_SNAPSHOT, (*fixed, send_sequence, receive_sequence, 0, 0, None, None))
+
+
+async def test_an_endpoint_rows_send_sequence_never_goes_back(tmp_path: Path) -> None:
+    """R-DLG-1: a snapshot taken while SENDs were committing counts only the committed
+    ones, so it may be lower than the file's; the file keeps the higher number, within a
+    batch and across batches, while the other columns take the latest snapshot."""
+    store = Store(tmp_path / "shop.sqlite", "shop")
+    await store.open()
+    handle = str(uuid.uuid4())
+    await store.execute_now([_endpoint_row(handle, 0, 0)])
+    gate = await _busy(store)  # one batch: the SEND's own snapshot, then an older count
+    store.submit([_endpoint_row(handle, 5, 1)])
+    last = store.submit([_endpoint_row(handle, 3, 2)], wait=True)
+    gate.set()
+    assert last is not None
+    await last
+    later = store.submit([_endpoint_row(handle, 2, 4)], wait=True)
+    assert later is not None
+    await later
+    rows = await store.query(
+        "SELECT send_sequence, receive_sequence FROM conversation_endpoints "
+        "WHERE conversation_handle = ?",
+        (handle,),
+    )
+    assert tuple(rows[0]) == (5, 4)
+    await store.close()
+
+
 async def _busy(store: Store) -> threading.Event:
     """Keep the committer busy (inside a job) until the returned event is set: what is
     submitted meanwhile waits for the next commit, as under load."""
