@@ -27,7 +27,7 @@ from brokerd.server.daemon import Broker
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
 from protocol.errors import RemoteError
-from tests.daemons import assert_exactly_once_in_order, drain
+from tests.daemons import FAST_RETRY, assert_exactly_once_in_order, drain, running
 
 HOST = "127.0.0.246"
 BIG = 40_000
@@ -45,7 +45,7 @@ async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
         await broker.stop()
 
 
-async def _limit(broker: Broker, pages: int | None) -> None:
+async def _limit(broker: Broker, pages: int | None, database: str = "shop") -> None:
     def run(conn: sqlite3.Connection) -> None:
         if pages is None:
             conn.execute("PRAGMA max_page_count = 1073741823")
@@ -53,7 +53,7 @@ async def _limit(broker: Broker, pages: int | None) -> None:
             current = conn.execute("PRAGMA page_count").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count = {current + pages}")
 
-    await broker.databases["shop"].store.run(run)
+    await broker.databases[database].store.run(run)
 
 
 async def _stored_send_sequence(broker: Broker, handle: uuid.UUID) -> int:
@@ -140,3 +140,43 @@ async def test_a_transaction_of_sends_failing_on_a_full_disk_leaves_no_gap(
         assert_exactly_once_in_order(received)
     finally:
         await client.close()
+
+
+async def test_messages_arriving_on_a_full_disk_wait_at_the_sender_and_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    """A receiver whose disk is full stores nothing of what arrives and acknowledges
+    nothing; the sender keeps every message and retransmits, and once there is room all
+    of them arrive, exactly once and in order (R-DLG-1, R-DLG-6)."""
+    deployment = example.shop_and_warehouse(
+        tmp_path, retry=FAST_RETRY, hosts=("127.0.0.244", "127.0.0.245")
+    )
+    with running(deployment, "alpha"):
+        beta = Broker(load_config(deployment.daemons["beta"].config_path))
+        await beta.start()
+        shop = await deployment.daemons["alpha"].client()
+        warehouse = await BrokerClient.connect(
+            "127.0.0.245", beta.config.client.port, token_file=beta.config.client.token_file
+        )
+        try:
+            handle = await shop.begin_dialog(
+                example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
+            )
+            await shop.send(handle, example.ORDER, b"first")
+            received = await drain(warehouse, "OrderQueue", 1, timeout=20)
+            await _limit(beta, 0, "warehouse")
+            bodies = [bytes([n]) * BIG for n in range(2, 12)]
+            for body in bodies:
+                await shop.send(handle, example.ORDER, body)  # committed at the sender
+            await asyncio.sleep(2.0)
+            assert await warehouse.receive("OrderQueue", timeout=0.5) == []
+            assert beta.engine.stats.dropped > 0  # refused while the file is full
+            await _limit(beta, None, "warehouse")
+            received += await drain(warehouse, "OrderQueue", len(bodies), timeout=30)
+            assert [m.message_body for m in received] == [b"first", *bodies]
+            assert_exactly_once_in_order(received)
+            assert await warehouse.receive("OrderQueue", timeout=0.5) == []
+        finally:
+            await shop.close()
+            await warehouse.close()
+            await beta.stop()
