@@ -1,4 +1,4 @@
-"""The daemon's TOML configuration (brokerd/config.py; SPEC R-OBJ-1..7), read from real files."""
+"""The daemon's TOML configuration (brokerd/config/; SPEC R-OBJ-1..7), read from real files."""
 
 from __future__ import annotations
 

@@ -1,0 +1,238 @@
+"""The daemon's own sections: ``[endpoint]`` (R-OBJ-7), ``[retry]`` (R-DLG-6),
+``[client]`` with its ``[[client.token]]``, ``[trace]`` and ``[limits]`` (R-DLG-7)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from pathlib import Path
+
+from brokerd.config.addresses import _is_loopback, _is_unspecified
+from brokerd.config.model import (
+    CLIENT_ROLES,
+    ClientConfig,
+    ClientToken,
+    EndpointConfig,
+    LimitsConfig,
+    RetryConfig,
+    TraceConfig,
+)
+from brokerd.config.tables import _defaults, _Table
+from protocol import client_wire
+from protocol.frames import MAX_FRAGMENTS_PER_FRAME, MIN_MAX_FRAME_SIZE
+
+_ENCRYPTIONS = ("required", "supported", "disabled")
+_FRAME_RESERVE = 8192
+"""Room kept in a frame for the dialog header and the protection overhead."""
+_MIN_FRAGMENT_SIZE = 1024
+_MAX_U32 = 2**32 - 1
+_DEFAULT_CLIENT_PORT = 4023
+_DEFAULT_CLIENT_HOST = "127.0.0.1"
+
+
+def _endpoint(t: _Table, base: Path) -> EndpointConfig:
+    d = _defaults(EndpointConfig)
+    host = t.text("host") or d["host"]
+    if any(ch.isspace() for ch in host):
+        raise t.error("host", f"{host!r} is not a host name or address")
+    max_frame_size = t.integer("max_frame_size", d["max_frame_size"], MIN_MAX_FRAME_SIZE, _MAX_U32)
+    endpoint = EndpointConfig(
+        certificate=t.required_path("certificate", base),
+        private_key=t.required_path("private_key", base),
+        ca_certificate=t.required_path("ca_certificate", base),
+        host=host,
+        port=t.integer("port", d["port"], 1, 65535),
+        encryption=t.choice("encryption", d["encryption"], _ENCRYPTIONS),
+        message_forwarding=t.flag("message_forwarding", d["message_forwarding"]),
+        message_forward_size=t.integer("message_forward_size", d["message_forward_size"], 0),
+        max_hop_count=t.integer("max_hop_count", d["max_hop_count"], 1, 255),
+        max_frame_size=max_frame_size,
+        idle_timeout=t.seconds("idle_timeout", d["idle_timeout"]),
+        heartbeat_interval=t.seconds("heartbeat_interval", d["heartbeat_interval"]),
+        heartbeat_deadline=t.seconds("heartbeat_deadline", d["heartbeat_deadline"]),
+        handshake_timeout=t.seconds("handshake_timeout", d["handshake_timeout"]),
+        max_connections=t.integer("max_connections", d["max_connections"], 1),
+        max_connections_per_address=t.integer(
+            "max_connections_per_address", d["max_connections_per_address"], 1
+        ),
+        max_pending_handshakes=t.integer("max_pending_handshakes", d["max_pending_handshakes"], 1),
+        fragments_per_frame=t.integer(
+            "fragments_per_frame", d["fragments_per_frame"], 1, MAX_FRAGMENTS_PER_FRAME
+        ),
+        inbound_backlog_mb=t.integer("inbound_backlog_mb", d["inbound_backlog_mb"], 1),
+        connect_timeout=t.seconds("connect_timeout", d["connect_timeout"]),
+        reconnect_initial=t.seconds("reconnect_initial", d["reconnect_initial"]),
+        reconnect_max=t.seconds("reconnect_max", d["reconnect_max"]),
+    )
+    if endpoint.heartbeat_deadline <= endpoint.heartbeat_interval:
+        raise t.error(
+            "heartbeat_deadline",
+            f"({endpoint.heartbeat_deadline}) must exceed "
+            f"{t.key('heartbeat_interval')} ({endpoint.heartbeat_interval})",
+        )
+    if endpoint.reconnect_initial > endpoint.reconnect_max:
+        raise t.error(
+            "reconnect_initial",
+            f"({endpoint.reconnect_initial}) must not exceed "
+            f"{t.key('reconnect_max')} ({endpoint.reconnect_max})",
+        )
+    return endpoint
+
+
+def _retry(t: _Table | None) -> RetryConfig:
+    if t is None:
+        return RetryConfig()
+    d = _defaults(RetryConfig)
+    retry = RetryConfig(
+        initial=t.seconds("initial", d["initial"]),
+        maximum=t.seconds("maximum", d["maximum"]),
+        ack_delay=t.seconds("ack_delay", d["ack_delay"]),
+        delayed_retry=t.seconds("delayed_retry", d["delayed_retry"]),
+        redial_after=t.integer("redial_after", d["redial_after"], 1, 1000),
+    )
+    if retry.initial > retry.maximum:
+        raise t.error(
+            "initial", f"({retry.initial}) must not exceed {t.key('maximum')} ({retry.maximum})"
+        )
+    return retry
+
+
+_CLIENT_KEYS = (
+    "host",
+    "port",
+    "token_file",
+    "login_timeout",
+    "tls_certificate",
+    "tls_private_key",
+    "token",
+    "allow_remote",
+)
+
+
+def _client(
+    file: Path, t: _Table | None, endpoint: EndpointConfig, data_dir: Path, base: Path
+) -> ClientConfig:
+    default_host = endpoint.host if _is_loopback(endpoint.host) else _DEFAULT_CLIENT_HOST
+    if t is None:
+        t = _Table(file, "client", {}, _CLIENT_KEYS)
+    if "allow_remote" in t.data:
+        raise t.error(
+            "allow_remote",
+            "is no longer accepted: a client listener on an address that is not loopback "
+            "needs TLS instead (set client.tls_certificate and client.tls_private_key)",
+        )
+    host = t.text("host") or default_host
+    port = t.integer("port", _DEFAULT_CLIENT_PORT, 1, 65535)
+    tls_certificate = t.path("tls_certificate", base)
+    tls_private_key = t.path("tls_private_key", base)
+    if (tls_certificate is None) != (tls_private_key is None):
+        given, missing = (
+            ("tls_certificate", "tls_private_key")
+            if tls_private_key is None
+            else ("tls_private_key", "tls_certificate")
+        )
+        raise t.error(missing, f"is required with {t.key(given)} (TLS needs both)")
+    if not (_is_loopback(host) or host == "localhost") and tls_certificate is None:
+        raise t.error(
+            "host",
+            f"{host!r} is not a loopback address: a client listener reachable from other "
+            "hosts must use TLS; set client.tls_certificate and client.tls_private_key "
+            "(the instance certificate may be reused if it names this host), or listen on "
+            "127.0.0.1 or ::1",
+        )
+    if port == endpoint.port and (
+        host == endpoint.host or _is_unspecified(endpoint.host) or _is_unspecified(host)
+    ):
+        raise t.error(
+            "port",
+            f"{port} is also endpoint.port on the same host; the client listener needs "
+            "a port of its own",
+        )
+    return ClientConfig(
+        host=host,
+        port=port,
+        token_file=t.path("token_file", base) or data_dir / "client.token",
+        login_timeout=t.seconds("login_timeout", _defaults(ClientConfig)["login_timeout"]),
+        tls_certificate=tls_certificate,
+        tls_private_key=tls_private_key,
+        tokens=_client_tokens(t, base),
+    )
+
+
+def _client_tokens(client: _Table, base: Path) -> tuple[ClientToken, ...]:
+    tokens: list[ClientToken] = []
+    names: dict[str, str] = {}
+    files: dict[Path, str] = {}
+    for t in client.tables("token", [f.name for f in fields(ClientToken)]):
+        name = t.name()
+        if name in names:
+            raise t.error("name", f"client token '{name}' is already defined at {names[name]}")
+        names[name] = t.where
+        path = t.required_path("file", base)
+        if path in files:
+            raise t.error("file", f"{path} is already the file of {files[path]}; one token each")
+        files[path] = t.where
+        if "role" not in t.data:
+            raise t.error("role", f"is required (one of {', '.join(CLIENT_ROLES)})")
+        role = t.choice("role", "", CLIENT_ROLES)
+        services, queues = tuple(t.strings("services")), tuple(t.strings("queues"))
+        if role == "admin" and (services or queues):
+            raise t.error(
+                "services" if services else "queues",
+                "an admin token may do everything; services and queues are for "
+                'role = "application"',
+            )
+        if role == "application" and not (services or queues):
+            raise t.error(
+                "services",
+                "an application token needs the services it may use and/or the queues it "
+                "may RECEIVE from",
+            )
+        tokens.append(ClientToken(name, path, role, services, queues))
+    return tuple(tokens)
+
+
+def _trace(t: _Table | None, data_dir: Path, base: Path) -> TraceConfig:
+    d = _defaults(TraceConfig)
+    if t is None:
+        return TraceConfig(directory=data_dir / "traces")
+    sample = t._typed("sample", (int, float), "a fraction between 0 and 1")
+    if sample is None:
+        sample = d["sample"]
+    if not (math.isfinite(sample) and 0 < sample <= 1):
+        raise t.error("sample", f"must be more than 0 and at most 1, not {sample}")
+    return TraceConfig(
+        enabled=t.flag("enabled", d["enabled"]),
+        directory=t.path("directory", base) or data_dir / "traces",
+        segment_mb=t.integer("segment_mb", d["segment_mb"], 1, 4096),
+        segment_seconds=t.seconds("segment_seconds", d["segment_seconds"]),
+        sample=float(sample),
+        flush_interval=t.seconds("flush_interval", d["flush_interval"]),
+    )
+
+
+def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
+    d = _defaults(LimitsConfig)
+    top = endpoint.max_frame_size - _FRAME_RESERVE
+    if t is None:
+        # An unset fragment size shrinks to fit a small max_frame_size.
+        return LimitsConfig(fragment_size=min(d["fragment_size"], top))
+    # A received message travels to the application in one client frame.
+    max_message_size = t.integer(
+        "max_message_size", d["max_message_size"], 1, client_wire.DEFAULT_MAX_BODY
+    )
+    fragment_size = t.integer("fragment_size", min(d["fragment_size"], top), 1)
+    if not _MIN_FRAGMENT_SIZE <= fragment_size <= top:
+        raise t.error(
+            "fragment_size",
+            f"must be between {_MIN_FRAGMENT_SIZE} and {top} (endpoint.max_frame_size "
+            f"{endpoint.max_frame_size} minus {_FRAME_RESERVE} for headers), not {fragment_size}",
+        )
+    return LimitsConfig(
+        max_message_size=max_message_size,
+        fragment_size=fragment_size,
+        held_bodies_mb=t.integer("held_bodies_mb", d["held_bodies_mb"], 0),
+        transit_bodies_mb=t.integer("transit_bodies_mb", d["transit_bodies_mb"], 1),
+        client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
+        backlog_page=t.integer("backlog_page", d["backlog_page"], 1),
+    )
