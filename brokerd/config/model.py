@@ -13,9 +13,11 @@ from protocol.frames import DEFAULT_MAX_FRAME_SIZE, MAX_FRAGMENTS_PER_FRAME
 VALIDATIONS = ("none", "empty", "well_formed_xml")
 """R-OBJ-1 message type validations."""
 SENT_BY = ("initiator", "target", "any")
-MIRROR_ROLES = ("principal", "mirror")
-MIRROR_WHEN_LOST = ("exposed", "stall")
 """R-OBJ-2 roles that may send a message type on a contract."""
+MIRROR_ROLES = ("principal", "mirror")
+"""The roles of a mirrored database's partners (R-ROUTE-16)."""
+MIRROR_WHEN_LOST = ("exposed", "stall")
+"""Whether a principal whose mirror is lost goes on alone or holds its commits (R-ROUTE-16)."""
 
 
 @dataclass(frozen=True)
