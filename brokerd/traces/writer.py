@@ -80,9 +80,11 @@ GROUP_SECONDS = 0.001
 Event = tuple[float, str, uuid.UUID | None, dict[str, Any]]
 """An event as buffered: wall-clock time, name, conversation and fields."""
 
-Events = tuple[float, str, uuid.UUID | None, dict[str, Any], str, list[int]]
+Events = tuple[float, str, uuid.UUID | None, dict[str, Any], str, list[int], list[Any]]
 """Several events buffered as one (:meth:`TraceWriter.emit_each`): the fields they share,
-and the name and values of the one field that differs (one line per value)."""
+and the name and values of the one field that differs (one line per value). The last
+list is empty while every line has the entry's conversation; once events of other
+conversations join, it holds each line's conversation (:meth:`TraceWriter._fold`)."""
 
 
 def _jstr(value: str) -> str:
@@ -116,9 +118,13 @@ class TraceWriter:
         self._buffer: list[Event | Events] = []
         self._buffered = 0
         """Events (lines) in the buffer: an ``emit_each`` entry holds several."""
-        self._open: dict[tuple[str, uuid.UUID | None], Events] = {}
+        self._open: dict[tuple[str, int | None], Events] = {}
         """The last :meth:`emit_grouped` or :meth:`emit_each` entry of each event name and
-        conversation, while it is in the buffer: later events may still join it."""
+        conversation (its integer: a UUID's hash is a Python call), while it is in the
+        buffer: later events may still join it."""
+        self._latest: dict[str, Events] = {}
+        """The last entry begun of each event name, which events of other conversations
+        may join (:meth:`_fold`)."""
         self._segment: Any = None
         self._segment_path: Path | None = None
         self._segment_bytes = 0
@@ -169,7 +175,7 @@ class TraceWriter:
             return
         if self._threshold < 10_000 and not self.sampled(conversation_id):
             return
-        self._fold(event, conversation_id, key, fields).extend(values)
+        self._fold(event, conversation_id, key, fields, len(values)).extend(values)
         self._buffered += len(values)
 
     def emit_grouped(
@@ -198,22 +204,44 @@ class TraceWriter:
         self._buffered += 1
 
     def _fold(
-        self, event: str, conversation_id: uuid.UUID | None, key: str, fields: dict[str, Any]
+        self,
+        event: str,
+        conversation_id: uuid.UUID | None,
+        key: str,
+        fields: dict[str, Any],
+        count: int = 1,
     ) -> list[int]:
-        """The values of the open entry these events join, or of a new one."""
+        """The values list that ``count`` events join: the open entry of this event name and
+        conversation, else the latest entry of this event name if it has the same fields
+        (one of another conversation: each line then names its own), recorded less than
+        :data:`GROUP_SECONDS` ago; else a new entry's. W4's messages go round-robin over
+        10,000 dialogs: their events share entries this way, formatted once per entry."""
         now = self.clock()
-        group = (event, conversation_id)
+        group = (event, None if conversation_id is None else conversation_id.int)
         entry = self._open.get(group)
         if (
-            entry is not None
-            and now - entry[0] < GROUP_SECONDS
-            and entry[4] == key
-            and entry[3] == fields
+            entry is None
+            or now - entry[0] >= GROUP_SECONDS
+            or entry[4] != key
+            or entry[3] != fields
         ):
-            return entry[5]
-        entry = (now, event, conversation_id, fields, key, [])
-        self._buffer.append(entry)
-        self._open[group] = entry
+            entry = self._latest.get(event)
+            if (
+                entry is None
+                or now - entry[0] >= GROUP_SECONDS
+                or entry[4] != key
+                or entry[3] != fields
+            ):
+                entry = (now, event, conversation_id, fields, key, [], [])
+                self._buffer.append(entry)
+                self._open[group] = self._latest[event] = entry
+                return entry[5]
+        conversations = entry[6]
+        if conversations:
+            conversations.extend([conversation_id] * count)
+        elif entry[2] is not conversation_id and entry[2] != conversation_id:
+            conversations.extend([entry[2]] * len(entry[5]))
+            conversations.extend([conversation_id] * count)
         return entry[5]
 
     # -- writing -------------------------------------------------------------------------
@@ -255,6 +283,7 @@ class TraceWriter:
         lines, self._buffer = self._buffer, []
         count, self._buffered = self._buffered, 0
         self._open = {}  # what is taken is formatted now: nothing may join it any more
+        self._latest = {}
         async with self._lock:
             await asyncio.to_thread(self._write, lines, count)
 
@@ -299,12 +328,22 @@ class TraceWriter:
             if len(entry) == 4:
                 add(start + (b"," + rest if fields else rest) + b"\n")
                 continue
-            key, values = entry[4], entry[5]
-            if fields:
-                start += b"," + rest[:-1]
-            start += b"," + dumps(key) + b":"
-            for value in values:
-                add(b"%s%d}\n" % (start, value))
+            key, values, lines_conversations = entry[4], entry[5], entry[6]
+            tail = b"," + rest[:-1] if fields else b""
+            tail += b"," + dumps(key) + b":"
+            if not lines_conversations:
+                start += tail
+                for value in values:
+                    add(b"%s%d}\n" % (start, value))
+                continue
+            start = b"%s%s%06d%s" % (head, second, fraction, name)
+            for value, line_conversation in zip(values, lines_conversations, strict=True):
+                conversation = conversations.get(line_conversation)
+                if conversation is None:
+                    conversation = conversations[line_conversation] = (
+                        b',"conversation_id":"%s"' % str(line_conversation).encode()
+                    )
+                add(b"%s%s%s%d}\n" % (start, conversation, tail, value))
         return b"".join(out)
 
     def _write(self, lines: list[Event | Events], count: int) -> None:

@@ -73,10 +73,11 @@ async def test_emit_each_writes_the_lines_emit_would_one_per_value(tmp_path: Pat
 
 
 async def test_emit_grouped_folds_the_events_of_a_batch_into_one_entry(tmp_path: Path) -> None:
-    """An event joins the last entry of its name and conversation when its other fields
-    are the same and that entry is less than a millisecond old: the lines are those of one
-    ``emit`` each, at the entry's time. Other fields, another conversation, a later time or
-    a flush in between start a new entry."""
+    """An event joins the last entry of its name and conversation, or else the latest entry
+    of its name (another conversation's: each line then names its own), when its other
+    fields are the same and that entry is less than a millisecond old: the lines are those
+    of one ``emit`` each, at the entry's time. Other fields, a later time or a flush in
+    between start a new entry."""
     clock = Clock()
     conversation, other = uuid.uuid4(), uuid.uuid4()
     grouped = TraceWriter(TraceConfig(directory=tmp_path / "grouped"), "alpha", clock)
@@ -89,28 +90,30 @@ async def test_emit_grouped_folds_the_events_of_a_batch_into_one_entry(tmp_path:
     clock.now += 0.0004
     sent(2, 200)  # joins 1
     sent(3, 90)  # other fields: a new entry
-    sent(4, 90, conversation=other)  # another conversation: a new entry
+    sent(4, 90, conversation=other)  # another conversation joins 3
     clock.now += 0.0004
-    sent(5, 90)  # joins 3
+    sent(5, 90)  # joins 3 and 4
+    sent(6, 200, conversation=other)  # other fields than the latest entry: a new entry
     clock.now += 0.002
-    sent(6, 90)  # too late to join 3
-    assert len(grouped._buffer) == 4 and grouped.view()["trace_events_buffered"] == 6
+    sent(7, 90)  # too late to join 3
+    assert len(grouped._buffer) == 4 and grouped.view()["trace_events_buffered"] == 7
     await grouped.flush()
-    sent(7, 90)  # after a flush: a new entry
+    sent(8, 90)  # after a flush: a new entry
     await grouped.stop()
-    assert grouped.events_written == 7
+    assert grouped.events_written == 8
     lines = [json.loads(line) for line in read_lines(tmp_path / "grouped")]
     assert [(line["seq"], line["size"], line["ts"][-8:]) for line in lines] == [
         (1, 200, ".250000Z"),
         (2, 200, ".250000Z"),
         (3, 90, ".250400Z"),
-        (5, 90, ".250400Z"),
         (4, 90, ".250400Z"),
-        (6, 90, ".252800Z"),
+        (5, 90, ".250400Z"),
+        (6, 200, ".250800Z"),
         (7, 90, ".252800Z"),
+        (8, 90, ".252800Z"),
     ]
     assert [line["conversation_id"] == str(other) for line in lines] == [
-        False, False, False, False, True, False, False
+        False, False, False, True, False, True, False, False
     ]  # fmt: skip
     assert all("route" not in line and line["event"] == "enqueued" for line in lines)
 
@@ -203,3 +206,24 @@ async def test_a_write_error_is_counted_not_raised(tmp_path: Path) -> None:
     await writer.flush()
     assert writer.events_lost == 1 and writer.events_written == 0
     await writer.stop()
+
+
+async def test_emit_each_of_several_conversations_shares_an_entry(tmp_path: Path) -> None:
+    """The messages one commit delivers on many dialogs (W4's 10,000) share one entry: every
+    line names its own conversation, in the order the events were recorded."""
+    clock = Clock()
+    first, second = uuid.uuid4(), uuid.uuid4()
+    writer = TraceWriter(TraceConfig(directory=tmp_path / "each"), "beta", clock)
+    await writer.start()
+    writer.emit_each("delivered", first, "seq", [1, 2], database="warehouse")
+    writer.emit_each("delivered", second, "seq", [7], database="warehouse")
+    writer.emit_grouped("delivered", first, "seq", 3, database="warehouse")
+    assert len(writer._buffer) == 1
+    await writer.stop()
+    lines = [json.loads(line) for line in read_lines(tmp_path / "each")]
+    assert [(line["conversation_id"], line["seq"]) for line in lines] == [
+        (str(first), 1),
+        (str(first), 2),
+        (str(second), 7),
+        (str(first), 3),
+    ]
