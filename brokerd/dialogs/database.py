@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +226,7 @@ class Database:
                 continue
             received[ep.handle] = AckState(through)
             ep.held_end_flags.clear()
+            ep.receive_generation = time.monotonic_ns()  # what the store refused is past
         repairs: list[Statement] = []
         released: list[Any] = []
         for row in fetch(queries.READ_HELD, ()):

@@ -14,6 +14,7 @@ the same transaction as the message that changed them.
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -96,9 +97,16 @@ class Endpoint:
     key_exchange: bytes = b""
     """The initiator's key exchange, made once per process when first sent."""
     send_sequence: int = 0
-    send_generation: int = 0
+    send_generation: int = field(default_factory=time.monotonic_ns)
     """The generation SENDs are numbered in: a SEND that fails to commit ends it, and the
-    numbers after the last stored one are given again in the next (:meth:`give_back`)."""
+    numbers after the last stored one are given again in the next (:meth:`give_back`).
+    It starts at the clock's nanoseconds, above every generation an earlier object of
+    the same endpoint had (one rebuilt after a mirror's role changed, say), whose broken
+    chains the store may still remember."""
+    receive_generation: int = field(default_factory=time.monotonic_ns)
+    """The generation of the jobs that store what this endpoint receives: a failed one
+    takes down those after it (:attr:`receiving`); a reload of what the database received
+    from its file starts a new one."""
     send_rewound: tuple[int, int] | None = None
     """``(generation, number)``: the generation a failed SEND ended, and the number the
     numbering went back to, while no SEND has been numbered since."""
@@ -198,6 +206,13 @@ class Endpoint:
         """The chain a SEND numbered now extends (:mod:`brokerd.storage.chains`)."""
         return (self.handle, self.send_generation)
 
+    @property
+    def receiving(self) -> Token:
+        """The chain a job storing a message this endpoint received extends: the endpoint's
+        receive sequence in that job counts every message accepted before it, so it must
+        not commit after one of them failed to."""
+        return ((self.handle, "received"), self.receive_generation)
+
     def give_back(self, chain: Token, seq: int) -> None:
         """The SEND numbered ``seq`` in ``chain`` failed to commit (R-DLG-1): the numbering
         goes back to the number before it, in a new generation.
@@ -210,7 +225,7 @@ class Endpoint:
         nothing was numbered meanwhile)."""
         generation = chain[1]
         if generation == self.send_generation:
-            self.send_generation += 1
+            self.send_generation = max(generation + 1, time.monotonic_ns())
         elif self.send_rewound != (generation, seq) or self.send_sequence != seq:
             return
         self.send_sequence = seq - 1
@@ -251,11 +266,15 @@ def _remote_bits(ep: Endpoint) -> int:
     return int(ep.ended_remote) | (2 if ep.broker_error else 0) | (4 if ep.error_received else 0)
 
 
-def endpoint_snapshot(ep: Endpoint, sent: int | None = None) -> Statement:
+def endpoint_snapshot(
+    ep: Endpoint, sent: int | None = None, received: int | None = None
+) -> Statement:
     """The endpoint's whole row, written with the job that changed it (deduplicated per
     batch). Its send sequence counts only the SENDs already committed, or is ``sent``, the
-    number of the SEND whose job this is: a number is in the file only with its message
-    (``queries.ENDPOINT_SNAPSHOT``)."""
+    number of the SEND whose job this is; its receive sequence only what was received
+    and committed, or is ``received``, in the job that stores a message this endpoint
+    received (``ep.accepted.through`` then): a number is in the file only with its
+    message (``queries.ENDPOINT_SNAPSHOT``)."""
     return (
         ENDPOINT_SNAPSHOT,
         (
@@ -271,7 +290,7 @@ def endpoint_snapshot(ep: Endpoint, sent: int | None = None) -> Statement:
             ep.lifetime,
             ep.created_at,
             ep.send_sequence - ep.uncommitted_sends if sent is None else sent,
-            ep.accepted.through,
+            ep.durable.through if received is None else received,
             int(ep.ended_local),
             _remote_bits(ep),
             ep.far_peer or None,

@@ -536,7 +536,7 @@ class Receiving(EngineCore):
                 self.clock(),
             ),
             *promoted,
-            endpoint_snapshot(ep),
+            endpoint_snapshot(ep, received=ep.accepted.through),
         ]
         if fenced and released:
             statements += queries.received([(ep.handle, s) for s in released], False)
@@ -578,7 +578,7 @@ class Receiving(EngineCore):
             )
         statements.append(queries.fragment(h, seq, index, header.fragment_offset, body))
         if not complete:
-            statements.append(endpoint_snapshot(ep))
+            statements.append(endpoint_snapshot(ep, received=ep.accepted.through))
             self._submit_received(
                 db,
                 ep,
@@ -594,7 +594,7 @@ class Receiving(EngineCore):
             return
         released, error, promoted = self._complete(ep, seq, header.flags)
         statements += promoted
-        statements.append(endpoint_snapshot(ep))
+        statements.append(endpoint_snapshot(ep, received=ep.accepted.through))
         if fenced and released:
             statements.append(queries.drop_fragments(h, seq))
             statements += queries.received([(ep.handle, s) for s in released], False)
@@ -675,7 +675,12 @@ class Receiving(EngineCore):
             # failure means the same (receiving stops until memory matches the file),
             # and each message is still acknowledged only by its commit's callback.
             db.store.submit_joined(
-                _RECEIVED, statements, committed, failed, ARRIVAL_WEIGHT + arrived
+                _RECEIVED,
+                statements,
+                committed,
+                failed,
+                ARRIVAL_WEIGHT + arrived,
+                chains=(ep.receiving,),
             )
             return
         db.store.submit(
@@ -684,6 +689,7 @@ class Receiving(EngineCore):
             on_commit=committed,
             on_failure=failed,
             weight=ARRIVAL_WEIGHT + arrived,
+            chains=(ep.receiving,),
         )
 
     def inbound_backlog(self) -> int:

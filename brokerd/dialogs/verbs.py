@@ -45,6 +45,7 @@ from brokerd.errors import (
     NotPrincipal,
     QueueDisabled,
     ServiceNotFound,
+    StoreError,
     SystemMessageType,
     ValidationFailed,
 )
@@ -276,7 +277,7 @@ class ApplicationVerbs(EngineCore):
         statements = [
             _queue_row(far, queue, seq, 1, message_type, len(body), body, self.clock()),
             endpoint_snapshot(ep, sent=seq),
-            endpoint_snapshot(far),
+            endpoint_snapshot(far, received=far.accepted.through),
         ]
 
         def on_commit() -> None:
@@ -292,20 +293,28 @@ class ApplicationVerbs(EngineCore):
             then(seq)
 
         def on_failure(exc: BaseException) -> None:
-            self._send_failed(ep, chain, seq)
+            self._send_failed(ep, chain, seq, exc)
             self._suspend_receiving(db)  # far.accepted claims seq: memory is reloaded
             failed(exc)
 
-        db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, chains=(chain,))
+        db.store.submit(
+            statements, on_commit=on_commit, on_failure=on_failure, chains=(chain, far.receiving)
+        )
 
     @staticmethod
-    def _send_failed(ep: Endpoint, chain: Token, seq: int) -> None:
-        """A SEND did not commit: its number (and every later one of its generation, which
-        the store refuses untried) is given back (:meth:`Endpoint.give_back`). The file
-        never held it: an endpoint row counts only committed SENDs
+    def _send_failed(ep: Endpoint, chain: Token, seq: int, exc: BaseException) -> None:
+        """A SEND did not commit. If the store failed it (a :class:`StoreError`), its number
+        and every later one of its generation, which the store refuses untried, are given
+        back (:meth:`Endpoint.give_back`). If it never reached the store (a transaction
+        whose later verb was refused at COMMIT), nothing in flight depends on it: its
+        number is given back if it is still the last. The file never held it: an
+        endpoint row counts only committed SENDs
         (:func:`~brokerd.dialogs.endpoint.endpoint_snapshot`)."""
         ep.uncommitted_sends -= 1
-        ep.give_back(chain, seq)
+        if isinstance(exc, StoreError):
+            ep.give_back(chain, seq)
+        elif ep.send_sequence == seq:
+            ep.send_sequence -= 1
         ep.refresh_state(undo=True)
 
     def _trace_sent(
@@ -403,8 +412,8 @@ class ApplicationVerbs(EngineCore):
             self.transmission.bodies.keep(msg)
             self.transmission.send_new(ep, msg)
 
-        def failed(_: BaseException) -> None:
-            self._send_failed(ep, chain, seq)
+        def failed(exc: BaseException) -> None:
+            self._send_failed(ep, chain, seq, exc)
 
         return seq, statements, committed, failed
 

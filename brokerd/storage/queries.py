@@ -164,11 +164,12 @@ ENDPOINT_SNAPSHOT = (
 in a batch, as an update of the columns that change (:func:`endpoint_updates`) or,
 for a new endpoint, an insert (:data:`ENDPOINT_ADD`).
 
-Its ``send_sequence`` only ever grows in the file: a batch keeps the highest of its
-snapshots' (:func:`merge_snapshots`) and the update the higher of the file's and the
-batch's. A snapshot counts only SENDs already committed and, in a SEND's own job, that
-SEND's number; so the file never holds a number whose message was not stored (one
-that failed to commit and was given back, R-DLG-1)."""
+Its ``send_sequence`` and ``receive_sequence`` only ever grow in the file: a batch keeps
+the highest of its snapshots' (:func:`merge_snapshots`) and the update the higher of the
+file's and the batch's. A snapshot counts only what was already committed and, in the
+job of a SEND or of a message received, that message's number; so the file never holds
+a number whose message was not stored (R-DLG-1: one that failed to commit, given back
+by the sender or received again from it)."""
 _ENDPOINT_COLUMNS = (
     "conversation_handle",
     "conversation_id",
@@ -200,14 +201,22 @@ _ENDPOINT_CHANGING = (
 )
 """The columns a snapshot can change; none is indexed, so an update touches no index."""
 _SEND_SEQUENCE = _ENDPOINT_COLUMNS.index("send_sequence")
+_RECEIVE_SEQUENCE = _ENDPOINT_COLUMNS.index("receive_sequence")
+_GROWING = ("send_sequence", "receive_sequence")
+"""The columns a snapshot never lowers (:data:`ENDPOINT_SNAPSHOT`)."""
 
 
 def merge_snapshots(earlier: Sequence[Any], later: Sequence[Any]) -> Sequence[Any]:
     """The snapshot a batch writes for an endpoint it holds two snapshots of: the later
-    one, with the higher ``send_sequence`` of the two (see :data:`ENDPOINT_SNAPSHOT`)."""
-    if earlier[_SEND_SEQUENCE] <= later[_SEND_SEQUENCE]:
+    one, with the higher send and receive sequences of the two (see
+    :data:`ENDPOINT_SNAPSHOT`)."""
+    sent, received = earlier[_SEND_SEQUENCE], earlier[_RECEIVE_SEQUENCE]
+    if sent <= later[_SEND_SEQUENCE] and received <= later[_RECEIVE_SEQUENCE]:
         return later
-    return (*later[:_SEND_SEQUENCE], earlier[_SEND_SEQUENCE], *later[_SEND_SEQUENCE + 1 :])
+    merged = list(later)
+    merged[_SEND_SEQUENCE] = max(sent, later[_SEND_SEQUENCE])
+    merged[_RECEIVE_SEQUENCE] = max(received, later[_RECEIVE_SEQUENCE])
+    return tuple(merged)
 
 
 ENDPOINT_ADD = "INSERT OR IGNORE INTO conversation_endpoints VALUES (" + ", ".join("?" * 17) + ")"
@@ -218,8 +227,8 @@ def endpoint_updates(count: int) -> str:
     row = "(" + ", ".join("?" * len(_ENDPOINT_COLUMNS)) + ")"
     values = ", ".join([row] * count)
     assignments = ", ".join(
-        f"{column} = max({column}, v.column{_SEND_SEQUENCE + 1})"
-        if column == "send_sequence"
+        f"{column} = max({column}, v.column{_ENDPOINT_COLUMNS.index(column) + 1})"
+        if column in _GROWING
         else f"{column} = v.column{_ENDPOINT_COLUMNS.index(column) + 1}"
         for column in _ENDPOINT_CHANGING
     )

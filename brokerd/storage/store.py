@@ -201,8 +201,12 @@ class _Committer:
                             _commit(conn, batch, self.name, self.chains, self.replica, units)
                         except BaseException as exc:  # a bug, not a database error
                             log.exception("store %s: the commit failed", self.name)
+                            error = StoreError(f"database {self.name!r}: the commit failed: {exc}")
+                            error.__cause__ = exc
                             for job in batch:
-                                job.error = job.error or exc
+                                job.error = job.error or error
+                                if job.chains:
+                                    self.chains.failed(job.chains, job.error)
                     replica = self.replica
                     self._on_batch(batch, units, replica.lsn if replica is not None else 0)
                 else:
@@ -403,6 +407,7 @@ class Store:
         on_commit: Callable[[], None],
         on_failure: Callable[[BaseException], None],
         weight: int = 0,
+        chains: Sequence[Token] = (),
     ) -> None:
         """Like :meth:`submit`, but the job joins the previous one of this turn of the
         event loop if that was submitted here with the same ``key``: its statements
@@ -410,7 +415,8 @@ class Store:
         commits or fails as a whole, and its ``on_failure`` is the first part's, so only
         parts whose failure means the same thing share a key (the messages one link
         delivers to a database in one turn, say). Order is kept: a part joins only the
-        job submitted last, never one with another job after it.
+        job submitted last, never one with another job after it. The job extends the
+        ``chains`` of all its parts.
         """
         turn = self._turn
         if turn:
@@ -420,6 +426,9 @@ class Store:
                 assert isinstance(last.on_commit, _Callbacks)
                 last.statements += statements
                 last.on_commit.append(on_commit)
+                if chains:
+                    assert isinstance(last.chains, list)
+                    last.chains += chains
                 last.weight += weight
                 self.pending_weight += weight
                 committer = self._running()
@@ -435,7 +444,18 @@ class Store:
         callbacks = _Callbacks()
         callbacks.append(on_commit)
         turn.append(
-            _Job(list(statements), None, None, callbacks, on_failure, None, None, weight, key)
+            _Job(
+                list(statements),
+                None,
+                None,
+                callbacks,
+                on_failure,
+                None,
+                None,
+                weight,
+                key,
+                list(chains),
+            )
         )
         self._handed(committer, turn)
 
@@ -660,9 +680,10 @@ def _commit(
                     chains.failed(job.chains, error)
             return
     else:
-        for job in batch:
-            if job.chains:
-                chains.committed(job.chains)
+        if len(chains):  # something broke: a newer generation committing mends it
+            for job in batch:
+                if job.chains:
+                    chains.committed(job.chains)
         return
     for job in batch:
         _commit(conn, [job], database, chains, replica, units)

@@ -236,6 +236,9 @@ class TraceWriter:
                 self._buffer.append(entry)
                 self._open[group] = self._latest[event] = entry
                 return entry[5]
+            # This conversation's next event may join only this entry or a newer one:
+            # an older entry of its own would put that line before this one.
+            self._open[group] = entry
         conversations = entry[6]
         if conversations:
             conversations.extend([conversation_id] * count)

@@ -180,3 +180,40 @@ async def test_messages_arriving_on_a_full_disk_wait_at_the_sender_and_lose_noth
             await shop.close()
             await warehouse.close()
             await beta.stop()
+
+
+async def test_a_reply_committed_after_a_failed_direct_send_does_not_claim_it(
+    broker: Broker,
+) -> None:
+    """A SEND into the far endpoint's queue fails on a full disk, and the far side's own
+    reply, which fits, commits after it: the reply's endpoint row must not count the
+    failed message as received, or the message sent again with that number would be
+    taken for a duplicate and lost (R-DLG-1). (A reply whose job follows the failed one
+    in the store counts the same way: only what has committed.)"""
+    client = await BrokerClient.connect(
+        HOST, broker.config.client.port, token_file=broker.config.client.token_file
+    )
+    try:
+        handle = await client.begin_dialog(
+            example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
+        )
+        await client.send(handle, example.ORDER, b"1")
+        received = await drain(client, "OrderQueue", 1)
+        far = received[0].conversation_handle
+        await _limit(broker, 0)
+        with pytest.raises(RemoteError, match="full"):
+            await client.send(handle, example.ORDER, b"\x02" * BIG)
+        # Before the database reloads what it received, which still counts message 2:
+        assert await client.send(far, example.CONFIRMATION, b"r") == 1  # it fits
+        await _limit(broker, None)
+        rows = await broker.databases["shop"].store.query(
+            "SELECT receive_sequence FROM conversation_endpoints WHERE conversation_handle = ?",
+            (str(far),),
+        )
+        assert rows[0][0] == 1  # only what is stored
+        await asyncio.sleep(1.5)  # what the database received is reloaded from its file
+        assert await client.send(handle, example.ORDER, b"2") == 2
+        received += await drain(client, "OrderQueue", 1, timeout=10)
+        assert [m.message_body for m in received] == [b"1", b"2"]
+    finally:
+        await client.close()

@@ -227,3 +227,21 @@ async def test_emit_each_of_several_conversations_shares_an_entry(tmp_path: Path
         (str(second), 7),
         (str(first), 3),
     ]
+
+
+async def test_a_conversations_lines_keep_their_order_across_shared_entries(
+    tmp_path: Path,
+) -> None:
+    """A conversation that joined another conversation's entry never goes back to an older
+    entry of its own: its lines stay in the order of its events."""
+    clock = Clock()
+    a, b = uuid.uuid4(), uuid.uuid4()
+    writer = TraceWriter(TraceConfig(directory=tmp_path / "order"), "alpha", clock)
+    await writer.start()
+    writer.emit_grouped("message_sent", b, "seq", 5, size=100)
+    writer.emit_grouped("message_sent", a, "seq", 1, size=200)
+    writer.emit_grouped("message_sent", b, "seq", 6, size=200)  # joins a's entry
+    writer.emit_grouped("message_sent", b, "seq", 7, size=100)  # not b's first entry
+    await writer.stop()
+    lines = [json.loads(line) for line in read_lines(tmp_path / "order")]
+    assert [line["seq"] for line in lines if line["conversation_id"] == str(b)] == [5, 6, 7]
