@@ -10,35 +10,17 @@ path on a real broker whose file is full.
 
 from __future__ import annotations
 
-import time
-import uuid
-
 from brokerd.dialogs.endpoint import Endpoint
-from brokerd.dialogs.states import State
 from brokerd.dialogs.verbs import ApplicationVerbs
 from brokerd.errors import StoreError, TransactionError
 from brokerd.storage.chains import BrokenChains, Token
+from tests.dialogs.endpoints import conversing_endpoint
 
 FULL = StoreError("database 'shop': the disk is full")
 
 
 def endpoint(send_sequence: int) -> Endpoint:
-    ep = Endpoint(
-        uuid.uuid4(),
-        uuid.uuid4(),
-        True,
-        uuid.uuid4(),
-        "shop",
-        "//a",
-        "//b",
-        None,
-        "//c",
-        State.CONVERSING,
-        0,
-        time.time(),
-    )
-    ep.send_sequence = send_sequence
-    return ep
+    return conversing_endpoint(send_sequence)
 
 
 def number(ep: Endpoint) -> tuple[Token, int]:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import time
-import uuid
-
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
-from brokerd.dialogs.states import State
 from brokerd.dialogs.window import WINDOW_BYTES, WINDOW_MESSAGES, SendWindow
+from tests.dialogs.endpoints import conversing_endpoint
 
 
 class FakeLink:
@@ -20,20 +17,7 @@ LINK = FakeLink()
 
 
 def endpoint() -> Endpoint:
-    return Endpoint(
-        uuid.uuid4(),
-        uuid.uuid4(),
-        True,
-        uuid.uuid4(),
-        "shop",
-        "//a",
-        "//b",
-        None,
-        "//c",
-        State.CONVERSING,
-        0,
-        time.time(),
-    )
+    return conversing_endpoint()
 
 
 def message(ep: Endpoint, seq: int, length: int = 100) -> OutMessage:
