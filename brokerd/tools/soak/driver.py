@@ -532,13 +532,8 @@ class Soak:
         key = ""
         try:
             while not self.stop_producing.is_set():
-                if self.committed - self.received > self.s.max_backlog:
-                    await asyncio.sleep(0.2)
-                    continue
-                try:
-                    client = await clients.get(daemon)
-                except (ClientError, RemoteError, OSError):
-                    await asyncio.sleep(0.3)
+                client = await self._producer_client(clients, daemon)
+                if client is None:
                     continue
                 try:
                     if handle is None:
@@ -547,11 +542,10 @@ class Soak:
                         key, index = f"{direction}{slot}.{generation}", 0
                     count = 1 if rng.random() < 0.6 else rng.randint(2, 5)
                     mode = "send" if count == 1 else rng.choice(("many", "tx"))
-                    batch = [(key, index + n) for n in range(count)]
-                    bodies = [make_body(k, i, self._size(self.rng), rng) for k, i in batch]
-                    ledger.write([f"T {k} {i}" for k, i in batch])
-                    index += count
-                    await self._send(client, handle, mode, batch, bodies, ledger)
+                    first, index = index, index + count  # never reused, even if it fails
+                    await self._send_batch(
+                        client, handle, mode, key, first, count, self.rng, rng, ledger
+                    )
                 except ClientError:
                     await clients.drop(daemon, client, moved=True)
                     await asyncio.sleep(0.1)
@@ -567,6 +561,38 @@ class Soak:
         finally:
             ledger.close()
 
+    async def _producer_client(self, clients: _Clients, daemon: str) -> BrokerClient | None:
+        """The client a producer sends with next, or None after a pause: the backlog is
+        over ``max_backlog``, or ``daemon`` cannot be reached now."""
+        if self.committed - self.received > self.s.max_backlog:
+            await asyncio.sleep(0.2)
+            return None
+        try:
+            return await clients.get(daemon)
+        except (ClientError, RemoteError, OSError):
+            await asyncio.sleep(0.3)
+            return None
+
+    async def _send_batch(
+        self,
+        client: BrokerClient,
+        handle: uuid.UUID,
+        mode: str,
+        key: str,
+        index: int,
+        count: int,
+        sizes: random.Random,
+        rng: random.Random,
+        ledger: Ledger,
+    ) -> None:
+        """Messages ``index .. index + count - 1`` of dialog ``key``: written down as tried
+        (``T``), then sent as ``mode`` says (:meth:`_send`). ``sizes`` draws their sizes,
+        ``rng`` their bodies."""
+        batch = [(key, index + n) for n in range(count)]
+        bodies = [make_body(k, i, self._size(sizes), rng) for k, i in batch]
+        ledger.write([f"T {k} {i}" for k, i in batch])
+        await self._send(client, handle, mode, batch, bodies, ledger)
+
     async def _local_producer(self, slot: int, clients: _Clients) -> None:
         """The local stream's producer ``slot``: dialogs from ``//soak/L1`` to ``//soak/L2``
         in A's ``SoakLocal``, mostly SENDs outside transactions (direct delivery after a
@@ -580,13 +606,8 @@ class Soak:
         key = ""
         try:
             while not self.stop_producing.is_set():
-                if self.committed - self.received > self.s.max_backlog:
-                    await asyncio.sleep(0.2)
-                    continue
-                try:
-                    client = await clients.get("a")
-                except (ClientError, RemoteError, OSError):
-                    await asyncio.sleep(0.3)
+                client = await self._producer_client(clients, "a")
+                if client is None:
                     continue
                 try:
                     if handle is None or left <= 0:
@@ -603,12 +624,11 @@ class Soak:
                     count = 1 if mode == "send" else rng.randint(2, 8)
                     if mode == "many" and rng.random() < 0.5:
                         mode = "tx"
-                    batch = [(key, index + n) for n in range(count)]
-                    bodies = [make_body(k, i, self._size(rng), rng) for k, i in batch]
-                    ledger.write([f"T {k} {i}" for k, i in batch])
-                    index += count
                     left -= count
-                    await self._send(client, handle, mode, batch, bodies, ledger)
+                    first, index = index, index + count  # never reused, even if it fails
+                    await self._send_batch(
+                        client, handle, mode, key, first, count, rng, rng, ledger
+                    )
                 except ClientError:
                     await clients.drop("a", client)
                     await asyncio.sleep(0.1)
