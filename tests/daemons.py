@@ -7,9 +7,12 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+from brokerd.config import load_config
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
+from brokerd.server.daemon import Broker
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
 
@@ -27,6 +30,24 @@ def running(d: Deployment, *names: str) -> Iterator[Deployment]:
         yield d
     finally:
         d.stop_all()
+
+
+@contextlib.asynccontextmanager
+async def in_process(config_path: Path) -> AsyncIterator[Broker]:
+    """A daemon run in the test's own process (``Broker``, as ``brokerd run`` builds it), so
+    that the test can reach into its databases: started, and stopped at the end."""
+    broker = Broker(load_config(config_path))
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
+
+
+async def client_of(broker: Broker) -> BrokerClient:
+    """An application client of an in-process daemon, on its client port."""
+    client = broker.config.client
+    return await BrokerClient.connect(client.host, client.port, token_file=client.token_file)
 
 
 PROXY_HOST = "127.0.0.3"

@@ -21,14 +21,20 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.config import load_config
 from brokerd.sdk.client import BrokerClient
 from brokerd.sdk.messages import ReceivedMessage
 from brokerd.server.daemon import Broker
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
 from protocol.errors import RemoteError
-from tests.daemons import FAST_RETRY, assert_exactly_once_in_order, drain, running
+from tests.daemons import (
+    FAST_RETRY,
+    assert_exactly_once_in_order,
+    client_of,
+    drain,
+    in_process,
+    running,
+)
 
 HOST = "127.0.0.246"
 BIG = 40_000
@@ -38,12 +44,8 @@ BIG = 40_000
 @pytest.fixture
 async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
     daemon = Deployment(tmp_path).add("solo", HOST, example.two_services_database("shop"))
-    broker = Broker(load_config(daemon.config_path))
-    await broker.start()
-    try:
+    async with in_process(daemon.config_path) as broker:
         yield broker
-    finally:
-        await broker.stop()
 
 
 async def _limit(broker: Broker, pages: int | None, database: str = "shop") -> None:
@@ -69,9 +71,7 @@ async def _first_message(
     broker: Broker,
 ) -> tuple[BrokerClient, uuid.UUID, list[ReceivedMessage]]:
     """A client, a dialog from the shop to the warehouse, and its first message, received."""
-    client = await BrokerClient.connect(
-        HOST, broker.config.client.port, token_file=broker.config.client.token_file
-    )
+    client = await client_of(broker)
     handle = await client.begin_dialog(
         example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
     )
@@ -154,34 +154,30 @@ async def test_messages_arriving_on_a_full_disk_wait_at_the_sender_and_lose_noth
         tmp_path, retry=FAST_RETRY, hosts=("127.0.0.244", "127.0.0.245")
     )
     with running(deployment, "alpha"):
-        beta = Broker(load_config(deployment.daemons["beta"].config_path))
-        await beta.start()
-        shop = await deployment.daemons["alpha"].client()
-        warehouse = await BrokerClient.connect(
-            "127.0.0.245", beta.config.client.port, token_file=beta.config.client.token_file
-        )
-        try:
-            handle = await shop.begin_dialog(
-                example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
-            )
-            await shop.send(handle, example.ORDER, b"first")
-            received = await drain(warehouse, "OrderQueue", 1, timeout=20)
-            await _limit(beta, 0, "warehouse")
-            bodies = [bytes([n]) * BIG for n in range(2, 12)]
-            for body in bodies:
-                await shop.send(handle, example.ORDER, body)  # committed at the sender
-            await asyncio.sleep(2.0)
-            assert await warehouse.receive("OrderQueue", timeout=0.5) == []
-            assert beta.engine.stats.dropped > 0  # refused while the file is full
-            await _limit(beta, None, "warehouse")
-            received += await drain(warehouse, "OrderQueue", len(bodies), timeout=30)
-            assert [m.message_body for m in received] == [b"first", *bodies]
-            assert_exactly_once_in_order(received)
-            assert await warehouse.receive("OrderQueue", timeout=0.5) == []
-        finally:
-            await shop.close()
-            await warehouse.close()
-            await beta.stop()
+        async with in_process(deployment.daemons["beta"].config_path) as beta:
+            shop = await deployment.daemons["alpha"].client()
+            warehouse = await client_of(beta)
+            try:
+                handle = await shop.begin_dialog(
+                    example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
+                )
+                await shop.send(handle, example.ORDER, b"first")
+                received = await drain(warehouse, "OrderQueue", 1, timeout=20)
+                await _limit(beta, 0, "warehouse")
+                bodies = [bytes([n]) * BIG for n in range(2, 12)]
+                for body in bodies:
+                    await shop.send(handle, example.ORDER, body)  # committed at the sender
+                await asyncio.sleep(2.0)
+                assert await warehouse.receive("OrderQueue", timeout=0.5) == []
+                assert beta.engine.stats.dropped > 0  # refused while the file is full
+                await _limit(beta, None, "warehouse")
+                received += await drain(warehouse, "OrderQueue", len(bodies), timeout=30)
+                assert [m.message_body for m in received] == [b"first", *bodies]
+                assert_exactly_once_in_order(received)
+                assert await warehouse.receive("OrderQueue", timeout=0.5) == []
+            finally:
+                await shop.close()
+                await warehouse.close()
 
 
 async def test_a_reply_committed_after_a_failed_direct_send_does_not_claim_it(

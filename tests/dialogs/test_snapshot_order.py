@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.config import load_config
-from brokerd.sdk.client import BrokerClient
 from brokerd.server.daemon import Broker
 from brokerd.tools.launcher import Deployment
+from tests.daemons import client_of, in_process
 
 HOST = "127.0.0.245"
 DATABASE = """
@@ -46,18 +45,12 @@ contracts = ["DEFAULT"]
 @pytest.fixture
 async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
     daemon = Deployment(tmp_path).add("solo", HOST, DATABASE)
-    broker = Broker(load_config(daemon.config_path))
-    await broker.start()
-    try:
+    async with in_process(daemon.config_path) as broker:
         yield broker
-    finally:
-        await broker.stop()
 
 
 async def test_send_many_queues_its_snapshots_before_anything_else_runs(broker: Broker) -> None:
-    client = await BrokerClient.connect(
-        HOST, broker.config.client.port, token_file=broker.config.client.token_file
-    )
+    client = await client_of(broker)
     try:
         handle = await client.begin_dialog("//solo/S1", "//solo/S2")
         await client.send(handle, body=b"first")
