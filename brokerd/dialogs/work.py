@@ -41,15 +41,15 @@ class Work:
             self.on_commit.append(on_commit)
         if on_failure is not None:
             self.on_failure.append(on_failure)
-        if chain is not None and chain not in self.chains:
-            self.chains.append(chain)
+        if chain is not None:
+            self.chains.append(chain)  # repeats are harmless: the store reads each
         return self
 
     def extend(self, other: Work) -> Work:
         self.statements.extend(other.statements)
         self.on_commit.extend(other.on_commit)
         self.on_failure.extend(other.on_failure)
-        self.chains.extend(c for c in other.chains if c not in self.chains)
+        self.chains.extend(other.chains)
         return self
 
     def committed(self) -> None:

@@ -5,12 +5,18 @@ committed (R-DLG-1): SEND 7 is only meaningful if 2..6 are stored. If the commit
 holding 2..6 fails (a full disk, say), a later job holding 7 must not commit on
 its own, or the far side waits for ever for numbers that were never stored.
 
-A job names the chains it extends as ``(key, generation)`` tokens (a dialog's
-endpoint and the numbering generation its SENDs were numbered in). When a job
-fails, the committer thread marks its tokens broken, and every later job holding
-a token of the same key and a generation no newer is refused untried, with an
-error that says why. The event loop, told of the failure, renumbers from the last
-stored number in a new generation, whose jobs commit again. Committer thread only.
+The receiving side has the same shape: a job storing message 8 of a dialog also
+records that 1..8 were received, and must not commit after the job storing 7 failed.
+
+A job names the chains it extends as ``(key, generation)`` tokens: a dialog's
+endpoint and the generation its SENDs were numbered in
+(``Endpoint.numbering``), or the endpoint's receiving chain
+(``Endpoint.receiving``). When a job fails, the committer thread marks its tokens
+broken, and every later job holding a token of the same key and a generation no
+newer is refused untried, with an error that says why. The event loop, told of
+the failure, renumbers from the last stored number in a new generation (or, for
+what is received, reloads it from the file in a new generation), whose jobs
+commit again. Committer thread only.
 """
 
 from __future__ import annotations
