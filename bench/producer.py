@@ -66,6 +66,7 @@ async def produce(job: ProducerJob) -> dict[str, Any]:
         def sent(k: int, future: asyncio.Future[int]) -> None:
             nonlocal committed
             window.release()
+            pending.discard(future)
             exc = future.exception()
             if exc is None:
                 seqs[k] = future.result()
@@ -104,9 +105,8 @@ async def produce(job: ProducerJob) -> dict[str, Any]:
             else:
                 data = messages.body(k, time.monotonic_ns(), pad)
                 future = client.send_nowait(handles[k % job.dialogs], MESSAGE_TYPE, data)
+                pending.add(future)  # one callback a SEND: each is a turn of the loop's queue
                 future.add_done_callback(functools.partial(sent, k))
-                pending.add(future)
-                future.add_done_callback(pending.discard)
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
         t_done = time.monotonic_ns()

@@ -133,6 +133,16 @@ def encode_frame_parts(
     return _frame_parts(known, request_id, encode_meta(meta), body)
 
 
+def encode_request(request_id: int, meta_json: bytes, body: Buffer) -> bytes:
+    """A REQUEST frame, as :func:`encode_frame` gives it, whose meta ``meta_json`` was
+    already encoded by :func:`encode_meta` (a client's SEND meta, the same for every
+    message of a dialog and type, is encoded once). Checks and errors as
+    :func:`encode_frame`."""
+    if type(request_id) is not int or not 0 <= request_id <= _U32_MAX:
+        raise LocalProtocolError(f"cannot encode: request_id {request_id!r} is not a u32")
+    return b"".join(_frame_parts(ClientFrameKind.REQUEST, request_id, meta_json, (body,)))
+
+
 def encode_response_parts(
     request_id: int, meta_json: bytes, body: Sequence[Buffer]
 ) -> list[Buffer]:
@@ -241,15 +251,30 @@ class ClientFrameReader:
                             break
                         # Validated as soon as complete: the limits are enforced before
                         # any of the frame's meta or body is waited for.
-                        pending = self._pending = self._parse_header(view, pos)
+                        magic, version, raw_kind, request_id, meta_length, body_length = (
+                            _HEADER.unpack_from(view, pos)
+                        )
+                        kind = _KIND_BY_VALUE.get(raw_kind)
+                        if (
+                            kind is None
+                            or magic != MAGIC
+                            or version != CLIENT_WIRE_VERSION
+                            or meta_length > self.max_meta
+                            or body_length > self.max_body
+                        ):
+                            raise self._header_error(view, pos)
+                    else:
+                        kind, request_id, meta_length, body_length = pending
                     meta_start = pos + HEADER_SIZE
-                    body_start = meta_start + pending.meta_length
-                    end = body_start + pending.body_length
+                    body_start = meta_start + meta_length
+                    end = body_start + body_length
                     if end > size:
+                        if pending is None:
+                            self._pending = _Pending(kind, request_id, meta_length, body_length)
                         break
                     meta = _decode_meta(view[meta_start:body_start])
-                    body = bytes(view[body_start:end]) if pending.body_length else b""
-                    frames.append(ClientFrame(pending.kind, pending.request_id, meta, body))
+                    body = bytes(view[body_start:end]) if body_length else b""
+                    frames.append(ClientFrame(kind, request_id, meta, body))
                     self._pending = None
                     pos = end
         except RemoteProtocolError as exc:
@@ -264,32 +289,31 @@ class ClientFrameReader:
         self._pos = pos
         return frames
 
-    def _parse_header(self, view: memoryview, pos: int) -> _Pending:
-        magic, version, kind, request_id, meta_length, body_length = _HEADER.unpack_from(view, pos)
+    def _header_error(self, view: memoryview, pos: int) -> RemoteProtocolError:
+        """What is wrong with the header at ``pos``, which is known to break a rule."""
+        magic, version, kind, _, meta_length, body_length = _HEADER.unpack_from(view, pos)
         if magic != MAGIC:
-            raise RemoteProtocolError(
+            return RemoteProtocolError(
                 f"bad client frame magic {bytes(magic)!r} (expected {MAGIC!r})"
             )
         if version != CLIENT_WIRE_VERSION:
-            raise RemoteProtocolError(
+            return RemoteProtocolError(
                 f"unsupported client wire version {version} (this side speaks "
                 f"{CLIENT_WIRE_VERSION})",
                 CloseCode.VERSION_MISMATCH,
             )
         frame_kind = _KIND_BY_VALUE.get(kind)
         if frame_kind is None:
-            raise RemoteProtocolError(f"unknown client frame kind {kind}")
+            return RemoteProtocolError(f"unknown client frame kind {kind}")
         if meta_length > self.max_meta:
-            raise RemoteProtocolError(
+            return RemoteProtocolError(
                 f"client frame meta of {meta_length} bytes exceeds the limit of {self.max_meta}",
                 CloseCode.FRAME_TOO_LARGE,
             )
-        if body_length > self.max_body:
-            raise RemoteProtocolError(
-                f"client frame body of {body_length} bytes exceeds the limit of {self.max_body}",
-                CloseCode.FRAME_TOO_LARGE,
-            )
-        return _Pending(frame_kind, request_id, meta_length, body_length)
+        return RemoteProtocolError(  # the only rule left
+            f"client frame body of {body_length} bytes exceeds the limit of {self.max_body}",
+            CloseCode.FRAME_TOO_LARGE,
+        )
 
     def _fail(self, exc: RemoteProtocolError) -> None:
         self._failure = exc
@@ -353,7 +377,18 @@ def _has_long_digits(raw: bytes | memoryview) -> bool:
     return _LONG_DIGITS in bytes(raw).translate(_DIGITS_TO_ZERO)
 
 
+_SEQUENCE_META = b'{"sequence_number":'
+_SEQUENCE_DIGITS = slice(len(_SEQUENCE_META), -1)
+_CLOSE_BRACE = ord("}")
+
+
 def _decode_meta(raw: memoryview) -> dict[str, Any]:
+    # A SEND's reply, exactly as encode_sequence_reply spells it (a producer reads one
+    # for every message): up to 18 ASCII digits always fit a 64-bit integer.
+    if raw[: len(_SEQUENCE_META)] == _SEQUENCE_META and raw[len(raw) - 1] == _CLOSE_BRACE:
+        digits = bytes(raw[_SEQUENCE_DIGITS])
+        if 0 < len(digits) <= 18 and digits.isdigit() and (digits[0] != 48 or len(digits) == 1):
+            return {"sequence_number": int(digits)}
     if _has_long_digits(raw):
         return _decode_meta_exactly(raw)
     try:

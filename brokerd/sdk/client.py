@@ -67,7 +67,7 @@ from brokerd.sdk.requests import (
     move_request,
     receive_request,
     send_many_request,
-    send_request,
+    send_meta,
     timer_request,
 )
 from brokerd.sdk.tls import client_context, describe_failure
@@ -79,6 +79,7 @@ from protocol.client_wire import (
     ClientFrameReader,
     auth_proof,
     encode_frame,
+    encode_request,
 )
 from protocol.errors import AuthenticationFailed, ClientError, RemoteProtocolError, for_code
 
@@ -376,8 +377,7 @@ class BrokerClient:
         self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
     ) -> int:
         """SEND ON CONVERSATION; returns after the message is durably queued."""
-        meta, _ = await self._call(*send_request(conversation_handle, message_type, body))
-        return _sequence_number(meta)
+        return await self.send_nowait(conversation_handle, message_type, body)
 
     def send_nowait(
         self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
@@ -388,9 +388,12 @@ class BrokerClient:
         it is durably queued, or the error. A producer keeps many in flight without a
         task for each. Raises ClientError at once if the connection is closed."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._request(
-            *send_request(conversation_handle, message_type, body), _SequenceReply(future)
-        )
+        if self._transport is None or self._transport.is_closing():
+            raise ClientError(self._closed_reason or "not connected")
+        request_id = next(self._ids) & 0xFFFFFFFF
+        self._pending[request_id] = _SequenceReply(future)
+        meta = send_meta(conversation_handle, message_type)
+        self._write(encode_request(request_id, meta, bytes(body)))
         return future
 
     async def receive(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from protocol.client_wire import encode_meta
+
 Request = tuple[dict[str, Any], bytes]
 
 
@@ -41,6 +43,23 @@ def send_request(conversation_handle: uuid.UUID, message_type: str, body: bytes)
         "message_type": message_type,
     }
     return meta, bytes(body)
+
+
+_SEND_METAS: dict[tuple[uuid.UUID, str], bytes] = {}
+_SEND_METAS_KEPT = 4096
+
+
+def send_meta(conversation_handle: uuid.UUID, message_type: str) -> bytes:
+    """:func:`send_request`'s meta, encoded: a producer's SENDs on one dialog share it,
+    so it is encoded once (the last few thousand dialogs' are kept)."""
+    key = (conversation_handle, message_type)
+    meta = _SEND_METAS.get(key)
+    if meta is None:
+        if len(_SEND_METAS) >= _SEND_METAS_KEPT:
+            _SEND_METAS.clear()
+        request, _ = send_request(conversation_handle, message_type, b"")
+        meta = _SEND_METAS[key] = encode_meta(request)
+    return meta
 
 
 def send_many_request(messages: list[tuple[uuid.UUID, str, bytes]]) -> Request:

@@ -34,6 +34,7 @@ from protocol.client_wire import (
     encode_frame,
     encode_frame_parts,
     encode_meta,
+    encode_request,
     encode_response_parts,
     encode_sequence_reply,
     new_nonce,
@@ -557,3 +558,48 @@ def test_sequence_reply_is_the_general_encoding(request_id: int, seq: int) -> No
         ClientFrame(ClientFrameKind.RESPONSE, request_id, {"sequence_number": seq})
     )
     assert encode_sequence_reply(request_id, seq) == general
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        b'{"sequence_number":5}',
+        b'{"sequence_number":0}',
+        b'{"sequence_number":999999999999999999}',
+        b'{"sequence_number":9223372036854775807}',
+        b'{"sequence_number":123456789012345678901}',
+        b'{"sequence_number":-5}',
+        b'{"sequence_number":05}',
+        b'{"sequence_number":1_0}',
+        b'{"sequence_number": 5}',
+        b'{"sequence_number":5 }',
+        b'{"sequence_number":}',
+        b'{"sequence_number":\xd9\xa3}',
+        b'{"sequence_number":5,"x":1}',
+    ],
+)
+def test_a_sequence_reply_decodes_as_json_says(meta: bytes) -> None:
+    """The reader's shortcut for a SEND's reply gives what JSON gives, or the same error:
+    no integer JSON refuses (a leading zero, an underscore, other digits) gets through."""
+    frame = b"".join(encode_response_parts(9, meta, []))
+    try:
+        expected: object = json.loads(meta)
+    except ValueError:
+        with pytest.raises(RemoteProtocolError, match="not valid"):
+            ClientFrameReader().feed(frame)
+    else:
+        (got,) = ClientFrameReader().feed(frame)
+        assert got.meta == expected
+        assert [type(v) for v in got.meta.values()] == [type(v) for v in expected.values()]
+
+
+@pytest.mark.parametrize("message_type", ["DEFAULT", "//shop/Order", "null é"])
+def test_a_request_from_encoded_meta_is_the_same_bytes(message_type: str) -> None:
+    """A SEND whose meta was encoded once (the SDK's) is byte for byte the general frame."""
+    meta = {"op": "send", "conversation_handle": "h", "message_type": message_type}
+    for body in (b"", b"x" * 300, bytearray(b"abc")):
+        assert encode_request(3, encode_meta(meta), body) == encode_frame(
+            ClientFrame(ClientFrameKind.REQUEST, 3, meta, bytes(body))
+        )
+    with pytest.raises(LocalProtocolError, match="u32"):
+        encode_request(2**32, b"{}", b"")
