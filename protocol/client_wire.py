@@ -380,12 +380,17 @@ def _has_long_digits(raw: bytes | memoryview) -> bool:
 _SEQUENCE_META = b'{"sequence_number":'
 _SEQUENCE_DIGITS = slice(len(_SEQUENCE_META), -1)
 _CLOSE_BRACE = ord("}")
+_SEQUENCE_META_MOST = len(_SEQUENCE_META) + 19
 
 
 def _decode_meta(raw: memoryview) -> dict[str, Any]:
     # A SEND's reply, exactly as encode_sequence_reply spells it (a producer reads one
     # for every message): up to 18 ASCII digits always fit a 64-bit integer.
-    if raw[: len(_SEQUENCE_META)] == _SEQUENCE_META and raw[len(raw) - 1] == _CLOSE_BRACE:
+    if (
+        len(raw) <= _SEQUENCE_META_MOST
+        and raw[: len(_SEQUENCE_META)] == _SEQUENCE_META
+        and raw[len(raw) - 1] == _CLOSE_BRACE
+    ):
         digits = bytes(raw[_SEQUENCE_DIGITS])
         if 0 < len(digits) <= 18 and digits.isdigit() and (digits[0] != 48 or len(digits) == 1):
             return {"sequence_number": int(digits)}

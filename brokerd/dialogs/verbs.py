@@ -17,7 +17,7 @@ import logging
 import operator
 import sqlite3
 import uuid
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from brokerd.dialogs import views
@@ -35,6 +35,7 @@ from brokerd.dialogs.service_keys import new_dialog_key
 from brokerd.dialogs.states import DELIVERING, State
 from brokerd.dialogs.work import Work
 from brokerd.errors import (
+    BrokerError,
     ContractViolation,
     ConversationEnded,
     DialogSecurityUnavailable,
@@ -217,22 +218,49 @@ class ApplicationVerbs(EngineCore):
         self,
         db: Database,
         ep: Endpoint,
-        message_type: str,
-        body: bytes,
-        then: Callable[[int], None],
-        failed: Callable[[BaseException], None],
+        messages: Sequence[tuple[str, bytes]],
+        then: Callable[[int, int], None],
+        failed: Callable[[int, BaseException], None],
     ) -> None:
-        """SEND outside a transaction without a future: :meth:`send_work` committed on
-        its own, then ``then(sequence number)``, or ``failed(error)``. The client
-        listener's path for every pipelined SEND, so it builds no :class:`Work`.
+        """Pipelined SENDs on one conversation, outside a transaction, without a future:
+        each committed on its own as :meth:`send_work` would, then ``then(i, sequence
+        number)`` for ``messages[i]``, or ``failed(i, error)``. The client listener's path
+        for every pipelined SEND (consecutive ones on one conversation come together), so
+        it builds no :class:`Work`.
 
-        A SEND to a dialog whose far endpoint is in the same database goes straight into
-        that endpoint's queue when it can (R-DLG-13, :mod:`brokerd.dialogs.direct`)."""
-        self.check_send(db, ep, message_type, body)
+        A message that fails its checks is refused alone; the others go on, numbered in
+        order. SENDs to a dialog whose far endpoint is in the same database go straight
+        into that endpoint's queue when they can (R-DLG-13, :mod:`brokerd.dialogs.direct`),
+        all in one job.
+        """
+        checked: list[tuple[int, str, bytes]] = []
+        for i, (message_type, body) in enumerate(messages):
+            try:
+                self.check_send(db, ep, message_type, body)
+            except BrokerError as exc:
+                failed(i, exc)
+            else:
+                checked.append((i, message_type, body))
+        if not checked:
+            return
         far = direct_target(db, ep)
         if far is not None:
-            self._send_direct(db, ep, far, message_type, body, then, failed)
+            self._send_direct(db, ep, far, checked, then, failed)
             return
+        for i, message_type, body in checked:
+            self._send_queued(db, ep, message_type, body, i, then, failed)
+
+    def _send_queued(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        body: bytes,
+        i: int,
+        then: Callable[[int, int], None],
+        failed: Callable[[int, BaseException], None],
+    ) -> None:
+        """One pipelined SEND through the transmission queue, in a job of its own."""
         chain = ep.numbering
         seq, statements, committed, undo = self._enqueue_steps(
             db, ep, message_type, FLAG_SEQUENCED, body
@@ -240,11 +268,11 @@ class ApplicationVerbs(EngineCore):
 
         def on_commit() -> None:
             committed()
-            then(seq)
+            then(i, seq)
 
         def on_failure(exc: BaseException) -> None:
             undo(exc)
-            failed(exc)
+            failed(i, exc)
 
         db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, chains=(chain,))
 
@@ -253,68 +281,83 @@ class ApplicationVerbs(EngineCore):
         db: Database,
         ep: Endpoint,
         far: Endpoint,
-        message_type: str,
-        body: bytes,
-        then: Callable[[int], None],
-        failed: Callable[[BaseException], None],
+        messages: list[tuple[int, str, bytes]],
+        then: Callable[[int, int], None],
+        failed: Callable[[int, BaseException], None],
     ) -> None:
-        """SEND ``body`` into ``far``'s queue in one transaction with both endpoints' rows
-        (R-DLG-13): no transmission queue row, no fragment, no acknowledgement. The far
-        side accepts the number now, as a receiver accepts a fragment before its commit;
-        the message is ready to RECEIVE once committed, and a failed commit reloads what
-        the database has received from its file, as a failed receive does."""
+        """SEND ``messages`` (``(i, type, body)``) into ``far``'s queue in one transaction
+        with both endpoints' rows (R-DLG-13): no transmission queue row, no fragment, no
+        acknowledgement. The far side accepts the numbers now, as a receiver accepts a
+        fragment before its commit; the messages are ready to RECEIVE once committed, and
+        a failed commit gives every number back and reloads what the database has
+        received from its file, as a failed receive does. One job for them all: one
+        endpoint row each side, one callback, one trace entry per run of alike messages."""
         chain = ep.numbering
-        ep.send_sequence += 1
-        seq = ep.send_sequence
-        ep.uncommitted_sends += 1
+        count = len(messages)
+        first = ep.send_sequence + 1
+        ep.send_sequence += count
+        last = ep.send_sequence
+        ep.uncommitted_sends += count
         ep.refresh_state()
-        far.accepted.add_message(seq)
+        seqs = list(range(first, last + 1))
+        accepted = far.accepted
+        for seq in seqs:
+            accepted.add_message(seq)
         if far.refresh_state():
             self._trace_closed(far)
-        self._trace_sent(db, ep, seq, message_type, len(body))
         queue = db.queue_of(far.service) or ""
         index = db.ready.get(queue)
+        now = self.clock()
         statements = [
-            _queue_row(far, queue, seq, 1, message_type, len(body), body, self.clock()),
-            endpoint_snapshot(ep, sent=seq),
-            endpoint_snapshot(far, received=far.accepted.through),
+            _queue_row(far, queue, seq, 1, message_type, len(body), body, now)
+            for seq, (_, message_type, body) in zip(seqs, messages, strict=True)
         ]
+        statements.append(endpoint_snapshot(ep, sent=last))
+        statements.append(endpoint_snapshot(far, received=accepted.through))
+        self._trace_sent_runs(db, ep, seqs, messages)
 
         def on_commit() -> None:
-            ep.uncommitted_sends -= 1
-            self.stats.sent_messages += 1
-            far.durable.add_message(seq)
+            ep.uncommitted_sends -= count
+            self.stats.sent_messages += count
+            durable = far.durable
+            for seq in seqs:
+                durable.add_message(seq)
             if far.state in DELIVERING:
-                self._delivered(db, far, queue, index, [seq], False)
-            else:  # ended meanwhile: its END removes the row again (R-DLG-10)
+                self._delivered(db, far, queue, index, seqs, False)
+            else:  # ended meanwhile: its END removes the rows again (R-DLG-10)
                 self._trace_discarded(
-                    far, [seq], "this side has ended the conversation", received=True
+                    far, seqs, "this side has ended the conversation", received=True
                 )
-            then(seq)
+            for seq, (i, _, _) in zip(seqs, messages, strict=True):
+                then(i, seq)
 
         def on_failure(exc: BaseException) -> None:
-            self._send_failed(ep, chain, seq, exc)
-            self._suspend_receiving(db)  # far.accepted claims seq: memory is reloaded
-            failed(exc)
+            self._send_failed(ep, chain, first, exc, count)
+            self._suspend_receiving(db)  # far.accepted claims the numbers: memory is reloaded
+            for i, _, _ in messages:
+                failed(i, exc)
 
         db.store.submit(
             statements, on_commit=on_commit, on_failure=on_failure, chains=(chain, far.receiving)
         )
 
     @staticmethod
-    def _send_failed(ep: Endpoint, chain: Token, seq: int, exc: BaseException) -> None:
-        """A SEND did not commit. If the store failed it (a :class:`StoreError`), its number
-        and every later one of its generation, which the store refuses untried, are given
-        back (:meth:`Endpoint.give_back`). If it never reached the store (a transaction
-        whose later verb was refused at COMMIT), nothing in flight depends on it: its
-        number is given back if it is still the last. The file never held it: an
+    def _send_failed(
+        ep: Endpoint, chain: Token, seq: int, exc: BaseException, count: int = 1
+    ) -> None:
+        """``count`` SENDs numbered from ``seq`` on, in one job, did not commit. If the store
+        failed them (a :class:`StoreError`), their numbers and every later one of their
+        generation, which the store refuses untried, are given back
+        (:meth:`Endpoint.give_back`). If they never reached the store (a transaction whose
+        later verb was refused at COMMIT), nothing in flight depends on them: their
+        numbers are given back if they are still the last. The file never held them: an
         endpoint row counts only committed SENDs
         (:func:`~brokerd.dialogs.endpoint.endpoint_snapshot`)."""
-        ep.uncommitted_sends -= 1
+        ep.uncommitted_sends -= count
         if isinstance(exc, StoreError):
             ep.give_back(chain, seq)
-        elif ep.send_sequence == seq:
-            ep.send_sequence -= 1
+        elif ep.send_sequence == seq + count - 1:
+            ep.send_sequence = seq - 1
         ep.refresh_state(undo=True)
 
     def _trace_sent(
@@ -332,6 +375,35 @@ class ApplicationVerbs(EngineCore):
             service=ep.service,
             far_service=ep.far_service,
         )
+
+    def _trace_sent_runs(
+        self, db: Database, ep: Endpoint, seqs: list[int], messages: list[tuple[int, str, bytes]]
+    ) -> None:
+        """``message_sent`` of each of ``messages``, numbered ``seqs``: one buffered entry
+        per run of messages of one type and size (their lines differ only in ``seq``)."""
+        if not self.trace.enabled:
+            return
+        start = 0
+        count = len(messages)
+        while start < count:
+            _, message_type, body = messages[start]
+            size = len(body)
+            end = start + 1
+            while end < count and (messages[end][1], len(messages[end][2])) == (message_type, size):
+                end += 1
+            self.trace.emit_each(
+                "message_sent",
+                ep.conversation_id,
+                "seq",
+                seqs[start:end],
+                database=db.name,
+                initiator=ep.initiator,
+                size=size,
+                message_type=message_type,
+                service=ep.service,
+                far_service=ep.far_service,
+            )
+            start = end
 
     def _enqueue_work(
         self,

@@ -73,6 +73,8 @@ from protocol.errors import (
 
 if TYPE_CHECKING:
     from brokerd.config import BrokerConfig
+    from brokerd.dialogs.database import Database
+    from brokerd.dialogs.endpoint import Endpoint
     from brokerd.dialogs.engine import DialogEngine
     from brokerd.server.mirroring import Mirroring
     from brokerd.server.transport import Transport
@@ -204,7 +206,22 @@ class ClientSession(asyncio.Protocol):
             self._reply_error(0, exc)
             self._close()
             return
+        sends: list[ClientFrame] = []
+        """Pipelined SENDs, handed on together when another request comes or at the end."""
         for frame in frames:
+            if (
+                frame.kind is ClientFrameKind.REQUEST
+                and self.access is not None
+                and frame.meta.get("op") == "send"
+                and frame.meta.get("transaction") is None
+            ):
+                if frame.body:
+                    self._hold(frame.request_id, len(frame.body))
+                sends.append(frame)
+                continue
+            if sends:
+                self._send_now(sends)
+                sends = []
             if frame.kind is not ClientFrameKind.REQUEST:
                 self._reply_error(
                     frame.request_id, InvalidRequest("only REQUEST frames are accepted")
@@ -216,9 +233,6 @@ class ClientSession(asyncio.Protocol):
             if frame.body:
                 self._hold(frame.request_id, len(frame.body))
             op = frame.meta.get("op")
-            if op == "send" and frame.meta.get("transaction") is None:
-                self._send_now(frame)
-                continue
             if (
                 op == "receive"
                 and frame.meta.get("transaction") is None
@@ -228,6 +242,8 @@ class ClientSession(asyncio.Protocol):
             task = asyncio.get_running_loop().create_task(self._run(frame))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+        if sends:
+            self._send_now(sends)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.client_sessions.discard(self)
@@ -374,29 +390,69 @@ class ClientSession(asyncio.Protocol):
             return
         self._write(encode_frame(ClientFrame(ClientFrameKind.ERROR, request_id, error_meta(exc))))
 
-    def _send_now(self, frame: ClientFrame) -> None:
-        """SEND outside a transaction, without a task: the reply goes once it has committed."""
-        request_id = frame.request_id
+    def _send_now(self, frames: list[ClientFrame]) -> None:
+        """SENDs outside a transaction, without a task, in the order they came: each run of
+        them on one conversation goes to the engine at once (``ApplicationVerbs.send_now``),
+        and each reply goes once its message has committed."""
+        engine = self.broker.engine
+        run: list[ClientFrame] = []
+        messages: list[tuple[str, bytes]] = []
+        db: Database | None = None
+        ep: Endpoint | None = None
+        for frame in frames:
+            try:
+                m = frame.meta
+                handle = _uuid(m, "conversation_handle")
+                assert handle is not None
+                message_type = _str(m, "message_type", "DEFAULT")
+                if ep is None or handle != ep.handle:
+                    if run:
+                        self._send_run(db, ep, run, messages)
+                        run, messages = [], []
+                    db, ep = engine.endpoint(handle)
+                    self.allowed.check_conversation(ep)
+            except Exception as exc:
+                self._send_refused(frame.request_id, exc)
+                if run:  # the next SEND looks its conversation up again
+                    self._send_run(db, ep, run, messages)
+                    run, messages = [], []
+                db = ep = None
+                continue
+            run.append(frame)
+            messages.append((message_type, frame.body))
+        if run:
+            self._send_run(db, ep, run, messages)
+
+    def _send_run(
+        self,
+        db: Database | None,
+        ep: Endpoint | None,
+        frames: list[ClientFrame],
+        messages: list[tuple[str, bytes]],
+    ) -> None:
+        assert db is not None and ep is not None
+        ids = [frame.request_id for frame in frames]
+        answered = [False] * len(ids)
+
+        def then(i: int, seq: int) -> None:
+            answered[i] = True
+            self._reply_sequence(ids[i], seq)
+
+        def failed(i: int, exc: BaseException) -> None:
+            answered[i] = True
+            self._reply_error(ids[i], exc)
+
         try:
-            m = frame.meta
-            handle = _uuid(m, "conversation_handle")
-            assert handle is not None
-            engine = self.broker.engine
-            db, ep = engine.endpoint(handle)
-            self.allowed.check_conversation(ep)
-            engine.send_now(
-                db,
-                ep,
-                _str(m, "message_type", "DEFAULT"),
-                frame.body,
-                lambda seq: self._reply_sequence(request_id, seq),
-                lambda exc: self._reply_error(request_id, exc),
-            )
-        except BrokerError as exc:
-            self._reply_error(request_id, exc)
-        except Exception as exc:
-            log.exception("client operation send failed")
-            self._reply_error(request_id, exc)
+            self.broker.engine.send_now(db, ep, messages, then, failed)
+        except Exception as exc:  # no SEND may wait for a reply for ever
+            for i, request_id in enumerate(ids):
+                if not answered[i]:
+                    self._send_refused(request_id, exc)
+
+    def _send_refused(self, request_id: int, exc: BaseException) -> None:
+        if not isinstance(exc, BrokerError):
+            log.exception("client operation send failed", exc_info=exc)
+        self._reply_error(request_id, exc)
 
     def _receive_now(self, frame: ClientFrame) -> bool:
         """RECEIVE outside a transaction, without a task, when messages are ready now: the

@@ -7,10 +7,12 @@ not)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from pathlib import Path
 
+from brokerd.errors import ContractViolation, ConversationNotFound
 from brokerd.sdk.client import BrokerClient
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
@@ -147,3 +149,54 @@ async def test_two_databases_of_one_instance_still_use_the_transmission_queue(
     events = _events(d)
     assert events["enqueued"] == 50
     assert events["delivered"] == 50
+
+
+async def test_pipelined_sends_go_together_and_a_refused_one_goes_alone(
+    tmp_path: Path,
+) -> None:
+    """The client listener hands a run of pipelined SENDs on one conversation to the
+    engine at once, and they go directly in one job. A SEND in the run that fails its
+    checks (a type its contract does not allow, a conversation that does not exist) is
+    refused alone: the others are numbered on, in order, and all arrive (R-DLG-1,
+    R-DLG-13)."""
+    d = _solo(tmp_path)
+    with running(d):
+        client = await d.daemons["solo"].client()
+        try:
+            first = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            second = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            await client.send(first, example.ORDER, b"opens the first")
+            await client.send(second, example.ORDER, b"opens the second")
+            await drain(client, "OrderQueue", 2)  # both far endpoints exist: direct from now
+            futures = []
+            for n in range(1, 301):  # one turn of the client's loop: one write
+                handle = first if n % 100 else second
+                message_type = example.CONFIRMATION if n == 50 else example.ORDER
+                if n == 150:
+                    handle = uuid.uuid4()
+                futures.append(client.send_nowait(handle, message_type, b"order %d" % n))
+            results = [await _outcome(f) for f in futures]
+        finally:
+            received = await drain(client, "OrderQueue", 297)
+            await client.close()
+    refused = {n + 1: r for n, r in enumerate(results) if isinstance(r, Exception)}
+    assert sorted(refused) == [50, 150], refused
+    assert isinstance(refused[50], ContractViolation)
+    assert isinstance(refused[150], ConversationNotFound)
+    on_first = [r for n, r in enumerate(results, 1) if n % 100 and n not in refused]
+    assert on_first == list(range(2, 2 + len(on_first)))  # numbered on, past the refused
+    assert results[99] == 2 and results[199] == 3 and results[299] == 4  # the second's
+    for handle in {m.conversation_handle for m in received}:  # each dialog's first drained
+        seqs = [m.message_sequence_number for m in received if m.conversation_handle == handle]
+        assert seqs == list(range(2, 2 + len(seqs)))
+    assert sorted(m.message_body for m in received) == sorted(
+        b"order %d" % n for n in range(1, 301) if n not in refused
+    )
+    assert _events(d)["enqueued"] == 2  # only each dialog's first message was queued
+
+
+async def _outcome(future: asyncio.Future[int]) -> int | Exception:
+    try:
+        return await future
+    except Exception as exc:
+        return exc
