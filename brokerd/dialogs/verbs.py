@@ -247,32 +247,40 @@ class ApplicationVerbs(EngineCore):
         if far is not None:
             self._send_direct(db, ep, far, checked, then, failed)
             return
-        for i, message_type, body in checked:
-            self._send_queued(db, ep, message_type, body, i, then, failed)
+        self._send_queued(db, ep, checked, then, failed)
 
     def _send_queued(
         self,
         db: Database,
         ep: Endpoint,
-        message_type: str,
-        body: bytes,
-        i: int,
+        messages: list[tuple[int, str, bytes]],
         then: Callable[[int, int], None],
         failed: Callable[[int, BaseException], None],
     ) -> None:
-        """One pipelined SEND through the transmission queue, in a job of its own."""
+        """Pipelined SENDs (``(i, type, body)``) through the transmission queue, in one job:
+        their rows and one endpoint row commit together, and each is handed to its link
+        after that commit, in order. A failed commit gives every number back."""
         chain = ep.numbering
-        seq, statements, committed, undo = self._enqueue_steps(
-            db, ep, message_type, FLAG_SEQUENCED, body
-        )
+        statements: list[Statement] = []
+        sent: list[tuple[int, int, Callable[[], None]]] = []
+        for i, message_type, body in messages:
+            seq, rows, committed, _ = self._enqueue_steps(
+                db, ep, message_type, FLAG_SEQUENCED, body, snapshot=False
+            )
+            statements += rows
+            sent.append((i, seq, committed))
+        first, last = sent[0][1], sent[-1][1]
+        statements.append(endpoint_snapshot(ep, sent=last))
 
         def on_commit() -> None:
-            committed()
-            then(i, seq)
+            for i, seq, committed in sent:
+                committed()
+                then(i, seq)
 
         def on_failure(exc: BaseException) -> None:
-            undo(exc)
-            failed(i, exc)
+            self._send_failed(ep, chain, first, exc, last - first + 1)
+            for i, _, _ in sent:
+                failed(i, exc)
 
         db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, chains=(chain,))
 
@@ -428,9 +436,12 @@ class ApplicationVerbs(EngineCore):
         flags: int,
         body: bytes,
         extra: Iterable[Statement] = (),
+        snapshot: bool = True,
     ) -> tuple[int, list[Statement], Callable[[], None], Callable[[BaseException], None]]:
         """A SEND's sequence number, rows, and what runs after its commit or failure (the
-        job holding the rows extends the chain ``ep.numbering`` had before this call)."""
+        job holding the rows extends the chain ``ep.numbering`` had before this call).
+        Without ``snapshot`` the rows leave out the endpoint's: a caller that puts several
+        SENDs in one job adds it once, after the last."""
         chain = ep.numbering
         ep.send_sequence += 1
         seq = ep.send_sequence
@@ -452,8 +463,9 @@ class ApplicationVerbs(EngineCore):
         statements: list[Statement] = [
             *extra,
             queries.sent_message(ep.handle_text, seq, message_type, flags, body, msg.enqueued_at),
-            endpoint_snapshot(ep, sent=seq),
         ]
+        if snapshot:
+            statements.append(endpoint_snapshot(ep, sent=seq))
 
         def committed() -> None:
             ep.uncommitted_sends -= 1
