@@ -13,9 +13,10 @@ Modules, from the models up:
   ``service_keys`` (service key pairs and remote service bindings), R-DLG-14;
 * ``deadlines`` (timers and lifetimes), ``router`` (where messages go),
   ``transmission`` (sending, retransmission, acknowledgements), ``local_link``;
-* the engine: ``core`` (state, lookups, commits), ``verbs`` (the application's
-  verbs), ``receiving`` (what arrives from links), ``engine`` (joins them; life
-  cycle and tick), ``transactions`` (client transactions), ``views``.
+* the engine: ``core`` (state, lookups, commits), ``send_verbs`` (SEND),
+  ``receive_verbs`` (RECEIVE), ``verbs`` (the application's other verbs, on both),
+  ``receiving`` (what arrives from links), ``engine`` (joins them; life cycle and
+  tick), ``transactions`` (client transactions), ``views``.
 
 May import: ``protocol``, ``brokerd.storage``, ``brokerd.routing``,
 ``brokerd.traces``, ``brokerd.config``, ``brokerd.errors``. Never ``brokerd.server``
