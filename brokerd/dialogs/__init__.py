@@ -11,8 +11,12 @@ Modules, from the models up:
   ``stats``;
 * ``binding`` (who may speak for a conversation's far side, pure) and
   ``service_keys`` (service key pairs and remote service bindings), R-DLG-14;
-* ``deadlines`` (timers and lifetimes), ``router`` (where messages go),
-  ``transmission`` (sending, retransmission, acknowledgements), ``local_link``;
+* ``deadlines`` (timers and lifetimes);
+* the router (where messages go): ``router_core`` (its state), ``route_decisions``
+  (the route of each conversation), ``inbound`` (messages from outside,
+  forwarding), ``route_admin``, ``route_requests`` (dynamic routing),
+  ``mirror_roles`` (mirroring), ``router`` (joins them);
+* ``transmission`` (sending, retransmission, acknowledgements), ``local_link``;
 * the engine: ``core`` (state, lookups, commits), ``send_verbs`` (SEND),
   ``receive_verbs`` (RECEIVE), ``verbs`` (the application's other verbs, on both),
   ``receiving`` (what arrives from links), ``engine`` (joins them; life cycle and
