@@ -261,13 +261,16 @@ class SendVerbs(EngineCore):
         ep.refresh_state(undo=True)
 
     def _trace_sent(
-        self, db: Database, ep: Endpoint, seq: int, message_type: str, size: int
+        self, db: Database, ep: Endpoint, seqs: list[int], message_type: str, size: int
     ) -> None:
-        self.trace.emit_grouped(
+        """``message_sent`` of the messages numbered ``seqs``, of one type and size (their
+        lines differ only in ``seq``), folded into a recent entry as the trace writer
+        folds them."""
+        self.trace.emit_each(
             "message_sent",
             ep.conversation_id,
             "seq",
-            seq,
+            seqs,
             database=db.name,
             initiator=ep.initiator,
             size=size,
@@ -279,8 +282,8 @@ class SendVerbs(EngineCore):
     def _trace_sent_runs(
         self, db: Database, ep: Endpoint, seqs: list[int], messages: list[tuple[int, str, bytes]]
     ) -> None:
-        """``message_sent`` of each of ``messages``, numbered ``seqs``: one buffered entry
-        per run of messages of one type and size (their lines differ only in ``seq``)."""
+        """``message_sent`` of each of ``messages``, numbered ``seqs``: one call per run of
+        messages of one type and size."""
         if not self.trace.enabled:
             return
         start = 0
@@ -291,18 +294,7 @@ class SendVerbs(EngineCore):
             end = start + 1
             while end < count and (messages[end][1], len(messages[end][2])) == (message_type, size):
                 end += 1
-            self.trace.emit_each(
-                "message_sent",
-                ep.conversation_id,
-                "seq",
-                seqs[start:end],
-                database=db.name,
-                initiator=ep.initiator,
-                size=size,
-                message_type=message_type,
-                service=ep.service,
-                far_service=ep.far_service,
-            )
+            self._trace_sent(db, ep, seqs[start:end], message_type, size)
             start = end
 
     def _enqueue_work(
@@ -351,7 +343,7 @@ class SendVerbs(EngineCore):
         ep.uncommitted_sends += 1
         ep.refresh_state()
         trace = self.trace
-        self._trace_sent(db, ep, seq, message_type, len(body))
+        self._trace_sent(db, ep, [seq], message_type, len(body))
         statements: list[Statement] = [
             *extra,
             queries.sent_message(ep.handle_text, seq, message_type, flags, body, msg.enqueued_at),

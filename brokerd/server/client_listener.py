@@ -209,14 +209,11 @@ class ClientSession(asyncio.Protocol):
         sends: list[ClientFrame] = []
         """Pipelined SENDs, handed on together when another request comes or at the end."""
         for frame in frames:
-            if (
-                frame.kind is ClientFrameKind.REQUEST
-                and self.access is not None
-                and frame.meta.get("op") == "send"
-                and frame.meta.get("transaction") is None
-            ):
-                if frame.body:
-                    self._hold(frame.request_id, len(frame.body))
+            request = frame.kind is ClientFrameKind.REQUEST and self.access is not None
+            if request and frame.body:
+                self._hold(frame.request_id, len(frame.body))
+            op = frame.meta.get("op")
+            if request and op == "send" and frame.meta.get("transaction") is None:
                 sends.append(frame)
                 continue
             if sends:
@@ -230,9 +227,6 @@ class ClientSession(asyncio.Protocol):
             if self.access is None:
                 self._login(frame)
                 continue
-            if frame.body:
-                self._hold(frame.request_id, len(frame.body))
-            op = frame.meta.get("op")
             if (
                 op == "receive"
                 and frame.meta.get("transaction") is None
