@@ -67,6 +67,9 @@ _RECEIVED = "received"
 
 
 class Receiving(EngineCore):
+    _arrivals: _Arrivals | None = None
+    """The last run of in-order messages submitted (joined while its job is the last)."""
+
     def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
         elsewhere: list[DialogHeader] = []
         writes: dict[str, list[Statement]] = {}
@@ -524,6 +527,14 @@ class Receiving(EngineCore):
         fenced = ep.state not in DELIVERING
         released, error, promoted = self._complete(ep, seq, header.flags)
         queue = db.queue_of(ep.service) or ""
+        if (
+            not fenced
+            and len(released) == 1
+            and not header.flags & (FLAG_ERROR | FLAG_END_DIALOG)
+            and ep.state in DELIVERING
+        ):
+            self._arrived_in_order(db, ep, queue, seq, header.message_type, body)
+            return
         statements: list[Statement] = [
             _queue_row(
                 ep,
@@ -551,6 +562,29 @@ class Receiving(EngineCore):
             fenced,
             error,
             arrived=len(body),
+        )
+
+    def _arrived_in_order(
+        self, db: Database, ep: Endpoint, queue: str, seq: int, message_type: str, body: bytes
+    ) -> None:
+        """A whole message that arrived in order and released only itself: the common case.
+        Consecutive ones of one conversation in one turn (a frame's worth, or what the
+        local link hands over) are stored by one job with one endpoint row and one commit
+        callback (:class:`_Arrivals`), and acknowledged after it like any other."""
+        row = _queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock())
+        snapshot = endpoint_snapshot(ep, received=ep.accepted.through)
+        weight = ARRIVAL_WEIGHT + len(body)
+        run = self._arrivals
+        if (
+            run is not None
+            and run.ep is ep
+            and db.store.join_last(_RECEIVED, run.committed, (row, snapshot), weight, True)
+        ):
+            run.seqs.append(seq)
+            return
+        run = self._arrivals = _Arrivals(self, db, ep, queue, [seq])
+        db.store.submit_joined(
+            _RECEIVED, [row, snapshot], run.committed, run.failed, weight, chains=(ep.receiving,)
         )
 
     def _accept_fragment(
@@ -739,3 +773,39 @@ class Receiving(EngineCore):
         self.stats.corrupted_messages += 1
         self.trace.emit("corrupted_message", peer=link.name, reason=reason)
         log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)
+
+
+class _Arrivals:
+    """Messages of one conversation that arrived in order and are stored by one job: what
+    runs after its commit (each message is acknowledged only then, R-DLG-5)."""
+
+    __slots__ = ("db", "ep", "index", "queue", "receiving", "seqs")
+
+    def __init__(
+        self, receiving: Receiving, db: Database, ep: Endpoint, queue: str, seqs: list[int]
+    ) -> None:
+        self.receiving = receiving
+        self.db = db
+        self.ep = ep
+        self.queue = queue
+        self.index = db.ready.get(queue)
+        self.seqs = seqs
+
+    def committed(self) -> None:
+        ep, seqs, receiving = self.ep, self.seqs, self.receiving
+        durable = ep.durable
+        for seq in seqs:
+            durable.add_message(seq)
+        if ep.state not in DELIVERING:  # an END committed with them or before (R-DLG-10)
+            receiving._trace_discarded(
+                ep, seqs, "this side has ended the conversation", received=True
+            )
+        else:
+            receiving._delivered(self.db, ep, self.queue, self.index, seqs, False)
+        if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
+            receiving.router.request_ended(ep)
+        receiving.transmission.ack_needed(ep)
+
+    def failed(self, exc: BaseException) -> None:
+        log.error("store error while receiving into %s: %s", self.db.name, exc)
+        self.receiving._suspend_receiving(self.db)

@@ -153,28 +153,64 @@ class SendVerbs(EngineCore):
         their rows and one endpoint row commit together, and each is handed to its link
         after that commit, in order. A failed commit gives every number back."""
         chain = ep.numbering
+        count = len(messages)
+        first = ep.send_sequence + 1
+        flags = FLAG_SEQUENCED | FLAG_INITIATOR if ep.initiator else FLAG_SEQUENCED
+        now = self.clock()
+        handle = ep.handle_text
+        size = self.fragment_size
+        sent: list[OutMessage] = []
         statements: list[Statement] = []
-        sent: list[tuple[int, int, Callable[[], None]]] = []
-        for i, message_type, body in messages:
-            seq, rows, committed, _ = self._enqueue_steps(
-                db, ep, message_type, FLAG_SEQUENCED, body, snapshot=False
+        for seq, (_, message_type, body) in enumerate(messages, first):
+            sent.append(
+                OutMessage(
+                    seq=seq,
+                    message_type=message_type,
+                    flags=flags,
+                    body=body,
+                    length=len(body),
+                    enqueued_at=now,
+                    fragment_count=fragment_count(len(body), size),
+                )
             )
-            statements += rows
-            sent.append((i, seq, committed))
-        first, last = sent[0][1], sent[-1][1]
+            statements.append(queries.sent_message(handle, seq, message_type, flags, body, now))
+        ep.send_sequence += count
+        last = ep.send_sequence
+        ep.uncommitted_sends += count
+        ep.refresh_state()
+        self._trace_sent_runs(db, ep, list(range(first, last + 1)), messages)
         statements.append(endpoint_snapshot(ep, sent=last))
 
         def on_commit() -> None:
-            for i, seq, committed in sent:
-                committed()
-                then(i, seq)
+            ep.uncommitted_sends -= count
+            self._enqueued(db, ep, sent)
+            for (i, _, _), msg in zip(messages, sent, strict=True):
+                then(i, msg.seq)
 
         def on_failure(exc: BaseException) -> None:
-            self._send_failed(ep, chain, first, exc, last - first + 1)
-            for i, _, _ in sent:
+            self._send_failed(ep, chain, first, exc, count)
+            for i, _, _ in messages:
                 failed(i, exc)
 
         db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, chains=(chain,))
+
+    def _enqueued(self, db: Database, ep: Endpoint, messages: list[OutMessage]) -> None:
+        """SENDs of ``ep`` committed (in order, one job): each joins the transmission queue
+        in memory and goes to its link, or, behind a backlog (after a restart, or many
+        messages waiting for a link that is down), is paged in after the messages before
+        it, from the file it was just committed to (no object of it stays in memory)."""
+        self.stats.sent_messages += len(messages)
+        self._trace_enqueued(db, ep, messages)
+        transmission = self.transmission
+        outbox, backlog = ep.outbox, ep.backlog
+        for msg in messages:
+            if backlog or (len(outbox) >= transmission.spill and not transmission.link_open(ep)):
+                backlog.add(msg.seq)
+                transmission.page_in(ep)
+                continue
+            outbox[msg.seq] = msg
+            transmission.bodies.keep(msg)
+            transmission.send_new(ep, msg)
 
     def _send_direct(
         self,
@@ -297,6 +333,30 @@ class SendVerbs(EngineCore):
             self._trace_sent(db, ep, seqs[start:end], message_type, size)
             start = end
 
+    def _trace_enqueued(self, db: Database, ep: Endpoint, messages: list[OutMessage]) -> None:
+        """``enqueued`` of each of ``messages`` (committed): one call per run of messages of
+        one size."""
+        if not self.trace.enabled:
+            return
+        start = 0
+        count = len(messages)
+        while start < count:
+            length = messages[start].length
+            end = start + 1
+            while end < count and messages[end].length == length:
+                end += 1
+            self.trace.emit_each(
+                "enqueued",
+                ep.conversation_id,
+                "seq",
+                [msg.seq for msg in messages[start:end]],
+                database=db.name,
+                initiator=ep.initiator,
+                size=length,
+                fragments=messages[start].fragment_count,
+            )
+            start = end
+
     def _enqueue_work(
         self,
         db: Database,
@@ -320,12 +380,9 @@ class SendVerbs(EngineCore):
         flags: int,
         body: bytes,
         extra: Iterable[Statement] = (),
-        snapshot: bool = True,
     ) -> tuple[int, list[Statement], Callable[[], None], Callable[[BaseException], None]]:
         """A SEND's sequence number, rows, and what runs after its commit or failure (the
-        job holding the rows extends the chain ``ep.numbering`` had before this call).
-        Without ``snapshot`` the rows leave out the endpoint's: a caller that puts several
-        SENDs in one job adds it once, after the last."""
+        job holding the rows extends the chain ``ep.numbering`` had before this call)."""
         chain = ep.numbering
         ep.send_sequence += 1
         seq = ep.send_sequence
@@ -342,43 +399,16 @@ class SendVerbs(EngineCore):
         )
         ep.uncommitted_sends += 1
         ep.refresh_state()
-        trace = self.trace
         self._trace_sent(db, ep, [seq], message_type, len(body))
         statements: list[Statement] = [
             *extra,
             queries.sent_message(ep.handle_text, seq, message_type, flags, body, msg.enqueued_at),
+            endpoint_snapshot(ep, sent=seq),
         ]
-        if snapshot:
-            statements.append(endpoint_snapshot(ep, sent=seq))
 
         def committed() -> None:
             ep.uncommitted_sends -= 1
-            behind = bool(ep.backlog) or (
-                len(ep.outbox) >= self.transmission.spill and not self.transmission.link_open(ep)
-            )
-            if behind:
-                # Behind a backlog (after a restart, or many messages waiting for a link
-                # that is down): it is paged in after the messages before it, from the
-                # file it was just committed to; no object of it stays in memory.
-                ep.backlog.add(seq)
-            else:
-                ep.outbox[seq] = msg
-            self.stats.sent_messages += 1
-            trace.emit_grouped(
-                "enqueued",
-                ep.conversation_id,
-                "seq",
-                seq,
-                database=db.name,
-                initiator=ep.initiator,
-                size=len(body),
-                fragments=msg.fragment_count,
-            )
-            if behind:
-                self.transmission.page_in(ep)
-                return
-            self.transmission.bodies.keep(msg)
-            self.transmission.send_new(ep, msg)
+            self._enqueued(db, ep, [msg])
 
         def failed(exc: BaseException) -> None:
             self._send_failed(ep, chain, seq, exc)

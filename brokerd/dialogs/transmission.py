@@ -332,6 +332,18 @@ class Transmission:
             "backlog_pages_read": self.pages_read,
         }
 
+    def congested(self, ep: Endpoint) -> bool:
+        """``ep``'s link is open and its peer takes messages more slowly than they are sent:
+        its send window is full and more wait for it (:meth:`SendWindow.congested`). A
+        link that is down is never congested: SENDs then wait in the transmission queue,
+        as long as it takes (store and forward). It looks only at the link the endpoint's
+        messages last went to: no routing decision is made for it."""
+        link = ep.route_link
+        if link is None or not link.is_open:
+            return False
+        window = self._windows.get(link.name)
+        return window is not None and window.congested(ep)
+
     def link_open(self, ep: Endpoint) -> bool:
         """Whether ``ep``'s messages have an open link to go to now."""
         link = self.router.link_for(ep)

@@ -26,6 +26,10 @@ WINDOW_MESSAGES = 2000
 """Messages handed to one link and not yet acknowledged, at most."""
 WINDOW_BYTES = 32 * 1024 * 1024
 """Their bytes, at most (one message always fits, however large)."""
+WAITING_HIGH = 50
+"""Messages waiting for room in a full window beyond which the link is *congested*: the
+peer takes them more slowly than SENDs commit them, and the client listener makes the
+applications that SEND to it wait (:meth:`SendWindow.congested`)."""
 
 Send = Callable[[Endpoint, OutMessage, Link], None]
 
@@ -58,6 +62,11 @@ class SendWindow:
             self.waiting.append((ep, msg, link, send))
             return False
         return True
+
+    def congested(self, ep: Endpoint) -> bool:
+        """More messages wait for this window than :data:`WAITING_HIGH`, or ``ep`` waits
+        for it with all its due messages (:meth:`block`)."""
+        return len(self.waiting) > WAITING_HIGH or id(ep) in self.blocked
 
     def block(self, ep: Endpoint) -> None:
         """``ep`` has more due messages than the window takes now: rather than queue each of

@@ -90,9 +90,15 @@ class Broker(Protocol):
     instance_name: str
     client_sessions: set[ClientSession]
     client_reads_held: int
+    client_sends_held: int
 
 
 log = logging.getLogger("brokerd.server.client_listener")
+
+CONGESTION_POLL = 0.005
+"""Seconds between looks at a congested link while an application's SENDs wait for it."""
+CONGESTION_HOLD_MOST = 1.0
+"""Seconds an application's requests wait for a congested link, at most at a time."""
 
 ReplyMeta = dict[str, Any] | bytes
 """A reply's meta: a dict, or JSON already encoded by ``encode_meta`` (RECEIVE's)."""
@@ -182,6 +188,11 @@ class ClientSession(asyncio.Protocol):
         self._pending_bytes = 0
         self._pending_limit = broker.config.limits.client_pending_mb * 1024 * 1024
         self._reading_held = False
+        """Not reading: the requests awaiting replies hold too many body bytes."""
+        self._congested: Endpoint | None = None
+        """Not reading: the link this application's last SENDs go to is congested."""
+        self._congested_since = 0.0
+        self._paused = False
         self._out: list[Buffer] | None = None
         """Replies not yet written: one write per turn of the event loop, not per reply."""
 
@@ -331,16 +342,10 @@ class ClientSession(asyncio.Protocol):
         """Count a request's body until its reply; stop reading past the limit."""
         self._pending[request_id] = self._pending.get(request_id, 0) + size
         self._pending_bytes += size
-        transport = self.transport
-        if (
-            self._pending_bytes > self._pending_limit
-            and not self._reading_held
-            and transport is not None
-            and not transport.is_closing()
-        ):
+        if self._pending_bytes > self._pending_limit and not self._reading_held:
             self._reading_held = True
-            transport.pause_reading()
             self.broker.client_reads_held += 1
+            self._read_or_not()
 
     def _release(self, request_id: int) -> None:
         size = self._pending.pop(request_id, 0)
@@ -349,8 +354,47 @@ class ClientSession(asyncio.Protocol):
         self._pending_bytes -= size
         if self._reading_held and self._pending_bytes <= self._pending_limit // 2:
             self._reading_held = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
+            self._read_or_not()
+
+    def _wait_for_link(self, ep: Endpoint) -> None:
+        """Flow control: SENDs to ``ep``'s link wait for its send window, the peer taking
+        them more slowly than they commit. Stop reading this application's requests until
+        the link drains (polled every :data:`CONGESTION_POLL` s) or for
+        :data:`CONGESTION_HOLD_MOST` s at most, so the backlog, and each message's time
+        in it, stays bounded by the link's speed, not by the application's. Its SENDs
+        already read go on; a link that goes down ends the wait (store and forward)."""
+        self._congested = ep
+        self._congested_since = asyncio.get_running_loop().time()
+        self.broker.client_sends_held += 1
+        self._read_or_not()
+        asyncio.get_running_loop().call_later(CONGESTION_POLL, self._congestion_over)
+
+    def _congestion_over(self) -> None:
+        ep = self._congested
+        if ep is None or self.transport is None:
+            return
+        loop = asyncio.get_running_loop()
+        if (
+            self.broker.engine.transmission.congested(ep)
+            and loop.time() - self._congested_since < CONGESTION_HOLD_MOST
+        ):
+            loop.call_later(CONGESTION_POLL, self._congestion_over)
+            return
+        self._congested = None
+        self._read_or_not()
+
+    def _read_or_not(self) -> None:
+        """Pause or resume reading as the reasons to hold it say."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        hold = self._reading_held or self._congested is not None
+        if hold and not self._paused:
+            self._paused = True
+            transport.pause_reading()
+        elif not hold and self._paused:
+            self._paused = False
+            transport.resume_reading()
 
     def _reply(self, request_id: int, meta: ReplyMeta, body: ReplyBody = b"") -> None:
         if self._pending:
@@ -436,12 +480,15 @@ class ClientSession(asyncio.Protocol):
             answered[i] = True
             self._reply_error(ids[i], exc)
 
+        engine = self.broker.engine
         try:
-            self.broker.engine.send_now(db, ep, messages, then, failed)
+            engine.send_now(db, ep, messages, then, failed)
         except Exception as exc:  # no SEND may wait for a reply for ever
             for i, request_id in enumerate(ids):
                 if not answered[i]:
                     self._send_refused(request_id, exc)
+        if self._congested is None and engine.transmission.congested(ep):
+            self._wait_for_link(ep)
 
     def _send_refused(self, request_id: int, exc: BaseException) -> None:
         if not isinstance(exc, BrokerError):
@@ -795,6 +842,7 @@ async def _view(session: ClientSession, frame: ClientFrame) -> tuple[dict[str, A
                 **engine.transmission.bodies.view(),
                 **engine.outbound_view(),
                 "client_reads_held": broker.client_reads_held,
+                "client_sends_held": broker.client_sends_held,
             }
         ],
         "mirrors": engine.router.mirrors_view,

@@ -84,6 +84,8 @@ class Broker:
         self.client_sessions: set[ClientSession] = set()
         self.client_reads_held = 0
         """Times a client connection was not read for its pending request bytes."""
+        self.client_sends_held = 0
+        """Times a client connection was not read while its SENDs' link was congested."""
         self._client_server: asyncio.Server | None = None
         self._opened: list[Database] = []
 

@@ -459,6 +459,43 @@ class Store:
         )
         self._handed(committer, turn)
 
+    def join_last(
+        self,
+        key: object,
+        on_commit: Callable[[], None],
+        statements: Sequence[Statement],
+        weight: int = 0,
+        replace_last: bool = False,
+    ) -> bool:
+        """Add ``statements`` to the job :meth:`submit_joined` made with ``key`` in this
+        turn of the event loop, if it is still the last one and ``on_commit`` is still
+        its last callback (no other part joined since): True. Then nothing new runs
+        after the commit; ``on_commit`` itself covers what was added (a run of messages
+        of one conversation with one callback). ``replace_last`` drops the job's last
+        statement first (a whole-row snapshot the new one supersedes)."""
+        turn = self._turn
+        if not turn:
+            return False
+        last = turn[-1]
+        callbacks = last.on_commit
+        if (
+            last.joins is None
+            or last.joins != key
+            or not isinstance(callbacks, _Callbacks)
+            or callbacks[-1] is not on_commit
+        ):
+            return False
+        assert isinstance(last.statements, list)
+        if replace_last:
+            del last.statements[-1]
+        last.statements += statements
+        last.weight += weight
+        self.pending_weight += weight
+        committer = self._running()
+        if committer.waiting:
+            self._hand_over(committer)
+        return True
+
     def _hand_over(self, committer: _Committer) -> None:
         """While a commit runs, the jobs of one turn of the event loop go to the committer
         at once: one lock per turn, not per job (each crossing can cost a GIL hand-off).

@@ -12,11 +12,12 @@ from brokerd.tools.example import (
     ORDER,
     SHOP_SERVICE,
     WAREHOUSE_SERVICE,
+    shop_and_warehouse,
     shop_database,
     warehouse_database,
 )
 from brokerd.tools.launcher import Deployment
-from tests.daemons import drain, running, wait_until
+from tests.daemons import PROXY_HOST, drain, proxied, running, wait_until
 
 MB = 1024 * 1024
 
@@ -63,6 +64,48 @@ async def test_a_slow_committer_holds_reading_and_nothing_is_resent(tmp_path: Pa
         d.stop_all()
 
 
+async def test_sends_to_a_congested_link_wait_for_it_and_all_arrive_in_order(
+    tmp_path: Path,
+) -> None:
+    """Flow control: an application SENDs 6,000 messages, 1,000 at a time in flight, to a
+    link that is up but does not drain (the proxy stops reading alpha). Once the link's
+    send window is full and more wait for it, the broker stops reading the application's
+    requests until the link drains (or a second has passed), so the transmission queue
+    does not grow at the application's pace; every SEND still commits and every message
+    arrives once, in order, when the link moves again (R-DLG-1, R-DLG-5)."""
+    d = shop_and_warehouse(tmp_path, {"initial": 2.0, "maximum": 8.0}, beta_route_host=PROXY_HOST)
+    async with proxied(d) as proxy:
+        shop = await d.daemons["alpha"].client()
+        warehouse = await d.daemons["beta"].client()
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop.send(handle, ORDER, b"<opening/>")  # a link that is down never congests
+        await drain(warehouse, "OrderQueue", 1, timeout=30)
+        proxy.plan.stall = True
+        count = 6_000
+        in_flight = asyncio.Semaphore(1000)  # a producer that awaits its SENDs' commits
+
+        async def send(n: int) -> int:
+            async with in_flight:
+                return await shop.send(handle, ORDER, n.to_bytes(4, "big") * 50)
+
+        producer = asyncio.gather(*(send(n) for n in range(count)))
+        await wait_until(lambda: _sends_held(shop), 30)
+        proxy.plan.stall = False
+        assert await producer == list(range(2, count + 2))
+        received = await drain(warehouse, "OrderQueue", count, timeout=120)
+        assert [m.message_body[:4] for m in received] == [
+            n.to_bytes(4, "big") for n in range(count)
+        ]
+        await wait_until(lambda: _empty(shop), 30)
+        await shop.close()
+        await warehouse.close()
+
+
+async def _sends_held(client: object) -> bool:
+    (row,) = await client.view("stats")  # type: ignore[attr-defined]
+    return bool(row["client_sends_held"])
+
+
 async def _empty(client: object) -> bool:
     return not await client.transmission_queue()  # type: ignore[attr-defined]
 
@@ -94,6 +137,7 @@ async def test_a_client_pipelining_large_sends_is_read_only_as_its_sends_commit(
         assert seqs == list(range(1, count + 1))
         (alpha,) = await shop.view("stats")
         assert alpha["client_reads_held"] >= 1, alpha
+        assert alpha["client_sends_held"] == 0, alpha  # a link that is down never congests
         process = d.daemons["alpha"].process
         assert process is not None
         assert _peak_rss_mb(process.pid) < 160, _peak_rss_mb(process.pid)
