@@ -591,6 +591,22 @@ def decode_fragment(payload: bytes) -> tuple[DialogHeader, bytes]:
     return header, body
 
 
+_HOP_COUNT_AT = 2 + struct.calcsize(">16sHQIIQQI")
+"""Where a FRAGMENT payload's hop count is: after its header's length prefix and the
+header's fixed fields before it (``_FIXED``)."""
+
+
+def relay_fragment(payload: bytes, hop_count: int) -> bytes:
+    """A FRAGMENT payload that :func:`decode_fragment` accepted, with its header's hop
+    count set to ``hop_count``: what a forwarder sends on (R-ROUTE-7). The same bytes as
+    encoding the decoded header with that hop count, without encoding it again."""
+    if not 0 <= hop_count <= 255:
+        raise LocalProtocolError(f"hop count {hop_count} does not fit in a byte")
+    if len(payload) <= _HOP_COUNT_AT:
+        raise LocalProtocolError("FRAGMENT payload is truncated")
+    return b"".join((payload[:_HOP_COUNT_AT], bytes((hop_count,)), payload[_HOP_COUNT_AT + 1 :]))
+
+
 def encode_acks(headers: list[DialogHeader]) -> bytes:
     """The payload of an ACK frame: one header per acknowledged conversation endpoint."""
     if not 0 < len(headers) <= MAX_ACKS_PER_FRAME:

@@ -34,8 +34,11 @@ INBOUND_CACHE_LIMIT = 100_000
 class Inbound(RouteDecisions):
     # -- messages from outside ---------------------------------------------------------------
 
-    def inbound(self, header: DialogHeader, body: bytes) -> Database | None:
-        """The database a message from outside is for, or None if forwarded or dropped."""
+    def inbound(
+        self, header: DialogHeader, body: bytes, payload: bytes | None = None
+    ) -> Database | None:
+        """The database a message from outside is for, or None if forwarded (``payload``,
+        as it arrived, relayed with its hop count changed) or dropped."""
         engine = self.engine
         if not header.initiator and header.to_broker_instance is not None:
             db = engine.by_instance.get(header.to_broker_instance)
@@ -45,7 +48,7 @@ class Inbound(RouteDecisions):
         if decision.kind == "local" and decision.database is not None:
             return engine.databases[decision.database]
         if decision.kind == "network":
-            self._forward_fragment(header, body, decision)
+            self._forward_fragment(header, body, decision, payload)
             return None
         engine.drop(header, decision.reason)
         return None
@@ -80,7 +83,11 @@ class Inbound(RouteDecisions):
         return decision
 
     def _forward_fragment(
-        self, header: DialogHeader, body: bytes, decision: routing.Decision
+        self,
+        header: DialogHeader,
+        body: bytes,
+        decision: routing.Decision,
+        payload: bytes | None = None,
     ) -> None:
         refusal = hop_refusal(header, self.max_hop_count)
         if refusal is not None:
@@ -90,7 +97,7 @@ class Inbound(RouteDecisions):
         address = self._forward_address(header, decision)
         if address is None:
             return
-        item = fragment_item(header, body)
+        item = fragment_item(header, body, payload)
         if not self.budget.take(item.size):
             self.stats.forward_buffer_drops += 1
             self.engine.drop(
@@ -100,23 +107,17 @@ class Inbound(RouteDecisions):
             )
             return
         self.stats.forwarded_fragments += 1
-        self.engine.trace.emit(
+        self.engine.trace.emit_grouped(
             "forwarded",
             header.conversation_id,
+            "seq",
+            header.sequence_number,
             initiator=header.initiator,
-            seq=header.sequence_number,
             fragment=header.fragment_index,
             size=len(body),
             hop=header.hop_count + 1,
             address=address,
             route=decision.route,
-        )
-        log.debug(
-            "forwarding message %s of %s to %s (hop %d)",
-            header.sequence_number,
-            header.conversation_id,
-            address,
-            header.hop_count + 1,
         )
         self.engine.links.link_for(address).forward(item)
 

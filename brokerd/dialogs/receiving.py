@@ -224,13 +224,20 @@ class Receiving(EngineCore):
             writes.setdefault(db.name, []).extend(statements)
 
     def on_fragment(
-        self, link: Link, header: DialogHeader, body: bytes, db: Database | None = None
+        self,
+        link: Link,
+        header: DialogHeader,
+        body: bytes,
+        db: Database | None = None,
+        payload: bytes | None = None,
     ) -> None:
         """One fragment arrived (already integrity-checked by the protocol layer).
 
         ``db`` is the target database when the sender is in this instance (its own
         routing chose it); a message from outside is routed here (R-ROUTE-1, R-ROUTE-2),
-        and relayed or dropped if it is not for this instance.
+        and relayed or dropped if it is not for this instance. ``payload`` is the
+        FRAGMENT payload it came in, which a forwarder relays as it is, but for the hop
+        count.
         """
         self.stats.fragments_received += 1
         if self.trace.enabled:
@@ -247,7 +254,7 @@ class Receiving(EngineCore):
                 peer=link.name,
             )
         if db is None:
-            db = self.router.inbound(header, body)
+            db = self.router.inbound(header, body, payload)
             if db is None:
                 return
         if db.mirror_role == "mirror":

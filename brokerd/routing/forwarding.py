@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.dialog import DialogHeader
+from protocol.dialog import DialogHeader, encode_fragment, relay_fragment
 
 HEADER_ALLOWANCE = 256
 """Bytes counted for a header besides the body when charging the budget."""
@@ -27,10 +27,9 @@ HEADER_ALLOWANCE = 256
 
 @dataclass(slots=True, eq=False)
 class Forward:
-    """A fragment (``header`` + ``body``) or dedicated acknowledgements (``acks``) to relay."""
+    """A fragment (``payload``, encoded) or dedicated acknowledgements (``acks``) to relay."""
 
-    header: DialogHeader | None
-    body: bytes
+    payload: bytes | None
     acks: list[DialogHeader] | None
     size: int
 
@@ -64,17 +63,19 @@ def hop_refusal(header: DialogHeader, max_hop_count: int) -> str | None:
     return None
 
 
-def fragment_item(header: DialogHeader, body: bytes) -> Forward:
-    """The relayed fragment, one hop further."""
-    return Forward(
-        header._replace(hop_count=header.hop_count + 1),
-        body,
-        None,
-        len(body) + HEADER_ALLOWANCE,
+def fragment_item(header: DialogHeader, body: bytes, payload: bytes | None = None) -> Forward:
+    """The relayed fragment, one hop further: ``payload`` as it arrived with the hop count
+    changed (:func:`~protocol.dialog.relay_fragment`), or, without it, encoded again."""
+    hop_count = header.hop_count + 1
+    encoded = (
+        encode_fragment(header._replace(hop_count=hop_count), body)
+        if payload is None
+        else relay_fragment(payload, hop_count)
     )
+    return Forward(encoded, None, len(body) + HEADER_ALLOWANCE)
 
 
 def acks_item(headers: list[DialogHeader]) -> Forward:
     """Relayed dedicated acknowledgements, one hop further."""
     bumped = [h._replace(hop_count=h.hop_count + 1) for h in headers]
-    return Forward(None, b"", bumped, HEADER_ALLOWANCE * len(bumped))
+    return Forward(None, bumped, HEADER_ALLOWANCE * len(bumped))

@@ -186,7 +186,7 @@ class BrokerProtocol(asyncio.Protocol):
                 except RemoteProtocolError as exc:
                     engine.on_corrupted_message(self, f"undecodable dialog message: {exc}")
                     continue
-                engine.on_fragment(self, header, body)
+                engine.on_fragment(self, header, body, payload=ev.payload)
             elif isinstance(ev, events.Ack):
                 try:
                     headers = dialog.decode_acks(ev.payload)
@@ -308,8 +308,7 @@ class BrokerProtocol(asyncio.Protocol):
                 elif kind is Forward:
                     forward = cast(Forward, item)
                     self.engine.router.forward_sent(forward)
-                    if forward.header is not None:
-                        payload = dialog.encode_fragment(forward.header, forward.body)
+                    payload = forward.payload
                 if payload is not None:
                     fragments.append(payload)
                     size += len(payload)

@@ -359,6 +359,29 @@ def test_the_hot_path_accepts_exactly_what_the_declaration_accepts(
             decode_header(damaged)
 
 
+@settings(max_examples=200, deadline=None)
+@given(case=headers_and_bodies(), hop_count=st.integers(0, 255))
+def test_a_relayed_fragment_is_the_fragment_encoded_with_its_new_hop_count(
+    case: tuple[DialogHeader, bytes], hop_count: int
+) -> None:
+    """R-ROUTE-7: a forwarder relays the bytes it received with only the hop count
+    changed; they are what encoding the header with that hop count gives."""
+    header, body = case
+    payload = encode_fragment(header, body)
+    relayed = dialog.relay_fragment(payload, hop_count)
+    assert relayed == encode_fragment(header._replace(hop_count=hop_count), body)
+    assert decode_fragment(relayed) == (header._replace(hop_count=hop_count), body)
+
+
+def test_a_relayed_hop_count_must_fit_in_its_byte() -> None:
+    payload = encode_fragment(user_message(), b"<order id='1'/>")
+    for hop_count in (-1, 256):
+        with pytest.raises(LocalProtocolError, match="does not fit"):
+            dialog.relay_fragment(payload, hop_count)
+    with pytest.raises(LocalProtocolError, match="truncated"):
+        dialog.relay_fragment(payload[:40], 1)
+
+
 @settings(max_examples=100, deadline=None)
 @given(cases=st.lists(headers_and_bodies(), min_size=1, max_size=5))
 def test_round_trip_generated_acks(cases: list[tuple[DialogHeader, bytes]]) -> None:

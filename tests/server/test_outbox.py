@@ -45,7 +45,7 @@ def test_small_items_go_before_the_fragments_of_large_messages() -> None:
         outbox.add(SendFragment(ep, large, index))
     small = SendFragment(ep, _message(2, 1), 0)
     header = SendHeader(_ack(1), b"")
-    forward = Forward(_ack(2), b"", None, 0)
+    forward = Forward(b"a relayed fragment", None, 0)
     outbox.add(small)
     outbox.add(header)
     outbox.add(forward)
@@ -86,7 +86,7 @@ def test_an_ack_frame_never_carries_more_than_the_protocol_allows() -> None:
 def test_unsent_forwards_are_handed_back_when_the_connection_goes() -> None:
     ep = _endpoint()
     outbox = Outbox()
-    forward = Forward(_ack(1), b"", None, 0)
+    forward = Forward(b"a relayed fragment", None, 0)
     outbox.add(SendFragment(ep, _message(1, 1), 0))
     outbox.add(forward)
     outbox.add_acks([_ack(2)])
