@@ -6,7 +6,8 @@ Owns (SPEC R-DLG-5, R-DLG-13) the memory that the transmission queue's bodies ta
   ``limits.held_bodies_mb`` for the whole instance. A SEND beyond that keeps its
   body only until the connection has written it;
 * bodies not held are read back from the database file when they are (re)sent,
-  in order per endpoint and in batches, and dropped again once written. At most
+  in order per endpoint and in batches, and dropped again once written; small ones
+  come with their page of a backlog instead (:meth:`Bodies.prefetched`). At most
   ``limits.transit_bodies_mb`` of such bodies are in memory at once: the rest wait
   here until written ones make room, so a backlog of any size is fed to a
   connection as it drains (the send window), never loaded at once;
@@ -28,6 +29,10 @@ from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
 
 log = logging.getLogger("brokerd.dialogs.bodies")
+
+PREFETCH_MOST = 1024 * 1024
+"""Bytes of bodies one page of a backlog brings with it at most (256 messages of 4 KiB):
+a page of larger messages reads each body back when it is sent."""
 
 ReadBodies = Callable[[str, dict[str, list[int]]], Awaitable[dict[tuple[str, int], bytes]]]
 """Reads bodies back, in one job of a database: sequence numbers by conversation handle ->
@@ -54,6 +59,8 @@ class Bodies:
         """Bytes of bodies in memory only until written (read back, or beyond the budget)."""
         self.reads = 0
         """Bodies read back from the database (a counter for the stats view)."""
+        self.read_ahead = 0
+        """Bodies that came with their page of a backlog (a counter for the stats view)."""
         self._waiting: deque[tuple[Endpoint, OutMessage, Link, Queue]] = deque()
         self._reading = False
 
@@ -100,6 +107,19 @@ class Bodies:
         ep.bodies_waiting += 1
         self._waiting.append((ep, msg, link, queue))
         self._pump()
+
+    def prefetch_room(self) -> int:
+        """Bytes of bodies a page of a backlog may bring with it (read with its numbers,
+        not when each is sent): what the transit budget has left, at most
+        :data:`PREFETCH_MOST`."""
+        return max(0, min(PREFETCH_MOST, self.transit_limit - self.transit))
+
+    def prefetched(self, msg: OutMessage) -> None:
+        """``msg``'s body came with its page: in memory until written, as a body read back."""
+        self.read_ahead += 1
+        if not msg.in_transit:
+            msg.in_transit = True
+            self.transit += msg.length
 
     def written(self, msg: OutMessage) -> None:
         """The connection wrote the last fragment of ``msg``: a body not held is dropped."""
@@ -191,4 +211,5 @@ class Bodies:
             "bodies_in_transit_bytes": self.transit,
             "bodies_waiting": len(self._waiting),
             "bodies_read_back": self.reads,
+            "bodies_read_ahead": self.read_ahead,
         }

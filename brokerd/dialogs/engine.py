@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 
@@ -103,11 +104,21 @@ class DialogEngine(ApplicationVerbs, Receiving):
         return await store.run(lambda conn: queries.read_sent_bodies(conn, wanted))
 
     async def _read_page(
-        self, database: str, handle: str, first: int, last: int
-    ) -> list[queries.SentRow]:
-        """A page of an endpoint's backlog, read in a job of the database's committer."""
-        store = self.databases[database].store
-        return await store.run(lambda conn: queries.read_sent_page(conn, handle, first, last))
+        self, database: str, handle: str, first: int, last: int, body_room: int
+    ) -> tuple[list[queries.SentRow], dict[int, bytes]]:
+        """A page of an endpoint's backlog, read in a job of the database's committer, and
+        its bodies by sequence number if they take no more than ``body_room`` bytes: read
+        ahead, a window's refill then waits for no read (else none; each is read back when
+        it is sent)."""
+
+        def read(conn: sqlite3.Connection) -> tuple[list[queries.SentRow], dict[int, bytes]]:
+            rows = queries.read_sent_page(conn, handle, first, last)
+            if not rows or sum(row[3] for row in rows) > body_room:
+                return rows, {}
+            found = queries.read_sent_bodies(conn, {handle: [row[0] for row in rows]})
+            return rows, {seq: body for (_, seq), body in found.items()}
+
+        return await self.databases[database].store.run(read)
 
     def outbound_view(self) -> dict[str, int]:
         """Where the unacknowledged messages are: objects in memory, or only numbers (a

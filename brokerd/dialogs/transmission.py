@@ -59,9 +59,10 @@ from protocol.fragments import fragment_count
 
 log = logging.getLogger("brokerd.dialogs.transmission")
 
-ReadPage = Callable[[str, str, int, int], Awaitable[list[SentRow]]]
+ReadPage = Callable[[str, str, int, int, int], Awaitable[tuple[list[SentRow], dict[int, bytes]]]]
 """Reads a page of an endpoint's backlog, in one job of its database (database, handle,
-first and last number): sequence number, message type, flags, length, enqueue time."""
+first and last number, the bytes of bodies it may bring): the rows (sequence number,
+message type, flags, length, enqueue time), and the bodies by number if they fit."""
 
 
 class Transmission:
@@ -276,7 +277,9 @@ class Transmission:
             return
         first, last = backlog.span(self.page)
         try:
-            rows = await self._read_page(ep.database, ep.handle_text, first, last)
+            rows, bodies = await self._read_page(
+                ep.database, ep.handle_text, first, last, self.bodies.prefetch_room()
+            )
         except Exception:  # the page is read again after the first wait
             log.exception("cannot read a page of conversation %s's backlog", ep.conversation_id)
             backlog.paging = False
@@ -293,17 +296,20 @@ class Transmission:
                 expected - len(wanted),
             )
         names, size, outbox = self._names, self.fragment_size, ep.outbox
+        prefetched = self.bodies.prefetched
         for seq, message_type, flags, length, enqueued_at in wanted:
-            outbox[seq] = OutMessage(
+            msg = outbox[seq] = OutMessage(
                 seq=seq,
                 message_type=names.setdefault(message_type, message_type),
                 flags=flags,
-                body=None,  # read back when sent
+                body=bodies.get(seq),  # None: read back when sent
                 length=length,
                 enqueued_at=enqueued_at,
                 fragment_count=fragment_count(length, size),
                 paged=True,
             )
+            if msg.body is not None:
+                prefetched(msg)
         self.paged += len(wanted)
         self.pages_read += 1
         self.transmit(ep)
