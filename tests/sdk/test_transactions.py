@@ -12,7 +12,7 @@ import pytest
 
 from brokerd.dialogs.transactions import MAX_VERBS, SEND_BUDGET_MESSAGES
 from brokerd.sdk.client import ReceivedMessage
-from brokerd.server.client_listener import MAX_OPEN_TRANSACTIONS, MAX_SEND_MANY
+from brokerd.server.client_requests import MAX_OPEN_TRANSACTIONS, MAX_SEND_MANY
 from brokerd.tools.example import (
     CONFIRMATION,
     CONTRACT,

@@ -23,7 +23,7 @@ import pytest
 
 from brokerd.sdk import requests
 from brokerd.sdk.client import BrokerClient
-from brokerd.server.client_listener import OPERATIONS
+from brokerd.server.client_requests import OPERATIONS
 from brokerd.tools.example import (
     CONTRACT,
     ORDER,

@@ -1,0 +1,433 @@
+"""The client protocol's requests: one handler per op, dispatched through :data:`OPERATIONS`.
+
+Operations (``meta["op"]``; the login is the listener's, ``brokerd.server.client_listener``):
+``begin_dialog``, ``send`` (the body is the message), ``send_many`` (several messages,
+their bodies concatenated), ``receive`` (message bodies concatenated in the response
+body, their lengths in meta), ``end_conversation``, ``begin_conversation_timer``
+(R-DLG-11), ``move_conversation``, ``begin_transaction``, ``commit`` and ``rollback``
+(the verbs above take ``transaction``: ``brokerd.dialogs.transactions``; at most
+:data:`MAX_OPEN_TRANSACTIONS` are open per connection), ``alter_queue``, the routing
+administration ``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted),
+``explain`` (why a route is chosen, SPEC §2) and ``set_mirror_role`` (failover,
+R-ROUTE-10), ``view`` (``conversation_endpoints``, ``transmission_queue``, ``queues``,
+``routes``, ``broker_connections``, ``databases``, ``stats``, ``drops``, ``mirrors``)
+and ``ping``.
+
+A handler takes the :class:`Session` (what it uses of a client connection: its daemon,
+its access, its open transactions) and the request frame, and returns the reply's meta
+and body; what it raises becomes the ERROR reply.
+
+May import: ``protocol``, ``brokerd.dialogs``, ``brokerd.server.client_meta``,
+``brokerd.server.client_access``, ``brokerd.server.receive_reply``; the daemon's parts
+(``brokerd.server.transport``, ``brokerd.server.mirroring``) for their types only.
+Never ``brokerd.server.client_listener``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+
+from brokerd.dialogs import views
+from brokerd.dialogs.transactions import Transaction
+from brokerd.server.client_access import Access
+from brokerd.server.client_meta import _database, _str, _uuid
+from brokerd.server.receive_reply import ReceiveReply
+from protocol.client_wire import ClientFrame
+from protocol.errors import InvalidRequest, TransactionError
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.engine import DialogEngine
+    from brokerd.server.mirroring import Mirroring
+    from brokerd.server.transport import Transport
+
+
+class Broker(Protocol):
+    """What the handlers need of the daemon (``brokerd.server.daemon.Broker``)."""
+
+    engine: DialogEngine
+    transport: Transport
+    mirroring: Mirroring
+    instance_name: str
+    client_reads_held: int
+    client_sends_held: int
+
+
+class Session(Protocol):
+    """What the handlers use of a client connection (``ClientSession`` in
+    ``brokerd.server.client_listener``)."""
+
+    transactions: dict[int, Transaction]
+    """The connection's open transactions, by id."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def allowed(self) -> Access:
+        """What the logged-in client may do."""
+        ...
+
+    @property
+    def tx_ids(self) -> Iterator[int]:
+        """The ids of the connection's transactions, one after the other."""
+        ...
+
+    def check_own(self, handle: uuid.UUID) -> None:
+        """Refuse an application a conversation of a service that is not its own."""
+        ...
+
+
+ReplyMeta = dict[str, Any] | bytes
+"""A reply's meta: a dict, or JSON already encoded by ``encode_meta`` (RECEIVE's)."""
+ReplyBody = bytes | list[bytes]
+"""A reply's body: bytes, or pieces written one after the other (RECEIVE's bodies)."""
+
+MAX_OPEN_TRANSACTIONS = 16
+"""Transactions one client connection may hold open at once."""
+MAX_SEND_MANY = 2_000
+"""Messages in one send_many request (their entries must fit the 1 MiB meta limit)."""
+
+Handler = Callable[[Session, ClientFrame], Awaitable[tuple[ReplyMeta, ReplyBody]]]
+
+
+def _transaction(session: Session, m: dict[str, Any]) -> Transaction | None:
+    """The open transaction a request names with ``transaction``, if it names one."""
+    tx_id = m.get("transaction")
+    if tx_id is None:
+        return None
+    if not isinstance(tx_id, int) or isinstance(tx_id, bool):
+        raise InvalidRequest("transaction must be the id begin_transaction returned")
+    tx = session.transactions.get(tx_id)
+    if tx is None:
+        raise TransactionError(f"transaction {tx_id} is not open on this connection")
+    return tx
+
+
+async def _begin_transaction(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    if len(session.transactions) >= MAX_OPEN_TRANSACTIONS:
+        raise TransactionError(
+            f"this connection has {MAX_OPEN_TRANSACTIONS} open transactions, the most it may; "
+            "commit or roll one back"
+        )
+    tx = Transaction(session.broker.engine, next(session.tx_ids))
+    session.transactions[tx.id] = tx
+    return {"transaction": tx.id}, b""
+
+
+async def _commit(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    tx = _transaction(session, frame.meta)
+    if tx is None:
+        raise InvalidRequest("commit needs the transaction's id")
+    try:
+        seqs = await tx.commit()
+    finally:
+        session.transactions.pop(tx.id, None)
+    return {"sequence_numbers": seqs}, b""
+
+
+async def _rollback(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    tx = _transaction(session, frame.meta)
+    if tx is None:
+        raise InvalidRequest("rollback needs the transaction's id")
+    session.transactions.pop(tx.id, None)
+    tx.rollback()
+    return {}, b""
+
+
+async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    lifetime = m.get("lifetime", 0)
+    if not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime < 0:
+        raise InvalidRequest("lifetime must be a whole number of seconds >= 0")
+    args = (_str(m, "from_service"), _str(m, "to_service"), _str(m, "contract", "DEFAULT"))
+    session.allowed.check_service(args[0])
+    related = _uuid(m, "related_conversation", required=False)
+    if related is not None:
+        session.check_own(related)
+    options: dict[str, Any] = {
+        "database": _database(m),
+        "to_broker_instance": _uuid(m, "to_broker_instance", required=False),
+        "lifetime": lifetime,
+        "related_conversation": related,
+    }
+    tx = _transaction(session, m)
+    if tx is not None:
+        ep = tx.begin_dialog(*args, **options)
+    else:
+        ep = await session.broker.engine.begin_dialog(*args, **options)
+    return {
+        "conversation_handle": str(ep.handle),
+        "conversation_id": str(ep.conversation_id),
+        "database": ep.database,
+    }, b""
+
+
+async def _send(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """SEND in a transaction (outside one, ``ClientSession._send_now`` runs it, no task)."""
+    m = frame.meta
+    handle = _uuid(m, "conversation_handle")
+    assert handle is not None
+    tx = _transaction(session, m)
+    assert tx is not None, "data_received hands SENDs without a transaction to _send_now"
+    session.check_own(handle)
+    tx.send(handle, _str(m, "message_type", "DEFAULT"), frame.body)
+    return {"sequence_number": None}, b""
+
+
+async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """Several SENDs in one request: ``messages`` lists each one's conversation handle,
+    message type and body length; the bodies follow one another in the frame's body."""
+    items = frame.meta.get("messages")
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest("messages must be a non-empty list")
+    if len(items) > MAX_SEND_MANY:
+        raise InvalidRequest(f"at most {MAX_SEND_MANY} messages per send_many")
+    body = frame.body
+    offset = 0
+    messages: list[tuple[uuid.UUID, str, bytes]] = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise InvalidRequest("each message must be an object")
+        length = item.get("body_length")
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            raise InvalidRequest("body_length must be a whole number >= 0")
+        if offset + length > len(body):
+            raise InvalidRequest("the body lengths exceed the frame's body")
+        handle = _uuid(item, "conversation_handle")
+        assert handle is not None
+        session.check_own(handle)
+        messages.append(
+            (handle, _str(item, "message_type", "DEFAULT"), body[offset : offset + length])
+        )
+        offset += length
+    if offset != len(body):
+        raise InvalidRequest("the body lengths do not add up to the frame's body")
+    tx = _transaction(session, frame.meta)
+    if tx is not None:
+        for handle, message_type, data in messages:
+            tx.send(handle, message_type, data)
+        return {"sequence_numbers": None}, b""
+    return {"sequence_numbers": await session.broker.engine.send_many(messages)}, b""
+
+
+def _receive_args(
+    session: Session, m: dict[str, Any]
+) -> tuple[tuple[str, str | None, int, float], uuid.UUID | None]:
+    """A RECEIVE's (queue, database, top, timeout) and conversation, checked."""
+    top, timeout = m.get("top", 1), m.get("timeout", 0)
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise InvalidRequest("top must be a whole number >= 1")
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        raise InvalidRequest("timeout must be a number of seconds")
+    args = (_str(m, "queue"), _database(m), top, float(timeout))
+    session.allowed.check_queue(args[0])
+    return args, _uuid(m, "conversation_handle", required=False)
+
+
+async def _receive(session: Session, frame: ClientFrame) -> tuple[ReplyMeta, ReplyBody]:
+    m = frame.meta
+    args, handle = _receive_args(session, m)
+    tx = _transaction(session, m)
+    reply = ReceiveReply()
+    if tx is not None:
+        rows = await tx.receive(*args, handle=handle, budget=reply)
+    else:
+        rows = await session.broker.engine.receive(*args, handle=handle, budget=reply)
+    return reply.encode(rows)
+
+
+async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    handle = _uuid(m, "conversation_handle")
+    assert handle is not None
+    code = m.get("error_code")
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+        raise InvalidRequest("error_code must be an integer")
+    description = _str(m, "description", "")
+    cleanup = bool(m.get("cleanup", False))
+    session.check_own(handle)
+    tx = _transaction(session, m)
+    if tx is not None:
+        tx.end_conversation(handle, code, description, cleanup)
+    else:
+        await session.broker.engine.end_conversation(handle, code, description, cleanup)
+    return {}, b""
+
+
+async def _begin_timer(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    handle = _uuid(m, "conversation_handle")
+    assert handle is not None
+    timeout = m.get("timeout")
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
+        raise InvalidRequest("timeout must be a number of seconds >= 0")
+    session.check_own(handle)
+    tx = _transaction(session, m)
+    if tx is not None:
+        tx.begin_conversation_timer(handle, float(timeout))
+    else:
+        await session.broker.engine.begin_conversation_timer(handle, float(timeout))
+    return {}, b""
+
+
+async def _move(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    m = frame.meta
+    handle = _uuid(m, "conversation_handle")
+    group = _uuid(m, "conversation_group_id")
+    assert handle is not None and group is not None
+    session.check_own(handle)
+    tx = _transaction(session, m)
+    if tx is not None:
+        tx.move_conversation(handle, group)
+    else:
+        await session.broker.engine.move_conversation(handle, group)
+    return {}, b""
+
+
+async def _alter_queue(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
+    m = frame.meta
+    status = m.get("status")
+    if not isinstance(status, bool):
+        raise InvalidRequest("status must be true (on) or false (off)")
+    await broker.engine.alter_queue(_str(m, "queue"), status, _database(m))
+    return {}, b""
+
+
+_ROUTE_FIELDS = (
+    "name",
+    "address",
+    "remote_service_name",
+    "broker_instance",
+    "mirror_address",
+    "lifetime",
+)
+
+
+def _route_fields(m: dict[str, Any], only_given: bool) -> dict[str, Any]:
+    """The route's fields from a request; with ``only_given``, just those present (ALTER)."""
+    fields = m.get("route")
+    if not isinstance(fields, dict):
+        raise InvalidRequest("route must be an object with the route's fields")
+    unknown = set(fields) - set(_ROUTE_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unknown route field(s): {', '.join(sorted(unknown))}")
+    for key, value in fields.items():
+        if value is not None and not isinstance(value, str | int | float):
+            raise InvalidRequest(f"route field {key} must be a string or a number")
+    return dict(fields) if only_given else {k: fields.get(k) for k in _ROUTE_FIELDS}
+
+
+async def _create_route(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
+    route = await broker.engine.router.create_route(
+        _str(frame.meta, "database"), _route_fields(frame.meta, only_given=False)
+    )
+    return {"name": route.name}, b""
+
+
+async def _alter_route(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
+    m = frame.meta
+    route = await broker.engine.router.alter_route(
+        _str(m, "database"), _str(m, "name"), _route_fields(m, only_given=True)
+    )
+    return {"name": route.name}, b""
+
+
+async def _drop_route(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
+    await broker.engine.router.drop_route(_str(frame.meta, "database"), _str(frame.meta, "name"))
+    return {}, b""
+
+
+async def _explain(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
+    m = frame.meta
+    from_outside = bool(m.get("from_outside", False))
+    database = (_database(m) or "msdb") if from_outside else _str(m, "database")
+    result = broker.engine.router.explain(
+        database,
+        _str(m, "service"),
+        _uuid(m, "broker_instance", required=False),
+        from_outside,
+    )
+    return result, b""
+
+
+async def _set_mirror_role(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
+    m = frame.meta
+    await broker.engine.router.set_mirror_role(_str(m, "database"), _str(m, "role"))
+    return {}, b""
+
+
+async def _view(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
+    name = _str(frame.meta, "name")
+    engine = broker.engine
+    databases = engine.databases.values()
+    views_by_name: dict[str, Callable[[], Any]] = {
+        "conversation_endpoints": lambda: views.conversation_endpoints(databases),
+        "transmission_queue": engine.transmission_queue,
+        "queues": lambda: views.queues(databases),
+        "routes": lambda: views.routes(databases),
+        "databases": lambda: views.databases(databases),
+        "broker_connections": broker.transport.broker_connections,
+        "stats": lambda: [
+            {
+                **{k: v for k, v in asdict(engine.stats).items() if k != "drop_reasons"},
+                **engine.router.stats_view(),
+                **engine.trace.view(),
+                **broker.transport.view(),
+                **engine.transmission.bodies.view(),
+                **engine.outbound_view(),
+                "client_reads_held": broker.client_reads_held,
+                "client_sends_held": broker.client_sends_held,
+            }
+        ],
+        "mirrors": engine.router.mirrors_view,
+        "mirroring": broker.mirroring.view,
+        "drops": lambda: [{"reason": r} for r in engine.stats.drop_reasons],
+    }
+    view = views_by_name.get(name)
+    if view is None:
+        raise InvalidRequest(f"unknown view {name!r}; views: {', '.join(sorted(views_by_name))}")
+    rows = view()
+    if isinstance(rows, Awaitable):
+        rows = await rows
+    # In the body, not the meta: a view may be larger than a meta's 1 MiB.
+    return {"rows_in_body": len(rows)}, orjson.dumps(rows, default=str)
+
+
+async def _ping(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    broker = session.broker
+    return {"instance": broker.instance_name, "pid": os.getpid()}, b""
+
+
+OPERATIONS: dict[str, Handler] = {
+    "begin_transaction": _begin_transaction,
+    "commit": _commit,
+    "rollback": _rollback,
+    "begin_dialog": _begin_dialog,
+    "send": _send,
+    "send_many": _send_many,
+    "move_conversation": _move,
+    "receive": _receive,
+    "end_conversation": _end,
+    "begin_conversation_timer": _begin_timer,
+    "alter_queue": _alter_queue,
+    "create_route": _create_route,
+    "alter_route": _alter_route,
+    "drop_route": _drop_route,
+    "explain": _explain,
+    "set_mirror_role": _set_mirror_role,
+    "view": _view,
+    "ping": _ping,
+}
