@@ -22,6 +22,7 @@ from brokerd.config import BrokerConfig, load_config
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.engine import DialogEngine
 from brokerd.errors import ConfigError
+from brokerd.server.allocator import tune_allocator
 from brokerd.server.client_access import Credentials
 from brokerd.server.client_listener import ClientSession
 from brokerd.server.client_tls import server_context
@@ -98,6 +99,7 @@ class Broker:
             await self.trace.start()
             await self.engine.start()
             settle_garbage_collector()
+            tune_allocator()
             await self.transport.start()
             if self.mirroring:
                 self.mirroring.start()
