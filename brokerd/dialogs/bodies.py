@@ -30,9 +30,13 @@ from brokerd.dialogs.links import Link
 
 log = logging.getLogger("brokerd.dialogs.bodies")
 
-PREFETCH_MOST = 1024 * 1024
+READ_AHEAD_PAGE = 1024 * 1024
 """Bytes of bodies one page of a backlog brings with it at most (256 messages of 4 KiB):
 a page of larger messages reads each body back when it is sent."""
+READ_AHEAD_MOST = 16 * 1024 * 1024
+"""Bytes of bodies read ahead with their pages and not yet handed to a link, over every
+endpoint: a budget of their own, so bodies waiting for a full window never take the
+room that bodies read back for that window need."""
 
 ReadBodies = Callable[[str, dict[str, list[int]]], Awaitable[dict[tuple[str, int], bytes]]]
 """Reads bodies back, in one job of a database: sequence numbers by conversation handle ->
@@ -61,6 +65,8 @@ class Bodies:
         """Bodies read back from the database (a counter for the stats view)."""
         self.read_ahead = 0
         """Bodies that came with their page of a backlog (a counter for the stats view)."""
+        self.ahead = 0
+        """Bytes of bodies read ahead and not yet handed to a link (``msg.read_ahead``)."""
         self._waiting: deque[tuple[Endpoint, OutMessage, Link, Queue]] = deque()
         self._reading = False
 
@@ -74,6 +80,8 @@ class Bodies:
 
     def release(self, msg: OutMessage) -> None:
         """``msg`` left the transmission queue (acknowledged, or dropped by an ending)."""
+        if msg.read_ahead:
+            self._leave_read_ahead(msg)
         if msg.held:
             msg.held = False
             self.held -= msg.length
@@ -91,6 +99,13 @@ class Bodies:
     def hand_over(self, ep: Endpoint, msg: OutMessage, link: Link, queue: Queue) -> None:
         """Queue ``msg`` on ``link`` now if its body is in memory and nothing of ``ep``
         waits before it; otherwise it waits here (in order) for room and a read."""
+        if msg.read_ahead:
+            self._leave_read_ahead(msg)
+            if ep.bodies_waiting == 0:  # read ahead: its memory is taken already
+                msg.in_transit = True
+                self.transit += msg.length
+                queue(ep, msg, link)
+                return
         if (
             ep.bodies_waiting == 0
             and msg.body is not None
@@ -108,18 +123,29 @@ class Bodies:
         self._waiting.append((ep, msg, link, queue))
         self._pump()
 
-    def prefetch_room(self) -> int:
-        """Bytes of bodies a page of a backlog may bring with it (read with its numbers,
-        not when each is sent): what the transit budget has left, at most
-        :data:`PREFETCH_MOST`."""
-        return max(0, min(PREFETCH_MOST, self.transit_limit - self.transit))
+    def read_ahead_room(self) -> int:
+        """Bytes of bodies a page read starting now may bring with it: at most
+        :data:`READ_AHEAD_PAGE`, within what :data:`READ_AHEAD_MOST` has left. Reads run
+        concurrently, so what one brings is kept only if it still fits when it is done
+        (:meth:`fits_read_ahead`)."""
+        return max(0, min(READ_AHEAD_PAGE, READ_AHEAD_MOST - self.ahead))
+
+    def fits_read_ahead(self, size: int) -> bool:
+        return self.ahead + size <= READ_AHEAD_MOST
 
     def prefetched(self, msg: OutMessage) -> None:
-        """``msg``'s body came with its page: in memory until written, as a body read back."""
+        """``msg``'s body came with its page: it stays in memory, counted against
+        :data:`READ_AHEAD_MOST`, until a link takes it (:meth:`hand_over`), even while it
+        waits for a full window; then it is a body in transit, dropped once written."""
+        if msg.body is None or msg.read_ahead or msg.held or msg.in_transit:
+            return
+        msg.read_ahead = True
+        self.ahead += msg.length
         self.read_ahead += 1
-        if not msg.in_transit:
-            msg.in_transit = True
-            self.transit += msg.length
+
+    def _leave_read_ahead(self, msg: OutMessage) -> None:
+        msg.read_ahead = False
+        self.ahead -= msg.length
 
     def written(self, msg: OutMessage) -> None:
         """The connection wrote the last fragment of ``msg``: a body not held is dropped."""
@@ -212,4 +238,5 @@ class Bodies:
             "bodies_waiting": len(self._waiting),
             "bodies_read_back": self.reads,
             "bodies_read_ahead": self.read_ahead,
+            "bodies_ahead_bytes": self.ahead,
         }

@@ -62,6 +62,9 @@ class OutMessage:
     """Its body stays in memory until acknowledged (within ``limits.held_bodies_mb``)."""
     in_transit: bool = False
     """Its body is in memory only until the connection writes it."""
+    read_ahead: bool = False
+    """Its body came with its page of a backlog and waits for a link to take it
+    (:meth:`~brokerd.dialogs.bodies.Bodies.prefetched`)."""
     window: str = ""
     """The link whose send window counts it (handed over, not yet acknowledged)."""
     unanswered: int = 0

@@ -585,13 +585,13 @@ class Receiving(EngineCore):
         if (
             run is not None
             and run.ep is ep
-            and db.store.join_last(_RECEIVED, run.committed, (row, snapshot), weight, True)
+            and db.store.join_last(_RECEIVED, run.on_commit, (row, snapshot), weight, True)
         ):
             run.seqs.append(seq)
             return
         run = self._arrivals = _Arrivals(self, db, ep, queue, [seq])
         db.store.submit_joined(
-            _RECEIVED, [row, snapshot], run.committed, run.failed, weight, chains=(ep.receiving,)
+            _RECEIVED, [row, snapshot], run.on_commit, run.failed, weight, chains=(ep.receiving,)
         )
 
     def _accept_fragment(
@@ -786,7 +786,7 @@ class _Arrivals:
     """Messages of one conversation that arrived in order and are stored by one job: what
     runs after its commit (each message is acknowledged only then, R-DLG-5)."""
 
-    __slots__ = ("db", "ep", "index", "queue", "receiving", "seqs")
+    __slots__ = ("db", "ep", "index", "on_commit", "queue", "receiving", "seqs")
 
     def __init__(
         self, receiving: Receiving, db: Database, ep: Endpoint, queue: str, seqs: list[int]
@@ -797,9 +797,15 @@ class _Arrivals:
         self.queue = queue
         self.index = db.ready.get(queue)
         self.seqs = seqs
+        self.on_commit = self.committed
+        """The commit callback, one object: the store knows the run's part by it
+        (:meth:`Store.join_last` compares by identity; each ``self.committed`` is a new
+        bound method)."""
 
     def committed(self) -> None:
         ep, seqs, receiving = self.ep, self.seqs, self.receiving
+        if receiving._arrivals is self:
+            receiving._arrivals = None  # nothing joins a committed run
         durable = ep.durable
         for seq in seqs:
             durable.add_message(seq)

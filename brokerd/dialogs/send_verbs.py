@@ -183,9 +183,11 @@ class SendVerbs(EngineCore):
 
         def on_commit() -> None:
             ep.uncommitted_sends -= count
-            self._enqueued(db, ep, sent)
-            for (i, _, _), msg in zip(messages, sent, strict=True):
-                then(i, msg.seq)
+            try:
+                self._enqueued(db, ep, sent)
+            finally:  # committed: every SEND of the run is answered, whatever happens here
+                for (i, _, _), msg in zip(messages, sent, strict=True):
+                    then(i, msg.seq)
 
         def on_failure(exc: BaseException) -> None:
             self._send_failed(ep, chain, first, exc, count)

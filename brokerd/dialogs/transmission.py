@@ -277,9 +277,8 @@ class Transmission:
             return
         first, last = backlog.span(self.page)
         try:
-            rows, bodies = await self._read_page(
-                ep.database, ep.handle_text, first, last, self.bodies.prefetch_room()
-            )
+            room = self.bodies.read_ahead_room()
+            rows, bodies = await self._read_page(ep.database, ep.handle_text, first, last, room)
         except Exception:  # the page is read again after the first wait
             log.exception("cannot read a page of conversation %s's backlog", ep.conversation_id)
             backlog.paging = False
@@ -295,6 +294,8 @@ class Transmission:
                 ep.conversation_id,
                 expected - len(wanted),
             )
+        if bodies and not self.bodies.fits_read_ahead(sum(map(len, bodies.values()))):
+            bodies = {}  # other pages read meanwhile took the room: read back when sent
         names, size, outbox = self._names, self.fragment_size, ep.outbox
         prefetched = self.bodies.prefetched
         for seq, message_type, flags, length, enqueued_at in wanted:
@@ -325,12 +326,13 @@ class Transmission:
                 self._read_next_page(ep)
 
     def forget(self, ep: Endpoint) -> None:
-        """``ep``'s image is dropped (its database is no longer principal here)."""
-        for msg in ep.outbox.values():
-            if msg.paged:
-                self._paged_left(msg)
+        """``ep``'s image is dropped (its database is no longer principal here): its
+        messages' places in their windows and their bodies' bytes are freed."""
+        messages = list(ep.outbox.values())
         ep.outbox.clear()
         ep.backlog.clear()
+        for msg in messages:
+            self.release(msg)
 
     def view(self) -> dict[str, int]:
         return {

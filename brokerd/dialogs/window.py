@@ -57,7 +57,7 @@ class SendWindow:
             self._count(msg, link)
             send(ep, msg, link)
         else:
-            if not msg.held and not msg.in_transit:
+            if not msg.held and not msg.in_transit and not msg.read_ahead:
                 msg.body = None  # a waiting body beyond the budget is read back when sent
             self.waiting.append((ep, msg, link, send))
             return False

@@ -255,6 +255,43 @@ async def test_parts_submitted_joined_in_one_turn_are_one_job_in_order(tmp_path:
     await store.close()
 
 
+async def test_a_part_grows_only_while_it_is_the_last_one_of_the_turn(tmp_path: Path) -> None:
+    """``join_last``: statements join the part whose callback is still the last of the
+    turn's last joined job (replacing its last statement when asked), and nothing else:
+    not another callback's part, not once another part or job came after it, not once
+    the committer has taken the turn."""
+    store = Store(tmp_path / "shop.sqlite", "shop")
+    await store.open()
+    gate = await _busy(store)
+    order: list[str] = []
+
+    def run() -> None:
+        order.append("run")
+
+    def other() -> None:
+        order.append("other")
+
+    store.submit_joined("k", [queries.meta("row", "1"), queries.meta("snap", "1")], run, print)
+    assert store.join_last(
+        "k", run, [queries.meta("row2", "2"), queries.meta("snap", "2")], 5, True
+    )
+    assert store.pending_weight == 5
+    assert not store.join_last("k", other, [queries.meta("no", "1")])  # not its callback
+    assert not store.join_last("j", run, [queries.meta("no", "1")])  # not its key
+    store.submit_joined("k", [queries.meta("o", "1")], other, print)
+    assert not store.join_last("k", run, [queries.meta("no", "1")])  # another part came after
+    store.submit([queries.meta("plain", "1")])
+    assert not store.join_last("k", other, [queries.meta("no", "1")])  # a job came after
+    gate.set()
+    await store.wait_idle()
+    assert not store.join_last("k", other, [queries.meta("no", "1")])  # taken and committed
+    meta = _meta(store.path)
+    assert (meta["row"], meta["row2"], meta["snap"], meta["o"]) == ("1", "2", "2", "1")
+    assert "no" not in meta
+    assert order == ["run", "other"]  # one callback for the grown part
+    await store.close()
+
+
 async def test_a_joined_job_fails_as_a_whole_and_alone(tmp_path: Path) -> None:
     """A failing part fails its joined job once (the first part's ``on_failure``), and
     no part's ``on_commit`` runs; a job of its own in the same commit still commits."""
