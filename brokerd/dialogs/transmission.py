@@ -327,12 +327,14 @@ class Transmission:
 
     def forget(self, ep: Endpoint) -> None:
         """``ep``'s image is dropped (its database is no longer principal here): its
-        messages' places in their windows and their bodies' bytes are freed."""
-        messages = list(ep.outbox.values())
+        its bodies' bytes are freed. Nothing else runs now: the database is fenced, and
+        freeing their places in a send window would feed it, sending what waits."""
+        for msg in ep.outbox.values():
+            self.bodies.release(msg)
+            if msg.paged:
+                self._paged_left(msg)
         ep.outbox.clear()
         ep.backlog.clear()
-        for msg in messages:
-            self.release(msg)
 
     def view(self) -> dict[str, int]:
         return {
