@@ -327,7 +327,7 @@ class Transmission:
 
     def forget(self, ep: Endpoint) -> None:
         """``ep``'s image is dropped (its database is no longer principal here): its
-        its bodies' bytes are freed. Nothing else runs now: the database is fenced, and
+        messages' bodies' bytes are freed. Nothing else runs now: the database is fenced, and
         freeing their places in a send window would feed it, sending what waits."""
         for msg in ep.outbox.values():
             self.bodies.release(msg)
