@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from brokerd.dialogs.core import (
     EngineCore,
@@ -158,21 +158,10 @@ class SendVerbs(EngineCore):
         flags = FLAG_SEQUENCED | FLAG_INITIATOR if ep.initiator else FLAG_SEQUENCED
         now = self.clock()
         handle = ep.handle_text
-        size = self.fragment_size
         sent: list[OutMessage] = []
         statements: list[Statement] = []
         for seq, (_, message_type, body) in enumerate(messages, first):
-            sent.append(
-                OutMessage(
-                    seq=seq,
-                    message_type=message_type,
-                    flags=flags,
-                    body=body,
-                    length=len(body),
-                    enqueued_at=now,
-                    fragment_count=fragment_count(len(body), size),
-                )
-            )
+            sent.append(self._new_message(seq, message_type, flags, body, now))
             statements.append(queries.sent_message(handle, seq, message_type, flags, body, now))
         ep.send_sequence += count
         last = ep.send_sequence
@@ -324,29 +313,17 @@ class SendVerbs(EngineCore):
         messages of one type and size."""
         if not self.trace.enabled:
             return
-        start = 0
-        count = len(messages)
-        while start < count:
+        for start, end in _alike_runs([(t, len(body)) for _, t, body in messages]):
             _, message_type, body = messages[start]
-            size = len(body)
-            end = start + 1
-            while end < count and (messages[end][1], len(messages[end][2])) == (message_type, size):
-                end += 1
-            self._trace_sent(db, ep, seqs[start:end], message_type, size)
-            start = end
+            self._trace_sent(db, ep, seqs[start:end], message_type, len(body))
 
     def _trace_enqueued(self, db: Database, ep: Endpoint, messages: list[OutMessage]) -> None:
         """``enqueued`` of each of ``messages`` (committed): one call per run of messages of
         one size."""
         if not self.trace.enabled:
             return
-        start = 0
-        count = len(messages)
-        while start < count:
-            length = messages[start].length
-            end = start + 1
-            while end < count and messages[end].length == length:
-                end += 1
+        for start, end in _alike_runs([msg.length for msg in messages]):
+            first = messages[start]
             self.trace.emit_each(
                 "enqueued",
                 ep.conversation_id,
@@ -354,10 +331,22 @@ class SendVerbs(EngineCore):
                 [msg.seq for msg in messages[start:end]],
                 database=db.name,
                 initiator=ep.initiator,
-                size=length,
-                fragments=messages[start].fragment_count,
+                size=first.length,
+                fragments=first.fragment_count,
             )
-            start = end
+
+    def _new_message(
+        self, seq: int, message_type: str, flags: int, body: bytes, now: float
+    ) -> OutMessage:
+        return OutMessage(
+            seq=seq,
+            message_type=message_type,
+            flags=flags,
+            body=body,
+            length=len(body),
+            enqueued_at=now,
+            fragment_count=fragment_count(len(body), self.fragment_size),
+        )
 
     def _enqueue_work(
         self,
@@ -390,15 +379,7 @@ class SendVerbs(EngineCore):
         seq = ep.send_sequence
         if ep.initiator:
             flags |= FLAG_INITIATOR
-        msg = OutMessage(
-            seq=seq,
-            message_type=message_type,
-            flags=flags,
-            body=body,
-            length=len(body),
-            enqueued_at=self.clock(),
-            fragment_count=fragment_count(len(body), self.fragment_size),
-        )
+        msg = self._new_message(seq, message_type, flags, body, self.clock())
         ep.uncommitted_sends += 1
         ep.refresh_state()
         self._trace_sent(db, ep, [seq], message_type, len(body))
@@ -416,3 +397,14 @@ class SendVerbs(EngineCore):
             self._send_failed(ep, chain, seq, exc)
 
         return seq, statements, committed, failed
+
+
+def _alike_runs(keys: Sequence[object]) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each run of equal consecutive ``keys``, in order."""
+    start = 0
+    while start < len(keys):
+        end = start + 1
+        while end < len(keys) and keys[end] == keys[start]:
+            end += 1
+        yield start, end
+        start = end

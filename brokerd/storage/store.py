@@ -417,18 +417,12 @@ class Store:
         if turn:
             last = turn[-1]
             if last.joins is not None and last.joins == key:
-                assert isinstance(last.statements, list)
                 assert isinstance(last.on_commit, _Callbacks)
-                last.statements += statements
                 last.on_commit.append(on_commit)
                 if chains:
                     assert isinstance(last.chains, list)
                     last.chains += chains
-                last.weight += weight
-                self.pending_weight += weight
-                committer = self._running()
-                if committer.waiting:
-                    self._hand_over(committer)
+                self._grow(last, statements, weight)
                 return
         if self._closing:
             raise StoreError(f"database {self.database!r} is shutting down")
@@ -480,16 +474,22 @@ class Store:
             or callbacks[-1] is not on_commit
         ):
             return False
-        assert isinstance(last.statements, list)
         if replace_last:
+            assert isinstance(last.statements, list)
             del last.statements[-1]
-        last.statements += statements
-        last.weight += weight
+        self._grow(last, statements, weight)
+        return True
+
+    def _grow(self, job: _Job, statements: Sequence[Statement], weight: int) -> None:
+        """More statements for ``job``, still in this turn (the committer has not seen it):
+        then it goes at once if the committer waits."""
+        assert isinstance(job.statements, list)
+        job.statements += statements
+        job.weight += weight
         self.pending_weight += weight
         committer = self._running()
         if committer.waiting:
             self._hand_over(committer)
-        return True
 
     def _hand_over(self, committer: _Committer) -> None:
         """While a commit runs, the jobs of one turn of the event loop go to the committer
