@@ -117,8 +117,9 @@ async def test_a_backlog_on_many_dialogs_is_recovered_as_numbers_and_paged_in(
     assert final["outbound_paged_in"] == 0, final
     assert final["backlog_pages_read"] >= DIALOGS * PER_DIALOG // PAGE, final
     # Small bodies come with their page: a window's refill waits for no read.
-    read = await stats_with(shop, "bodies_read", "retransmissions")
+    read = await stats_with(shop, "bodies_read", "bodies_ahead", "retransmissions")
     assert read["bodies_read_ahead"] == DIALOGS * PER_DIALOG, read
+    assert read["bodies_ahead_bytes"] == 0, read  # every one was taken by the link
     assert read["bodies_read_back"] <= read["retransmissions"], read
     await shop.close()
     await warehouse.close()

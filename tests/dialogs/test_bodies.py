@@ -92,6 +92,7 @@ async def test_a_backlog_beyond_the_budget_survives_a_kill_and_is_read_back(
     final = await bodies(shop)
     assert final["bodies_read_back"] >= DIALOGS * PER_DIALOG, final
     assert final["bodies_held_bytes"] == final["bodies_in_transit_bytes"] == 0, final
+    assert final["bodies_ahead_bytes"] == 0, final
     assert final["bodies_waiting"] == 0, final
     await shop.close()
     await warehouse.close()
