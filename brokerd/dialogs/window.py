@@ -9,7 +9,8 @@ return; an endpoint with more due messages than that (a backlog) waits as one en
 thus fed to a connection at the pace the receiver commits, every message's retry
 clock starts within a window's worth of the receiver's work, and a peer returning to
 a large backlog is not sent more than it can acknowledge before the first wait runs
-out.
+out. A window with more than ``WAITING_HIGH`` messages waiting is *congested*: the
+client listener then reads no more of the SENDs bound for it until it drains.
 
 Pure: no I/O and no clock.
 """
