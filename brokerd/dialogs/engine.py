@@ -2,7 +2,8 @@
 
 :class:`DialogEngine` joins the parts, each in its own module: ``core`` (state,
 lookups, commits), ``verbs`` (the application's verbs), ``receiving`` (what
-arrives from links), ``transmission`` (sending, retransmission, acknowledgements),
+arrives from links), ``local_arrivals`` (what the local link hands over),
+``transmission`` (sending, retransmission, acknowledgements),
 ``deadlines`` (timers and lifetimes), ``states`` (the endpoint state machine).
 This module adds the life cycle and the tick that drives retransmissions,
 timers and lifetimes.
@@ -51,8 +52,8 @@ from brokerd.dialogs.database import Database
 from brokerd.dialogs.deadlines import Deadline
 from brokerd.dialogs.endpoint import Endpoint
 from brokerd.dialogs.links import LinkProvider
+from brokerd.dialogs.local_arrivals import LocalArrivals
 from brokerd.dialogs.local_link import LocalLink
-from brokerd.dialogs.receiving import Receiving
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.states import State
 from brokerd.dialogs.transmission import Transmission
@@ -69,7 +70,7 @@ __all__ = ["CODE_LIFETIME_EXPIRED", "DialogEngine"]
 log = logging.getLogger("brokerd.dialogs.engine")
 
 
-class DialogEngine(ApplicationVerbs, Receiving):
+class DialogEngine(ApplicationVerbs, LocalArrivals):
     def __init__(
         self,
         config: BrokerConfig,

@@ -31,9 +31,13 @@ class LocalDelivery(Protocol):
     databases: dict[str, Database]
     by_instance: dict[uuid.UUID, Database]
 
-    def build_fragment(
-        self, ep: Endpoint, msg: OutMessage, index: int
-    ) -> tuple[DialogHeader, bytes]: ...
+    def on_local_fragments(
+        self,
+        link: Link,
+        sender: Endpoint,
+        pieces: list[tuple[OutMessage, int]],
+        db: Database | None,
+    ) -> None: ...
 
     def on_fragment(
         self, link: Link, header: DialogHeader, body: bytes, db: Database | None = None
@@ -109,17 +113,35 @@ class LocalLink:
             return
         items, self._items = self._items, []
         engine = self._engine
+        sender: Endpoint | None = None
+        target: str | None = None
+        pieces: list[tuple[OutMessage, int]] = []
+        """The fragments of one sender for one target queued one after the other: handed
+        over together (:meth:`LocalDelivery.on_local_fragments`)."""
         for item in items:
             if type(item) is _LocalFragment:
-                ep, msg, index, target = item
-                if msg.seq not in ep.outbox or msg.body is None:
-                    continue  # acknowledged, or a copy already written (see the transport)
-                header, body = engine.build_fragment(ep, msg, index)
-                db = engine.databases.get(target) if target else None
-                engine.on_fragment(self, header, body, db)
-            elif type(item) is SendHeader:
+                if pieces and (item.ep is not sender or item.database != target):
+                    self._hand_over(sender, target, pieces)
+                    pieces = []
+                sender, target = item.ep, item.database
+                pieces.append((item.msg, item.fragment))
+                continue
+            if pieces:
+                self._hand_over(sender, target, pieces)
+                pieces = []
+            if type(item) is SendHeader:
                 header, body = item
                 to = header.to_broker_instance
                 engine.on_fragment(self, header, body, engine.by_instance.get(to) if to else None)
             elif type(item) is SendAcks:
                 engine.on_acks(self, item.headers)
+        if pieces:
+            self._hand_over(sender, target, pieces)
+
+    def _hand_over(
+        self, sender: Endpoint | None, target: str | None, pieces: list[tuple[OutMessage, int]]
+    ) -> None:
+        assert sender is not None
+        engine = self._engine
+        db = engine.databases.get(target) if target else None
+        engine.on_local_fragments(self, sender, pieces, db)

@@ -319,7 +319,7 @@ class Receiving(EngineCore):
             self._send_broker_error(link, db, header, code, text, ep)
             return
         if header.fragment_count == 1:
-            self._accept_message(db, ep, header, body)
+            self._accept_message(db, ep, seq, header.flags, header.message_type, body)
         elif self._completes_whole_check(db, ep, header):
             self._validate_whole(link, db, ep, header, body)
         else:
@@ -329,17 +329,38 @@ class Receiving(EngineCore):
         self, db: Database, contract: str, header: DialogHeader, body: bytes
     ) -> tuple[int, str] | None:
         """Why the receiver refuses this message (R-OBJ-1, R-DLG-3, size), as (code, text)."""
-        if header.message_length > self.max_message_size:
+        return self._refusal_of(
+            db,
+            contract,
+            header.message_type,
+            header.initiator,
+            header.message_length,
+            header.fragment_count,
+            body,
+        )
+
+    def _refusal_of(
+        self,
+        db: Database,
+        contract: str,
+        message_type: str,
+        initiator: bool,
+        length: int,
+        fragments: int,
+        body: bytes,
+    ) -> tuple[int, str] | None:
+        """:meth:`_refusal` of a message given by its parts (``body``: this fragment's)."""
+        if length > self.max_message_size:
             return CODE_MESSAGE_TOO_LARGE, (
-                f"message of {header.message_length} bytes exceeds this broker's "
+                f"message of {length} bytes exceeds this broker's "
                 f"max_message_size of {self.max_message_size}"
             )
-        refusal = db.catalog.send_refusal(contract, header.message_type, header.initiator)
+        catalog = db.catalog
+        refusal = catalog.send_refusal(contract, message_type, initiator)
         if refusal:
             return CODE_MESSAGE_TYPE_REFUSED, refusal
-        catalog = db.catalog
-        if header.fragment_count == 1 or not catalog.needs_whole_body(header.message_type):
-            invalid = catalog.validation_problem(header.message_type, body)
+        if fragments == 1 or not catalog.needs_whole_body(message_type):
+            invalid = catalog.validation_problem(message_type, body)
             if invalid:
                 return CODE_VALIDATION_FAILED, invalid
         return None
@@ -528,19 +549,20 @@ class Receiving(EngineCore):
         return released, error, statements
 
     def _accept_message(
-        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+        self, db: Database, ep: Endpoint, seq: int, flags: int, message_type: str, body: bytes
     ) -> None:
-        seq = header.sequence_number
+        """A whole message of one fragment, checked: stored (ready, or held until the ones
+        before it arrive), acknowledged after its commit."""
         fenced = ep.state not in DELIVERING
-        released, error, promoted = self._complete(ep, seq, header.flags)
+        released, error, promoted = self._complete(ep, seq, flags)
         queue = db.queue_of(ep.service) or ""
         if (
             not fenced
             and len(released) == 1
-            and not header.flags & (FLAG_ERROR | FLAG_END_DIALOG)
+            and not flags & (FLAG_ERROR | FLAG_END_DIALOG)
             and ep.state in DELIVERING
         ):
-            self._arrived_in_order(db, ep, queue, seq, header.message_type, body)
+            self._arrived_in_order(db, ep, queue, seq, message_type, body)
             return
         statements: list[Statement] = [
             _queue_row(
@@ -548,7 +570,7 @@ class Receiving(EngineCore):
                 queue,
                 seq,
                 1 if released else 2,
-                header.message_type,
+                message_type,
                 len(body),
                 body,
                 self.clock(),

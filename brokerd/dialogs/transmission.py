@@ -175,6 +175,12 @@ class Transmission:
         )
         if ep.keys is not None:
             header, body = self.seal(ep, header, body)
+        self.fragment_left(ep, msg, index)
+        return header, body
+
+    def fragment_left(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
+        """Fragment ``index`` of ``msg`` left on its link: the retry clock starts now, and
+        once its last fragment is out, a body that is not held leaves memory."""
         self.stats.fragments_sent += 1
         now = self.loop.time()
         msg.last_sent_at = now
@@ -182,7 +188,6 @@ class Transmission:
         self.schedule(ep, msg.due)
         if index == msg.fragment_count - 1 or _last_unacknowledged(msg) == index:
             self.bodies.written(msg)
-        return header, body
 
     def seal(self, ep: Endpoint, header: DialogHeader, body: bytes) -> tuple[DialogHeader, bytes]:
         """``header`` and ``body`` under the dialog key (R-DLG-14); the initiator's carry

@@ -1,0 +1,114 @@
+"""Runs between two databases of one instance (``brokerd.dialogs.local_arrivals``): the
+messages after a run's first go straight to the target endpoint, and the dialog stays
+exactly once and in order (R-DLG-1), every message is checked by the receiver (R-OBJ-1)
+and traced once. Real daemons, pipelined SENDs, so whole runs reach the local link in
+one turn."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from brokerd.sdk.client import BrokerClient
+from brokerd.tools import example
+from brokerd.tools.launcher import Deployment
+from brokerd.traces.writer import read_events, segment_files
+from tests.daemons import assert_exactly_once_in_order, drain, running, wait_until
+
+HOST = "127.0.0.246"
+SHOP, WAREHOUSE = example.SHOP_SERVICE, example.WAREHOUSE_SERVICE
+
+
+def _solo(tmp_path: Path, warehouse: str | None = None) -> Deployment:
+    d = Deployment(tmp_path)
+    d.add(
+        "solo",
+        HOST,
+        example.shop_database(None) + (warehouse or example.warehouse_database(None)),
+    )
+    return d
+
+
+def _body(n: int, what: str) -> bytes:
+    """Sizes change every 40 messages: runs of alike messages are traced together."""
+    return f"<{what}>{n}</{what}>".encode() + b" " * (n // 40 % 3 * 50)
+
+
+async def _pipelined(
+    client: BrokerClient, handle: uuid.UUID, message_type: str, bodies: list[bytes]
+) -> list[int | BaseException]:
+    futures = [client.send_nowait(handle, message_type, body) for body in bodies]
+    return await asyncio.gather(*futures, return_exceptions=True)
+
+
+async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path: Path) -> None:
+    d = _solo(tmp_path)
+    orders = [_body(n, "order") for n in range(1, 601)]
+    confirmations = [_body(n, "confirmed") for n in range(1, 201)]
+    with running(d):
+        client = await d.daemons["solo"].client()
+        try:
+            handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            assert await _pipelined(client, handle, example.ORDER, orders) == list(range(1, 601))
+            got = await drain(client, "OrderQueue", 600)
+            assert [m.message_body for m in got] == orders
+            assert_exactly_once_in_order(got)
+            target = got[0].conversation_handle
+            sent = await _pipelined(client, target, example.CONFIRMATION, confirmations)
+            assert sent == list(range(1, 201))
+            replies = await drain(client, "ClientQueue", 200)
+            assert [m.message_body for m in replies] == confirmations
+            assert_exactly_once_in_order(replies)
+
+            async def acknowledged() -> bool:
+                return await client.transmission_queue() == []
+
+            await wait_until(acknowledged, 30)
+        finally:
+            await client.close()
+    traced = list(read_events(segment_files([d.daemons["solo"].directory / "data" / "traces"])))
+    arrivals = Counter(
+        (e["initiator"], e["seq"]) for e in traced if e["event"] == "fragment_received"
+    )
+    assert set(arrivals) == {(True, s) for s in range(1, 601)} | {(False, s) for s in range(1, 201)}
+    assert set(arrivals.values()) == {1}
+    sizes = {
+        e["seq"]: e["size"] for e in traced if e["event"] == "fragment_received" and e["initiator"]
+    }
+    assert sizes == {n: len(orders[n - 1]) for n in range(1, 601)}
+    assert sum(e["event"] == "delivered" for e in traced) == 800
+
+
+async def test_a_message_refused_inside_a_run_is_never_queued_nor_what_follows(
+    tmp_path: Path,
+) -> None:
+    """R-OBJ-1: the warehouse validates orders as XML. Order 150 of a pipelined run is
+    not XML: the orders before it are queued in order, it and the ones after it never
+    are, and the shop gets the Error (R-DLG-2)."""
+    plain = f'name = "{example.ORDER}"\nvalidation = "none"'
+    warehouse = example.warehouse_database(None)
+    assert plain in warehouse
+    warehouse = warehouse.replace(
+        plain, f'name = "{example.ORDER}"\nvalidation = "well_formed_xml"'
+    )
+    d = _solo(tmp_path, warehouse)
+    orders = [_body(n, "order") for n in range(1, 301)]
+    orders[149] = b"not XML"
+    with running(d):
+        client = await d.daemons["solo"].client()
+        try:
+            handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            sent = await _pipelined(client, handle, example.ORDER, orders)
+            assert [s for s in sent if isinstance(s, int)][:149] == list(range(1, 150))
+            (error,) = await drain(client, "ClientQueue", 1, timeout=30)
+            assert error.conversation_handle == handle and error.is_error
+            assert b"<Code>-9615</Code>" in error.message_body
+            got = await drain(client, "OrderQueue", 149)
+            assert [m.message_body for m in got] == orders[:149]
+            assert_exactly_once_in_order(got)
+            await asyncio.sleep(0.5)
+            assert await client.receive("OrderQueue", timeout=0.2) == []
+        finally:
+            await client.close()
