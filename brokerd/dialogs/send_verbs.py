@@ -194,14 +194,20 @@ class SendVerbs(EngineCore):
         self._trace_enqueued(db, ep, messages)
         transmission = self.transmission
         outbox, backlog = ep.outbox, ep.backlog
+        new: list[OutMessage] = []
         for msg in messages:
             if backlog or (len(outbox) >= transmission.spill and not transmission.link_open(ep)):
+                if new:
+                    transmission.send_run(ep, new)
+                    new = []
                 backlog.add(msg.seq)
                 transmission.page_in(ep)
                 continue
             outbox[msg.seq] = msg
             transmission.bodies.keep(msg)
-            transmission.send_new(ep, msg)
+            new.append(msg)
+        if new:
+            transmission.send_run(ep, new)
 
     def _send_direct(
         self,

@@ -104,6 +104,9 @@ class Transmission:
         """Acknowledgement delays per link name."""
         self._windows: dict[str, SendWindow] = {}
         """The send window of each link, by name."""
+        self._gathered: list[tuple[Endpoint, OutMessage, Link]] | None = None
+        """While a run of new messages is handed over (:meth:`send_run`): the ones of one
+        fragment queued on a link, traced together at the end of the run."""
         self._hand_over_fn = self._hand_over
         """One bound method for every message a window holds back (a backlog of a million
         messages would otherwise hold a million of them)."""
@@ -364,6 +367,45 @@ class Transmission:
         link = self.router.link_for(ep)
         return link is not None and link.is_open
 
+    def send_run(self, ep: Endpoint, messages: Iterable[OutMessage]) -> None:
+        """:meth:`send_new` of each of ``messages`` (committed together, in order); their
+        ``fragment_sent`` events are traced together, a line each as ever."""
+        gathered: list[tuple[Endpoint, OutMessage, Link]] = []
+        self._gathered = gathered
+        try:
+            for msg in messages:
+                self.send_new(ep, msg)
+        finally:
+            self._gathered = None
+            if gathered:
+                self._trace_gathered(gathered)
+
+    def _trace_gathered(self, gathered: list[tuple[Endpoint, OutMessage, Link]]) -> None:
+        """``fragment_sent`` of messages of one fragment queued on their first attempt, one
+        entry per run of messages of one endpoint, link and size."""
+        start = 0
+        for end in range(1, len(gathered) + 1):
+            ep, msg, link = gathered[start]
+            if end < len(gathered):
+                other, next_msg, next_link = gathered[end]
+                if other is ep and next_link is link and next_msg.length == msg.length:
+                    continue
+            self.trace.emit_each(
+                "fragment_sent",
+                ep.conversation_id,
+                "seq",
+                [m.seq for _, m, _ in gathered[start:end]],
+                database=ep.database,
+                initiator=ep.initiator,
+                fragment=0,
+                fragments=1,
+                size=msg.length,
+                attempt=1,
+                peer=link.name,
+                route=ep.route.route if ep.route else None,
+            )
+            start = end
+
     def send_new(self, ep: Endpoint, msg: OutMessage) -> None:
         """A SEND committed ``msg``: hand it to the endpoint's link if that is open,
         without looking at the messages already waiting; otherwise the endpoint
@@ -456,6 +498,11 @@ class Transmission:
     def _queue_fragments(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
         """Queue the fragments of ``msg`` not yet acknowledged (its body is in memory)."""
         trace = self.trace
+        if self._gathered is not None and msg.fragment_count == 1 and msg.attempts == 1:
+            if trace.enabled:
+                self._gathered.append((ep, msg, link))
+            link.queue_fragment(ep, msg, 0)
+            return
         for index in range(msg.fragment_count):
             if index not in msg.acked_fragments:
                 if trace.enabled:
