@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -26,6 +25,7 @@ from brokerd.server.allocator import tune_allocator
 from brokerd.server.client_access import Credentials
 from brokerd.server.client_listener import ClientSession
 from brokerd.server.client_tls import server_context
+from brokerd.server.interpreter import settle_garbage_collector, settle_switch_interval
 from brokerd.server.mirroring import Mirroring
 from brokerd.server.transport import Transport
 from brokerd.traces.writer import TraceWriter
@@ -33,23 +33,6 @@ from protocol.errors import BrokerError
 from protocol.security import Identity
 
 log = logging.getLogger("brokerd")
-
-GC_THRESHOLDS = (50_000, 50, 100)
-"""The cyclic garbage collector's thresholds once the daemon runs (CPython's: 700, 10,
-10). Every message allocates a few dozen container objects (headers, jobs, closures,
-trace tuples) that reference counting frees; at 700 the collector still ran a young
-collection every few messages, and the older generations rescanned the whole recovered
-image. Measured on W2 (``python -m bench run --workload W2``, three alternating runs):
-CPU per message 98 / 90 µs (sender / receiver daemon) before, 74 / 75 µs after."""
-
-
-def settle_garbage_collector() -> None:
-    """After start-up: what recovery loaded is moved out of the collector's generations
-    (``gc.freeze``: it is never scanned again, it is still freed by reference counting),
-    and collections run at :data:`GC_THRESHOLDS`. Cycles are still collected."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class Broker:
@@ -99,6 +82,7 @@ class Broker:
             await self.trace.start()
             await self.engine.start()
             settle_garbage_collector()
+            settle_switch_interval()
             tune_allocator()
             await self.transport.start()
             if self.mirroring:
