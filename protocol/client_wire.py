@@ -220,6 +220,10 @@ class ClientFrameReader:
         self._pos = 0
         self._pending: _Pending | None = None
         self._failure: RemoteProtocolError | None = None
+        self._last_raw: bytes | None = None
+        self._last_meta: dict[str, Any] = {}
+        """The last small meta decoded, as it came and as decoded: a producer's pipelined
+        SENDs on one dialog repeat it, and each gets a copy instead of a decoding."""
 
     @property
     def buffered_bytes(self) -> int:
@@ -272,7 +276,15 @@ class ClientFrameReader:
                         if pending is None:
                             self._pending = _Pending(kind, request_id, meta_length, body_length)
                         break
-                    meta = _decode_meta(view[meta_start:body_start])
+                    if meta_length > REPEATED_META_MOST:
+                        meta = _decode_meta(view[meta_start:body_start])
+                    else:
+                        small = bytes(view[meta_start:body_start])
+                        if small == self._last_raw:
+                            meta = dict(self._last_meta)
+                        else:
+                            meta = _decode_meta(small)
+                            self._last_raw, self._last_meta = small, dict(meta)
                     body = bytes(view[body_start:end]) if body_length else b""
                     frames.append(ClientFrame(kind, request_id, meta, body))
                     self._pending = None
@@ -320,6 +332,11 @@ class ClientFrameReader:
         self._pending = None
         self._pos = 0
         self._buffer = bytearray()
+
+
+REPEATED_META_MOST = 512
+"""The largest meta a reader keeps to compare the next one with (a SEND's is about 120
+bytes)."""
 
 
 def _reject_constant(name: str) -> Any:
@@ -383,7 +400,7 @@ _CLOSE_BRACE = ord("}")
 _SEQUENCE_META_MOST = len(_SEQUENCE_META) + 19
 
 
-def _decode_meta(raw: memoryview) -> dict[str, Any]:
+def _decode_meta(raw: bytes | memoryview) -> dict[str, Any]:
     # A SEND's reply, exactly as encode_sequence_reply spells it (a producer reads one
     # for every message): up to 18 ASCII digits always fit a 64-bit integer.
     if (
@@ -407,7 +424,7 @@ def _decode_meta(raw: memoryview) -> dict[str, Any]:
     return value
 
 
-def _decode_meta_exactly(raw: memoryview) -> dict[str, Any]:
+def _decode_meta_exactly(raw: bytes | memoryview) -> dict[str, Any]:
     try:
         # Decoded explicitly: json.loads(bytes) would also accept UTF-16 and UTF-32.
         text = str(raw, "utf-8")

@@ -46,11 +46,15 @@ class RttEstimator:
     backoff: float = 1.0
     """Factor on the timeout since the last retransmission without a sample since."""
     backed_off_at: float = -math.inf
+    first_wait: float = 0.0
+    """:meth:`wait` of a first attempt while nothing changed since it was computed (0:
+    compute it again); every message sent asks for it."""
 
     def observe(self, delay: float) -> None:
         """A message sent once was acknowledged ``delay`` seconds after it was written."""
         if delay < 0:
             return
+        self.first_wait = 0.0
         self.backoff = 1.0
         if self.samples == 0:
             self.smoothed = delay
@@ -65,6 +69,7 @@ class RttEstimator:
         if now - self.backed_off_at >= self.timeout:
             self.backed_off_at = now
             self.backoff = min(self.backoff * 2, self.ceiling / self.floor)
+            self.first_wait = 0.0
 
     @property
     def timeout(self) -> float:
@@ -74,4 +79,8 @@ class RttEstimator:
 
     def wait(self, attempt: int) -> float:
         """Seconds before attempt ``attempt + 1``: the timeout, doubled per attempt."""
+        if attempt == 1:
+            if not self.first_wait:
+                self.first_wait = min(self.ceiling, self.timeout)
+            return self.first_wait
         return min(self.ceiling, self.timeout * 2.0 ** (attempt - 1))

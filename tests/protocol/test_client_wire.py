@@ -603,3 +603,25 @@ def test_a_request_from_encoded_meta_is_the_same_bytes(message_type: str) -> Non
         )
     with pytest.raises(LocalProtocolError, match="u32"):
         encode_request(2**32, b"{}", b"")
+
+
+def test_a_repeated_meta_decodes_to_a_copy_and_a_bad_one_still_fails() -> None:
+    """A reader keeps the last small meta it decoded (a producer's SENDs on one dialog
+    repeat it): each repeat gets an equal dict of its own; another meta is decoded; a
+    meta that is not a JSON object is refused even right after a good one."""
+    send = {"op": "send", "conversation_handle": "7f7c", "message_type": "//t"}
+    frames = [
+        ClientFrame(ClientFrameKind.REQUEST, i, meta, b"body")
+        for i, meta in enumerate([send, send, {**send, "message_type": "//u"}, send])
+    ]
+    reader = ClientFrameReader()
+    got = reader.feed(b"".join(encode_frame(f) for f in frames))
+    assert got == frames
+    assert got[0].meta is not got[1].meta and got[1].meta is not got[3].meta
+    got[0].meta["op"] = "changed"
+    assert reader.feed(encode_frame(frames[0])) == [frames[0]]
+    bad = bytearray(encode_frame(frames[0]))
+    meta = encode_meta(send)
+    bad[HEADER_SIZE : HEADER_SIZE + len(meta)] = b"[" + b" " * (len(meta) - 2) + b"]"
+    with pytest.raises(RemoteProtocolError, match="JSON object"):
+        reader.feed(bytes(bad))
