@@ -42,52 +42,69 @@ class LocalArrivals(Receiving):
         """Sequence numbers of the messages that went straight to ``receiver``, not yet
         traced, all of ``size`` bytes."""
         size = 0
-        for msg, index in pieces:
-            body = msg.body
-            if msg.seq not in sender.outbox or body is None:
-                continue  # acknowledged, or a copy already written (see the transport)
-            if (
-                receiver is not None
-                and db is not None
-                and self._follows(sender, receiver, msg)
-                and self._refusal_of(
-                    db, receiver.contract, msg.message_type, sender.initiator, msg.length, 1, body
-                )
-                is None
-            ):
-                if arrived and len(body) != size:
+        try:
+            for msg, index in pieces:
+                body = msg.body
+                if msg.seq not in sender.outbox or body is None:
+                    continue  # acknowledged, or a copy already written (see the transport)
+                if (
+                    receiver is not None
+                    and db is not None
+                    and self._follows(sender, receiver, msg)
+                    and self._refusal_of(
+                        db,
+                        receiver.contract,
+                        msg.message_type,
+                        sender.initiator,
+                        msg.length,
+                        1,
+                        body,
+                    )
+                    is None
+                ):
+                    if arrived and len(body) != size:
+                        self._trace_arrived(link, sender, receiver, arrived, size)
+                        arrived = []
+                    size = len(body)
+                    arrived.append(msg.seq)
+                    self.transmission.fragment_left(sender, msg, index)
+                    self.stats.fragments_received += 1
+                    # Nothing is held beyond it and no end is pending (_follows): it
+                    # releases itself only, and the endpoint's state stays as it is.
+                    receiver.accepted.add_message(msg.seq)
+                    queue = db.queue_of(receiver.service) or ""
+                    self._arrived_in_order(db, receiver, queue, msg.seq, msg.message_type, body)
+                    continue
+                if arrived:
+                    assert receiver is not None
                     self._trace_arrived(link, sender, receiver, arrived, size)
                     arrived = []
-                size = len(body)
-                arrived.append(msg.seq)
-                self.transmission.fragment_left(sender, msg, index)
-                self.stats.fragments_received += 1
-                # Nothing is held beyond it and no end is pending (_follows): it releases
-                # itself only, and the endpoint's state stays as it is.
-                receiver.accepted.add_message(msg.seq)
-                queue = db.queue_of(receiver.service) or ""
-                self._arrived_in_order(db, receiver, queue, msg.seq, msg.message_type, body)
-                continue
+                before = self._accepted_through(sender, db)
+                header, fragment = self.build_fragment(sender, msg, index)
+                self.on_fragment(link, header, fragment, db)
+                receiver = self._run_receiver(sender, msg, db, before)
+        finally:
             if arrived:
                 assert receiver is not None
                 self._trace_arrived(link, sender, receiver, arrived, size)
-                arrived = []
-            header, fragment = self.build_fragment(sender, msg, index)
-            self.on_fragment(link, header, fragment, db)
-            receiver = self._run_receiver(sender, msg, db)
-        if arrived:
-            assert receiver is not None
-            self._trace_arrived(link, sender, receiver, arrived, size)
+
+    @staticmethod
+    def _accepted_through(sender: Endpoint, db: Database | None) -> int:
+        """What the far endpoint of ``sender`` in ``db`` has accepted in order (0: none yet)."""
+        far = db.by_key.get((sender.conversation_id, not sender.initiator)) if db else None
+        return far.accepted.through if far is not None else 0
 
     def _run_receiver(
-        self, sender: Endpoint, msg: OutMessage, db: Database | None
+        self, sender: Endpoint, msg: OutMessage, db: Database | None, before: int
     ) -> Endpoint | None:
-        """The endpoint the messages after ``msg`` may go straight to: ``msg`` was whole,
-        in order and accepted the whole way, by a database that takes arrivals now,
-        and the dialog is not secured."""
+        """The endpoint the messages after ``msg`` may go straight to: ``msg`` was whole
+        and accepted in order the whole way just now (``before``: what the endpoint had
+        accepted until then; a duplicate, already accepted, proves nothing of its checks),
+        by a database that takes arrivals now, and the dialog is not secured."""
         if (
             db is None
             or msg.fragment_count != 1
+            or before >= msg.seq
             or sender.keys is not None
             or db.mirror_role == "mirror"
             or db.mirror_in_doubt

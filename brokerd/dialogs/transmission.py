@@ -498,11 +498,16 @@ class Transmission:
     def _queue_fragments(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
         """Queue the fragments of ``msg`` not yet acknowledged (its body is in memory)."""
         trace = self.trace
-        if self._gathered is not None and msg.fragment_count == 1 and msg.attempts == 1:
-            if trace.enabled:
-                self._gathered.append((ep, msg, link))
-            link.queue_fragment(ep, msg, 0)
-            return
+        gathered = self._gathered
+        if gathered is not None:
+            if msg.fragment_count == 1 and msg.attempts == 1:
+                if trace.enabled:
+                    gathered.append((ep, msg, link))
+                link.queue_fragment(ep, msg, 0)
+                return
+            if gathered:  # traced before this one's lines, in the order they were queued
+                self._trace_gathered(gathered)
+                gathered.clear()
         for index in range(msg.fragment_count):
             if index not in msg.acked_fragments:
                 if trace.enabled:

@@ -674,13 +674,13 @@ def read_received(
 
 
 _RECEIVED_BYTES = (
-    "SELECT sum(length(body)) FROM queue_messages "
+    "SELECT sum(length(body)), count(*) - count(body) FROM queue_messages "
     "WHERE conversation_handle = ? AND message_sequence_number "
 )
 _RECEIVED_AT_ONCE = (
-    "SELECT group_concat(message_sequence_number), group_concat(length(coalesce(body, x''))), "
+    "SELECT group_concat(message_sequence_number), group_concat(length(body)), "
     "json_group_array(message_type), json_group_array(printf('%!.17g', enqueued_at)), "
-    "CAST(group_concat(coalesce(body, x''), '') AS BLOB), "
+    "CAST(group_concat(body, '') AS BLOB), "
     "min(conversation_group_id), max(conversation_group_id), min(service_name), "
     "max(service_name), min(contract), max(contract), min(queue_name), max(queue_name) "
     "FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number "
@@ -701,11 +701,13 @@ def _received_rows(
     switch interval: a RECEIVE of 1,000 rows took 1.9 ms alone and over a second beside
     a thread that never waits. One aggregate row carries them all instead: the numbers,
     the body lengths and the bodies joined, the types and enqueue times as JSON (times
-    with 17 significant digits: the same double back), while the bodies total at most
+    with 17 significant digits: the same double back for any clock's time; SQLite 3.40's
+    printf rounds some doubles beyond 1e240 differently), while the bodies total at most
     :data:`AT_ONCE_BYTES`. The columns every row of a conversation shares are checked
-    to be shared; if one is not, or the bodies are larger, the rows are stepped."""
-    (total,) = conn.execute(_RECEIVED_BYTES + where, params).fetchone()
-    if total is not None and total <= AT_ONCE_BYTES:
+    to be shared; if one is not, a body is NULL, or the bodies are larger, the rows are
+    stepped."""
+    total, without_body = conn.execute(_RECEIVED_BYTES + where, params).fetchone()
+    if total is not None and total <= AT_ONCE_BYTES and not without_body:
         cursor = conn.execute(_RECEIVED_AT_ONCE + where, params)
         cursor.row_factory = None
         numbers, lengths, types, times, joined, *shared = cursor.fetchone()

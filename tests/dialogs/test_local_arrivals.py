@@ -81,6 +81,28 @@ async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path:
     assert sum(e["event"] == "delivered" for e in traced) == 800
 
 
+async def test_fragment_sent_lines_follow_the_order_of_a_run_mixing_large_messages(
+    tmp_path: Path,
+) -> None:
+    """A run's messages of one fragment are traced together; a message of several
+    fragments among them is traced after the ones queued before it."""
+    d = _solo(tmp_path)
+    bodies = [b"x" * (200_000 if n % 25 == 0 else 100) for n in range(1, 101)]
+    with running(d):
+        client = await d.daemons["solo"].client()
+        try:
+            handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            assert await _pipelined(client, handle, example.ORDER, bodies) == list(range(1, 101))
+            got = await drain(client, "OrderQueue", 100)
+            assert [m.message_body for m in got] == bodies
+        finally:
+            await client.close()
+    traced = read_events(segment_files([d.daemons["solo"].directory / "data" / "traces"]))
+    sent = [e["seq"] for e in traced if e["event"] == "fragment_sent" and e["initiator"]]
+    assert sorted(set(sent)) == list(range(1, 101))
+    assert sent == sorted(sent)
+
+
 async def test_a_message_refused_inside_a_run_is_never_queued_nor_what_follows(
     tmp_path: Path,
 ) -> None:

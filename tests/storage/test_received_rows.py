@@ -51,7 +51,7 @@ def _stepped(conn: sqlite3.Connection, seqs: list[int]) -> list[dict[str, object
             "service_name": r[3],
             "service_contract_name": r[4],
             "message_type_name": r[5],
-            "message_body": bytes(r[6]),
+            "message_body": bytes(r[6] or b""),
             "message_enqueue_time": float(r[7]),
             "queue": r[8],
         }
@@ -104,3 +104,19 @@ def test_rows_of_one_conversation_in_different_groups_are_stepped(tmp_path: Path
     got, _ = _read(conn, [1, 2, 3, 4])
     assert got == _stepped(conn, [1, 2, 3, 4])
     assert [r["conversation_group_id"] for r in got] == ["g1", "g1", "g2", "g2"]
+
+
+def test_a_run_with_a_row_without_body_is_stepped(tmp_path: Path) -> None:
+    """A NULL body is not an empty one (an empty body marks a message kept in its
+    fragments, ``queries.IN_FRAGMENTS``): such a run is read as stepping reads it."""
+    rows = [(seq, "//t", b"x" * seq, 1.0, "g") for seq in range(1, 5)]
+    conn = _queue(tmp_path / "q.db", rows)
+    conn.execute(
+        "UPDATE queue_messages SET body = NULL WHERE conversation_handle = ? "
+        "AND message_sequence_number = 3",
+        (str(H),),
+    )
+    got, executed = _read(conn, [1, 2, 3, 4])
+    assert got == _stepped(conn, [1, 2, 3, 4])
+    assert [r["message_body"] for r in got] == [b"x", b"xx", b"", b"xxxx"]
+    assert not any("group_concat" in sql for sql in executed)
