@@ -367,9 +367,12 @@ class Transmission:
         link = self.router.link_for(ep)
         return link is not None and link.is_open
 
-    def send_run(self, ep: Endpoint, messages: Iterable[OutMessage]) -> None:
+    def send_run(self, ep: Endpoint, messages: list[OutMessage]) -> None:
         """:meth:`send_new` of each of ``messages`` (committed together, in order); their
         ``fragment_sent`` events are traced together, a line each as ever."""
+        if len(messages) == 1:  # a run of one (10,000 dialogs taking turns): nothing to gather
+            self.send_new(ep, messages[0])
+            return
         gathered: list[tuple[Endpoint, OutMessage, Link]] = []
         self._gathered = gathered
         try:
