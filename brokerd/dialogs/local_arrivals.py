@@ -8,8 +8,9 @@ whole message of a run has been accepted in order that way, the whole messages a
 it that follow it in order have nothing new to check there: the same endpoints, the
 same link, the same acknowledgement. They skip the header, and go straight to the
 checks of their own (contract, size, validation: R-DLG-3, R-OBJ-1) and to the
-queue. Anything else (a message of several fragments, an ending, a gap, a refusal, a
-changed acknowledgement, a secured dialog) takes the whole way.
+queue. Anything else (a message of several fragments, an ending, a gap, a duplicate,
+a refusal, a changed acknowledgement, a secured dialog) takes the whole way, and the
+run starts again after it.
 
 May import: ``protocol``, ``brokerd.dialogs`` models and :mod:`brokerd.dialogs.receiving`.
 """
@@ -28,6 +29,8 @@ _NOT_PLAIN = FLAG_END_DIALOG | FLAG_ERROR
 
 
 class LocalArrivals(Receiving):
+    """:class:`Receiving`, with the runs the local link hands over."""
+
     def on_local_fragments(
         self,
         link: Link,
