@@ -195,6 +195,25 @@ class _Pending(NamedTuple):
     body_length: int
 
 
+class _LargeBody(NamedTuple):
+    """A frame whose header and meta arrived and whose large body is still coming: its
+    pieces, as received, joined once when the last one arrives."""
+
+    kind: ClientFrameKind
+    request_id: int
+    meta: dict[str, Any]
+    pieces: list[bytes]
+
+
+LARGE_BODY = 256 * 1024
+"""A body at least this long is gathered in pieces as it arrives, not appended to the
+reader's buffer: appending 1 MiB in 64 KiB reads reallocates and copies the growing
+buffer again and again (1.4 ms a MiB alone, against 0.1 ms to join the pieces once).
+Measured in W3 (three alternating runs), the consumer's CPU for 500 RECEIVEd MiB went
+from 0.58-0.67 to 0.50-0.55 s; the daemon reading the producer's SENDs did not change
+measurably (6.5-6.8 ms a MiB either way)."""
+
+
 class ClientFrameReader:
     """Incremental parser of a client-wire byte stream (one direction of one connection).
 
@@ -220,6 +239,11 @@ class ClientFrameReader:
         self._pos = 0
         self._pending: _Pending | None = None
         self._failure: RemoteProtocolError | None = None
+        self._large: _LargeBody | None = None
+        self._missing = 0
+        """Bytes of the large body still to come."""
+        self._large_held = 0
+        """Bytes of the large body's frame received so far (its header and meta too)."""
         self._last_raw: bytes | None = None
         self._last_meta: dict[str, Any] = {}
         """The last small meta decoded, as it came and as decoded: a producer's pipelined
@@ -228,7 +252,7 @@ class ClientFrameReader:
     @property
     def buffered_bytes(self) -> int:
         """Bytes received but not yet part of a returned frame."""
-        return len(self._buffer) - self._pos
+        return len(self._buffer) - self._pos + self._large_held
 
     @property
     def failed(self) -> bool:
@@ -241,9 +265,13 @@ class ClientFrameReader:
             raise RemoteProtocolError(
                 f"client wire stream already failed: {self._failure}", self._failure.close_code
             )
+        frames: list[ClientFrame] = []
+        if self._large is not None:
+            data = self._continue_large(data, frames)
+            if not data:
+                return frames
         buffer = self._buffer
         buffer += data
-        frames: list[ClientFrame] = []
         pos = self._pos
         size = len(buffer)
         try:
@@ -273,7 +301,15 @@ class ClientFrameReader:
                     body_start = meta_start + meta_length
                     end = body_start + body_length
                     if end > size:
-                        if pending is None:
+                        if body_length >= LARGE_BODY and size >= body_start:
+                            meta = _decode_meta(view[meta_start:body_start])
+                            piece = bytes(view[body_start:size])
+                            self._large = _LargeBody(kind, request_id, meta, [piece])
+                            self._missing = end - size
+                            self._large_held = size - pos
+                            self._pending = None
+                            pos = size
+                        elif pending is None:
                             self._pending = _Pending(kind, request_id, meta_length, body_length)
                         break
                     if meta_length > REPEATED_META_MOST:
@@ -300,6 +336,27 @@ class ClientFrameReader:
             pos = 0
         self._pos = pos
         return frames
+
+    def _continue_large(
+        self, data: bytes | bytearray | memoryview, frames: list[ClientFrame]
+    ) -> bytes | bytearray | memoryview:
+        """The next piece of the large body being gathered; once it is whole, its frame
+        joins ``frames``. Returns what ``data`` holds beyond the body."""
+        large = self._large
+        assert large is not None
+        missing = self._missing
+        if len(data) < missing:
+            large.pieces.append(data if type(data) is bytes else bytes(data))
+            self._missing -= len(data)
+            self._large_held += len(data)
+            return b""
+        with memoryview(data) as view:
+            large.pieces.append(bytes(view[:missing]))
+            rest = bytes(view[missing:])
+        frames.append(ClientFrame(large.kind, large.request_id, large.meta, b"".join(large.pieces)))
+        self._large = None
+        self._missing = self._large_held = 0
+        return rest
 
     def _header_error(self, view: memoryview, pos: int) -> RemoteProtocolError:
         """What is wrong with the header at ``pos``, which is known to break a rule."""
@@ -330,6 +387,8 @@ class ClientFrameReader:
     def _fail(self, exc: RemoteProtocolError) -> None:
         self._failure = exc
         self._pending = None
+        self._large = None
+        self._missing = self._large_held = 0
         self._pos = 0
         self._buffer = bytearray()
 

@@ -25,6 +25,7 @@ from protocol.client_wire import (
     CLIENT_WIRE_VERSION,
     DEFAULT_MAX_BODY,
     HEADER_SIZE,
+    LARGE_BODY,
     MAX_META_BYTES,
     ClientFrame,
     ClientFrameKind,
@@ -189,6 +190,47 @@ def test_large_body_in_small_chunks_is_linear() -> None:
     (frame,) = reader.feed(data[tail:])
     assert frame.body == body
     assert reader.buffered_bytes == 0
+
+
+LARGE_FRAMES = [
+    ClientFrame(ClientFrameKind.REQUEST, 1, {"op": "send"}, bytes(range(256)) * 1024),
+    SAMPLES[1],
+    ClientFrame(ClientFrameKind.RESPONSE, 2, {"ok": True}, b"\x00" * LARGE_BODY),
+    ClientFrame(ClientFrameKind.REQUEST, 3, {"op": "send"}, b"x" * (LARGE_BODY - 1)),
+    SAMPLES[0],
+]
+LARGE_STREAM = b"".join(encode_frame(f) for f in LARGE_FRAMES)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_large_bodies_gathered_in_pieces_in_any_chunking(seed: int) -> None:
+    """Bodies of at least LARGE_BODY bytes are gathered in pieces as they arrive; in
+    whatever chunks the stream comes (ending inside a header, the meta, the body, or
+    several frames at once), the frames are the same and nothing stays buffered."""
+    rng = random.Random(seed)
+    reader = ClientFrameReader()
+    got: list[ClientFrame] = []
+    pos = 0
+    while pos < len(LARGE_STREAM):
+        step = rng.choice([1, 7, HEADER_SIZE, 5000, 70_000, 300_000])
+        chunk = LARGE_STREAM[pos : pos + step]
+        got += reader.feed(rng.choice([bytes, bytearray, memoryview])(chunk))
+        pos += len(chunk)
+        assert reader.buffered_bytes == pos - sum(len(encode_frame(f)) for f in got)
+    assert got == LARGE_FRAMES
+    assert all(type(f.body) is bytes for f in got)
+    assert reader.buffered_bytes == 0
+
+
+def test_a_large_body_with_a_bad_meta_fails_before_its_body() -> None:
+    frame = encode_frame(LARGE_FRAMES[0])
+    bad = bytearray(frame[: HEADER_SIZE + 100])
+    meta = encode_meta(LARGE_FRAMES[0].meta)
+    bad[HEADER_SIZE : HEADER_SIZE + len(meta)] = b"[" + b" " * (len(meta) - 2) + b"]"
+    reader = ClientFrameReader()
+    with pytest.raises(RemoteProtocolError, match="JSON object"):
+        reader.feed(bytes(bad))
+    assert reader.failed
 
 
 def test_body_limit_is_inclusive() -> None:
