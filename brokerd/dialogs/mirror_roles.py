@@ -15,7 +15,6 @@ and ``router_core``; the models of ``brokerd.dialogs`` for types.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -137,18 +136,25 @@ class MirrorRoles(RouterCore):
         self._persist_role(db)
 
     def _persist_role(self, db: Database) -> None:
+        """Store the role and epoch held in memory now. Submitted at once, not from a task
+        started later: the store commits in submission order, so a role stored after this
+        (a promotion's) is not overwritten by this older one."""
         assert db.mirror_role is not None
-        task = asyncio.get_running_loop().create_task(
-            self.engine.submit_wait(
-                db,
-                [
-                    queries.meta("mirror_role", db.mirror_role),
-                    queries.meta("mirror_epoch", str(db.mirror_epoch)),
-                ],
+        role, epoch = db.mirror_role, db.mirror_epoch
+
+        def failed(exc: BaseException) -> None:
+            log.warning(
+                "database %s: could not store its role (%s at epoch %d): %s",
+                db.name,
+                role,
+                epoch,
+                exc,
             )
+
+        db.store.submit(
+            [queries.meta("mirror_role", role), queries.meta("mirror_epoch", str(epoch))],
+            on_failure=failed,
         )
-        self._persisting.add(task)
-        task.add_done_callback(self._persisting.discard)
 
     def on_principal_answer(self, address: str, answer: events.PrincipalAnswer) -> None:
         if self.mirroring is not None:
@@ -225,10 +231,21 @@ class MirrorRoles(RouterCore):
             if replica is not None:
                 epoch = max(epoch, replica.lsn_epoch)
             epoch += 1
+            # Adopted at once: while the promotion is stored and the image rebuilt, a
+            # principal query carrying an epoch at or below it supersedes nothing (it
+            # would store this partner as the mirror after the promotion's own row).
+            db.mirror_epoch = epoch
         await self.engine.submit_wait(
             db,
             [queries.meta("mirror_role", role), queries.meta("mirror_epoch", str(epoch))],
         )
+        if promotion and db.mirror_epoch > epoch:
+            # A partner was promoted above this one meanwhile (R-ROUTE-15): stay the mirror.
+            self._persist_role(db)
+            raise DialogError(
+                f"database {db.name!r}: a partner became principal at epoch "
+                f"{db.mirror_epoch} during this promotion; this partner stays the mirror"
+            )
         if promotion and self.mirroring is not None:
             # R-ROUTE-16: resume every conversation where the old principal stood.
             await self.engine.rebuild(db)

@@ -183,7 +183,6 @@ class RouterCore:
         service, broker instance): see :meth:`RouteDecisions.decide`."""
         self._decisions_expire = math.inf
         self._query_ids = itertools.count(1)
-        self._persisting: set[asyncio.Task[None]] = set()
         self.mirroring: MirrorHooks | None = None
         """Set by the daemon when a database is mirrored with a partner (R-ROUTE-16)."""
 
