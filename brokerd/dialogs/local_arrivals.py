@@ -12,7 +12,8 @@ queue. Anything else (a message of several fragments, an ending, a gap, a duplic
 a refusal, a changed acknowledgement, a secured dialog) takes the whole way, and the
 run starts again after it.
 
-May import: ``protocol``, ``brokerd.dialogs`` models and :mod:`brokerd.dialogs.receiving`.
+May import: ``protocol``, ``brokerd.dialogs`` models, :mod:`brokerd.dialogs.receiving` and
+:mod:`brokerd.dialogs.runs`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.receiving import Receiving
+from brokerd.dialogs.runs import alike_runs
 from brokerd.dialogs.states import DELIVERING
 from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 
@@ -41,20 +43,15 @@ class LocalArrivals(Receiving):
         """Fragments ``(message, index)`` of ``sender``, in the order they were queued,
         for ``db`` (None: routed on arrival)."""
         receiver: Endpoint | None = None
-        arrived: list[int] = []
-        """Sequence numbers of the messages that went straight to ``receiver``, not yet
-        traced, all of ``size`` bytes."""
-        size = 0
+        arrived: list[OutMessage] = []
+        """The messages that went straight to ``receiver``, not yet traced."""
         try:
             for msg, index in pieces:
                 body = msg.body
                 if msg.seq not in sender.outbox or body is None:
                     continue  # acknowledged, or a copy already written (see the transport)
-                if (
-                    receiver is not None
-                    and db is not None
-                    and self._follows(sender, receiver, msg)
-                    and self._refusal_of(
+                if receiver is not None and db is not None and self._follows(sender, receiver, msg):
+                    refusal = self._refusal_of(
                         db,
                         receiver.contract,
                         msg.message_type,
@@ -63,33 +60,28 @@ class LocalArrivals(Receiving):
                         1,
                         body,
                     )
-                    is None
-                ):
-                    if arrived and len(body) != size:
-                        self._trace_arrived(link, sender, receiver, arrived, size)
-                        arrived = []
-                    size = len(body)
-                    arrived.append(msg.seq)
-                    self.transmission.fragment_left(sender, msg, index)
-                    self.stats.fragments_received += 1
-                    # Nothing is held beyond it and no end is pending (_follows): it
-                    # releases itself only, and the endpoint's state stays as it is.
-                    receiver.accepted.add_message(msg.seq)
-                    queue = db.queue_of(receiver.service) or ""
-                    self._arrived_in_order(db, receiver, queue, msg.seq, msg.message_type, body)
-                    continue
+                    if refusal is None:
+                        arrived.append(msg)
+                        self.transmission.fragment_left(sender, msg, index)
+                        self.stats.fragments_received += 1
+                        # Nothing is held beyond it and no end is pending (_follows): it
+                        # releases itself only, and the endpoint's state stays as it is.
+                        receiver.accepted.add_message(msg.seq)
+                        queue = db.queue_of(receiver.service) or ""
+                        self._arrived_in_order(db, receiver, queue, msg.seq, msg.message_type, body)
+                        continue
                 if arrived:
                     assert receiver is not None
-                    self._trace_arrived(link, sender, receiver, arrived, size)
+                    self._trace_arrived(link, sender, receiver, arrived)
                     arrived = []
                 before = self._accepted_through(sender, db)
                 header, fragment = self.build_fragment(sender, msg, index)
-                self.on_fragment(link, header, fragment, db)
+                self.on_fragment(link, header, fragment, db)  # a refusal is answered there
                 receiver = self._run_receiver(sender, msg, db, before)
         finally:
             if arrived:
                 assert receiver is not None
-                self._trace_arrived(link, sender, receiver, arrived, size)
+                self._trace_arrived(link, sender, receiver, arrived)
 
     @staticmethod
     def _accepted_through(sender: Endpoint, db: Database | None) -> int:
@@ -135,20 +127,22 @@ class LocalArrivals(Receiving):
         )
 
     def _trace_arrived(
-        self, link: Link, sender: Endpoint, receiver: Endpoint, seqs: list[int], size: int
+        self, link: Link, sender: Endpoint, receiver: Endpoint, messages: list[OutMessage]
     ) -> None:
         """``fragment_received`` of messages that went straight to ``receiver``, as
-        :meth:`on_fragment` traces each."""
-        if self.trace.enabled:
+        :meth:`on_fragment` traces each: one entry per run of messages of one size."""
+        if not self.trace.enabled:
+            return
+        for start, end in alike_runs([msg.length for msg in messages]):
             self.trace.emit_each(
                 "fragment_received",
                 receiver.conversation_id,
                 "seq",
-                seqs,
+                [msg.seq for msg in messages[start:end]],
                 initiator=sender.initiator,
                 fragment=0,
                 fragments=1,
-                size=size,
+                size=messages[start].length,
                 hop=None,
                 peer=link.name,
             )

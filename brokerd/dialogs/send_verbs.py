@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from brokerd.dialogs.core import (
     EngineCore,
@@ -22,6 +22,7 @@ from brokerd.dialogs.core import (
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.direct import direct_target
 from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_snapshot
+from brokerd.dialogs.runs import alike_runs
 from brokerd.dialogs.states import DELIVERING
 from brokerd.dialogs.work import Work
 from brokerd.errors import (
@@ -319,7 +320,7 @@ class SendVerbs(EngineCore):
         messages of one type and size."""
         if not self.trace.enabled:
             return
-        for start, end in _alike_runs([(t, len(body)) for _, t, body in messages]):
+        for start, end in alike_runs([(t, len(body)) for _, t, body in messages]):
             _, message_type, body = messages[start]
             self._trace_sent(db, ep, seqs[start:end], message_type, len(body))
 
@@ -328,7 +329,7 @@ class SendVerbs(EngineCore):
         one size."""
         if not self.trace.enabled:
             return
-        for start, end in _alike_runs([msg.length for msg in messages]):
+        for start, end in alike_runs([msg.length for msg in messages]):
             first = messages[start]
             self.trace.emit_each(
                 "enqueued",
@@ -403,14 +404,3 @@ class SendVerbs(EngineCore):
             self._send_failed(ep, chain, seq, exc)
 
         return seq, statements, committed, failed
-
-
-def _alike_runs(keys: Sequence[object]) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` of each run of equal consecutive ``keys``, in order."""
-    start = 0
-    while start < len(keys):
-        end = start + 1
-        while end < len(keys) and keys[end] == keys[start]:
-            end += 1
-        yield start, end
-        start = end

@@ -48,6 +48,7 @@ from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.rtt import RttEstimator
+from brokerd.dialogs.runs import alike_runs
 from brokerd.dialogs.service_keys import ServiceKeys
 from brokerd.dialogs.stats import EngineStats
 from brokerd.dialogs.window import SendWindow
@@ -386,13 +387,9 @@ class Transmission:
     def _trace_gathered(self, gathered: list[tuple[Endpoint, OutMessage, Link]]) -> None:
         """``fragment_sent`` of messages of one fragment queued on their first attempt, one
         entry per run of messages of one endpoint, link and size."""
-        start = 0
-        for end in range(1, len(gathered) + 1):
+        keys = [(id(ep), link.name, msg.length) for ep, msg, link in gathered]
+        for start, end in alike_runs(keys):
             ep, msg, link = gathered[start]
-            if end < len(gathered):
-                other, next_msg, next_link = gathered[end]
-                if other is ep and next_link is link and next_msg.length == msg.length:
-                    continue
             self.trace.emit_each(
                 "fragment_sent",
                 ep.conversation_id,
@@ -407,7 +404,6 @@ class Transmission:
                 peer=link.name,
                 route=ep.route.route if ep.route else None,
             )
-            start = end
 
     def send_new(self, ep: Endpoint, msg: OutMessage) -> None:
         """A SEND committed ``msg``: hand it to the endpoint's link if that is open,

@@ -10,8 +10,9 @@ import asyncio
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
-from brokerd.sdk.client import BrokerClient
+from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
@@ -36,6 +37,21 @@ def _body(n: int, what: str) -> bytes:
     return f"<{what}>{n}</{what}>".encode() + b" " * (n // 40 % 3 * 50)
 
 
+def _traced(d: Deployment) -> list[dict[str, Any]]:
+    return list(read_events(segment_files([d.daemons["solo"].directory / "data" / "traces"])))
+
+
+async def _orders_arrive(client: BrokerClient, bodies: list[bytes]) -> list[ReceivedMessage]:
+    """A dialog begun and ``bodies`` SENT on it pipelined: they arrive once, in order."""
+    handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+    sent = await _pipelined(client, handle, example.ORDER, bodies)
+    assert sent == list(range(1, len(bodies) + 1))
+    got = await drain(client, "OrderQueue", len(bodies))
+    assert [m.message_body for m in got] == bodies
+    assert_exactly_once_in_order(got)
+    return got
+
+
 async def _pipelined(
     client: BrokerClient, handle: uuid.UUID, message_type: str, bodies: list[bytes]
 ) -> list[int | BaseException]:
@@ -50,11 +66,7 @@ async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path:
     with running(d):
         client = await d.daemons["solo"].client()
         try:
-            handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
-            assert await _pipelined(client, handle, example.ORDER, orders) == list(range(1, 601))
-            got = await drain(client, "OrderQueue", 600)
-            assert [m.message_body for m in got] == orders
-            assert_exactly_once_in_order(got)
+            got = await _orders_arrive(client, orders)
             target = got[0].conversation_handle
             sent = await _pipelined(client, target, example.CONFIRMATION, confirmations)
             assert sent == list(range(1, 201))
@@ -68,7 +80,7 @@ async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path:
             await wait_until(acknowledged, 30)
         finally:
             await client.close()
-    traced = list(read_events(segment_files([d.daemons["solo"].directory / "data" / "traces"])))
+    traced = _traced(d)
     arrivals = Counter(
         (e["initiator"], e["seq"]) for e in traced if e["event"] == "fragment_received"
     )
@@ -91,13 +103,10 @@ async def test_fragment_sent_lines_follow_the_order_of_a_run_mixing_large_messag
     with running(d):
         client = await d.daemons["solo"].client()
         try:
-            handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
-            assert await _pipelined(client, handle, example.ORDER, bodies) == list(range(1, 101))
-            got = await drain(client, "OrderQueue", 100)
-            assert [m.message_body for m in got] == bodies
+            await _orders_arrive(client, bodies)
         finally:
             await client.close()
-    traced = read_events(segment_files([d.daemons["solo"].directory / "data" / "traces"]))
+    traced = _traced(d)
     sent = [e["seq"] for e in traced if e["event"] == "fragment_sent" and e["initiator"]]
     assert sorted(set(sent)) == list(range(1, 101))
     assert sent == sorted(sent)
