@@ -3,12 +3,14 @@
     python -m bench run --workload W2 --messages 50000 --size 200 --json
     python -m bench run --workload W1,W2,W3 --runs 3 --peer rabbitmq --peer-dir DIR --json
     python -m bench summarize results.jsonl
+    python -m bench floor --json
 
 ``run`` starts its own daemons on loopback for every run, with a producer and a
 consumer in separate processes, and prints one JSON line per run (``--json``) or a
 table. Workloads: W1 local, W2 remote, W3 large remote (1 MiB), W4 many dialogs,
 W5 via a forwarder, W6 recovery. docs/performance.md describes the method and every
-figure.
+figure. ``floor`` measures what the work each W3 message requires costs on this
+machine, and the ceiling on W3 that follows (:mod:`bench.floor`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import floor, report
 from bench import peer as peers
-from bench import report
 from bench.messages import HEADER
 from bench.workloads import PEER_WORKLOADS, WORKLOADS, Options, default_warmup
 from bench.workloads import run as run_workload
@@ -100,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
     )
     summarize = commands.add_parser("summarize", help="markdown table of medians")
     summarize.add_argument("files", nargs="+", type=Path)
+    bottom = commands.add_parser("floor", help="the CPU the work of a W3 message requires")
+    bottom.add_argument("--iterations", type=_positive, default=100, help="per measurement")
+    bottom.add_argument("--peer-mb-s", type=float, help="the peer's W3 MB/s, for the ratio")
+    bottom.add_argument("--json", action="store_true", help="print one JSON line")
     return top
 
 
@@ -217,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "summarize":
         print(report.markdown(report.read_lines(args.files)))
+        return 0
+    if args.command == "floor":
+        line = floor.measure(args.iterations, peer_mb_s=args.peer_mb_s)
+        print(json.dumps(line) if args.json else floor.describe(line))
         return 0
     return command_run(args)
 

@@ -179,7 +179,7 @@ class _Committer:
                     fn, done = call
                     try:
                         if conn is None:
-                            conn = _connect(self.path)
+                            conn = connect(self.path)
                         result = fn(conn)
                     except BaseException as exc:  # reported to the caller on the event loop
                         done(None, exc)
@@ -219,7 +219,8 @@ by one when its row is deleted: a 1 MiB body is 256 pages at SQLite's default 4 
 and 64 at 16 KiB (docs/performance.md, "Large bodies")."""
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection to ``path`` with the store's settings (page size, WAL, ``synchronous=FULL``)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     # Only takes effect while the file is still empty (before its first table).
@@ -605,7 +606,7 @@ def _backup(source: sqlite3.Connection, conn: sqlite3.Connection) -> None:
     """Copy ``source`` over ``conn``'s file. A file in WAL mode refuses a copy of another
     page size (partners whose files were created by versions with different page
     sizes, :data:`PAGE_SIZE`; SQLite reports it as a write to a read-only database,
-    and ``PRAGMA page_size`` does not tell, since :func:`_connect` asked for ours):
+    and ``PRAGMA page_size`` does not tell, since :func:`connect` asked for ours):
     the copy then goes in rollback-journal mode, which takes the source's page size,
     and the file returns to WAL."""
     try:
