@@ -227,6 +227,7 @@ token_file = "/run/brokerd/token"
 [limits]
 max_message_size = 1
 fragment_size = 1024
+page_cache_mb = 8
 [[database]]
 name = "shop"
 broker_instance = "{UUID1.upper()}"
@@ -253,7 +254,7 @@ status = false
     assert cfg.retry == RetryConfig(1.0, 1.0, 0.5, 2.0, redial_after=2)
     assert (cfg.client.host, cfg.client.port) == ("::1", 6000)
     assert cfg.client.token_file == Path("/run/brokerd/token")
-    assert cfg.limits == LimitsConfig(1, 1024)
+    assert cfg.limits == LimitsConfig(1, 1024, page_cache_mb=8)
     shop = cfg.database("shop")
     assert shop.broker_instance == uuid.UUID(UUID1)
     assert shop.queues == (QueueConfig("Q1", False, True), QueueConfig("Q2", False, False))

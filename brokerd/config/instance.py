@@ -234,5 +234,6 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         held_bodies_mb=t.integer("held_bodies_mb", d["held_bodies_mb"], 0),
         transit_bodies_mb=t.integer("transit_bodies_mb", d["transit_bodies_mb"], 1),
         client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
+        page_cache_mb=t.integer("page_cache_mb", d["page_cache_mb"], 1),
         backlog_page=t.integer("backlog_page", d["backlog_page"], 1),
     )

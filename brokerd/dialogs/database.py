@@ -25,7 +25,7 @@ from brokerd.dialogs.states import DELIVERING
 from brokerd.storage import queries
 from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.queries import Rows, Statement
-from brokerd.storage.store import Store
+from brokerd.storage.store import PAGE_CACHE_MB, Store
 from protocol.acks import AckState
 from protocol.dialog import (
     END_DIALOG,
@@ -75,10 +75,12 @@ _END_FLAGS = {
 
 
 class Database:
-    def __init__(self, config: DatabaseConfig, data_dir: Path) -> None:
+    def __init__(
+        self, config: DatabaseConfig, data_dir: Path, page_cache_mb: int = PAGE_CACHE_MB
+    ) -> None:
         self.config = config
         self.name = config.name
-        self.store = Store(data_dir / f"{config.name}.sqlite", config.name)
+        self.store = Store(data_dir / f"{config.name}.sqlite", config.name, page_cache_mb)
         self.catalog = Catalog.from_config(config)
         self.service_keys = ServiceKeys()
         """Key pairs and remote service bindings (R-DLG-14), read by :meth:`open`."""

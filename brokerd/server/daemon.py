@@ -56,7 +56,10 @@ class Broker:
             raise ConfigError(config.path, "endpoint.certificate", f"cannot load: {exc}") from exc
         self.instance_name = self.identity.instance_name
         self.client_tls = server_context(config)
-        self.databases = {db.name: Database(db, config.data_dir) for db in config.databases}
+        self.databases = {
+            db.name: Database(db, config.data_dir, config.limits.page_cache_mb)
+            for db in config.databases
+        }
         self.transport = Transport(endpoint, self.identity)
         self.trace = TraceWriter(config.trace, self.instance_name)
         self.engine = DialogEngine(config, self.databases, self.transport, trace=self.trace)

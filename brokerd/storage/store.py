@@ -111,10 +111,12 @@ class _Committer:
         path: Path,
         name: str,
         on_batch: Callable[[list[_Job], list[Unit], int], None],
-        replica: Replica | None = None,
+        replica: Replica | None,
+        page_cache_mb: int,
     ) -> None:
         self.path = path
         self.name = name
+        self.page_cache_mb = page_cache_mb
         self._on_batch = on_batch
         self.replica = replica
         self.chains = BrokenChains()
@@ -179,7 +181,7 @@ class _Committer:
                     fn, done = call
                     try:
                         if conn is None:
-                            conn = connect(self.path)
+                            conn = connect(self.path, self.page_cache_mb)
                         result = fn(conn)
                     except BaseException as exc:  # reported to the caller on the event loop
                         done(None, exc)
@@ -219,8 +221,13 @@ by one when its row is deleted: a 1 MiB body is 256 pages at SQLite's default 4 
 and 64 at 16 KiB (docs/performance.md, "Large bodies")."""
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    """A connection to ``path`` with the store's settings (page size, WAL, ``synchronous=FULL``)."""
+PAGE_CACHE_MB = 64
+"""The page cache of a database's connection by default (``limits.page_cache_mb``)."""
+
+
+def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> sqlite3.Connection:
+    """A connection to ``path`` with the store's settings: page size, WAL,
+    ``synchronous=FULL``, and a page cache of ``page_cache_mb``."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     # Only takes effect while the file is still empty (before its first table).
@@ -228,21 +235,23 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=OFF")
+    conn.execute(f"PRAGMA cache_size=-{page_cache_mb * 1024}")  # negative: in KiB
     return conn
 
 
 class Store:
     """The SQLite file of one database and its single group-commit writer."""
 
-    def __init__(self, path: Path, database: str) -> None:
+    def __init__(self, path: Path, database: str, page_cache_mb: int = PAGE_CACHE_MB) -> None:
         self.path = path
         self.database = database
+        self.page_cache_mb = page_cache_mb
         self._committer: _Committer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outstanding = 0
+        """Jobs submitted whose callbacks have not run yet."""
         self.pending_weight = 0
         """Bytes carried by jobs submitted and not yet committed (``submit(weight=...)``)."""
-        """Jobs submitted whose callbacks have not run yet."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
@@ -267,7 +276,9 @@ class Store:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
                 loop.call_soon_threadsafe(self._committed, batch, units, release)
 
-        self._committer = _Committer(self.path, self.database, on_batch, self.replica)
+        self._committer = _Committer(
+            self.path, self.database, on_batch, self.replica, self.page_cache_mb
+        )
         try:
             instance: uuid.UUID = await self._call(
                 lambda conn: _open_file(conn, self.path, self.database, broker_instance)

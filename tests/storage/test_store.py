@@ -16,7 +16,7 @@ import pytest
 
 from brokerd.errors import StoreError
 from brokerd.storage import queries
-from brokerd.storage.store import Store
+from brokerd.storage.store import PAGE_CACHE_MB, Store
 
 
 def _meta(path: Path) -> dict[str, str]:
@@ -450,3 +450,16 @@ async def test_a_held_message_completed_and_released_in_one_commit_is_ready(
     assert [tuple(r) for r in statuses] == [(1, 1), (2, 1)]
     assert await store.query(queries.READ_HELD) == []
     await store.close()
+
+
+async def test_the_connection_keeps_the_page_cache_it_was_given(tmp_path: Path) -> None:
+    """``limits.page_cache_mb``: SQLite's 2 MB default is smaller than one commit of a few
+    1 MiB messages, which then spills pages to the file and reads them back."""
+    store = Store(tmp_path / "shop.sqlite", "shop", page_cache_mb=8)
+    await store.open()
+    assert (await store.query("PRAGMA cache_size"))[0][0] == -8 * 1024
+    await store.close()
+    default = Store(tmp_path / "warehouse.sqlite", "warehouse")
+    await default.open()
+    assert (await default.query("PRAGMA cache_size"))[0][0] == -PAGE_CACHE_MB * 1024
+    await default.close()
