@@ -264,6 +264,7 @@ def daemon_figures(
         "rss_peak_mb": {n: report.rounded(memory_mb(pid), 1) for n, pid in pids.items()},
         "retransmissions": sum(int(v.get("retransmissions", 0)) for v in views.values()),
         "duplicates": sum(int(v.get("duplicates", 0)) for v in views.values()),
+        "bodies_read_back": sum(int(v.get("bodies_read_back", 0)) for v in views.values()),
         "unacknowledged": sum(int(v["unacknowledged"]) for v in views.values()),
     }
 
