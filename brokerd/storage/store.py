@@ -221,8 +221,10 @@ by one when its row is deleted: a 1 MiB body is 256 pages at SQLite's default 4 
 and 64 at 16 KiB (docs/performance.md, "Large bodies")."""
 
 
-PAGE_CACHE_MB = 64
-"""The page cache of a database's connection by default (``limits.page_cache_mb``)."""
+PAGE_CACHE_MB = 2
+"""The page cache of a database's connection by default (``limits.page_cache_mb``):
+SQLite's own default. docs/performance.md measures 64 MB ("The floor under W3, and the
+page cache"): large messages gain a little, a large backlog's RSS grows by the cache."""
 
 
 def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> sqlite3.Connection:
