@@ -41,6 +41,13 @@ def _positive(value: str) -> int:
     return n
 
 
+def _positive_float(value: str) -> float:
+    x = float(value)
+    if not x > 0:
+        raise argparse.ArgumentTypeError("must be above 0")
+    return x
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     commands = top.add_subparsers(dest="command", required=True)
@@ -104,7 +111,15 @@ def parser() -> argparse.ArgumentParser:
     summarize.add_argument("files", nargs="+", type=Path)
     bottom = commands.add_parser("floor", help="the CPU the work of a W3 message requires")
     bottom.add_argument("--iterations", type=_positive, default=100, help="per measurement")
-    bottom.add_argument("--peer-mb-s", type=float, help="the peer's W3 MB/s, for the ratio")
+    bottom.add_argument(
+        "--peer-mb-s", type=_positive_float, help="the peer's W3 MB/s, for the ratio"
+    )
+    bottom.add_argument(
+        "--page-cache-mb",
+        type=_positive,
+        default=floor.PAGE_CACHE_MB,
+        help=f"SQLite's page cache (limits.page_cache_mb; default {floor.PAGE_CACHE_MB})",
+    )
     bottom.add_argument("--json", action="store_true", help="print one JSON line")
     return top
 
@@ -225,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         print(report.markdown(report.read_lines(args.files)))
         return 0
     if args.command == "floor":
-        line = floor.measure(args.iterations, peer_mb_s=args.peer_mb_s)
+        line = floor.measure(
+            args.iterations, peer_mb_s=args.peer_mb_s, page_cache_mb=args.page_cache_mb
+        )
         print(json.dumps(line) if args.json else floor.describe(line))
         return 0
     return command_run(args)

@@ -765,6 +765,11 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
             "limits.backlog_page",
             "at least 1",
         ),
+        (  # SQLite's cache_size counts KiB in 32 bits: more would silently be no cache
+            config_text(rest="[limits]\npage_cache_mb = 4097\n"),
+            "limits.page_cache_mb",
+            "between 1 and 4096",
+        ),
         (
             config_text(rest="[limits]\nfragment_size = 1023\n"),
             "limits.fragment_size",

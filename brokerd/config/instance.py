@@ -25,6 +25,9 @@ _ENCRYPTIONS = ("required", "supported", "disabled")
 _FRAME_RESERVE = 8192
 """Room kept in a frame for the dialog header and the protection overhead."""
 _MIN_FRAGMENT_SIZE = 1024
+MAX_PAGE_CACHE_MB = 4096
+"""``limits.page_cache_mb`` at most: SQLite's ``cache_size`` is a 32-bit count of KiB,
+and a value past it silently becomes no cache at all."""
 _MAX_U32 = 2**32 - 1
 _DEFAULT_CLIENT_PORT = 4023
 _DEFAULT_CLIENT_HOST = "127.0.0.1"
@@ -234,6 +237,6 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         held_bodies_mb=t.integer("held_bodies_mb", d["held_bodies_mb"], 0),
         transit_bodies_mb=t.integer("transit_bodies_mb", d["transit_bodies_mb"], 1),
         client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
-        page_cache_mb=t.integer("page_cache_mb", d["page_cache_mb"], 1),
+        page_cache_mb=t.integer("page_cache_mb", d["page_cache_mb"], 1, MAX_PAGE_CACHE_MB),
         backlog_page=t.integer("backlog_page", d["backlog_page"], 1),
     )

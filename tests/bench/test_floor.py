@@ -13,13 +13,14 @@ from bench import floor
 from bench.__main__ import main
 
 PIECES = (
-    "tcp_hop", "seal", "open", "seal_signed_only", "open_signed_only",
+    "tcp_hop", "seal", "open", "seal_signed_only", "open_signed_only", "md5",
     "sqlite_sender", "sqlite_receiver",
 )  # fmt: skip
 
 
 def test_floor_is_the_sum_of_the_required_work(tmp_path: Path) -> None:
-    line = floor.measure(iterations=2, directory=tmp_path, peer_mb_s=200.0)
+    line = floor.measure(iterations=2, directory=tmp_path, peer_mb_s=200.0, page_cache_mb=8)
+    assert (line["page_cache_mb"], line["per_commit"]) == (8, floor.PER_COMMIT)
     for name in PIECES:
         assert line[name] > 0, name
     required = 3 * line["tcp_hop"] + line["seal"] + line["open"]
@@ -37,3 +38,9 @@ def test_floor_command_prints_one_json_line(capsys: pytest.CaptureFixture[str]) 
     line = json.loads(capsys.readouterr().out)
     assert line["what"].startswith("W3 floor") and line["floor_ms"] > 0
     assert "ceiling_ratio" not in line
+    assert line["page_cache_mb"] == floor.PAGE_CACHE_MB
+
+
+def test_floor_command_refuses_a_peer_figure_of_zero() -> None:
+    with pytest.raises(SystemExit):
+        main(["floor", "--peer-mb-s", "0"])
