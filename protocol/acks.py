@@ -15,6 +15,7 @@ from __future__ import annotations
 from protocol.dialog import (
     MAX_ACK_RANGES,
     MAX_FRAGMENT_ACKS,
+    NO_ACK,
     Acknowledgement,
     AckRange,
     FragmentAck,
@@ -100,6 +101,8 @@ class AckState:
         Beyond the bounds, the lowest ranges win: they unblock the sender's oldest
         messages; the rest are acknowledged by a later header.
         """
+        if not self.beyond and not self.fragments:  # every fragment header carries one
+            return NO_ACK if not self.through else Acknowledgement(self.through, (), ())
         ranges: list[AckRange] = []
         if self.beyond:
             ordered = sorted(self.beyond)

@@ -239,24 +239,36 @@ class Transmission:
             return
         if ep.backlog and len(ep.outbox) < self.page:
             self.page_in(ep)
-        earliest = math.inf
-        for msg in ep.outbox.values():
-            if msg.due <= now:
-                if not self._send_message(ep, msg, link, now):
-                    # The link redials; its link_up sends everything again, and this
-                    # wake-up covers a link that had no connection to close.
-                    self.schedule(ep, now + self.retry.initial)
-                    return
-                if msg.window != link.name:
-                    # The window is full: this message waits in it, and the endpoint's
-                    # other due messages are offered when it has room again, so a
-                    # backlog costs the window one entry per endpoint, not per message.
-                    self._windows[link.name].block(ep)
-                    break
-            if msg.due < earliest:
-                earliest = msg.due
-        if earliest < math.inf:
-            self.schedule(ep, earliest)
+        # The fragment_sent lines of its first sendings are traced together, as a run's
+        # are (a drained backlog sends a page of them here).
+        gathered: list[tuple[Endpoint, OutMessage, Link]] | None = None
+        if self._gathered is None and self.trace.enabled:
+            gathered = self._gathered = []
+        try:
+            earliest = math.inf
+            for msg in ep.outbox.values():
+                if msg.due <= now:
+                    if not self._send_message(ep, msg, link, now):
+                        # The link redials; its link_up sends everything again, and this
+                        # wake-up covers a link that had no connection to close.
+                        self.schedule(ep, now + self.retry.initial)
+                        return
+                    if msg.window != link.name:
+                        # The window is full: this message waits in it, and the
+                        # endpoint's other due messages are offered when it has room
+                        # again, so a backlog costs the window one entry per endpoint,
+                        # not per message.
+                        self._windows[link.name].block(ep)
+                        break
+                if msg.due < earliest:
+                    earliest = msg.due
+            if earliest < math.inf:
+                self.schedule(ep, earliest)
+        finally:
+            if gathered is not None:
+                self._gathered = None
+                if gathered:
+                    self._trace_gathered(gathered)
 
     # -- the backlog ----------------------------------------------------------------------
 

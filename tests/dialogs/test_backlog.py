@@ -28,6 +28,7 @@ from brokerd.tools.example import (
     shop_and_warehouse,
 )
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import FAST_RETRY, PROXY_HOST, drain, proxied, stats_with, wait_until
 
 PAGE = 256  # limits.backlog_page, its default
@@ -123,6 +124,17 @@ async def test_a_backlog_on_many_dialogs_is_recovered_as_numbers_and_paged_in(
     assert read["bodies_read_back"] <= read["retransmissions"], read
     await shop.close()
     await warehouse.close()
+    # Every message left after the restart, a page at a time: each has its fragment_sent
+    # line, traced together with the others of its page (Transmission.transmit).
+    deployment.stop("alpha")
+    traces = deployment.daemons["alpha"].directory / "data" / "traces"
+    sent: dict[str, set[int]] = {}
+    for e in read_events(segment_files([traces])):
+        if e["event"] == "fragment_sent":
+            assert e["fragments"] == 1 and e["peer"], e
+            sent.setdefault(str(e["conversation_id"]), set()).add(int(e["seq"]))
+    assert len(sent) == DIALOGS
+    assert all(seqs == set(range(1, PER_DIALOG + 1)) for seqs in sent.values())
 
 
 async def _empty(client: BrokerClient) -> bool:
