@@ -1,0 +1,33 @@
+"""``limits.page_cache_mb`` reaches the connection of every database of a running daemon."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from brokerd.tools.launcher import Deployment
+from tests.daemons import in_process
+
+HOST = "127.0.0.243"
+DATABASES = """
+[[database]]
+name = "Shop"
+[[database.queue]]
+name = "Q"
+
+[[database]]
+name = "Warehouse"
+[[database.queue]]
+name = "Q"
+"""
+
+
+async def test_each_database_of_a_daemon_has_the_page_cache_it_was_configured_with(
+    tmp_path: Path,
+) -> None:
+    daemon = Deployment(tmp_path).add(
+        "solo", HOST, DATABASES, extra="[limits]\npage_cache_mb = 8\n"
+    )
+    async with in_process(daemon.config_path) as broker:
+        for name in ("Shop", "Warehouse"):
+            rows = await broker.databases[name].store.query("PRAGMA cache_size")
+            assert rows[0][0] == -8 * 1024, name
