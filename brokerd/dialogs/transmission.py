@@ -106,8 +106,9 @@ class Transmission:
         self._windows: dict[str, SendWindow] = {}
         """The send window of each link, by name."""
         self._gathered: list[tuple[Endpoint, OutMessage, Link]] | None = None
-        """While a run of new messages is handed over (:meth:`send_run`): the ones of one
-        fragment queued on a link, traced together at the end of the run."""
+        """While a run of new messages is handed over (:meth:`send_run`), or an endpoint's
+        due messages (:meth:`transmit`), and traces are on: the ones of one fragment
+        queued on a link for the first time, traced together at the end (:meth:`_gather`)."""
         self._hand_over_fn = self._hand_over
         """One bound method for every message a window holds back (a backlog of a million
         messages would otherwise hold a million of them)."""
@@ -239,11 +240,7 @@ class Transmission:
             return
         if ep.backlog and len(ep.outbox) < self.page:
             self.page_in(ep)
-        # The fragment_sent lines of its first sendings are traced together, as a run's
-        # are (a drained backlog sends a page of them here).
-        gathered: list[tuple[Endpoint, OutMessage, Link]] | None = None
-        if self._gathered is None and self.trace.enabled:
-            gathered = self._gathered = []
+        gathered = self._gather()  # a drained backlog sends a page of them here
         try:
             earliest = math.inf
             for msg in ep.outbox.values():
@@ -265,10 +262,7 @@ class Transmission:
             if earliest < math.inf:
                 self.schedule(ep, earliest)
         finally:
-            if gathered is not None:
-                self._gathered = None
-                if gathered:
-                    self._trace_gathered(gathered)
+            self._gathered_out(gathered)
 
     # -- the backlog ----------------------------------------------------------------------
 
@@ -386,15 +380,31 @@ class Transmission:
         if len(messages) == 1:  # a run of one (10,000 dialogs taking turns): nothing to gather
             self.send_new(ep, messages[0])
             return
-        gathered: list[tuple[Endpoint, OutMessage, Link]] = []
-        self._gathered = gathered
+        gathered = self._gather()
         try:
             for msg in messages:
                 self.send_new(ep, msg)
         finally:
-            self._gathered = None
-            if gathered:
-                self._trace_gathered(gathered)
+            self._gathered_out(gathered)
+
+    def _gather(self) -> list[tuple[Endpoint, OutMessage, Link]] | None:
+        """From now on, the ``fragment_sent`` lines of messages of one fragment sent for the
+        first time are gathered (:meth:`_queue_fragments`), to be traced together by
+        :meth:`_gathered_out`: the list, or None if an outer call gathers them already
+        or nothing is traced."""
+        if self._gathered is not None or not self.trace.enabled:
+            return None
+        gathered: list[tuple[Endpoint, OutMessage, Link]] = []
+        self._gathered = gathered
+        return gathered
+
+    def _gathered_out(self, gathered: list[tuple[Endpoint, OutMessage, Link]] | None) -> None:
+        """Trace what :meth:`_gather` gathered (one entry per run) and stop gathering."""
+        if gathered is None:
+            return
+        self._gathered = None
+        if gathered:
+            self._trace_gathered(gathered)
 
     def _trace_gathered(self, gathered: list[tuple[Endpoint, OutMessage, Link]]) -> None:
         """``fragment_sent`` of messages of one fragment queued on their first attempt, one
@@ -512,8 +522,7 @@ class Transmission:
         gathered = self._gathered
         if gathered is not None:
             if msg.fragment_count == 1 and msg.attempts == 1:
-                if trace.enabled:
-                    gathered.append((ep, msg, link))
+                gathered.append((ep, msg, link))
                 link.queue_fragment(ep, msg, 0)
                 return
             if gathered:  # traced before this one's lines, in the order they were queued
