@@ -26,6 +26,7 @@ from bench import peer as peers
 from bench.messages import HEADER
 from bench.workloads import PEER_WORKLOADS, WORKLOADS, Options, default_warmup
 from bench.workloads import run as run_workload
+from brokerd.config.instance import MAX_PAGE_CACHE_MB
 
 
 def _on_off(value: str) -> bool:
@@ -38,6 +39,13 @@ def _positive(value: str) -> int:
     n = int(value)
     if n < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def _page_cache_mb(value: str) -> int:
+    n = int(value)
+    if not 1 <= n <= MAX_PAGE_CACHE_MB:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_PAGE_CACHE_MB}")
     return n
 
 
@@ -116,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
     )
     bottom.add_argument(
         "--page-cache-mb",
-        type=_positive,
+        type=_page_cache_mb,
         default=floor.PAGE_CACHE_MB,
         help=f"SQLite's page cache (limits.page_cache_mb; default {floor.PAGE_CACHE_MB})",
     )

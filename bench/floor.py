@@ -54,6 +54,8 @@ PER_COMMIT = 4
 """Messages a commit holds: W3's producer keeps ``client_pending_mb`` (16 MB) of SENDs
 awaiting their commits, so a group commit takes a few 1 MiB messages."""
 HOP_TIMEOUT = 30.0
+SqliteWork = Callable[[sqlite3.Connection, str, list[int]], None]
+"""One step of a side's SQLite work: a conversation handle and the numbers it uses."""
 
 
 def cpu_ms(step: Callable[[], object], iterations: int) -> float:
@@ -140,27 +142,16 @@ def _database(directory: Path, name: str, page_cache_mb: int) -> sqlite3.Connect
     return conn
 
 
-def sqlite_sender(directory: Path, body: bytes, iterations: int, page_cache_mb: int) -> float:
-    """CPU ms per message of the sender's rows: ``PER_COMMIT`` bodies into the
-    transmission queue in one commit, then deleted in one (their acknowledgements)."""
-    conn = _database(directory, "sender", page_cache_mb)
+def _per_message(
+    directory: Path, name: str, page_cache_mb: int, iterations: int, work: SqliteWork
+) -> float:
+    """CPU ms per message of ``work(conn, handle, seqs)``, given ``PER_COMMIT`` new
+    sequence numbers of one conversation each time, on a database file of its own."""
+    conn = _database(directory, name, page_cache_mb)
     handle, numbers = str(uuid.uuid4()), iter(range(1, 1 << 62))
 
     def step() -> None:
-        seqs = [next(numbers) for _ in range(PER_COMMIT)]
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(
-            "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?)",
-            [(handle, seq, "large", 3, body, time.time()) for seq in seqs],
-        )
-        conn.execute("COMMIT")
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "DELETE FROM transmission_queue WHERE conversation_handle = ? "
-            "AND message_sequence_number BETWEEN ? AND ?",
-            (handle, seqs[0], seqs[-1]),
-        )
-        conn.execute("COMMIT")
+        work(conn, handle, [next(numbers) for _ in range(PER_COMMIT)])
 
     try:
         return cpu_ms(step, iterations) / PER_COMMIT
@@ -168,15 +159,39 @@ def sqlite_sender(directory: Path, body: bytes, iterations: int, page_cache_mb: 
         conn.close()
 
 
+def _delete_committed(conn: sqlite3.Connection, table: str, handle: str, seqs: list[int]) -> None:
+    """``seqs``' rows of ``table`` deleted, in a transaction begun by the caller, committed."""
+    conn.execute(
+        f"DELETE FROM {table} WHERE conversation_handle = ? "
+        "AND message_sequence_number BETWEEN ? AND ?",
+        (handle, seqs[0], seqs[-1]),
+    )
+    conn.execute("COMMIT")
+
+
+def sqlite_sender(directory: Path, body: bytes, iterations: int, page_cache_mb: int) -> float:
+    """CPU ms per message of the sender's rows: ``PER_COMMIT`` bodies into the
+    transmission queue in one commit, then deleted in one (their acknowledgements)."""
+
+    def work(conn: sqlite3.Connection, handle: str, seqs: list[int]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?)",
+            [(handle, seq, "large", 3, body, time.time()) for seq in seqs],
+        )
+        conn.execute("COMMIT")
+        conn.execute("BEGIN IMMEDIATE")
+        _delete_committed(conn, "transmission_queue", handle, seqs)
+
+    return _per_message(directory, "sender", page_cache_mb, iterations, work)
+
+
 def sqlite_receiver(directory: Path, body: bytes, iterations: int, page_cache_mb: int) -> float:
     """CPU ms per message of the receiver's rows: the fragments of ``PER_COMMIT`` bodies
     stored in one commit, then read, each body joined, and deleted in one (RECEIVE)."""
-    conn = _database(directory, "receiver", page_cache_mb)
-    handle, numbers = str(uuid.uuid4()), iter(range(1, 1 << 62))
     pieces = _pieces(body)
 
-    def step() -> None:
-        seqs = [next(numbers) for _ in range(PER_COMMIT)]
+    def work(conn: sqlite3.Connection, handle: str, seqs: list[int]) -> None:
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
             "INSERT INTO message_fragments VALUES (?, ?, ?, ?, ?)",
@@ -197,17 +212,9 @@ def sqlite_receiver(directory: Path, body: bytes, iterations: int, page_cache_mb
             joined = b"".join(row[0] for row in rows)
             if len(joined) != len(body):
                 raise RuntimeError(f"message {seq}: {len(joined)} bytes read back")
-        conn.execute(
-            "DELETE FROM message_fragments WHERE conversation_handle = ? "
-            "AND message_sequence_number BETWEEN ? AND ?",
-            (handle, seqs[0], seqs[-1]),
-        )
-        conn.execute("COMMIT")
+        _delete_committed(conn, "message_fragments", handle, seqs)
 
-    try:
-        return cpu_ms(step, iterations) / PER_COMMIT
-    finally:
-        conn.close()
+    return _per_message(directory, "receiver", page_cache_mb, iterations, work)
 
 
 def cores() -> int:

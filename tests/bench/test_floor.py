@@ -41,6 +41,12 @@ def test_floor_command_prints_one_json_line(capsys: pytest.CaptureFixture[str]) 
     assert line["page_cache_mb"] == floor.PAGE_CACHE_MB
 
 
-def test_floor_command_refuses_a_peer_figure_of_zero() -> None:
+@pytest.mark.parametrize(
+    "args", [["--peer-mb-s", "0"], ["--page-cache-mb", "0"], ["--page-cache-mb", "4097"]]
+)
+def test_floor_command_refuses_figures_out_of_bounds(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
-        main(["floor", "--peer-mb-s", "0"])
+        main(["floor", *args])
+    assert "must be" in capsys.readouterr().err
