@@ -255,7 +255,7 @@ class Transmission:
                         # endpoint's other due messages are offered when it has room
                         # again, so a backlog costs the window one entry per endpoint,
                         # not per message.
-                        self._windows[link.name].block(ep)
+                        self._windows[link.name].block(ep, msg.paged)
                         break
                 if msg.due < earliest:
                     earliest = msg.due

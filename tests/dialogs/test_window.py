@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
-from brokerd.dialogs.window import WINDOW_BYTES, WINDOW_MESSAGES, SendWindow
+from brokerd.dialogs.window import (
+    BACKLOG_WINDOW_MESSAGES,
+    WINDOW_BYTES,
+    WINDOW_MESSAGES,
+    SendWindow,
+)
 from tests.dialogs.endpoints import conversing_endpoint
 
 
@@ -40,6 +45,41 @@ def test_beyond_the_window_messages_wait_in_order_and_go_as_acknowledgements_ret
         del ep.outbox[msg.seq]
         window.release(msg)
     assert sent[-3:] == [WINDOW_MESSAGES + 1, WINDOW_MESSAGES + 2, WINDOW_MESSAGES + 3]
+    assert window.count == WINDOW_MESSAGES
+
+
+def test_a_backlog_fills_the_larger_window_and_a_new_send_waits_beyond_the_smaller() -> None:
+    """R-DLG-13: messages paged in from a backlog go while fewer than
+    BACKLOG_WINDOW_MESSAGES are in flight; a message SENT since the link opened waits once
+    WINDOW_MESSAGES are, whatever is in flight, and goes when acknowledgements bring the
+    count under that again."""
+    window = SendWindow()
+    backlog, live = endpoint(), endpoint()
+    sent: list[tuple[int, int]] = []
+
+    def send(e: Endpoint, m: OutMessage, _link: object) -> None:
+        sent.append((id(e), m.seq))
+
+    paged = [message(backlog, seq) for seq in range(1, BACKLOG_WINDOW_MESSAGES + 2)]
+    for msg in paged:
+        msg.paged = True
+    for msg in paged[:WINDOW_MESSAGES]:
+        assert window.offer(backlog, msg, LINK, send)  # type: ignore[arg-type]
+    fresh = message(live, 1)
+    assert not window.offer(live, fresh, LINK, send)  # type: ignore[arg-type]
+    del live.outbox[1]  # acknowledged meanwhile: the waiting entry is dropped by feed
+    window.feed()
+    assert not window.waiting
+    for msg in paged[WINDOW_MESSAGES:BACKLOG_WINDOW_MESSAGES]:
+        assert window.offer(backlog, msg, LINK, send)  # type: ignore[arg-type]
+    assert window.count == BACKLOG_WINDOW_MESSAGES
+    assert not window.offer(backlog, paged[-1], LINK, send)  # type: ignore[arg-type]
+    fresh = message(live, 2)
+    assert not window.offer(live, fresh, LINK, send)  # type: ignore[arg-type]
+    for msg in paged[: BACKLOG_WINDOW_MESSAGES - WINDOW_MESSAGES + 2]:
+        del backlog.outbox[msg.seq]
+        window.release(msg)
+    assert sent[-2:] == [(id(backlog), BACKLOG_WINDOW_MESSAGES + 1), (id(live), 2)]
     assert window.count == WINDOW_MESSAGES
 
 
@@ -100,3 +140,23 @@ def test_a_full_window_holds_one_entry_per_blocked_endpoint_and_resumes_it() -> 
     assert window.unblocked() == []
     window.block(ep)
     assert window.forget_waiting() == [ep]
+
+
+def test_between_the_bounds_only_an_endpoint_blocked_by_a_backlog_resumes() -> None:
+    """With WINDOW_MESSAGES or more in flight (and fewer than BACKLOG_WINDOW_MESSAGES), an
+    endpoint blocked by a message paged in from its backlog is offered again; one blocked
+    by a message SENT since the link opened waits until fewer than WINDOW_MESSAGES are."""
+    window = SendWindow()
+    backlog, live, filler = endpoint(), endpoint(), endpoint()
+    sent: list[int] = []
+    messages = [message(filler, seq) for seq in range(1, WINDOW_MESSAGES + 1)]
+    for msg in messages:
+        msg.paged = True
+        assert window.offer(filler, msg, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    window.block(backlog, paged=True)
+    window.block(live)
+    assert window.unblocked() == [backlog]
+    assert window.unblocked() == []
+    del filler.outbox[1]
+    window.release(messages[0])
+    assert window.unblocked() == [live]
