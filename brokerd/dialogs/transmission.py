@@ -342,12 +342,17 @@ class Transmission:
 
     def forget(self, ep: Endpoint) -> None:
         """``ep``'s image is dropped (its database is no longer principal here): its
-        messages' bodies' bytes are freed. Nothing else runs now: the database is fenced, and
-        freeing their places in a send window would feed it, sending what waits."""
+        messages' bodies' bytes and their places in their links' send windows are freed.
+        Nothing is sent now (the database is fenced): what waits for those windows goes
+        with their next acknowledgement."""
         for msg in ep.outbox.values():
             self.bodies.release(msg)
             if msg.paged:
                 self._paged_left(msg)
+            window = self._windows.get(msg.window) if msg.window else None
+            if window is not None:
+                window.uncount(msg)
+            msg.window = ""
         ep.outbox.clear()
         ep.backlog.clear()
 

@@ -107,12 +107,18 @@ class SendWindow:
         return endpoints
 
     def release(self, msg: OutMessage) -> None:
-        """``msg`` was acknowledged, dropped, or its link went down: it leaves the window."""
+        """``msg`` was acknowledged, dropped, or its link went down: it leaves the window,
+        and what waits goes if it now has room."""
+        self.uncount(msg)
+        self.feed()
+
+    def uncount(self, msg: OutMessage) -> None:
+        """``msg`` leaves the window, and nothing is sent now (its image was forgotten:
+        the next :meth:`release` sends what waits)."""
         if msg.window:
             msg.window = ""
             self.count -= 1
             self.bytes -= msg.length
-        self.feed()
 
     def feed(self) -> None:
         """Send what waits, in order, while there is room."""

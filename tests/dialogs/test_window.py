@@ -160,3 +160,22 @@ def test_between_the_bounds_only_an_endpoint_blocked_by_a_backlog_resumes() -> N
     del filler.outbox[1]
     window.release(messages[0])
     assert window.unblocked() == [live]
+
+
+def test_a_forgotten_message_leaves_the_count_without_sending_what_waits() -> None:
+    """A database that stops being principal forgets its image (R-ROUTE-16): its
+    messages in flight leave their window's count, so the link's other databases keep
+    their whole window, but nothing waiting is sent until the next acknowledgement."""
+    window = SendWindow()
+    ep, other = endpoint(), endpoint()
+    sent: list[int] = []
+    forgotten = [message(ep, seq) for seq in range(1, WINDOW_MESSAGES + 1)]
+    for msg in forgotten:
+        window.offer(ep, msg, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    waiting = message(other, 1)
+    assert not window.offer(other, waiting, LINK, lambda _e, m, _l: sent.append(-m.seq))  # type: ignore[arg-type]
+    for msg in forgotten:
+        window.uncount(msg)
+    assert window.count == 0 and window.bytes == 0 and -1 not in sent
+    window.release(forgotten[0])  # not counted any more: counted once only
+    assert window.count == 1 and sent[-1] == -1
