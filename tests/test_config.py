@@ -228,6 +228,9 @@ token_file = "/run/brokerd/token"
 max_message_size = 1
 fragment_size = 1024
 page_cache_mb = 8
+send_window = 500
+backlog_send_window = 600
+send_window_mb = 4
 [[database]]
 name = "shop"
 broker_instance = "{UUID1.upper()}"
@@ -254,7 +257,9 @@ status = false
     assert cfg.retry == RetryConfig(1.0, 1.0, 0.5, 2.0, redial_after=2)
     assert (cfg.client.host, cfg.client.port) == ("::1", 6000)
     assert cfg.client.token_file == Path("/run/brokerd/token")
-    assert cfg.limits == LimitsConfig(1, 1024, page_cache_mb=8)
+    assert cfg.limits == LimitsConfig(
+        1, 1024, page_cache_mb=8, send_window=500, backlog_send_window=600, send_window_mb=4
+    )
     shop = cfg.database("shop")
     assert shop.broker_instance == uuid.UUID(UUID1)
     assert shop.queues == (QueueConfig("Q1", False, True), QueueConfig("Q2", False, False))
@@ -768,6 +773,21 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
         (  # SQLite's cache_size counts KiB in 32 bits: more would silently be no cache
             config_text(rest="[limits]\npage_cache_mb = 4097\n"),
             "limits.page_cache_mb",
+            "between 1 and 4096",
+        ),
+        (
+            config_text(rest="[limits]\nsend_window = 0\n"),
+            "limits.send_window",
+            "between 1 and 1000000",
+        ),
+        (  # a backlog's messages may have the larger bound, never a smaller one
+            config_text(rest="[limits]\nsend_window = 3000\nbacklog_send_window = 2999\n"),
+            "limits.backlog_send_window",
+            "must not be below limits.send_window (3000)",
+        ),
+        (
+            config_text(rest="[limits]\nsend_window_mb = 0\n"),
+            "limits.send_window_mb",
             "between 1 and 4096",
         ),
         (

@@ -28,6 +28,12 @@ _MIN_FRAGMENT_SIZE = 1024
 MAX_PAGE_CACHE_MB = 4096
 """``limits.page_cache_mb`` at most: SQLite's ``cache_size`` is a 32-bit count of KiB,
 and a value past it silently becomes no cache at all."""
+MAX_SEND_WINDOW = 1_000_000
+"""``limits.send_window`` and ``limits.backlog_send_window`` at most: a window's
+messages each hold an entry until acknowledged, and retransmitting a window takes
+longer than any retry wait."""
+MAX_SEND_WINDOW_MB = 4096
+"""``limits.send_window_mb`` at most."""
 _MAX_U32 = 2**32 - 1
 _DEFAULT_CLIENT_PORT = 4023
 _DEFAULT_CLIENT_HOST = "127.0.0.1"
@@ -231,6 +237,15 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
             f"must be between {_MIN_FRAGMENT_SIZE} and {top} (endpoint.max_frame_size "
             f"{endpoint.max_frame_size} minus {_FRAME_RESERVE} for headers), not {fragment_size}",
         )
+    send_window = t.integer("send_window", d["send_window"], 1, MAX_SEND_WINDOW)
+    backlog_send_window = t.integer(
+        "backlog_send_window", d["backlog_send_window"], 1, MAX_SEND_WINDOW
+    )
+    if backlog_send_window < send_window:
+        raise t.error(
+            "backlog_send_window",
+            f"({backlog_send_window}) must not be below {t.key('send_window')} ({send_window})",
+        )
     return LimitsConfig(
         max_message_size=max_message_size,
         fragment_size=fragment_size,
@@ -239,4 +254,7 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
         page_cache_mb=t.integer("page_cache_mb", d["page_cache_mb"], 1, MAX_PAGE_CACHE_MB),
         backlog_page=t.integer("backlog_page", d["backlog_page"], 1),
+        send_window=send_window,
+        backlog_send_window=backlog_send_window,
+        send_window_mb=t.integer("send_window_mb", d["send_window_mb"], 1, MAX_SEND_WINDOW_MB),
     )

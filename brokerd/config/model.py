@@ -239,6 +239,17 @@ class LimitsConfig:
     and reads them back, and the deletion of an acknowledged body reads its pages back
     from the file. 64 MB gave W3 about 3.5 % more and cost a daemon holding a
     1,000,000-message backlog about 70 MB of RSS."""
+    send_window: int = 2000
+    """Messages handed to one link and not yet acknowledged, at most, before a message
+    SENT since the link opened waits (and the applications SENDing to the link are held):
+    what a message just SENT may wait behind in the receiver."""
+    backlog_send_window: int = 8000
+    """The same bound for a message paged in from a backlog (at least ``send_window``):
+    enough to keep the receiver busy over the round trip of its commits and
+    acknowledgements. A link with a longer round trip than loopback's needs more."""
+    send_window_mb: int = 32
+    """MB of messages handed to one link and not yet acknowledged, at most (one message
+    always goes, however large)."""
     client_pending_mb: int = 16
     """MB of request bodies one client connection may have awaiting their replies (SENDs
     waiting for their commit); beyond it the broker stops reading that connection until

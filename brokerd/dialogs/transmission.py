@@ -40,6 +40,7 @@ import math
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 
 from brokerd.config import LimitsConfig, RetryConfig
 from brokerd.dialogs.backlog import numbers_in, paged_limit, spill
@@ -112,6 +113,13 @@ class Transmission:
         self._hand_over_fn = self._hand_over
         """One bound method for every message a window holds back (a backlog of a million
         messages would otherwise hold a million of them)."""
+        self._new_window = partial(
+            SendWindow,
+            limits.send_window,
+            limits.backlog_send_window,
+            limits.send_window_mb * 1024 * 1024,
+        )
+        """A link's send window, as ``limits`` sizes it."""
         self._read_page = read_page
         self.page = limits.backlog_page
         """Messages of one endpoint paged in at once (``limits.backlog_page``)."""
@@ -493,7 +501,7 @@ class Transmission:
         msg.retry_wait = wait
         window = self._windows.get(link.name)
         if window is None:
-            window = self._windows[link.name] = SendWindow()
+            window = self._windows[link.name] = self._new_window()
         window.offer(ep, msg, link, self._hand_over_fn)
         return True
 

@@ -1,12 +1,13 @@
 """The send window of each link: how much may be sent and not yet acknowledged.
 
 Owns (SPEC R-DLG-6, R-DLG-13) the flow control between a sender and a receiver: a
-link carries at most ``WINDOW_MESSAGES`` messages or ``WINDOW_BYTES`` bytes that
-were handed to it and not yet acknowledged, or ``BACKLOG_WINDOW_MESSAGES`` when the
-message to go was paged in from a backlog. Beyond that, messages wait here, in the
-order they were sent (so each endpoint's order holds), and go as acknowledgements
-return; an endpoint with more due messages than that (a backlog) waits as one entry,
-*blocked*, and offers the rest once the window has room. A backlog of any size is
+link carries at most ``limits.send_window`` messages (``WINDOW_MESSAGES`` by default)
+or ``limits.send_window_mb`` that were handed to it and not yet acknowledged, or
+``limits.backlog_send_window`` messages when the message to go was paged in from a
+backlog. Beyond that, messages wait here, in the order they were sent (so each
+endpoint's order holds), and go as acknowledgements return; an endpoint with more
+due messages than that (a backlog) waits as one entry, *blocked*, and offers the
+rest once the window has room. A backlog of any size is
 thus fed to a connection at the pace the receiver commits, every message's retry
 clock starts within a window's worth of the receiver's work, and a peer returning to
 a large backlog is not sent more than it can acknowledge before the first wait runs
@@ -21,21 +22,27 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from brokerd.config import LimitsConfig
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
 
-WINDOW_MESSAGES = 2000
-"""Messages handed to one link and not yet acknowledged, at most, before a message SENT
-since the link opened waits: a message just SENT waits behind at most this many in the
-receiver, and beyond that the applications that SEND to the link are held
-(:meth:`SendWindow.congested`), so its latency is bounded by the link's speed."""
-BACKLOG_WINDOW_MESSAGES = 8000
-"""The same bound for a message paged in from a backlog (``OutMessage.paged``): its
-latency is spent already, and the receiver must be kept busy over the round trip of its
-group commits and acknowledgements for the backlog to drain at its pace. Measured on
-the recovery workload (W6), 2,000 drained 21,000-21,300 msg/s, 8,000 23,700-25,900."""
-WINDOW_BYTES = 32 * 1024 * 1024
-"""Their bytes, at most (one message always fits, however large)."""
+WINDOW_MESSAGES = LimitsConfig.send_window
+"""Messages handed to one link and not yet acknowledged, at most, before a message kept
+in memory since its SEND (not paged in from the file) waits (``limits.send_window``): a
+message just SENT waits behind about this many in the receiver, and beyond that the
+applications that SEND to the link are held (:meth:`SendWindow.congested`), so its
+latency is bounded by the link's speed."""
+BACKLOG_WINDOW_MESSAGES = LimitsConfig.backlog_send_window
+"""The same bound for a message paged in from a backlog (``OutMessage.paged``,
+``limits.backlog_send_window``): its latency is spent already, and the receiver must be
+kept busy over the round trip of its group commits and acknowledgements for the backlog
+to drain at its pace. Measured on the recovery workload (W6), 2,000 drained
+21,000-21,300 msg/s, 4,000 23,800, 8,000 23,700-26,300, 16,000 no more. While an
+endpoint whose next message is kept in memory is blocked, the backlogs have the smaller
+bound too, so that endpoint is never starved by them."""
+WINDOW_BYTES = LimitsConfig.send_window_mb * 1024 * 1024
+"""Their bytes, at most (``limits.send_window_mb``; one message always fits, however
+large)."""
 WAITING_HIGH = 50
 """Messages waiting for room in a full window beyond which the link is *congested*: the
 peer takes them more slowly than SENDs commit them, and the client listener makes the
@@ -47,9 +54,30 @@ Send = Callable[[Endpoint, OutMessage, Link], None]
 class SendWindow:
     """The window of one link."""
 
-    __slots__ = ("blocked", "blocked_paged", "bytes", "count", "resuming", "waiting")
+    __slots__ = (
+        "backlog_messages",
+        "blocked",
+        "blocked_paged",
+        "bytes",
+        "count",
+        "max_bytes",
+        "messages",
+        "resuming",
+        "waiting",
+    )
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        messages: int = WINDOW_MESSAGES,
+        backlog_messages: int = BACKLOG_WINDOW_MESSAGES,
+        max_bytes: int = WINDOW_BYTES,
+    ) -> None:
+        self.messages = messages
+        """:data:`WINDOW_MESSAGES` of this window."""
+        self.backlog_messages = max(messages, backlog_messages)
+        """:data:`BACKLOG_WINDOW_MESSAGES` of this window."""
+        self.max_bytes = max_bytes
+        """:data:`WINDOW_BYTES` of this window."""
         self.count = 0
         self.bytes = 0
         self.waiting: deque[tuple[Endpoint, OutMessage, Link, Send]] = deque()
@@ -85,25 +113,33 @@ class SendWindow:
         them here (a backlog of a million would be a million entries, and the event loop
         would stop to queue them), it offers the rest when :meth:`unblocked` says so.
         ``paged``: the message that found the window full was paged in from a backlog
-        (its bound is :data:`BACKLOG_WINDOW_MESSAGES`)."""
-        self.blocked[id(ep)] = ep
+        (its bound is :attr:`backlog_messages`)."""
+        key = id(ep)
+        self.blocked[key] = ep
         if paged:
-            self.blocked_paged.add(id(ep))
+            self.blocked_paged.add(key)
+        else:
+            self.blocked_paged.discard(key)
 
     def unblocked(self) -> list[Endpoint]:
-        """The blocked endpoints whose bound has room again, once nothing waits (else
-        none)."""
-        if not self.blocked or self.waiting or self.bytes >= WINDOW_BYTES:
+        """The blocked endpoints whose bound has room again, in the order they blocked,
+        once nothing waits and the bytes allow (else none). While an endpoint blocked by
+        a message kept in memory since its SEND waits, no endpoint of a backlog resumes
+        before it: the window drains under :attr:`messages` and all resume."""
+        blocked = self.blocked
+        if not blocked or self.waiting or self.bytes >= self.max_bytes:
             return []
-        if self.count < WINDOW_MESSAGES:
-            endpoints = list(self.blocked.values())
-            self.blocked.clear()
-            self.blocked_paged.clear()
+        paged = self.blocked_paged
+        if self.count < self.messages:
+            endpoints = list(blocked.values())
+            blocked.clear()
+            paged.clear()
             return endpoints
-        if self.count >= BACKLOG_WINDOW_MESSAGES or not self.blocked_paged:
+        if self.count >= self.backlog_messages or len(paged) < len(blocked):
             return []
-        endpoints = [self.blocked.pop(key) for key in self.blocked_paged]
-        self.blocked_paged.clear()
+        endpoints = list(blocked.values())  # all blocked by a message of a backlog
+        blocked.clear()
+        paged.clear()
         return endpoints
 
     def release(self, msg: OutMessage) -> None:
@@ -145,10 +181,15 @@ class SendWindow:
         return list(endpoints.values())
 
     def _room(self, msg: OutMessage) -> bool:
+        """Whether ``msg`` may be counted in now: a message of a backlog has the larger
+        bound unless an endpoint blocked by a message kept in memory waits (it would
+        never see the count fall under its bound while backlogs refill the window)."""
         if self.count == 0:
             return True
-        most = BACKLOG_WINDOW_MESSAGES if msg.paged else WINDOW_MESSAGES
-        return self.count < most and self.bytes + msg.length <= WINDOW_BYTES
+        most = self.messages
+        if msg.paged and len(self.blocked_paged) == len(self.blocked):
+            most = self.backlog_messages
+        return self.count < most and self.bytes + msg.length <= self.max_bytes
 
     def _count(self, msg: OutMessage, link: Link) -> None:
         msg.window = link.name

@@ -142,23 +142,49 @@ def test_a_full_window_holds_one_entry_per_blocked_endpoint_and_resumes_it() -> 
     assert window.forget_waiting() == [ep]
 
 
-def test_between_the_bounds_only_an_endpoint_blocked_by_a_backlog_resumes() -> None:
-    """With WINDOW_MESSAGES or more in flight (and fewer than BACKLOG_WINDOW_MESSAGES), an
-    endpoint blocked by a message paged in from its backlog is offered again; one blocked
-    by a message SENT since the link opened waits until fewer than WINDOW_MESSAGES are."""
+def test_between_the_bounds_only_endpoints_blocked_by_a_backlog_resume() -> None:
+    """With WINDOW_MESSAGES or more in flight (and fewer than BACKLOG_WINDOW_MESSAGES),
+    endpoints blocked by messages paged in from their backlogs are offered again, in the
+    order they blocked; an endpoint blocked by a message kept in memory waits until
+    fewer than WINDOW_MESSAGES are, and an endpoint blocked again by such a message is
+    no longer counted as a backlog's."""
     window = SendWindow()
-    backlog, live, filler = endpoint(), endpoint(), endpoint()
-    sent: list[int] = []
+    first, second, filler = endpoint(), endpoint(), endpoint()
     messages = [message(filler, seq) for seq in range(1, WINDOW_MESSAGES + 1)]
     for msg in messages:
         msg.paged = True
-        assert window.offer(filler, msg, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
-    window.block(backlog, paged=True)
-    window.block(live)
-    assert window.unblocked() == [backlog]
+        assert window.offer(filler, msg, LINK, lambda _e, _m, _l: None)  # type: ignore[arg-type]
+    window.block(second, paged=True)
+    window.block(first, paged=True)
+    assert window.unblocked() == [second, first]
+    assert window.unblocked() == []
+    window.block(first, paged=True)
+    window.block(first)  # its next message is one kept in memory
     assert window.unblocked() == []
     del filler.outbox[1]
     window.release(messages[0])
+    assert window.unblocked() == [first]
+
+
+def test_a_backlog_never_starves_an_endpoint_blocked_by_a_new_send() -> None:
+    """While an endpoint blocked by a message kept in memory since its SEND waits, the
+    messages of backlogs get the smaller bound too: the window drains under
+    WINDOW_MESSAGES instead of backlogs refilling it to BACKLOG_WINDOW_MESSAGES as
+    acknowledgements return, and the blocked endpoint resumes (R-DLG-6)."""
+    window = SendWindow()
+    backlog, live = endpoint(), endpoint()
+    paged = [message(backlog, seq) for seq in range(1, WINDOW_MESSAGES + 3)]
+    for msg in paged:
+        msg.paged = True
+    for msg in paged[: WINDOW_MESSAGES + 1]:
+        assert window.offer(backlog, msg, LINK, lambda _e, _m, _l: None)  # type: ignore[arg-type]
+    window.block(live)
+    assert not window.offer(backlog, paged[-1], LINK, lambda _e, _m, _l: None)  # type: ignore[arg-type]
+    window.waiting.clear()
+    for msg in paged[:2]:
+        del backlog.outbox[msg.seq]
+        window.release(msg)
+    assert window.count == WINDOW_MESSAGES - 1
     assert window.unblocked() == [live]
 
 

@@ -101,6 +101,43 @@ async def test_sends_to_a_congested_link_wait_for_it_and_all_arrive_in_order(
         await warehouse.close()
 
 
+async def test_a_configured_send_window_holds_the_application_sooner(tmp_path: Path) -> None:
+    """``limits.send_window`` reaches a running daemon's links: with 100, an application
+    SENDing 400 messages, 50 at a time in flight, to a link that does not drain is held
+    (the default 2,000 would take them all), and every message still arrives once, in
+    order, when the link moves again (R-DLG-1, R-DLG-6)."""
+    d = shop_and_warehouse(
+        tmp_path,
+        {"initial": 2.0, "maximum": 8.0},
+        beta_route_host=PROXY_HOST,
+        extra="[limits]\nsend_window = 100\nbacklog_send_window = 100\n",
+    )
+    async with proxied(d) as proxy:
+        shop = await d.daemons["alpha"].client()
+        warehouse = await d.daemons["beta"].client()
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop.send(handle, ORDER, b"<opening/>")
+        await drain(warehouse, "OrderQueue", 1, timeout=30)
+        proxy.plan.stall = True
+        count = 400
+        in_flight = asyncio.Semaphore(50)  # the listener looks at the link as SENDs are read
+
+        async def send(n: int) -> int:
+            async with in_flight:
+                return await shop.send(handle, ORDER, n.to_bytes(4, "big") * 50)
+
+        producer = asyncio.gather(*(send(n) for n in range(count)))
+        await wait_until(lambda: _sends_held(shop), 30)
+        proxy.plan.stall = False
+        assert await producer == list(range(2, count + 2))
+        received = await drain(warehouse, "OrderQueue", count, timeout=120)
+        assert [m.message_body[:4] for m in received] == [
+            n.to_bytes(4, "big") for n in range(count)
+        ]
+        await shop.close()
+        await warehouse.close()
+
+
 async def _sends_held(client: object) -> bool:
     (row,) = await client.view("stats")  # type: ignore[attr-defined]
     return bool(row["client_sends_held"])
