@@ -56,6 +56,17 @@ class HostileBroker:
         self.writer.write(self.conn.send(events.Fragment(payload)))
         await self.writer.drain()
 
+    async def send_fragments(self, fragments: list[tuple[DialogHeader, bytes]]) -> None:
+        """Each fragment in a frame of its own, all written at once: on loopback they
+        reach the daemon in one read, so it handles them in one turn."""
+        assert self.writer is not None
+        frames = [
+            self.conn.send(events.Fragment(dialog.encode_fragment(header, body)))
+            for header, body in fragments
+        ]
+        self.writer.write(b"".join(frames))
+        await self.writer.drain()
+
     async def send_acks(self, headers: list[DialogHeader]) -> None:
         assert self.writer is not None
         self.writer.write(self.conn.send(events.Ack(dialog.encode_acks(headers))))

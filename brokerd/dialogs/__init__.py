@@ -19,8 +19,10 @@ Modules, from the models up:
 * ``transmission`` (sending, retransmission, acknowledgements), ``local_link``;
 * the engine: ``core`` (state, lookups, commits), ``send_verbs`` (SEND),
   ``receive_verbs`` (RECEIVE), ``verbs`` (the application's other verbs, on both),
-  ``receiving`` (what arrives from links), ``engine`` (joins them; life cycle and
-  tick), ``transactions`` (client transactions), ``views``.
+  ``receiving`` (what arrives from links), ``local_arrivals`` and ``remote_arrivals``
+  (the runs of one dialog that the local link and a connection hand over),
+  ``engine`` (joins them; life cycle and tick), ``transactions`` (client
+  transactions), ``views``.
 
 May import: ``protocol``, ``brokerd.storage``, ``brokerd.routing``,
 ``brokerd.traces``, ``brokerd.config``, ``brokerd.errors``. Never ``brokerd.server``

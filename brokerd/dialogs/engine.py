@@ -54,6 +54,7 @@ from brokerd.dialogs.endpoint import Endpoint
 from brokerd.dialogs.links import LinkProvider
 from brokerd.dialogs.local_arrivals import LocalArrivals
 from brokerd.dialogs.local_link import LocalLink
+from brokerd.dialogs.remote_arrivals import RemoteArrivals
 from brokerd.dialogs.router import Router
 from brokerd.dialogs.states import State
 from brokerd.dialogs.transmission import Transmission
@@ -70,7 +71,7 @@ __all__ = ["CODE_LIFETIME_EXPIRED", "DialogEngine"]
 log = logging.getLogger("brokerd.dialogs.engine")
 
 
-class DialogEngine(ApplicationVerbs, LocalArrivals):
+class DialogEngine(ApplicationVerbs, LocalArrivals, RemoteArrivals):
     def __init__(
         self,
         config: BrokerConfig,

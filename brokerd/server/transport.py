@@ -179,15 +179,24 @@ class BrokerProtocol(asyncio.Protocol):
 
     def _handle(self, received: list[events.Event]) -> None:
         engine = self.engine
+        fragments: list[tuple[dialog.DialogHeader, bytes, bytes]] = []
+        """Consecutive fragments, handed over together (runs of one dialog, in order)."""
         for ev in received:
             if isinstance(ev, events.Fragment):
                 try:
                     header, body = dialog.decode_fragment(ev.payload)
                 except RemoteProtocolError as exc:
+                    if fragments:
+                        engine.on_fragments(self, fragments)
+                        fragments = []
                     engine.on_corrupted_message(self, f"undecodable dialog message: {exc}")
                     continue
-                engine.on_fragment(self, header, body, payload=ev.payload)
-            elif isinstance(ev, events.Ack):
+                fragments.append((header, body, ev.payload))
+                continue
+            if fragments:
+                engine.on_fragments(self, fragments)
+                fragments = []
+            if isinstance(ev, events.Ack):
                 try:
                     headers = dialog.decode_acks(ev.payload)
                 except RemoteProtocolError as exc:
@@ -229,6 +238,8 @@ class BrokerProtocol(asyncio.Protocol):
                     )
                     return
                 mirroring.on_message(self, ev.payload)
+        if fragments:
+            engine.on_fragments(self, fragments)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

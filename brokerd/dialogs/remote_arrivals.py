@@ -1,0 +1,170 @@
+"""What a connection hands over: the fragments of a turn's frames, in the order they came.
+
+Each fragment goes through :meth:`Receiving.on_fragment`: routed, checked against
+the target's mirror role, the endpoint's binding and dialog security, carrying the
+sender's acknowledgement (R-ROUTE-1, R-DLG-14). Once one whole message has been
+accepted in order that way, a message after it in the same turn whose header repeats
+everything those checks looked at (conversation, services, broker instances,
+contract, flags, hop count and acknowledgement) and that is next in order has
+nothing new to check there: it goes straight to the checks of its own (contract,
+size, validation: R-DLG-3, R-OBJ-1) and to the queue, as the local link's runs do
+(:mod:`brokerd.dialogs.local_arrivals`). Anything else (a message of several
+fragments, an ending, a gap, a duplicate, a refusal, another acknowledgement, a
+secured dialog) takes the whole way, and a run may start again after it.
+
+May import: ``protocol``, ``brokerd.dialogs`` models, :mod:`brokerd.dialogs.receiving` and
+:mod:`brokerd.dialogs.runs`.
+"""
+
+from __future__ import annotations
+
+from brokerd.dialogs.database import Database
+from brokerd.dialogs.endpoint import Endpoint
+from brokerd.dialogs.links import Link
+from brokerd.dialogs.receiving import Receiving
+from brokerd.dialogs.runs import alike_runs
+from brokerd.dialogs.states import DELIVERING
+from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, FLAG_SECURED, FLAG_SEQUENCED, DialogHeader
+
+_PLAIN_MASK = FLAG_END_DIALOG | FLAG_ERROR | FLAG_SECURED | FLAG_SEQUENCED
+"""Flags looked at to tell a plain message (sequenced, no ending, not secured)."""
+
+Arrived = tuple[DialogHeader, bytes, bytes]
+"""A decoded fragment: its header, its bytes, and the FRAGMENT payload it came in."""
+
+
+class RemoteArrivals(Receiving):
+    """:class:`Receiving`, with the runs a connection's frames bring."""
+
+    def on_fragments(self, link: Link, fragments: list[Arrived]) -> None:
+        """Fragments that arrived on ``link`` in one turn, in order."""
+        first: DialogHeader | None = None
+        """The header of the message that started the run (accepted the whole way)."""
+        db: Database | None = None
+        receiver: Endpoint | None = None
+        arrived: list[tuple[int, int]] = []
+        """(sequence number, size) of the messages that went straight to ``receiver``."""
+        try:
+            for header, body, payload in fragments:
+                if (
+                    first is not None
+                    and db is not None
+                    and receiver is not None
+                    and self._continues(first, header, db, receiver)
+                ):
+                    refusal = self._refusal_of(
+                        db,
+                        receiver.contract,
+                        header.message_type,
+                        header.initiator,
+                        header.message_length,
+                        1,
+                        body,
+                    )
+                    if refusal is None:
+                        seq = header.sequence_number
+                        self.stats.fragments_received += 1
+                        arrived.append((seq, len(body)))
+                        # Next in order with nothing held beyond it and no ending
+                        # (_follows): it releases itself only, and the state stays.
+                        receiver.accepted.add_message(seq)
+                        queue = db.queue_of(receiver.service) or ""
+                        self._arrived_in_order(db, receiver, queue, seq, header.message_type, body)
+                        continue
+                if arrived:
+                    assert first is not None
+                    self._trace_run(link, first, arrived)
+                    arrived = []
+                before = self._receiver_of(header)
+                through = before.accepted.through if before is not None else 0
+                self.on_fragment(link, header, body, payload=payload)  # refusals answered there
+                first, db, receiver = None, None, None
+                run = self._run_start(header, through)
+                if run is not None:
+                    first = header
+                    db, receiver = run
+        finally:
+            if arrived:
+                assert first is not None
+                self._trace_run(link, first, arrived)
+
+    def _receiver_of(self, header: DialogHeader) -> Endpoint | None:
+        """The endpoint here that ``header``'s message is for, if it exists."""
+        key = (header.conversation_id, not header.initiator)
+        for db in self.databases.values():
+            ep = db.by_key.get(key)
+            if ep is not None:
+                return ep
+        return None
+
+    def _run_start(self, header: DialogHeader, before: int) -> tuple[Database, Endpoint] | None:
+        """The database and endpoint the messages after ``header``'s may go straight to:
+        it was whole, plain, and accepted in order the whole way just now (``before``: what
+        the endpoint had accepted until then; a duplicate, already accepted, proves nothing
+        of its checks), by a database that takes arrivals now, and the dialog is not
+        secured."""
+        seq = header.sequence_number
+        if (
+            header.fragment_count != 1
+            or header.flags & _PLAIN_MASK != FLAG_SEQUENCED
+            or before >= seq
+        ):
+            return None
+        receiver = self._receiver_of(header)
+        if receiver is None or receiver.keys is not None or receiver.accepted.through != seq:
+            return None
+        db = self.databases[receiver.database]
+        if db.mirror_role == "mirror" or db.mirror_in_doubt or db.rx_suspended:
+            return None
+        return db, receiver
+
+    @staticmethod
+    def _continues(
+        first: DialogHeader, header: DialogHeader, db: Database, receiver: Endpoint
+    ) -> bool:
+        """``header`` repeats what the whole way checked of ``first`` (conversation,
+        direction, services, broker instances, contract, flags, hop count,
+        acknowledgement), is whole and next in order with nothing held beyond it, and the
+        receiver and its database still take messages."""
+        accepted = receiver.accepted
+        return (
+            header.fragment_count == 1
+            and header.sequence_number == accepted.through + 1
+            and not accepted.beyond
+            and header.flags == first.flags
+            and header.conversation_id == first.conversation_id
+            and header.from_service == first.from_service
+            and header.to_service == first.to_service
+            and header.from_broker_instance == first.from_broker_instance
+            and header.to_broker_instance == first.to_broker_instance
+            and header.contract == first.contract
+            and header.hop_count == first.hop_count
+            and header.ack == first.ack
+            and receiver.state in DELIVERING
+            and not receiver.broker_error
+            and db.mirror_role != "mirror"
+            and not db.mirror_in_doubt
+            and not db.rx_suspended
+        )
+
+    def _trace_run(
+        self, link: Link, first: DialogHeader, arrived: list[tuple[int, int]]
+    ) -> None:
+        """``fragment_received`` of the messages that went straight to the run's endpoint,
+        as :meth:`on_fragment` traces each: one entry per run of messages of one size."""
+        if not self.trace.enabled:
+            return
+        sizes = [size for _, size in arrived]
+        for start, end in alike_runs(sizes):
+            self.trace.emit_each(
+                "fragment_received",
+                first.conversation_id,
+                "seq",
+                [seq for seq, _ in arrived[start:end]],
+                initiator=first.initiator,
+                fragment=0,
+                fragments=1,
+                size=sizes[start],
+                hop=first.hop_count or None,
+                peer=link.name,
+            )

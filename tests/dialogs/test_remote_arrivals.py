@@ -1,0 +1,225 @@
+"""Runs over a connection (``brokerd.dialogs.remote_arrivals``): the messages after a
+run's first go straight to the target endpoint, and the dialog stays exactly once and
+in order (R-DLG-1) through lost frames and lost acknowledgements, every message is
+checked by the receiver (R-OBJ-1) and traced once. Two real daemons over TCP,
+pipelined SENDs, so a frame carries runs of one dialog."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from brokerd.sdk.client import BrokerClient
+from brokerd.tools import example
+from brokerd.tools.launcher import Deployment
+from brokerd.traces.writer import read_events, segment_files
+from protocol.dialog import FLAG_INITIATOR, FLAG_SEQUENCED, DialogHeader
+from tests.daemons import (
+    FAST_RETRY,
+    PROXY_HOST,
+    assert_exactly_once_in_order,
+    drain,
+    proxied,
+    running,
+    wait_until,
+)
+from tests.hostile import HostileBroker
+
+SHOP, WAREHOUSE = example.SHOP_SERVICE, example.WAREHOUSE_SERVICE
+
+
+def _body(n: int, what: str) -> bytes:
+    """Sizes change every 40 messages: runs of alike messages are traced together."""
+    return f"<{what}>{n}</{what}>".encode() + b" " * (n // 40 % 3 * 50)
+
+
+def _traced(d: Deployment, name: str) -> list[dict[str, Any]]:
+    return list(read_events(segment_files([d.daemons[name].directory / "data" / "traces"])))
+
+
+async def _pipelined(
+    client: BrokerClient, handle: uuid.UUID, message_type: str, bodies: list[bytes]
+) -> list[int | BaseException]:
+    futures = [client.send_nowait(handle, message_type, body) for body in bodies]
+    return await asyncio.gather(*futures, return_exceptions=True)
+
+
+async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path: Path) -> None:
+    d = example.shop_and_warehouse(tmp_path)
+    orders = [_body(n, "order") for n in range(1, 1201)]
+    confirmations = [_body(n, "confirmed") for n in range(1, 401)]
+    with running(d):
+        shop = await d.daemons["alpha"].client()
+        warehouse = await d.daemons["beta"].client()
+        try:
+            handle = await shop.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            assert await _pipelined(shop, handle, example.ORDER, orders) == list(range(1, 1201))
+            got = await drain(warehouse, "OrderQueue", len(orders))
+            assert [m.message_body for m in got] == orders
+            assert_exactly_once_in_order(got)
+            target = got[0].conversation_handle
+            sent = await _pipelined(warehouse, target, example.CONFIRMATION, confirmations)
+            assert sent == list(range(1, 401))
+            replies = await drain(shop, "ClientQueue", len(confirmations))
+            assert [m.message_body for m in replies] == confirmations
+            assert_exactly_once_in_order(replies)
+            (beta,) = await warehouse.view("stats")
+            assert beta["fragments_received"] == len(orders), beta
+        finally:
+            await shop.close()
+            await warehouse.close()
+    for name, initiator, bodies in (("beta", True, orders), ("alpha", False, confirmations)):
+        arrivals = [e for e in _traced(d, name) if e["event"] == "fragment_received" and e["seq"]]
+        counted = Counter((e["initiator"], e["seq"]) for e in arrivals)
+        assert set(counted) == {(initiator, s) for s in range(1, len(bodies) + 1)}, name
+        assert set(counted.values()) == {1}, name
+        assert {e["seq"]: e["size"] for e in arrivals} == {
+            n: len(bodies[n - 1]) for n in range(1, len(bodies) + 1)
+        }, name
+        assert {e["peer"] for e in arrivals} != {None}, name
+
+
+async def test_a_message_refused_inside_a_run_is_never_queued_nor_what_follows(
+    tmp_path: Path,
+) -> None:
+    """R-OBJ-1: the warehouse validates orders as XML. Order 150 of a pipelined run is
+    not XML: the orders before it are queued in order, it and the ones after it never
+    are, and the shop gets the Error (R-DLG-2)."""
+    d = Deployment(tmp_path)
+    plain = f'name = "{example.ORDER}"\nvalidation = "none"'
+    warehouse_db = example.warehouse_database("127.0.0.1")
+    assert plain in warehouse_db
+    d.add("alpha", "127.0.0.1", example.shop_database("127.0.0.2"))
+    d.add(
+        "beta",
+        "127.0.0.2",
+        warehouse_db.replace(plain, f'name = "{example.ORDER}"\nvalidation = "well_formed_xml"'),
+    )
+    orders = [_body(n, "order") for n in range(1, 301)]
+    orders[149] = b"not XML"
+    with running(d):
+        shop = await d.daemons["alpha"].client()
+        warehouse = await d.daemons["beta"].client()
+        try:
+            handle = await shop.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
+            sent = await _pipelined(shop, handle, example.ORDER, orders)
+            assert [s for s in sent if isinstance(s, int)][:149] == list(range(1, 150))
+            (error,) = await drain(shop, "ClientQueue", 1, timeout=30)
+            assert error.conversation_handle == handle and error.is_error
+            assert b"<Code>-9615</Code>" in error.message_body
+            got = await drain(warehouse, "OrderQueue", 149)
+            assert [m.message_body for m in got] == orders[:149]
+            assert_exactly_once_in_order(got)
+            await asyncio.sleep(0.5)
+            assert await warehouse.receive("OrderQueue", timeout=0.2) == []
+        finally:
+            await shop.close()
+            await warehouse.close()
+
+
+async def test_lost_frames_and_lost_acknowledgements_break_runs_and_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    """Frames lost on the way leave gaps (the messages after them are held, R-DLG-7) and
+    lost acknowledgements bring retransmissions (duplicates, R-DLG-4): neither may go
+    straight into a run. Every order arrives once, in order, on each of four dialogs."""
+    d = example.shop_and_warehouse(
+        tmp_path, {"initial": 0.5, "maximum": 2.0}, beta_route_host=PROXY_HOST
+    )
+    async with proxied(d) as proxy:
+        shop = await d.daemons["alpha"].client()
+        warehouse = await d.daemons["beta"].client()
+        handles = [await shop.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT) for _ in range(4)]
+        sent: dict[uuid.UUID, list[bytes]] = {h: [] for h in handles}
+        for wave in range(10):  # each wave is pipelined: frames carry runs of each dialog
+            if wave in (2, 5, 8):
+                proxy.plan.drop_fragments = {proxy.stats.fragments_seen + 1}
+            if wave in (3, 6):
+                proxy.plan.drop_acks = {proxy.stats.acks_seen + 1}
+            futures = []
+            for n in range(wave * 40, wave * 40 + 40):
+                for h in handles:
+                    body = _body(n, "order")
+                    sent[h].append(body)
+                    futures.append(shop.send_nowait(h, example.ORDER, body))
+            await asyncio.gather(*futures)
+        got = await drain(warehouse, "OrderQueue", 400 * len(handles), timeout=120)
+        assert_exactly_once_in_order(got)
+        per_dialog: dict[uuid.UUID, list[bytes]] = {}
+        for m in got:
+            per_dialog.setdefault(m.conversation_handle, []).append(m.message_body)
+        assert sorted(per_dialog.values()) == sorted(sent.values())
+        assert proxy.stats.fragments_dropped >= 2 and proxy.stats.acks_dropped >= 1
+        (alpha,) = await shop.view("stats")
+        assert alpha["retransmissions"] > 0, alpha
+        await asyncio.sleep(0.5)
+        assert await warehouse.receive("OrderQueue", timeout=0.2) == []
+        await shop.close()
+        await warehouse.close()
+
+
+async def test_turns_with_gaps_and_duplicates_queue_each_message_once_in_order(
+    tmp_path: Path,
+) -> None:
+    """One read brings a broker's frames with a dialog's messages out of order and
+    twice: 1 2 3 2 3 4 6 7 5 8. A run goes straight on only while the next message is
+    the next in order: the duplicates are counted and acknowledged again (R-DLG-4), 6
+    and 7 wait for 5 (R-DLG-7), and the queue gets 1 to 8 once, in order (R-DLG-1).
+    On a second dialog, 1 2 5 come in one read and 3 4 6 in the next: 3 starts a run
+    while 5 is held, so 4, which releases 5 too, must take the whole way."""
+    d = example.shop_and_warehouse(tmp_path, FAST_RETRY)
+    d.start("beta")
+    peer = HostileBroker(d.cert_dir, "alpha")
+    try:
+        warehouse = await d.daemons["beta"].client()
+        await peer.connect(d.daemons["beta"].host)
+        instance = uuid.uuid4()
+
+        def order(cid: uuid.UUID, seq: int) -> tuple[DialogHeader, bytes]:
+            body = f"<order>{seq}</order>".encode()
+            header = DialogHeader(
+                cid,
+                SHOP,
+                WAREHOUSE,
+                instance,
+                None,
+                example.CONTRACT,
+                example.ORDER,
+                flags=FLAG_SEQUENCED | FLAG_INITIATOR,
+                sequence_number=seq,
+                message_length=len(body),
+            )
+            return header, body
+
+        async def counted(duplicates: int, fragments: int) -> None:
+            async def check() -> bool:
+                (stats,) = await warehouse.view("stats")
+                return bool(
+                    stats["duplicates"] == duplicates and stats["fragments_received"] == fragments
+                )
+
+            await wait_until(check, 10)
+
+        def bodies(n: int) -> list[bytes]:
+            return [f"<order>{seq}</order>".encode() for seq in range(1, n + 1)]
+
+        first, second = uuid.uuid4(), uuid.uuid4()
+        await peer.send_fragments([order(first, seq) for seq in (1, 2, 3, 2, 3, 4, 6, 7, 5, 8)])
+        got = await drain(warehouse, "OrderQueue", 8, timeout=30)
+        assert [m.message_body for m in got] == bodies(8)
+        assert_exactly_once_in_order(got)
+        await counted(2, 10)
+        await peer.send_fragments([order(second, seq) for seq in (1, 2, 5)])
+        await counted(2, 13)
+        await peer.send_fragments([order(second, seq) for seq in (3, 4, 6)])
+        got = await drain(warehouse, "OrderQueue", 6, timeout=30)
+        assert [m.message_body for m in got] == bodies(6)
+        assert_exactly_once_in_order(got)
+        assert await warehouse.receive("OrderQueue", timeout=0.3) == []
+        await warehouse.close()
+    finally:
+        await peer.close()
+        d.stop_all()
