@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from brokerd.dialogs.route_decisions import RouteDecisions
 from brokerd.routing import rules as routing
@@ -31,7 +31,19 @@ log = logging.getLogger("brokerd.dialogs.router")  # one log for every part of t
 INBOUND_CACHE_LIMIT = 100_000
 
 
+class Relayed(NamedTuple):
+    """The last fragment forwarded the whole way: its header, where it went, by which route."""
+
+    header: DialogHeader
+    address: str
+    route: str | None
+
+
 class Inbound(RouteDecisions):
+    last_forwarded: Relayed | None = None
+    """The last fragment forwarded the whole way (runs of a turn follow it: see
+    :meth:`forward_next`)."""
+
     # -- messages from outside ---------------------------------------------------------------
 
     def inbound(
@@ -107,6 +119,7 @@ class Inbound(RouteDecisions):
             )
             return
         self.stats.forwarded_fragments += 1
+        self.last_forwarded = Relayed(header, address, decision.route)
         self.engine.trace.emit_grouped(
             "forwarded",
             header.conversation_id,
@@ -120,6 +133,19 @@ class Inbound(RouteDecisions):
             route=decision.route,
         )
         self.engine.links.link_for(address).forward(item)
+
+    def forward_next(self, header: DialogHeader, body: bytes, payload: bytes, address: str) -> bool:
+        """Relay a fragment that follows :attr:`last_forwarded` in the same turn and whose
+        header routes as its does (same conversation, direction, target service and
+        broker instance, hop count): to the same address, without deciding again. False
+        if the forwarding budget is full (the whole way then drops it, R-ROUTE-7). Its
+        ``fragment_received`` and ``forwarded`` lines are the caller's to trace."""
+        item = fragment_item(header, body, payload)
+        if not self.budget.take(item.size):
+            return False
+        self.stats.forwarded_fragments += 1
+        self.engine.links.link_for(address).forward(item)
+        return True
 
     def _forward_address(self, header: DialogHeader, decision: routing.Decision) -> str | None:
         if not decision.mirror_address:

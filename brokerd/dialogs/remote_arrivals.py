@@ -12,14 +12,20 @@ size, validation: R-DLG-3, R-OBJ-1) and to the queue, as the local link's runs d
 fragments, an ending, a gap, a duplicate, a refusal, another acknowledgement, a
 secured dialog) takes the whole way, and a run may start again after it.
 
-May import: ``protocol``, ``brokerd.dialogs`` models, :mod:`brokerd.dialogs.receiving` and
-:mod:`brokerd.dialogs.runs`.
+A forwarder's runs are the same (R-ROUTE-6, R-ROUTE-7): once a fragment was forwarded
+the whole way, the fragments after it in the turn that are routed as it was (same
+conversation, direction, target service and broker instance, hop count) are relayed
+to the same address without a new decision, each still within the forwarding budget.
+
+May import: ``protocol``, ``brokerd.dialogs`` models, :mod:`brokerd.dialogs.receiving`,
+:mod:`brokerd.dialogs.inbound` (for its types) and :mod:`brokerd.dialogs.runs`.
 """
 
 from __future__ import annotations
 
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint
+from brokerd.dialogs.inbound import Relayed
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.receiving import Receiving
 from brokerd.dialogs.runs import alike_runs
@@ -44,8 +50,20 @@ class RemoteArrivals(Receiving):
         receiver: Endpoint | None = None
         arrived: list[tuple[int, int]] = []
         """(sequence number, size) of the messages that went straight to ``receiver``."""
+        relayed: Relayed | None = None
+        """The fragment that started a run of relayed ones (forwarded the whole way)."""
+        forwarded: list[tuple[DialogHeader, int]] = []
+        """The headers and sizes of the fragments relayed after it, not yet traced."""
         try:
             for header, body, payload in fragments:
+                if (
+                    relayed is not None
+                    and _routes_as(relayed.header, header)
+                    and self.router.forward_next(header, body, payload, relayed.address)
+                ):
+                    self.stats.fragments_received += 1
+                    forwarded.append((header, len(body)))
+                    continue
                 if (
                     first is not None
                     and db is not None
@@ -75,18 +93,29 @@ class RemoteArrivals(Receiving):
                     assert first is not None
                     self._trace_run(link, first, arrived)
                     arrived = []
+                if forwarded:
+                    assert relayed is not None
+                    self._trace_relayed(link, relayed, forwarded)
+                    forwarded = []
                 before = self._receiver_of(header)
                 through = before.accepted.through if before is not None else 0
                 self.on_fragment(link, header, body, payload=payload)  # refusals answered there
-                first, db, receiver = None, None, None
+                first, db, receiver, relayed = None, None, None, None
                 run = self._run_start(header, through)
                 if run is not None:
                     first = header
                     db, receiver = run
+                else:
+                    last = self.router.last_forwarded
+                    if last is not None and last.header is header:  # forwarded just now
+                        relayed = last
         finally:
             if arrived:
                 assert first is not None
                 self._trace_run(link, first, arrived)
+            if forwarded:
+                assert relayed is not None
+                self._trace_relayed(link, relayed, forwarded)
 
     def _receiver_of(self, header: DialogHeader) -> Endpoint | None:
         """The endpoint here that ``header``'s message is for, if it exists."""
@@ -147,9 +176,7 @@ class RemoteArrivals(Receiving):
             and not db.rx_suspended
         )
 
-    def _trace_run(
-        self, link: Link, first: DialogHeader, arrived: list[tuple[int, int]]
-    ) -> None:
+    def _trace_run(self, link: Link, first: DialogHeader, arrived: list[tuple[int, int]]) -> None:
         """``fragment_received`` of the messages that went straight to the run's endpoint,
         as :meth:`on_fragment` traces each: one entry per run of messages of one size."""
         if not self.trace.enabled:
@@ -168,3 +195,54 @@ class RemoteArrivals(Receiving):
                 hop=first.hop_count or None,
                 peer=link.name,
             )
+
+    def _trace_relayed(
+        self, link: Link, relayed: Relayed, forwarded: list[tuple[DialogHeader, int]]
+    ) -> None:
+        """``fragment_received`` and ``forwarded`` of the fragments relayed after
+        ``relayed`` without deciding again, as :meth:`on_fragment` and the forwarding
+        trace each: one entry per run of alike fragments."""
+        if not self.trace.enabled:
+            return
+        first = relayed.header
+        hop = first.hop_count
+        keys = [(h.fragment_index, h.fragment_count, size) for h, size in forwarded]
+        for start, end in alike_runs(keys):
+            index, count, size = keys[start]
+            seqs = [h.sequence_number for h, _ in forwarded[start:end]]
+            self.trace.emit_each(
+                "fragment_received",
+                first.conversation_id,
+                "seq",
+                seqs,
+                initiator=first.initiator,
+                fragment=index,
+                fragments=count,
+                size=size,
+                hop=hop or None,
+                peer=link.name,
+            )
+            self.trace.emit_each(
+                "forwarded",
+                first.conversation_id,
+                "seq",
+                seqs,
+                initiator=first.initiator,
+                fragment=index,
+                size=size,
+                hop=hop + 1,
+                address=relayed.address,
+                route=relayed.route,
+            )
+
+
+def _routes_as(first: DialogHeader, header: DialogHeader) -> bool:
+    """``header`` is routed as ``first`` was: the inbound decision and the hop limit look
+    at nothing else."""
+    return (
+        header.conversation_id == first.conversation_id
+        and header.flags == first.flags
+        and header.to_service == first.to_service
+        and header.to_broker_instance == first.to_broker_instance
+        and header.hop_count == first.hop_count
+    )

@@ -10,12 +10,14 @@ the loop between two forwarders and the reply path back through a forwarder.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import drain, wait_until
 from tests.routing.deploy import RETRY, R, addr, database, queue_of, stat, wait_drops
 
@@ -206,3 +208,48 @@ async def test_a_forwarder_stopped_mid_traffic_exits_cleanly(deployment: Deploym
     for m in got:
         per.setdefault(m.conversation_handle, []).append(m.message_body[len(big) :])
     assert sorted(per.values()) == [[str(n).encode() for n in range(10)]] * 4
+
+
+async def test_pipelined_runs_are_relayed_once_in_order_and_traced_once(
+    deployment: Deployment,
+) -> None:
+    """Frames carry runs of one dialog; F1 relays a run's fragments after its first
+    without deciding again (R-ROUTE-7), each within the budget, and traces every one as
+    it would alone: one ``fragment_received`` and one ``forwarded`` line each."""
+    start_a_f1_c(deployment)
+    a = await deployment.daemons["a"].client()
+    c = await deployment.daemons["c"].client()
+    handle = await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW")
+    bodies = [b"x" * (150_000 if n % 100 == 99 else 100 + n // 50 % 3 * 40) for n in range(600)]
+    sent = await asyncio.gather(*(a.send_nowait(handle, body=body) for body in bodies))
+    assert sent == list(range(1, 601))
+    got = await drain(c, queue_of(ELSEWHERE), 600, timeout=60)
+    assert [m.message_body for m in got] == bodies
+    assert [m.message_sequence_number for m in got] == list(range(1, 601))
+
+    async def acknowledged() -> bool:
+        return not await a.transmission_queue()
+
+    await wait_until(acknowledged, 30)
+    assert await stat(a, "retransmissions") == 0
+    await a.close()
+    await c.close()
+    deployment.stop("f1")
+    traced = [
+        e
+        for e in read_events(
+            segment_files([deployment.daemons["f1"].directory / "data" / "traces"])
+        )
+        if e["event"] in ("fragment_received", "forwarded") and e.get("seq")
+    ]
+    fragments = {
+        (seq, index): len(bodies[seq - 1][index * 65536 : (index + 1) * 65536])
+        for seq in range(1, 601)
+        for index in range(-(-len(bodies[seq - 1]) // 65536))
+    }
+    for event in ("fragment_received", "forwarded"):
+        lines = [e for e in traced if e["event"] == event]
+        assert Counter((e["seq"], e["fragment"]) for e in lines) == Counter(list(fragments)), event
+        assert {(e["seq"], e["fragment"]): e["size"] for e in lines} == fragments, event
+    assert {e["hop"] for e in traced if e["event"] == "forwarded"} == {1}
+    assert {e["address"] for e in traced if e["event"] == "forwarded"} == {f"tcp://{C}:4022"}
