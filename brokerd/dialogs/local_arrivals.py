@@ -64,6 +64,7 @@ class LocalArrivals(Receiving):
                         arrived.append(msg)
                         self.transmission.fragment_left(sender, msg, index)
                         self.stats.fragments_received += 1
+                        self.stats.fragments_in_runs += 1
                         # Nothing is held beyond it and no end is pending (_follows): it
                         # releases itself only, and the endpoint's state stays as it is.
                         receiver.accepted.add_message(msg.seq)
@@ -120,6 +121,7 @@ class LocalArrivals(Receiving):
             msg.fragment_count == 1
             and msg.seq == accepted.through + 1
             and not accepted.beyond
+            and msg.seq not in accepted.fragments
             and msg.flags & (_NOT_PLAIN | FLAG_SEQUENCED) == FLAG_SEQUENCED
             and receiver.state in DELIVERING
             and not receiver.broker_error

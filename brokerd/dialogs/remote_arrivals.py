@@ -62,6 +62,7 @@ class RemoteArrivals(Receiving):
                     and self.router.forward_next(header, body, payload, relayed.address)
                 ):
                     self.stats.fragments_received += 1
+                    self.stats.fragments_in_runs += 1
                     forwarded.append((header, len(body)))
                     continue
                 if (
@@ -82,6 +83,7 @@ class RemoteArrivals(Receiving):
                     if refusal is None:
                         seq = header.sequence_number
                         self.stats.fragments_received += 1
+                        self.stats.fragments_in_runs += 1
                         arrived.append((seq, len(body)))
                         # Next in order with nothing held beyond it and no ending
                         # (_follows): it releases itself only, and the state stays.
@@ -153,13 +155,15 @@ class RemoteArrivals(Receiving):
     ) -> bool:
         """``header`` repeats what the whole way checked of ``first`` (conversation,
         direction, services, broker instances, contract, flags, hop count,
-        acknowledgement), is whole and next in order with nothing held beyond it, and the
-        receiver and its database still take messages."""
+        acknowledgement), is whole and next in order with nothing held beyond it nor of
+        it (fragments of a message of that number are held: the full path calls it a
+        duplicate), and the receiver and its database still take messages."""
         accepted = receiver.accepted
         return (
             header.fragment_count == 1
             and header.sequence_number == accepted.through + 1
             and not accepted.beyond
+            and header.sequence_number not in accepted.fragments  # then it is a duplicate
             and header.flags == first.flags
             and header.conversation_id == first.conversation_id
             and header.from_service == first.from_service

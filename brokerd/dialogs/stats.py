@@ -12,6 +12,10 @@ class EngineStats:
     received_by_application: int = 0
     fragments_sent: int = 0
     fragments_received: int = 0
+    fragments_in_runs: int = 0
+    """Of those, the ones that followed a run's first in the same turn, with nothing new
+    to check beyond their own contract and validation (queued, or relayed by a
+    forwarder, without a new decision): see ``local_arrivals`` and ``remote_arrivals``."""
     retransmissions: int = 0
     duplicates: int = 0
     acks_sent: int = 0

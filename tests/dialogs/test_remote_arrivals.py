@@ -68,6 +68,7 @@ async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path:
             assert_exactly_once_in_order(replies)
             (beta,) = await warehouse.view("stats")
             assert beta["fragments_received"] == len(orders), beta
+            assert beta["fragments_in_runs"] > 0, beta  # runs happened
         finally:
             await shop.close()
             await warehouse.close()
@@ -178,13 +179,15 @@ async def test_turns_with_gaps_and_duplicates_queue_each_message_once_in_order(
         await peer.connect(d.daemons["beta"].host)
         instance = uuid.uuid4()
 
-        def order(cid: uuid.UUID, seq: int) -> tuple[DialogHeader, bytes]:
+        def order(
+            cid: uuid.UUID, seq: int, sender: uuid.UUID | None = None
+        ) -> tuple[DialogHeader, bytes]:
             body = f"<order>{seq}</order>".encode()
             header = DialogHeader(
                 cid,
                 SHOP,
                 WAREHOUSE,
-                instance,
+                sender or instance,
                 None,
                 example.CONTRACT,
                 example.ORDER,
@@ -193,6 +196,18 @@ async def test_turns_with_gaps_and_duplicates_queue_each_message_once_in_order(
                 message_length=len(body),
             )
             return header, body
+
+        def half(cid: uuid.UUID, seq: int, index: int) -> tuple[DialogHeader, bytes]:
+            """Fragment ``index`` of 2 of a 40-byte message ``seq``."""
+            whole = f"<order>{seq}</order>".encode().ljust(40)
+            header, _ = order(cid, seq)
+            part = whole[index * 20 : index * 20 + 20]
+            return header._replace(
+                fragment_index=index,
+                fragment_count=2,
+                fragment_offset=index * 20,
+                message_length=40,
+            ), part
 
         async def counted(duplicates: int, fragments: int) -> None:
             async def check() -> bool:
@@ -218,6 +233,26 @@ async def test_turns_with_gaps_and_duplicates_queue_each_message_once_in_order(
         got = await drain(warehouse, "OrderQueue", 6, timeout=30)
         assert [m.message_body for m in got] == bodies(6)
         assert_exactly_once_in_order(got)
+        # A third dialog: the first half of message 4 is held when 3 starts a run, so a
+        # whole 4 in that run is a duplicate (the full path's answer), and 4 is the
+        # message its two halves make. A 6 from another broker instance inside a run is
+        # refused by the binding (R-DLG-14); the genuine 6 comes later.
+        third, forger = uuid.uuid4(), uuid.uuid4()
+        await peer.send_fragments([order(third, 1), order(third, 2), half(third, 4, 0)])
+        await counted(2, 19)
+        await peer.send_fragments([order(third, 3), order(third, 4)])
+        await counted(3, 21)
+        await peer.send_fragments(
+            [half(third, 4, 1), order(third, 5), order(third, 6, forger), order(third, 7)]
+        )
+        await peer.send_fragments([order(third, 6)])
+        got = await drain(warehouse, "OrderQueue", 7, timeout=30)
+        expected = bodies(7)
+        expected[3] = expected[3].ljust(40)
+        assert [m.message_body for m in got] == expected
+        assert_exactly_once_in_order(got)
+        (stats,) = await warehouse.view("stats")
+        assert stats["binding_refusals"] == 1, stats
         assert await warehouse.receive("OrderQueue", timeout=0.3) == []
         await warehouse.close()
     finally:

@@ -232,6 +232,9 @@ async def test_pipelined_runs_are_relayed_once_in_order_and_traced_once(
 
     await wait_until(acknowledged, 30)
     assert await stat(a, "retransmissions") == 0
+    f1 = await deployment.daemons["f1"].client()
+    assert await stat(f1, "fragments_in_runs") > 0  # relayed without a new decision
+    await f1.close()
     await a.close()
     await c.close()
     deployment.stop("f1")
