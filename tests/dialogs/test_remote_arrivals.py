@@ -16,7 +16,13 @@ from brokerd.sdk.client import BrokerClient
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
-from protocol.dialog import FLAG_INITIATOR, FLAG_SEQUENCED, DialogHeader
+from protocol.dialog import (
+    END_DIALOG,
+    FLAG_END_DIALOG,
+    FLAG_INITIATOR,
+    FLAG_SEQUENCED,
+    DialogHeader,
+)
 from tests.daemons import (
     FAST_RETRY,
     PROXY_HOST,
@@ -253,6 +259,60 @@ async def test_turns_with_gaps_and_duplicates_queue_each_message_once_in_order(
         assert_exactly_once_in_order(got)
         (stats,) = await warehouse.view("stats")
         assert stats["binding_refusals"] == 1, stats
+        assert await warehouse.receive("OrderQueue", timeout=0.3) == []
+        await warehouse.close()
+    finally:
+        await peer.close()
+        d.stop_all()
+
+
+async def test_interleaved_dialogs_and_an_ending_in_one_read(tmp_path: Path) -> None:
+    """One read carries two dialogs' messages interleaved (each message breaks the other
+    dialog's run), then a run on one dialog that ends with END CONVERSATION: an ending
+    takes the whole way (R-DLG-10), is queued after the messages before it, and the
+    messages of both dialogs are queued once, in order (R-DLG-1)."""
+    d = example.shop_and_warehouse(tmp_path, FAST_RETRY)
+    d.start("beta")
+    peer = HostileBroker(d.cert_dir, "alpha")
+    try:
+        warehouse = await d.daemons["beta"].client()
+        await peer.connect(d.daemons["beta"].host)
+        instance = uuid.uuid4()
+
+        def message(cid: uuid.UUID, seq: int, end: bool = False) -> tuple[DialogHeader, bytes]:
+            body = b"" if end else f"<order>{cid.hex[:4]}-{seq}</order>".encode()
+            header = DialogHeader(
+                cid,
+                SHOP,
+                WAREHOUSE,
+                instance,
+                None,
+                example.CONTRACT,
+                END_DIALOG if end else example.ORDER,
+                flags=FLAG_SEQUENCED | FLAG_INITIATOR | (FLAG_END_DIALOG if end else 0),
+                sequence_number=seq,
+                message_length=len(body),
+            )
+            return header, body
+
+        first, second = uuid.uuid4(), uuid.uuid4()
+        read = [m for seq in range(1, 6) for m in (message(first, seq), message(second, seq))]
+        read += [message(first, seq) for seq in range(6, 10)] + [message(first, 10, end=True)]
+        await peer.send_fragments(read)
+        got = await drain(warehouse, "OrderQueue", 15, timeout=30)
+        per: dict[uuid.UUID, list[bytes]] = {}
+        for m in got:
+            per.setdefault(m.conversation_handle, []).append(m.message_body)
+        assert_exactly_once_in_order(got)
+        assert sorted(len(bodies) for bodies in per.values()) == [5, 10]
+        (ended,) = [m for m in got if m.is_end_dialog]
+        ten = per[ended.conversation_handle]  # the ending comes last, after its nine
+        assert ten[:9] == [f"<order>{first.hex[:4]}-{seq}</order>".encode() for seq in range(1, 10)]
+        assert ten[9] == b"" and len(ten) == 10
+        states = {r["state"] for r in await warehouse.conversation_endpoints()}
+        assert states == {"CO", "DI"}, states
+        (stats,) = await warehouse.view("stats")
+        assert stats["fragments_in_runs"] == 3, stats  # 7, 8 and 9: after 6, before the END
         assert await warehouse.receive("OrderQueue", timeout=0.3) == []
         await warehouse.close()
     finally:
