@@ -109,8 +109,7 @@ class Inbound(RouteDecisions):
         address = self._forward_address(header, decision)
         if address is None:
             return
-        item = fragment_item(header, body, payload)
-        if not self.budget.take(item.size):
+        if not self.forward_next(header, body, payload, address):
             self.stats.forward_buffer_drops += 1
             self.engine.drop(
                 header,
@@ -118,7 +117,6 @@ class Inbound(RouteDecisions):
                 "message_forward_size); dropped, the sender retries (R-ROUTE-7)",
             )
             return
-        self.stats.forwarded_fragments += 1
         self.last_forwarded = Relayed(header, address, decision.route)
         self.engine.trace.emit_grouped(
             "forwarded",
@@ -132,14 +130,15 @@ class Inbound(RouteDecisions):
             address=address,
             route=decision.route,
         )
-        self.engine.links.link_for(address).forward(item)
 
-    def forward_next(self, header: DialogHeader, body: bytes, payload: bytes, address: str) -> bool:
-        """Relay a fragment that follows :attr:`last_forwarded` in the same turn and whose
-        header routes as its does (same conversation, direction, target service and
-        broker instance, hop count): to the same address, without deciding again. False
-        if the forwarding budget is full (the whole way then drops it, R-ROUTE-7). Its
-        ``fragment_received`` and ``forwarded`` lines are the caller's to trace."""
+    def forward_next(
+        self, header: DialogHeader, body: bytes, payload: bytes | None, address: str
+    ) -> bool:
+        """Relay a fragment to ``address``, one hop further, within the forwarding budget
+        (False if it is full, R-ROUTE-7): the end of the whole way, and all of the way for
+        a fragment that follows :attr:`last_forwarded` in the same turn and routes as it
+        does (same conversation, direction, target service and broker instance, hop
+        count). Tracing it is the caller's."""
         item = fragment_item(header, body, payload)
         if not self.budget.take(item.size):
             return False

@@ -12,8 +12,11 @@ queue. Anything else (a message of several fragments, an ending, a gap, a duplic
 a refusal, a changed acknowledgement, a secured dialog) takes the whole way, and the
 run starts again after it.
 
-May import: ``protocol``, ``brokerd.dialogs`` models, :mod:`brokerd.dialogs.receiving` and
-:mod:`brokerd.dialogs.runs`.
+The checks a run's messages share with a connection's runs (next in order, nothing
+held, the receiver still taking messages) and their way to the queue are
+:class:`Receiving`'s (``_starts_run``, ``_takes_next``, ``_run_arrival``).
+
+May import: ``protocol``, ``brokerd.dialogs`` models and :mod:`brokerd.dialogs.receiving`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.receiving import Receiving
-from brokerd.dialogs.runs import alike_runs
-from brokerd.dialogs.states import DELIVERING
 from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 
 _NOT_PLAIN = FLAG_END_DIALOG | FLAG_ERROR
@@ -43,37 +44,28 @@ class LocalArrivals(Receiving):
         """Fragments ``(message, index)`` of ``sender``, in the order they were queued,
         for ``db`` (None: routed on arrival)."""
         receiver: Endpoint | None = None
-        arrived: list[OutMessage] = []
-        """The messages that went straight to ``receiver``, not yet traced."""
+        arrived: list[tuple[int, int]] = []
+        """(sequence number, size) of the messages that went straight to ``receiver``."""
         try:
             for msg, index in pieces:
                 body = msg.body
                 if msg.seq not in sender.outbox or body is None:
                     continue  # acknowledged, or a copy already written (see the transport)
-                if receiver is not None and db is not None and self._follows(sender, receiver, msg):
-                    refusal = self._refusal_of(
-                        db,
-                        receiver.contract,
-                        msg.message_type,
-                        sender.initiator,
-                        msg.length,
-                        1,
-                        body,
+                if (
+                    receiver is not None
+                    and db is not None
+                    and self._follows(sender, msg)
+                    and self._takes_next(db, receiver, msg.seq)
+                    and self._run_arrival(
+                        db, receiver, msg.seq, msg.message_type, sender.initiator, body
                     )
-                    if refusal is None:
-                        arrived.append(msg)
-                        self.transmission.fragment_left(sender, msg, index)
-                        self.stats.fragments_received += 1
-                        self.stats.fragments_in_runs += 1
-                        # Nothing is held beyond it and no end is pending (_follows): it
-                        # releases itself only, and the endpoint's state stays as it is.
-                        receiver.accepted.add_message(msg.seq)
-                        queue = db.queue_of(receiver.service) or ""
-                        self._arrived_in_order(db, receiver, queue, msg.seq, msg.message_type, body)
-                        continue
+                ):
+                    arrived.append((msg.seq, msg.length))
+                    self.transmission.fragment_left(sender, msg, index)
+                    continue
                 if arrived:
                     assert receiver is not None
-                    self._trace_arrived(link, sender, receiver, arrived)
+                    self._trace_run(link, receiver, sender.initiator, 0, arrived)
                     arrived = []
                 before = self._accepted_through(sender, db)
                 header, fragment = self.build_fragment(sender, msg, index)
@@ -82,7 +74,7 @@ class LocalArrivals(Receiving):
         finally:
             if arrived:
                 assert receiver is not None
-                self._trace_arrived(link, sender, receiver, arrived)
+                self._trace_run(link, receiver, sender.initiator, 0, arrived)
 
     @staticmethod
     def _accepted_through(sender: Endpoint, db: Database | None) -> int:
@@ -93,58 +85,21 @@ class LocalArrivals(Receiving):
     def _run_receiver(
         self, sender: Endpoint, msg: OutMessage, db: Database | None, before: int
     ) -> Endpoint | None:
-        """The endpoint the messages after ``msg`` may go straight to: ``msg`` was whole
-        and accepted in order the whole way just now (``before``: what the endpoint had
-        accepted until then; a duplicate, already accepted, proves nothing of its checks),
-        by a database that takes arrivals now, and the dialog is not secured."""
-        if (
-            db is None
-            or msg.fragment_count != 1
-            or before >= msg.seq
-            or sender.keys is not None
-            or db.mirror_role == "mirror"
-            or db.mirror_in_doubt
-            or db.rx_suspended
-        ):
+        """The endpoint the messages after ``msg`` may go straight to, if ``msg`` was whole
+        and plain and started a run (:meth:`Receiving._starts_run`)."""
+        if db is None or msg.fragment_count != 1 or sender.keys is not None:
             return None
         receiver = db.by_key.get((sender.conversation_id, not sender.initiator))
-        if receiver is None or receiver.keys is not None or receiver.accepted.through != msg.seq:
+        if receiver is None or not self._starts_run(db, receiver, msg.seq, before):
             return None
         return receiver
 
-    def _follows(self, sender: Endpoint, receiver: Endpoint, msg: OutMessage) -> bool:
-        """``msg`` is whole, plain and next in order with nothing held beyond it, the
-        receiver still takes messages, and the sender's acknowledgement is the one the
-        run's first message carried."""
-        accepted = receiver.accepted
+    @staticmethod
+    def _follows(sender: Endpoint, msg: OutMessage) -> bool:
+        """``msg`` is whole and plain, and the sender's acknowledgement is the one the
+        run's first message carried (the rest is :meth:`Receiving._takes_next`)."""
         return (
             msg.fragment_count == 1
-            and msg.seq == accepted.through + 1
-            and not accepted.beyond
-            and msg.seq not in accepted.fragments
             and msg.flags & (_NOT_PLAIN | FLAG_SEQUENCED) == FLAG_SEQUENCED
-            and receiver.state in DELIVERING
-            and not receiver.broker_error
             and sender.ack_version == sender.ack_sent_version
         )
-
-    def _trace_arrived(
-        self, link: Link, sender: Endpoint, receiver: Endpoint, messages: list[OutMessage]
-    ) -> None:
-        """``fragment_received`` of messages that went straight to ``receiver``, as
-        :meth:`on_fragment` traces each: one entry per run of messages of one size."""
-        if not self.trace.enabled:
-            return
-        for start, end in alike_runs([msg.length for msg in messages]):
-            self.trace.emit_each(
-                "fragment_received",
-                receiver.conversation_id,
-                "seq",
-                [msg.seq for msg in messages[start:end]],
-                initiator=sender.initiator,
-                fragment=0,
-                fragments=1,
-                size=messages[start].length,
-                hop=None,
-                peer=link.name,
-            )

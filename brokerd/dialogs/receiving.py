@@ -42,6 +42,7 @@ from brokerd.dialogs.core import (
 from brokerd.dialogs.database import Database
 from brokerd.dialogs.endpoint import Endpoint, endpoint_snapshot
 from brokerd.dialogs.links import Link
+from brokerd.dialogs.runs import alike_runs
 from brokerd.dialogs.states import DELIVERING, State
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
@@ -615,6 +616,94 @@ class Receiving(EngineCore):
         db.store.submit_joined(
             _RECEIVED, [row, snapshot], run.on_commit, run.failed, weight, chains=(ep.receiving,)
         )
+
+    # -- runs: the messages of one dialog after one that took the whole way ----------------
+    # Used by what the local link and a connection hand over (``local_arrivals``,
+    # ``remote_arrivals``), which tell whether a message repeats its run's first.
+
+    @staticmethod
+    def _starts_run(db: Database, receiver: Endpoint, seq: int, before: int) -> bool:
+        """``receiver`` (of ``db``) accepted the whole, plain message ``seq`` in order the
+        whole way just now (``before``: what it had accepted until then; a duplicate,
+        already accepted, proves nothing of its checks), its database takes arrivals, and
+        its dialog is not secured: the messages after it may go straight to it."""
+        return (
+            before < seq
+            and receiver.accepted.through == seq
+            and receiver.keys is None
+            and db.mirror_role != "mirror"
+            and not db.mirror_in_doubt
+            and not db.rx_suspended
+        )
+
+    @staticmethod
+    def _takes_next(db: Database, receiver: Endpoint, seq: int) -> bool:
+        """A whole, plain message ``seq`` of a run releases itself only and leaves the
+        endpoint's state as it is: it is next in order, nothing is held beyond it nor of
+        it (held fragments of that number make it a duplicate on the whole way), and the
+        receiver and its database still take messages."""
+        accepted = receiver.accepted
+        return (
+            seq == accepted.through + 1
+            and not accepted.beyond
+            and seq not in accepted.fragments
+            and receiver.state in DELIVERING
+            and not receiver.broker_error
+            and db.mirror_role != "mirror"
+            and not db.mirror_in_doubt
+            and not db.rx_suspended
+        )
+
+    def _run_arrival(
+        self,
+        db: Database,
+        receiver: Endpoint,
+        seq: int,
+        message_type: str,
+        initiator: bool,
+        body: bytes,
+    ) -> bool:
+        """A message of a run (:meth:`_takes_next`) after the checks of its own (contract,
+        size, validation: R-DLG-3, R-OBJ-1): queued in order, acknowledged after its
+        commit. False if refused: the whole way then answers it."""
+        refusal = self._refusal_of(
+            db, receiver.contract, message_type, initiator, len(body), 1, body
+        )
+        if refusal is not None:
+            return False
+        self.stats.fragments_received += 1
+        self.stats.fragments_in_runs += 1
+        receiver.accepted.add_message(seq)
+        queue = db.queue_of(receiver.service) or ""
+        self._arrived_in_order(db, receiver, queue, seq, message_type, body)
+        return True
+
+    def _trace_run(
+        self,
+        link: Link,
+        receiver: Endpoint,
+        initiator: bool,
+        hop: int,
+        arrived: list[tuple[int, int]],
+    ) -> None:
+        """``fragment_received`` of the messages ``(seq, size)`` of a run, as
+        :meth:`on_fragment` traces each: one entry per run of messages of one size."""
+        if not self.trace.enabled:
+            return
+        sizes = [size for _, size in arrived]
+        for start, end in alike_runs(sizes):
+            self.trace.emit_each(
+                "fragment_received",
+                receiver.conversation_id,
+                "seq",
+                [seq for seq, _ in arrived[start:end]],
+                initiator=initiator,
+                fragment=0,
+                fragments=1,
+                size=sizes[start],
+                hop=hop or None,
+                peer=link.name,
+            )
 
     def _accept_fragment(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes

@@ -8,7 +8,8 @@ everything those checks looked at (conversation, services, broker instances,
 contract, flags, hop count and acknowledgement) and that is next in order has
 nothing new to check there: it goes straight to the checks of its own (contract,
 size, validation: R-DLG-3, R-OBJ-1) and to the queue, as the local link's runs do
-(:mod:`brokerd.dialogs.local_arrivals`). Anything else (a message of several
+(:mod:`brokerd.dialogs.local_arrivals`; the checks they share and the way to the
+queue are :class:`Receiving`'s). Anything else (a message of several
 fragments, an ending, a gap, a duplicate, a refusal, another acknowledgement, a
 secured dialog) takes the whole way, and a run may start again after it.
 
@@ -29,7 +30,6 @@ from brokerd.dialogs.inbound import Relayed
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.receiving import Receiving
 from brokerd.dialogs.runs import alike_runs
-from brokerd.dialogs.states import DELIVERING
 from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, FLAG_SECURED, FLAG_SEQUENCED, DialogHeader
 
 _PLAIN_MASK = FLAG_END_DIALOG | FLAG_ERROR | FLAG_SECURED | FLAG_SEQUENCED
@@ -69,37 +69,28 @@ class RemoteArrivals(Receiving):
                     first is not None
                     and db is not None
                     and receiver is not None
-                    and self._continues(first, header, db, receiver)
-                ):
-                    refusal = self._refusal_of(
+                    and _repeats(first, header)
+                    and self._takes_next(db, receiver, header.sequence_number)
+                    and self._run_arrival(
                         db,
-                        receiver.contract,
+                        receiver,
+                        header.sequence_number,
                         header.message_type,
                         header.initiator,
-                        header.message_length,
-                        1,
                         body,
                     )
-                    if refusal is None:
-                        seq = header.sequence_number
-                        self.stats.fragments_received += 1
-                        self.stats.fragments_in_runs += 1
-                        arrived.append((seq, len(body)))
-                        # Next in order with nothing held beyond it and no ending
-                        # (_follows): it releases itself only, and the state stays.
-                        receiver.accepted.add_message(seq)
-                        queue = db.queue_of(receiver.service) or ""
-                        self._arrived_in_order(db, receiver, queue, seq, header.message_type, body)
-                        continue
+                ):
+                    arrived.append((header.sequence_number, len(body)))
+                    continue
                 if arrived:
-                    assert first is not None
-                    self._trace_run(link, first, arrived)
+                    assert first is not None and receiver is not None
+                    self._trace_run(link, receiver, first.initiator, first.hop_count, arrived)
                     arrived = []
                 if forwarded:
                     assert relayed is not None
                     self._trace_relayed(link, relayed, forwarded)
                     forwarded = []
-                before = self._receiver_of(header)
+                before = self._endpoint_for(header)
                 through = before.accepted.through if before is not None else 0
                 self.on_fragment(link, header, body, payload=payload)  # refusals answered there
                 first, db, receiver, relayed = None, None, None, None
@@ -113,92 +104,24 @@ class RemoteArrivals(Receiving):
                         relayed = last
         finally:
             if arrived:
-                assert first is not None
-                self._trace_run(link, first, arrived)
+                assert first is not None and receiver is not None
+                self._trace_run(link, receiver, first.initiator, first.hop_count, arrived)
             if forwarded:
                 assert relayed is not None
                 self._trace_relayed(link, relayed, forwarded)
 
-    def _receiver_of(self, header: DialogHeader) -> Endpoint | None:
-        """The endpoint here that ``header``'s message is for, if it exists."""
-        key = (header.conversation_id, not header.initiator)
-        for db in self.databases.values():
-            ep = db.by_key.get(key)
-            if ep is not None:
-                return ep
-        return None
-
     def _run_start(self, header: DialogHeader, before: int) -> tuple[Database, Endpoint] | None:
-        """The database and endpoint the messages after ``header``'s may go straight to:
-        it was whole, plain, and accepted in order the whole way just now (``before``: what
-        the endpoint had accepted until then; a duplicate, already accepted, proves nothing
-        of its checks), by a database that takes arrivals now, and the dialog is not
-        secured."""
-        seq = header.sequence_number
-        if (
-            header.fragment_count != 1
-            or header.flags & _PLAIN_MASK != FLAG_SEQUENCED
-            or before >= seq
-        ):
+        """The database and endpoint the messages after ``header``'s may go straight to, if
+        it was whole and plain and started a run (:meth:`Receiving._starts_run`)."""
+        if header.fragment_count != 1 or header.flags & _PLAIN_MASK != FLAG_SEQUENCED:
             return None
-        receiver = self._receiver_of(header)
-        if receiver is None or receiver.keys is not None or receiver.accepted.through != seq:
+        receiver = self._endpoint_for(header)
+        if receiver is None:
             return None
         db = self.databases[receiver.database]
-        if db.mirror_role == "mirror" or db.mirror_in_doubt or db.rx_suspended:
+        if not self._starts_run(db, receiver, header.sequence_number, before):
             return None
         return db, receiver
-
-    @staticmethod
-    def _continues(
-        first: DialogHeader, header: DialogHeader, db: Database, receiver: Endpoint
-    ) -> bool:
-        """``header`` repeats what the whole way checked of ``first`` (conversation,
-        direction, services, broker instances, contract, flags, hop count,
-        acknowledgement), is whole and next in order with nothing held beyond it nor of
-        it (fragments of a message of that number are held: the full path calls it a
-        duplicate), and the receiver and its database still take messages."""
-        accepted = receiver.accepted
-        return (
-            header.fragment_count == 1
-            and header.sequence_number == accepted.through + 1
-            and not accepted.beyond
-            and header.sequence_number not in accepted.fragments  # then it is a duplicate
-            and header.flags == first.flags
-            and header.conversation_id == first.conversation_id
-            and header.from_service == first.from_service
-            and header.to_service == first.to_service
-            and header.from_broker_instance == first.from_broker_instance
-            and header.to_broker_instance == first.to_broker_instance
-            and header.contract == first.contract
-            and header.hop_count == first.hop_count
-            and header.ack == first.ack
-            and receiver.state in DELIVERING
-            and not receiver.broker_error
-            and db.mirror_role != "mirror"
-            and not db.mirror_in_doubt
-            and not db.rx_suspended
-        )
-
-    def _trace_run(self, link: Link, first: DialogHeader, arrived: list[tuple[int, int]]) -> None:
-        """``fragment_received`` of the messages that went straight to the run's endpoint,
-        as :meth:`on_fragment` traces each: one entry per run of messages of one size."""
-        if not self.trace.enabled:
-            return
-        sizes = [size for _, size in arrived]
-        for start, end in alike_runs(sizes):
-            self.trace.emit_each(
-                "fragment_received",
-                first.conversation_id,
-                "seq",
-                [seq for seq, _ in arrived[start:end]],
-                initiator=first.initiator,
-                fragment=0,
-                fragments=1,
-                size=sizes[start],
-                hop=first.hop_count or None,
-                peer=link.name,
-            )
 
     def _trace_relayed(
         self, link: Link, relayed: Relayed, forwarded: list[tuple[DialogHeader, int]]
@@ -238,6 +161,24 @@ class RemoteArrivals(Receiving):
                 address=relayed.address,
                 route=relayed.route,
             )
+
+
+def _repeats(first: DialogHeader, header: DialogHeader) -> bool:
+    """``header`` is of a whole message and repeats what the whole way checked of
+    ``first``: conversation, direction, services, broker instances, contract, flags, hop
+    count and acknowledgement (the rest is :meth:`Receiving._takes_next`)."""
+    return (
+        header.fragment_count == 1
+        and header.flags == first.flags
+        and header.conversation_id == first.conversation_id
+        and header.from_service == first.from_service
+        and header.to_service == first.to_service
+        and header.from_broker_instance == first.from_broker_instance
+        and header.to_broker_instance == first.to_broker_instance
+        and header.contract == first.contract
+        and header.hop_count == first.hop_count
+        and header.ack == first.ack
+    )
 
 
 def _routes_as(first: DialogHeader, header: DialogHeader) -> bool:

@@ -129,18 +129,20 @@ class SendWindow:
         blocked = self.blocked
         if not blocked or self.waiting or self.bytes >= self.max_bytes:
             return []
-        paged = self.blocked_paged
-        if self.count < self.messages:
-            endpoints = list(blocked.values())
-            blocked.clear()
-            paged.clear()
-            return endpoints
-        if self.count >= self.backlog_messages or len(paged) < len(blocked):
+        if self.count >= self._bound(paged=True):  # the larger one if all are backlogs'
             return []
-        endpoints = list(blocked.values())  # all blocked by a message of a backlog
+        endpoints = list(blocked.values())
         blocked.clear()
-        paged.clear()
+        self.blocked_paged.clear()
         return endpoints
+
+    def _bound(self, paged: bool) -> int:
+        """Messages in flight below which a message goes: a backlog's has the larger bound
+        (``paged``) unless an endpoint blocked by a message kept in memory waits (it would
+        never see the count fall under its bound while backlogs refill the window)."""
+        if paged and len(self.blocked_paged) == len(self.blocked):
+            return self.backlog_messages
+        return self.messages
 
     def release(self, msg: OutMessage) -> None:
         """``msg`` was acknowledged, dropped, or its link went down: it leaves the window,
@@ -181,15 +183,10 @@ class SendWindow:
         return list(endpoints.values())
 
     def _room(self, msg: OutMessage) -> bool:
-        """Whether ``msg`` may be counted in now: a message of a backlog has the larger
-        bound unless an endpoint blocked by a message kept in memory waits (it would
-        never see the count fall under its bound while backlogs refill the window)."""
+        """Whether ``msg`` may be counted in now (:meth:`_bound`, and the bytes)."""
         if self.count == 0:
             return True
-        most = self.messages
-        if msg.paged and len(self.blocked_paged) == len(self.blocked):
-            most = self.backlog_messages
-        return self.count < most and self.bytes + msg.length <= self.max_bytes
+        return self.count < self._bound(msg.paged) and self.bytes + msg.length <= self.max_bytes
 
     def _count(self, msg: OutMessage, link: Link) -> None:
         msg.window = link.name
