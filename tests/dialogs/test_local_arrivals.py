@@ -6,8 +6,6 @@ one turn."""
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import assert_exactly_once_in_order, drain, running, wait_until
+from tests.dialogs.run_checks import body, pipelined, refused_inside_a_run, validating_warehouse
 
 HOST = "127.0.0.246"
 SHOP, WAREHOUSE = example.SHOP_SERVICE, example.WAREHOUSE_SERVICE
@@ -32,11 +31,6 @@ def _solo(tmp_path: Path, warehouse: str | None = None) -> Deployment:
     return d
 
 
-def _body(n: int, what: str) -> bytes:
-    """Sizes change every 40 messages: runs of alike messages are traced together."""
-    return f"<{what}>{n}</{what}>".encode() + b" " * (n // 40 % 3 * 50)
-
-
 def _traced(d: Deployment) -> list[dict[str, Any]]:
     return list(read_events(segment_files([d.daemons["solo"].directory / "data" / "traces"])))
 
@@ -44,7 +38,7 @@ def _traced(d: Deployment) -> list[dict[str, Any]]:
 async def _orders_arrive(client: BrokerClient, bodies: list[bytes]) -> list[ReceivedMessage]:
     """A dialog begun and ``bodies`` SENT on it pipelined: they arrive once, in order."""
     handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
-    sent = await _pipelined(client, handle, example.ORDER, bodies)
+    sent = await pipelined(client, handle, example.ORDER, bodies)
     assert sent == list(range(1, len(bodies) + 1))
     got = await drain(client, "OrderQueue", len(bodies))
     assert [m.message_body for m in got] == bodies
@@ -52,23 +46,16 @@ async def _orders_arrive(client: BrokerClient, bodies: list[bytes]) -> list[Rece
     return got
 
 
-async def _pipelined(
-    client: BrokerClient, handle: uuid.UUID, message_type: str, bodies: list[bytes]
-) -> list[int | BaseException]:
-    futures = [client.send_nowait(handle, message_type, body) for body in bodies]
-    return await asyncio.gather(*futures, return_exceptions=True)
-
-
 async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path: Path) -> None:
     d = _solo(tmp_path)
-    orders = [_body(n, "order") for n in range(1, 601)]
-    confirmations = [_body(n, "confirmed") for n in range(1, 201)]
+    orders = [body(n, "order") for n in range(1, 601)]
+    confirmations = [body(n, "confirmed") for n in range(1, 201)]
     with running(d):
         client = await d.daemons["solo"].client()
         try:
             got = await _orders_arrive(client, orders)
             target = got[0].conversation_handle
-            sent = await _pipelined(client, target, example.CONFIRMATION, confirmations)
+            sent = await pipelined(client, target, example.CONFIRMATION, confirmations)
             assert sent == list(range(1, 201))
             replies = await drain(client, "ClientQueue", 200)
             assert [m.message_body for m in replies] == confirmations
@@ -115,31 +102,12 @@ async def test_fragment_sent_lines_follow_the_order_of_a_run_mixing_large_messag
 async def test_a_message_refused_inside_a_run_is_never_queued_nor_what_follows(
     tmp_path: Path,
 ) -> None:
-    """R-OBJ-1: the warehouse validates orders as XML. Order 150 of a pipelined run is
-    not XML: the orders before it are queued in order, it and the ones after it never
-    are, and the shop gets the Error (R-DLG-2)."""
-    plain = f'name = "{example.ORDER}"\nvalidation = "none"'
-    warehouse = example.warehouse_database(None)
-    assert plain in warehouse
-    warehouse = warehouse.replace(
-        plain, f'name = "{example.ORDER}"\nvalidation = "well_formed_xml"'
-    )
-    d = _solo(tmp_path, warehouse)
-    orders = [_body(n, "order") for n in range(1, 301)]
-    orders[149] = b"not XML"
+    """R-OBJ-1: the warehouse validates orders as XML; order 150 of a pipelined run is
+    not, between two databases of one daemon (``run_checks.refused_inside_a_run``)."""
+    d = _solo(tmp_path, validating_warehouse(None))
     with running(d):
         client = await d.daemons["solo"].client()
         try:
-            handle = await client.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
-            sent = await _pipelined(client, handle, example.ORDER, orders)
-            assert [s for s in sent if isinstance(s, int)][:149] == list(range(1, 150))
-            (error,) = await drain(client, "ClientQueue", 1, timeout=30)
-            assert error.conversation_handle == handle and error.is_error
-            assert b"<Code>-9615</Code>" in error.message_body
-            got = await drain(client, "OrderQueue", 149)
-            assert [m.message_body for m in got] == orders[:149]
-            assert_exactly_once_in_order(got)
-            await asyncio.sleep(0.5)
-            assert await client.receive("OrderQueue", timeout=0.2) == []
+            await refused_inside_a_run(client, client)
         finally:
             await client.close()

@@ -12,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from brokerd.sdk.client import BrokerClient
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
@@ -32,42 +31,56 @@ from tests.daemons import (
     running,
     wait_until,
 )
+from tests.dialogs.run_checks import body, pipelined, refused_inside_a_run, validating_warehouse
 from tests.hostile import HostileBroker
 
 SHOP, WAREHOUSE = example.SHOP_SERVICE, example.WAREHOUSE_SERVICE
-
-
-def _body(n: int, what: str) -> bytes:
-    """Sizes change every 40 messages: runs of alike messages are traced together."""
-    return f"<{what}>{n}</{what}>".encode() + b" " * (n // 40 % 3 * 50)
 
 
 def _traced(d: Deployment, name: str) -> list[dict[str, Any]]:
     return list(read_events(segment_files([d.daemons[name].directory / "data" / "traces"])))
 
 
-async def _pipelined(
-    client: BrokerClient, handle: uuid.UUID, message_type: str, bodies: list[bytes]
-) -> list[int | BaseException]:
-    futures = [client.send_nowait(handle, message_type, body) for body in bodies]
-    return await asyncio.gather(*futures, return_exceptions=True)
+def _sent(
+    instance: uuid.UUID,
+    cid: uuid.UUID,
+    seq: int,
+    body: bytes,
+    message_type: str = example.ORDER,
+    flags: int = 0,
+) -> tuple[DialogHeader, bytes]:
+    """Message ``seq`` of dialog ``cid``, whole, as the shop's broker ``instance`` sends it
+    to the warehouse (a hostile peer's frames are built from it)."""
+    header = DialogHeader(
+        cid,
+        SHOP,
+        WAREHOUSE,
+        instance,
+        None,
+        example.CONTRACT,
+        message_type,
+        flags=FLAG_SEQUENCED | FLAG_INITIATOR | flags,
+        sequence_number=seq,
+        message_length=len(body),
+    )
+    return header, body
 
 
 async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path: Path) -> None:
     d = example.shop_and_warehouse(tmp_path)
-    orders = [_body(n, "order") for n in range(1, 1201)]
-    confirmations = [_body(n, "confirmed") for n in range(1, 401)]
+    orders = [body(n, "order") for n in range(1, 1201)]
+    confirmations = [body(n, "confirmed") for n in range(1, 401)]
     with running(d):
         shop = await d.daemons["alpha"].client()
         warehouse = await d.daemons["beta"].client()
         try:
             handle = await shop.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
-            assert await _pipelined(shop, handle, example.ORDER, orders) == list(range(1, 1201))
+            assert await pipelined(shop, handle, example.ORDER, orders) == list(range(1, 1201))
             got = await drain(warehouse, "OrderQueue", len(orders))
             assert [m.message_body for m in got] == orders
             assert_exactly_once_in_order(got)
             target = got[0].conversation_handle
-            sent = await _pipelined(warehouse, target, example.CONFIRMATION, confirmations)
+            sent = await pipelined(warehouse, target, example.CONFIRMATION, confirmations)
             assert sent == list(range(1, 401))
             replies = await drain(shop, "ClientQueue", len(confirmations))
             assert [m.message_body for m in replies] == confirmations
@@ -92,36 +105,16 @@ async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path:
 async def test_a_message_refused_inside_a_run_is_never_queued_nor_what_follows(
     tmp_path: Path,
 ) -> None:
-    """R-OBJ-1: the warehouse validates orders as XML. Order 150 of a pipelined run is
-    not XML: the orders before it are queued in order, it and the ones after it never
-    are, and the shop gets the Error (R-DLG-2)."""
+    """R-OBJ-1: the warehouse validates orders as XML; order 150 of a pipelined run is
+    not, across a connection (``run_checks.refused_inside_a_run``)."""
     d = Deployment(tmp_path)
-    plain = f'name = "{example.ORDER}"\nvalidation = "none"'
-    warehouse_db = example.warehouse_database("127.0.0.1")
-    assert plain in warehouse_db
     d.add("alpha", "127.0.0.1", example.shop_database("127.0.0.2"))
-    d.add(
-        "beta",
-        "127.0.0.2",
-        warehouse_db.replace(plain, f'name = "{example.ORDER}"\nvalidation = "well_formed_xml"'),
-    )
-    orders = [_body(n, "order") for n in range(1, 301)]
-    orders[149] = b"not XML"
+    d.add("beta", "127.0.0.2", validating_warehouse("127.0.0.1"))
     with running(d):
         shop = await d.daemons["alpha"].client()
         warehouse = await d.daemons["beta"].client()
         try:
-            handle = await shop.begin_dialog(SHOP, WAREHOUSE, example.CONTRACT)
-            sent = await _pipelined(shop, handle, example.ORDER, orders)
-            assert [s for s in sent if isinstance(s, int)][:149] == list(range(1, 150))
-            (error,) = await drain(shop, "ClientQueue", 1, timeout=30)
-            assert error.conversation_handle == handle and error.is_error
-            assert b"<Code>-9615</Code>" in error.message_body
-            got = await drain(warehouse, "OrderQueue", 149)
-            assert [m.message_body for m in got] == orders[:149]
-            assert_exactly_once_in_order(got)
-            await asyncio.sleep(0.5)
-            assert await warehouse.receive("OrderQueue", timeout=0.2) == []
+            await refused_inside_a_run(shop, warehouse)
         finally:
             await shop.close()
             await warehouse.close()
@@ -149,9 +142,9 @@ async def test_lost_frames_and_lost_acknowledgements_break_runs_and_lose_nothing
             futures = []
             for n in range(wave * 40, wave * 40 + 40):
                 for h in handles:
-                    body = _body(n, "order")
-                    sent[h].append(body)
-                    futures.append(shop.send_nowait(h, example.ORDER, body))
+                    order = body(n, "order")
+                    sent[h].append(order)
+                    futures.append(shop.send_nowait(h, example.ORDER, order))
             await asyncio.gather(*futures)
         got = await drain(warehouse, "OrderQueue", 400 * len(handles), timeout=120)
         assert_exactly_once_in_order(got)
@@ -188,20 +181,7 @@ async def test_turns_with_gaps_and_duplicates_queue_each_message_once_in_order(
         def order(
             cid: uuid.UUID, seq: int, sender: uuid.UUID | None = None
         ) -> tuple[DialogHeader, bytes]:
-            body = f"<order>{seq}</order>".encode()
-            header = DialogHeader(
-                cid,
-                SHOP,
-                WAREHOUSE,
-                sender or instance,
-                None,
-                example.CONTRACT,
-                example.ORDER,
-                flags=FLAG_SEQUENCED | FLAG_INITIATOR,
-                sequence_number=seq,
-                message_length=len(body),
-            )
-            return header, body
+            return _sent(sender or instance, cid, seq, f"<order>{seq}</order>".encode())
 
         def half(cid: uuid.UUID, seq: int, index: int) -> tuple[DialogHeader, bytes]:
             """Fragment ``index`` of 2 of a 40-byte message ``seq``."""
@@ -280,20 +260,9 @@ async def test_interleaved_dialogs_and_an_ending_in_one_read(tmp_path: Path) -> 
         instance = uuid.uuid4()
 
         def message(cid: uuid.UUID, seq: int, end: bool = False) -> tuple[DialogHeader, bytes]:
-            body = b"" if end else f"<order>{cid.hex[:4]}-{seq}</order>".encode()
-            header = DialogHeader(
-                cid,
-                SHOP,
-                WAREHOUSE,
-                instance,
-                None,
-                example.CONTRACT,
-                END_DIALOG if end else example.ORDER,
-                flags=FLAG_SEQUENCED | FLAG_INITIATOR | (FLAG_END_DIALOG if end else 0),
-                sequence_number=seq,
-                message_length=len(body),
-            )
-            return header, body
+            if end:
+                return _sent(instance, cid, seq, b"", END_DIALOG, FLAG_END_DIALOG)
+            return _sent(instance, cid, seq, f"<order>{cid.hex[:4]}-{seq}</order>".encode())
 
         first, second = uuid.uuid4(), uuid.uuid4()
         read = [m for seq in range(1, 6) for m in (message(first, seq), message(second, seq))]

@@ -74,31 +74,7 @@ async def test_sends_to_a_congested_link_wait_for_it_and_all_arrive_in_order(
     does not grow at the application's pace; every SEND still commits and every message
     arrives once, in order, when the link moves again (R-DLG-1, R-DLG-5)."""
     d = shop_and_warehouse(tmp_path, {"initial": 2.0, "maximum": 8.0}, beta_route_host=PROXY_HOST)
-    async with proxied(d) as proxy:
-        shop = await d.daemons["alpha"].client()
-        warehouse = await d.daemons["beta"].client()
-        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
-        await shop.send(handle, ORDER, b"<opening/>")  # a link that is down never congests
-        await drain(warehouse, "OrderQueue", 1, timeout=30)
-        proxy.plan.stall = True
-        count = 6_000
-        in_flight = asyncio.Semaphore(1000)  # a producer that awaits its SENDs' commits
-
-        async def send(n: int) -> int:
-            async with in_flight:
-                return await shop.send(handle, ORDER, n.to_bytes(4, "big") * 50)
-
-        producer = asyncio.gather(*(send(n) for n in range(count)))
-        await wait_until(lambda: _sends_held(shop), 30)
-        proxy.plan.stall = False
-        assert await producer == list(range(2, count + 2))
-        received = await drain(warehouse, "OrderQueue", count, timeout=120)
-        assert [m.message_body[:4] for m in received] == [
-            n.to_bytes(4, "big") for n in range(count)
-        ]
-        await wait_until(lambda: _empty(shop), 30)
-        await shop.close()
-        await warehouse.close()
+    await _held_by_a_stalled_link(d, 6_000, 1_000)
 
 
 async def test_a_configured_send_window_holds_the_application_sooner(tmp_path: Path) -> None:
@@ -112,18 +88,25 @@ async def test_a_configured_send_window_holds_the_application_sooner(tmp_path: P
         beta_route_host=PROXY_HOST,
         extra="[limits]\nsend_window = 100\nbacklog_send_window = 100\n",
     )
+    await _held_by_a_stalled_link(d, 400, 50)  # the listener looks as SENDs are read
+
+
+async def _held_by_a_stalled_link(d: Deployment, count: int, in_flight: int) -> None:
+    """alpha's application SENDs ``count`` messages on one dialog, ``in_flight`` at a time
+    awaiting their commits, while the proxy stops reading alpha: it must be held
+    (``client_sends_held``); once the link moves again every SEND commits, every message
+    arrives once, in order, and the transmission queue empties."""
     async with proxied(d) as proxy:
         shop = await d.daemons["alpha"].client()
         warehouse = await d.daemons["beta"].client()
         handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
-        await shop.send(handle, ORDER, b"<opening/>")
+        await shop.send(handle, ORDER, b"<opening/>")  # a link that is down never congests
         await drain(warehouse, "OrderQueue", 1, timeout=30)
         proxy.plan.stall = True
-        count = 400
-        in_flight = asyncio.Semaphore(50)  # the listener looks at the link as SENDs are read
+        sends = asyncio.Semaphore(in_flight)  # a producer that awaits its SENDs' commits
 
         async def send(n: int) -> int:
-            async with in_flight:
+            async with sends:
                 return await shop.send(handle, ORDER, n.to_bytes(4, "big") * 50)
 
         producer = asyncio.gather(*(send(n) for n in range(count)))
@@ -134,6 +117,7 @@ async def test_a_configured_send_window_holds_the_application_sooner(tmp_path: P
         assert [m.message_body[:4] for m in received] == [
             n.to_bytes(4, "big") for n in range(count)
         ]
+        await wait_until(lambda: _empty(shop), 30)
         await shop.close()
         await warehouse.close()
 
