@@ -354,13 +354,7 @@ class Transmission:
         Nothing is sent now (the database is fenced): what waits for those windows goes
         with their next acknowledgement."""
         for msg in ep.outbox.values():
-            self.bodies.release(msg)
-            if msg.paged:
-                self._paged_left(msg)
-            window = self._windows.get(msg.window) if msg.window else None
-            if window is not None:
-                window.uncount(msg)
-            msg.window = ""
+            self.release(msg, send_waiting=False)
         ep.outbox.clear()
         ep.backlog.clear()
 
@@ -508,15 +502,18 @@ class Transmission:
     def _hand_over(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
         self.bodies.hand_over(ep, msg, link, self._queue_fragments)
 
-    def release(self, msg: OutMessage) -> None:
+    def release(self, msg: OutMessage, send_waiting: bool = True) -> None:
         """``msg`` left the transmission queue (acknowledged, or dropped by an ending): its
-        body's memory and its place in its link's send window are freed."""
+        body's memory and its place in its link's send window are freed, and what waits
+        for that window goes if it now has room (unless not ``send_waiting``)."""
         self.bodies.release(msg)
         if msg.paged:
             self._paged_left(msg)
         if msg.window:
             window = self._windows.get(msg.window)
-            if window is not None:
+            if window is not None and not send_waiting:
+                window.uncount(msg)
+            elif window is not None:
                 window.release(msg)
                 if window.blocked and not window.resuming:
                     window.resuming = True
