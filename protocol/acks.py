@@ -21,9 +21,13 @@ from protocol.dialog import (
     FragmentAck,
 )
 
+UNKNOWN_COUNT = 1 << 30
+"""The fragment count :meth:`AckState.add_fragment` is given where it is not known (the
+durable state, recovery): such a record never completes a message."""
+
 
 class AckState:
-    __slots__ = ("beyond", "fragments", "through")
+    __slots__ = ("beyond", "cuts", "fragments", "through")
 
     def __init__(self, through: int = 0) -> None:
         self.through = through
@@ -32,11 +36,15 @@ class AckState:
         """Complete messages held beyond ``through`` (arrived out of order)."""
         self.fragments: dict[int, set[int]] = {}
         """Fragment indexes held of messages not yet complete."""
+        self.cuts: dict[int, int] | None = None
+        """The size each such message's held fragments were cut at, where it is known
+        (:meth:`cut_differently`); None until the first."""
 
     def copy(self) -> AckState:
         twin = AckState(self.through)
         twin.beyond = set(self.beyond)
         twin.fragments = {seq: set(held) for seq, held in self.fragments.items()}
+        twin.cuts = None if self.cuts is None else dict(self.cuts)
         return twin
 
     def has_message(self, seq: int) -> bool:
@@ -54,7 +62,7 @@ class AckState:
         The list is empty when ``seq`` is out of order; otherwise it starts with
         ``seq`` and goes on with the held messages it releases.
         """
-        self.fragments.pop(seq, None)
+        self.drop_partial(seq)
         if seq <= self.through or seq in self.beyond:
             return []
         if seq != self.through + 1:
@@ -78,19 +86,43 @@ class AckState:
         if self.has_message(seq):
             return []
         for partial in [s for s in self.fragments if s < seq]:
-            del self.fragments[partial]
+            self.drop_partial(partial)
         held = sorted(s for s in self.beyond if s < seq)
         self.beyond.difference_update(held)
         self.through = max(self.through, seq - 1)
         return held + self.add_message(seq)
 
-    def add_fragment(self, seq: int, index: int, count: int) -> bool:
-        """Record one fragment; True when the message is now complete (all ``count`` held)."""
+    def add_fragment(self, seq: int, index: int, count: int, cut: int = 0) -> bool:
+        """Record one fragment of a message cut into ``count`` of ``cut`` bytes (0: not
+        known); True when the message is now complete (all ``count`` held)."""
         if self.has_message(seq):
             return False
         held = self.fragments.setdefault(seq, set())
         held.add(index)
+        if cut:
+            if self.cuts is None:
+                self.cuts = {}
+            self.cuts.setdefault(seq, cut)
         return len(held) >= count
+
+    def cut_differently(self, seq: int, count: int, cut: int) -> bool:
+        """Fragments of message ``seq`` are held, cut otherwise than a fragment of
+        ``count`` cut at ``cut`` bytes: the sender cut the message again (R-DLG-7), as a
+        broker restarted with another fragment size or a mirror configured with another
+        does. Joined with the new ones they would not make the message, and by index
+        alone the new ones would look like duplicates of them."""
+        if seq not in self.fragments:
+            return False
+        if count == 1:
+            return True  # held fragments are of a message of several
+        held = self.cuts.get(seq) if self.cuts else None
+        return held is not None and held != cut
+
+    def drop_partial(self, seq: int) -> None:
+        """Forget the fragments held of message ``seq``."""
+        self.fragments.pop(seq, None)
+        if self.cuts:
+            self.cuts.pop(seq, None)
 
     def fragments_of(self, seq: int) -> set[int]:
         return set(self.fragments.get(seq, ()))

@@ -35,6 +35,12 @@ def fragment_count(message_length: int, fragment_size: int) -> int:
     return max(1, -(-message_length // fragment_size))
 
 
+def cut_size(index: int, offset: int, length: int) -> int:
+    """The fragment size a fragment of a message of several was cut at: its offset over its
+    index, or, for the first, its own length (every fragment but the last is whole)."""
+    return offset // index if index else length
+
+
 def split_message(
     body: bytes, fragment_size: int = DEFAULT_FRAGMENT_SIZE
 ) -> Iterator[FragmentSlice]:

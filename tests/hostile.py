@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from brokerd.tools import certs
+from brokerd.tools import certs, example
 from protocol import dialog, events
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
-from protocol.dialog import DialogHeader
+from protocol.dialog import FLAG_INITIATOR, FLAG_SEQUENCED, DialogHeader
 
 
 class HostileBroker:
@@ -77,3 +78,46 @@ class HostileBroker:
             self.writer.close()
             with contextlib.suppress(OSError):
                 await self.writer.wait_closed()
+
+
+def order_message(
+    instance: uuid.UUID,
+    cid: uuid.UUID,
+    seq: int,
+    body: bytes,
+    message_type: str = example.ORDER,
+    flags: int = 0,
+) -> tuple[DialogHeader, bytes]:
+    """Message ``seq`` of dialog ``cid``, whole, as the example shop's broker ``instance``
+    sends it to the warehouse (a hostile peer's frames are built from it)."""
+    header = DialogHeader(
+        cid,
+        example.SHOP_SERVICE,
+        example.WAREHOUSE_SERVICE,
+        instance,
+        None,
+        example.CONTRACT,
+        message_type,
+        flags=FLAG_SEQUENCED | FLAG_INITIATOR | flags,
+        sequence_number=seq,
+        message_length=len(body),
+    )
+    return header, body
+
+
+def cut(header: DialogHeader, body: bytes, size: int) -> list[tuple[DialogHeader, bytes]]:
+    """A whole message's fragments cut at ``size`` bytes, as a sender with that
+    ``limits.fragment_size`` sends them."""
+    count = max(1, -(-len(body) // size))
+    return [
+        (
+            header._replace(
+                fragment_index=i,
+                fragment_count=count,
+                fragment_offset=i * size,
+                message_length=len(body),
+            ),
+            body[i * size : (i + 1) * size],
+        )
+        for i in range(count)
+    ]

@@ -26,7 +26,7 @@ from brokerd.storage import queries
 from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.queries import Rows, Statement
 from brokerd.storage.store import PAGE_CACHE_MB, Store
-from protocol.acks import AckState
+from protocol.acks import UNKNOWN_COUNT, AckState
 from protocol.dialog import (
     END_DIALOG,
     ERROR,
@@ -34,6 +34,7 @@ from protocol.dialog import (
     FLAG_ERROR,
     FLAG_SEQUENCED,
 )
+from protocol.fragments import cut_size
 
 
 @dataclass(eq=False)
@@ -251,7 +252,8 @@ class Database:
             if seq <= received[handle].through:
                 partial.add((handle, seq))
                 continue
-            received[handle].fragments.setdefault(seq, set()).add(int(row[2]))
+            at = int(row[2])
+            received[handle].add_fragment(seq, at, UNKNOWN_COUNT, cut_size(at, row[3], row[4]))
         for handle, seq in sorted(partial):
             log.error(
                 "database %s: conversation %s holds fragments of message %d, a partial "

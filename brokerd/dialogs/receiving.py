@@ -40,13 +40,14 @@ from brokerd.dialogs.core import (
     error_body,
 )
 from brokerd.dialogs.database import Database
-from brokerd.dialogs.endpoint import Endpoint, endpoint_snapshot
+from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_snapshot
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.runs import alike_runs
 from brokerd.dialogs.states import DELIVERING, State
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
 from brokerd.storage.queries import Statement
+from protocol.acks import UNKNOWN_COUNT
 from protocol.dialog import (
     ERROR,
     FLAG_END_DIALOG,
@@ -56,6 +57,7 @@ from protocol.dialog import (
     DialogHeader,
 )
 from protocol.dialog_security import DialogKeys, DialogSecurityError, open_key_exchange
+from protocol.fragments import cut_size
 
 ARRIVAL_WEIGHT = 2048
 """What a fragment's arrival weighs in the inbound backlog besides its bytes: its rows,
@@ -177,12 +179,7 @@ class Receiving(EngineCore):
                 if ack.covers(seq):
                     removed.append(seq)
                 elif msg.fragment_count > 1:
-                    for f in ack.fragments:
-                        if f.sequence_number == seq:
-                            msg.acked_fragments = {
-                                *msg.acked_fragments,
-                                *range(f.first, f.last + 1),
-                            }
+                    self._held_fragments(msg, ack)
         # Messages only in the file (the backlog, after a restart) leave it by number.
         backlog = ep.backlog
         runs: list[tuple[int, int]] = []
@@ -223,6 +220,24 @@ class Receiving(EngineCore):
             db.store.submit(statements)
         else:
             writes.setdefault(db.name, []).extend(statements)
+
+    @staticmethod
+    def _held_fragments(msg: OutMessage, ack: Acknowledgement) -> None:
+        """The fragments of ``msg`` (a message of several, not acknowledged whole) that
+        ``ack`` says the receiver holds, so they are not sent again (R-DLG-7). They are
+        all it holds, not more to add to the earlier ones: a receiver drops what it holds
+        of a message that arrives cut at another size (:meth:`_drop_other_cut`), and
+        that is also why an acknowledgement naming every fragment, or one beyond this
+        cut, tells of another cut and leaves every fragment to be sent."""
+        count, held = msg.fragment_count, set()
+        for f in ack.fragments:
+            if f.sequence_number == msg.seq:
+                if f.last >= count:
+                    held = set(range(count))
+                    break
+                held.update(range(f.first, f.last + 1))
+        if held:
+            msg.acked_fragments = held if len(held) < count else frozenset()
 
     def on_fragment(
         self,
@@ -299,6 +314,12 @@ class Receiving(EngineCore):
                 self._on_broker_error(db, ep, header, body)
             return
         seq = header.sequence_number
+        if seq in ep.accepted.fragments and ep.accepted.cut_differently(
+            seq,
+            header.fragment_count,
+            cut_size(header.fragment_index, header.fragment_offset, len(body)),
+        ):
+            self._drop_other_cut(db, ep, header)
         if ep.accepted.has_fragment(seq, header.fragment_index):
             self.stats.duplicates += 1
             self.trace.emit(
@@ -325,6 +346,37 @@ class Receiving(EngineCore):
             self._validate_whole(link, db, ep, header, body)
         else:
             self._accept_fragment(db, ep, header, body)
+
+    def _drop_other_cut(self, db: Database, ep: Endpoint, header: DialogHeader) -> None:
+        """R-DLG-7: the fragments held of this message were cut at another size than the
+        one arriving (its sender restarted with another ``limits.fragment_size``, or a
+        mirror configured with another took over, and cut it again). Joined with the new
+        ones they would not make the message, and by index the new ones would pass for
+        duplicates of them. They go, from memory and from the file with the message's
+        held row (a message now arriving whole would find that row and be lost), and
+        acknowledgements stop claiming them; the message is taken as it is cut now.
+        Nothing is lost: the sender keeps the message until it is acknowledged whole,
+        and takes each acknowledgement's fragments as the receiver's whole answer
+        (``_apply_ack``). The removal is a job with a function, which the store orders
+        after the jobs before it and before those after it (``batch_sql.apply_batch``)."""
+        seq = header.sequence_number
+        ep.accepted.drop_partial(seq)
+        ep.durable.drop_partial(seq)
+        self.stats.recut_messages += 1
+        log.warning(
+            "database %s: conversation %s: message %d arrives cut into %d fragments at "
+            "another size than the fragments held of it; those are dropped",
+            db.name,
+            ep.conversation_id,
+            seq,
+            header.fragment_count,
+        )
+
+        def failed(exc: BaseException) -> None:
+            log.error("store error while dropping fragments in %s: %s", db.name, exc)
+            self._suspend_receiving(db)
+
+        db.store.submit(queries.received([(ep.handle, seq)], False), fn=_ordered, on_failure=failed)
 
     def _refusal(
         self, db: Database, contract: str, header: DialogHeader, body: bytes
@@ -711,7 +763,8 @@ class Receiving(EngineCore):
         seq, index = header.sequence_number, header.fragment_index
         fenced = ep.state not in DELIVERING
         first = seq not in ep.accepted.fragments
-        complete = ep.accepted.add_fragment(seq, index, header.fragment_count)
+        cut = cut_size(index, header.fragment_offset, len(body))
+        complete = ep.accepted.add_fragment(seq, index, header.fragment_count, cut)
         queue = db.queue_of(ep.service) or ""
         h = ep.handle_text
         statements: list[Statement] = []
@@ -742,6 +795,7 @@ class Receiving(EngineCore):
                 fenced,
                 False,
                 arrived=len(body),
+                held=ep.accepted.fragments[seq],
             )
             return
         released, error, promoted = self._complete(ep, seq, header.flags)
@@ -795,19 +849,21 @@ class Receiving(EngineCore):
         fn: Callable[[sqlite3.Connection], Any] | None = None,
         *,
         arrived: int,
+        held: set[int] | None = None,
     ) -> None:
         """Commit what arrived; then acknowledge it and make what it released ready, unless
         ``fenced`` (this side has ended: the statements remove it again, R-DLG-10).
         ``error``: the last released message is the other side's Error; ``arrived``: the
         bytes that arrived, counted (with ARRIVAL_WEIGHT) in the inbound backlog until the
-        commit."""
+        commit; ``held``: the fragment's message's held indexes when it was accepted (if the
+        message has been cut again since, the commit claims nothing: ``_drop_other_cut``)."""
         index = db.ready.get(queue)
 
         def committed() -> None:
             if fragment is None:
                 (ep.durable.add_last if error else ep.durable.add_message)(seq)
-            else:
-                ep.durable.add_fragment(seq, fragment, 1 << 30)
+            elif ep.accepted.fragments.get(seq) is held:
+                ep.durable.add_fragment(seq, fragment, UNKNOWN_COUNT)
             if fenced or ep.state not in DELIVERING:  # an END committed with it or before
                 self._trace_discarded(
                     ep, released, "this side has ended the conversation", received=True
@@ -933,3 +989,8 @@ class _Arrivals:
     def failed(self, exc: BaseException) -> None:
         log.error("store error while receiving into %s: %s", self.db.name, exc)
         self.receiving._suspend_receiving(self.db)
+
+
+def _ordered(conn: sqlite3.Connection) -> None:
+    """A store job's function that does nothing: it makes the job's statements run after
+    every statement of the jobs before it and before those of the jobs after it."""

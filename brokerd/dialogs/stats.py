@@ -18,6 +18,9 @@ class EngineStats:
     forwarder, without a new decision): see ``local_arrivals`` and ``remote_arrivals``."""
     retransmissions: int = 0
     duplicates: int = 0
+    recut_messages: int = 0
+    """Messages whose held fragments were dropped because the message arrived cut at
+    another fragment size (its sender cut it again, R-DLG-7)."""
     acks_sent: int = 0
     acks_received: int = 0
     corrupted_messages: int = 0

@@ -762,12 +762,13 @@ def _joined_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> bytes:
 # -- fragments being reassembled ----------------------------------------------------------------
 
 READ_FRAGMENT_POSITIONS = (
-    "SELECT conversation_handle, message_sequence_number, fragment_index "
-    "FROM message_fragments AS f WHERE NOT EXISTS (SELECT 1 FROM queue_messages AS q "
-    "WHERE q.conversation_handle = f.conversation_handle "
+    "SELECT conversation_handle, message_sequence_number, fragment_index, fragment_offset, "
+    "length(data) FROM message_fragments AS f WHERE NOT EXISTS (SELECT 1 FROM queue_messages "
+    "AS q WHERE q.conversation_handle = f.conversation_handle "
     "AND q.message_sequence_number = f.message_sequence_number AND q.body IS NOT NULL)"
 )
-"""Recovery: the fragments of partial messages (a complete message's are its body)."""
+"""Recovery: the fragments of partial messages (a complete message's are its body), with
+what tells the size they were cut at (``protocol.fragments.cut_size``)."""
 
 
 def fragment(handle: str, seq: int, index: int, offset: int, data: bytes) -> Statement:

@@ -30,3 +30,25 @@ def test_the_last_message_in_order_is_an_ordinary_release() -> None:
     state = AckState(2)
     assert state.add_last(3) == [3]
     assert state.acknowledgement().through == 3
+
+
+def test_a_message_cut_again_is_told_from_its_held_fragments() -> None:
+    """R-DLG-7: the held fragments of a message remember the size they were cut at; a
+    fragment of another cut, or the message whole, is told apart from them, and
+    dropping them leaves no trace in the acknowledgement."""
+    state = AckState(1)
+    assert not state.cut_differently(2, 4, 250)  # nothing held
+    assert not state.add_fragment(2, 0, 4, 250)
+    assert not state.add_fragment(2, 2, 4, 250)
+    assert not state.cut_differently(2, 4, 250)
+    assert state.cut_differently(2, 2, 500)
+    assert state.cut_differently(2, 1, 1000)  # whole: held fragments are of another cut
+    twin = state.copy()
+    state.drop_partial(2)
+    assert not state.fragments and not state.cuts
+    assert state.acknowledgement().fragments == ()
+    assert twin.cut_differently(2, 2, 500)  # the copy keeps its own
+    assert not twin.add_fragment(3, 1, 2, 0)  # a cut not known is never called another
+    assert not twin.cut_differently(3, 2, 500)
+    assert twin.add_message(2) == [2]
+    assert twin.cuts == {}

@@ -22,6 +22,7 @@ from protocol.fragments import (
     DEFAULT_FRAGMENT_SIZE,
     FragmentSlice,
     Reassembler,
+    cut_size,
     fragment_at,
     fragment_count,
     split_message,
@@ -423,3 +424,13 @@ def test_discard_releases_memory() -> None:
     assert r.add("a", 1, 3, 4, 12, b"efgh") is None
     assert r.received("a") == [1]
     assert r.held_bytes == 4
+
+
+@pytest.mark.parametrize("size", [1, 7, 1000, 4096])
+def test_cut_size_reads_the_size_a_fragment_was_cut_at(size: int) -> None:
+    """The receiver tells a message cut again by the size its fragments were cut at
+    (R-DLG-7): each fragment of several says it, from its index, offset and length."""
+    body = bytes(range(256)) * 40
+    pieces = list(split_message(body, size))
+    assert len(pieces) > 1
+    assert {cut_size(p.index, p.offset, len(p.data)) for p in pieces} == {size}
