@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from protocol.dialog import DialogHeader, encode_fragment, relay_fragment
 
 HEADER_ALLOWANCE = 256
-"""Bytes counted for a header besides the body when charging the budget."""
+"""Bytes counted for each relayed dedicated acknowledgement (a header without a body);
+a relayed fragment counts its encoded bytes."""
 
 
 @dataclass(slots=True, eq=False)
@@ -72,7 +73,7 @@ def fragment_item(header: DialogHeader, body: bytes, payload: bytes | None = Non
         if payload is None
         else relay_fragment(payload, hop_count)
     )
-    return Forward(encoded, None, len(body) + HEADER_ALLOWANCE)
+    return Forward(encoded, None, len(encoded))
 
 
 def acks_item(headers: list[DialogHeader]) -> Forward:
