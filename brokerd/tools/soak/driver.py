@@ -4,7 +4,9 @@ the drain, then the checker's verdict as one JSON-ready summary.
 Faults (chosen at random intervals by a seeded generator, every kind counted):
 
 * ``kill_daemon``: SIGKILL A, F or B (B's principal, when B is a mirrored pair),
-  restarted 0.5-4 s later;
+  restarted 0.5-4 s later. Every restart gives the daemon a fragment size drawn from
+  ``topology.FRAGMENT_SIZES``, and B's mirror runs with another than its principal, so
+  large messages are cut again by a restarted sender or a promoted mirror;
 * ``failover`` (mirrored B): SIGKILL B's principal once its mirror is attached and
   holds every unit the principal had revealed, promote the mirror
   (``set_mirror_role(..., "principal")``), restart the old principal 0.5-4 s later
@@ -125,6 +127,9 @@ class Settings:
         return tuple(k for k in self.kinds if self.mirror or k not in mirror_only)
 
 
+CUT_AGAIN = "at another size than the fragments held of it"
+"""What a daemon logs when a message arrives cut again (``Receiving._drop_other_cut``)."""
+
 WEIGHTS = {
     "kill_daemon": 2,
     "kill_consumer": 2,
@@ -199,6 +204,10 @@ class Soak:
     def __init__(self, settings: Settings, log: Callable[[str], None] | None = None) -> None:
         self.s = settings
         self.rng = random.Random(settings.seed)
+        self.cut_rng = random.Random(f"{settings.seed} fragment sizes")
+        """Draws restarts' fragment sizes, apart from :attr:`rng` so the faults a seed
+        draws stay what they were."""
+        self.started: set[str] = set()
         self.root = settings.workdir
         self.ledgers = self.root / "ledgers"
         self.deployment = topology.build(
@@ -275,10 +284,17 @@ class Soak:
         log.close()
 
     async def _start_daemon(self, name: str) -> None:
+        """Start a daemon; a restart gives it a fragment size picked at random first
+        (:data:`topology.FRAGMENT_SIZES`)."""
+        if name in self.started:
+            size = self.cut_rng.choice(topology.FRAGMENT_SIZES)
+            topology.set_fragment_size(self.deployment.daemons[name].config_path, size)
+            self.event(f"{name} starts again with fragment_size {size}")
         for attempt in range(5):
             try:
                 await asyncio.to_thread(self.deployment.start, name)
                 self.down.discard(name)
+                self.started.add(name)
                 return
             except RuntimeError as exc:
                 self.errors.append(f"restart of {name} failed (attempt {attempt + 1}): {exc}")
@@ -744,6 +760,7 @@ class Soak:
                 "replies_expected": verdict.replies_expected,
                 "received": verdict.received,
                 "large_bodies": self.large,
+                "cut_again": self._cut_again(),
             },
             "local": local,
             "remote": verdict.streams["remote"],
@@ -765,6 +782,16 @@ class Soak:
         }
         (self.root / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    def _cut_again(self) -> int:
+        """Messages a receiver took as cut again at another fragment size, dropping what
+        it held of them: the daemons' logs say so once each (their counters restart
+        with them)."""
+        return sum(
+            daemon.log_path.read_text(errors="replace").count(CUT_AGAIN)
+            for daemon in self.deployment.daemons.values()
+            if daemon.log_path.exists()
+        )
 
     async def _heal(self) -> None:
         """Stop every fault: let a failover finish, clear the plans, resume and restart

@@ -26,6 +26,7 @@ redial are set short (R-DLG-6, R-PROTO-5), so faults heal in seconds.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +69,22 @@ ENDPOINT = (
 CPUs are busy: with a 2 s deadline and a 2 s connect timeout, daemons starved of CPU
 closed their own healthy connections for missed heartbeats again and again, and the
 queues hardly drained."""
+
+FRAGMENT_SIZES = (16 * 1024, 32 * 1024, 64 * 1024)
+"""The ``limits.fragment_size`` values a daemon runs with. B's mirror starts with another
+than its principal, and every restart picks one at random, so a restarted sender or a
+promoted mirror cuts again a message its receiver holds part of (R-DLG-7)."""
+_FRAGMENT_SIZE = re.compile(r"(?m)^fragment_size = \d+$")
+
+
+def _limits(fragment_size: int) -> str:
+    return f"[limits]\nfragment_size = {fragment_size}\n"
+
+
+def set_fragment_size(config: Path, fragment_size: int) -> None:
+    """Give a declared daemon another fragment size (it takes it when it starts)."""
+    text = config.read_text()
+    config.write_text(_FRAGMENT_SIZE.sub(f"fragment_size = {fragment_size}", text))
 
 
 @dataclass(frozen=True)
@@ -162,12 +179,14 @@ def build(root: Path, hosts: Hosts, mirror: bool = True) -> Deployment:
         _endpoint_database(DATABASE_A, SERVICE_A, QUEUE_A, (SERVICE_B, hosts.proxy("a>f")))
         + _local_database(),
         endpoint_extra=ENDPOINT,
+        extra=_limits(FRAGMENT_SIZES[-1]),
     )
     deployment.add(
         "f",
         hosts.daemon("f"),
         _forwarder_database(hosts, mirror),
         endpoint_extra=ENDPOINT + "message_forwarding = true\nmessage_forward_size = 64\n",
+        extra=_limits(FRAGMENT_SIZES[-1]),
     )
     for name in PARTNERS if mirror else PARTNERS[:1]:
         keys = ""
@@ -181,5 +200,6 @@ def build(root: Path, hosts: Hosts, mirror: bool = True) -> Deployment:
                 DATABASE_B, SERVICE_B, QUEUE_B, (SERVICE_A, hosts.proxy(f"{name}>f")), keys
             ),
             endpoint_extra=ENDPOINT,
+            extra=_limits(FRAGMENT_SIZES[-1] if name == "b" else FRAGMENT_SIZES[0]),
         )
     return deployment
