@@ -25,6 +25,10 @@ UNKNOWN_COUNT = 1 << 30
 """The fragment count :meth:`AckState.add_fragment` is given where it is not known (the
 durable state, recovery): such a record never completes a message."""
 
+MIXED_CUTS = -1
+"""The cut recorded for a message whose held fragments were cut at two sizes (a file
+written before they were told apart): any fragment that comes is of another cut."""
+
 
 class AckState:
     __slots__ = ("beyond", "cuts", "fragments", "through")
@@ -38,7 +42,7 @@ class AckState:
         """Fragment indexes held of messages not yet complete."""
         self.cuts: dict[int, int] | None = None
         """The size each such message's held fragments were cut at, where it is known
-        (:meth:`cut_differently`); None until the first."""
+        (:meth:`cut_differently`), or :data:`MIXED_CUTS`; None until the first."""
 
     def copy(self) -> AckState:
         twin = AckState(self.through)
@@ -102,7 +106,9 @@ class AckState:
         if cut:
             if self.cuts is None:
                 self.cuts = {}
-            self.cuts.setdefault(seq, cut)
+            known = self.cuts.setdefault(seq, cut)
+            if known != cut:
+                self.cuts[seq] = MIXED_CUTS
         return len(held) >= count
 
     def cut_differently(self, seq: int, count: int, cut: int) -> bool:

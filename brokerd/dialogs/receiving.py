@@ -53,6 +53,7 @@ from protocol.dialog import (
     FLAG_END_DIALOG,
     FLAG_ERROR,
     FLAG_INITIATOR,
+    MAX_FRAGMENT_ACKS,
     Acknowledgement,
     DialogHeader,
 )
@@ -228,16 +229,21 @@ class Receiving(EngineCore):
         all it holds, not more to add to the earlier ones: a receiver drops what it holds
         of a message that arrives cut at another size (:meth:`_drop_other_cut`), and
         that is also why an acknowledgement naming every fragment, or one beyond this
-        cut, tells of another cut and leaves every fragment to be sent."""
-        count, held = msg.fragment_count, set()
+        cut, tells of another cut and leaves every fragment to be sent. A list at its
+        bound (``MAX_FRAGMENT_ACKS``) may stop inside its last message: what it names of
+        that one adds to what was known."""
+        count, held, seq = msg.fragment_count, set(), msg.seq
         for f in ack.fragments:
-            if f.sequence_number == msg.seq:
+            if f.sequence_number == seq:
                 if f.last >= count:
                     held = set(range(count))
                     break
                 held.update(range(f.first, f.last + 1))
-        if held:
-            msg.acked_fragments = held if len(held) < count else frozenset()
+        if not held:
+            return
+        if len(ack.fragments) >= MAX_FRAGMENT_ACKS and ack.fragments[-1].sequence_number == seq:
+            held.update(msg.acked_fragments)  # the list was cut short, maybe inside this one
+        msg.acked_fragments = held if len(held) < count else frozenset()
 
     def on_fragment(
         self,
@@ -360,23 +366,35 @@ class Receiving(EngineCore):
         (``_apply_ack``). The removal is a job with a function, which the store orders
         after the jobs before it and before those after it (``batch_sql.apply_batch``)."""
         seq = header.sequence_number
+        held = len(ep.accepted.fragments.get(seq, ()))
         ep.accepted.drop_partial(seq)
         ep.durable.drop_partial(seq)
         self.stats.recut_messages += 1
-        log.warning(
-            "database %s: conversation %s: message %d arrives cut into %d fragments at "
-            "another size than the fragments held of it; those are dropped",
-            db.name,
+        self.trace.emit(
+            "cut_again",
             ep.conversation_id,
-            seq,
-            header.fragment_count,
+            database=db.name,
+            initiator=ep.initiator,
+            seq=seq,
+            fragments=header.fragment_count,
+            dropped=held,
+        )
+        self.note_drop(
+            f"dropped the {held} fragments held of message {seq} of conversation "
+            f"{ep.conversation_id}: it arrives cut at another size, into "
+            f"{header.fragment_count} (R-DLG-7)"
         )
 
         def failed(exc: BaseException) -> None:
             log.error("store error while dropping fragments in %s: %s", db.name, exc)
             self._suspend_receiving(db)
 
-        db.store.submit(queries.received([(ep.handle, seq)], False), fn=_ordered, on_failure=failed)
+        db.store.submit(
+            queries.received([(ep.handle, seq)], False),
+            fn=_ordered,
+            on_failure=failed,
+            chains=(ep.receiving,),
+        )
 
     def _refusal(
         self, db: Database, contract: str, header: DialogHeader, body: bytes
@@ -437,6 +455,7 @@ class Receiving(EngineCore):
         if seq in ep.validating:
             return  # a retransmission while the body is checked: the sender sends it again
         ep.validating.add(seq)
+        held = ep.accepted.fragments.get(seq)
         h, catalog, message_type = ep.handle_text, db.catalog, header.message_type
         problem: list[str | None] = [None]
 
@@ -449,6 +468,10 @@ class Receiving(EngineCore):
             ep.validating.discard(seq)
             if ep.state is State.CLOSED or ep.broker_error:
                 self.drop(header, f"conversation is {ep.state.value}")
+            elif ep.accepted.fragments.get(seq) is not held:
+                # Cut again while it was checked (_drop_other_cut): this fragment is of
+                # the cut that was dropped, and the sender sends the new cut.
+                self.drop(header, "the message was cut again while it was checked")
             elif problem[0] is not None:
                 self._send_broker_error(link, db, header, CODE_VALIDATION_FAILED, problem[0], ep)
             elif not ep.accepted.has_fragment(seq, header.fragment_index):
@@ -692,7 +715,8 @@ class Receiving(EngineCore):
     def _takes_next(db: Database, receiver: Endpoint, seq: int) -> bool:
         """A whole, plain message ``seq`` of a run releases itself only and leaves the
         endpoint's state as it is: it is next in order, nothing is held beyond it nor of
-        it (held fragments of that number make it a duplicate on the whole way), and the
+        it (held fragments of that number make it the message cut again, on the whole
+        way: :meth:`_drop_other_cut`), and the
         receiver and its database still take messages."""
         accepted = receiver.accepted
         return (

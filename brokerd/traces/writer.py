@@ -58,6 +58,8 @@ EVENTS: dict[str, str] = {
     "fragment_received": "one fragment arrived (seq, fragment, size, peer)",
     "corrupted_message": "a frame failed its integrity check (peer, reason)",
     "duplicate": "a fragment already received arrived again and was acknowledged again",
+    "cut_again": "a message arrived cut at another fragment size than the fragments held "
+    "of it, which were dropped (seq, fragments, dropped)",
     "ack_sent": "an acknowledgement was sent (through)",
     "ack_received": "an acknowledgement arrived (through; acked = messages it released)",
     "forwarded": "a fragment relayed to the next broker (hop count, address)",

@@ -9,6 +9,7 @@ proxy."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 
 from brokerd.tools import example
 from brokerd.tools.faultproxy import FaultPlan
+from brokerd.tools.launcher import Deployment
 from protocol.dialog import DialogHeader
 from tests.daemons import (
     FAST_RETRY,
@@ -25,6 +27,7 @@ from tests.daemons import (
     proxied,
     wait_until,
 )
+from tests.dialogs.run_checks import validating_warehouse
 from tests.hostile import HostileBroker, cut, order_message
 
 SHOP, WAREHOUSE = example.SHOP_SERVICE, example.WAREHOUSE_SERVICE
@@ -95,6 +98,47 @@ async def test_held_fragments_of_another_cut_give_way_to_the_message_as_cut_now(
         (stats,) = await warehouse.view("stats")
         assert stats["recut_messages"] == 1, stats
         assert stats["duplicates"] == 0, stats
+        assert await warehouse.receive("OrderQueue", timeout=0.3) == []
+        await warehouse.close()
+    finally:
+        await peer.close()
+        d.stop_all()
+
+
+async def test_a_message_cut_again_while_its_whole_body_is_checked(tmp_path: Path) -> None:
+    """The warehouse validates orders as XML, so the last fragment of an order of several
+    waits for a check of the whole body before it is taken (R-OBJ-1). The first half of
+    an order is held; one read brings the second half (its check starts) and then the
+    first fragment of the same order cut at another size. The check's half is of the
+    cut that was dropped: it is not taken into the new one, and the order is queued
+    once, exact, when the new cut's last fragment comes."""
+    d = Deployment(tmp_path, FAST_RETRY)
+    d.add("beta", "127.0.0.2", validating_warehouse("127.0.0.1"))
+    d.start("beta")
+    instance, cid = uuid.uuid4(), uuid.uuid4()
+    header, body = order_message(instance, cid, 1, _order(1, 600))
+    old, new = cut(header, body, 300), cut(header, body, 400)
+    peer = HostileBroker(d.cert_dir, "alpha")
+    try:
+        warehouse = await d.daemons["beta"].client()
+        await peer.connect(d.daemons["beta"].host)
+        await peer.send_fragments([old[0]])
+
+        async def fragments(n: int) -> bool:
+            (stats,) = await warehouse.view("stats")
+            return bool(stats["fragments_received"] == n)
+
+        await wait_until(lambda: fragments(1), 10)
+        await peer.send_fragments([old[1], new[0]])
+        await wait_until(lambda: fragments(3), 10)
+        await asyncio.sleep(0.3)  # the check of old[1] has committed
+        await peer.send_fragments([new[1]])
+        got = await drain(warehouse, "OrderQueue", 1, timeout=30)
+        assert [m.message_body for m in got] == [body]
+        (stats,) = await warehouse.view("stats")
+        assert stats["recut_messages"] == 1, stats
+        drops = [r["reason"] for r in await warehouse.view("drops")]
+        assert any("cut again while it was checked" in r for r in drops), drops
         assert await warehouse.receive("OrderQueue", timeout=0.3) == []
         await warehouse.close()
     finally:

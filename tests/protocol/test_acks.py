@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.acks import AckState
+from protocol.acks import MIXED_CUTS, UNKNOWN_COUNT, AckState
 
 
 def test_messages_are_released_in_order_and_held_beyond_a_gap() -> None:
@@ -52,3 +52,13 @@ def test_a_message_cut_again_is_told_from_its_held_fragments() -> None:
     assert not twin.cut_differently(3, 2, 500)
     assert twin.add_message(2) == [2]
     assert twin.cuts == {}
+
+
+def test_fragments_held_of_two_cuts_give_way_to_any() -> None:
+    """A file written before cuts were told apart may hold fragments of one message cut
+    at two sizes: read back, they count as cut otherwise than anything that comes."""
+    state = AckState()
+    state.add_fragment(4, 0, UNKNOWN_COUNT, 300)
+    state.add_fragment(4, 1, UNKNOWN_COUNT, 400)
+    assert state.cuts == {4: MIXED_CUTS}
+    assert state.cut_differently(4, 2, 300) and state.cut_differently(4, 2, 400)

@@ -1,10 +1,11 @@
-"""How the local stream's messages travelled, read from A's delivery traces
-(``docs/traces.md``): a message that went through the transmission queue has an
-``enqueued`` event; one delivered directly into its target queue (R-DLG-13) has
-``message_sent`` and ``delivered`` only.
+"""What the daemons' delivery traces (``docs/traces.md``) tell of a soak: how the local
+stream's messages travelled (read from A's: a message that went through the
+transmission queue has an ``enqueued`` event; one delivered directly into its target
+queue, R-DLG-13, has ``message_sent`` and ``delivered`` only), and how many messages
+were cut again (every daemon's).
 
-This is a measurement for the summary, not part of the verdict (the checker reads only
-the applications' ledgers). It is approximate: a SIGKILL loses up to
+These are measurements for the summary, not part of the verdict (the checker reads only
+the applications' ledgers). They are approximate: a SIGKILL loses up to
 ``trace.flush_interval`` seconds of events, and a SEND cut by a kill may have been
 traced and then sent again under the same number.
 """
@@ -41,3 +42,13 @@ def local_paths(trace_directory: Path, database: str) -> dict[str, int]:
         out[f"{side}_direct"] = len(mine - queued)
         out[f"{side}_transmission_queue"] = len(mine & queued)
     return out
+
+
+def cut_again(trace_directories: list[Path]) -> int:
+    """Messages a receiver took as cut again at another fragment size, dropping what it
+    held of them (``cut_again`` events, R-DLG-7), in every daemon's traces: a daemon's
+    counters start again with it, its traces do not."""
+    directories = [d for d in trace_directories if d.is_dir()]
+    return sum(
+        1 for event in read_events(segment_files(directories)) if event.get("event") == "cut_again"
+    )

@@ -127,9 +127,6 @@ class Settings:
         return tuple(k for k in self.kinds if self.mirror or k not in mirror_only)
 
 
-CUT_AGAIN = "at another size than the fragments held of it"
-"""What a daemon logs when a message arrives cut again (``Receiving._drop_other_cut``)."""
-
 WEIGHTS = {
     "kill_daemon": 2,
     "kill_consumer": 2,
@@ -760,7 +757,9 @@ class Soak:
                 "replies_expected": verdict.replies_expected,
                 "received": verdict.received,
                 "large_bodies": self.large,
-                "cut_again": self._cut_again(),
+                "cut_again": delivery.cut_again(
+                    [d.directory / "data" / "traces" for d in self.deployment.daemons.values()]
+                ),
             },
             "local": local,
             "remote": verdict.streams["remote"],
@@ -782,16 +781,6 @@ class Soak:
         }
         (self.root / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
-
-    def _cut_again(self) -> int:
-        """Messages a receiver took as cut again at another fragment size, dropping what
-        it held of them: the daemons' logs say so once each (their counters restart
-        with them)."""
-        return sum(
-            daemon.log_path.read_text(errors="replace").count(CUT_AGAIN)
-            for daemon in self.deployment.daemons.values()
-            if daemon.log_path.exists()
-        )
 
     async def _heal(self) -> None:
         """Stop every fault: let a failover finish, clear the plans, resume and restart
