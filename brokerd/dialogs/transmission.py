@@ -352,11 +352,20 @@ class Transmission:
         """``ep``'s image is dropped (its database is no longer principal here): its
         messages' bodies' bytes and their places in their links' send windows are freed.
         Nothing is sent now (the database is fenced): what waits for those windows goes
-        with their next acknowledgement."""
+        with their next acknowledgement.
+
+        Nor is it acknowledged any more (R-DLG-5, R-ROUTE-16): what it says it holds may
+        be what this partner committed alone and its mirror never confirmed (a principal
+        restarted in doubt loads such an image, then learns it was superseded). Left
+        owed, its acknowledgement went out with the next batch, once this partner was
+        promoted again with a file copied from the other, which never had those
+        messages: their sender dropped them, lost (found by the soak's mirrored pair)."""
         for msg in ep.outbox.values():
             self.release(msg, send_waiting=False)
         ep.outbox.clear()
         ep.backlog.clear()
+        self._ack_dirty.discard(ep)
+        ep.ack_sent_version = ep.ack_version
 
     def view(self) -> dict[str, int]:
         return {

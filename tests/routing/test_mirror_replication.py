@@ -17,11 +17,15 @@ from pathlib import Path
 import pytest
 
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
+from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
 from tests.daemons import assert_exactly_once_in_order, wait_until
 from tests.routing.deploy import RETRY, R, addr, database, queue_of
 
 A, P1, P2 = "127.0.0.91", "127.0.0.92", "127.0.0.93"
+P1_PROXY, P2_PROXY, BACK_PROXY = "127.0.0.96", "127.0.0.94", "127.0.0.95"
+"""Fault proxies in front of p1 and p2 (the initiator's route to them) and of the
+initiator (the partners' route back), where a test uses them."""
 INITIATOR = "//aw/Initiator"
 PARTS = "//parts/OrderParts"
 PARTS_INSTANCE = uuid.UUID("5d0c2b1e-7f43-4a9b-8e21-3c6f0a9d4b72")
@@ -36,9 +40,9 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         d.stop_all()
 
 
-def parts_database(role: str, partner: str, extra: str = "") -> str:
+def parts_database(role: str, partner: str, extra: str = "", back: str = A) -> str:
     text = database(
-        "Parts", [PARTS], [R("Back", addr(A), INITIATOR)], PARTS_INSTANCE, mirror_role=role
+        "Parts", [PARTS], [R("Back", addr(back), INITIATOR)], PARTS_INSTANCE, mirror_role=role
     )
     head, sep, tail = text.partition("[[database.queue]]")
     return f'{head}mirror_partner = "tcp://{partner}:4022"\n{extra}{sep}{tail}'
@@ -81,13 +85,13 @@ async def wait_caught_up(deployment: Deployment, principal: str, mirror: str) ->
 
 
 async def receive_some(
-    client: BrokerClient, count: int, timeout: float = 30
+    client: BrokerClient, count: int, queue: str = queue_of(PARTS), timeout: float = 30
 ) -> list[ReceivedMessage]:
     got: list[ReceivedMessage] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while len(got) < count and loop.time() < deadline:
-        got += await client.receive(queue_of(PARTS), top=count - len(got), timeout=1.0)
+        got += await client.receive(queue, top=count - len(got), timeout=1.0)
     return got
 
 
@@ -343,6 +347,94 @@ async def test_a_restarted_old_principal_sends_nothing_its_mirror_never_confirme
     view = await mirroring(deployment, "p1")
     assert (view["role"], view["in_doubt"]) == ("mirror", False)
     assert demoted_itself
+
+
+async def test_a_partner_promoted_again_acknowledges_only_what_its_file_holds(
+    tmp_path: Path,
+) -> None:
+    """R-ROUTE-16, R-DLG-5: orders 1-3 that p1 received and committed alone (stall mode,
+    its mirror p2 away) are in p1's file, never confirmed, never acknowledged. p1 is
+    SIGKILLed and p2 promoted, which never had them; the initiator cannot reach p2, so
+    they stay in its transmission queue. p1 restarts in doubt with an image that holds
+    them and owes their acknowledgement, learns it was superseded, drops that image and
+    takes p2's copy of the file; p2 answers order 0 with a reply the initiator cannot
+    take yet. When p1 is promoted again it sends that reply, and with it, found by the
+    soak's mirrored pair, went the acknowledgement the dropped image owed: it claimed
+    orders 1-3, the initiator dropped them, and they were lost. Now only what p1's file
+    holds is acknowledged: orders 1-3 are sent again and received once, in order.
+
+    Fault proxies stand on each way: the initiator's to p1 and to p2, and the partners'
+    way back to the initiator. The acknowledgement delay is long enough here for the way
+    back to open before the first acknowledgements go."""
+    d = Deployment(tmp_path, {**RETRY, "ack_delay": 0.2})
+    to_p1 = FaultProxy(P1_PROXY, 4022, P1, 4022, FaultPlan())
+    to_p2 = FaultProxy(P2_PROXY, 4022, P2, 4022, FaultPlan())
+    back = FaultProxy(BACK_PROXY, 4022, A, 4022, FaultPlan())
+    for proxy in (to_p1, to_p2, back):
+        await proxy.start()
+    try:
+        route = R("OrderPartsRoute", addr(P1_PROXY), PARTS, mirror_address=addr(P2_PROXY))
+        d.add("a", A, database("AW", [INITIATOR], [route]))
+        stall = 'mirror_when_lost = "stall"\n'
+        d.add("p1", P1, parts_database("principal", P2, stall, back=BACK_PROXY))
+        d.add("p2", P2, parts_database("mirror", P1, stall, back=BACK_PROXY))
+        for name in ("a", "p1", "p2"):
+            d.start(name)
+        await wait_attached(d, "p1")
+        a = await d.daemons["a"].client()
+        handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+        await a.send(handle, body=b"order 0")
+        p1 = await d.daemons["p1"].client()
+        (order,) = await receive_some(p1, 1)
+        await p1.close()
+        await wait_caught_up(d, "p1", "p2")
+        d.kill("p2")
+        for i in range(1, 4):
+            await a.send(handle, body=f"order {i}".encode())
+
+        async def held() -> bool:
+            return int(str((await mirroring(d, "p1"))["held"])) >= 1
+
+        await wait_until(held, 10)
+        await asyncio.sleep(1.0)  # all three committed in p1's file, none confirmed
+        d.kill("p1")
+        to_p1.plan.refuse = to_p2.plan.refuse = back.plan.refuse = True
+        d.start("p2")
+        p2 = await d.daemons["p2"].client()
+        await p2.set_mirror_role("Parts", "principal")
+        d.start("p1")
+
+        async def demoted() -> bool:
+            return (await mirroring(d, "p1"))["role"] == "mirror"
+
+        await wait_until(demoted, 20)  # it asks p2: principal, at a higher epoch
+        await wait_caught_up(d, "p2", "p1")
+        await p2.send(order.conversation_handle, body=b"reply")
+        await wait_caught_up(d, "p2", "p1")
+        await p2.close()
+        d.kill("p2")
+        back.plan.refuse = False
+        p1 = await d.daemons["p1"].client()
+        await p1.set_mirror_role("Parts", "principal")
+        (reply,) = await receive_some(a, 1, queue_of(INITIATOR))
+        assert reply.message_body == b"reply"
+        await asyncio.sleep(0.5)  # any acknowledgement p1 sends with the reply has arrived
+        to_p1.plan.refuse = to_p2.plan.refuse = False
+        d.start("p2")  # in stall mode p1 commits nothing until p2 is its mirror
+        got = await receive_some(p1, 3)
+        assert [m.message_body for m in got] == [f"order {i}".encode() for i in range(1, 4)]
+        assert [m.message_sequence_number for m in got] == [2, 3, 4]
+
+        async def acknowledged() -> bool:
+            return not await a.transmission_queue()
+
+        await wait_until(acknowledged, 20)
+        await p1.close()
+        await a.close()
+    finally:
+        d.stop_all()
+        for proxy in (back, to_p2, to_p1):
+            await proxy.stop()
 
 
 async def test_a_principal_restarted_in_stall_mode_resumes_once_its_mirror_confirms(
