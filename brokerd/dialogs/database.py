@@ -50,6 +50,8 @@ class Lease:
     locks: bool = True
     """False when the caller's transaction already held the group (it unlocks it once)."""
     released: bool = False
+    image: int = 0
+    """The database's :attr:`Database.image` when the messages were taken."""
 
 
 def _rows(conn: sqlite3.Connection) -> Rows:
@@ -93,6 +95,11 @@ class Database:
         """Sequence number of the next message this broker queues itself (a broker error,
         a DialogTimer): -1, -2, ... so it never meets a dialog's own numbers."""
         self.rx_suspended = False
+        self.image = 0
+        """How many times this partner's in-memory image of the database was dropped
+        (``Engine.forget_image``, R-ROUTE-16). A lease or a transaction begun under
+        another count refers to endpoints and ready messages of an image that is gone:
+        it may neither give messages back to the new one nor commit into it."""
         self.mirror_role: str | None = config.mirror_role
         """``principal``, ``mirror`` or None (not mirrored), R-ROUTE-10; swapped by failover."""
         self.mirror_epoch = 0

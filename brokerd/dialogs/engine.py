@@ -162,6 +162,7 @@ class DialogEngine(ApplicationVerbs, LocalArrivals, RemoteArrivals):
         Its endpoints lose their outbox (a connection still holding one of their fragments
         skips it), and their deadlines no longer match (``_fire_deadlines`` checks the
         endpoint is the database's)."""
+        db.image += 1
         for ep in list(db.endpoints.values()):
             self.transmission.forget(ep)
             db.remove_endpoint(ep)

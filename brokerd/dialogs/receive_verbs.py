@@ -55,7 +55,9 @@ class ReceiveVerbs(EngineCore):
             taken = index.take(max(1, top), handle, group, owned)
             if taken is not None:
                 gid, items = taken
-                return Lease(db, queue, index, gid, items, info.retention, gid not in owned)
+                return Lease(
+                    db, queue, index, gid, items, info.retention, gid not in owned, image=db.image
+                )
             remaining = None if deadline is None else deadline - self.loop.time()
             if remaining is not None and remaining <= 0:
                 return None
@@ -120,6 +122,8 @@ class ReceiveVerbs(EngineCore):
         if lease.released:
             return
         lease.released = True
+        if lease.image != lease.db.image:
+            return  # its image was dropped: the ready index and its locks were rebuilt
         index = lease.index
         if not received:
             # A conversation cleaned up or ended meanwhile has no rows left to give back.
@@ -203,7 +207,7 @@ class ReceiveVerbs(EngineCore):
         if taken is None:
             return False
         gid, items = taken
-        lease = Lease(db, queue, index, gid, items, info.retention)
+        lease = Lease(db, queue, index, gid, items, info.retention, image=db.image)
         try:
             self._read_and_remove(lease, budget, then, failed)
         except BaseException:

@@ -69,6 +69,8 @@ class Transaction:
         self.id = tx_id
         self.state = TxState.ACTIVE
         self.db: Database | None = None
+        self.image = 0
+        """The database's :attr:`Database.image` when the transaction first touched it."""
         self.leases: list[Lease] = []
         self.new_endpoints: dict[uuid.UUID, Endpoint] = {}
         self.steps: list[Callable[[], Work]] = []
@@ -108,6 +110,7 @@ class Transaction:
     def _bind(self, db: Database) -> None:
         if self.db is None:
             self.db = db
+            self.image = db.image
         elif self.db is not db:
             raise TransactionError(
                 f"transaction {self.id} works in database {self.db.name!r}; a transaction "
@@ -240,6 +243,11 @@ class Transaction:
         db = self.db
         work = Work()
         try:
+            if db is not None and db.image != self.image:
+                raise TransactionError(
+                    f"database {db.name!r} changed partner role since the transaction began "
+                    "(R-ROUTE-16): what it read and holds belongs to an image that is gone"
+                )
             for step in self.steps:
                 work.extend(step())
         except Exception as exc:

@@ -66,6 +66,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerd.server.mirroring")
 
+NO_LONGER_PRINCIPAL = (
+    "this partner is no longer principal: the outcome of the commit is the new principal's "
+    "(R-ROUTE-16)"
+)
+"""Why a commit made as principal fails once the partner is demoted."""
 CATCH_UP_BYTES = 64 * 1024 * 1024
 """Units kept in memory after their commit, for a mirror that returns (beyond: a copy)."""
 POLL = 0.2
@@ -191,6 +196,14 @@ class Partner:
         self._trim()
         if self.closing:
             fail(StoreError(f"database {self.db.name!r}: the broker is stopping"))
+            return
+        if self.db.mirror_role != "principal" and units:
+            # Committed as principal, but demoted before the batch came back: its units
+            # were never shipped, and the new principal's history does not hold them.
+            # Its outcome is the new principal's, as that of the batches held at the
+            # demotion (``fail_held``): released, it acknowledged messages and answered
+            # SENDs the new principal does not have.
+            fail(StoreError(f"database {self.db.name!r}: {NO_LONGER_PRINCIPAL}"))
             return
         if self.db.mirror_role != "principal" or (not units and not self.held):
             release()  # nothing new to confirm, nothing before it waits
@@ -618,10 +631,7 @@ class Mirroring:
             session, partner.session = partner.session, None
             session.pinned = False
             session.drop(f"database {db.name} is no longer principal here")
-        partner.fail_held(
-            "this partner is no longer principal: the outcome of the commit is the new "
-            "principal's (R-ROUTE-16)"
-        )
+        partner.fail_held(NO_LONGER_PRINCIPAL)
         partner.ring.clear()
         partner.ring_bytes = 0
         partner.copying = False

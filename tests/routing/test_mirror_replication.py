@@ -19,6 +19,7 @@ import pytest
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
+from protocol.errors import TransactionRolledBack
 from tests.daemons import assert_exactly_once_in_order, wait_until
 from tests.routing.deploy import RETRY, R, addr, database, queue_of
 
@@ -435,6 +436,37 @@ async def test_a_partner_promoted_again_acknowledges_only_what_its_file_holds(
         d.stop_all()
         for proxy in (back, to_p2, to_p1):
             await proxy.stop()
+
+
+async def test_a_transaction_across_a_role_change_commits_nothing_and_gives_back_nothing(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16, R-DLG-1: two transactions at the principal p1 RECEIVE an order each;
+    then p1 is demoted and promoted again, so its image of the database is dropped and
+    rebuilt from its file, where both orders are still to be received. The first
+    transaction's COMMIT is refused (it holds messages of an image that is gone) and the
+    second is rolled back: neither removes its order nor gives it back to the rebuilt
+    image, which has it already, so each order is received again exactly once."""
+    a = await start_pair(deployment)
+    handles = [await a.begin_dialog(INITIATOR, PARTS, database="AW") for _ in range(2)]
+    for i, handle in enumerate(handles):
+        await a.send(handle, body=f"order {i}".encode())
+    p1 = await deployment.daemons["p1"].client()
+    first, second = await p1.begin_transaction(), await p1.begin_transaction()
+    taken = await first.receive(queue_of(PARTS), timeout=10)
+    taken += await second.receive(queue_of(PARTS), timeout=10)
+    assert sorted(m.message_body for m in taken) == [b"order 0", b"order 1"]
+    await wait_caught_up(deployment, "p1", "p2")
+    await p1.set_mirror_role("Parts", "mirror")
+    await p1.set_mirror_role("Parts", "principal")
+    with pytest.raises(TransactionRolledBack):
+        await first.commit()
+    await second.rollback()
+    got = await receive_some(p1, 2)
+    got += await p1.receive(queue_of(PARTS), top=10, timeout=1.0)
+    assert sorted(m.message_body for m in got) == [b"order 0", b"order 1"]
+    await p1.close()
+    await a.close()
 
 
 async def test_a_principal_restarted_in_stall_mode_resumes_once_its_mirror_confirms(
