@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from brokerd.dialogs.router_core import RouterCore
 from brokerd.errors import DialogError, InvalidRequest
@@ -240,15 +240,13 @@ class MirrorRoles(RouterCore):
             [queries.meta("mirror_role", role), queries.meta("mirror_epoch", str(epoch))],
         )
         if promotion and db.mirror_epoch > epoch:
-            # A partner was promoted above this one meanwhile (R-ROUTE-15): stay the mirror.
-            self._persist_role(db)
-            raise DialogError(
-                f"database {db.name!r}: a partner became principal at epoch "
-                f"{db.mirror_epoch} during this promotion; this partner stays the mirror"
-            )
+            self._promoted_above(db)
         if promotion and self.mirroring is not None:
             # R-ROUTE-16: resume every conversation where the old principal stood.
             await self.engine.rebuild(db)
+            if db.mirror_epoch > epoch:  # heard of meanwhile, while the image was built
+                self.engine.forget_image(db)
+                self._promoted_above(db)
         db.mirror_role = role
         db.mirror_epoch = max(db.mirror_epoch, epoch)
         log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)
@@ -260,6 +258,16 @@ class MirrorRoles(RouterCore):
                 self.engine.resume(db)
         else:
             self.forget_decisions()
+
+    def _promoted_above(self, db: Database) -> NoReturn:
+        """A partner was promoted above this one during its promotion (R-ROUTE-15): this
+        one stays the mirror. Taking the role anyway made two principals at one epoch,
+        the other's (``_superseded`` adopts it), which senders cannot tell apart."""
+        self._persist_role(db)
+        raise DialogError(
+            f"database {db.name!r}: a partner became principal at epoch "
+            f"{db.mirror_epoch} during this promotion; this partner stays the mirror"
+        )
 
     def mirrors_view(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = [
