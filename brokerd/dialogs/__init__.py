@@ -19,8 +19,9 @@ Modules, from the models up:
 * ``transmission`` (sending, retransmission, acknowledgements), ``local_link``;
 * the engine: ``core`` (state, lookups, commits), ``send_verbs`` (SEND),
   ``receive_verbs`` (RECEIVE), ``verbs`` (the application's other verbs, on both),
-  ``receiving`` (what arrives from links), ``local_arrivals`` and ``remote_arrivals``
-  (the runs of one dialog that the local link and a connection hand over),
+  ``receiving`` (what arrives from links), ``fragment_acks`` (what a sender takes
+  from the fragments an acknowledgement names), ``local_arrivals`` and
+  ``remote_arrivals`` (the runs of one dialog that the local link and a connection hand over),
   ``engine`` (joins them; life cycle and tick), ``transactions`` (client
   transactions), ``views``.
 

@@ -40,7 +40,8 @@ from brokerd.dialogs.core import (
     error_body,
 )
 from brokerd.dialogs.database import Database
-from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_snapshot
+from brokerd.dialogs.endpoint import Endpoint, endpoint_snapshot
+from brokerd.dialogs.fragment_acks import held_fragments
 from brokerd.dialogs.links import Link
 from brokerd.dialogs.runs import alike_runs
 from brokerd.dialogs.states import DELIVERING, State
@@ -53,7 +54,6 @@ from protocol.dialog import (
     FLAG_END_DIALOG,
     FLAG_ERROR,
     FLAG_INITIATOR,
-    MAX_FRAGMENT_ACKS,
     Acknowledgement,
     DialogHeader,
 )
@@ -180,7 +180,7 @@ class Receiving(EngineCore):
                 if ack.covers(seq):
                     removed.append(seq)
                 elif msg.fragment_count > 1:
-                    self._held_fragments(msg, ack)
+                    held_fragments(msg, ack)
         # Messages only in the file (the backlog, after a restart) leave it by number.
         backlog = ep.backlog
         runs: list[tuple[int, int]] = []
@@ -221,29 +221,6 @@ class Receiving(EngineCore):
             db.store.submit(statements)
         else:
             writes.setdefault(db.name, []).extend(statements)
-
-    @staticmethod
-    def _held_fragments(msg: OutMessage, ack: Acknowledgement) -> None:
-        """The fragments of ``msg`` (a message of several, not acknowledged whole) that
-        ``ack`` says the receiver holds, so they are not sent again (R-DLG-7). They are
-        all it holds, not more to add to the earlier ones: a receiver drops what it holds
-        of a message that arrives cut at another size (:meth:`_drop_other_cut`), and
-        that is also why an acknowledgement naming every fragment, or one beyond this
-        cut, tells of another cut and leaves every fragment to be sent. A list at its
-        bound (``MAX_FRAGMENT_ACKS``) may stop inside its last message: what it names of
-        that one adds to what was known."""
-        count, held, seq = msg.fragment_count, set(), msg.seq
-        for f in ack.fragments:
-            if f.sequence_number == seq:
-                if f.last >= count:
-                    held = set(range(count))
-                    break
-                held.update(range(f.first, f.last + 1))
-        if not held:
-            return
-        if len(ack.fragments) >= MAX_FRAGMENT_ACKS and ack.fragments[-1].sequence_number == seq:
-            held.update(msg.acked_fragments)  # the list was cut short, maybe inside this one
-        msg.acked_fragments = held if len(held) < count else frozenset()
 
     def on_fragment(
         self,
@@ -363,8 +340,9 @@ class Receiving(EngineCore):
         acknowledgements stop claiming them; the message is taken as it is cut now.
         Nothing is lost: the sender keeps the message until it is acknowledged whole,
         and takes each acknowledgement's fragments as the receiver's whole answer
-        (``_apply_ack``). The removal is a job with a function, which the store orders
-        after the jobs before it and before those after it (``batch_sql.apply_batch``)."""
+        (``fragment_acks.held_fragments``). The removal is a job with a function, which
+        the store orders after the jobs before it and before those after it
+        (``batch_sql.apply_batch``)."""
         seq = header.sequence_number
         held = len(ep.accepted.fragments.get(seq, ()))
         ep.accepted.drop_partial(seq)

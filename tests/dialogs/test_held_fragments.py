@@ -5,7 +5,7 @@ the message; a list at its bound adds to what was known of its last message."""
 from __future__ import annotations
 
 from brokerd.dialogs.endpoint import OutMessage
-from brokerd.dialogs.receiving import Receiving
+from brokerd.dialogs.fragment_acks import held_fragments
 from protocol.dialog import MAX_FRAGMENT_ACKS, Acknowledgement, FragmentAck
 
 
@@ -22,26 +22,26 @@ def _ack(*fragments: tuple[int, int, int]) -> Acknowledgement:
 
 def test_an_acknowledgement_names_all_the_receiver_holds() -> None:
     msg = _message(3, 5, {0, 1, 2})
-    Receiving._held_fragments(msg, _ack((3, 3, 3)))
+    held_fragments(msg, _ack((3, 3, 3)))
     assert msg.acked_fragments == {3}  # 0-2 were dropped for a new cut: sent again
-    Receiving._held_fragments(msg, _ack((2, 0, 1)))
+    held_fragments(msg, _ack((2, 0, 1)))
     assert msg.acked_fragments == {3}  # names nothing of this message
 
 
 def test_every_fragment_or_one_beyond_the_cut_is_of_another_cut() -> None:
     msg = _message(3, 2, {1})
-    Receiving._held_fragments(msg, _ack((3, 0, 1)))
+    held_fragments(msg, _ack((3, 0, 1)))
     assert msg.acked_fragments == frozenset()
     msg = _message(3, 2, {1})
-    Receiving._held_fragments(msg, _ack((3, 0, 0), (3, 2, 4_000_000_000)))
+    held_fragments(msg, _ack((3, 0, 0), (3, 2, 4_000_000_000)))
     assert msg.acked_fragments == frozenset()
 
 
 def test_a_list_at_its_bound_adds_to_what_was_known_of_its_last_message() -> None:
     gaps = [(9, i, i) for i in range(0, 2 * MAX_FRAGMENT_ACKS, 2)][:MAX_FRAGMENT_ACKS]
     msg = _message(9, 100, {97})
-    Receiving._held_fragments(msg, _ack(*gaps))
+    held_fragments(msg, _ack(*gaps))
     assert msg.acked_fragments == {97, *range(0, 2 * MAX_FRAGMENT_ACKS, 2)}
     shorter = _message(9, 100, {97})
-    Receiving._held_fragments(shorter, _ack(*gaps[:-1]))
+    held_fragments(shorter, _ack(*gaps[:-1]))
     assert shorter.acked_fragments == set(range(0, 2 * MAX_FRAGMENT_ACKS - 2, 2))
