@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
-from protocol.errors import TransactionRolledBack
+from protocol.errors import RemoteError, TransactionRolledBack
 from tests.daemons import assert_exactly_once_in_order, wait_until
 from tests.routing.deploy import RETRY, R, addr, database, queue_of
 
@@ -466,6 +467,46 @@ async def test_a_transaction_across_a_role_change_commits_nothing_and_gives_back
     got += await p1.receive(queue_of(PARTS), top=10, timeout=1.0)
     assert sorted(m.message_body for m in got) == [b"order 0", b"order 1"]
     await p1.close()
+    await a.close()
+
+
+async def test_a_commit_that_returns_after_the_demotion_is_not_reported_done(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16: a SEND's batch begins its transaction at the principal p1 (another
+    connection holds the file's write lock, so it waits inside it), p1 is demoted
+    meanwhile, then the lock goes and the batch commits as principal. Its unit was
+    never shipped and the new principal p2 never has it: the SEND must not be reported
+    done (it was, and the reply was lost). It fails, as the batches held at the
+    demotion do, and after p2's promotion nothing of it is delivered."""
+    a = await start_pair(deployment)
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    await a.send(handle, body=b"order")
+    p1 = await deployment.daemons["p1"].client()
+    (order,) = await receive_some(p1, 1)
+    await wait_caught_up(deployment, "p1", "p2")
+    admin = await deployment.daemons["p1"].client()
+    lock = sqlite3.connect(deployment.daemons["p1"].directory / "data" / "Parts.sqlite")
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        reply = asyncio.create_task(p1.send(order.conversation_handle, body=b"reply"))
+        await asyncio.sleep(0.5)  # its batch waits for the lock, inside its transaction
+        demotion = asyncio.create_task(admin.set_mirror_role("Parts", "mirror"))
+        await asyncio.sleep(0.5)
+        assert not reply.done()
+    finally:
+        lock.rollback()
+        lock.close()
+    with pytest.raises(RemoteError, match="no longer principal"):
+        await reply
+    await demotion
+    await admin.close()
+    await p1.close()
+    deployment.kill("p1")
+    p2 = await deployment.daemons["p2"].client()
+    await p2.set_mirror_role("Parts", "principal")
+    assert await a.receive(queue_of(INITIATOR), timeout=3.0) == []
+    await p2.close()
     await a.close()
 
 
