@@ -694,8 +694,8 @@ class Receiving(EngineCore):
         """A whole, plain message ``seq`` of a run releases itself only and leaves the
         endpoint's state as it is: it is next in order, nothing is held beyond it nor of
         it (held fragments of that number make it the message cut again, on the whole
-        way: :meth:`_drop_other_cut`), and the
-        receiver and its database still take messages."""
+        way: :meth:`_drop_other_cut`), and the receiver and its database still take
+        messages."""
         accepted = receiver.accepted
         return (
             seq == accepted.through + 1
