@@ -103,6 +103,8 @@ class ReceiveVerbs(EngineCore):
         if not rest:
             return
         lease.items = lease.items[:used]
+        if lease.image != lease.db.image:
+            return  # its image was dropped: the rebuilt index has them from the file
         kept = [item for item in rest if item[0] in lease.db.endpoints]
         if kept:
             lease.index.put_back(lease.group, kept)

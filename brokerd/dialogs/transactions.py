@@ -90,6 +90,18 @@ class Transaction:
     def _require_active(self) -> None:
         if self.state is not TxState.ACTIVE:
             raise TransactionError(f"transaction {self.id} is {self.state.value}")
+        if self.db is not None and self.db.image != self.image:
+            raise TransactionError(self._stale())
+
+    def _stale(self) -> str:
+        """Why a transaction that outlived its database's image can do nothing more: its
+        leases hold groups of the dropped image, not of the rebuilt one (R-ROUTE-16)."""
+        assert self.db is not None
+        return (
+            f"transaction {self.id}: database {self.db.name!r} changed partner role since "
+            "the transaction began (R-ROUTE-16): what it read and holds belongs to an image "
+            "that is gone; roll it back"
+        )
 
     def _admit(self, body_bytes: int = 0) -> None:
         """Count one more verb (and its SEND body) against the transaction's bounds."""
@@ -244,10 +256,7 @@ class Transaction:
         work = Work()
         try:
             if db is not None and db.image != self.image:
-                raise TransactionError(
-                    f"database {db.name!r} changed partner role since the transaction began "
-                    "(R-ROUTE-16): what it read and holds belongs to an image that is gone"
-                )
+                raise TransactionError(self._stale())
             for step in self.steps:
                 work.extend(step())
         except Exception as exc:

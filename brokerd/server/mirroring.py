@@ -187,6 +187,14 @@ class Partner:
         release: Callable[[], None],
         fail: Callable[[BaseException], None],
     ) -> None:
+        if self.db.mirror_role != "principal" and units:
+            # Committed as principal, but demoted before the batch came back: its units
+            # are not shipped (nor kept to catch a mirror up), and the new principal's
+            # history does not hold them. Its outcome is the new principal's, as that of
+            # the batches held at the demotion (``fail_held``): released, it acknowledged
+            # messages and answered SENDs the new principal does not have.
+            fail(StoreError(f"database {self.db.name!r}: {NO_LONGER_PRINCIPAL}"))
+            return
         for unit in units:
             data = mirroring.encode_statements(unit.statements)
             self.ring.append((unit, data))
@@ -196,14 +204,6 @@ class Partner:
         self._trim()
         if self.closing:
             fail(StoreError(f"database {self.db.name!r}: the broker is stopping"))
-            return
-        if self.db.mirror_role != "principal" and units:
-            # Committed as principal, but demoted before the batch came back: its units
-            # were never shipped, and the new principal's history does not hold them.
-            # Its outcome is the new principal's, as that of the batches held at the
-            # demotion (``fail_held``): released, it acknowledged messages and answered
-            # SENDs the new principal does not have.
-            fail(StoreError(f"database {self.db.name!r}: {NO_LONGER_PRINCIPAL}"))
             return
         if self.db.mirror_role != "principal" or (not units and not self.held):
             release()  # nothing new to confirm, nothing before it waits

@@ -20,7 +20,7 @@ import pytest
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
-from protocol.errors import RemoteError, TransactionRolledBack
+from protocol.errors import RemoteError, TransactionError, TransactionRolledBack
 from tests.daemons import assert_exactly_once_in_order, wait_until
 from tests.routing.deploy import RETRY, R, addr, database, queue_of
 
@@ -445,9 +445,11 @@ async def test_a_transaction_across_a_role_change_commits_nothing_and_gives_back
     """R-ROUTE-16, R-DLG-1: two transactions at the principal p1 RECEIVE an order each;
     then p1 is demoted and promoted again, so its image of the database is dropped and
     rebuilt from its file, where both orders are still to be received. The first
-    transaction's COMMIT is refused (it holds messages of an image that is gone) and the
-    second is rolled back: neither removes its order nor gives it back to the rebuilt
-    image, which has it already, so each order is received again exactly once."""
+    transaction may RECEIVE no more (its lease's group lock is of the image that is
+    gone: taking its group again locked it in the rebuilt one for good) and its COMMIT
+    is refused; the second is rolled back. Neither removes its order nor gives it back
+    to the rebuilt image, which has it already, so each order is received again
+    exactly once."""
     a = await start_pair(deployment)
     handles = [await a.begin_dialog(INITIATOR, PARTS, database="AW") for _ in range(2)]
     for i, handle in enumerate(handles):
@@ -460,6 +462,8 @@ async def test_a_transaction_across_a_role_change_commits_nothing_and_gives_back
     await wait_caught_up(deployment, "p1", "p2")
     await p1.set_mirror_role("Parts", "mirror")
     await p1.set_mirror_role("Parts", "principal")
+    with pytest.raises(TransactionError, match="changed partner role"):
+        await first.receive(queue_of(PARTS), timeout=1.0)  # its lease's group is stale
     with pytest.raises(TransactionRolledBack):
         await first.commit()
     await second.rollback()
@@ -490,7 +494,7 @@ async def test_a_commit_that_returns_after_the_demotion_is_not_reported_done(
     try:
         lock.execute("BEGIN IMMEDIATE")
         reply = asyncio.create_task(p1.send(order.conversation_handle, body=b"reply"))
-        await asyncio.sleep(0.5)  # its batch waits for the lock, inside its transaction
+        await asyncio.sleep(1.5)  # its batch waits for the lock, inside its transaction
         demotion = asyncio.create_task(admin.set_mirror_role("Parts", "mirror"))
         await asyncio.sleep(0.5)
         assert not reply.done()
