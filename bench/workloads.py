@@ -26,6 +26,7 @@ from typing import Any
 from bench import checks, consumer, producer, report
 from bench.deployments import Topology, build
 from bench.system import cpu_seconds, memory_mb
+from brokerd.sdk.client import BrokerClient
 from brokerd.tools.launcher import Daemon
 
 MIB = 1 << 20
@@ -242,15 +243,40 @@ async def _views(daemons: dict[str, Daemon], wait_acked: str | None) -> dict[str
                     break
                 await asyncio.sleep(0.1)
             (stats,) = await client.view("stats")
-            out[name] = {**stats, "unacknowledged": unacked}
+            out[name] = {**stats, "unacknowledged": unacked, "commits": await _commits(client)}
         finally:
             await client.close()
     return out
 
 
+async def _commits(client: BrokerClient) -> int:
+    """Group commits of a daemon's databases so far: one WAL write and fsync each."""
+    return sum(int(row.get("commits", 0)) for row in await client.view("databases"))
+
+
+def daemon_commits(topology: Topology) -> dict[str, int]:
+    """Each running daemon's group commits so far (:func:`_commits`); one that is not
+    running counts from its start (none yet)."""
+
+    async def read() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, daemon in topology.daemons.items():
+            if not daemon.running:
+                continue
+            client = await daemon.client()
+            try:
+                out[name] = await _commits(client)
+            finally:
+                await client.close()
+        return out
+
+    return asyncio.run(read())
+
+
 def daemon_figures(
     topology: Topology,
     cpu_before: dict[str, float],
+    commits_before: dict[str, int],
     messages: int,
     wait_acked: str | None,
 ) -> dict[str, Any]:
@@ -262,6 +288,7 @@ def daemon_figures(
         "cpu_daemon_s": {n: report.rounded(v, 2) for n, v in cpu.items()},
         "cpu_us_per_msg": {n: report.rounded(v * 1e6 / messages, 1) for n, v in cpu.items()},
         "rss_peak_mb": {n: report.rounded(memory_mb(pid), 1) for n, pid in pids.items()},
+        "commits": {n: v["commits"] - commits_before.get(n, 0) for n, v in views.items()},
         "retransmissions": sum(int(v.get("retransmissions", 0)) for v in views.values()),
         "duplicates": sum(int(v.get("duplicates", 0)) for v in views.values()),
         "bodies_read_back": sum(int(v.get("bodies_read_back", 0)) for v in views.values()),
@@ -330,9 +357,12 @@ def run_transfer(topology: Topology, options: Options) -> dict[str, Any]:
         produced, consumed = transfer(topology, options, options.warmup, 1)
         warm = checks.run_problems(produced, consumed, options.warmup)
         problems += [f"warm-up: {p}" for p in warm]
+    commits_before = daemon_commits(topology)
     cpu_before = daemon_cpu(topology)
     produced, consumed = transfer(topology, options, options.messages, options.dialogs)
-    figures = daemon_figures(topology, cpu_before, options.messages, topology.producer)
+    figures = daemon_figures(
+        topology, cpu_before, commits_before, options.messages, topology.producer
+    )
     if consumed.get("count"):
         line.update(report.throughput(consumed, produced.get("t0", 0), options.size))
     problems += checks.run_problems(produced, consumed, options.messages)
@@ -387,13 +417,14 @@ def run_recovery(topology: Topology, options: Options) -> dict[str, Any]:
         consumer_job(b, options, options.messages, options.dialogs), wait_ready=None
     )
     time.sleep(0.5)  # the consumer process is up and retrying its connection
+    commits_before = daemon_commits(topology)
     cpu_before = daemon_cpu(topology)
     t_peer = time.monotonic_ns()
     topology.start(b_name)
     t_peer_ready = time.monotonic_ns()
     consumed = receiving.result(time.monotonic() + options.timeout + 60)
     cpu_before[b_name] = 0.0  # B's whole life is the recovery
-    figures = daemon_figures(topology, cpu_before, options.messages, a_name)
+    figures = daemon_figures(topology, cpu_before, commits_before, options.messages, a_name)
     t_drained = time.monotonic_ns()
     if consumed.get("count"):
         line.update(report.throughput(consumed, t_peer_ready, options.size))
