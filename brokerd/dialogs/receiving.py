@@ -47,6 +47,7 @@ from brokerd.dialogs.runs import alike_runs
 from brokerd.dialogs.states import DELIVERING, State
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
+from brokerd.storage.keys import new_handle
 from brokerd.storage.queries import Statement
 from protocol.acks import UNKNOWN_COUNT
 from protocol.dialog import (
@@ -492,7 +493,7 @@ class Receiving(EngineCore):
             self._send_broker_error(link, db, header, *refusal)
             return None
         ep = Endpoint(
-            handle=uuid.uuid4(),
+            handle=new_handle(),
             conversation_id=header.conversation_id,
             initiator=False,
             group_id=uuid.uuid4(),

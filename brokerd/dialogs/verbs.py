@@ -41,6 +41,7 @@ from brokerd.errors import (
     ServiceNotFound,
 )
 from brokerd.storage import queries
+from brokerd.storage.keys import new_handle
 from protocol.dialog import (
     END_DIALOG,
     ERROR,
@@ -93,7 +94,7 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
         if related_conversation is not None:
             group = self.endpoint(related_conversation)[1].group_id
         ep = Endpoint(
-            handle=uuid.uuid4(),
+            handle=new_handle(),
             conversation_id=uuid.uuid4(),
             initiator=True,
             group_id=group,

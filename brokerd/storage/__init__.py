@@ -1,8 +1,10 @@
 """Storage: one SQLite file per database and every SQL statement.
 
 Owns the schema and its numbered migrations, the statements the daemon runs,
-the single group-committing writer of each file, and the catalog (message
-types, contracts, queues, services and routes, SPEC §1) as it is persisted.
+the single group-committing writer of each file, the catalog (message
+types, contracts, queues, services and routes, SPEC §1) as it is persisted, and the
+conversation handles that key the rows, made to sort in the order they were made
+(``keys``).
 
 May import: ``protocol``, ``brokerd.config``, ``brokerd.errors``. Nothing above it
 (dialogs, routing, server) and nothing of the SDK.

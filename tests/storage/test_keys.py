@@ -1,0 +1,70 @@
+"""Conversation handles sort in the order they were made (``brokerd.storage.keys``), so
+the rows of conversations begun together stay together in every table a handle keys;
+conversation ids, which cross the wire, stay random (R-ROUTE-5 spreads by them)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+from brokerd.storage.keys import new_handle
+from brokerd.tools import example
+from brokerd.tools.launcher import Deployment
+from tests.daemons import drain, running
+
+HOST = "127.0.0.249"
+
+
+def test_a_handle_is_a_version_7_uuid_with_74_random_bits() -> None:
+    handles = [new_handle() for _ in range(2000)]
+    assert {h.version for h in handles} == {7}
+    assert {h.variant for h in handles} == {uuid.RFC_4122}
+    assert len(set(handles)) == len(handles)
+    # Made within a few milliseconds, they differ in their random bits, high and low.
+    assert len({h.int >> 64 & 0xFFF for h in handles}) > 1000
+    assert len({h.int & (1 << 62) - 1 for h in handles}) == len(handles)
+    ms = time.time_ns() // 1_000_000
+    assert abs((handles[-1].int >> 80) - ms) < 5_000  # its first 48 bits: the time in ms
+
+
+def test_handles_made_in_turn_sort_as_text_in_the_order_they_were_made() -> None:
+    handles = []
+    for _ in range(50):
+        handles.append(new_handle())
+        time.sleep(0.0011)  # the next millisecond
+    texts = [str(h) for h in handles]
+    assert sorted(texts) == texts
+
+
+async def test_a_daemons_endpoints_have_time_ordered_handles_and_random_conversation_ids(
+    tmp_path: Path,
+) -> None:
+    """Both ends of a real dialog: the initiator's handle is made at BEGIN DIALOG, the
+    target's when the first message arrives (here through the local link between two
+    databases); each is version 7, and conversations begun later sort later."""
+    d = Deployment(tmp_path)
+    d.add("solo", HOST, example.shop_database(None) + example.warehouse_database(None))
+    with running(d):
+        client = await d.daemons["solo"].client()
+        try:
+            begun, targets = [], []
+            for n in range(3):  # each received before the next begins: made in turn
+                handle = await client.begin_dialog(
+                    example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
+                )
+                await client.send(handle, example.ORDER, f"order {n}".encode())
+                (message,) = await drain(client, "OrderQueue", 1)
+                begun.append(handle)
+                targets.append(message.conversation_handle)
+                await asyncio.sleep(0.002)
+            endpoints = await client.conversation_endpoints()
+        finally:
+            await client.close()
+    assert {h.version for h in begun + targets} == {7}
+    for made in (begun, targets):
+        assert [str(h) for h in made] == sorted(str(h) for h in made)
+    ids = {uuid.UUID(str(e["conversation_id"])) for e in endpoints}
+    assert len(ids) == 3 and {i.version for i in ids} == {4}
+    assert {uuid.UUID(str(e["conversation_handle"])) for e in endpoints} == {*begun, *targets}
