@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.checks import broker_order_problems
-from bench.deployments import local_databases_toml
+from bench.deployments import commits_so_far, local_databases_toml
 from bench.report import percentile
 from bench.system import cpu_seconds, machine
 from brokerd.config import RetryConfig
@@ -246,7 +246,7 @@ async def measure(
 
         pids = {d.name: d.process.pid if d.process else None for d in (sender, receiver)}
         commit_views = {sender.name: control, receiver.name: receivers[0]}
-        commits_before = {name: await _commits(c) for name, c in commit_views.items()}
+        commits_before = {name: await commits_so_far(c) for name, c in commit_views.items()}
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         bench_cpu_before = time.process_time()
         deadline = time.monotonic() + timeout
@@ -266,7 +266,7 @@ async def measure(
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
         cpu["benchmark"] = time.process_time() - bench_cpu_before
         commits = {
-            name: await _commits(c) - commits_before[name] for name, c in commit_views.items()
+            name: await commits_so_far(c) - commits_before[name] for name, c in commit_views.items()
         }
         if not state.done.is_set():
             problems.append(
@@ -365,11 +365,6 @@ async def measure(
         "problems": problems,
         "ok": not problems,
     }
-
-
-async def _commits(client: BrokerClient) -> int:
-    """Group commits of a daemon's databases so far (one fsync of a WAL file each)."""
-    return sum(int(row.get("commits", 0)) for row in await client.view("databases"))
 
 
 def verify(

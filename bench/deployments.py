@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brokerd.config import EndpointConfig, RetryConfig
+from brokerd.sdk.client import BrokerClient
 from brokerd.tools import example
 from brokerd.tools.launcher import Daemon, Deployment
 
@@ -129,3 +130,9 @@ def build(
     deployment.add("alpha", hosts[0], shop, extra=extra, endpoint_extra=endpoint_extra)
     deployment.add("beta", hosts[1], warehouse, extra=extra, endpoint_extra=endpoint_extra)
     return Topology(deployment, "alpha", "beta")
+
+
+async def commits_so_far(client: BrokerClient) -> int:
+    """Group commits of a daemon's databases since it started (its ``databases`` view):
+    one WAL write and one fsync each."""
+    return sum(int(row.get("commits", 0)) for row in await client.view("databases"))

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import checks, consumer, producer, report
-from bench.deployments import Topology, build
+from bench.deployments import Topology, build, commits_so_far
 from bench.system import cpu_seconds, memory_mb
-from brokerd.sdk.client import BrokerClient
 from brokerd.tools.launcher import Daemon
 
 MIB = 1 << 20
@@ -243,20 +242,15 @@ async def _views(daemons: dict[str, Daemon], wait_acked: str | None) -> dict[str
                     break
                 await asyncio.sleep(0.1)
             (stats,) = await client.view("stats")
-            out[name] = {**stats, "unacknowledged": unacked, "commits": await _commits(client)}
+            out[name] = {**stats, "unacknowledged": unacked}
         finally:
             await client.close()
     return out
 
 
-async def _commits(client: BrokerClient) -> int:
-    """Group commits of a daemon's databases so far: one WAL write and fsync each."""
-    return sum(int(row.get("commits", 0)) for row in await client.view("databases"))
-
-
 def daemon_commits(topology: Topology) -> dict[str, int]:
-    """Each running daemon's group commits so far (:func:`_commits`); one that is not
-    running counts from its start (none yet)."""
+    """Each running daemon's group commits so far (:func:`commits_so_far`); one that is
+    not running has made none since it (re)starts."""
 
     async def read() -> dict[str, int]:
         out: dict[str, int] = {}
@@ -265,7 +259,7 @@ def daemon_commits(topology: Topology) -> dict[str, int]:
                 continue
             client = await daemon.client()
             try:
-                out[name] = await _commits(client)
+                out[name] = await commits_so_far(client)
             finally:
                 await client.close()
         return out
@@ -283,12 +277,13 @@ def daemon_figures(
     daemons = topology.daemons
     pids = {n: d.process.pid if d.process else None for n, d in daemons.items()}
     cpu = {n: cpu_seconds(pid) - cpu_before.get(n, math.nan) for n, pid in pids.items()}
+    commits = daemon_commits(topology)  # the same window as the CPU's: before the last acks
     views = asyncio.run(_views(daemons, wait_acked))
     return {
         "cpu_daemon_s": {n: report.rounded(v, 2) for n, v in cpu.items()},
         "cpu_us_per_msg": {n: report.rounded(v * 1e6 / messages, 1) for n, v in cpu.items()},
         "rss_peak_mb": {n: report.rounded(memory_mb(pid), 1) for n, pid in pids.items()},
-        "commits": {n: v["commits"] - commits_before.get(n, 0) for n, v in views.items()},
+        "commits": {n: v - commits_before.get(n, 0) for n, v in commits.items()},
         "retransmissions": sum(int(v.get("retransmissions", 0)) for v in views.values()),
         "duplicates": sum(int(v.get("duplicates", 0)) for v in views.values()),
         "bodies_read_back": sum(int(v.get("bodies_read_back", 0)) for v in views.values()),

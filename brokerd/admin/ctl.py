@@ -35,8 +35,9 @@ A client port with TLS (``[client] tls_certificate``) is reached with
 defaults to the endpoint's ``ca_certificate`` (the deployment CA) when the file
 turns TLS on.
 
-Views print as aligned text tables: UUIDs are shortened to their first 8
-characters, timestamps to whole seconds and long text to 40 characters unless
+Views print as aligned text tables: UUIDs are shortened to their last 8
+characters (random in every UUID brokerd makes: a conversation handle begins with
+the time it was made), timestamps to whole seconds and long text to 40 characters unless
 ``--wide`` is given (which also shows the full column names); a message's
 ``transmission_status`` is always kept whole, as the last column. ``--json``
 prints the daemon's rows unchanged (``watch --json`` prints one JSON document a
@@ -97,7 +98,8 @@ _VIEW_HELP = {
 }
 
 SHORT_LENGTH = 8
-"""A shortened UUID keeps this many characters."""
+"""A shortened UUID keeps this many of its last characters: random in a version 4 UUID
+and in a version 7 one (a conversation handle), whose first ones are its time."""
 MAX_TEXT = 40
 """Other text longer than this is cut (with an ellipsis) unless ``wide``."""
 LAST_COLUMNS = ("transmission_status",)
@@ -144,7 +146,7 @@ def _cell(value: Any, wide: bool, cut: bool) -> str:
     if wide:
         return text
     if _UUID.fullmatch(text):
-        return text[:SHORT_LENGTH]
+        return text[-SHORT_LENGTH:]
     stamp = _TIMESTAMP.fullmatch(text)
     if stamp:
         zone = stamp.group(3)
@@ -166,7 +168,7 @@ def format_table(rows: Sequence[dict[str, Any]], wide: bool = False) -> str:
 
     Columns are the rows' keys in order of first appearance, except that
     :data:`LAST_COLUMNS` go last and are never cut. Unless ``wide``: UUIDs are
-    shortened to 8 characters, ISO timestamps to whole seconds, other text to
+    shortened to their last 8 characters, ISO timestamps to whole seconds, other text to
     :data:`MAX_TEXT` characters, and a few long column names are abbreviated.
     Numbers are right-aligned; lines carry no trailing spaces.
     """

@@ -1,21 +1,27 @@
 """Row keys that sort in the order they were made: the conversation handles brokerd gives
 its endpoints.
 
-A handle keys an endpoint's rows in every table that holds them: its endpoint row,
-its transmission-queue and queue rows (with their sequence numbers), its fragments
-and its timer. Random handles (version 4) scatter the rows of conversations begun
-together over every page of those B-trees, so a commit that writes a message each to
-a few hundred conversations dirties a page for nearly every one of them, and each
-such page is written to the WAL and again by the checkpoint. A handle here has the
-layout of RFC 9562's version 7: 48 bits of Unix time in milliseconds first, then the
-version, 74 random bits and the variant. Its text, the key, sorts in the order the
-handles were made, so the rows of conversations begun together stay together.
-Measured alone (SQLite, WAL, ``synchronous=FULL``, 16 KiB pages; commits of 25
-messages over 10,000 conversations in the order they were begun), the rows' CPU per
-message fell from 27.0 to 16.8 µs; in random order it is the same either way.
+A handle keys an endpoint's rows in every table that holds them: its endpoint row
+(through the primary-key index; the rows themselves are in the order they were
+inserted), its transmission-queue and queue rows (with their sequence numbers), its
+fragments and its timer. Random handles (version 4) scatter the rows of
+conversations begun together over every page of those B-trees, so a commit that
+writes a message each to a few hundred conversations dirties a page for nearly every
+one of them, and each such page is written to the WAL and again by the checkpoint.
 
-Only local identifiers are made so: a conversation id crosses the wire, where it stays
-random (version 4), as route spreading over equal routes takes it (R-ROUTE-5).
+A handle here has the layout of RFC 9562's version 7: 48 bits of Unix time in
+milliseconds first, then the version, 74 random bits and the variant. Its text, the
+key, sorts in the order the handles were made, to the millisecond (within one, in
+random order; a clock set back costs only locality), so the rows of conversations
+begun together stay together. Measured alone (SQLite, WAL, ``synchronous=FULL``,
+16 KiB pages; commits of 25 messages over 10,000 conversations in the order they
+were begun), the rows' CPU per message fell from 27.0 to 16.8 µs; in random order it
+is the same either way.
+
+A handle is no capability (a client's token must own the conversation's service), and
+now tells when its conversation began. Only local identifiers are made so: a
+conversation id crosses the wire, where it stays random (version 4), as route
+spreading over equal routes (R-ROUTE-5) and trace sampling take it.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ async def request_reply(deployment: Deployment, orders: int = 3) -> None:
         await asyncio.sleep(0.3)
         for name, client in (("alpha", shop), ("beta", warehouse)):
             for row in await client.conversation_endpoints():
-                print(f"{name}: endpoint {row['conversation_handle'][:8]} state {row['state']}")
+                print(f"{name}: endpoint {row['conversation_handle'][-8:]} state {row['state']}")
             queued = await client.transmission_queue()
             print(f"{name}: transmission queue holds {len(queued)} message(s)")
         for row in await shop.broker_connections():

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from brokerd.admin.ctl import format_table, main
+from brokerd.storage.keys import new_handle
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
 
@@ -53,9 +54,19 @@ def test_columns_are_aligned_numbers_right_and_no_trailing_spaces() -> None:
 def test_uuids_are_shortened_unless_wide() -> None:
     rows = [{"conversation_handle": HANDLE, "state": "CD"}]
     short = format_table(rows)
-    assert lines(short) == ["handle    state", "c047dd43  CD"]
+    assert lines(short) == ["handle    state", "99b3cf50  CD"]
     wide = format_table(rows, wide=True)
     assert HANDLE in wide and "conversation_handle" in wide
+
+
+def test_handles_made_together_stay_apart_when_shortened() -> None:
+    """A conversation handle begins with the time it was made (``brokerd.storage.keys``):
+    its shortened form is its random end, so handles of one minute stay apart."""
+    handles = [str(new_handle()) for _ in range(20)]
+    assert len({h[:8] for h in handles}) < 3  # their beginnings: the same time
+    rows = [{"conversation_handle": h} for h in handles]
+    shown = lines(format_table(rows))[1:]
+    assert shown == [h[-8:] for h in handles] and len(set(shown)) == len(handles)
 
 
 def test_transmission_status_is_last_and_whole() -> None:
@@ -188,7 +199,7 @@ def test_endpoints_after_request_reply(alpha: str) -> None:
     header, *body = table.stdout.splitlines()
     assert header.split()[:4] == ["database", "handle", "conversation", "group"]
     assert {"lifetime", "dialog_timer"} <= set(header.split())
-    assert any(done[0]["conversation_handle"][:8] in line and " CD " in line for line in body)
+    assert any(done[0]["conversation_handle"][-8:] in line and " CD " in line for line in body)
     assert done[0]["conversation_handle"] not in table.stdout
 
 
@@ -207,7 +218,7 @@ def test_transmission_queue_holds_the_undeliverable_message(alpha: str) -> None:
     assert {"error", "end"} <= set(header.split())
     assert lost["is_conversation_error"] is False and lost["is_end_of_dialog"] is False
     [row] = [line for line in body if NOWHERE in line]
-    assert row.startswith(f"shop      {lost['conversation_handle'][:8]}  ")
+    assert row.startswith(f"shop      {lost['conversation_handle'][-8:]}  ")
     assert row.endswith(status)
 
 

@@ -19,7 +19,7 @@ from bench.workloads import Options, run
 FIELDS = (
     "workload", "messages", "size", "seconds", "msgs_per_s", "mb_per_s",
     "p50_ms", "p99_ms", "max_ms", "ok", "cpu_producer_s", "cpu_consumer_s",
-    "cpu_daemon_s", "cpu_us_per_msg", "mode",
+    "cpu_daemon_s", "cpu_us_per_msg", "commits", "mode",
 )  # fmt: skip
 
 
@@ -34,6 +34,10 @@ def test_w2_remote(tmp_path: Path) -> None:
     line = run(Options("W2", messages=400, size=200, dialogs=2, warmup=20, workdir=tmp_path))
     check(line, 400)
     assert set(line["cpu_daemon_s"]) == {"alpha", "beta"}
+    # Both sides committed during the measured run (SENDs on A, arrivals on B), and fewer
+    # times than there were messages: the commits are group commits.
+    assert set(line["commits"]) == {"alpha", "beta"}
+    assert all(0 < n < 400 for n in line["commits"].values()), line["commits"]
     assert line["mode"] == "" and line["encryption"] == "on"
 
 
