@@ -23,6 +23,21 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def written_bytes(pid: int | None) -> float:
+    """Bytes a process has caused to be written to storage so far (``write_bytes`` of
+    Linux's ``/proc/PID/io``: its files' pages as they reach the disk, not its socket
+    writes), or NaN."""
+    if pid is None:
+        return math.nan
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("write_bytes:"):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return math.nan
+
+
 def memory_mb(pid: int | None, field: str = "VmHWM") -> float:
     """A memory figure of ``/proc/PID/status`` in MB (10^6 bytes): ``VmHWM`` is the peak
     resident set size, ``VmRSS`` the current one. NaN when unknown."""

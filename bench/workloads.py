@@ -25,7 +25,7 @@ from typing import Any
 
 from bench import checks, consumer, producer, report
 from bench.deployments import Topology, build, commits_so_far
-from bench.system import cpu_seconds, memory_mb
+from bench.system import cpu_seconds, memory_mb, written_bytes
 from brokerd.tools.launcher import Daemon
 
 MIB = 1 << 20
@@ -248,15 +248,34 @@ async def _views(daemons: dict[str, Daemon], wait_acked: str | None) -> dict[str
     return out
 
 
-def daemon_commits(topology: Topology) -> dict[str, int]:
-    """Each running daemon's group commits so far (:func:`commits_so_far`); one that is
-    not running has made none since it (re)starts."""
+@dataclass(frozen=True)
+class Counters:
+    """What each daemon has used so far: CPU seconds, group commits and bytes written to
+    storage. A daemon that is not running has used nothing since it (re)starts."""
+
+    cpu: dict[str, float]
+    commits: dict[str, int]
+    written: dict[str, float]
+
+    def since(self, before: Counters) -> Counters:
+        return Counters(
+            {n: v - before.cpu.get(n, 0.0) for n, v in self.cpu.items()},
+            {n: v - before.commits.get(n, 0) for n, v in self.commits.items()},
+            {n: v - before.written.get(n, 0.0) for n, v in self.written.items()},
+        )
+
+
+def daemon_counters(topology: Topology) -> Counters:
+    """Each running daemon's :class:`Counters` now (its commits from its ``databases``
+    view, :func:`commits_so_far`)."""
+    running = {n: d for n, d in topology.daemons.items() if d.running}
+    pids = {n: d.process.pid if d.process else None for n, d in running.items()}
+    cpu = {n: cpu_seconds(pid) for n, pid in pids.items()}
+    written = {n: written_bytes(pid) for n, pid in pids.items()}
 
     async def read() -> dict[str, int]:
         out: dict[str, int] = {}
-        for name, daemon in topology.daemons.items():
-            if not daemon.running:
-                continue
+        for name, daemon in running.items():
             client = await daemon.client()
             try:
                 out[name] = await commits_so_far(client)
@@ -264,36 +283,31 @@ def daemon_commits(topology: Topology) -> dict[str, int]:
                 await client.close()
         return out
 
-    return asyncio.run(read())
+    return Counters(cpu, asyncio.run(read()), written)
 
 
 def daemon_figures(
-    topology: Topology,
-    cpu_before: dict[str, float],
-    commits_before: dict[str, int],
-    messages: int,
-    wait_acked: str | None,
+    topology: Topology, before: Counters, messages: int, wait_acked: str | None
 ) -> dict[str, Any]:
+    """Each daemon's use over the measured run (since ``before``, up to now: the last
+    acknowledgements, which ``wait_acked`` is waited for, come after), its peak memory
+    and its counters."""
     daemons = topology.daemons
     pids = {n: d.process.pid if d.process else None for n, d in daemons.items()}
-    cpu = {n: cpu_seconds(pid) - cpu_before.get(n, math.nan) for n, pid in pids.items()}
-    commits = daemon_commits(topology)  # the same window as the CPU's: before the last acks
+    used = daemon_counters(topology).since(before)
     views = asyncio.run(_views(daemons, wait_acked))
     return {
-        "cpu_daemon_s": {n: report.rounded(v, 2) for n, v in cpu.items()},
-        "cpu_us_per_msg": {n: report.rounded(v * 1e6 / messages, 1) for n, v in cpu.items()},
+        "cpu_daemon_s": {n: report.rounded(v, 2) for n, v in used.cpu.items()},
+        "cpu_us_per_msg": {n: report.rounded(v * 1e6 / messages, 1) for n, v in used.cpu.items()},
         "rss_peak_mb": {n: report.rounded(memory_mb(pid), 1) for n, pid in pids.items()},
-        "commits": {n: v - commits_before.get(n, 0) for n, v in commits.items()},
+        "commits": used.commits,
+        "written_kb_per_msg": {
+            n: report.rounded(v / 1000 / messages, 2) for n, v in used.written.items()
+        },
         "retransmissions": sum(int(v.get("retransmissions", 0)) for v in views.values()),
         "duplicates": sum(int(v.get("duplicates", 0)) for v in views.values()),
         "bodies_read_back": sum(int(v.get("bodies_read_back", 0)) for v in views.values()),
         "unacknowledged": sum(int(v["unacknowledged"]) for v in views.values()),
-    }
-
-
-def daemon_cpu(topology: Topology) -> dict[str, float]:
-    return {
-        n: cpu_seconds(d.process.pid if d.process else None) for n, d in topology.daemons.items()
     }
 
 
@@ -352,12 +366,9 @@ def run_transfer(topology: Topology, options: Options) -> dict[str, Any]:
         produced, consumed = transfer(topology, options, options.warmup, 1)
         warm = checks.run_problems(produced, consumed, options.warmup)
         problems += [f"warm-up: {p}" for p in warm]
-    commits_before = daemon_commits(topology)
-    cpu_before = daemon_cpu(topology)
+    before = daemon_counters(topology)
     produced, consumed = transfer(topology, options, options.messages, options.dialogs)
-    figures = daemon_figures(
-        topology, cpu_before, commits_before, options.messages, topology.producer
-    )
+    figures = daemon_figures(topology, before, options.messages, topology.producer)
     if consumed.get("count"):
         line.update(report.throughput(consumed, produced.get("t0", 0), options.size))
     problems += checks.run_problems(produced, consumed, options.messages)
@@ -412,14 +423,12 @@ def run_recovery(topology: Topology, options: Options) -> dict[str, Any]:
         consumer_job(b, options, options.messages, options.dialogs), wait_ready=None
     )
     time.sleep(0.5)  # the consumer process is up and retrying its connection
-    commits_before = daemon_commits(topology)
-    cpu_before = daemon_cpu(topology)
+    before = daemon_counters(topology)
     t_peer = time.monotonic_ns()
     topology.start(b_name)
     t_peer_ready = time.monotonic_ns()
     consumed = receiving.result(time.monotonic() + options.timeout + 60)
-    cpu_before[b_name] = 0.0  # B's whole life is the recovery
-    figures = daemon_figures(topology, cpu_before, commits_before, options.messages, a_name)
+    figures = daemon_figures(topology, before, options.messages, a_name)  # B: its whole life
     t_drained = time.monotonic_ns()
     if consumed.get("count"):
         line.update(report.throughput(consumed, t_peer_ready, options.size))

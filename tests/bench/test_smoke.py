@@ -19,7 +19,7 @@ from bench.workloads import Options, run
 FIELDS = (
     "workload", "messages", "size", "seconds", "msgs_per_s", "mb_per_s",
     "p50_ms", "p99_ms", "max_ms", "ok", "cpu_producer_s", "cpu_consumer_s",
-    "cpu_daemon_s", "cpu_us_per_msg", "commits", "mode",
+    "cpu_daemon_s", "cpu_us_per_msg", "commits", "written_kb_per_msg", "mode",
 )  # fmt: skip
 
 
@@ -38,6 +38,9 @@ def test_w2_remote(tmp_path: Path) -> None:
     # times than there were messages: the commits are group commits.
     assert set(line["commits"]) == {"alpha", "beta"}
     assert all(0 < n < 400 for n in line["commits"].values()), line["commits"]
+    if Path("/proc/self/io").exists():  # Linux's I/O accounting: what each wrote to disk
+        written = line["written_kb_per_msg"]
+        assert set(written) == {"alpha", "beta"} and all(v > 0 for v in written.values())
     assert line["mode"] == "" and line["encryption"] == "on"
 
 
