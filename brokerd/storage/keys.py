@@ -13,10 +13,10 @@ A handle here has the layout of RFC 9562's version 7: 48 bits of Unix time in
 milliseconds first, then the version, 74 random bits and the variant. Its text, the
 key, sorts in the order the handles were made, to the millisecond (within one, in
 random order; a clock set back costs only locality), so the rows of conversations
-begun together stay together. Measured alone (SQLite, WAL, ``synchronous=FULL``,
-16 KiB pages; commits of 25 messages over 10,000 conversations in the order they
-were begun), the rows' CPU per message fell from 27.0 to 16.8 µs; in random order it
-is the same either way.
+begun together stay together. On the many-dialogs workload (``python -m bench run
+--workload W4``, ``written_kb_per_msg``) the receiver wrote 11 kB to its files per
+200-byte message instead of 20, and spent 6-8 % less CPU (docs/performance.md,
+"Time-ordered conversation handles").
 
 A handle is no capability (a client's token must own the conversation's service), and
 now tells when its conversation began. Only local identifiers are made so: a
