@@ -64,6 +64,21 @@ def test_w1_in_one_database_is_labelled(tmp_path: Path) -> None:
     assert line["mode"] == "one database" and set(line["cpu_daemon_s"]) == {"solo"}
 
 
+def test_w6_recovery_counts_the_restarted_sender_and_the_returning_receiver(
+    tmp_path: Path,
+) -> None:
+    """W6: A is SIGKILLed holding a backlog and restarted, then B starts. Every message
+    arrives exactly once, in order; A's figures run from its restart and B's from its
+    start (it was not running when the measurement began), so both did work."""
+    line = run(Options("W6", messages=1000, size=200, dialogs=10, workdir=tmp_path))
+    check(line, 1000)
+    assert line["first_delivery_s"] >= 0 and line["drained_s"] >= line["first_delivery_s"]
+    for figure in ("cpu_daemon_s", "commits"):
+        assert set(line[figure]) == {"alpha", "beta"}, figure
+        assert all(v > 0 for v in line[figure].values()), (figure, line[figure])
+    assert line["unacknowledged"] == 0  # every message acknowledged: nothing left to resend
+
+
 def test_w3_large_remote(tmp_path: Path) -> None:
     line = run(Options("W3", messages=6, size=1 << 20, dialogs=1, warmup=2, workdir=tmp_path))
     check(line, 6)
