@@ -5,7 +5,7 @@ UPDATE and DELETE group, function jobs as barriers), the multi-row statements th
 cross the GIL once per chunk instead of once per row, and the endpoint rows written
 once per endpoint and batch (``queries.merge_snapshots``).
 
-May import: ``brokerd.storage.queries``.
+May import: ``brokerd.storage.queries`` and ``brokerd.storage.body_files``.
 """
 
 from __future__ import annotations
@@ -17,12 +17,16 @@ from itertools import chain
 from typing import Any, Protocol
 
 from brokerd.storage import queries
+from brokerd.storage.body_files import STORED_FROM, BodyFiles
 from brokerd.storage.queries import (
     ENDPOINT_DELETE,
     ENDPOINT_SNAPSHOT,
     MANY_ROWS,
+    SENT,
+    SENT_BODY,
     Statement,
     merge_snapshots,
+    stored_sent,
 )
 
 
@@ -39,7 +43,9 @@ class Part(Protocol):
     result: Any
 
 
-def apply_batch(conn: sqlite3.Connection, batch: Sequence[Part]) -> None:
+def apply_batch(
+    conn: sqlite3.Connection, batch: Sequence[Part], bodies: BodyFiles | None = None
+) -> None:
     """Every job's statements, in as few ``executemany`` calls as possible.
 
     Between two function jobs, statements are grouped by SQL text: every INSERT
@@ -52,6 +58,11 @@ def apply_batch(conn: sqlite3.Connection, batch: Sequence[Part]) -> None:
     appearance, not of the jobs (a message's row gets its body and its status from
     two statements that commute). Endpoint snapshots are deduplicated per endpoint
     and written last: a snapshot is a whole row.
+
+    With ``bodies``, a transmission-queue row's body of :data:`STORED_FROM` bytes or
+    more is appended to a segment file and the row says where
+    (:mod:`brokerd.storage.body_files`); the caller makes the file durable before the
+    COMMIT.
     """
     inserts: dict[str, list[Sequence[Any]]] = {}
     changes: dict[str, list[Sequence[Any]]] = {}
@@ -66,6 +77,8 @@ def apply_batch(conn: sqlite3.Connection, batch: Sequence[Part]) -> None:
             elif sql == ENDPOINT_DELETE:
                 endpoints[params[0]] = None
             elif sql.startswith("INSERT"):
+                if sql == SENT and bodies is not None and len(params[SENT_BODY]) >= STORED_FROM:
+                    sql, params = stored_sent(params, bodies.store(params[SENT_BODY]))
                 inserts.setdefault(sql, []).append(params)
             else:
                 changes.setdefault(sql, []).append(params)

@@ -29,6 +29,8 @@ from typing import Any
 
 import orjson
 
+from brokerd.storage.body_files import bodies_of
+
 Statement = tuple[str, Sequence[Any]]
 """One write: SQL text and its parameters."""
 
@@ -138,6 +140,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         "secured dialogs keep their dialog key with the endpoint, so dialog security "
         "survives a restart (R-DLG-14)",
         "ALTER TABLE conversation_endpoints ADD COLUMN dialog_key BLOB",
+    ),
+    Migration(
+        6,
+        "a large body of the transmission queue may live in a segment file beside the "
+        "database (storage.body_files): the row says where and how long",
+        "ALTER TABLE transmission_queue ADD COLUMN stored_at INTEGER;"
+        "ALTER TABLE transmission_queue ADD COLUMN stored_length INTEGER;"
+        "CREATE INDEX IF NOT EXISTS transmission_queue_stored ON transmission_queue "
+        "(stored_at) WHERE stored_at IS NOT NULL",
     ),
 )
 """The schema, step by step; a step is never edited once released, only followed by another."""
@@ -258,7 +269,13 @@ def forget_conversation(handle: str) -> list[Statement]:
 
 # -- the transmission queue ---------------------------------------------------------------
 
-_SENT = "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?)"
+SENT = "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)"
+"""A message sent, its body in the row (:func:`sent_message`)."""
+SENT_STORED = "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+"""The same row with an empty body and where the body is stored, with its length: what
+the committer makes of :data:`SENT` for a large body (:func:`stored_sent`)."""
+SENT_BODY = 4
+"""The body's place among :data:`SENT`'s parameters."""
 _UNQUEUE = (
     "DELETE FROM transmission_queue WHERE conversation_handle = ? AND "
     "message_sequence_number BETWEEN ? AND ?"
@@ -295,7 +312,8 @@ READ_SENT_NUMBERS = (
 )
 """Recovery: the numbers of a conversation whose queue has gaps (acknowledged out of order)."""
 _READ_SENT_PAGE = (
-    "SELECT message_sequence_number, message_type, flags, length(body), enqueued_at "
+    "SELECT message_sequence_number, message_type, flags, "
+    "coalesce(stored_length, length(body)), enqueued_at "
     "FROM transmission_queue WHERE conversation_handle = ? AND "
     "message_sequence_number BETWEEN ? AND ? ORDER BY message_sequence_number"
 )
@@ -318,7 +336,7 @@ def read_sent_page(conn: sqlite3.Connection, handle: str, first: int, last: int)
 
 
 _READ_SENT_BODIES = (
-    "SELECT message_sequence_number, body FROM transmission_queue "
+    "SELECT message_sequence_number, body, stored_at, stored_length FROM transmission_queue "
     "WHERE conversation_handle = ? AND message_sequence_number IN "
 )
 
@@ -331,8 +349,12 @@ def read_sent_bodies(
     for handle, seqs in wanted.items():
         for part in _chunks(seqs):
             marks = ",".join("?" * len(part))
-            for seq, body in conn.execute(f"{_READ_SENT_BODIES}({marks})", [handle, *part]):
-                found[(handle, int(seq))] = bytes(body)
+            rows = conn.execute(f"{_READ_SENT_BODIES}({marks})", [handle, *part])
+            for seq, body, stored_at, length in rows:
+                if stored_at is None:
+                    found[(handle, int(seq))] = bytes(body)
+                else:
+                    found[(handle, int(seq))] = bodies_of(conn).read(stored_at, length)
     return found
 
 
@@ -340,7 +362,22 @@ def sent_message(
     handle: str, seq: int, message_type: str, flags: int, body: bytes, enqueued_at: float
 ) -> Statement:
     """A message SENT and not yet acknowledged."""
-    return (_SENT, (handle, seq, message_type, flags, body, enqueued_at))
+    return (SENT, (handle, seq, message_type, flags, body, enqueued_at))
+
+
+def stored_sent(params: Sequence[Any], stored_at: int) -> Statement:
+    """:func:`sent_message`'s row with its body stored at ``stored_at`` (a segment file)."""
+    body = params[SENT_BODY]
+    return (SENT_STORED, (*params[:SENT_BODY], b"", *params[SENT_BODY + 1 :], stored_at, len(body)))
+
+
+READ_STORED_SENT = (
+    "SELECT rowid, stored_at, stored_length FROM transmission_queue WHERE stored_at IS NOT NULL"
+)
+"""Rows whose body is in a segment file (a database that becomes mirrored takes them back)."""
+INLINE_SENT = (
+    "UPDATE transmission_queue SET body = ?, stored_at = NULL, stored_length = NULL WHERE rowid = ?"
+)
 
 
 def unqueue_sent(

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from brokerd.errors import StoreError
-from brokerd.storage import queries
+from brokerd.storage import body_files, queries
 from brokerd.storage.batch_sql import apply_batch
+from brokerd.storage.body_files import BodyFiles
 from brokerd.storage.chains import BrokenChains, Token
 from brokerd.storage.queries import (
     AUTO_CREATED_LOCAL,
@@ -90,7 +91,7 @@ class _Callbacks(list[Callable[[], None]]):
 
 def describe_sqlite_error(database: str, exc: BaseException) -> str:
     text = str(exc)
-    if "full" in text.lower():
+    if "full" in text.lower() or body_files.disk_full(exc):
         return f"database {database!r}: the disk is full ({text}); nothing was committed"
     return f"database {database!r}: {type(exc).__name__}: {text}"
 
@@ -207,10 +208,29 @@ class _Committer:
                     replica = self.replica
                     self._on_batch(batch, units, replica.lsn if replica is not None else 0)
                 else:
-                    self._wake.get()
+                    self._idle(conn)
         finally:
             if conn is not None:
+                bodies = getattr(conn, "bodies", None)
+                if bodies is not None:
+                    bodies.close()
                 conn.close()
+
+    def _idle(self, conn: sqlite3.Connection | None) -> None:
+        """Wait for work; meanwhile, collect the segments of bodies a commit left for
+        later (:meth:`BodyFiles.collect`)."""
+        bodies = getattr(conn, "bodies", None)
+        if conn is None or bodies is None or not bodies.owed:
+            self._wake.get()
+            return
+        try:
+            self._wake.get(timeout=body_files.COLLECT_EVERY)
+        except queue.Empty:
+            try:
+                bodies.collect(conn, force=True)
+            except (OSError, sqlite3.Error):
+                log.exception("store %s: collecting segments of bodies failed", self.name)
+                bodies.owed = False
 
 
 PAGE_SIZE = 16 * 1024
@@ -227,10 +247,19 @@ SQLite's own default. docs/performance.md measures 64 MB ("The floor under W3, a
 page cache"): large messages gain a little, a large backlog's RSS grows by the cache."""
 
 
-def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> sqlite3.Connection:
+class StoreConnection(sqlite3.Connection):
+    """The committer's connection, with the database's segment files of large bodies
+    (None for a mirrored database, which keeps them in its rows)."""
+
+    bodies: BodyFiles | None = None
+
+
+def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> StoreConnection:
     """A connection to ``path`` with the store's settings: page size, WAL,
     ``synchronous=FULL``, and a page cache of ``page_cache_mb``."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, factory=StoreConnection
+    )
     conn.row_factory = sqlite3.Row
     # Only takes effect while the file is still empty (before its first table).
     conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
@@ -285,6 +314,8 @@ class Store:
             instance: uuid.UUID = await self._call(
                 lambda conn: _open_file(conn, self.path, self.database, broker_instance)
             )
+            mirrored = self.replica is not None
+            await self._call(lambda conn: _open_bodies(conn, self.path, mirrored))
         except BaseException:
             await self._shutdown()
             raise
@@ -711,6 +742,9 @@ def _commit(
             _recorded_transaction(conn, batch, replica, units if units is not None else [])
     except Exception as exc:  # one bad job must not sink the others: retry one by one
         _rollback(conn)
+        bodies = getattr(conn, "bodies", None)
+        if bodies is not None:
+            bodies.discard()
         if len(batch) == 1 or _disk_full(exc):
             if isinstance(exc, FencedWrite):
                 error = StoreError(
@@ -751,9 +785,18 @@ def _admitted(batch: list[_Job], chains: BrokenChains) -> list[_Job]:
 
 
 def _transaction(conn: sqlite3.Connection, batch: list[_Job]) -> None:
+    bodies: BodyFiles | None = getattr(conn, "bodies", None)
     conn.execute("BEGIN IMMEDIATE")
-    apply_batch(conn, batch)
+    apply_batch(conn, batch, bodies)
+    if bodies is not None and bodies.dirty:
+        bodies.sync()  # the bodies are durable before the rows that point at them
     conn.execute("COMMIT")
+    if bodies is not None:
+        try:
+            bodies.collect(conn)
+        except (OSError, sqlite3.Error):  # committed: a segment left behind is collected later
+            log.exception("collecting segments of bodies failed")
+            bodies.owed = False
 
 
 def _recorded_transaction(
@@ -784,7 +827,37 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def _disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.Error) and "full" in str(exc).lower()
+    return (isinstance(exc, sqlite3.Error) and "full" in str(exc).lower()) or body_files.disk_full(
+        exc
+    )
+
+
+def _open_bodies(conn: sqlite3.Connection, path: Path, mirrored: bool) -> None:
+    """Give the committer's connection its segment files of large bodies, deleting the
+    segments no row refers to; a mirrored database (R-ROUTE-16) has none, and takes
+    back into its rows the bodies it stored before it was mirrored."""
+    directory = body_files.directory_of(path)
+    if not mirrored:
+        bodies = BodyFiles(directory)
+        bodies.open(conn)
+        conn.bodies = bodies  # type: ignore[attr-defined]  # a StoreConnection
+        return
+    rows = conn.execute(queries.READ_STORED_SENT).fetchall()
+    if not rows:
+        return
+    files = BodyFiles(directory)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for rowid, stored_at, length in rows:
+                conn.execute(queries.INLINE_SENT, (files.read(stored_at, length), rowid))
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        files.open(conn)  # every segment is now unreferenced
+    finally:
+        files.close()
 
 
 # -- back on the event loop -------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from brokerd.sdk.client import BrokerClient
+from brokerd.storage.body_files import STORED_FROM
 from brokerd.tools.example import (
     CONTRACT,
     ORDER,
@@ -42,9 +43,14 @@ async def bodies(client: BrokerClient) -> dict[str, Any]:
     return await stats_with(client, "bodies_")
 
 
+@pytest.mark.parametrize(
+    "body", [BODY, 3 * BODY], ids=["bodies in their rows", "bodies in segment files"]
+)
 async def test_a_backlog_beyond_the_budget_survives_a_kill_and_is_read_back(
-    deployment: Deployment,
+    deployment: Deployment, body: int
 ) -> None:
+    """A body of 48 KiB is stored beside the database file (``storage.body_files``): it
+    is as durable, read back as the row's, and its segments go once all is delivered."""
     deployment.start("alpha")
     shop = await deployment.daemons["alpha"].client()
     handles = [
@@ -52,9 +58,11 @@ async def test_a_backlog_beyond_the_budget_survives_a_kill_and_is_read_back(
     ]
     for n in range(PER_DIALOG):
         for d, handle in enumerate(handles):
-            await shop.send(handle, ORDER, f"{d}:{n}:".encode().ljust(BODY, b"."))
+            await shop.send(handle, ORDER, f"{d}:{n}:".encode().ljust(body, b"."))
     held = await bodies(shop)
-    assert held["bodies_held_bytes"] <= 1 * MB, held  # 4.8 MB were sent
+    assert held["bodies_held_bytes"] <= 1 * MB, held  # 4.8 or 14.4 MB were sent
+    data = deployment.daemons["alpha"].directory / "data"
+    assert bool(list(data.glob("*-bodies/*.seg"))) == (body >= STORED_FROM)
     assert held["bodies_held_bytes"] + held["bodies_in_transit_bytes"] <= 2 * MB, held
     await shop.close()
 
@@ -84,18 +92,23 @@ async def test_a_backlog_beyond_the_budget_survives_a_kill_and_is_read_back(
     for m in received:
         d, n, _ = m.message_body.split(b":", 2)
         per_dialog.setdefault(d.decode(), []).append(int(n))
-        assert len(m.message_body) == BODY
+        assert len(m.message_body) == body
     assert per_dialog == {str(d): list(range(PER_DIALOG)) for d in range(DIALOGS)}
     assert await warehouse.receive("OrderQueue", timeout=0.5) == []
-    assert max(peaks) <= 1 * MB + BODY, max(peaks)  # fed to the connection as it drains
+    assert max(peaks) <= 1 * MB + body, max(peaks)  # fed to the connection as it drains
     await wait_until(lambda: _empty(shop), 30)
     final = await bodies(shop)
     assert final["bodies_read_back"] >= DIALOGS * PER_DIALOG, final
     assert final["bodies_held_bytes"] == final["bodies_in_transit_bytes"] == 0, final
     assert final["bodies_ahead_bytes"] == 0, final
     assert final["bodies_waiting"] == 0, final
+    await wait_until(lambda: _none(data.glob("*-bodies/*.seg")), 10)
     await shop.close()
     await warehouse.close()
+
+
+async def _none(found: Iterator[Path]) -> bool:
+    return not list(found)
 
 
 async def _empty(client: BrokerClient) -> bool:

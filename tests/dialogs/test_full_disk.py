@@ -37,8 +37,10 @@ from tests.daemons import (
 )
 
 HOST = "127.0.0.246"
-BIG = 40_000
-"""Bytes of a body: more than a page, so that every message needs new pages."""
+BIG = 30_000
+"""Bytes of a body: more than a page, so that every message needs new pages, and less
+than ``body_files.STORED_FROM``, so that it stays in its row (a full segment file is
+``tests/storage/test_body_files.py``'s)."""
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.storage import queries
+from brokerd.storage import body_files, queries
 
 TABLES = {
     "conversation_endpoints",
@@ -85,6 +85,10 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
     "SEND: the transmission queue row": lambda c: _run(
         c, [queries.sent_message(H1, 99, "//t", 0, b"x", 1.0)]
     ),
+    "SEND of a large body: the row says where it is stored": lambda c: _run(
+        c, [queries.stored_sent(queries.sent_message(H1, 98, "//t", 0, b"x", 1.0)[1], 1 << 40)]
+    ),
+    "the collector: does a row point into a segment of bodies": lambda c: body_files.referred(c, 1),
     "endpoint snapshots (update and insert)": _snapshot_update,
     "endpoint removal": lambda c: c.execute(queries.ENDPOINT_DELETE, (H2,)),
     "acknowledgement: unqueue through and single": lambda c: _run(

@@ -350,10 +350,13 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
         indexes = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")]
         columns = [r[1] for r in conn.execute("PRAGMA table_info(queues)")]
         endpoint_columns = [r[1] for r in conn.execute("PRAGMA table_info(conversation_endpoints)")]
+        sent_columns = [r[1] for r in conn.execute("PRAGMA table_info(transmission_queue)")]
     assert "queue_messages_ready" not in indexes
+    assert "transmission_queue_stored" in indexes
     assert "configured_status" in columns
     assert {"far_peer", "dialog_key"} <= set(endpoint_columns)
-    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "5"
+    assert {"stored_at", "stored_length"} <= set(sent_columns)
+    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "6"
 
 
 async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:
