@@ -22,11 +22,10 @@ from brokerd.storage.queries import (
     ENDPOINT_DELETE,
     ENDPOINT_SNAPSHOT,
     MANY_ROWS,
-    SENT,
-    SENT_BODY,
+    STORABLE,
     Statement,
     merge_snapshots,
-    stored_sent,
+    stored,
 )
 
 
@@ -59,8 +58,9 @@ def apply_batch(
     two statements that commute). Endpoint snapshots are deduplicated per endpoint
     and written last: a snapshot is a whole row.
 
-    With ``bodies``, a transmission-queue row's body of :data:`STORED_FROM` bytes or
-    more is appended to a segment file and the row says where
+    With ``bodies``, a body of :data:`STORED_FROM` bytes or more that a
+    transmission-queue row or a received fragment would carry is appended to a segment
+    file and the row says where
     (:mod:`brokerd.storage.body_files`); the caller makes the file durable before the
     COMMIT.
     """
@@ -77,8 +77,10 @@ def apply_batch(
             elif sql == ENDPOINT_DELETE:
                 endpoints[params[0]] = None
             elif sql.startswith("INSERT"):
-                if sql == SENT and bodies is not None and len(params[SENT_BODY]) >= STORED_FROM:
-                    sql, params = stored_sent(params, bodies.store(params[SENT_BODY]))
+                if bodies is not None and sql in STORABLE:
+                    body = params[STORABLE[sql][1]]
+                    if len(body) >= STORED_FROM:
+                        sql, params = stored(sql, params, bodies.store(body))
                 inserts.setdefault(sql, []).append(params)
             else:
                 changes.setdefault(sql, []).append(params)

@@ -1,7 +1,8 @@
 """Large bodies kept beside a database's SQLite file, in append-only segment files.
 
-A body of :data:`STORED_FROM` bytes or more that a transmission-queue row would carry
-goes instead into the current segment of ``<file>-bodies/``; the row keeps where
+A body of :data:`STORED_FROM` bytes or more that a transmission-queue row (a message
+sent) or a ``message_fragments`` row (a fragment received) would carry goes instead
+into the current segment of ``<file>-bodies/``; the row keeps where
 (``stored_at``: the segment's number times 2**40 plus the offset) and how long
 (``stored_length``), with an empty ``body``. SQLite then writes a row of a few dozen
 bytes, not a chain of overflow pages that goes to the WAL, is copied again by the
@@ -50,7 +51,7 @@ COLLECT_EVERY = 1.0
 SUFFIX = "-bodies"
 """The directory of a database file's segments: its file name with this suffix."""
 
-TABLES = ("transmission_queue",)
+TABLES = ("transmission_queue", "message_fragments")
 """The tables whose rows may point into the segments (each has ``stored_at`` and
 ``stored_length`` columns, and a partial index on ``stored_at``)."""
 

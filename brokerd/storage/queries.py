@@ -143,11 +143,16 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         6,
-        "a large body of the transmission queue may live in a segment file beside the "
-        "database (storage.body_files): the row says where and how long",
+        "a large body of the transmission queue, or a large fragment received, may live "
+        "in a segment file beside the database (storage.body_files): the row says where "
+        "and how long",
         "ALTER TABLE transmission_queue ADD COLUMN stored_at INTEGER;"
         "ALTER TABLE transmission_queue ADD COLUMN stored_length INTEGER;"
         "CREATE INDEX IF NOT EXISTS transmission_queue_stored ON transmission_queue "
+        "(stored_at) WHERE stored_at IS NOT NULL;"
+        "ALTER TABLE message_fragments ADD COLUMN stored_at INTEGER;"
+        "ALTER TABLE message_fragments ADD COLUMN stored_length INTEGER;"
+        "CREATE INDEX IF NOT EXISTS message_fragments_stored ON message_fragments "
         "(stored_at) WHERE stored_at IS NOT NULL",
     ),
 )
@@ -273,7 +278,7 @@ SENT = "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)"
 """A message sent, its body in the row (:func:`sent_message`)."""
 SENT_STORED = "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 """The same row with an empty body and where the body is stored, with its length: what
-the committer makes of :data:`SENT` for a large body (:func:`stored_sent`)."""
+the committer makes of :data:`SENT` for a large body (:func:`stored`)."""
 SENT_BODY = 4
 """The body's place among :data:`SENT`'s parameters."""
 _UNQUEUE = (
@@ -351,10 +356,7 @@ def read_sent_bodies(
             marks = ",".join("?" * len(part))
             rows = conn.execute(f"{_READ_SENT_BODIES}({marks})", [handle, *part])
             for seq, body, stored_at, length in rows:
-                if stored_at is None:
-                    found[(handle, int(seq))] = bytes(body)
-                else:
-                    found[(handle, int(seq))] = bodies_of(conn).read(stored_at, length)
+                found[(handle, int(seq))] = _data(conn, body, stored_at, length)
     return found
 
 
@@ -365,19 +367,25 @@ def sent_message(
     return (SENT, (handle, seq, message_type, flags, body, enqueued_at))
 
 
-def stored_sent(params: Sequence[Any], stored_at: int) -> Statement:
-    """:func:`sent_message`'s row with its body stored at ``stored_at`` (a segment file)."""
-    body = params[SENT_BODY]
-    return (SENT_STORED, (*params[:SENT_BODY], b"", *params[SENT_BODY + 1 :], stored_at, len(body)))
+def stored(sql: str, params: Sequence[Any], stored_at: int) -> Statement:
+    """A row of :data:`STORABLE` with its body (of :func:`sent_message`, or the data of
+    :func:`fragment`) stored at ``stored_at`` in a segment file, an empty one in the row."""
+    stored_sql, at = STORABLE[sql]
+    body = params[at]
+    return (stored_sql, (*params[:at], b"", *params[at + 1 :], stored_at, len(body)))
 
 
-READ_STORED_SENT = (
-    "SELECT rowid, stored_at, stored_length FROM transmission_queue WHERE stored_at IS NOT NULL"
-)
-"""Rows whose body is in a segment file (a database that becomes mirrored takes them back)."""
-INLINE_SENT = (
-    "UPDATE transmission_queue SET body = ?, stored_at = NULL, stored_length = NULL WHERE rowid = ?"
-)
+def stored_rows(table: str) -> str:
+    """Rows of ``table`` whose body is in a segment file: rowid, where, how long (a
+    database that becomes mirrored takes them back with :func:`inline_row`)."""
+    return f"SELECT rowid, stored_at, stored_length FROM {table} WHERE stored_at IS NOT NULL"
+
+
+def inline_row(table: str) -> str:
+    column = "data" if table == "message_fragments" else "body"
+    return (
+        f"UPDATE {table} SET {column} = ?, stored_at = NULL, stored_length = NULL WHERE rowid = ?"
+    )
 
 
 def unqueue_sent(
@@ -784,7 +792,7 @@ def _received_rows(
 
 
 _READ_FRAGMENT_DATA = (
-    "SELECT data FROM message_fragments WHERE conversation_handle = ? "
+    "SELECT data, stored_at, stored_length FROM message_fragments WHERE conversation_handle = ? "
     "AND message_sequence_number = ? ORDER BY fragment_index"
 )
 
@@ -793,36 +801,53 @@ def _joined_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> bytes:
     """The body of a message kept :data:`IN_FRAGMENTS` (empty for an empty message)."""
     cursor = conn.execute(_READ_FRAGMENT_DATA, (handle, seq))
     cursor.row_factory = None
-    return b"".join([row[0] for row in cursor])
+    return b"".join([_data(conn, *row) for row in cursor])
 
 
 # -- fragments being reassembled ----------------------------------------------------------------
 
 READ_FRAGMENT_POSITIONS = (
     "SELECT conversation_handle, message_sequence_number, fragment_index, fragment_offset, "
-    "length(data) FROM message_fragments AS f WHERE NOT EXISTS (SELECT 1 FROM queue_messages "
-    "AS q WHERE q.conversation_handle = f.conversation_handle "
+    "coalesce(stored_length, length(data)) FROM message_fragments AS f "
+    "WHERE NOT EXISTS (SELECT 1 FROM queue_messages AS q "
+    "WHERE q.conversation_handle = f.conversation_handle "
     "AND q.message_sequence_number = f.message_sequence_number AND q.body IS NOT NULL)"
 )
 """Recovery: the fragments of partial messages (a complete message's are its body), with
 what tells the size they were cut at (``protocol.fragments.cut_size``)."""
 
 
+FRAGMENT = "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?, NULL, NULL)"
+FRAGMENT_STORED = "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?, ?, ?)"
+"""A fragment whose data is in a segment file (:func:`stored`)."""
+
+STORABLE: dict[str, tuple[str, int]] = {
+    SENT: (SENT_STORED, SENT_BODY),
+    FRAGMENT: (FRAGMENT_STORED, 4),
+}
+"""The inserts whose body the committer may store in a segment file: the statement
+that then says where, and the body's place among the parameters."""
+
+
 def fragment(handle: str, seq: int, index: int, offset: int, data: bytes) -> Statement:
-    return (
-        "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?)",
-        (handle, seq, index, offset, data),
-    )
+    return (FRAGMENT, (handle, seq, index, offset, data))
 
 
 def read_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> dict[int, bytes]:
     """The stored fragments of a message being reassembled, by fragment index."""
     rows = conn.execute(
-        "SELECT fragment_index, data FROM message_fragments WHERE conversation_handle = ? AND "
-        "message_sequence_number = ?",
+        "SELECT fragment_index, data, stored_at, stored_length FROM message_fragments "
+        "WHERE conversation_handle = ? AND message_sequence_number = ?",
         (handle, seq),
     )
-    return {int(index): bytes(data) for index, data in rows}
+    return {int(index): _data(conn, data, at, length) for index, data, at, length in rows}
+
+
+def _data(conn: sqlite3.Connection, data: bytes, stored_at: int | None, length: int) -> bytes:
+    """A row's body: its own, or the one it says is stored in a segment file."""
+    if stored_at is None:
+        return bytes(data)
+    return bodies_of(conn).read(stored_at, length)
 
 
 def joined(fragments: dict[int, bytes]) -> bytes:

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from brokerd.errors import StoreError
 from brokerd.storage import body_files, queries
 from brokerd.storage.batch_sql import apply_batch
-from brokerd.storage.body_files import BodyFiles
+from brokerd.storage.body_files import TABLES, BodyFiles
 from brokerd.storage.chains import BrokenChains, Token
 from brokerd.storage.queries import (
     AUTO_CREATED_LOCAL,
@@ -842,15 +842,17 @@ def _open_bodies(conn: sqlite3.Connection, path: Path, mirrored: bool) -> None:
         bodies.open(conn)
         conn.bodies = bodies  # type: ignore[attr-defined]  # a StoreConnection
         return
-    rows = conn.execute(queries.READ_STORED_SENT).fetchall()
-    if not rows:
+    rows = {table: conn.execute(queries.stored_rows(table)).fetchall() for table in TABLES}
+    if not any(rows.values()):
         return
     files = BodyFiles(directory)
     try:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for rowid, stored_at, length in rows:
-                conn.execute(queries.INLINE_SENT, (files.read(stored_at, length), rowid))
+            for table, stored in rows.items():
+                for rowid, stored_at, length in stored:
+                    body = files.read(stored_at, length)
+                    conn.execute(queries.inline_row(table), (body, rowid))
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)

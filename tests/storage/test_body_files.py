@@ -86,6 +86,35 @@ async def test_a_large_body_is_stored_beside_the_file_and_read_back(tmp_path: Pa
     await reopened.close()
 
 
+async def test_a_large_fragment_received_is_stored_beside_the_file(tmp_path: Path) -> None:
+    """The fragments of a large message arriving (R-DLG-7) go to a segment, read back
+    whole for reassembly and RECEIVE, their lengths known to recovery without reading."""
+    path = tmp_path / "warehouse.sqlite"
+    store = Store(path, "warehouse")
+    await store.open()
+    pieces = [LARGE, LARGE[::-1], SMALL]
+    offsets = [0, len(LARGE), 2 * len(LARGE)]
+    await _commit(
+        store,
+        [queries.fragment(H, 7, i, offsets[i], piece) for i, piece in enumerate(pieces)],
+    )
+    fragments = await store.run(lambda conn: queries.read_fragments(conn, H, 7))
+    assert fragments == dict(enumerate(pieces))
+    positions = await store.fetchall(queries.READ_FRAGMENT_POSITIONS)
+    assert [tuple(r)[2:] for r in positions] == [
+        (i, offsets[i], len(piece)) for i, piece in enumerate(pieces)
+    ]
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        stored = conn.execute(
+            "SELECT fragment_index, length(data), stored_length FROM message_fragments "
+            "ORDER BY fragment_index"
+        ).fetchall()
+    assert stored == [(0, 0, len(LARGE)), (1, 0, len(LARGE)), (2, len(SMALL), None)]
+    (segment,) = _segments(path)
+    assert (body_files.directory_of(path) / segment).read_bytes() == LARGE + LARGE[::-1]
+
+
 async def test_a_segment_goes_once_no_row_points_into_it(tmp_path: Path) -> None:
     path = tmp_path / "shop.sqlite"
     store = Store(path, "shop")

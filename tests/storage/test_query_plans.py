@@ -86,7 +86,10 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
         c, [queries.sent_message(H1, 99, "//t", 0, b"x", 1.0)]
     ),
     "SEND of a large body: the row says where it is stored": lambda c: _run(
-        c, [queries.stored_sent(queries.sent_message(H1, 98, "//t", 0, b"x", 1.0)[1], 1 << 40)]
+        c, [queries.stored(*queries.sent_message(H1, 98, "//t", 0, b"x", 1.0), 1 << 40)]
+    ),
+    "a large fragment stored: the row says where": lambda c: _run(
+        c, [queries.stored(*queries.fragment(H1, 102, 0, 0, b"ab"), 2 << 40)]
     ),
     "the collector: does a row point into a segment of bodies": lambda c: body_files.referred(c, 1),
     "endpoint snapshots (update and insert)": _snapshot_update,
