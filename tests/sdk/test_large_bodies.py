@@ -28,7 +28,8 @@ FRAGMENT = 64 * 1024
 
 def _stored(deployment: Deployment) -> tuple[list[tuple[int, int | None, int]], int, int]:
     """Per queue row (sequence number, length of its body column, its length); the
-    fragment rows and their bytes, read from the receiver's file."""
+    fragment rows and their bytes, read from the receiver's file (a full fragment's
+    bytes are in a segment file beside it, ``storage.body_files``)."""
     database: Path = deployment.daemons["beta"].directory / "data" / "warehouse.sqlite"
     with sqlite3.connect(database) as conn:
         rows = conn.execute(
@@ -36,7 +37,8 @@ def _stored(deployment: Deployment) -> tuple[list[tuple[int, int | None, int]], 
             "ORDER BY message_sequence_number"
         ).fetchall()
         count, size = conn.execute(
-            "SELECT count(*), coalesce(sum(length(data)), 0) FROM message_fragments"
+            "SELECT count(*), coalesce(sum(coalesce(stored_length, length(data))), 0) "
+            "FROM message_fragments"
         ).fetchone()
     return [(int(s), b, int(n)) for s, b, n in rows], int(count), int(size)
 
@@ -67,6 +69,8 @@ async def test_a_large_body_is_stored_once_and_received_whole_after_a_kill(
     ]
     assert fragments == 4 + 3
     assert fragment_bytes == len(bodies[0]) + len(bodies[2])
+    segments = deployment.daemons["beta"].directory / "data" / "warehouse.sqlite-bodies"
+    assert sum(p.stat().st_size for p in segments.iterdir()) >= 5 * FRAGMENT  # the full ones
 
     deployment.kill("beta")  # SIGKILL between completion and RECEIVE
     await asyncio.to_thread(deployment.start, "beta")
