@@ -9,12 +9,14 @@ consumer on B requires by design, whatever the code around it:
 * **sealing and opening** its 64 KiB fragments (R-DLG-8: an MD5 signature of the
   content under the session key; AES-GCM encryption by default), with the
   protocol's own :class:`~protocol.security.FrameSealer` and ``FrameOpener``;
-* **the sender's SQLite work**: the transmission queue rows inserted and committed,
-  then deleted and committed when acknowledged (WAL, ``synchronous=FULL``, the
-  store's page size and page cache), ``PER_COMMIT`` messages a commit as a group
-  commit takes them;
-* **the receiver's SQLite work**: the fragments inserted and committed as they
-  arrive, then read, joined, deleted and committed by RECEIVE, as many a commit.
+* **the sender's store**: the transmission queue rows inserted and committed, then
+  deleted and committed when acknowledged, as the committer does it (WAL,
+  ``synchronous=FULL``, the store's page size and page cache; a large body in a
+  segment file made durable before the COMMIT, ``brokerd.storage.body_files``),
+  ``PER_COMMIT`` messages a commit as a group commit takes them;
+* **the receiver's store**: the fragments inserted and committed as they arrive
+  (each in a segment file), then read, joined, deleted and committed by RECEIVE, as
+  many a commit.
 
 Their sum is a floor on the CPU per message of the four processes together: the
 work as this design and its protocol do it, without the code around it (the
@@ -46,10 +48,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from brokerd.storage import queries
+from brokerd.storage.batch_sql import apply_batch
+from brokerd.storage.body_files import BodyFiles, directory_of
 from brokerd.storage.store import PAGE_CACHE_MB, connect
 from protocol.fragments import DEFAULT_FRAGMENT_SIZE
 from protocol.frames import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, FrameType, decode_header
@@ -62,8 +67,8 @@ PER_COMMIT = 4
 """Messages a commit holds: W3's producer keeps ``client_pending_mb`` (16 MB) of SENDs
 awaiting their commits, so a group commit takes a few 1 MiB messages."""
 HOP_TIMEOUT = 30.0
-SqliteWork = Callable[[sqlite3.Connection, str, list[int]], None]
-"""One step of a side's SQLite work: a conversation handle and the numbers it uses."""
+StoreWork = Callable[[sqlite3.Connection, str, list[int]], None]
+"""One step of a side's store work: a conversation handle and the numbers it uses."""
 
 
 def cpu_ms(step: Callable[[], object], iterations: int) -> float:
@@ -147,11 +152,34 @@ def _database(directory: Path, name: str, page_cache_mb: int) -> sqlite3.Connect
         for sql in step.script.split(";"):
             if sql.strip():
                 conn.execute(sql)
+    conn.bodies = BodyFiles(directory_of(directory / f"{name}.db"))
+    conn.bodies.open(conn)
     return conn
 
 
+@dataclass
+class _Part:
+    """One store job's statements, as the committer's batch holds them."""
+
+    statements: list[queries.Statement]
+    fn: Callable[[sqlite3.Connection], Any] | None = None
+    result: Any = None
+
+
+def _committed(conn: sqlite3.Connection, statements: list[queries.Statement]) -> None:
+    """``statements`` committed as the committer does: grouped, large bodies to the
+    segment files and made durable before the COMMIT, then segments collected."""
+    bodies = conn.bodies  # type: ignore[attr-defined]  # a StoreConnection
+    conn.execute("BEGIN IMMEDIATE")
+    apply_batch(conn, [_Part(statements)], bodies)
+    if bodies.dirty:
+        bodies.sync()
+    conn.execute("COMMIT")
+    bodies.collect(conn)
+
+
 def _per_message(
-    directory: Path, name: str, page_cache_mb: int, iterations: int, work: SqliteWork
+    directory: Path, name: str, page_cache_mb: int, iterations: int, work: StoreWork
 ) -> float:
     """CPU ms per message of ``work(conn, handle, seqs)``, given ``PER_COMMIT`` new
     sequence numbers of one conversation each time, on a database file of its own."""
@@ -164,63 +192,48 @@ def _per_message(
     try:
         return cpu_ms(step, iterations) / PER_COMMIT
     finally:
+        conn.bodies.close()  # type: ignore[attr-defined]
         conn.close()
 
 
-def _delete_committed(conn: sqlite3.Connection, table: str, handle: str, seqs: list[int]) -> None:
-    """``seqs``' rows of ``table`` deleted, in a transaction begun by the caller, committed."""
-    conn.execute(
-        f"DELETE FROM {table} WHERE conversation_handle = ? "
-        "AND message_sequence_number BETWEEN ? AND ?",
-        (handle, seqs[0], seqs[-1]),
-    )
-    conn.execute("COMMIT")
-
-
-def sqlite_sender(directory: Path, body: bytes, iterations: int, page_cache_mb: int) -> float:
-    """CPU ms per message of the sender's rows: ``PER_COMMIT`` bodies into the
-    transmission queue in one commit, then deleted in one (their acknowledgements)."""
+def store_sender(directory: Path, body: bytes, iterations: int, page_cache_mb: int) -> float:
+    """CPU ms per message of the sender's store: ``PER_COMMIT`` bodies into the
+    transmission queue in one commit (their rows, the bodies in a segment file), then
+    their rows deleted in one (their acknowledgements)."""
 
     def work(conn: sqlite3.Connection, handle: str, seqs: list[int]) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(
-            "INSERT INTO transmission_queue VALUES (?, ?, ?, ?, ?, ?)",
-            [(handle, seq, "large", 3, body, time.time()) for seq in seqs],
-        )
-        conn.execute("COMMIT")
-        conn.execute("BEGIN IMMEDIATE")
-        _delete_committed(conn, "transmission_queue", handle, seqs)
+        now = time.time()
+        _committed(conn, [queries.sent_message(handle, seq, "large", 3, body, now) for seq in seqs])
+        _committed(conn, queries.unqueue_sent(handle, [], through=seqs[-1]))
 
     return _per_message(directory, "sender", page_cache_mb, iterations, work)
 
 
-def sqlite_receiver(directory: Path, body: bytes, iterations: int, page_cache_mb: int) -> float:
-    """CPU ms per message of the receiver's rows: the fragments of ``PER_COMMIT`` bodies
+_RECEIVED_FRAGMENTS = (
+    "DELETE FROM message_fragments WHERE conversation_handle = ? "
+    "AND message_sequence_number BETWEEN ? AND ?"
+)
+
+
+def store_receiver(directory: Path, body: bytes, iterations: int, page_cache_mb: int) -> float:
+    """CPU ms per message of the receiver's store: the fragments of ``PER_COMMIT`` bodies
     stored in one commit, then read, each body joined, and deleted in one (RECEIVE)."""
     pieces = _pieces(body)
 
     def work(conn: sqlite3.Connection, handle: str, seqs: list[int]) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(
-            "INSERT INTO message_fragments VALUES (?, ?, ?, ?, ?)",
+        _committed(
+            conn,
             [
-                (handle, seq, n, n * DEFAULT_FRAGMENT_SIZE, piece)
+                queries.fragment(handle, seq, n, n * DEFAULT_FRAGMENT_SIZE, piece)
                 for seq in seqs
                 for n, piece in enumerate(pieces)
             ],
         )
-        conn.execute("COMMIT")
-        conn.execute("BEGIN IMMEDIATE")
         for seq in seqs:
-            rows = conn.execute(
-                "SELECT data FROM message_fragments WHERE conversation_handle = ? "
-                "AND message_sequence_number = ? ORDER BY fragment_index",
-                (handle, seq),
-            ).fetchall()
-            joined = b"".join(row[0] for row in rows)
+            joined = queries.joined(queries.read_fragments(conn, handle, seq))
             if len(joined) != len(body):
                 raise RuntimeError(f"message {seq}: {len(joined)} bytes read back")
-        _delete_committed(conn, "message_fragments", handle, seqs)
+        _committed(conn, [(_RECEIVED_FRAGMENTS, (handle, seqs[0], seqs[-1]))])
 
     return _per_message(directory, "receiver", page_cache_mb, iterations, work)
 
@@ -276,16 +289,16 @@ def measure(
             "seal_signed_only": seal_signed,
             "open_signed_only": open_signed,
             "md5": cpu_ms(lambda: hashlib.md5(body, usedforsecurity=False).digest(), iterations),
-            "sqlite_sender": sqlite_sender(work, body, iterations, page_cache_mb),
-            "sqlite_receiver": sqlite_receiver(work, body, iterations, page_cache_mb),
+            "store_sender": store_sender(work, body, iterations, page_cache_mb),
+            "store_receiver": store_receiver(work, body, iterations, page_cache_mb),
             "durable_file": durable_file(work, body, iterations),
         }
     floor = (
         3 * pieces["tcp_hop"]
         + pieces["seal"]
         + pieces["open"]
-        + pieces["sqlite_sender"]
-        + pieces["sqlite_receiver"]
+        + pieces["store_sender"]
+        + pieces["store_receiver"]
     )
     least = 3 * pieces["tcp_hop"] + 2 * pieces["md5"] + 2 * pieces["durable_file"]
     n = cores()
@@ -324,13 +337,13 @@ def describe(line: dict[str, Any]) -> str:
             "seal_signed_only",
             "open_signed_only",
             "md5",
-            "sqlite_sender",
-            "sqlite_receiver",
+            "store_sender",
+            "store_receiver",
             "durable_file",
         )
     ]
     rows.append(
-        f"  floor: 3 hops + seal + open + both sides' SQLite = {line['floor_ms']:.2f} ms; "
+        f"  floor: 3 hops + seal + open + both sides' stores = {line['floor_ms']:.2f} ms; "
         f"{line['cores']} cores: at most {line['ceiling_mb_s']} MB/s"
     )
     if "ceiling_ratio" in line:

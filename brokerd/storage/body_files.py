@@ -294,17 +294,18 @@ def disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def bodies_of(conn: sqlite3.Connection) -> BodyFiles:
-    """The segment files of ``conn``'s database: the committer's (its connection carries
-    them), else, for a connection opened elsewhere (a tool, a test), read-only ones
-    found beside the file."""
+def read_stored(conn: sqlite3.Connection, stored_at: int, length: int) -> bytes:
+    """A body a row of ``conn``'s database says is stored at ``stored_at``: through the
+    committer's segment files (its connection carries them), else, for a connection
+    opened elsewhere (a tool, a test), from the segment beside the file."""
     bodies = getattr(conn, "bodies", None)
     if isinstance(bodies, BodyFiles):
-        return bodies
+        return bodies.read(stored_at, length)
     for _, name, file in conn.execute("PRAGMA database_list"):
         if name == "main" and file:
-            bodies = BodyFiles(directory_of(Path(file)))
-            with contextlib.suppress(TypeError, AttributeError):
-                conn.bodies = bodies  # type: ignore[attr-defined]  # a StoreConnection
-            return bodies
+            once = BodyFiles(directory_of(Path(file)))
+            try:
+                return once.read(stored_at, length)
+            finally:
+                once.close()
     raise BodyFileError(errno.ENOENT, "a stored body, but the database has no file")

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from brokerd.storage.body_files import bodies_of
+from brokerd.storage.body_files import read_stored
 
 Statement = tuple[str, Sequence[Any]]
 """One write: SQL text and its parameters."""
@@ -847,7 +847,7 @@ def _data(conn: sqlite3.Connection, data: bytes, stored_at: int | None, length: 
     """A row's body: its own, or the one it says is stored in a segment file."""
     if stored_at is None:
         return bytes(data)
-    return bodies_of(conn).read(stored_at, length)
+    return read_stored(conn, stored_at, length)
 
 
 def joined(fragments: dict[int, bytes]) -> bytes:

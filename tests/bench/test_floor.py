@@ -14,7 +14,7 @@ from bench.__main__ import main
 
 PIECES = (
     "tcp_hop", "seal", "open", "seal_signed_only", "open_signed_only", "md5",
-    "sqlite_sender", "sqlite_receiver", "durable_file",
+    "store_sender", "store_receiver", "durable_file",
 )  # fmt: skip
 
 
@@ -24,7 +24,7 @@ def test_floor_is_the_sum_of_the_required_work(tmp_path: Path) -> None:
     for name in PIECES:
         assert line[name] > 0, name
     required = 3 * line["tcp_hop"] + line["seal"] + line["open"]
-    required += line["sqlite_sender"] + line["sqlite_receiver"]
+    required += line["store_sender"] + line["store_receiver"]
     assert line["floor_ms"] == pytest.approx(required, abs=0.01)
     ceiling = line["cores"] * floor.MIB / 1e6 / (line["floor_ms"] / 1000)
     assert line["ceiling_mb_s"] == pytest.approx(ceiling, rel=0.01)
