@@ -392,6 +392,11 @@ class Soak:
         self._later(duration, lambda: self._clear_timed(plan))
         return True
 
+    def _failover_due(self) -> bool:
+        """No failover happened yet, and none is under way."""
+        idle = self.failing_over is None or self.failing_over.done()
+        return not self.faults["failover"] and idle
+
     async def _failover(self, delay: float) -> None:
         """Manual failover of B (R-ROUTE-15, R-ROUTE-16), as an operator does it: only
         while the mirror holds everything the principal revealed; SIGKILL the principal,
@@ -474,11 +479,17 @@ class Soak:
             process.send_signal(signal.SIGCONT)
 
     async def _faults(self, until: float) -> None:
+        """Faults drawn by weight until ``until``. With a mirrored B, a failover is due
+        once half the time has passed without one: drawn by weight alone, every draw can
+        find a partner down (about one short run in fifty had none)."""
         kinds = list(self.s.active_kinds())
         weights = [WEIGHTS[k] for k in kinds]
+        halfway = time.monotonic() + (until - time.monotonic()) / 2
         while time.monotonic() < until:
             await asyncio.sleep(self.rng.uniform(*self.s.fault_interval))
             kind = self.rng.choices(kinds, weights)[0]
+            if "failover" in kinds and time.monotonic() > halfway and self._failover_due():
+                kind = "failover"
             if kind == "kill_daemon" and len(self.down) >= 2:
                 continue
             if self._inject(kind):
