@@ -798,10 +798,27 @@ _READ_FRAGMENT_DATA = (
 
 
 def _joined_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> bytes:
-    """The body of a message kept :data:`IN_FRAGMENTS` (empty for an empty message)."""
+    """The body of a message kept :data:`IN_FRAGMENTS` (empty for an empty message).
+    Fragments stored one after the other in a segment file (as one commit, or a run of
+    them, appends them) are read back in one piece."""
     cursor = conn.execute(_READ_FRAGMENT_DATA, (handle, seq))
     cursor.row_factory = None
-    return b"".join([_data(conn, *row) for row in cursor])
+    pieces: list[bytes] = []
+    start = end = -1
+    for data, stored_at, length in cursor:
+        if stored_at is not None and stored_at == end:
+            end += length  # continues the run of stored bytes being gathered
+            continue
+        if start >= 0:
+            pieces.append(read_stored(conn, start, end - start))
+            start = end = -1
+        if stored_at is None:
+            pieces.append(bytes(data))
+        else:
+            start, end = stored_at, stored_at + length
+    if start >= 0:
+        pieces.append(read_stored(conn, start, end - start))
+    return b"".join(pieces)
 
 
 # -- fragments being reassembled ----------------------------------------------------------------

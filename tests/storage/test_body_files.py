@@ -115,6 +115,45 @@ async def test_a_large_fragment_received_is_stored_beside_the_file(tmp_path: Pat
     assert (body_files.directory_of(path) / segment).read_bytes() == LARGE + LARGE[::-1]
 
 
+async def test_receive_joins_stored_fragments_in_runs_and_removes_them(tmp_path: Path) -> None:
+    """RECEIVE of messages kept in their fragments (R-DLG-7): fragments stored one after
+    the other are read back in one piece, others (another message's between them, a
+    short last one in its row) each in turn; the body comes out whole and in order,
+    and once the rows are gone so is the segment."""
+    path = tmp_path / "warehouse.sqlite"
+    store = Store(path, "warehouse")
+    await store.open()
+    group = str(uuid.uuid4())
+    other = LARGE[1:] + LARGE[:1]
+    first = [LARGE, LARGE[::-1], other, SMALL]
+
+    def row(seq: int, length: int) -> queries.Statement:
+        return queries.queued_message("q", group, H, seq, 2, "//s", "//c", "//t", length, None, 1.0)
+
+    at = [0, len(LARGE), 2 * len(LARGE), 3 * len(LARGE)]
+    await _commit(store, [row(1, sum(map(len, first))), queries.fragment(H, 1, 0, 0, LARGE)])
+    await _commit(store, [row(2, len(other)), queries.fragment(H, 2, 0, 0, other)])
+    await _commit(
+        store,
+        [queries.fragment(H, 1, i, at[i], first[i]) for i in (1, 2, 3)]
+        + [queries.complete_in_fragments(H, n) for n in (1, 2)]
+        + queries.promote(H, [1, 2]),
+    )
+    items = [(uuid.UUID(H), 1), (uuid.UUID(H), 2)]
+    rows, used = await store.run(lambda conn: queries.read_received(conn, items, remove=True))
+    assert used == 2
+    assert [r["message_body"] for r in rows] == [b"".join(first), other]
+    assert [tuple(r) for r in await store.fetchall("SELECT count(*) FROM message_fragments")] == [
+        (0,)
+    ]
+    for _ in range(50):
+        if not _segments(path):
+            break
+        await asyncio.sleep(0.1)
+    assert _segments(path) == []
+    await store.close()
+
+
 async def test_a_segment_goes_once_no_row_points_into_it(tmp_path: Path) -> None:
     path = tmp_path / "shop.sqlite"
     store = Store(path, "shop")
