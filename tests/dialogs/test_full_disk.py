@@ -14,6 +14,8 @@ disk is full"), as a full disk does.
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +26,7 @@ import pytest
 from brokerd.sdk.client import BrokerClient
 from brokerd.sdk.messages import ReceivedMessage
 from brokerd.server.daemon import Broker
+from brokerd.storage.body_files import STORED_FROM
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
 from protocol.errors import RemoteError
@@ -208,5 +211,42 @@ async def test_a_reply_committed_after_a_failed_direct_send_does_not_claim_it(
         assert await client.send(handle, example.ORDER, b"2") == 2
         received += await drain(client, "OrderQueue", 1, timeout=10)
         assert [m.message_body for m in received] == [b"1", b"2"]
+    finally:
+        await client.close()
+
+
+async def test_a_full_disk_under_the_segment_files_leaves_no_gap(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large bodies go to segment files beside the database (``storage.body_files``);
+    when those writes fail for want of room, pipelined SENDs through the transmission
+    queue are refused as a full disk, nothing of them is stored or sent, and the dialog
+    goes on with the next number once there is room (R-DLG-1, R-DLG-5)."""
+    client, handle, received = await _first_message(broker)
+    write = os.pwrite
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    try:
+        await client.alter_queue("OrderQueue", False)  # through the transmission queue
+        monkeypatch.setattr(os, "pwrite", full)
+        futures = [
+            client.send_nowait(handle, example.ORDER, bytes([n]) * STORED_FROM) for n in range(2, 7)
+        ]
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(o, RemoteError) for o in outcomes), outcomes
+        assert "disk is full" in str(outcomes[0]), outcomes
+        monkeypatch.setattr(os, "pwrite", write)
+        assert await _stored_send_sequence(broker, handle) == 1  # no number given back
+        await asyncio.sleep(1.5)
+        bodies = [bytes([n]) * STORED_FROM for n in range(2, 7)]
+        for body in bodies:
+            await client.send(handle, example.ORDER, body)
+        await client.alter_queue("OrderQueue", True)
+        received += await drain(client, "OrderQueue", 5, timeout=10)
+        assert [m.message_body for m in received] == [b"1", *bodies]
+        assert_exactly_once_in_order(received)
+        assert await client.receive("OrderQueue", timeout=0.5) == []
     finally:
         await client.close()
