@@ -76,6 +76,9 @@ EVENTS: dict[str, str] = {
 }
 """Every event name of schema version 1, with what it means."""
 
+CONVERSATIONS_KEPT = 100_000
+"""Conversations whose line piece the writer keeps between flushes (then it starts over)."""
+
 GROUP_SECONDS = 0.001
 """How far apart two events :meth:`TraceWriter.emit_grouped` folds into one entry may be."""
 
@@ -127,6 +130,9 @@ class TraceWriter:
         self._latest: dict[str, Events] = {}
         """The last entry begun of each event name, which events of other conversations
         may join (:meth:`_fold`)."""
+        self._conversations: dict[int, bytes] = {}
+        """The ``conversation_id`` piece of a line, by the conversation's integer: a
+        conversation's events recur over many flushes (used by the one flush at a time)."""
         self._segment: Any = None
         self._segment_path: Path | None = None
         self._segment_bytes = 0
@@ -301,7 +307,8 @@ class TraceWriter:
 
         A line is the instance's constant prefix, then ``ts``, ``event`` and
         ``conversation_id`` from byte pieces cached for the batch (a timestamp's
-        second, an event name and a conversation recur), then the event's own
+        second, an event name) or from one flush to the next (a conversation's, keyed
+        by its integer: a UUID's own hash is a Python call), then the event's own
         fields (orjson, one call per event; one per :meth:`emit_each` entry,
         whose lines differ only in one integer field).
         """
@@ -309,7 +316,9 @@ class TraceWriter:
         head = self._head
         seconds: dict[int, bytes] = {}
         names: dict[str, bytes] = {}
-        conversations: dict[uuid.UUID | None, bytes] = {None: b""}
+        conversations = self._conversations
+        if len(conversations) > CONVERSATIONS_KEPT:
+            conversations.clear()
         out: list[bytes] = []
         add = out.append
         for entry in events:
@@ -323,11 +332,14 @@ class TraceWriter:
             name = names.get(event)
             if name is None:
                 name = names[event] = b'Z","event":' + dumps(event)
-            conversation = conversations.get(conversation_id)
-            if conversation is None:
-                conversation = conversations[conversation_id] = (
-                    b',"conversation_id":"%s"' % str(conversation_id).encode()
-                )
+            conversation = b""
+            if conversation_id is not None:
+                known = conversations.get(conversation_id.int)
+                if known is None:
+                    known = conversations[conversation_id.int] = (
+                        b',"conversation_id":"%s"' % str(conversation_id).encode()
+                    )
+                conversation = known
             start = b"%s%s%06d%s%s" % (head, second, fraction, name, conversation)
             rest = dumps(fields, default=str)[1:] if fields else b"}"
             if len(entry) == 4:
@@ -343,12 +355,15 @@ class TraceWriter:
                 continue
             start = b"%s%s%06d%s" % (head, second, fraction, name)
             for value, line_conversation in zip(values, lines_conversations, strict=True):
-                conversation = conversations.get(line_conversation)
-                if conversation is None:
-                    conversation = conversations[line_conversation] = (
-                        b',"conversation_id":"%s"' % str(line_conversation).encode()
-                    )
-                add(b"%s%s%s%d}\n" % (start, conversation, tail, value))
+                if line_conversation is None:
+                    known = b""
+                else:
+                    known = conversations.get(line_conversation.int)
+                    if known is None:
+                        known = conversations[line_conversation.int] = (
+                            b',"conversation_id":"%s"' % str(line_conversation).encode()
+                        )
+                add(b"%s%s%s%d}\n" % (start, known, tail, value))
         return b"".join(out)
 
     def _write(self, lines: list[Event | Events], count: int) -> None:

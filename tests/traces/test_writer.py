@@ -118,6 +118,33 @@ async def test_emit_grouped_folds_the_events_of_a_batch_into_one_entry(tmp_path:
     assert all("route" not in line and line["event"] == "enqueued" for line in lines)
 
 
+async def test_lines_without_a_conversation_and_conversations_over_flushes(
+    tmp_path: Path,
+) -> None:
+    """An entry begun without a conversation that lines of a conversation join writes
+    each line with its own (or none); a conversation's piece of a line is kept from one
+    flush to the next and stays right."""
+    clock = Clock()
+    conversation, other = uuid.uuid4(), uuid.uuid4()
+    writer = TraceWriter(TraceConfig(directory=tmp_path), "alpha", clock)
+    await writer.start()
+    writer.emit_each("dropped", None, "seq", [1], reason="r")
+    writer.emit_each("dropped", conversation, "seq", [2], reason="r")
+    await writer.flush()
+    writer.emit_each("dropped", other, "seq", [3], reason="r")
+    writer.emit_each("dropped", conversation, "seq", [4], reason="r")
+    writer.emit("dropped", None, seq=5, reason="r")
+    await writer.stop()
+    lines = [json.loads(line) for line in read_lines(tmp_path)]
+    assert [(line["seq"], line.get("conversation_id")) for line in lines] == [
+        (1, None),
+        (2, str(conversation)),
+        (3, str(other)),
+        (4, str(conversation)),
+        (5, None),
+    ]
+
+
 def read_lines(directory: Path) -> list[str]:
     (path,) = segment_files([directory])
     return path.read_text().splitlines()
