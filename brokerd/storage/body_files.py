@@ -160,14 +160,20 @@ class BodyFiles:
         return bool(self._unsynced) or self._offset > self._synced
 
     def sync(self) -> None:
-        """Make every body written so far durable, and the names of new segments."""
+        """Make every body written so far durable, and the names of new segments. A sync
+        that fails leaves its segment for good: what the kernel kept of it is unknown,
+        so nothing more is appended to it (and the caller's transaction rolls back)."""
         for fd in self._unsynced:
             os.fdatasync(fd)
         for fd in self._unsynced:
             os.close(fd)
         self._unsynced = []
         if self._fd >= 0 and self._offset > self._synced:
-            os.fdatasync(self._fd)
+            try:
+                os.fdatasync(self._fd)
+            except OSError:
+                self._leave_segment()
+                raise
             self._synced = self._offset
         if self._new_file:
             _sync_directory(self.directory)
@@ -178,8 +184,9 @@ class BodyFiles:
 
     def discard(self) -> None:
         """The transaction that wrote the bodies since the last sync rolled back: nothing
-        refers to them. The current segment is given back its durable length; after a
-        failed write or sync, whose outcome is unknown, appends go to a new segment."""
+        refers to them. The current segment is given back its durable length (after a
+        failed write, a full disk say); if that fails too, or the sync failed
+        (:meth:`sync`), appends go to a new segment."""
         for fd in self._unsynced:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -227,6 +227,33 @@ async def test_a_failed_write_commits_nothing_and_says_the_disk_is_full(
     await store.close()
 
 
+async def test_a_failed_sync_commits_nothing_and_leaves_its_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a failed ``fdatasync`` what the kernel kept is unknown: the batch fails,
+    and the next bodies go to a new segment, never after the bytes of that one."""
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    await _commit(store, [queries.sent_message(H, 1, "//t", 3, LARGE, 1.0)])
+    sync = os.fdatasync
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    future = store.submit([queries.sent_message(H, 2, "//t", 3, LARGE, 1.0)], wait=True)
+    assert future is not None
+    with pytest.raises(StoreError):
+        await future
+    monkeypatch.setattr(os, "fdatasync", sync)
+    assert [seq for seq, *_ in _rows(path)] == [1]
+    await _commit(store, [queries.sent_message(H, 2, "//t", 3, LARGE[::-1], 1.0)])
+    assert _segments(path) == ["0000000001.seg", "0000000002.seg"]
+    assert await _read(store, [1, 2]) == {(H, 1): LARGE, (H, 2): LARGE[::-1]}
+    await store.close()
+
+
 async def test_a_database_that_becomes_mirrored_takes_its_bodies_back(tmp_path: Path) -> None:
     """R-ROUTE-16: a mirrored database ships SQL and copies of its file, so its bodies
     live in its rows; one stored beside the file before is read back into its row."""
