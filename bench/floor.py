@@ -53,9 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.storage import queries
-from brokerd.storage.batch_sql import apply_batch
 from brokerd.storage.body_files import BodyFiles, directory_of
-from brokerd.storage.store import PAGE_CACHE_MB, connect
+from brokerd.storage.store import PAGE_CACHE_MB, commit_batch, connect
 from protocol.fragments import DEFAULT_FRAGMENT_SIZE
 from protocol.frames import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, FrameType, decode_header
 from protocol.security import FrameOpener, FrameSealer
@@ -167,15 +166,10 @@ class _Part:
 
 
 def _committed(conn: sqlite3.Connection, statements: list[queries.Statement]) -> None:
-    """``statements`` committed as the committer does: grouped, large bodies to the
-    segment files and made durable before the COMMIT, then segments collected."""
-    bodies = conn.bodies  # type: ignore[attr-defined]  # a StoreConnection
-    conn.execute("BEGIN IMMEDIATE")
-    apply_batch(conn, [_Part(statements)], bodies)
-    if bodies.dirty:
-        bodies.sync()
-    conn.execute("COMMIT")
-    bodies.collect(conn)
+    """``statements`` committed as the committer commits a batch (``commit_batch``):
+    grouped, large bodies to the segment files and made durable before the COMMIT,
+    then segments collected."""
+    commit_batch(conn, [_Part(statements)])
 
 
 def _per_message(

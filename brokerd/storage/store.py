@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from brokerd.errors import StoreError
 from brokerd.storage import body_files, queries
-from brokerd.storage.batch_sql import apply_batch
+from brokerd.storage.batch_sql import Part, apply_batch
 from brokerd.storage.body_files import TABLES, BodyFiles
 from brokerd.storage.chains import BrokenChains, Token
 from brokerd.storage.queries import (
@@ -737,7 +737,7 @@ def _commit(
         return
     try:
         if replica is None:
-            _transaction(conn, batch)
+            commit_batch(conn, batch)
         else:
             _recorded_transaction(conn, batch, replica, units if units is not None else [])
     except Exception as exc:  # one bad job must not sink the others: retry one by one
@@ -784,7 +784,11 @@ def _admitted(batch: list[_Job], chains: BrokenChains) -> list[_Job]:
     return admitted
 
 
-def _transaction(conn: sqlite3.Connection, batch: list[_Job]) -> None:
+def commit_batch(conn: sqlite3.Connection, batch: Sequence[Part]) -> None:
+    """``batch`` in one transaction, as the committer commits it (``apply_batch``): the
+    large bodies it stores made durable before the COMMIT, then the segments no row
+    points into any more collected. Raises what failed; the caller then rolls back
+    and discards the bodies written (:meth:`BodyFiles.discard`)."""
     bodies: BodyFiles | None = getattr(conn, "bodies", None)
     conn.execute("BEGIN IMMEDIATE")
     apply_batch(conn, batch, bodies)
