@@ -332,14 +332,7 @@ class TraceWriter:
             name = names.get(event)
             if name is None:
                 name = names[event] = b'Z","event":' + dumps(event)
-            conversation = b""
-            if conversation_id is not None:
-                known = conversations.get(conversation_id.int)
-                if known is None:
-                    known = conversations[conversation_id.int] = (
-                        b',"conversation_id":"%s"' % str(conversation_id).encode()
-                    )
-                conversation = known
+            conversation = _conversation_piece(conversations, conversation_id)
             start = b"%s%s%06d%s%s" % (head, second, fraction, name, conversation)
             rest = dumps(fields, default=str)[1:] if fields else b"}"
             if len(entry) == 4:
@@ -355,15 +348,8 @@ class TraceWriter:
                 continue
             start = b"%s%s%06d%s" % (head, second, fraction, name)
             for value, line_conversation in zip(values, lines_conversations, strict=True):
-                if line_conversation is None:
-                    known = b""
-                else:
-                    known = conversations.get(line_conversation.int)
-                    if known is None:
-                        known = conversations[line_conversation.int] = (
-                            b',"conversation_id":"%s"' % str(line_conversation).encode()
-                        )
-                add(b"%s%s%s%d}\n" % (start, known, tail, value))
+                piece = _conversation_piece(conversations, line_conversation)
+                add(b"%s%s%s%d}\n" % (start, piece, tail, value))
         return b"".join(out)
 
     def _write(self, lines: list[Event | Events], count: int) -> None:
@@ -417,6 +403,18 @@ class TraceWriter:
             "trace_events_lost": self.events_lost,
             "trace_segments_closed": self.segments_closed,
         }
+
+
+def _conversation_piece(known: dict[int, bytes], conversation_id: uuid.UUID | None) -> bytes:
+    """The ``conversation_id`` piece of a line (none without a conversation), made once
+    per conversation and kept in ``known`` by its integer."""
+    if conversation_id is None:
+        return b""
+    key = conversation_id.int
+    piece = known.get(key)
+    if piece is None:
+        piece = known[key] = b',"conversation_id":"%s"' % str(conversation_id).encode()
+    return piece
 
 
 def segment_files(directories: Iterable[Path], include_open: bool = True) -> list[Path]:
