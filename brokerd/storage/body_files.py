@@ -15,7 +15,8 @@ bodies of a batch while its transaction runs and makes them durable
 points at them. A crash between the two leaves bytes no row refers to. A segment is
 never appended to again once the committer has moved on to a newer one (a restart
 always begins a new one), and it is deleted once no row refers to it
-(:meth:`BodyFiles.collect`, after commits and at start-up).
+(:meth:`BodyFiles.collect`: after commits, by the idle committer when a collection was
+put off, and at start-up).
 
 Only the committer thread of the database uses a :class:`BodyFiles`. A mirrored
 database (R-ROUTE-16) keeps its bodies in its rows: the units it ships and the copies

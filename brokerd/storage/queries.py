@@ -835,12 +835,15 @@ what tells the size they were cut at (``protocol.fragments.cut_size``)."""
 
 
 FRAGMENT = "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?, NULL, NULL)"
+"""A fragment received, its data in the row (:func:`fragment`)."""
 FRAGMENT_STORED = "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?, ?, ?)"
 """A fragment whose data is in a segment file (:func:`stored`)."""
+FRAGMENT_DATA = 4
+"""The data's place among :data:`FRAGMENT`'s parameters."""
 
 STORABLE: dict[str, tuple[str, int]] = {
     SENT: (SENT_STORED, SENT_BODY),
-    FRAGMENT: (FRAGMENT_STORED, 4),
+    FRAGMENT: (FRAGMENT_STORED, FRAGMENT_DATA),
 }
 """The inserts whose body the committer may store in a segment file: the statement
 that then says where, and the body's place among the parameters."""
