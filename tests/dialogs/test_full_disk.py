@@ -223,7 +223,6 @@ async def test_a_full_disk_under_the_segment_files_leaves_no_gap(
     queue are refused as a full disk, nothing of them is stored or sent, and the dialog
     goes on with the next number once there is room (R-DLG-1, R-DLG-5)."""
     client, handle, received = await _first_message(broker)
-    write = os.pwrite
 
     def full(fd: int, data: bytes, offset: int) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -237,7 +236,7 @@ async def test_a_full_disk_under_the_segment_files_leaves_no_gap(
         outcomes = await asyncio.gather(*futures, return_exceptions=True)
         assert all(isinstance(o, RemoteError) for o in outcomes), outcomes
         assert "disk is full" in str(outcomes[0]), outcomes
-        monkeypatch.setattr(os, "pwrite", write)
+        monkeypatch.undo()  # room again
         assert await _stored_send_sequence(broker, handle) == 1  # no number given back
         await asyncio.sleep(1.5)
         bodies = [bytes([n]) * STORED_FROM for n in range(2, 7)]
