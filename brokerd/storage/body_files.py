@@ -18,6 +18,14 @@ always begins a new one), and it is deleted once no row refers to it
 (:meth:`BodyFiles.collect`: after commits, by the idle committer when a collection was
 put off, and at start-up).
 
+A body that stays while the ones around it go (a message to a broker that is down, a
+message no one RECEIVEs) would keep its whole segment. A segment closed for
+:data:`COMPACT_AFTER` seconds whose live bodies fill less than half of it is
+compacted (:meth:`BodyFiles.compact`): they are copied, in one transaction of their
+own, to the survivors' segment, which only moved bodies are appended to, so they do
+not mix again with the short-lived ones. So the segments hold at most about twice the
+live bytes, besides what was written in the last :data:`COMPACT_AFTER` seconds.
+
 Only the committer thread of the database uses a :class:`BodyFiles`. A mirrored
 database (R-ROUTE-16) keeps its bodies in its rows: the units it ships and the copies
 it installs are SQL and SQLite images.
@@ -48,6 +56,17 @@ OFFSET_BITS = 40
 
 COLLECT_EVERY = 1.0
 """Seconds between two looks for segments no row refers to any more."""
+
+COMPACT_AFTER = 30.0
+"""Seconds a segment is left alone after it is closed for appends before its live bodies
+may be moved: on a busy link most bodies are acknowledged, and freed, sooner."""
+
+COMPACT_EVERY = 5.0
+"""Seconds between two looks for segments to compact."""
+
+MOVED_PER_PASS = 16 * 1024 * 1024
+"""Bytes one compaction moves at most (more when one segment alone holds more): a pass
+runs between two group commits and holds the next one up while it runs."""
 
 SUFFIX = "-bodies"
 """The directory of a database file's segments: its file name with this suffix."""
@@ -84,18 +103,42 @@ def _segment_number(name: str) -> int | None:
     return None
 
 
-class BodyFiles:
-    """The segment files of one database: append, make durable, read back, collect."""
+class _Tail:
+    """A segment being appended to: its number (0: none yet), descriptor, length, and the
+    length made durable."""
 
-    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
+    __slots__ = ("fd", "offset", "segment", "synced")
+
+    def __init__(self) -> None:
+        self.segment = 0
+        self.fd = -1
+        self.offset = 0
+        self.synced = 0
+
+    @property
+    def open(self) -> bool:
+        return self.fd >= 0
+
+
+class BodyFiles:
+    """The segment files of one database: append, make durable, read back, collect,
+    compact."""
+
+    def __init__(
+        self,
+        directory: Path,
+        segment_bytes: int | None = None,
+        compact_after: float | None = None,
+    ) -> None:
         self.directory = directory
-        self.segment_bytes = segment_bytes
-        self._segment = 0
-        """The segment appended to (0: none yet)."""
-        self._fd = -1
-        self._offset = 0
-        self._synced = 0
-        """The current segment's length made durable."""
+        self.segment_bytes = SEGMENT_BYTES if segment_bytes is None else segment_bytes
+        self.compact_after = COMPACT_AFTER if compact_after is None else compact_after
+        self._last = 0
+        """The highest segment number made or found."""
+        self._new = _Tail()
+        """Where bodies being stored go."""
+        self._kept = _Tail()
+        """Where compaction moves the bodies that outlived their segment."""
         self._unsynced: list[int] = []
         """Descriptors of segments left during this batch, to sync and close."""
         self._new_file = False
@@ -103,14 +146,20 @@ class BodyFiles:
         self._new_directory = False
         """The directory was created since the last sync: its parent must be synced too."""
         self._readers: dict[int, int] = {}
-        self._sealed: set[int] = set()
-        """Segments no longer appended to that may still hold live bodies."""
+        self._closed: dict[int, float] = {}
+        """Segments no longer appended to that may still hold live bodies, with when
+        (``time.monotonic``) they were closed or found."""
         self._last_collect = 0.0
+        self._last_compact = 0.0
         self.owed = False
         """A collection was put off (:data:`COLLECT_EVERY`): the committer runs it when idle."""
+        self._unsettled = False
+        """Rows may have left closed segments since the last full compaction pass."""
         self.bodies_stored = 0
         self.bytes_stored = 0
         self.segments_deleted = 0
+        self.segments_compacted = 0
+        self.bytes_moved = 0
 
     # -- start-up ---------------------------------------------------------------------
 
@@ -119,8 +168,10 @@ class BodyFiles:
         begin after the newest (a segment is never appended to after a restart)."""
         names = [p.name for p in self.directory.iterdir()] if self.directory.is_dir() else []
         numbers = [n for n in map(_segment_number, names) if n is not None]
-        self._segment = max(numbers, default=0)
-        self._sealed = set(numbers)
+        self._last = max(numbers, default=0)
+        now = time.monotonic()
+        self._closed = dict.fromkeys(numbers, now)
+        self._unsettled = bool(numbers)
         self.collect(conn, force=True)
 
     # -- writing (inside the committer's transaction) ----------------------------------
@@ -128,37 +179,41 @@ class BodyFiles:
     def store(self, body: bytes | memoryview) -> int:
         """Append ``body`` to the current segment (not yet durable: :meth:`sync`); its
         ``stored_at``."""
+        self.bodies_stored += 1
+        self.bytes_stored += len(body)
+        return self._append(self._new, body)
+
+    def _append(self, tail: _Tail, body: bytes | memoryview) -> int:
         size = len(body)
-        if self._fd < 0 or (self._offset and self._offset + size > self.segment_bytes):
-            self._next_segment()
-        offset = self._offset
+        if not tail.open or (tail.offset and tail.offset + size > self.segment_bytes):
+            self._next_segment(tail)
+        offset = tail.offset
         written = 0
         view = memoryview(body)
         while written < size:
-            written += os.pwrite(self._fd, view[written:], offset + written)
-        self._offset = offset + size
-        self.bodies_stored += 1
-        self.bytes_stored += size
-        return position(self._segment, offset)
+            written += os.pwrite(tail.fd, view[written:], offset + written)
+        tail.offset = offset + size
+        return position(tail.segment, offset)
 
-    def _next_segment(self) -> None:
-        if self._fd >= 0:
-            self._unsynced.append(self._fd)
-            self._sealed.add(self._segment)
-            self._readers.pop(self._segment, None)
-        self._segment += 1
+    def _next_segment(self, tail: _Tail) -> None:
+        if tail.open:
+            self._unsynced.append(tail.fd)
+            self._closed[tail.segment] = time.monotonic()
+            self._readers.pop(tail.segment, None)
+        self._last += 1
+        tail.segment = self._last
         if not self.directory.is_dir():
             self.directory.mkdir(parents=True, exist_ok=True)
             self._new_directory = True
-        path = self.directory / _segment_name(self._segment)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        self._offset = self._synced = 0
+        path = self.directory / _segment_name(tail.segment)
+        tail.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        tail.offset = tail.synced = 0
         self._new_file = True
 
     @property
     def dirty(self) -> bool:
         """Bodies were written since the last :meth:`sync`."""
-        return bool(self._unsynced) or self._offset > self._synced
+        return bool(self._unsynced) or any(t.offset > t.synced for t in (self._new, self._kept))
 
     def sync(self) -> None:
         """Make every body written so far durable, and the names of new segments. A sync
@@ -169,13 +224,14 @@ class BodyFiles:
         for fd in self._unsynced:
             os.close(fd)
         self._unsynced = []
-        if self._fd >= 0 and self._offset > self._synced:
-            try:
-                os.fdatasync(self._fd)
-            except OSError:
-                self._leave_segment()
-                raise
-            self._synced = self._offset
+        for tail in (self._new, self._kept):
+            if tail.open and tail.offset > tail.synced:
+                try:
+                    os.fdatasync(tail.fd)
+                except OSError:
+                    self._leave(tail)
+                    raise
+                tail.synced = tail.offset
         if self._new_file:
             _sync_directory(self.directory)
             self._new_file = False
@@ -192,27 +248,34 @@ class BodyFiles:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._unsynced = []
-        if self._fd < 0 or self._offset == self._synced:
-            return
-        try:
-            os.ftruncate(self._fd, self._synced)
-            self._offset = self._synced
-        except OSError:
-            self._leave_segment()
+        for tail in (self._new, self._kept):
+            if not tail.open or tail.offset == tail.synced:
+                continue
+            try:
+                os.ftruncate(tail.fd, tail.synced)
+                tail.offset = tail.synced
+            except OSError:
+                self._leave(tail)
 
-    def _leave_segment(self) -> None:
+    def _leave(self, tail: _Tail) -> None:
+        """Append no more to ``tail``'s segment: it is closed like a full one."""
         with contextlib.suppress(OSError):
-            os.close(self._fd)
-        self._readers.pop(self._segment, None)
-        self._sealed.add(self._segment)
-        self._fd = -1
+            os.close(tail.fd)
+        self._readers.pop(tail.segment, None)
+        self._closed[tail.segment] = time.monotonic()
+        tail.fd = -1
 
     # -- reading ----------------------------------------------------------------------
 
     def read(self, stored_at: int, length: int) -> bytes:
         """The body stored at ``stored_at``, of ``length`` bytes."""
         segment, offset = split(stored_at)
-        fd = self._fd if segment == self._segment and self._fd >= 0 else self._reader(segment)
+        if segment == self._new.segment and self._new.open:
+            fd = self._new.fd
+        elif segment == self._kept.segment and self._kept.open:
+            fd = self._kept.fd
+        else:
+            fd = self._reader(segment)
         data = os.pread(fd, length, offset)
         if len(data) != length:
             raise BodyFileError(
@@ -245,36 +308,123 @@ class BodyFiles:
         every body in it is gone (at most every :data:`COLLECT_EVERY` seconds unless
         ``force``); how many. Run between transactions."""
         now = time.monotonic()
-        current = self._fd >= 0 and self._offset > 0
-        if not (self._sealed or current):
+        tails = [t for t in (self._new, self._kept) if t.open and t.offset > 0]
+        if not (self._closed or tails):
             return 0
         if not force and now - self._last_collect < COLLECT_EVERY:
             self.owed = True
             return 0
         self._last_collect, self.owed = now, False
         deleted = 0
-        if current and not self.dirty and not referred(conn, self._segment):
-            self._leave_segment()  # every body in it is gone: the next one begins another
-        for segment in sorted(self._sealed):
+        if tails and not self.dirty:
+            for tail in tails:
+                if not referred(conn, tail.segment):
+                    self._leave(tail)  # every body in it is gone: the next one begins another
+        for segment in sorted(self._closed):
             if referred(conn, segment):
                 continue
-            fd = self._readers.pop(segment, None)
-            if fd is not None:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                (self.directory / _segment_name(segment)).unlink()
-            self._sealed.discard(segment)
+            self._delete(segment)
             deleted += 1
         self.segments_deleted += deleted
         return deleted
+
+    def _delete(self, segment: int) -> None:
+        fd = self._readers.pop(segment, None)
+        if fd is not None:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / _segment_name(segment)).unlink()
+        self._closed.pop(segment, None)
+
+    def committed(self, conn: sqlite3.Connection) -> None:
+        """A transaction committed: rows may have left segments (:meth:`collect`, and a
+        compaction pass may find more to do)."""
+        self._unsettled = True
+        self.collect(conn)
+
+    def idle_timeout(self) -> float | None:
+        """How long the idle committer may wait for work before it has housekeeping to do
+        (:meth:`housekeep`): None when nothing is owed."""
+        if self.owed:
+            return COLLECT_EVERY
+        if self._unsettled and self._closed:
+            return COMPACT_EVERY
+        return None
+
+    def housekeep(self, conn: sqlite3.Connection) -> None:
+        """What the idle committer does when :meth:`idle_timeout` has passed."""
+        if self.owed:
+            self.collect(conn, force=True)
+        self.compact(conn)
+
+    # -- compacting -------------------------------------------------------------------
+
+    def compact(self, conn: sqlite3.Connection, force: bool = False) -> int:
+        """Move the live bodies of segments closed for :attr:`compact_after` seconds that
+        they fill less than half of to the survivors' segment, one transaction per
+        segment, and delete those segments; at most every :data:`COMPACT_EVERY` seconds
+        unless ``force``, about :data:`MOVED_PER_PASS` bytes a pass. How many bytes it
+        moved. Run between transactions."""
+        now = time.monotonic()
+        if not self._closed or not self._unsettled:
+            return 0
+        if not force and now - self._last_compact < COMPACT_EVERY:
+            return 0
+        self._last_compact = now
+        moved = 0
+        settled = True
+        for segment, closed in sorted(self._closed.items()):
+            if now - closed < self.compact_after:
+                settled = False  # to be looked at again once it is old enough
+                continue
+            live = live_bytes(conn, segment)
+            if live == 0:
+                continue  # the collector deletes it
+            if 2 * live >= self._size(segment):
+                continue
+            if moved and moved + live > MOVED_PER_PASS:
+                settled = False
+                break
+            self._move(conn, segment)
+            moved += live
+        self._unsettled = not settled
+        return moved
+
+    def _size(self, segment: int) -> int:
+        try:
+            return (self.directory / _segment_name(segment)).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def _move(self, conn: sqlite3.Connection, segment: int) -> None:
+        """Copy ``segment``'s live bodies to the survivors' segment and point their rows
+        there, durable before the COMMIT as any stored body; then delete ``segment``."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table in TABLES:
+                for rowid, stored_at, length in live_rows(conn, table, segment):
+                    moved_to = self._append(self._kept, self.read(stored_at, length))
+                    conn.execute(MOVE_ROW[table], (moved_to, rowid))
+                    self.bytes_moved += length
+            if self.dirty:
+                self.sync()
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self.discard()
+            raise
+        self._delete(segment)
+        self.segments_compacted += 1
 
     def close(self) -> None:
         for fd in [*self._unsynced, *self._readers.values()]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._unsynced, self._readers = [], {}
-        if self._fd >= 0:
-            self._leave_segment()
+        for tail in (self._new, self._kept):
+            if tail.open:
+                self._leave(tail)
 
 
 def _sync_directory(path: Path) -> None:
@@ -295,6 +445,31 @@ def referred(conn: sqlite3.Connection, segment: int) -> bool:
     """Whether a row points into ``segment``."""
     low, high = position(segment, 0), position(segment + 1, 0) - 1
     return any(conn.execute(sql, (low, high)).fetchone() is not None for sql in _REFERRED.values())
+
+
+_LIVE_BYTES = {
+    table: f"SELECT total(stored_length) FROM {table} WHERE stored_at BETWEEN ? AND ?"
+    for table in TABLES
+}
+_LIVE_ROWS = {
+    table: f"SELECT rowid, stored_at, stored_length FROM {table} "
+    "WHERE stored_at BETWEEN ? AND ? ORDER BY stored_at"
+    for table in TABLES
+}
+MOVE_ROW = {table: f"UPDATE {table} SET stored_at = ? WHERE rowid = ?" for table in TABLES}
+"""Points a row (by rowid) at where compaction moved its body."""
+
+
+def live_rows(conn: sqlite3.Connection, table: str, segment: int) -> list[tuple[int, int, int]]:
+    """The rows of ``table`` whose bodies are in ``segment``: rowid, where, how long."""
+    low, high = position(segment, 0), position(segment + 1, 0) - 1
+    return conn.execute(_LIVE_ROWS[table], (low, high)).fetchall()
+
+
+def live_bytes(conn: sqlite3.Connection, segment: int) -> int:
+    """The bytes of ``segment`` that rows still point at."""
+    low, high = position(segment, 0), position(segment + 1, 0) - 1
+    return sum(int(conn.execute(sql, (low, high)).fetchone()[0]) for sql in _LIVE_BYTES.values())
 
 
 def disk_full(exc: BaseException) -> bool:

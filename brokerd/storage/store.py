@@ -207,6 +207,8 @@ class _Committer:
                                     self.chains.failed(job.chains, job.error)
                     replica = self.replica
                     self._on_batch(batch, units, replica.lsn if replica is not None else 0)
+                    if conn is not None:
+                        self._compact(conn, getattr(conn, "bodies", None))
                 else:
                     self._idle(conn)
         finally:
@@ -218,19 +220,30 @@ class _Committer:
 
     def _idle(self, conn: sqlite3.Connection | None) -> None:
         """Wait for work; meanwhile, collect the segments of bodies a commit left for
-        later (:meth:`BodyFiles.collect`)."""
-        bodies = getattr(conn, "bodies", None)
-        if conn is None or bodies is None or not bodies.owed:
+        later and compact those few live bodies keep (:meth:`BodyFiles.housekeep`)."""
+        bodies: BodyFiles | None = getattr(conn, "bodies", None)
+        timeout = bodies.idle_timeout() if bodies is not None else None
+        if conn is None or bodies is None or timeout is None:
             self._wake.get()
             return
         try:
-            self._wake.get(timeout=body_files.COLLECT_EVERY)
+            self._wake.get(timeout=timeout)
         except queue.Empty:
             try:
-                bodies.collect(conn, force=True)
+                bodies.housekeep(conn)
             except (OSError, sqlite3.Error):
-                log.exception("store %s: collecting segments of bodies failed", self.name)
+                log.exception("store %s: collecting or compacting segments failed", self.name)
                 bodies.owed = False
+
+    def _compact(self, conn: sqlite3.Connection, bodies: BodyFiles | None) -> None:
+        """Between two group commits, compact the segments of bodies when a pass is due
+        (:meth:`BodyFiles.compact`); a failure is logged, and the next pass tries again."""
+        if bodies is None:
+            return
+        try:
+            bodies.compact(conn)
+        except (OSError, sqlite3.Error):
+            log.exception("store %s: compacting segments of bodies failed", self.name)
 
 
 PAGE_SIZE = 16 * 1024
@@ -797,7 +810,7 @@ def commit_batch(conn: sqlite3.Connection, batch: Sequence[Part]) -> None:
     conn.execute("COMMIT")
     if bodies is not None:
         try:
-            bodies.collect(conn)
+            bodies.committed(conn)
         except (OSError, sqlite3.Error):  # committed: a segment left behind is collected later
             log.exception("collecting segments of bodies failed")
             bodies.owed = False

@@ -92,6 +92,11 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
         c, [queries.stored(*queries.fragment(H1, 102, 0, 0, b"ab"), 2 << 40)]
     ),
     "the collector: does a row point into a segment of bodies": lambda c: body_files.referred(c, 1),
+    "compaction: the live bytes of a segment": lambda c: body_files.live_bytes(c, 1),
+    "compaction: a segment's rows, each pointed elsewhere": lambda c: [
+        (body_files.live_rows(c, table, 1), c.execute(body_files.MOVE_ROW[table], (2 << 40, 1)))
+        for table in body_files.TABLES
+    ],
     "endpoint snapshots (update and insert)": _snapshot_update,
     "endpoint removal": lambda c: c.execute(queries.ENDPOINT_DELETE, (H2,)),
     "acknowledgement: unqueue through and single": lambda c: _run(

@@ -1,0 +1,274 @@
+"""Compaction of the segment files of large bodies (docs/design.md, Storage).
+
+A body that stays while the bodies stored around it go (a message for a broker that is
+down, a message nobody RECEIVEs) would keep its whole segment on disk. A segment
+closed long enough whose live bodies fill less than half of it has them moved to the
+survivors' segment, in a transaction of its own, durable before its COMMIT as any
+stored body (R-DLG-5), and is deleted. Real SQLite files and real segment files;
+the sizes and times are made small for the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+
+from brokerd.storage import body_files, queries
+from brokerd.storage.body_files import BodyFiles
+from brokerd.storage.store import Store
+from brokerd.tools import example
+from tests.daemons import FAST_RETRY, client_of, drain, in_process
+
+SLOW, FAST = str(uuid.uuid4()), str(uuid.uuid4())
+BODY = 40 * 1024
+SEGMENT = 8 * BODY
+
+
+def _body(tag: int) -> bytes:
+    return tag.to_bytes(4, "big", signed=True) * (BODY // 4)
+
+
+def _disk(path: Path) -> tuple[int, int]:
+    """Segments beside ``path`` and the bytes they hold."""
+    directory = body_files.directory_of(path)
+    files = list(directory.iterdir()) if directory.is_dir() else []
+    return len(files), sum(f.stat().st_size for f in files)
+
+
+async def _commit(store: Store, statements: list[queries.Statement]) -> None:
+    future = store.submit(statements, wait=True)
+    assert future is not None
+    await future
+
+
+async def _interleave(store: Store, rounds: int) -> None:
+    """Per round, one message of the slow dialog (never acknowledged) and a segment's
+    worth of the fast one, which the fast link then acknowledges: every segment keeps
+    one slow body."""
+    fast = 0
+    for slow in range(1, rounds + 1):
+        await _commit(store, [queries.sent_message(SLOW, slow, "//t", 3, _body(slow), 1.0)])
+        batch = []
+        for _ in range(SEGMENT // BODY):
+            fast += 1
+            batch.append(queries.sent_message(FAST, fast, "//t", 3, _body(-fast), 1.0))
+        await _commit(store, batch)
+        await _commit(store, queries.unqueue_sent(FAST, [], through=fast))
+
+
+@pytest.fixture
+def small(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(body_files, "SEGMENT_BYTES", SEGMENT)
+    monkeypatch.setattr(body_files, "COMPACT_AFTER", 0.2)
+    monkeypatch.setattr(body_files, "COMPACT_EVERY", 0.1)
+
+
+async def _settled(path: Path, most: int) -> tuple[int, int]:
+    for _ in range(100):
+        found = _disk(path)
+        if found[1] <= most:
+            return found
+        await asyncio.sleep(0.1)
+    return _disk(path)
+
+
+@pytest.mark.usefixtures("small")
+async def test_bodies_that_outlive_their_segments_are_moved_together(tmp_path: Path) -> None:
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    rounds = 12
+    await _interleave(store, rounds)
+    live = rounds * BODY
+    # Compacted by the committer between commits and when idle: about the live bytes,
+    # in the survivors' segments, where 12 segments held them.
+    count, size = await _settled(path, 2 * live)
+    assert size <= 2 * live, (count, size)
+    stats = await store.run(lambda conn: (conn.bodies.segments_compacted, conn.bodies.bytes_moved))
+    assert stats[0] >= rounds - 2 and stats[1] >= (rounds - 2) * BODY
+    wanted = {(SLOW, n): _body(n) for n in range(1, rounds + 1)}
+    read = await store.run(lambda c: queries.read_sent_bodies(c, {SLOW: list(range(1, 13))}))
+    assert read == wanted
+    await store.close()
+
+    reopened = Store(path, "shop")  # the moved rows point at durable bytes
+    await reopened.open()
+    read = await reopened.run(lambda c: queries.read_sent_bodies(c, {SLOW: list(range(1, 13))}))
+    assert read == wanted
+    await _commit(reopened, queries.unqueue_sent(SLOW, [], through=rounds))
+    assert (await _settled(path, 0))[1] == 0
+    await reopened.close()
+
+
+async def test_without_compaction_every_segment_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What compaction is for: with segments left alone for longer than the run, one
+    body per segment keeps each of them."""
+    monkeypatch.setattr(body_files, "SEGMENT_BYTES", SEGMENT)
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    await _interleave(store, 6)
+    await asyncio.sleep(1.2)  # the collector has run: what is left is referred to
+    count, size = _disk(path)
+    assert count >= 6 and size >= 6 * SEGMENT - BODY
+    await store.close()
+
+
+def _database(tmp_path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(tmp_path / "t.sqlite", isolation_level=None)
+    conn.execute(queries.CREATE_META)
+    for step in queries.MIGRATIONS:
+        conn.executescript(step.script)
+    return conn
+
+
+def _store_rows(conn: sqlite3.Connection, files: BodyFiles, rows: list[tuple[int, bytes]]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    for seq, body in rows:
+        sql, params = queries.stored(*queries.sent_message(SLOW, seq, "//t", 3, body, 1.0), 0)
+        params = (*params[:-2], files.store(body), len(body))
+        conn.execute(sql, params)
+    files.sync()
+    conn.execute("COMMIT")
+
+
+def _positions(conn: sqlite3.Connection) -> list[int]:
+    return [
+        int(at)
+        for (at,) in conn.execute(
+            "SELECT stored_at FROM transmission_queue ORDER BY message_sequence_number"
+        )
+    ]
+
+
+def test_a_dense_or_young_segment_is_left_where_it_is(tmp_path: Path) -> None:
+    conn = _database(tmp_path)
+    files = BodyFiles(tmp_path / "t.sqlite-bodies", segment_bytes=4 * BODY, compact_after=3600)
+    files.open(conn)
+    _store_rows(conn, files, [(n, _body(n)) for n in range(1, 10)])  # segments 1, 2 and 3
+    conn.execute("DELETE FROM transmission_queue WHERE message_sequence_number IN (1, 2, 3, 6)")
+    files.committed(conn)
+    before = _positions(conn)
+    assert files.compact(conn, force=True) == 0  # closed, but not long enough
+    files.compact_after = 0
+    files.committed(conn)
+    assert files.compact(conn, force=True) == BODY  # segment 1 (a quarter live); not 2
+    after = _positions(conn)
+    assert [body_files.split(a)[0] for a in after] == [4, 2, 2, 2, 3]
+    assert after[1:] == before[1:]
+    assert sorted(p.name for p in files.directory.iterdir()) == [
+        "0000000002.seg",
+        "0000000003.seg",
+        "0000000004.seg",
+    ]
+    assert files.read(after[0], BODY) == _body(4)
+    files.close()
+    conn.close()
+
+
+def test_a_compaction_that_cannot_write_moves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk, then a failed sync, in the middle of a compaction: the rows still
+    point at the old segment, which stays and reads back; the next pass moves them."""
+    conn = _database(tmp_path)
+    files = BodyFiles(tmp_path / "t.sqlite-bodies", segment_bytes=4 * BODY, compact_after=0)
+    files.open(conn)
+    _store_rows(conn, files, [(n, _body(n)) for n in range(1, 6)])
+    conn.execute("DELETE FROM transmission_queue WHERE message_sequence_number IN (1, 2, 3)")
+    files.committed(conn)
+    before = _positions(conn)
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    for call, broken in (("pwrite", full), ("fdatasync", failing)):
+        monkeypatch.setattr(os, call, broken)
+        with pytest.raises(OSError):
+            files.compact(conn, force=True)
+        monkeypatch.undo()
+        assert not conn.in_transaction
+        assert _positions(conn) == before
+        assert files.read(before[0], BODY) == _body(4)
+
+    assert files.compact(conn, force=True) == BODY
+    moved = _positions(conn)
+    assert body_files.split(moved[0])[0] != 1 and moved[1] == before[1]
+    assert files.read(moved[0], BODY) == _body(4)
+    files.collect(conn, force=True)
+    names = sorted(p.name for p in files.directory.iterdir())
+    assert "0000000001.seg" not in names
+    files.close()
+    conn.close()
+
+
+FRAGMENT = 64 * 1024
+
+
+async def test_a_message_nobody_receives_does_not_keep_its_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two brokers in this process, real dialogs over 4022: the warehouse keeps the
+    fragments of a slow dialog's messages (R-DLG-7) while a fast dialog streams through
+    and is RECEIVEd. The slow messages' fragments end up compacted together, and come
+    out whole, exactly once and in order, when they are RECEIVEd at last."""
+    monkeypatch.setattr(body_files, "SEGMENT_BYTES", 4 * FRAGMENT * 4)
+    monkeypatch.setattr(body_files, "COMPACT_AFTER", 0.2)
+    monkeypatch.setattr(body_files, "COMPACT_EVERY", 0.1)
+    deployment = example.shop_and_warehouse(
+        tmp_path, retry=FAST_RETRY, hosts=("127.0.0.231", "127.0.0.232")
+    )
+    alpha, beta = deployment.daemons["alpha"], deployment.daemons["beta"]
+    async with in_process(alpha.config_path) as shop_broker, in_process(beta.config_path) as wb:
+        shop = await client_of(shop_broker)
+        warehouse = await client_of(wb)
+        fast = await shop.begin_dialog(
+            example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
+        )
+        await shop.send(fast, example.ORDER, b"first")
+        (first,) = await drain(warehouse, "OrderQueue", 1, timeout=20)
+        fast_there = first.conversation_handle
+        slow = await shop.begin_dialog(
+            example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
+        )
+        slow_bodies = []
+        for n in range(6):
+            body = bytes([n]) * (3 * FRAGMENT + 100)
+            slow_bodies.append(body)
+            await shop.send(slow, example.ORDER, body)
+            for k in range(4):  # a segment's worth of the fast dialog, RECEIVEd
+                await shop.send(fast, example.ORDER, bytes([k]) * (4 * FRAGMENT))
+            got = []
+            while len(got) < 4:
+                got += await warehouse.receive(
+                    "OrderQueue", top=10, timeout=5, conversation_handle=fast_there
+                )
+            assert [m.message_sequence_number for m in got] == list(range(2 + 4 * n, 6 + 4 * n))
+
+        store = wb.databases["warehouse"].store
+        live = 6 * 3 * FRAGMENT  # the slow messages' full fragments
+        for _ in range(100):
+            if await store.run(lambda conn: conn.bodies.segments_compacted) >= 4:
+                break
+            await asyncio.sleep(0.1)
+        size = await store.run(
+            lambda conn: sum(p.stat().st_size for p in conn.bodies.directory.iterdir())
+        )
+        assert size <= 2 * live, size
+
+        got = await drain(warehouse, "OrderQueue", 6, timeout=20)
+        assert [m.message_sequence_number for m in got] == list(range(1, 7))
+        assert [m.message_body for m in got] == slow_bodies
+        for client in (shop, warehouse):
+            await client.close()
