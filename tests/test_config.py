@@ -228,6 +228,7 @@ token_file = "/run/brokerd/token"
 max_message_size = 1
 fragment_size = 1024
 page_cache_mb = 8
+body_segment_mb = 16
 send_window = 500
 backlog_send_window = 600
 send_window_mb = 4
@@ -258,7 +259,13 @@ status = false
     assert (cfg.client.host, cfg.client.port) == ("::1", 6000)
     assert cfg.client.token_file == Path("/run/brokerd/token")
     assert cfg.limits == LimitsConfig(
-        1, 1024, page_cache_mb=8, send_window=500, backlog_send_window=600, send_window_mb=4
+        1,
+        1024,
+        page_cache_mb=8,
+        body_segment_mb=16,
+        send_window=500,
+        backlog_send_window=600,
+        send_window_mb=4,
     )
     shop = cfg.database("shop")
     assert shop.broker_instance == uuid.UUID(UUID1)
@@ -774,6 +781,11 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
             config_text(rest="[limits]\npage_cache_mb = 4097\n"),
             "limits.page_cache_mb",
             "between 1 and 4096",
+        ),
+        (  # a segment's offsets have 40 bits; one is deleted or compacted whole
+            config_text(rest="[limits]\nbody_segment_mb = 0\n"),
+            "limits.body_segment_mb",
+            "between 1 and 1024",
         ),
         (
             config_text(rest="[limits]\nsend_window = 0\n"),

@@ -28,6 +28,9 @@ _MIN_FRAGMENT_SIZE = 1024
 MAX_PAGE_CACHE_MB = 4096
 """``limits.page_cache_mb`` at most: SQLite's ``cache_size`` is a 32-bit count of KiB,
 and a value past it silently becomes no cache at all."""
+MAX_BODY_SEGMENT_MB = 1024
+"""``limits.body_segment_mb`` at most: a segment's offsets have 40 bits, and one file is
+deleted or compacted as a whole."""
 MAX_SEND_WINDOW = 1_000_000
 """``limits.send_window`` and ``limits.backlog_send_window`` at most: a window's
 messages each hold an entry until acknowledged, and retransmitting a window takes
@@ -253,6 +256,7 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         transit_bodies_mb=t.integer("transit_bodies_mb", d["transit_bodies_mb"], 1),
         client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
         page_cache_mb=t.integer("page_cache_mb", d["page_cache_mb"], 1, MAX_PAGE_CACHE_MB),
+        body_segment_mb=t.integer("body_segment_mb", d["body_segment_mb"], 1, MAX_BODY_SEGMENT_MB),
         backlog_page=t.integer("backlog_page", d["backlog_page"], 1),
         send_window=send_window,
         backlog_send_window=backlog_send_window,

@@ -239,6 +239,9 @@ class LimitsConfig:
     and reads them back, and the deletion of an acknowledged body reads its pages back
     from the file. 64 MB gave W3 about 3.5 % more and cost a daemon holding a
     1,000,000-message backlog about 70 MB of RSS."""
+    body_segment_mb: int = 64
+    """MB of a segment file of large bodies (``brokerd.storage.body_files``) before the next
+    one begins: a segment is deleted, or compacted, as a whole."""
     send_window: int = 2000
     """Messages handed to one link and not yet acknowledged, at most, before a message
     SENT since the link opened waits (and the applications SENDing to the link are held):

@@ -79,11 +79,17 @@ _END_FLAGS = {
 
 class Database:
     def __init__(
-        self, config: DatabaseConfig, data_dir: Path, page_cache_mb: int = PAGE_CACHE_MB
+        self,
+        config: DatabaseConfig,
+        data_dir: Path,
+        page_cache_mb: int = PAGE_CACHE_MB,
+        segment_bytes: int | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
-        self.store = Store(data_dir / f"{config.name}.sqlite", config.name, page_cache_mb)
+        self.store = Store(
+            data_dir / f"{config.name}.sqlite", config.name, page_cache_mb, segment_bytes
+        )
         self.catalog = Catalog.from_config(config)
         self.service_keys = ServiceKeys()
         """Key pairs and remote service bindings (R-DLG-14), read by :meth:`open`."""

@@ -57,7 +57,12 @@ class Broker:
         self.instance_name = self.identity.instance_name
         self.client_tls = server_context(config)
         self.databases = {
-            db.name: Database(db, config.data_dir, config.limits.page_cache_mb)
+            db.name: Database(
+                db,
+                config.data_dir,
+                config.limits.page_cache_mb,
+                config.limits.body_segment_mb * 1024 * 1024,
+            )
             for db in config.databases
         }
         self.transport = Transport(endpoint, self.identity)

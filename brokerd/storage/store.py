@@ -286,10 +286,19 @@ def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> StoreConnection:
 class Store:
     """The SQLite file of one database and its single group-commit writer."""
 
-    def __init__(self, path: Path, database: str, page_cache_mb: int = PAGE_CACHE_MB) -> None:
+    def __init__(
+        self,
+        path: Path,
+        database: str,
+        page_cache_mb: int = PAGE_CACHE_MB,
+        segment_bytes: int | None = None,
+    ) -> None:
         self.path = path
         self.database = database
         self.page_cache_mb = page_cache_mb
+        self.segment_bytes = segment_bytes
+        """Bytes of a segment file of large bodies (``limits.body_segment_mb``; None:
+        :data:`body_files.SEGMENT_BYTES`)."""
         self._committer: _Committer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outstanding = 0
@@ -328,7 +337,9 @@ class Store:
                 lambda conn: _open_file(conn, self.path, self.database, broker_instance)
             )
             mirrored = self.replica is not None
-            await self._call(lambda conn: _open_bodies(conn, self.path, mirrored))
+            await self._call(
+                lambda conn: _open_bodies(conn, self.path, mirrored, self.segment_bytes)
+            )
         except BaseException:
             await self._shutdown()
             raise
@@ -849,13 +860,15 @@ def _disk_full(exc: BaseException) -> bool:
     )
 
 
-def _open_bodies(conn: sqlite3.Connection, path: Path, mirrored: bool) -> None:
+def _open_bodies(
+    conn: sqlite3.Connection, path: Path, mirrored: bool, segment_bytes: int | None = None
+) -> None:
     """Give the committer's connection its segment files of large bodies, deleting the
     segments no row refers to; a mirrored database (R-ROUTE-16) has none, and takes
     back into its rows the bodies it stored before it was mirrored."""
     directory = body_files.directory_of(path)
     if not mirrored:
-        bodies = BodyFiles(directory)
+        bodies = BodyFiles(directory, segment_bytes)
         bodies.open(conn)
         conn.bodies = bodies  # type: ignore[attr-defined]  # a StoreConnection
         return

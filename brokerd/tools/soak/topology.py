@@ -77,8 +77,14 @@ promoted mirror cuts again a message its receiver holds part of (R-DLG-7)."""
 _FRAGMENT_SIZE = re.compile(r"(?m)^fragment_size = \d+$")
 
 
+SEGMENT_MB = 1
+"""``limits.body_segment_mb`` of every daemon: with segments of large bodies this small, a
+soak's faults (a partner down, a queue not drained) leave many segments a few bodies
+keep, which the daemons compact while their partners are killed and restarted."""
+
+
 def _limits(fragment_size: int) -> str:
-    return f"[limits]\nfragment_size = {fragment_size}\n"
+    return f"[limits]\nfragment_size = {fragment_size}\nbody_segment_mb = {SEGMENT_MB}\n"
 
 
 def set_fragment_size(config: Path, fragment_size: int) -> None:
