@@ -193,6 +193,7 @@ def databases(databases: Iterable[Database]) -> list[dict[str, Any]]:
             "commits": db.store.commits,
             "jobs_committed": db.store.jobs_committed,
             "endpoints": len(db.endpoints),
+            **(db.store.bodies.view() if db.store.bodies is not None else {}),
         }
         for db in databases
     ]

@@ -364,7 +364,10 @@ class BodyFiles:
         they fill less than half of to the survivors' segment, one transaction per
         segment, and delete those segments; at most every :data:`COMPACT_EVERY` seconds
         unless ``force``, about :data:`MOVED_PER_PASS` bytes a pass. How many bytes it
-        moved. Run between transactions."""
+        moved. Run between transactions. A segment that cannot be moved (a full disk, a
+        body that cannot be read) is left as it was and tried again after
+        :attr:`compact_after` seconds; the last such error is raised once the others
+        are done."""
         now = time.monotonic()
         if not self._closed or not self._unsettled:
             return 0
@@ -373,6 +376,7 @@ class BodyFiles:
         self._last_compact = now
         moved = 0
         settled = True
+        failure: BaseException | None = None
         for segment, closed in sorted(self._closed.items()):
             if now - closed < self.compact_after:
                 settled = False  # to be looked at again once it is old enough
@@ -385,9 +389,16 @@ class BodyFiles:
             if moved and moved + live > MOVED_PER_PASS:
                 settled = False
                 break
-            self._move(conn, segment)
+            try:
+                self._move(conn, segment)
+            except (OSError, sqlite3.Error) as exc:
+                # Tried again once it is old enough again, and the others meanwhile.
+                self._closed[segment], settled, failure = time.monotonic(), False, exc
+                continue
             moved += live
         self._unsettled = not settled
+        if failure is not None:
+            raise failure
         return moved
 
     def _size(self, segment: int) -> int:
@@ -416,6 +427,24 @@ class BodyFiles:
             raise
         self._delete(segment)
         self.segments_compacted += 1
+
+    def view(self) -> dict[str, int]:
+        """The segments and what was done with them, for the ``databases`` view (read
+        from the event loop while the committer works: a snapshot)."""
+        tails = [t.segment for t in (self._new, self._kept) if t.open]
+        segments = [*list(self._closed), *tails]
+        size = 0
+        for segment in segments:
+            size += self._size(segment)
+        return {
+            "body_segments": len(segments),
+            "body_segment_bytes": size,
+            "bodies_stored": self.bodies_stored,
+            "body_bytes_stored": self.bytes_stored,
+            "body_segments_deleted": self.segments_deleted,
+            "body_segments_compacted": self.segments_compacted,
+            "body_bytes_moved": self.bytes_moved,
+        }
 
     def close(self) -> None:
         for fd in [*self._unsynced, *self._readers.values()]:

@@ -299,6 +299,9 @@ class Store:
         self.segment_bytes = segment_bytes
         """Bytes of a segment file of large bodies (``limits.body_segment_mb``; None:
         :data:`body_files.SEGMENT_BYTES`)."""
+        self.bodies: BodyFiles | None = None
+        """The segment files of large bodies, once open (None for a mirrored database):
+        the committer's; the event loop only reads :meth:`BodyFiles.view`."""
         self._committer: _Committer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outstanding = 0
@@ -337,7 +340,7 @@ class Store:
                 lambda conn: _open_file(conn, self.path, self.database, broker_instance)
             )
             mirrored = self.replica is not None
-            await self._call(
+            self.bodies = await self._call(
                 lambda conn: _open_bodies(conn, self.path, mirrored, self.segment_bytes)
             )
         except BaseException:
@@ -862,7 +865,7 @@ def _disk_full(exc: BaseException) -> bool:
 
 def _open_bodies(
     conn: sqlite3.Connection, path: Path, mirrored: bool, segment_bytes: int | None = None
-) -> None:
+) -> BodyFiles | None:
     """Give the committer's connection its segment files of large bodies, deleting the
     segments no row refers to; a mirrored database (R-ROUTE-16) has none, and takes
     back into its rows the bodies it stored before it was mirrored."""
@@ -871,10 +874,10 @@ def _open_bodies(
         bodies = BodyFiles(directory, segment_bytes)
         bodies.open(conn)
         conn.bodies = bodies  # type: ignore[attr-defined]  # a StoreConnection
-        return
+        return bodies
     rows = {table: conn.execute(queries.stored_rows(table)).fetchall() for table in TABLES}
     if not any(rows.values()):
-        return
+        return None
     files = BodyFiles(directory)
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -890,6 +893,7 @@ def _open_bodies(
         files.open(conn)  # every segment is now unreferenced
     finally:
         files.close()
+    return None
 
 
 # -- back on the event loop -------------------------------------------------------------------
