@@ -23,10 +23,12 @@ message no one RECEIVEs) would keep its whole segment. A segment closed for
 :data:`COMPACT_AFTER` seconds whose live bodies fill less than half of it is
 compacted (:meth:`BodyFiles.compact`): they are copied, in one transaction of their
 own, to the survivors' segment, which only moved bodies are appended to, so they do
-not mix again with the short-lived ones. So the segments hold at most about twice the
-live bytes, besides what was written in the last :data:`COMPACT_AFTER` seconds.
+not mix again with the short-lived ones. Once compaction has caught up, the segments
+hold at most about twice the live bytes, besides the two segments being appended to and
+what was written in the last :data:`COMPACT_AFTER` seconds.
 
-Only the committer thread of the database uses a :class:`BodyFiles`. A mirrored
+Only the committer thread of the database uses a :class:`BodyFiles`, but for
+:meth:`BodyFiles.view`, which the event loop reads. A mirrored
 database (R-ROUTE-16) keeps its bodies in its rows: the units it ships and the copies
 it installs are SQL and SQLite images.
 
@@ -66,7 +68,11 @@ COMPACT_EVERY = 5.0
 
 MOVED_PER_PASS = 16 * 1024 * 1024
 """Bytes one compaction moves at most (more when one segment alone holds more): a pass
-runs between two group commits and holds the next one up while it runs."""
+runs between two group commits and holds the next one up while it runs. A pass that
+stopped there is followed by the next after :data:`COMPACT_AGAIN` seconds."""
+
+COMPACT_AGAIN = 0.5
+"""Seconds to the next pass when one stopped at :data:`MOVED_PER_PASS`."""
 
 SUFFIX = "-bodies"
 """The directory of a database file's segments: its file name with this suffix."""
@@ -148,7 +154,11 @@ class BodyFiles:
         self._readers: dict[int, int] = {}
         self._closed: dict[int, float] = {}
         """Segments no longer appended to that may still hold live bodies, with when
-        (``time.monotonic``) they were closed or found."""
+        (``time.monotonic``) they were closed (for one found at start-up, when it was
+        last written)."""
+        self._unreadable: set[int] = set()
+        """Segments whose live bodies could not be read back to be moved: left where
+        they are until a restart (reading them fails the same way for their rows)."""
         self._last_collect = 0.0
         self._last_compact = 0.0
         self.owed = False
@@ -169,8 +179,13 @@ class BodyFiles:
         names = [p.name for p in self.directory.iterdir()] if self.directory.is_dir() else []
         numbers = [n for n in map(_segment_number, names) if n is not None]
         self._last = max(numbers, default=0)
-        now = time.monotonic()
-        self._closed = dict.fromkeys(numbers, now)
+        now, wall = time.monotonic(), time.time()
+        for number in numbers:  # aged by their files: a daemon restarted often still compacts
+            try:
+                written = (self.directory / _segment_name(number)).stat().st_mtime
+            except FileNotFoundError:
+                continue
+            self._closed[number] = now - max(0.0, wall - written)
         self._unsettled = bool(numbers)
         self.collect(conn, force=True)
 
@@ -199,7 +214,7 @@ class BodyFiles:
         if tail.open:
             self._unsynced.append(tail.fd)
             self._closed[tail.segment] = time.monotonic()
-            self._readers.pop(tail.segment, None)
+            self._close_reader(tail.segment)
         self._last += 1
         tail.segment = self._last
         if not self.directory.is_dir():
@@ -241,9 +256,9 @@ class BodyFiles:
 
     def discard(self) -> None:
         """The transaction that wrote the bodies since the last sync rolled back: nothing
-        refers to them. The current segment is given back its durable length (after a
-        failed write, a full disk say); if that fails too, or the sync failed
-        (:meth:`sync`), appends go to a new segment."""
+        refers to them. The segments being appended to are given back their durable
+        lengths (after a failed write, a full disk say); if that fails too, or the sync
+        failed (:meth:`sync`), appends go to a new segment."""
         for fd in self._unsynced:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -261,9 +276,15 @@ class BodyFiles:
         """Append no more to ``tail``'s segment: it is closed like a full one."""
         with contextlib.suppress(OSError):
             os.close(tail.fd)
-        self._readers.pop(tail.segment, None)
+        self._close_reader(tail.segment)
         self._closed[tail.segment] = time.monotonic()
         tail.fd = -1
+
+    def _close_reader(self, segment: int) -> None:
+        fd = self._readers.pop(segment, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -304,8 +325,8 @@ class BodyFiles:
     # -- collecting -------------------------------------------------------------------
 
     def collect(self, conn: sqlite3.Connection, force: bool = False) -> int:
-        """Delete the segments that no row refers to, the one appended to included once
-        every body in it is gone (at most every :data:`COLLECT_EVERY` seconds unless
+        """Delete the segments that no row refers to, those appended to included once
+        every body in them is gone (at most every :data:`COLLECT_EVERY` seconds unless
         ``force``); how many. Run between transactions."""
         now = time.monotonic()
         tails = [t for t in (self._new, self._kept) if t.open and t.offset > 0]
@@ -329,9 +350,7 @@ class BodyFiles:
         return deleted
 
     def _delete(self, segment: int) -> None:
-        fd = self._readers.pop(segment, None)
-        if fd is not None:
-            os.close(fd)
+        self._close_reader(segment)
         with contextlib.suppress(FileNotFoundError):
             (self.directory / _segment_name(segment)).unlink()
         self._closed.pop(segment, None)
@@ -364,10 +383,10 @@ class BodyFiles:
         they fill less than half of to the survivors' segment, one transaction per
         segment, and delete those segments; at most every :data:`COMPACT_EVERY` seconds
         unless ``force``, about :data:`MOVED_PER_PASS` bytes a pass. How many bytes it
-        moved. Run between transactions. A segment that cannot be moved (a full disk, a
-        body that cannot be read) is left as it was and tried again after
-        :attr:`compact_after` seconds; the last such error is raised once the others
-        are done."""
+        moved. Run between transactions. A segment that cannot be moved is left as it
+        was: after a failed write (a full disk), tried again after :attr:`compact_after`
+        seconds; with a body that cannot be read back, not again until a restart. The
+        last such error is raised once the others are done."""
         now = time.monotonic()
         if not self._closed or not self._unsettled:
             return 0
@@ -378,6 +397,8 @@ class BodyFiles:
         settled = True
         failure: BaseException | None = None
         for segment, closed in sorted(self._closed.items()):
+            if segment in self._unreadable:
+                continue
             if now - closed < self.compact_after:
                 settled = False  # to be looked at again once it is old enough
                 continue
@@ -388,12 +409,20 @@ class BodyFiles:
                 continue
             if moved and moved + live > MOVED_PER_PASS:
                 settled = False
+                self._last_compact = now - COMPACT_EVERY + COMPACT_AGAIN
                 break
             try:
                 self._move(conn, segment)
-            except (OSError, sqlite3.Error) as exc:
-                # Tried again once it is old enough again, and the others meanwhile.
+            except BodyFileError as exc:
+                self._unreadable.add(segment)
+                failure = exc
+                continue
+            except (OSError, sqlite3.Error) as exc:  # tried again once it is old enough again
                 self._closed[segment], settled, failure = time.monotonic(), False, exc
+                continue
+            except Exception as exc:  # a row that cannot be right: trying again cannot help
+                self._unreadable.add(segment)
+                failure = exc
                 continue
             moved += live
         self._unsettled = not settled
@@ -410,13 +439,14 @@ class BodyFiles:
     def _move(self, conn: sqlite3.Connection, segment: int) -> None:
         """Copy ``segment``'s live bodies to the survivors' segment and point their rows
         there, durable before the COMMIT as any stored body; then delete ``segment``."""
+        moved = 0
         conn.execute("BEGIN IMMEDIATE")
         try:
             for table in TABLES:
                 for rowid, stored_at, length in live_rows(conn, table, segment):
                     moved_to = self._append(self._kept, self.read(stored_at, length))
                     conn.execute(MOVE_ROW[table], (moved_to, rowid))
-                    self.bytes_moved += length
+                    moved += length
             if self.dirty:
                 self.sync()
             conn.execute("COMMIT")
@@ -427,12 +457,13 @@ class BodyFiles:
             raise
         self._delete(segment)
         self.segments_compacted += 1
+        self.bytes_moved += moved
 
     def view(self) -> dict[str, int]:
         """The segments and what was done with them, for the ``databases`` view (read
         from the event loop while the committer works: a snapshot)."""
         tails = [t.segment for t in (self._new, self._kept) if t.open]
-        segments = [*list(self._closed), *tails]
+        segments = {*list(self._closed), *tails}  # one may be in both while it closes
         size = 0
         for segment in segments:
             size += self._size(segment)
@@ -444,6 +475,7 @@ class BodyFiles:
             "body_segments_deleted": self.segments_deleted,
             "body_segments_compacted": self.segments_compacted,
             "body_bytes_moved": self.bytes_moved,
+            "body_segments_unreadable": len(self._unreadable),
         }
 
     def close(self) -> None:

@@ -231,7 +231,7 @@ class _Committer:
         except queue.Empty:
             try:
                 bodies.housekeep(conn)
-            except (OSError, sqlite3.Error):
+            except Exception:  # the committer goes on: its jobs must not wait for ever
                 log.exception("store %s: collecting or compacting segments failed", self.name)
                 bodies.owed = False
 
@@ -242,7 +242,7 @@ class _Committer:
             return
         try:
             bodies.compact(conn)
-        except (OSError, sqlite3.Error):
+        except Exception:  # the committer goes on: its jobs must not wait for ever
             log.exception("store %s: compacting segments of bodies failed", self.name)
 
 
