@@ -229,6 +229,7 @@ max_message_size = 1
 fragment_size = 1024
 page_cache_mb = 8
 body_segment_mb = 16
+body_compact_after = 2.5
 send_window = 500
 backlog_send_window = 600
 send_window_mb = 4
@@ -263,6 +264,7 @@ status = false
         1024,
         page_cache_mb=8,
         body_segment_mb=16,
+        body_compact_after=2.5,
         send_window=500,
         backlog_send_window=600,
         send_window_mb=4,
@@ -786,6 +788,11 @@ def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
             config_text(rest="[limits]\nbody_segment_mb = 0\n"),
             "limits.body_segment_mb",
             "between 1 and 1024",
+        ),
+        (
+            config_text(rest="[limits]\nbody_compact_after = -1\n"),
+            "limits.body_compact_after",
+            "positive number of seconds",
         ),
         (
             config_text(rest="[limits]\nsend_window = 0\n"),

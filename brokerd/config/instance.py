@@ -257,6 +257,7 @@ def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
         page_cache_mb=t.integer("page_cache_mb", d["page_cache_mb"], 1, MAX_PAGE_CACHE_MB),
         body_segment_mb=t.integer("body_segment_mb", d["body_segment_mb"], 1, MAX_BODY_SEGMENT_MB),
+        body_compact_after=t.seconds("body_compact_after", d["body_compact_after"]),
         backlog_page=t.integer("backlog_page", d["backlog_page"], 1),
         send_window=send_window,
         backlog_send_window=backlog_send_window,

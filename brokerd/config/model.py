@@ -242,6 +242,10 @@ class LimitsConfig:
     body_segment_mb: int = 64
     """MB of a segment file of large bodies (``brokerd.storage.body_files``) before the next
     one begins: a segment is deleted, or compacted, as a whole."""
+    body_compact_after: float = 30.0
+    """Seconds a segment of large bodies is left after it is closed for appends before the
+    few live bodies that keep it may be moved (compaction): most bodies of a busy link are
+    acknowledged sooner."""
     send_window: int = 2000
     """Messages handed to one link and not yet acknowledged, at most, before a message
     SENT since the link opened waits (and the applications SENDing to the link are held):

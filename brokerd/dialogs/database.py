@@ -84,11 +84,16 @@ class Database:
         data_dir: Path,
         page_cache_mb: int = PAGE_CACHE_MB,
         segment_bytes: int | None = None,
+        compact_after: float | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
         self.store = Store(
-            data_dir / f"{config.name}.sqlite", config.name, page_cache_mb, segment_bytes
+            data_dir / f"{config.name}.sqlite",
+            config.name,
+            page_cache_mb,
+            segment_bytes,
+            compact_after,
         )
         self.catalog = Catalog.from_config(config)
         self.service_keys = ServiceKeys()

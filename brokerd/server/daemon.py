@@ -62,6 +62,7 @@ class Broker:
                 config.data_dir,
                 config.limits.page_cache_mb,
                 config.limits.body_segment_mb * 1024 * 1024,
+                config.limits.body_compact_after,
             )
             for db in config.databases
         }

@@ -292,6 +292,7 @@ class Store:
         database: str,
         page_cache_mb: int = PAGE_CACHE_MB,
         segment_bytes: int | None = None,
+        compact_after: float | None = None,
     ) -> None:
         self.path = path
         self.database = database
@@ -299,6 +300,9 @@ class Store:
         self.segment_bytes = segment_bytes
         """Bytes of a segment file of large bodies (``limits.body_segment_mb``; None:
         :data:`body_files.SEGMENT_BYTES`)."""
+        self.compact_after = compact_after
+        """Seconds before a closed segment may be compacted (``limits.body_compact_after``;
+        None: :data:`body_files.COMPACT_AFTER`)."""
         self.bodies: BodyFiles | None = None
         """The segment files of large bodies, once open (None for a mirrored database):
         the committer's; the event loop only reads :meth:`BodyFiles.view`."""
@@ -341,7 +345,9 @@ class Store:
             )
             mirrored = self.replica is not None
             self.bodies = await self._call(
-                lambda conn: _open_bodies(conn, self.path, mirrored, self.segment_bytes)
+                lambda conn: _open_bodies(
+                    conn, self.path, mirrored, self.segment_bytes, self.compact_after
+                )
             )
         except BaseException:
             await self._shutdown()
@@ -864,14 +870,18 @@ def _disk_full(exc: BaseException) -> bool:
 
 
 def _open_bodies(
-    conn: sqlite3.Connection, path: Path, mirrored: bool, segment_bytes: int | None = None
+    conn: sqlite3.Connection,
+    path: Path,
+    mirrored: bool,
+    segment_bytes: int | None = None,
+    compact_after: float | None = None,
 ) -> BodyFiles | None:
     """Give the committer's connection its segment files of large bodies, deleting the
     segments no row refers to; a mirrored database (R-ROUTE-16) has none, and takes
     back into its rows the bodies it stored before it was mirrored."""
     directory = body_files.directory_of(path)
     if not mirrored:
-        bodies = BodyFiles(directory, segment_bytes)
+        bodies = BodyFiles(directory, segment_bytes, compact_after)
         bodies.open(conn)
         conn.bodies = bodies  # type: ignore[attr-defined]  # a StoreConnection
         return bodies

@@ -1,5 +1,5 @@
-"""``limits.page_cache_mb`` and ``limits.body_segment_mb`` reach the connection of every
-database of a running daemon."""
+"""``limits.page_cache_mb``, ``limits.body_segment_mb`` and ``limits.body_compact_after``
+reach the connection of every database of a running daemon."""
 
 from __future__ import annotations
 
@@ -34,13 +34,15 @@ async def test_each_database_of_a_daemon_has_the_page_cache_it_was_configured_wi
             assert rows[0][0] == -8 * 1024, name
 
 
-async def test_each_database_of_a_daemon_cuts_its_segments_of_bodies_as_configured(
+async def test_each_database_of_a_daemon_cuts_and_compacts_its_segments_as_configured(
     tmp_path: Path,
 ) -> None:
     daemon = Deployment(tmp_path).add(
-        "solo", HOST, DATABASES, extra="[limits]\nbody_segment_mb = 3\n"
+        "solo", HOST, DATABASES, extra="[limits]\nbody_segment_mb = 3\nbody_compact_after = 7\n"
     )
     async with in_process(daemon.config_path) as broker:
         for name in ("Shop", "Warehouse"):
-            size = await broker.databases[name].store.run(lambda conn: conn.bodies.segment_bytes)
-            assert size == 3 * 1024 * 1024, name
+            files = await broker.databases[name].store.run(
+                lambda conn: (conn.bodies.segment_bytes, conn.bodies.compact_after)
+            )
+            assert files == (3 * 1024 * 1024, 7.0), name

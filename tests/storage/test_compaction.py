@@ -230,13 +230,12 @@ async def test_a_message_nobody_receives_does_not_keep_its_segments(
     fragments of a slow dialog's messages (R-DLG-7) while a fast dialog streams through
     and is RECEIVEd. The slow messages' fragments end up compacted together, and come
     out whole, exactly once and in order, when they are RECEIVEd at last."""
-    monkeypatch.setattr(body_files, "COMPACT_AFTER", 0.2)
     monkeypatch.setattr(body_files, "COMPACT_EVERY", 0.1)
     deployment = example.shop_and_warehouse(
         tmp_path,
         retry=FAST_RETRY,
         hosts=("127.0.0.231", "127.0.0.232"),
-        extra="[limits]\nbody_segment_mb = 1\n",  # a round of the fast dialog fills one
+        extra="[limits]\nbody_segment_mb = 1\nbody_compact_after = 0.2\n",
     )
     alpha, beta = deployment.daemons["alpha"], deployment.daemons["beta"]
     async with in_process(alpha.config_path) as shop_broker, in_process(beta.config_path) as wb:

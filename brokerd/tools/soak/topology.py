@@ -77,14 +77,15 @@ promoted mirror cuts again a message its receiver holds part of (R-DLG-7)."""
 _FRAGMENT_SIZE = re.compile(r"(?m)^fragment_size = \d+$")
 
 
-SEGMENT_MB = 1
-"""``limits.body_segment_mb`` of every daemon: with segments of large bodies this small, a
-soak's faults (a partner down, a queue not drained) leave many segments a few bodies
-keep, which the daemons compact while their partners are killed and restarted."""
+SEGMENTS = "body_segment_mb = 1\nbody_compact_after = 2\n"
+"""The segments of large bodies of every daemon: small, and compacted 2 s after they are
+closed, so that the bodies a soak's faults hold back (a partner down, a retransmission
+awaited, a consumer stalled) are moved between segments while daemons are killed and
+restarted."""
 
 
 def _limits(fragment_size: int) -> str:
-    return f"[limits]\nfragment_size = {fragment_size}\nbody_segment_mb = {SEGMENT_MB}\n"
+    return f"[limits]\nfragment_size = {fragment_size}\n{SEGMENTS}"
 
 
 def set_fragment_size(config: Path, fragment_size: int) -> None:
