@@ -59,8 +59,8 @@ def apply_batch(
     and written last: a snapshot is a whole row.
 
     With ``bodies``, a body of :data:`STORED_FROM` bytes or more that a
-    transmission-queue row or a received fragment would carry is appended to a segment
-    file and the row says where
+    transmission-queue row, a received fragment or a service queue's row would carry is
+    appended to a segment file and the row says where
     (:mod:`brokerd.storage.body_files`); the caller makes the file durable before the
     COMMIT.
     """
@@ -79,7 +79,7 @@ def apply_batch(
             elif sql.startswith("INSERT"):
                 if bodies is not None and sql in STORABLE:
                     body = params[STORABLE[sql][1]]
-                    if len(body) >= STORED_FROM:
+                    if body is not None and len(body) >= STORED_FROM:
                         sql, params = stored(sql, params, bodies.store(body))
                 inserts.setdefault(sql, []).append(params)
             else:

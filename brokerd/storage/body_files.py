@@ -1,8 +1,8 @@
 """Large bodies kept beside a database's SQLite file, in append-only segment files.
 
 A body of :data:`STORED_FROM` bytes or more that a transmission-queue row (a message
-sent) or a ``message_fragments`` row (a fragment received) would carry goes instead
-into the current segment of ``<file>-bodies/``; the row keeps where
+sent), a ``message_fragments`` row (a fragment received) or a ``queue_messages`` row (a
+message delivered whole) would carry goes instead into the current segment of ``<file>-bodies/``; the row keeps where
 (``stored_at``: the segment's number times 2**40 plus the offset) and how long
 (``stored_length``), with an empty ``body``. SQLite then writes a row of a few dozen
 bytes, not a chain of overflow pages that goes to the WAL, is copied again by the
@@ -77,7 +77,7 @@ COMPACT_AGAIN = 0.5
 SUFFIX = "-bodies"
 """The directory of a database file's segments: its file name with this suffix."""
 
-TABLES = ("transmission_queue", "message_fragments")
+TABLES = ("transmission_queue", "message_fragments", "queue_messages")
 """The tables whose rows may point into the segments (each has ``stored_at`` and
 ``stored_length`` columns, and a partial index on ``stored_at``)."""
 

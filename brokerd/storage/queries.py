@@ -155,6 +155,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         "CREATE INDEX IF NOT EXISTS message_fragments_stored ON message_fragments "
         "(stored_at) WHERE stored_at IS NOT NULL",
     ),
+    Migration(
+        7,
+        "a large body of a service queue's row (a message delivered whole: inside one "
+        "database, over the local link, or of one fragment) may live in a segment file "
+        "too",
+        "ALTER TABLE queue_messages ADD COLUMN stored_at INTEGER;"
+        "ALTER TABLE queue_messages ADD COLUMN stored_length INTEGER;"
+        "CREATE INDEX IF NOT EXISTS queue_messages_stored ON queue_messages "
+        "(stored_at) WHERE stored_at IS NOT NULL",
+    ),
 )
 """The schema, step by step; a step is never edited once released, only followed by another."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -408,7 +418,18 @@ def unqueue_sent(
 
 # -- service queues --------------------------------------------------------------------------
 
-_QUEUED = "INSERT OR IGNORE INTO queue_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+QUEUED = "INSERT OR IGNORE INTO queue_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)"
+"""A message's row in its service queue, its body (if any yet) in the row."""
+QUEUED_STORED = (
+    "INSERT OR IGNORE INTO queue_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+"""The same row with the body :data:`IN_ELSEWHERE` and where the body is stored."""
+QUEUED_BODY = 9
+"""The body's place among :data:`QUEUED`'s parameters."""
+QUEUED_STORED_AT = (
+    "SELECT stored_at, stored_length FROM queue_messages WHERE conversation_handle = ? "
+    "AND message_sequence_number = ?"
+)
 _PROMOTE = (
     "UPDATE queue_messages SET status = 1 WHERE conversation_handle = ? AND "
     "message_sequence_number = ?"
@@ -472,7 +493,13 @@ _REMOVE_FRAGMENTS = (
     "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number "
 )
 
-IN_FRAGMENTS = b""
+IN_ELSEWHERE = b""
+"""The body column of a complete message whose bytes are not in its row: in its
+fragments (:data:`IN_FRAGMENTS`), or in a segment file (the row's ``stored_at`` says
+where: :data:`QUEUED_STORED`). An empty message's row has it too, with neither: RECEIVE
+looks at ``stored_at`` first, then at the fragments, and finds nothing."""
+
+IN_FRAGMENTS = IN_ELSEWHERE
 """The body column of a complete message of several fragments (R-DLG-7): its bytes stay
 in ``message_fragments``, where they were stored as they arrived, and RECEIVE joins
 them (:func:`read_received`). Joining them into the queue row when the last fragment
@@ -499,7 +526,7 @@ def queued_message(
 ) -> Statement:
     """A received message's row in its service queue (``body`` None while fragments arrive)."""
     return (
-        _QUEUED,
+        QUEUED,
         (queue, group, handle, seq, status, service, contract, message_type, length, body, now),
     )
 
@@ -685,9 +712,13 @@ def read_received(
             continue
         positions.append(position)
         body = row[6]
-        if body == IN_FRAGMENTS:
-            body = _joined_fragments(conn, row[0], int(row[1]))
-            in_fragments.add(item)
+        if body == IN_ELSEWHERE:
+            at, length = conn.execute(QUEUED_STORED_AT, (row[0], row[1])).fetchone()
+            if at is not None:
+                body = read_stored(conn, at, length)
+            else:
+                body = _joined_fragments(conn, row[0], int(row[1]))
+                in_fragments.add(item)
         out.append(
             {
                 "conversation_handle": row[0],
@@ -844,6 +875,7 @@ FRAGMENT_DATA = 4
 STORABLE: dict[str, tuple[str, int]] = {
     SENT: (SENT_STORED, SENT_BODY),
     FRAGMENT: (FRAGMENT_STORED, FRAGMENT_DATA),
+    QUEUED: (QUEUED_STORED, QUEUED_BODY),
 }
 """The inserts whose body the committer may store in a segment file: the statement
 that then says where, and the body's place among the parameters."""

@@ -18,9 +18,16 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
-from brokerd.tools.example import CONTRACT, ORDER, SHOP_SERVICE, WAREHOUSE_SERVICE
+from brokerd.storage import body_files
+from brokerd.tools.example import (
+    CONTRACT,
+    ORDER,
+    SHOP_SERVICE,
+    WAREHOUSE_SERVICE,
+    two_services_database,
+)
 from brokerd.tools.launcher import Deployment
-from tests.daemons import drain
+from tests.daemons import drain, running
 from tests.sdk.orders import wait_ready
 
 FRAGMENT = 64 * 1024
@@ -109,3 +116,44 @@ async def test_end_conversation_removes_the_fragments_of_what_it_discards(
     assert _stored(deployment)[1:] == (0, 0)
     for client in (shop, warehouse):
         await client.close()
+
+
+async def test_a_large_body_sent_inside_one_database_is_stored_once(tmp_path: Path) -> None:
+    """Both services in one database: a SEND goes straight into the target queue
+    (R-DLG-13), and a large body into a segment file beside the file, not into
+    SQLite's pages. The bodies survive a SIGKILL before RECEIVE and come out whole,
+    exactly once and in order, an empty one among them; then no segment is left."""
+    deployment = Deployment(tmp_path)
+    solo = deployment.add("solo", "127.0.0.238", two_services_database("shop"))
+    with running(deployment):
+        client = await solo.client()
+        handle = await client.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        # The first message takes the whole way (it makes the target's endpoint); the
+        # ones after it go straight into the queue.
+        bodies = [_order(0, 10), _order(1, 3 * FRAGMENT), b"", _order(2, FRAGMENT // 2 + 1)]
+        for body in bodies:
+            await client.send(handle, ORDER, body)
+        await client.close()
+        database = solo.directory / "data" / "shop.sqlite"
+        with sqlite3.connect(database) as conn:
+            rows = conn.execute(
+                "SELECT length(body), stored_length FROM queue_messages "
+                "ORDER BY message_sequence_number"
+            ).fetchall()
+        assert rows == [(len(bodies[0]), None), (0, len(bodies[1])), (0, None), (0, len(bodies[3]))]
+        segments = body_files.directory_of(database)
+        assert sum(p.stat().st_size for p in segments.iterdir()) == len(bodies[1]) + len(bodies[3])
+
+        deployment.kill("solo")
+        await asyncio.to_thread(deployment.start, "solo")
+        fresh = await solo.client()
+        got = await drain(fresh, "OrderQueue", 4, timeout=20)
+        assert [m.message_sequence_number for m in got] == [1, 2, 3, 4]
+        assert [m.message_body for m in got] == bodies
+        assert await fresh.receive("OrderQueue", top=10, timeout=0.5) == []
+        for _ in range(50):
+            if not list(segments.iterdir()):
+                break
+            await asyncio.sleep(0.1)
+        assert list(segments.iterdir()) == []
+        await fresh.close()

@@ -92,6 +92,18 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
         c, [queries.stored(*queries.fragment(H1, 102, 0, 0, b"ab"), 2 << 40)]
     ),
     "the collector: does a row point into a segment of bodies": lambda c: body_files.referred(c, 1),
+    "a large message delivered whole: its queue row says where its body is": lambda c: _run(
+        c,
+        [
+            queries.stored(
+                *queries.queued_message("q", G, H1, 103, 1, "//s", "//c", "//t", 2, b"ab", 1.0),
+                3 << 40,
+            )
+        ],
+    ),
+    "RECEIVE: where a queue row's body is stored": lambda c: c.execute(
+        queries.QUEUED_STORED_AT, (H1, 103)
+    ),
     "compaction: the live bytes of a segment": lambda c: body_files.live_bytes(c, 1),
     "compaction: a segment's rows, each pointed elsewhere": lambda c: [
         (body_files.live_rows(c, table, 1), c.execute(body_files.MOVE_ROW[table], (2 << 40, 1)))

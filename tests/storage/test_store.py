@@ -356,7 +356,7 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
     assert "configured_status" in columns
     assert {"far_peer", "dialog_key"} <= set(endpoint_columns)
     assert {"stored_at", "stored_length"} <= set(sent_columns)
-    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "6"
+    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "7"
 
 
 async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:
