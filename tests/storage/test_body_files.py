@@ -254,11 +254,17 @@ async def test_a_failed_sync_commits_nothing_and_leaves_its_segment(
 
 async def test_a_database_that_becomes_mirrored_takes_its_bodies_back(tmp_path: Path) -> None:
     """R-ROUTE-16: a mirrored database ships SQL and copies of its file, so its bodies
-    live in its rows; one stored beside the file before is read back into its row."""
+    live in its rows; those stored beside the file before (a message sent, one in its
+    queue, a fragment) are read back into their rows."""
     path = tmp_path / "shop.sqlite"
     store = Store(path, "shop")
     await store.open()
     await _commit(store, [queries.sent_message(H, n, "//t", 3, LARGE, 1.0) for n in (1, 2)])
+    group = str(uuid.uuid4())
+    queued = queries.queued_message(
+        "q", group, H, 5, 1, "//s", "//c", "//t", len(LARGE), LARGE, 1.0
+    )
+    await _commit(store, [queued, queries.fragment(H, 6, 0, 0, LARGE[::-1])])
     await store.close()
     assert len(_segments(path)) == 1
 
@@ -267,8 +273,17 @@ async def test_a_database_that_becomes_mirrored_takes_its_bodies_back(tmp_path: 
     await mirrored.open()
     await _commit(mirrored, [queries.sent_message(H, 3, "//t", 3, LARGE, 1.0)])
     assert await _read(mirrored, [1, 2, 3]) == {(H, n): LARGE for n in (1, 2, 3)}
+    rows, _ = await mirrored.run(
+        lambda conn: queries.read_received(conn, [(uuid.UUID(H), 5)], remove=False)
+    )
+    assert rows[0]["message_body"] == LARGE
+    assert await mirrored.run(lambda conn: queries.read_fragments(conn, H, 6)) == {0: LARGE[::-1]}
     await mirrored.close()
     assert [(size, stored) for _, size, stored, _ in _rows(path)] == [(len(LARGE), None)] * 3
+    with sqlite3.connect(path) as conn:
+        for table, column in (("queue_messages", "body"), ("message_fragments", "data")):
+            (row,) = conn.execute(f"SELECT length({column}), stored_at FROM {table}").fetchall()
+            assert row == (len(LARGE), None), table
     assert _segments(path) == []
 
 
