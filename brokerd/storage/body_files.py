@@ -2,7 +2,8 @@
 
 A body of :data:`STORED_FROM` bytes or more that a transmission-queue row (a message
 sent), a ``message_fragments`` row (a fragment received) or a ``queue_messages`` row (a
-message delivered whole) would carry goes instead into the current segment of ``<file>-bodies/``; the row keeps where
+message delivered whole) would carry goes instead into the current segment of
+``<file>-bodies/``; the row keeps where
 (``stored_at``: the segment's number times 2**40 plus the offset) and how long
 (``stored_length``), with an empty ``body``. SQLite then writes a row of a few dozen
 bytes, not a chain of overflow pages that goes to the WAL, is copied again by the
