@@ -147,6 +147,23 @@ def _store_rows(conn: sqlite3.Connection, files: BodyFiles, rows: list[tuple[int
     conn.execute("COMMIT")
 
 
+def _segments_of_four(
+    tmp_path: Path, rows: int, deleted: tuple[int, ...], compact_after: float | None = None
+) -> tuple[sqlite3.Connection, BodyFiles]:
+    """Messages 1..``rows`` sent, four bodies a segment (nine: segments 1, 2 and 3), then
+    ``deleted`` acknowledged."""
+    conn = _database(tmp_path)
+    files = BodyFiles(
+        tmp_path / "t.sqlite-bodies", segment_bytes=4 * BODY, compact_after=compact_after
+    )
+    files.open(conn)
+    _store_rows(conn, files, [(n, _body(n)) for n in range(1, rows + 1)])
+    marks = ", ".join(map(str, deleted))
+    conn.execute(f"DELETE FROM transmission_queue WHERE message_sequence_number IN ({marks})")
+    files.committed(conn)
+    return conn, files
+
+
 def _positions(conn: sqlite3.Connection) -> list[int]:
     return [
         int(at)
@@ -157,12 +174,7 @@ def _positions(conn: sqlite3.Connection) -> list[int]:
 
 
 def test_a_dense_or_young_segment_is_left_where_it_is(tmp_path: Path) -> None:
-    conn = _database(tmp_path)
-    files = BodyFiles(tmp_path / "t.sqlite-bodies", segment_bytes=4 * BODY, compact_after=3600)
-    files.open(conn)
-    _store_rows(conn, files, [(n, _body(n)) for n in range(1, 10)])  # segments 1, 2 and 3
-    conn.execute("DELETE FROM transmission_queue WHERE message_sequence_number IN (1, 2, 3, 6)")
-    files.committed(conn)
+    conn, files = _segments_of_four(tmp_path, 9, (1, 2, 3, 6), compact_after=3600)
     before = _positions(conn)
     assert files.compact(conn, force=True) == 0  # closed, but not long enough
     files.compact_after = 0
@@ -186,12 +198,7 @@ def test_a_compaction_that_cannot_write_moves_nothing(
 ) -> None:
     """A full disk, then a failed sync, in the middle of a compaction: the rows still
     point at the old segment, which stays and reads back; the next pass moves them."""
-    conn = _database(tmp_path)
-    files = BodyFiles(tmp_path / "t.sqlite-bodies", segment_bytes=4 * BODY, compact_after=0)
-    files.open(conn)
-    _store_rows(conn, files, [(n, _body(n)) for n in range(1, 6)])
-    conn.execute("DELETE FROM transmission_queue WHERE message_sequence_number IN (1, 2, 3)")
-    files.committed(conn)
+    conn, files = _segments_of_four(tmp_path, 5, (1, 2, 3), compact_after=0)
     before = _positions(conn)
 
     def full(fd: int, data: bytes, offset: int) -> int:
@@ -292,14 +299,7 @@ def test_a_segment_that_cannot_be_moved_does_not_hold_up_the_others(tmp_path: Pa
     """A segment cut short by hand: its live body cannot be read back to be moved (the
     error names the file) and stays where it is; the next sparse segment is compacted
     all the same."""
-    conn = _database(tmp_path)
-    files = BodyFiles(tmp_path / "t.sqlite-bodies", segment_bytes=4 * BODY, compact_after=0)
-    files.open(conn)
-    _store_rows(conn, files, [(n, _body(n)) for n in range(1, 10)])  # segments 1, 2 and 3
-    conn.execute(
-        "DELETE FROM transmission_queue WHERE message_sequence_number IN (1, 2, 3, 5, 6, 7)"
-    )
-    files.committed(conn)
+    conn, files = _segments_of_four(tmp_path, 9, (1, 2, 3, 5, 6, 7), compact_after=0)
     os.truncate(files.directory / "0000000001.seg", 3 * BODY + 10)
     with pytest.raises(body_files.BodyFileError, match=r"0000000001\.seg.*cut short"):
         files.compact(conn, force=True)
@@ -318,11 +318,7 @@ def test_a_segment_that_cannot_be_moved_does_not_hold_up_the_others(tmp_path: Pa
 def test_segments_found_at_start_up_are_as_old_as_their_files(tmp_path: Path) -> None:
     """A daemon restarted more often than ``COMPACT_AFTER`` still compacts: a segment
     found at start-up counts its age from when it was last written."""
-    conn = _database(tmp_path)
-    files = BodyFiles(tmp_path / "t.sqlite-bodies", segment_bytes=4 * BODY)
-    files.open(conn)
-    _store_rows(conn, files, [(n, _body(n)) for n in range(1, 10)])
-    conn.execute("DELETE FROM transmission_queue WHERE message_sequence_number IN (1, 2, 3)")
+    conn, files = _segments_of_four(tmp_path, 9, (1, 2, 3))
     files.close()
     an_hour_ago = time.time() - 3600
     os.utime(files.directory / "0000000001.seg", (an_hour_ago, an_hour_ago))
@@ -361,11 +357,7 @@ def test_a_crash_in_the_middle_of_a_compaction_loses_nothing(tmp_path: Path, whe
     before or after the COMMIT that points the rows at them): every row still reads
     its own body, from the old segment or from the new one, and start-up deletes
     what no row points to."""
-    conn = _database(tmp_path)
-    files = BodyFiles(tmp_path / "t.sqlite-bodies", segment_bytes=4 * BODY)
-    files.open(conn)
-    _store_rows(conn, files, [(n, _body(n)) for n in range(1, 10)])
-    conn.execute("DELETE FROM transmission_queue WHERE message_sequence_number IN (1, 2, 3)")
+    conn, files = _segments_of_four(tmp_path, 9, (1, 2, 3))
     files.close()
     conn.close()
 
