@@ -430,6 +430,8 @@ QUEUED_STORED_AT = (
     "SELECT stored_at, stored_length FROM queue_messages WHERE conversation_handle = ? "
     "AND message_sequence_number = ?"
 )
+"""RECEIVE: where a row whose body is :data:`IN_ELSEWHERE` has it stored (NULL: in its
+fragments, or nowhere for an empty message)."""
 _PROMOTE = (
     "UPDATE queue_messages SET status = 1 WHERE conversation_handle = ? AND "
     "message_sequence_number = ?"
