@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from brokerd.config import DatabaseConfig
+from brokerd.config import DatabaseConfig, LimitsConfig
 from brokerd.dialogs.endpoint import Endpoint, endpoint_from_row
 from brokerd.dialogs.ready import Item, Rank, ReadyIndex, rank_of
 from brokerd.dialogs.service_keys import ServiceKeys
@@ -25,7 +25,7 @@ from brokerd.dialogs.states import DELIVERING
 from brokerd.storage import queries
 from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.queries import Rows, Statement
-from brokerd.storage.store import PAGE_CACHE_MB, Store
+from brokerd.storage.store import Store
 from protocol.acks import UNKNOWN_COUNT, AckState
 from protocol.dialog import (
     END_DIALOG,
@@ -79,21 +79,19 @@ _END_FLAGS = {
 
 class Database:
     def __init__(
-        self,
-        config: DatabaseConfig,
-        data_dir: Path,
-        page_cache_mb: int = PAGE_CACHE_MB,
-        segment_bytes: int | None = None,
-        compact_after: float | None = None,
+        self, config: DatabaseConfig, data_dir: Path, limits: LimitsConfig | None = None
     ) -> None:
+        """``limits``: the daemon's (``[limits]``: the page cache and the segment files
+        of large bodies of the database's store); the defaults without."""
         self.config = config
         self.name = config.name
+        limits = limits or LimitsConfig()
         self.store = Store(
             data_dir / f"{config.name}.sqlite",
             config.name,
-            page_cache_mb,
-            segment_bytes,
-            compact_after,
+            limits.page_cache_mb,
+            limits.body_segment_mb * 1024 * 1024,
+            limits.body_compact_after,
         )
         self.catalog = Catalog.from_config(config)
         self.service_keys = ServiceKeys()

@@ -57,14 +57,7 @@ class Broker:
         self.instance_name = self.identity.instance_name
         self.client_tls = server_context(config)
         self.databases = {
-            db.name: Database(
-                db,
-                config.data_dir,
-                config.limits.page_cache_mb,
-                config.limits.body_segment_mb * 1024 * 1024,
-                config.limits.body_compact_after,
-            )
-            for db in config.databases
+            db.name: Database(db, config.data_dir, config.limits) for db in config.databases
         }
         self.transport = Transport(endpoint, self.identity)
         self.trace = TraceWriter(config.trace, self.instance_name)

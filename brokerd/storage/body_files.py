@@ -452,9 +452,11 @@ class BodyFiles:
                 self.sync()
             conn.execute("COMMIT")
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self.discard()
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            finally:
+                self.discard()  # nothing refers to what was copied, even if ROLLBACK failed
             raise
         self._delete(segment)
         self.segments_compacted += 1

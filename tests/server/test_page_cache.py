@@ -22,27 +22,17 @@ name = "Q"
 """
 
 
-async def test_each_database_of_a_daemon_has_the_page_cache_it_was_configured_with(
+async def test_each_database_of_a_daemon_has_the_storage_limits_it_was_configured_with(
     tmp_path: Path,
 ) -> None:
-    daemon = Deployment(tmp_path).add(
-        "solo", HOST, DATABASES, extra="[limits]\npage_cache_mb = 8\n"
-    )
+    limits = "[limits]\npage_cache_mb = 8\nbody_segment_mb = 3\nbody_compact_after = 7\n"
+    daemon = Deployment(tmp_path).add("solo", HOST, DATABASES, extra=limits)
     async with in_process(daemon.config_path) as broker:
         for name in ("Shop", "Warehouse"):
-            rows = await broker.databases[name].store.query("PRAGMA cache_size")
+            store = broker.databases[name].store
+            rows = await store.query("PRAGMA cache_size")
             assert rows[0][0] == -8 * 1024, name
-
-
-async def test_each_database_of_a_daemon_cuts_and_compacts_its_segments_as_configured(
-    tmp_path: Path,
-) -> None:
-    daemon = Deployment(tmp_path).add(
-        "solo", HOST, DATABASES, extra="[limits]\nbody_segment_mb = 3\nbody_compact_after = 7\n"
-    )
-    async with in_process(daemon.config_path) as broker:
-        for name in ("Shop", "Warehouse"):
-            files = await broker.databases[name].store.run(
+            files = await store.run(
                 lambda conn: (conn.bodies.segment_bytes, conn.bodies.compact_after)
             )
             assert files == (3 * 1024 * 1024, 7.0), name
