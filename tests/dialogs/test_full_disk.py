@@ -238,7 +238,7 @@ async def test_a_full_disk_under_the_segment_files_leaves_no_gap(
         assert "disk is full" in str(outcomes[0]), outcomes
         monkeypatch.undo()  # room again
         assert await _stored_send_sequence(broker, handle) == 1  # no number given back
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.5)  # as after any store error, let what was received reload
         bodies = [bytes([n]) * STORED_FROM for n in range(2, 7)]
         for body in bodies:
             await client.send(handle, example.ORDER, body)
