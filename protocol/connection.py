@@ -51,7 +51,7 @@ import enum
 import hashlib
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -59,6 +59,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from protocol import frames
+from protocol.buffers import Buffer
 from protocol.errors import (
     CloseCode,
     HandshakeRefused,
@@ -190,7 +191,9 @@ class BrokerConnection:
         self._entropy = entropy
         self._ephemeral = X25519PrivateKey.from_private_bytes(entropy(32))
         self._random = entropy(32)
-        self._buffer = bytearray()
+        self._pending: list[Buffer] = []
+        """The bytes of an incomplete frame, as they came: joined once it is whole."""
+        self._pending_size = 0
         self._need = HEADER_SIZE
         self._outbox = bytearray()
         self._send_counter = 0
@@ -233,26 +236,27 @@ class BrokerConnection:
         if type(data) is not bytes:
             data = bytes(data)  # payload slices handed up must be immutable
         self.stats.bytes_received += len(data)
-        buffer = self._buffer
         events: list[Event] = []
         pos = 0
         head = b""
-        if buffer:
-            missing = self._need - len(buffer)
+        if self._pending:
+            buffered = self._pending_size
+            missing = self._need - buffered
             if len(data) < missing:
-                buffer += data
+                self._pending.append(data)
+                self._pending_size += len(data)
                 return []
-            if len(buffer) < HEADER_SIZE:  # a header split across reads: join them
-                buffer += data
-                data = bytes(buffer)
-                buffer.clear()
+            pending = self._pending
+            self._pending = []
+            self._pending_size = 0
+            if buffered < HEADER_SIZE:  # a header split across reads: join them
+                pending.append(data)
+                data = b"".join(pending)
             else:
                 # Complete the pending frame from the head of ``data`` and parse the rest
-                # where it is: only the frame that straddled two reads is copied.
-                with memoryview(data) as view:
-                    buffer += view[:missing]
-                head = bytes(buffer)
-                buffer.clear()
+                # where it is: only the frame that straddled reads is copied, once.
+                pending.append(memoryview(data)[:missing])
+                head = b"".join(pending)
                 pos = missing
         try:
             if head and self._frames(head, 0, events) < 0:
@@ -266,7 +270,8 @@ class BrokerConnection:
             raise
         size = len(data)
         if pos < size:
-            buffer += data[pos:]
+            self._pending.append(memoryview(data)[pos:] if pos else data)
+            self._pending_size = size - pos
             # The header of the pending frame is validated as soon as it is complete,
             # so an oversized length is refused before its body is buffered.
             limit = (
@@ -286,21 +291,23 @@ class BrokerConnection:
         one starts, or -1 once the connection has closed."""
         size = len(data)
         opened_limit = self.settings.max_frame_size
+        view = memoryview(data)
         while size - pos >= HEADER_SIZE:
             limit = opened_limit if self.state is State.OPEN else HANDSHAKE_MAX_FRAME_SIZE
             header = frames.decode_header(data, limit, pos)
-            end = pos + HEADER_SIZE + header.length
+            start = pos + HEADER_SIZE
+            end = start + header.length
             if end > size:
                 break
-            header_bytes = data[pos : pos + HEADER_SIZE]
-            body = data[pos + HEADER_SIZE : end]
+            header_bytes = data[pos:start]
             pos = end
             self.stats.frames_received += 1
             if self.state is State.OPEN and header.frame_type in _OPEN_TYPE_VALUES:
-                # The common case skips the general dispatch's enum and table lookup.
-                self._on_open_frame(header, header_bytes, body, events)
+                # The common case skips the general dispatch's enum and table lookup, and
+                # opens the frame where it lies in ``data``.
+                self._on_open_frame(header, header_bytes, view[start:end], events)
                 continue
-            self._dispatch(header, header_bytes, body, events)
+            self._dispatch(header, header_bytes, data[start:end], events)
             if self.closed:
                 return -1
         return pos
@@ -353,11 +360,16 @@ class BrokerConnection:
             return self.close(event.code, event.reason)
         raise LocalProtocolError(f"cannot send {type(event).__name__}")
 
-    def send_fragments(self, payloads: list[bytes]) -> bytes:
-        """Frame several FRAGMENT payloads, in order: on a version 2 connection as few
-        FRAGMENTS frames as the peer's frame limit allows (one seal, signature and header
-        for many small fragments), otherwise, and for a payload alone, one FRAGMENT each.
-        """
+    def send_fragments(self, payloads: Sequence[Sequence[Buffer]]) -> list[Buffer]:
+        """The frames carrying several FRAGMENT payloads, in order: on a version 2
+        connection as few FRAGMENTS frames as the peer's frame limit allows (one seal,
+        signature and header for many small fragments), otherwise, and for a payload
+        alone, one FRAGMENT each.
+
+        Each payload is given as the pieces it is made of (a fragment's header, then its
+        bytes: :func:`protocol.dialog.fragment_pieces`); they are joined once, into the
+        frame's plaintext."""
+        sizes = [sum(map(len, pieces)) for pieces in payloads]
         per_frame = self.settings.fragments_per_frame
         if (
             len(payloads) == 1
@@ -365,26 +377,32 @@ class BrokerConnection:
             or self.version is None
             or self.version < frames.FRAGMENTS_VERSION
         ):
-            return b"".join([self._send_protected(FrameType.FRAGMENT, p) for p in payloads])
-        limit = self.max_payload_size
-        out: list[bytes] = []
-        batch: list[bytes] = []
-        size = 0
-        for payload in payloads:
-            cost = 4 + len(payload)
-            if batch and (size + cost > limit or len(batch) == per_frame):
-                out.append(self._send_batch(batch))
-                batch, size = [], 0
-            batch.append(payload)
-            size += cost
-        if batch:
-            out.append(self._send_batch(batch))
-        return b"".join(out)
+            out: list[Buffer] = [
+                self._protect(FrameType.FRAGMENT, pieces, size)
+                for pieces, size in zip(payloads, sizes, strict=True)
+            ]
+        else:
+            limit = self.max_payload_size
+            out = []
+            batch: list[Sequence[Buffer]] = []
+            total = 0
+            for pieces, size in zip(payloads, sizes, strict=True):
+                cost = 4 + size
+                if batch and (total + cost > limit or len(batch) == per_frame):
+                    out.append(self._send_batch(batch, total))
+                    batch, total = [], 0
+                batch.append(pieces)
+                total += cost
+            if batch:
+                out.append(self._send_batch(batch, total))
+        if self._outbox:
+            out.insert(0, self.data_to_send())
+        return out
 
-    def _send_batch(self, batch: list[bytes]) -> bytes:
+    def _send_batch(self, batch: list[Sequence[Buffer]], size: int) -> Buffer:
         if len(batch) == 1:
-            return self._send_protected(FrameType.FRAGMENT, batch[0])
-        return self._send_protected(FrameType.FRAGMENTS, frames.encode_fragments(batch))
+            return self._protect(FrameType.FRAGMENT, batch[0], size - 4)
+        return self._protect(FrameType.FRAGMENTS, frames.fragments_pieces(batch), size)
 
     def close(self, code: CloseCode = CloseCode.NORMAL, reason: str = "") -> bytes:
         """The CLOSE frame that ends this connection (empty if already closed)."""
@@ -438,6 +456,10 @@ class BrokerConnection:
 
     def _open(self, header: FrameHeader, header_bytes: bytes, body: bytes) -> bytes:
         """Verify a protected frame: version, counter (replay/reorder), AEAD tag, MD5 signature."""
+        return bytes(self._open_view(header, header_bytes, body))
+
+    def _open_view(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> memoryview:
+        """As :meth:`_open`, the payload as a view of the opened plaintext."""
         assert self._opener is not None
         if header.version != self.version:
             raise RemoteProtocolError(
@@ -449,7 +471,7 @@ class BrokerConnection:
                 f"replayed or reordered frame: counter {header.counter}, "
                 f"expected at least {self._recv_next}"
             )
-        payload = self._opener.open(header, header_bytes, body)
+        payload = self._opener.open_view(header, header_bytes, body)
         self._recv_next = header.counter + 1
         return payload
 
@@ -569,20 +591,22 @@ class BrokerConnection:
             ) from None
 
     def _on_open_frame(
-        self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
+        self, header: FrameHeader, header_bytes: bytes, body: Buffer, events: list[Event]
     ) -> None:
         try:
-            payload = self._open(header, header_bytes, body)
+            opened = self._open_view(header, header_bytes, body)
         except IntegrityError as exc:
             self._integrity_failure(header, str(exc), events)
             return
         frame_type = header.frame_type
-        if frame_type == FrameType.FRAGMENT:
-            events.append(Fragment(payload))
-        elif frame_type == FrameType.FRAGMENTS:
+        if frame_type == FrameType.FRAGMENTS:
             if self.version is None or self.version < frames.FRAGMENTS_VERSION:
                 raise RemoteProtocolError(f"FRAGMENTS frame on a version {self.version} connection")
-            events.extend(Fragment(part) for part in frames.decode_fragments(payload))
+            events.extend(Fragment(part) for part in frames.decode_fragments(opened))
+            return
+        payload = bytes(opened)
+        if frame_type == FrameType.FRAGMENT:
+            events.append(Fragment(payload))
         elif frame_type == FrameType.ACK:
             events.append(Ack(payload))
         elif frame_type == FrameType.MIRROR:
@@ -708,13 +732,17 @@ class BrokerConnection:
         if self.state is not State.CLOSED:
             self._outbox += self._close_frame(exc.close_code, str(exc))
             self._closed(exc.close_code, str(exc))
-        self._buffer.clear()
+        self._drop_pending()
 
     def _closed(self, code: CloseCode, reason: str) -> None:
         self.state = State.CLOSED
         self.close_code = code
         self.close_reason = reason
-        self._buffer.clear()
+        self._drop_pending()
+
+    def _drop_pending(self) -> None:
+        self._pending = []
+        self._pending_size = 0
         self._need = HEADER_SIZE
 
     def _close_frame(self, code: CloseCode, reason: str) -> bytes:
@@ -731,22 +759,29 @@ class BrokerConnection:
         return self._clear_frame(FrameType.CLOSE, body, version)
 
     def _send_protected(self, frame_type: FrameType, payload: bytes) -> bytes:
+        frame = bytes(self._protect(frame_type, (payload,), len(payload)))
+        return self.data_to_send() + frame if self._outbox else frame
+
+    def _protect(self, frame_type: FrameType, pieces: Sequence[Buffer], size: int) -> bytearray:
+        """The protected frame of the payload ``pieces`` make (``size`` bytes joined)."""
         if self.state is not State.OPEN:
             raise LocalProtocolError(
                 f"cannot send {frame_type.name} in state {self.state.value}: "
                 "the handshake has not completed"
             )
-        if len(payload) + PROTECTION_OVERHEAD > self.peer_max_frame_size:
+        if size + PROTECTION_OVERHEAD > self.peer_max_frame_size:
             raise LocalProtocolError(
-                f"{frame_type.name} payload of {len(payload)} bytes exceeds the peer's frame "
+                f"{frame_type.name} payload of {size} bytes exceeds the peer's frame "
                 f"limit of {self.peer_max_frame_size - PROTECTION_OVERHEAD}"
             )
-        frame = self._seal(frame_type, payload)
-        return self.data_to_send() + frame if self._outbox else frame
+        return self._seal_pieces(frame_type, pieces)
 
     def _seal(self, frame_type: FrameType, payload: bytes) -> bytes:
+        return bytes(self._seal_pieces(frame_type, (payload,)))
+
+    def _seal_pieces(self, frame_type: FrameType, pieces: Sequence[Buffer]) -> bytearray:
         assert self._sealer is not None
-        frame = self._sealer.seal(frame_type, payload, self._send_counter)
+        frame = self._sealer.seal_pieces(frame_type, pieces, self._send_counter)
         self._send_counter += 1
         self.stats.frames_sent += 1
         self.stats.bytes_sent += len(frame)
@@ -763,7 +798,7 @@ class BrokerConnection:
     def buffered_bytes(self) -> int:
         """Bytes held for an incomplete frame; never above HEADER_SIZE + max_frame_size
         once receive_data returns."""
-        return len(self._buffer)
+        return self._pending_size
 
     @property
     def closed(self) -> bool:

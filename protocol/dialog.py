@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import construct as c
 
+from protocol.buffers import Buffer
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.frames import MAX_NAME_BYTES
 
@@ -568,11 +569,18 @@ def decode_header(data: bytes) -> DialogHeader:
 
 def encode_fragment(h: DialogHeader, body: bytes) -> bytes:
     """The payload of a FRAGMENT frame: header and fragment bytes."""
+    return b"".join(fragment_pieces(h, body))
+
+
+def fragment_pieces(h: DialogHeader, body: Buffer) -> tuple[bytes, Buffer]:
+    """The payload of a FRAGMENT frame as two pieces, not joined: the header with its
+    length prefix, then the fragment's bytes (a link frames them without copying the
+    bytes first: :meth:`protocol.connection.BrokerConnection.send_fragments`)."""
     problem = validate_header(h, len(body))
     if problem:
         raise LocalProtocolError(f"invalid dialog message: {problem}")
     header = _header_bytes(h)
-    return b"".join((_U16.pack(len(header)), header, body))
+    return _U16.pack(len(header)) + header, body
 
 
 def decode_fragment(payload: bytes) -> tuple[DialogHeader, bytes]:

@@ -48,6 +48,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from protocol.buffers import Buffer
 from protocol.dialog import (
     FLAG_INITIATOR,
     FLAG_SECURED,
@@ -218,7 +219,7 @@ class DialogKeys:
     def seal(
         self,
         header: DialogHeader,
-        body: bytes,
+        body: Buffer,
         key_exchange: bytes = b"",
         entropy: Callable[[int], bytes] = os.urandom,
     ) -> tuple[DialogHeader, bytes]:

@@ -24,10 +24,12 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import construct as c
 
+from protocol.buffers import Buffer
 from protocol.codec import FastCodec, fixed_struct
 from protocol.errors import CloseCode, RemoteProtocolError
 
@@ -306,17 +308,23 @@ MAX_FRAGMENTS_PER_FRAME = 4096
 
 def encode_fragments(payloads: list[bytes]) -> bytes:
     """The body of a FRAGMENTS frame: each payload prefixed by its length (u32)."""
+    return b"".join(fragments_pieces([(payload,) for payload in payloads]))
+
+
+def fragments_pieces(payloads: Sequence[Sequence[Buffer]]) -> list[Buffer]:
+    """The pieces that make the body of a FRAGMENTS frame once joined: each payload's
+    length (u32), then the pieces that payload is made of."""
     if not 0 < len(payloads) <= MAX_FRAGMENTS_PER_FRAME:
         raise ValueError(f"a FRAGMENTS frame carries 1..{MAX_FRAGMENTS_PER_FRAME} payloads")
     pack = _FRAGMENT_LENGTH.pack
-    parts: list[bytes] = []
-    for payload in payloads:
-        parts.append(pack(len(payload)))
-        parts.append(payload)
-    return b"".join(parts)
+    out: list[Buffer] = []
+    for pieces in payloads:
+        out.append(pack(sum(map(len, pieces))))
+        out.extend(pieces)
+    return out
 
 
-def decode_fragments(body: bytes) -> list[bytes]:
+def decode_fragments(body: Buffer) -> list[bytes]:
     """The FRAGMENT payloads of a FRAGMENTS body; RemoteProtocolError if it is malformed
     (no payload, an empty one, a length past the end, too many)."""
     size = len(body)

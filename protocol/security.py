@@ -36,8 +36,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import NameOID
 
+from protocol.buffers import Buffer
 from protocol.errors import CloseCode, HandshakeRefused, ProtocolError
 from protocol.frames import (
+    HEADER_SIZE,
     EncryptionMode,
     FrameFlags,
     FrameHeader,
@@ -234,14 +236,39 @@ class FrameSealer:
 
     def seal(self, frame_type: int, payload: bytes, counter: int) -> bytes:
         """The whole frame (header + protected body) carrying ``payload``."""
-        signature = hashlib.md5(payload, usedforsecurity=False).digest()
+        return bytes(self.seal_pieces(frame_type, (payload,), counter))
+
+    def seal_pieces(self, frame_type: int, pieces: Sequence[Buffer], counter: int) -> bytearray:
+        """The whole frame carrying the payload that ``pieces`` make once joined.
+
+        Each byte is copied once, into the plaintext behind its signature, and encrypted
+        once, into the frame: a fragment's header and its bytes need not be joined
+        first (for 1 MiB of fragments, every copy saved is about 0.1 ms)."""
+        plain = _JOIN((_UNSIGNED, *pieces))
+        length = len(plain) - SIGNATURE_SIZE
         header = encode_header(
-            self.version, frame_type, self.flags, len(payload) + PROTECTION_OVERHEAD, counter
+            self.version, frame_type, self.flags, length + PROTECTION_OVERHEAD, counter
         )
+        with memoryview(plain) as view:
+            signature = hashlib.md5(view[SIGNATURE_SIZE:], usedforsecurity=False).digest()
+        nonce = _nonce(counter)
         if self.encrypt:
-            return header + self._aead.encrypt(_nonce(counter), signature + payload, header)
-        sealed_signature = self._aead.encrypt(_nonce(counter), signature, header + payload)
-        return header + sealed_signature + payload
+            plain[:SIGNATURE_SIZE] = signature
+            frame = bytearray(HEADER_SIZE + len(plain) + _TAG_SIZE)
+            frame[:HEADER_SIZE] = header
+            with memoryview(frame) as out:
+                self._aead.encrypt_into(nonce, plain, header, out[HEADER_SIZE:])
+            return frame
+        payload = bytes(plain[SIGNATURE_SIZE:])
+        sealed_signature = self._aead.encrypt(nonce, signature, header + payload)
+        return _JOIN((header, sealed_signature, payload))
+
+
+_JOIN = bytearray().join
+_UNSIGNED = bytes(SIGNATURE_SIZE)
+"""The place of the signature in a plaintext, filled once the payload is hashed."""
+_TAG_SIZE = PROTECTION_OVERHEAD - SIGNATURE_SIZE
+"""AES-GCM's authentication tag."""
 
 
 class FrameOpener:
@@ -254,8 +281,13 @@ class FrameOpener:
         self.encrypt = encrypt
         self.flags = ENCRYPTED_FLAGS if encrypt else SIGNED_FLAGS
 
-    def open(self, header: FrameHeader, header_bytes: bytes, body: bytes) -> bytes:
+    def open(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> bytes:
         """The payload of a protected frame, after its AEAD tag and MD5 signature check out."""
+        return bytes(self.open_view(header, header_bytes, body))
+
+    def open_view(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> memoryview:
+        """As :meth:`open`, the payload as a view of the opened plaintext, not copied: a
+        FRAGMENTS frame's fragments are copied out of it once each."""
         if header.flags != self.flags:
             raise IntegrityError(
                 f"frame flags {header.flags:#04x} do not match the negotiated protection "
@@ -266,12 +298,13 @@ class FrameOpener:
         nonce = _nonce(header.counter)
         try:
             if self.encrypt:
-                plain = self._aead.decrypt(nonce, body, header_bytes)
+                plain = memoryview(self._aead.decrypt(nonce, body, header_bytes))
                 signature, payload = plain[:SIGNATURE_SIZE], plain[SIGNATURE_SIZE:]
             else:
-                payload = body[PROTECTION_OVERHEAD:]
-                signature = self._aead.decrypt(
-                    nonce, body[:PROTECTION_OVERHEAD], header_bytes + payload
+                view = memoryview(body)
+                payload = view[PROTECTION_OVERHEAD:]
+                signature = memoryview(
+                    self._aead.decrypt(nonce, view[:PROTECTION_OVERHEAD], header_bytes + payload)
                 )
         except InvalidTag:
             raise IntegrityError(

@@ -211,7 +211,10 @@ class EngineCore:
     def build_fragment(
         self, ep: Endpoint, msg: OutMessage, index: int
     ) -> tuple[DialogHeader, bytes]:
-        return self.transmission.build_fragment(ep, msg, index)
+        """A fragment as the local link hands it over: its bytes are its own, since the
+        receiving side keeps them (a link's frames take a view of the body instead)."""
+        header, body = self.transmission.build_fragment(ep, msg, index)
+        return header, body if type(body) is bytes else bytes(body)
 
     def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
         self.transmission.link_up(link, waiting)

@@ -55,6 +55,7 @@ from brokerd.dialogs.stats import EngineStats
 from brokerd.dialogs.window import SendWindow
 from brokerd.storage.queries import SentRow
 from brokerd.traces.writer import TraceWriter
+from protocol.buffers import Buffer
 from protocol.dialog import FLAG_INITIATOR, Acknowledgement, DialogHeader
 from protocol.dialog_security import make_key_exchange
 from protocol.fragments import fragment_count
@@ -160,14 +161,16 @@ class Transmission:
 
     def build_fragment(
         self, ep: Endpoint, msg: OutMessage, index: int
-    ) -> tuple[DialogHeader, bytes]:
+    ) -> tuple[DialogHeader, Buffer]:
         """Header and bytes of one fragment, as the link writes it; carries the endpoint's
         current acknowledgement. The message's retry clock starts now."""
         size = self.fragment_size
         offset = index * size
         whole = msg.body
         assert whole is not None, "links skip a queued copy whose body was dropped (written)"
-        body = whole[offset : offset + size] if msg.fragment_count > 1 else whole
+        body: Buffer = whole
+        if msg.fragment_count > 1:  # a view: the link copies the bytes once, into the frame
+            body = memoryview(whole)[offset : offset + size]
         header = DialogHeader(
             ep.conversation_id,
             ep.service,
@@ -202,7 +205,7 @@ class Transmission:
         if index == msg.fragment_count - 1 or _last_unacknowledged(msg) == index:
             self.bodies.written(msg)
 
-    def seal(self, ep: Endpoint, header: DialogHeader, body: bytes) -> tuple[DialogHeader, bytes]:
+    def seal(self, ep: Endpoint, header: DialogHeader, body: Buffer) -> tuple[DialogHeader, bytes]:
         """``header`` and ``body`` under the dialog key (R-DLG-14); the initiator's carry
         the key exchange until the target has answered under the key."""
         keys = ep.keys

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -32,7 +33,7 @@ from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
 from brokerd.server.outbox import Outbox
 from protocol import dialog, events
-from protocol.buffers import coalesce
+from protocol.buffers import Buffer, coalesce
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
 from protocol.frames import EncryptionMode
@@ -290,20 +291,21 @@ class BrokerProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None or not self.is_open:
             return
-        out: list[bytes] = []
+        out: list[Buffer] = []
         size = transport.get_write_buffer_size()
         outbox = self.outbox
         build = self.engine.transmission.build_fragment
         conn = self.conn
         send = conn.send
-        fragments: list[bytes] = []
-        """FRAGMENT payloads of this round not framed yet: consecutive ones share frames
-        (``send_fragments``: FRAGMENTS frames on a version 2 connection)."""
+        fragments: list[Sequence[Buffer]] = []
+        """FRAGMENT payloads of this round not framed yet, each as its pieces: consecutive
+        ones share frames (``send_fragments``: FRAGMENTS frames on a version 2
+        connection), and a fragment's bytes are copied once, into its frame."""
         try:
             while outbox and not self._paused and size < HIGH_WATER:
                 item = outbox.pop()
                 kind = type(item)
-                payload: bytes | None = None
+                payload: Sequence[Buffer] | None = None
                 if kind is SendFragment:
                     ep, msg, index = cast(SendFragment, item)
                     if msg.seq not in ep.outbox or index in msg.acked_fragments:
@@ -313,19 +315,20 @@ class BrokerProtocol(asyncio.Protocol):
                         # waited to be written) after the first was written and its body
                         # dropped: its retry clock runs, the next copy reads the body back.
                         continue
-                    payload = dialog.encode_fragment(*build(ep, msg, index))
+                    payload = dialog.fragment_pieces(*build(ep, msg, index))
                 elif kind is SendHeader:
-                    payload = dialog.encode_fragment(*cast(SendHeader, item))
+                    payload = dialog.fragment_pieces(*cast(SendHeader, item))
                 elif kind is Forward:
                     forward = cast(Forward, item)
                     self.engine.router.forward_sent(forward)
-                    payload = forward.payload
+                    if forward.payload is not None:
+                        payload = (forward.payload,)
                 if payload is not None:
                     fragments.append(payload)
-                    size += len(payload)
+                    size += sum(map(len, payload))
                     continue
                 if fragments:  # in order: what was queued before this item goes first
-                    out.append(conn.send_fragments(fragments))
+                    out.extend(conn.send_fragments(fragments))
                     fragments = []
                 if kind is SendAcks:
                     headers = outbox.take_acks(cast(SendAcks, item))
@@ -339,7 +342,7 @@ class BrokerProtocol(asyncio.Protocol):
                 out.append(frame)
                 size += len(frame)
             if fragments:
-                out.append(conn.send_fragments(fragments))
+                out.extend(conn.send_fragments(fragments))
         except LocalProtocolError as exc:
             log.error("cannot send on %s: %s", self.name, exc)
             self.abort(f"local protocol error: {exc}")

@@ -482,13 +482,32 @@ def test_fragments_of_a_round_share_one_frame_on_version_2(pki: Pki) -> None:
     assert i.version == a.version == 2
     payloads = [b"first", b"second" * 10, b"third"]
     sent = i.stats.frames_sent
-    data = i.send_fragments(payloads)
+    data = b"".join(i.send_fragments([(p,) for p in payloads]))
     assert i.stats.frames_sent == sent + 1
     assert frames.decode_header(data, frames.DEFAULT_MAX_FRAME_SIZE).frame_type == (
         frames.FrameType.FRAGMENTS
     )
     assert a.receive_data(data) == [Fragment(p) for p in payloads]
-    assert a.receive_data(i.send_fragments([b"alone"])) == [Fragment(b"alone")]
+    alone = b"".join(i.send_fragments([(b"alone",)]))
+    assert a.receive_data(alone) == [Fragment(b"alone")]
+
+
+def test_a_payload_given_in_pieces_is_framed_as_the_joined_payload(pki: Pki) -> None:
+    """A link frames a fragment's header and a view of its bytes without joining them
+    first: the frames are byte for byte those of the joined payloads."""
+    body = bytes(range(256)) * 300
+    pieces = [(b"head-1", memoryview(body)[:40_000]), (b"head-2", memoryview(body)[40_000:])]
+    joined = [b"".join(p) for p in pieces]
+    for version in (1, 2):
+        one, other = open_pair(pki, versions=(version,))
+        again, _ = open_pair(pki, versions=(version,))
+        # Both initiators start from the same counter; only their keys differ, so each
+        # frame is compared with the other connection's opener.
+        by_pieces = b"".join(one.send_fragments(pieces))
+        by_payloads = b"".join(again.send_fragments([(p,) for p in joined]))
+        assert len(by_pieces) == len(by_payloads)
+        assert frames.iter_frame_headers(by_pieces) == frames.iter_frame_headers(by_payloads)
+        assert other.receive_data(by_pieces) == [Fragment(p) for p in joined]
 
 
 def test_a_version_1_peer_gets_one_fragment_frame_each(pki: Pki) -> None:
@@ -499,7 +518,7 @@ def test_a_version_1_peer_gets_one_fragment_frame_each(pki: Pki) -> None:
     run_handshake(i, a)
     assert i.version == a.version == 1
     sent = i.stats.frames_sent
-    data = i.send_fragments([b"a", b"b", b"c"])
+    data = b"".join(i.send_fragments([(b"a",), (b"b",), (b"c",)]))
     assert i.stats.frames_sent == sent + 3
     headers = frames.iter_frame_headers(data)
     assert {h.frame_type for h in headers} == {frames.FrameType.FRAGMENT}
@@ -509,7 +528,7 @@ def test_a_version_1_peer_gets_one_fragment_frame_each(pki: Pki) -> None:
 def test_fragments_are_split_at_the_peer_frame_limit(pki: Pki) -> None:
     i, a = open_pair(pki, max_frame_size=frames.MIN_MAX_FRAME_SIZE)
     payloads = [bytes([n]) * 10_000 for n in range(7)]
-    data = i.send_fragments(payloads)
+    data = b"".join(i.send_fragments([(p,) for p in payloads]))
     headers = frames.iter_frame_headers(data)
     assert len(headers) == 3  # three 10,004-byte entries fit in 32 KiB, a fourth does not
     assert all(h.length <= frames.MIN_MAX_FRAME_SIZE for h in headers)
