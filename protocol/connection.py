@@ -87,6 +87,7 @@ from protocol.frames import (
     MirrorRole,
 )
 from protocol.security import (
+    OPENED_IN_PLACE_FROM,
     PROTECTION_OVERHEAD,
     FrameOpener,
     FrameSealer,
@@ -291,7 +292,7 @@ class BrokerConnection:
         one starts, or -1 once the connection has closed."""
         size = len(data)
         opened_limit = self.settings.max_frame_size
-        view = memoryview(data)
+        view: memoryview | None = None
         while size - pos >= HEADER_SIZE:
             limit = opened_limit if self.state is State.OPEN else HANDSHAKE_MAX_FRAME_SIZE
             header = frames.decode_header(data, limit, pos)
@@ -303,8 +304,13 @@ class BrokerConnection:
             pos = end
             self.stats.frames_received += 1
             if self.state is State.OPEN and header.frame_type in _OPEN_TYPE_VALUES:
-                # The common case skips the general dispatch's enum and table lookup, and
-                # opens the frame where it lies in ``data``.
+                # The common case skips the general dispatch's enum and table lookup; a
+                # large frame is opened where it lies in ``data``, not copied out first.
+                if header.length < OPENED_IN_PLACE_FROM:
+                    self._on_open_frame(header, header_bytes, data[start:end], events)
+                    continue
+                if view is None:
+                    view = memoryview(data)
                 self._on_open_frame(header, header_bytes, view[start:end], events)
                 continue
             self._dispatch(header, header_bytes, data[start:end], events)
@@ -456,9 +462,10 @@ class BrokerConnection:
 
     def _open(self, header: FrameHeader, header_bytes: bytes, body: bytes) -> bytes:
         """Verify a protected frame: version, counter (replay/reorder), AEAD tag, MD5 signature."""
-        return bytes(self._open_view(header, header_bytes, body))
+        payload = self._open_view(header, header_bytes, body)
+        return payload if type(payload) is bytes else bytes(payload)
 
-    def _open_view(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> memoryview:
+    def _open_view(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> Buffer:
         """As :meth:`_open`, the payload as a view of the opened plaintext."""
         assert self._opener is not None
         if header.version != self.version:
@@ -604,7 +611,7 @@ class BrokerConnection:
                 raise RemoteProtocolError(f"FRAGMENTS frame on a version {self.version} connection")
             events.extend(Fragment(part) for part in frames.decode_fragments(opened))
             return
-        payload = bytes(opened)
+        payload = opened if type(opened) is bytes else bytes(opened)
         if frame_type == FrameType.FRAGMENT:
             events.append(Fragment(payload))
         elif frame_type == FrameType.ACK:
@@ -759,11 +766,19 @@ class BrokerConnection:
         return self._clear_frame(FrameType.CLOSE, body, version)
 
     def _send_protected(self, frame_type: FrameType, payload: bytes) -> bytes:
-        frame = bytes(self._protect(frame_type, (payload,), len(payload)))
+        self._check_sendable(frame_type, len(payload))
+        frame = self._seal(frame_type, payload)
         return self.data_to_send() + frame if self._outbox else frame
 
-    def _protect(self, frame_type: FrameType, pieces: Sequence[Buffer], size: int) -> bytearray:
+    def _protect(self, frame_type: FrameType, pieces: Sequence[Buffer], size: int) -> Buffer:
         """The protected frame of the payload ``pieces`` make (``size`` bytes joined)."""
+        self._check_sendable(frame_type, size)
+        assert self._sealer is not None
+        frame = self._sealer.seal_pieces(frame_type, pieces, self._send_counter)
+        self._sent(frame)
+        return frame
+
+    def _check_sendable(self, frame_type: FrameType, size: int) -> None:
         if self.state is not State.OPEN:
             raise LocalProtocolError(
                 f"cannot send {frame_type.name} in state {self.state.value}: "
@@ -774,24 +789,21 @@ class BrokerConnection:
                 f"{frame_type.name} payload of {size} bytes exceeds the peer's frame "
                 f"limit of {self.peer_max_frame_size - PROTECTION_OVERHEAD}"
             )
-        return self._seal_pieces(frame_type, pieces)
 
     def _seal(self, frame_type: FrameType, payload: bytes) -> bytes:
-        return bytes(self._seal_pieces(frame_type, (payload,)))
-
-    def _seal_pieces(self, frame_type: FrameType, pieces: Sequence[Buffer]) -> bytearray:
         assert self._sealer is not None
-        frame = self._sealer.seal_pieces(frame_type, pieces, self._send_counter)
+        frame = self._sealer.seal(frame_type, payload, self._send_counter)
+        self._sent(frame)
+        return frame
+
+    def _sent(self, frame: Buffer) -> None:
         self._send_counter += 1
         self.stats.frames_sent += 1
         self.stats.bytes_sent += len(frame)
-        return frame
 
     def _clear_frame(self, frame_type: FrameType, body: bytes, version: int) -> bytes:
         frame = frames.encode_header(version, frame_type, 0, len(body), self._send_counter) + body
-        self._send_counter += 1
-        self.stats.frames_sent += 1
-        self.stats.bytes_sent += len(frame)
+        self._sent(frame)
         return frame
 
     @property
