@@ -375,7 +375,7 @@ class BrokerConnection:
         Each payload is given as the pieces it is made of (a fragment's header, then its
         bytes: :func:`protocol.dialog.fragment_pieces`); they are joined once, into the
         frame's plaintext."""
-        sizes = [sum(map(len, pieces)) for pieces in payloads]
+        sized = [(pieces, sum(map(len, pieces))) for pieces in payloads]
         per_frame = self.settings.fragments_per_frame
         if (
             len(payloads) == 1
@@ -384,20 +384,19 @@ class BrokerConnection:
             or self.version < frames.FRAGMENTS_VERSION
         ):
             out: list[Buffer] = [
-                self._protect(FrameType.FRAGMENT, pieces, size)
-                for pieces, size in zip(payloads, sizes, strict=True)
+                self._protect(FrameType.FRAGMENT, pieces, size) for pieces, size in sized
             ]
         else:
             limit = self.max_payload_size
             out = []
-            batch: list[Sequence[Buffer]] = []
+            batch: list[tuple[Sequence[Buffer], int]] = []
             total = 0
-            for pieces, size in zip(payloads, sizes, strict=True):
-                cost = 4 + size
+            for payload in sized:
+                cost = 4 + payload[1]
                 if batch and (total + cost > limit or len(batch) == per_frame):
                     out.append(self._send_batch(batch, total))
                     batch, total = [], 0
-                batch.append(pieces)
+                batch.append(payload)
                 total += cost
             if batch:
                 out.append(self._send_batch(batch, total))
@@ -405,9 +404,9 @@ class BrokerConnection:
             out.insert(0, self.data_to_send())
         return out
 
-    def _send_batch(self, batch: list[Sequence[Buffer]], size: int) -> Buffer:
+    def _send_batch(self, batch: list[tuple[Sequence[Buffer], int]], size: int) -> Buffer:
         if len(batch) == 1:
-            return self._protect(FrameType.FRAGMENT, batch[0], size - 4)
+            return self._protect(FrameType.FRAGMENT, *batch[0])
         return self._protect(FrameType.FRAGMENTS, frames.fragments_pieces(batch), size)
 
     def close(self, code: CloseCode = CloseCode.NORMAL, reason: str = "") -> bytes:

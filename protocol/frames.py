@@ -308,18 +308,18 @@ MAX_FRAGMENTS_PER_FRAME = 4096
 
 def encode_fragments(payloads: list[bytes]) -> bytes:
     """The body of a FRAGMENTS frame: each payload prefixed by its length (u32)."""
-    return b"".join(fragments_pieces([(payload,) for payload in payloads]))
+    return b"".join(fragments_pieces([((payload,), len(payload)) for payload in payloads]))
 
 
-def fragments_pieces(payloads: Sequence[Sequence[Buffer]]) -> list[Buffer]:
-    """The pieces that make the body of a FRAGMENTS frame once joined: each payload's
-    length (u32), then the pieces that payload is made of."""
+def fragments_pieces(payloads: Sequence[tuple[Sequence[Buffer], int]]) -> list[Buffer]:
+    """The pieces that make the body of a FRAGMENTS frame once joined, from each
+    payload's pieces and their total size: the size (u32), then the pieces."""
     if not 0 < len(payloads) <= MAX_FRAGMENTS_PER_FRAME:
         raise ValueError(f"a FRAGMENTS frame carries 1..{MAX_FRAGMENTS_PER_FRAME} payloads")
     pack = _FRAGMENT_LENGTH.pack
     out: list[Buffer] = []
-    for pieces in payloads:
-        out.append(pack(sum(map(len, pieces))))
+    for pieces, size in payloads:
+        out.append(pack(size))
         out.extend(pieces)
     return out
 
