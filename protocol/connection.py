@@ -167,6 +167,11 @@ class ConnectionStats:
 _Handler = Callable[["BrokerConnection", FrameHeader, bytes, bytes, list[Event]], None]
 
 
+_GATHERED_BELOW = 4096
+"""Reads shorter than this are copied into the pending frame's buffer, not kept as
+they came (:meth:`BrokerConnection._keep`)."""
+
+
 class BrokerConnection:
     """One adjacent-broker connection, either side, as a sans-I/O state machine."""
 
@@ -244,8 +249,7 @@ class BrokerConnection:
             buffered = self._pending_size
             missing = self._need - buffered
             if len(data) < missing:
-                self._pending.append(data)
-                self._pending_size += len(data)
+                self._keep(data)
                 return []
             pending = self._pending
             self._pending = []
@@ -271,8 +275,7 @@ class BrokerConnection:
             raise
         size = len(data)
         if pos < size:
-            self._pending.append(memoryview(data)[pos:] if pos else data)
-            self._pending_size = size - pos
+            self._keep(memoryview(data)[pos:] if pos else data)
             # The header of the pending frame is validated as soon as it is complete,
             # so an oversized length is refused before its body is buffered.
             limit = (
@@ -745,6 +748,19 @@ class BrokerConnection:
         self.close_code = code
         self.close_reason = reason
         self._drop_pending()
+
+    def _keep(self, data: Buffer) -> None:
+        """Hold ``data``, the next bytes of an incomplete frame. Small reads are gathered
+        into one buffer, so that a peer writing a frame a few bytes at a time costs the
+        bytes, not an object each."""
+        pending = self._pending
+        if len(data) >= _GATHERED_BELOW:
+            pending.append(data)
+        elif pending and type(pending[-1]) is bytearray:
+            pending[-1] += data
+        else:
+            pending.append(bytearray(data))
+        self._pending_size += len(data)
 
     def _drop_pending(self) -> None:
         self._pending = []

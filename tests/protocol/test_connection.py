@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import tracemalloc
 import uuid
 
 import pytest
@@ -469,6 +470,29 @@ def test_frames_split_at_any_point_arrive_whole_and_in_order(pki: Pki, seed: int
         got += a.receive_data(bytes(stream[pos : pos + step]))
         pos += step
     assert got == sent
+    assert a.buffered_bytes == 0
+
+
+def test_a_frame_written_a_byte_at_a_time_holds_its_bytes_not_an_object_each(
+    pki: Pki,
+) -> None:
+    """Bad input costs what it sends: a peer that trickles a large frame in one-byte
+    reads makes the connection hold about the frame's bytes while it waits, not a
+    Python object per read (about 35 bytes each), and the frame arrives whole."""
+    i, a = open_pair(pki)
+    payload = bytes(range(256)) * 400  # a 100 KiB fragment
+    frame = i.send(Fragment(payload))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for at in range(len(frame) - 1):
+            assert a.receive_data(frame[at : at + 1]) == []
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert a.buffered_bytes == len(frame) - 1
+    assert held < 2 * len(frame), f"{held} bytes held for a frame of {len(frame)}"
+    assert a.receive_data(frame[-1:]) == [Fragment(payload)]
     assert a.buffered_bytes == 0
 
 
