@@ -275,7 +275,12 @@ class BrokerConnection:
             raise
         size = len(data)
         if pos < size:
-            self._keep(memoryview(data)[pos:] if pos else data)
+            if not pos:
+                self._keep(data)
+            elif 2 * pos <= size:  # a view keeps the whole read: at most twice the rest
+                self._keep(memoryview(data)[pos:])
+            else:
+                self._keep(data[pos:])
             # The header of the pending frame is validated as soon as it is complete,
             # so an oversized length is refused before its body is buffered.
             limit = (
@@ -824,7 +829,9 @@ class BrokerConnection:
     @property
     def buffered_bytes(self) -> int:
         """Bytes held for an incomplete frame; never above HEADER_SIZE + max_frame_size
-        once receive_data returns."""
+        once receive_data returns. The memory they take is at most about twice that: the
+        read a frame's first bytes came in may be kept whole while it is at most twice
+        them."""
         return self._pending_size
 
     @property
