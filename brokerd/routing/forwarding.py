@@ -8,7 +8,9 @@ retransmitted by its sender. What this module owns:
   on its way to the next broker, with the hop count already incremented;
 * :class:`ForwardBudget`: the bytes of forwarded messages held in memory, at
   most ``message_forward_size`` MB (R-ROUTE-7). Over the budget a message is
-  dropped, not acknowledged, and its sender retries later;
+  dropped, not acknowledged, and its sender retries later; over half of it the
+  transport stops reading the connections that bring more (``high``, ``low``), so a
+  next hop slower than the sender makes the sender wait rather than resend;
 * :func:`hop_refusal`: the routing-loop guard. Every forwarder increments the
   hop count; a message that has been forwarded ``max_hop_count`` times already
   is dropped with a readable reason (and counted), so a loop between two
@@ -52,6 +54,18 @@ class ForwardBudget:
 
     def release(self, size: int) -> None:
         self.held = max(0, self.held - size)
+
+    @property
+    def high(self) -> bool:
+        """Over half the budget held: the transport stops reading the connections that
+        bring messages to forward, so that a sender faster than the next hop waits
+        instead of having its messages dropped and resent later."""
+        return self.held * 2 > self.limit
+
+    @property
+    def low(self) -> bool:
+        """Down to a quarter of the budget: held connections are read again."""
+        return self.held * 4 <= self.limit
 
 
 def hop_refusal(header: DialogHeader, max_hop_count: int) -> str | None:

@@ -175,6 +175,7 @@ class BrokerProtocol(asyncio.Protocol):
             self.abort(self.close_reason or f"closed by {self.peer_address}")
         elif _carries_messages(received) and (
             self.engine.inbound_backlog() > self.owner.inbound_high_water
+            or self.engine.router.budget.high
         ):
             self.owner.hold_reading(self)
 
@@ -792,9 +793,11 @@ class Transport:
 
     def hold_reading(self, protocol: BrokerProtocol) -> None:
         """Stop reading ``protocol`` until what peers sent has been committed down to the
-        low water mark: a receiver that cannot commit as fast as peers write makes
-        them wait, instead of buffering without bound and acknowledging so late that
-        they resend."""
+        low water mark, and the messages held to forward are down to a quarter of their
+        budget: a receiver that cannot commit as fast as peers write, or a forwarder
+        whose next hop is slower than the sender, makes them wait, instead of buffering
+        without bound and acknowledging so late that they resend, or dropping what it
+        cannot hold (R-ROUTE-7)."""
         if protocol in self._held or protocol.transport is None or protocol.closed:
             return
         protocol.transport.pause_reading()
@@ -805,7 +808,10 @@ class Transport:
 
     def _release_held(self) -> None:
         self._release = None
-        if self._held and self.engine.inbound_backlog() > self.inbound_low_water:
+        if self._held and (
+            self.engine.inbound_backlog() > self.inbound_low_water
+            or not self.engine.router.budget.low
+        ):
             self._release = asyncio.get_running_loop().call_later(0.01, self._release_held)
             return
         held, self._held = self._held, set()

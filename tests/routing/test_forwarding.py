@@ -36,14 +36,16 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         d.stop_all()
 
 
-def start_a_f1_c(deployment: Deployment) -> None:
-    """A -> F1 -> C: F1 forwards by msdb routes, both ways (R-ROUTE-7)."""
+def start_a_f1_c(deployment: Deployment, forward_size_mb: int | None = None) -> None:
+    """A -> F1 -> C: F1 forwards by msdb routes, both ways (R-ROUTE-7), holding at most
+    ``forward_size_mb`` MB (``message_forward_size``, its default if None)."""
     deployment.add("a", A, database("AW", [INITIATOR], [R("ToElsewhere", addr(F1), ELSEWHERE)]))
+    budget = "" if forward_size_mb is None else f"message_forward_size = {forward_size_mb}\n"
     deployment.add(
         "f1",
         F1,
         database("msdb", routes=[R("Fwd", addr(C), ELSEWHERE), R("Back", addr(A), INITIATOR)]),
-        endpoint_extra=FORWARDING,
+        endpoint_extra=FORWARDING + budget,
     )
     deployment.add("c", C, database("Remote", [ELSEWHERE], [R("Back", addr(F1), INITIATOR)]))
     for name in ("a", "f1", "c"):
@@ -156,6 +158,36 @@ async def test_forwarding_buffer_limit_drops_and_the_sender_keeps_the_message(
     assert await stat(f1, "forward_buffer_drops") >= 1
     (row,) = await a.transmission_queue()
     assert row["message_sequence_number"] == 1
+
+
+async def test_a_sender_faster_than_the_next_hop_waits_instead_of_being_dropped(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-7: F1 holds at most message_forward_size MB (4 here). A sender pipelining
+    18 MB through it is read no faster than F1 relays: F1 stops reading it while over half
+    its budget is held, so nothing is dropped and nothing resent, and every message
+    arrives once and in order."""
+    start_a_f1_c(deployment, forward_size_mb=4)
+    a = await deployment.daemons["a"].client()
+    f1 = await deployment.daemons["f1"].client()
+    c = await deployment.daemons["c"].client()
+    handle = await a.begin_dialog(INITIATOR, ELSEWHERE, database="AW")
+    bodies = [bytes([n]) * 300_000 for n in range(60)]
+    sent = await asyncio.gather(*(a.send_nowait(handle, body=body) for body in bodies))
+    assert sent == list(range(1, 61))
+    got = await drain(c, queue_of(ELSEWHERE), 60, timeout=60)
+    assert [m.message_body for m in got] == bodies
+
+    async def acknowledged() -> bool:
+        return not await a.transmission_queue()
+
+    await wait_until(acknowledged, 30)
+    assert await stat(f1, "forward_buffer_drops") == 0
+    assert await stat(a, "retransmissions") == 0
+    assert await stat(f1, "inbound_holds") > 0  # A was made to wait
+    assert 0 < await stat(f1, "forward_buffer_peak") <= 4 * 1024 * 1024
+    for client in (a, f1, c):
+        await client.close()
 
 
 async def test_reply_is_delivered_by_broker_instance_before_msdb_routes(
