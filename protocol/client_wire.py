@@ -133,14 +133,16 @@ def encode_frame_parts(
     return _frame_parts(known, request_id, encode_meta(meta), body)
 
 
-def encode_request(request_id: int, meta_json: bytes, body: Buffer) -> bytes:
-    """A REQUEST frame, as :func:`encode_frame` gives it, whose meta ``meta_json`` was
-    already encoded by :func:`encode_meta` (a client's SEND meta, the same for every
-    message of a dialog and type, is encoded once). Checks and errors as
+def encode_request_parts(request_id: int, meta_json: bytes, body: Buffer) -> list[Buffer]:
+    """A REQUEST frame, as :func:`encode_frame` gives it once joined, whose meta
+    ``meta_json`` was already encoded by :func:`encode_meta` (a client's SEND meta, the
+    same for every message of a dialog and type, is encoded once), as its pieces: the
+    header and meta, then the body, not copied (the SDK writes the pieces as they are,
+    so a large body is copied only into the socket). Checks and errors as
     :func:`encode_frame`."""
     if type(request_id) is not int or not 0 <= request_id <= _U32_MAX:
         raise LocalProtocolError(f"cannot encode: request_id {request_id!r} is not a u32")
-    return b"".join(_frame_parts(ClientFrameKind.REQUEST, request_id, meta_json, (body,)))
+    return _frame_parts(ClientFrameKind.REQUEST, request_id, meta_json, (body,))
 
 
 def encode_response_parts(

@@ -79,7 +79,7 @@ from protocol.client_wire import (
     ClientFrameReader,
     auth_proof,
     encode_frame,
-    encode_request,
+    encode_request_parts,
 )
 from protocol.errors import AuthenticationFailed, ClientError, RemoteProtocolError, for_code
 
@@ -281,14 +281,15 @@ class BrokerClient:
     def _attach(self, transport: asyncio.Transport) -> None:
         self._transport = transport
 
-    def _write(self, frame: bytes) -> None:
-        """Queue a request frame; the requests of one turn of the event loop (a pipelined
-        producer's SENDs) go to the socket in one write, in order, at the end of the turn."""
+    def _write(self, *pieces: Buffer) -> None:
+        """Queue a request frame, whole or as its pieces; the requests of one turn of the
+        event loop (a pipelined producer's SENDs) go to the socket in one write, in
+        order, at the end of the turn."""
         if self._out is None:
-            self._out = [frame]
+            self._out = list(pieces)
             asyncio.get_running_loop().call_soon(self._write_out)
         else:
-            self._out.append(frame)
+            self._out.extend(pieces)
 
     def _write_out(self) -> None:
         out, self._out = self._out, None
@@ -393,7 +394,7 @@ class BrokerClient:
         request_id = next(self._ids) & 0xFFFFFFFF
         self._pending[request_id] = _SequenceReply(future)
         meta = send_meta(conversation_handle, message_type)
-        self._write(encode_request(request_id, meta, bytes(body)))
+        self._write(*encode_request_parts(request_id, meta, bytes(body)))
         return future
 
     async def receive(

@@ -35,7 +35,7 @@ from protocol.client_wire import (
     encode_frame,
     encode_frame_parts,
     encode_meta,
-    encode_request,
+    encode_request_parts,
     encode_response_parts,
     encode_sequence_reply,
     new_nonce,
@@ -639,12 +639,14 @@ def test_a_sequence_reply_decodes_as_json_says(meta: bytes) -> None:
 def test_a_request_from_encoded_meta_is_the_same_bytes(message_type: str) -> None:
     """A SEND whose meta was encoded once (the SDK's) is byte for byte the general frame."""
     meta = {"op": "send", "conversation_handle": "h", "message_type": message_type}
-    for body in (b"", b"x" * 300, bytearray(b"abc")):
-        assert encode_request(3, encode_meta(meta), body) == encode_frame(
+    for body in (b"", b"x" * 300, bytearray(b"abc"), b"y" * 200_000):
+        pieces = encode_request_parts(3, encode_meta(meta), body)
+        assert pieces[-1] is body  # the body is not copied
+        assert b"".join(pieces) == encode_frame(
             ClientFrame(ClientFrameKind.REQUEST, 3, meta, bytes(body))
         )
     with pytest.raises(LocalProtocolError, match="u32"):
-        encode_request(2**32, b"{}", b"")
+        encode_request_parts(2**32, b"{}", b"")
 
 
 def test_a_repeated_meta_decodes_to_a_copy_and_a_bad_one_still_fails() -> None:
