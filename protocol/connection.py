@@ -87,7 +87,7 @@ from protocol.frames import (
     MirrorRole,
 )
 from protocol.security import (
-    OPENED_IN_PLACE_FROM,
+    IN_PLACE_FROM,
     PROTECTION_OVERHEAD,
     FrameOpener,
     FrameSealer,
@@ -314,7 +314,7 @@ class BrokerConnection:
             if self.state is State.OPEN and header.frame_type in _OPEN_TYPE_VALUES:
                 # The common case skips the general dispatch's enum and table lookup; a
                 # large frame is opened where it lies in ``data``, not copied out first.
-                if header.length < OPENED_IN_PLACE_FROM:
+                if header.length < IN_PLACE_FROM:
                     self._on_open_frame(header, header_bytes, data[start:end], events)
                     continue
                 if view is None:
@@ -374,16 +374,15 @@ class BrokerConnection:
             return self.close(event.code, event.reason)
         raise LocalProtocolError(f"cannot send {type(event).__name__}")
 
-    def send_fragments(self, payloads: Sequence[Sequence[Buffer]]) -> list[Buffer]:
+    def send_fragments(self, payloads: Sequence[frames.SizedPayload]) -> list[Buffer]:
         """The frames carrying several FRAGMENT payloads, in order: on a version 2
         connection as few FRAGMENTS frames as the peer's frame limit allows (one seal,
         signature and header for many small fragments), otherwise, and for a payload
         alone, one FRAGMENT each.
 
-        Each payload is given as the pieces it is made of (a fragment's header, then its
-        bytes: :func:`protocol.dialog.fragment_pieces`); they are joined once, into the
-        frame's plaintext."""
-        sized = [(pieces, sum(map(len, pieces))) for pieces in payloads]
+        Each payload is given as the pieces it is made of and its size (a fragment's
+        header, then its bytes: :func:`protocol.dialog.fragment_pieces`); they are joined
+        once, into the frame's plaintext."""
         per_frame = self.settings.fragments_per_frame
         if (
             len(payloads) == 1
@@ -392,14 +391,14 @@ class BrokerConnection:
             or self.version < frames.FRAGMENTS_VERSION
         ):
             out: list[Buffer] = [
-                self._protect(FrameType.FRAGMENT, pieces, size) for pieces, size in sized
+                self._protect(FrameType.FRAGMENT, pieces, size) for pieces, size in payloads
             ]
         else:
             limit = self.max_payload_size
             out = []
-            batch: list[tuple[Sequence[Buffer], int]] = []
+            batch: list[frames.SizedPayload] = []
             total = 0
-            for payload in sized:
+            for payload in payloads:
                 cost = 4 + payload[1]
                 if batch and (total + cost > limit or len(batch) == per_frame):
                     out.append(self._send_batch(batch, total))
@@ -412,7 +411,7 @@ class BrokerConnection:
             out.insert(0, self.data_to_send())
         return out
 
-    def _send_batch(self, batch: list[tuple[Sequence[Buffer], int]], size: int) -> Buffer:
+    def _send_batch(self, batch: list[frames.SizedPayload], size: int) -> Buffer:
         if len(batch) == 1:
             return self._protect(FrameType.FRAGMENT, *batch[0])
         return self._protect(FrameType.FRAGMENTS, frames.fragments_pieces(batch), size)
@@ -469,11 +468,10 @@ class BrokerConnection:
 
     def _open(self, header: FrameHeader, header_bytes: bytes, body: bytes) -> bytes:
         """Verify a protected frame: version, counter (replay/reorder), AEAD tag, MD5 signature."""
-        payload = self._open_view(header, header_bytes, body)
-        return payload if type(payload) is bytes else bytes(payload)
+        return bytes(self._open_view(header, header_bytes, body))  # bytes: not copied
 
     def _open_view(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> Buffer:
-        """As :meth:`_open`, the payload as a view of the opened plaintext."""
+        """As :meth:`_open`; a large payload as a view of the opened plaintext."""
         assert self._opener is not None
         if header.version != self.version:
             raise RemoteProtocolError(
@@ -618,7 +616,7 @@ class BrokerConnection:
                 raise RemoteProtocolError(f"FRAGMENTS frame on a version {self.version} connection")
             events.extend(Fragment(part) for part in frames.decode_fragments(opened))
             return
-        payload = opened if type(opened) is bytes else bytes(opened)
+        payload = bytes(opened)  # a small payload is bytes already: not copied
         if frame_type == FrameType.FRAGMENT:
             events.append(Fragment(payload))
         elif frame_type == FrameType.ACK:

@@ -40,7 +40,7 @@ import construct as c
 
 from protocol.buffers import Buffer
 from protocol.errors import LocalProtocolError, RemoteProtocolError
-from protocol.frames import MAX_NAME_BYTES
+from protocol.frames import MAX_NAME_BYTES, SizedPayload
 
 END_DIALOG = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
 ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
@@ -569,18 +569,19 @@ def decode_header(data: bytes) -> DialogHeader:
 
 def encode_fragment(h: DialogHeader, body: bytes) -> bytes:
     """The payload of a FRAGMENT frame: header and fragment bytes."""
-    return b"".join(fragment_pieces(h, body))
+    return b"".join(fragment_pieces(h, body)[0])
 
 
-def fragment_pieces(h: DialogHeader, body: Buffer) -> tuple[bytes, Buffer]:
-    """The payload of a FRAGMENT frame as two pieces, not joined: the header with its
-    length prefix, then the fragment's bytes (a link frames them without copying the
-    bytes first: :meth:`protocol.connection.BrokerConnection.send_fragments`)."""
+def fragment_pieces(h: DialogHeader, body: Buffer) -> SizedPayload:
+    """The payload of a FRAGMENT frame as two pieces, not joined, and its size: the
+    header with its length prefix, then the fragment's bytes (a link frames them without
+    copying the bytes first: :meth:`protocol.connection.BrokerConnection.send_fragments`)."""
     problem = validate_header(h, len(body))
     if problem:
         raise LocalProtocolError(f"invalid dialog message: {problem}")
     header = _header_bytes(h)
-    return _U16.pack(len(header)) + header, body
+    prefix = _U16.pack(len(header)) + header
+    return (prefix, body), len(prefix) + len(body)
 
 
 def decode_fragment(payload: bytes) -> tuple[DialogHeader, bytes]:

@@ -306,14 +306,20 @@ MAX_FRAGMENTS_PER_FRAME = 4096
 """Bound on the FRAGMENT payloads one FRAGMENTS frame carries."""
 
 
+SizedPayload = tuple[Sequence[Buffer], int]
+"""A payload as the pieces it is joined from, and its size in bytes: how a link hands
+fragments to :meth:`protocol.connection.BrokerConnection.send_fragments`, which copies
+them once, into the frame."""
+
+
 def encode_fragments(payloads: list[bytes]) -> bytes:
     """The body of a FRAGMENTS frame: each payload prefixed by its length (u32)."""
     return b"".join(fragments_pieces([((payload,), len(payload)) for payload in payloads]))
 
 
-def fragments_pieces(payloads: Sequence[tuple[Sequence[Buffer], int]]) -> list[Buffer]:
-    """The pieces that make the body of a FRAGMENTS frame once joined, from each
-    payload's pieces and their total size: the size (u32), then the pieces."""
+def fragments_pieces(payloads: Sequence[SizedPayload]) -> list[Buffer]:
+    """The pieces that make the body of a FRAGMENTS frame once joined: each payload's
+    size (u32), then its pieces."""
     if not 0 < len(payloads) <= MAX_FRAGMENTS_PER_FRAME:
         raise ValueError(f"a FRAGMENTS frame carries 1..{MAX_FRAGMENTS_PER_FRAME} payloads")
     pack = _FRAGMENT_LENGTH.pack

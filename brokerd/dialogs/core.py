@@ -214,7 +214,7 @@ class EngineCore:
         """A fragment as the local link hands it over: its bytes are its own, since the
         receiving side keeps them (a link's frames take a view of the body instead)."""
         header, body = self.transmission.build_fragment(ep, msg, index)
-        return header, body if type(body) is bytes else bytes(body)
+        return header, bytes(body)  # a whole message's body is bytes: not copied
 
     def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
         self.transmission.link_up(link, waiting)

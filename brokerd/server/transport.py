@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -36,7 +35,7 @@ from protocol import dialog, events
 from protocol.buffers import Buffer, coalesce
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
-from protocol.frames import EncryptionMode
+from protocol.frames import EncryptionMode, SizedPayload
 from protocol.liveness import Liveness, LivenessAction, LivenessSettings
 from protocol.security import Identity
 
@@ -173,10 +172,7 @@ class BrokerProtocol(asyncio.Protocol):
         self._handle(received)
         if self.conn.closed and not self.closed:
             self.abort(self.close_reason or f"closed by {self.peer_address}")
-        elif _carries_messages(received) and (
-            self.engine.inbound_backlog() > self.owner.inbound_high_water
-            or self.engine.router.budget.high
-        ):
+        elif _carries_messages(received) and self.owner.backlog_high():
             self.owner.hold_reading(self)
 
     def _handle(self, received: list[events.Event]) -> None:
@@ -298,7 +294,7 @@ class BrokerProtocol(asyncio.Protocol):
         build = self.engine.transmission.build_fragment
         conn = self.conn
         send = conn.send
-        fragments: list[Sequence[Buffer]] = []
+        fragments: list[SizedPayload] = []
         """FRAGMENT payloads of this round not framed yet, each as its pieces: consecutive
         ones share frames (``send_fragments``: FRAGMENTS frames on a version 2
         connection), and a fragment's bytes are copied once, into its frame."""
@@ -306,7 +302,7 @@ class BrokerProtocol(asyncio.Protocol):
             while outbox and not self._paused and size < HIGH_WATER:
                 item = outbox.pop()
                 kind = type(item)
-                payload: Sequence[Buffer] | None = None
+                payload: SizedPayload | None = None
                 if kind is SendFragment:
                     ep, msg, index = cast(SendFragment, item)
                     if msg.seq not in ep.outbox or index in msg.acked_fragments:
@@ -323,10 +319,10 @@ class BrokerProtocol(asyncio.Protocol):
                     forward = cast(Forward, item)
                     self.engine.router.forward_sent(forward)
                     if forward.payload is not None:
-                        payload = (forward.payload,)
+                        payload = (forward.payload,), forward.size
                 if payload is not None:
                     fragments.append(payload)
-                    size += sum(map(len, payload))
+                    size += payload[1]
                     continue
                 if fragments:  # in order: what was queued before this item goes first
                     out.extend(conn.send_fragments(fragments))
@@ -806,12 +802,25 @@ class Transport:
         if self._release is None:
             self._release = asyncio.get_running_loop().call_later(0.01, self._release_held)
 
+    def backlog_high(self) -> bool:
+        """Whether connections that bring messages are to be held: more received from
+        peers than committed beyond the high water mark, or over half the forwarding
+        budget waiting to be relayed (``ForwardBudget.high``)."""
+        return (
+            self.engine.inbound_backlog() > self.inbound_high_water
+            or self.engine.router.budget.high
+        )
+
+    def _backlog_low(self) -> bool:
+        """Whether held connections may be read again: both down to a quarter."""
+        return (
+            self.engine.inbound_backlog() <= self.inbound_low_water
+            and self.engine.router.budget.low
+        )
+
     def _release_held(self) -> None:
         self._release = None
-        if self._held and (
-            self.engine.inbound_backlog() > self.inbound_low_water
-            or not self.engine.router.budget.low
-        ):
+        if self._held and not self._backlog_low():
             self._release = asyncio.get_running_loop().call_later(0.01, self._release_held)
             return
         held, self._held = self._held, set()

@@ -41,6 +41,7 @@ from protocol.events import (
     PrincipalAnswer,
     PrincipalQuery,
 )
+from protocol.frames import SizedPayload
 from tests.conftest import NOW, Pki, make_pair, open_pair, run_handshake
 
 R, S, D = EncryptionMode.REQUIRED, EncryptionMode.SUPPORTED, EncryptionMode.DISABLED
@@ -522,6 +523,11 @@ def test_a_read_that_ends_in_a_frame_s_first_bytes_keeps_about_those_bytes(pki: 
 # -- FRAGMENTS (version 2): several fragments under one seal --------------------------------
 
 
+def _whole(payloads: list[bytes]) -> list[SizedPayload]:
+    """Payloads as ``send_fragments`` takes them: each one piece, with its size."""
+    return [((payload,), len(payload)) for payload in payloads]
+
+
 def test_fragments_of_a_round_share_one_frame_on_version_2(pki: Pki) -> None:
     """R-PROTO-1: one FRAGMENTS frame carries them, the peer gets one Fragment event each,
     in order."""
@@ -529,13 +535,13 @@ def test_fragments_of_a_round_share_one_frame_on_version_2(pki: Pki) -> None:
     assert i.version == a.version == 2
     payloads = [b"first", b"second" * 10, b"third"]
     sent = i.stats.frames_sent
-    data = b"".join(i.send_fragments([(p,) for p in payloads]))
+    data = b"".join(i.send_fragments(_whole(payloads)))
     assert i.stats.frames_sent == sent + 1
     assert frames.decode_header(data, frames.DEFAULT_MAX_FRAME_SIZE).frame_type == (
         frames.FrameType.FRAGMENTS
     )
     assert a.receive_data(data) == [Fragment(p) for p in payloads]
-    alone = b"".join(i.send_fragments([(b"alone",)]))
+    alone = b"".join(i.send_fragments(_whole([b"alone"])))
     assert a.receive_data(alone) == [Fragment(b"alone")]
 
 
@@ -578,8 +584,8 @@ def test_a_payload_given_in_pieces_is_framed_as_the_joined_payload(
     joined = [b"".join(p) for p in pieces]
     one, other = _seeded_pair(pki, version, encryption)
     again, _ = _seeded_pair(pki, version, encryption)
-    by_pieces = b"".join(one.send_fragments(pieces))
-    assert by_pieces == b"".join(again.send_fragments([(p,) for p in joined]))
+    by_pieces = b"".join(one.send_fragments([(p, sum(map(len, p))) for p in pieces]))
+    assert by_pieces == b"".join(again.send_fragments(_whole(joined)))
     assert other.receive_data(by_pieces) == [Fragment(p) for p in joined]
 
 
@@ -591,7 +597,7 @@ def test_a_version_1_peer_gets_one_fragment_frame_each(pki: Pki) -> None:
     run_handshake(i, a)
     assert i.version == a.version == 1
     sent = i.stats.frames_sent
-    data = b"".join(i.send_fragments([(b"a",), (b"b",), (b"c",)]))
+    data = b"".join(i.send_fragments(_whole([b"a", b"b", b"c"])))
     assert i.stats.frames_sent == sent + 3
     headers = frames.iter_frame_headers(data)
     assert {h.frame_type for h in headers} == {frames.FrameType.FRAGMENT}
@@ -601,7 +607,7 @@ def test_a_version_1_peer_gets_one_fragment_frame_each(pki: Pki) -> None:
 def test_fragments_are_split_at_the_peer_frame_limit(pki: Pki) -> None:
     i, a = open_pair(pki, max_frame_size=frames.MIN_MAX_FRAME_SIZE)
     payloads = [bytes([n]) * 10_000 for n in range(7)]
-    data = b"".join(i.send_fragments([(p,) for p in payloads]))
+    data = b"".join(i.send_fragments(_whole(payloads)))
     headers = frames.iter_frame_headers(data)
     assert len(headers) == 3  # three 10,004-byte entries fit in 32 KiB, a fourth does not
     assert all(h.length <= frames.MIN_MAX_FRAME_SIZE for h in headers)
