@@ -477,7 +477,7 @@ def test_frames_split_at_any_point_arrive_whole_and_in_order(pki: Pki, seed: int
 def test_a_frame_written_a_byte_at_a_time_holds_its_bytes_not_an_object_each(
     pki: Pki,
 ) -> None:
-    """Bad input costs what it sends: a peer that trickles a large frame in one-byte
+    """Bad input costs what it sends (R-PROTO-1): a peer that trickles a large frame in one-byte
     reads makes the connection hold about the frame's bytes while it waits, not a
     Python object per read (about 35 bytes each), and the frame arrives whole."""
     i, a = open_pair(pki)
@@ -572,9 +572,9 @@ def _seeded_pair(
 def test_a_payload_given_in_pieces_is_framed_as_the_joined_payload(
     pki: Pki, version: int, encryption: EncryptionMode
 ) -> None:
-    """A link frames a fragment's header and a view of its bytes without joining them
-    first: the frames are byte for byte those of the joined payloads, small and large
-    (sealed in place from 16 KiB), encrypted and signed only."""
+    """R-PROTO-1, R-DLG-8: a link frames a fragment's header and a view of its bytes
+    without joining them first: the frames are byte for byte those of the joined
+    payloads, small and large (sealed in place from 16 KiB), encrypted and signed only."""
     body = bytes(range(256)) * 300
     pieces = [
         (b"head-1", memoryview(body)[:40_000]),
