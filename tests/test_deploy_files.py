@@ -38,7 +38,7 @@ def test_dynamic_routing_configuration_loads_with_its_table() -> None:
 
 
 def test_dynamic_router_reads_a_missing_route_request() -> None:
-    from brokerd.dialogs.route_requests import missing_route_body
+    from brokerd.dialogs.router.requests import missing_route_body
     from examples.dynamic_router import parse_request, route_name
 
     body = missing_route_body("//remote/A&B", None, "AW")

@@ -231,7 +231,8 @@ class LimitsConfig:
     while they wait to be written: a backlog is fed to a connection as it drains."""
     backlog_page: int = 256
     """Unacknowledged messages of one endpoint paged in from the file at once when it has a
-    backlog (after a restart, or while its link is down): see ``brokerd.dialogs.backlog``."""
+    backlog (after a restart, or while its link is down): see
+    ``brokerd.dialogs.endpoints.backlog``."""
     page_cache_mb: int = 2
     """MB of database pages SQLite keeps in memory for each database file (its page
     cache; 2 MB is SQLite's own default). With messages of a MB or more, a commit of a

@@ -2,8 +2,8 @@
 
 Owns what every part of the engine uses: the databases of the instance and their
 lookups, committing units of work (:meth:`EngineCore.commit`, :meth:`EngineCore.apply`),
-the router, the :class:`~brokerd.dialogs.transmission.Transmission` and the
-:class:`~brokerd.dialogs.deadlines.Deadlines`, messages this broker queues for an
+the router, the :class:`~brokerd.dialogs.transmission.transmission.Transmission` and the
+:class:`~brokerd.dialogs.endpoints.deadlines.Deadlines`, messages this broker queues for an
 endpoint's own side (broker errors, DialogTimer), dropped messages, and the trace
 events of a dialog's life. The parts built on it: ``verbs`` (the application's
 verbs) and ``receiving`` (what arrives from links); ``engine`` joins them.
@@ -25,17 +25,17 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from brokerd.config import BrokerConfig
-from brokerd.dialogs.database import Database
-from brokerd.dialogs.deadlines import Deadlines
-from brokerd.dialogs.endpoint import Endpoint, OutMessage, endpoint_snapshot
-from brokerd.dialogs.links import Link, LinkProvider
-from brokerd.dialogs.local_link import LocalLink
-from brokerd.dialogs.ready import Rank, ReadyIndex, rank_of
-from brokerd.dialogs.router import Router
-from brokerd.dialogs.states import DELIVERING, State
-from brokerd.dialogs.stats import EngineStats
-from brokerd.dialogs.transmission import Transmission
-from brokerd.dialogs.work import Work
+from brokerd.dialogs.endpoints.database import Database
+from brokerd.dialogs.endpoints.deadlines import Deadlines
+from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage, endpoint_snapshot
+from brokerd.dialogs.endpoints.ready import Rank, ReadyIndex, rank_of
+from brokerd.dialogs.endpoints.states import DELIVERING, State
+from brokerd.dialogs.endpoints.stats import EngineStats
+from brokerd.dialogs.endpoints.work import Work
+from brokerd.dialogs.router.router import Router
+from brokerd.dialogs.transmission.links import Link, LinkProvider
+from brokerd.dialogs.transmission.local_link import LocalLink
+from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.errors import (
     ConversationNotFound,
     DatabaseNotFound,

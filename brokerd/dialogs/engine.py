@@ -25,7 +25,7 @@ Owns R-DLG-1 to R-DLG-13 for the databases of one instance:
   both wall-clock deadlines checked by the engine's tick;
 * the dialog's delivery trace events (``brokerd.traces.writer``, docs/traces.md).
 
-Where messages go is the router's business (``brokerd.dialogs.router``, SPEC §2): the
+Where messages go is the router's business (``brokerd.dialogs.router.router``, SPEC §2): the
 engine asks it for a conversation's link and for the database of each message
 from outside, which it may instead forward or drop.
 
@@ -44,21 +44,21 @@ import time
 from collections.abc import Callable
 
 from brokerd.config import BrokerConfig
+from brokerd.dialogs.arrivals.local_arrivals import LocalArrivals
+from brokerd.dialogs.arrivals.remote_arrivals import RemoteArrivals
 from brokerd.dialogs.core import (
     CODE_LIFETIME_EXPIRED,
     error_body,
 )
-from brokerd.dialogs.database import Database
-from brokerd.dialogs.deadlines import Deadline
-from brokerd.dialogs.endpoint import Endpoint
-from brokerd.dialogs.links import LinkProvider
-from brokerd.dialogs.local_arrivals import LocalArrivals
-from brokerd.dialogs.local_link import LocalLink
-from brokerd.dialogs.remote_arrivals import RemoteArrivals
-from brokerd.dialogs.router import Router
-from brokerd.dialogs.states import State
-from brokerd.dialogs.transmission import Transmission
-from brokerd.dialogs.verbs import ApplicationVerbs
+from brokerd.dialogs.endpoints.database import Database
+from brokerd.dialogs.endpoints.deadlines import Deadline
+from brokerd.dialogs.endpoints.endpoint import Endpoint
+from brokerd.dialogs.endpoints.states import State
+from brokerd.dialogs.router.router import Router
+from brokerd.dialogs.transmission.links import LinkProvider
+from brokerd.dialogs.transmission.local_link import LocalLink
+from brokerd.dialogs.transmission.transmission import Transmission
+from brokerd.dialogs.verbs.conversation import ApplicationVerbs
 from brokerd.storage import queries
 from brokerd.storage.catalog import route_from_row
 from brokerd.traces.writer import TraceWriter

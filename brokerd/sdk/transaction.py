@@ -2,7 +2,7 @@
 
 Every verb names the transaction; the daemon applies them at COMMIT, together
 or not at all, and holds the conversation groups RECEIVE took until then
-(``brokerd.dialogs.transactions`` on the daemon's side). SEND inside a
+(``brokerd.dialogs.verbs.transactions`` on the daemon's side). SEND inside a
 transaction does not wait for a disk write: COMMIT is the one durability point,
 and :attr:`Transaction.sequence_numbers` lists the SENDs' sequence numbers after it.
 """

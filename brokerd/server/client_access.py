@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brokerd.config import ClientConfig
-from brokerd.dialogs.endpoint import Endpoint
+from brokerd.dialogs.endpoints.endpoint import Endpoint
 from protocol.errors import PermissionDenied
 
 ADMIN_OPERATIONS = frozenset(

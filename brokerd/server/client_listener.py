@@ -36,7 +36,7 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from brokerd.dialogs.transactions import Transaction
+from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
 from brokerd.server.client_meta import _str, _uuid
@@ -69,8 +69,8 @@ from protocol.errors import (
 
 if TYPE_CHECKING:
     from brokerd.config import BrokerConfig
-    from brokerd.dialogs.database import Database
-    from brokerd.dialogs.endpoint import Endpoint
+    from brokerd.dialogs.endpoints.database import Database
+    from brokerd.dialogs.endpoints.endpoint import Endpoint
 
 
 class Broker(RequestsBroker, Protocol):

@@ -5,7 +5,7 @@ Operations (``meta["op"]``; the login is the listener's, ``brokerd.server.client
 their bodies concatenated), ``receive`` (message bodies concatenated in the response
 body, their lengths in meta), ``end_conversation``, ``begin_conversation_timer``
 (R-DLG-11), ``move_conversation``, ``begin_transaction``, ``commit`` and ``rollback``
-(the verbs above take ``transaction``: ``brokerd.dialogs.transactions``; at most
+(the verbs above take ``transaction``: ``brokerd.dialogs.verbs.transactions``; at most
 :data:`MAX_OPEN_TRANSACTIONS` are open per connection), ``alter_queue``, the routing
 administration ``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted),
 ``explain`` (why a route is chosen, SPEC §2) and ``set_mirror_role`` (failover,
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from brokerd.dialogs import views
-from brokerd.dialogs.transactions import Transaction
+from brokerd.dialogs.verbs import views
+from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.server.client_access import Access
 from brokerd.server.client_meta import _database, _str, _uuid
 from brokerd.server.receive_reply import ReceiveReply

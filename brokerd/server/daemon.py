@@ -18,7 +18,7 @@ import signal
 from pathlib import Path
 
 from brokerd.config import BrokerConfig, load_config
-from brokerd.dialogs.database import Database
+from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.engine import DialogEngine
 from brokerd.errors import ConfigError
 from brokerd.server.allocator import tune_allocator

@@ -51,7 +51,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from brokerd.dialogs.database import Database
+from brokerd.dialogs.endpoints.database import Database
 from brokerd.errors import StoreError
 from brokerd.storage import queries
 from brokerd.storage.replica import Replica, Unit

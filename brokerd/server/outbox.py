@@ -6,14 +6,14 @@ messages, acknowledgements, forwarded messages and principal queries go first
 so a small message never waits behind a large one. Consecutive acknowledgement
 items are merged into one ACK frame when the pump builds them.
 
-May import: ``protocol``, ``brokerd.routing``, ``brokerd.dialogs.links``.
+May import: ``protocol``, ``brokerd.routing``, ``brokerd.dialogs.transmission.links``.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
+from brokerd.dialogs.transmission.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
 from protocol import dialog, events
 

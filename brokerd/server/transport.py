@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from brokerd.config import EndpointConfig, parse_tcp_address
-from brokerd.dialogs.binding import peer_identity
-from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
+from brokerd.dialogs.endpoints.binding import peer_identity
+from brokerd.dialogs.transmission.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
 from brokerd.server.outbox import Outbox
 from protocol import dialog, events
@@ -40,7 +40,7 @@ from protocol.liveness import Liveness, LivenessAction, LivenessSettings
 from protocol.security import Identity
 
 if TYPE_CHECKING:
-    from brokerd.dialogs.endpoint import Endpoint, OutMessage
+    from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
     from brokerd.dialogs.engine import DialogEngine
 
 log = logging.getLogger("brokerd.server.transport")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from brokerd.dialogs.endpoint import Endpoint
-from brokerd.dialogs.states import State
+from brokerd.dialogs.endpoints.endpoint import Endpoint
+from brokerd.dialogs.endpoints.states import State
 
 
 def conversing_endpoint(send_sequence: int = 0) -> Endpoint:

@@ -8,8 +8,8 @@ import uuid
 from pathlib import Path
 
 from brokerd.config import DatabaseConfig
-from brokerd.dialogs.backlog import Backlog
-from brokerd.dialogs.database import Database
+from brokerd.dialogs.endpoints.backlog import Backlog
+from brokerd.dialogs.endpoints.database import Database
 from brokerd.storage import queries
 
 

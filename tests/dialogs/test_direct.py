@@ -133,7 +133,7 @@ async def test_a_queue_turned_off_sends_through_the_transmission_queue_in_order(
 async def test_two_databases_of_one_instance_still_use_the_transmission_queue(
     tmp_path: Path,
 ) -> None:
-    """The decision in brokerd.dialogs.direct: two databases are two files, whose commits
+    """The decision in brokerd.dialogs.verbs.direct: two databases are two files, whose commits
     cannot be one transaction, so every message goes through the transmission queue and
     the local link, acknowledged."""
     d = _solo(tmp_path, TWO_DATABASES)

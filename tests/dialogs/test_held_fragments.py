@@ -4,8 +4,8 @@ the message; a list at its bound adds to what was known of its last message."""
 
 from __future__ import annotations
 
-from brokerd.dialogs.endpoint import OutMessage
-from brokerd.dialogs.fragment_acks import held_fragments
+from brokerd.dialogs.endpoints.endpoint import OutMessage
+from brokerd.dialogs.transmission.fragment_acks import held_fragments
 from protocol.dialog import MAX_FRAGMENT_ACKS, Acknowledgement, FragmentAck
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from brokerd.config import DatabaseConfig, QueueConfig
-from brokerd.dialogs.database import Database
+from brokerd.dialogs.endpoints.database import Database
 from brokerd.sdk.client import BrokerClient
 from brokerd.storage import queries
 from brokerd.tools.example import (
@@ -139,7 +139,7 @@ async def test_recovery_leaves_a_partial_message_and_removes_an_ended_ones(
     again = Database(config, tmp_path)
     await again.open()
     try:
-        with caplog.at_level(logging.WARNING, "brokerd.dialogs.database"):
+        with caplog.at_level(logging.WARNING, "brokerd.dialogs.endpoints.database"):
             await again.recover()
         await again.store.wait_idle()
         ep = again.endpoints[uuid.UUID(talking)]

@@ -1,4 +1,4 @@
-"""Runs between two databases of one instance (``brokerd.dialogs.local_arrivals``): the
+"""Runs between two databases of one instance (``brokerd.dialogs.arrivals.local_arrivals``): the
 messages after a run's first go straight to the target endpoint, and the dialog stays
 exactly once and in order (R-DLG-1), every message is checked by the receiver (R-OBJ-1)
 and traced once. Real daemons, pipelined SENDs, so whole runs reach the local link in

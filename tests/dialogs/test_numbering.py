@@ -10,8 +10,8 @@ path on a real broker whose file is full.
 
 from __future__ import annotations
 
-from brokerd.dialogs.endpoint import Endpoint
-from brokerd.dialogs.verbs import ApplicationVerbs
+from brokerd.dialogs.endpoints.endpoint import Endpoint
+from brokerd.dialogs.verbs.conversation import ApplicationVerbs
 from brokerd.errors import StoreError, TransactionError
 from brokerd.storage.chains import BrokenChains, Token
 from tests.dialogs.endpoints import conversing_endpoint

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from brokerd.dialogs.ready import ReadyIndex
+from brokerd.dialogs.endpoints.ready import ReadyIndex
 
 
 class _Untouchable:

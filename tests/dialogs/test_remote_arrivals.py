@@ -1,4 +1,4 @@
-"""Runs over a connection (``brokerd.dialogs.remote_arrivals``): the messages after a
+"""Runs over a connection (``brokerd.dialogs.arrivals.remote_arrivals``): the messages after a
 run's first go straight to the target endpoint, and the dialog stays exactly once and
 in order (R-DLG-1) through lost frames and lost acknowledgements, every message is
 checked by the receiver (R-OBJ-1) and traced once. Two real daemons over TCP,

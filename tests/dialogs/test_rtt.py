@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from brokerd.dialogs.rtt import RttEstimator
+from brokerd.dialogs.transmission.rtt import RttEstimator
 
 
 def test_no_sample_means_the_configured_first_wait_doubling_per_attempt() -> None:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from brokerd.dialogs.states import (
+from brokerd.dialogs.endpoints.states import (
     DELIVERING,
     RULES,
     TRANSITIONS,

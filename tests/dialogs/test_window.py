@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from brokerd.dialogs.endpoint import Endpoint, OutMessage
-from brokerd.dialogs.window import (
+from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
+from brokerd.dialogs.transmission.window import (
     BACKLOG_WINDOW_MESSAGES,
     WINDOW_BYTES,
     WINDOW_MESSAGES,

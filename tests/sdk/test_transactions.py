@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.dialogs.transactions import MAX_VERBS, SEND_BUDGET_MESSAGES
+from brokerd.dialogs.verbs.transactions import MAX_VERBS, SEND_BUDGET_MESSAGES
 from brokerd.sdk.client import ReceivedMessage
 from brokerd.server.client_requests import MAX_OPEN_TRANSACTIONS, MAX_SEND_MANY
 from brokerd.tools.example import (

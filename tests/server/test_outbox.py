@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from brokerd.dialogs.endpoint import Endpoint, OutMessage
-from brokerd.dialogs.links import SendAcks, SendFragment, SendHeader
-from brokerd.dialogs.states import State
+from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
+from brokerd.dialogs.endpoints.states import State
+from brokerd.dialogs.transmission.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
 from brokerd.server.outbox import Outbox
 from protocol.dialog import MAX_ACKS_PER_FRAME, Acknowledgement, DialogHeader

@@ -1,0 +1,999 @@
+"""What arrives from links: fragments, acknowledgements, broker errors (SPEC §4, R-DLG-2..8).
+
+A fragment is routed (or forwarded, or dropped), checked against the target's
+contract and validation, deduplicated (R-DLG-4), stored in order or held
+(status 2) until the messages before it arrive (R-DLG-7), reassembled from its
+fragments, and acknowledged only after the commit that made it durable
+(R-DLG-5). A message of several fragments whose validation needs its whole body
+(``well_formed_xml``, R-OBJ-1) is validated when its last fragment arrives,
+before that fragment is stored or acknowledged. An acknowledgement removes what
+it confirms from the transmission queue. A refused message is answered with an
+unsequenced broker Error.
+
+Before any of that, R-DLG-14: what arrives for an existing endpoint must come from
+the far side it is bound to (``binding``), and a secured dialog's frames must
+open under its dialog key (``protocol.dialog_security``); the target of a secured
+dialog takes the key from the first message's key exchange. What fails is
+dropped, counted and never acknowledged or applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from brokerd.dialogs.core import (
+    CODE_CONTRACT_NOT_SUPPORTED,
+    CODE_DIALOG_SECURITY,
+    CODE_MESSAGE_TOO_LARGE,
+    CODE_MESSAGE_TYPE_REFUSED,
+    CODE_SERVICE_NOT_FOUND,
+    CODE_VALIDATION_FAILED,
+    EngineCore,
+    _queue_row,
+    _unqueue_sent,
+    error_body,
+)
+from brokerd.dialogs.endpoints import binding
+from brokerd.dialogs.endpoints.backlog import numbers_in
+from brokerd.dialogs.endpoints.database import Database
+from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_snapshot
+from brokerd.dialogs.endpoints.runs import alike_runs
+from brokerd.dialogs.endpoints.states import DELIVERING, State
+from brokerd.dialogs.transmission.fragment_acks import held_fragments
+from brokerd.dialogs.transmission.links import Link
+from brokerd.storage import queries
+from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
+from brokerd.storage.keys import new_handle
+from brokerd.storage.queries import Statement
+from protocol.acks import UNKNOWN_COUNT
+from protocol.dialog import (
+    ERROR,
+    FLAG_END_DIALOG,
+    FLAG_ERROR,
+    FLAG_INITIATOR,
+    Acknowledgement,
+    DialogHeader,
+)
+from protocol.dialog_security import DialogKeys, DialogSecurityError, open_key_exchange
+from protocol.fragments import cut_size
+
+ARRIVAL_WEIGHT = 2048
+"""What a fragment's arrival weighs in the inbound backlog besides its bytes: its rows,
+index entries and share of a commit cost as much as about 2 KiB of body, so thousands of
+small messages count as a backlog too."""
+
+log = logging.getLogger("brokerd.dialogs.arrivals.receiving")
+_RECEIVED = "received"
+"""The key that joins the store jobs of received messages (``Store.submit_joined``)."""
+
+
+class Receiving(EngineCore):
+    _arrivals: _Arrivals | None = None
+    """The last run of in-order messages submitted (joined while its job is the last)."""
+
+    def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
+        elsewhere: list[DialogHeader] = []
+        writes: dict[str, list[Statement]] = {}
+        """The frame's transmission-queue deletions, one store job per database."""
+        for h in headers:
+            self.stats.acks_received += 1
+            ep = self._endpoint_for(h)
+            if ep is not None:
+                if self._refused(link, ep, h, "acknowledgement"):
+                    continue
+                if (ep.keys is not None or h.security is not None) and (
+                    self._opened(ep, h, b"", "acknowledgement") is None
+                ):
+                    continue
+                self._apply_ack(ep, h.ack, h.from_broker_instance, link.identity, h, writes)
+            elif link is not self.local_link:
+                elsewhere.append(h)
+        for name, statements in writes.items():
+            self.databases[name].store.submit(statements)
+        if elsewhere and self.router.forwarding:
+            self.router.forward_acks(elsewhere)
+
+    def _endpoint_for(self, h: DialogHeader) -> Endpoint | None:
+        key = (h.conversation_id, not h.initiator)
+        if h.to_broker_instance is not None:
+            db = self.by_instance.get(h.to_broker_instance)
+            return db.by_key.get(key) if db else None
+        for db in self.databases.values():
+            ep = db.by_key.get(key)
+            if ep is not None:
+                return ep
+        return None
+
+    def _refused(self, link: Link, ep: Endpoint, header: DialogHeader, what: str) -> bool:
+        """R-DLG-14: drop (never acknowledge or apply) what does not come from the far side
+        ``ep`` is bound to."""
+        reason = binding.refusal(ep, header, link.identity)
+        if reason is None:
+            return False
+        self.stats.binding_refusals += 1
+        self.drop(header, f"{what} refused: {reason}")
+        return True
+
+    def _opened(self, ep: Endpoint, header: DialogHeader, body: bytes, what: str) -> bytes | None:
+        """Dialog security (R-DLG-14): the plaintext of what arrived for ``ep``, or None if
+        it is refused (dropped, counted, never acknowledged or applied)."""
+        keys = ep.keys
+        reason = None
+        if keys is None:
+            if header.security is None:
+                return body
+            reason = "a secured frame for a dialog that is not secured"
+        elif header.security is None:
+            if (
+                header.flags & FLAG_ERROR
+                and not header.sequenced
+                and ep.initiator
+                and not ep.key_confirmed
+            ):
+                return body  # the target could not take the secured dialog: its broker error
+            reason = "the dialog is secured, but this frame is not"
+        else:
+            try:
+                plain = keys.open(header, body)
+            except DialogSecurityError as exc:
+                reason = str(exc)
+            else:
+                if ep.initiator:
+                    ep.key_confirmed = True
+                return plain
+        self.stats.dialog_security_refusals += 1
+        self.drop(header, f"{what} refused by dialog security: {reason} (R-DLG-14)")
+        return None
+
+    def _apply_ack(
+        self,
+        ep: Endpoint,
+        ack: Acknowledgement,
+        far_instance: uuid.UUID,
+        identity: str,
+        header: DialogHeader,
+        writes: dict[str, list[Statement]] | None = None,
+    ) -> None:
+        """Release what ``ack`` acknowledges; its rows leave the transmission queue in a
+        job of their own, or, given ``writes``, in the caller's job for the database."""
+        db = self.databases[ep.database]
+        statements: list[Statement] = []
+        changed = binding.bind(ep, header, identity)
+        if ep.far_broker_instance is None:
+            ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
+            self.router.rebind(ep)
+            changed = True
+        outbox = ep.outbox
+        removed: list[int] = []
+        through = ack.through
+        for seq in outbox:  # in sending order: only the acknowledged head is visited
+            if seq > through:
+                break
+            removed.append(seq)
+        if ack.ranges or ack.fragments:
+            for seq, msg in list(outbox.items()):
+                if seq <= ack.through:
+                    continue
+                if ack.covers(seq):
+                    removed.append(seq)
+                elif msg.fragment_count > 1:
+                    held_fragments(msg, ack)
+        # Messages only in the file (the backlog, after a restart) leave it by number.
+        backlog = ep.backlog
+        runs: list[tuple[int, int]] = []
+        if backlog:
+            if through >= backlog.first:
+                runs += backlog.remove(backlog.first, through)
+            for r in ack.ranges:
+                if backlog and r.last >= backlog.first:
+                    runs += backlog.remove(r.first, r.last)
+        if removed:
+            self.transmission.acknowledged(outbox[removed[-1]])
+        release = self.transmission.release
+        for seq in removed:
+            release(outbox.pop(seq))
+        if removed or runs or ack.fragments:
+            self.transmission.answered(ep)
+        if removed or runs:
+            self.trace.emit(
+                "ack_received",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                through=ack.through,
+                acked=len(removed) + numbers_in(runs),
+                seqs=",".join(map(str, [*removed, *(s for a, b in runs for s in range(a, b + 1))])),
+            )
+        if backlog and len(outbox) < self.transmission.page:
+            self.transmission.page_in(ep)
+        statements += _unqueue_sent(ep, removed, ack.through, runs)
+        if ep.refresh_state():
+            changed = True
+            self._trace_closed(ep)
+        if changed:
+            statements.append(endpoint_snapshot(ep))
+        if not statements:
+            return
+        if writes is None:
+            db.store.submit(statements)
+        else:
+            writes.setdefault(db.name, []).extend(statements)
+
+    def on_fragment(
+        self,
+        link: Link,
+        header: DialogHeader,
+        body: bytes,
+        db: Database | None = None,
+        payload: bytes | None = None,
+    ) -> None:
+        """One fragment arrived (already integrity-checked by the protocol layer).
+
+        ``db`` is the target database when the sender is in this instance (its own
+        routing chose it); a message from outside is routed here (R-ROUTE-1, R-ROUTE-2),
+        and relayed or dropped if it is not for this instance. ``payload`` is the
+        FRAGMENT payload it came in, which a forwarder relays as it is, but for the hop
+        count.
+        """
+        self.stats.fragments_received += 1
+        if self.trace.enabled:
+            self.trace.emit_grouped(
+                "fragment_received",
+                header.conversation_id,
+                "seq",
+                header.sequence_number,
+                initiator=header.initiator,
+                fragment=header.fragment_index,
+                fragments=header.fragment_count,
+                size=len(body),
+                hop=header.hop_count or None,
+                peer=link.name,
+            )
+        if db is None:
+            db = self.router.inbound(header, body, payload)
+            if db is None:
+                return
+        if db.mirror_role == "mirror":
+            self.drop(header, db.fenced_reason() + "; the sender retries toward the principal")
+            self.router.tell_mirror(link, db, header)
+            return
+        if db.mirror_in_doubt:
+            # R-ROUTE-16: not even a duplicate's acknowledgement may reveal the file's
+            # unconfirmed tail; the sender retries.
+            return self.drop(header, db.in_doubt_reason())
+        if db.rx_suspended:
+            return self.drop(header, f"database {db.name!r} is recovering from a store error")
+        ep = db.by_key.get((header.conversation_id, not header.initiator))
+        if ep is None:
+            if not header.initiator or not header.sequenced:
+                return self.drop(header, "no conversation endpoint for this message")
+            created = self._new_target_endpoint(db, link, header, body)
+            if created is None:
+                return
+            ep, body = created
+            checked = True
+        else:
+            what = "error" if header.flags & FLAG_ERROR else "message"
+            if self._refused(link, ep, header, what):
+                return
+            if ep.keys is not None or header.security is not None:
+                opened = self._opened(ep, header, body, what)
+                if opened is None:
+                    return
+                body = opened
+            checked = False
+        ep.last_link = link
+        if ep.far_broker_instance is None:
+            ep.far_broker_instance = header.from_broker_instance
+        if header.ack.through or header.ack.ranges or header.ack.fragments:
+            self._apply_ack(ep, header.ack, header.from_broker_instance, link.identity, header)
+        elif not ep.far_peer:
+            binding.bind(ep, header, link.identity)
+        if not header.sequenced:
+            if header.flags & FLAG_ERROR:
+                self._on_broker_error(db, ep, header, body)
+            return
+        seq = header.sequence_number
+        if seq in ep.accepted.fragments and ep.accepted.cut_differently(
+            seq,
+            header.fragment_count,
+            cut_size(header.fragment_index, header.fragment_offset, len(body)),
+        ):
+            self._drop_other_cut(db, ep, header)
+        if ep.accepted.has_fragment(seq, header.fragment_index):
+            self.stats.duplicates += 1
+            self.trace.emit(
+                "duplicate",
+                ep.conversation_id,
+                database=db.name,
+                initiator=header.initiator,
+                seq=seq,
+                fragment=header.fragment_index,
+                peer=link.name,
+            )
+            self.transmission.ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
+            return
+        if ep.state is State.CLOSED or ep.broker_error:
+            return self.drop(header, f"conversation is {ep.state.value}")
+        refusal = None if checked else self._refusal(db, ep.contract, header, body)
+        if refusal is not None:
+            code, text = refusal
+            self._send_broker_error(link, db, header, code, text, ep)
+            return
+        if header.fragment_count == 1:
+            self._accept_message(db, ep, seq, header.flags, header.message_type, body)
+        elif self._completes_whole_check(db, ep, header):
+            self._validate_whole(link, db, ep, header, body)
+        else:
+            self._accept_fragment(db, ep, header, body)
+
+    def _drop_other_cut(self, db: Database, ep: Endpoint, header: DialogHeader) -> None:
+        """R-DLG-7: the fragments held of this message were cut at another size than the
+        one arriving (its sender restarted with another ``limits.fragment_size``, or a
+        mirror configured with another took over, and cut it again). Joined with the new
+        ones they would not make the message, and by index the new ones would pass for
+        duplicates of them. They go, from memory and from the file with the message's
+        held row (a message now arriving whole would find that row and be lost), and
+        acknowledgements stop claiming them; the message is taken as it is cut now.
+        Nothing is lost: the sender keeps the message until it is acknowledged whole,
+        and takes each acknowledgement's fragments as the receiver's whole answer
+        (``fragment_acks.held_fragments``). The removal is a job with a function, which
+        the store orders after the jobs before it and before those after it
+        (``batch_sql.apply_batch``)."""
+        seq = header.sequence_number
+        held = len(ep.accepted.fragments.get(seq, ()))
+        ep.accepted.drop_partial(seq)
+        ep.durable.drop_partial(seq)
+        self.stats.recut_messages += 1
+        self.trace.emit(
+            "cut_again",
+            ep.conversation_id,
+            database=db.name,
+            initiator=ep.initiator,
+            seq=seq,
+            fragments=header.fragment_count,
+            dropped=held,
+        )
+        self.note_drop(
+            f"dropped the {held} fragments held of message {seq} of conversation "
+            f"{ep.conversation_id}: it arrives cut at another size, into "
+            f"{header.fragment_count} (R-DLG-7)"
+        )
+
+        def failed(exc: BaseException) -> None:
+            log.error("store error while dropping fragments in %s: %s", db.name, exc)
+            self._suspend_receiving(db)
+
+        db.store.submit(
+            queries.received([(ep.handle, seq)], False),
+            fn=_ordered,
+            on_failure=failed,
+            chains=(ep.receiving,),
+        )
+
+    def _refusal(
+        self, db: Database, contract: str, header: DialogHeader, body: bytes
+    ) -> tuple[int, str] | None:
+        """Why the receiver refuses this message (R-OBJ-1, R-DLG-3, size), as (code, text)."""
+        return self._refusal_of(
+            db,
+            contract,
+            header.message_type,
+            header.initiator,
+            header.message_length,
+            header.fragment_count,
+            body,
+        )
+
+    def _refusal_of(
+        self,
+        db: Database,
+        contract: str,
+        message_type: str,
+        initiator: bool,
+        length: int,
+        fragments: int,
+        body: bytes,
+    ) -> tuple[int, str] | None:
+        """:meth:`_refusal` of a message given by its parts (``body``: this fragment's)."""
+        if length > self.max_message_size:
+            return CODE_MESSAGE_TOO_LARGE, (
+                f"message of {length} bytes exceeds this broker's "
+                f"max_message_size of {self.max_message_size}"
+            )
+        catalog = db.catalog
+        refusal = catalog.send_refusal(contract, message_type, initiator)
+        if refusal:
+            return CODE_MESSAGE_TYPE_REFUSED, refusal
+        if fragments == 1 or not catalog.needs_whole_body(message_type):
+            invalid = catalog.validation_problem(message_type, body)
+            if invalid:
+                return CODE_VALIDATION_FAILED, invalid
+        return None
+
+    def _completes_whole_check(self, db: Database, ep: Endpoint, header: DialogHeader) -> bool:
+        """This fragment completes a message whose validation needs the whole body."""
+        if not db.catalog.needs_whole_body(header.message_type):
+            return False
+        held = ep.accepted.fragments_of(header.sequence_number)
+        held.add(header.fragment_index)
+        return len(held) >= header.fragment_count
+
+    def _validate_whole(
+        self, link: Link, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        """R-OBJ-1 for a message of several fragments: join the stored fragments and this
+        last one in the store's thread and validate the whole; then accept the fragment,
+        or refuse the message with a broker error (not acknowledged, like a refused
+        single fragment, so a lost error is produced again on retransmission)."""
+        seq = header.sequence_number
+        if seq in ep.validating:
+            return  # a retransmission while the body is checked: the sender sends it again
+        ep.validating.add(seq)
+        held = ep.accepted.fragments.get(seq)
+        h, catalog, message_type = ep.handle_text, db.catalog, header.message_type
+        problem: list[str | None] = [None]
+
+        def check(conn: sqlite3.Connection) -> None:
+            fragments = queries.read_fragments(conn, h, seq)
+            fragments[header.fragment_index] = body
+            problem[0] = catalog.validation_problem(message_type, queries.joined(fragments))
+
+        def checked() -> None:
+            ep.validating.discard(seq)
+            if ep.state is State.CLOSED or ep.broker_error:
+                self.drop(header, f"conversation is {ep.state.value}")
+            elif ep.accepted.fragments.get(seq) is not held:
+                # Cut again while it was checked (_drop_other_cut): this fragment is of
+                # the cut that was dropped, and the sender sends the new cut.
+                self.drop(header, "the message was cut again while it was checked")
+            elif problem[0] is not None:
+                self._send_broker_error(link, db, header, CODE_VALIDATION_FAILED, problem[0], ep)
+            elif not ep.accepted.has_fragment(seq, header.fragment_index):
+                self._accept_fragment(db, ep, header, body)
+
+        db.store.submit(
+            (), fn=check, on_commit=checked, on_failure=lambda _: ep.validating.discard(seq)
+        )
+
+    def _new_target_endpoint(
+        self, db: Database, link: Link, header: DialogHeader, body: bytes
+    ) -> tuple[Endpoint, bytes] | None:
+        """The target's endpoint, created by the first message if the target accepts it,
+        and the message's plaintext (R-DLG-14: a secured dialog's key comes with it)."""
+        service = db.catalog.services.get(header.to_service)
+        if service is None:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_SERVICE_NOT_FOUND,
+                f"service {header.to_service!r} does not exist in database {db.name!r}",
+            )
+            return None
+        if header.contract not in service.contracts:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_CONTRACT_NOT_SUPPORTED,
+                f"service {header.to_service!r} does not accept contract {header.contract!r}",
+            )
+            return None
+        keys, plain = self._dialog_key(db, link, header, body)
+        if plain is None:
+            return None
+        body = plain
+        refusal = self._refusal(db, header.contract, header, body)
+        if refusal is not None:
+            self._send_broker_error(link, db, header, *refusal)
+            return None
+        ep = Endpoint(
+            handle=new_handle(),
+            conversation_id=header.conversation_id,
+            initiator=False,
+            group_id=uuid.uuid4(),
+            database=db.name,
+            service=header.to_service,
+            far_service=header.from_service,
+            far_broker_instance=header.from_broker_instance,
+            far_peer=binding.arrival_binding(header, link.identity),
+            contract=header.contract,
+            state=State.STARTED_INBOUND,
+            # R-DLG-9: the header carries what is left of the lifetime, counted from BEGIN
+            # DIALOG, so this side's deadline is the initiator's.
+            lifetime=header.lifetime,
+            created_at=self.clock(),
+            keys=keys,
+        )
+        db.add_endpoint(ep)
+        self._watch(ep)
+        self._trace_begun(ep, link.name)
+        return ep, body
+
+    def _dialog_key(
+        self, db: Database, link: Link, header: DialogHeader, body: bytes
+    ) -> tuple[DialogKeys | None, bytes | None]:
+        """R-DLG-14 at the target: the dialog's keys (None: not secured) and the first
+        message's plaintext (None: refused). A dialog the target cannot secure is answered
+        with a broker error; a key exchange or message that fails its check is dropped
+        (the initiator sends it again)."""
+        sk = db.service_keys
+        sec = header.security
+        if sec is None:
+            if header.to_service in sk.required:
+                self._send_broker_error(
+                    link,
+                    db,
+                    header,
+                    CODE_DIALOG_SECURITY,
+                    f"service {header.to_service!r} requires dialog security; the dialog is "
+                    "not secured",
+                )
+                return None, None
+            return None, body
+        problem = sk.plan(header.to_service, header.from_service)
+        if problem is not None:
+            self._send_broker_error(
+                link,
+                db,
+                header,
+                CODE_DIALOG_SECURITY,
+                f"the dialog is secured, but the target cannot take it: {problem}",
+            )
+            return None, None
+        try:
+            if not sec.key_exchange:
+                raise DialogSecurityError("the first message carries no key exchange")
+            key = open_key_exchange(
+                sec.key_exchange,
+                header.conversation_id,
+                header.from_service,
+                header.to_service,
+                sk.own[header.to_service],
+                sk.bound[header.from_service],
+            )
+            keys = DialogKeys(key)
+            return keys, keys.open(header, body)
+        except DialogSecurityError as exc:
+            self.stats.dialog_security_refusals += 1
+            self.drop(header, f"message refused by dialog security: {exc} (R-DLG-14)")
+            return None, None
+
+    def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> bool:
+        """Apply the ends among ``released``; True if the last of them is the other side's
+        Error (it ends the dialog, so nothing follows it)."""
+        error = False
+        for s in released:
+            f = flags if s == seq else ep.held_end_flags.pop(s, 0)
+            if f & FLAG_ERROR:
+                ep.ended_remote = True
+                ep.error_received = error = True
+            elif f & FLAG_END_DIALOG:
+                ep.ended_remote = True
+        if not released and flags & (FLAG_ERROR | FLAG_END_DIALOG):
+            ep.held_end_flags[seq] = flags
+        if ep.refresh_state():
+            self._trace_closed(ep)
+        return error
+
+    def _complete(
+        self, ep: Endpoint, seq: int, flags: int
+    ) -> tuple[list[int], bool, list[Statement]]:
+        """A whole message arrived: the messages it releases in order, whether the last of
+        them is the other side's Error, and the statements promoting the held ones.
+
+        The other side's Error never waits behind a gap (R-DLG-10): its sender dropped
+        what it had not had acknowledged, so the Error closes every gap before it, and
+        partial messages before it are abandoned.
+        """
+        h = ep.handle_text
+        statements: list[Statement] = []
+        if flags & FLAG_ERROR:
+            if seq > ep.accepted.through + 1:
+                statements += queries.abandon_before(h, seq)
+            released = ep.accepted.add_last(seq)
+        else:
+            released = ep.accepted.add_message(seq)
+        error = self._release(ep, released, seq, flags)
+        statements += queries.promote(h, [s for s in released if s != seq])
+        return released, error, statements
+
+    def _accept_message(
+        self, db: Database, ep: Endpoint, seq: int, flags: int, message_type: str, body: bytes
+    ) -> None:
+        """A whole message of one fragment, checked: stored (ready, or held until the ones
+        before it arrive), acknowledged after its commit."""
+        fenced = ep.state not in DELIVERING
+        released, error, promoted = self._complete(ep, seq, flags)
+        queue = db.queue_of(ep.service) or ""
+        if (
+            not fenced
+            and len(released) == 1
+            and not flags & (FLAG_ERROR | FLAG_END_DIALOG)
+            and ep.state in DELIVERING
+        ):
+            self._arrived_in_order(db, ep, queue, seq, message_type, body)
+            return
+        statements: list[Statement] = [
+            _queue_row(
+                ep,
+                queue,
+                seq,
+                1 if released else 2,
+                message_type,
+                len(body),
+                body,
+                self.clock(),
+            ),
+            *promoted,
+            endpoint_snapshot(ep, received=ep.accepted.through),
+        ]
+        if fenced and released:
+            statements += queries.received([(ep.handle, s) for s in released], False)
+        self._submit_received(
+            db,
+            ep,
+            queue,
+            statements,
+            released,
+            seq,
+            None,
+            fenced,
+            error,
+            arrived=len(body),
+        )
+
+    def _arrived_in_order(
+        self, db: Database, ep: Endpoint, queue: str, seq: int, message_type: str, body: bytes
+    ) -> None:
+        """A whole message that arrived in order and released only itself: the common case.
+        Consecutive ones of one conversation in one turn (a frame's worth, or what the
+        local link hands over) are stored by one job with one endpoint row and one commit
+        callback (:class:`_Arrivals`), and acknowledged after it like any other."""
+        row = _queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock())
+        snapshot = endpoint_snapshot(ep, received=ep.accepted.through)
+        weight = ARRIVAL_WEIGHT + len(body)
+        run = self._arrivals
+        if (
+            run is not None
+            and run.ep is ep
+            and db.store.join_last(_RECEIVED, run.on_commit, (row, snapshot), weight, True)
+        ):
+            run.seqs.append(seq)
+            return
+        run = self._arrivals = _Arrivals(self, db, ep, queue, [seq])
+        db.store.submit_joined(
+            _RECEIVED, [row, snapshot], run.on_commit, run.failed, weight, chains=(ep.receiving,)
+        )
+
+    # -- runs: the messages of one dialog after one that took the whole way ----------------
+    # Used by what the local link and a connection hand over (``local_arrivals``,
+    # ``remote_arrivals``), which tell whether a message repeats its run's first.
+
+    @staticmethod
+    def _starts_run(db: Database, receiver: Endpoint, seq: int, before: int) -> bool:
+        """``receiver`` (of ``db``) accepted the whole, plain message ``seq`` in order the
+        whole way just now (``before``: what it had accepted until then; a duplicate,
+        already accepted, proves nothing of its checks), its database takes arrivals, and
+        its dialog is not secured: the messages after it may go straight to it."""
+        return (
+            before < seq
+            and receiver.accepted.through == seq
+            and receiver.keys is None
+            and db.mirror_role != "mirror"
+            and not db.mirror_in_doubt
+            and not db.rx_suspended
+        )
+
+    @staticmethod
+    def _takes_next(db: Database, receiver: Endpoint, seq: int) -> bool:
+        """A whole, plain message ``seq`` of a run releases itself only and leaves the
+        endpoint's state as it is: it is next in order, nothing is held beyond it nor of
+        it (held fragments of that number make it the message cut again, on the whole
+        way: :meth:`_drop_other_cut`), and the receiver and its database still take
+        messages."""
+        accepted = receiver.accepted
+        return (
+            seq == accepted.through + 1
+            and not accepted.beyond
+            and seq not in accepted.fragments
+            and receiver.state in DELIVERING
+            and not receiver.broker_error
+            and db.mirror_role != "mirror"
+            and not db.mirror_in_doubt
+            and not db.rx_suspended
+        )
+
+    def _run_arrival(
+        self,
+        db: Database,
+        receiver: Endpoint,
+        seq: int,
+        message_type: str,
+        initiator: bool,
+        body: bytes,
+    ) -> bool:
+        """A message of a run (:meth:`_takes_next`) after the checks of its own (contract,
+        size, validation: R-DLG-3, R-OBJ-1): queued in order, acknowledged after its
+        commit. False if refused: the whole way then answers it."""
+        refusal = self._refusal_of(
+            db, receiver.contract, message_type, initiator, len(body), 1, body
+        )
+        if refusal is not None:
+            return False
+        self.stats.fragments_received += 1
+        self.stats.fragments_in_runs += 1
+        receiver.accepted.add_message(seq)
+        queue = db.queue_of(receiver.service) or ""
+        self._arrived_in_order(db, receiver, queue, seq, message_type, body)
+        return True
+
+    def _trace_run(
+        self,
+        link: Link,
+        receiver: Endpoint,
+        initiator: bool,
+        hop: int,
+        arrived: list[tuple[int, int]],
+    ) -> None:
+        """``fragment_received`` of the messages ``(seq, size)`` of a run, as
+        :meth:`on_fragment` traces each: one entry per run of messages of one size."""
+        if not self.trace.enabled:
+            return
+        sizes = [size for _, size in arrived]
+        for start, end in alike_runs(sizes):
+            self.trace.emit_each(
+                "fragment_received",
+                receiver.conversation_id,
+                "seq",
+                [seq for seq, _ in arrived[start:end]],
+                initiator=initiator,
+                fragment=0,
+                fragments=1,
+                size=sizes[start],
+                hop=hop or None,
+                peer=link.name,
+            )
+
+    def _accept_fragment(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        seq, index = header.sequence_number, header.fragment_index
+        fenced = ep.state not in DELIVERING
+        first = seq not in ep.accepted.fragments
+        cut = cut_size(index, header.fragment_offset, len(body))
+        complete = ep.accepted.add_fragment(seq, index, header.fragment_count, cut)
+        queue = db.queue_of(ep.service) or ""
+        h = ep.handle_text
+        statements: list[Statement] = []
+        if first:
+            statements.append(
+                _queue_row(
+                    ep,
+                    queue,
+                    seq,
+                    2,
+                    header.message_type,
+                    header.message_length,
+                    None,
+                    self.clock(),
+                )
+            )
+        statements.append(queries.fragment(h, seq, index, header.fragment_offset, body))
+        if not complete:
+            statements.append(endpoint_snapshot(ep, received=ep.accepted.through))
+            self._submit_received(
+                db,
+                ep,
+                queue,
+                statements,
+                [],
+                seq,
+                index,
+                fenced,
+                False,
+                arrived=len(body),
+                held=ep.accepted.fragments[seq],
+            )
+            return
+        released, error, promoted = self._complete(ep, seq, header.flags)
+        statements += promoted
+        statements.append(endpoint_snapshot(ep, received=ep.accepted.through))
+        if fenced and released:
+            statements.append(queries.drop_fragments(h, seq))
+            statements += queries.received([(ep.handle, s) for s in released], False)
+            self._submit_received(
+                db,
+                ep,
+                queue,
+                statements,
+                released,
+                seq,
+                None,
+                fenced,
+                error,
+                arrived=len(body),
+            )
+            return
+        # The fragments stay where they are and are the body (queries.IN_FRAGMENTS): the
+        # row's update is ordered after their inserts by the store (inserts first).
+        statements.append(queries.complete_in_fragments(h, seq))
+        if released:
+            statements += queries.promote(h, [seq])
+        self._submit_received(
+            db,
+            ep,
+            queue,
+            statements,
+            released,
+            seq,
+            None,
+            fenced,
+            error,
+            arrived=len(body),
+        )
+
+    def _submit_received(
+        self,
+        db: Database,
+        ep: Endpoint,
+        queue: str,
+        statements: list[Statement],
+        released: list[int],
+        seq: int,
+        fragment: int | None,
+        fenced: bool,
+        error: bool,
+        fn: Callable[[sqlite3.Connection], Any] | None = None,
+        *,
+        arrived: int,
+        held: set[int] | None = None,
+    ) -> None:
+        """Commit what arrived; then acknowledge it and make what it released ready, unless
+        ``fenced`` (this side has ended: the statements remove it again, R-DLG-10).
+        ``error``: the last released message is the other side's Error; ``arrived``: the
+        bytes that arrived, counted (with ARRIVAL_WEIGHT) in the inbound backlog until the
+        commit; ``held``: the fragment's message's held indexes when it was accepted (if the
+        message has been cut again since, the commit claims nothing: ``_drop_other_cut``)."""
+        index = db.ready.get(queue)
+
+        def committed() -> None:
+            if fragment is None:
+                (ep.durable.add_last if error else ep.durable.add_message)(seq)
+            elif ep.accepted.fragments.get(seq) is held:
+                ep.durable.add_fragment(seq, fragment, UNKNOWN_COUNT)
+            if fenced or ep.state not in DELIVERING:  # an END committed with it or before
+                self._trace_discarded(
+                    ep, released, "this side has ended the conversation", received=True
+                )
+            else:
+                self._delivered(db, ep, queue, index, released, error)
+            if released and ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
+                self.router.request_ended(ep)
+            self.transmission.ack_needed(ep)
+
+        def failed(exc: BaseException) -> None:
+            log.error("store error while receiving into %s: %s", db.name, exc)
+            self._suspend_receiving(db)
+
+        if fn is None:
+            # The messages a link hands over in one turn are one job per database: any
+            # failure means the same (receiving stops until memory matches the file),
+            # and each message is still acknowledged only by its commit's callback.
+            db.store.submit_joined(
+                _RECEIVED,
+                statements,
+                committed,
+                failed,
+                ARRIVAL_WEIGHT + arrived,
+                chains=(ep.receiving,),
+            )
+            return
+        db.store.submit(
+            statements,
+            fn=fn,
+            on_commit=committed,
+            on_failure=failed,
+            weight=ARRIVAL_WEIGHT + arrived,
+            chains=(ep.receiving,),
+        )
+
+    def inbound_backlog(self) -> int:
+        """Bytes received from peers and not yet committed, over every database: the
+        transport stops reading broker connections while it is high."""
+        return sum(db.store.pending_weight for db in self.databases.values())
+
+    def _send_broker_error(
+        self,
+        link: Link,
+        db: Database | None,
+        header: DialogHeader,
+        code: int,
+        text: str,
+        ep: Endpoint | None = None,
+    ) -> None:
+        """An unsequenced Error in answer to a refused message (R-DLG-2); nothing is stored."""
+        self.stats.broker_errors_sent += 1
+        self.drop(header, f"refused with broker error {code}: {text}")
+        body = error_body(code, text)
+        instance = (db or self.msdb).broker_instance
+        reply = DialogHeader(
+            header.conversation_id,
+            header.to_service,
+            header.from_service,
+            instance,
+            header.from_broker_instance,
+            header.contract,
+            ERROR,
+            FLAG_ERROR | (0 if header.initiator else FLAG_INITIATOR),
+            0,
+            0,
+            1,
+            0,
+            len(body),
+        )
+        if ep is not None and ep.keys is not None:
+            reply, body = self.transmission.seal(ep, reply, body)
+        link.queue_header(reply, body)
+
+    def _on_broker_error(
+        self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
+    ) -> None:
+        self._fail_locally(db, ep, body, "the broker reported an error for the conversation")
+
+    def on_corrupted_message(self, link: Link, reason: str) -> None:
+        self.stats.corrupted_messages += 1
+        self.trace.emit("corrupted_message", peer=link.name, reason=reason)
+        log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)
+
+
+class _Arrivals:
+    """Messages of one conversation that arrived in order and are stored by one job: what
+    runs after its commit (each message is acknowledged only then, R-DLG-5)."""
+
+    __slots__ = ("db", "ep", "index", "on_commit", "queue", "receiving", "seqs")
+
+    def __init__(
+        self, receiving: Receiving, db: Database, ep: Endpoint, queue: str, seqs: list[int]
+    ) -> None:
+        self.receiving = receiving
+        self.db = db
+        self.ep = ep
+        self.queue = queue
+        self.index = db.ready.get(queue)
+        self.seqs = seqs
+        self.on_commit = self.committed
+        """The commit callback, one object: the store knows the run's part by it
+        (:meth:`Store.join_last` compares by identity; each ``self.committed`` is a new
+        bound method)."""
+
+    def committed(self) -> None:
+        ep, seqs, receiving = self.ep, self.seqs, self.receiving
+        if receiving._arrivals is self:
+            receiving._arrivals = None  # nothing joins a committed run
+        durable = ep.durable
+        for seq in seqs:
+            durable.add_message(seq)
+        if ep.state not in DELIVERING:  # an END committed with them or before (R-DLG-10)
+            receiving._trace_discarded(
+                ep, seqs, "this side has ended the conversation", received=True
+            )
+        else:
+            receiving._delivered(self.db, ep, self.queue, self.index, seqs, False)
+        if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
+            receiving.router.request_ended(ep)
+        receiving.transmission.ack_needed(ep)
+
+    def failed(self, exc: BaseException) -> None:
+        log.error("store error while receiving into %s: %s", self.db.name, exc)
+        self.receiving._suspend_receiving(self.db)
+
+
+def _ordered(conn: sqlite3.Connection) -> None:
+    """A store job's function that does nothing: it makes the job's statements run after
+    every statement of the jobs before it and before those of the jobs after it."""

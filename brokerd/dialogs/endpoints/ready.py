@@ -1,0 +1,164 @@
+"""The messages RECEIVE may hand out, per queue and conversation group (R-OBJ-3 status 1).
+
+A :class:`ReadyIndex` keeps, for one queue, each conversation group's ready
+messages in the order they became ready, oldest group first, and which groups
+are locked. RECEIVE takes messages of one unlocked group and locks it
+(Service Broker's conversation group lock); a lease (``brokerd.dialogs.endpoints.database.Lease``)
+holds that lock until the messages are removed by a commit, or put back, in front
+and in order, by a rollback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import uuid
+from collections import OrderedDict
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from protocol.dialog import DIALOG_TIMER, ERROR
+
+Item = tuple[uuid.UUID, int]
+"""(conversation handle, message sequence number)"""
+
+
+class Rank(enum.IntEnum):
+    """A message's place in its conversation's ready order (R-DLG-10): a DialogTimer, then
+    an Error, comes before the conversation's other waiting messages; everything else,
+    EndDialog included, keeps the order it became ready in (sequence order, R-DLG-1)."""
+
+    TIMER = 0
+    ERROR = 1
+    IN_SEQUENCE = 2
+
+
+_RANK_OF_TYPE = {DIALOG_TIMER: Rank.TIMER, ERROR: Rank.ERROR}
+
+
+def rank_of(message_type: str) -> Rank:
+    """A message's rank by its type. Only the broker sends DialogTimer and Error messages
+    (SPEC §6), so the type says what the message is."""
+    return _RANK_OF_TYPE.get(message_type, Rank.IN_SEQUENCE)
+
+
+@dataclass
+class ReadyIndex:
+    """Messages of one queue that RECEIVE may hand out: group -> [(handle, seq)] in order."""
+
+    groups: OrderedDict[uuid.UUID, list[Item]] = field(default_factory=OrderedDict)
+    locked: set[uuid.UUID] = field(default_factory=set)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    count: int = 0
+    ahead: dict[Item, Rank] = field(default_factory=dict)
+    """The rank of ready messages that go ahead (TIMER, ERROR); the others are IN_SEQUENCE."""
+
+    def add(
+        self, group: uuid.UUID, handle: uuid.UUID, seq: int, rank: Rank = Rank.IN_SEQUENCE
+    ) -> None:
+        """A message becomes ready: after the group's others, unless its ``rank`` puts it
+        before its conversation's messages of a higher rank (R-DLG-10)."""
+        items = self.groups.setdefault(group, [])
+        item = (handle, seq)
+        if rank is Rank.IN_SEQUENCE:
+            items.append(item)
+        else:
+            self.ahead[item] = rank
+            ahead = self.ahead
+            at = next(
+                (
+                    i
+                    for i, other in enumerate(items)
+                    if other[0] == handle and ahead.get(other, Rank.IN_SEQUENCE) > rank
+                ),
+                len(items),
+            )
+            items.insert(at, item)
+        self.count += 1
+        self.changed.set()
+
+    def take(
+        self,
+        top: int,
+        handle: uuid.UUID | None,
+        group: uuid.UUID | None,
+        owned: Collection[uuid.UUID] = (),
+    ) -> tuple[uuid.UUID, list[Item]] | None:
+        """Up to ``top`` messages of one group, oldest group first, and lock the group.
+
+        Locked groups are skipped unless they are among ``owned`` (the caller's
+        transaction holds them already).
+        """
+        for gid, items in self.groups.items():
+            if (gid in self.locked and gid not in owned) or (group is not None and gid != group):
+                continue
+            if handle is not None:
+                chosen = [item for item in items if item[0] == handle][:top]
+                if not chosen:
+                    continue
+                chosen_set = set(chosen)
+                rest = [item for item in items if item not in chosen_set]
+            else:
+                # The group's head: no scan of (or hash per) message behind it, so a
+                # RECEIVE costs what it takes, not what waits (a backlog of any size).
+                chosen = items[:top]
+                del items[:top]
+                rest = items
+            if rest:
+                self.groups[gid] = rest
+            else:
+                del self.groups[gid]
+            self.count -= len(chosen)
+            self.locked.add(gid)
+            return gid, chosen
+        return None
+
+    def put_back(self, group: uuid.UUID, items: list[Item]) -> None:
+        """Return taken messages in front of their group, which moves to the front."""
+        self.groups[group] = items + self.groups.get(group, [])
+        self.groups.move_to_end(group, last=False)
+        self.count += len(items)
+        self.changed.set()
+
+    def received(self, items: list[Item]) -> None:
+        """Taken messages are gone for good (a RECEIVE committed)."""
+        if self.ahead:
+            for item in items:
+                self.ahead.pop(item, None)
+
+    def clear(self) -> None:
+        self.groups.clear()
+        self.ahead.clear()
+        self.count = 0
+
+    def drop_conversation(self, handle: uuid.UUID) -> list[tuple[uuid.UUID, list[Item]]]:
+        """Remove a conversation's ready messages; returns them per group, for put_back."""
+        dropped: list[tuple[uuid.UUID, list[Item]]] = []
+        for gid in list(self.groups):
+            items = self.groups[gid]
+            kept = [item for item in items if item[0] != handle]
+            if len(kept) == len(items):
+                continue
+            gone = [item for item in items if item[0] == handle]
+            dropped.append((gid, gone))
+            self.received(gone)
+            self.count -= len(items) - len(kept)
+            if kept:
+                self.groups[gid] = kept
+            else:
+                del self.groups[gid]
+        return dropped
+
+    def move_conversation(self, handle: uuid.UUID, old: uuid.UUID, new: uuid.UUID) -> None:
+        """MOVE CONVERSATION: the conversation's ready messages join group ``new``."""
+        items = self.groups.get(old, [])
+        moving = [item for item in items if item[0] == handle]
+        if not moving:
+            return
+        kept = [item for item in items if item[0] != handle]
+        if kept:
+            self.groups[old] = kept
+        else:
+            del self.groups[old]
+        self.groups.setdefault(new, []).extend(moving)
+        self.changed.set()

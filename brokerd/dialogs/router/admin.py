@@ -1,0 +1,113 @@
+"""Route administration at run time: create, alter, drop (R-ROUTE-13).
+
+Owns :class:`RouteAdmin`: the routes an administrator creates, alters and drops, checked
+(a route of the configuration file is changed there, the system route not at all),
+persisted in the database file, then applied: decisions are made again and DELAYED
+conversations re-routed at once (:meth:`RouteAdmin.routes_changed`).
+
+May import: ``brokerd.config``, ``brokerd.errors``, ``brokerd.storage`` and
+``router_core``; the models of ``brokerd.dialogs`` for types.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from brokerd.config import parse_route
+from brokerd.dialogs.router.core import RouterCore
+from brokerd.errors import ConfigError, RouteInvalid
+from brokerd.storage import queries
+from brokerd.storage.catalog import Route, route_row
+from brokerd.storage.queries import AUTO_CREATED_LOCAL
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.endpoints.database import Database
+
+
+class RouteAdmin(RouterCore):
+    # -- route administration ---------------------------------------------------------------
+
+    async def create_route(self, database: str, fields: dict[str, Any]) -> Route:
+        db = self.engine.database(database)
+        name = str(fields.get("name") or "")
+        existing = db.catalog.find_route(name) if name else None
+        if existing is not None:
+            raise RouteInvalid(f"route {existing.name!r} already exists in database {db.name!r}")
+        route = self._parse(fields)
+        await self._store_route(db, route)
+        return route
+
+    async def alter_route(self, database: str, name: str, changes: dict[str, Any]) -> Route:
+        db = self.engine.database(database)
+        current = self._admin_route(db, name, "alter")
+        fields: dict[str, Any] = {
+            "name": current.name,
+            "address": current.address,
+            "remote_service_name": current.remote_service_name,
+            "broker_instance": str(current.broker_instance) if current.broker_instance else None,
+            "mirror_address": current.mirror_address,
+            "lifetime": current.lifetime,
+        }
+        unknown = set(changes) - set(fields) - {"name"}
+        if unknown:
+            raise RouteInvalid(f"ALTER ROUTE cannot change {', '.join(sorted(unknown))}")
+        if "name" in changes and changes["name"] != current.name:
+            raise RouteInvalid("ALTER ROUTE cannot rename a route; drop it and create another")
+        fields.update(changes)
+        route = self._parse(fields)
+        await self._store_route(db, route)
+        return route
+
+    async def drop_route(self, database: str, name: str) -> None:
+        db = self.engine.database(database)
+        route = self._admin_route(db, name, "drop")
+        await self.engine.submit_wait(db, [queries.drop_route(route.name)])
+        del db.catalog.routes[route.name]
+        self.routes_changed(db)
+
+    def _admin_route(self, db: Database, name: str, verb: str) -> Route:
+        route = db.catalog.find_route(name)
+        if route is None:
+            raise RouteInvalid(f"route {name!r} does not exist in database {db.name!r}")
+        if route.source == "system":
+            raise RouteInvalid(
+                f"cannot {verb} {AUTO_CREATED_LOCAL}: the store creates it in every database "
+                "(R-OBJ-6)"
+            )
+        if route.source == "config":
+            raise RouteInvalid(
+                f"route {route.name!r} comes from the configuration file "
+                f"{self.engine.config.path}; {verb} it there"
+            )
+        return route
+
+    def _parse(self, fields: dict[str, Any]) -> Route:
+        data = {k: v for k, v in fields.items() if v is not None and v != ""}
+        try:
+            config = parse_route(data, datetime.now(UTC))
+        except ConfigError as exc:
+            raise RouteInvalid(f"route: {exc.key.lstrip('.')}: {exc.problem}") from None
+        return Route(
+            config.name,
+            config.address,
+            config.remote_service_name,
+            config.broker_instance,
+            config.mirror_address,
+            config.lifetime,
+            source="admin",
+        )
+
+    async def _store_route(self, db: Database, route: Route) -> None:
+        await self.engine.submit_wait(db, [route_row(route)])
+        db.catalog.routes[route.name] = route
+        self.routes_changed(db)
+
+    def routes_changed(self, db: Database) -> None:
+        """Routes of ``db`` changed: decisions are made again (DELAYED ones at once)."""
+        self.stats.route_changes += 1
+        engine = self.engine
+        affected = list(engine.databases.values()) if db is engine.msdb else [db]
+        self.forget_decisions()
+        for d in affected:
+            self.reroute(d)

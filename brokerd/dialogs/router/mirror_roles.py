@@ -1,0 +1,296 @@
+"""Mirroring (R-ROUTE-10, R-ROUTE-15, R-ROUTE-16): the router's side of mirrored
+databases and routes.
+
+Owns :class:`MirrorRoles`: principal queries to both partners of a mirrored route,
+answers to other brokers' queries, the role of each local database and failover
+(:meth:`MirrorRoles.set_mirror_role`). Fencing by epoch (R-ROUTE-15): each role change
+carries an epoch, persisted; a partner that is not principal sends nothing for the
+mirrored database, and one that hears of a higher epoch while principal demotes
+itself. The mirroring service (``brokerd.server``) hears of role changes through
+:class:`~brokerd.dialogs.router.core.MirrorHooks`.
+
+May import: ``protocol``, ``brokerd.routing``, ``brokerd.storage``, ``brokerd.errors``
+and ``router_core``; the models of ``brokerd.dialogs`` for types.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from brokerd.dialogs.router.core import RouterCore
+from brokerd.errors import DialogError, InvalidRequest
+from brokerd.routing import rules as routing
+from brokerd.routing.mirrors import MirrorKey, MirrorPair, Role
+from brokerd.storage import queries
+from protocol import events
+from protocol.dialog import NIL_UUID, DialogHeader
+from protocol.frames import MirrorRole
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.endpoints.database import Database
+    from brokerd.dialogs.transmission.links import Link
+
+log = logging.getLogger("brokerd.dialogs.router.router")  # one log for every part of the router
+
+_ROLE_NAMES: dict[MirrorRole, Role] = {
+    MirrorRole.PRINCIPAL: "principal",
+    MirrorRole.MIRROR: "mirror",
+    MirrorRole.UNKNOWN: "unknown",
+}
+
+
+class MirrorRoles(RouterCore):
+    # -- mirroring (R-ROUTE-10) -------------------------------------------------------------------
+
+    def _mirror_key(self, decision: routing.Decision, service: str) -> MirrorKey:
+        assert decision.address is not None and decision.mirror_address is not None
+        return MirrorKey(
+            decision.address, decision.mirror_address, decision.broker_instance, service
+        )
+
+    def _principal(self, decision: routing.Decision, service: str) -> str | None:
+        key = self._mirror_key(decision, service)
+        pair = self.mirrors.pair(key)
+        now = time.monotonic()
+        pair.last_used = now
+        if pair.needs_asking(now, self._ask_interval(), self._recheck_interval()):
+            self._ask(pair)
+        return pair.principal
+
+    def _ask_interval(self) -> float:
+        return max(0.05, self.engine.retry.initial)
+
+    def _recheck_interval(self) -> float:
+        """How often both partners are asked again while one is principal (R-ROUTE-15)."""
+        return max(0.5, self.engine.retry.maximum)
+
+    def _ask(self, pair: MirrorPair) -> None:
+        pair.asked_at = time.monotonic()
+        key = pair.key
+        for address in pair.addresses:
+            self.stats.principal_queries_sent += 1
+            self.engine.links.link_for(address).send_control(
+                events.PrincipalQuery(
+                    next(self._query_ids), key.broker_instance or NIL_UUID, key.service, pair.epoch
+                )
+            )
+
+    def tick(self) -> None:
+        """Keep asking both partners of a mirrored route in use: often while it has no
+        principal, every ``retry.maximum`` seconds while it has one (R-ROUTE-15)."""
+        now = time.monotonic()
+        interval, recheck = self._ask_interval(), self._recheck_interval()
+        for pair in self.mirrors.pairs.values():
+            if now - pair.last_used < 600 and pair.needs_asking(now, interval, recheck):
+                self._ask(pair)
+
+    def _queried_database(self, broker_instance: uuid.UUID, service: str) -> Database | None:
+        if broker_instance != NIL_UUID:
+            return self.engine.by_instance.get(broker_instance)
+        found = routing.locate_local(service, None, self.local_dbs, None)
+        return self.engine.databases[found.name] if found else None
+
+    def role_of(self, broker_instance: uuid.UUID, service: str) -> tuple[MirrorRole, int]:
+        """What this instance answers to a principal query: its role and epoch."""
+        db = self._queried_database(broker_instance, service)
+        if db is None:
+            return MirrorRole.UNKNOWN, 0
+        role = MirrorRole.MIRROR if db.mirror_role == "mirror" else MirrorRole.PRINCIPAL
+        return role, db.mirror_epoch
+
+    def on_principal_query(self, link: Link, query: events.PrincipalQuery) -> None:
+        self.stats.principal_queries_answered += 1
+        db = self._queried_database(query.broker_instance, query.service)
+        if db is not None and db.mirror_role is not None and query.epoch > db.mirror_epoch:
+            self._superseded(db, query.epoch)
+        role, epoch = self.role_of(query.broker_instance, query.service)
+        link.send_control(
+            events.PrincipalAnswer(
+                query.query_id, role, query.broker_instance, query.service, epoch
+            )
+        )
+
+    def _superseded(self, db: Database, epoch: int) -> None:
+        """R-ROUTE-15: a sender has seen the pair at a higher epoch than this partner's. If
+        this partner is principal, its partner was promoted behind its back: it demotes
+        itself (fencing); either way it adopts the epoch, so that its own next promotion is
+        numbered above it. Committed in the background: if the daemon stops first, the
+        next query carrying the epoch demotes it again."""
+        if db.mirror_role == "principal":
+            log.warning(
+                "database %s: a partner is principal at epoch %d, above this partner's %d; "
+                "this partner is now the mirror (fenced)",
+                db.name,
+                epoch,
+                db.mirror_epoch,
+            )
+            db.mirror_role = "mirror"
+            self.forget_decisions()
+            if self.mirroring is not None:
+                self.mirroring.demoting(db)
+            self.engine.forget_image(db)
+        db.mirror_epoch = epoch
+        self._persist_role(db)
+
+    def _persist_role(self, db: Database) -> None:
+        """Store the role and epoch held in memory now. Submitted at once, not from a task
+        started later: the store commits in submission order, so a role stored after this
+        (a promotion's) is not overwritten by this older one."""
+        assert db.mirror_role is not None
+        role, epoch = db.mirror_role, db.mirror_epoch
+
+        def failed(exc: BaseException) -> None:
+            log.warning(
+                "database %s: could not store its role (%s at epoch %d): %s",
+                db.name,
+                role,
+                epoch,
+                exc,
+            )
+
+        db.store.submit(
+            [queries.meta("mirror_role", role), queries.meta("mirror_epoch", str(epoch))],
+            on_failure=failed,
+        )
+
+    def on_principal_answer(self, address: str, answer: events.PrincipalAnswer) -> None:
+        if self.mirroring is not None:
+            self.mirroring.partner_answered(address, answer)
+        instance = None if answer.broker_instance == NIL_UUID else answer.broker_instance
+        changed = False
+        for pair in self.mirrors.matching(address, instance, answer.service):
+            before = pair.principal
+            if pair.answer(address, _ROLE_NAMES[answer.role], answer.epoch):
+                changed = True
+                log.info(
+                    "mirrored route %s/%s: principal %s -> %s",
+                    pair.key.address,
+                    pair.key.mirror_address,
+                    before,
+                    pair.principal,
+                )
+        if changed:
+            self._resend_mirrored()
+
+    def link_unreachable(self, address: str) -> None:
+        if self.mirroring is not None:
+            self.mirroring.unreachable(address)
+        changed = False
+        for pair in self.mirrors.with_address(address):
+            changed |= pair.unreachable(address)
+        if changed:
+            self._resend_mirrored()
+
+    def tell_mirror(self, link: Link, db: Database, header: DialogHeader) -> None:
+        """A message reached the mirror partner: tell the sender it is not principal."""
+        link.send_control(
+            events.PrincipalAnswer(
+                0, MirrorRole.MIRROR, db.broker_instance, header.to_service, db.mirror_epoch
+            )
+        )
+
+    def _resend_mirrored(self) -> None:
+        for db in self.engine.databases.values():
+            for ep in db.endpoints.values():
+                if ep.has_unacknowledged and ep.route is not None and ep.route.mirror_address:
+                    ep.route_link = None
+                    for msg in ep.outbox.values():
+                        msg.due = 0.0
+                    self.engine.transmit(ep)
+
+    async def set_mirror_role(self, database: str, role: str) -> None:
+        """Failover: this partner becomes ``principal`` or ``mirror`` (persisted).
+
+        R-ROUTE-15: a promotion opens a new epoch, one above the highest this partner
+        knows of (its own and any it heard in principal queries); a demotion keeps the
+        epoch. Both are stored before the role is used."""
+        db = self.engine.database(database)
+        if db.mirror_role is None:
+            raise DialogError(
+                f"database {db.name!r} is not mirrored (set mirror_role in the configuration)"
+            )
+        if role not in ("principal", "mirror"):
+            raise InvalidRequest(f"mirror role must be principal or mirror, not {role!r}")
+        promotion = role == "principal" and db.mirror_role != "principal"
+        if self.mirroring is not None:
+            if promotion:
+                await self.mirroring.promoting(db)
+            elif role == "mirror" and db.mirror_role == "principal":
+                db.mirror_role = role  # fenced at once: nothing more is committed as principal
+                self.mirroring.demoting(db)
+                self.engine.forget_image(db)
+        epoch = db.mirror_epoch
+        if promotion:
+            # R-ROUTE-15: above every epoch this partner knows of, also the one its
+            # principal wrote the units it holds at (a demoted partner keeps its own,
+            # older epoch; promoted again, it opened the epoch its partner already had).
+            replica = db.store.replica
+            if replica is not None:
+                epoch = max(epoch, replica.lsn_epoch)
+            epoch += 1
+            # Adopted at once: while the promotion is stored and the image rebuilt, a
+            # principal query carrying an epoch at or below it supersedes nothing (it
+            # would store this partner as the mirror after the promotion's own row).
+            db.mirror_epoch = epoch
+        await self.engine.submit_wait(
+            db,
+            [queries.meta("mirror_role", role), queries.meta("mirror_epoch", str(epoch))],
+        )
+        if promotion and db.mirror_epoch > epoch:
+            self._promoted_above(db)
+        if promotion and self.mirroring is not None:
+            # R-ROUTE-16: resume every conversation where the old principal stood.
+            await self.engine.rebuild(db)
+            if db.mirror_epoch > epoch:  # heard of meanwhile, while the image was built
+                self.engine.forget_image(db)
+                self._promoted_above(db)
+        db.mirror_role = role
+        db.mirror_epoch = max(db.mirror_epoch, epoch)
+        log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)
+        if role == "principal":
+            if db.mirror_in_doubt and self.mirroring is not None:
+                # the administrator vouches for this partner (a forced service); resumes it
+                self.mirroring.resolved(db, "the administrator confirmed it as principal")
+            else:
+                self.engine.resume(db)
+        else:
+            self.forget_decisions()
+
+    def _promoted_above(self, db: Database) -> NoReturn:
+        """A partner was promoted above this one during its promotion (R-ROUTE-15): this
+        one stays the mirror. Taking the role anyway made two principals at one epoch,
+        the other's (``_superseded`` adopts it), which senders cannot tell apart."""
+        self._persist_role(db)
+        raise DialogError(
+            f"database {db.name!r}: a partner became principal at epoch "
+            f"{db.mirror_epoch} during this promotion; this partner stays the mirror"
+        )
+
+    def mirrors_view(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = [
+            {
+                "kind": "local database",
+                "name": db.name,
+                "broker_instance": str(db.broker_instance),
+                "role": db.mirror_role,
+                "epoch": db.mirror_epoch,
+                "principal": "",
+            }
+            for db in self.engine.databases.values()
+            if db.mirror_role is not None
+        ]
+        rows += [
+            {
+                "kind": "mirrored route",
+                "name": f"{p.key.address} / {p.key.mirror_address}",
+                "broker_instance": str(p.key.broker_instance or ""),
+                "role": p.status(),
+                "epoch": p.epoch,
+                "principal": p.principal or "",
+            }
+            for p in self.mirrors.pairs.values()
+        ]
+        return rows

@@ -1,0 +1,125 @@
+"""Dynamic routing (R-ROUTE-14): the router's MissingRoute requests.
+
+Owns :class:`RouteRequests`: at most one MissingRoute request per service name in
+flight, sent on a dialog from the system service ``brokerd/RouteRequester``; when the
+routing service ends that dialog the waiting conversations are routed again. A request
+left unanswered is abandoned and made again; an answered one still counts as pending
+for ``retry.delayed_retry`` seconds.
+
+May import: ``protocol``, ``brokerd.routing``, ``brokerd.storage`` and ``router_core``;
+the models of ``brokerd.dialogs`` for types.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+from xml.sax.saxutils import escape
+
+from brokerd.dialogs.router.core import RouterCore, RouteRequest
+from brokerd.routing import rules as routing
+from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
+from protocol.dialog import BROKER_CONFIGURATION_NOTICE, MISSING_ROUTE
+from protocol.errors import BrokerError
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.endpoints.database import Database
+    from brokerd.dialogs.endpoints.endpoint import Endpoint
+
+log = logging.getLogger("brokerd.dialogs.router.router")  # one log for every part of the router
+
+
+def missing_route_body(service: str, broker_instance: uuid.UUID | None, database: str) -> bytes:
+    """The MissingRoute request (R-ROUTE-14): the service, the broker instance, the database."""
+    instance = str(broker_instance) if broker_instance else ""
+    return (
+        f'<MissingRoute xmlns="{MISSING_ROUTE}">'
+        f"<SERVICE_NAME>{escape(service)}</SERVICE_NAME>"
+        f"<BROKER_INSTANCE>{instance}</BROKER_INSTANCE>"
+        f"<DATABASE>{escape(database)}</DATABASE></MissingRoute>"
+    ).encode()
+
+
+class RouteRequests(RouterCore):
+    # -- dynamic routing (R-ROUTE-14) ---------------------------------------------------------
+
+    def pending_services(self, database: str) -> set[str]:
+        """Services of ``database`` with a MissingRoute request in flight or just answered."""
+        now = time.monotonic()
+        cooldown = self.engine.retry.delayed_retry
+        timeout = max(60.0, 4 * cooldown)
+        out: set[str] = set()
+        for key, req in list(self.requests.items()):
+            if key[0] != database:
+                continue
+            if req.done_at is None and now - req.started > timeout:
+                log.warning("MissingRoute request for %r unanswered; asking again", req.service)
+                self._abandon(req)
+                del self.requests[key]
+                continue
+            if req.done_at is not None and now - req.done_at >= cooldown:
+                del self.requests[key]
+                continue
+            out.add(req.service)
+        return out
+
+    def _request_route(self, db: Database, service: str, broker_instance: uuid.UUID | None) -> None:
+        key = (db.name, service)
+        if key in self.requests:
+            return
+        req = self.requests[key] = RouteRequest(db.name, service, time.monotonic())
+        self.stats.route_requests += 1
+        self.engine.loop.create_task(self._send_request(db, req, broker_instance))
+
+    async def _send_request(
+        self, db: Database, req: RouteRequest, broker_instance: uuid.UUID | None
+    ) -> None:
+        engine = self.engine
+        try:
+            ep = await engine.begin_dialog(
+                ROUTE_REQUESTER_SERVICE,
+                routing.BROKER_CONFIGURATION_SERVICE,
+                BROKER_CONFIGURATION_NOTICE,
+                database=db.name,
+            )
+            req.handle = ep.handle
+            await engine.send(
+                ep.handle, MISSING_ROUTE, missing_route_body(req.service, broker_instance, db.name)
+            )
+            log.info("asked the dynamic routing service for a route to %r", req.service)
+        except BrokerError as exc:
+            log.error("cannot send the MissingRoute request for %r: %s", req.service, exc)
+            req.done_at = time.monotonic()
+
+    def request_ended(self, ep: Endpoint) -> None:
+        """The routing service ended (or refused) a request dialog: route again (R-ROUTE-14)."""
+        for req in self.requests.values():
+            if req.handle == ep.handle:
+                break
+        else:
+            req = None
+        if req is not None:
+            req.done_at = time.monotonic()
+        self.engine.loop.create_task(self._finish_request(ep, req))
+
+    async def _finish_request(self, ep: Endpoint, req: RouteRequest | None) -> None:
+        engine = self.engine
+        try:
+            await engine.end_conversation(ep.handle, cleanup=ep.broker_error)
+            await engine.discard_received(ep)
+        except BrokerError as exc:
+            log.warning("ending the MissingRoute dialog %s: %s", ep.handle, exc)
+        if req is not None:
+            self.reroute(engine.databases[req.database], req.service)
+
+    def _abandon(self, req: RouteRequest) -> None:
+        if req.handle is not None:
+            handle = req.handle
+            self.engine.loop.create_task(self._cleanup(handle))
+
+    async def _cleanup(self, handle: uuid.UUID) -> None:
+        with contextlib.suppress(BrokerError):
+            await self.engine.end_conversation(handle, cleanup=True)

@@ -1,0 +1,350 @@
+"""The application's verbs (SPEC §6, R-DLG-3, R-DLG-11, R-DLG-12).
+
+BEGIN DIALOG, SEND (checked against the contract and the message type's
+validation), END CONVERSATION (all forms), MOVE CONVERSATION, RECEIVE (a
+:class:`~brokerd.dialogs.endpoints.database.Lease` on one conversation group), BEGIN
+CONVERSATION TIMER and ALTER QUEUE. Each verb has a ``*_work`` form that checks,
+changes memory and returns a :class:`~brokerd.dialogs.endpoints.work.Work`, and an
+awaitable form that commits it alone; a client transaction commits several.
+SEND and RECEIVE, the verbs of every message, have modules of their own
+(:mod:`brokerd.dialogs.verbs.send`, :mod:`brokerd.dialogs.verbs.receive`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import Collection
+from typing import Any
+
+from brokerd.dialogs.core import (
+    _unqueue_sent,
+    error_body,
+)
+from brokerd.dialogs.endpoints.database import Database
+from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_deletion, endpoint_snapshot
+from brokerd.dialogs.endpoints.service_keys import new_dialog_key
+from brokerd.dialogs.endpoints.states import State
+from brokerd.dialogs.endpoints.work import Work
+from brokerd.dialogs.verbs import views
+from brokerd.dialogs.verbs.receive import ReceiveVerbs
+from brokerd.dialogs.verbs.send import SendVerbs
+from brokerd.errors import (
+    ContractViolation,
+    ConversationEnded,
+    DialogSecurityUnavailable,
+    InvalidErrorCode,
+    InvalidRequest,
+    LockConflict,
+    NotPrincipal,
+    ServiceNotFound,
+)
+from brokerd.storage import queries
+from brokerd.storage.keys import new_handle
+from protocol.dialog import (
+    END_DIALOG,
+    ERROR,
+    FLAG_END_DIALOG,
+    FLAG_ERROR,
+    FLAG_SEQUENCED,
+)
+from protocol.dialog_security import DialogKeys
+
+log = logging.getLogger("brokerd.dialogs.verbs.conversation")
+
+
+class ApplicationVerbs(SendVerbs, ReceiveVerbs):
+    def new_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> tuple[Database, Endpoint]:
+        """BEGIN DIALOG's checks and the new initiator endpoint, not registered yet."""
+        db = self.database(database) if database else self.database_of_service(from_service)
+        if db.mirror_role == "mirror":
+            raise NotPrincipal(
+                f"database {db.name!r} is the mirror partner; begin dialogs on the principal "
+                "(R-ROUTE-10)"
+            )
+        if from_service not in db.catalog.services:
+            raise ServiceNotFound(
+                f"service {from_service!r} does not exist in database {db.name!r}"
+            )
+        if contract not in db.catalog.contracts:
+            raise ContractViolation(f"contract {contract!r} does not exist in database {db.name!r}")
+        if not to_service:
+            raise InvalidRequest("the target service name must not be empty")
+        keys = None
+        service_keys = db.service_keys
+        if service_keys.secured(from_service, to_service):
+            problem = service_keys.plan(from_service, to_service)
+            if problem is not None:
+                raise DialogSecurityUnavailable(
+                    f"a dialog from {from_service!r} to {to_service!r} must be secured "
+                    f"(R-DLG-14), but {problem}"
+                )
+            keys = DialogKeys(new_dialog_key())
+        group = uuid.uuid4()
+        if related_conversation is not None:
+            group = self.endpoint(related_conversation)[1].group_id
+        ep = Endpoint(
+            handle=new_handle(),
+            conversation_id=uuid.uuid4(),
+            initiator=True,
+            group_id=group,
+            database=db.name,
+            service=from_service,
+            far_service=to_service,
+            far_broker_instance=to_broker_instance,
+            contract=contract,
+            state=State.STARTED_OUTBOUND,
+            lifetime=max(0, int(lifetime)),
+            created_at=self.clock(),
+            keys=keys,
+        )
+        return db, ep
+
+    def begin_dialog_work(self, db: Database, ep: Endpoint) -> Work:
+        """Register the endpoint from :meth:`new_dialog`; forgotten if the work fails."""
+        db.add_endpoint(ep)
+
+        def committed() -> None:
+            self._watch(ep)
+            self._trace_begun(ep)
+
+        return Work().add([endpoint_snapshot(ep)], committed, lambda _: db.remove_endpoint(ep))
+
+    async def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> Endpoint:
+        db, ep = self.new_dialog(
+            from_service,
+            to_service,
+            contract,
+            database,
+            to_broker_instance,
+            lifetime,
+            related_conversation,
+        )
+        await self.commit(db, self.begin_dialog_work(db, ep))
+        return ep
+
+    @staticmethod
+    def check_end(error_code: int | None, cleanup: bool = False) -> None:
+        """END CONVERSATION's check: WITH ERROR takes a code greater than 0; the codes
+        below zero are the broker's own (SPEC §6)."""
+        if error_code is not None and not cleanup and error_code <= 0:
+            raise InvalidErrorCode(
+                f"END CONVERSATION WITH ERROR needs a code greater than 0, not {error_code}: "
+                "codes of 0 and below are the broker's own"
+            )
+
+    def end_conversation_work(
+        self,
+        db: Database,
+        ep: Endpoint,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> Work:
+        self.check_end(error_code, cleanup)
+        if cleanup:
+            return self._cleanup_work(db, ep)
+        if ep.ended_local or ep.state is State.CLOSED:
+            return Work()
+        ep.ended_local = True
+        dropped = dict(ep.outbox)
+        dropped_runs = ep.backlog.spans()
+        dropped_seqs = [*dropped, *ep.backlog]
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        unreceived = index.drop_conversation(ep.handle) if index is not None else []
+
+        def failed(_: BaseException) -> None:
+            ep.ended_local = False
+            ep.outbox.update(dropped)
+            ep.backlog.restore(dropped_runs)
+            ep.refresh_state(undo=True)
+            if index is not None:
+                for group, items in unreceived:
+                    index.put_back(group, items)
+
+        # SPEC §6, R-DLG-10: what waits in this side's queue goes, and nothing more comes.
+        work = Work().add(queries.discard_queued(ep.handle_text), on_failure=failed)
+        if ep.broker_error:
+            self._trace_discarded(ep, dropped_seqs, "END CONVERSATION after a broker error")
+            self.transmission.discard(ep)
+            ep.refresh_state()
+            return work.add([endpoint_snapshot(ep)])
+        if error_code is not None:
+            self._trace_discarded(ep, dropped_seqs, "END CONVERSATION WITH ERROR")
+            self.transmission.discard(ep)
+            _, enqueued = self._enqueue_work(
+                db,
+                ep,
+                ERROR,
+                FLAG_SEQUENCED | FLAG_ERROR,
+                error_body(error_code, description),
+                _unqueue_sent(ep, list(dropped), runs=dropped_runs),
+            )
+        else:
+            _, enqueued = self._enqueue_work(
+                db, ep, END_DIALOG, FLAG_SEQUENCED | FLAG_END_DIALOG, b""
+            )
+        return work.extend(enqueued)
+
+    async def end_conversation(
+        self,
+        handle: uuid.UUID,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> None:
+        db, ep = self.endpoint(handle)
+        work = self.end_conversation_work(db, ep, error_code, description, cleanup)
+        if work.statements:
+            await self.commit(db, work)
+
+    def _cleanup_work(self, db: Database, ep: Endpoint) -> Work:
+        self._trace_discarded(ep, [*ep.outbox, *ep.backlog], "END CONVERSATION WITH CLEANUP")
+        self.transmission.discard(ep)
+        ep.state = State.CLOSED
+        self._trace_closed(ep)
+        db.remove_endpoint(ep)
+        queue = db.queue_of(ep.service)
+        if queue in db.ready:
+            db.ready[queue].drop_conversation(ep.handle)
+        ep.timer_due = 0.0
+        return Work().add([*queries.forget_conversation(ep.handle_text), endpoint_deletion(ep)])
+
+    def check_move(
+        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
+    ) -> None:
+        """MOVE CONVERSATION's check: neither group is locked by another transaction
+        (``owned`` are the groups the caller's own transaction holds)."""
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        if index is None:
+            return
+        for gid in (ep.group_id, group):
+            if gid in index.locked and gid not in owned:
+                raise LockConflict(
+                    f"conversation group {gid} is locked by a RECEIVE of another transaction"
+                )
+
+    def move_conversation_work(
+        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
+    ) -> Work:
+        """MOVE CONVERSATION: the conversation joins conversation group ``group``.
+
+        Its waiting messages move with it. Refused while another transaction holds
+        either group (its messages are being received).
+        """
+        old = ep.group_id
+        if old == group:
+            return Work()
+        self.check_move(db, ep, group, owned)
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        ep.group_id = group
+        if index is not None:
+            index.move_conversation(ep.handle, old, group)
+
+        def failed(_: BaseException) -> None:
+            ep.group_id = old
+            if index is not None:
+                index.move_conversation(ep.handle, group, old)
+
+        return Work().add(
+            [queries.regroup(ep.handle_text, ep.group_text), endpoint_snapshot(ep)],
+            on_failure=failed,
+        )
+
+    async def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
+        db, ep = self.endpoint(handle)
+        await self.commit(db, self.move_conversation_work(db, ep, group))
+
+    async def discard_received(self, ep: Endpoint) -> None:
+        """Remove what ``ep`` received from its queue (system dialogs consume their replies)."""
+        db = self.databases[ep.database]
+        queue = db.queue_of(ep.service)
+        if queue in db.ready:
+            db.ready[queue].drop_conversation(ep.handle)
+        await self.submit_wait(db, queries.discard_received(ep.handle_text))
+
+    async def alter_queue(self, queue: str, status: bool, database: str | None = None) -> None:
+        """ALTER QUEUE ... WITH STATUS = ON | OFF (R-DLG-12).
+
+        While a queue is off, messages for it are still accepted, stored and
+        acknowledged, but RECEIVE refuses; turning it on makes them receivable.
+        """
+        db = self._database_of_queue(queue, database)
+        info = db.catalog.queues[queue]
+        await self.submit_wait(db, [queries.set_queue_status(queue, status)])
+        info.status = status
+        if status:
+            db.ready[queue].changed.set()
+
+    async def transmission_queue(self) -> list[dict[str, Any]]:
+        """The ``transmission_queue`` view: what each database sent and has not had
+        acknowledged, then what it received for a queue that is off and holds until the
+        queue is turned on (R-DLG-12), read from its file."""
+        backlogs: dict[uuid.UUID, list[queries.SentRow]] = {}
+        for db in self.databases.values():
+            for ep in list(db.endpoints.values()):
+                for first, last in ep.backlog.spans():
+                    page = await db.store.run(
+                        functools.partial(
+                            queries.read_sent_page, handle=ep.handle_text, first=first, last=last
+                        )
+                    )
+                    backlogs.setdefault(ep.handle, []).extend(
+                        row for row in page if row[0] in ep.backlog
+                    )
+        rows = views.transmission_queue(self.databases.values(), backlogs)
+        for db in self.databases.values():
+            off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
+            if off:
+                held = await db.store.run(functools.partial(queries.read_held_for, queues=off))
+                rows += views.held_for_disabled_queues(db, held)
+        return rows
+
+    def check_timer(self, ep: Endpoint, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER's checks: an open conversation, a timeout >= 0."""
+        if ep.state is State.CLOSED:
+            raise ConversationEnded(f"cannot set a timer on conversation {ep.handle}: it is closed")
+        if not timeout >= 0:
+            raise InvalidRequest(f"timer timeout must be >= 0 seconds, not {timeout}")
+
+    def timer_work(self, db: Database, ep: Endpoint, timeout: float) -> Work:
+        """BEGIN CONVERSATION TIMER (R-DLG-11): a DialogTimer message in this side's queue
+        after ``timeout`` seconds. A new timer replaces the conversation's current one; it
+        is not shared with the other side and does not change the lifetime."""
+        self.check_timer(ep, timeout)
+        due = self.clock() + timeout
+
+        def committed() -> None:
+            ep.timer_due = due
+            self._watch(ep)
+
+        return Work().add(
+            [queries.set_timer(ep.handle_text, due)],
+            committed,
+        )
+
+    async def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
+        db, ep = self.endpoint(handle)
+        await self.commit(db, self.timer_work(db, ep, timeout))

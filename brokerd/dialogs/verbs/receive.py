@@ -1,0 +1,255 @@
+"""RECEIVE (SPEC §6, R-DLG-1, R-DLG-11, R-DLG-12): a
+:class:`~brokerd.dialogs.endpoints.database.Lease` on the ready messages of one
+conversation group, their rows read and removed (or kept, under RETENTION) in one
+commit, and the lease given back.
+
+May import: ``brokerd.dialogs`` models and the engine's core, ``brokerd.storage``,
+``brokerd.errors``, ``protocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import operator
+import sqlite3
+import uuid
+from collections.abc import Callable, Collection
+from typing import Any
+
+from brokerd.dialogs.core import (
+    EngineCore,
+)
+from brokerd.dialogs.endpoints.database import Database, Lease
+from brokerd.dialogs.endpoints.ready import ReadyIndex
+from brokerd.dialogs.endpoints.states import DELIVERING
+from brokerd.dialogs.endpoints.work import Work
+from brokerd.errors import (
+    QueueDisabled,
+)
+from brokerd.storage import queries
+from brokerd.storage.catalog import QueueInfo
+
+log = logging.getLogger("brokerd.dialogs.verbs.receive")
+
+
+class ReceiveVerbs(EngineCore):
+    async def take_ready(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+        owned: Collection[uuid.UUID] = (),
+    ) -> Lease | None:
+        """RECEIVE's choice: up to ``top`` ready messages of one conversation group, whose
+        lock the returned lease holds; waits up to ``timeout`` s (negative: forever).
+
+        ``owned`` are groups the caller's transaction already holds: they may be taken
+        from again. None when nothing arrived in time.
+        """
+        db, info, index, group = self._ready_of(queue, database, handle)
+        deadline = None if timeout < 0 else self.loop.time() + timeout
+        while True:
+            taken = index.take(max(1, top), handle, group, owned)
+            if taken is not None:
+                gid, items = taken
+                return Lease(
+                    db, queue, index, gid, items, info.retention, gid not in owned, image=db.image
+                )
+            remaining = None if deadline is None else deadline - self.loop.time()
+            if remaining is not None and remaining <= 0:
+                return None
+            index.changed.clear()
+            try:
+                await asyncio.wait_for(index.changed.wait(), remaining)
+            except TimeoutError:
+                return None
+
+    def _ready_of(
+        self, queue: str, database: str | None, handle: uuid.UUID | None
+    ) -> tuple[Database, QueueInfo, ReadyIndex, uuid.UUID | None]:
+        """RECEIVE's checks: the queue's database, the queue (enabled), its ready index,
+        and the group of ``handle`` if one is named."""
+        db = self._database_of_queue(queue, database)
+        info = db.catalog.queues[queue]
+        if not info.status:
+            raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
+        group = None
+        if handle is not None:
+            group = self.endpoint(handle)[1].group_id
+        return db, info, db.ready[queue], group
+
+    async def read_leased(
+        self, lease: Lease, budget: queries.Budget | None = None
+    ) -> list[dict[str, Any]]:
+        """The rows of a lease's messages, read without removing them; the messages
+        beyond ``budget`` go back to the queue at once (the lease keeps the lock)."""
+        try:
+            rows, used = await lease.db.store.run(
+                lambda conn: queries.read_received(conn, lease.items, budget)
+            )
+        except BaseException:
+            self.release(lease, received=False)
+            raise
+        self.trim(lease, used)
+        return rows
+
+    def trim(self, lease: Lease, used: int) -> None:
+        """Keep the first ``used`` messages of a lease; the others go back in front of
+        their group, in order, while the lease still holds the group's lock."""
+        rest = lease.items[used:]
+        if not rest:
+            return
+        lease.items = lease.items[:used]
+        if lease.image != lease.db.image:
+            return  # its image was dropped: the rebuilt index has them from the file
+        kept = [item for item in rest if item[0] in lease.db.endpoints]
+        if kept:
+            lease.index.put_back(lease.group, kept)
+
+    def receive_work(self, lease: Lease) -> Work:
+        """Remove a lease's messages from the queue (or keep them with status 0 under
+        RETENTION); once committed the group's lock is released."""
+        rows = queries.received(lease.items, lease.retention)
+        return Work().add(
+            rows,
+            on_commit=lambda: self.release(lease, received=True),
+            on_failure=lambda _: self.release(lease, received=False),
+        )
+
+    def release(self, lease: Lease, received: bool) -> None:
+        """Unlock a lease's group; its messages go back in front, in order, unless received."""
+        if lease.released:
+            return
+        lease.released = True
+        if lease.image != lease.db.image:
+            return  # its image was dropped: the ready index and its locks were rebuilt
+        index = lease.index
+        if not received:
+            # A conversation cleaned up or ended meanwhile has no rows left to give back.
+            endpoints = lease.db.endpoints
+            kept = [
+                item
+                for item in lease.items
+                if (owner := endpoints.get(item[0])) is not None and owner.state in DELIVERING
+            ]
+            if kept:
+                index.put_back(lease.group, kept)
+            index.received([item for item in lease.items if item not in kept])
+        else:
+            index.received(lease.items)
+        if lease.locks:
+            index.locked.discard(lease.group)
+        if index.count:
+            index.changed.set()
+        if received:
+            self._trace_received(lease)
+
+    def _trace_received(self, lease: Lease) -> None:
+        self.stats.received_by_application += len(lease.items)
+        if not self.trace.enabled:
+            return
+        db = lease.db
+        # One buffered entry per run of messages of one conversation (the lines are the same).
+        for handle, run in itertools.groupby(lease.items, key=operator.itemgetter(0)):
+            owner = db.endpoints.get(handle)
+            if owner is not None:
+                self.trace.emit_each(
+                    "received",
+                    owner.conversation_id,
+                    "seq",
+                    [seq for _, seq in run],
+                    database=db.name,
+                    initiator=not owner.initiator,
+                    queue=lease.queue,
+                )
+
+    async def receive(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+        budget: queries.Budget | None = None,
+    ) -> list[dict[str, Any]]:
+        """RECEIVE TOP (top) outside a transaction: the messages leave the queue in the
+        same commit that reads them (autocommit; at most once to the application).
+
+        ``budget`` cuts the batch to what the caller's reply can carry before anything
+        is removed; the messages beyond it stay in the queue, first in their group."""
+        lease = await self.take_ready(queue, database, top, timeout, handle)
+        if lease is None:
+            return []
+        future = self._read_and_remove(lease, budget, None, None)
+        assert future is not None
+        rows: list[dict[str, Any]] = await future
+        return rows
+
+    def receive_now(
+        self,
+        queue: str,
+        database: str | None,
+        top: int,
+        handle: uuid.UUID | None,
+        budget: queries.Budget | None,
+        then: Callable[[list[dict[str, Any]]], None],
+        failed: Callable[[BaseException], None],
+    ) -> bool:
+        """:meth:`receive` without a task or a future when messages are ready now: the
+        rows go to ``then`` from the callback of the commit that removed them (or the
+        error to ``failed``). False, with nothing taken, when none are ready: the caller
+        waits with :meth:`receive`. The client listener's path for RECEIVE, so that a
+        consumer behind a busy event loop waits for its commit, not for further turns
+        of the loop."""
+        db, info, index, group = self._ready_of(queue, database, handle)
+        taken = index.take(max(1, top), handle, group)
+        if taken is None:
+            return False
+        gid, items = taken
+        lease = Lease(db, queue, index, gid, items, info.retention, image=db.image)
+        try:
+            self._read_and_remove(lease, budget, then, failed)
+        except BaseException:
+            self.release(lease, received=False)
+            raise
+        return True
+
+    def _read_and_remove(
+        self,
+        lease: Lease,
+        budget: queries.Budget | None,
+        then: Callable[[list[dict[str, Any]]], None] | None,
+        failed: Callable[[BaseException], None] | None,
+    ) -> asyncio.Future[Any] | None:
+        """The autocommit RECEIVE's job: read the lease's rows (cut to ``budget``) and
+        remove them in one commit; the rows to ``then`` (or the future, without it)."""
+        used = [len(lease.items)]
+        result: list[list[dict[str, Any]]] = [[]]
+
+        def read_and_remove(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows, used[0] = queries.read_received(conn, lease.items, budget, True, lease.retention)
+            result[0] = rows
+            return rows
+
+        def committed() -> None:
+            self.trim(lease, used[0])
+            self.release(lease, received=True)
+            if then is not None:
+                then(result[0])
+
+        def not_committed(exc: BaseException) -> None:
+            self.release(lease, received=False)
+            if failed is not None:
+                failed(exc)
+
+        return lease.db.store.submit(
+            (),
+            fn=read_and_remove,
+            on_commit=committed,
+            on_failure=not_committed,
+            wait=then is None,
+        )

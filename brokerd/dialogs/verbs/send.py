@@ -1,0 +1,406 @@
+"""SEND (SPEC §6, R-DLG-1, R-DLG-3, R-DLG-13): the contract's and the message type's
+checks, a sequence number, and the message's way out: through the transmission queue
+to its link, or straight into a target queue of the same database. One SEND as a
+``*_work`` for a transaction, ``send_many``'s SENDs in one, and the client listener's
+pipelined SENDs (a run on one conversation in one job).
+
+May import: ``brokerd.dialogs`` models and the engine's core, ``brokerd.storage``,
+``brokerd.errors``, ``protocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+
+from brokerd.dialogs.core import (
+    EngineCore,
+    _queue_row,
+)
+from brokerd.dialogs.endpoints.database import Database
+from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage, endpoint_snapshot
+from brokerd.dialogs.endpoints.runs import alike_runs
+from brokerd.dialogs.endpoints.states import DELIVERING
+from brokerd.dialogs.endpoints.work import Work
+from brokerd.dialogs.verbs.direct import direct_target
+from brokerd.errors import (
+    BrokerError,
+    ContractViolation,
+    ConversationEnded,
+    MessageTooLarge,
+    NotPrincipal,
+    StoreError,
+    SystemMessageType,
+    ValidationFailed,
+)
+from brokerd.storage import queries
+from brokerd.storage.catalog import SYSTEM_MESSAGE_TYPES
+from brokerd.storage.chains import Token
+from brokerd.storage.queries import Statement
+from protocol.dialog import (
+    FLAG_INITIATOR,
+    FLAG_SEQUENCED,
+)
+from protocol.fragments import fragment_count
+
+log = logging.getLogger("brokerd.dialogs.verbs.send")
+
+
+class SendVerbs(EngineCore):
+    def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None:
+        """SEND's checks: no system message type (SPEC §6), the endpoint's state, the size,
+        the contract (R-DLG-3), validation."""
+        if message_type in SYSTEM_MESSAGE_TYPES:
+            raise SystemMessageType(
+                f"SEND refused: {message_type!r} is a system message type; only the broker "
+                "sends it (END CONVERSATION ends a dialog, BEGIN CONVERSATION TIMER sets a timer)"
+            )
+        if db.mirror_role == "mirror":
+            raise NotPrincipal(f"SEND refused: {db.fenced_reason()}; send on the principal")
+        problem = ep.may_send()
+        if problem:
+            raise ConversationEnded(f"cannot SEND on conversation {ep.handle}: {problem}")
+        if len(body) > self.max_message_size:
+            raise MessageTooLarge(
+                f"message of {len(body)} bytes exceeds max_message_size {self.max_message_size}"
+            )
+        refusal = db.catalog.send_refusal(ep.contract, message_type, ep.initiator)
+        if refusal:
+            raise ContractViolation(f"SEND refused by contract {ep.contract!r}: {refusal}")
+        invalid = db.catalog.validation_problem(message_type, body)
+        if invalid:
+            raise ValidationFailed(f"SEND refused: {invalid}")
+
+    def send_work(
+        self, db: Database, ep: Endpoint, message_type: str, body: bytes
+    ) -> tuple[int, Work]:
+        self.check_send(db, ep, message_type, body)
+        return self._enqueue_work(db, ep, message_type, FLAG_SEQUENCED, body)
+
+    async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
+        db, ep = self.endpoint(handle)
+        seq, work = self.send_work(db, ep, message_type, body)
+        await self.commit(db, work)
+        return seq
+
+    async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> list[int]:
+        """SEND several messages with one commit per database (a producer's batched path).
+
+        Every message is checked before any is queued: one refusal refuses the batch.
+        """
+        found = [
+            (*self.endpoint(handle), message_type, body) for handle, message_type, body in messages
+        ]
+        for db, ep, message_type, body in found:
+            self.check_send(db, ep, message_type, body)
+        works: dict[str, tuple[Database, Work]] = {}
+        seqs: list[int] = []
+        flags = FLAG_SEQUENCED
+        for db, ep, message_type, body in found:
+            seq, work = self._enqueue_work(db, ep, message_type, flags, body)
+            seqs.append(seq)
+            works.setdefault(db.name, (db, Work()))[1].extend(work)
+        # Queued at once, not from tasks started later: by then a message received on one
+        # of these endpoints could have queued a newer snapshot than the ones taken here.
+        await asyncio.gather(*(self.submit(db, work) for db, work in works.values()))
+        return seqs
+
+    def send_now(
+        self,
+        db: Database,
+        ep: Endpoint,
+        messages: Sequence[tuple[str, bytes]],
+        then: Callable[[int, int], None],
+        failed: Callable[[int, BaseException], None],
+    ) -> None:
+        """Pipelined SENDs on one conversation, outside a transaction, without a future:
+        each committed on its own as :meth:`send_work` would, then ``then(i, sequence
+        number)`` for ``messages[i]``, or ``failed(i, error)``. The client listener's path
+        for every pipelined SEND (consecutive ones on one conversation come together), so
+        it builds no :class:`Work`.
+
+        A message that fails its checks is refused alone; the others go on, numbered in
+        order. SENDs to a dialog whose far endpoint is in the same database go straight
+        into that endpoint's queue when they can (R-DLG-13, :mod:`brokerd.dialogs.verbs.direct`),
+        all in one job.
+        """
+        checked: list[tuple[int, str, bytes]] = []
+        for i, (message_type, body) in enumerate(messages):
+            try:
+                self.check_send(db, ep, message_type, body)
+            except BrokerError as exc:
+                failed(i, exc)
+            else:
+                checked.append((i, message_type, body))
+        if not checked:
+            return
+        far = direct_target(db, ep)
+        if far is not None:
+            self._send_direct(db, ep, far, checked, then, failed)
+            return
+        self._send_queued(db, ep, checked, then, failed)
+
+    def _send_queued(
+        self,
+        db: Database,
+        ep: Endpoint,
+        messages: list[tuple[int, str, bytes]],
+        then: Callable[[int, int], None],
+        failed: Callable[[int, BaseException], None],
+    ) -> None:
+        """Pipelined SENDs (``(i, type, body)``) through the transmission queue, in one job:
+        their rows and one endpoint row commit together, and each is handed to its link
+        after that commit, in order. A failed commit gives every number back."""
+        chain = ep.numbering
+        count = len(messages)
+        first = ep.send_sequence + 1
+        flags = FLAG_SEQUENCED | FLAG_INITIATOR if ep.initiator else FLAG_SEQUENCED
+        now = self.clock()
+        handle = ep.handle_text
+        sent: list[OutMessage] = []
+        statements: list[Statement] = []
+        for seq, (_, message_type, body) in enumerate(messages, first):
+            sent.append(self._new_message(seq, message_type, flags, body, now))
+            statements.append(queries.sent_message(handle, seq, message_type, flags, body, now))
+        ep.send_sequence += count
+        last = ep.send_sequence
+        ep.uncommitted_sends += count
+        ep.refresh_state()
+        self._trace_sent_runs(db, ep, list(range(first, last + 1)), messages)
+        statements.append(endpoint_snapshot(ep, sent=last))
+
+        def on_commit() -> None:
+            ep.uncommitted_sends -= count
+            try:
+                self._enqueued(db, ep, sent)
+            finally:  # committed: every SEND of the run is answered, whatever happens here
+                for (i, _, _), msg in zip(messages, sent, strict=True):
+                    then(i, msg.seq)
+
+        def on_failure(exc: BaseException) -> None:
+            self._send_failed(ep, chain, first, exc, count)
+            for i, _, _ in messages:
+                failed(i, exc)
+
+        db.store.submit(statements, on_commit=on_commit, on_failure=on_failure, chains=(chain,))
+
+    def _enqueued(self, db: Database, ep: Endpoint, messages: list[OutMessage]) -> None:
+        """SENDs of ``ep`` committed (in order, one job): each joins the transmission queue
+        in memory and goes to its link, or, behind a backlog (after a restart, or many
+        messages waiting for a link that is down), is paged in after the messages before
+        it, from the file it was just committed to (no object of it stays in memory)."""
+        self.stats.sent_messages += len(messages)
+        self._trace_enqueued(db, ep, messages)
+        transmission = self.transmission
+        outbox, backlog = ep.outbox, ep.backlog
+        new: list[OutMessage] = []
+        for msg in messages:
+            if backlog or (len(outbox) >= transmission.spill and not transmission.link_open(ep)):
+                if new:
+                    transmission.send_run(ep, new)
+                    new = []
+                backlog.add(msg.seq)
+                transmission.page_in(ep)
+                continue
+            outbox[msg.seq] = msg
+            transmission.bodies.keep(msg)
+            new.append(msg)
+        if new:
+            transmission.send_run(ep, new)
+
+    def _send_direct(
+        self,
+        db: Database,
+        ep: Endpoint,
+        far: Endpoint,
+        messages: list[tuple[int, str, bytes]],
+        then: Callable[[int, int], None],
+        failed: Callable[[int, BaseException], None],
+    ) -> None:
+        """SEND ``messages`` (``(i, type, body)``) into ``far``'s queue in one transaction
+        with both endpoints' rows (R-DLG-13): no transmission queue row, no fragment, no
+        acknowledgement. The far side accepts the numbers now, as a receiver accepts a
+        fragment before its commit; the messages are ready to RECEIVE once committed, and
+        a failed commit gives every number back and reloads what the database has
+        received from its file, as a failed receive does. One job for them all: one
+        endpoint row each side, one callback, one trace entry per run of alike messages."""
+        chain = ep.numbering
+        count = len(messages)
+        first = ep.send_sequence + 1
+        ep.send_sequence += count
+        last = ep.send_sequence
+        ep.uncommitted_sends += count
+        ep.refresh_state()
+        seqs = list(range(first, last + 1))
+        accepted = far.accepted
+        for seq in seqs:
+            accepted.add_message(seq)
+        if far.refresh_state():
+            self._trace_closed(far)
+        queue = db.queue_of(far.service) or ""
+        index = db.ready.get(queue)
+        now = self.clock()
+        statements = [
+            _queue_row(far, queue, seq, 1, message_type, len(body), body, now)
+            for seq, (_, message_type, body) in zip(seqs, messages, strict=True)
+        ]
+        statements.append(endpoint_snapshot(ep, sent=last))
+        statements.append(endpoint_snapshot(far, received=accepted.through))
+        self._trace_sent_runs(db, ep, seqs, messages)
+
+        def on_commit() -> None:
+            ep.uncommitted_sends -= count
+            self.stats.sent_messages += count
+            durable = far.durable
+            for seq in seqs:
+                durable.add_message(seq)
+            if far.state in DELIVERING:
+                self._delivered(db, far, queue, index, seqs, False)
+            else:  # ended meanwhile: its END removes the rows again (R-DLG-10)
+                self._trace_discarded(
+                    far, seqs, "this side has ended the conversation", received=True
+                )
+            for seq, (i, _, _) in zip(seqs, messages, strict=True):
+                then(i, seq)
+
+        def on_failure(exc: BaseException) -> None:
+            self._send_failed(ep, chain, first, exc, count)
+            self._suspend_receiving(db)  # far.accepted claims the numbers: memory is reloaded
+            for i, _, _ in messages:
+                failed(i, exc)
+
+        db.store.submit(
+            statements, on_commit=on_commit, on_failure=on_failure, chains=(chain, far.receiving)
+        )
+
+    @staticmethod
+    def _send_failed(
+        ep: Endpoint, chain: Token, seq: int, exc: BaseException, count: int = 1
+    ) -> None:
+        """``count`` SENDs numbered from ``seq`` on, in one job, did not commit. If the store
+        failed them (a :class:`StoreError`), their numbers and every later one of their
+        generation, which the store refuses untried, are given back
+        (:meth:`Endpoint.give_back`). If they never reached the store (a transaction whose
+        later verb was refused at COMMIT), nothing in flight depends on them: their
+        numbers are given back if they are still the last. The file never held them: an
+        endpoint row counts only committed SENDs
+        (:func:`~brokerd.dialogs.endpoints.endpoint.endpoint_snapshot`)."""
+        ep.uncommitted_sends -= count
+        if isinstance(exc, StoreError):
+            ep.give_back(chain, seq)
+        elif ep.send_sequence == seq + count - 1:
+            ep.send_sequence = seq - 1
+        ep.refresh_state(undo=True)
+
+    def _trace_sent(
+        self, db: Database, ep: Endpoint, seqs: list[int], message_type: str, size: int
+    ) -> None:
+        """``message_sent`` of the messages numbered ``seqs``, of one type and size (their
+        lines differ only in ``seq``), folded into a recent entry as the trace writer
+        folds them."""
+        self.trace.emit_each(
+            "message_sent",
+            ep.conversation_id,
+            "seq",
+            seqs,
+            database=db.name,
+            initiator=ep.initiator,
+            size=size,
+            message_type=message_type,
+            service=ep.service,
+            far_service=ep.far_service,
+        )
+
+    def _trace_sent_runs(
+        self, db: Database, ep: Endpoint, seqs: list[int], messages: list[tuple[int, str, bytes]]
+    ) -> None:
+        """``message_sent`` of each of ``messages``, numbered ``seqs``: one call per run of
+        messages of one type and size."""
+        if not self.trace.enabled:
+            return
+        for start, end in alike_runs([(t, len(body)) for _, t, body in messages]):
+            _, message_type, body = messages[start]
+            self._trace_sent(db, ep, seqs[start:end], message_type, len(body))
+
+    def _trace_enqueued(self, db: Database, ep: Endpoint, messages: list[OutMessage]) -> None:
+        """``enqueued`` of each of ``messages`` (committed): one call per run of messages of
+        one size."""
+        if not self.trace.enabled:
+            return
+        for start, end in alike_runs([msg.length for msg in messages]):
+            first = messages[start]
+            self.trace.emit_each(
+                "enqueued",
+                ep.conversation_id,
+                "seq",
+                [msg.seq for msg in messages[start:end]],
+                database=db.name,
+                initiator=ep.initiator,
+                size=first.length,
+                fragments=first.fragment_count,
+            )
+
+    def _new_message(
+        self, seq: int, message_type: str, flags: int, body: bytes, now: float
+    ) -> OutMessage:
+        return OutMessage(
+            seq=seq,
+            message_type=message_type,
+            flags=flags,
+            body=body,
+            length=len(body),
+            enqueued_at=now,
+            fragment_count=fragment_count(len(body), self.fragment_size),
+        )
+
+    def _enqueue_work(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        flags: int,
+        body: bytes,
+        extra: Iterable[Statement] = (),
+    ) -> tuple[int, Work]:
+        chain = ep.numbering
+        seq, statements, committed, failed = self._enqueue_steps(
+            db, ep, message_type, flags, body, extra
+        )
+        return seq, Work().add(statements, committed, failed, chain)
+
+    def _enqueue_steps(
+        self,
+        db: Database,
+        ep: Endpoint,
+        message_type: str,
+        flags: int,
+        body: bytes,
+        extra: Iterable[Statement] = (),
+    ) -> tuple[int, list[Statement], Callable[[], None], Callable[[BaseException], None]]:
+        """A SEND's sequence number, rows, and what runs after its commit or failure (the
+        job holding the rows extends the chain ``ep.numbering`` had before this call)."""
+        chain = ep.numbering
+        ep.send_sequence += 1
+        seq = ep.send_sequence
+        if ep.initiator:
+            flags |= FLAG_INITIATOR
+        msg = self._new_message(seq, message_type, flags, body, self.clock())
+        ep.uncommitted_sends += 1
+        ep.refresh_state()
+        self._trace_sent(db, ep, [seq], message_type, len(body))
+        statements: list[Statement] = [
+            *extra,
+            queries.sent_message(ep.handle_text, seq, message_type, flags, body, msg.enqueued_at),
+            endpoint_snapshot(ep, sent=seq),
+        ]
+
+        def committed() -> None:
+            ep.uncommitted_sends -= 1
+            self._enqueued(db, ep, [msg])
+
+        def failed(exc: BaseException) -> None:
+            self._send_failed(ep, chain, seq, exc)
+
+        return seq, statements, committed, failed

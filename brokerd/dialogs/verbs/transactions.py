@@ -1,0 +1,349 @@
+"""Client transactions: RECEIVE, SEND, BEGIN DIALOG, END CONVERSATION, BEGIN CONVERSATION
+TIMER and MOVE CONVERSATION committed together or not at all (SPEC §6).
+
+A :class:`Transaction` belongs to one client connection and one database (its
+SQLite file is the unit of atomicity; a second database is refused). Its verbs
+are checked when they are called, so a refusal reaches the application at once,
+but they take effect only at COMMIT, where their works
+(:mod:`brokerd.dialogs.endpoints.work`) are concatenated into one store job:
+
+* RECEIVE takes messages at once and holds their conversation group's lock
+  (:class:`~brokerd.dialogs.endpoints.ready.Lease`) until COMMIT removes them or ROLLBACK
+  puts them back, in front and in order. Other readers skip a locked group.
+* SEND, BEGIN DIALOG, END CONVERSATION, the timer and MOVE are applied at COMMIT,
+  in the order they were called; sequence numbers are assigned then, so a
+  rolled-back SEND leaves no gap. No SEND waits for a disk write of its own:
+  the COMMIT is the transaction's one durability point.
+* A connection that closes, or a daemon that dies, before COMMIT leaves nothing
+  behind: the leases are released (or, after a crash, never existed on disk).
+
+The states and their transitions are the table :data:`TRANSITIONS`. What one
+transaction holds in memory is bounded: :data:`MAX_VERBS` verbs, and SEND bodies
+of at most :data:`SEND_BUDGET_MESSAGES` times the broker's ``max_message_size``;
+a verb beyond either is refused with TransactionError (the transaction stays
+open and may still commit what it holds).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, Protocol
+
+from brokerd.dialogs.endpoints.work import Work
+from brokerd.errors import StoreError, TransactionError, TransactionRolledBack
+
+if TYPE_CHECKING:
+    from brokerd.dialogs.endpoints.database import Database, Lease
+    from brokerd.dialogs.endpoints.endpoint import Endpoint
+    from brokerd.storage.queries import Budget
+
+
+MAX_VERBS = 10_000
+"""Verbs (RECEIVE, SEND, ...) one transaction may hold until COMMIT."""
+SEND_BUDGET_MESSAGES = 4
+"""A transaction's SEND bodies may add up to this many maximum-size messages."""
+
+
+class TxState(enum.Enum):
+    ACTIVE = "active"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled back"
+
+
+TRANSITIONS: dict[tuple[TxState, str], TxState] = {
+    (TxState.ACTIVE, "commit"): TxState.COMMITTING,
+    (TxState.ACTIVE, "rollback"): TxState.ROLLED_BACK,
+    (TxState.COMMITTING, "committed"): TxState.COMMITTED,
+    (TxState.COMMITTING, "failed"): TxState.ROLLED_BACK,
+}
+"""(state, event) -> next state; any other pair is refused with TransactionError."""
+
+
+class TransactionVerbs(Protocol):
+    """The verbs a transaction defers to its COMMIT, in their ``*_work`` forms."""
+
+    max_message_size: int
+    databases: dict[str, Database]
+
+    def endpoint(self, handle: uuid.UUID) -> tuple[Database, Endpoint]: ...
+    def new_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> tuple[Database, Endpoint]: ...
+    def begin_dialog_work(self, db: Database, ep: Endpoint) -> Work: ...
+    def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None: ...
+    def send_work(
+        self, db: Database, ep: Endpoint, message_type: str, body: bytes
+    ) -> tuple[int, Work]: ...
+    def check_end(self, error_code: int | None, cleanup: bool = False) -> None: ...
+    def end_conversation_work(
+        self,
+        db: Database,
+        ep: Endpoint,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> Work: ...
+    def check_timer(self, ep: Endpoint, timeout: float) -> None: ...
+    def timer_work(self, db: Database, ep: Endpoint, timeout: float) -> Work: ...
+    def check_move(
+        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
+    ) -> None: ...
+    def move_conversation_work(
+        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
+    ) -> Work: ...
+    async def take_ready(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+        owned: Collection[uuid.UUID] = (),
+    ) -> Lease | None: ...
+    async def read_leased(
+        self, lease: Lease, budget: Budget | None = None
+    ) -> list[dict[str, Any]]: ...
+    def release(self, lease: Lease, received: bool) -> None: ...
+    def receive_work(self, lease: Lease) -> Work: ...
+    async def commit(self, db: Database, work: Work) -> None: ...
+
+
+class Transaction:
+    def __init__(self, engine: TransactionVerbs, tx_id: int) -> None:
+        self.engine = engine
+        self.id = tx_id
+        self.state = TxState.ACTIVE
+        self.db: Database | None = None
+        self.image = 0
+        """The database's :attr:`Database.image` when the transaction first touched it."""
+        self.leases: list[Lease] = []
+        self.new_endpoints: dict[uuid.UUID, Endpoint] = {}
+        self.steps: list[Callable[[], Work]] = []
+        self.sequence_numbers: list[int] = []
+        """The sequence numbers of the transaction's SENDs, set at COMMIT."""
+        self.verbs = 0
+        self.send_bytes = 0
+
+    # -- states -------------------------------------------------------------------
+
+    def _event(self, event: str) -> None:
+        following = TRANSITIONS.get((self.state, event))
+        if following is None:
+            raise TransactionError(f"transaction {self.id} is {self.state.value}; cannot {event}")
+        self.state = following
+
+    def _require_active(self) -> None:
+        if self.state is not TxState.ACTIVE:
+            raise TransactionError(f"transaction {self.id} is {self.state.value}")
+        if self.db is not None and self.db.image != self.image:
+            raise TransactionError(self._stale())
+
+    def _stale(self) -> str:
+        """Why a transaction that outlived its database's image can do nothing more: its
+        leases hold groups of the dropped image, not of the rebuilt one (R-ROUTE-16)."""
+        assert self.db is not None
+        return (
+            f"transaction {self.id}: database {self.db.name!r} changed partner role since "
+            "the transaction began (R-ROUTE-16): what it read and holds belongs to an image "
+            "that is gone; roll it back"
+        )
+
+    def _admit(self, body_bytes: int = 0) -> None:
+        """Count one more verb (and its SEND body) against the transaction's bounds."""
+        self._require_active()
+        if self.verbs >= MAX_VERBS:
+            raise TransactionError(
+                f"transaction {self.id} holds {MAX_VERBS} verbs, the most one may; commit it"
+            )
+        budget = SEND_BUDGET_MESSAGES * self.engine.max_message_size
+        if self.send_bytes + body_bytes > budget:
+            raise TransactionError(
+                f"transaction {self.id}'s SENDs would hold {self.send_bytes + body_bytes} "
+                f"bytes, over its budget of {budget}; commit it"
+            )
+        self.verbs += 1
+        self.send_bytes += body_bytes
+
+    def _bind(self, db: Database) -> None:
+        if self.db is None:
+            self.db = db
+            self.image = db.image
+        elif self.db is not db:
+            raise TransactionError(
+                f"transaction {self.id} works in database {self.db.name!r}; a transaction "
+                f"cannot also touch {db.name!r} (each database is its own file)"
+            )
+
+    def _endpoint(self, handle: uuid.UUID) -> tuple[Database, Endpoint]:
+        self._require_active()
+        ep = self.new_endpoints.get(handle)
+        if ep is not None:
+            db = self.engine.databases[ep.database]
+        else:
+            db, ep = self.engine.endpoint(handle)
+        self._bind(db)
+        return db, ep
+
+    # -- verbs ----------------------------------------------------------------------
+
+    def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> Endpoint:
+        """BEGIN DIALOG: the handle may be used in this transaction at once; the
+        endpoint exists for everyone else from COMMIT on."""
+        self._require_active()
+        db, ep = self.engine.new_dialog(
+            from_service,
+            to_service,
+            contract,
+            database,
+            to_broker_instance,
+            lifetime,
+            related_conversation,
+        )
+        self._bind(db)
+        self._admit()
+        self.new_endpoints[ep.handle] = ep
+        self.steps.append(lambda: self.engine.begin_dialog_work(db, ep))
+        return ep
+
+    def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> None:
+        db, ep = self._endpoint(handle)
+        self.engine.check_send(db, ep, message_type, body)
+        self._admit(len(body))
+
+        def step() -> Work:
+            seq, work = self.engine.send_work(db, ep, message_type, body)
+            self.sequence_numbers.append(seq)
+            return work
+
+        self.steps.append(step)
+
+    def end_conversation(
+        self,
+        handle: uuid.UUID,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> None:
+        db, ep = self._endpoint(handle)
+        self.engine.check_end(error_code, cleanup)
+        self._admit()
+        self.steps.append(
+            lambda: self.engine.end_conversation_work(db, ep, error_code, description, cleanup)
+        )
+
+    def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
+        db, ep = self._endpoint(handle)
+        self.engine.check_timer(ep, timeout)
+        self._admit()
+        self.steps.append(lambda: self.engine.timer_work(db, ep, timeout))
+
+    def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
+        db, ep = self._endpoint(handle)
+        self.engine.check_move(db, ep, group, self._owned())
+        self._admit()
+        self.steps.append(lambda: self.engine.move_conversation_work(db, ep, group, self._owned()))
+
+    def _owned(self) -> set[uuid.UUID]:
+        """The conversation groups this transaction's RECEIVEs hold."""
+        return {lease.group for lease in self.leases}
+
+    async def receive(
+        self,
+        queue: str,
+        database: str | None = None,
+        top: int = 1,
+        timeout: float = 0.0,
+        handle: uuid.UUID | None = None,
+        budget: Budget | None = None,
+    ) -> list[dict[str, Any]]:
+        """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK.
+
+        ``budget`` cuts the batch to what the caller's reply can carry: COMMIT removes
+        exactly the messages returned, and the others are receivable again at once."""
+        self._admit()
+        if database is None and self.db is not None:
+            database = self.db.name
+        lease = await self.engine.take_ready(queue, database, top, timeout, handle, self._owned())
+        if lease is None:
+            return []
+        try:
+            self._require_active()
+            self._bind(lease.db)
+        except TransactionError:
+            self.engine.release(lease, received=False)
+            raise
+        rows = await self.engine.read_leased(lease, budget)
+        if self.state is not TxState.ACTIVE:  # rolled back while the rows were read
+            self.engine.release(lease, received=False)
+            raise TransactionError(f"transaction {self.id} is {self.state.value}")
+        self.leases.append(lease)
+        return rows
+
+    # -- the end ------------------------------------------------------------------------
+
+    async def commit(self) -> list[int]:
+        """Apply every verb and remove every received message in one SQLite transaction.
+
+        Raises TransactionRolledBack (nothing took effect, the received messages are
+        back in their queue) when a verb is refused now or the commit fails.
+        """
+        self._event("commit")
+        db = self.db
+        work = Work()
+        try:
+            if db is not None and db.image != self.image:
+                raise TransactionError(self._stale())
+            for step in self.steps:
+                work.extend(step())
+        except Exception as exc:
+            work.failed(exc)
+            self._put_back()
+            self.state = TxState.ROLLED_BACK
+            raise TransactionRolledBack(
+                f"transaction {self.id} rolled back: {type(exc).__name__}: {exc}"
+            ) from exc
+        for lease in self.leases:
+            work.extend(self.engine.receive_work(lease))
+        if db is None:
+            self._event("committed")
+            return []
+        try:
+            await self.engine.commit(db, work)
+        except StoreError as exc:
+            self._event("failed")
+            raise TransactionRolledBack(f"transaction {self.id} rolled back: {exc}") from exc
+        self._event("committed")
+        return self.sequence_numbers
+
+    def rollback(self) -> None:
+        """Undo: received messages go back, in order; nothing else happened yet.
+
+        A transaction already committing is left to finish (its outcome is decided
+        by the store); a finished one is left as it is.
+        """
+        if self.state is TxState.ACTIVE:
+            self._event("rollback")
+            self._put_back()
+
+    def _put_back(self) -> None:
+        for lease in reversed(self.leases):
+            self.engine.release(lease, received=False)

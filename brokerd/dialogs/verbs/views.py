@@ -1,0 +1,199 @@
+"""The daemon's views of its dialogs (``sys.conversation_endpoints``, ``sys.transmission_queue``
+and the rest, SPEC R-DLG-12): rows computed from the in-memory image, without I/O.
+
+May import: ``brokerd.dialogs`` models, ``brokerd.storage``, ``protocol``.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from brokerd.dialogs.endpoints.database import Database
+from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
+from brokerd.storage.queries import SentRow
+from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR
+
+
+def _iso(t: float) -> str:
+    """A wall-clock time as ISO 8601 in UTC; empty for 0 (none)."""
+    return datetime.fromtimestamp(t, UTC).isoformat() if t else ""
+
+
+def _sent_status(msg: OutMessage) -> str:
+    if msg.due == math.inf:
+        return (
+            f"handed to {msg.sent_via} (attempt {msg.attempts}); waiting to be written: the "
+            "connection is busy with the messages before it"
+        )
+    return (
+        f"sent to {msg.sent_via} (attempt {msg.attempts}); waiting for acknowledgement, "
+        f"resent in {msg.retry_wait:g} s if none"
+    )
+
+
+def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    """One row per endpoint; ``lifetime`` and ``dialog_timer`` are when the dialog's
+    lifetime passes (R-DLG-9) and when its timer fires (R-DLG-11), empty if none."""
+    return [
+        {
+            "database": db.name,
+            "conversation_handle": str(ep.handle),
+            "conversation_id": str(ep.conversation_id),
+            "conversation_group_id": str(ep.group_id),
+            "is_initiator": ep.initiator,
+            "service": ep.service,
+            "far_service": ep.far_service,
+            "far_broker_instance": str(ep.far_broker_instance or ""),
+            "bound_to": ep.far_peer,
+            "secured": ep.keys is not None,
+            "contract": ep.contract,
+            "state": ep.state.value,
+            "lifetime": _iso(ep.lifetime_ends),
+            "dialog_timer": _iso(ep.timer_due),
+            "route": ep.route.route or "" if ep.route else "",
+            "send_sequence": ep.send_sequence,
+            "receive_sequence": ep.accepted.through,
+            "unacknowledged": ep.unacknowledged,
+        }
+        for db in databases
+        for ep in db.endpoints.values()
+    ]
+
+
+def transmission_queue(
+    databases: Iterable[Database],
+    backlogs: Mapping[uuid.UUID, list[SentRow]] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per message sent and not yet acknowledged; ``is_conversation_error`` and
+    ``is_end_of_dialog`` mark the Error and EndDialog that END CONVERSATION sent. The
+    messages of an endpoint's backlog (only in the file) follow its others, from
+    ``backlogs`` (the rows ``queries.read_sent_page`` read, by endpoint handle). The
+    engine adds the messages held for queues that are off (:func:`held_for_disabled_queues`)."""
+    backlogs = backlogs or {}
+    return [
+        row
+        for db in databases
+        for ep in db.endpoints.values()
+        for row in (
+            *_sent_rows(db, ep),
+            *_backlog_rows(db, ep, backlogs.get(ep.handle, [])),
+        )
+    ]
+
+
+def _backlog_rows(db: Database, ep: Endpoint, rows: list[SentRow]) -> list[dict[str, Any]]:
+    return [
+        {
+            "database": db.name,
+            "conversation_handle": str(ep.handle),
+            "to_service": ep.far_service,
+            "to_broker_instance": str(ep.far_broker_instance or ""),
+            "message_sequence_number": seq,
+            "message_type": message_type,
+            "is_conversation_error": bool(flags & FLAG_ERROR),
+            "is_end_of_dialog": bool(flags & FLAG_END_DIALOG),
+            "size": length,
+            "enqueued_at": _iso(enqueued_at),
+            "attempts": 0,
+            "transmission_status": ep.waiting_status,
+        }
+        for seq, message_type, flags, length, enqueued_at in rows
+    ]
+
+
+def _sent_rows(db: Database, ep: Endpoint) -> list[dict[str, Any]]:
+    return [
+        {
+            "database": db.name,
+            "conversation_handle": str(ep.handle),
+            "to_service": ep.far_service,
+            "to_broker_instance": str(ep.far_broker_instance or ""),
+            "message_sequence_number": msg.seq,
+            "message_type": msg.message_type,
+            "is_conversation_error": bool(msg.flags & FLAG_ERROR),
+            "is_end_of_dialog": bool(msg.flags & FLAG_END_DIALOG),
+            "size": msg.length,
+            "enqueued_at": _iso(msg.enqueued_at),
+            "attempts": msg.attempts,
+            "transmission_status": _sent_status(msg) if msg.sent_via else ep.waiting_status,
+        }
+        for msg in ep.outbox.values()
+    ]
+
+
+def held_for_disabled_queues(db: Database, rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """``transmission_queue`` rows for messages this database received for a queue that is
+    off (R-DLG-12): stored and acknowledged, held until the queue is turned on. ``rows``
+    are ``queries.read_held_for``'s."""
+    return [
+        {
+            "database": db.name,
+            "conversation_handle": str(handle),
+            "to_service": service,
+            "to_broker_instance": str(db.broker_instance),
+            "message_sequence_number": int(seq),
+            "message_type": message_type,
+            "is_conversation_error": message_type == ERROR,
+            "is_end_of_dialog": message_type == END_DIALOG,
+            "size": int(length),
+            "enqueued_at": _iso(float(enqueued_at)),
+            "attempts": 0,
+            "transmission_status": (
+                f"received; held until queue {queue!r} is turned on (status off, R-DLG-12)"
+            ),
+        }
+        for handle, seq, service, message_type, length, enqueued_at, queue in rows
+    ]
+
+
+def queues(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    return [
+        {
+            "database": db.name,
+            "queue": q.name,
+            "status": "on" if q.status else "off",
+            "retention": q.retention,
+            "ready_messages": db.ready[q.name].count,
+        }
+        for db in databases
+        for q in db.catalog.queues.values()
+        if not q.system
+    ]
+
+
+def routes(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    now = datetime.now(UTC)
+    return [
+        {
+            "database": db.name,
+            "name": r.name,
+            "remote_service_name": r.remote_service_name or "",
+            "broker_instance": str(r.broker_instance or ""),
+            "address": r.address,
+            "mirror_address": r.mirror_address or "",
+            "lifetime": r.lifetime.isoformat() if r.lifetime else "",
+            "expired": r.expired(now),
+            "source": r.source,
+        }
+        for db in databases
+        for r in db.catalog.routes.values()
+    ]
+
+
+def databases(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    return [
+        {
+            "database": db.name,
+            "broker_instance": str(db.broker_instance),
+            "file": str(db.store.path),
+            "commits": db.store.commits,
+            "jobs_committed": db.store.jobs_committed,
+            "endpoints": len(db.endpoints),
+            **(db.store.bodies.view() if db.store.bodies is not None else {}),
+        }
+        for db in databases
+    ]
