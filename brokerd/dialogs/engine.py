@@ -1,77 +1,86 @@
 """The dialog engine: exactly-once-in-order dialogs over links (SPEC §4 and §5).
 
-:class:`DialogEngine` joins the parts, each in its own module: ``core`` (state,
-lookups, commits), ``verbs`` (the application's verbs), ``receiving`` (what
-arrives from links), ``local_arrivals`` (what the local link hands over),
-``transmission`` (sending, retransmission, acknowledgements),
-``deadlines`` (timers and lifetimes), ``states`` (the endpoint state machine).
-This module adds the life cycle and the tick that drives retransmissions,
-timers and lifetimes.
+:class:`DialogEngine` composes the parts; it holds no logic of its own beyond wiring
+and life cycle (start-up recovery, the tick, shutdown). Each part owns its state and
+is handed its collaborators:
 
-Owns R-DLG-1 to R-DLG-13 for the databases of one instance:
+* ``endpoints``: :class:`~brokerd.dialogs.endpoints.directory.Directory` (the
+  databases and lookups), :class:`~brokerd.dialogs.endpoints.events.DialogEvents`
+  (drops and a dialog's life in the trace),
+  :class:`~brokerd.dialogs.endpoints.deadlines.Deadlines`;
+* ``transmission``: :class:`~brokerd.dialogs.transmission.transmission.Transmission`
+  (sending, retransmission, acknowledgements) and the
+  :class:`~brokerd.dialogs.transmission.local_link.LocalLink`;
+* ``router``: :class:`~brokerd.dialogs.router.router.Router` (where messages go);
+* ``arrivals``: :class:`~brokerd.dialogs.arrivals.admission.Admission`,
+  :class:`~brokerd.dialogs.arrivals.acknowledgements.Acknowledgements`,
+  :class:`~brokerd.dialogs.arrivals.receiving.Arrivals`, the local and remote runs,
+  and :class:`~brokerd.dialogs.arrivals.delivery.Delivery` (what becomes ready to
+  RECEIVE, the broker's own messages, deadlines firing);
+* ``verbs``: :class:`~brokerd.dialogs.verbs.send.SendVerbs`,
+  :class:`~brokerd.dialogs.verbs.receive.ReceiveVerbs`,
+  :class:`~brokerd.dialogs.verbs.conversation.ConversationVerbs` and client
+  transactions;
+* :class:`~brokerd.dialogs.images.DatabaseImages` (a mirrored database's image as its
+  role changes).
 
-* the application verbs (BEGIN DIALOG, SEND, RECEIVE, END CONVERSATION) and the
-  contract check at SEND (R-DLG-3);
-* sequence numbers, duplicate detection (R-DLG-4) and in-order release of
-  messages to the queue (status 2 while incomplete or out of order, R-DLG-7);
-* acknowledgements, piggybacked on every outgoing header and otherwise sent as
-  dedicated ACK frames after a short coalescing delay, never before the commit
-  that made the message durable (R-DLG-5);
-* retransmission with exponential backoff and a readable transmission status
-  on every waiting message (R-DLG-6); fragments of large messages resent alone;
-* broker-generated (unsequenced) errors for messages the receiver refuses;
-* dialog lifetimes (R-DLG-9: a timeout Error on each side, new messages refused)
-  and conversation timers (R-DLG-11: a DialogTimer message in the own queue),
-  both wall-clock deadlines checked by the engine's tick;
-* the dialog's delivery trace events (``brokerd.traces.writer``, docs/traces.md).
+The engine's own methods are its ports, each one line handing on to the part that
+owns the work: what a connection delivers (``on_fragments``, ``on_acks``,
+``on_corrupted_message``, ``link_up``, ``link_down``, ``inbound_backlog``), what the
+local link delivers (:class:`~brokerd.dialogs.transmission.local_link.LocalDelivery`)
+and what the router needs of the engine
+(:class:`~brokerd.dialogs.router.core.DialogServices`). The application's verbs are
+reached through their parts (``send_verbs``, ``receive_verbs``, ``conversation_verbs``,
+:meth:`transaction`).
 
-Where messages go is the router's business (``brokerd.dialogs.router.router``, SPEC §2): the
-engine asks it for a conversation's link and for the database of each message
-from outside, which it may instead forward or drop.
+Owns R-DLG-1 to R-DLG-13 for the databases of one instance. A *link* is where
+fragments go: a network connection to a peer broker (``brokerd.server.transport``) or
+the in-process ``LocalLink`` for services of this same instance. The engine never
+touches sockets.
 
-A *link* is where fragments go: a network connection to a peer broker
-(``brokerd.server.transport``) or the in-process ``LocalLink`` for services of
-this same instance, which skips the network. The engine never touches sockets.
+May import: every sub-package of ``brokerd.dialogs``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import sqlite3
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
-from brokerd.config import BrokerConfig
+from brokerd.config import BrokerConfig, RetryConfig
+from brokerd.dialogs.arrivals.acknowledgements import Acknowledgements
+from brokerd.dialogs.arrivals.admission import Admission
+from brokerd.dialogs.arrivals.delivery import Delivery
 from brokerd.dialogs.arrivals.local_arrivals import LocalArrivals
-from brokerd.dialogs.arrivals.remote_arrivals import RemoteArrivals
-from brokerd.dialogs.core import (
-    CODE_LIFETIME_EXPIRED,
-    error_body,
-)
+from brokerd.dialogs.arrivals.receiving import Arrivals
+from brokerd.dialogs.arrivals.remote_arrivals import Arrived, RemoteArrivals
+from brokerd.dialogs.endpoints.commits import commit_statements
 from brokerd.dialogs.endpoints.database import Database
-from brokerd.dialogs.endpoints.deadlines import Deadline
-from brokerd.dialogs.endpoints.endpoint import Endpoint
-from brokerd.dialogs.endpoints.states import State
+from brokerd.dialogs.endpoints.deadlines import Deadlines
+from brokerd.dialogs.endpoints.directory import Directory
+from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
+from brokerd.dialogs.endpoints.events import DialogEvents
+from brokerd.dialogs.endpoints.stats import EngineStats
+from brokerd.dialogs.images import DatabaseImages
 from brokerd.dialogs.router.router import Router
-from brokerd.dialogs.transmission.links import LinkProvider
+from brokerd.dialogs.transmission.links import Link, LinkProvider
 from brokerd.dialogs.transmission.local_link import LocalLink
 from brokerd.dialogs.transmission.transmission import Transmission
-from brokerd.dialogs.verbs.conversation import ApplicationVerbs
-from brokerd.storage import queries
-from brokerd.storage.catalog import route_from_row
+from brokerd.dialogs.verbs.conversation import ConversationVerbs
+from brokerd.dialogs.verbs.receive import ReceiveVerbs
+from brokerd.dialogs.verbs.send import SendVerbs
+from brokerd.dialogs.verbs.transactions import Transaction
+from brokerd.storage.queries import Statement
 from brokerd.traces.writer import TraceWriter
-from protocol.dialog import (
-    DIALOG_TIMER,
-)
-
-__all__ = ["CODE_LIFETIME_EXPIRED", "DialogEngine"]
-
-log = logging.getLogger("brokerd.dialogs.engine")
+from protocol.dialog import DialogHeader
 
 
-class DialogEngine(ApplicationVerbs, LocalArrivals, RemoteArrivals):
+class DialogEngine:
+    """The parts of the dialog engine, composed (see the module docstring)."""
+
     def __init__(
         self,
         config: BrokerConfig,
@@ -80,68 +89,111 @@ class DialogEngine(ApplicationVerbs, LocalArrivals, RemoteArrivals):
         clock: Callable[[], float] = time.time,
         trace: TraceWriter | None = None,
     ) -> None:
-        super().__init__(config, databases, links, clock, trace)
+        self.config = config
+        self.retry: RetryConfig = config.retry
+        self.links = links
+        self.trace = trace or TraceWriter(replace(config.trace, enabled=False), "")
+        self.stats = EngineStats()
+        self._clock = clock
+        limits = config.limits
+        self.directory = Directory(databases)
+        self.databases = self.directory.databases
+        self.by_instance = self.directory.by_instance
+        self.msdb = self.directory.msdb
+        """The directory's maps, by the names the local link and the router know them."""
+        self.events = DialogEvents(self.trace, self.stats)
+        self.deadlines = Deadlines()
         self.local_link = LocalLink(self)
         self.router = Router(self)
         self.transmission = Transmission(
             self.router,
             self.retry,
-            self.fragment_size,
+            limits.fragment_size,
             self.trace,
             self.stats,
-            lambda database: self.databases[database].broker_instance,
+            lambda database: databases[database].broker_instance,
             clock,
-            config.limits,
-            self._read_bodies,
-            self._read_page,
-            lambda database: self.databases[database].service_keys,
+            limits,
+            lambda database, wanted: databases[database].read_sent_bodies(wanted),
+            lambda database, handle, first, last, room: databases[database].read_sent_page(
+                handle, first, last, room
+            ),
+            lambda database: databases[database].service_keys,
         )
+        self.delivery = Delivery(
+            self.directory,
+            self.events,
+            self.transmission,
+            self.deadlines,
+            self.router,
+            self.trace,
+            self.stats,
+            clock,
+        )
+        self.admission = Admission(
+            self.directory, self.events, self.transmission, self.stats, limits.max_message_size
+        )
+        self.acks = Acknowledgements(
+            self.directory,
+            self.admission,
+            self.events,
+            self.transmission,
+            self.router,
+            self.local_link,
+            self.trace,
+            self.stats,
+        )
+        self.arrivals = Arrivals(
+            self.directory,
+            self.admission,
+            self.acks,
+            self.delivery,
+            self.events,
+            self.transmission,
+            self.router,
+            self.deadlines,
+            self.trace,
+            self.stats,
+            clock,
+        )
+        self.local_arrivals = LocalArrivals(self.arrivals, self.transmission)
+        self.remote_arrivals = RemoteArrivals(
+            self.arrivals, self.directory, self.router, self.trace, self.stats
+        )
+        self.send_verbs = SendVerbs(
+            self.directory,
+            self.transmission,
+            self.delivery,
+            self.events,
+            self.trace,
+            self.stats,
+            clock,
+            limits.fragment_size,
+            limits.max_message_size,
+        )
+        self.receive_verbs = ReceiveVerbs(self.directory, self.trace, self.stats)
+        self.conversation_verbs = ConversationVerbs(
+            self.directory,
+            self.send_verbs,
+            self.transmission,
+            self.events,
+            self.deadlines,
+            clock,
+        )
+        self.images = DatabaseImages(self.transmission, self.router, self.deadlines)
+        self._ticker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def _read_bodies(
-        self, database: str, wanted: dict[str, list[int]]
-    ) -> dict[tuple[str, int], bytes]:
-        """Bodies of unacknowledged messages, read back in a job of the database's committer
-        (ordered after every write already submitted)."""
-        store = self.databases[database].store
-        return await store.run(lambda conn: queries.read_sent_bodies(conn, wanted))
-
-    async def _read_page(
-        self, database: str, handle: str, first: int, last: int, body_room: int
-    ) -> tuple[list[queries.SentRow], dict[int, bytes]]:
-        """A page of an endpoint's backlog, read in a job of the database's committer, and
-        its bodies by sequence number if they take no more than ``body_room`` bytes: read
-        ahead, a window's refill then waits for no read (else none; each is read back when
-        it is sent)."""
-
-        def read(conn: sqlite3.Connection) -> tuple[list[queries.SentRow], dict[int, bytes]]:
-            rows = queries.read_sent_page(conn, handle, first, last)
-            if not rows or sum(row[3] for row in rows) > body_room:
-                return rows, {}
-            found = queries.read_sent_bodies(conn, {handle: [row[0] for row in rows]})
-            return rows, {seq: body for (_, seq), body in found.items()}
-
-        return await self.databases[database].store.run(read)
-
-    def outbound_view(self) -> dict[str, int]:
-        """Where the unacknowledged messages are: objects in memory, or only numbers (a
-        backlog paged in as links have room, R-DLG-13)."""
-        in_memory = in_file = 0
-        for db in self.databases.values():
-            for ep in db.endpoints.values():
-                in_memory += len(ep.outbox)
-                in_file += ep.backlog.count
-        return {
-            "outbound_in_memory": in_memory,
-            "outbound_in_file_only": in_file,
-            **self.transmission.view(),
-        }
+    # -- life cycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Recover every database's image (a mirror holds none: its promotion builds it),
+        start routing, transmission and the tick, and send what waited."""
         self._loop = asyncio.get_running_loop()
+        self.directory.start()
         waiting: list[Endpoint] = []
         for db in self.databases.values():
-            self.by_instance[db.broker_instance] = db
-            if db.mirror_role != "mirror":  # a mirror holds no image: its promotion builds it
+            if db.mirror_role != "mirror":
                 waiting += await db.recover()
         self.router.start()
         owed = []
@@ -149,67 +201,11 @@ class DialogEngine(ApplicationVerbs, LocalArrivals, RemoteArrivals):
             for ep in db.endpoints.values():
                 if ep.ack_version > ep.ack_sent_version:
                     owed.append(ep)
-                self._watch(ep)
+                self.deadlines.watch(ep)
         self.transmission.start(self._loop, owed)
         self._ticker = self._loop.create_task(self._tick(), name="engine-retransmit")
         for ep in waiting:
-            self.transmit(ep)
-
-    def forget_image(self, db: Database) -> None:
-        """A partner that is no longer principal drops its in-memory image of the database
-        (R-ROUTE-15/16): its file now changes only by what the principal ships, so the
-        image would only go stale (views listing messages long delivered, deadlines firing).
-        Its endpoints lose their outbox (a connection still holding one of their fragments
-        skips it), and their deadlines no longer match (``_fire_deadlines`` checks the
-        endpoint is the database's)."""
-        db.image += 1
-        for ep in list(db.endpoints.values()):
-            self.transmission.forget(ep)
-            db.remove_endpoint(ep)
-        for index in db.ready.values():
-            index.clear()
-            index.locked.clear()
-        db.next_local_seq = -1
-
-    def resume(self, db: Database) -> None:
-        """The database's traffic may flow again (a promotion, or a principal out of doubt,
-        R-ROUTE-16): every routing decision is made again, every waiting message is
-        transmitted and every acknowledgement owed is sent."""
-        self.router.forget_decisions()
-        for ep in db.endpoints.values():
-            if ep.ack_version > ep.ack_sent_version:
-                self.transmission.ack_needed(ep)
-            if ep.has_unacknowledged:
-                ep.route_link = None
-                self.transmit(ep)
-
-    async def rebuild(self, db: Database) -> list[Endpoint]:
-        """R-ROUTE-16: a promoted mirror's in-memory image, rebuilt from its file as recovery
-        does at start: its endpoints, unacknowledged messages, ready index, timers and
-        lifetimes, routes created by the administrator and queue states are the ones the
-        principal's shipped units wrote. Returns the endpoints with messages to transmit.
-        Any image held before is dropped first (:meth:`forget_image`)."""
-        self.forget_image(db)
-        for name, status, configured in await db.store.read(
-            lambda conn: conn.execute(queries.READ_QUEUE_STATES).fetchall()
-        ):
-            info = db.catalog.queues.get(str(name))
-            if info is not None:
-                info.keep_altered(bool(status), None if configured is None else bool(configured))
-        for row in await db.store.read(
-            lambda conn: conn.execute(queries.READ_ADMIN_ROUTES).fetchall()
-        ):
-            route = route_from_row(row)
-            db.catalog.routes[route.name] = route
-        waiting = await db.recover()
-        for ep in db.endpoints.values():
-            if ep.ack_version > ep.ack_sent_version:
-                self.transmission.ack_needed(ep)
-            self._watch(ep)
-        for index in db.ready.values():
-            index.changed.set()
-        self.router.routes_changed(db)
-        return waiting
+            self.transmission.transmit(ep)
 
     async def stop(self) -> None:
         if self._ticker is not None:
@@ -221,44 +217,125 @@ class DialogEngine(ApplicationVerbs, LocalArrivals, RemoteArrivals):
         self.transmission.stop()
 
     async def _tick(self) -> None:
+        """Retransmissions, the router's periodic work, and timers and lifetimes due."""
         interval = max(0.01, min(0.1, self.retry.initial / 4))
         while True:
             await asyncio.sleep(interval)
             self.transmission.wake_due()
             self.router.tick()
-            self._fire_deadlines(self.clock())
+            self.delivery.fire_due(self._clock())
 
-    def _fire_deadlines(self, now: float) -> None:
-        for kind, due, ep in self.deadlines.due(now):
-            db = self.databases[ep.database]
-            if db.endpoints.get(ep.handle) is not ep or ep.state is State.CLOSED:
-                continue
-            if kind is Deadline.TIMER and ep.timer_due == due:
-                self._fire_timer(db, ep)
-            elif kind is Deadline.LIFETIME and ep.lifetime_ends == due:
-                self._expire(db, ep)
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "engine not started"
+        return self._loop
 
-    def _fire_timer(self, db: Database, ep: Endpoint) -> None:
-        ep.timer_due = 0.0
-        self.trace.emit(
-            "timer_fired",
-            ep.conversation_id,
-            database=db.name,
-            initiator=ep.initiator,
-            queue=db.queue_of(ep.service),
+    def transaction(self, tx_id: int) -> Transaction:
+        """A new client transaction over this engine's verbs."""
+        return Transaction(
+            self.directory, self.conversation_verbs, self.send_verbs, self.receive_verbs, tx_id
         )
-        self._queue_local(db, ep, DIALOG_TIMER, b"", [queries.forget_timer(ep.handle_text)])
 
-    def _expire(self, db: Database, ep: Endpoint) -> None:
-        if ep.broker_error:
-            return
-        reason = "the dialog's lifetime passed"
-        self.trace.emit(
-            "lifetime_expired",
-            ep.conversation_id,
-            database=db.name,
-            initiator=ep.initiator,
-            reason=reason,
+    def outbound_view(self) -> dict[str, int]:
+        """Where the unacknowledged messages are (R-DLG-13), and transmission's counts."""
+        return {**self.directory.outbound_counts(), **self.transmission.view()}
+
+    # -- ports: what a connection delivers ------------------------------------------------
+
+    def on_fragments(self, link: Link, fragments: list[Arrived]) -> None:
+        self.remote_arrivals.on_fragments(link, fragments)
+
+    def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
+        self.acks.on_acks(link, headers)
+
+    def on_corrupted_message(self, link: Link, reason: str) -> None:
+        self.arrivals.on_corrupted_message(link, reason)
+
+    def link_up(self, link: Link, waiting: Iterable[Endpoint]) -> None:
+        self.transmission.link_up(link, waiting)
+
+    def link_down(self, link: Link, endpoints: Iterable[Endpoint]) -> None:
+        self.transmission.link_down(link, endpoints)
+
+    def inbound_backlog(self) -> int:
+        return self.directory.inbound_backlog()
+
+    # -- ports: what the local link delivers (LocalDelivery) ------------------------------
+
+    def on_local_fragments(
+        self,
+        link: Link,
+        sender: Endpoint,
+        pieces: list[tuple[OutMessage, int]],
+        db: Database | None,
+    ) -> None:
+        self.local_arrivals.on_local_fragments(link, sender, pieces, db)
+
+    def on_fragment(
+        self, link: Link, header: DialogHeader, body: bytes, db: Database | None = None
+    ) -> None:
+        self.arrivals.on_fragment(link, header, body, db)
+
+    def transmit(self, ep: Endpoint) -> None:
+        self.transmission.transmit(ep)
+
+    # -- ports: what the router needs (DialogServices) ------------------------------------
+
+    def database(self, name: str) -> Database:
+        return self.directory.database(name)
+
+    def endpoint(self, handle: uuid.UUID) -> tuple[Database, Endpoint]:
+        return self.directory.endpoint(handle)
+
+    def drop(self, header: DialogHeader, reason: str) -> None:
+        self.events.drop(header, reason)
+
+    def note_drop(self, text: str) -> None:
+        self.events.note_drop(text)
+
+    async def submit_wait(self, db: Database, statements: list[Statement]) -> None:
+        await commit_statements(db, statements)
+
+    async def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> Endpoint:
+        return await self.conversation_verbs.begin_dialog(
+            from_service,
+            to_service,
+            contract,
+            database,
+            to_broker_instance,
+            lifetime,
+            related_conversation,
         )
-        body = error_body(CODE_LIFETIME_EXPIRED, "The dialog has exceeded its lifetime.")
-        self._fail_locally(db, ep, body, reason)
+
+    async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
+        return await self.send_verbs.send(handle, message_type, body)
+
+    async def end_conversation(
+        self,
+        handle: uuid.UUID,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> None:
+        await self.conversation_verbs.end_conversation(handle, error_code, description, cleanup)
+
+    async def discard_received(self, ep: Endpoint) -> None:
+        await self.conversation_verbs.discard_received(ep)
+
+    async def rebuild(self, db: Database) -> list[Endpoint]:
+        return await self.images.rebuild(db)
+
+    def forget_image(self, db: Database) -> None:
+        self.images.forget(db)
+
+    def resume(self, db: Database) -> None:
+        self.images.resume(db)

@@ -426,7 +426,7 @@ class ClientSession(asyncio.Protocol):
 
         engine = self.broker.engine
         try:
-            engine.send_now(db, ep, messages, then, failed)
+            engine.send_verbs.send_now(db, ep, messages, then, failed)
         except Exception as exc:  # no SEND may wait for a reply for ever
             for i, request_id in enumerate(ids):
                 if not answered[i]:
@@ -454,7 +454,7 @@ class ClientSession(asyncio.Protocol):
                 self._reply(request_id, *reply.encode(rows))
                 self._write_out()  # now, not after another turn of a busy event loop
 
-            return self.broker.engine.receive_now(
+            return self.broker.engine.receive_verbs.receive_now(
                 queue,
                 database,
                 top,

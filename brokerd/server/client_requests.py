@@ -115,7 +115,7 @@ async def _begin_transaction(session: Session, frame: ClientFrame) -> tuple[dict
             f"this connection has {MAX_OPEN_TRANSACTIONS} open transactions, the most it may; "
             "commit or roll one back"
         )
-    tx = Transaction(session.broker.engine, next(session.tx_ids))
+    tx = session.broker.engine.transaction(next(session.tx_ids))
     session.transactions[tx.id] = tx
     return {"transaction": tx.id}, b""
 
@@ -160,7 +160,7 @@ async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str,
     if tx is not None:
         ep = tx.begin_dialog(*args, **options)
     else:
-        ep = await session.broker.engine.begin_dialog(*args, **options)
+        ep = await session.broker.engine.conversation_verbs.begin_dialog(*args, **options)
     return {
         "conversation_handle": str(ep.handle),
         "conversation_id": str(ep.conversation_id),
@@ -213,7 +213,7 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
         for handle, message_type, data in messages:
             tx.send(handle, message_type, data)
         return {"sequence_numbers": None}, b""
-    return {"sequence_numbers": await session.broker.engine.send_many(messages)}, b""
+    return {"sequence_numbers": await session.broker.engine.send_verbs.send_many(messages)}, b""
 
 
 def _receive_args(
@@ -238,7 +238,7 @@ async def _receive(session: Session, frame: ClientFrame) -> tuple[ReplyMeta, Rep
     if tx is not None:
         rows = await tx.receive(*args, handle=handle, budget=reply)
     else:
-        rows = await session.broker.engine.receive(*args, handle=handle, budget=reply)
+        rows = await session.broker.engine.receive_verbs.receive(*args, handle=handle, budget=reply)
     return reply.encode(rows)
 
 
@@ -256,7 +256,9 @@ async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], by
     if tx is not None:
         tx.end_conversation(handle, code, description, cleanup)
     else:
-        await session.broker.engine.end_conversation(handle, code, description, cleanup)
+        await session.broker.engine.conversation_verbs.end_conversation(
+            handle, code, description, cleanup
+        )
     return {}, b""
 
 
@@ -272,7 +274,9 @@ async def _begin_timer(session: Session, frame: ClientFrame) -> tuple[dict[str, 
     if tx is not None:
         tx.begin_conversation_timer(handle, float(timeout))
     else:
-        await session.broker.engine.begin_conversation_timer(handle, float(timeout))
+        await session.broker.engine.conversation_verbs.begin_conversation_timer(
+            handle, float(timeout)
+        )
     return {}, b""
 
 
@@ -286,7 +290,7 @@ async def _move(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
     if tx is not None:
         tx.move_conversation(handle, group)
     else:
-        await session.broker.engine.move_conversation(handle, group)
+        await session.broker.engine.conversation_verbs.move_conversation(handle, group)
     return {}, b""
 
 
@@ -296,7 +300,7 @@ async def _alter_queue(session: Session, frame: ClientFrame) -> tuple[dict[str, 
     status = m.get("status")
     if not isinstance(status, bool):
         raise InvalidRequest("status must be true (on) or false (off)")
-    await broker.engine.alter_queue(_str(m, "queue"), status, _database(m))
+    await broker.engine.conversation_verbs.alter_queue(_str(m, "queue"), status, _database(m))
     return {}, b""
 
 
@@ -375,7 +379,7 @@ async def _view(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
     databases = engine.databases.values()
     views_by_name: dict[str, Callable[[], Any]] = {
         "conversation_endpoints": lambda: views.conversation_endpoints(databases),
-        "transmission_queue": engine.transmission_queue,
+        "transmission_queue": engine.conversation_verbs.transmission_queue,
         "queues": lambda: views.queues(databases),
         "routes": lambda: views.routes(databases),
         "databases": lambda: views.databases(databases),

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from brokerd.dialogs.core import error_body
+from brokerd.dialogs.endpoints.broker_errors import error_body
 from brokerd.sdk.client import BrokerClient
 from brokerd.tools import certs
 from brokerd.tools.example import (

@@ -3,15 +3,15 @@ the numbers stored, never a number reused for a stored message.
 
 The store refuses untried every job of a broken chain (``brokerd.storage.chains``); these
 tests follow what the endpoint does with the failures it is told of, in the orders the
-store and a transaction tell them (``Endpoint.give_back``,
-``ApplicationVerbs._send_failed``). ``tests/dialogs/test_full_disk.py`` shows the whole
-path on a real broker whose file is full.
+store and a transaction tell them (``Endpoint.give_back``, ``sends_failed`` of
+``brokerd.dialogs.verbs.send``). ``tests/dialogs/test_full_disk.py`` shows the whole path
+on a real broker whose file is full.
 """
 
 from __future__ import annotations
 
 from brokerd.dialogs.endpoints.endpoint import Endpoint
-from brokerd.dialogs.verbs.conversation import ApplicationVerbs
+from brokerd.dialogs.verbs.send import sends_failed
 from brokerd.errors import StoreError, TransactionError
 from brokerd.storage.chains import BrokenChains, Token
 from tests.dialogs.endpoints import conversing_endpoint
@@ -35,7 +35,7 @@ def test_pipelined_sends_failing_first_first_go_back_to_the_last_stored() -> Non
     ep = endpoint(10)
     sends = [number(ep) for _ in range(3)]  # 11, 12, 13 in flight
     for chain, seq in sends:  # the store tells failures in submission order
-        ApplicationVerbs._send_failed(ep, chain, seq, FULL)
+        sends_failed(ep, chain, seq, FULL)
     assert ep.send_sequence == 10 and ep.uncommitted_sends == 0
     chain, seq = number(ep)
     assert seq == 11 and chain != sends[0][0]  # a new generation, which the store admits
@@ -45,7 +45,7 @@ def test_a_transactions_sends_undone_last_first_go_back_to_before_the_first() ->
     ep = endpoint(4)
     sends = [number(ep) for _ in range(3)]  # 5, 6, 7 in one transaction's work
     for chain, seq in reversed(sends):
-        ApplicationVerbs._send_failed(ep, chain, seq, FULL)
+        sends_failed(ep, chain, seq, FULL)
     assert ep.send_sequence == 4
     assert number(ep)[1] == 5
 
@@ -59,12 +59,12 @@ def test_a_transaction_refused_before_the_store_keeps_the_generation_of_sends_in
     chains = BrokenChains()
     first, second = number(ep), number(ep)
     refused = number(ep)
-    ApplicationVerbs._send_failed(ep, *refused, TransactionError("a verb was refused"))
+    sends_failed(ep, *refused, TransactionError("a verb was refused"))
     assert ep.send_sequence == 12 and ep.numbering == first[0]
     chains.failed([first[0]], FULL)  # the committer thread: 11 failed
     assert chains.refusal([second[0]]) is not None  # 12 is refused untried
-    ApplicationVerbs._send_failed(ep, *first, FULL)
-    ApplicationVerbs._send_failed(ep, *second, FULL)
+    sends_failed(ep, *first, FULL)
+    sends_failed(ep, *second, FULL)
     assert ep.send_sequence == 10 and ep.uncommitted_sends == 0
     chain, seq = number(ep)
     assert seq == 11 and chains.refusal([chain]) is None
@@ -77,7 +77,7 @@ def test_a_rebuilt_endpoint_starts_above_the_generations_the_store_remembers() -
     chains = BrokenChains()
     chain, seq = number(old)
     chains.failed([chain], FULL)
-    ApplicationVerbs._send_failed(old, chain, seq, FULL)
+    sends_failed(old, chain, seq, FULL)
     rebuilt = endpoint(3)
     rebuilt.handle = old.handle
     assert chains.refusal([rebuilt.numbering]) is None

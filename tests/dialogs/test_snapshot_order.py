@@ -68,7 +68,8 @@ async def test_send_many_queues_its_snapshots_before_anything_else_runs(broker: 
         ).fetchone()
         return int(row[0])
 
-    task = asyncio.ensure_future(broker.engine.send_many([(target, "DEFAULT", b"reply")]))
+    sending = broker.engine.send_verbs
+    task = asyncio.ensure_future(sending.send_many([(target, "DEFAULT", b"reply")]))
     await asyncio.sleep(0)  # send_many runs up to its first wait
     # Work queued now is ordered after send_many's, snapshot and message row alike.
     assert await store.run(queued) == 1

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from brokerd.dialogs.engine import CODE_LIFETIME_EXPIRED
+from brokerd.dialogs.endpoints.broker_errors import CODE_LIFETIME_EXPIRED
 from brokerd.errors import RemoteError
 from brokerd.tools.example import (
     CONFIRMATION,

@@ -1,7 +1,7 @@
 """What the local link hands over: the fragments of one sending endpoint, in order.
 
 A fragment between two databases of this instance goes through
-:meth:`Receiving.on_fragment` as a connection's would: its header is built, routed,
+:meth:`Arrivals.on_fragment` as a connection's would: its header is built, routed,
 and checked against the target's mirror role, the endpoint's binding and dialog
 security, and carries the sender's acknowledgement (R-ROUTE-1, R-DLG-14). Once one
 whole message of a run has been accepted in order that way, the whole messages after
@@ -14,25 +14,32 @@ run starts again after it.
 
 The checks a run's messages share with a connection's runs (next in order, nothing
 held, the receiver still taking messages) and their way to the queue are
-:class:`Receiving`'s (``_starts_run``, ``_takes_next``, ``_run_arrival``).
+:class:`~brokerd.dialogs.arrivals.receiving.Arrivals`' (``starts_run``, ``takes_next``,
+``run_arrival``).
 
-May import: ``protocol``, ``brokerd.dialogs`` models and :mod:`brokerd.dialogs.arrivals.receiving`.
+May import: ``protocol``, ``brokerd.dialogs.transmission``, ``brokerd.dialogs.endpoints``
+and :mod:`brokerd.dialogs.arrivals.receiving`.
 """
 
 from __future__ import annotations
 
-from brokerd.dialogs.arrivals.receiving import Receiving
+from brokerd.dialogs.arrivals.receiving import Arrivals
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.transmission.links import Link
-from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
+from brokerd.dialogs.transmission.transmission import Transmission
+from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED, DialogHeader
 
 _NOT_PLAIN = FLAG_END_DIALOG | FLAG_ERROR
 """Flags of a message that must take the whole way (an ending)."""
 
 
-class LocalArrivals(Receiving):
-    """:class:`Receiving`, with the runs the local link hands over."""
+class LocalArrivals:
+    """The runs the local link hands over, given to :class:`Arrivals`."""
+
+    def __init__(self, arrivals: Arrivals, transmission: Transmission) -> None:
+        self.arrivals = arrivals
+        self.transmission = transmission
 
     def on_local_fragments(
         self,
@@ -55,8 +62,8 @@ class LocalArrivals(Receiving):
                     receiver is not None
                     and db is not None
                     and self._follows(sender, msg)
-                    and self._takes_next(db, receiver, msg.seq)
-                    and self._run_arrival(
+                    and self.arrivals.takes_next(db, receiver, msg.seq)
+                    and self.arrivals.run_arrival(
                         db, receiver, msg.seq, msg.message_type, sender.initiator, body
                     )
                 ):
@@ -65,16 +72,22 @@ class LocalArrivals(Receiving):
                     continue
                 if arrived:
                     assert receiver is not None
-                    self._trace_run(link, receiver, sender.initiator, 0, arrived)
+                    self.arrivals.trace_run(link, receiver, sender.initiator, 0, arrived)
                     arrived = []
                 before = self._accepted_through(sender, db)
-                header, fragment = self.build_fragment(sender, msg, index)
-                self.on_fragment(link, header, fragment, db)  # a refusal is answered there
+                header, fragment = self._fragment(sender, msg, index)
+                self.arrivals.on_fragment(link, header, fragment, db)  # a refusal is answered there
                 receiver = self._run_receiver(sender, msg, db, before)
         finally:
             if arrived:
                 assert receiver is not None
-                self._trace_run(link, receiver, sender.initiator, 0, arrived)
+                self.arrivals.trace_run(link, receiver, sender.initiator, 0, arrived)
+
+    def _fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> tuple[DialogHeader, bytes]:
+        """A fragment as the local link hands it over: its bytes are its own, since the
+        receiving side keeps them (a link's frames take a view of the body instead)."""
+        header, body = self.transmission.build_fragment(ep, msg, index)
+        return header, bytes(body)  # a whole message's body is bytes: not copied
 
     @staticmethod
     def _accepted_through(sender: Endpoint, db: Database | None) -> int:
@@ -86,18 +99,18 @@ class LocalArrivals(Receiving):
         self, sender: Endpoint, msg: OutMessage, db: Database | None, before: int
     ) -> Endpoint | None:
         """The endpoint the messages after ``msg`` may go straight to, if ``msg`` was whole
-        and plain and started a run (:meth:`Receiving._starts_run`)."""
+        and plain and started a run (:meth:`Arrivals.starts_run`)."""
         if db is None or msg.fragment_count != 1 or sender.keys is not None:
             return None
         receiver = db.by_key.get((sender.conversation_id, not sender.initiator))
-        if receiver is None or not self._starts_run(db, receiver, msg.seq, before):
+        if receiver is None or not self.arrivals.starts_run(db, receiver, msg.seq, before):
             return None
         return receiver
 
     @staticmethod
     def _follows(sender: Endpoint, msg: OutMessage) -> bool:
         """``msg`` is whole and plain, and the sender's acknowledgement is the one the
-        run's first message carried (the rest is :meth:`Receiving._takes_next`)."""
+        run's first message carried (the rest is :meth:`Arrivals.takes_next`)."""
         return (
             msg.fragment_count == 1
             and msg.flags & (_NOT_PLAIN | FLAG_SEQUENCED) == FLAG_SEQUENCED

@@ -10,11 +10,14 @@ before that fragment is stored or acknowledged. An acknowledgement removes what
 it confirms from the transmission queue. A refused message is answered with an
 unsequenced broker Error.
 
-Before any of that, R-DLG-14: what arrives for an existing endpoint must come from
-the far side it is bound to (``binding``), and a secured dialog's frames must
-open under its dialog key (``protocol.dialog_security``); the target of a secured
-dialog takes the key from the first message's key exchange. What fails is
-dropped, counted and never acknowledged or applied.
+Before any of that, what arrives passes
+:class:`~brokerd.dialogs.arrivals.admission.Admission` (binding and dialog security,
+R-DLG-14), and the acknowledgement it carries is applied
+(:class:`~brokerd.dialogs.arrivals.acknowledgements.Acknowledgements`).
+
+May import: ``brokerd.dialogs.router``, ``brokerd.dialogs.transmission``,
+``brokerd.dialogs.endpoints``, the other parts of ``brokerd.dialogs.arrivals`` below it
+and what they may import.
 """
 
 from __future__ import annotations
@@ -25,40 +28,33 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from brokerd.dialogs.core import (
+from brokerd.dialogs.arrivals.acknowledgements import Acknowledgements
+from brokerd.dialogs.arrivals.admission import Admission
+from brokerd.dialogs.arrivals.delivery import Delivery
+from brokerd.dialogs.endpoints import binding
+from brokerd.dialogs.endpoints.broker_errors import (
     CODE_CONTRACT_NOT_SUPPORTED,
-    CODE_DIALOG_SECURITY,
-    CODE_MESSAGE_TOO_LARGE,
-    CODE_MESSAGE_TYPE_REFUSED,
     CODE_SERVICE_NOT_FOUND,
     CODE_VALIDATION_FAILED,
-    EngineCore,
-    _queue_row,
-    _unqueue_sent,
-    error_body,
 )
-from brokerd.dialogs.endpoints import binding
-from brokerd.dialogs.endpoints.backlog import numbers_in
 from brokerd.dialogs.endpoints.database import Database
-from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_snapshot
+from brokerd.dialogs.endpoints.deadlines import Deadlines
+from brokerd.dialogs.endpoints.directory import Directory
+from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_snapshot, queue_row
+from brokerd.dialogs.endpoints.events import DialogEvents
 from brokerd.dialogs.endpoints.runs import alike_runs
 from brokerd.dialogs.endpoints.states import DELIVERING, State
-from brokerd.dialogs.transmission.fragment_acks import held_fragments
+from brokerd.dialogs.endpoints.stats import EngineStats
+from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.links import Link
+from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
 from brokerd.storage.keys import new_handle
 from brokerd.storage.queries import Statement
+from brokerd.traces.writer import TraceWriter
 from protocol.acks import UNKNOWN_COUNT
-from protocol.dialog import (
-    ERROR,
-    FLAG_END_DIALOG,
-    FLAG_ERROR,
-    FLAG_INITIATOR,
-    Acknowledgement,
-    DialogHeader,
-)
-from protocol.dialog_security import DialogKeys, DialogSecurityError, open_key_exchange
+from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, DialogHeader
 from protocol.fragments import cut_size
 
 ARRIVAL_WEIGHT = 2048
@@ -66,162 +62,41 @@ ARRIVAL_WEIGHT = 2048
 index entries and share of a commit cost as much as about 2 KiB of body, so thousands of
 small messages count as a backlog too."""
 
-log = logging.getLogger("brokerd.dialogs.arrivals.receiving")
+log = logging.getLogger("brokerd.dialogs.receiving")
 _RECEIVED = "received"
 """The key that joins the store jobs of received messages (``Store.submit_joined``)."""
 
 
-class Receiving(EngineCore):
-    _arrivals: _Arrivals | None = None
-    """The last run of in-order messages submitted (joined while its job is the last)."""
+class Arrivals:
+    """Fragments from links, made durable and ready to RECEIVE, then acknowledged."""
 
-    def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
-        elsewhere: list[DialogHeader] = []
-        writes: dict[str, list[Statement]] = {}
-        """The frame's transmission-queue deletions, one store job per database."""
-        for h in headers:
-            self.stats.acks_received += 1
-            ep = self._endpoint_for(h)
-            if ep is not None:
-                if self._refused(link, ep, h, "acknowledgement"):
-                    continue
-                if (ep.keys is not None or h.security is not None) and (
-                    self._opened(ep, h, b"", "acknowledgement") is None
-                ):
-                    continue
-                self._apply_ack(ep, h.ack, h.from_broker_instance, link.identity, h, writes)
-            elif link is not self.local_link:
-                elsewhere.append(h)
-        for name, statements in writes.items():
-            self.databases[name].store.submit(statements)
-        if elsewhere and self.router.forwarding:
-            self.router.forward_acks(elsewhere)
-
-    def _endpoint_for(self, h: DialogHeader) -> Endpoint | None:
-        key = (h.conversation_id, not h.initiator)
-        if h.to_broker_instance is not None:
-            db = self.by_instance.get(h.to_broker_instance)
-            return db.by_key.get(key) if db else None
-        for db in self.databases.values():
-            ep = db.by_key.get(key)
-            if ep is not None:
-                return ep
-        return None
-
-    def _refused(self, link: Link, ep: Endpoint, header: DialogHeader, what: str) -> bool:
-        """R-DLG-14: drop (never acknowledge or apply) what does not come from the far side
-        ``ep`` is bound to."""
-        reason = binding.refusal(ep, header, link.identity)
-        if reason is None:
-            return False
-        self.stats.binding_refusals += 1
-        self.drop(header, f"{what} refused: {reason}")
-        return True
-
-    def _opened(self, ep: Endpoint, header: DialogHeader, body: bytes, what: str) -> bytes | None:
-        """Dialog security (R-DLG-14): the plaintext of what arrived for ``ep``, or None if
-        it is refused (dropped, counted, never acknowledged or applied)."""
-        keys = ep.keys
-        reason = None
-        if keys is None:
-            if header.security is None:
-                return body
-            reason = "a secured frame for a dialog that is not secured"
-        elif header.security is None:
-            if (
-                header.flags & FLAG_ERROR
-                and not header.sequenced
-                and ep.initiator
-                and not ep.key_confirmed
-            ):
-                return body  # the target could not take the secured dialog: its broker error
-            reason = "the dialog is secured, but this frame is not"
-        else:
-            try:
-                plain = keys.open(header, body)
-            except DialogSecurityError as exc:
-                reason = str(exc)
-            else:
-                if ep.initiator:
-                    ep.key_confirmed = True
-                return plain
-        self.stats.dialog_security_refusals += 1
-        self.drop(header, f"{what} refused by dialog security: {reason} (R-DLG-14)")
-        return None
-
-    def _apply_ack(
+    def __init__(
         self,
-        ep: Endpoint,
-        ack: Acknowledgement,
-        far_instance: uuid.UUID,
-        identity: str,
-        header: DialogHeader,
-        writes: dict[str, list[Statement]] | None = None,
+        directory: Directory,
+        admission: Admission,
+        acks: Acknowledgements,
+        delivery: Delivery,
+        events: DialogEvents,
+        transmission: Transmission,
+        router: Router,
+        deadlines: Deadlines,
+        trace: TraceWriter,
+        stats: EngineStats,
+        clock: Callable[[], float],
     ) -> None:
-        """Release what ``ack`` acknowledges; its rows leave the transmission queue in a
-        job of their own, or, given ``writes``, in the caller's job for the database."""
-        db = self.databases[ep.database]
-        statements: list[Statement] = []
-        changed = binding.bind(ep, header, identity)
-        if ep.far_broker_instance is None:
-            ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
-            self.router.rebind(ep)
-            changed = True
-        outbox = ep.outbox
-        removed: list[int] = []
-        through = ack.through
-        for seq in outbox:  # in sending order: only the acknowledged head is visited
-            if seq > through:
-                break
-            removed.append(seq)
-        if ack.ranges or ack.fragments:
-            for seq, msg in list(outbox.items()):
-                if seq <= ack.through:
-                    continue
-                if ack.covers(seq):
-                    removed.append(seq)
-                elif msg.fragment_count > 1:
-                    held_fragments(msg, ack)
-        # Messages only in the file (the backlog, after a restart) leave it by number.
-        backlog = ep.backlog
-        runs: list[tuple[int, int]] = []
-        if backlog:
-            if through >= backlog.first:
-                runs += backlog.remove(backlog.first, through)
-            for r in ack.ranges:
-                if backlog and r.last >= backlog.first:
-                    runs += backlog.remove(r.first, r.last)
-        if removed:
-            self.transmission.acknowledged(outbox[removed[-1]])
-        release = self.transmission.release
-        for seq in removed:
-            release(outbox.pop(seq))
-        if removed or runs or ack.fragments:
-            self.transmission.answered(ep)
-        if removed or runs:
-            self.trace.emit(
-                "ack_received",
-                ep.conversation_id,
-                database=ep.database,
-                initiator=ep.initiator,
-                through=ack.through,
-                acked=len(removed) + numbers_in(runs),
-                seqs=",".join(map(str, [*removed, *(s for a, b in runs for s in range(a, b + 1))])),
-            )
-        if backlog and len(outbox) < self.transmission.page:
-            self.transmission.page_in(ep)
-        statements += _unqueue_sent(ep, removed, ack.through, runs)
-        if ep.refresh_state():
-            changed = True
-            self._trace_closed(ep)
-        if changed:
-            statements.append(endpoint_snapshot(ep))
-        if not statements:
-            return
-        if writes is None:
-            db.store.submit(statements)
-        else:
-            writes.setdefault(db.name, []).extend(statements)
+        self.directory = directory
+        self.admission = admission
+        self.acks = acks
+        self.delivery = delivery
+        self.events = events
+        self.transmission = transmission
+        self.router = router
+        self.deadlines = deadlines
+        self.trace = trace
+        self.stats = stats
+        self.clock = clock
+        self.last_run: InOrderRun | None = None
+        """The last run of in-order messages submitted (joined while its job is the last)."""
 
     def on_fragment(
         self,
@@ -258,19 +133,23 @@ class Receiving(EngineCore):
             if db is None:
                 return
         if db.mirror_role == "mirror":
-            self.drop(header, db.fenced_reason() + "; the sender retries toward the principal")
+            self.events.drop(
+                header, db.fenced_reason() + "; the sender retries toward the principal"
+            )
             self.router.tell_mirror(link, db, header)
             return
         if db.mirror_in_doubt:
             # R-ROUTE-16: not even a duplicate's acknowledgement may reveal the file's
             # unconfirmed tail; the sender retries.
-            return self.drop(header, db.in_doubt_reason())
+            return self.events.drop(header, db.in_doubt_reason())
         if db.rx_suspended:
-            return self.drop(header, f"database {db.name!r} is recovering from a store error")
+            return self.events.drop(
+                header, f"database {db.name!r} is recovering from a store error"
+            )
         ep = db.by_key.get((header.conversation_id, not header.initiator))
         if ep is None:
             if not header.initiator or not header.sequenced:
-                return self.drop(header, "no conversation endpoint for this message")
+                return self.events.drop(header, "no conversation endpoint for this message")
             created = self._new_target_endpoint(db, link, header, body)
             if created is None:
                 return
@@ -278,10 +157,10 @@ class Receiving(EngineCore):
             checked = True
         else:
             what = "error" if header.flags & FLAG_ERROR else "message"
-            if self._refused(link, ep, header, what):
+            if self.admission.refused(link, ep, header, what):
                 return
             if ep.keys is not None or header.security is not None:
-                opened = self._opened(ep, header, body, what)
+                opened = self.admission.opened(ep, header, body, what)
                 if opened is None:
                     return
                 body = opened
@@ -290,7 +169,7 @@ class Receiving(EngineCore):
         if ep.far_broker_instance is None:
             ep.far_broker_instance = header.from_broker_instance
         if header.ack.through or header.ack.ranges or header.ack.fragments:
-            self._apply_ack(ep, header.ack, header.from_broker_instance, link.identity, header)
+            self.acks.apply(ep, header.ack, header.from_broker_instance, link.identity, header)
         elif not ep.far_peer:
             binding.bind(ep, header, link.identity)
         if not header.sequenced:
@@ -318,11 +197,11 @@ class Receiving(EngineCore):
             self.transmission.ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
             return
         if ep.state is State.CLOSED or ep.broker_error:
-            return self.drop(header, f"conversation is {ep.state.value}")
-        refusal = None if checked else self._refusal(db, ep.contract, header, body)
+            return self.events.drop(header, f"conversation is {ep.state.value}")
+        refusal = None if checked else self.admission.refusal(db, ep.contract, header, body)
         if refusal is not None:
             code, text = refusal
-            self._send_broker_error(link, db, header, code, text, ep)
+            self.admission.send_broker_error(link, db, header, code, text, ep)
             return
         if header.fragment_count == 1:
             self._accept_message(db, ep, seq, header.flags, header.message_type, body)
@@ -358,7 +237,7 @@ class Receiving(EngineCore):
             fragments=header.fragment_count,
             dropped=held,
         )
-        self.note_drop(
+        self.events.note_drop(
             f"dropped the {held} fragments held of message {seq} of conversation "
             f"{ep.conversation_id}: it arrives cut at another size, into "
             f"{header.fragment_count} (R-DLG-7)"
@@ -366,7 +245,7 @@ class Receiving(EngineCore):
 
         def failed(exc: BaseException) -> None:
             log.error("store error while dropping fragments in %s: %s", db.name, exc)
-            self._suspend_receiving(db)
+            self.delivery.suspend_receiving(db)
 
         db.store.submit(
             queries.received([(ep.handle, seq)], False),
@@ -374,46 +253,6 @@ class Receiving(EngineCore):
             on_failure=failed,
             chains=(ep.receiving,),
         )
-
-    def _refusal(
-        self, db: Database, contract: str, header: DialogHeader, body: bytes
-    ) -> tuple[int, str] | None:
-        """Why the receiver refuses this message (R-OBJ-1, R-DLG-3, size), as (code, text)."""
-        return self._refusal_of(
-            db,
-            contract,
-            header.message_type,
-            header.initiator,
-            header.message_length,
-            header.fragment_count,
-            body,
-        )
-
-    def _refusal_of(
-        self,
-        db: Database,
-        contract: str,
-        message_type: str,
-        initiator: bool,
-        length: int,
-        fragments: int,
-        body: bytes,
-    ) -> tuple[int, str] | None:
-        """:meth:`_refusal` of a message given by its parts (``body``: this fragment's)."""
-        if length > self.max_message_size:
-            return CODE_MESSAGE_TOO_LARGE, (
-                f"message of {length} bytes exceeds this broker's "
-                f"max_message_size of {self.max_message_size}"
-            )
-        catalog = db.catalog
-        refusal = catalog.send_refusal(contract, message_type, initiator)
-        if refusal:
-            return CODE_MESSAGE_TYPE_REFUSED, refusal
-        if fragments == 1 or not catalog.needs_whole_body(message_type):
-            invalid = catalog.validation_problem(message_type, body)
-            if invalid:
-                return CODE_VALIDATION_FAILED, invalid
-        return None
 
     def _completes_whole_check(self, db: Database, ep: Endpoint, header: DialogHeader) -> bool:
         """This fragment completes a message whose validation needs the whole body."""
@@ -446,13 +285,15 @@ class Receiving(EngineCore):
         def checked() -> None:
             ep.validating.discard(seq)
             if ep.state is State.CLOSED or ep.broker_error:
-                self.drop(header, f"conversation is {ep.state.value}")
+                self.events.drop(header, f"conversation is {ep.state.value}")
             elif ep.accepted.fragments.get(seq) is not held:
                 # Cut again while it was checked (_drop_other_cut): this fragment is of
                 # the cut that was dropped, and the sender sends the new cut.
-                self.drop(header, "the message was cut again while it was checked")
+                self.events.drop(header, "the message was cut again while it was checked")
             elif problem[0] is not None:
-                self._send_broker_error(link, db, header, CODE_VALIDATION_FAILED, problem[0], ep)
+                self.admission.send_broker_error(
+                    link, db, header, CODE_VALIDATION_FAILED, problem[0], ep
+                )
             elif not ep.accepted.has_fragment(seq, header.fragment_index):
                 self._accept_fragment(db, ep, header, body)
 
@@ -467,7 +308,7 @@ class Receiving(EngineCore):
         and the message's plaintext (R-DLG-14: a secured dialog's key comes with it)."""
         service = db.catalog.services.get(header.to_service)
         if service is None:
-            self._send_broker_error(
+            self.admission.send_broker_error(
                 link,
                 db,
                 header,
@@ -476,7 +317,7 @@ class Receiving(EngineCore):
             )
             return None
         if header.contract not in service.contracts:
-            self._send_broker_error(
+            self.admission.send_broker_error(
                 link,
                 db,
                 header,
@@ -484,13 +325,13 @@ class Receiving(EngineCore):
                 f"service {header.to_service!r} does not accept contract {header.contract!r}",
             )
             return None
-        keys, plain = self._dialog_key(db, link, header, body)
+        keys, plain = self.admission.target_keys(db, link, header, body)
         if plain is None:
             return None
         body = plain
-        refusal = self._refusal(db, header.contract, header, body)
+        refusal = self.admission.refusal(db, header.contract, header, body)
         if refusal is not None:
-            self._send_broker_error(link, db, header, *refusal)
+            self.admission.send_broker_error(link, db, header, *refusal)
             return None
         ep = Endpoint(
             handle=new_handle(),
@@ -511,58 +352,9 @@ class Receiving(EngineCore):
             keys=keys,
         )
         db.add_endpoint(ep)
-        self._watch(ep)
-        self._trace_begun(ep, link.name)
+        self.deadlines.watch(ep)
+        self.events.begun(ep, link.name)
         return ep, body
-
-    def _dialog_key(
-        self, db: Database, link: Link, header: DialogHeader, body: bytes
-    ) -> tuple[DialogKeys | None, bytes | None]:
-        """R-DLG-14 at the target: the dialog's keys (None: not secured) and the first
-        message's plaintext (None: refused). A dialog the target cannot secure is answered
-        with a broker error; a key exchange or message that fails its check is dropped
-        (the initiator sends it again)."""
-        sk = db.service_keys
-        sec = header.security
-        if sec is None:
-            if header.to_service in sk.required:
-                self._send_broker_error(
-                    link,
-                    db,
-                    header,
-                    CODE_DIALOG_SECURITY,
-                    f"service {header.to_service!r} requires dialog security; the dialog is "
-                    "not secured",
-                )
-                return None, None
-            return None, body
-        problem = sk.plan(header.to_service, header.from_service)
-        if problem is not None:
-            self._send_broker_error(
-                link,
-                db,
-                header,
-                CODE_DIALOG_SECURITY,
-                f"the dialog is secured, but the target cannot take it: {problem}",
-            )
-            return None, None
-        try:
-            if not sec.key_exchange:
-                raise DialogSecurityError("the first message carries no key exchange")
-            key = open_key_exchange(
-                sec.key_exchange,
-                header.conversation_id,
-                header.from_service,
-                header.to_service,
-                sk.own[header.to_service],
-                sk.bound[header.from_service],
-            )
-            keys = DialogKeys(key)
-            return keys, keys.open(header, body)
-        except DialogSecurityError as exc:
-            self.stats.dialog_security_refusals += 1
-            self.drop(header, f"message refused by dialog security: {exc} (R-DLG-14)")
-            return None, None
 
     def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> bool:
         """Apply the ends among ``released``; True if the last of them is the other side's
@@ -578,7 +370,7 @@ class Receiving(EngineCore):
         if not released and flags & (FLAG_ERROR | FLAG_END_DIALOG):
             ep.held_end_flags[seq] = flags
         if ep.refresh_state():
-            self._trace_closed(ep)
+            self.events.closed(ep)
         return error
 
     def _complete(
@@ -620,7 +412,7 @@ class Receiving(EngineCore):
             self._arrived_in_order(db, ep, queue, seq, message_type, body)
             return
         statements: list[Statement] = [
-            _queue_row(
+            queue_row(
                 ep,
                 queue,
                 seq,
@@ -654,11 +446,11 @@ class Receiving(EngineCore):
         """A whole message that arrived in order and released only itself: the common case.
         Consecutive ones of one conversation in one turn (a frame's worth, or what the
         local link hands over) are stored by one job with one endpoint row and one commit
-        callback (:class:`_Arrivals`), and acknowledged after it like any other."""
-        row = _queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock())
+        callback (:class:`InOrderRun`), and acknowledged after it like any other."""
+        row = queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock())
         snapshot = endpoint_snapshot(ep, received=ep.accepted.through)
         weight = ARRIVAL_WEIGHT + len(body)
-        run = self._arrivals
+        run = self.last_run
         if (
             run is not None
             and run.ep is ep
@@ -666,7 +458,7 @@ class Receiving(EngineCore):
         ):
             run.seqs.append(seq)
             return
-        run = self._arrivals = _Arrivals(self, db, ep, queue, [seq])
+        run = self.last_run = InOrderRun(self, db, ep, queue, [seq])
         db.store.submit_joined(
             _RECEIVED, [row, snapshot], run.on_commit, run.failed, weight, chains=(ep.receiving,)
         )
@@ -676,7 +468,7 @@ class Receiving(EngineCore):
     # ``remote_arrivals``), which tell whether a message repeats its run's first.
 
     @staticmethod
-    def _starts_run(db: Database, receiver: Endpoint, seq: int, before: int) -> bool:
+    def starts_run(db: Database, receiver: Endpoint, seq: int, before: int) -> bool:
         """``receiver`` (of ``db``) accepted the whole, plain message ``seq`` in order the
         whole way just now (``before``: what it had accepted until then; a duplicate,
         already accepted, proves nothing of its checks), its database takes arrivals, and
@@ -691,7 +483,7 @@ class Receiving(EngineCore):
         )
 
     @staticmethod
-    def _takes_next(db: Database, receiver: Endpoint, seq: int) -> bool:
+    def takes_next(db: Database, receiver: Endpoint, seq: int) -> bool:
         """A whole, plain message ``seq`` of a run releases itself only and leaves the
         endpoint's state as it is: it is next in order, nothing is held beyond it nor of
         it (held fragments of that number make it the message cut again, on the whole
@@ -709,7 +501,7 @@ class Receiving(EngineCore):
             and not db.rx_suspended
         )
 
-    def _run_arrival(
+    def run_arrival(
         self,
         db: Database,
         receiver: Endpoint,
@@ -721,7 +513,7 @@ class Receiving(EngineCore):
         """A message of a run (:meth:`_takes_next`) after the checks of its own (contract,
         size, validation: R-DLG-3, R-OBJ-1): queued in order, acknowledged after its
         commit. False if refused: the whole way then answers it."""
-        refusal = self._refusal_of(
+        refusal = self.admission.refusal_of(
             db, receiver.contract, message_type, initiator, len(body), 1, body
         )
         if refusal is not None:
@@ -733,7 +525,7 @@ class Receiving(EngineCore):
         self._arrived_in_order(db, receiver, queue, seq, message_type, body)
         return True
 
-    def _trace_run(
+    def trace_run(
         self,
         link: Link,
         receiver: Endpoint,
@@ -773,7 +565,7 @@ class Receiving(EngineCore):
         statements: list[Statement] = []
         if first:
             statements.append(
-                _queue_row(
+                queue_row(
                     ep,
                     queue,
                     seq,
@@ -868,18 +660,18 @@ class Receiving(EngineCore):
             elif ep.accepted.fragments.get(seq) is held:
                 ep.durable.add_fragment(seq, fragment, UNKNOWN_COUNT)
             if fenced or ep.state not in DELIVERING:  # an END committed with it or before
-                self._trace_discarded(
+                self.events.discarded(
                     ep, released, "this side has ended the conversation", received=True
                 )
             else:
-                self._delivered(db, ep, queue, index, released, error)
+                self.delivery.delivered(db, ep, queue, index, released, error)
             if released and ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
                 self.router.request_ended(ep)
             self.transmission.ack_needed(ep)
 
         def failed(exc: BaseException) -> None:
             log.error("store error while receiving into %s: %s", db.name, exc)
-            self._suspend_receiving(db)
+            self.delivery.suspend_receiving(db)
 
         if fn is None:
             # The messages a link hands over in one turn are one job per database: any
@@ -903,48 +695,12 @@ class Receiving(EngineCore):
             chains=(ep.receiving,),
         )
 
-    def inbound_backlog(self) -> int:
-        """Bytes received from peers and not yet committed, over every database: the
-        transport stops reading broker connections while it is high."""
-        return sum(db.store.pending_weight for db in self.databases.values())
-
-    def _send_broker_error(
-        self,
-        link: Link,
-        db: Database | None,
-        header: DialogHeader,
-        code: int,
-        text: str,
-        ep: Endpoint | None = None,
-    ) -> None:
-        """An unsequenced Error in answer to a refused message (R-DLG-2); nothing is stored."""
-        self.stats.broker_errors_sent += 1
-        self.drop(header, f"refused with broker error {code}: {text}")
-        body = error_body(code, text)
-        instance = (db or self.msdb).broker_instance
-        reply = DialogHeader(
-            header.conversation_id,
-            header.to_service,
-            header.from_service,
-            instance,
-            header.from_broker_instance,
-            header.contract,
-            ERROR,
-            FLAG_ERROR | (0 if header.initiator else FLAG_INITIATOR),
-            0,
-            0,
-            1,
-            0,
-            len(body),
-        )
-        if ep is not None and ep.keys is not None:
-            reply, body = self.transmission.seal(ep, reply, body)
-        link.queue_header(reply, body)
-
     def _on_broker_error(
         self, db: Database, ep: Endpoint, header: DialogHeader, body: bytes
     ) -> None:
-        self._fail_locally(db, ep, body, "the broker reported an error for the conversation")
+        self.delivery.fail_locally(
+            db, ep, body, "the broker reported an error for the conversation"
+        )
 
     def on_corrupted_message(self, link: Link, reason: str) -> None:
         self.stats.corrupted_messages += 1
@@ -952,14 +708,14 @@ class Receiving(EngineCore):
         log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)
 
 
-class _Arrivals:
+class InOrderRun:
     """Messages of one conversation that arrived in order and are stored by one job: what
     runs after its commit (each message is acknowledged only then, R-DLG-5)."""
 
     __slots__ = ("db", "ep", "index", "on_commit", "queue", "receiving", "seqs")
 
     def __init__(
-        self, receiving: Receiving, db: Database, ep: Endpoint, queue: str, seqs: list[int]
+        self, receiving: Arrivals, db: Database, ep: Endpoint, queue: str, seqs: list[int]
     ) -> None:
         self.receiving = receiving
         self.db = db
@@ -974,24 +730,24 @@ class _Arrivals:
 
     def committed(self) -> None:
         ep, seqs, receiving = self.ep, self.seqs, self.receiving
-        if receiving._arrivals is self:
-            receiving._arrivals = None  # nothing joins a committed run
+        if receiving.last_run is self:
+            receiving.last_run = None  # nothing joins a committed run
         durable = ep.durable
         for seq in seqs:
             durable.add_message(seq)
         if ep.state not in DELIVERING:  # an END committed with them or before (R-DLG-10)
-            receiving._trace_discarded(
+            receiving.events.discarded(
                 ep, seqs, "this side has ended the conversation", received=True
             )
         else:
-            receiving._delivered(self.db, ep, self.queue, self.index, seqs, False)
+            receiving.delivery.delivered(self.db, ep, self.queue, self.index, seqs, False)
         if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
             receiving.router.request_ended(ep)
         receiving.transmission.ack_needed(ep)
 
     def failed(self, exc: BaseException) -> None:
         log.error("store error while receiving into %s: %s", self.db.name, exc)
-        self.receiving._suspend_receiving(self.db)
+        self.receiving.delivery.suspend_receiving(self.db)
 
 
 def _ordered(conn: sqlite3.Connection) -> None:

@@ -1,6 +1,6 @@
 """What a connection hands over: the fragments of a turn's frames, in the order they came.
 
-Each fragment goes through :meth:`Receiving.on_fragment`: routed, checked against
+Each fragment goes through :meth:`Arrivals.on_fragment`: routed, checked against
 the target's mirror role, the endpoint's binding and dialog security, carrying the
 sender's acknowledgement (R-ROUTE-1, R-DLG-14). Once one whole message has been
 accepted in order that way, a message after it in the same turn whose header repeats
@@ -8,9 +8,9 @@ everything those checks looked at (conversation, services, broker instances,
 contract, flags, hop count and acknowledgement) and that is next in order has
 nothing new to check there: it goes straight to the checks of its own (contract,
 size, validation: R-DLG-3, R-OBJ-1) and to the queue, as the local link's runs do
-(:mod:`brokerd.dialogs.arrivals.local_arrivals`; the checks they share and the way to the
-queue are :class:`Receiving`'s). Anything else (a message of several
-fragments, an ending, a gap, a duplicate, a refusal, another acknowledgement, a
+(:mod:`brokerd.dialogs.arrivals.local_arrivals`; the checks they share and the way to
+the queue are :class:`~brokerd.dialogs.arrivals.receiving.Arrivals`'). Anything else (a
+message of several fragments, an ending, a gap, a duplicate, a refusal, another acknowledgement, a
 secured dialog) takes the whole way, and a run may start again after it.
 
 A forwarder's runs are the same (R-ROUTE-6, R-ROUTE-7): once a fragment was forwarded
@@ -18,18 +18,22 @@ the whole way, the fragments after it in the turn that are routed as it was (sam
 conversation, direction, target service and broker instance, hop count) are relayed
 to the same address without a new decision, each still within the forwarding budget.
 
-May import: ``protocol``, ``brokerd.dialogs`` models, :mod:`brokerd.dialogs.arrivals.receiving`,
-:mod:`brokerd.dialogs.router.inbound` (for its types) and :mod:`brokerd.dialogs.endpoints.runs`.
+May import: ``protocol``, ``brokerd.dialogs.router``, ``brokerd.dialogs.transmission``,
+``brokerd.dialogs.endpoints`` and :mod:`brokerd.dialogs.arrivals.receiving`.
 """
 
 from __future__ import annotations
 
-from brokerd.dialogs.arrivals.receiving import Receiving
+from brokerd.dialogs.arrivals.receiving import Arrivals
 from brokerd.dialogs.endpoints.database import Database
+from brokerd.dialogs.endpoints.directory import Directory
 from brokerd.dialogs.endpoints.endpoint import Endpoint
 from brokerd.dialogs.endpoints.runs import alike_runs
+from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.router.inbound import Relayed
+from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.links import Link
+from brokerd.traces.writer import TraceWriter
 from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, FLAG_SECURED, FLAG_SEQUENCED, DialogHeader
 
 _PLAIN_MASK = FLAG_END_DIALOG | FLAG_ERROR | FLAG_SECURED | FLAG_SEQUENCED
@@ -39,8 +43,22 @@ Arrived = tuple[DialogHeader, bytes, bytes]
 """A decoded fragment: its header, its bytes, and the FRAGMENT payload it came in."""
 
 
-class RemoteArrivals(Receiving):
-    """:class:`Receiving`, with the runs a connection's frames bring."""
+class RemoteArrivals:
+    """The runs a connection's frames bring, given to :class:`Arrivals` or relayed."""
+
+    def __init__(
+        self,
+        arrivals: Arrivals,
+        directory: Directory,
+        router: Router,
+        trace: TraceWriter,
+        stats: EngineStats,
+    ) -> None:
+        self.arrivals = arrivals
+        self.directory = directory
+        self.router = router
+        self.trace = trace
+        self.stats = stats
 
     def on_fragments(self, link: Link, fragments: list[Arrived]) -> None:
         """Fragments that arrived on ``link`` in one turn, in order."""
@@ -70,8 +88,8 @@ class RemoteArrivals(Receiving):
                     and db is not None
                     and receiver is not None
                     and _repeats(first, header)
-                    and self._takes_next(db, receiver, header.sequence_number)
-                    and self._run_arrival(
+                    and self.arrivals.takes_next(db, receiver, header.sequence_number)
+                    and self.arrivals.run_arrival(
                         db,
                         receiver,
                         header.sequence_number,
@@ -84,15 +102,19 @@ class RemoteArrivals(Receiving):
                     continue
                 if arrived:
                     assert first is not None and receiver is not None
-                    self._trace_run(link, receiver, first.initiator, first.hop_count, arrived)
+                    self.arrivals.trace_run(
+                        link, receiver, first.initiator, first.hop_count, arrived
+                    )
                     arrived = []
                 if forwarded:
                     assert relayed is not None
                     self._trace_relayed(link, relayed, forwarded)
                     forwarded = []
-                before = self._endpoint_for(header)
+                before = self.directory.endpoint_for(header)
                 through = before.accepted.through if before is not None else 0
-                self.on_fragment(link, header, body, payload=payload)  # refusals answered there
+                self.arrivals.on_fragment(
+                    link, header, body, payload=payload
+                )  # refusals answered there
                 first, db, receiver, relayed = None, None, None, None
                 run = self._run_start(header, through)
                 if run is not None:
@@ -105,21 +127,21 @@ class RemoteArrivals(Receiving):
         finally:
             if arrived:
                 assert first is not None and receiver is not None
-                self._trace_run(link, receiver, first.initiator, first.hop_count, arrived)
+                self.arrivals.trace_run(link, receiver, first.initiator, first.hop_count, arrived)
             if forwarded:
                 assert relayed is not None
                 self._trace_relayed(link, relayed, forwarded)
 
     def _run_start(self, header: DialogHeader, before: int) -> tuple[Database, Endpoint] | None:
         """The database and endpoint the messages after ``header``'s may go straight to, if
-        it was whole and plain and started a run (:meth:`Receiving._starts_run`)."""
+        it was whole and plain and started a run (:meth:`Arrivals.starts_run`)."""
         if header.fragment_count != 1 or header.flags & _PLAIN_MASK != FLAG_SEQUENCED:
             return None
-        receiver = self._endpoint_for(header)
+        receiver = self.directory.endpoint_for(header)
         if receiver is None:
             return None
-        db = self.databases[receiver.database]
-        if not self._starts_run(db, receiver, header.sequence_number, before):
+        db = self.directory.databases[receiver.database]
+        if not self.arrivals.starts_run(db, receiver, header.sequence_number, before):
             return None
         return db, receiver
 
@@ -166,7 +188,7 @@ class RemoteArrivals(Receiving):
 def _repeats(first: DialogHeader, header: DialogHeader) -> bool:
     """``header`` is of a whole message and repeats what the whole way checked of
     ``first``: conversation, direction, services, broker instances, contract, flags, hop
-    count and acknowledgement (the rest is :meth:`Receiving._takes_next`)."""
+    count and acknowledgement (the rest is :meth:`Arrivals.takes_next`)."""
     return (
         header.fragment_count == 1
         and header.flags == first.flags

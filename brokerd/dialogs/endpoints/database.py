@@ -218,6 +218,28 @@ class Database:
                 )
         return waiting, repairs
 
+    async def read_sent_bodies(self, wanted: dict[str, list[int]]) -> dict[tuple[str, int], bytes]:
+        """Bodies of unacknowledged messages (by handle, the sequence numbers wanted), read
+        back in a job of the committer (ordered after every write already submitted)."""
+        return await self.store.run(lambda conn: queries.read_sent_bodies(conn, wanted))
+
+    async def read_sent_page(
+        self, handle: str, first: int, last: int, body_room: int
+    ) -> tuple[list[queries.SentRow], dict[int, bytes]]:
+        """A page of an endpoint's backlog, read in a job of the committer, and its bodies
+        by sequence number if they take no more than ``body_room`` bytes: read ahead, a
+        window's refill then waits for no read (else none; each is read back when it is
+        sent)."""
+
+        def read(conn: sqlite3.Connection) -> tuple[list[queries.SentRow], dict[int, bytes]]:
+            rows = queries.read_sent_page(conn, handle, first, last)
+            if not rows or sum(row[3] for row in rows) > body_room:
+                return rows, {}
+            found = queries.read_sent_bodies(conn, {handle: [row[0] for row in rows]})
+            return rows, {seq: body for (_, seq), body in found.items()}
+
+        return await self.store.run(read)
+
     async def reload_received(self) -> None:
         """:meth:`load_received` as a job of its own: after every write already queued."""
         repairs = await self.store.run(lambda conn: self.load_received(_rows(conn)))

@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from brokerd.dialogs.endpoints.backlog import Backlog
 from brokerd.dialogs.endpoints.states import State, check, state_of
+from brokerd.storage import queries
 from brokerd.storage.chains import Token
 from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
 from protocol.acks import AckState
@@ -304,6 +306,45 @@ def endpoint_snapshot(
 
 def endpoint_deletion(ep: Endpoint) -> Statement:
     return (ENDPOINT_DELETE, (ep.handle_text,))
+
+
+def queue_row(
+    ep: Endpoint,
+    queue: str,
+    seq: int,
+    status: int,
+    message_type: str,
+    length: int,
+    body: bytes | None,
+    now: float,
+) -> Statement:
+    """A message's row in ``ep``'s service queue, received by ``ep`` (``body`` None while
+    its fragments arrive)."""
+    return queries.queued_message(
+        queue,
+        ep.group_text,
+        ep.handle_text,
+        seq,
+        status,
+        ep.service,
+        ep.contract,
+        message_type,
+        length,
+        body,
+        now,
+    )
+
+
+def unqueue_sent(
+    ep: Endpoint,
+    seqs: Iterable[int],
+    through: int = 0,
+    runs: Iterable[tuple[int, int]] = (),
+) -> list[Statement]:
+    """Delete messages ``ep`` sent from the transmission queue (acknowledged, or dropped by
+    an error): ``seqs``, every number up to ``through``, and the runs ``first..last`` (of
+    a backlog)."""
+    return queries.unqueue_sent(ep.handle_text, seqs, through, runs)
 
 
 def endpoint_from_row(row: Any, database: str) -> Endpoint:

@@ -6,8 +6,12 @@ validation), END CONVERSATION (all forms), MOVE CONVERSATION, RECEIVE (a
 CONVERSATION TIMER and ALTER QUEUE. Each verb has a ``*_work`` form that checks,
 changes memory and returns a :class:`~brokerd.dialogs.endpoints.work.Work`, and an
 awaitable form that commits it alone; a client transaction commits several.
-SEND and RECEIVE, the verbs of every message, have modules of their own
-(:mod:`brokerd.dialogs.verbs.send`, :mod:`brokerd.dialogs.verbs.receive`).
+SEND and RECEIVE, the verbs of every message, are parts of their own
+(:mod:`brokerd.dialogs.verbs.send`, :mod:`brokerd.dialogs.verbs.receive`); an ending is
+queued on the dialog by :class:`~brokerd.dialogs.verbs.send.SendVerbs`.
+
+May import: :mod:`brokerd.dialogs.verbs.send`, ``brokerd.dialogs.transmission``,
+``brokerd.dialogs.endpoints`` and what they may import.
 """
 
 from __future__ import annotations
@@ -15,20 +19,26 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
-from brokerd.dialogs.core import (
-    _unqueue_sent,
-    error_body,
-)
+from brokerd.dialogs.endpoints.broker_errors import error_body
+from brokerd.dialogs.endpoints.commits import commit, commit_statements
 from brokerd.dialogs.endpoints.database import Database
-from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_deletion, endpoint_snapshot
+from brokerd.dialogs.endpoints.deadlines import Deadlines
+from brokerd.dialogs.endpoints.directory import Directory
+from brokerd.dialogs.endpoints.endpoint import (
+    Endpoint,
+    endpoint_deletion,
+    endpoint_snapshot,
+    unqueue_sent,
+)
+from brokerd.dialogs.endpoints.events import DialogEvents
 from brokerd.dialogs.endpoints.service_keys import new_dialog_key
 from brokerd.dialogs.endpoints.states import State
 from brokerd.dialogs.endpoints.work import Work
+from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.dialogs.verbs import views
-from brokerd.dialogs.verbs.receive import ReceiveVerbs
 from brokerd.dialogs.verbs.send import SendVerbs
 from brokerd.errors import (
     ContractViolation,
@@ -42,19 +52,32 @@ from brokerd.errors import (
 )
 from brokerd.storage import queries
 from brokerd.storage.keys import new_handle
-from protocol.dialog import (
-    END_DIALOG,
-    ERROR,
-    FLAG_END_DIALOG,
-    FLAG_ERROR,
-    FLAG_SEQUENCED,
-)
+from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 from protocol.dialog_security import DialogKeys
 
 log = logging.getLogger("brokerd.dialogs.verbs.conversation")
 
 
-class ApplicationVerbs(SendVerbs, ReceiveVerbs):
+class ConversationVerbs:
+    """BEGIN DIALOG, END CONVERSATION, MOVE CONVERSATION, the timer, ALTER QUEUE, and the
+    transmission queue's view."""
+
+    def __init__(
+        self,
+        directory: Directory,
+        sending: SendVerbs,
+        transmission: Transmission,
+        events: DialogEvents,
+        deadlines: Deadlines,
+        clock: Callable[[], float],
+    ) -> None:
+        self.directory = directory
+        self.sending = sending
+        self.transmission = transmission
+        self.events = events
+        self.deadlines = deadlines
+        self.clock = clock
+
     def new_dialog(
         self,
         from_service: str,
@@ -66,7 +89,11 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
         related_conversation: uuid.UUID | None = None,
     ) -> tuple[Database, Endpoint]:
         """BEGIN DIALOG's checks and the new initiator endpoint, not registered yet."""
-        db = self.database(database) if database else self.database_of_service(from_service)
+        db = (
+            self.directory.database(database)
+            if database
+            else self.directory.database_of_service(from_service)
+        )
         if db.mirror_role == "mirror":
             raise NotPrincipal(
                 f"database {db.name!r} is the mirror partner; begin dialogs on the principal "
@@ -92,7 +119,7 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
             keys = DialogKeys(new_dialog_key())
         group = uuid.uuid4()
         if related_conversation is not None:
-            group = self.endpoint(related_conversation)[1].group_id
+            group = self.directory.endpoint(related_conversation)[1].group_id
         ep = Endpoint(
             handle=new_handle(),
             conversation_id=uuid.uuid4(),
@@ -115,8 +142,8 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
         db.add_endpoint(ep)
 
         def committed() -> None:
-            self._watch(ep)
-            self._trace_begun(ep)
+            self.deadlines.watch(ep)
+            self.events.begun(ep)
 
         return Work().add([endpoint_snapshot(ep)], committed, lambda _: db.remove_endpoint(ep))
 
@@ -139,7 +166,7 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
             lifetime,
             related_conversation,
         )
-        await self.commit(db, self.begin_dialog_work(db, ep))
+        await commit(db, self.begin_dialog_work(db, ep))
         return ep
 
     @staticmethod
@@ -185,23 +212,23 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
         # SPEC §6, R-DLG-10: what waits in this side's queue goes, and nothing more comes.
         work = Work().add(queries.discard_queued(ep.handle_text), on_failure=failed)
         if ep.broker_error:
-            self._trace_discarded(ep, dropped_seqs, "END CONVERSATION after a broker error")
+            self.events.discarded(ep, dropped_seqs, "END CONVERSATION after a broker error")
             self.transmission.discard(ep)
             ep.refresh_state()
             return work.add([endpoint_snapshot(ep)])
         if error_code is not None:
-            self._trace_discarded(ep, dropped_seqs, "END CONVERSATION WITH ERROR")
+            self.events.discarded(ep, dropped_seqs, "END CONVERSATION WITH ERROR")
             self.transmission.discard(ep)
-            _, enqueued = self._enqueue_work(
+            _, enqueued = self.sending.enqueue_work(
                 db,
                 ep,
                 ERROR,
                 FLAG_SEQUENCED | FLAG_ERROR,
                 error_body(error_code, description),
-                _unqueue_sent(ep, list(dropped), runs=dropped_runs),
+                unqueue_sent(ep, list(dropped), runs=dropped_runs),
             )
         else:
-            _, enqueued = self._enqueue_work(
+            _, enqueued = self.sending.enqueue_work(
                 db, ep, END_DIALOG, FLAG_SEQUENCED | FLAG_END_DIALOG, b""
             )
         return work.extend(enqueued)
@@ -213,16 +240,16 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
         description: str = "",
         cleanup: bool = False,
     ) -> None:
-        db, ep = self.endpoint(handle)
+        db, ep = self.directory.endpoint(handle)
         work = self.end_conversation_work(db, ep, error_code, description, cleanup)
         if work.statements:
-            await self.commit(db, work)
+            await commit(db, work)
 
     def _cleanup_work(self, db: Database, ep: Endpoint) -> Work:
-        self._trace_discarded(ep, [*ep.outbox, *ep.backlog], "END CONVERSATION WITH CLEANUP")
+        self.events.discarded(ep, [*ep.outbox, *ep.backlog], "END CONVERSATION WITH CLEANUP")
         self.transmission.discard(ep)
         ep.state = State.CLOSED
-        self._trace_closed(ep)
+        self.events.closed(ep)
         db.remove_endpoint(ep)
         queue = db.queue_of(ep.service)
         if queue in db.ready:
@@ -274,16 +301,16 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
         )
 
     async def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
-        db, ep = self.endpoint(handle)
-        await self.commit(db, self.move_conversation_work(db, ep, group))
+        db, ep = self.directory.endpoint(handle)
+        await commit(db, self.move_conversation_work(db, ep, group))
 
     async def discard_received(self, ep: Endpoint) -> None:
         """Remove what ``ep`` received from its queue (system dialogs consume their replies)."""
-        db = self.databases[ep.database]
+        db = self.directory.databases[ep.database]
         queue = db.queue_of(ep.service)
         if queue in db.ready:
             db.ready[queue].drop_conversation(ep.handle)
-        await self.submit_wait(db, queries.discard_received(ep.handle_text))
+        await commit_statements(db, queries.discard_received(ep.handle_text))
 
     async def alter_queue(self, queue: str, status: bool, database: str | None = None) -> None:
         """ALTER QUEUE ... WITH STATUS = ON | OFF (R-DLG-12).
@@ -291,9 +318,9 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
         While a queue is off, messages for it are still accepted, stored and
         acknowledged, but RECEIVE refuses; turning it on makes them receivable.
         """
-        db = self._database_of_queue(queue, database)
+        db = self.directory.database_of_queue(queue, database)
         info = db.catalog.queues[queue]
-        await self.submit_wait(db, [queries.set_queue_status(queue, status)])
+        await commit_statements(db, [queries.set_queue_status(queue, status)])
         info.status = status
         if status:
             db.ready[queue].changed.set()
@@ -303,7 +330,7 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
         acknowledged, then what it received for a queue that is off and holds until the
         queue is turned on (R-DLG-12), read from its file."""
         backlogs: dict[uuid.UUID, list[queries.SentRow]] = {}
-        for db in self.databases.values():
+        for db in self.directory.databases.values():
             for ep in list(db.endpoints.values()):
                 for first, last in ep.backlog.spans():
                     page = await db.store.run(
@@ -314,8 +341,8 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
                     backlogs.setdefault(ep.handle, []).extend(
                         row for row in page if row[0] in ep.backlog
                     )
-        rows = views.transmission_queue(self.databases.values(), backlogs)
-        for db in self.databases.values():
+        rows = views.transmission_queue(self.directory.databases.values(), backlogs)
+        for db in self.directory.databases.values():
             off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
             if off:
                 held = await db.store.run(functools.partial(queries.read_held_for, queues=off))
@@ -338,7 +365,7 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
 
         def committed() -> None:
             ep.timer_due = due
-            self._watch(ep)
+            self.deadlines.watch(ep)
 
         return Work().add(
             [queries.set_timer(ep.handle_text, due)],
@@ -346,5 +373,5 @@ class ApplicationVerbs(SendVerbs, ReceiveVerbs):
         )
 
     async def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
-        db, ep = self.endpoint(handle)
-        await self.commit(db, self.timer_work(db, ep, timeout))
+        db, ep = self.directory.endpoint(handle)
+        await commit(db, self.timer_work(db, ep, timeout))

@@ -3,8 +3,7 @@
 conversation group, their rows read and removed (or kept, under RETENTION) in one
 commit, and the lease given back.
 
-May import: ``brokerd.dialogs`` models and the engine's core, ``brokerd.storage``,
-``brokerd.errors``, ``protocol``.
+May import: ``brokerd.dialogs.endpoints`` and what it may import.
 """
 
 from __future__ import annotations
@@ -18,23 +17,28 @@ import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
-from brokerd.dialogs.core import (
-    EngineCore,
-)
 from brokerd.dialogs.endpoints.database import Database, Lease
+from brokerd.dialogs.endpoints.directory import Directory
 from brokerd.dialogs.endpoints.ready import ReadyIndex
 from brokerd.dialogs.endpoints.states import DELIVERING
+from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.endpoints.work import Work
-from brokerd.errors import (
-    QueueDisabled,
-)
+from brokerd.errors import QueueDisabled
 from brokerd.storage import queries
 from brokerd.storage.catalog import QueueInfo
+from brokerd.traces.writer import TraceWriter
 
 log = logging.getLogger("brokerd.dialogs.verbs.receive")
 
 
-class ReceiveVerbs(EngineCore):
+class ReceiveVerbs:
+    """RECEIVE: leases on ready messages, read and removed in one commit."""
+
+    def __init__(self, directory: Directory, trace: TraceWriter, stats: EngineStats) -> None:
+        self.directory = directory
+        self.trace = trace
+        self.stats = stats
+
     async def take_ready(
         self,
         queue: str,
@@ -51,7 +55,7 @@ class ReceiveVerbs(EngineCore):
         from again. None when nothing arrived in time.
         """
         db, info, index, group = self._ready_of(queue, database, handle)
-        deadline = None if timeout < 0 else self.loop.time() + timeout
+        deadline = None if timeout < 0 else asyncio.get_running_loop().time() + timeout
         while True:
             taken = index.take(max(1, top), handle, group, owned)
             if taken is not None:
@@ -59,7 +63,7 @@ class ReceiveVerbs(EngineCore):
                 return Lease(
                     db, queue, index, gid, items, info.retention, gid not in owned, image=db.image
                 )
-            remaining = None if deadline is None else deadline - self.loop.time()
+            remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
             if remaining is not None and remaining <= 0:
                 return None
             index.changed.clear()
@@ -73,13 +77,13 @@ class ReceiveVerbs(EngineCore):
     ) -> tuple[Database, QueueInfo, ReadyIndex, uuid.UUID | None]:
         """RECEIVE's checks: the queue's database, the queue (enabled), its ready index,
         and the group of ``handle`` if one is named."""
-        db = self._database_of_queue(queue, database)
+        db = self.directory.database_of_queue(queue, database)
         info = db.catalog.queues[queue]
         if not info.status:
             raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
         group = None
         if handle is not None:
-            group = self.endpoint(handle)[1].group_id
+            group = self.directory.endpoint(handle)[1].group_id
         return db, info, db.ready[queue], group
 
     async def read_leased(

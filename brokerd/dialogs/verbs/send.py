@@ -4,8 +4,9 @@ to its link, or straight into a target queue of the same database. One SEND as a
 ``*_work`` for a transaction, ``send_many``'s SENDs in one, and the client listener's
 pipelined SENDs (a run on one conversation in one job).
 
-May import: ``brokerd.dialogs`` models and the engine's core, ``brokerd.storage``,
-``brokerd.errors``, ``protocol``.
+May import: ``brokerd.dialogs.arrivals`` (a SEND inside one database is delivered as
+an arrival is), ``brokerd.dialogs.transmission``, ``brokerd.dialogs.endpoints`` and what
+they may import.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
-from brokerd.dialogs.core import (
-    EngineCore,
-    _queue_row,
-)
+from brokerd.dialogs.arrivals.delivery import Delivery
+from brokerd.dialogs.endpoints.commits import commit, submit
 from brokerd.dialogs.endpoints.database import Database
-from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage, endpoint_snapshot
+from brokerd.dialogs.endpoints.directory import Directory
+from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage, endpoint_snapshot, queue_row
+from brokerd.dialogs.endpoints.events import DialogEvents
 from brokerd.dialogs.endpoints.runs import alike_runs
 from brokerd.dialogs.endpoints.states import DELIVERING
+from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.endpoints.work import Work
+from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.dialogs.verbs.direct import direct_target
 from brokerd.errors import (
     BrokerError,
@@ -39,16 +42,38 @@ from brokerd.storage import queries
 from brokerd.storage.catalog import SYSTEM_MESSAGE_TYPES
 from brokerd.storage.chains import Token
 from brokerd.storage.queries import Statement
-from protocol.dialog import (
-    FLAG_INITIATOR,
-    FLAG_SEQUENCED,
-)
+from brokerd.traces.writer import TraceWriter
+from protocol.dialog import FLAG_INITIATOR, FLAG_SEQUENCED
 from protocol.fragments import fragment_count
 
 log = logging.getLogger("brokerd.dialogs.verbs.send")
 
 
-class SendVerbs(EngineCore):
+class SendVerbs:
+    """SEND, and the messages a verb queues on a dialog (END CONVERSATION's ending)."""
+
+    def __init__(
+        self,
+        directory: Directory,
+        transmission: Transmission,
+        delivery: Delivery,
+        events: DialogEvents,
+        trace: TraceWriter,
+        stats: EngineStats,
+        clock: Callable[[], float],
+        fragment_size: int,
+        max_message_size: int,
+    ) -> None:
+        self.directory = directory
+        self.transmission = transmission
+        self.delivery = delivery
+        self.events = events
+        self.trace = trace
+        self.stats = stats
+        self.clock = clock
+        self.fragment_size = fragment_size
+        self.max_message_size = max_message_size
+
     def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None:
         """SEND's checks: no system message type (SPEC §6), the endpoint's state, the size,
         the contract (R-DLG-3), validation."""
@@ -77,12 +102,12 @@ class SendVerbs(EngineCore):
         self, db: Database, ep: Endpoint, message_type: str, body: bytes
     ) -> tuple[int, Work]:
         self.check_send(db, ep, message_type, body)
-        return self._enqueue_work(db, ep, message_type, FLAG_SEQUENCED, body)
+        return self.enqueue_work(db, ep, message_type, FLAG_SEQUENCED, body)
 
     async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int:
-        db, ep = self.endpoint(handle)
+        db, ep = self.directory.endpoint(handle)
         seq, work = self.send_work(db, ep, message_type, body)
-        await self.commit(db, work)
+        await commit(db, work)
         return seq
 
     async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> list[int]:
@@ -91,7 +116,8 @@ class SendVerbs(EngineCore):
         Every message is checked before any is queued: one refusal refuses the batch.
         """
         found = [
-            (*self.endpoint(handle), message_type, body) for handle, message_type, body in messages
+            (*self.directory.endpoint(handle), message_type, body)
+            for handle, message_type, body in messages
         ]
         for db, ep, message_type, body in found:
             self.check_send(db, ep, message_type, body)
@@ -99,12 +125,12 @@ class SendVerbs(EngineCore):
         seqs: list[int] = []
         flags = FLAG_SEQUENCED
         for db, ep, message_type, body in found:
-            seq, work = self._enqueue_work(db, ep, message_type, flags, body)
+            seq, work = self.enqueue_work(db, ep, message_type, flags, body)
             seqs.append(seq)
             works.setdefault(db.name, (db, Work()))[1].extend(work)
         # Queued at once, not from tasks started later: by then a message received on one
         # of these endpoints could have queued a newer snapshot than the ones taken here.
-        await asyncio.gather(*(self.submit(db, work) for db, work in works.values()))
+        await asyncio.gather(*(submit(db, work) for db, work in works.values()))
         return seqs
 
     def send_now(
@@ -180,7 +206,7 @@ class SendVerbs(EngineCore):
                     then(i, msg.seq)
 
         def on_failure(exc: BaseException) -> None:
-            self._send_failed(ep, chain, first, exc, count)
+            sends_failed(ep, chain, first, exc, count)
             for i, _, _ in messages:
                 failed(i, exc)
 
@@ -238,12 +264,12 @@ class SendVerbs(EngineCore):
         for seq in seqs:
             accepted.add_message(seq)
         if far.refresh_state():
-            self._trace_closed(far)
+            self.events.closed(far)
         queue = db.queue_of(far.service) or ""
         index = db.ready.get(queue)
         now = self.clock()
         statements = [
-            _queue_row(far, queue, seq, 1, message_type, len(body), body, now)
+            queue_row(far, queue, seq, 1, message_type, len(body), body, now)
             for seq, (_, message_type, body) in zip(seqs, messages, strict=True)
         ]
         statements.append(endpoint_snapshot(ep, sent=last))
@@ -257,42 +283,25 @@ class SendVerbs(EngineCore):
             for seq in seqs:
                 durable.add_message(seq)
             if far.state in DELIVERING:
-                self._delivered(db, far, queue, index, seqs, False)
+                self.delivery.delivered(db, far, queue, index, seqs, False)
             else:  # ended meanwhile: its END removes the rows again (R-DLG-10)
-                self._trace_discarded(
+                self.events.discarded(
                     far, seqs, "this side has ended the conversation", received=True
                 )
             for seq, (i, _, _) in zip(seqs, messages, strict=True):
                 then(i, seq)
 
         def on_failure(exc: BaseException) -> None:
-            self._send_failed(ep, chain, first, exc, count)
-            self._suspend_receiving(db)  # far.accepted claims the numbers: memory is reloaded
+            sends_failed(ep, chain, first, exc, count)
+            self.delivery.suspend_receiving(
+                db
+            )  # far.accepted claims the numbers: memory is reloaded
             for i, _, _ in messages:
                 failed(i, exc)
 
         db.store.submit(
             statements, on_commit=on_commit, on_failure=on_failure, chains=(chain, far.receiving)
         )
-
-    @staticmethod
-    def _send_failed(
-        ep: Endpoint, chain: Token, seq: int, exc: BaseException, count: int = 1
-    ) -> None:
-        """``count`` SENDs numbered from ``seq`` on, in one job, did not commit. If the store
-        failed them (a :class:`StoreError`), their numbers and every later one of their
-        generation, which the store refuses untried, are given back
-        (:meth:`Endpoint.give_back`). If they never reached the store (a transaction whose
-        later verb was refused at COMMIT), nothing in flight depends on them: their
-        numbers are given back if they are still the last. The file never held them: an
-        endpoint row counts only committed SENDs
-        (:func:`~brokerd.dialogs.endpoints.endpoint.endpoint_snapshot`)."""
-        ep.uncommitted_sends -= count
-        if isinstance(exc, StoreError):
-            ep.give_back(chain, seq)
-        elif ep.send_sequence == seq + count - 1:
-            ep.send_sequence = seq - 1
-        ep.refresh_state(undo=True)
 
     def _trace_sent(
         self, db: Database, ep: Endpoint, seqs: list[int], message_type: str, size: int
@@ -355,7 +364,7 @@ class SendVerbs(EngineCore):
             fragment_count=fragment_count(len(body), self.fragment_size),
         )
 
-    def _enqueue_work(
+    def enqueue_work(
         self,
         db: Database,
         ep: Endpoint,
@@ -401,6 +410,23 @@ class SendVerbs(EngineCore):
             self._enqueued(db, ep, [msg])
 
         def failed(exc: BaseException) -> None:
-            self._send_failed(ep, chain, seq, exc)
+            sends_failed(ep, chain, seq, exc)
 
         return seq, statements, committed, failed
+
+
+def sends_failed(ep: Endpoint, chain: Token, seq: int, exc: BaseException, count: int = 1) -> None:
+    """``count`` SENDs numbered from ``seq`` on, in one job, did not commit. If the store
+    failed them (a :class:`StoreError`), their numbers and every later one of their
+    generation, which the store refuses untried, are given back
+    (:meth:`Endpoint.give_back`). If they never reached the store (a transaction whose
+    later verb was refused at COMMIT), nothing in flight depends on them: their
+    numbers are given back if they are still the last. The file never held them: an
+    endpoint row counts only committed SENDs
+    (:func:`~brokerd.dialogs.endpoints.endpoint.endpoint_snapshot`)."""
+    ep.uncommitted_sends -= count
+    if isinstance(exc, StoreError):
+        ep.give_back(chain, seq)
+    elif ep.send_sequence == seq + count - 1:
+        ep.send_sequence = seq - 1
+    ep.refresh_state(undo=True)

@@ -28,10 +28,15 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from brokerd.dialogs.endpoints.commits import commit
+from brokerd.dialogs.endpoints.directory import Directory
 from brokerd.dialogs.endpoints.work import Work
+from brokerd.dialogs.verbs.conversation import ConversationVerbs
+from brokerd.dialogs.verbs.receive import ReceiveVerbs
+from brokerd.dialogs.verbs.send import SendVerbs
 from brokerd.errors import StoreError, TransactionError, TransactionRolledBack
 
 if TYPE_CHECKING:
@@ -62,65 +67,19 @@ TRANSITIONS: dict[tuple[TxState, str], TxState] = {
 """(state, event) -> next state; any other pair is refused with TransactionError."""
 
 
-class TransactionVerbs(Protocol):
-    """The verbs a transaction defers to its COMMIT, in their ``*_work`` forms."""
-
-    max_message_size: int
-    databases: dict[str, Database]
-
-    def endpoint(self, handle: uuid.UUID) -> tuple[Database, Endpoint]: ...
-    def new_dialog(
-        self,
-        from_service: str,
-        to_service: str,
-        contract: str,
-        database: str | None = None,
-        to_broker_instance: uuid.UUID | None = None,
-        lifetime: int = 0,
-        related_conversation: uuid.UUID | None = None,
-    ) -> tuple[Database, Endpoint]: ...
-    def begin_dialog_work(self, db: Database, ep: Endpoint) -> Work: ...
-    def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None: ...
-    def send_work(
-        self, db: Database, ep: Endpoint, message_type: str, body: bytes
-    ) -> tuple[int, Work]: ...
-    def check_end(self, error_code: int | None, cleanup: bool = False) -> None: ...
-    def end_conversation_work(
-        self,
-        db: Database,
-        ep: Endpoint,
-        error_code: int | None = None,
-        description: str = "",
-        cleanup: bool = False,
-    ) -> Work: ...
-    def check_timer(self, ep: Endpoint, timeout: float) -> None: ...
-    def timer_work(self, db: Database, ep: Endpoint, timeout: float) -> Work: ...
-    def check_move(
-        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
-    ) -> None: ...
-    def move_conversation_work(
-        self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()
-    ) -> Work: ...
-    async def take_ready(
-        self,
-        queue: str,
-        database: str | None = None,
-        top: int = 1,
-        timeout: float = 0.0,
-        handle: uuid.UUID | None = None,
-        owned: Collection[uuid.UUID] = (),
-    ) -> Lease | None: ...
-    async def read_leased(
-        self, lease: Lease, budget: Budget | None = None
-    ) -> list[dict[str, Any]]: ...
-    def release(self, lease: Lease, received: bool) -> None: ...
-    def receive_work(self, lease: Lease) -> Work: ...
-    async def commit(self, db: Database, work: Work) -> None: ...
-
-
 class Transaction:
-    def __init__(self, engine: TransactionVerbs, tx_id: int) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        directory: Directory,
+        conversations: ConversationVerbs,
+        sending: SendVerbs,
+        receiving: ReceiveVerbs,
+        tx_id: int,
+    ) -> None:
+        self.directory = directory
+        self.conversations = conversations
+        self.sending = sending
+        self.receiving = receiving
         self.id = tx_id
         self.state = TxState.ACTIVE
         self.db: Database | None = None
@@ -165,7 +124,7 @@ class Transaction:
             raise TransactionError(
                 f"transaction {self.id} holds {MAX_VERBS} verbs, the most one may; commit it"
             )
-        budget = SEND_BUDGET_MESSAGES * self.engine.max_message_size
+        budget = SEND_BUDGET_MESSAGES * self.sending.max_message_size
         if self.send_bytes + body_bytes > budget:
             raise TransactionError(
                 f"transaction {self.id}'s SENDs would hold {self.send_bytes + body_bytes} "
@@ -188,9 +147,9 @@ class Transaction:
         self._require_active()
         ep = self.new_endpoints.get(handle)
         if ep is not None:
-            db = self.engine.databases[ep.database]
+            db = self.directory.databases[ep.database]
         else:
-            db, ep = self.engine.endpoint(handle)
+            db, ep = self.directory.endpoint(handle)
         self._bind(db)
         return db, ep
 
@@ -209,7 +168,7 @@ class Transaction:
         """BEGIN DIALOG: the handle may be used in this transaction at once; the
         endpoint exists for everyone else from COMMIT on."""
         self._require_active()
-        db, ep = self.engine.new_dialog(
+        db, ep = self.conversations.new_dialog(
             from_service,
             to_service,
             contract,
@@ -221,16 +180,16 @@ class Transaction:
         self._bind(db)
         self._admit()
         self.new_endpoints[ep.handle] = ep
-        self.steps.append(lambda: self.engine.begin_dialog_work(db, ep))
+        self.steps.append(lambda: self.conversations.begin_dialog_work(db, ep))
         return ep
 
     def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> None:
         db, ep = self._endpoint(handle)
-        self.engine.check_send(db, ep, message_type, body)
+        self.sending.check_send(db, ep, message_type, body)
         self._admit(len(body))
 
         def step() -> Work:
-            seq, work = self.engine.send_work(db, ep, message_type, body)
+            seq, work = self.sending.send_work(db, ep, message_type, body)
             self.sequence_numbers.append(seq)
             return work
 
@@ -244,23 +203,27 @@ class Transaction:
         cleanup: bool = False,
     ) -> None:
         db, ep = self._endpoint(handle)
-        self.engine.check_end(error_code, cleanup)
+        self.conversations.check_end(error_code, cleanup)
         self._admit()
         self.steps.append(
-            lambda: self.engine.end_conversation_work(db, ep, error_code, description, cleanup)
+            lambda: self.conversations.end_conversation_work(
+                db, ep, error_code, description, cleanup
+            )
         )
 
     def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
         db, ep = self._endpoint(handle)
-        self.engine.check_timer(ep, timeout)
+        self.conversations.check_timer(ep, timeout)
         self._admit()
-        self.steps.append(lambda: self.engine.timer_work(db, ep, timeout))
+        self.steps.append(lambda: self.conversations.timer_work(db, ep, timeout))
 
     def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
         db, ep = self._endpoint(handle)
-        self.engine.check_move(db, ep, group, self._owned())
+        self.conversations.check_move(db, ep, group, self._owned())
         self._admit()
-        self.steps.append(lambda: self.engine.move_conversation_work(db, ep, group, self._owned()))
+        self.steps.append(
+            lambda: self.conversations.move_conversation_work(db, ep, group, self._owned())
+        )
 
     def _owned(self) -> set[uuid.UUID]:
         """The conversation groups this transaction's RECEIVEs hold."""
@@ -282,18 +245,20 @@ class Transaction:
         self._admit()
         if database is None and self.db is not None:
             database = self.db.name
-        lease = await self.engine.take_ready(queue, database, top, timeout, handle, self._owned())
+        lease = await self.receiving.take_ready(
+            queue, database, top, timeout, handle, self._owned()
+        )
         if lease is None:
             return []
         try:
             self._require_active()
             self._bind(lease.db)
         except TransactionError:
-            self.engine.release(lease, received=False)
+            self.receiving.release(lease, received=False)
             raise
-        rows = await self.engine.read_leased(lease, budget)
+        rows = await self.receiving.read_leased(lease, budget)
         if self.state is not TxState.ACTIVE:  # rolled back while the rows were read
-            self.engine.release(lease, received=False)
+            self.receiving.release(lease, received=False)
             raise TransactionError(f"transaction {self.id} is {self.state.value}")
         self.leases.append(lease)
         return rows
@@ -322,12 +287,12 @@ class Transaction:
                 f"transaction {self.id} rolled back: {type(exc).__name__}: {exc}"
             ) from exc
         for lease in self.leases:
-            work.extend(self.engine.receive_work(lease))
+            work.extend(self.receiving.receive_work(lease))
         if db is None:
             self._event("committed")
             return []
         try:
-            await self.engine.commit(db, work)
+            await commit(db, work)
         except StoreError as exc:
             self._event("failed")
             raise TransactionRolledBack(f"transaction {self.id} rolled back: {exc}") from exc
@@ -346,4 +311,4 @@ class Transaction:
 
     def _put_back(self) -> None:
         for lease in reversed(self.leases):
-            self.engine.release(lease, received=False)
+            self.receiving.release(lease, received=False)

@@ -1,0 +1,93 @@
+"""The trace events of a dialog's life, and messages dropped (``docs/traces.md``).
+
+Owns how a dropped message is counted, traced, kept for the ``drops`` view and
+logged (at most one line a second), and the ``dialog_begun``, ``discarded`` and
+``dialog_ended`` events every part of the engine writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from brokerd.dialogs.endpoints.endpoint import Endpoint
+from brokerd.dialogs.endpoints.states import State
+from brokerd.dialogs.endpoints.stats import EngineStats
+from brokerd.traces.writer import TraceWriter
+from protocol.dialog import DialogHeader
+
+log = logging.getLogger("brokerd.dialogs.engine")
+
+
+class DialogEvents:
+    """Dropped messages and the trace events of a dialog's life."""
+
+    def __init__(self, trace: TraceWriter, stats: EngineStats) -> None:
+        self.trace = trace
+        self.stats = stats
+        self._drop_logged_at = -math.inf
+        self._drops_not_logged = 0
+
+    def drop(self, header: DialogHeader, reason: str) -> None:
+        """A message from a link is dropped: counted, traced, noted."""
+        self.stats.dropped += 1
+        self.trace.emit(
+            "dropped",
+            header.conversation_id,
+            initiator=header.initiator,
+            seq=header.sequence_number,
+            fragment=header.fragment_index,
+            service=header.to_service,
+            reason=reason,
+        )
+        self.note_drop(
+            f"dropped message {header.sequence_number} of conversation {header.conversation_id} "
+            f"for {header.to_service!r}: {reason}"
+        )
+
+    def note_drop(self, text: str) -> None:
+        """Keep the reason for the ``drops`` view (the first 100) and log it: at most one
+        line a second (a sender retransmitting into a fenced partner drops thousands),
+        with the count of those not logged since."""
+        if len(self.stats.drop_reasons) < 100:
+            self.stats.drop_reasons.append(text)
+        now = time.monotonic()
+        if now - self._drop_logged_at < 1.0:
+            self._drops_not_logged += 1
+            return
+        more = self._drops_not_logged
+        self._drop_logged_at, self._drops_not_logged = now, 0
+        log.warning("%s%s", text, f" (and {more} more drops not logged)" if more else "")
+
+    def begun(self, ep: Endpoint, peer: str | None = None) -> None:
+        self.trace.emit(
+            "dialog_begun",
+            ep.conversation_id,
+            database=ep.database,
+            initiator=ep.initiator,
+            service=ep.service,
+            far_service=ep.far_service,
+            contract=ep.contract,
+            peer=peer,
+        )
+
+    def discarded(self, ep: Endpoint, seqs: list[int], reason: str, received: bool = False) -> None:
+        """Messages leaving the transmission queue undelivered, or (``received``) arriving
+        after this side ended, not delivered either: the audit then stops waiting."""
+        if seqs:
+            self.trace.emit(
+                "discarded",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator != received,
+                seqs=",".join(map(str, sorted(seqs))),
+                reason=reason,
+            )
+
+    def closed(self, ep: Endpoint) -> None:
+        """``dialog_ended``, if ``ep`` is now closed."""
+        if ep.state is State.CLOSED:
+            self.trace.emit(
+                "dialog_ended", ep.conversation_id, database=ep.database, initiator=ep.initiator
+            )

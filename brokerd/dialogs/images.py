@@ -1,0 +1,85 @@
+"""A database's in-memory image, dropped, rebuilt and resumed as its mirror role changes
+(R-ROUTE-15, R-ROUTE-16).
+
+Owns what happens to the image of one database when this partner stops or starts being
+its principal: the image dropped (its endpoints, outboxes, ready index and locks), the
+image rebuilt from the file as recovery does at start, and its traffic resumed.
+
+May import: ``brokerd.dialogs.router``, ``brokerd.dialogs.transmission``,
+``brokerd.dialogs.endpoints`` and what they may import.
+"""
+
+from __future__ import annotations
+
+from brokerd.dialogs.endpoints.database import Database
+from brokerd.dialogs.endpoints.deadlines import Deadlines
+from brokerd.dialogs.endpoints.endpoint import Endpoint
+from brokerd.dialogs.router.router import Router
+from brokerd.dialogs.transmission.transmission import Transmission
+from brokerd.storage import queries
+from brokerd.storage.catalog import route_from_row
+
+
+class DatabaseImages:
+    """The in-memory images of mirrored databases, as roles change."""
+
+    def __init__(self, transmission: Transmission, router: Router, deadlines: Deadlines) -> None:
+        self.transmission = transmission
+        self.router = router
+        self.deadlines = deadlines
+
+    def forget(self, db: Database) -> None:
+        """A partner that is no longer principal drops its in-memory image of the database
+        (R-ROUTE-15/16): its file now changes only by what the principal ships, so the
+        image would only go stale (views listing messages long delivered, deadlines firing).
+        Its endpoints lose their outbox (a connection still holding one of their fragments
+        skips it), and their deadlines no longer match (``Delivery.fire_due`` checks the
+        endpoint is the database's)."""
+        db.image += 1
+        for ep in list(db.endpoints.values()):
+            self.transmission.forget(ep)
+            db.remove_endpoint(ep)
+        for index in db.ready.values():
+            index.clear()
+            index.locked.clear()
+        db.next_local_seq = -1
+
+    def resume(self, db: Database) -> None:
+        """The database's traffic may flow again (a promotion, or a principal out of doubt,
+        R-ROUTE-16): every routing decision is made again, every waiting message is
+        transmitted and every acknowledgement owed is sent."""
+        self.router.forget_decisions()
+        for ep in db.endpoints.values():
+            if ep.ack_version > ep.ack_sent_version:
+                self.transmission.ack_needed(ep)
+            if ep.has_unacknowledged:
+                ep.route_link = None
+                self.transmission.transmit(ep)
+
+    async def rebuild(self, db: Database) -> list[Endpoint]:
+        """R-ROUTE-16: a promoted mirror's in-memory image, rebuilt from its file as recovery
+        does at start: its endpoints, unacknowledged messages, ready index, timers and
+        lifetimes, routes created by the administrator and queue states are the ones the
+        principal's shipped units wrote. Returns the endpoints with messages to transmit.
+        Any image held before is dropped first (:meth:`forget`)."""
+        self.forget(db)
+        for name, status, configured in await db.store.read(
+            lambda conn: conn.execute(queries.READ_QUEUE_STATES).fetchall()
+        ):
+            info = db.catalog.queues.get(str(name))
+            if info is not None:
+                info.keep_altered(bool(status), None if configured is None else bool(configured))
+        for row in await db.store.read(
+            lambda conn: conn.execute(queries.READ_ADMIN_ROUTES).fetchall()
+        ):
+            route = route_from_row(row)
+            db.catalog.routes[route.name] = route
+        waiting = await db.recover()
+        for ep in db.endpoints.values():
+            if ep.ack_version > ep.ack_sent_version:
+                self.transmission.ack_needed(ep)
+            self.deadlines.watch(ep)
+        for index in db.ready.values():
+            index.changed.set()
+        self.router.routes_changed(db)
+        return waiting
