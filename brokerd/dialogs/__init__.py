@@ -1,29 +1,23 @@
-"""Dialogs: conversation endpoints, their state machine, sequencing, reassembly and
-the dialog engine that applies application verbs and peer fragments to them
-(SPEC §4, §5).
+"""Dialogs: exactly-once-in-order conversations between services (SPEC §4, §5, §6).
 
-Modules, from the models up:
+The dialog engine is a set of parts, each a sub-package; every part owns its state and
+is handed its collaborators. From the bottom up:
 
-* ``states`` (the endpoint state machine as data, pure), ``endpoint`` (an
-  endpoint and its unacknowledged messages), ``ready`` (messages ready to
-  RECEIVE, by conversation group), ``database`` (one database's image and its
-  recovery), ``work`` (a unit of work), ``links`` (what a link is asked to send),
-  ``stats``;
-* ``binding`` (who may speak for a conversation's far side, pure) and
-  ``service_keys`` (service key pairs and remote service bindings), R-DLG-14;
-* ``deadlines`` (timers and lifetimes);
-* the router (where messages go): ``router_core`` (its state), ``route_decisions``
-  (the route of each conversation), ``inbound`` (messages from outside,
-  forwarding), ``route_admin``, ``route_requests`` (dynamic routing),
-  ``mirror_roles`` (mirroring), ``router`` (joins them);
-* ``transmission`` (sending, retransmission, acknowledgements), ``local_link``;
-* the engine: ``core`` (state, lookups, commits), ``send_verbs`` (SEND),
-  ``receive_verbs`` (RECEIVE), ``verbs`` (the application's other verbs, on both),
-  ``receiving`` (what arrives from links), ``fragment_acks`` (what a sender takes
-  from the fragments an acknowledgement names), ``local_arrivals`` and
-  ``remote_arrivals`` (the runs of one dialog that the local link and a connection hand over),
-  ``engine`` (joins them; life cycle and tick), ``transactions`` (client
-  transactions), ``views``.
+* ``endpoints``: an endpoint and its state machine (as data), the database image and
+  its recovery, ready messages, units of work and committing them, the lookups every
+  part needs (``Directory``), drops and a dialog's life in the trace (``DialogEvents``);
+* ``transmission``: sending, retransmission, acknowledgements, send windows, bodies in
+  memory, the ``Link`` protocols and the local link;
+* ``router``: where messages go, applied to live dialogs (SPEC §2);
+* ``arrivals``: what links hand over, checked, made durable and ready to RECEIVE, and
+  the broker's own messages (Errors, DialogTimers, deadlines firing);
+* ``verbs``: the application's verbs (SEND, RECEIVE, BEGIN DIALOG, END CONVERSATION,
+  ...), client transactions and the administrator's views;
+* ``images``: a mirrored database's image as its role changes;
+* ``engine``: :class:`~brokerd.dialogs.engine.DialogEngine` composes them.
+
+Each sub-package's docstring says what it owns and may import; import-linter's
+contracts in ``pyproject.toml`` hold the order above and each sub-package's own.
 
 May import: ``protocol``, ``brokerd.storage``, ``brokerd.routing``,
 ``brokerd.traces``, ``brokerd.config``, ``brokerd.errors``. Never ``brokerd.server``

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from brokerd.config import DatabaseConfig, RouteConfig
+from brokerd.config import DatabaseConfig
 from brokerd.storage import queries
 from brokerd.storage.queries import AUTO_CREATED_LOCAL, Statement
 from protocol.dialog import (
@@ -34,10 +34,18 @@ ROUTE_REQUESTER_QUEUE = "brokerd_route_requests"
 
 
 @dataclass(frozen=True)
-class Route(RouteConfig):
-    """One row of a database's ``routes`` catalog (R-OBJ-5): a route as the configuration
-    declares one, and where it came from."""
+class Route:
+    """One row of a database's ``routes`` catalog (R-OBJ-5): the fields of a route as the
+    configuration declares one (:class:`~brokerd.config.RouteConfig`), and where it came
+    from. ``address`` is ``LOCAL``, ``TRANSPORT`` or a normalised ``tcp://host:port``."""
 
+    name: str
+    address: str
+    remote_service_name: str | None = None
+    broker_instance: uuid.UUID | None = None
+    mirror_address: str | None = None
+    lifetime: datetime | None = None
+    """Absolute expiry, timezone-aware UTC; None = never expires."""
     source: str = "config"
     """``system`` (AutoCreatedLocal), ``config`` (the TOML file) or ``admin`` (SDK / brokerctl)."""
 

@@ -106,7 +106,7 @@ class Database:
         self.rx_suspended = False
         self.image = 0
         """How many times this partner's in-memory image of the database was dropped
-        (``Engine.forget_image``, R-ROUTE-16). A lease or a transaction begun under
+        (``DatabaseImages.forget``, R-ROUTE-16). A lease or a transaction begun under
         another count refers to endpoints and ready messages of an image that is gone:
         it may neither give messages back to the new one nor commit into it."""
         self.mirror_role: str | None = config.mirror_role

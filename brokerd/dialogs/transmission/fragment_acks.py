@@ -15,7 +15,7 @@ def held_fragments(msg: OutMessage, ack: Acknowledgement) -> None:
     """The fragments of ``msg`` (a message of several, not acknowledged whole) that
     ``ack`` says the receiver holds, kept in ``msg.acked_fragments``. They are all it
     holds, not more to add to the earlier ones: a receiver drops what it holds of a
-    message that arrives cut at another size (``Receiving._drop_other_cut``), and that
+    message that arrives cut at another size (``Arrivals._drop_other_cut``), and that
     is also why an acknowledgement naming every fragment, or one beyond this cut, tells
     of another cut and leaves every fragment to be sent. A list at its bound
     (``MAX_FRAGMENT_ACKS``) may stop inside its last message: what it names of that one
