@@ -57,6 +57,7 @@ class Acknowledgements:
         self.stats = stats
 
     def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
+        """Dedicated acknowledgements that arrived on ``link``, one frame's worth."""
         elsewhere: list[DialogHeader] = []
         writes: dict[str, list[Statement]] = {}
         """The frame's transmission-queue deletions, one store job per database."""

@@ -119,7 +119,7 @@ class Admission:
         fragments: int,
         body: bytes,
     ) -> tuple[int, str] | None:
-        """:meth:`_refusal` of a message given by its parts (``body``: this fragment's)."""
+        """:meth:`refusal` of a message given by its parts (``body``: this fragment's)."""
         if length > self.max_message_size:
             return CODE_MESSAGE_TOO_LARGE, (
                 f"message of {length} bytes exceeds this broker's "

@@ -1,4 +1,4 @@
-"""What arrives from links: fragments, acknowledgements, broker errors (SPEC §4, R-DLG-2..8).
+"""What arrives from links: fragments and broker errors (SPEC §4, R-DLG-2..8).
 
 A fragment is routed (or forwarded, or dropped), checked against the target's
 contract and validation, deduplicated (R-DLG-4), stored in order or held
@@ -6,9 +6,9 @@ contract and validation, deduplicated (R-DLG-4), stored in order or held
 fragments, and acknowledged only after the commit that made it durable
 (R-DLG-5). A message of several fragments whose validation needs its whole body
 (``well_formed_xml``, R-OBJ-1) is validated when its last fragment arrives,
-before that fragment is stored or acknowledged. An acknowledgement removes what
-it confirms from the transmission queue. A refused message is answered with an
-unsequenced broker Error.
+before that fragment is stored or acknowledged. A refused message is answered with
+an unsequenced broker Error; a broker Error that arrives ends the dialog on this side
+(:class:`~brokerd.dialogs.arrivals.delivery.Delivery`).
 
 Before any of that, what arrives passes
 :class:`~brokerd.dialogs.arrivals.admission.Admission` (binding and dialog security,
@@ -510,7 +510,7 @@ class Arrivals:
         initiator: bool,
         body: bytes,
     ) -> bool:
-        """A message of a run (:meth:`_takes_next`) after the checks of its own (contract,
+        """A message of a run (:meth:`takes_next`) after the checks of its own (contract,
         size, validation: R-DLG-3, R-OBJ-1): queued in order, acknowledged after its
         commit. False if refused: the whole way then answers it."""
         refusal = self.admission.refusal_of(

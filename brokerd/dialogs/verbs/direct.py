@@ -18,7 +18,7 @@ queue still gets the dialog's messages in order; they are acknowledged as usual.
 dialog's first message, and any SEND while earlier ones are still on their way to the
 target, take the transmission queue like any other. So do the SENDs of a client
 transaction and of ``send_many``: only pipelined SENDs go directly (the client
-listener's path, ``ApplicationVerbs.send_now``: a run of them on one conversation
+listener's path, ``SendVerbs.send_now``: a run of them on one conversation
 commits in a job of its own, with nothing else of the application's), because
 undoing a direct SEND means reloading what the database has received from its file.
 
