@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.dialogs.router.admin import AdminServices, RouteAdmin
 from brokerd.dialogs.router.decisions import DecisionServices, RouteDecisions
-from brokerd.dialogs.router.inbound import Inbound, InboundServices, Relayed
+from brokerd.dialogs.router.inbound import Inbound, InboundServices
 from brokerd.dialogs.router.mirror_roles import MirrorHooks, MirrorRoles, MirrorServices
 from brokerd.dialogs.router.requests import RequestServices, RouteRequests
 from brokerd.dialogs.router.state import RouterState, StateServices
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from brokerd.config import BrokerConfig
     from brokerd.dialogs.endpoints.database import Database
     from brokerd.dialogs.endpoints.endpoint import Endpoint
+    from brokerd.dialogs.router.inbound import Relayed
     from brokerd.dialogs.transmission.links import Link
     from brokerd.routing.forwarding import Forward, ForwardBudget
     from brokerd.storage.catalog import Route

@@ -9,8 +9,8 @@ routing a database's conversations again (:meth:`RouterState.reroute`, R-ROUTE-1
 
 It is handed the engine as :class:`StateServices`: the databases and ``transmit``.
 
-May import: ``brokerd.routing``, ``brokerd.config``, and for types only the models of
-``brokerd.dialogs``. Never another module of the router.
+May import: ``brokerd.routing``, and for types only the models of ``brokerd.dialogs``.
+Never another module of the router.
 """
 
 from __future__ import annotations
