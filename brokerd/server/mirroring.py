@@ -170,7 +170,7 @@ class Partner:
         if not db.mirror_in_doubt or db.mirror_role != "principal":
             return
         if answer.role is MirrorRole.PRINCIPAL and answer.epoch > db.mirror_epoch:
-            self.owner.engine.router._superseded(db, answer.epoch)
+            self.owner.engine.router.mirror_roles.superseded(db, answer.epoch)
         elif answer.role is not MirrorRole.PRINCIPAL and not self.stall:
             self.resolved(f"the partner answered {answer.role.name.lower()}; running exposed")
 
@@ -240,7 +240,7 @@ class Partner:
     def on_attach(self, protocol: BrokerProtocol, message: Attach) -> None:
         db = self.db
         if message.epoch > db.mirror_epoch and db.mirror_role == "principal":
-            self.owner.engine.router._superseded(db, message.epoch)
+            self.owner.engine.router.mirror_roles.superseded(db, message.epoch)
         if db.mirror_role != "principal":
             self._refuse(protocol, f"{db.fenced_reason()}")
             return

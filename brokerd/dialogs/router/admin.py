@@ -3,30 +3,52 @@
 Owns :class:`RouteAdmin`: the routes an administrator creates, alters and drops, checked
 (a route of the configuration file is changed there, the system route not at all),
 persisted in the database file, then applied: decisions are made again and DELAYED
-conversations re-routed at once (:meth:`RouteAdmin.routes_changed`).
+conversations re-routed at once (:meth:`RouteAdmin.routes_changed`). It keeps no state
+of its own: the routes are the databases' catalogs.
 
-May import: ``brokerd.config``, ``brokerd.errors``, ``brokerd.storage`` and
-``router_core``; the models of ``brokerd.dialogs`` for types.
+It is handed the engine as :class:`AdminServices` and the router's shared state
+(the statistics, forgetting decisions, routing a database again).
+
+May import: ``brokerd.config``, ``brokerd.errors``, ``brokerd.storage``, the router's
+``state``, and for types only the models of ``brokerd.dialogs``.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.config import parse_route
-from brokerd.dialogs.router.core import RouterCore
 from brokerd.errors import ConfigError, RouteInvalid
 from brokerd.storage import queries
 from brokerd.storage.catalog import Route, route_row
 from brokerd.storage.queries import AUTO_CREATED_LOCAL
 
 if TYPE_CHECKING:
+    from brokerd.config import BrokerConfig
     from brokerd.dialogs.endpoints.database import Database
+    from brokerd.dialogs.router.state import RouterState
+    from brokerd.storage.queries import Statement
 
 
-class RouteAdmin(RouterCore):
-    # -- route administration ---------------------------------------------------------------
+class AdminServices(Protocol):
+    """What route administration needs of the dialog engine."""
+
+    config: BrokerConfig
+    databases: dict[str, Database]
+    msdb: Database
+
+    def database(self, name: str) -> Database: ...
+
+    async def submit_wait(self, db: Database, statements: list[Statement]) -> None: ...
+
+
+class RouteAdmin:
+    """Route administration (see the module docstring)."""
+
+    def __init__(self, engine: AdminServices, state: RouterState) -> None:
+        self.engine = engine
+        self.state = state
 
     async def create_route(self, database: str, fields: dict[str, Any]) -> Route:
         db = self.engine.database(database)
@@ -105,9 +127,9 @@ class RouteAdmin(RouterCore):
 
     def routes_changed(self, db: Database) -> None:
         """Routes of ``db`` changed: decisions are made again (DELAYED ones at once)."""
-        self.stats.route_changes += 1
+        self.state.stats.route_changes += 1
         engine = self.engine
         affected = list(engine.databases.values()) if db is engine.msdb else [db]
-        self.forget_decisions()
+        self.state.forget_decisions()
         for d in affected:
-            self.reroute(d)
+            self.state.reroute(d)

@@ -1,43 +1,130 @@
 """The route of each conversation that begins here or is answered from here
 (R-ROUTE-1 .. R-ROUTE-5).
 
-Owns :class:`RouteDecisions`: :meth:`~RouteDecisions.decide` applies
-:mod:`brokerd.routing.rules` and shares a decision that does not depend on the
-conversation; :meth:`~RouteDecisions.link_for` caches a conversation's route on its
-endpoint until a route changes or expires (R-OBJ-5), and re-decides it once the
-conversation is bound to the broker instance of the first acknowledgement (R-ROUTE-3,
+Owns :class:`RouteDecisions` and what decisions are made with: whether this instance
+forwards (R-ROUTE-6) and the addresses that reach it (:func:`own_addresses`, R-ROUTE-8).
+:meth:`~RouteDecisions.decide` applies :mod:`brokerd.routing.rules` and shares a decision
+that does not depend on the conversation (in the shared state's cache);
+:meth:`~RouteDecisions.link_for` caches a conversation's route on its endpoint until a
+route changes or expires (R-OBJ-5), and re-decides it once the conversation is bound to
+the broker instance of the first acknowledgement (R-ROUTE-3,
 :meth:`~RouteDecisions.rebind`). A route to a mirrored pair goes to its principal
-(``mirror_roles``); a decision that asks for a route sends a MissingRoute request
-(``route_requests``). Also the trace events of a conversation's route, why its
+(:class:`MirroredPairs`); a decision that asks for a route sends a MissingRoute request
+(:class:`RouteRequesting`). Also the trace events of a conversation's route, why its
 messages wait, and ``explain``: the step-by-step reasoning for a service, as
 ``brokerctl explain`` prints it.
 
-May import: ``protocol``, ``brokerd.routing``, ``router_core``, ``route_requests`` and
-``mirror_roles``; the models of ``brokerd.dialogs`` for types.
+It is handed the engine as :class:`DecisionServices`, the router's shared state, the
+endpoint's configuration, and the parts for dynamic routing and mirrored routes through
+the protocols above.
+
+May import: ``protocol``, ``brokerd.routing``, ``brokerd.config``, the router's ``state``,
+and for types only the models of ``brokerd.dialogs``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from brokerd.dialogs.router.mirror_roles import MirrorRoles
-from brokerd.dialogs.router.requests import RouteRequests
+from brokerd.config import normal_tcp_address
 from brokerd.routing import rules as routing
 
 if TYPE_CHECKING:
+    from brokerd.config import EndpointConfig
     from brokerd.dialogs.endpoints.database import Database
     from brokerd.dialogs.endpoints.endpoint import Endpoint
-    from brokerd.dialogs.transmission.links import Link
+    from brokerd.dialogs.router.state import RouterState
+    from brokerd.dialogs.transmission.links import Link, LinkProvider
+    from brokerd.routing.mirrors import MirrorPair
+    from brokerd.traces.writer import TraceWriter
 
-DECISION_CACHE_LIMIT = 10_000
-"""Shared decisions kept (one per database, service and broker instance; cleared past it)."""
+
+def own_addresses(host: str, port: int) -> frozenset[str]:
+    """The ``tcp://`` addresses that reach this instance's endpoint (R-ROUTE-8)."""
+    hosts = {host}
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if ip is not None and ip.is_unspecified:
+        hosts |= {"127.0.0.1", "localhost", "::1"}
+    elif ip is not None and str(ip) == "127.0.0.1":
+        hosts.add("localhost")
+    out = set()
+    for h in hosts:
+        try:
+            out.add(normal_tcp_address(f"tcp://[{h}]:{port}" if ":" in h else f"tcp://{h}:{port}"))
+        except ValueError:
+            continue
+    return frozenset(out)
 
 
-class RouteDecisions(RouteRequests, MirrorRoles):
+class DecisionServices(Protocol):
+    """What routing conversations needs of the dialog engine."""
+
+    databases: dict[str, Database]
+    msdb: Database
+    links: LinkProvider
+    trace: TraceWriter
+
+    @property
+    def local_link(self) -> Link: ...
+
+    def database(self, name: str) -> Database: ...
+
+
+class RouteRequesting(Protocol):
+    """Dynamic routing (R-ROUTE-14), as decisions see it."""
+
+    def pending_services(self, database: str) -> set[str]:
+        """Services of ``database`` with a MissingRoute request in flight or just answered."""
+        ...
+
+    def request_route(self, db: Database, service: str, broker_instance: uuid.UUID | None) -> None:
+        """Ask for a route to ``service`` unless a request is pending."""
+        ...
+
+
+class MirroredPairs(Protocol):
+    """Mirrored routes (R-ROUTE-10), as decisions see them."""
+
+    def principal(self, decision: routing.Decision, service: str) -> str | None:
+        """The principal of the pair ``decision`` sends to, or None if none is known yet."""
+        ...
+
+    def pair(self, decision: routing.Decision, service: str) -> MirrorPair:
+        """The pair ``decision`` sends to, tracked from now on."""
+        ...
+
+    def known_pair(self, decision: routing.Decision, service: str) -> MirrorPair | None:
+        """The pair ``decision`` sends to, if it is tracked already."""
+        ...
+
+
+class RouteDecisions:
+    """The route of each conversation (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: DecisionServices,
+        state: RouterState,
+        endpoint: EndpointConfig,
+        requests: RouteRequesting,
+        mirrors: MirroredPairs,
+    ) -> None:
+        self.engine = engine
+        self.state = state
+        self.requests = requests
+        self.mirrors = mirrors
+        self.forwarding = endpoint.message_forwarding
+        """Whether this instance forwards messages it does not hold (R-ROUTE-6)."""
+        self.own_addresses = own_addresses(endpoint.host, endpoint.port)
+
     # -- decisions ---------------------------------------------------------------------
 
     def decide(
@@ -53,7 +140,7 @@ class RouteDecisions(RouteRequests, MirrorRoles):
         A decision made without a choice among equal routes or broker instances
         (``choices == 1``) is the same for every conversation to ``service`` and
         ``broker_instance`` from ``db``: it is kept and reused until a route or the
-        mirroring role changes (:meth:`forget_decisions`) or a route it consulted
+        mirroring role changes (``RouterState.forget_decisions``) or a route it consulted
         expires. A decision that asks the dynamic routing service for a route, or made
         while such a request for ``service`` is pending (R-ROUTE-14), is not kept. With
         10,000 conversations this spares one full decision per conversation and side.
@@ -61,20 +148,20 @@ class RouteDecisions(RouteRequests, MirrorRoles):
         msdb = self.engine.msdb
         table = msdb if from_outside else db
         key = (table.name, from_outside, service, broker_instance)
-        now = time.time()
-        if now >= self._decisions_expire or len(self._decisions) > DECISION_CACHE_LIMIT:
-            self.forget_decisions()
-        known = self._decisions.get(key)
+        shared = self.state.shared_decisions
+        if shared.stale(time.time()):
+            self.state.forget_decisions()
+        known = shared.get(key)
         if known is not None:
             return known
-        pending = self.pending_services(table.name)
-        self.stats.route_decisions += 1
+        pending = self.requests.pending_services(table.name)
+        self.state.stats.route_decisions += 1
         decision = routing.decide(
             table.catalog.routes.values(),
             routing.Conversation(
                 service, conversation_id, broker_instance, None if from_outside else db.name
             ),
-            self.local_dbs,
+            self.state.local_dbs,
             datetime.now(UTC),
             msdb_routes=msdb.catalog.routes.values(),
             forwarding=self.forwarding,
@@ -82,11 +169,8 @@ class RouteDecisions(RouteRequests, MirrorRoles):
             pending_route_requests=pending,
         )
         if decision.choices == 1 and not decision.request_route and service not in pending:
-            self._decisions[key] = decision
-            if decision.valid_until is not None:
-                self._decisions_expire = min(
-                    self._decisions_expire, decision.valid_until.timestamp()
-                )
+            shared.keep(key, decision)
+            shared.expire_with(decision)
         return decision
 
     def link_for(self, ep: Endpoint) -> Link | None:
@@ -103,13 +187,13 @@ class RouteDecisions(RouteRequests, MirrorRoles):
         ep.route_link = None
         ep.route_expires = decision.valid_until.timestamp() if decision.valid_until else math.inf
         if decision.request_route:
-            self._request_route(db, ep.far_service, ep.far_broker_instance)
+            self.requests.request_route(db, ep.far_service, ep.far_broker_instance)
         if decision.kind == "local":
             ep.route_link = self.engine.local_link
         elif decision.kind == "network" and decision.address:
             address = decision.address
             if decision.mirror_address:
-                principal = self._principal(decision, ep.far_service)
+                principal = self.mirrors.principal(decision, ep.far_service)
                 if principal is None:
                     return None
                 address = principal
@@ -163,8 +247,7 @@ class RouteDecisions(RouteRequests, MirrorRoles):
         if decision is None:
             return "no route"
         if decision.kind == "network" and decision.mirror_address and decision.address:
-            pair = self.mirrors.pair(self._mirror_key(decision, ep.far_service))
-            return pair.status()
+            return self.mirrors.pair(decision, ep.far_service).status()
         return decision.reason
 
     def rebind(self, ep: Endpoint) -> None:
@@ -193,7 +276,7 @@ class RouteDecisions(RouteRequests, MirrorRoles):
         if decision.kind == "network" and decision.address:
             address = decision.address
             if decision.mirror_address:
-                pair = self.mirrors.pairs.get(self._mirror_key(decision, service))
+                pair = self.mirrors.known_pair(decision, service)
                 steps.append(
                     "R-ROUTE-10: "
                     + (pair.status() if pair else "not used yet: both partners will be asked")

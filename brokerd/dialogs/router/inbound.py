@@ -1,34 +1,43 @@
 """Messages from outside: routed to a database here, forwarded or dropped
 (R-ROUTE-1, R-ROUTE-2, R-ROUTE-6, R-ROUTE-7).
 
-Owns :class:`Inbound`: the route of each message arriving from outside, with msdb's
-routes (R-ROUTE-1), replies delivered by broker instance first (R-ROUTE-2), cached per
-conversation; forwarding (R-ROUTE-6, R-ROUTE-7): relayed fragments and
-acknowledgements, the hop count, the ``message_forward_size`` budget.
+Owns :class:`Inbound` and the forwarding state: the route of each message arriving from
+outside, with msdb's routes (R-ROUTE-1), replies delivered by broker instance first
+(R-ROUTE-2), cached per conversation (in the shared state's cache); forwarding
+(R-ROUTE-6, R-ROUTE-7): relayed fragments and acknowledgements, the hop count, the
+``message_forward_size`` budget, the last fragment relayed (:class:`Relayed`).
 
-May import: ``protocol``, ``brokerd.routing`` and ``route_decisions`` (with the parts it
-builds on); the models of ``brokerd.dialogs`` for types.
+It is handed the engine as :class:`InboundServices`, the router's shared state, the
+endpoint's configuration, and the parts that decide routes, ask for missing ones and know
+mirrored pairs' principals, through the protocols below.
+
+May import: ``protocol``, ``brokerd.routing``, the router's ``state``, and for types only
+the models of ``brokerd.dialogs``, ``brokerd.config`` and ``brokerd.traces``.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import time
+import uuid
 from collections import defaultdict
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from brokerd.dialogs.router.decisions import RouteDecisions
 from brokerd.routing import rules as routing
-from brokerd.routing.forwarding import Forward, acks_item, fragment_item, hop_refusal
+from brokerd.routing.forwarding import (
+    Forward,
+    ForwardBudget,
+    acks_item,
+    fragment_item,
+    hop_refusal,
+)
 from protocol.dialog import DialogHeader
 
 if TYPE_CHECKING:
+    from brokerd.config import EndpointConfig
     from brokerd.dialogs.endpoints.database import Database
-
-log = logging.getLogger("brokerd.dialogs.router.router")  # one log for every part of the router
-
-INBOUND_CACHE_LIMIT = 100_000
+    from brokerd.dialogs.router.state import RouterState
+    from brokerd.dialogs.transmission.links import LinkProvider
+    from brokerd.traces.writer import TraceWriter
 
 
 class Relayed(NamedTuple):
@@ -39,10 +48,70 @@ class Relayed(NamedTuple):
     route: str | None
 
 
-class Inbound(RouteDecisions):
-    last_forwarded: Relayed | None = None
-    """The last fragment forwarded the whole way (runs of a turn follow it: see
-    :meth:`forward_next`)."""
+class InboundServices(Protocol):
+    """What messages from outside need of the dialog engine."""
+
+    databases: dict[str, Database]
+    msdb: Database
+    by_instance: dict[uuid.UUID, Database]
+    links: LinkProvider
+    trace: TraceWriter
+
+    def drop(self, header: DialogHeader, reason: str) -> None: ...
+
+    def note_drop(self, text: str) -> None: ...
+
+
+class Deciding(Protocol):
+    """Where a conversation goes (R-ROUTE-1, R-ROUTE-4, R-ROUTE-5)."""
+
+    def decide(
+        self,
+        db: Database,
+        service: str,
+        broker_instance: uuid.UUID | None,
+        conversation_id: uuid.UUID,
+        from_outside: bool = False,
+    ) -> routing.Decision: ...
+
+
+class RouteAsking(Protocol):
+    """Dynamic routing (R-ROUTE-14): ask for a route to a service."""
+
+    def request_route(
+        self, db: Database, service: str, broker_instance: uuid.UUID | None
+    ) -> None: ...
+
+
+class PrincipalFinding(Protocol):
+    """The principal of a mirrored route (R-ROUTE-10)."""
+
+    def principal(self, decision: routing.Decision, service: str) -> str | None: ...
+
+
+class Inbound:
+    """Messages from outside and forwarding (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: InboundServices,
+        state: RouterState,
+        endpoint: EndpointConfig,
+        decisions: Deciding,
+        requests: RouteAsking,
+        mirrors: PrincipalFinding,
+    ) -> None:
+        self.engine = engine
+        self.state = state
+        self.decisions = decisions
+        self.requests = requests
+        self.mirrors = mirrors
+        self.max_hop_count = endpoint.max_hop_count
+        self.budget = ForwardBudget(endpoint.message_forward_size)
+        """Bytes of forwarded messages held until their link sends them (R-ROUTE-7)."""
+        self.last_forwarded: Relayed | None = None
+        """The last fragment forwarded the whole way (runs of a turn follow it: see
+        :meth:`forward_next`)."""
 
     # -- messages from outside ---------------------------------------------------------------
 
@@ -66,11 +135,9 @@ class Inbound(RouteDecisions):
         return None
 
     def _inbound_decision(self, header: DialogHeader) -> routing.Decision:
-        now = time.time()
-        cache = self._inbound
-        if now >= self._inbound_expires or len(cache) > INBOUND_CACHE_LIMIT:
+        cache = self.state.inbound_decisions
+        if cache.stale(time.time()):
             cache.clear()
-            self._inbound_expires = math.inf
         key = (
             header.conversation_id,
             header.initiator,
@@ -79,7 +146,7 @@ class Inbound(RouteDecisions):
         )
         decision = cache.get(key)
         if decision is None:
-            decision = self.decide(
+            decision = self.decisions.decide(
                 self.engine.msdb,
                 header.to_service,
                 header.to_broker_instance,
@@ -87,11 +154,12 @@ class Inbound(RouteDecisions):
                 from_outside=True,
             )
             if not decision.request_route:
-                cache[key] = decision
-            if decision.valid_until is not None:
-                self._inbound_expires = min(self._inbound_expires, decision.valid_until.timestamp())
+                cache.keep(key, decision)
+            cache.expire_with(decision)
         if decision.request_route:
-            self._request_route(self.engine.msdb, header.to_service, header.to_broker_instance)
+            self.requests.request_route(
+                self.engine.msdb, header.to_service, header.to_broker_instance
+            )
         return decision
 
     def _forward_fragment(
@@ -103,14 +171,14 @@ class Inbound(RouteDecisions):
     ) -> None:
         refusal = hop_refusal(header, self.max_hop_count)
         if refusal is not None:
-            self.stats.hop_limit_drops += 1
+            self.state.stats.hop_limit_drops += 1
             self.engine.drop(header, refusal)
             return
         address = self._forward_address(header, decision)
         if address is None:
             return
         if not self.forward_next(header, body, payload, address):
-            self.stats.forward_buffer_drops += 1
+            self.state.stats.forward_buffer_drops += 1
             self.engine.drop(
                 header,
                 f"forwarding buffer full ({self.budget.held} of {self.budget.limit} bytes, "
@@ -142,14 +210,14 @@ class Inbound(RouteDecisions):
         item = fragment_item(header, body, payload)
         if not self.budget.take(item.size):
             return False
-        self.stats.forwarded_fragments += 1
+        self.state.stats.forwarded_fragments += 1
         self.engine.links.link_for(address).forward(item)
         return True
 
     def _forward_address(self, header: DialogHeader, decision: routing.Decision) -> str | None:
         if not decision.mirror_address:
             return decision.address
-        principal = self._principal(decision, header.to_service)
+        principal = self.mirrors.principal(decision, header.to_service)
         if principal is None:
             self.engine.drop(header, "no principal known yet for the mirrored route (R-ROUTE-10)")
         return principal
@@ -162,15 +230,15 @@ class Inbound(RouteDecisions):
                 continue  # for an endpoint of ours that no longer exists
             decision = self._inbound_decision(h)
             if decision.kind != "network":
-                self.stats.acks_dropped += 1
+                self.state.stats.acks_dropped += 1
                 self.engine.note_drop(
                     f"dropped an acknowledgement of conversation {h.conversation_id} for "
                     f"{h.to_service!r}: {decision.reason}"
                 )
                 continue
             if hop_refusal(h, self.max_hop_count) is not None:
-                self.stats.hop_limit_drops += 1
-                self.stats.acks_dropped += 1
+                self.state.stats.hop_limit_drops += 1
+                self.state.stats.acks_dropped += 1
                 continue
             address = self._forward_address(h, decision)
             if address is not None:
@@ -178,15 +246,18 @@ class Inbound(RouteDecisions):
         for address, group in per_address.items():
             item = acks_item(group)
             if self.budget.take(item.size):
-                self.stats.forwarded_acks += len(group)
+                self.state.stats.forwarded_acks += len(group)
                 self.engine.links.link_for(address).forward(item)
             else:
-                self.stats.forward_buffer_drops += 1
+                self.state.stats.forward_buffer_drops += 1
 
     def forward_sent(self, item: Forward) -> None:
+        """A relayed item went out on its link: its bytes leave the budget (R-ROUTE-7)."""
         self.budget.release(item.size)
 
     def forward_lost(self, items: list[Forward]) -> None:
+        """Relayed items a link could not send (its connection closed): their bytes leave
+        the budget, and their senders retransmit (R-ROUTE-7)."""
         for item in items:
             self.budget.release(item.size)
-        self.stats.forward_lost += len(items)
+        self.state.stats.forward_lost += len(items)

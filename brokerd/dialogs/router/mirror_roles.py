@@ -1,37 +1,47 @@
 """Mirroring (R-ROUTE-10, R-ROUTE-15, R-ROUTE-16): the router's side of mirrored
 databases and routes.
 
-Owns :class:`MirrorRoles`: principal queries to both partners of a mirrored route,
+Owns :class:`MirrorRoles` and its state: the mirrored pairs of the routes in use (whose
+principal messages go to), the numbering of principal queries, and the mirroring service
+it tells of role changes (``mirroring``, a :class:`MirrorHooks`; ``brokerd.server``'s
+``Mirroring`` satisfies it). Principal queries to both partners of a mirrored route,
 answers to other brokers' queries, the role of each local database and failover
 (:meth:`MirrorRoles.set_mirror_role`). Fencing by epoch (R-ROUTE-15): each role change
 carries an epoch, persisted; a partner that is not principal sends nothing for the
-mirrored database, and one that hears of a higher epoch while principal demotes
-itself. The mirroring service (``brokerd.server``) hears of role changes through
-:class:`~brokerd.dialogs.router.core.MirrorHooks`.
+mirrored database, and one that hears of a higher epoch while principal demotes itself
+(:meth:`MirrorRoles.superseded`).
 
-May import: ``protocol``, ``brokerd.routing``, ``brokerd.storage``, ``brokerd.errors``
-and ``router_core``; the models of ``brokerd.dialogs`` for types.
+It is handed the engine as :class:`MirrorServices` and the router's shared state (the
+statistics, the local databases, forgetting decisions).
+
+May import: ``protocol``, ``brokerd.routing``, ``brokerd.storage``, ``brokerd.errors``, the
+router's ``state``, and for types only the models of ``brokerd.dialogs`` and
+``brokerd.config``.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from brokerd.dialogs.router.core import RouterCore
 from brokerd.errors import DialogError, InvalidRequest
 from brokerd.routing import rules as routing
-from brokerd.routing.mirrors import MirrorKey, MirrorPair, Role
+from brokerd.routing.mirrors import MirrorKey, MirrorPair, MirrorTracker, Role
 from brokerd.storage import queries
 from protocol import events
 from protocol.dialog import NIL_UUID, DialogHeader
 from protocol.frames import MirrorRole
 
 if TYPE_CHECKING:
+    from brokerd.config import RetryConfig
     from brokerd.dialogs.endpoints.database import Database
-    from brokerd.dialogs.transmission.links import Link
+    from brokerd.dialogs.endpoints.endpoint import Endpoint
+    from brokerd.dialogs.router.state import RouterState
+    from brokerd.dialogs.transmission.links import Link, LinkProvider
+    from brokerd.storage.queries import Statement
 
 log = logging.getLogger("brokerd.dialogs.router.router")  # one log for every part of the router
 
@@ -42,23 +52,81 @@ _ROLE_NAMES: dict[MirrorRole, Role] = {
 }
 
 
-class MirrorRoles(RouterCore):
-    # -- mirroring (R-ROUTE-10) -------------------------------------------------------------------
+class MirrorHooks(Protocol):
+    """What a role change tells the mirroring service (R-ROUTE-16; the server's
+    ``Mirroring`` satisfies it): a promotion waits until every unit already shipped
+    to this partner is applied and stops taking more; a demotion drops the mirror
+    attached to this partner and what waited for it."""
 
-    def _mirror_key(self, decision: routing.Decision, service: str) -> MirrorKey:
-        assert decision.address is not None and decision.mirror_address is not None
-        return MirrorKey(
-            decision.address, decision.mirror_address, decision.broker_instance, service
-        )
+    async def promoting(self, db: Database) -> None: ...
 
-    def _principal(self, decision: routing.Decision, service: str) -> str | None:
-        key = self._mirror_key(decision, service)
-        pair = self.mirrors.pair(key)
+    def demoting(self, db: Database) -> None: ...
+
+    def resolved(self, db: Database, reason: str) -> None: ...
+
+    def partner_answered(self, address: str, answer: events.PrincipalAnswer) -> None: ...
+
+    def unreachable(self, address: str) -> None: ...
+
+
+class MirrorServices(Protocol):
+    """What mirroring needs of the dialog engine."""
+
+    databases: dict[str, Database]
+    by_instance: dict[uuid.UUID, Database]
+    links: LinkProvider
+    retry: RetryConfig
+
+    def database(self, name: str) -> Database: ...
+
+    def transmit(self, ep: Endpoint) -> None: ...
+
+    async def submit_wait(self, db: Database, statements: list[Statement]) -> None: ...
+
+    async def rebuild(self, db: Database) -> list[Endpoint]: ...
+
+    def forget_image(self, db: Database) -> None: ...
+
+    def resume(self, db: Database) -> None: ...
+
+
+def mirror_key(decision: routing.Decision, service: str) -> MirrorKey:
+    """The mirrored pair a network decision with a mirror address sends to (R-ROUTE-10)."""
+    assert decision.address is not None and decision.mirror_address is not None
+    return MirrorKey(decision.address, decision.mirror_address, decision.broker_instance, service)
+
+
+class MirrorRoles:
+    """The mirroring roles and mirrored routes of this instance (see the module docstring)."""
+
+    def __init__(self, engine: MirrorServices, state: RouterState) -> None:
+        self.engine = engine
+        self.state = state
+        self.mirrors = MirrorTracker()
+        """The mirrored pairs of the routes in use, and what each partner last said."""
+        self._query_ids = itertools.count(1)
+        self.mirroring: MirrorHooks | None = None
+        """Set by the daemon when a database is mirrored with a partner (R-ROUTE-16)."""
+
+    # -- mirrored routes (R-ROUTE-10) ---------------------------------------------------------
+
+    def principal(self, decision: routing.Decision, service: str) -> str | None:
+        """The principal of the mirrored pair ``decision`` sends to, or None if none is
+        known yet; both partners are asked when it is time to (R-ROUTE-10, R-ROUTE-15)."""
+        pair = self.pair(decision, service)
         now = time.monotonic()
         pair.last_used = now
         if pair.needs_asking(now, self._ask_interval(), self._recheck_interval()):
             self._ask(pair)
         return pair.principal
+
+    def pair(self, decision: routing.Decision, service: str) -> MirrorPair:
+        """The mirrored pair ``decision`` sends to (tracked from now on if it was not)."""
+        return self.mirrors.pair(mirror_key(decision, service))
+
+    def known_pair(self, decision: routing.Decision, service: str) -> MirrorPair | None:
+        """The mirrored pair ``decision`` sends to, if it is tracked already."""
+        return self.mirrors.pairs.get(mirror_key(decision, service))
 
     def _ask_interval(self) -> float:
         return max(0.05, self.engine.retry.initial)
@@ -71,7 +139,7 @@ class MirrorRoles(RouterCore):
         pair.asked_at = time.monotonic()
         key = pair.key
         for address in pair.addresses:
-            self.stats.principal_queries_sent += 1
+            self.state.stats.principal_queries_sent += 1
             self.engine.links.link_for(address).send_control(
                 events.PrincipalQuery(
                     next(self._query_ids), key.broker_instance or NIL_UUID, key.service, pair.epoch
@@ -90,7 +158,7 @@ class MirrorRoles(RouterCore):
     def _queried_database(self, broker_instance: uuid.UUID, service: str) -> Database | None:
         if broker_instance != NIL_UUID:
             return self.engine.by_instance.get(broker_instance)
-        found = routing.locate_local(service, None, self.local_dbs, None)
+        found = routing.locate_local(service, None, self.state.local_dbs, None)
         return self.engine.databases[found.name] if found else None
 
     def role_of(self, broker_instance: uuid.UUID, service: str) -> tuple[MirrorRole, int]:
@@ -102,10 +170,10 @@ class MirrorRoles(RouterCore):
         return role, db.mirror_epoch
 
     def on_principal_query(self, link: Link, query: events.PrincipalQuery) -> None:
-        self.stats.principal_queries_answered += 1
+        self.state.stats.principal_queries_answered += 1
         db = self._queried_database(query.broker_instance, query.service)
         if db is not None and db.mirror_role is not None and query.epoch > db.mirror_epoch:
-            self._superseded(db, query.epoch)
+            self.superseded(db, query.epoch)
         role, epoch = self.role_of(query.broker_instance, query.service)
         link.send_control(
             events.PrincipalAnswer(
@@ -113,12 +181,13 @@ class MirrorRoles(RouterCore):
             )
         )
 
-    def _superseded(self, db: Database, epoch: int) -> None:
+    def superseded(self, db: Database, epoch: int) -> None:
         """R-ROUTE-15: a sender has seen the pair at a higher epoch than this partner's. If
         this partner is principal, its partner was promoted behind its back: it demotes
         itself (fencing); either way it adopts the epoch, so that its own next promotion is
         numbered above it. Committed in the background: if the daemon stops first, the
-        next query carrying the epoch demotes it again."""
+        next query carrying the epoch demotes it again. Heard of in a principal query, and
+        by the mirroring service in a partner's answer or attachment."""
         if db.mirror_role == "principal":
             log.warning(
                 "database %s: a partner is principal at epoch %d, above this partner's %d; "
@@ -128,7 +197,7 @@ class MirrorRoles(RouterCore):
                 db.mirror_epoch,
             )
             db.mirror_role = "mirror"
-            self.forget_decisions()
+            self.state.forget_decisions()
             if self.mirroring is not None:
                 self.mirroring.demoting(db)
             self.engine.forget_image(db)
@@ -257,12 +326,12 @@ class MirrorRoles(RouterCore):
             else:
                 self.engine.resume(db)
         else:
-            self.forget_decisions()
+            self.state.forget_decisions()
 
     def _promoted_above(self, db: Database) -> NoReturn:
         """A partner was promoted above this one during its promotion (R-ROUTE-15): this
         one stays the mirror. Taking the role anyway made two principals at one epoch,
-        the other's (``_superseded`` adopts it), which senders cannot tell apart."""
+        the other's (``superseded`` adopts it), which senders cannot tell apart."""
         self._persist_role(db)
         raise DialogError(
             f"database {db.name!r}: a partner became principal at epoch "

@@ -1,35 +1,52 @@
 """Dynamic routing (R-ROUTE-14): the router's MissingRoute requests.
 
-Owns :class:`RouteRequests`: at most one MissingRoute request per service name in
-flight, sent on a dialog from the system service ``brokerd/RouteRequester``; when the
-routing service ends that dialog the waiting conversations are routed again. A request
-left unanswered is abandoned and made again; an answered one still counts as pending
-for ``retry.delayed_retry`` seconds.
+Owns :class:`RouteRequests` and the requests it keeps (:class:`RouteRequest`): at most one
+MissingRoute request per service name in flight, sent on a dialog from the system service
+``brokerd/RouteRequester``; when the routing service ends that dialog the waiting
+conversations are routed again. A request left unanswered is abandoned and made again; an
+answered one still counts as pending for ``retry.delayed_retry`` seconds.
 
-May import: ``protocol``, ``brokerd.routing``, ``brokerd.storage`` and ``router_core``;
-the models of ``brokerd.dialogs`` for types.
+It is handed the engine as :class:`RequestServices` (the dialog verbs it sends the request
+with) and the router's shared state (the statistics, routing a database again).
+
+May import: ``protocol``, ``brokerd.routing``, ``brokerd.storage``, the router's ``state``,
+and for types only the models of ``brokerd.dialogs`` and ``brokerd.config``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 from xml.sax.saxutils import escape
 
-from brokerd.dialogs.router.core import RouterCore, RouteRequest
 from brokerd.routing import rules as routing
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
 from protocol.dialog import BROKER_CONFIGURATION_NOTICE, MISSING_ROUTE
 from protocol.errors import BrokerError
 
 if TYPE_CHECKING:
+    from brokerd.config import RetryConfig
     from brokerd.dialogs.endpoints.database import Database
     from brokerd.dialogs.endpoints.endpoint import Endpoint
+    from brokerd.dialogs.router.state import RouterState
 
 log = logging.getLogger("brokerd.dialogs.router.router")  # one log for every part of the router
+
+
+@dataclass
+class RouteRequest:
+    """A MissingRoute request to the dynamic routing service (R-ROUTE-14)."""
+
+    database: str
+    service: str
+    started: float
+    handle: uuid.UUID | None = None
+    done_at: float | None = None
 
 
 def missing_route_body(service: str, broker_instance: uuid.UUID | None, database: str) -> bytes:
@@ -43,8 +60,47 @@ def missing_route_body(service: str, broker_instance: uuid.UUID | None, database
     ).encode()
 
 
-class RouteRequests(RouterCore):
-    # -- dynamic routing (R-ROUTE-14) ---------------------------------------------------------
+class RequestServices(Protocol):
+    """What dynamic routing needs of the dialog engine."""
+
+    databases: dict[str, Database]
+    retry: RetryConfig
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    async def begin_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        database: str | None = None,
+        to_broker_instance: uuid.UUID | None = None,
+        lifetime: int = 0,
+        related_conversation: uuid.UUID | None = None,
+    ) -> Endpoint: ...
+
+    async def send(self, handle: uuid.UUID, message_type: str, body: bytes) -> int: ...
+
+    async def end_conversation(
+        self,
+        handle: uuid.UUID,
+        error_code: int | None = None,
+        description: str = "",
+        cleanup: bool = False,
+    ) -> None: ...
+
+    async def discard_received(self, ep: Endpoint) -> None: ...
+
+
+class RouteRequests:
+    """The MissingRoute requests of this instance (see the module docstring)."""
+
+    def __init__(self, engine: RequestServices, state: RouterState) -> None:
+        self.engine = engine
+        self.state = state
+        self.pending: dict[tuple[str, str], RouteRequest] = {}
+        """The requests in flight or just answered, by (database, service)."""
 
     def pending_services(self, database: str) -> set[str]:
         """Services of ``database`` with a MissingRoute request in flight or just answered."""
@@ -52,26 +108,28 @@ class RouteRequests(RouterCore):
         cooldown = self.engine.retry.delayed_retry
         timeout = max(60.0, 4 * cooldown)
         out: set[str] = set()
-        for key, req in list(self.requests.items()):
+        for key, req in list(self.pending.items()):
             if key[0] != database:
                 continue
             if req.done_at is None and now - req.started > timeout:
                 log.warning("MissingRoute request for %r unanswered; asking again", req.service)
                 self._abandon(req)
-                del self.requests[key]
+                del self.pending[key]
                 continue
             if req.done_at is not None and now - req.done_at >= cooldown:
-                del self.requests[key]
+                del self.pending[key]
                 continue
             out.add(req.service)
         return out
 
-    def _request_route(self, db: Database, service: str, broker_instance: uuid.UUID | None) -> None:
+    def request_route(self, db: Database, service: str, broker_instance: uuid.UUID | None) -> None:
+        """Ask the dynamic routing service for a route to ``service``, unless a request for
+        it from ``db`` is already pending (R-ROUTE-14)."""
         key = (db.name, service)
-        if key in self.requests:
+        if key in self.pending:
             return
-        req = self.requests[key] = RouteRequest(db.name, service, time.monotonic())
-        self.stats.route_requests += 1
+        req = self.pending[key] = RouteRequest(db.name, service, time.monotonic())
+        self.state.stats.route_requests += 1
         self.engine.loop.create_task(self._send_request(db, req, broker_instance))
 
     async def _send_request(
@@ -96,7 +154,7 @@ class RouteRequests(RouterCore):
 
     def request_ended(self, ep: Endpoint) -> None:
         """The routing service ended (or refused) a request dialog: route again (R-ROUTE-14)."""
-        for req in self.requests.values():
+        for req in self.pending.values():
             if req.handle == ep.handle:
                 break
         else:
@@ -113,7 +171,7 @@ class RouteRequests(RouterCore):
         except BrokerError as exc:
             log.warning("ending the MissingRoute dialog %s: %s", ep.handle, exc)
         if req is not None:
-            self.reroute(engine.databases[req.database], req.service)
+            self.state.reroute(engine.databases[req.database], req.service)
 
     def _abandon(self, req: RouteRequest) -> None:
         if req.handle is not None:
