@@ -57,14 +57,14 @@ def normal_tcp_address(address: str) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
 
-def _is_unspecified(host: str) -> bool:
+def is_unspecified(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_unspecified
     except ValueError:

@@ -26,15 +26,15 @@ from brokerd.config.model import (
     RouteConfig,
     ServiceConfig,
 )
-from brokerd.config.tables import _describe, _near, _Table, _Unique
+from brokerd.config.tables import Table, Unique, describe, near
 from protocol.dialog import BROKER_CONFIGURATION_NOTICE, MISSING_ROUTE
 
 _DEFAULT = "DEFAULT"
 _AUTO_ROUTE = "AutoCreatedLocal"
-_MSDB = "msdb"
+MSDB = "msdb"
 _DATABASE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
-_DATABASE_KEYS = (
+DATABASE_KEYS = (
     "name",
     "broker_instance",
     "message_type",
@@ -50,7 +50,7 @@ _DATABASE_KEYS = (
 )
 
 
-def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
+def parse_database(t: Table, now: datetime, base: Path) -> DatabaseConfig:
     name = t.name()
     if not _DATABASE_NAME.fullmatch(name):
         raise t.error(
@@ -60,12 +60,12 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
         )
     if name.casefold() == "master":
         raise t.error("name", "'master' is reserved and cannot be configured")
-    if name.casefold() == _MSDB and name != _MSDB:
-        raise t.error("name", f"write the msdb database's name as '{_MSDB}', not {name!r}")
+    if name.casefold() == MSDB and name != MSDB:
+        raise t.error("name", f"write the msdb database's name as '{MSDB}', not {name!r}")
     broker_instance = t.broker_instance("broker_instance")
 
     message_types: list[MessageTypeConfig] = []
-    names = _Unique("message type", name, fold=False)
+    names = Unique("message type", name, fold=False)
     for mt in t.tables("message_type", ("name", "validation")):
         mt_name = mt.name()
         if mt_name == _DEFAULT:
@@ -76,7 +76,7 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
     known_types = {*names.seen, _DEFAULT, MISSING_ROUTE}
 
     contracts: list[ContractConfig] = []
-    names = _Unique("contract", name, fold=False)
+    names = Unique("contract", name, fold=False)
     for ct in t.tables("contract", ("name", "messages")):
         ct_name = ct.name()
         if ct_name == _DEFAULT:
@@ -92,7 +92,7 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
                 raise line.error(
                     "message_type",
                     f"message type '{message_type}' is not defined in database '{name}'"
-                    + _near(message_type, known_types),
+                    + near(message_type, known_types),
                 )
             if message_type in listed:
                 raise line.error(
@@ -111,7 +111,7 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
     known_contracts = {*names.seen, _DEFAULT, BROKER_CONFIGURATION_NOTICE}
 
     queues: list[QueueConfig] = []
-    names = _Unique("queue", name, fold=True)
+    names = Unique("queue", name, fold=True)
     for qt in t.tables("queue", ("name", "status", "retention")):
         q_name = qt.name()
         names.add(qt, q_name)
@@ -119,7 +119,7 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
     known_queues = {q.name for q in queues}
 
     services: list[ServiceConfig] = []
-    names = _Unique("service", name, fold=False)
+    names = Unique("service", name, fold=False)
     for st in t.tables(
         "service",
         ("name", "queue", "contracts", "certificate", "private_key", "dialog_security"),
@@ -130,7 +130,7 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
         if queue not in known_queues:
             raise st.error(
                 "queue",
-                f"queue '{queue}' is not defined in database '{name}'" + _near(queue, known_queues),
+                f"queue '{queue}' is not defined in database '{name}'" + near(queue, known_queues),
             )
         accepted = st.strings("contracts")
         for i, contract in enumerate(accepted):
@@ -138,7 +138,7 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
                 raise st.error(
                     f"contracts[{i}]",
                     f"contract '{contract}' is not defined in database '{name}'"
-                    + _near(contract, known_contracts),
+                    + near(contract, known_contracts),
                 )
             if contract in accepted[:i]:
                 raise st.error(f"contracts[{i}]", f"contract '{contract}' is listed twice")
@@ -172,7 +172,7 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
         bindings.append(RemoteServiceBindingConfig(service, bt.required_path("certificate", base)))
 
     routes: list[RouteConfig] = []
-    names = _Unique("route", name, fold=True)
+    names = Unique("route", name, fold=True)
     for rt in t.tables("route", [f.name for f in fields(RouteConfig)]):
         route = _route(rt, now)
         names.add(rt, route.name)
@@ -185,7 +185,7 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
             "a mirrored database needs broker_instance set, the same GUID on both partners "
             "(R-ROUTE-10)",
         )
-    if mirror_role is not None and name == _MSDB:
+    if mirror_role is not None and name == MSDB:
         raise t.error("mirror_role", "msdb cannot be mirrored")
     partner = t.text("mirror_partner")
     if partner is not None:
@@ -211,7 +211,7 @@ def _database(t: _Table, now: datetime, base: Path) -> DatabaseConfig:
     )
 
 
-def _queue_status(t: _Table) -> bool:
+def _queue_status(t: Table) -> bool:
     value = t.data.get("status")
     if value is None:
         return True
@@ -219,7 +219,7 @@ def _queue_status(t: _Table) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("on", "off"):
         return value.lower() == "on"
-    raise t.error("status", f'must be "on", "off", true or false, not {_describe(value)}')
+    raise t.error("status", f'must be "on", "off", true or false, not {describe(value)}')
 
 
 def parse_route(data: dict[str, Any], now: datetime) -> RouteConfig:
@@ -228,10 +228,10 @@ def parse_route(data: dict[str, Any], now: datetime) -> RouteConfig:
     ``data`` has the keys of a ``[[database.route]]`` table; ``lifetime`` in seconds
     counts from ``now``. Raises :class:`ConfigError` whose ``key`` names the bad field.
     """
-    return _route(_Table(Path("route"), "", data, [f.name for f in fields(RouteConfig)]), now)
+    return _route(Table(Path("route"), "", data, [f.name for f in fields(RouteConfig)]), now)
 
 
-def _route(t: _Table, now: datetime) -> RouteConfig:
+def _route(t: Table, now: datetime) -> RouteConfig:
     name = t.name()
     raw = t.required_text("address")
     address = raw.upper() if raw.upper() in ("LOCAL", "TRANSPORT") else _tcp(t, "address", raw)
@@ -265,7 +265,7 @@ def _route(t: _Table, now: datetime) -> RouteConfig:
     return route
 
 
-def _tcp(t: _Table, key: str, value: str) -> str:
+def _tcp(t: Table, key: str, value: str) -> str:
     try:
         return normal_tcp_address(value)
     except ValueError as exc:
@@ -273,7 +273,7 @@ def _tcp(t: _Table, key: str, value: str) -> str:
         raise t.error(key, f"must be {what}: {exc}") from None
 
 
-def _lifetime(t: _Table, now: datetime) -> datetime | None:
+def _lifetime(t: Table, now: datetime) -> datetime | None:
     value = t.data.get("lifetime")
     if value is None:
         return None
@@ -295,5 +295,5 @@ def _lifetime(t: _Table, now: datetime) -> datetime | None:
     raise t.error(
         "lifetime",
         "must be a number of seconds or a date-time with a time zone offset, "
-        f"not {_describe(value)}",
+        f"not {describe(value)}",
     )

@@ -7,7 +7,7 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from brokerd.config.addresses import _is_loopback, _is_unspecified
+from brokerd.config.addresses import is_loopback, is_unspecified
 from brokerd.config.model import (
     CLIENT_ROLES,
     ClientConfig,
@@ -17,7 +17,7 @@ from brokerd.config.model import (
     RetryConfig,
     TraceConfig,
 )
-from brokerd.config.tables import _defaults, _Table
+from brokerd.config.tables import Table, defaults
 from protocol import client_wire
 from protocol.frames import MAX_FRAGMENTS_PER_FRAME, MIN_MAX_FRAME_SIZE
 
@@ -42,8 +42,8 @@ _DEFAULT_CLIENT_PORT = 4023
 _DEFAULT_CLIENT_HOST = "127.0.0.1"
 
 
-def _endpoint(t: _Table, base: Path) -> EndpointConfig:
-    d = _defaults(EndpointConfig)
+def parse_endpoint(t: Table, base: Path) -> EndpointConfig:
+    d = defaults(EndpointConfig)
     host = t.text("host") or d["host"]
     if any(ch.isspace() for ch in host):
         raise t.error("host", f"{host!r} is not a host name or address")
@@ -91,10 +91,10 @@ def _endpoint(t: _Table, base: Path) -> EndpointConfig:
     return endpoint
 
 
-def _retry(t: _Table | None) -> RetryConfig:
+def parse_retry(t: Table | None) -> RetryConfig:
     if t is None:
         return RetryConfig()
-    d = _defaults(RetryConfig)
+    d = defaults(RetryConfig)
     retry = RetryConfig(
         initial=t.seconds("initial", d["initial"]),
         maximum=t.seconds("maximum", d["maximum"]),
@@ -109,7 +109,7 @@ def _retry(t: _Table | None) -> RetryConfig:
     return retry
 
 
-_CLIENT_KEYS = (
+CLIENT_KEYS = (
     "host",
     "port",
     "token_file",
@@ -121,12 +121,12 @@ _CLIENT_KEYS = (
 )
 
 
-def _client(
-    file: Path, t: _Table | None, endpoint: EndpointConfig, data_dir: Path, base: Path
+def parse_client(
+    file: Path, t: Table | None, endpoint: EndpointConfig, data_dir: Path, base: Path
 ) -> ClientConfig:
-    default_host = endpoint.host if _is_loopback(endpoint.host) else _DEFAULT_CLIENT_HOST
+    default_host = endpoint.host if is_loopback(endpoint.host) else _DEFAULT_CLIENT_HOST
     if t is None:
-        t = _Table(file, "client", {}, _CLIENT_KEYS)
+        t = Table(file, "client", {}, CLIENT_KEYS)
     if "allow_remote" in t.data:
         raise t.error(
             "allow_remote",
@@ -144,7 +144,7 @@ def _client(
             else ("tls_private_key", "tls_certificate")
         )
         raise t.error(missing, f"is required with {t.key(given)} (TLS needs both)")
-    if not (_is_loopback(host) or host == "localhost") and tls_certificate is None:
+    if not (is_loopback(host) or host == "localhost") and tls_certificate is None:
         raise t.error(
             "host",
             f"{host!r} is not a loopback address: a client listener reachable from other "
@@ -153,7 +153,7 @@ def _client(
             "127.0.0.1 or ::1",
         )
     if port == endpoint.port and (
-        host == endpoint.host or _is_unspecified(endpoint.host) or _is_unspecified(host)
+        host == endpoint.host or is_unspecified(endpoint.host) or is_unspecified(host)
     ):
         raise t.error(
             "port",
@@ -164,14 +164,14 @@ def _client(
         host=host,
         port=port,
         token_file=t.path("token_file", base) or data_dir / "client.token",
-        login_timeout=t.seconds("login_timeout", _defaults(ClientConfig)["login_timeout"]),
+        login_timeout=t.seconds("login_timeout", defaults(ClientConfig)["login_timeout"]),
         tls_certificate=tls_certificate,
         tls_private_key=tls_private_key,
         tokens=_client_tokens(t, base),
     )
 
 
-def _client_tokens(client: _Table, base: Path) -> tuple[ClientToken, ...]:
+def _client_tokens(client: Table, base: Path) -> tuple[ClientToken, ...]:
     tokens: list[ClientToken] = []
     names: dict[str, str] = {}
     files: dict[Path, str] = {}
@@ -204,8 +204,8 @@ def _client_tokens(client: _Table, base: Path) -> tuple[ClientToken, ...]:
     return tuple(tokens)
 
 
-def _trace(t: _Table | None, data_dir: Path, base: Path) -> TraceConfig:
-    d = _defaults(TraceConfig)
+def parse_trace(t: Table | None, data_dir: Path, base: Path) -> TraceConfig:
+    d = defaults(TraceConfig)
     if t is None:
         return TraceConfig(directory=data_dir / "traces")
     sample = t._typed("sample", (int, float), "a fraction between 0 and 1")
@@ -223,8 +223,8 @@ def _trace(t: _Table | None, data_dir: Path, base: Path) -> TraceConfig:
     )
 
 
-def _limits(t: _Table | None, endpoint: EndpointConfig) -> LimitsConfig:
-    d = _defaults(LimitsConfig)
+def parse_limits(t: Table | None, endpoint: EndpointConfig) -> LimitsConfig:
+    d = defaults(LimitsConfig)
     top = endpoint.max_frame_size - _FRAME_RESERVE
     if t is None:
         # An unset fragment size shrinks to fit a small max_frame_size.

@@ -9,8 +9,15 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 
-from brokerd.config.databases import _DATABASE_KEYS, _MSDB, _database
-from brokerd.config.instance import _CLIENT_KEYS, _client, _endpoint, _limits, _retry, _trace
+from brokerd.config.databases import DATABASE_KEYS, MSDB, parse_database
+from brokerd.config.instance import (
+    CLIENT_KEYS,
+    parse_client,
+    parse_endpoint,
+    parse_limits,
+    parse_retry,
+    parse_trace,
+)
 from brokerd.config.model import (
     BrokerConfig,
     DatabaseConfig,
@@ -19,7 +26,7 @@ from brokerd.config.model import (
     RetryConfig,
     TraceConfig,
 )
-from brokerd.config.tables import _Table
+from brokerd.config.tables import Table
 from brokerd.errors import ConfigError
 
 
@@ -51,7 +58,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "", f"invalid TOML: {exc}") from None
     base = path.absolute().parent
-    top = _Table(
+    top = Table(
         path, "", data, ("data_dir", "endpoint", "retry", "client", "limits", "trace", "database")
     )
     data_dir = top.path("data_dir", base)
@@ -60,17 +67,17 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
 
     endpoint_table = top.table("endpoint", [f.name for f in fields(EndpointConfig)], required=True)
     assert endpoint_table is not None
-    endpoint = _endpoint(endpoint_table, base)
-    retry = _retry(top.table("retry", [f.name for f in fields(RetryConfig)]))
-    client = _client(path, top.table("client", _CLIENT_KEYS), endpoint, data_dir, base)
-    limits = _limits(top.table("limits", [f.name for f in fields(LimitsConfig)]), endpoint)
-    trace = _trace(top.table("trace", [f.name for f in fields(TraceConfig)]), data_dir, base)
+    endpoint = parse_endpoint(endpoint_table, base)
+    retry = parse_retry(top.table("retry", [f.name for f in fields(RetryConfig)]))
+    client = parse_client(path, top.table("client", CLIENT_KEYS), endpoint, data_dir, base)
+    limits = parse_limits(top.table("limits", [f.name for f in fields(LimitsConfig)]), endpoint)
+    trace = parse_trace(top.table("trace", [f.name for f in fields(TraceConfig)]), data_dir, base)
 
     databases: list[DatabaseConfig] = []
     seen: dict[str, str] = {}
     instances: dict[uuid.UUID, str] = {}
-    for table in top.tables("database", _DATABASE_KEYS):
-        db = _database(table, now, base)
+    for table in top.tables("database", DATABASE_KEYS):
+        db = parse_database(table, now, base)
         folded = db.name.casefold()
         if folded in seen:
             raise table.error(
@@ -88,8 +95,8 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
                 )
             instances[db.broker_instance] = table.where
         databases.append(db)
-    if _MSDB not in seen:
-        databases.append(DatabaseConfig(name=_MSDB))
+    if MSDB not in seen:
+        databases.append(DatabaseConfig(name=MSDB))
 
     return BrokerConfig(
         path=path.absolute(),

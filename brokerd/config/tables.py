@@ -1,4 +1,4 @@
-"""Reading TOML tables: :class:`_Table` checks keys and value types and builds every
+"""Reading TOML tables: :class:`Table` checks keys and value types and builds every
 :class:`~brokerd.errors.ConfigError` with the file and the dotted key; with the helpers
 for dataclass defaults, value descriptions, duplicate names and "did you mean" hints."""
 
@@ -17,7 +17,7 @@ from brokerd.errors import ConfigError
 from protocol.frames import MAX_NAME_BYTES
 
 
-def _describe(value: object) -> str:
+def describe(value: object) -> str:
     """A TOML-flavoured description of a value for error messages."""
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
@@ -40,11 +40,11 @@ def _describe(value: object) -> str:
     return type(value).__name__
 
 
-def _defaults(cls: type) -> dict[str, Any]:
+def defaults(cls: type) -> dict[str, Any]:
     return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
 
-class _Table:
+class Table:
     """One TOML table being read: knows its dotted key and refuses unknown keys at once."""
 
     def __init__(
@@ -76,7 +76,7 @@ class _Table:
         if value is None:
             return None
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise self.error(name, f"must be {what}, not {_describe(value)}")
+            raise self.error(name, f"must be {what}, not {describe(value)}")
         return value
 
     def text(self, name: str) -> str | None:
@@ -163,39 +163,39 @@ class _Table:
         for i, item in enumerate(value):
             if not isinstance(item, str) or not item:
                 raise self.error(
-                    f"{name}[{i}]", f"must be a non-empty string, not {_describe(item)}"
+                    f"{name}[{i}]", f"must be a non-empty string, not {describe(item)}"
                 )
         return value
 
-    def table(self, name: str, allowed: Iterable[str], required: bool = False) -> _Table | None:
+    def table(self, name: str, allowed: Iterable[str], required: bool = False) -> Table | None:
         value = self.data.get(name)
         if value is None:
             if required:
                 raise self.error(name, f"is required (a [{self.key(name)}] table)")
             return None
         if not isinstance(value, dict):
-            raise self.error(name, f"must be a table ([{self.key(name)}]), not {_describe(value)}")
-        return _Table(self.file, self.key(name), value, allowed)
+            raise self.error(name, f"must be a table ([{self.key(name)}]), not {describe(value)}")
+        return Table(self.file, self.key(name), value, allowed)
 
-    def tables(self, name: str, allowed: Iterable[str]) -> list[_Table]:
+    def tables(self, name: str, allowed: Iterable[str]) -> list[Table]:
         """An array of tables (``[[name]]`` or an array of inline tables)."""
         value = self.data.get(name)
         if value is None:
             return []
         if not isinstance(value, list):
             raise self.error(
-                name, f"must be an array of tables ([[{self.key(name)}]]), not {_describe(value)}"
+                name, f"must be an array of tables ([[{self.key(name)}]]), not {describe(value)}"
             )
         result = []
         for i, item in enumerate(value):
             where = f"{self.key(name)}[{i}]"
             if not isinstance(item, dict):
-                raise ConfigError(self.file, where, f"must be a table, not {_describe(item)}")
-            result.append(_Table(self.file, where, item, allowed))
+                raise ConfigError(self.file, where, f"must be a table, not {describe(item)}")
+            result.append(Table(self.file, where, item, allowed))
         return result
 
 
-class _Unique:
+class Unique:
     """Names of one kind in one database, each remembered with the key that defined it."""
 
     def __init__(self, kind: str, database: str, fold: bool) -> None:
@@ -204,7 +204,7 @@ class _Unique:
         self.fold = fold
         self.seen: dict[str, str] = {}
 
-    def add(self, t: _Table, name: str) -> None:
+    def add(self, t: Table, name: str) -> None:
         key = name.casefold() if self.fold else name
         if key in self.seen:
             how = " (compared without regard to case)" if self.fold else ""
@@ -216,7 +216,7 @@ class _Unique:
         self.seen[key] = t.where
 
 
-def _near(name: str, known: set[str]) -> str:
+def near(name: str, known: set[str]) -> str:
     """A hint for a reference that does not resolve: same name in another case, or a typo."""
     for candidate in sorted(known):
         if candidate.casefold() == name.casefold():

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
-from brokerd.server.client_meta import _str, _uuid
-from brokerd.server.client_requests import OPERATIONS, ReplyBody, ReplyMeta, _receive_args
+from brokerd.server.client_meta import meta_str, meta_uuid
+from brokerd.server.client_requests import OPERATIONS, ReplyBody, ReplyMeta, receive_args
 from brokerd.server.client_requests import Broker as RequestsBroker
 from brokerd.server.receive_reply import ReceiveReply
 from protocol.buffers import Buffer, coalesce
@@ -384,9 +384,9 @@ class ClientSession(asyncio.Protocol):
         for frame in frames:
             try:
                 m = frame.meta
-                handle = _uuid(m, "conversation_handle")
+                handle = meta_uuid(m, "conversation_handle")
                 assert handle is not None
-                message_type = _str(m, "message_type", "DEFAULT")
+                message_type = meta_str(m, "message_type", "DEFAULT")
                 if ep is None or handle != ep.handle:
                     if run:
                         self._send_run(db, ep, run, messages)
@@ -447,7 +447,7 @@ class ClientSession(asyncio.Protocol):
         request_id = frame.request_id
         try:
             self.allowed.check_operation("receive")
-            (queue, database, top, _), handle = _receive_args(self, frame.meta)
+            (queue, database, top, _), handle = receive_args(self, frame.meta)
             reply = ReceiveReply()
 
             def then(rows: list[dict[str, Any]]) -> None:

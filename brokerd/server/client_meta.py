@@ -17,7 +17,7 @@ from typing import Any
 from protocol.errors import InvalidRequest
 
 
-def _uuid(meta: dict[str, Any], key: str, required: bool = True) -> uuid.UUID | None:
+def meta_uuid(meta: dict[str, Any], key: str, required: bool = True) -> uuid.UUID | None:
     value = meta.get(key)
     if value in (None, ""):
         if required:
@@ -35,14 +35,14 @@ def _parsed_uuid(text: str) -> uuid.UUID:
     return uuid.UUID(text)
 
 
-def _str(meta: dict[str, Any], key: str, default: str | None = None) -> str:
+def meta_str(meta: dict[str, Any], key: str, default: str | None = None) -> str:
     value = meta.get(key, default)
     if not isinstance(value, str):
         raise InvalidRequest(f"{key} must be a string")
     return value
 
 
-def _database(meta: dict[str, Any]) -> str | None:
+def meta_database(meta: dict[str, Any]) -> str | None:
     """The optional ``database`` a request names (absent, null or empty: the default)."""
     value = meta.get("database")
     if value is None or value == "":

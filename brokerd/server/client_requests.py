@@ -36,7 +36,7 @@ import orjson
 from brokerd.dialogs.verbs import views
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.server.client_access import Access
-from brokerd.server.client_meta import _database, _str, _uuid
+from brokerd.server.client_meta import meta_database, meta_str, meta_uuid
 from brokerd.server.receive_reply import ReceiveReply
 from protocol.client_wire import ClientFrame
 from protocol.errors import InvalidRequest, TransactionError
@@ -145,14 +145,18 @@ async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str,
     lifetime = m.get("lifetime", 0)
     if not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime < 0:
         raise InvalidRequest("lifetime must be a whole number of seconds >= 0")
-    args = (_str(m, "from_service"), _str(m, "to_service"), _str(m, "contract", "DEFAULT"))
+    args = (
+        meta_str(m, "from_service"),
+        meta_str(m, "to_service"),
+        meta_str(m, "contract", "DEFAULT"),
+    )
     session.allowed.check_service(args[0])
-    related = _uuid(m, "related_conversation", required=False)
+    related = meta_uuid(m, "related_conversation", required=False)
     if related is not None:
         session.check_own(related)
     options: dict[str, Any] = {
-        "database": _database(m),
-        "to_broker_instance": _uuid(m, "to_broker_instance", required=False),
+        "database": meta_database(m),
+        "to_broker_instance": meta_uuid(m, "to_broker_instance", required=False),
         "lifetime": lifetime,
         "related_conversation": related,
     }
@@ -171,12 +175,12 @@ async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str,
 async def _send(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     """SEND in a transaction (outside one, ``ClientSession._send_now`` runs it, no task)."""
     m = frame.meta
-    handle = _uuid(m, "conversation_handle")
+    handle = meta_uuid(m, "conversation_handle")
     assert handle is not None
     tx = _transaction(session, m)
     assert tx is not None, "data_received hands SENDs without a transaction to _send_now"
     session.check_own(handle)
-    tx.send(handle, _str(m, "message_type", "DEFAULT"), frame.body)
+    tx.send(handle, meta_str(m, "message_type", "DEFAULT"), frame.body)
     return {"sequence_number": None}, b""
 
 
@@ -199,11 +203,11 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
             raise InvalidRequest("body_length must be a whole number >= 0")
         if offset + length > len(body):
             raise InvalidRequest("the body lengths exceed the frame's body")
-        handle = _uuid(item, "conversation_handle")
+        handle = meta_uuid(item, "conversation_handle")
         assert handle is not None
         session.check_own(handle)
         messages.append(
-            (handle, _str(item, "message_type", "DEFAULT"), body[offset : offset + length])
+            (handle, meta_str(item, "message_type", "DEFAULT"), body[offset : offset + length])
         )
         offset += length
     if offset != len(body):
@@ -216,7 +220,7 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
     return {"sequence_numbers": await session.broker.engine.send_verbs.send_many(messages)}, b""
 
 
-def _receive_args(
+def receive_args(
     session: Session, m: dict[str, Any]
 ) -> tuple[tuple[str, str | None, int, float], uuid.UUID | None]:
     """A RECEIVE's (queue, database, top, timeout) and conversation, checked."""
@@ -225,14 +229,14 @@ def _receive_args(
         raise InvalidRequest("top must be a whole number >= 1")
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise InvalidRequest("timeout must be a number of seconds")
-    args = (_str(m, "queue"), _database(m), top, float(timeout))
+    args = (meta_str(m, "queue"), meta_database(m), top, float(timeout))
     session.allowed.check_queue(args[0])
-    return args, _uuid(m, "conversation_handle", required=False)
+    return args, meta_uuid(m, "conversation_handle", required=False)
 
 
 async def _receive(session: Session, frame: ClientFrame) -> tuple[ReplyMeta, ReplyBody]:
     m = frame.meta
-    args, handle = _receive_args(session, m)
+    args, handle = receive_args(session, m)
     tx = _transaction(session, m)
     reply = ReceiveReply()
     if tx is not None:
@@ -244,12 +248,12 @@ async def _receive(session: Session, frame: ClientFrame) -> tuple[ReplyMeta, Rep
 
 async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
-    handle = _uuid(m, "conversation_handle")
+    handle = meta_uuid(m, "conversation_handle")
     assert handle is not None
     code = m.get("error_code")
     if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
         raise InvalidRequest("error_code must be an integer")
-    description = _str(m, "description", "")
+    description = meta_str(m, "description", "")
     cleanup = bool(m.get("cleanup", False))
     session.check_own(handle)
     tx = _transaction(session, m)
@@ -264,7 +268,7 @@ async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], by
 
 async def _begin_timer(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
-    handle = _uuid(m, "conversation_handle")
+    handle = meta_uuid(m, "conversation_handle")
     assert handle is not None
     timeout = m.get("timeout")
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
@@ -282,8 +286,8 @@ async def _begin_timer(session: Session, frame: ClientFrame) -> tuple[dict[str, 
 
 async def _move(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
-    handle = _uuid(m, "conversation_handle")
-    group = _uuid(m, "conversation_group_id")
+    handle = meta_uuid(m, "conversation_handle")
+    group = meta_uuid(m, "conversation_group_id")
     assert handle is not None and group is not None
     session.check_own(handle)
     tx = _transaction(session, m)
@@ -300,7 +304,9 @@ async def _alter_queue(session: Session, frame: ClientFrame) -> tuple[dict[str, 
     status = m.get("status")
     if not isinstance(status, bool):
         raise InvalidRequest("status must be true (on) or false (off)")
-    await broker.engine.conversation_verbs.alter_queue(_str(m, "queue"), status, _database(m))
+    await broker.engine.conversation_verbs.alter_queue(
+        meta_str(m, "queue"), status, meta_database(m)
+    )
     return {}, b""
 
 
@@ -331,7 +337,7 @@ def _route_fields(m: dict[str, Any], only_given: bool) -> dict[str, Any]:
 async def _create_route(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     broker = session.broker
     route = await broker.engine.router.create_route(
-        _str(frame.meta, "database"), _route_fields(frame.meta, only_given=False)
+        meta_str(frame.meta, "database"), _route_fields(frame.meta, only_given=False)
     )
     return {"name": route.name}, b""
 
@@ -340,14 +346,16 @@ async def _alter_route(session: Session, frame: ClientFrame) -> tuple[dict[str, 
     broker = session.broker
     m = frame.meta
     route = await broker.engine.router.alter_route(
-        _str(m, "database"), _str(m, "name"), _route_fields(m, only_given=True)
+        meta_str(m, "database"), meta_str(m, "name"), _route_fields(m, only_given=True)
     )
     return {"name": route.name}, b""
 
 
 async def _drop_route(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     broker = session.broker
-    await broker.engine.router.drop_route(_str(frame.meta, "database"), _str(frame.meta, "name"))
+    await broker.engine.router.drop_route(
+        meta_str(frame.meta, "database"), meta_str(frame.meta, "name")
+    )
     return {}, b""
 
 
@@ -355,11 +363,11 @@ async def _explain(session: Session, frame: ClientFrame) -> tuple[dict[str, Any]
     broker = session.broker
     m = frame.meta
     from_outside = bool(m.get("from_outside", False))
-    database = (_database(m) or "msdb") if from_outside else _str(m, "database")
+    database = (meta_database(m) or "msdb") if from_outside else meta_str(m, "database")
     result = broker.engine.router.explain(
         database,
-        _str(m, "service"),
-        _uuid(m, "broker_instance", required=False),
+        meta_str(m, "service"),
+        meta_uuid(m, "broker_instance", required=False),
         from_outside,
     )
     return result, b""
@@ -368,13 +376,13 @@ async def _explain(session: Session, frame: ClientFrame) -> tuple[dict[str, Any]
 async def _set_mirror_role(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     broker = session.broker
     m = frame.meta
-    await broker.engine.router.set_mirror_role(_str(m, "database"), _str(m, "role"))
+    await broker.engine.router.set_mirror_role(meta_str(m, "database"), meta_str(m, "role"))
     return {}, b""
 
 
 async def _view(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     broker = session.broker
-    name = _str(frame.meta, "name")
+    name = meta_str(frame.meta, "name")
     engine = broker.engine
     databases = engine.databases.values()
     views_by_name: dict[str, Callable[[], Any]] = {
