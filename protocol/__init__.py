@@ -6,7 +6,12 @@ Modules:
   frames      adjacent-broker frame format (header + bodies), declared with construct
   security    identities, certificate checks, key schedule, fragment protection
   events      connection events
-  connection  the adjacent-broker connection state machine (handshake + frames)
+  session     a connection's numbered frames: clear ones, then sealed and opened under
+              the session keys
+  handshake   the four-message handshake: peer authentication, version and encryption,
+              the session keys
+  connection  the adjacent-broker connection state machine (frames off the stream,
+              which may come when, events in and out)
   liveness    heartbeats and the silence deadline of an open connection
   dialog      dialog-protocol message header codec
   dialog_security  dialog keys: key exchange, sealing and opening of secured dialogs

@@ -4,23 +4,11 @@ SPEC R-PROTO-1/2 (the adjacent broker protocol under the dialog protocol),
 R-OBJ-7 (encryption modes), R-DLG-8 (integrity). Bytes in, events out; events in,
 bytes out; no sockets, no clock (``now`` is passed in), no threads.
 
-Handshake (``I`` = initiator, ``A`` = acceptor; counters per direction from 0)::
-
-    I -> A  HELLO        versions, name, random, X25519 key, encryption mode,
-                         max frame size, certificate                 (clear)
-    A -> I  HELLO_REPLY  chosen version, name, random, X25519 key, mode, encrypted?,
-                         max frame size, certificate; signature over
-                         T(ctx_A, HELLO frame, reply core)                  (clear)
-            both derive keys: HKDF(X25519 secret, salt=T(ctx_salt, HELLO frame, reply core))
-    I -> A  PROOF        signature over T(ctx_I, HELLO frame, HELLO_REPLY frame)
-                                                                    (protected)
-    A -> I  WELCOME      (protected; confirms A's keys)
-
-    T(ctx, parts...) = SHA-256(ctx || len(part) u32 || part || ...)
-
-Either side refuses with an unprotected CLOSE carrying a CloseCode and a reason:
-an untrusted or expired certificate, a name that does not match the certificate,
-a failed proof of key possession, no common version, required vs disabled.
+The four handshake messages (HELLO, HELLO_REPLY, PROOF, WELCOME), their checks and
+the session keys are ``protocol.handshake``'s; the numbering, sealing and opening of
+every frame is ``protocol.session``'s. This module reads frames off the byte stream,
+decides which frame may come in which state, turns opened frames into events and
+events into frames.
 
 Transitions (state, role, frame type received) -> handler; anything not in the
 table is a RemoteProtocolError. CLOSE is accepted in every state but CLOSED::
@@ -43,12 +31,14 @@ HandshakeRefused) when the peer broke the protocol; the connection is then CLOSE
 a CLOSE frame for the peer waits in ``data_to_send()``, and the events decoded
 before the failure in the same call are on the exception's ``events`` attribute.
 ``send`` raises LocalProtocolError for our own mistakes.
+
+May import: ``protocol.handshake``, ``protocol.session`` and the modules below them
+(``frames``, ``security``, ``events``, ``buffers``, ``errors``).
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
 import os
 import uuid
 from collections.abc import Callable, Sequence
@@ -56,13 +46,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from protocol import frames
 from protocol.buffers import Buffer
 from protocol.errors import (
     CloseCode,
-    HandshakeRefused,
     LocalProtocolError,
     RemoteProtocolError,
 )
@@ -86,29 +74,14 @@ from protocol.frames import (
     FrameType,
     MirrorRole,
 )
+from protocol.handshake import HANDSHAKE_MAX_FRAME_SIZE, Handshake
 from protocol.security import (
     IN_PLACE_FROM,
     PROTECTION_OVERHEAD,
-    FrameOpener,
-    FrameSealer,
     Identity,
     IntegrityError,
-    certificate_name,
-    derive_session_keys,
-    negotiate_encryption,
-    sign,
-    signature_valid,
-    verify_peer_certificate,
 )
-
-_ACCEPTOR_CONTEXT = b"brokerd handshake v1: acceptor signature\x00"
-_INITIATOR_CONTEXT = b"brokerd handshake v1: initiator signature\x00"
-_SALT_CONTEXT = b"brokerd handshake v1: key salt\x00"
-
-
-HANDSHAKE_MAX_FRAME_SIZE = 16 * 1024
-"""Largest frame body accepted before the handshake completes (a HELLO or PROOF with its
-certificate is a few KiB): an unauthenticated peer can make this side buffer no more."""
+from protocol.session import Session
 
 
 class Role(enum.Enum):
@@ -187,28 +160,39 @@ class BrokerConnection:
         self.now = now
         self.state = State.START
         self.stats = ConnectionStats()
-        self.peer_instance: str | None = None
-        self.peer_certificate: x509.Certificate | None = None
-        self.version: int | None = None
-        self.encrypted: bool | None = None
-        self.peer_max_frame_size = frames.MIN_MAX_FRAME_SIZE
         self.close_code: CloseCode | None = None
         self.close_reason: str | None = None
-        self._entropy = entropy
-        self._ephemeral = X25519PrivateKey.from_private_bytes(entropy(32))
-        self._random = entropy(32)
+        self._session = Session(settings.versions, self.stats)
+        self._handshake = Handshake(role is Role.INITIATOR, settings, self._session, entropy)
         self._pending: list[Buffer] = []
         """The bytes of an incomplete frame, as they came: joined once it is whole."""
         self._pending_size = 0
         self._need = HEADER_SIZE
         self._outbox = bytearray()
-        self._send_counter = 0
-        self._recv_next = 0
-        self._hello_frame = b""
-        self._reply_core = b""
-        self._reply_frame = b""
-        self._sealer: FrameSealer | None = None
-        self._opener: FrameOpener | None = None
+
+    @property
+    def peer_instance(self) -> str | None:
+        """The peer's instance name, once its certificate checked out."""
+        return self._handshake.peer_instance
+
+    @property
+    def peer_certificate(self) -> x509.Certificate | None:
+        return self._handshake.peer_certificate
+
+    @property
+    def peer_max_frame_size(self) -> int:
+        """Largest frame body the peer accepts, as it announced in the handshake."""
+        return self._handshake.peer_max_frame_size
+
+    @property
+    def version(self) -> int | None:
+        """The agreed protocol version, once the session keys are installed."""
+        return self._session.version
+
+    @property
+    def encrypted(self) -> bool | None:
+        """Whether payloads are encrypted (or only signed), once the keys are installed."""
+        return self._session.encrypted
 
     # ------------------------------------------------------------------ public API
 
@@ -218,22 +202,9 @@ class BrokerConnection:
             raise LocalProtocolError(f"start() in state {self.state.value}")
         if self.role is Role.ACCEPTOR:
             return b""
-        identity = self.settings.identity
-        body = frames.encode_body(
-            FrameType.HELLO,
-            {
-                "versions": list(self.settings.versions),
-                "instance_name": identity.instance_name,
-                "random": self._random,
-                "ephemeral_key": self._ephemeral.public_key().public_bytes_raw(),
-                "encryption": int(self.settings.encryption),
-                "max_frame_size": self.settings.max_frame_size,
-                "certificate": identity.certificate_der,
-            },
-        )
-        self._hello_frame = self._clear_frame(FrameType.HELLO, body, frames.HELLO_VERSION)
+        hello = self._handshake.hello()
         self.state = State.SENT_HELLO
-        return self._hello_frame
+        return hello
 
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes from the peer; returns the events they complete, in order."""
@@ -442,171 +413,35 @@ class BrokerConnection:
             )
         handler(self, header, header_bytes, body, events)
 
-    def _check_clear(self, header: FrameHeader, version: int | None = None) -> None:
-        """Unprotected frames: exact counter, no protection flags, the expected version
-        (HELLO: the frozen HELLO_VERSION; HELLO_REPLY: the version it chooses; later
-        clear CLOSEs: one this side speaks)."""
-        if header.flags != 0:
-            raise RemoteProtocolError(f"clear frame with protection flags {header.flags:#x}")
-        if header.counter != self._recv_next:
-            raise RemoteProtocolError(
-                f"clear frame counter {header.counter}, expected {self._recv_next}"
-            )
-        if version is not None and header.version != version:
-            raise RemoteProtocolError(
-                f"frame version {header.version}, expected {version}", CloseCode.VERSION_MISMATCH
-            )
-        if (
-            version is None
-            and header.version not in self.settings.versions
-            and header.version != frames.HELLO_VERSION
-        ):
-            raise RemoteProtocolError(
-                f"frame version {header.version} not spoken here", CloseCode.VERSION_MISMATCH
-            )
-        self._recv_next += 1
-
-    def _open(self, header: FrameHeader, header_bytes: bytes, body: bytes) -> bytes:
-        """Verify a protected frame: version, counter (replay/reorder), AEAD tag, MD5 signature."""
-        return bytes(self._open_view(header, header_bytes, body))  # bytes: not copied
-
-    def _open_view(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> Buffer:
-        """As :meth:`_open`; a large payload as a view of the opened plaintext."""
-        assert self._opener is not None
-        if header.version != self.version:
-            raise RemoteProtocolError(
-                f"frame version {header.version} after negotiating {self.version}",
-                CloseCode.VERSION_MISMATCH,
-            )
-        if header.counter < self._recv_next:
-            raise IntegrityError(
-                f"replayed or reordered frame: counter {header.counter}, "
-                f"expected at least {self._recv_next}"
-            )
-        payload = self._opener.open_view(header, header_bytes, body)
-        self._recv_next = header.counter + 1
-        return payload
-
     def _on_hello(
         self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
     ) -> None:
-        self._check_clear(header, frames.HELLO_VERSION)
-        hello = frames.decode_body(FrameType.HELLO, body)
-        self._hello_frame = header_bytes + body
-        common = sorted(set(hello.versions) & set(self.settings.versions))
-        if not common:
-            raise HandshakeRefused(
-                f"no common protocol version: peer offers {list(hello.versions)}, "
-                f"this broker speaks {list(self.settings.versions)}",
-                CloseCode.VERSION_MISMATCH,
-            )
-        version = common[-1]
-        peer_mode = _mode(hello.encryption)
-        encrypted = negotiate_encryption(peer_mode, self.settings.encryption)
-        peer_cert = self._authenticate_peer(hello.certificate, hello.instance_name)
-        self._set_peer_frame_limit(hello.max_frame_size)
-        shared = self._exchange(hello.ephemeral_key)
-        identity = self.settings.identity
-        self._reply_core = frames.encode_reply_core(
-            {
-                "version": version,
-                "instance_name": identity.instance_name,
-                "random": self._random,
-                "ephemeral_key": self._ephemeral.public_key().public_bytes_raw(),
-                "encryption": int(self.settings.encryption),
-                "encrypted": int(encrypted),
-                "max_frame_size": self.settings.max_frame_size,
-                "certificate": identity.certificate_der,
-            }
-        )
-        signature = sign(
-            identity.private_key,
-            _transcript(_ACCEPTOR_CONTEXT, self._hello_frame, self._reply_core),
-        )
-        body_out = frames.encode_body(
-            FrameType.HELLO_REPLY, {"core": self._reply_core, "signature": signature}
-        )
-        self._reply_frame = self._clear_frame(FrameType.HELLO_REPLY, body_out, version)
-        self._outbox += self._reply_frame
-        self._establish(shared, version, encrypted, peer_cert)
+        self._outbox += self._handshake.on_hello(header, header_bytes, body, self.now)
         self.state = State.SENT_REPLY
 
     def _on_hello_reply(
         self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
     ) -> None:
-        reply = frames.decode_body(FrameType.HELLO_REPLY, body)
-        core = frames.decode_reply_core(reply.core)
-        self._check_clear(header, core.version)
-        self._reply_core = reply.core
-        self._reply_frame = header_bytes + body
-        if core.version not in self.settings.versions:
-            raise HandshakeRefused(
-                f"acceptor chose protocol version {core.version}, which was not offered",
-                CloseCode.VERSION_MISMATCH,
-            )
-        encrypted = negotiate_encryption(self.settings.encryption, _mode(core.encryption))
-        if core.encrypted not in (0, 1) or bool(core.encrypted) != encrypted:
-            raise HandshakeRefused(
-                f"acceptor decided encrypted={bool(core.encrypted)} but the modes give "
-                f"encrypted={encrypted}",
-                CloseCode.ENCRYPTION_MISMATCH,
-            )
-        peer_cert = self._authenticate_peer(core.certificate, core.instance_name)
-        _require_signature(
-            peer_cert,
-            reply.signature,
-            _transcript(_ACCEPTOR_CONTEXT, self._hello_frame, self._reply_core),
-            f"acceptor {core.instance_name!r}",
-        )
-        self._set_peer_frame_limit(core.max_frame_size)
-        self._establish(self._exchange(core.ephemeral_key), core.version, encrypted, peer_cert)
-        signature = sign(
-            self.settings.identity.private_key,
-            _transcript(_INITIATOR_CONTEXT, self._hello_frame, self._reply_frame),
-        )
-        self._outbox += self._seal(
-            FrameType.PROOF, frames.encode_body(FrameType.PROOF, {"signature": signature})
-        )
+        self._outbox += self._handshake.on_hello_reply(header, header_bytes, body, self.now)
         self.state = State.SENT_PROOF
 
     def _on_proof(
         self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
     ) -> None:
-        payload = self._open_handshake(header, header_bytes, body, "initiator")
-        proof = frames.decode_body(FrameType.PROOF, payload)
-        assert self.peer_certificate is not None
-        _require_signature(
-            self.peer_certificate,
-            proof.signature,
-            _transcript(_INITIATOR_CONTEXT, self._hello_frame, self._reply_frame),
-            f"initiator {self.peer_instance!r}",
-        )
-        self._outbox += self._seal(FrameType.WELCOME, frames.encode_body(FrameType.WELCOME, {}))
+        self._outbox += self._handshake.on_proof(header, header_bytes, body)
         self._opened(events)
 
     def _on_welcome(
         self, header: FrameHeader, header_bytes: bytes, body: bytes, events: list[Event]
     ) -> None:
-        payload = self._open_handshake(header, header_bytes, body, "acceptor")
-        frames.decode_body(FrameType.WELCOME, payload)
+        self._handshake.on_welcome(header, header_bytes, body)
         self._opened(events)
-
-    def _open_handshake(
-        self, header: FrameHeader, header_bytes: bytes, body: bytes, who: str
-    ) -> bytes:
-        """A protected handshake frame (PROOF, WELCOME) must open: it proves the keys."""
-        try:
-            return self._open(header, header_bytes, body)
-        except IntegrityError as exc:
-            raise HandshakeRefused(
-                f"{who} failed to prove the session key: {exc}", CloseCode.AUTHENTICATION_FAILED
-            ) from None
 
     def _on_open_frame(
         self, header: FrameHeader, header_bytes: bytes, body: Buffer, events: list[Event]
     ) -> None:
         try:
-            opened = self._open_view(header, header_bytes, body)
+            opened = self._session.open_view(header, header_bytes, body)
         except IntegrityError as exc:
             self._integrity_failure(header, str(exc), events)
             return
@@ -648,16 +483,16 @@ class BrokerConnection:
     ) -> None:
         """A CLOSE in OPEN must be protected (else it could be injected); before OPEN a
         refusal may travel in clear, or sealed if the peer already held keys."""
-        if self.state is State.OPEN or (header.flags != 0 and self._opener is not None):
+        if self.state is State.OPEN or (header.flags != 0 and self._session.keyed):
             try:
-                payload = self._open(header, header_bytes, body)
+                payload = self._session.open(header, header_bytes, body)
             except IntegrityError as exc:
                 if self.state is not State.OPEN:
                     raise RemoteProtocolError(f"CLOSE frame failed its check: {exc}") from None
                 self._integrity_failure(header, str(exc), events)
                 return
         else:
-            self._check_clear(header)
+            self._session.check_clear(header)
             payload = body
         value = frames.decode_body(FrameType.CLOSE, payload)
         try:
@@ -668,58 +503,6 @@ class BrokerConnection:
         self._closed(code, value.reason)
 
     # -------------------------------------------------------------- internals
-
-    def _authenticate_peer(self, certificate_der: bytes, claimed_name: str) -> x509.Certificate:
-        cert = verify_peer_certificate(
-            certificate_der, self.settings.identity.trusted_cas, self.now
-        )
-        cert_name = certificate_name(cert)
-        if cert_name != claimed_name:
-            raise HandshakeRefused(
-                f"peer calls itself {claimed_name!r} but its certificate names {cert_name!r}",
-                CloseCode.PEER_NAME_MISMATCH,
-            )
-        expected = self.settings.expected_peer
-        if expected is not None and cert_name != expected:
-            raise HandshakeRefused(
-                f"expected instance {expected!r}, peer is {cert_name!r}",
-                CloseCode.PEER_NAME_MISMATCH,
-            )
-        self.peer_instance = cert_name
-        self.peer_certificate = cert
-        return cert
-
-    def _set_peer_frame_limit(self, limit: int) -> None:
-        if limit < frames.MIN_MAX_FRAME_SIZE:
-            raise RemoteProtocolError(
-                f"peer frame limit {limit} is below the minimum {frames.MIN_MAX_FRAME_SIZE}"
-            )
-        self.peer_max_frame_size = limit
-
-    def _exchange(self, peer_ephemeral: bytes) -> bytes:
-        """The X25519 shared secret; refuses low-order or malformed keys."""
-        try:
-            return self._ephemeral.exchange(X25519PublicKey.from_public_bytes(peer_ephemeral))
-        except ValueError as exc:
-            raise HandshakeRefused(
-                f"bad ephemeral key: {exc}", CloseCode.AUTHENTICATION_FAILED
-            ) from None
-
-    def _establish(
-        self, shared: bytes, version: int, encrypted: bool, peer_cert: x509.Certificate
-    ) -> None:
-        keys = derive_session_keys(
-            shared, _transcript(_SALT_CONTEXT, self._hello_frame, self._reply_core)
-        )
-        if self.role is Role.INITIATOR:
-            send_key, recv_key = keys.initiator_to_acceptor, keys.acceptor_to_initiator
-        else:
-            send_key, recv_key = keys.acceptor_to_initiator, keys.initiator_to_acceptor
-        self._sealer = FrameSealer(send_key, encrypted, version)
-        self._opener = FrameOpener(recv_key, encrypted)
-        self.version = version
-        self.encrypted = encrypted
-        self.peer_certificate = peer_cert
 
     def _opened(self, events: list[Event]) -> None:
         self.state = State.OPEN
@@ -777,24 +560,21 @@ class BrokerConnection:
             {"code": int(code), "reason": reason_bytes.decode("utf-8", "ignore")},
         )
         if self.state is State.OPEN or self.state is State.SENT_PROOF:
-            return self._seal(FrameType.CLOSE, body)
+            return self._session.seal(FrameType.CLOSE, body)
         # Before a version is agreed a refusal carries the frozen HELLO version, which
         # every peer of every version reads.
         version = self.version or frames.HELLO_VERSION
-        return self._clear_frame(FrameType.CLOSE, body, version)
+        return self._session.clear_frame(FrameType.CLOSE, body, version)
 
     def _send_protected(self, frame_type: FrameType, payload: bytes) -> bytes:
         self._check_sendable(frame_type, len(payload))
-        frame = self._seal(frame_type, payload)
+        frame = self._session.seal(frame_type, payload)
         return self.data_to_send() + frame if self._outbox else frame
 
     def _protect(self, frame_type: FrameType, pieces: Sequence[Buffer], size: int) -> Buffer:
         """The protected frame of the payload ``pieces`` make (``size`` bytes joined)."""
         self._check_sendable(frame_type, size)
-        assert self._sealer is not None
-        frame = self._sealer.seal_pieces(frame_type, pieces, self._send_counter)
-        self._sent(frame)
-        return frame
+        return self._session.seal_pieces(frame_type, pieces)
 
     def _check_sendable(self, frame_type: FrameType, size: int) -> None:
         if self.state is not State.OPEN:
@@ -807,22 +587,6 @@ class BrokerConnection:
                 f"{frame_type.name} payload of {size} bytes exceeds the peer's frame "
                 f"limit of {self.peer_max_frame_size - PROTECTION_OVERHEAD}"
             )
-
-    def _seal(self, frame_type: FrameType, payload: bytes) -> bytes:
-        assert self._sealer is not None
-        frame = self._sealer.seal(frame_type, payload, self._send_counter)
-        self._sent(frame)
-        return frame
-
-    def _sent(self, frame: Buffer) -> None:
-        self._send_counter += 1
-        self.stats.frames_sent += 1
-        self.stats.bytes_sent += len(frame)
-
-    def _clear_frame(self, frame_type: FrameType, body: bytes, version: int) -> bytes:
-        frame = frames.encode_header(version, frame_type, 0, len(body), self._send_counter) + body
-        self._sent(frame)
-        return frame
 
     @property
     def buffered_bytes(self) -> int:
@@ -840,30 +604,6 @@ class BrokerConnection:
     def max_payload_size(self) -> int:
         """Largest FRAGMENT/ACK payload the peer accepts (valid once OPEN)."""
         return self.peer_max_frame_size - PROTECTION_OVERHEAD
-
-
-def _transcript(context: bytes, *parts: bytes) -> bytes:
-    digest = hashlib.sha256(context)
-    for part in parts:
-        digest.update(len(part).to_bytes(4, "big"))
-        digest.update(part)
-    return digest.digest()
-
-
-def _require_signature(cert: x509.Certificate, signature: bytes, data: bytes, who: str) -> None:
-    """Proof of key possession: the peer's transcript signature must verify."""
-    if not signature_valid(cert, signature, data):
-        raise HandshakeRefused(
-            f"{who} failed to prove possession of its certificate key (bad handshake signature)",
-            CloseCode.AUTHENTICATION_FAILED,
-        )
-
-
-def _mode(value: int) -> EncryptionMode:
-    try:
-        return EncryptionMode(value)
-    except ValueError:
-        raise RemoteProtocolError(f"unknown encryption mode {value}") from None
 
 
 _OPEN_TYPES = (

@@ -62,7 +62,8 @@ from protocol.mirroring import Attach, Chunk, Confirm, Kind, Refuse
 
 if TYPE_CHECKING:
     from brokerd.dialogs.engine import DialogEngine
-    from brokerd.server.transport import BrokerProtocol, Transport
+    from brokerd.server.peer_connection import BrokerProtocol
+    from brokerd.server.transport import Transport
 
 log = logging.getLogger("brokerd.server.mirroring")
 

@@ -30,7 +30,6 @@ from protocol import (
     State,
     frames,
 )
-from protocol.connection import HANDSHAKE_MAX_FRAME_SIZE
 from protocol.events import (
     Ack,
     Close,
@@ -42,6 +41,7 @@ from protocol.events import (
     PrincipalQuery,
 )
 from protocol.frames import SizedPayload
+from protocol.handshake import HANDSHAKE_MAX_FRAME_SIZE
 from tests.conftest import NOW, Pki, make_pair, open_pair, run_handshake
 
 R, S, D = EncryptionMode.REQUIRED, EncryptionMode.SUPPORTED, EncryptionMode.DISABLED

@@ -30,7 +30,7 @@ from brokerd.tools.example import (
 from brokerd.tools.launcher import Deployment
 from protocol import frames
 from protocol.client_wire import HEADER_SIZE as CLIENT_HEADER_SIZE
-from protocol.connection import HANDSHAKE_MAX_FRAME_SIZE
+from protocol.handshake import HANDSHAKE_MAX_FRAME_SIZE
 from tests.daemons import FAST_RETRY, drain, running
 
 BETA = "127.0.0.2"

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from brokerd.tools.soak.driver import stop_producers
+from brokerd.tools.soak.producers import stop_producers
 
 
 async def test_a_producer_stuck_on_a_send_is_cancelled_after_the_timeout() -> None:

@@ -14,7 +14,10 @@ describes the design and the results.
 
 Modules: :mod:`.records` (message bodies and ledger files), :mod:`.topology` (the
 deployment), :mod:`.consumer` (the application process that receives),
-:mod:`.checker` (the verdict), :mod:`.driver` (producers, faults, drain),
+:mod:`.checker` (the verdict), :mod:`.driver` (the run: start, heal, drain, summary),
+:mod:`.producers` (the load: producers and their ledgers), :mod:`.faults` (the fault
+schedule and failovers), :mod:`.processes` (starting, killing, stopping and resuming
+daemons and consumers), :mod:`.clients` (the soak's own SDK connections),
 :mod:`.delivery` (how the local stream's messages travelled, from A's traces),
 :mod:`.follow` (finding B's principal) and :mod:`.netns` (running inside a network
 namespace of its own).
