@@ -29,7 +29,7 @@ owns the work: what a connection delivers (``on_fragments``, ``on_acks``,
 ``on_corrupted_message``, ``link_up``, ``link_down``, ``inbound_backlog``), what the
 local link delivers (:class:`~brokerd.dialogs.transmission.local_link.LocalDelivery`)
 and what the router needs of the engine
-(:class:`~brokerd.dialogs.router.core.DialogServices`). The application's verbs are
+(:class:`~brokerd.dialogs.router.router.DialogServices`). The application's verbs are
 reached through their parts (``send_verbs``, ``receive_verbs``, ``conversation_verbs``,
 :meth:`transaction`).
 

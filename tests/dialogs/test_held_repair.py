@@ -139,7 +139,7 @@ async def test_recovery_leaves_a_partial_message_and_removes_an_ended_ones(
     again = Database(config, tmp_path)
     await again.open()
     try:
-        with caplog.at_level(logging.WARNING, "brokerd.dialogs.endpoints.database"):
+        with caplog.at_level(logging.WARNING, "brokerd.dialogs.database"):
             await again.recover()
         await again.store.wait_idle()
         ep = again.endpoints[uuid.UUID(talking)]

@@ -181,7 +181,7 @@ class Delivery:
                 return
             db.rx_suspended = False
 
-        self.transmission.loop.create_task(reload())
+        asyncio.get_running_loop().create_task(reload())
 
     def fire_due(self, now: float) -> None:
         """Fire every timer and lifetime due at ``now`` that still applies (a timer may

@@ -69,7 +69,7 @@ def _cursor(conn: sqlite3.Connection) -> Rows:
     return rows
 
 
-log = logging.getLogger("brokerd.dialogs.endpoints.database")
+log = logging.getLogger("brokerd.dialogs.database")
 
 _END_FLAGS = {
     END_DIALOG: FLAG_END_DIALOG | FLAG_SEQUENCED,

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from brokerd.dialogs.transmission.links import Link, LinkProvider
     from brokerd.storage.queries import Statement
 
-log = logging.getLogger("brokerd.dialogs.router.router")  # one log for every part of the router
+log = logging.getLogger("brokerd.dialogs.router")  # one log for every part of the router
 
 _ROLE_NAMES: dict[MirrorRole, Role] = {
     MirrorRole.PRINCIPAL: "principal",

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from brokerd.dialogs.endpoints.endpoint import Endpoint
     from brokerd.dialogs.router.state import RouterState
 
-log = logging.getLogger("brokerd.dialogs.router.router")  # one log for every part of the router
+log = logging.getLogger("brokerd.dialogs.router")  # one log for every part of the router
 
 
 @dataclass

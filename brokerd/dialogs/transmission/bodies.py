@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.transmission.links import Link
 
-log = logging.getLogger("brokerd.dialogs.transmission.bodies")
+log = logging.getLogger("brokerd.dialogs.bodies")
 
 READ_AHEAD_PAGE = 1024 * 1024
 """Bytes of bodies one page of a backlog brings with it at most (256 messages of 4 KiB):

@@ -61,7 +61,7 @@ from protocol.dialog import FLAG_INITIATOR, Acknowledgement, DialogHeader
 from protocol.dialog_security import make_key_exchange
 from protocol.fragments import fragment_count
 
-log = logging.getLogger("brokerd.dialogs.transmission.transmission")
+log = logging.getLogger("brokerd.dialogs.transmission")
 
 ReadPage = Callable[[str, str, int, int, int], Awaitable[tuple[list[SentRow], dict[int, bytes]]]]
 """Reads a page of an endpoint's backlog, in one job of its database (database, handle,

@@ -17,7 +17,6 @@ May import: :mod:`brokerd.dialogs.verbs.send`, ``brokerd.dialogs.transmission``,
 from __future__ import annotations
 
 import functools
-import logging
 import uuid
 from collections.abc import Callable, Collection
 from typing import Any
@@ -54,8 +53,6 @@ from brokerd.storage import queries
 from brokerd.storage.keys import new_handle
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 from protocol.dialog_security import DialogKeys
-
-log = logging.getLogger("brokerd.dialogs.verbs.conversation")
 
 
 class ConversationVerbs:

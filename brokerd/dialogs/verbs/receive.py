@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import operator
 import sqlite3
 import uuid
@@ -27,8 +26,6 @@ from brokerd.errors import QueueDisabled
 from brokerd.storage import queries
 from brokerd.storage.catalog import QueueInfo
 from brokerd.traces.writer import TraceWriter
-
-log = logging.getLogger("brokerd.dialogs.verbs.receive")
 
 
 class ReceiveVerbs:

@@ -12,7 +12,6 @@ they may import.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
@@ -45,8 +44,6 @@ from brokerd.storage.queries import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import FLAG_INITIATOR, FLAG_SEQUENCED
 from protocol.fragments import fragment_count
-
-log = logging.getLogger("brokerd.dialogs.verbs.send")
 
 
 class SendVerbs:
