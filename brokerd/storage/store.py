@@ -2,7 +2,7 @@
 
 Owns (SPEC R-OBJ-6, R-DLG-13; docs/design.md "Storage"):
 
-* opening the file: the numbered migrations of :mod:`brokerd.storage.queries`,
+* opening the file: the numbered migrations of :mod:`brokerd.storage.schema`,
   the persisted broker instance identifier and the ``AutoCreatedLocal`` route;
 * :class:`Store`, whose committer gathers every job submitted while the
   previous commit ran and commits them as one transaction (group commit).
@@ -39,17 +39,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from brokerd.errors import StoreError
-from brokerd.storage import body_files, queries
+from brokerd.storage import body_files, queries, schema
 from brokerd.storage.batch_sql import Part, apply_batch
 from brokerd.storage.body_files import TABLES, BodyFiles
 from brokerd.storage.chains import BrokenChains, Token
-from brokerd.storage.queries import (
-    AUTO_CREATED_LOCAL,
-    SCHEMA_VERSION,
-    WRITE_META,
-    Statement,
-)
 from brokerd.storage.replica import FencedWrite, Recorder, Replica, Unit
+from brokerd.storage.schema import AUTO_CREATED_LOCAL, SCHEMA_VERSION, WRITE_META, Statement
 
 __all__ = ["AUTO_CREATED_LOCAL", "SCHEMA_VERSION", "Statement", "Store", "describe_sqlite_error"]
 
@@ -353,7 +348,7 @@ class Store:
             await self._shutdown()
             raise
         if self.replica is not None:
-            stored = {str(k): str(v) for k, v in await self.fetchall(queries.READ_META)}
+            stored = {str(k): str(v) for k, v in await self.fetchall(schema.READ_META)}
             self.replica.lsn = int(stored.get("mirror_lsn", "0"))
             self.replica.lsn_epoch = int(stored.get("mirror_lsn_epoch", "0"))
         return instance
@@ -672,7 +667,7 @@ class Store:
             for sql, params in own:
                 conn.execute(sql, params)
             conn.execute("COMMIT")
-            meta = {str(k): str(v) for k, v in conn.execute(queries.READ_META).fetchall()}
+            meta = {str(k): str(v) for k, v in conn.execute(schema.READ_META).fetchall()}
             replica.lsn = int(meta.get("mirror_lsn", "0"))
             replica.lsn_epoch = int(meta.get("mirror_lsn_epoch", "0"))
 
@@ -715,19 +710,19 @@ def _rollback_journal_image(data: bytes) -> bytes:
 def _open_file(
     conn: sqlite3.Connection, path: Path, database: str, broker_instance: uuid.UUID | None
 ) -> uuid.UUID:
-    conn.execute(queries.CREATE_META)
-    meta = {str(k): str(v) for k, v in conn.execute(queries.READ_META).fetchall()}
+    conn.execute(schema.CREATE_META)
+    meta = {str(k): str(v) for k, v in conn.execute(schema.READ_META).fetchall()}
     version = int(meta.get("schema_version", "0"))
     if version > SCHEMA_VERSION:
         raise StoreError(f"{path}: schema version {version}, this brokerd reads {SCHEMA_VERSION}")
-    for step in queries.MIGRATIONS:
+    for step in schema.MIGRATIONS:
         if step.version > version:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for sql in step.script.split(";"):
                     if sql.strip():
                         conn.execute(sql)
-                conn.execute(queries.WRITE_META, ("schema_version", str(step.version)))
+                conn.execute(schema.WRITE_META, ("schema_version", str(step.version)))
                 conn.execute("COMMIT")
             except BaseException:
                 _rollback(conn)
@@ -745,9 +740,9 @@ def _open_file(
     instance = broker_instance or uuid.uuid4()
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany(
-        queries.WRITE_META, [("broker_instance", str(instance)), ("database", database)]
+        schema.WRITE_META, [("broker_instance", str(instance)), ("database", database)]
     )
-    conn.execute(queries.ADD_AUTO_CREATED_LOCAL, (AUTO_CREATED_LOCAL,))
+    conn.execute(schema.ADD_AUTO_CREATED_LOCAL, (AUTO_CREATED_LOCAL,))
     conn.execute("COMMIT")
     return instance
 
