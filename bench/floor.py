@@ -54,7 +54,8 @@ from typing import Any
 
 from brokerd.storage import queries, schema
 from brokerd.storage.body_files import BodyFiles, directory_of
-from brokerd.storage.store import PAGE_CACHE_MB, commit_batch, connect
+from brokerd.storage.committer import commit_batch
+from brokerd.storage.connection import PAGE_CACHE_MB, connect
 from protocol.fragments import DEFAULT_FRAGMENT_SIZE
 from protocol.frames import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, FrameType, decode_header
 from protocol.security import FrameOpener, FrameSealer

@@ -2,7 +2,7 @@
 
 Owns (SPEC R-DLG-1, R-DLG-7, R-DLG-12; docs/design.md "Storage") the reads the store's
 committer thread runs as functions of its :class:`sqlite3.Connection` (see
-:mod:`brokerd.storage.store`): a page of a conversation's unacknowledged messages and
+:mod:`brokerd.storage.committer`): a page of a conversation's unacknowledged messages and
 their bodies (read back when sent), RECEIVE's rows (and their removal, as RECEIVE
 reads them), the ready messages of queues that are off, and the fragments of a message
 being reassembled. A body a row says is in a segment file is read from there

@@ -5,7 +5,7 @@ Owns (SPEC R-OBJ-3..6, R-DLG-13; docs/design.md "Storage"):
 * :data:`MIGRATIONS`, the schema as numbered steps. A file records the last
   step applied (``meta.schema_version``); opening it applies the later ones in
   order, each in its own transaction, and refuses a file newer than this code
-  (:meth:`brokerd.storage.store.Store.open`);
+  (:func:`brokerd.storage.connection.open_file`);
 * the statements of the ``meta`` table, and the ``AutoCreatedLocal`` route every new
   file is given;
 * what the empty body of a ``queue_messages`` row means (:data:`IN_ELSEWHERE`,

@@ -16,7 +16,8 @@ import pytest
 
 from brokerd.errors import StoreError
 from brokerd.storage import queries, schema
-from brokerd.storage.store import PAGE_CACHE_MB, Store
+from brokerd.storage.connection import PAGE_CACHE_MB
+from brokerd.storage.store import Store
 
 
 def _meta(path: Path) -> dict[str, str]:
@@ -62,7 +63,7 @@ async def test_a_file_of_the_first_step_is_brought_up_to_date(
         "CREATE TABLE later_step (x INTEGER); INSERT INTO later_step VALUES (7)",
     )
     monkeypatch.setattr(schema, "MIGRATIONS", (*schema.MIGRATIONS, step))
-    monkeypatch.setattr("brokerd.storage.store.SCHEMA_VERSION", step.version)
+    monkeypatch.setattr("brokerd.storage.connection.SCHEMA_VERSION", step.version)
     for _ in range(2):  # the second open applies nothing
         store = Store(path, "shop")
         await store.open()
