@@ -52,9 +52,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from brokerd.storage import queries
+from brokerd.storage import queries, schema
 from brokerd.storage.body_files import BodyFiles, directory_of
-from brokerd.storage.store import PAGE_CACHE_MB, commit_batch, connect
+from brokerd.storage.committer import commit_batch
+from brokerd.storage.connection import PAGE_CACHE_MB, connect
 from protocol.fragments import DEFAULT_FRAGMENT_SIZE
 from protocol.frames import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, FrameType, decode_header
 from protocol.security import FrameOpener, FrameSealer
@@ -149,7 +150,7 @@ def tcp_hop(body: bytes, iterations: int) -> float:
 
 def _database(directory: Path, name: str, page_cache_mb: int) -> sqlite3.Connection:
     conn = connect(directory / f"{name}.db", page_cache_mb)
-    for step in queries.MIGRATIONS:
+    for step in schema.MIGRATIONS:
         for sql in step.script.split(";"):
             if sql.strip():
                 conn.execute(sql)

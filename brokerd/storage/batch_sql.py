@@ -5,7 +5,8 @@ UPDATE and DELETE group, function jobs as barriers), the multi-row statements th
 cross the GIL once per chunk instead of once per row, and the endpoint rows written
 once per endpoint and batch (``queries.merge_snapshots``).
 
-May import: ``brokerd.storage.queries`` and ``brokerd.storage.body_files``.
+May import: ``brokerd.storage.schema``, ``brokerd.storage.queries`` and
+``brokerd.storage.body_files``.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from brokerd.storage.queries import (
     ENDPOINT_SNAPSHOT,
     MANY_ROWS,
     STORABLE,
-    Statement,
     merge_snapshots,
     stored,
 )
+from brokerd.storage.schema import Statement
 
 
 class Part(Protocol):

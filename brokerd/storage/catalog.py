@@ -16,7 +16,7 @@ from typing import Any
 
 from brokerd.config import DatabaseConfig
 from brokerd.storage import queries
-from brokerd.storage.queries import AUTO_CREATED_LOCAL, Statement
+from brokerd.storage.schema import AUTO_CREATED_LOCAL, Statement
 from protocol.dialog import (
     BROKER_CONFIGURATION_NOTICE,
     DEFAULT_CONTRACT,

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from brokerd.storage.queries import WRITE_META, Statement
+from brokerd.storage.schema import WRITE_META, Statement
 
 OWN_META_KEYS = frozenset({"mirror_role", "mirror_epoch", "mirror_lsn", "mirror_lsn_epoch"})
 """``meta`` keys each partner keeps for itself: never shipped, never fenced."""

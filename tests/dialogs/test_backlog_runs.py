@@ -10,7 +10,7 @@ from pathlib import Path
 from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoints.backlog import Backlog
 from brokerd.dialogs.endpoints.database import Database
-from brokerd.storage import queries
+from brokerd.storage import queries, schema
 
 
 def test_backlog_runs_merge_split_and_page() -> None:
@@ -75,8 +75,8 @@ async def test_recovery_of_a_queue_with_gaps_reads_only_numbers(tmp_path: Path) 
 def test_runs_of_a_backlog_leave_the_file_by_range(tmp_path: Path) -> None:
     """An acknowledgement's runs beyond ``through`` delete exactly those rows."""
     conn = sqlite3.connect(tmp_path / "t.sqlite", isolation_level=None)
-    conn.execute(queries.CREATE_META)
-    for step in queries.MIGRATIONS:
+    conn.execute(schema.CREATE_META)
+    for step in schema.MIGRATIONS:
         conn.executescript(step.script)
     handle, other = str(uuid.uuid4()), str(uuid.uuid4())
     for h in (handle, other):

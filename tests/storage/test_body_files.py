@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from brokerd.errors import StoreError
-from brokerd.storage import body_files, queries
+from brokerd.storage import body_files, queries, schema
 from brokerd.storage.body_files import STORED_FROM, BodyFiles
 from brokerd.storage.replica import Replica
 from brokerd.storage.store import Store
@@ -289,8 +289,8 @@ async def test_a_database_that_becomes_mirrored_takes_its_bodies_back(tmp_path: 
 
 def test_a_segment_is_closed_for_appends_when_full(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "t.sqlite")
-    conn.execute(queries.CREATE_META)
-    for step in queries.MIGRATIONS:
+    conn.execute(schema.CREATE_META)
+    for step in schema.MIGRATIONS:
         conn.executescript(step.script)
     files = BodyFiles(tmp_path / "t.sqlite-bodies", segment_bytes=2 * len(LARGE))
     files.open(conn)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.storage import body_files, queries
+from brokerd.storage import body_files, queries, schema
 from brokerd.storage.body_files import BodyFiles
 from brokerd.storage.store import Store
 from brokerd.tools import example
@@ -131,8 +131,8 @@ async def test_without_compaction_every_segment_stays(
 
 def _database(tmp_path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(tmp_path / "t.sqlite", isolation_level=None)
-    conn.execute(queries.CREATE_META)
-    for step in queries.MIGRATIONS:
+    conn.execute(schema.CREATE_META)
+    for step in schema.MIGRATIONS:
         conn.executescript(step.script)
     return conn
 

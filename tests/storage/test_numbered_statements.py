@@ -8,15 +8,15 @@ import sqlite3
 import uuid
 from pathlib import Path
 
-from brokerd.storage import queries
+from brokerd.storage import queries, schema
 
 H1, H2 = uuid.uuid4(), uuid.uuid4()
 
 
 def _queue(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute(queries.CREATE_META)
-    for step in queries.MIGRATIONS:
+    conn.execute(schema.CREATE_META)
+    for step in schema.MIGRATIONS:
         conn.executescript(step.script)
     for handle in (H1, H2):
         for seq in [*range(-3, 0), *range(1, 21)]:  # the broker's own messages are negative

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.storage import body_files, queries
+from brokerd.storage import body_files, queries, reads, schema
 
 TABLES = {
     "conversation_endpoints",
@@ -38,8 +38,8 @@ G = str(uuid.uuid4())
 
 def _schema(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute(queries.CREATE_META)
-    for step in queries.MIGRATIONS:
+    conn.execute(schema.CREATE_META)
+    for step in schema.MIGRATIONS:
         conn.executescript(step.script)
     # Enough rows that SQLite's planner sees real tables, not empty ones.
     for i in range(1, 50):
@@ -102,7 +102,7 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
         ],
     ),
     "RECEIVE: where a queue row's body is stored": lambda c: c.execute(
-        queries.QUEUED_STORED_AT, (H1, 103)
+        reads.QUEUED_STORED_AT, (H1, 103)
     ),
     "compaction: the live bytes of a segment": lambda c: body_files.live_bytes(c, 1),
     "compaction: a segment's rows, each pointed elsewhere": lambda c: [

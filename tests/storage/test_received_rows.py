@@ -1,4 +1,4 @@
-"""RECEIVE reads a conversation's run of rows in one step (``queries._received_rows``):
+"""RECEIVE reads a conversation's run of rows in one step (``reads._received_rows``):
 the same rows, byte for byte, as stepping them one by one, against a real file.
 
 Stepping row by row hands the GIL over at every row, which beside a busy event loop can
@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from brokerd.storage import queries
+from brokerd.storage import queries, reads, schema
 
 H = uuid.uuid4()
 
@@ -21,8 +21,8 @@ def _queue(path: Path, rows: list[tuple[int, str, bytes, float, str]]) -> sqlite
     """A queue file holding ``rows`` of conversation ``H``: (seq, type, body, enqueued at,
     group)."""
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute(queries.CREATE_META)
-    for step in queries.MIGRATIONS:
+    conn.execute(schema.CREATE_META)
+    for step in schema.MIGRATIONS:
         conn.executescript(step.script)
     for seq, message_type, body, at, group in rows:
         conn.execute(
@@ -88,7 +88,7 @@ def test_a_run_read_at_once_is_the_rows_byte_for_byte(tmp_path: Path) -> None:
 
 
 def test_bodies_too_large_to_join_are_stepped(tmp_path: Path) -> None:
-    big = queries.AT_ONCE_BYTES // 2 + 1
+    big = reads.AT_ONCE_BYTES // 2 + 1
     rows = [(seq, "//t", bytes([seq]) * big, 1.5 + seq, "g") for seq in range(1, 4)]
     conn = _queue(tmp_path / "q.db", rows)
     got, executed = _read(conn, [1, 2, 3])

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from brokerd.errors import StoreError
-from brokerd.storage import queries
-from brokerd.storage.store import PAGE_CACHE_MB, Store
+from brokerd.storage import queries, schema
+from brokerd.storage.connection import PAGE_CACHE_MB
+from brokerd.storage.store import Store
 
 
 def _meta(path: Path) -> dict[str, str]:
@@ -30,7 +31,7 @@ async def test_a_new_file_gets_every_step_and_keeps_its_instance(tmp_path: Path)
     instance = await store.open()
     await store.close()
     meta = _meta(path)
-    assert meta["schema_version"] == str(queries.SCHEMA_VERSION)
+    assert meta["schema_version"] == str(schema.SCHEMA_VERSION)
     assert meta["broker_instance"] == str(instance)
     again = Store(path, "shop")
     assert await again.open() == instance
@@ -43,7 +44,7 @@ async def test_a_file_newer_than_the_code_is_refused(tmp_path: Path) -> None:
     await store.open()
     await store.close()
     with sqlite3.connect(path) as conn:
-        conn.execute(queries.WRITE_META, ("schema_version", str(queries.SCHEMA_VERSION + 1)))
+        conn.execute(schema.WRITE_META, ("schema_version", str(schema.SCHEMA_VERSION + 1)))
     with pytest.raises(StoreError, match="schema version"):
         await Store(path, "shop").open()
 
@@ -56,13 +57,13 @@ async def test_a_file_of_the_first_step_is_brought_up_to_date(
     store = Store(path, "shop")
     await store.open()
     await store.close()
-    step = queries.Migration(
-        queries.SCHEMA_VERSION + 1,
+    step = schema.Migration(
+        schema.SCHEMA_VERSION + 1,
         "a test table",
         "CREATE TABLE later_step (x INTEGER); INSERT INTO later_step VALUES (7)",
     )
-    monkeypatch.setattr(queries, "MIGRATIONS", (*queries.MIGRATIONS, step))
-    monkeypatch.setattr("brokerd.storage.store.SCHEMA_VERSION", step.version)
+    monkeypatch.setattr(schema, "MIGRATIONS", (*schema.MIGRATIONS, step))
+    monkeypatch.setattr("brokerd.storage.connection.SCHEMA_VERSION", step.version)
     for _ in range(2):  # the second open applies nothing
         store = Store(path, "shop")
         await store.open()
@@ -338,9 +339,9 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
     path = tmp_path / "shop.sqlite"
     instance = uuid.uuid4()
     with sqlite3.connect(path) as conn:
-        conn.executescript(queries.MIGRATIONS[0].script)
+        conn.executescript(schema.MIGRATIONS[0].script)
         conn.executemany(
-            queries.WRITE_META,
+            schema.WRITE_META,
             [("schema_version", "1"), ("broker_instance", str(instance)), ("database", "shop")],
         )
     store = Store(path, "shop")
@@ -356,7 +357,7 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
     assert "configured_status" in columns
     assert {"far_peer", "dialog_key"} <= set(endpoint_columns)
     assert {"stored_at", "stored_length"} <= set(sent_columns)
-    assert _meta(path)["schema_version"] == str(queries.SCHEMA_VERSION) == "7"
+    assert _meta(path)["schema_version"] == str(schema.SCHEMA_VERSION) == "7"
 
 
 async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:
@@ -390,7 +391,7 @@ async def test_a_mirror_installs_a_copy_of_another_page_size(tmp_path: Path) -> 
     conn = sqlite3.connect(old)
     conn.execute("PRAGMA page_size=4096")
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(queries.CREATE_META)
+    conn.execute(schema.CREATE_META)
     conn.close()  # the mirror's store is then the file's only connection
     mirror = Store(old, "shop")
     mirror.replica = Replica(role=lambda: "mirror", epoch=lambda: 1)

@@ -1,0 +1,191 @@
+"""The committer's connection to a database file, and opening the file.
+
+Owns (SPEC R-OBJ-6, R-DLG-13; docs/design.md "Storage"):
+
+* the connection's settings (:func:`connect`): page size, WAL journal,
+  ``synchronous=FULL`` (a committed job survives ``kill -9`` and power loss) and the
+  page cache;
+* opening the file (:func:`open_file`): the numbered migrations of
+  :mod:`brokerd.storage.schema`, the persisted broker instance identifier and the
+  ``AutoCreatedLocal`` route; then its segment files of large bodies
+  (:func:`open_bodies`);
+* copying another file's image over it, whatever its page size (:func:`backup`: a
+  mirror installing the principal's copy), and rolling back what failed
+  (:func:`rollback`).
+
+Everything here runs in the store's committer thread (:mod:`brokerd.storage.committer`).
+
+May import: ``brokerd.errors``, ``brokerd.storage.schema``, ``brokerd.storage.queries``
+and ``brokerd.storage.body_files``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import uuid
+from pathlib import Path
+
+from brokerd.errors import StoreError
+from brokerd.storage import body_files, queries, schema
+from brokerd.storage.body_files import TABLES, BodyFiles
+from brokerd.storage.schema import AUTO_CREATED_LOCAL, SCHEMA_VERSION
+
+log = logging.getLogger("brokerd.storage.store")
+"""The store's log (its modules share it)."""
+
+PAGE_SIZE = 16 * 1024
+"""Page size of a database file brokerd creates (an existing file keeps its own). A
+body longer than a page spills into a chain of overflow pages, each a WAL frame of
+its own with a checksum when committed, copied again by the checkpoint, and read one
+by one when its row is deleted: a 1 MiB body is 256 pages at SQLite's default 4 KiB
+and 64 at 16 KiB (docs/performance.md, "Large bodies")."""
+
+
+PAGE_CACHE_MB = 2
+"""The page cache of a database's connection by default (``limits.page_cache_mb``):
+SQLite's own default. docs/performance.md measures 64 MB ("The floor under W3, and the
+page cache"): large messages gain a little, a large backlog's RSS grows by the cache."""
+
+
+class StoreConnection(sqlite3.Connection):
+    """The committer's connection, with the database's segment files of large bodies
+    (None for a mirrored database, which keeps them in its rows)."""
+
+    bodies: BodyFiles | None = None
+
+
+def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> StoreConnection:
+    """A connection to ``path`` with the store's settings: page size, WAL,
+    ``synchronous=FULL``, and a page cache of ``page_cache_mb``."""
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, factory=StoreConnection
+    )
+    conn.row_factory = sqlite3.Row
+    # Only takes effect while the file is still empty (before its first table).
+    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    conn.execute(f"PRAGMA cache_size=-{page_cache_mb * 1024}")  # negative: in KiB
+    return conn
+
+
+def open_file(
+    conn: sqlite3.Connection, path: Path, database: str, broker_instance: uuid.UUID | None
+) -> uuid.UUID:
+    """Bring the file up to date, each later step of :data:`schema.MIGRATIONS` in a
+    transaction of its own (a file newer than this code is refused), and return its
+    broker instance identifier: the one it holds or, for a new file, ``broker_instance``
+    (or a new one), stored with the database's name and the ``AutoCreatedLocal`` route."""
+    conn.execute(schema.CREATE_META)
+    meta = {str(k): str(v) for k, v in conn.execute(schema.READ_META).fetchall()}
+    version = int(meta.get("schema_version", "0"))
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"{path}: schema version {version}, this brokerd reads {SCHEMA_VERSION}")
+    for step in schema.MIGRATIONS:
+        if step.version > version:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql in step.script.split(";"):
+                    if sql.strip():
+                        conn.execute(sql)
+                conn.execute(schema.WRITE_META, ("schema_version", str(step.version)))
+                conn.execute("COMMIT")
+            except BaseException:
+                rollback(conn)
+                raise
+            log.info("%s: schema step %d applied (%s)", path, step.version, step.what)
+    stored = meta.get("broker_instance")
+    if stored is not None:
+        instance = uuid.UUID(stored)
+        if broker_instance is not None and broker_instance != instance:
+            raise StoreError(
+                f"{path}: holds broker instance {instance}, but the configuration "
+                f"says {broker_instance}"
+            )
+        return instance
+    instance = broker_instance or uuid.uuid4()
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        schema.WRITE_META, [("broker_instance", str(instance)), ("database", database)]
+    )
+    conn.execute(schema.ADD_AUTO_CREATED_LOCAL, (AUTO_CREATED_LOCAL,))
+    conn.execute("COMMIT")
+    return instance
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the transaction in progress, if any (a failed rollback is logged)."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            log.exception("store: rollback failed")
+
+
+def open_bodies(
+    conn: sqlite3.Connection,
+    path: Path,
+    mirrored: bool,
+    segment_bytes: int | None = None,
+    compact_after: float | None = None,
+) -> BodyFiles | None:
+    """Give the committer's connection its segment files of large bodies, deleting the
+    segments no row refers to; a mirrored database (R-ROUTE-16) has none, and takes
+    back into its rows the bodies it stored before it was mirrored."""
+    directory = body_files.directory_of(path)
+    if not mirrored:
+        bodies = BodyFiles(directory, segment_bytes, compact_after)
+        bodies.open(conn)
+        conn.bodies = bodies  # type: ignore[attr-defined]  # a StoreConnection
+        return bodies
+    rows = {table: conn.execute(queries.stored_rows(table)).fetchall() for table in TABLES}
+    if not any(rows.values()):
+        return None
+    files = BodyFiles(directory)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table, stored in rows.items():
+                for rowid, stored_at, length in stored:
+                    body = files.read(stored_at, length)
+                    conn.execute(queries.inline_row(table), (body, rowid))
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback(conn)
+            raise
+        files.open(conn)  # every segment is now unreferenced
+    finally:
+        files.close()
+    return None
+
+
+def backup(source: sqlite3.Connection, conn: sqlite3.Connection) -> None:
+    """Copy ``source`` over ``conn``'s file. A file in WAL mode refuses a copy of another
+    page size (partners whose files were created by versions with different page
+    sizes, :data:`PAGE_SIZE`; SQLite reports it as a write to a read-only database,
+    and ``PRAGMA page_size`` does not tell, since :func:`connect` asked for ours):
+    the copy then goes in rollback-journal mode, which takes the source's page size,
+    and the file returns to WAL."""
+    try:
+        source.backup(conn)
+        return
+    except sqlite3.OperationalError:
+        conn.execute("PRAGMA journal_mode=DELETE")
+    try:
+        source.backup(conn)
+    finally:
+        conn.execute("PRAGMA journal_mode=WAL")
+
+
+def rollback_journal_image(data: bytes) -> bytes:
+    """A serialized database image whose header says rollback journal (bytes 18-19 = 1).
+
+    The principal's file is in WAL mode, and so is the image ``serialize`` gives of it
+    (header bytes 18-19 = 2); an in-memory database cannot open a WAL image ("unable to
+    open database file"), so a mirror could never install a copy. The backup into the
+    mirror's own file keeps that file in WAL mode."""
+    if len(data) >= 20 and data[18:20] == b"\x02\x02":
+        return data[:18] + b"\x01\x01" + data[20:]
+    return data

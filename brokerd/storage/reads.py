@@ -1,0 +1,311 @@
+"""The reads of a database file: functions of a connection that return rows.
+
+Owns (SPEC R-DLG-1, R-DLG-7, R-DLG-12; docs/design.md "Storage") the reads the store's
+committer thread runs as functions of its :class:`sqlite3.Connection` (see
+:mod:`brokerd.storage.committer`): a page of a conversation's unacknowledged messages and
+their bodies (read back when sent), RECEIVE's rows (and their removal, as RECEIVE
+reads them), the ready messages of queues that are off, and the fragments of a message
+being reassembled. A body a row says is in a segment file is read from there
+(:mod:`brokerd.storage.body_files`), and the body of a message kept in its fragments
+(``schema.IN_FRAGMENTS``) is joined from them.
+
+The reads the store runs as they are, at recovery (``READ_ENDPOINTS``, ``READ_HELD``,
+...), stay beside the writes of their tables in :mod:`brokerd.storage.queries`.
+
+May import: ``brokerd.storage.schema``, ``brokerd.storage.sequence_runs`` and
+``brokerd.storage.body_files``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from brokerd.storage.body_files import read_stored
+from brokerd.storage.schema import IN_ELSEWHERE
+from brokerd.storage.sequence_runs import (
+    REMOVE_FRAGMENTS,
+    REMOVE_MANY,
+    RETAIN_MANY,
+    by_conversation,
+    by_sequence_numbers,
+    chunks,
+    numbered,
+)
+
+Rows = Callable[[str, Sequence[Any]], list[sqlite3.Row]]
+"""Runs a read and returns its rows (a connection's ``execute(...).fetchall()``)."""
+
+
+# -- the transmission queue ---------------------------------------------------------------
+
+_READ_SENT_PAGE = (
+    "SELECT message_sequence_number, message_type, flags, "
+    "coalesce(stored_length, length(body)), enqueued_at "
+    "FROM transmission_queue WHERE conversation_handle = ? AND "
+    "message_sequence_number BETWEEN ? AND ? ORDER BY message_sequence_number"
+)
+
+
+SentRow = tuple[int, str, int, int, float]
+"""An unacknowledged message as a page of a backlog reads it, without its body: sequence
+number, message type, flags, length, enqueue time."""
+
+
+def read_sent_page(conn: sqlite3.Connection, handle: str, first: int, last: int) -> list[SentRow]:
+    """A page of unacknowledged messages of a conversation, without bodies (read back
+    when sent): sequence number, message type, flags, length, enqueue time."""
+    return [
+        (int(seq), str(message_type), int(flags), int(length), float(enqueued_at))
+        for seq, message_type, flags, length, enqueued_at in conn.execute(
+            _READ_SENT_PAGE, (handle, first, last)
+        )
+    ]
+
+
+_READ_SENT_BODIES = (
+    "SELECT message_sequence_number, body, stored_at, stored_length FROM transmission_queue "
+    "WHERE conversation_handle = ? AND message_sequence_number IN "
+)
+
+
+def read_sent_bodies(
+    conn: sqlite3.Connection, wanted: dict[str, list[int]]
+) -> dict[tuple[str, int], bytes]:
+    """Bodies of unacknowledged messages, by (conversation handle, sequence number)."""
+    found: dict[tuple[str, int], bytes] = {}
+    for handle, seqs in wanted.items():
+        for part in chunks(seqs):
+            marks = ",".join("?" * len(part))
+            rows = conn.execute(f"{_READ_SENT_BODIES}({marks})", [handle, *part])
+            for seq, body, stored_at, length in rows:
+                found[(handle, int(seq))] = _data(conn, body, stored_at, length)
+    return found
+
+
+# -- service queues --------------------------------------------------------------------------
+
+QUEUED_STORED_AT = (
+    "SELECT stored_at, stored_length FROM queue_messages WHERE conversation_handle = ? "
+    "AND message_sequence_number = ?"
+)
+"""RECEIVE: where a row whose body is :data:`IN_ELSEWHERE` has it stored (NULL: in its
+fragments, or nowhere for an empty message)."""
+_READ_RECEIVED = (
+    "SELECT conversation_handle, message_sequence_number, conversation_group_id, "
+    "service_name, contract, message_type, body, enqueued_at, queue_name "
+    "FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number "
+)
+
+
+_READ_HELD_FOR = (
+    "SELECT conversation_handle, message_sequence_number, service_name, message_type, "
+    "message_length, enqueued_at, queue_name FROM queue_messages WHERE status = 1 "
+    "AND queue_name IN "
+)
+
+
+def read_held_for(conn: sqlite3.Connection, queues: Sequence[str]) -> list[Any]:
+    """Ready messages of ``queues`` (queues that are off, R-DLG-12), oldest first."""
+    marks = ",".join("?" * len(queues))
+    return conn.execute(f"{_READ_HELD_FOR}({marks}) ORDER BY rowid", list(queues)).fetchall()
+
+
+Budget = Callable[[list[dict[str, Any]]], int]
+"""How many leading RECEIVE rows the caller can hand on (at least one of a non-empty list)."""
+
+
+def read_received(
+    conn: sqlite3.Connection,
+    items: Sequence[tuple[uuid.UUID, int]],
+    budget: Budget | None = None,
+    remove: bool = False,
+    retention: bool = False,
+) -> tuple[list[dict[str, Any]], int]:
+    """RECEIVE's result rows for ``items``, in their order, and how many items they use.
+
+    ``budget`` (default: no limit) cuts the rows to the leading ones the caller can
+    hand on (R-DLG-1: what RECEIVE removes must reach the application, so the cut is
+    made before anything is removed). The count returned covers the items of the rows
+    kept, and the items without a row among them (a conversation cleaned up meanwhile);
+    with ``remove`` exactly those are removed (or retained, with status 0). One indexed
+    query per conversation (the primary key), never a scan of the queue.
+    """
+    # Keyed by the handle's integer: a UUID's own hash is a Python call, per row.
+    found: dict[tuple[int, int], Any] = {}
+    for key, seqs in by_conversation(items).items():
+        handle_int = uuid.UUID(key).int
+        for sql, params in numbered("", key, seqs):
+            for r in _received_rows(conn, sql, params):
+                found[(handle_int, r[1])] = r
+    out = []
+    positions = []
+    in_fragments: set[tuple[uuid.UUID, int]] = set()
+    for position, item in enumerate(items):
+        row = found.get((item[0].int, item[1]))
+        if row is None:
+            continue
+        positions.append(position)
+        body = row[6]
+        if body == IN_ELSEWHERE:
+            at, length = conn.execute(QUEUED_STORED_AT, (row[0], row[1])).fetchone()
+            if at is not None:
+                body = read_stored(conn, at, length)
+            else:
+                body = _joined_fragments(conn, row[0], int(row[1]))
+                in_fragments.add(item)
+        out.append(
+            {
+                "conversation_handle": row[0],
+                "message_sequence_number": int(row[1]),
+                "conversation_group_id": row[2],
+                "service_name": row[3],
+                "service_contract_name": row[4],
+                "message_type_name": row[5],
+                "message_body": body if type(body) is bytes else bytes(body or b""),
+                "message_enqueue_time": float(row[7]),
+                "queue": row[8],
+            }
+        )
+    used = len(items)
+    if budget is not None and out:
+        keep = max(1, min(len(out), budget(out)))
+        if keep < len(out):
+            out = out[:keep]
+            used = positions[keep]
+    if remove:
+        taken = items[:used]
+        for sql, params in by_sequence_numbers(RETAIN_MANY if retention else REMOVE_MANY, taken):
+            conn.execute(sql, params)
+        if in_fragments and not retention:
+            joined_bodies = [item for item in taken if item in in_fragments]
+            for sql, params in by_sequence_numbers(REMOVE_FRAGMENTS, joined_bodies):
+                conn.execute(sql, params)
+    return out, used
+
+
+_RECEIVED_BYTES = (
+    "SELECT sum(length(body)), count(*) - count(body) FROM queue_messages "
+    "WHERE conversation_handle = ? AND message_sequence_number "
+)
+_RECEIVED_AT_ONCE = (
+    "SELECT group_concat(message_sequence_number), group_concat(length(body)), "
+    "json_group_array(message_type), json_group_array(printf('%!.17g', enqueued_at)), "
+    "CAST(group_concat(body, '') AS BLOB), "
+    "min(conversation_group_id), max(conversation_group_id), min(service_name), "
+    "max(service_name), min(contract), max(contract), min(queue_name), max(queue_name) "
+    "FROM queue_messages WHERE conversation_handle = ? AND message_sequence_number "
+)
+AT_ONCE_BYTES = 8 * 1024 * 1024
+"""RECEIVE reads the rows of one conversation's run in one step while their bodies total
+at most this much (:func:`_received_rows`)."""
+
+
+def _received_rows(
+    conn: sqlite3.Connection, where: str, params: Sequence[Any]
+) -> list[tuple[Any, ...]]:
+    """The rows of :data:`_READ_RECEIVED` for one conversation's numbers (``where``, the
+    condition on the sequence number), as plain tuples.
+
+    Stepping a query row by row releases and retakes the GIL at every row (the sqlite3
+    module), and beside a busy event loop each retake can wait out the interpreter's
+    switch interval: a RECEIVE of 1,000 rows took 1.9 ms alone and over a second beside
+    a thread that never waits. One aggregate row carries them all instead: the numbers,
+    the body lengths and the bodies joined, the types and enqueue times as JSON (times
+    with 17 significant digits: the same double back for any clock's time; SQLite 3.40's
+    printf rounds some doubles beyond 1e240 differently), while the bodies total at most
+    :data:`AT_ONCE_BYTES`. The columns every row of a conversation shares are checked
+    to be shared; if one is not, a body is NULL, or the bodies are larger, the rows are
+    stepped."""
+    total, without_body = conn.execute(_RECEIVED_BYTES + where, params).fetchone()
+    if total is not None and total <= AT_ONCE_BYTES and not without_body:
+        cursor = conn.execute(_RECEIVED_AT_ONCE + where, params)
+        cursor.row_factory = None
+        numbers, lengths, types, times, joined, *shared = cursor.fetchone()
+        if numbers is None:
+            return []
+        group, service, contract, queue = shared[0], shared[2], shared[4], shared[6]
+        if shared[1:8:2] == [group, service, contract, queue]:
+            handle = params[0]
+            rows = []
+            at = 0
+            for seq, length, message_type, enqueued_at in zip(
+                numbers.split(","),
+                lengths.split(","),
+                orjson.loads(types),
+                orjson.loads(times),
+                strict=True,
+            ):
+                end = at + int(length)
+                rows.append(
+                    (
+                        handle,
+                        int(seq),
+                        group,
+                        service,
+                        contract,
+                        message_type,
+                        joined[at:end],
+                        float(enqueued_at),
+                        queue,
+                    )
+                )
+                at = end
+            return rows
+    cursor = conn.execute(_READ_RECEIVED + where, params)
+    cursor.row_factory = None  # plain tuples: cheaper than sqlite3.Row
+    return cursor.fetchall()
+
+
+_READ_FRAGMENT_DATA = (
+    "SELECT data, stored_at, stored_length FROM message_fragments WHERE conversation_handle = ? "
+    "AND message_sequence_number = ? ORDER BY fragment_index"
+)
+
+
+def _joined_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> bytes:
+    """The body of a message kept ``schema.IN_FRAGMENTS`` (empty for an empty message).
+    Fragments stored one after the other in a segment file (as one commit, or a run of
+    them, appends them) are read back in one piece."""
+    cursor = conn.execute(_READ_FRAGMENT_DATA, (handle, seq))
+    cursor.row_factory = None
+    pieces: list[bytes] = []
+    start = end = -1
+    for data, stored_at, length in cursor:
+        if stored_at is not None and stored_at == end:
+            end += length  # continues the run of stored bytes being gathered
+            continue
+        if start >= 0:
+            pieces.append(read_stored(conn, start, end - start))
+            start = end = -1
+        if stored_at is None:
+            pieces.append(bytes(data))
+        else:
+            start, end = stored_at, stored_at + length
+    if start >= 0:
+        pieces.append(read_stored(conn, start, end - start))
+    return b"".join(pieces)
+
+
+# -- fragments being reassembled ----------------------------------------------------------------
+
+
+def read_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> dict[int, bytes]:
+    """The stored fragments of a message being reassembled, by fragment index."""
+    rows = conn.execute(
+        "SELECT fragment_index, data, stored_at, stored_length FROM message_fragments "
+        "WHERE conversation_handle = ? AND message_sequence_number = ?",
+        (handle, seq),
+    )
+    return {int(index): _data(conn, data, at, length) for index, data, at, length in rows}
+
+
+def _data(conn: sqlite3.Connection, data: bytes, stored_at: int | None, length: int) -> bytes:
+    """A row's body: its own, or the one it says is stored in a segment file."""
+    if stored_at is None:
+        return bytes(data)
+    return read_stored(conn, stored_at, length)
