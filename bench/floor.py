@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from brokerd.storage import queries, schema
+from brokerd.storage import queries, reads, schema
 from brokerd.storage.body_files import BodyFiles, directory_of
 from brokerd.storage.committer import commit_batch
 from brokerd.storage.connection import PAGE_CACHE_MB, connect
@@ -163,12 +163,12 @@ def _database(directory: Path, name: str, page_cache_mb: int) -> sqlite3.Connect
 class _Part:
     """One store job's statements, as the committer's batch holds them."""
 
-    statements: list[queries.Statement]
+    statements: list[schema.Statement]
     fn: Callable[[sqlite3.Connection], Any] | None = None
     result: Any = None
 
 
-def _committed(conn: sqlite3.Connection, statements: list[queries.Statement]) -> None:
+def _committed(conn: sqlite3.Connection, statements: list[schema.Statement]) -> None:
     """``statements`` committed as the committer commits a batch (``commit_batch``):
     grouped, large bodies to the segment files and made durable before the COMMIT,
     then segments collected."""
@@ -227,7 +227,7 @@ def store_receiver(directory: Path, body: bytes, iterations: int, page_cache_mb:
             ],
         )
         for seq in seqs:
-            joined = queries.joined(queries.read_fragments(conn, handle, seq))
+            joined = queries.joined(reads.read_fragments(conn, handle, seq))
             if len(joined) != len(body):
                 raise RuntimeError(f"message {seq}: {len(joined)} bytes read back")
         _committed(conn, [(_RECEIVED_FRAGMENTS, (handle, seqs[0], seqs[-1]))])

@@ -73,7 +73,7 @@ from brokerd.dialogs.verbs.conversation import ConversationVerbs
 from brokerd.dialogs.verbs.receive import ReceiveVerbs
 from brokerd.dialogs.verbs.send import SendVerbs
 from brokerd.dialogs.verbs.transactions import Transaction
-from brokerd.storage.queries import Statement
+from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import DialogHeader
 

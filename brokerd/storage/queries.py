@@ -26,19 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from brokerd.storage.reads import Budget as Budget
-from brokerd.storage.reads import Rows as Rows
-from brokerd.storage.reads import SentRow as SentRow
-from brokerd.storage.reads import read_fragments as read_fragments
-from brokerd.storage.reads import read_held_for as read_held_for
-from brokerd.storage.reads import read_received as read_received
-from brokerd.storage.reads import read_sent_bodies as read_sent_bodies
-from brokerd.storage.reads import read_sent_page as read_sent_page
-from brokerd.storage.schema import AUTO_CREATED_LOCAL as AUTO_CREATED_LOCAL
-from brokerd.storage.schema import IN_FRAGMENTS as IN_FRAGMENTS
-from brokerd.storage.schema import READ_META as READ_META
-from brokerd.storage.schema import WRITE_META
-from brokerd.storage.schema import Statement as Statement
+from brokerd.storage.schema import IN_FRAGMENTS, WRITE_META, Statement
 from brokerd.storage.sequence_runs import (
     REMOVE_FRAGMENTS,
     REMOVE_MANY,

@@ -10,7 +10,7 @@ from pathlib import Path
 from brokerd.config import DatabaseConfig
 from brokerd.dialogs.endpoints.backlog import Backlog
 from brokerd.dialogs.endpoints.database import Database
-from brokerd.storage import queries, schema
+from brokerd.storage import queries, reads, schema
 
 
 def test_backlog_runs_merge_split_and_page() -> None:
@@ -64,7 +64,7 @@ async def test_recovery_of_a_queue_with_gaps_reads_only_numbers(tmp_path: Path) 
         assert by_handle[gaps].backlog.runs == [[1, 3], [7, 8], [12, 12]]
         assert all(not ep.outbox for ep in waiting)
         page = await again.store.run(
-            lambda c: queries.read_sent_page(c, gaps, *by_handle[gaps].backlog.span(4))
+            lambda c: reads.read_sent_page(c, gaps, *by_handle[gaps].backlog.span(4))
         )
         assert [row[0] for row in page] == [1, 2, 3, 7]
         assert page[0][1:4] == ("//t", 0, 10)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from brokerd.errors import StoreError
-from brokerd.storage import body_files, queries, schema
+from brokerd.storage import body_files, queries, reads, schema
 from brokerd.storage.body_files import STORED_FROM, BodyFiles
 from brokerd.storage.replica import Replica
 from brokerd.storage.store import Store
@@ -47,7 +47,7 @@ def _rows(path: Path) -> list[tuple[int, int, int | None, int | None]]:
 
 
 async def _read(store: Store, seqs: list[int]) -> dict[tuple[str, int], bytes]:
-    return await store.run(lambda conn: queries.read_sent_bodies(conn, {H: seqs}))
+    return await store.run(lambda conn: reads.read_sent_bodies(conn, {H: seqs}))
 
 
 async def test_a_large_body_is_stored_beside_the_file_and_read_back(tmp_path: Path) -> None:
@@ -64,7 +64,7 @@ async def test_a_large_body_is_stored_beside_the_file_and_read_back(tmp_path: Pa
     )
     await _commit(store, [queries.sent_message(H, 3, "//t", 3, LARGE[::-1], 3.0)])
     assert await _read(store, [1, 2, 3]) == {(H, 1): LARGE, (H, 2): SMALL, (H, 3): LARGE[::-1]}
-    page = await store.run(lambda conn: queries.read_sent_page(conn, H, 1, 3))
+    page = await store.run(lambda conn: reads.read_sent_page(conn, H, 1, 3))
     assert [(seq, length) for seq, _, _, length, _ in page] == [
         (1, len(LARGE)),
         (2, len(SMALL)),
@@ -98,7 +98,7 @@ async def test_a_large_fragment_received_is_stored_beside_the_file(tmp_path: Pat
         store,
         [queries.fragment(H, 7, i, offsets[i], piece) for i, piece in enumerate(pieces)],
     )
-    fragments = await store.run(lambda conn: queries.read_fragments(conn, H, 7))
+    fragments = await store.run(lambda conn: reads.read_fragments(conn, H, 7))
     assert fragments == dict(enumerate(pieces))
     positions = await store.fetchall(queries.READ_FRAGMENT_POSITIONS)
     assert [tuple(r)[2:] for r in positions] == [
@@ -127,7 +127,7 @@ async def test_receive_joins_stored_fragments_in_runs_and_removes_them(tmp_path:
     other = LARGE[1:] + LARGE[:1]
     first = [LARGE, LARGE[::-1], other, SMALL]
 
-    def row(seq: int, length: int) -> queries.Statement:
+    def row(seq: int, length: int) -> schema.Statement:
         return queries.queued_message("q", group, H, seq, 2, "//s", "//c", "//t", length, None, 1.0)
 
     at = [0, len(LARGE), 2 * len(LARGE), 3 * len(LARGE)]
@@ -140,7 +140,7 @@ async def test_receive_joins_stored_fragments_in_runs_and_removes_them(tmp_path:
         + queries.promote(H, [1, 2]),
     )
     items = [(uuid.UUID(H), 1), (uuid.UUID(H), 2)]
-    rows, used = await store.run(lambda conn: queries.read_received(conn, items, remove=True))
+    rows, used = await store.run(lambda conn: reads.read_received(conn, items, remove=True))
     assert used == 2
     assert [r["message_body"] for r in rows] == [b"".join(first), other]
     assert [tuple(r) for r in await store.fetchall("SELECT count(*) FROM message_fragments")] == [
@@ -274,10 +274,10 @@ async def test_a_database_that_becomes_mirrored_takes_its_bodies_back(tmp_path: 
     await _commit(mirrored, [queries.sent_message(H, 3, "//t", 3, LARGE, 1.0)])
     assert await _read(mirrored, [1, 2, 3]) == {(H, n): LARGE for n in (1, 2, 3)}
     rows, _ = await mirrored.run(
-        lambda conn: queries.read_received(conn, [(uuid.UUID(H), 5)], remove=False)
+        lambda conn: reads.read_received(conn, [(uuid.UUID(H), 5)], remove=False)
     )
     assert rows[0]["message_body"] == LARGE
-    assert await mirrored.run(lambda conn: queries.read_fragments(conn, H, 6)) == {0: LARGE[::-1]}
+    assert await mirrored.run(lambda conn: reads.read_fragments(conn, H, 6)) == {0: LARGE[::-1]}
     await mirrored.close()
     assert [(size, stored) for _, size, stored, _ in _rows(path)] == [(len(LARGE), None)] * 3
     with sqlite3.connect(path) as conn:
@@ -304,7 +304,7 @@ def test_a_segment_is_closed_for_appends_when_full(tmp_path: Path) -> None:
     conn.close()
 
 
-async def _commit(store: Store, statements: list[queries.Statement]) -> None:
+async def _commit(store: Store, statements: list[schema.Statement]) -> None:
     """``statements`` through the group commit (where bodies go to segments)."""
     future = store.submit(statements, wait=True)
     assert future is not None

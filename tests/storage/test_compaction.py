@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.storage import body_files, queries, schema
+from brokerd.storage import body_files, queries, reads, schema
 from brokerd.storage.body_files import BodyFiles
 from brokerd.storage.store import Store
 from brokerd.tools import example
@@ -48,7 +48,7 @@ def _disk(path: Path) -> tuple[int, int]:
     return len(sizes), sum(sizes)
 
 
-async def _commit(store: Store, statements: list[queries.Statement]) -> None:
+async def _commit(store: Store, statements: list[schema.Statement]) -> None:
     future = store.submit(statements, wait=True)
     assert future is not None
     await future
@@ -100,13 +100,13 @@ async def test_bodies_that_outlive_their_segments_are_moved_together(tmp_path: P
     stats = await store.run(lambda conn: (conn.bodies.segments_compacted, conn.bodies.bytes_moved))
     assert stats[0] >= rounds - 2 and stats[1] >= (rounds - 2) * BODY
     wanted = {(SLOW, n): _body(n) for n in range(1, rounds + 1)}
-    read = await store.run(lambda c: queries.read_sent_bodies(c, {SLOW: list(range(1, 13))}))
+    read = await store.run(lambda c: reads.read_sent_bodies(c, {SLOW: list(range(1, 13))}))
     assert read == wanted
     await store.close()
 
     reopened = Store(path, "shop")  # the moved rows point at durable bytes
     await reopened.open()
-    read = await reopened.run(lambda c: queries.read_sent_bodies(c, {SLOW: list(range(1, 13))}))
+    read = await reopened.run(lambda c: reads.read_sent_bodies(c, {SLOW: list(range(1, 13))}))
     assert read == wanted
     await _commit(reopened, queries.unqueue_sent(SLOW, [], through=rounds))
     assert (await _settled(path, 0))[1] == 0

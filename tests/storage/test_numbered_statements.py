@@ -8,7 +8,7 @@ import sqlite3
 import uuid
 from pathlib import Path
 
-from brokerd.storage import queries, schema
+from brokerd.storage import queries, reads, schema
 
 H1, H2 = uuid.uuid4(), uuid.uuid4()
 
@@ -45,7 +45,7 @@ def test_runs_and_single_numbers_read_and_remove_exactly_the_items(tmp_path: Pat
     executed: list[str] = []
     conn.set_trace_callback(executed.append)
     conn.execute("BEGIN")
-    rows, used = queries.read_received(conn, items, remove=True)
+    rows, used = reads.read_received(conn, items, remove=True)
     conn.execute("COMMIT")
     conn.set_trace_callback(None)
     assert used == len(items)
@@ -66,7 +66,7 @@ def test_a_budget_removes_only_what_it_keeps(tmp_path: Path) -> None:
     conn = _queue(tmp_path / "q.db")
     items = [(H1, s) for s in range(1, 11)]
     conn.execute("BEGIN")
-    rows, used = queries.read_received(conn, items, budget=lambda rows: 4, remove=True)
+    rows, used = reads.read_received(conn, items, budget=lambda rows: 4, remove=True)
     conn.execute("COMMIT")
     assert [r["message_sequence_number"] for r in rows] == [1, 2, 3, 4]
     assert used == 4

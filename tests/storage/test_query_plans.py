@@ -52,7 +52,7 @@ def _schema(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _run(conn: sqlite3.Connection, statements: list[queries.Statement]) -> None:
+def _run(conn: sqlite3.Connection, statements: list[schema.Statement]) -> None:
     for sql, params in statements:
         conn.execute(sql, params)
 
@@ -120,7 +120,7 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
     "acknowledgements of many conversations in one statement": lambda c: c.execute(
         queries.unqueue_many(3), (H1, 1, 4, H2, 2, 2, H1, 9, 12)
     ),
-    "a page of a backlog read in": lambda c: queries.read_sent_page(c, H1, 10, 30),
+    "a page of a backlog read in": lambda c: reads.read_sent_page(c, H1, 10, 30),
     "arrival: the queue row": lambda c: _run(
         c, [queries.queued_message("q", G, H1, 100, 2, "//s", "//c", "//t", 1, b"x", 1.0)]
     ),
@@ -129,7 +129,7 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
     "reassembly: the last fragment completes the row": lambda c: _run(
         c, [queries.complete_in_fragments(H1, 101)]
     ),
-    "RECEIVE: read and remove": lambda c: queries.read_received(
+    "RECEIVE: read and remove": lambda c: reads.read_received(
         c, [(uuid.UUID(H1), 1), (uuid.UUID(H1), 2), (uuid.UUID(H2), 3)], remove=True
     ),
     "RECEIVE of a body kept in its fragments": lambda c: (
@@ -141,7 +141,7 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
                 queries.complete_in_fragments(H1, 3),
             ],
         ),
-        queries.read_received(c, [(uuid.UUID(H1), 3)], remove=True),
+        reads.read_received(c, [(uuid.UUID(H1), 3)], remove=True),
     ),
     "RECEIVE under RETENTION": lambda c: _run(
         c, queries.received([(uuid.UUID(H1), 4), (uuid.UUID(H2), 5)], retention=True)

@@ -62,7 +62,7 @@ def _stepped(conn: sqlite3.Connection, seqs: list[int]) -> list[dict[str, object
 def _read(conn: sqlite3.Connection, seqs: list[int]) -> tuple[list[dict[str, object]], list[str]]:
     executed: list[str] = []
     conn.set_trace_callback(executed.append)
-    rows, used = queries.read_received(conn, [(H, s) for s in seqs])
+    rows, used = reads.read_received(conn, [(H, s) for s in seqs])
     conn.set_trace_callback(None)
     assert used == len(seqs)
     return rows, executed
@@ -108,7 +108,7 @@ def test_rows_of_one_conversation_in_different_groups_are_stepped(tmp_path: Path
 
 def test_a_run_with_a_row_without_body_is_stepped(tmp_path: Path) -> None:
     """A NULL body is not an empty one (an empty body marks a message kept in its
-    fragments, ``queries.IN_FRAGMENTS``): such a run is read as stepping reads it."""
+    fragments, ``schema.IN_FRAGMENTS``): such a run is read as stepping reads it."""
     rows = [(seq, "//t", b"x" * seq, 1.0, "g") for seq in range(1, 5)]
     conn = _queue(tmp_path / "q.db", rows)
     conn.execute(

@@ -22,7 +22,7 @@ from brokerd.storage.store import Store
 
 def _meta(path: Path) -> dict[str, str]:
     with sqlite3.connect(path) as conn:
-        return {str(k): str(v) for k, v in conn.execute(queries.READ_META)}
+        return {str(k): str(v) for k, v in conn.execute(schema.READ_META)}
 
 
 async def test_a_new_file_gets_every_step_and_keeps_its_instance(tmp_path: Path) -> None:
@@ -186,7 +186,7 @@ async def test_acknowledgements_of_many_conversations_remove_exactly_their_rows(
     await store.close()
 
 
-def _endpoint_row(handle: str, send_sequence: int, receive_sequence: int) -> queries.Statement:
+def _endpoint_row(handle: str, send_sequence: int, receive_sequence: int) -> schema.Statement:
     fixed = (handle, handle, 1, "g", "//s", "//f", None, "//c", "CO", 0, 1.0)
     return (queries.ENDPOINT_SNAPSHOT, (*fixed, send_sequence, receive_sequence, 0, 0, None, None))
 
@@ -420,7 +420,7 @@ async def test_a_held_message_completed_and_released_in_one_commit_is_ready(
     await store.open()
     h, other, group = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
 
-    def row(handle: str, seq: int, status: int, body: bytes | None) -> queries.Statement:
+    def row(handle: str, seq: int, status: int, body: bytes | None) -> schema.Statement:
         return queries.queued_message(
             "q", group, handle, seq, status, "//s", "//c", "//t", 2, body, 1.0
         )

@@ -28,7 +28,7 @@ from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.fragment_acks import held_fragments
 from brokerd.dialogs.transmission.links import Link
 from brokerd.dialogs.transmission.transmission import Transmission
-from brokerd.storage.queries import Statement
+from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import Acknowledgement, DialogHeader
 

@@ -45,7 +45,7 @@ from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.errors import StoreError
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
-from brokerd.storage.queries import Statement
+from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import DIALOG_TIMER, ERROR
 

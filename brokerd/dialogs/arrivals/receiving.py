@@ -48,10 +48,10 @@ from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.links import Link
 from brokerd.dialogs.transmission.transmission import Transmission
-from brokerd.storage import queries
+from brokerd.storage import queries, reads
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
 from brokerd.storage.keys import new_handle
-from brokerd.storage.queries import Statement
+from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.acks import UNKNOWN_COUNT
 from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, DialogHeader
@@ -278,7 +278,7 @@ class Arrivals:
         problem: list[str | None] = [None]
 
         def check(conn: sqlite3.Connection) -> None:
-            fragments = queries.read_fragments(conn, h, seq)
+            fragments = reads.read_fragments(conn, h, seq)
             fragments[header.fragment_index] = body
             problem[0] = catalog.validation_problem(message_type, queries.joined(fragments))
 
@@ -612,7 +612,7 @@ class Arrivals:
                 arrived=len(body),
             )
             return
-        # The fragments stay where they are and are the body (queries.IN_FRAGMENTS): the
+        # The fragments stay where they are and are the body (schema.IN_FRAGMENTS): the
         # row's update is ordered after their inserts by the store (inserts first).
         statements.append(queries.complete_in_fragments(h, seq))
         if released:

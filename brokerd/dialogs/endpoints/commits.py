@@ -15,7 +15,7 @@ from typing import Any
 
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.work import Work
-from brokerd.storage.queries import Statement
+from brokerd.storage.schema import Statement
 
 
 def submit(db: Database, work: Work) -> asyncio.Future[Any]:

@@ -22,9 +22,10 @@ from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_from_row
 from brokerd.dialogs.endpoints.ready import Item, Rank, ReadyIndex, rank_of
 from brokerd.dialogs.endpoints.service_keys import ServiceKeys
 from brokerd.dialogs.endpoints.states import DELIVERING
-from brokerd.storage import queries
+from brokerd.storage import queries, reads, schema
 from brokerd.storage.catalog import Catalog, route_from_row
-from brokerd.storage.queries import Rows, Statement
+from brokerd.storage.reads import Rows
+from brokerd.storage.schema import Statement
 from brokerd.storage.store import Store
 from protocol.acks import UNKNOWN_COUNT, AckState
 from protocol.dialog import (
@@ -131,7 +132,7 @@ class Database:
             route = route_from_row(row)
             self.catalog.routes[route.name] = route
         if self.config.mirror_role is not None:
-            rows = await self.store.fetchall(queries.READ_META)
+            rows = await self.store.fetchall(schema.READ_META)
             stored = {str(k): str(v) for k, v in rows}
             self.mirror_role = stored.get("mirror_role", self.config.mirror_role)
             self.mirror_epoch = int(stored.get("mirror_epoch", "0"))
@@ -221,21 +222,21 @@ class Database:
     async def read_sent_bodies(self, wanted: dict[str, list[int]]) -> dict[tuple[str, int], bytes]:
         """Bodies of unacknowledged messages (by handle, the sequence numbers wanted), read
         back in a job of the committer (ordered after every write already submitted)."""
-        return await self.store.run(lambda conn: queries.read_sent_bodies(conn, wanted))
+        return await self.store.run(lambda conn: reads.read_sent_bodies(conn, wanted))
 
     async def read_sent_page(
         self, handle: str, first: int, last: int, body_room: int
-    ) -> tuple[list[queries.SentRow], dict[int, bytes]]:
+    ) -> tuple[list[reads.SentRow], dict[int, bytes]]:
         """A page of an endpoint's backlog, read in a job of the committer, and its bodies
         by sequence number if they take no more than ``body_room`` bytes: read ahead, a
         window's refill then waits for no read (else none; each is read back when it is
         sent)."""
 
-        def read(conn: sqlite3.Connection) -> tuple[list[queries.SentRow], dict[int, bytes]]:
-            rows = queries.read_sent_page(conn, handle, first, last)
+        def read(conn: sqlite3.Connection) -> tuple[list[reads.SentRow], dict[int, bytes]]:
+            rows = reads.read_sent_page(conn, handle, first, last)
             if not rows or sum(row[3] for row in rows) > body_room:
                 return rows, {}
-            found = queries.read_sent_bodies(conn, {handle: [row[0] for row in rows]})
+            found = reads.read_sent_bodies(conn, {handle: [row[0] for row in rows]})
             return rows, {seq: body for (_, seq), body in found.items()}
 
         return await self.store.run(read)

@@ -25,7 +25,8 @@ from brokerd.dialogs.endpoints.backlog import Backlog
 from brokerd.dialogs.endpoints.states import State, check, state_of
 from brokerd.storage import queries
 from brokerd.storage.chains import Token
-from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT, Statement
+from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT
+from brokerd.storage.schema import Statement
 from protocol.acks import AckState
 from protocol.dialog_security import DialogKeys
 

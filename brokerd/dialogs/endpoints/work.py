@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from brokerd.storage.chains import Token
-from brokerd.storage.queries import Statement
+from brokerd.storage.schema import Statement
 
 
 @dataclass

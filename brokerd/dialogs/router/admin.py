@@ -22,13 +22,13 @@ from brokerd.config import parse_route
 from brokerd.errors import ConfigError, RouteInvalid
 from brokerd.storage import queries
 from brokerd.storage.catalog import Route, route_row
-from brokerd.storage.queries import AUTO_CREATED_LOCAL
+from brokerd.storage.schema import AUTO_CREATED_LOCAL
 
 if TYPE_CHECKING:
     from brokerd.config import BrokerConfig
     from brokerd.dialogs.endpoints.database import Database
     from brokerd.dialogs.router.state import RouterState
-    from brokerd.storage.queries import Statement
+    from brokerd.storage.schema import Statement
 
 
 class AdminServices(Protocol):

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from brokerd.dialogs.endpoints.endpoint import Endpoint
     from brokerd.dialogs.router.state import RouterState
     from brokerd.dialogs.transmission.links import Link, LinkProvider
-    from brokerd.storage.queries import Statement
+    from brokerd.storage.schema import Statement
 
 log = logging.getLogger("brokerd.dialogs.router")  # one log for every part of the router
 

@@ -54,7 +54,7 @@ from brokerd.dialogs.transmission.bodies import Bodies, ReadBodies
 from brokerd.dialogs.transmission.links import Link
 from brokerd.dialogs.transmission.rtt import RttEstimator
 from brokerd.dialogs.transmission.window import SendWindow
-from brokerd.storage.queries import SentRow
+from brokerd.storage.reads import SentRow
 from brokerd.traces.writer import TraceWriter
 from protocol.buffers import Buffer
 from protocol.dialog import FLAG_INITIATOR, Acknowledgement, DialogHeader

@@ -49,7 +49,7 @@ from brokerd.errors import (
     NotPrincipal,
     ServiceNotFound,
 )
-from brokerd.storage import queries
+from brokerd.storage import queries, reads
 from brokerd.storage.keys import new_handle
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 from protocol.dialog_security import DialogKeys
@@ -326,13 +326,13 @@ class ConversationVerbs:
         """The ``transmission_queue`` view: what each database sent and has not had
         acknowledged, then what it received for a queue that is off and holds until the
         queue is turned on (R-DLG-12), read from its file."""
-        backlogs: dict[uuid.UUID, list[queries.SentRow]] = {}
+        backlogs: dict[uuid.UUID, list[reads.SentRow]] = {}
         for db in self.directory.databases.values():
             for ep in list(db.endpoints.values()):
                 for first, last in ep.backlog.spans():
                     page = await db.store.run(
                         functools.partial(
-                            queries.read_sent_page, handle=ep.handle_text, first=first, last=last
+                            reads.read_sent_page, handle=ep.handle_text, first=first, last=last
                         )
                     )
                     backlogs.setdefault(ep.handle, []).extend(
@@ -342,7 +342,7 @@ class ConversationVerbs:
         for db in self.directory.databases.values():
             off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
             if off:
-                held = await db.store.run(functools.partial(queries.read_held_for, queues=off))
+                held = await db.store.run(functools.partial(reads.read_held_for, queues=off))
                 rows += views.held_for_disabled_queues(db, held)
         return rows
 

@@ -23,7 +23,7 @@ from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.endpoints.work import Work
 from brokerd.errors import QueueDisabled
-from brokerd.storage import queries
+from brokerd.storage import queries, reads
 from brokerd.storage.catalog import QueueInfo
 from brokerd.traces.writer import TraceWriter
 
@@ -84,13 +84,13 @@ class ReceiveVerbs:
         return db, info, db.ready[queue], group
 
     async def read_leased(
-        self, lease: Lease, budget: queries.Budget | None = None
+        self, lease: Lease, budget: reads.Budget | None = None
     ) -> list[dict[str, Any]]:
         """The rows of a lease's messages, read without removing them; the messages
         beyond ``budget`` go back to the queue at once (the lease keeps the lock)."""
         try:
             rows, used = await lease.db.store.run(
-                lambda conn: queries.read_received(conn, lease.items, budget)
+                lambda conn: reads.read_received(conn, lease.items, budget)
             )
         except BaseException:
             self.release(lease, received=False)
@@ -175,7 +175,7 @@ class ReceiveVerbs:
         top: int = 1,
         timeout: float = 0.0,
         handle: uuid.UUID | None = None,
-        budget: queries.Budget | None = None,
+        budget: reads.Budget | None = None,
     ) -> list[dict[str, Any]]:
         """RECEIVE TOP (top) outside a transaction: the messages leave the queue in the
         same commit that reads them (autocommit; at most once to the application).
@@ -196,7 +196,7 @@ class ReceiveVerbs:
         database: str | None,
         top: int,
         handle: uuid.UUID | None,
-        budget: queries.Budget | None,
+        budget: reads.Budget | None,
         then: Callable[[list[dict[str, Any]]], None],
         failed: Callable[[BaseException], None],
     ) -> bool:
@@ -222,7 +222,7 @@ class ReceiveVerbs:
     def _read_and_remove(
         self,
         lease: Lease,
-        budget: queries.Budget | None,
+        budget: reads.Budget | None,
         then: Callable[[list[dict[str, Any]]], None] | None,
         failed: Callable[[BaseException], None] | None,
     ) -> asyncio.Future[Any] | None:
@@ -232,7 +232,7 @@ class ReceiveVerbs:
         result: list[list[dict[str, Any]]] = [[]]
 
         def read_and_remove(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            rows, used[0] = queries.read_received(conn, lease.items, budget, True, lease.retention)
+            rows, used[0] = reads.read_received(conn, lease.items, budget, True, lease.retention)
             result[0] = rows
             return rows
 

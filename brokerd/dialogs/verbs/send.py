@@ -40,7 +40,7 @@ from brokerd.errors import (
 from brokerd.storage import queries
 from brokerd.storage.catalog import SYSTEM_MESSAGE_TYPES
 from brokerd.storage.chains import Token
-from brokerd.storage.queries import Statement
+from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import FLAG_INITIATOR, FLAG_SEQUENCED
 from protocol.fragments import fragment_count

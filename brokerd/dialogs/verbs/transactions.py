@@ -42,7 +42,7 @@ from brokerd.errors import StoreError, TransactionError, TransactionRolledBack
 if TYPE_CHECKING:
     from brokerd.dialogs.endpoints.database import Database, Lease
     from brokerd.dialogs.endpoints.endpoint import Endpoint
-    from brokerd.storage.queries import Budget
+    from brokerd.storage.reads import Budget
 
 
 MAX_VERBS = 10_000

@@ -14,7 +14,7 @@ from typing import Any
 
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
-from brokerd.storage.queries import SentRow
+from brokerd.storage.reads import SentRow
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR
 
 
@@ -71,7 +71,7 @@ def transmission_queue(
     """One row per message sent and not yet acknowledged; ``is_conversation_error`` and
     ``is_end_of_dialog`` mark the Error and EndDialog that END CONVERSATION sent. The
     messages of an endpoint's backlog (only in the file) follow its others, from
-    ``backlogs`` (the rows ``queries.read_sent_page`` read, by endpoint handle). The
+    ``backlogs`` (the rows ``reads.read_sent_page`` read, by endpoint handle). The
     engine adds the messages held for queues that are off (:func:`held_for_disabled_queues`)."""
     backlogs = backlogs or {}
     return [
@@ -128,7 +128,7 @@ def _sent_rows(db: Database, ep: Endpoint) -> list[dict[str, Any]]:
 def held_for_disabled_queues(db: Database, rows: Iterable[Any]) -> list[dict[str, Any]]:
     """``transmission_queue`` rows for messages this database received for a queue that is
     off (R-DLG-12): stored and acknowledged, held until the queue is turned on. ``rows``
-    are ``queries.read_held_for``'s."""
+    are ``reads.read_held_for``'s."""
     return [
         {
             "database": db.name,
