@@ -4,12 +4,16 @@
   first copy is written: the retry clock starts when the link writes a message.
 * On a link slower than ``retry.initial``, the timeout learns the acknowledgement
   delay, so later messages are sent once.
+* A message that is never acknowledged is resent after ``retry.initial``, then after
+  twice that, and so on, doubling up to ``retry.maximum``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from brokerd.tools.example import (
 )
 from brokerd.tools.faultproxy import FaultProxy
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import PROXY_HOST, drain, proxied, wait_until
 
 
@@ -162,3 +167,45 @@ async def test_a_slow_link_teaches_the_timeout_and_later_messages_go_once(
 
 async def _empty(client: BrokerClient) -> bool:
     return not await client.transmission_queue()
+
+
+async def test_a_lost_message_waits_twice_as_long_before_each_retry(tmp_path: Path) -> None:
+    """R-DLG-6: every copy of one message is lost on a real link (the proxy drops every
+    fragment frame). Its copies go out after 0.3, 0.6, 1.2 and 1.2 s (``retry.initial``
+    0.3 s, doubling, ``retry.maximum`` 1.2 s), as ``fragment_sent`` traces them; the link's
+    own back-off on a timeout does not double a message's wait a second time. The redial
+    rule is set far off, so that no reconnection resends the message early."""
+    d = shop_and_warehouse(
+        tmp_path,
+        {"initial": 0.3, "maximum": 1.2, "ack_delay": 0.005, "redial_after": 100},
+        beta_route_host=PROXY_HOST,
+    )
+    async with proxied(d) as proxy:
+        proxy.plan.drop_fragments = set(range(1, 10_000))
+        shop = await d.daemons["alpha"].client()
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop.send(handle, ORDER, b"lost every time")
+        await wait_until(lambda: _resent(shop, 4), 15)
+        await shop.close()
+        d.stop_all()  # the traces are flushed
+        traced = read_events(segment_files([d.daemons["alpha"].directory / "data" / "traces"]))
+        sent = sorted(
+            (e["ts"], e["attempt"])
+            for e in traced
+            if e["event"] == "fragment_sent" and e.get("seq") == 1
+        )
+    attempts = [attempt for _, attempt in sent][:5]
+    assert attempts == [1, 2, 3, 4, 5], sent
+    times = [datetime.fromisoformat(ts).timestamp() for ts, _ in sent][:5]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # The engine's tick (a quarter of retry.initial) and a busy machine make each gap late
+    # by a little; a wait doubled twice would make the second gap 1.2 s.
+    assert 0.28 <= gaps[0] < 0.5, gaps
+    assert 0.58 <= gaps[1] < 0.85, gaps
+    assert 1.18 <= gaps[2] < 1.45, gaps
+    assert 1.18 <= gaps[3] < 1.45, gaps
+
+
+async def _resent(client: BrokerClient, times: int) -> bool:
+    (row,) = await client.view("stats")
+    return bool(row["retransmissions"] >= times)

@@ -12,6 +12,36 @@ def test_no_sample_means_the_configured_first_wait_doubling_per_attempt() -> Non
     assert [rtt.wait(n) for n in (1, 2, 3, 4, 5, 6)] == [4.0, 8.0, 16.0, 32.0, 64.0, 64.0]
 
 
+def _waits_of_a_message_lost_every_time(rtt: RttEstimator, attempts: int) -> list[float]:
+    """The waits of one message that is never acknowledged, as ``Transmission`` asks for
+    them: each retransmission first backs the link off, then asks for the wait."""
+    now, waits = 0.0, []
+    for attempt in range(1, attempts + 1):
+        if attempt > 1:
+            rtt.retransmitted(now)
+        waits.append(rtt.wait(attempt))
+        now += waits[-1]
+    return waits
+
+
+def test_a_message_lost_every_time_waits_twice_as_long_per_retry_not_four_times() -> None:
+    """R-DLG-6: the link's back-off on a timeout and the message's own doubling are one
+    doubling, not two."""
+    assert _waits_of_a_message_lost_every_time(RttEstimator(0.5, 2.0), 5) == [0.5, 1, 2, 2, 2]
+    waits = _waits_of_a_message_lost_every_time(RttEstimator(4.0, 64.0), 7)
+    assert waits == [4, 8, 16, 32, 64, 64, 64]
+
+
+def test_a_retry_waits_at_least_the_links_backed_off_timeout() -> None:
+    """Other messages timed out on the link meanwhile: a retry of this one does not go
+    before the link's backed-off timeout, even when its own doubling is shorter."""
+    rtt = RttEstimator(floor=0.5, ceiling=8.0)
+    for now in (0.0, 1.0, 3.0, 7.0):  # four timeouts of other messages, each a timeout apart
+        rtt.retransmitted(now)
+    assert rtt.timeout == 8.0
+    assert rtt.wait(2) == 8.0
+
+
 def test_a_fast_link_keeps_the_floor() -> None:
     rtt = RttEstimator(floor=4.0, ceiling=64.0)
     for _ in range(50):

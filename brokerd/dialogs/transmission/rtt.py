@@ -12,7 +12,11 @@ Until such an acknowledgement comes, a retransmission on the link doubles the
 timeout of the link's next messages (TCP's timer back-off, RFC 6298 5.5), at
 most once per timeout: otherwise, on a link slower than ``retry.initial``, every
 message would be resent before its acknowledgement and no delay could ever be
-learnt. A message's own retries double its wait as well.
+learnt. A message's own retries double its wait from the learnt timeout: the
+first wait, then twice it, four times, ... up to ``retry.maximum`` (R-DLG-6). The
+link's back-off is not doubled on top of that (a message lost every time would
+otherwise wait four times longer per retry, not twice); a retry only never waits
+less than the link's backed-off timeout.
 
 A slow but healthy peer (a receiver committing a burst of thousands of new
 dialogs, for instance) thus gets no duplicates once its delays have been seen,
@@ -72,15 +76,24 @@ class RttEstimator:
             self.first_wait = 0.0
 
     @property
-    def timeout(self) -> float:
-        """Seconds to wait for the first acknowledgement of a message."""
+    def learnt(self) -> float:
+        """The timeout the acknowledgement delays alone give (no back-off): the floor until
+        a sample comes, then ``smoothed + 4 x deviation``, within floor and ceiling."""
         estimate = self.floor if self.samples == 0 else self.smoothed + 4 * self.deviation
-        return min(self.ceiling, max(self.floor, estimate) * self.backoff)
+        return min(self.ceiling, max(self.floor, estimate))
+
+    @property
+    def timeout(self) -> float:
+        """Seconds to wait for the first acknowledgement of a message: the learnt timeout,
+        backed off by the retransmissions since the last sample."""
+        return min(self.ceiling, self.learnt * self.backoff)
 
     def wait(self, attempt: int) -> float:
-        """Seconds before attempt ``attempt + 1``: the timeout, doubled per attempt."""
+        """Seconds before attempt ``attempt + 1``: the timeout for a first attempt; for a
+        retry the learnt timeout doubled per attempt (R-DLG-6), and never less than the
+        link's backed-off timeout."""
         if attempt == 1:
             if not self.first_wait:
                 self.first_wait = min(self.ceiling, self.timeout)
             return self.first_wait
-        return min(self.ceiling, self.timeout * 2.0 ** (attempt - 1))
+        return min(self.ceiling, max(self.timeout, self.learnt * 2.0 ** (attempt - 1)))
