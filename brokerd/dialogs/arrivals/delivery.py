@@ -151,16 +151,31 @@ class Delivery:
         db.next_local_seq -= 1
         queue = db.queue_of(ep.service) or ""
         index = db.ready.get(queue)
+        # An Error's endpoint shows ER already: its group waits for it (R-DLG-10).
+        coming = ep.group_id if message_type == ERROR and index is not None else None
+        if coming is not None:
+            assert index is not None
+            index.error_coming(coming)
 
         def committed() -> None:
             if index is not None:
                 index.add(ep.group_id, ep.handle, seq, rank_of(message_type))
+            if coming is not None:
+                assert index is not None
+                index.error_settled(coming)
             if then is not None:
                 then()
+
+        def failed(exc: BaseException) -> None:
+            log.error("store error while queueing a message for %s: %s", db.name, exc)
+            if coming is not None:
+                assert index is not None
+                index.error_settled(coming)
 
         db.store.submit(
             [queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock()), *extra],
             on_commit=committed,
+            on_failure=failed,
         )
 
     def suspend_receiving(self, db: Database) -> None:

@@ -651,8 +651,16 @@ class Arrivals:
         ``error``: the last released message is the other side's Error; ``arrived``: the
         bytes that arrived, counted (with ARRIVAL_WEIGHT) in the inbound backlog until the
         commit; ``held``: the fragment's message's held indexes when it was accepted (if the
-        message has been cut again since, the commit claims nothing: ``_drop_other_cut``)."""
+        message has been cut again since, the commit claims nothing: ``_drop_other_cut``).
+
+        An Error's endpoint shows ER from now on; until the commit makes the Error ready,
+        its conversation group is not taken from, so no RECEIVE hands out the messages it
+        goes ahead of before it (R-DLG-10, :meth:`ReadyIndex.error_coming`)."""
         index = db.ready.get(queue)
+        coming = ep.group_id if error and not fenced and index is not None else None
+        if coming is not None:
+            assert index is not None
+            index.error_coming(coming)
 
         def committed() -> None:
             if fragment is None:
@@ -665,12 +673,18 @@ class Arrivals:
                 )
             else:
                 self.delivery.delivered(db, ep, queue, index, released, error)
+            if coming is not None:
+                assert index is not None
+                index.error_settled(coming)
             if released and ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
                 self.router.request_ended(ep)
             self.transmission.ack_needed(ep)
 
         def failed(exc: BaseException) -> None:
             log.error("store error while receiving into %s: %s", db.name, exc)
+            if coming is not None:
+                assert index is not None
+                index.error_settled(coming)
             self.delivery.suspend_receiving(db)
 
         if fn is None:

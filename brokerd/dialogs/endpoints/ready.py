@@ -3,9 +3,14 @@
 A :class:`ReadyIndex` keeps, for one queue, each conversation group's ready
 messages in the order they became ready, oldest group first, and which groups
 are locked. RECEIVE takes messages of one unlocked group and locks it
-(Service Broker's conversation group lock); a lease (``brokerd.dialogs.endpoints.database.Lease``)
-holds that lock until the messages are removed by a commit, or put back, in front
-and in order, by a rollback.
+(Service Broker's conversation group lock); a lease
+(``brokerd.dialogs.endpoints.database.Lease``) holds that lock until the messages are
+removed by a commit, or put back, in front and in order, by a rollback.
+
+A group whose conversation has an Error on its way into the queue (accepted, its
+commit not done) is not taken from either: the Error goes ahead of the
+conversation's waiting messages once it is ready (R-DLG-10), so nothing of the group
+is handed out before it.
 """
 
 from __future__ import annotations
@@ -52,6 +57,23 @@ class ReadyIndex:
     count: int = 0
     ahead: dict[Item, Rank] = field(default_factory=dict)
     """The rank of ready messages that go ahead (TIMER, ERROR); the others are IN_SEQUENCE."""
+    errors_coming: dict[uuid.UUID, int] = field(default_factory=dict)
+    """Groups with an Error accepted and not yet committed, and how many: not taken from."""
+
+    def error_coming(self, group: uuid.UUID) -> None:
+        """An Error of a conversation of ``group`` is accepted; its commit is not done. The
+        endpoint shows ER already, so RECEIVE takes nothing of the group until the Error
+        is ready (:meth:`add`) or its commit failed (:meth:`error_settled` either way)."""
+        self.errors_coming[group] = self.errors_coming.get(group, 0) + 1
+
+    def error_settled(self, group: uuid.UUID) -> None:
+        """The Error :meth:`error_coming` announced is ready, or will not be."""
+        left = self.errors_coming.get(group, 0) - 1
+        if left > 0:
+            self.errors_coming[group] = left
+        else:
+            self.errors_coming.pop(group, None)
+        self.changed.set()
 
     def add(
         self, group: uuid.UUID, handle: uuid.UUID, seq: int, rank: Rank = Rank.IN_SEQUENCE
@@ -89,8 +111,11 @@ class ReadyIndex:
         Locked groups are skipped unless they are among ``owned`` (the caller's
         transaction holds them already).
         """
+        coming = self.errors_coming
         for gid, items in self.groups.items():
             if (gid in self.locked and gid not in owned) or (group is not None and gid != group):
+                continue
+            if coming and gid in coming:
                 continue
             if handle is not None:
                 chosen = [item for item in items if item[0] == handle][:top]
@@ -129,6 +154,7 @@ class ReadyIndex:
     def clear(self) -> None:
         self.groups.clear()
         self.ahead.clear()
+        self.errors_coming.clear()
         self.count = 0
 
     def drop_conversation(self, handle: uuid.UUID) -> list[tuple[uuid.UUID, list[Item]]]:

@@ -1,0 +1,107 @@
+"""An Error that ends a dialog is received before the dialog's other waiting messages
+(R-DLG-10), also by a RECEIVE that races its arrival.
+
+The endpoint's state becomes ER when the Error is accepted; the Error becomes receivable
+when the commit that stores it is done, a moment later. A RECEIVE in between used to
+hand out the messages that waited, then the Error. Now the conversation group waits for
+the Error's commit, so whatever a RECEIVE takes from it comes after (SPEC §5: ER means
+the Error is in the queue).
+
+The broker runs in this process (``Broker``, as ``brokerd run`` builds it) so that the
+test can RECEIVE the moment the state changes. Inside one database, END CONVERSATION
+WITH ERROR still travels as a message through the local link and arrives as one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from brokerd.dialogs.endpoints.states import State
+from brokerd.server.daemon import Broker
+from brokerd.tools.launcher import Deployment
+from protocol.dialog import ERROR
+from tests.daemons import client_of, in_process
+
+HOST = "127.0.0.246"
+DATABASE = """
+[[database]]
+name = "Solo"
+[[database.queue]]
+name = "Q1"
+[[database.queue]]
+name = "Q2"
+[[database.service]]
+name = "//solo/S1"
+queue = "Q1"
+contracts = ["DEFAULT"]
+[[database.service]]
+name = "//solo/S2"
+queue = "Q2"
+contracts = ["DEFAULT"]
+"""
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
+    daemon = Deployment(tmp_path).add("solo", HOST, DATABASE)
+    async with in_process(daemon.config_path) as broker:
+        yield broker
+
+
+@pytest.mark.parametrize("waiting", [1, 2, 5])
+async def test_a_receive_racing_an_arriving_error_gets_the_error_first(
+    broker: Broker, waiting: int
+) -> None:
+    client = await client_of(broker)
+    try:
+        handle = await client.begin_dialog("//solo/S1", "//solo/S2")
+        for n in range(waiting):
+            await client.send(handle, body=f"before the error {n}".encode())
+    finally:
+        await client.close()
+    engine = broker.engine
+    db, initiator = engine.directory.endpoint(handle)
+    target = db.by_key[(initiator.conversation_id, False)]
+    index = db.ready["Q2"]
+    while index.count < waiting:  # the messages wait, ready to RECEIVE
+        await asyncio.sleep(0.01)
+
+    ending = asyncio.ensure_future(
+        engine.conversation_verbs.end_conversation(handle, 7, "the order was cancelled")
+    )
+    while target.state is not State.ERROR:  # the Error is accepted: RECEIVE at once
+        await asyncio.sleep(0)
+    first = await engine.receive_verbs.receive("Q2", top=100, timeout=5)
+    await ending
+    rest = await engine.receive_verbs.receive("Q2", top=100, timeout=0)
+    types = [row["message_type_name"] for row in [*first, *rest]]
+    assert types[0] == ERROR, types
+    assert sorted(types[1:]) == ["DEFAULT"] * waiting
+
+
+async def test_a_receive_racing_the_lifetimes_error_gets_the_error_first(broker: Broker) -> None:
+    """R-DLG-9: the lifetime passes while two messages wait; the broker queues its own
+    Error (state ER at once, the Error ready at its commit). A RECEIVE in between takes
+    nothing of the group before it."""
+    client = await client_of(broker)
+    try:
+        handle = await client.begin_dialog("//solo/S1", "//solo/S2", lifetime=2)
+        for n in range(2):
+            await client.send(handle, body=f"before the lifetime {n}".encode())
+    finally:
+        await client.close()
+    engine = broker.engine
+    db, initiator = engine.directory.endpoint(handle)
+    target = db.by_key[(initiator.conversation_id, False)]
+    while db.ready["Q2"].count < 2:
+        await asyncio.sleep(0.01)
+    while target.state is not State.ERROR:
+        await asyncio.sleep(0)
+    first = await engine.receive_verbs.receive("Q2", top=100, timeout=5)
+    rest = await engine.receive_verbs.receive("Q2", top=100, timeout=0)
+    types = [row["message_type_name"] for row in [*first, *rest]]
+    assert types == [ERROR, "DEFAULT", "DEFAULT"], types
