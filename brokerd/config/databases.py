@@ -260,7 +260,8 @@ def _route(t: Table, now: datetime) -> RouteConfig:
                 f"the route '{_AUTO_ROUTE}' is created by the store as "
                 '(remote_service_name unset, broker_instance unset, address "LOCAL", '
                 "lifetime unset) and cannot be configured otherwise (R-OBJ-6); "
-                "give your route another name",
+                "give your route another name, or drop and create it at run time "
+                "(brokerctl route drop / route create)",
             )
     return route
 

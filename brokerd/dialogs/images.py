@@ -70,7 +70,7 @@ class DatabaseImages:
             if info is not None:
                 info.keep_altered(bool(status), None if configured is None else bool(configured))
         for row in await db.store.read(
-            lambda conn: conn.execute(queries.READ_ADMIN_ROUTES).fetchall()
+            lambda conn: conn.execute(queries.READ_KEPT_ROUTES).fetchall()
         ):
             route = route_from_row(row)
             db.catalog.routes[route.name] = route

@@ -47,7 +47,9 @@ class Route:
     lifetime: datetime | None = None
     """Absolute expiry, timezone-aware UTC; None = never expires."""
     source: str = "config"
-    """``system`` (AutoCreatedLocal), ``config`` (the TOML file) or ``admin`` (SDK / brokerctl)."""
+    """``system`` (AutoCreatedLocal, made with the database file), ``config`` (the TOML
+    file) or ``admin`` (SDK / brokerctl). Only ``config`` routes are written again from
+    the configuration at every start; the others live in the file."""
 
     def expired(self, now: datetime) -> bool:
         return self.lifetime is not None and self.lifetime <= now
@@ -126,8 +128,9 @@ class Catalog:
             catalog.services[service.name] = ServiceInfo(
                 service.name, service.queue, frozenset(service.contracts)
             )
-        catalog.routes[AUTO_CREATED_LOCAL] = Route(AUTO_CREATED_LOCAL, "LOCAL", source="system")
         for route in db.routes:
+            if route.name == AUTO_CREATED_LOCAL:
+                continue  # restated as it is made: it lives in the file (R-OBJ-6)
             catalog.routes[route.name] = Route(
                 route.name,
                 route.address,
@@ -139,7 +142,9 @@ class Catalog:
         return catalog
 
     def persist(self) -> list[Statement]:
-        """Statements that make the tables equal to this catalog (config and system rows)."""
+        """Statements that make the tables equal to this configuration's catalog: its
+        message types, contracts, queues, services and routes. The routes that live in
+        the file (AutoCreatedLocal, routes created at run time) are not touched."""
         out: list[Statement] = list(queries.CLEAR_CATALOG)
         out += [queries.message_type(n, v) for n, v in self.message_types.items()]
         out += [

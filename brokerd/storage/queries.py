@@ -446,10 +446,12 @@ CLEAR_CATALOG: tuple[Statement, ...] = (
     ("DELETE FROM queues", ()),
     ("DELETE FROM services", ()),
     ("DELETE FROM service_contracts", ()),
-    ("DELETE FROM routes WHERE source != 'admin'", ()),
+    ("DELETE FROM routes WHERE source = 'config'", ()),
 )
-"""Before the configuration's catalog is written again (admin routes stay)."""
-READ_ADMIN_ROUTES = "SELECT * FROM routes WHERE source = 'admin'"
+"""Before the configuration's catalog is written again (the routes that live in the file
+stay: AutoCreatedLocal, unless it was dropped, and routes created at run time)."""
+READ_KEPT_ROUTES = "SELECT * FROM routes WHERE source != 'config'"
+"""The routes that live in the file, not in the configuration (R-OBJ-6, R-ROUTE-13)."""
 
 
 def message_type(name: str, validation: str) -> Statement:

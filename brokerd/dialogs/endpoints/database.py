@@ -128,7 +128,7 @@ class Database:
             if info is not None:
                 info.keep_altered(bool(status), None if configured is None else bool(configured))
         await self.store.execute_now(self.catalog.persist())
-        for row in await self.store.fetchall(queries.READ_ADMIN_ROUTES):
+        for row in await self.store.fetchall(queries.READ_KEPT_ROUTES):
             route = route_from_row(row)
             self.catalog.routes[route.name] = route
         if self.config.mirror_role is not None:

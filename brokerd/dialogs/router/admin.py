@@ -1,10 +1,13 @@
 """Route administration at run time: create, alter, drop (R-ROUTE-13).
 
 Owns :class:`RouteAdmin`: the routes an administrator creates, alters and drops, checked
-(a route of the configuration file is changed there, the system route not at all),
-persisted in the database file, then applied: decisions are made again and DELAYED
-conversations re-routed at once (:meth:`RouteAdmin.routes_changed`). It keeps no state
-of its own: the routes are the databases' catalogs.
+(a route of the configuration file is changed there), persisted in the database file,
+then applied: decisions are made again and DELAYED
+conversations re-routed at once (:meth:`RouteAdmin.routes_changed`). ``AutoCreatedLocal``
+is an ordinary route here, as in SQL Server: dropped, R-ROUTE-4's later steps apply to
+what it matched (in msdb: messages from outside reach only the services routed
+explicitly); created again, it is (NULL, NULL, LOCAL) as the store made it (R-OBJ-6).
+It keeps no state of its own: the routes are the databases' catalogs.
 
 It is handed the engine as :class:`AdminServices` and the router's shared state
 (the statistics, forgetting decisions, routing a database again).
@@ -92,11 +95,6 @@ class RouteAdmin:
         route = db.catalog.find_route(name)
         if route is None:
             raise RouteInvalid(f"route {name!r} does not exist in database {db.name!r}")
-        if route.source == "system":
-            raise RouteInvalid(
-                f"cannot {verb} {AUTO_CREATED_LOCAL}: the store creates it in every database "
-                "(R-OBJ-6)"
-            )
         if route.source == "config":
             raise RouteInvalid(
                 f"route {route.name!r} comes from the configuration file "
@@ -117,7 +115,8 @@ class RouteAdmin:
             config.broker_instance,
             config.mirror_address,
             config.lifetime,
-            source="admin",
+            # Made again as the store makes it (parse_route allows no other definition).
+            source="system" if config.name == AUTO_CREATED_LOCAL else "admin",
         )
 
     async def _store_route(self, db: Database, route: Route) -> None:
