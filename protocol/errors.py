@@ -89,6 +89,13 @@ class AuthenticationFailed(ClientError):
     retriable = False
 
 
+class OutcomeUnknown(ClientError):
+    """The connection was lost after the request was written and before its answer came:
+    it may or may not have taken effect. (A daemon that stops with SIGTERM answers what
+    it read and says what it did not read, :class:`BrokerStopping`; this is a crash, a
+    kill or a lost network.)"""
+
+
 class RemoteError(BrokerError):
     """A request the daemon refused, as the application sees it.
 
@@ -248,6 +255,15 @@ class StorageFailure(RemoteError):
     """The daemon could not commit (a full disk, an unwritable file); nothing took effect."""
 
     code = "storage_failure"
+
+
+class BrokerStopping(RemoteError):
+    """The daemon is stopping and did not read this request: it was not executed, and may
+    be sent again, to this daemon once it is back or to another. Every request it did read
+    was answered before it closed the connection."""
+
+    code = "broker_stopping"
+    retriable = True
 
 
 class InternalError(RemoteError):

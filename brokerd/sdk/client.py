@@ -81,7 +81,14 @@ from protocol.client_wire import (
     encode_frame,
     encode_request_parts,
 )
-from protocol.errors import AuthenticationFailed, ClientError, RemoteProtocolError, for_code
+from protocol.errors import (
+    AuthenticationFailed,
+    BrokerStopping,
+    ClientError,
+    OutcomeUnknown,
+    RemoteProtocolError,
+    for_code,
+)
 
 DEFAULT_PORT = 4023
 
@@ -166,6 +173,8 @@ class BrokerClient:
         """Request frames of this turn of the event loop, written together at its end."""
         self._challenge: asyncio.Future[ClientFrame] | None = None
         self._closed_reason: str | None = None
+        self._goodbye: BrokerStopping | None = None
+        """The daemon said it is stopping: new requests are refused with this at once."""
         self.instance: str = ""
         self.role: str = ""
         """``admin`` or ``application``: what the token this client logged in with may do."""
@@ -269,7 +278,8 @@ class BrokerClient:
         await self.close()
 
     async def close(self) -> None:
-        """Close the connection; pending calls fail with ClientError. Idempotent."""
+        """Close the connection; pending calls fail with OutcomeUnknown (a ClientError).
+        Idempotent."""
         if self._transport is not None:
             self._write_out()  # requests already made reach the daemon, as before a close
             self._transport.close()
@@ -314,25 +324,57 @@ class BrokerClient:
                 if self._challenge is not None and not self._challenge.done():
                     self._challenge.set_result(frame)
                 continue
+            if (
+                frame.kind is ClientFrameKind.ERROR
+                and frame.request_id == 0
+                and frame.meta.get("code") == BrokerStopping.code
+            ):
+                self._stopping(frame)
+                continue
             future = self._pending.pop(frame.request_id, None)
             if future is not None and not future.done():
                 future.set_result(frame)
+
+    def _stopping(self, frame: ClientFrame) -> None:
+        """The daemon is stopping (SIGTERM) and read nothing after request
+        ``last_request``: the requests after it were not executed and fail now with
+        :class:`BrokerStopping` (safe to send again); the ones it read are still answered
+        before it closes; new ones are refused at once."""
+        last = frame.meta.get("last_request")
+        goodbye = self._goodbye = BrokerStopping(
+            str(frame.meta.get("message", "the daemon is stopping"))
+        )
+        if type(last) is not int:
+            return  # a daemon that does not say: what is in flight stays unknown
+        for request_id in [r for r in self._pending if r > last]:
+            reply = self._pending.pop(request_id)
+            if not reply.done():
+                reply.set_exception(
+                    BrokerStopping(
+                        goodbye.remote_message + " (not executed)", kind="BrokerStopping"
+                    )
+                )
 
     def _on_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._fail_all(f"connection to brokerd lost{': ' + str(exc) if exc else ''}")
 
     def _fail_all(self, reason: str) -> None:
+        """The connection is gone: what was in flight may or may not have taken effect."""
         self._closed_reason = self._closed_reason or reason
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
-                future.set_exception(ClientError(reason))
+                future.set_exception(
+                    OutcomeUnknown(f"{reason}: the request may or may not have taken effect")
+                )
         if self._challenge is not None and not self._challenge.done():
             self._challenge.set_exception(ClientError(reason))
 
     def _request(self, meta: dict[str, Any], body: bytes, reply: _Reply) -> None:
         """Queue a request; ``reply`` gets its answer (or the connection's failure)."""
+        if self._goodbye is not None:
+            raise self._goodbye
         if self._transport is None or self._transport.is_closing():
             raise ClientError(self._closed_reason or "not connected")
         request_id = next(self._ids) & 0xFFFFFFFF
@@ -389,6 +431,8 @@ class BrokerClient:
         it is durably queued, or the error. A producer keeps many in flight without a
         task for each. Raises ClientError at once if the connection is closed."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if self._goodbye is not None:
+            raise self._goodbye
         if self._transport is None or self._transport.is_closing():
             raise ClientError(self._closed_reason or "not connected")
         request_id = next(self._ids) & 0xFFFFFFFF

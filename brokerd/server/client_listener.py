@@ -59,6 +59,7 @@ from protocol.client_wire import (
 from protocol.errors import (
     AuthenticationFailed,
     BrokerError,
+    BrokerStopping,
     InternalError,
     InvalidRequest,
     LocalProtocolError,
@@ -139,6 +140,12 @@ class ClientSession(asyncio.Protocol):
         self._paused = False
         self._out: list[Buffer] | None = None
         """Replies not yet written: one write per turn of the event loop, not per reply."""
+        self._awaiting: set[int] = set()
+        """Requests read (after the login) and not yet answered."""
+        self._last_read = 0
+        """The id of the last request read: a stopping daemon tells the client."""
+        self._stopping = False
+        """The daemon is stopping: nothing more is read (:meth:`stop_reading`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -169,6 +176,8 @@ class ClientSession(asyncio.Protocol):
                 self._hold(frame.request_id, len(frame.body))
             op = frame.meta.get("op")
             if request and op == "send" and frame.meta.get("transaction") is None:
+                self._awaiting.add(frame.request_id)
+                self._last_read = frame.request_id
                 sends.append(frame)
                 continue
             if sends:
@@ -182,6 +191,8 @@ class ClientSession(asyncio.Protocol):
             if self.access is None:
                 self._login(frame)
                 continue
+            self._awaiting.add(frame.request_id)
+            self._last_read = frame.request_id
             if (
                 op == "receive"
                 and frame.meta.get("transaction") is None
@@ -209,6 +220,35 @@ class ClientSession(asyncio.Protocol):
         if self.transport is not None:
             self._write_out()
             self.transport.close()
+
+    # -- a graceful stop --------------------------------------------------------------
+
+    @property
+    def unanswered(self) -> int:
+        """Requests read and not yet answered."""
+        return len(self._awaiting)
+
+    def stop_reading(self) -> None:
+        """The daemon is stopping (SIGTERM): read nothing more, and tell the client the
+        last request read. Every request read is still answered (:meth:`unanswered` says
+        how many wait); the ones after it were never read, so never executed, and the
+        client fails them with ``BrokerStopping`` (safe to send again)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self.access is None:
+            self._close()  # not logged in: nothing of it is in flight
+            return
+        self._read_or_not()
+        goodbye = BrokerStopping(
+            "the daemon is stopping: requests after the last one it read were not executed"
+        )
+        meta = {**error_meta(goodbye), "last_request": self._last_read}
+        self._write(encode_frame(ClientFrame(ClientFrameKind.ERROR, 0, meta)))
+
+    def close(self) -> None:
+        """Close the connection once the replies written so far have gone out."""
+        self._close()
 
     def _write(self, *frame: Buffer) -> None:
         """Queue a reply frame (its pieces); the replies of one turn of the event loop (a
@@ -332,7 +372,7 @@ class ClientSession(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        hold = self._reading_held or self._congested is not None
+        hold = self._reading_held or self._congested is not None or self._stopping
         if hold and not self._paused:
             self._paused = True
             transport.pause_reading()
@@ -341,6 +381,7 @@ class ClientSession(asyncio.Protocol):
             transport.resume_reading()
 
     def _reply(self, request_id: int, meta: ReplyMeta, body: ReplyBody = b"") -> None:
+        self._awaiting.discard(request_id)
         if self._pending:
             self._release(request_id)
         if self.transport is None or self.transport.is_closing():
@@ -359,6 +400,7 @@ class ClientSession(asyncio.Protocol):
 
     def _reply_sequence(self, request_id: int, seq: int) -> None:
         """A SEND's reply (``_reply(request_id, {"sequence_number": seq})``, same bytes)."""
+        self._awaiting.discard(request_id)
         if self._pending:
             self._release(request_id)
         if self.transport is None or self.transport.is_closing():
@@ -366,6 +408,7 @@ class ClientSession(asyncio.Protocol):
         self._write(encode_sequence_reply(request_id, seq))
 
     def _reply_error(self, request_id: int, exc: BaseException) -> None:
+        self._awaiting.discard(request_id)
         if self._pending:
             self._release(request_id)
         if self.transport is None or self.transport.is_closing():

@@ -34,6 +34,10 @@ from protocol.security import Identity
 
 log = logging.getLogger("brokerd")
 
+CLIENT_STOP_GRACE = 10.0
+"""Seconds a stopping daemon waits for the answers to the requests it has read (their
+commits) before it closes the application connections anyway."""
+
 
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
@@ -121,10 +125,8 @@ class Broker:
     async def stop(self) -> None:
         if self._client_server is not None:
             self._client_server.close()
-            for session in list(self.client_sessions):
-                if session.transport is not None:
-                    session.transport.close()
             self._client_server = None
+            await self._stop_clients()
         await self.mirroring.stop()
         await self.transport.stop()
         await self.engine.stop()
@@ -132,6 +134,26 @@ class Broker:
             await db.store.close()
         self._opened = []
         await self.trace.stop()
+
+    async def _stop_clients(self) -> None:
+        """A graceful stop of the application connections: nothing more is read, each
+        client is told the last request read, every request read is answered (a RECEIVE
+        waiting for messages returns with none), then the connections close, their replies
+        written. Requests still unanswered after :data:`CLIENT_STOP_GRACE` seconds (a
+        commit that cannot finish) are left to the client's ``OutcomeUnknown``."""
+        sessions = list(self.client_sessions)
+        for session in sessions:
+            session.stop_reading()
+        self.engine.receive_verbs.stop_waiting()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLIENT_STOP_GRACE
+        while any(s.unanswered for s in sessions) and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        for session in sessions:
+            session.close()
+        deadline = loop.time() + 2.0  # the replies leave before the loop stops
+        while self.client_sessions and loop.time() < deadline:
+            await asyncio.sleep(0.005)
 
 
 def install_uvloop() -> None:

@@ -35,6 +35,16 @@ class ReceiveVerbs:
         self.directory = directory
         self.trace = trace
         self.stats = stats
+        self.stopping = False
+        """The daemon is stopping: a RECEIVE with nothing ready returns at once, empty."""
+
+    def stop_waiting(self) -> None:
+        """The daemon is stopping: every RECEIVE waiting for messages returns now with none
+        (nothing was taken, so nothing is lost), and later ones do not wait."""
+        self.stopping = True
+        for db in self.directory.databases.values():
+            for index in db.ready.values():
+                index.changed.set()
 
     async def take_ready(
         self,
@@ -61,7 +71,7 @@ class ReceiveVerbs:
                     db, queue, index, gid, items, info.retention, gid not in owned, image=db.image
                 )
             remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
-            if remaining is not None and remaining <= 0:
+            if (remaining is not None and remaining <= 0) or self.stopping:
                 return None
             index.changed.clear()
             try:

@@ -1,0 +1,70 @@
+"""A daemon stopped with SIGTERM while a client pipelines SENDs answers every request it
+read, and says which ones it did not read: every SEND's outcome is known.
+
+Before, the daemon closed the application connections first and committed what it had
+read while it stopped: every SEND in flight failed with "connection to brokerd lost",
+yet was delivered, and an application that sent them again delivered them twice.
+
+Now (SPEC §6, R-DLG-1): a SEND either gets its sequence number (it was committed and is
+delivered, once, in order) or fails with ``BrokerStopping`` (it was never read, never
+executed, and may be sent again); none fails with ``OutcomeUnknown``. Real daemons: the
+shop on 127.0.0.1:4022 sends to the warehouse on 127.0.0.2:4022.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from brokerd.tools.example import (
+    CONTRACT,
+    ORDER,
+    SHOP_SERVICE,
+    WAREHOUSE_SERVICE,
+    shop_and_warehouse,
+)
+from protocol.errors import BrokerStopping
+from tests.daemons import FAST_RETRY, drain, running
+
+
+async def test_sigterm_during_pipelined_sends_answers_every_send_it_read(tmp_path: Path) -> None:
+    d = shop_and_warehouse(tmp_path, FAST_RETRY)
+    with running(d):
+        shop = await d.daemons["alpha"].client()
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        sent: list[tuple[bytes, asyncio.Future[int]]] = []
+        stopping = asyncio.ensure_future(asyncio.sleep(0))
+
+        async def produce() -> None:
+            nonlocal stopping
+            n = 0
+            while True:
+                for _ in range(50):
+                    body = f"order {n}".encode()
+                    try:
+                        sent.append((body, shop.send_nowait(handle, ORDER, body)))
+                    except BrokerStopping:
+                        return  # told the daemon is stopping: nothing more is sent
+                    n += 1
+                if n == 1000:  # well under way: stop the daemon while SENDs are in flight
+                    stopping = asyncio.ensure_future(asyncio.to_thread(d.stop, "alpha"))
+                await asyncio.sleep(0.002)
+
+        await asyncio.wait_for(produce(), 60)
+        await stopping
+        outcomes = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
+        committed = [body for (body, _), o in zip(sent, outcomes, strict=True) if type(o) is int]
+        not_read = [o for o in outcomes if isinstance(o, BrokerStopping)]
+        unknown = [o for o in outcomes if not isinstance(o, int | BrokerStopping)]
+        assert unknown == [], unknown[:3]
+        assert len(committed) >= 1000 and len(committed) + len(not_read) == len(sent)
+        seqs = [o for o in outcomes if type(o) is int]
+        assert seqs == list(range(1, len(seqs) + 1))  # no gap, no repeat
+
+        # Every SEND answered with a number arrives once, in order; nothing else does.
+        d.start("alpha")
+        warehouse = await d.daemons["beta"].client()
+        received = await drain(warehouse, "OrderQueue", len(committed), timeout=60)
+        assert [m.message_body for m in received] == committed
+        assert await warehouse.receive("OrderQueue", timeout=1.0) == []
+        await warehouse.close()
