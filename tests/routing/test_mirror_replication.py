@@ -20,7 +20,7 @@ import pytest
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
-from protocol.errors import RemoteError, TransactionError, TransactionRolledBack
+from protocol.errors import BrokerStopping, RemoteError, TransactionError, TransactionRolledBack
 from tests.daemons import assert_exactly_once_in_order, wait_until
 from tests.routing.deploy import RETRY, R, addr, database, queue_of
 
@@ -609,3 +609,53 @@ async def test_a_partner_promoted_again_opens_an_epoch_above_its_partners(
     deployment.kill("p2")
     await p1.set_mirror_role("Parts", "principal")
     assert await local_epoch(deployment, "p1") == ("principal", 2)
+
+
+async def test_a_principal_stopped_during_sends_answers_each_with_its_true_outcome(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16, SPEC §6: the principal's own application pipelines SENDs when the
+    principal is stopped with SIGTERM. Each SEND it read is answered once its unit is
+    confirmed by the mirror (never ``StorageFailure`` for a batch already in its file);
+    the rest fail with ``BrokerStopping`` (not executed). The mirror is promoted: the SENDs
+    answered with a number reach the initiator once, in order, and no other does."""
+    a = await start_pair(deployment)
+    p1 = await deployment.daemons["p1"].client()
+    handle = await p1.begin_dialog(PARTS, INITIATOR, database="Parts")
+    sent: list[tuple[bytes, asyncio.Future[int]]] = []
+    stopping = asyncio.ensure_future(asyncio.sleep(0))
+
+    async def produce() -> None:
+        nonlocal stopping
+        n = 0
+        while True:
+            for _ in range(20):
+                body = f"reply {n}".encode()
+                try:
+                    sent.append((body, p1.send_nowait(handle, "DEFAULT", body)))
+                except BrokerStopping:
+                    return
+                n += 1
+            if n == 300:
+                stopping = asyncio.ensure_future(asyncio.to_thread(deployment.stop, "p1"))
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(produce(), 60)
+    await stopping
+    outcomes = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
+    committed = [body for (body, _), o in zip(sent, outcomes, strict=True) if type(o) is int]
+    others = [o for o in outcomes if not isinstance(o, int | BrokerStopping)]
+    assert others == [], others[:3]
+    assert len(committed) >= 300
+
+    p2 = await deployment.daemons["p2"].client()
+    await p2.set_mirror_role("Parts", "principal")
+    received: list[ReceivedMessage] = []
+
+    async def all_arrived() -> bool:
+        received.extend(await a.receive(queue_of(INITIATOR), top=1000, timeout=0.2))
+        return len(received) >= len(committed)
+
+    await wait_until(all_arrived, 60)
+    assert [m.message_body for m in received] == committed
+    assert await a.receive(queue_of(INITIATOR), timeout=1.0) == []
