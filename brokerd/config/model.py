@@ -258,6 +258,10 @@ class LimitsConfig:
     send_window_mb: int = 32
     """MB of messages handed to one link and not yet acknowledged, at most (one message
     always goes, however large)."""
+    send_key_window: float = 86400.0
+    """Seconds a SEND's idempotency key is kept with its sequence number (and at most as
+    long as its conversation): a SEND retried with the same key within it is answered
+    with the first one's number and committed once."""
     client_pending_mb: int = 16
     """MB of request bodies one client connection may have awaiting their replies (SENDs
     waiting for their commit); beyond it the broker stops reading that connection until

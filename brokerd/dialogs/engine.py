@@ -77,6 +77,9 @@ from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import DialogHeader
 
+KEYS_FORGOTTEN_EVERY = 60.0
+"""Seconds between two passes that forget idempotency keys older than their window."""
+
 
 class DialogEngine:
     """The parts of the dialog engine, composed (see the module docstring)."""
@@ -170,6 +173,7 @@ class DialogEngine:
             clock,
             limits.fragment_size,
             limits.max_message_size,
+            limits.send_key_window,
         )
         self.receive_verbs = ReceiveVerbs(self.directory, self.trace, self.stats)
         self.conversation_verbs = ConversationVerbs(
@@ -219,11 +223,16 @@ class DialogEngine:
     async def _tick(self) -> None:
         """Retransmissions, the router's periodic work, and timers and lifetimes due."""
         interval = max(0.01, min(0.1, self.retry.initial / 4))
+        keys_forgotten = self._clock()
         while True:
             await asyncio.sleep(interval)
             self.transmission.wake_due()
             self.router.tick()
-            self.delivery.fire_due(self._clock())
+            now = self._clock()
+            self.delivery.fire_due(now)
+            if now - keys_forgotten >= KEYS_FORGOTTEN_EVERY:
+                keys_forgotten = now
+                self.send_verbs.forget_old_keys(now)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

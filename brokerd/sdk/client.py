@@ -417,19 +417,37 @@ class BrokerClient:
         return uuid.UUID(meta["conversation_handle"])
 
     async def send(
-        self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
+        self,
+        conversation_handle: uuid.UUID,
+        message_type: str = "DEFAULT",
+        body: bytes = b"",
+        *,
+        key: str | None = None,
     ) -> int:
-        """SEND ON CONVERSATION; returns after the message is durably queued."""
-        return await self.send_nowait(conversation_handle, message_type, body)
+        """SEND ON CONVERSATION; returns after the message is durably queued.
+
+        ``key`` is an idempotency key (1 to 200 characters, unique per conversation): a
+        SEND whose outcome is unknown (``OutcomeUnknown``: the daemon was killed, the
+        connection cut) may be sent again with the same key, on a new connection; the
+        daemon commits it once and answers both with the same sequence number. Keys are
+        kept for ``limits.send_key_window`` (a day by default) while the conversation
+        lasts. Not for SENDs in a transaction (its COMMIT is the one outcome)."""
+        return await self.send_nowait(conversation_handle, message_type, body, key=key)
 
     def send_nowait(
-        self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
+        self,
+        conversation_handle: uuid.UUID,
+        message_type: str = "DEFAULT",
+        body: bytes = b"",
+        *,
+        key: str | None = None,
     ) -> asyncio.Future[int]:
         """SEND ON CONVERSATION without waiting (aiokafka's ``send`` to :meth:`send`'s
         ``send_and_wait``): the request goes out with the others of this turn of the event
         loop, in the order made, and the future gives the message's sequence number once
         it is durably queued, or the error. A producer keeps many in flight without a
-        task for each. Raises ClientError at once if the connection is closed."""
+        task for each. Raises ClientError at once if the connection is closed. ``key``:
+        an idempotency key, as :meth:`send`'s."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         if self._goodbye is not None:
             raise self._goodbye
@@ -437,7 +455,7 @@ class BrokerClient:
             raise ClientError(self._closed_reason or "not connected")
         request_id = next(self._ids) & 0xFFFFFFFF
         self._pending[request_id] = _SequenceReply(future)
-        meta = send_meta(conversation_handle, message_type)
+        meta = send_meta(conversation_handle, message_type, key)
         self._write(*encode_request_parts(request_id, meta, bytes(body)))
         return future
 
@@ -476,11 +494,16 @@ class BrokerClient:
         message arrives in this side's queue when it fires; a new timer replaces the old."""
         await self._call(*timer_request(conversation_handle, timeout))
 
-    async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> list[int]:
+    async def send_many(
+        self,
+        messages: list[tuple[uuid.UUID, str, bytes]],
+        keys: list[str | None] | None = None,
+    ) -> list[int]:
         """SEND several (handle, message type, body) in one request and one commit per
         database: a producer's batched path without a transaction. One refusal
-        refuses them all; the sequence numbers come back in order."""
-        meta, _ = await self._call(*send_many_request(messages))
+        refuses them all; the sequence numbers come back in order. ``keys``: each
+        message's idempotency key (or None), as :meth:`send`'s."""
+        meta, _ = await self._call(*send_many_request(messages, keys))
         return [int(s) for s in meta["sequence_numbers"]]
 
     async def move_conversation(

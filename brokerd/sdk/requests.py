@@ -36,12 +36,16 @@ def begin_dialog_request(
     }, b""
 
 
-def send_request(conversation_handle: uuid.UUID, message_type: str, body: bytes) -> Request:
+def send_request(
+    conversation_handle: uuid.UUID, message_type: str, body: bytes, key: str | None = None
+) -> Request:
     meta = {
         "op": "send",
         "conversation_handle": str(conversation_handle),
         "message_type": message_type,
     }
+    if key is not None:
+        meta["key"] = key
     return meta, bytes(body)
 
 
@@ -49,9 +53,15 @@ _SEND_METAS: dict[tuple[uuid.UUID, str], bytes] = {}
 _SEND_METAS_KEPT = 4096
 
 
-def send_meta(conversation_handle: uuid.UUID, message_type: str) -> bytes:
+def send_meta(
+    conversation_handle: uuid.UUID, message_type: str, idempotency_key: str | None = None
+) -> bytes:
     """:func:`send_request`'s meta, encoded: a producer's SENDs on one dialog share it,
-    so it is encoded once (the last few thousand dialogs' are kept)."""
+    so it is encoded once (the last few thousand dialogs' are kept); a SEND with an
+    idempotency key has a meta of its own."""
+    if idempotency_key is not None:
+        request, _ = send_request(conversation_handle, message_type, b"", idempotency_key)
+        return encode_meta(request)
     key = (conversation_handle, message_type)
     meta = _SEND_METAS.get(key)
     if meta is None:
@@ -62,15 +72,22 @@ def send_meta(conversation_handle: uuid.UUID, message_type: str) -> bytes:
     return meta
 
 
-def send_many_request(messages: list[tuple[uuid.UUID, str, bytes]]) -> Request:
-    """Each message's handle, type and body length in meta; the bodies one after another."""
-    meta = {
-        "op": "send_many",
-        "messages": [
-            {"conversation_handle": str(h), "message_type": t, "body_length": len(b)}
-            for h, t, b in messages
-        ],
-    }
+def send_many_request(
+    messages: list[tuple[uuid.UUID, str, bytes]], keys: list[str | None] | None = None
+) -> Request:
+    """Each message's handle, type, body length (and idempotency key, if any) in meta; the
+    bodies one after another."""
+    items: list[dict[str, Any]] = [
+        {"conversation_handle": str(h), "message_type": t, "body_length": len(b)}
+        for h, t, b in messages
+    ]
+    if keys is not None:
+        if len(keys) != len(messages):
+            raise ValueError("send_many: one key (or None) per message")
+        for item, key in zip(items, keys, strict=True):
+            if key is not None:
+                item["key"] = key
+    meta = {"op": "send_many", "messages": items}
     return meta, b"".join(bytes(b) for _, _, b in messages)
 
 

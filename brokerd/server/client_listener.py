@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
-from brokerd.server.client_meta import meta_str, meta_uuid
+from brokerd.server.client_meta import meta_key, meta_str, meta_uuid
 from brokerd.server.client_requests import OPERATIONS, ReplyBody, ReplyMeta, receive_args
 from brokerd.server.client_requests import Broker as RequestsBroker
 from brokerd.server.receive_reply import ReceiveReply
@@ -422,6 +422,7 @@ class ClientSession(asyncio.Protocol):
         engine = self.broker.engine
         run: list[ClientFrame] = []
         messages: list[tuple[str, bytes]] = []
+        keys: list[str | None] = []
         db: Database | None = None
         ep: Endpoint | None = None
         for frame in frames:
@@ -430,23 +431,25 @@ class ClientSession(asyncio.Protocol):
                 handle = meta_uuid(m, "conversation_handle")
                 assert handle is not None
                 message_type = meta_str(m, "message_type", "DEFAULT")
+                key = meta_key(m)
                 if ep is None or handle != ep.handle:
                     if run:
-                        self._send_run(db, ep, run, messages)
-                        run, messages = [], []
+                        self._send_run(db, ep, run, messages, keys)
+                        run, messages, keys = [], [], []
                     db, ep = engine.endpoint(handle)
                     self.allowed.check_conversation(ep)
             except Exception as exc:
                 self._send_refused(frame.request_id, exc)
                 if run:  # the next SEND looks its conversation up again
-                    self._send_run(db, ep, run, messages)
-                    run, messages = [], []
+                    self._send_run(db, ep, run, messages, keys)
+                    run, messages, keys = [], [], []
                 db = ep = None
                 continue
             run.append(frame)
             messages.append((message_type, frame.body))
+            keys.append(key)
         if run:
-            self._send_run(db, ep, run, messages)
+            self._send_run(db, ep, run, messages, keys)
 
     def _send_run(
         self,
@@ -454,6 +457,7 @@ class ClientSession(asyncio.Protocol):
         ep: Endpoint | None,
         frames: list[ClientFrame],
         messages: list[tuple[str, bytes]],
+        keys: list[str | None],
     ) -> None:
         assert db is not None and ep is not None
         ids = [frame.request_id for frame in frames]
@@ -469,7 +473,7 @@ class ClientSession(asyncio.Protocol):
 
         engine = self.broker.engine
         try:
-            engine.send_verbs.send_now(db, ep, messages, then, failed)
+            engine.send_verbs.send_now(db, ep, messages, then, failed, keys if any(keys) else None)
         except Exception as exc:  # no SEND may wait for a reply for ever
             for i, request_id in enumerate(ids):
                 if not answered[i]:

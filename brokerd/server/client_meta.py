@@ -50,3 +50,17 @@ def meta_database(meta: dict[str, Any]) -> str | None:
     if not isinstance(value, str):
         raise InvalidRequest("database must be a string (a database's name) or null")
     return value
+
+
+MAX_KEY_LENGTH = 200
+"""Characters of a SEND's idempotency key, at most."""
+
+
+def meta_key(meta: dict[str, Any]) -> str | None:
+    """A SEND's optional idempotency ``key``: 1 to :data:`MAX_KEY_LENGTH` characters."""
+    value = meta.get("key")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_KEY_LENGTH:
+        raise InvalidRequest(f"key must be a string of 1 to {MAX_KEY_LENGTH} characters")
+    return value

@@ -36,7 +36,7 @@ import orjson
 from brokerd.dialogs.verbs import views
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.server.client_access import Access
-from brokerd.server.client_meta import meta_database, meta_str, meta_uuid
+from brokerd.server.client_meta import meta_database, meta_key, meta_str, meta_uuid
 from brokerd.server.receive_reply import ReceiveReply
 from protocol.client_wire import ClientFrame
 from protocol.errors import InvalidRequest, TransactionError
@@ -180,6 +180,8 @@ async def _send(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
     tx = _transaction(session, m)
     assert tx is not None, "data_received hands SENDs without a transaction to _send_now"
     session.check_own(handle)
+    if meta_key(m) is not None:
+        raise InvalidRequest("idempotency keys are for SENDs outside a transaction")
     tx.send(handle, meta_str(m, "message_type", "DEFAULT"), frame.body)
     return {"sequence_number": None}, b""
 
@@ -195,6 +197,7 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
     body = frame.body
     offset = 0
     messages: list[tuple[uuid.UUID, str, bytes]] = []
+    keys: list[str | None] = []
     for item in items:
         if not isinstance(item, dict):
             raise InvalidRequest("each message must be an object")
@@ -209,15 +212,19 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
         messages.append(
             (handle, meta_str(item, "message_type", "DEFAULT"), body[offset : offset + length])
         )
+        keys.append(meta_key(item))
         offset += length
     if offset != len(body):
         raise InvalidRequest("the body lengths do not add up to the frame's body")
     tx = _transaction(session, frame.meta)
     if tx is not None:
+        if any(keys):
+            raise InvalidRequest("idempotency keys are for SENDs outside a transaction")
         for handle, message_type, data in messages:
             tx.send(handle, message_type, data)
         return {"sequence_numbers": None}, b""
-    return {"sequence_numbers": await session.broker.engine.send_verbs.send_many(messages)}, b""
+    sending = session.broker.engine.send_verbs
+    return {"sequence_numbers": await sending.send_many(messages, keys)}, b""
 
 
 def receive_args(

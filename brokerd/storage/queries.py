@@ -137,7 +137,24 @@ def forget_conversation(handle: str) -> list[Statement]:
         ("DELETE FROM conversation_timers WHERE conversation_handle = ?", (handle,)),
         ("DELETE FROM queue_messages WHERE conversation_handle = ?", (handle,)),
         ("DELETE FROM message_fragments WHERE conversation_handle = ?", (handle,)),
+        ("DELETE FROM send_keys WHERE conversation_handle = ?", (handle,)),
     ]
+
+
+# -- idempotency keys of SENDs --------------------------------------------------------------
+
+_SEND_KEY = "INSERT OR REPLACE INTO send_keys VALUES (?, ?, ?, ?)"
+READ_SEND_KEYS = "SELECT conversation_handle, key, sequence_number, created_at FROM send_keys"
+
+
+def send_key(handle: str, key: str, seq: int, now: float) -> Statement:
+    """A SEND's idempotency key and the number it was given, in the SEND's own job."""
+    return (_SEND_KEY, (handle, key, seq, now))
+
+
+def forget_send_keys(before: float) -> Statement:
+    """The keys kept longer than the window (``limits.send_key_window``)."""
+    return ("DELETE FROM send_keys WHERE created_at < ?", (before,))
 
 
 # -- the transmission queue ---------------------------------------------------------------

@@ -156,6 +156,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         "CREATE INDEX IF NOT EXISTS queue_messages_stored ON queue_messages "
         "(stored_at) WHERE stored_at IS NOT NULL",
     ),
+    Migration(
+        8,
+        "a SEND's idempotency key is kept with its sequence number, so that a SEND "
+        "retried after an unknown outcome is committed once (limits.send_key_window)",
+        "CREATE TABLE IF NOT EXISTS send_keys (conversation_handle TEXT NOT NULL, "
+        "key TEXT NOT NULL, sequence_number INTEGER NOT NULL, created_at REAL NOT NULL, "
+        "PRIMARY KEY (conversation_handle, key)) WITHOUT ROWID;"
+        "CREATE INDEX IF NOT EXISTS send_keys_created ON send_keys (created_at)",
+    ),
 )
 """The schema, step by step; a step is never edited once released, only followed by another."""
 SCHEMA_VERSION = MIGRATIONS[-1].version

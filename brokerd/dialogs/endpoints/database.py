@@ -208,6 +208,10 @@ class Database:
             timed = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
             if timed is not None:
                 timed.timer_due = float(row["due"])
+        for handle, key, seq, created in stream(queries.READ_SEND_KEYS, ()):
+            keyed = self.endpoints.get(uuid.UUID(handle))
+            if keyed is not None:
+                keyed.sent_keys[str(key)] = (int(seq), float(created))
         for ep in self.endpoints.values():
             if ep.accepted.through or ep.accepted.beyond or ep.accepted.fragments:
                 ep.mark_ack_needed()

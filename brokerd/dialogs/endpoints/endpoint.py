@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -77,6 +77,11 @@ class OutMessage:
     """Paged in from its endpoint's backlog (counted against ``Transmission.paged_limit``)."""
 
 
+KeyWaiter = tuple[Callable[[int, int], None], Callable[[int, BaseException], None], int]
+"""A SEND retried while the first one with its key commits: its ``then`` and ``failed``
+(a sequence number or the error, for request ``i``) and its ``i``."""
+
+
 @dataclass(slots=True, eq=False)
 class Endpoint:
     handle: uuid.UUID
@@ -127,6 +132,12 @@ class Endpoint:
     accepted: AckState = field(default_factory=AckState)
     validating: set[int] = field(default_factory=set)
     """Messages whose last fragment waits while the whole body is validated (R-OBJ-1)."""
+    sent_keys: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Idempotency keys of this side's committed SENDs: key -> (sequence number, when it
+    was committed), for ``limits.send_key_window``."""
+    keys_in_flight: dict[str, list[KeyWaiter]] = field(default_factory=dict)
+    """Keys of SENDs numbered and not yet committed, with the retries of the same key
+    that wait for their outcome."""
     durable: AckState = field(default_factory=AckState)
     outbox: dict[int, OutMessage] = field(default_factory=dict)
     """The unacknowledged messages in memory, in sequence order."""

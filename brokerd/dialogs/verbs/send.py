@@ -60,6 +60,7 @@ class SendVerbs:
         clock: Callable[[], float],
         fragment_size: int,
         max_message_size: int,
+        key_window: float,
     ) -> None:
         self.directory = directory
         self.transmission = transmission
@@ -70,6 +71,8 @@ class SendVerbs:
         self.clock = clock
         self.fragment_size = fragment_size
         self.max_message_size = max_message_size
+        self.key_window = key_window
+        """Seconds an idempotency key is kept (``limits.send_key_window``)."""
 
     def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None:
         """SEND's checks: no system message type (SPEC §6), the endpoint's state, the size,
@@ -107,28 +110,110 @@ class SendVerbs:
         await commit(db, work)
         return seq
 
-    async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> list[int]:
+    async def send_many(
+        self,
+        messages: list[tuple[uuid.UUID, str, bytes]],
+        keys: Sequence[str | None] | None = None,
+    ) -> list[int]:
         """SEND several messages with one commit per database (a producer's batched path).
 
         Every message is checked before any is queued: one refusal refuses the batch.
+        ``keys`` are their idempotency keys (as :meth:`send_now`'s): a message whose key
+        its conversation has seen is not sent again, and gets the first one's number.
         """
         found = [
             (*self.directory.endpoint(handle), message_type, body)
             for handle, message_type, body in messages
         ]
-        for db, ep, message_type, body in found:
-            self.check_send(db, ep, message_type, body)
+        loop = asyncio.get_running_loop()
+        answers: list[int | asyncio.Future[int] | None] = [None] * len(found)
+        for n, (_, ep, _, _) in enumerate(found):
+            key = keys[n] if keys is not None else None
+            if key is None:
+                continue
+            known = ep.sent_keys.get(key)
+            if known is not None:
+                answers[n] = known[0]
+            elif key in ep.keys_in_flight:
+                answers[n] = self._wait_for_key(ep, key, loop)
+        for n, (db, ep, message_type, body) in enumerate(found):
+            if answers[n] is None:
+                self.check_send(db, ep, message_type, body)
         works: dict[str, tuple[Database, Work]] = {}
-        seqs: list[int] = []
         flags = FLAG_SEQUENCED
-        for db, ep, message_type, body in found:
-            seq, work = self.enqueue_work(db, ep, message_type, flags, body)
-            seqs.append(seq)
+        for n, (db, ep, message_type, body) in enumerate(found):
+            if answers[n] is not None:
+                continue
+            key = keys[n] if keys is not None else None
+            if key is not None and key in ep.keys_in_flight:  # the same key earlier here
+                answers[n] = self._wait_for_key(ep, key, loop)
+                continue
+            extra: list[Statement] = []
+            now = self.clock()
+            if key is not None:
+                extra.append(queries.send_key(ep.handle_text, key, ep.send_sequence + 1, now))
+                ep.keys_in_flight[key] = []
+            seq, work = self.enqueue_work(db, ep, message_type, flags, body, extra)
+            if key is not None:
+                work.add([], *self._key_outcome(ep, key, seq, now))
+            answers[n] = seq
             works.setdefault(db.name, (db, Work()))[1].extend(work)
         # Queued at once, not from tasks started later: by then a message received on one
         # of these endpoints could have queued a newer snapshot than the ones taken here.
         await asyncio.gather(*(submit(db, work) for db, work in works.values()))
-        return seqs
+        return [a if isinstance(a, int) else await a for a in answers if a is not None]
+
+    @staticmethod
+    def _wait_for_key(
+        ep: Endpoint, key: str, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[int]:
+        """The outcome of the SEND with ``key`` that is committing now, as a future."""
+        future: asyncio.Future[int] = loop.create_future()
+
+        def then(_: int, seq: int) -> None:
+            if not future.done():
+                future.set_result(seq)
+
+        def failed(_: int, exc: BaseException) -> None:
+            if not future.done():
+                future.set_exception(exc)
+
+        ep.keys_in_flight[key].append((then, failed, 0))
+        return future
+
+    @staticmethod
+    def _key_outcome(
+        ep: Endpoint, key: str, seq: int, now: float
+    ) -> tuple[Callable[[], None], Callable[[BaseException], None]]:
+        """What the commit of the SEND with ``key`` (numbered ``seq``) does with the key."""
+
+        def committed() -> None:
+            ep.sent_keys[key] = (seq, now)
+            for then, _, j in ep.keys_in_flight.pop(key, ()):
+                then(j, seq)
+
+        def failed(exc: BaseException) -> None:
+            for _, not_sent, j in ep.keys_in_flight.pop(key, ()):
+                not_sent(j, exc)
+
+        return committed, failed
+
+    def forget_old_keys(self, now: float) -> None:
+        """Forget the idempotency keys kept longer than ``limits.send_key_window``, in
+        memory and in each database's file."""
+        before = now - self.key_window
+        for db in self.directory.databases.values():
+            if db.mirror_role == "mirror":
+                continue  # its file changes only by what the principal ships
+            old = 0
+            for ep in db.endpoints.values():
+                if ep.sent_keys:
+                    stale = [k for k, (_, at) in ep.sent_keys.items() if at < before]
+                    for k in stale:
+                        del ep.sent_keys[k]
+                    old += len(stale)
+            if old:
+                db.store.submit([queries.forget_send_keys(before)])
 
     def send_now(
         self,
@@ -137,6 +222,7 @@ class SendVerbs:
         messages: Sequence[tuple[str, bytes]],
         then: Callable[[int, int], None],
         failed: Callable[[int, BaseException], None],
+        keys: Sequence[str | None] | None = None,
     ) -> None:
         """Pipelined SENDs on one conversation, outside a transaction, without a future:
         each committed on its own as :meth:`send_work` would, then ``then(i, sequence
@@ -148,22 +234,96 @@ class SendVerbs:
         order. SENDs to a dialog whose far endpoint is in the same database go straight
         into that endpoint's queue when they can (R-DLG-13, :mod:`brokerd.dialogs.verbs.direct`),
         all in one job.
+
+        ``keys`` are the SENDs' idempotency keys (None: none). A SEND whose key this
+        conversation has seen within ``limits.send_key_window`` is not sent again: it is
+        answered with the first one's number (or its outcome, while it commits). A key
+        is kept in the SEND's own job, so it is durable exactly when the SEND is.
         """
         checked: list[tuple[int, str, bytes]] = []
+        key_of: dict[int, str] = {}
+        """The idempotency key of each checked SEND that has one, by its ``i``."""
         for i, (message_type, body) in enumerate(messages):
+            key = keys[i] if keys is not None else None
+            if key is not None and self._answered_by_key(ep, key, i, then, failed):
+                continue
             try:
                 self.check_send(db, ep, message_type, body)
             except BrokerError as exc:
                 failed(i, exc)
-            else:
-                checked.append((i, message_type, body))
+                continue
+            if key is not None:
+                ep.keys_in_flight[key] = []
+                key_of[i] = key
+            checked.append((i, message_type, body))
         if not checked:
             return
+        extra: list[Statement] = []
+        if key_of:
+            then, failed, extra = self._keyed(ep, checked, key_of, then, failed)
         far = direct_target(db, ep)
         if far is not None:
-            self._send_direct(db, ep, far, checked, then, failed)
+            self._send_direct(db, ep, far, checked, then, failed, extra)
             return
-        self._send_queued(db, ep, checked, then, failed)
+        self._send_queued(db, ep, checked, then, failed, extra)
+
+    @staticmethod
+    def _answered_by_key(
+        ep: Endpoint,
+        key: str,
+        i: int,
+        then: Callable[[int, int], None],
+        failed: Callable[[int, BaseException], None],
+    ) -> bool:
+        """A SEND whose idempotency key ``ep`` knows is not sent again: it gets the number
+        the first SEND with that key was committed with, or, while that one commits, its
+        outcome. False if the key is new."""
+        known = ep.sent_keys.get(key)
+        if known is not None:
+            then(i, known[0])
+            return True
+        waiting = ep.keys_in_flight.get(key)
+        if waiting is not None:
+            waiting.append((then, failed, i))
+            return True
+        return False
+
+    def _keyed(
+        self,
+        ep: Endpoint,
+        checked: list[tuple[int, str, bytes]],
+        key_of: dict[int, str],
+        then: Callable[[int, int], None],
+        failed: Callable[[int, BaseException], None],
+    ) -> tuple[Callable[[int, int], None], Callable[[int, BaseException], None], list[Statement]]:
+        """The rows that keep the keys of ``checked``'s keyed SENDs with the numbers they
+        are about to get (the next ones, in order, whichever path they take), and the
+        callbacks that remember the keys once committed and answer the retries waiting."""
+        now = self.clock()
+        handle = ep.handle_text
+        first = ep.send_sequence + 1
+        extra = [
+            queries.send_key(handle, key_of[i], seq, now)
+            for seq, (i, _, _) in enumerate(checked, first)
+            if i in key_of
+        ]
+
+        def keyed_then(i: int, seq: int) -> None:
+            key = key_of.get(i)
+            if key is not None:
+                ep.sent_keys[key] = (seq, now)
+                for waiting_then, _, j in ep.keys_in_flight.pop(key, ()):
+                    waiting_then(j, seq)
+            then(i, seq)
+
+        def keyed_failed(i: int, exc: BaseException) -> None:
+            key = key_of.get(i)
+            if key is not None:
+                for _, waiting_failed, j in ep.keys_in_flight.pop(key, ()):
+                    waiting_failed(j, exc)
+            failed(i, exc)
+
+        return keyed_then, keyed_failed, extra
 
     def _send_queued(
         self,
@@ -172,6 +332,7 @@ class SendVerbs:
         messages: list[tuple[int, str, bytes]],
         then: Callable[[int, int], None],
         failed: Callable[[int, BaseException], None],
+        extra: list[Statement],
     ) -> None:
         """Pipelined SENDs (``(i, type, body)``) through the transmission queue, in one job:
         their rows and one endpoint row commit together, and each is handed to its link
@@ -183,7 +344,7 @@ class SendVerbs:
         now = self.clock()
         handle = ep.handle_text
         sent: list[OutMessage] = []
-        statements: list[Statement] = []
+        statements: list[Statement] = list(extra)
         for seq, (_, message_type, body) in enumerate(messages, first):
             sent.append(self._new_message(seq, message_type, flags, body, now))
             statements.append(queries.sent_message(handle, seq, message_type, flags, body, now))
@@ -241,6 +402,7 @@ class SendVerbs:
         messages: list[tuple[int, str, bytes]],
         then: Callable[[int, int], None],
         failed: Callable[[int, BaseException], None],
+        extra: list[Statement],
     ) -> None:
         """SEND ``messages`` (``(i, type, body)``) into ``far``'s queue in one transaction
         with both endpoints' rows (R-DLG-13): no transmission queue row, no fragment, no
@@ -266,8 +428,11 @@ class SendVerbs:
         index = db.ready.get(queue)
         now = self.clock()
         statements = [
-            queue_row(far, queue, seq, 1, message_type, len(body), body, now)
-            for seq, (_, message_type, body) in zip(seqs, messages, strict=True)
+            *extra,
+            *(
+                queue_row(far, queue, seq, 1, message_type, len(body), body, now)
+                for seq, (_, message_type, body) in zip(seqs, messages, strict=True)
+            ),
         ]
         statements.append(endpoint_snapshot(ep, sent=last))
         statements.append(endpoint_snapshot(far, received=accepted.through))
