@@ -140,6 +140,31 @@ class SendVerbs:
             if answers[n] is None:
                 self.check_send(db, ep, message_type, body)
         works: dict[str, tuple[Database, Work]] = {}
+        registered: list[tuple[Endpoint, str]] = []
+        """Keys this call put in flight: taken out again if it fails before submitting."""
+        try:
+            self._number_many(found, keys, answers, works, registered, loop)
+        except BaseException as exc:
+            for ep, key in registered:
+                for _, waiting_failed, j in ep.keys_in_flight.pop(key, ()):
+                    waiting_failed(j, exc)
+            raise
+        # Queued at once, not from tasks started later: by then a message received on one
+        # of these endpoints could have queued a newer snapshot than the ones taken here.
+        await asyncio.gather(*(submit(db, work) for db, work in works.values()))
+        return [a if isinstance(a, int) else await a for a in answers if a is not None]
+
+    def _number_many(
+        self,
+        found: list[tuple[Database, Endpoint, str, bytes]],
+        keys: Sequence[str | None] | None,
+        answers: list[int | asyncio.Future[int] | None],
+        works: dict[str, tuple[Database, Work]],
+        registered: list[tuple[Endpoint, str]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """:meth:`send_many`'s numbering: each new message's work, per database, and the
+        number (or the outcome to wait for) of each in ``answers``."""
         flags = FLAG_SEQUENCED
         for n, (db, ep, message_type, body) in enumerate(found):
             if answers[n] is not None:
@@ -153,15 +178,12 @@ class SendVerbs:
             if key is not None:
                 extra.append(queries.send_key(ep.handle_text, key, ep.send_sequence + 1, now))
                 ep.keys_in_flight[key] = []
+                registered.append((ep, key))
             seq, work = self.enqueue_work(db, ep, message_type, flags, body, extra)
             if key is not None:
                 work.add([], *self._key_outcome(ep, key, seq, now))
             answers[n] = seq
             works.setdefault(db.name, (db, Work()))[1].extend(work)
-        # Queued at once, not from tasks started later: by then a message received on one
-        # of these endpoints could have queued a newer snapshot than the ones taken here.
-        await asyncio.gather(*(submit(db, work) for db, work in works.values()))
-        return [a if isinstance(a, int) else await a for a in answers if a is not None]
 
     @staticmethod
     def _wait_for_key(
@@ -261,11 +283,17 @@ class SendVerbs:
         extra: list[Statement] = []
         if key_of:
             then, failed, extra = self._keyed(ep, checked, key_of, then, failed)
-        far = direct_target(db, ep)
-        if far is not None:
-            self._send_direct(db, ep, far, checked, then, failed, extra)
-            return
-        self._send_queued(db, ep, checked, then, failed, extra)
+        try:
+            far = direct_target(db, ep)
+            if far is not None:
+                self._send_direct(db, ep, far, checked, then, failed, extra)
+                return
+            self._send_queued(db, ep, checked, then, failed, extra)
+        except BaseException as exc:  # nothing was submitted: the keys are not in flight
+            for key in key_of.values():
+                for _, waiting_failed, j in ep.keys_in_flight.pop(key, ()):
+                    waiting_failed(j, exc)
+            raise
 
     @staticmethod
     def _answered_by_key(
