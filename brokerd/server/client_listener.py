@@ -417,7 +417,7 @@ class ClientSession(asyncio.Protocol):
 
     def _send_now(self, frames: list[ClientFrame]) -> None:
         """SENDs outside a transaction, without a task, in the order they came: each run of
-        them on one conversation goes to the engine at once (``ApplicationVerbs.send_now``),
+        them on one conversation goes to the engine at once (``SendVerbs.send_now``),
         and each reply goes once its message has committed."""
         engine = self.broker.engine
         run: list[ClientFrame] = []
