@@ -273,6 +273,42 @@ class Endpoint:
     def mark_ack_needed(self) -> None:
         self.ack_version += 1
 
+    # -- idempotency keys of SENDs ---------------------------------------------------------
+
+    def answer_by_key(
+        self,
+        key: str,
+        i: int,
+        then: Callable[[int, int], None],
+        failed: Callable[[int, BaseException], None],
+    ) -> bool:
+        """A SEND (request ``i``) whose idempotency key this endpoint knows is not sent
+        again: ``then`` gets the number the first SEND with that key was committed with,
+        or, while that one commits, its outcome (``then`` or ``failed``). False if the
+        key is new."""
+        known = self.sent_keys.get(key)
+        if known is not None:
+            then(i, known[0])
+            return True
+        waiting = self.keys_in_flight.get(key)
+        if waiting is not None:
+            waiting.append((then, failed, i))
+            return True
+        return False
+
+    def key_committed(self, key: str, seq: int, now: float) -> None:
+        """The SEND with ``key`` committed as ``seq``: the key is known from now on, and the
+        retries that waited for it get the same number."""
+        self.sent_keys[key] = (seq, now)
+        for then, _, i in self.keys_in_flight.pop(key, ()):
+            then(i, seq)
+
+    def key_failed(self, key: str, exc: BaseException) -> None:
+        """The SEND with ``key`` did not commit: the retries that waited for it fail as it
+        did, and the key is new again."""
+        for _, failed, i in self.keys_in_flight.pop(key, ()):
+            failed(i, exc)
+
 
 @lru_cache(maxsize=1024)
 def _text(instance: uuid.UUID) -> str:

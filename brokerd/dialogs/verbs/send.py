@@ -12,6 +12,7 @@ they may import.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
@@ -131,10 +132,7 @@ class SendVerbs:
             key = keys[n] if keys is not None else None
             if key is None:
                 continue
-            known = ep.sent_keys.get(key)
-            if known is not None:
-                answers[n] = known[0]
-            elif key in ep.keys_in_flight:
+            if key in ep.sent_keys or key in ep.keys_in_flight:
                 answers[n] = self._wait_for_key(ep, key, loop)
         for n, (db, ep, message_type, body) in enumerate(found):
             if answers[n] is None:
@@ -146,8 +144,7 @@ class SendVerbs:
             self._number_many(found, keys, answers, works, registered, loop)
         except BaseException as exc:
             for ep, key in registered:
-                for _, waiting_failed, j in ep.keys_in_flight.pop(key, ()):
-                    waiting_failed(j, exc)
+                ep.key_failed(key, exc)
             raise
         # Queued at once, not from tasks started later: by then a message received on one
         # of these endpoints could have queued a newer snapshot than the ones taken here.
@@ -181,7 +178,11 @@ class SendVerbs:
                 registered.append((ep, key))
             seq, work = self.enqueue_work(db, ep, message_type, flags, body, extra)
             if key is not None:
-                work.add([], *self._key_outcome(ep, key, seq, now))
+                work.add(
+                    [],
+                    functools.partial(ep.key_committed, key, seq, now),
+                    functools.partial(ep.key_failed, key),
+                )
             answers[n] = seq
             works.setdefault(db.name, (db, Work()))[1].extend(work)
 
@@ -189,7 +190,7 @@ class SendVerbs:
     def _wait_for_key(
         ep: Endpoint, key: str, loop: asyncio.AbstractEventLoop
     ) -> asyncio.Future[int]:
-        """The outcome of the SEND with ``key`` that is committing now, as a future."""
+        """The number of the SEND with ``key`` (known, or committing now), as a future."""
         future: asyncio.Future[int] = loop.create_future()
 
         def then(_: int, seq: int) -> None:
@@ -200,25 +201,8 @@ class SendVerbs:
             if not future.done():
                 future.set_exception(exc)
 
-        ep.keys_in_flight[key].append((then, failed, 0))
+        ep.answer_by_key(key, 0, then, failed)
         return future
-
-    @staticmethod
-    def _key_outcome(
-        ep: Endpoint, key: str, seq: int, now: float
-    ) -> tuple[Callable[[], None], Callable[[BaseException], None]]:
-        """What the commit of the SEND with ``key`` (numbered ``seq``) does with the key."""
-
-        def committed() -> None:
-            ep.sent_keys[key] = (seq, now)
-            for then, _, j in ep.keys_in_flight.pop(key, ()):
-                then(j, seq)
-
-        def failed(exc: BaseException) -> None:
-            for _, not_sent, j in ep.keys_in_flight.pop(key, ()):
-                not_sent(j, exc)
-
-        return committed, failed
 
     def forget_old_keys(self, now: float) -> None:
         """Forget the idempotency keys kept longer than ``limits.send_key_window``, in
@@ -267,7 +251,7 @@ class SendVerbs:
         """The idempotency key of each checked SEND that has one, by its ``i``."""
         for i, (message_type, body) in enumerate(messages):
             key = keys[i] if keys is not None else None
-            if key is not None and self._answered_by_key(ep, key, i, then, failed):
+            if key is not None and ep.answer_by_key(key, i, then, failed):
                 continue
             try:
                 self.check_send(db, ep, message_type, body)
@@ -291,30 +275,8 @@ class SendVerbs:
             self._send_queued(db, ep, checked, then, failed, extra)
         except BaseException as exc:  # nothing was submitted: the keys are not in flight
             for key in key_of.values():
-                for _, waiting_failed, j in ep.keys_in_flight.pop(key, ()):
-                    waiting_failed(j, exc)
+                ep.key_failed(key, exc)
             raise
-
-    @staticmethod
-    def _answered_by_key(
-        ep: Endpoint,
-        key: str,
-        i: int,
-        then: Callable[[int, int], None],
-        failed: Callable[[int, BaseException], None],
-    ) -> bool:
-        """A SEND whose idempotency key ``ep`` knows is not sent again: it gets the number
-        the first SEND with that key was committed with, or, while that one commits, its
-        outcome. False if the key is new."""
-        known = ep.sent_keys.get(key)
-        if known is not None:
-            then(i, known[0])
-            return True
-        waiting = ep.keys_in_flight.get(key)
-        if waiting is not None:
-            waiting.append((then, failed, i))
-            return True
-        return False
 
     def _keyed(
         self,
@@ -339,16 +301,13 @@ class SendVerbs:
         def keyed_then(i: int, seq: int) -> None:
             key = key_of.get(i)
             if key is not None:
-                ep.sent_keys[key] = (seq, now)
-                for waiting_then, _, j in ep.keys_in_flight.pop(key, ()):
-                    waiting_then(j, seq)
+                ep.key_committed(key, seq, now)
             then(i, seq)
 
         def keyed_failed(i: int, exc: BaseException) -> None:
             key = key_of.get(i)
             if key is not None:
-                for _, waiting_failed, j in ep.keys_in_flight.pop(key, ()):
-                    waiting_failed(j, exc)
+                ep.key_failed(key, exc)
             failed(i, exc)
 
         return keyed_then, keyed_failed, extra
