@@ -44,6 +44,35 @@ async def in_process(config_path: Path) -> AsyncIterator[Broker]:
         await broker.stop()
 
 
+SOLO_DATABASE = """
+[[database]]
+name = "Solo"
+[[database.queue]]
+name = "Q1"
+[[database.queue]]
+name = "Q2"
+[[database.service]]
+name = "//solo/S1"
+queue = "Q1"
+contracts = ["DEFAULT"]
+[[database.service]]
+name = "//solo/S2"
+queue = "Q2"
+contracts = ["DEFAULT"]
+"""
+"""One database, ``Solo``, whose service ``//solo/S1`` (queue ``Q1``) talks to
+``//solo/S2`` (queue ``Q2``): dialogs inside one database."""
+
+
+@contextlib.asynccontextmanager
+async def solo_broker(root: Path, host: str, extra: str = "") -> AsyncIterator[Broker]:
+    """A daemon of :data:`SOLO_DATABASE` on ``host``:4022, run in the test's process
+    (:func:`in_process`); ``extra`` is top-level TOML (a ``[limits]`` table, say)."""
+    daemon = Deployment(root).add("solo", host, SOLO_DATABASE, extra=extra)
+    async with in_process(daemon.config_path) as broker:
+        yield broker
+
+
 async def client_of(broker: Broker) -> BrokerClient:
     """An application client of an in-process daemon, on its client port."""
     client = broker.config.client

@@ -20,32 +20,14 @@ from pathlib import Path
 import pytest
 
 from brokerd.server.daemon import Broker
-from brokerd.tools.launcher import Deployment
-from tests.daemons import client_of, in_process
+from tests.daemons import client_of, solo_broker
 
 HOST = "127.0.0.245"
-DATABASE = """
-[[database]]
-name = "Solo"
-[[database.queue]]
-name = "Q1"
-[[database.queue]]
-name = "Q2"
-[[database.service]]
-name = "//solo/S1"
-queue = "Q1"
-contracts = ["DEFAULT"]
-[[database.service]]
-name = "//solo/S2"
-queue = "Q2"
-contracts = ["DEFAULT"]
-"""
 
 
 @pytest.fixture
 async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
-    daemon = Deployment(tmp_path).add("solo", HOST, DATABASE)
-    async with in_process(daemon.config_path) as broker:
+    async with solo_broker(tmp_path, HOST) as broker:
         yield broker
 
 
