@@ -14,30 +14,16 @@ R-ROUTE-1), with real daemons on 127.0.0.5x:4022.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from brokerd.sdk.client import BrokerClient
 from brokerd.tools.launcher import Deployment
 from tests.daemons import drain, wait_until
-from tests.routing.deploy import RETRY, R, addr, database, queue_of, stat, wait_drops, wait_status
+from tests.routing.deploy import R, addr, database, queue_of, stat, wait_drops, wait_status
 
 A, B = "127.0.0.51", "127.0.0.52"
 AUTO = "AutoCreatedLocal"
 ORDERS = "//aw/Orders"
 STOCK = "//aw/Stock"
 REMOTE = "//remote/Sender"
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path, RETRY)
-    try:
-        yield d
-    finally:
-        d.stop_all()
 
 
 async def test_a_database_without_it_takes_the_later_steps(deployment: Deployment) -> None:

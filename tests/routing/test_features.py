@@ -13,7 +13,6 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,22 +24,13 @@ from examples.dynamic_router import TableEntry, serve
 from protocol.dialog import BROKER_CONFIGURATION_NOTICE
 from protocol.errors import RemoteError
 from tests.daemons import drain, wait_until
-from tests.routing.deploy import RETRY, R, addr, database, queue_of, stat, wait_status
+from tests.routing.deploy import R, addr, database, queue_of, stat, wait_status
 
 A, B, P1, P2 = "127.0.0.41", "127.0.0.42", "127.0.0.43", "127.0.0.44"
 INITIATOR = "//aw/Initiator"
 TARGET = "//remote/Target"
 PARTS = "//parts/OrderParts"
 PARTS_INSTANCE = uuid.UUID("6d0a4bb5-2f6c-4f5e-9d43-5f5b3c2f9a10")
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path, RETRY)
-    try:
-        yield d
-    finally:
-        d.stop_all()
 
 
 def ctl(daemon_config: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -11,29 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import drain, wait_until
-from tests.routing.deploy import RETRY, R, addr, database, queue_of, stat, wait_drops
+from tests.routing.deploy import R, addr, database, queue_of, stat, wait_drops
 
 A, F1, F2, C = "127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24"
 INITIATOR = "//aw/Initiator"
 ELSEWHERE = "ElsewhereService"
 FORWARDING = "message_forwarding = true\n"
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path, RETRY)
-    try:
-        yield d
-    finally:
-        d.stop_all()
 
 
 def start_a_f1_c(deployment: Deployment, forward_size_mb: int | None = None) -> None:

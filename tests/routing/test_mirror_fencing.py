@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,22 +17,13 @@ from brokerd.sdk.client import BrokerClient
 from brokerd.tools.launcher import Deployment
 from protocol.errors import RemoteError
 from tests.daemons import drain, wait_until
-from tests.routing.deploy import RETRY, R, addr, database, queue_of, wait_drops
+from tests.routing.deploy import R, addr, database, queue_of, wait_drops
 
 A, P1, P2, S = "127.0.0.81", "127.0.0.82", "127.0.0.83", "127.0.0.84"
 INITIATOR = "//aw/Initiator"
 STALE = "//stale/Initiator"
 PARTS = "//parts/OrderParts"
 PARTS_INSTANCE = uuid.UUID("0b7c3f4e-51d2-4a8e-9f1c-6a2d8e4b7c11")
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path, RETRY)
-    try:
-        yield d
-    finally:
-        d.stop_all()
 
 
 def parts_database(role: str) -> str:

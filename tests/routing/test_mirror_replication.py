@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import sqlite3
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,15 +30,6 @@ initiator (the partners' route back), where a test uses them."""
 INITIATOR = "//aw/Initiator"
 PARTS = "//parts/OrderParts"
 PARTS_INSTANCE = uuid.UUID("5d0c2b1e-7f43-4a9b-8e21-3c6f0a9d4b72")
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path, RETRY)
-    try:
-        yield d
-    finally:
-        d.stop_all()
 
 
 def parts_database(role: str, partner: str, extra: str = "", back: str = A) -> str:

@@ -17,8 +17,6 @@ from outside its instance. Every outcome is checked where it happens, and aw's
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +25,7 @@ from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.launcher import Deployment
 from tests.daemons import drain, wait_until
 from tests.routing import worked_examples as s
-from tests.routing.deploy import AW, RETRY, queue_of, stat, wait_drops
+from tests.routing.deploy import AW, queue_of, stat, wait_drops
 
 TIMEOUT = 15.0
 
@@ -35,15 +33,6 @@ TIMEOUT = 15.0
 def tcp(host: str) -> str:
     """The normal form of a loopback host's broker address, as explain reports it."""
     return f"tcp://{host}:4022"
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path, RETRY)
-    try:
-        yield d
-    finally:
-        d.stop_all()
 
 
 async def start(deployment: Deployment, example: s.Example) -> dict[str, BrokerClient]:
