@@ -15,7 +15,7 @@ WITH ERROR still travels as a message through the local link and arrives as one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -49,14 +49,12 @@ async def test_a_receive_racing_an_arriving_error_gets_the_error_first(
     db, initiator = engine.directory.endpoint(handle)
     target = db.by_key[(initiator.conversation_id, False)]
     index = db.ready["Q2"]
-    while index.count < waiting:  # the messages wait, ready to RECEIVE
-        await asyncio.sleep(0.01)
+    await _until(lambda: index.count >= waiting, 0.01)  # the messages wait, ready
 
     ending = asyncio.ensure_future(
         engine.conversation_verbs.end_conversation(handle, 7, "the order was cancelled")
     )
-    while target.state is not State.ERROR:  # the Error is accepted: RECEIVE at once
-        await asyncio.sleep(0)
+    await _until(lambda: target.state is State.ERROR)  # the Error is accepted: RECEIVE now
     first = await engine.receive_verbs.receive("Q2", top=100, timeout=5)
     await ending
     rest = await engine.receive_verbs.receive("Q2", top=100, timeout=0)
@@ -79,11 +77,18 @@ async def test_a_receive_racing_the_lifetimes_error_gets_the_error_first(broker:
     engine = broker.engine
     db, initiator = engine.directory.endpoint(handle)
     target = db.by_key[(initiator.conversation_id, False)]
-    while db.ready["Q2"].count < 2:
-        await asyncio.sleep(0.01)
-    while target.state is not State.ERROR:
-        await asyncio.sleep(0)
+    await _until(lambda: db.ready["Q2"].count >= 2, 0.01)
+    await _until(lambda: target.state is State.ERROR, timeout=10)
     first = await engine.receive_verbs.receive("Q2", top=100, timeout=5)
     rest = await engine.receive_verbs.receive("Q2", top=100, timeout=0)
     types = [row["message_type_name"] for row in [*first, *rest]]
     assert types == [ERROR, "DEFAULT", "DEFAULT"], types
+
+
+async def _until(condition: Callable[[], bool], pause: float = 0, timeout: float = 5) -> None:
+    """Wait until ``condition`` holds, looking again every ``pause`` s (0: every turn of the
+    event loop, so that the test acts in the very turn it changes); fail after ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(pause)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from brokerd.server.daemon import CLIENT_STOP_GRACE
 from brokerd.tools.example import (
     CONTRACT,
     ORDER,
@@ -67,4 +68,32 @@ async def test_sigterm_during_pipelined_sends_answers_every_send_it_read(tmp_pat
         received = await drain(warehouse, "OrderQueue", len(committed), timeout=60)
         assert [m.message_body for m in received] == committed
         assert await warehouse.receive("OrderQueue", timeout=1.0) == []
+        await warehouse.close()
+
+
+async def test_a_receive_waiting_when_the_daemon_stops_returns_nothing_taken(
+    tmp_path: Path,
+) -> None:
+    """A RECEIVE that waits for messages (WAITFOR without end) when the daemon is stopped
+    returns at once, empty: nothing was taken, so nothing is lost, and the daemon does
+    not wait out its grace period for it. The message sent before the stop is still
+    there after the restart."""
+    d = shop_and_warehouse(tmp_path, FAST_RETRY)
+    with running(d):
+        warehouse = await d.daemons["beta"].client()
+        waiting = asyncio.ensure_future(warehouse.receive("OrderQueue", timeout=-1))
+        await asyncio.sleep(0.3)  # the RECEIVE waits in the daemon
+        started = asyncio.get_running_loop().time()
+        await asyncio.to_thread(d.stop, "beta")
+        assert await asyncio.wait_for(waiting, 5) == []
+        assert asyncio.get_running_loop().time() - started < CLIENT_STOP_GRACE / 2
+
+        shop = await d.daemons["alpha"].client()
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop.send(handle, ORDER, b"while the warehouse is away")
+        d.start("beta")
+        warehouse = await d.daemons["beta"].client()
+        (got,) = await drain(warehouse, "OrderQueue", 1, timeout=30)
+        assert got.message_body == b"while the warehouse is away"
+        await shop.close()
         await warehouse.close()
