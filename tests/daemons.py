@@ -15,6 +15,7 @@ from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.server.daemon import Broker
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
+from protocol.errors import BrokerStopping
 
 FAST_RETRY = {"initial": 0.5, "maximum": 2.0, "ack_delay": 0.005, "delayed_retry": 0.5}
 """Retry settings that make retransmission tests quick."""
@@ -150,3 +151,43 @@ async def stats_with(client: BrokerClient, *prefixes: str) -> dict[str, Any]:
     """The daemon's ``stats`` view, only the counters whose names start with ``prefixes``."""
     (stats,) = await client.view("stats")
     return {k: v for k, v in stats.items() if k.startswith(prefixes)}
+
+
+async def sends_through_a_stop(
+    client: BrokerClient,
+    handle: uuid.UUID,
+    message_type: str,
+    prefix: str,
+    stop: Callable[[], object],
+    *,
+    after: int,
+    burst: int,
+    pause: float,
+) -> tuple[list[bytes], list[object]]:
+    """Pipeline SENDs (bodies ``"{prefix} {n}"``) on ``handle``, ``burst`` at a time every
+    ``pause`` s, until the daemon says it is stopping (``BrokerStopping``); once ``after``
+    were sent, ``stop`` runs in a thread (``Deployment.stop``, a SIGTERM). Returns the
+    bodies sent and each one's outcome: its sequence number or its error."""
+    sent: list[tuple[bytes, asyncio.Future[int]]] = []
+    stopping: asyncio.Future[object] | None = None
+
+    async def produce() -> None:
+        nonlocal stopping
+        n = 0
+        while True:
+            for _ in range(burst):
+                body = f"{prefix} {n}".encode()
+                try:
+                    sent.append((body, client.send_nowait(handle, message_type, body)))
+                except BrokerStopping:
+                    return  # told the daemon is stopping: nothing more is sent
+                n += 1
+            if n == after:  # well under way: stop the daemon while SENDs are in flight
+                stopping = asyncio.ensure_future(asyncio.to_thread(stop))
+            await asyncio.sleep(pause)
+
+    await asyncio.wait_for(produce(), 60)
+    assert stopping is not None, "the daemon said it was stopping before it was stopped"
+    await stopping
+    outcomes = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
+    return [body for body, _ in sent], list(outcomes)

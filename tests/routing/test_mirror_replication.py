@@ -20,7 +20,7 @@ from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
 from protocol.errors import BrokerStopping, RemoteError, TransactionError, TransactionRolledBack
-from tests.daemons import assert_exactly_once_in_order, wait_until
+from tests.daemons import assert_exactly_once_in_order, sends_through_a_stop, wait_until
 from tests.routing.deploy import RETRY, R, addr, database, queue_of
 
 A, P1, P2 = "127.0.0.91", "127.0.0.92", "127.0.0.93"
@@ -612,28 +612,17 @@ async def test_a_principal_stopped_during_sends_answers_each_with_its_true_outco
     a = await start_pair(deployment)
     p1 = await deployment.daemons["p1"].client()
     handle = await p1.begin_dialog(PARTS, INITIATOR, database="Parts")
-    sent: list[tuple[bytes, asyncio.Future[int]]] = []
-    stopping = asyncio.ensure_future(asyncio.sleep(0))
-
-    async def produce() -> None:
-        nonlocal stopping
-        n = 0
-        while True:
-            for _ in range(20):
-                body = f"reply {n}".encode()
-                try:
-                    sent.append((body, p1.send_nowait(handle, "DEFAULT", body)))
-                except BrokerStopping:
-                    return
-                n += 1
-            if n == 300:
-                stopping = asyncio.ensure_future(asyncio.to_thread(deployment.stop, "p1"))
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(produce(), 60)
-    await stopping
-    outcomes = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
-    committed = [body for (body, _), o in zip(sent, outcomes, strict=True) if type(o) is int]
+    bodies, outcomes = await sends_through_a_stop(
+        p1,
+        handle,
+        "DEFAULT",
+        "reply",
+        lambda: deployment.stop("p1"),
+        after=300,
+        burst=20,
+        pause=0.005,
+    )
+    committed = [body for body, o in zip(bodies, outcomes, strict=True) if type(o) is int]
     others = [o for o in outcomes if not isinstance(o, int | BrokerStopping)]
     assert others == [], others[:3]
     assert len(committed) >= 300

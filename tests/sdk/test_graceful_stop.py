@@ -25,7 +25,7 @@ from brokerd.tools.example import (
     shop_and_warehouse,
 )
 from protocol.errors import BrokerStopping
-from tests.daemons import FAST_RETRY, drain, running
+from tests.daemons import FAST_RETRY, drain, running, sends_through_a_stop
 
 
 async def test_sigterm_during_pipelined_sends_answers_every_send_it_read(tmp_path: Path) -> None:
@@ -33,32 +33,14 @@ async def test_sigterm_during_pipelined_sends_answers_every_send_it_read(tmp_pat
     with running(d):
         shop = await d.daemons["alpha"].client()
         handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
-        sent: list[tuple[bytes, asyncio.Future[int]]] = []
-        stopping = asyncio.ensure_future(asyncio.sleep(0))
-
-        async def produce() -> None:
-            nonlocal stopping
-            n = 0
-            while True:
-                for _ in range(50):
-                    body = f"order {n}".encode()
-                    try:
-                        sent.append((body, shop.send_nowait(handle, ORDER, body)))
-                    except BrokerStopping:
-                        return  # told the daemon is stopping: nothing more is sent
-                    n += 1
-                if n == 1000:  # well under way: stop the daemon while SENDs are in flight
-                    stopping = asyncio.ensure_future(asyncio.to_thread(d.stop, "alpha"))
-                await asyncio.sleep(0.002)
-
-        await asyncio.wait_for(produce(), 60)
-        await stopping
-        outcomes = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
-        committed = [body for (body, _), o in zip(sent, outcomes, strict=True) if type(o) is int]
+        bodies, outcomes = await sends_through_a_stop(
+            shop, handle, ORDER, "order", lambda: d.stop("alpha"), after=1000, burst=50, pause=0.002
+        )
+        committed = [body for body, o in zip(bodies, outcomes, strict=True) if type(o) is int]
         not_read = [o for o in outcomes if isinstance(o, BrokerStopping)]
         unknown = [o for o in outcomes if not isinstance(o, int | BrokerStopping)]
         assert unknown == [], unknown[:3]
-        assert len(committed) >= 1000 and len(committed) + len(not_read) == len(sent)
+        assert len(committed) >= 1000 and len(committed) + len(not_read) == len(bodies)
         seqs = [o for o in outcomes if type(o) is int]
         assert seqs == list(range(1, len(seqs) + 1))  # no gap, no repeat
 
