@@ -263,4 +263,5 @@ def parse_limits(t: Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         backlog_send_window=backlog_send_window,
         send_window_mb=t.integer("send_window_mb", d["send_window_mb"], 1, MAX_SEND_WINDOW_MB),
         send_key_window=t.seconds("send_key_window", d["send_key_window"]),
+        closed_endpoint_keep=t.seconds("closed_endpoint_keep", d["closed_endpoint_keep"]),
     )

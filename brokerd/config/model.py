@@ -262,6 +262,12 @@ class LimitsConfig:
     """Seconds a SEND's idempotency key is kept with its sequence number (and at most as
     long as its conversation): a SEND retried with the same key within it is answered
     with the first one's number and committed once."""
+    closed_endpoint_keep: float = 1800.0
+    """Seconds a target keeps a closed (``CD``) endpoint, counted from its close or from the
+    last copy of one of its messages that arrived since, before it is removed from memory
+    and from its file (SPEC §5, Decision): while kept, a late copy of the initiator's
+    messages is acknowledged again and not delivered. An initiator's closed endpoint goes
+    as soon as its last acknowledgement has been sent."""
     client_pending_mb: int = 16
     """MB of request bodies one client connection may have awaiting their replies (SENDs
     waiting for their commit); beyond it the broker stops reading that connection until

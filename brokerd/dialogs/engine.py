@@ -22,7 +22,9 @@ is handed its collaborators:
   :class:`~brokerd.dialogs.verbs.conversation.ConversationVerbs` and client
   transactions;
 * :class:`~brokerd.dialogs.images.DatabaseImages` (a mirrored database's image as its
-  role changes).
+  role changes);
+* ``lifetime``: :class:`~brokerd.dialogs.lifetime.cleanup.Cleanup` (closed endpoints
+  removed, as :class:`~brokerd.dialogs.endpoints.closing.ClosedEndpoints` says, SPEC §5).
 
 The engine's own methods are its ports, each one line handing on to the part that
 owns the work: what a connection delivers (``on_fragments``, ``on_acks``,
@@ -57,6 +59,7 @@ from brokerd.dialogs.arrivals.delivery import Delivery
 from brokerd.dialogs.arrivals.local_arrivals import LocalArrivals
 from brokerd.dialogs.arrivals.receiving import Arrivals
 from brokerd.dialogs.arrivals.remote_arrivals import Arrived, RemoteArrivals
+from brokerd.dialogs.endpoints.closing import ClosedEndpoints
 from brokerd.dialogs.endpoints.commits import commit_statements
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.deadlines import Deadlines
@@ -65,6 +68,7 @@ from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.endpoints.events import DialogEvents
 from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.images import DatabaseImages
+from brokerd.dialogs.lifetime.cleanup import Cleanup
 from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.links import Link, LinkProvider
 from brokerd.dialogs.transmission.local_link import LocalLink
@@ -104,7 +108,8 @@ class DialogEngine:
         self.by_instance = self.directory.by_instance
         self.msdb = self.directory.msdb
         """The directory's maps, by the names the local link and the router know them."""
-        self.events = DialogEvents(self.trace, self.stats)
+        self.closing = ClosedEndpoints(limits.closed_endpoint_keep, clock)
+        self.events = DialogEvents(self.trace, self.stats, self.closing)
         self.deadlines = Deadlines()
         self.local_link = LocalLink(self)
         self.router = Router(self)
@@ -185,6 +190,7 @@ class DialogEngine:
             clock,
         )
         self.images = DatabaseImages(self.transmission, self.router, self.deadlines)
+        self.cleanup = Cleanup(self.directory, self.closing, self.transmission, self.stats, clock)
         self._ticker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -207,6 +213,7 @@ class DialogEngine:
                     owed.append(ep)
                 self.deadlines.watch(ep)
         self.transmission.start(self._loop, owed)
+        self.cleanup.watch_all()
         self._ticker = self._loop.create_task(self._tick(), name="engine-retransmit")
         for ep in waiting:
             self.transmission.transmit(ep)
@@ -221,7 +228,8 @@ class DialogEngine:
         self.transmission.stop()
 
     async def _tick(self) -> None:
-        """Retransmissions, the router's periodic work, and timers and lifetimes due."""
+        """Retransmissions, the router's periodic work, timers and lifetimes due, and
+        closed endpoints removed."""
         interval = max(0.01, min(0.1, self.retry.initial / 4))
         keys_forgotten = self._clock()
         while True:
@@ -230,6 +238,7 @@ class DialogEngine:
             self.router.tick()
             now = self._clock()
             self.delivery.fire_due(now)
+            self.cleanup.tick(now)
             if now - keys_forgotten >= KEYS_FORGOTTEN_EVERY:
                 keys_forgotten = now
                 self.send_verbs.forget_old_keys(now)

@@ -407,6 +407,7 @@ async def _view(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
                 **broker.transport.view(),
                 **engine.transmission.bodies.view(),
                 **engine.outbound_view(),
+                **engine.closing.waiting(),
                 "client_reads_held": broker.client_reads_held,
                 "client_sends_held": broker.client_sends_held,
             }

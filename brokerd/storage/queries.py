@@ -130,15 +130,38 @@ READ_ENDPOINTS = "SELECT * FROM conversation_endpoints"
 READ_RECEIVE_SEQUENCES = "SELECT conversation_handle, receive_sequence FROM conversation_endpoints"
 
 
+_CONVERSATION_TABLES = (
+    "transmission_queue",
+    "conversation_timers",
+    "queue_messages",
+    "message_fragments",
+    "send_keys",
+)
+"""The tables that hold a conversation's rows besides its endpoint row: its messages
+sent, its timer, its queue rows (retained ones too, R-OBJ-3), its fragments and its
+SENDs' idempotency keys."""
+HANDLES_PER_STATEMENT = 500
+"""Conversation handles of one ``IN`` list (far below SQLite's 32,766 variables)."""
+
+
 def forget_conversation(handle: str) -> list[Statement]:
     """Everything of a closed conversation except its endpoint row."""
-    return [
-        ("DELETE FROM transmission_queue WHERE conversation_handle = ?", (handle,)),
-        ("DELETE FROM conversation_timers WHERE conversation_handle = ?", (handle,)),
-        ("DELETE FROM queue_messages WHERE conversation_handle = ?", (handle,)),
-        ("DELETE FROM message_fragments WHERE conversation_handle = ?", (handle,)),
-        ("DELETE FROM send_keys WHERE conversation_handle = ?", (handle,)),
-    ]
+    return forget_conversations([handle])
+
+
+def forget_conversations(handles: Sequence[str]) -> list[Statement]:
+    """Everything of closed conversations except their endpoint rows: one statement per
+    table and :data:`HANDLES_PER_STATEMENT` handles (SPEC §5, the clean-up of closed
+    endpoints)."""
+    out: list[Statement] = []
+    for start in range(0, len(handles), HANDLES_PER_STATEMENT):
+        chunk = tuple(handles[start : start + HANDLES_PER_STATEMENT])
+        marks = ", ".join("?" * len(chunk))
+        out += [
+            (f"DELETE FROM {table} WHERE conversation_handle IN ({marks})", chunk)
+            for table in _CONVERSATION_TABLES
+        ]
+    return out
 
 
 # -- idempotency keys of SENDs --------------------------------------------------------------

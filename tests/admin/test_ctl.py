@@ -187,14 +187,23 @@ def alpha(deployment: Deployment) -> str:
     return str(deployment.daemons["alpha"].config_path)
 
 
-def test_endpoints_after_request_reply(alpha: str) -> None:
-    rows = ok_json("--config", alpha, "endpoints")
-    done = [r for r in rows if r["far_service"] == example.WAREHOUSE_SERVICE]
-    assert len(done) == 1
-    assert done[0]["state"] == "CD" and done[0]["is_initiator"] is True
-    assert done[0]["service"] == example.SHOP_SERVICE and done[0]["unacknowledged"] == 0
+@pytest.fixture
+def beta(deployment: Deployment) -> str:
+    return str(deployment.daemons["beta"].config_path)
 
-    table = brokerctl("--config", alpha, "endpoints")
+
+def test_endpoints_after_request_reply(alpha: str, beta: str) -> None:
+    """The initiator's closed endpoint is removed; the target keeps its own, closed, for
+    ``limits.closed_endpoint_keep`` (SPEC §5)."""
+    rows = ok_json("--config", alpha, "endpoints")
+    assert not [r for r in rows if r["far_service"] == example.WAREHOUSE_SERVICE]
+    rows = ok_json("--config", beta, "endpoints")
+    done = [r for r in rows if r["far_service"] == example.SHOP_SERVICE]
+    assert len(done) == 1
+    assert done[0]["state"] == "CD" and done[0]["is_initiator"] is False
+    assert done[0]["service"] == example.WAREHOUSE_SERVICE and done[0]["unacknowledged"] == 0
+
+    table = brokerctl("--config", beta, "endpoints")
     assert table.returncode == 0, table.stderr
     header, *body = table.stdout.splitlines()
     assert header.split()[:4] == ["database", "handle", "conversation", "group"]

@@ -60,8 +60,10 @@ async def test_request_and_reply_through_a_forwarder(deployment: Deployment) -> 
     await c.end_conversation(target)
 
     async def closed() -> bool:
-        states = [r["state"] for x in (a, c) for r in await x.conversation_endpoints()]
-        return states == ["CD", "CD"] and not await a.transmission_queue()
+        # SPEC §5: the initiator's closed endpoint is removed at once, the target's kept
+        initiator = [r["state"] for r in await a.conversation_endpoints()]
+        target = [r["state"] for r in await c.conversation_endpoints()]
+        return initiator in ([], ["CD"]) and target == ["CD"] and not await a.transmission_queue()
 
     await wait_until(closed, 20)
     assert not await c.transmission_queue()

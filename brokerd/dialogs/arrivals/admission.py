@@ -9,6 +9,8 @@ Owns the checks a fragment or acknowledgement from a link passes before it is ap
   dropped, counted and never acknowledged or applied;
 * the receiver's own checks of a message: its size, the contract (R-DLG-3) and the
   message type's validation (R-OBJ-1);
+* whether a message for a conversation that has no endpoint here may begin one (SPEC
+  §5: a closed endpoint removed is not begun again by a late copy);
 * the unsequenced broker Error that answers a refused message (R-DLG-2); nothing of
   it is stored.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from brokerd.dialogs.endpoints import binding
 from brokerd.dialogs.endpoints.broker_errors import (
+    CODE_CONVERSATION_NOT_FOUND,
     CODE_DIALOG_SECURITY,
     CODE_MESSAGE_TOO_LARGE,
     CODE_MESSAGE_TYPE_REFUSED,
@@ -35,6 +38,9 @@ from brokerd.dialogs.transmission.links import Link
 from brokerd.dialogs.transmission.transmission import Transmission
 from protocol.dialog import ERROR, FLAG_ERROR, FLAG_INITIATOR, DialogHeader
 from protocol.dialog_security import DialogKeys, DialogSecurityError, open_key_exchange
+
+FIRST_SEQUENCE = 1
+"""The sequence number of a dialog's first message (a SEND numbers from 1)."""
 
 
 class Admission:
@@ -183,6 +189,38 @@ class Admission:
             self.stats.dialog_security_refusals += 1
             self.events.drop(header, f"message refused by dialog security: {exc} (R-DLG-14)")
             return None, None
+
+    def may_begin(self, link: Link, db: Database, header: DialogHeader) -> bool:
+        """Whether a message for a conversation this database holds no endpoint of may
+        begin one (SPEC §5, Decision): only the initiator's first message, or an Error
+        (it never waits behind the messages before it, R-DLG-10), creates the target's
+        endpoint. A later message is a copy for a target endpoint removed after it closed,
+        or overtook its dialog's first: dropped, not acknowledged (its sender resends it).
+        A message of a target for an initiator endpoint that is gone (removed after it
+        closed, or ended WITH CLEANUP) is answered with a broker error, so the target's
+        side ends too instead of retrying for ever."""
+        if header.initiator and header.sequenced:
+            if header.sequence_number == FIRST_SEQUENCE or header.flags & FLAG_ERROR:
+                return True
+            self.events.drop(
+                header,
+                "no conversation endpoint for this message, and it is not the first of its "
+                "dialog: its target endpoint was removed after it closed, or it overtook "
+                "the first (SPEC §5)",
+            )
+            return False
+        if not header.initiator and header.sequenced:
+            self.send_broker_error(
+                link,
+                db,
+                header,
+                CODE_CONVERSATION_NOT_FOUND,
+                f"conversation {header.conversation_id} has no initiator endpoint in "
+                f"database {db.name!r}: it was closed and removed, or ended WITH CLEANUP",
+            )
+            return False
+        self.events.drop(header, "no conversation endpoint for this message")
+        return False
 
     def send_broker_error(
         self,

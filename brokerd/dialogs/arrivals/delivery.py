@@ -117,7 +117,8 @@ class Delivery:
         runs = ep.backlog.spans()
         self.events.discarded(ep, [*dropped, *ep.backlog], why)
         self.transmission.discard(ep)
-        ep.refresh_state()
+        if ep.refresh_state():
+            self.events.closed(ep)
 
         def committed() -> None:
             if ep.service == ROUTE_REQUESTER_SERVICE:

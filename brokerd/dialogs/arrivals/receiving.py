@@ -148,8 +148,8 @@ class Arrivals:
             )
         ep = db.by_key.get((header.conversation_id, not header.initiator))
         if ep is None:
-            if not header.initiator or not header.sequenced:
-                return self.events.drop(header, "no conversation endpoint for this message")
+            if not self.admission.may_begin(link, db, header):
+                return
             created = self._new_target_endpoint(db, link, header, body)
             if created is None:
                 return
@@ -195,6 +195,8 @@ class Arrivals:
                 peer=link.name,
             )
             self.transmission.ack_needed(ep)  # R-DLG-4: acknowledged again, not enqueued again
+            if ep.state is State.CLOSED:
+                self.events.closing.touched(ep)  # its sender has no acknowledgement yet
             return
         if ep.state is State.CLOSED or ep.broker_error:
             return self.events.drop(header, f"conversation is {ep.state.value}")

@@ -10,6 +10,8 @@ from xml.sax.saxutils import escape
 ERROR_NS = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 CODE_SERVICE_NOT_FOUND = -8425
 CODE_CONTRACT_NOT_SUPPORTED = -8408
+CODE_CONVERSATION_NOT_FOUND = -8426
+"""A message for a conversation whose endpoint on this side is gone (SPEC §5)."""
 CODE_MESSAGE_TYPE_REFUSED = -8457
 CODE_LIFETIME_EXPIRED = -8489
 CODE_VALIDATION_FAILED = -9615

@@ -2,7 +2,9 @@
 
 Owns how a dropped message is counted, traced, kept for the ``drops`` view and
 logged (at most one line a second), and the ``dialog_begun``, ``discarded`` and
-``dialog_ended`` events every part of the engine writes.
+``dialog_ended`` events every part of the engine writes. An endpoint that closes is
+handed to the :class:`~brokerd.dialogs.endpoints.closing.ClosedEndpoints` that will say
+when it may be removed (SPEC §5).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import math
 import time
 
+from brokerd.dialogs.endpoints.closing import ClosedEndpoints
 from brokerd.dialogs.endpoints.endpoint import Endpoint
 from brokerd.dialogs.endpoints.states import State
 from brokerd.dialogs.endpoints.stats import EngineStats
@@ -23,9 +26,13 @@ log = logging.getLogger("brokerd.dialogs.engine")
 class DialogEvents:
     """Dropped messages and the trace events of a dialog's life."""
 
-    def __init__(self, trace: TraceWriter, stats: EngineStats) -> None:
+    def __init__(
+        self, trace: TraceWriter, stats: EngineStats, closing: ClosedEndpoints | None = None
+    ) -> None:
         self.trace = trace
         self.stats = stats
+        self.closing = closing if closing is not None else ClosedEndpoints(math.inf, time.time)
+        """Closed endpoints waiting to be removed (fed by :meth:`closed`)."""
         self._drop_logged_at = -math.inf
         self._drops_not_logged = 0
 
@@ -86,8 +93,9 @@ class DialogEvents:
             )
 
     def closed(self, ep: Endpoint) -> None:
-        """``dialog_ended``, if ``ep`` is now closed."""
+        """``dialog_ended``, if ``ep`` is now closed; it then waits to be removed."""
         if ep.state is State.CLOSED:
             self.trace.emit(
                 "dialog_ended", ep.conversation_id, database=ep.database, initiator=ep.initiator
             )
+            self.closing.watch(ep)

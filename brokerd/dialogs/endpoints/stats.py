@@ -32,4 +32,6 @@ class EngineStats:
     dialog_security_refusals: int = 0
     """Frames of secured dialogs refused: altered, not sealed with the dialog key, or not
     secured at all (R-DLG-14)."""
+    closed_endpoints_removed: int = 0
+    """Closed endpoints removed from memory and from their files (SPEC §5)."""
     drop_reasons: list[str] = field(default_factory=list)

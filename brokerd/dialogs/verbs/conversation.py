@@ -211,7 +211,8 @@ class ConversationVerbs:
         if ep.broker_error:
             self.events.discarded(ep, dropped_seqs, "END CONVERSATION after a broker error")
             self.transmission.discard(ep)
-            ep.refresh_state()
+            if ep.refresh_state():
+                self.events.closed(ep)
             return work.add([endpoint_snapshot(ep)])
         if error_code is not None:
             self.events.discarded(ep, dropped_seqs, "END CONVERSATION WITH ERROR")
