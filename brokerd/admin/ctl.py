@@ -10,6 +10,9 @@
     brokerctl --config FILE stats                the dialog engine's counters
     brokerctl --config FILE drops                why messages were dropped
     brokerctl --config FILE mirrors              mirrored databases and routes (R-ROUTE-10)
+    brokerctl --config FILE ages                 endpoints by database, state and age (leaks)
+    brokerctl --config FILE waiting              each conversation's oldest waiting message
+    brokerctl --config FILE queue QUEUE          a queue's messages and their status (R-OBJ-3)
     brokerctl --config FILE ping                 is the daemon up, and who is it
     brokerctl --config FILE explain SERVICE (--database DB | --from-outside) [--broker-instance G]
                                                  which route a new conversation takes, and why
@@ -41,7 +44,8 @@ the time it was made), timestamps to whole seconds and long text to 40 character
 ``--wide`` is given (which also shows the full column names); a message's
 ``transmission_status`` is always kept whole, as the last column. ``--json``
 prints the daemon's rows unchanged (``watch --json`` prints one JSON document a
-line). An empty view prints ``(no rows)``.
+line). An empty view prints ``(no rows)``. Every view is read page after page (the
+daemon's replies are bounded), so a view of any size prints whole.
 
 Errors (daemon not running, wrong token, unknown view, bad configuration) print
 one line ``brokerctl: error: ...`` and exit with status 2.
@@ -80,6 +84,8 @@ VIEWS: dict[str, str] = {
     "stats": "stats",
     "drops": "drops",
     "mirrors": "mirrors",
+    "ages": "endpoint_ages",
+    "waiting": "oldest_waiting",
 }
 """Command name -> the daemon's view name."""
 
@@ -95,6 +101,9 @@ _VIEW_HELP = {
     "stats": "the dialog engine's counters",
     "drops": "reasons of dropped messages",
     "mirrors": "mirrored databases here, and which partner is principal for each mirrored route",
+    "ages": "endpoints counted by database, state and age: leaked dialogs show here",
+    "waiting": "per conversation, its oldest message waiting to be received or acknowledged, "
+    "oldest first",
 }
 
 SHORT_LENGTH = 8
@@ -358,6 +367,12 @@ async def _show(args: argparse.Namespace, target: Target) -> None:
     print(_render(view, rows, args))
 
 
+async def _queue(args: argparse.Namespace, target: Target) -> None:
+    async with await connect(target, args.timeout) as client:
+        rows = await _call(client, target, client.queue_messages(args.queue), args.timeout)
+    print(_render("queue_messages", rows, args))
+
+
 async def _ping(args: argparse.Namespace, target: Target) -> None:
     async with await connect(target, args.timeout) as client:
         t0 = time.perf_counter()
@@ -590,6 +605,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, aliases=aliases, help=text, description=text)
         _common(sub, top=False)
         sub.set_defaults(func=_show)
+    text = (
+        "a queue's messages, with their status: 0 received and retained, 1 ready, "
+        "2 not yet complete, 3 sent and retained"
+    )
+    queue = commands.add_parser("queue", help=text, description=text)
+    queue.add_argument("queue", metavar="QUEUE", help="the queue's name")
+    _common(queue, top=False)
+    queue.set_defaults(func=_queue)
     ping = commands.add_parser("ping", help="check that the daemon answers")
     _common(ping, top=False)
     ping.set_defaults(func=_ping)

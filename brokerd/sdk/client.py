@@ -53,7 +53,7 @@ import contextlib
 import itertools
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, cast
@@ -69,6 +69,7 @@ from brokerd.sdk.requests import (
     send_many_request,
     send_meta,
     timer_request,
+    view_request,
 )
 from brokerd.sdk.tls import client_context, describe_failure
 from brokerd.sdk.transaction import Transaction
@@ -659,18 +660,61 @@ class BrokerClient:
         """Failover: make this partner of a mirrored database ``principal`` or ``mirror``."""
         await self._call({"op": "set_mirror_role", "database": database, "role": role})
 
-    async def view(self, name: str) -> list[dict[str, Any]]:
-        meta, body = await self._call({"op": "view", "name": name})
-        if "rows" in meta:  # a daemon that sends rows in the meta
+    async def view_page(
+        self,
+        name: str,
+        after: str | None = None,
+        limit: int | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the admin view ``name``: its rows after the cursor ``after`` (None:
+        from the start), at most ``limit`` (the daemon's default, 500, if None), and the
+        cursor of the next page (None after the last). Cursors are keys, not offsets: a
+        row that stays in the view is seen once, in order, whatever changes meanwhile."""
+        meta, body = await self._call(*view_request(name, after, limit, params))
+        if "rows" in meta:  # a daemon that sends rows in the meta, unpaged
             rows: list[dict[str, Any]] = meta["rows"]
-            return rows
+            return rows, None
         try:
             decoded = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise ClientError(f"view {name!r}: the rows are not valid JSON ({exc})") from None
         if not isinstance(decoded, list) or len(decoded) != meta.get("rows_in_body"):
             raise ClientError(f"view {name!r}: expected {meta.get('rows_in_body')} rows")
-        return decoded
+        cursor = meta.get("next")
+        return decoded, cursor if isinstance(cursor, str) and cursor else None
+
+    async def view_rows(
+        self, name: str, page_size: int | None = None, params: Mapping[str, str] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every row of the admin view ``name``, page after page (``page_size`` rows each;
+        ``params`` are the view's own, ``queue`` for ``queue_messages``)."""
+        after: str | None = None
+        while True:
+            rows, after = await self.view_page(name, after, page_size, params)
+            for row in rows:
+                yield row
+            if after is None:
+                return
+
+    async def view(self, name: str, **params: str) -> list[dict[str, Any]]:
+        """Every row of the admin view ``name`` (:meth:`view_rows`, gathered)."""
+        return [row async for row in self.view_rows(name, params=params)]
+
+    async def queue_messages(self, queue: str) -> list[dict[str, Any]]:
+        """A queue's rows (in every database that has a queue of that name) with their
+        ``status`` (0 received and retained, 1 ready, 2 not yet complete, 3 sent and
+        retained; R-OBJ-3), conversation, sequence number, type and size."""
+        return await self.view("queue_messages", queue=queue)
+
+    async def endpoint_ages(self) -> list[dict[str, Any]]:
+        """How many endpoints per database, state and age bucket: leaks show here."""
+        return await self.view("endpoint_ages")
+
+    async def oldest_waiting(self) -> list[dict[str, Any]]:
+        """Per conversation, its oldest message waiting to be received or acknowledged,
+        oldest first."""
+        return await self.view("oldest_waiting")
 
     async def conversation_endpoints(self) -> list[dict[str, Any]]:
         """``sys.conversation_endpoints``: per endpoint its handle, conversation id,

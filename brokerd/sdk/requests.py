@@ -4,6 +4,7 @@ for the plain verbs of ``BrokerClient`` and those of a ``Transaction``."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from protocol.client_wire import encode_meta
@@ -134,3 +135,20 @@ def move_request(conversation_handle: uuid.UUID, conversation_group_id: uuid.UUI
         "conversation_handle": str(conversation_handle),
         "conversation_group_id": str(conversation_group_id),
     }, b""
+
+
+def view_request(
+    name: str,
+    after: str | None = None,
+    limit: int | None = None,
+    params: Mapping[str, str] | None = None,
+) -> Request:
+    """One page of an admin view: the rows after the cursor ``after`` (the previous page's
+    ``next``), at most ``limit`` of them (the daemon's default if None); ``params`` are the
+    view's own (``queue`` for ``queue_messages``)."""
+    meta: dict[str, Any] = {**(params or {}), "op": "view", "name": name}
+    if after:
+        meta["after"] = after
+    if limit is not None:
+        meta["limit"] = limit
+    return meta, b""

@@ -9,8 +9,7 @@ body, their lengths in meta), ``end_conversation``, ``begin_conversation_timer``
 :data:`MAX_OPEN_TRANSACTIONS` are open per connection), ``alter_queue``, the routing
 administration ``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted),
 ``explain`` (why a route is chosen, SPEC §2) and ``set_mirror_role`` (failover,
-R-ROUTE-10), ``view`` (``conversation_endpoints``, ``transmission_queue``, ``queues``,
-``routes``, ``broker_connections``, ``databases``, ``stats``, ``drops``, ``mirrors``)
+R-ROUTE-10), ``view`` (one page of an admin view: ``brokerd.server.client_views``)
 and ``ping``.
 
 A handler takes the :class:`Session` (what it uses of a client connection: its daemon,
@@ -28,13 +27,10 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
-import orjson
-
-from brokerd.dialogs.verbs import views
 from brokerd.dialogs.verbs.transactions import Transaction
+from brokerd.server import client_views
 from brokerd.server.client_access import Access
 from brokerd.server.client_meta import meta_database, meta_key, meta_str, meta_uuid
 from brokerd.server.receive_reply import ReceiveReply
@@ -388,42 +384,7 @@ async def _set_mirror_role(session: Session, frame: ClientFrame) -> tuple[dict[s
 
 
 async def _view(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
-    broker = session.broker
-    name = meta_str(frame.meta, "name")
-    engine = broker.engine
-    databases = engine.databases.values()
-    views_by_name: dict[str, Callable[[], Any]] = {
-        "conversation_endpoints": lambda: views.conversation_endpoints(databases),
-        "transmission_queue": engine.conversation_verbs.transmission_queue,
-        "queues": lambda: views.queues(databases),
-        "routes": lambda: views.routes(databases),
-        "databases": lambda: views.databases(databases),
-        "broker_connections": broker.transport.broker_connections,
-        "stats": lambda: [
-            {
-                **{k: v for k, v in asdict(engine.stats).items() if k != "drop_reasons"},
-                **engine.router.stats_view(),
-                **engine.trace.view(),
-                **broker.transport.view(),
-                **engine.transmission.bodies.view(),
-                **engine.outbound_view(),
-                **engine.closing.waiting(),
-                "client_reads_held": broker.client_reads_held,
-                "client_sends_held": broker.client_sends_held,
-            }
-        ],
-        "mirrors": engine.router.mirrors_view,
-        "mirroring": broker.mirroring.view,
-        "drops": lambda: [{"reason": r} for r in engine.stats.drop_reasons],
-    }
-    view = views_by_name.get(name)
-    if view is None:
-        raise InvalidRequest(f"unknown view {name!r}; views: {', '.join(sorted(views_by_name))}")
-    rows = view()
-    if isinstance(rows, Awaitable):
-        rows = await rows
-    # In the body, not the meta: a view may be larger than a meta's 1 MiB.
-    return {"rows_in_body": len(rows)}, orjson.dumps(rows, default=str)
+    return await client_views.view(session.broker, frame.meta)
 
 
 async def _ping(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:

@@ -164,6 +164,28 @@ def forget_conversations(handles: Sequence[str]) -> list[Statement]:
     return out
 
 
+# -- views read from the file (SPEC R-OBJ-3, R-PROTO-4) ----------------------------------
+
+READ_QUEUE_PAGE = (
+    "SELECT conversation_handle, message_sequence_number, conversation_group_id, status, "
+    "service_name, message_type, message_length, enqueued_at FROM queue_messages "
+    "WHERE (conversation_handle, message_sequence_number) > (?, ?) AND queue_name = ? "
+    "ORDER BY conversation_handle, message_sequence_number LIMIT ?"
+)
+"""A page of a queue's rows after (handle, sequence number), in the primary key's order."""
+READ_WAITING_IN_QUEUES = (
+    "SELECT conversation_handle, message_sequence_number, MIN(enqueued_at), COUNT(*), "
+    "queue_name FROM queue_messages WHERE status IN (1, 2) GROUP BY conversation_handle"
+)
+"""Per conversation, its oldest message not yet received (ready, or not yet complete) and
+how many wait (SQLite takes the other columns from the row of the minimum)."""
+READ_WAITING_TO_SEND = (
+    "SELECT conversation_handle, message_sequence_number, MIN(enqueued_at), COUNT(*) "
+    "FROM transmission_queue GROUP BY conversation_handle"
+)
+"""Per conversation, its oldest message sent and not acknowledged, and how many."""
+
+
 # -- idempotency keys of SENDs --------------------------------------------------------------
 
 _SEND_KEY = "INSERT OR REPLACE INTO send_keys VALUES (?, ?, ?, ?)"

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -195,8 +196,10 @@ def beta(deployment: Deployment) -> str:
 def test_endpoints_after_request_reply(alpha: str, beta: str) -> None:
     """The initiator's closed endpoint is removed; the target keeps its own, closed, for
     ``limits.closed_endpoint_keep`` (SPEC §5)."""
-    rows = ok_json("--config", alpha, "endpoints")
-    assert not [r for r in rows if r["far_service"] == example.WAREHOUSE_SERVICE]
+    deadline = time.monotonic() + 10
+    while [r for r in ok_json("--config", alpha, "endpoints") if r["state"] == "CD"]:
+        assert time.monotonic() < deadline, "the initiator's closed endpoint stayed"
+        time.sleep(0.2)
     rows = ok_json("--config", beta, "endpoints")
     done = [r for r in rows if r["far_service"] == example.SHOP_SERVICE]
     assert len(done) == 1
@@ -292,3 +295,17 @@ def test_daemon_not_running(alpha: str, deployment: Deployment) -> None:
     # --port overrides what the configuration says.
     again = brokerctl("--config", alpha, "--port", "4029", "ping")
     assert again.returncode == 2 and "is the daemon running?" in again.stderr
+
+
+def test_leak_views_and_a_queue(alpha: str) -> None:
+    """``ages`` counts endpoints by state and age, ``waiting`` puts the conversation whose
+    message has no route first, ``queue`` lists a queue's rows with their status."""
+    ages = ok_json("--config", alpha, "ages")
+    assert ages and all({"database", "state", "age", "endpoints"} <= set(r) for r in ages)
+    waiting = ok_json("--config", alpha, "waiting")
+    assert waiting[0]["waiting_in"] == "transmission_queue" and waiting[0]["waiting"] == 1
+    assert ok_json("--config", alpha, "queue", "ClientQueue") == []
+    table = brokerctl("--config", alpha, "ages")
+    assert table.returncode == 0 and table.stdout.split()[:3] == ["database", "state", "age_rank"]
+    refused = brokerctl("--config", alpha, "queue", "Nowhere")
+    assert refused.returncode == 2 and "Nowhere" in refused.stderr

@@ -4,7 +4,7 @@ an initiator's as soon as it is closed and its last acknowledgement has gone, a 
 a daemon killed mid-clean-up finishes it after a restart; a copy of an old message for a
 removed target endpoint is not delivered again and begins no dialog.
 
-alpha (127.0.0.91, the shop) and beta (127.0.0.92, the warehouse), real daemons.
+alpha (127.0.0.101, the shop) and beta (127.0.0.102, the warehouse), real daemons.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from protocol.dialog import END_DIALOG, FLAG_END_DIALOG, FLAG_INITIATOR, DialogH
 from tests.daemons import FAST_RETRY, drain, running, wait_until
 from tests.hostile import HostileBroker, order_message
 
-HOSTS = ("127.0.0.91", "127.0.0.92")
+HOSTS = ("127.0.0.101", "127.0.0.102")
 KEEP = 3.0
 DIALOGS = 200
 TABLES = ("conversation_endpoints", "queue_messages", "transmission_queue", "send_keys")

@@ -1,7 +1,10 @@
 """The daemon's views of its dialogs (``sys.conversation_endpoints``, ``sys.transmission_queue``
-and the rest, SPEC R-DLG-12): rows computed from the in-memory image, without I/O.
+and the rest, SPEC R-DLG-12): rows computed from the in-memory image, without I/O. The
+endpoints view is paged from the image (R-PROTO-4, Decision; ``verbs.paging``), and the
+``endpoint_ages`` view counts endpoints by state and age, so that a leak shows.
 
-May import: ``brokerd.dialogs`` models, ``brokerd.storage``, ``protocol``.
+May import: ``brokerd.dialogs`` models, ``brokerd.dialogs.verbs.paging``,
+``brokerd.storage``, ``protocol``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
+from brokerd.dialogs.verbs.paging import PageRequest, smallest_after
 from brokerd.storage.reads import SentRow
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR
 
@@ -35,33 +39,77 @@ def _sent_status(msg: OutMessage) -> str:
     )
 
 
-def conversation_endpoints(databases: Iterable[Database]) -> list[dict[str, Any]]:
+AGE_BUCKETS: tuple[tuple[float, str], ...] = (
+    (60.0, "under 1 min"),
+    (600.0, "1-10 min"),
+    (3600.0, "10-60 min"),
+    (86400.0, "1-24 h"),
+    (math.inf, "over 24 h"),
+)
+"""An endpoint's age (since it was created) by bucket: up to the bound, its label."""
+ENDPOINTS_VIEW_KEY = ("conversation_handle",)
+AGES_VIEW_KEY = ("database", "state", "age_rank")
+
+
+def conversation_endpoints(
+    databases: Iterable[Database], request: PageRequest | None = None
+) -> list[dict[str, Any]]:
     """One row per endpoint; ``lifetime`` and ``dialog_timer`` are when the dialog's
-    lifetime passes (R-DLG-9) and when its timer fires (R-DLG-11), empty if none."""
+    lifetime passes (R-DLG-9) and when its timer fires (R-DLG-11), empty if none. With
+    ``request``, only the ``limit + 1`` endpoints after its cursor, by handle."""
+    pairs: Iterable[tuple[Database, Endpoint]] = (
+        (db, ep) for db in databases for ep in db.endpoints.values()
+    )
+    if request is not None:
+        pairs = smallest_after(pairs, lambda pair: pair[1].handle_text, request)
+    return [_endpoint_row(db, ep) for db, ep in pairs]
+
+
+def endpoint_ages(databases: Iterable[Database], now: float) -> list[dict[str, Any]]:
+    """The ``endpoint_ages`` view: per database, state and age bucket (:data:`AGE_BUCKETS`),
+    how many endpoints and when the oldest of them was created."""
+    counts: dict[tuple[str, str, int], list[float]] = {}
+    for db in databases:
+        for ep in db.endpoints.values():
+            age = now - ep.created_at
+            rank = next(i for i, (bound, _) in enumerate(AGE_BUCKETS) if age < bound)
+            entry = counts.setdefault((db.name, ep.state.value, rank), [0, ep.created_at])
+            entry[0] += 1
+            entry[1] = min(entry[1], ep.created_at)
     return [
         {
-            "database": db.name,
-            "conversation_handle": str(ep.handle),
-            "conversation_id": str(ep.conversation_id),
-            "conversation_group_id": str(ep.group_id),
-            "is_initiator": ep.initiator,
-            "service": ep.service,
-            "far_service": ep.far_service,
-            "far_broker_instance": str(ep.far_broker_instance or ""),
-            "bound_to": ep.far_peer,
-            "secured": ep.keys is not None,
-            "contract": ep.contract,
-            "state": ep.state.value,
-            "lifetime": _iso(ep.lifetime_ends),
-            "dialog_timer": _iso(ep.timer_due),
-            "route": ep.route.route or "" if ep.route else "",
-            "send_sequence": ep.send_sequence,
-            "receive_sequence": ep.accepted.through,
-            "unacknowledged": ep.unacknowledged,
+            "database": database,
+            "state": state,
+            "age_rank": rank,
+            "age": AGE_BUCKETS[rank][1],
+            "endpoints": int(count),
+            "oldest_created_at": _iso(oldest),
         }
-        for db in databases
-        for ep in db.endpoints.values()
+        for (database, state, rank), (count, oldest) in sorted(counts.items())
     ]
+
+
+def _endpoint_row(db: Database, ep: Endpoint) -> dict[str, Any]:
+    return {
+        "database": db.name,
+        "conversation_handle": str(ep.handle),
+        "conversation_id": str(ep.conversation_id),
+        "conversation_group_id": str(ep.group_id),
+        "is_initiator": ep.initiator,
+        "service": ep.service,
+        "far_service": ep.far_service,
+        "far_broker_instance": str(ep.far_broker_instance or ""),
+        "bound_to": ep.far_peer,
+        "secured": ep.keys is not None,
+        "contract": ep.contract,
+        "state": ep.state.value,
+        "lifetime": _iso(ep.lifetime_ends),
+        "dialog_timer": _iso(ep.timer_due),
+        "route": ep.route.route or "" if ep.route else "",
+        "send_sequence": ep.send_sequence,
+        "receive_sequence": ep.accepted.through,
+        "unacknowledged": ep.unacknowledged,
+    }
 
 
 def transmission_queue(
