@@ -213,3 +213,31 @@ async def test_a_copy_of_an_old_message_for_a_removed_target_is_not_delivered(
         finally:
             await mallory.close()
             await warehouse.close()
+
+
+async def test_a_target_whose_initiator_endpoint_is_gone_is_told(deployment: Deployment) -> None:
+    """A message of a target for an initiator endpoint that is gone (here ended WITH
+    CLEANUP, which tells no one) is answered with a broker error (-8426): the target's
+    side goes into error instead of retrying for ever, and once ended it closes."""
+    shop = await deployment.daemons["alpha"].client()
+    warehouse = await deployment.daemons["beta"].client()
+    try:
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await shop.send(handle, ORDER, b"<order id='1'/>")
+        (order,) = await drain(warehouse, "OrderQueue", 1)
+        await shop.end_conversation(handle, cleanup=True)
+        await warehouse.send(order.conversation_handle, CONFIRMATION, b"<confirmed/>")
+        (error,) = await drain(warehouse, "OrderQueue", 1)
+        assert error.is_error and b"<Code>-8426</Code>" in error.message_body
+        await warehouse.end_conversation(order.conversation_handle)
+
+        async def closed_and_removed() -> bool:
+            rows = await endpoints(warehouse)
+            return rows == [] or [r["state"] for r in rows] == ["CD"]
+
+        await wait_until(closed_and_removed, 10)
+        assert not await endpoints(shop)
+        assert await shop.receive("ClientQueue", timeout=0.3) == []
+    finally:
+        await shop.close()
+        await warehouse.close()
