@@ -4,14 +4,16 @@ for the plain verbs of ``BrokerClient`` and those of a ``Transaction``."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
+from brokerd.sdk.dialog import Handle, handle_of
 from protocol.client_wire import encode_meta
 
 Request = tuple[dict[str, Any], bytes]
 
 
-def _text(value: uuid.UUID | str | None) -> str | None:
+def _text(value: Handle | str | None) -> str | None:
     return str(value) if value else None
 
 
@@ -22,7 +24,7 @@ def begin_dialog_request(
     database: str | None,
     to_broker_instance: uuid.UUID | str | None,
     lifetime: int,
-    related_conversation: uuid.UUID | None,
+    related_conversation: Handle | None,
 ) -> Request:
     return {
         "op": "begin_dialog",
@@ -37,7 +39,7 @@ def begin_dialog_request(
 
 
 def send_request(
-    conversation_handle: uuid.UUID, message_type: str, body: bytes, key: str | None = None
+    conversation_handle: Handle, message_type: str, body: bytes, key: str | None = None
 ) -> Request:
     meta = {
         "op": "send",
@@ -54,7 +56,7 @@ _SEND_METAS_KEPT = 4096
 
 
 def send_meta(
-    conversation_handle: uuid.UUID, message_type: str, idempotency_key: str | None = None
+    conversation_handle: Handle, message_type: str, idempotency_key: str | None = None
 ) -> bytes:
     """:func:`send_request`'s meta, encoded: a producer's SENDs on one dialog share it,
     so it is encoded once (the last few thousand dialogs' are kept); a SEND with an
@@ -62,7 +64,7 @@ def send_meta(
     if idempotency_key is not None:
         request, _ = send_request(conversation_handle, message_type, b"", idempotency_key)
         return encode_meta(request)
-    key = (conversation_handle, message_type)
+    key = (handle_of(conversation_handle), message_type)
     meta = _SEND_METAS.get(key)
     if meta is None:
         if len(_SEND_METAS) >= _SEND_METAS_KEPT:
@@ -73,7 +75,7 @@ def send_meta(
 
 
 def send_many_request(
-    messages: list[tuple[uuid.UUID, str, bytes]], keys: list[str | None] | None = None
+    messages: Sequence[tuple[Handle, str, bytes]], keys: list[str | None] | None = None
 ) -> Request:
     """Each message's handle, type, body length (and idempotency key, if any) in meta; the
     bodies one after another."""
@@ -96,7 +98,7 @@ def receive_request(
     database: str | None,
     top: int,
     timeout: float,
-    conversation_handle: uuid.UUID | None,
+    conversation_handle: Handle | None,
 ) -> Request:
     return {
         "op": "receive",
@@ -109,7 +111,7 @@ def receive_request(
 
 
 def end_conversation_request(
-    conversation_handle: uuid.UUID, error_code: int | None, description: str, cleanup: bool
+    conversation_handle: Handle, error_code: int | None, description: str, cleanup: bool
 ) -> Request:
     return {
         "op": "end_conversation",
@@ -120,7 +122,7 @@ def end_conversation_request(
     }, b""
 
 
-def timer_request(conversation_handle: uuid.UUID, timeout: float) -> Request:
+def timer_request(conversation_handle: Handle, timeout: float) -> Request:
     return {
         "op": "begin_conversation_timer",
         "conversation_handle": str(conversation_handle),
@@ -128,7 +130,7 @@ def timer_request(conversation_handle: uuid.UUID, timeout: float) -> Request:
     }, b""
 
 
-def move_request(conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID) -> Request:
+def move_request(conversation_handle: Handle, conversation_group_id: uuid.UUID) -> Request:
     return {
         "op": "move_conversation",
         "conversation_handle": str(conversation_handle),

@@ -9,10 +9,12 @@ and :attr:`Transaction.sequence_numbers` lists the SENDs' sequence numbers after
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+from brokerd.sdk.dialog import Handle
 from brokerd.sdk.messages import ReceivedMessage, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
@@ -23,21 +25,33 @@ from brokerd.sdk.requests import (
     send_request,
     timer_request,
 )
+from protocol.errors import TransactionLost
 
-Call = Callable[[dict[str, Any], bytes], Awaitable[tuple[dict[str, Any], bytes]]]
+
+class Call(Protocol):
+    """How a transaction's requests reach the daemon: on the connection it began on."""
+
+    async def __call__(
+        self, meta: dict[str, Any], body: bytes = b"", *, bound_to: int | None = None
+    ) -> tuple[dict[str, Any], bytes]: ...
 
 
 class Transaction:
-    def __init__(self, call: Call, tx_id: int) -> None:
+    """A client transaction, bound to the connection it began on: if that connection is
+    lost the daemon rolls it back, and every later call fails with ``TransactionLost``."""
+
+    def __init__(self, call: Call, tx_id: int, connection: int) -> None:
         self._call = call
         self.id = tx_id
+        self.connection = connection
+        """The number of the connection it lives on."""
         self.finished = False
         self.sequence_numbers: list[int] = []
 
     async def _request(
         self, meta: dict[str, Any], body: bytes = b""
     ) -> tuple[dict[str, Any], bytes]:
-        return await self._call({**meta, "transaction": self.id}, body)
+        return await self._call({**meta, "transaction": self.id}, body, bound_to=self.connection)
 
     async def receive(
         self,
@@ -46,7 +60,7 @@ class Transaction:
         database: str | None = None,
         top: int = 1,
         timeout: float = 0.0,
-        conversation_handle: uuid.UUID | None = None,
+        conversation_handle: Handle | None = None,
     ) -> list[ReceivedMessage]:
         """RECEIVE; the messages leave the queue only if the transaction commits."""
         meta, body = await self._request(
@@ -55,12 +69,12 @@ class Transaction:
         return parse_received(meta, body)
 
     async def send(
-        self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
+        self, conversation_handle: Handle, message_type: str = "DEFAULT", body: bytes = b""
     ) -> None:
         """SEND, checked now and queued at COMMIT."""
         await self._request(*send_request(conversation_handle, message_type, body))
 
-    async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> None:
+    async def send_many(self, messages: Sequence[tuple[Handle, str, bytes]]) -> None:
         """Several SENDs in one request, queued at COMMIT."""
         await self._request(*send_many_request(messages))
 
@@ -73,7 +87,7 @@ class Transaction:
         database: str | None = None,
         to_broker_instance: uuid.UUID | str | None = None,
         lifetime: int = 0,
-        related_conversation: uuid.UUID | None = None,
+        related_conversation: Handle | None = None,
     ) -> uuid.UUID:
         """BEGIN DIALOG; the handle may be used in this transaction at once."""
         meta, _ = await self._request(
@@ -91,7 +105,7 @@ class Transaction:
 
     async def end_conversation(
         self,
-        conversation_handle: uuid.UUID,
+        conversation_handle: Handle,
         *,
         error_code: int | None = None,
         description: str = "",
@@ -101,24 +115,24 @@ class Transaction:
             *end_conversation_request(conversation_handle, error_code, description, cleanup)
         )
 
-    async def begin_conversation_timer(
-        self, conversation_handle: uuid.UUID, timeout: float
-    ) -> None:
+    async def begin_conversation_timer(self, conversation_handle: Handle, timeout: float) -> None:
         await self._request(*timer_request(conversation_handle, timeout))
 
     async def move_conversation(
-        self, conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID
+        self, conversation_handle: Handle, conversation_group_id: uuid.UUID
     ) -> None:
         await self._request(*move_request(conversation_handle, conversation_group_id))
 
     async def commit(self) -> list[int]:
         """COMMIT: everything at once; raises TransactionRolledBack if nothing took effect."""
         self.finished = True
-        meta, _ = await self._call({"op": "commit", "transaction": self.id}, b"")
+        meta, _ = await self._request({"op": "commit"})
         self.sequence_numbers = [int(s) for s in meta.get("sequence_numbers") or []]
         return self.sequence_numbers
 
     async def rollback(self) -> None:
-        """ROLLBACK: received messages go back to their queue, in order."""
+        """ROLLBACK: received messages go back to their queue, in order. A transaction
+        whose connection was lost is rolled back already: nothing to do."""
         self.finished = True
-        await self._call({"op": "rollback", "transaction": self.id}, b"")
+        with contextlib.suppress(TransactionLost):
+            await self._request({"op": "rollback"})

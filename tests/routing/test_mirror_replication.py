@@ -610,7 +610,7 @@ async def test_a_principal_stopped_during_sends_answers_each_with_its_true_outco
     the rest fail with ``BrokerStopping`` (not executed). The mirror is promoted: the SENDs
     answered with a number reach the initiator once, in order, and no other does."""
     a = await start_pair(deployment)
-    p1 = await deployment.daemons["p1"].client()
+    p1 = await deployment.daemons["p1"].client(reconnect=False)
     handle = await p1.begin_dialog(PARTS, INITIATOR, database="Parts")
     bodies, outcomes = await sends_through_a_stop(
         p1,
