@@ -23,6 +23,7 @@ def begin_dialog_request(
     to_broker_instance: uuid.UUID | str | None,
     lifetime: int,
     related_conversation: uuid.UUID | None,
+    related_conversation_group: uuid.UUID | None = None,
 ) -> Request:
     return {
         "op": "begin_dialog",
@@ -33,6 +34,7 @@ def begin_dialog_request(
         "to_broker_instance": _text(to_broker_instance),
         "lifetime": lifetime,
         "related_conversation": _text(related_conversation),
+        "related_conversation_group": _text(related_conversation_group),
     }, b""
 
 
@@ -97,6 +99,7 @@ def receive_request(
     top: int,
     timeout: float,
     conversation_handle: uuid.UUID | None,
+    conversation_group_id: uuid.UUID | None = None,
 ) -> Request:
     return {
         "op": "receive",
@@ -105,7 +108,23 @@ def receive_request(
         "top": top,
         "timeout": timeout,
         "conversation_handle": _text(conversation_handle),
+        "conversation_group_id": _text(conversation_group_id),
     }, b""
+
+
+def get_group_request(queue: str, database: str | None, timeout: float) -> Request:
+    return {
+        "op": "get_conversation_group",
+        "queue": queue,
+        "database": database,
+        "timeout": timeout,
+    }, b""
+
+
+def group_of(meta: dict[str, Any]) -> uuid.UUID | None:
+    """The conversation group a GET CONVERSATION GROUP reply names (None: none came)."""
+    group = meta.get("conversation_group_id")
+    return None if group is None else uuid.UUID(group)
 
 
 def end_conversation_request(
