@@ -21,7 +21,7 @@ import pytest
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.server.daemon import CLIENT_STOP_GRACE
 from brokerd.tools.launcher import Daemon, Deployment
-from protocol.errors import InvalidRequest, PermissionDenied, QueueNotFound
+from protocol.errors import InvalidRequest, PermissionDenied, QueueDisabled, QueueNotFound
 from tests.daemons import FAST_RETRY, SOLO_DATABASE, running, wait_until
 
 S1, S2 = "//solo/S1", "//solo/S2"
@@ -145,7 +145,8 @@ async def test_a_held_group_is_skipped_and_its_group_receive_waits_for_it(
 ) -> None:
     """While a transaction holds a group (GET CONVERSATION GROUP), another reader's GET
     CONVERSATION GROUP skips it (None at once when it is the only one), and a RECEIVE
-    limited to it returns nothing, or waits, per its timeout, until the holder rolls back."""
+    limited to it returns nothing, or waits, per its timeout, until the holder rolls back.
+    A transaction that commits having only held a group gives it back untouched."""
     await dialogs(admin, count=1, per_dialog=2)
     reader = await application(daemon, "target")
     try:
@@ -166,6 +167,13 @@ async def test_a_held_group_is_skipped_and_its_group_receive_waits_for_it(
         await tx.rollback()
         got = await asyncio.wait_for(waiting, 10)
         assert bodies(got) == [b"dialog 0 message 0", b"dialog 0 message 1"]
+
+        # A transaction that only held the group commits and lets it go, receiving nothing.
+        await dialogs(admin, count=1, per_dialog=1)
+        async with admin.transaction() as tx:
+            group = await tx.get_conversation_group("Q2", timeout=5)
+            assert await reader.get_conversation_group("Q2", timeout=0) is None
+        assert await reader.get_conversation_group("Q2", timeout=0) == group
     finally:
         await reader.close()
 
@@ -289,9 +297,9 @@ async def test_get_conversation_group_waits_for_a_message_and_timeout_zero_does_
 
 
 async def test_refusals(daemon: Daemon, admin: BrokerClient) -> None:
-    """A RECEIVE naming both a conversation and a group, an unknown queue, and an
-    application token asking for a queue that is not its own (R-CLIENT-2) are refused
-    with their typed errors, and take nothing."""
+    """A RECEIVE naming both a conversation and a group, an unknown queue, a disabled
+    queue (R-DLG-12), and an application token asking for a queue that is not its own
+    (R-CLIENT-2) are refused with their typed errors, and take nothing."""
     (handle,) = await dialogs(admin, count=1, per_dialog=1)
     group = await admin.get_conversation_group("Q2")
     assert group is not None
@@ -306,6 +314,10 @@ async def test_refusals(daemon: Daemon, admin: BrokerClient) -> None:
         await admin.get_conversation_group("NoSuchQueue", timeout=1)
     with pytest.raises(QueueNotFound):
         await admin.receive("NoSuchQueue", conversation_group_id=group)
+    await admin.alter_queue("Q2", False)
+    with pytest.raises(QueueDisabled):
+        await admin.get_conversation_group("Q2", timeout=-1)
+    await admin.alter_queue("Q2", True)
 
     initiator = await application(daemon, "initiator")
     target = await application(daemon, "target")
