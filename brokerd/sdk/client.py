@@ -60,12 +60,11 @@ from typing import Any, Protocol, cast
 
 import orjson
 
-from brokerd.sdk.messages import ReceivedMessage, parse_received
+from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
     get_group_request,
-    group_of,
     move_request,
     receive_request,
     send_many_request,
@@ -500,7 +499,7 @@ class BrokerClient:
         transaction nothing stays locked (SQL Server's autocommit): another reader may
         take the group at once; :meth:`Transaction.get_conversation_group` locks it."""
         meta, _ = await self._call(*get_group_request(queue, database, timeout))
-        return group_of(meta)
+        return parse_group(meta)
 
     async def end_conversation(
         self,

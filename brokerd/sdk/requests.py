@@ -121,12 +121,6 @@ def get_group_request(queue: str, database: str | None, timeout: float) -> Reque
     }, b""
 
 
-def group_of(meta: dict[str, Any]) -> uuid.UUID | None:
-    """The conversation group a GET CONVERSATION GROUP reply names (None: none came)."""
-    group = meta.get("conversation_group_id")
-    return None if group is None else uuid.UUID(group)
-
-
 def end_conversation_request(
     conversation_handle: uuid.UUID, error_code: int | None, description: str, cleanup: bool
 ) -> Request:

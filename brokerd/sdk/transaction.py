@@ -13,12 +13,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from brokerd.sdk.messages import ReceivedMessage, parse_received
+from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
     get_group_request,
-    group_of,
     move_request,
     receive_request,
     send_many_request,
@@ -73,7 +72,7 @@ class Transaction:
         up to ``timeout`` s (0: do not wait, negative: forever); None when none came.
         Receive its messages with ``receive(queue, conversation_group_id=group)``."""
         meta, _ = await self._request(*get_group_request(queue, database, timeout))
-        return group_of(meta)
+        return parse_group(meta)
 
     async def send(
         self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
