@@ -62,10 +62,11 @@ import orjson
 from brokerd.sdk.connection import Address, Request, error_of
 from brokerd.sdk.dialog import Dialog, Handle
 from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
-from brokerd.sdk.messages import ReceivedMessage, parse_received
+from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
+    get_group_request,
     move_request,
     receive_request,
     send_many_request,
@@ -289,13 +290,16 @@ class BrokerClient:
         to_broker_instance: uuid.UUID | str | None = None,
         lifetime: int = 0,
         related_conversation: Handle | None = None,
+        related_conversation_group: uuid.UUID | None = None,
     ) -> Dialog:
         """BEGIN DIALOG FROM SERVICE ... TO SERVICE ... ON CONTRACT ... (SPEC §6): the new
         conversation, as a :class:`Dialog` (its handle, ``dialog.handle``, and its verbs).
         ``database`` names the initiating service's database when several have it;
         ``to_broker_instance`` picks the target's broker instance (R-ROUTE-4);
-        ``lifetime`` in seconds (0: none); ``related_conversation`` joins that
-        conversation's group."""
+        ``lifetime`` in seconds (0: none). The new conversation joins the group of
+        ``related_conversation`` (RELATED_CONVERSATION) or the group
+        ``related_conversation_group`` (RELATED_CONVERSATION_GROUP; made if none exists),
+        not both (``InvalidRequest``); a new group without either."""
         meta, _ = await self._call(
             *begin_dialog_request(
                 from_service,
@@ -305,6 +309,7 @@ class BrokerClient:
                 to_broker_instance,
                 lifetime,
                 related_conversation,
+                related_conversation_group,
             )
         )
         handle = uuid.UUID(meta["conversation_handle"])
@@ -355,12 +360,30 @@ class BrokerClient:
         top: int = 1,
         timeout: float = 0.0,
         conversation_handle: Handle | None = None,
+        conversation_group_id: uuid.UUID | None = None,
     ) -> list[ReceivedMessage]:
-        """RECEIVE TOP (top) FROM queue, WAITFOR up to ``timeout`` s (negative: forever)."""
+        """RECEIVE TOP (top) FROM queue, WAITFOR up to ``timeout`` s (negative: forever).
+
+        SPEC §6: the messages of one conversation group, in order; ``conversation_handle``
+        limits it to one conversation, ``conversation_group_id`` to one group (WHERE
+        conversation_group_id = ...), not both (``InvalidRequest``)."""
         meta, body = await self._call(
-            *receive_request(queue, database, top, timeout, conversation_handle)
+            *receive_request(
+                queue, database, top, timeout, conversation_handle, conversation_group_id
+            )
         )
         return parse_received(meta, body)
+
+    async def get_conversation_group(
+        self, queue: str, *, database: str | None = None, timeout: float = 0.0
+    ) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP FROM queue, WAITFOR up to ``timeout`` s (0: do not wait,
+        negative: forever): the id of the next conversation group with messages ready
+        that no transaction holds, or None when none came in time (SPEC §6). Outside a
+        transaction nothing stays locked (SQL Server's autocommit): another reader may
+        take the group at once; :meth:`Transaction.get_conversation_group` locks it."""
+        meta, _ = await self._call(*get_group_request(queue, database, timeout))
+        return parse_group(meta)
 
     async def end_conversation(
         self,

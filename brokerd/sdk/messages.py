@@ -1,4 +1,5 @@
-"""What RECEIVE returns: one :class:`ReceivedMessage` per row."""
+"""What RECEIVE returns: one :class:`ReceivedMessage` per row; and what GET CONVERSATION
+GROUP returns (:func:`parse_group`)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,10 @@ def parse_received(meta: dict[str, Any], body: bytes) -> list[ReceivedMessage]:
         )
         offset += length
     return out
+
+
+def parse_group(meta: dict[str, Any]) -> uuid.UUID | None:
+    """The conversation group a GET CONVERSATION GROUP reply names (None: none came in
+    time, SPEC §6)."""
+    group = meta.get("conversation_group_id")
+    return None if group is None else uuid.UUID(group)

@@ -25,6 +25,7 @@ def begin_dialog_request(
     to_broker_instance: uuid.UUID | str | None,
     lifetime: int,
     related_conversation: Handle | None,
+    related_conversation_group: uuid.UUID | None = None,
 ) -> Request:
     return {
         "op": "begin_dialog",
@@ -35,6 +36,7 @@ def begin_dialog_request(
         "to_broker_instance": _text(to_broker_instance),
         "lifetime": lifetime,
         "related_conversation": _text(related_conversation),
+        "related_conversation_group": _text(related_conversation_group),
     }, b""
 
 
@@ -99,6 +101,7 @@ def receive_request(
     top: int,
     timeout: float,
     conversation_handle: Handle | None,
+    conversation_group_id: uuid.UUID | None = None,
 ) -> Request:
     return {
         "op": "receive",
@@ -107,6 +110,16 @@ def receive_request(
         "top": top,
         "timeout": timeout,
         "conversation_handle": _text(conversation_handle),
+        "conversation_group_id": _text(conversation_group_id),
+    }, b""
+
+
+def get_group_request(queue: str, database: str | None, timeout: float) -> Request:
+    return {
+        "op": "get_conversation_group",
+        "queue": queue,
+        "database": database,
+        "timeout": timeout,
     }, b""
 
 

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from brokerd.sdk.dialog import Handle
-from brokerd.sdk.messages import ReceivedMessage, parse_received
+from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
+    get_group_request,
     move_request,
     receive_request,
     send_many_request,
@@ -61,12 +62,31 @@ class Transaction:
         top: int = 1,
         timeout: float = 0.0,
         conversation_handle: Handle | None = None,
+        conversation_group_id: uuid.UUID | None = None,
     ) -> list[ReceivedMessage]:
-        """RECEIVE; the messages leave the queue only if the transaction commits."""
+        """RECEIVE; the messages leave the queue only if the transaction commits, and
+        their conversation group stays locked until then (SPEC §6).
+
+        ``conversation_handle`` limits it to one conversation, ``conversation_group_id``
+        to one group (not both): a group another transaction holds is not taken, the
+        RECEIVE waits per ``timeout`` as if the queue were empty."""
         meta, body = await self._request(
-            *receive_request(queue, database, top, timeout, conversation_handle)
+            *receive_request(
+                queue, database, top, timeout, conversation_handle, conversation_group_id
+            )
         )
         return parse_received(meta, body)
+
+    async def get_conversation_group(
+        self, queue: str, *, database: str | None = None, timeout: float = 0.0
+    ) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP FROM queue (SPEC §6): the id of the next conversation
+        group with messages ready that no other transaction holds, locked by this one
+        until COMMIT or ROLLBACK; other readers skip it and never wait behind it. Waits
+        up to ``timeout`` s (0: do not wait, negative: forever); None when none came.
+        Receive its messages with ``receive(queue, conversation_group_id=group)``."""
+        meta, _ = await self._request(*get_group_request(queue, database, timeout))
+        return parse_group(meta)
 
     async def send(
         self, conversation_handle: Handle, message_type: str = "DEFAULT", body: bytes = b""
@@ -88,8 +108,11 @@ class Transaction:
         to_broker_instance: uuid.UUID | str | None = None,
         lifetime: int = 0,
         related_conversation: Handle | None = None,
+        related_conversation_group: uuid.UUID | None = None,
     ) -> uuid.UUID:
-        """BEGIN DIALOG; the handle may be used in this transaction at once."""
+        """BEGIN DIALOG; the handle may be used in this transaction at once. Its group:
+        ``related_conversation``'s or ``related_conversation_group`` (made if none
+        exists), as ``BrokerClient.begin_dialog`` (SPEC §6)."""
         meta, _ = await self._request(
             *begin_dialog_request(
                 from_service,
@@ -99,6 +122,7 @@ class Transaction:
                 to_broker_instance,
                 lifetime,
                 related_conversation,
+                related_conversation_group,
             )
         )
         return uuid.UUID(meta["conversation_handle"])

@@ -494,7 +494,7 @@ class ClientSession(asyncio.Protocol):
         request_id = frame.request_id
         try:
             self.allowed.check_operation("receive")
-            (queue, database, top, _), handle = receive_args(self, frame.meta)
+            (queue, database, top, _), handle, group = receive_args(self, frame.meta)
             reply = ReceiveReply()
 
             def then(rows: list[dict[str, Any]]) -> None:
@@ -509,6 +509,7 @@ class ClientSession(asyncio.Protocol):
                 reply,
                 then,
                 lambda exc: self._reply_error(request_id, exc),
+                group,
             )
         except Exception:
             return False

@@ -3,10 +3,12 @@
 Operations (``meta["op"]``; the login is the listener's, ``brokerd.server.client_listener``):
 ``begin_dialog``, ``send`` (the body is the message), ``send_many`` (several messages,
 their bodies concatenated), ``receive`` (message bodies concatenated in the response
-body, their lengths in meta), ``end_conversation``, ``begin_conversation_timer``
-(R-DLG-11), ``move_conversation``, ``begin_transaction``, ``commit`` and ``rollback``
-(the verbs above take ``transaction``: ``brokerd.dialogs.verbs.transactions``; at most
-:data:`MAX_OPEN_TRANSACTIONS` are open per connection), ``alter_queue``, the routing
+body, their lengths in meta; for one ``conversation_handle`` or one
+``conversation_group_id``), ``get_conversation_group``, ``end_conversation``,
+``begin_conversation_timer`` (R-DLG-11), ``move_conversation``, ``begin_transaction``,
+``commit`` and ``rollback`` (the verbs above take ``transaction``:
+``brokerd.dialogs.verbs.transactions``; at most :data:`MAX_OPEN_TRANSACTIONS` are open
+per connection), ``alter_queue``, the routing
 administration ``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted),
 ``explain`` (why a route is chosen, SPEC §2) and ``set_mirror_role`` (failover,
 R-ROUTE-10), ``view`` (``conversation_endpoints``, ``transmission_queue``, ``queues``,
@@ -152,6 +154,7 @@ async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str,
     )
     session.allowed.check_service(args[0])
     related = meta_uuid(m, "related_conversation", required=False)
+    related_group = meta_uuid(m, "related_conversation_group", required=False)
     if related is not None:
         session.check_own(related)
     options: dict[str, Any] = {
@@ -159,6 +162,7 @@ async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str,
         "to_broker_instance": meta_uuid(m, "to_broker_instance", required=False),
         "lifetime": lifetime,
         "related_conversation": related,
+        "related_group": related_group,
     }
     tx = _transaction(session, m)
     if tx is not None:
@@ -229,28 +233,52 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
 
 def receive_args(
     session: Session, m: dict[str, Any]
-) -> tuple[tuple[str, str | None, int, float], uuid.UUID | None]:
-    """A RECEIVE's (queue, database, top, timeout) and conversation, checked."""
-    top, timeout = m.get("top", 1), m.get("timeout", 0)
+) -> tuple[tuple[str, str | None, int, float], uuid.UUID | None, uuid.UUID | None]:
+    """A RECEIVE's (queue, database, top, timeout), and the conversation or conversation
+    group it is limited to, checked (``ReceiveVerbs`` refuses both at once, SPEC §6)."""
+    top = m.get("top", 1)
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise InvalidRequest("top must be a whole number >= 1")
+    queue, database, timeout = _queue_args(session, m)
+    handle = meta_uuid(m, "conversation_handle", required=False)
+    group = meta_uuid(m, "conversation_group_id", required=False)
+    return (queue, database, top, timeout), handle, group
+
+
+def _queue_args(session: Session, m: dict[str, Any]) -> tuple[str, str | None, float]:
+    """The queue (one of the client's own, R-CLIENT-2), database and WAITFOR timeout of a
+    RECEIVE or GET CONVERSATION GROUP, checked."""
+    timeout = m.get("timeout", 0)
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise InvalidRequest("timeout must be a number of seconds")
-    args = (meta_str(m, "queue"), meta_database(m), top, float(timeout))
-    session.allowed.check_queue(args[0])
-    return args, meta_uuid(m, "conversation_handle", required=False)
+    queue = meta_str(m, "queue")
+    session.allowed.check_queue(queue)
+    return queue, meta_database(m), float(timeout)
 
 
 async def _receive(session: Session, frame: ClientFrame) -> tuple[ReplyMeta, ReplyBody]:
     m = frame.meta
-    args, handle = receive_args(session, m)
+    args, handle, group = receive_args(session, m)
     tx = _transaction(session, m)
     reply = ReceiveReply()
     if tx is not None:
-        rows = await tx.receive(*args, handle=handle, budget=reply)
+        rows = await tx.receive(*args, handle=handle, budget=reply, group=group)
     else:
-        rows = await session.broker.engine.receive_verbs.receive(*args, handle=handle, budget=reply)
+        receiving = session.broker.engine.receive_verbs
+        rows = await receiving.receive(*args, handle=handle, budget=reply, group=group)
     return reply.encode(rows)
+
+
+async def _get_group(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """GET CONVERSATION GROUP (SPEC §6): the group's id, or null when none came in time."""
+    m = frame.meta
+    args = _queue_args(session, m)
+    tx = _transaction(session, m)
+    if tx is not None:
+        group = await tx.get_conversation_group(*args)
+    else:
+        group = await session.broker.engine.receive_verbs.get_conversation_group(*args)
+    return {"conversation_group_id": None if group is None else str(group)}, b""
 
 
 async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
@@ -439,6 +467,7 @@ OPERATIONS: dict[str, Handler] = {
     "send_many": _send_many,
     "move_conversation": _move,
     "receive": _receive,
+    "get_conversation_group": _get_group,
     "end_conversation": _end,
     "begin_conversation_timer": _begin_timer,
     "alter_queue": _alter_queue,

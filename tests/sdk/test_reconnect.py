@@ -181,10 +181,11 @@ async def test_requests_wait_for_the_daemon_then_give_up_as_never_sent(tmp_path:
     NotConnected: never sent."""
     d = shop_and_warehouse(tmp_path, FAST_RETRY)
     with running(d):
-        shop = await d.daemons["alpha"].client(
+        hasty = await d.daemons["alpha"].client(
             reconnect=Reconnect(initial=0.05, maximum=0.2, give_up_after=1.0)
         )
-        dialog = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        patient = await d.daemons["alpha"].client(reconnect=QUICK)
+        dialog = await hasty.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
         await asyncio.to_thread(d.stop, "alpha")
         try:
             await dialog.send(ORDER, b"nobody home")
@@ -192,17 +193,18 @@ async def test_requests_wait_for_the_daemon_then_give_up_as_never_sent(tmp_path:
             assert "not sent" in str(exc)
         else:
             raise AssertionError("a SEND with no daemon for 1 s must fail as never sent")
-        assert not shop.connected
+        assert not hasty.connected
 
-        waiting = asyncio.ensure_future(dialog.send(ORDER, b"back soon"))
-        await asyncio.sleep(0.3)
+        waiting = asyncio.ensure_future(patient.send(dialog, ORDER, b"back soon"))
+        await asyncio.sleep(1.5)
+        assert not waiting.done()
         await asyncio.to_thread(d.start, "alpha")
         assert await asyncio.wait_for(waiting, 30) == 1
         warehouse = await d.daemons["beta"].client()
         (got,) = await drain(warehouse, "OrderQueue", 1, timeout=30)
         assert got.message_body == b"back soon"
-        await shop.close()
-        await warehouse.close()
+        for client in (hasty, patient, warehouse):
+            await client.close()
 
 
 async def test_connect_as_a_context_and_dialog_objects(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ messages in the order they became ready, oldest group first, and which groups
 are locked. RECEIVE takes messages of one unlocked group and locks it
 (Service Broker's conversation group lock); a lease
 (``brokerd.dialogs.endpoints.database.Lease``) holds that lock until the messages are
-removed by a commit, or put back, in front and in order, by a rollback.
+removed by a commit, or put back, in front and in order, by a rollback. GET
+CONVERSATION GROUP locks the oldest unlocked group with ready messages the same
+way, with a lease that holds no message (SPEC §6).
 
 A group whose conversation has an Error on its way into the queue (accepted, its
 commit not done) is not taken from either: the Error goes ahead of the
@@ -19,7 +21,7 @@ import asyncio
 import enum
 import uuid
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from protocol.dialog import DIALOG_TIMER, ERROR
@@ -108,14 +110,17 @@ class ReadyIndex:
     ) -> tuple[uuid.UUID, list[Item]] | None:
         """Up to ``top`` messages of one group, oldest group first, and lock the group.
 
-        Locked groups are skipped unless they are among ``owned`` (the caller's
-        transaction holds them already).
+        ``group`` limits it to that group (RECEIVE for one conversation group, or for
+        ``handle``'s); ``handle`` to that conversation's messages. Locked groups are
+        skipped unless they are among ``owned`` (the caller's transaction holds them
+        already).
         """
-        coming = self.errors_coming
-        for gid, items in self.groups.items():
-            if (gid in self.locked and gid not in owned) or (group is not None and gid != group):
-                continue
-            if coming and gid in coming:
+        candidates: Iterable[tuple[uuid.UUID, list[Item]]] = self.groups.items()
+        if group is not None:
+            of_group = self.groups.get(group)
+            candidates = () if of_group is None else ((group, of_group),)
+        for gid, items in candidates:
+            if not self.takeable(gid, owned):
                 continue
             if handle is not None:
                 chosen = [item for item in items if item[0] == handle][:top]
@@ -134,9 +139,31 @@ class ReadyIndex:
             else:
                 del self.groups[gid]
             self.count -= len(chosen)
-            self.locked.add(gid)
+            self.lock(gid)
             return gid, chosen
         return None
+
+    def takeable(self, group: uuid.UUID, owned: Collection[uuid.UUID] = ()) -> bool:
+        """Whether a reader may take from ``group`` now: it is not locked by another
+        transaction (``owned``: the groups the reader's transaction holds already) and
+        no Error of it is on its way in (R-DLG-10)."""
+        if group in self.locked and group not in owned:
+            return False
+        return not (self.errors_coming and group in self.errors_coming)
+
+    def next_group(self, owned: Collection[uuid.UUID] = ()) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP's choice (SPEC §6): the oldest group with ready messages
+        that :meth:`takeable` allows, without locking it (:meth:`lock` does). None when
+        there is none."""
+        for gid, items in self.groups.items():
+            if items and self.takeable(gid, owned):
+                return gid
+        return None
+
+    def lock(self, group: uuid.UUID) -> None:
+        """Lock ``group`` for a reader's transaction; a lease gives it back
+        (``ReceiveVerbs.release``)."""
+        self.locked.add(group)
 
     def put_back(self, group: uuid.UUID, items: list[Item]) -> None:
         """Return taken messages in front of their group, which moves to the front."""

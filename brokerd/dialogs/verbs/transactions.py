@@ -1,5 +1,6 @@
-"""Client transactions: RECEIVE, SEND, BEGIN DIALOG, END CONVERSATION, BEGIN CONVERSATION
-TIMER and MOVE CONVERSATION committed together or not at all (SPEC §6).
+"""Client transactions: RECEIVE, GET CONVERSATION GROUP, SEND, BEGIN DIALOG, END
+CONVERSATION, BEGIN CONVERSATION TIMER and MOVE CONVERSATION committed together or not
+at all (SPEC §6).
 
 A :class:`Transaction` belongs to one client connection and one database (its
 SQLite file is the unit of atomicity; a second database is refused). Its verbs
@@ -10,6 +11,8 @@ but they take effect only at COMMIT, where their works
 * RECEIVE takes messages at once and holds their conversation group's lock
   (:class:`~brokerd.dialogs.endpoints.ready.Lease`) until COMMIT removes them or ROLLBACK
   puts them back, in front and in order. Other readers skip a locked group.
+  GET CONVERSATION GROUP holds a group's lock the same way, with a lease of no
+  message, so the transaction's RECEIVEs of that group find it theirs.
 * SEND, BEGIN DIALOG, END CONVERSATION, the timer and MOVE are applied at COMMIT,
   in the order they were called; sequence numbers are assigned then, so a
   rolled-back SEND leaves no gap. No SEND waits for a disk write of its own:
@@ -164,6 +167,7 @@ class Transaction:
         to_broker_instance: uuid.UUID | None = None,
         lifetime: int = 0,
         related_conversation: uuid.UUID | None = None,
+        related_group: uuid.UUID | None = None,
     ) -> Endpoint:
         """BEGIN DIALOG: the handle may be used in this transaction at once; the
         endpoint exists for everyone else from COMMIT on."""
@@ -176,6 +180,7 @@ class Transaction:
             to_broker_instance,
             lifetime,
             related_conversation,
+            related_group,
         )
         self._bind(db)
         self._admit()
@@ -237,31 +242,61 @@ class Transaction:
         timeout: float = 0.0,
         handle: uuid.UUID | None = None,
         budget: Budget | None = None,
+        group: uuid.UUID | None = None,
     ) -> list[dict[str, Any]]:
         """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK.
 
+        ``handle`` or ``group`` limits it to one conversation or conversation group (a
+        group another transaction holds is waited for, per ``timeout``, never taken).
         ``budget`` cuts the batch to what the caller's reply can carry: COMMIT removes
         exactly the messages returned, and the others are receivable again at once."""
         self._admit()
-        if database is None and self.db is not None:
-            database = self.db.name
         lease = await self.receiving.take_ready(
-            queue, database, top, timeout, handle, self._owned()
+            queue, self._database(database), top, timeout, handle, self._owned(), group
         )
         if lease is None:
             return []
-        try:
-            self._require_active()
-            self._bind(lease.db)
-        except TransactionError:
-            self.receiving.release(lease, received=False)
-            raise
+        self._hold(lease)
         rows = await self.receiving.read_leased(lease, budget)
         if self.state is not TxState.ACTIVE:  # rolled back while the rows were read
             self.receiving.release(lease, received=False)
             raise TransactionError(f"transaction {self.id} is {self.state.value}")
         self.leases.append(lease)
         return rows
+
+    async def get_conversation_group(
+        self, queue: str, database: str | None = None, timeout: float = 0.0
+    ) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP (SPEC §6): the next conversation group of ``queue`` with
+        messages ready that no other transaction holds, locked until COMMIT or ROLLBACK
+        (which receive nothing of it by themselves). Waits up to ``timeout`` s (negative:
+        forever); None when none came."""
+        self._admit()
+        lease = await self.receiving.hold_group(
+            queue, self._database(database), timeout, self._owned()
+        )
+        if lease is None:
+            return None
+        self._hold(lease)
+        self.leases.append(lease)
+        return lease.group
+
+    def _database(self, database: str | None) -> str | None:
+        """The database a RECEIVE or GET CONVERSATION GROUP looks in: the one named, or the
+        transaction's own once it has one."""
+        if database is None and self.db is not None:
+            return self.db.name
+        return database
+
+    def _hold(self, lease: Lease) -> None:
+        """Keep a lease just taken, or give it back if the transaction cannot (it finished
+        or changed image while the lease was awaited, or works in another database)."""
+        try:
+            self._require_active()
+            self._bind(lease.db)
+        except TransactionError:
+            self.receiving.release(lease, received=False)
+            raise
 
     # -- the end ------------------------------------------------------------------------
 
