@@ -584,6 +584,9 @@ class BrokerClient:
         await self._call({"op": "set_mirror_role", "database": database, "role": role})
 
     async def view(self, name: str) -> list[dict[str, Any]]:
+        """The rows of the daemon's view ``name`` (``conversation_endpoints``,
+        ``transmission_queue``, ``queues``, ``routes``, ``broker_connections``,
+        ``mirroring``, ``stats`` ...), as dictionaries; admin tokens only."""
         meta, body = await self._call({"op": "view", "name": name})
         if "rows" in meta:  # a daemon that sends rows in the meta
             rows: list[dict[str, Any]] = meta["rows"]
@@ -610,14 +613,19 @@ class BrokerClient:
         return await self.view("transmission_queue")
 
     async def queues(self) -> list[dict[str, Any]]:
+        """Every queue: its database, status (R-DLG-12), retention and messages waiting."""
         return await self.view("queues")
 
     async def routes(self) -> list[dict[str, Any]]:
+        """``sys.routes`` of every database: name, service, broker instance, address,
+        mirror address and lifetime (R-OBJ-5)."""
         return await self.view("routes")
 
     async def broker_connections(self) -> list[dict[str, Any]]:
+        """The adjacent-broker connections: peer, direction, state and traffic."""
         return await self.view("broker_connections")
 
     async def ping(self) -> dict[str, Any]:
+        """A round trip to the daemon; its answer names the broker instance."""
         meta, _ = await self._call({"op": "ping"})
         return meta

@@ -26,14 +26,17 @@ class ReceivedMessage:
 
     @property
     def is_end_dialog(self) -> bool:
+        """The other side ended the conversation (an EndDialog message, R-DLG-10)."""
         return self.message_type_name == END_DIALOG
 
     @property
     def is_error(self) -> bool:
+        """An Error message: the conversation was ended with an error (R-DLG-10)."""
         return self.message_type_name == ERROR
 
     @property
     def is_timer(self) -> bool:
+        """A DialogTimer message: this side's conversation timer fired (R-DLG-11)."""
         return self.message_type_name == DIALOG_TIMER
 
 

@@ -135,16 +135,19 @@ class Transaction:
         description: str = "",
         cleanup: bool = False,
     ) -> None:
+        """END CONVERSATION [WITH ERROR | WITH CLEANUP] at COMMIT (R-DLG-10)."""
         await self._request(
             *end_conversation_request(conversation_handle, error_code, description, cleanup)
         )
 
     async def begin_conversation_timer(self, conversation_handle: Handle, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER at COMMIT (R-DLG-11)."""
         await self._request(*timer_request(conversation_handle, timeout))
 
     async def move_conversation(
         self, conversation_handle: Handle, conversation_group_id: uuid.UUID
     ) -> None:
+        """MOVE CONVERSATION at COMMIT: its waiting messages move with it."""
         await self._request(*move_request(conversation_handle, conversation_group_id))
 
     async def commit(self) -> list[int]:
