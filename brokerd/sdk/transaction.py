@@ -19,6 +19,7 @@ from brokerd.sdk.requests import (
     end_conversation_request,
     move_request,
     receive_request,
+    rollback_request,
     send_many_request,
     send_request,
     timer_request,
@@ -118,7 +119,9 @@ class Transaction:
         self.sequence_numbers = [int(s) for s in meta.get("sequence_numbers") or []]
         return self.sequence_numbers
 
-    async def rollback(self) -> None:
-        """ROLLBACK: received messages go back to their queue, in order."""
+    async def rollback(self, reason: str = "") -> None:
+        """ROLLBACK: received messages go back to their queue, in order. Each counts one
+        rollback for poison-message handling, and ``reason`` (say, the error that made the
+        application give up) is kept as its last error (SPEC §6)."""
         self.finished = True
-        await self._call({"op": "rollback", "transaction": self.id}, b"")
+        await self._call(*rollback_request(self.id, reason))

@@ -22,7 +22,7 @@ from brokerd.dialogs.endpoints.ready import ReadyIndex
 from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.endpoints.work import Work
-from brokerd.errors import QueueDisabled
+from brokerd.errors import ConversationQuarantined, QueueDisabled
 from brokerd.storage import queries, reads
 from brokerd.storage.catalog import QueueInfo
 from brokerd.traces.writer import TraceWriter
@@ -91,6 +91,11 @@ class ReceiveVerbs:
         group = None
         if handle is not None:
             group = self.directory.endpoint(handle)[1].group_id
+            if handle in db.poison.quarantined:
+                raise ConversationQuarantined(
+                    f"conversation {handle} is quarantined: one of its messages was rolled "
+                    "back too often (SPEC §6); release it or end it with an error"
+                )
         return db, info, db.ready[queue], group
 
     async def read_leased(
