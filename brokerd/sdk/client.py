@@ -606,7 +606,9 @@ class BrokerClient:
         **Exactly once** for what the handler does through ``tx``: the messages leave
         the queue in the same commit as the handler's SENDs and other verbs. If the
         handler raises, the transaction rolls back (the messages are back in the queue,
-        first in their group and in order) and the exception propagates; if the client
+        first in their group and in order; each counts one rollback, with the exception
+        as its reason, for the queue's poison-message handling, SPEC §6) and the
+        exception propagates; if the client
         dies between RECEIVE and COMMIT, the daemon rolls back when the connection
         closes. A batch handed out again may therefore reach the handler twice: make
         its effects outside the broker idempotent.

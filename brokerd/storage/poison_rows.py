@@ -39,9 +39,10 @@ READ_COUNTS = (
     "SELECT r.conversation_handle, r.message_sequence_number, r.rollbacks, r.last_error "
     "FROM message_rollbacks r JOIN queue_messages q "
     "ON q.conversation_handle = r.conversation_handle "
-    "AND q.message_sequence_number = r.message_sequence_number"
+    "AND q.message_sequence_number = r.message_sequence_number AND q.status = 1"
 )
-"""The counts of messages still in their queue (a count whose message is gone is stale)."""
+"""The counts of messages still ready in their queue (a count whose message is gone, or
+retained after it was received, is stale)."""
 READ_QUARANTINED = (
     "SELECT conversation_handle, message_sequence_number, message_type, rollbacks, "
     "last_error, quarantined_at FROM quarantined_conversations"
@@ -51,7 +52,8 @@ SWEEP: list[Statement] = [
     (
         "DELETE FROM message_rollbacks WHERE NOT EXISTS (SELECT 1 FROM queue_messages q "
         "WHERE q.conversation_handle = message_rollbacks.conversation_handle "
-        "AND q.message_sequence_number = message_rollbacks.message_sequence_number)",
+        "AND q.message_sequence_number = message_rollbacks.message_sequence_number "
+        "AND q.status = 1)",
         (),
     ),
     (

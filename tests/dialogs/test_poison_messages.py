@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -290,3 +293,66 @@ async def test_the_count_and_the_quarantine_survive_kill_9(tmp_path: Path) -> No
             assert [m.message_body for m in messages] == [POISON, b"second"]
         finally:
             await client.close()
+
+
+def _brokerctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "brokerd.admin.ctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+async def test_brokerctl_lists_releases_and_ends_quarantines(tmp_path: Path) -> None:
+    async with solo(tmp_path, "poison_rollbacks = 1") as (deployment, client):
+        config = str(deployment.daemons["solo"].config_path)
+        initiators = [await _dialog(client, POISON, b"next") for _ in range(2)]
+        await _ready(client, "Q2", 4)
+        released, ended = await _targets(client, *initiators)
+        for handle in (released, ended):
+            await _roll_back(client, "unreadable", handle)
+
+        listed = await asyncio.to_thread(_brokerctl, "--config", config, "quarantined", "--json")
+        assert listed.returncode == 0, listed.stderr
+        rows = json.loads(listed.stdout)
+        assert {r["conversation_handle"] for r in rows} == {str(released), str(ended)}
+        assert {r["last_error"] for r in rows} == {"unreadable"}
+        table = await asyncio.to_thread(_brokerctl, "--config", config, "quarantined")
+        assert "last_error" in table.stdout and "unreadable" in table.stdout
+
+        done = await asyncio.to_thread(
+            _brokerctl, "--config", config, "quarantine", "release", str(released)
+        )
+        assert done.returncode == 0, done.stderr
+        assert "2 message(s) receivable again" in done.stdout
+        missing = await asyncio.to_thread(
+            _brokerctl, "--config", config, "quarantine", "end", str(ended)
+        )
+        assert missing.returncode == 2 and "--error-code" in missing.stderr
+        done = await asyncio.to_thread(
+            _brokerctl,
+            "--config",
+            config,
+            "quarantine",
+            "end",
+            str(ended),
+            "--error-code",
+            "42",
+            "--description",
+            "unreadable order",
+        )
+        assert done.returncode == 0, done.stderr
+        again = await asyncio.to_thread(
+            _brokerctl, "--config", config, "quarantine", "release", str(released)
+        )
+        assert again.returncode == 2 and "not quarantined" in again.stderr
+        bad = await asyncio.to_thread(
+            _brokerctl, "--config", config, "quarantine", "release", "nonsense"
+        )
+        assert bad.returncode == 2 and "not a conversation handle" in bad.stderr
+        assert await client.view("quarantined") == []
+        messages = await _receive_in_order(client, 2)
+        assert [m.message_body for m in messages] == [POISON, b"next"]
+        (error,) = await drain(client, "Q1", 1)
+        assert error.message_type_name == ERROR and b"<Code>42</Code>" in error.message_body

@@ -157,6 +157,10 @@ class ReceiveVerbs:
             index.received([item for item in lease.items if item not in kept])
         else:
             index.received(lease.items)
+            counts = lease.db.poison.counts
+            if counts:  # gone, their rollback counts too (the file's go at the next start)
+                for item in lease.items:
+                    counts.pop(item, None)
         if lease.locks:
             index.locked.discard(lease.group)
         if index.count:
