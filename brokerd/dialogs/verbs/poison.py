@@ -45,7 +45,7 @@ from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.dialogs.endpoints.work import Work
 from brokerd.dialogs.verbs import views
 from brokerd.dialogs.verbs.conversation import ConversationVerbs
-from brokerd.errors import NotQuarantined
+from brokerd.errors import NotQuarantined, StoreError
 from brokerd.storage import poison_rows, queries
 from brokerd.storage.schema import Statement
 
@@ -94,11 +94,16 @@ class PoisonVerbs:
                 rows += self._count(db, lease.queue, ep, item, reason, types)
         futures = []
         for db, rows in statements.items():
-            if rows:
+            if not rows:
+                continue
+            try:
                 future = db.store.submit(rows, on_failure=_log_failure(db), wait=True)
-                assert future is not None
-                future.add_done_callback(_seen)
-                futures.append(future)
+            except StoreError as exc:  # its file is closing: the rollback stands, uncounted
+                _log_failure(db)(exc)
+                continue
+            assert future is not None
+            future.add_done_callback(_seen)
+            futures.append(future)
         return futures
 
     def _count(
