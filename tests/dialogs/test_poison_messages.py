@@ -22,7 +22,12 @@ from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
 from protocol.dialog import ERROR
-from protocol.errors import ConversationQuarantined, NotQuarantined, QueueDisabled
+from protocol.errors import (
+    ConversationQuarantined,
+    InvalidRequest,
+    NotQuarantined,
+    QueueDisabled,
+)
 from tests.daemons import assert_exactly_once_in_order, drain, stats_with, wait_until
 
 HOST = "127.0.0.61"
@@ -356,3 +361,20 @@ async def test_brokerctl_lists_releases_and_ends_quarantines(tmp_path: Path) -> 
         assert [m.message_body for m in messages] == [POISON, b"next"]
         (error,) = await drain(client, "Q1", 1)
         assert error.message_type_name == ERROR and b"<Code>42</Code>" in error.message_body
+
+
+async def test_a_rollback_reason_is_bounded_and_a_refused_one_leaves_the_transaction_open(
+    tmp_path: Path,
+) -> None:
+    async with solo(tmp_path, "poison_rollbacks = 2") as (_, client):
+        await _dialog(client, POISON)
+        await _ready(client, "Q2", 1)
+        tx = await client.begin_transaction()
+        assert len(await tx.receive("Q2", timeout=5)) == 1
+        too_long = {"op": "rollback", "transaction": tx.id, "reason": "x" * 4001}
+        with pytest.raises(InvalidRequest, match="at most 4000 characters"):
+            await client._call(too_long)  # what the SDK never sends: it cuts the reason
+        await tx.rollback(reason="y" * 5000)  # still open; the SDK cuts it to 4000
+        await _roll_back(client, "second")
+        row = await _quarantined(client)
+        assert row["rollbacks"] == 2 and row["last_error"] == "second"
