@@ -62,13 +62,21 @@ import orjson
 from brokerd.sdk.connection import Address, Request, error_of
 from brokerd.sdk.dialog import Dialog, Handle
 from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
-from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
+from brokerd.sdk.messages import (
+    QuarantinedConversation,
+    ReceivedMessage,
+    parse_group,
+    parse_quarantined,
+    parse_received,
+)
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
+    end_quarantined_request,
     get_group_request,
     move_request,
     receive_request,
+    release_quarantine_request,
     send_many_request,
     send_meta,
     timer_request,
@@ -422,6 +430,25 @@ class BrokerClient:
         """MOVE CONVERSATION (handle) TO (group): its waiting messages move with it."""
         await self._call(*move_request(conversation_handle, conversation_group_id))
 
+    async def release_quarantine(self, conversation_handle: uuid.UUID) -> int:
+        """Release a conversation quarantined by poison-message handling (SPEC §6): its
+        messages are receivable again, in order, their rollback counts reset. Returns how
+        many messages it released; NotQuarantined if it is not quarantined."""
+        meta, _ = await self._call(*release_quarantine_request(conversation_handle))
+        return int(meta.get("released", 0))
+
+    async def end_quarantined(
+        self, conversation_handle: uuid.UUID, error_code: int, description: str = ""
+    ) -> None:
+        """END CONVERSATION WITH ERROR of a quarantined conversation (SPEC §6): its messages
+        are discarded and the far side receives the Error."""
+        await self._call(*end_quarantined_request(conversation_handle, error_code, description))
+
+    async def quarantined(self) -> list[QuarantinedConversation]:
+        """The ``quarantined`` view, typed: every conversation set aside, its failing
+        message, rollback count and last error (an admin view)."""
+        return parse_quarantined(await self.view("quarantined"))
+
     async def begin_transaction(self) -> Transaction:
         """BEGIN TRANSACTION; prefer ``async with client.transaction() as tx``."""
         meta, _ = await self._call({"op": "begin_transaction"})
@@ -443,10 +470,10 @@ class BrokerClient:
         tx = await self.begin_transaction()
         try:
             yield tx
-        except BaseException:
+        except BaseException as exc:
             if not tx.finished:
                 with contextlib.suppress(ClientError):
-                    await tx.rollback()
+                    await tx.rollback(reason=f"{type(exc).__name__}: {exc}")
             raise
         if not tx.finished:
             await tx.commit()
@@ -496,7 +523,9 @@ class BrokerClient:
         **Exactly once** for what the handler does through ``tx``: the messages leave
         the queue in the same commit as the handler's SENDs and other verbs. If the
         handler raises, the transaction rolls back (the messages are back in the queue,
-        first in their group and in order) and the exception propagates; if the client
+        first in their group and in order; each counts one rollback, with the exception
+        as its reason, for the queue's poison-message handling, SPEC §6) and the
+        exception propagates; if the client
         dies between RECEIVE and COMMIT, the daemon rolls back when the connection
         closes. A batch handed out again may therefore reach the handler twice: make
         its effects outside the broker idempotent.

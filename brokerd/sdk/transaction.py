@@ -22,6 +22,7 @@ from brokerd.sdk.requests import (
     get_group_request,
     move_request,
     receive_request,
+    rollback_request,
     send_many_request,
     send_request,
     timer_request,
@@ -157,9 +158,12 @@ class Transaction:
         self.sequence_numbers = [int(s) for s in meta.get("sequence_numbers") or []]
         return self.sequence_numbers
 
-    async def rollback(self) -> None:
-        """ROLLBACK: received messages go back to their queue, in order. A transaction
-        whose connection was lost is rolled back already: nothing to do."""
+    async def rollback(self, reason: str = "") -> None:
+        """ROLLBACK: received messages go back to their queue, in order. Each counts one
+        rollback for poison-message handling, and ``reason`` (say, the error that made the
+        application give up) is kept as its last error (SPEC §6). A transaction whose
+        connection was lost is rolled back already: nothing to do."""
         self.finished = True
+        meta, body = rollback_request(self.id, reason)
         with contextlib.suppress(TransactionLost):
-            await self._request({"op": "rollback"})
+            await self._call(meta, body, bound_to=self.connection)

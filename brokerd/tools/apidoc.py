@@ -22,7 +22,7 @@ from protocol import errors
 SECTIONS: list[tuple[str, list[type[Any]]]] = [
     ("Connecting", [client.BrokerClient, keeper.Reconnect, client.Connecting]),
     ("Dialogs and transactions", [dialog.Dialog, transaction.Transaction]),
-    ("Results", [messages.ReceivedMessage]),
+    ("Results", [messages.ReceivedMessage, messages.QuarantinedConversation]),
     (
         "Errors the SDK raises by itself",
         [
@@ -56,7 +56,7 @@ def _doc(obj: object, name: str) -> str:
 
 def _members(cls: type[Any]) -> list[tuple[str, object]]:
     """Public methods and properties defined by ``cls`` itself, in source order."""
-    out = []
+    out: list[tuple[str, object]] = []
     for name, value in vars(cls).items():
         if name.startswith("_") or name in {"code", "retriable"}:
             continue
@@ -85,8 +85,8 @@ def _format(signature: inspect.Signature) -> str:
         if param.kind is param.KEYWORD_ONLY and not star:
             parts.append("*")
             star = True
-        text = {param.VAR_POSITIONAL: "*", param.VAR_KEYWORD: "**"}.get(param.kind, "")
-        text += param.name
+        stars = {param.VAR_POSITIONAL: "*", param.VAR_KEYWORD: "**"}
+        text = stars.get(param.kind, "") + param.name  # type: ignore[call-overload]
         if param.annotation is not param.empty:
             text += f": {param.annotation}"
         if param.default is not param.empty:
