@@ -204,9 +204,11 @@ async def measure(
     clients = [control, *receivers, *send_clients]
     try:
         handles = [
-            await control.begin_dialog(
-                example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
-            )
+            (
+                await control.begin_dialog(
+                    example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
+                )
+            ).handle
             for _ in range(dialogs)
         ]
 

@@ -55,9 +55,10 @@ async def produce(job: ProducerJob) -> dict[str, Any]:
         handles: list[uuid.UUID] = []
         while len(handles) < job.dialogs:
             batch = min(job.window, job.dialogs - len(handles))
-            handles += await asyncio.gather(
+            dialogs = await asyncio.gather(
                 *(client.begin_dialog(FROM_SERVICE, TO_SERVICE, CONTRACT) for _ in range(batch))
             )
+            handles += [dialog.handle for dialog in dialogs]
         pad = messages.padding(job.size)
         window = asyncio.Semaphore(max(1, job.window // job.batch))
         pending: set[asyncio.Future[Any]] = set()

@@ -96,6 +96,19 @@ class OutcomeUnknown(ClientError):
     kill or a lost network.)"""
 
 
+class NotConnected(ClientError):
+    """The SDK had no connection to the daemon and got none in time (or the client was
+    closed): the request was never sent, so nothing of it took effect."""
+
+
+class TransactionLost(ClientError):
+    """The connection a client transaction lived on was lost: the daemon rolled the
+    transaction back, and nothing of it took effect. Begin a new one. (A COMMIT written
+    before the loss and never answered is :class:`OutcomeUnknown` instead.)"""
+
+    retriable = True
+
+
 class RemoteError(BrokerError):
     """A request the daemon refused, as the application sees it.
 
@@ -217,6 +230,21 @@ class QueueDisabled(DialogError):
 
     code = "queue_disabled"
     retriable = True
+
+
+class ConversationQuarantined(DialogError):
+    """RECEIVE naming a conversation that poison-message handling quarantined (SPEC §6):
+    its messages are set aside until an administrator releases it or ends it."""
+
+    code = "conversation_quarantined"
+    retriable = False
+
+
+class NotQuarantined(DialogError):
+    """Release or end-with-error of a conversation that is not quarantined (SPEC §6)."""
+
+    code = "not_quarantined"
+    retriable = False
 
 
 class LockConflict(DialogError):

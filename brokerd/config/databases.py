@@ -13,6 +13,8 @@ from typing import Any
 
 from brokerd.config.addresses import normal_tcp_address
 from brokerd.config.model import (
+    DEFAULT_POISON_ROLLBACKS,
+    MAX_POISON_ROLLBACKS,
     MIRROR_ROLES,
     MIRROR_WHEN_LOST,
     SENT_BY,
@@ -21,6 +23,8 @@ from brokerd.config.model import (
     ContractMessage,
     DatabaseConfig,
     MessageTypeConfig,
+    PoisonHandling,
+    PoisonPolicy,
     QueueConfig,
     RemoteServiceBindingConfig,
     RouteConfig,
@@ -112,10 +116,14 @@ def parse_database(t: Table, now: datetime, base: Path) -> DatabaseConfig:
 
     queues: list[QueueConfig] = []
     names = Unique("queue", name, fold=True)
-    for qt in t.tables("queue", ("name", "status", "retention")):
+    for qt in t.tables(
+        "queue", ("name", "status", "retention", "poison_message_handling", "poison_rollbacks")
+    ):
         q_name = qt.name()
         names.add(qt, q_name)
-        queues.append(QueueConfig(q_name, _queue_status(qt), qt.flag("retention", False)))
+        queues.append(
+            QueueConfig(q_name, _queue_status(qt), qt.flag("retention", False), _poison(qt))
+        )
     known_queues = {q.name for q in queues}
 
     services: list[ServiceConfig] = []
@@ -209,6 +217,17 @@ def parse_database(t: Table, now: datetime, base: Path) -> DatabaseConfig:
         routes=tuple(routes),
         remote_service_bindings=tuple(bindings),
     )
+
+
+def _poison(t: Table) -> PoisonPolicy:
+    """A queue's ``poison_message_handling`` and ``poison_rollbacks`` (SPEC §6)."""
+    handling = t.choice(
+        "poison_message_handling",
+        PoisonHandling.QUARANTINE.value,
+        tuple(h.value for h in PoisonHandling),
+    )
+    rollbacks = t.integer("poison_rollbacks", DEFAULT_POISON_ROLLBACKS, 1, MAX_POISON_ROLLBACKS)
+    return PoisonPolicy(PoisonHandling(handling), rollbacks)
 
 
 def _queue_status(t: Table) -> bool:

@@ -50,84 +50,67 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, cast
+from typing import Any
 
 import orjson
 
-from brokerd.sdk.messages import ReceivedMessage, parse_received
+from brokerd.sdk.connection import Address, Request, error_of
+from brokerd.sdk.dialog import Dialog, Handle
+from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
+from brokerd.sdk.messages import (
+    QuarantinedConversation,
+    ReceivedMessage,
+    parse_group,
+    parse_quarantined,
+    parse_received,
+)
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
+    end_quarantined_request,
+    get_group_request,
     move_request,
     receive_request,
+    release_quarantine_request,
     send_many_request,
     send_meta,
     timer_request,
     view_request,
 )
-from brokerd.sdk.tls import client_context, describe_failure
+from brokerd.sdk.tls import client_context
 from brokerd.sdk.transaction import Transaction
-from protocol.buffers import Buffer, coalesce
-from protocol.client_wire import (
-    ClientFrame,
-    ClientFrameKind,
-    ClientFrameReader,
-    auth_proof,
-    encode_frame,
-    encode_request_parts,
-)
+from protocol.client_wire import ClientFrame, ClientFrameKind, encode_meta
 from protocol.errors import (
     AuthenticationFailed,
-    BrokerStopping,
     ClientError,
     OutcomeUnknown,
     RemoteProtocolError,
-    for_code,
+    TransactionLost,
 )
 
 DEFAULT_PORT = 4023
 
-__all__ = ["DEFAULT_PORT", "BrokerClient", "ReceivedMessage", "Transaction"]
-
-
-class _ClientProtocol(asyncio.Protocol):
-    def __init__(self, client: BrokerClient) -> None:
-        self.client = client
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.client._attach(cast(asyncio.Transport, transport))
-
-    def data_received(self, data: bytes) -> None:
-        self.client._on_data(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.client._on_lost(exc)
-
-
-class _Reply(Protocol):
-    """What waits for a request's answer: a future of the frame, or an adapter."""
-
-    def done(self) -> bool: ...
-
-    def set_result(self, frame: ClientFrame, /) -> None: ...
-
-    def set_exception(self, exc: BaseException, /) -> None: ...
-
-
-def _error_of(frame: ClientFrame) -> Exception:
-    """The typed error an ERROR frame reports."""
-    kind = str(frame.meta.get("error", "BrokerError"))
-    message = str(frame.meta.get("message", ""))
-    if kind == "AuthenticationFailed":
-        return AuthenticationFailed(message)
-    error = for_code(frame.meta.get("code"))
-    return error(message, kind=kind, retriable=bool(frame.meta.get("retriable", False)))
+__all__ = [
+    "DEFAULT_PORT",
+    "BrokerClient",
+    "Dialog",
+    "ReceivedMessage",
+    "Reconnect",
+    "Transaction",
+]
 
 
 def _sequence_number(meta: dict[str, Any]) -> int:
@@ -153,7 +136,7 @@ class _SequenceReply:
         """Called by the reader for the reply: never raises into it (a reply without a
         sequence number fails this future only)."""
         if frame.kind is ClientFrameKind.ERROR:
-            self.future.set_exception(_error_of(frame))
+            self.future.set_exception(error_of(frame))
             return
         try:
             self.future.set_result(_sequence_number(frame.meta))
@@ -164,24 +147,45 @@ class _SequenceReply:
         self.future.set_exception(exc)
 
 
+class Connecting:
+    """What :meth:`BrokerClient.connect` returns: await it for the client, or use it
+    with ``async with`` (the client is closed when the block ends)."""
+
+    def __init__(self, opening: Coroutine[Any, Any, BrokerClient]) -> None:
+        self._opening = opening
+        self._client: BrokerClient | None = None
+
+    def __await__(self) -> Generator[Any, None, BrokerClient]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> BrokerClient:
+        self._client = await self._opening
+        return self._client
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+_READS = frozenset({"view", "ping", "explain"})
+"""Requests that change nothing: safe to send again when their outcome is unknown."""
+
+
 class BrokerClient:
-    def __init__(self) -> None:
-        self._transport: asyncio.Transport | None = None
-        self._reader = ClientFrameReader()
-        self._ids = itertools.count(1)
-        self._pending: dict[int, _Reply] = {}
-        self._out: list[Buffer] | None = None
-        """Request frames of this turn of the event loop, written together at its end."""
-        self._challenge: asyncio.Future[ClientFrame] | None = None
-        self._closed_reason: str | None = None
-        self._goodbye: BrokerStopping | None = None
-        """The daemon said it is stopping: new requests are refused with this at once."""
+    """The Service Broker verbs on one daemon, over a connection kept across the
+    daemon's restarts (:class:`~brokerd.sdk.keeper.ConnectionKeeper`)."""
+
+    def __init__(self, keeper: ConnectionKeeper) -> None:
+        self._keeper = keeper
         self.instance: str = ""
+        """The daemon's broker instance id."""
         self.role: str = ""
         """``admin`` or ``application``: what the token this client logged in with may do."""
 
     @classmethod
-    async def connect(
+    def connect(
         cls,
         host: str = "127.0.0.1",
         port: int = DEFAULT_PORT,
@@ -193,9 +197,15 @@ class BrokerClient:
         ssl_context: ssl.SSLContext | None = None,
         tls_ca_file: str | Path | None = None,
         server_hostname: str | None = None,
-    ) -> BrokerClient:
+        reconnect: Reconnect | bool = True,
+    ) -> Connecting:
         """Connect (over TLS with ``ssl_context`` or ``tls_ca_file``) and log in with the
-        token ``user`` selects."""
+        token ``user`` selects. The first connection's failure is raised.
+
+        ``reconnect``: after a lost connection, connect again with backoff (a
+        :class:`Reconnect` tunes it; False: never, every later request fails with
+        ``NotConnected``). Use as ``async with await BrokerClient.connect(...)`` or
+        ``async with BrokerClient.connect(...)``."""
         if token is None:
             if token_file is None:
                 raise AuthenticationFailed("no credentials: pass token= or token_file=")
@@ -206,69 +216,37 @@ class BrokerClient:
         secret = token.encode() if isinstance(token, str) else token
         if ssl_context is None and tls_ca_file is not None:
             ssl_context = client_context(tls_ca_file)
-        client = cls()
-        loop = asyncio.get_running_loop()
-        client._challenge = loop.create_future()
-        try:
-            await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: _ClientProtocol(client),
-                    host,
-                    port,
-                    ssl=ssl_context,
-                    server_hostname=(server_hostname or host) if ssl_context else None,
-                    ssl_handshake_timeout=timeout if ssl_context else None,
-                ),
-                timeout,
-            )
-        except (OSError, TimeoutError) as exc:
-            reason = describe_failure(exc) or str(exc) or type(exc).__name__
-            raise ClientError(f"cannot connect to brokerd at {host}:{port}: {reason}") from exc
-        challenge: ClientFrame | None = None
-        try:
-            challenge = await asyncio.wait_for(client._challenge, timeout)
-            nonce = bytes.fromhex(str(challenge.meta.get("nonce", "")))
-            meta = await asyncio.wait_for(
-                client._call(
-                    {"op": "login", "user": user, "proof": auth_proof(secret, nonce, user)}
-                ),
-                timeout,
-            )
-        except TimeoutError:
-            await client.close()
-            hint = (
-                "; does its client port require TLS? (pass tls_ca_file= or ssl_context=)"
-                if challenge is None and ssl_context is None
-                else ""
-            )
-            raise ClientError(
-                f"{host}:{port} did not complete the brokerd login in {timeout} s{hint}"
-            ) from None
-        except ValueError:
-            await client.close()
-            raise ClientError(f"{host}:{port} sent a malformed login challenge") from None
-        except ClientError as exc:
-            await client.close()
-            if challenge is None and ssl_context is None:
-                raise ClientError(
-                    f"{host}:{port} closed the connection before its login challenge ({exc}); "
-                    "does its client port require TLS? (pass tls_ca_file= or ssl_context=)"
-                ) from exc
-            raise
-        except BaseException:
-            await client.close()
-            raise
-        client.instance = str(meta[0].get("instance", ""))
-        client.role = str(meta[0].get("role", "admin"))
+        address = Address(host, port, secret, user, timeout, ssl_context, server_hostname)
+        policy = Reconnect() if reconnect is True else (reconnect or None)
+        return Connecting(cls._open(ConnectionKeeper(address, policy)))
+
+    @classmethod
+    async def _open(cls, keeper: ConnectionKeeper) -> BrokerClient:
+        connection = await keeper.open()
+        client = cls(keeper)
+        client.instance = connection.instance
+        client.role = connection.role
         return client
 
     @property
     def tls_version(self) -> str | None:
         """The TLS version of the connection (``TLSv1.3``), None if it is plain TCP."""
-        if self._transport is None:
-            return None
-        ssl_object = self._transport.get_extra_info("ssl_object")
-        return None if ssl_object is None else ssl_object.version()
+        connection = self._keeper.connection
+        return None if connection is None else connection.tls_version
+
+    @property
+    def connected(self) -> bool:
+        """A connection is up now (False while reconnecting)."""
+        return self._keeper.connected
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was made again after being lost."""
+        return self._keeper.reconnects
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Until a connection is up; TimeoutError after ``timeout`` s."""
+        await self._keeper.wait_connected(timeout)
 
     async def __aenter__(self) -> BrokerClient:
         return self
@@ -279,115 +257,42 @@ class BrokerClient:
         await self.close()
 
     async def close(self) -> None:
-        """Close the connection; pending calls fail with OutcomeUnknown (a ClientError).
-        Idempotent."""
-        if self._transport is not None:
-            self._write_out()  # requests already made reach the daemon, as before a close
-            self._transport.close()
-            self._transport = None
-        self._fail_all("client closed")
+        """Close the connection and stop reconnecting: calls in flight fail with their
+        outcome (OutcomeUnknown, a ClientError), calls waiting for a connection with
+        NotConnected. Idempotent."""
+        self._keeper.close()
 
-    # -- wire ----------------------------------------------------------------------
+    # -- requests ------------------------------------------------------------------------
 
-    def _attach(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
+    def _submit(self, request: Request) -> None:
+        self._keeper.submit(request)
 
-    def _write(self, *pieces: Buffer) -> None:
-        """Queue a request frame, whole or as its pieces; the requests of one turn of the
-        event loop (a pipelined producer's SENDs) go to the socket in one write, in
-        order, at the end of the turn."""
-        if self._out is None:
-            self._out = list(pieces)
-            asyncio.get_running_loop().call_soon(self._write_out)
-        else:
-            self._out.extend(pieces)
-
-    def _write_out(self) -> None:
-        out, self._out = self._out, None
-        if not out or self._transport is None or self._transport.is_closing():
-            return  # the pending calls fail with the connection
-        pieces = coalesce(out)
-        if len(pieces) == 1:
-            self._transport.write(pieces[0])
-        else:  # large bodies as they are (one writev), never joined into a copy
-            self._transport.writelines(pieces)
-
-    def _on_data(self, data: bytes) -> None:
-        try:
-            frames = self._reader.feed(data)
-        except RemoteProtocolError as exc:
-            self._fail_all(f"daemon sent bad data: {exc}")
-            if self._transport is not None:
-                self._transport.close()
-            return
-        for frame in frames:
-            if frame.kind is ClientFrameKind.CHALLENGE:
-                if self._challenge is not None and not self._challenge.done():
-                    self._challenge.set_result(frame)
-                continue
-            if (
-                frame.kind is ClientFrameKind.ERROR
-                and frame.request_id == 0
-                and frame.meta.get("code") == BrokerStopping.code
-            ):
-                self._stopping(frame)
-                continue
-            future = self._pending.pop(frame.request_id, None)
-            if future is not None and not future.done():
-                future.set_result(frame)
-
-    def _stopping(self, frame: ClientFrame) -> None:
-        """The daemon is stopping (SIGTERM) and read nothing after request
-        ``last_request``: the requests after it were not executed and fail now with
-        :class:`BrokerStopping` (safe to send again); the ones it read are still answered
-        before it closes; new ones are refused at once."""
-        last = frame.meta.get("last_request")
-        goodbye = self._goodbye = BrokerStopping(
-            str(frame.meta.get("message", "the daemon is stopping"))
-        )
-        if type(last) is not int:
-            return  # a daemon that does not say: what is in flight stays unknown
-        for request_id in [r for r in self._pending if r > last]:
-            reply = self._pending.pop(request_id)
-            if not reply.done():
-                reply.set_exception(
-                    BrokerStopping(
-                        goodbye.remote_message + " (not executed)", kind="BrokerStopping"
-                    )
-                )
-
-    def _on_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        self._fail_all(f"connection to brokerd lost{': ' + str(exc) if exc else ''}")
-
-    def _fail_all(self, reason: str) -> None:
-        """The connection is gone: what was in flight may or may not have taken effect."""
-        self._closed_reason = self._closed_reason or reason
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(
-                    OutcomeUnknown(f"{reason}: the request may or may not have taken effect")
-                )
-        if self._challenge is not None and not self._challenge.done():
-            self._challenge.set_exception(ClientError(reason))
-
-    def _request(self, meta: dict[str, Any], body: bytes, reply: _Reply) -> None:
-        """Queue a request; ``reply`` gets its answer (or the connection's failure)."""
-        if self._goodbye is not None:
-            raise self._goodbye
-        if self._transport is None or self._transport.is_closing():
-            raise ClientError(self._closed_reason or "not connected")
-        request_id = next(self._ids) & 0xFFFFFFFF
-        self._pending[request_id] = reply
-        self._write(encode_frame(ClientFrame(ClientFrameKind.REQUEST, request_id, meta, body)))
-
-    async def _call(self, meta: dict[str, Any], body: bytes = b"") -> tuple[dict[str, Any], bytes]:
+    async def _call(
+        self,
+        meta: dict[str, Any],
+        body: bytes = b"",
+        *,
+        bound_to: int | None = None,
+        repeatable: bool = False,
+    ) -> tuple[dict[str, Any], bytes]:
+        """One request and its answer (the typed error the daemon reports is raised).
+        ``bound_to``: the connection a transaction's request must go on; ``repeatable``:
+        safe to write again on a new connection when its outcome is unknown."""
         future: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
-        self._request(meta, body, future)
+        op = meta.get("op")
+        self._submit(
+            Request(
+                encode_meta(meta),
+                body,
+                future,
+                repeatable=repeatable or op in _READS,
+                bound_to=bound_to,
+                commits=op == "commit",
+            )
+        )
         frame = await future
         if frame.kind is ClientFrameKind.ERROR:
-            raise _error_of(frame)
+            raise error_of(frame)
         return frame.meta, frame.body
 
     # -- verbs -----------------------------------------------------------------------
@@ -401,9 +306,17 @@ class BrokerClient:
         database: str | None = None,
         to_broker_instance: uuid.UUID | str | None = None,
         lifetime: int = 0,
-        related_conversation: uuid.UUID | None = None,
-    ) -> uuid.UUID:
-        """BEGIN DIALOG FROM SERVICE ... TO SERVICE ... ON CONTRACT ...; the new handle."""
+        related_conversation: Handle | None = None,
+        related_conversation_group: uuid.UUID | None = None,
+    ) -> Dialog:
+        """BEGIN DIALOG FROM SERVICE ... TO SERVICE ... ON CONTRACT ... (SPEC §6): the new
+        conversation, as a :class:`Dialog` (its handle, ``dialog.handle``, and its verbs).
+        ``database`` names the initiating service's database when several have it;
+        ``to_broker_instance`` picks the target's broker instance (R-ROUTE-4);
+        ``lifetime`` in seconds (0: none). The new conversation joins the group of
+        ``related_conversation`` (RELATED_CONVERSATION) or the group
+        ``related_conversation_group`` (RELATED_CONVERSATION_GROUP; made if none exists),
+        not both (``InvalidRequest``); a new group without either."""
         meta, _ = await self._call(
             *begin_dialog_request(
                 from_service,
@@ -413,13 +326,15 @@ class BrokerClient:
                 to_broker_instance,
                 lifetime,
                 related_conversation,
+                related_conversation_group,
             )
         )
-        return uuid.UUID(meta["conversation_handle"])
+        handle = uuid.UUID(meta["conversation_handle"])
+        return Dialog(self, handle, from_service, to_service, contract)
 
     async def send(
         self,
-        conversation_handle: uuid.UUID,
+        conversation_handle: Handle,
         message_type: str = "DEFAULT",
         body: bytes = b"",
         *,
@@ -437,7 +352,7 @@ class BrokerClient:
 
     def send_nowait(
         self,
-        conversation_handle: uuid.UUID,
+        conversation_handle: Handle,
         message_type: str = "DEFAULT",
         body: bytes = b"",
         *,
@@ -450,14 +365,8 @@ class BrokerClient:
         task for each. Raises ClientError at once if the connection is closed. ``key``:
         an idempotency key, as :meth:`send`'s."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        if self._goodbye is not None:
-            raise self._goodbye
-        if self._transport is None or self._transport.is_closing():
-            raise ClientError(self._closed_reason or "not connected")
-        request_id = next(self._ids) & 0xFFFFFFFF
-        self._pending[request_id] = _SequenceReply(future)
         meta = send_meta(conversation_handle, message_type, key)
-        self._write(*encode_request_parts(request_id, meta, bytes(body)))
+        self._submit(Request(meta, bytes(body), _SequenceReply(future), repeatable=key is not None))
         return future
 
     async def receive(
@@ -467,17 +376,35 @@ class BrokerClient:
         database: str | None = None,
         top: int = 1,
         timeout: float = 0.0,
-        conversation_handle: uuid.UUID | None = None,
+        conversation_handle: Handle | None = None,
+        conversation_group_id: uuid.UUID | None = None,
     ) -> list[ReceivedMessage]:
-        """RECEIVE TOP (top) FROM queue, WAITFOR up to ``timeout`` s (negative: forever)."""
+        """RECEIVE TOP (top) FROM queue, WAITFOR up to ``timeout`` s (negative: forever).
+
+        SPEC §6: the messages of one conversation group, in order; ``conversation_handle``
+        limits it to one conversation, ``conversation_group_id`` to one group (WHERE
+        conversation_group_id = ...), not both (``InvalidRequest``)."""
         meta, body = await self._call(
-            *receive_request(queue, database, top, timeout, conversation_handle)
+            *receive_request(
+                queue, database, top, timeout, conversation_handle, conversation_group_id
+            )
         )
         return parse_received(meta, body)
 
+    async def get_conversation_group(
+        self, queue: str, *, database: str | None = None, timeout: float = 0.0
+    ) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP FROM queue, WAITFOR up to ``timeout`` s (0: do not wait,
+        negative: forever): the id of the next conversation group with messages ready
+        that no transaction holds, or None when none came in time (SPEC §6). Outside a
+        transaction nothing stays locked (SQL Server's autocommit): another reader may
+        take the group at once; :meth:`Transaction.get_conversation_group` locks it."""
+        meta, _ = await self._call(*get_group_request(queue, database, timeout))
+        return parse_group(meta)
+
     async def end_conversation(
         self,
-        conversation_handle: uuid.UUID,
+        conversation_handle: Handle,
         *,
         error_code: int | None = None,
         description: str = "",
@@ -488,35 +415,53 @@ class BrokerClient:
             *end_conversation_request(conversation_handle, error_code, description, cleanup)
         )
 
-    async def begin_conversation_timer(
-        self, conversation_handle: uuid.UUID, timeout: float
-    ) -> None:
+    async def begin_conversation_timer(self, conversation_handle: Handle, timeout: float) -> None:
         """BEGIN CONVERSATION TIMER (handle) TIMEOUT = seconds (R-DLG-11): a DialogTimer
         message arrives in this side's queue when it fires; a new timer replaces the old."""
         await self._call(*timer_request(conversation_handle, timeout))
 
     async def send_many(
         self,
-        messages: list[tuple[uuid.UUID, str, bytes]],
+        messages: Sequence[tuple[Handle, str, bytes]],
         keys: list[str | None] | None = None,
     ) -> list[int]:
         """SEND several (handle, message type, body) in one request and one commit per
         database: a producer's batched path without a transaction. One refusal
         refuses them all; the sequence numbers come back in order. ``keys``: each
         message's idempotency key (or None), as :meth:`send`'s."""
-        meta, _ = await self._call(*send_many_request(messages, keys))
+        repeatable = keys is not None and all(key is not None for key in keys)
+        meta, _ = await self._call(*send_many_request(messages, keys), repeatable=repeatable)
         return [int(s) for s in meta["sequence_numbers"]]
 
     async def move_conversation(
-        self, conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID
+        self, conversation_handle: Handle, conversation_group_id: uuid.UUID
     ) -> None:
         """MOVE CONVERSATION (handle) TO (group): its waiting messages move with it."""
         await self._call(*move_request(conversation_handle, conversation_group_id))
 
+    async def release_quarantine(self, conversation_handle: uuid.UUID) -> int:
+        """Release a conversation quarantined by poison-message handling (SPEC §6): its
+        messages are receivable again, in order, their rollback counts reset. Returns how
+        many messages it released; NotQuarantined if it is not quarantined."""
+        meta, _ = await self._call(*release_quarantine_request(conversation_handle))
+        return int(meta.get("released", 0))
+
+    async def end_quarantined(
+        self, conversation_handle: uuid.UUID, error_code: int, description: str = ""
+    ) -> None:
+        """END CONVERSATION WITH ERROR of a quarantined conversation (SPEC §6): its messages
+        are discarded and the far side receives the Error."""
+        await self._call(*end_quarantined_request(conversation_handle, error_code, description))
+
+    async def quarantined(self) -> list[QuarantinedConversation]:
+        """The ``quarantined`` view, typed: every conversation set aside, its failing
+        message, rollback count and last error (an admin view)."""
+        return parse_quarantined(await self.view("quarantined"))
+
     async def begin_transaction(self) -> Transaction:
         """BEGIN TRANSACTION; prefer ``async with client.transaction() as tx``."""
         meta, _ = await self._call({"op": "begin_transaction"})
-        return Transaction(self._call, int(meta["transaction"]))
+        return Transaction(self._call, int(meta["transaction"]), self._keeper.generation)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
@@ -534,10 +479,10 @@ class BrokerClient:
         tx = await self.begin_transaction()
         try:
             yield tx
-        except BaseException:
-            if not tx.finished and self._transport is not None:
+        except BaseException as exc:
+            if not tx.finished:
                 with contextlib.suppress(ClientError):
-                    await tx.rollback()
+                    await tx.rollback(reason=f"{type(exc).__name__}: {exc}")
             raise
         if not tx.finished:
             await tx.commit()
@@ -559,7 +504,13 @@ class BrokerClient:
         :meth:`consume` for exactly once.
         """
         while stop is None or not stop.is_set():
-            for message in await self.receive(queue, database=database, top=top, timeout=timeout):
+            try:
+                received = await self.receive(queue, database=database, top=top, timeout=timeout)
+            except OutcomeUnknown:
+                if self._keeper.reconnect is None:
+                    raise
+                continue  # the connection went with a RECEIVE: its messages may be lost
+            for message in received:
                 yield message
 
     async def consume(
@@ -581,7 +532,9 @@ class BrokerClient:
         **Exactly once** for what the handler does through ``tx``: the messages leave
         the queue in the same commit as the handler's SENDs and other verbs. If the
         handler raises, the transaction rolls back (the messages are back in the queue,
-        first in their group and in order) and the exception propagates; if the client
+        first in their group and in order; each counts one rollback, with the exception
+        as its reason, for the queue's poison-message handling, SPEC §6) and the
+        exception propagates; if the client
         dies between RECEIVE and COMMIT, the daemon rolls back when the connection
         closes. A batch handed out again may therefore reach the handler twice: make
         its effects outside the broker idempotent.
@@ -589,12 +542,20 @@ class BrokerClient:
         done = 0
         handled = 0
         while (stop is None or not stop.is_set()) and (batches is None or handled < batches):
-            async with self.transaction() as tx:
-                received = await tx.receive(queue, database=database, top=top, timeout=timeout)
-                if not received:
-                    await tx.rollback()  # nothing held: no commit needed
-                    continue
-                await handler(tx, received)
+            try:
+                async with self.transaction() as tx:
+                    received = await tx.receive(queue, database=database, top=top, timeout=timeout)
+                    if not received:
+                        await tx.rollback()  # nothing held: no commit needed
+                        continue
+                    await handler(tx, received)
+            except (TransactionLost, OutcomeUnknown):
+                # the connection went: the batch was rolled back (or, for a COMMIT
+                # written and not answered, perhaps committed): either way the next
+                # batch is right, once reconnected
+                if self._keeper.reconnect is None:
+                    raise
+                continue
             done += len(received)
             handled += 1
         return done
@@ -698,7 +659,11 @@ class BrokerClient:
                 return
 
     async def view(self, name: str, **params: str) -> list[dict[str, Any]]:
-        """Every row of the admin view ``name`` (:meth:`view_rows`, gathered)."""
+        """Every row of the daemon's view ``name`` (``conversation_endpoints``,
+        ``transmission_queue``, ``queue_messages``, ``queues``, ``routes``,
+        ``broker_connections``, ``endpoint_ages``, ``oldest_waiting``, ``mirroring``,
+        ``stats`` ...), as dictionaries, read page after page (:meth:`view_rows`);
+        admin tokens only."""
         return [row async for row in self.view_rows(name, params=params)]
 
     async def queue_messages(self, queue: str) -> list[dict[str, Any]]:
@@ -730,14 +695,19 @@ class BrokerClient:
         return await self.view("transmission_queue")
 
     async def queues(self) -> list[dict[str, Any]]:
+        """Every queue: its database, status (R-DLG-12), retention and messages waiting."""
         return await self.view("queues")
 
     async def routes(self) -> list[dict[str, Any]]:
+        """``sys.routes`` of every database: name, service, broker instance, address,
+        mirror address and lifetime (R-OBJ-5)."""
         return await self.view("routes")
 
     async def broker_connections(self) -> list[dict[str, Any]]:
+        """The adjacent-broker connections: peer, direction, state and traffic."""
         return await self.view("broker_connections")
 
     async def ping(self) -> dict[str, Any]:
+        """A round trip to the daemon; its answer names the broker instance."""
         meta, _ = await self._call({"op": "ping"})
         return meta

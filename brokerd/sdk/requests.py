@@ -4,15 +4,16 @@ for the plain verbs of ``BrokerClient`` and those of a ``Transaction``."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from protocol.client_wire import encode_meta
+from brokerd.sdk.dialog import Handle, handle_of
+from protocol.client_wire import MAX_ROLLBACK_REASON, encode_meta
 
 Request = tuple[dict[str, Any], bytes]
 
 
-def _text(value: uuid.UUID | str | None) -> str | None:
+def _text(value: Handle | str | None) -> str | None:
     return str(value) if value else None
 
 
@@ -23,7 +24,8 @@ def begin_dialog_request(
     database: str | None,
     to_broker_instance: uuid.UUID | str | None,
     lifetime: int,
-    related_conversation: uuid.UUID | None,
+    related_conversation: Handle | None,
+    related_conversation_group: uuid.UUID | None = None,
 ) -> Request:
     return {
         "op": "begin_dialog",
@@ -34,11 +36,12 @@ def begin_dialog_request(
         "to_broker_instance": _text(to_broker_instance),
         "lifetime": lifetime,
         "related_conversation": _text(related_conversation),
+        "related_conversation_group": _text(related_conversation_group),
     }, b""
 
 
 def send_request(
-    conversation_handle: uuid.UUID, message_type: str, body: bytes, key: str | None = None
+    conversation_handle: Handle, message_type: str, body: bytes, key: str | None = None
 ) -> Request:
     meta = {
         "op": "send",
@@ -55,7 +58,7 @@ _SEND_METAS_KEPT = 4096
 
 
 def send_meta(
-    conversation_handle: uuid.UUID, message_type: str, idempotency_key: str | None = None
+    conversation_handle: Handle, message_type: str, idempotency_key: str | None = None
 ) -> bytes:
     """:func:`send_request`'s meta, encoded: a producer's SENDs on one dialog share it,
     so it is encoded once (the last few thousand dialogs' are kept); a SEND with an
@@ -63,7 +66,7 @@ def send_meta(
     if idempotency_key is not None:
         request, _ = send_request(conversation_handle, message_type, b"", idempotency_key)
         return encode_meta(request)
-    key = (conversation_handle, message_type)
+    key = (handle_of(conversation_handle), message_type)
     meta = _SEND_METAS.get(key)
     if meta is None:
         if len(_SEND_METAS) >= _SEND_METAS_KEPT:
@@ -74,7 +77,7 @@ def send_meta(
 
 
 def send_many_request(
-    messages: list[tuple[uuid.UUID, str, bytes]], keys: list[str | None] | None = None
+    messages: Sequence[tuple[Handle, str, bytes]], keys: list[str | None] | None = None
 ) -> Request:
     """Each message's handle, type, body length (and idempotency key, if any) in meta; the
     bodies one after another."""
@@ -97,7 +100,8 @@ def receive_request(
     database: str | None,
     top: int,
     timeout: float,
-    conversation_handle: uuid.UUID | None,
+    conversation_handle: Handle | None,
+    conversation_group_id: uuid.UUID | None = None,
 ) -> Request:
     return {
         "op": "receive",
@@ -106,11 +110,21 @@ def receive_request(
         "top": top,
         "timeout": timeout,
         "conversation_handle": _text(conversation_handle),
+        "conversation_group_id": _text(conversation_group_id),
+    }, b""
+
+
+def get_group_request(queue: str, database: str | None, timeout: float) -> Request:
+    return {
+        "op": "get_conversation_group",
+        "queue": queue,
+        "database": database,
+        "timeout": timeout,
     }, b""
 
 
 def end_conversation_request(
-    conversation_handle: uuid.UUID, error_code: int | None, description: str, cleanup: bool
+    conversation_handle: Handle, error_code: int | None, description: str, cleanup: bool
 ) -> Request:
     return {
         "op": "end_conversation",
@@ -121,7 +135,7 @@ def end_conversation_request(
     }, b""
 
 
-def timer_request(conversation_handle: uuid.UUID, timeout: float) -> Request:
+def timer_request(conversation_handle: Handle, timeout: float) -> Request:
     return {
         "op": "begin_conversation_timer",
         "conversation_handle": str(conversation_handle),
@@ -129,7 +143,7 @@ def timer_request(conversation_handle: uuid.UUID, timeout: float) -> Request:
     }, b""
 
 
-def move_request(conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID) -> Request:
+def move_request(conversation_handle: Handle, conversation_group_id: uuid.UUID) -> Request:
     return {
         "op": "move_conversation",
         "conversation_handle": str(conversation_handle),
@@ -152,3 +166,27 @@ def view_request(
     if limit is not None:
         meta["limit"] = limit
     return meta, b""
+
+
+def rollback_request(tx_id: int, reason: str) -> Request:
+    """ROLLBACK, with the reason kept as the last error of the messages it puts back (cut
+    to what the daemon accepts)."""
+    meta: dict[str, Any] = {"op": "rollback", "transaction": tx_id}
+    if reason:
+        meta["reason"] = reason[:MAX_ROLLBACK_REASON]
+    return meta, b""
+
+
+def release_quarantine_request(conversation_handle: uuid.UUID) -> Request:
+    return {"op": "release_quarantine", "conversation_handle": str(conversation_handle)}, b""
+
+
+def end_quarantined_request(
+    conversation_handle: uuid.UUID, error_code: int, description: str
+) -> Request:
+    return {
+        "op": "end_quarantined",
+        "conversation_handle": str(conversation_handle),
+        "error_code": error_code,
+        "description": description,
+    }, b""

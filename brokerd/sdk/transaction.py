@@ -9,35 +9,51 @@ and :attr:`Transaction.sequence_numbers` lists the SENDs' sequence numbers after
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from brokerd.sdk.messages import ReceivedMessage, parse_received
+from brokerd.sdk.dialog import Handle
+from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
+    get_group_request,
     move_request,
     receive_request,
+    rollback_request,
     send_many_request,
     send_request,
     timer_request,
 )
+from protocol.errors import TransactionLost
 
-Call = Callable[[dict[str, Any], bytes], Awaitable[tuple[dict[str, Any], bytes]]]
+
+class Call(Protocol):
+    """How a transaction's requests reach the daemon: on the connection it began on."""
+
+    async def __call__(
+        self, meta: dict[str, Any], body: bytes = b"", *, bound_to: int | None = None
+    ) -> tuple[dict[str, Any], bytes]: ...
 
 
 class Transaction:
-    def __init__(self, call: Call, tx_id: int) -> None:
+    """A client transaction, bound to the connection it began on: if that connection is
+    lost the daemon rolls it back, and every later call fails with ``TransactionLost``."""
+
+    def __init__(self, call: Call, tx_id: int, connection: int) -> None:
         self._call = call
         self.id = tx_id
+        self.connection = connection
+        """The number of the connection it lives on."""
         self.finished = False
         self.sequence_numbers: list[int] = []
 
     async def _request(
         self, meta: dict[str, Any], body: bytes = b""
     ) -> tuple[dict[str, Any], bytes]:
-        return await self._call({**meta, "transaction": self.id}, body)
+        return await self._call({**meta, "transaction": self.id}, body, bound_to=self.connection)
 
     async def receive(
         self,
@@ -46,21 +62,40 @@ class Transaction:
         database: str | None = None,
         top: int = 1,
         timeout: float = 0.0,
-        conversation_handle: uuid.UUID | None = None,
+        conversation_handle: Handle | None = None,
+        conversation_group_id: uuid.UUID | None = None,
     ) -> list[ReceivedMessage]:
-        """RECEIVE; the messages leave the queue only if the transaction commits."""
+        """RECEIVE; the messages leave the queue only if the transaction commits, and
+        their conversation group stays locked until then (SPEC §6).
+
+        ``conversation_handle`` limits it to one conversation, ``conversation_group_id``
+        to one group (not both): a group another transaction holds is not taken, the
+        RECEIVE waits per ``timeout`` as if the queue were empty."""
         meta, body = await self._request(
-            *receive_request(queue, database, top, timeout, conversation_handle)
+            *receive_request(
+                queue, database, top, timeout, conversation_handle, conversation_group_id
+            )
         )
         return parse_received(meta, body)
 
+    async def get_conversation_group(
+        self, queue: str, *, database: str | None = None, timeout: float = 0.0
+    ) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP FROM queue (SPEC §6): the id of the next conversation
+        group with messages ready that no other transaction holds, locked by this one
+        until COMMIT or ROLLBACK; other readers skip it and never wait behind it. Waits
+        up to ``timeout`` s (0: do not wait, negative: forever); None when none came.
+        Receive its messages with ``receive(queue, conversation_group_id=group)``."""
+        meta, _ = await self._request(*get_group_request(queue, database, timeout))
+        return parse_group(meta)
+
     async def send(
-        self, conversation_handle: uuid.UUID, message_type: str = "DEFAULT", body: bytes = b""
+        self, conversation_handle: Handle, message_type: str = "DEFAULT", body: bytes = b""
     ) -> None:
         """SEND, checked now and queued at COMMIT."""
         await self._request(*send_request(conversation_handle, message_type, body))
 
-    async def send_many(self, messages: list[tuple[uuid.UUID, str, bytes]]) -> None:
+    async def send_many(self, messages: Sequence[tuple[Handle, str, bytes]]) -> None:
         """Several SENDs in one request, queued at COMMIT."""
         await self._request(*send_many_request(messages))
 
@@ -73,9 +108,12 @@ class Transaction:
         database: str | None = None,
         to_broker_instance: uuid.UUID | str | None = None,
         lifetime: int = 0,
-        related_conversation: uuid.UUID | None = None,
+        related_conversation: Handle | None = None,
+        related_conversation_group: uuid.UUID | None = None,
     ) -> uuid.UUID:
-        """BEGIN DIALOG; the handle may be used in this transaction at once."""
+        """BEGIN DIALOG; the handle may be used in this transaction at once. Its group:
+        ``related_conversation``'s or ``related_conversation_group`` (made if none
+        exists), as ``BrokerClient.begin_dialog`` (SPEC §6)."""
         meta, _ = await self._request(
             *begin_dialog_request(
                 from_service,
@@ -85,40 +123,47 @@ class Transaction:
                 to_broker_instance,
                 lifetime,
                 related_conversation,
+                related_conversation_group,
             )
         )
         return uuid.UUID(meta["conversation_handle"])
 
     async def end_conversation(
         self,
-        conversation_handle: uuid.UUID,
+        conversation_handle: Handle,
         *,
         error_code: int | None = None,
         description: str = "",
         cleanup: bool = False,
     ) -> None:
+        """END CONVERSATION [WITH ERROR | WITH CLEANUP] at COMMIT (R-DLG-10)."""
         await self._request(
             *end_conversation_request(conversation_handle, error_code, description, cleanup)
         )
 
-    async def begin_conversation_timer(
-        self, conversation_handle: uuid.UUID, timeout: float
-    ) -> None:
+    async def begin_conversation_timer(self, conversation_handle: Handle, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER at COMMIT (R-DLG-11)."""
         await self._request(*timer_request(conversation_handle, timeout))
 
     async def move_conversation(
-        self, conversation_handle: uuid.UUID, conversation_group_id: uuid.UUID
+        self, conversation_handle: Handle, conversation_group_id: uuid.UUID
     ) -> None:
+        """MOVE CONVERSATION at COMMIT: its waiting messages move with it."""
         await self._request(*move_request(conversation_handle, conversation_group_id))
 
     async def commit(self) -> list[int]:
         """COMMIT: everything at once; raises TransactionRolledBack if nothing took effect."""
         self.finished = True
-        meta, _ = await self._call({"op": "commit", "transaction": self.id}, b"")
+        meta, _ = await self._request({"op": "commit"})
         self.sequence_numbers = [int(s) for s in meta.get("sequence_numbers") or []]
         return self.sequence_numbers
 
-    async def rollback(self) -> None:
-        """ROLLBACK: received messages go back to their queue, in order."""
+    async def rollback(self, reason: str = "") -> None:
+        """ROLLBACK: received messages go back to their queue, in order. Each counts one
+        rollback for poison-message handling, and ``reason`` (say, the error that made the
+        application give up) is kept as its last error (SPEC §6). A transaction whose
+        connection was lost is rolled back already: nothing to do."""
         self.finished = True
-        await self._call({"op": "rollback", "transaction": self.id}, b"")
+        meta, body = rollback_request(self.id, reason)
+        with contextlib.suppress(TransactionLost):
+            await self._call(meta, body, bound_to=self.connection)

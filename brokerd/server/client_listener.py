@@ -213,7 +213,9 @@ class ClientSession(asyncio.Protocol):
             task.cancel()
         transactions, self.transactions = self.transactions, {}
         for tx in transactions.values():
-            tx.rollback()  # a client that goes away mid-transaction leaves nothing behind
+            # A client that goes away mid-transaction leaves nothing behind; its messages
+            # count one rollback each (SPEC §6), written without anyone waiting.
+            tx.rollback("the client's connection was lost")
         self.transport = None
 
     def _close(self) -> None:
@@ -494,7 +496,7 @@ class ClientSession(asyncio.Protocol):
         request_id = frame.request_id
         try:
             self.allowed.check_operation("receive")
-            (queue, database, top, _), handle = receive_args(self, frame.meta)
+            (queue, database, top, _), handle, group = receive_args(self, frame.meta)
             reply = ReceiveReply()
 
             def then(rows: list[dict[str, Any]]) -> None:
@@ -509,6 +511,7 @@ class ClientSession(asyncio.Protocol):
                 reply,
                 then,
                 lambda exc: self._reply_error(request_id, exc),
+                group,
             )
         except Exception:
             return False

@@ -3,10 +3,13 @@
 Operations (``meta["op"]``; the login is the listener's, ``brokerd.server.client_listener``):
 ``begin_dialog``, ``send`` (the body is the message), ``send_many`` (several messages,
 their bodies concatenated), ``receive`` (message bodies concatenated in the response
-body, their lengths in meta), ``end_conversation``, ``begin_conversation_timer``
-(R-DLG-11), ``move_conversation``, ``begin_transaction``, ``commit`` and ``rollback``
-(the verbs above take ``transaction``: ``brokerd.dialogs.verbs.transactions``; at most
-:data:`MAX_OPEN_TRANSACTIONS` are open per connection), ``alter_queue``, the routing
+body, their lengths in meta; for one ``conversation_handle`` or one
+``conversation_group_id``), ``get_conversation_group``, ``end_conversation``,
+``begin_conversation_timer`` (R-DLG-11), ``move_conversation``, ``begin_transaction``,
+``commit`` and ``rollback`` (the verbs above take ``transaction``:
+``brokerd.dialogs.verbs.transactions``; at most :data:`MAX_OPEN_TRANSACTIONS` are open
+per connection; a rollback may give a ``reason``), ``release_quarantine`` and
+``end_quarantined`` (poison-message handling, SPEC §6), ``alter_queue``, the routing
 administration ``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted),
 ``explain`` (why a route is chosen, SPEC §2) and ``set_mirror_role`` (failover,
 R-ROUTE-10), ``view`` (one page of an admin view: ``brokerd.server.client_views``)
@@ -24,6 +27,7 @@ Never ``brokerd.server.client_listener``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -34,8 +38,8 @@ from brokerd.server import client_views
 from brokerd.server.client_access import Access
 from brokerd.server.client_meta import meta_database, meta_key, meta_str, meta_uuid
 from brokerd.server.receive_reply import ReceiveReply
-from protocol.client_wire import ClientFrame
-from protocol.errors import InvalidRequest, TransactionError
+from protocol.client_wire import MAX_ROLLBACK_REASON, ClientFrame
+from protocol.errors import BrokerError, InvalidRequest, TransactionError
 
 if TYPE_CHECKING:
     from brokerd.dialogs.engine import DialogEngine
@@ -128,11 +132,20 @@ async def _commit(session: Session, frame: ClientFrame) -> tuple[dict[str, Any],
 
 
 async def _rollback(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """ROLLBACK; answered once the rollback counts of the messages put back are written
+    (SPEC §6), so that a restart cannot forget them."""
     tx = _transaction(session, frame.meta)
     if tx is None:
         raise InvalidRequest("rollback needs the transaction's id")
+    reason = meta_str(frame.meta, "reason", "")
+    if len(reason) > MAX_ROLLBACK_REASON:
+        raise InvalidRequest(
+            f"reason must be at most {MAX_ROLLBACK_REASON} characters, not {len(reason)}"
+        )
     session.transactions.pop(tx.id, None)
-    tx.rollback()
+    for written in tx.rollback(reason):
+        with contextlib.suppress(BrokerError):  # logged; the rollback itself took effect
+            await written
     return {}, b""
 
 
@@ -148,6 +161,7 @@ async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str,
     )
     session.allowed.check_service(args[0])
     related = meta_uuid(m, "related_conversation", required=False)
+    related_group = meta_uuid(m, "related_conversation_group", required=False)
     if related is not None:
         session.check_own(related)
     options: dict[str, Any] = {
@@ -155,6 +169,7 @@ async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str,
         "to_broker_instance": meta_uuid(m, "to_broker_instance", required=False),
         "lifetime": lifetime,
         "related_conversation": related,
+        "related_group": related_group,
     }
     tx = _transaction(session, m)
     if tx is not None:
@@ -225,37 +240,59 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
 
 def receive_args(
     session: Session, m: dict[str, Any]
-) -> tuple[tuple[str, str | None, int, float], uuid.UUID | None]:
-    """A RECEIVE's (queue, database, top, timeout) and conversation, checked."""
-    top, timeout = m.get("top", 1), m.get("timeout", 0)
+) -> tuple[tuple[str, str | None, int, float], uuid.UUID | None, uuid.UUID | None]:
+    """A RECEIVE's (queue, database, top, timeout), and the conversation or conversation
+    group it is limited to, checked (``ReceiveVerbs`` refuses both at once, SPEC §6)."""
+    top = m.get("top", 1)
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise InvalidRequest("top must be a whole number >= 1")
+    queue, database, timeout = _queue_args(session, m)
+    handle = meta_uuid(m, "conversation_handle", required=False)
+    group = meta_uuid(m, "conversation_group_id", required=False)
+    return (queue, database, top, timeout), handle, group
+
+
+def _queue_args(session: Session, m: dict[str, Any]) -> tuple[str, str | None, float]:
+    """The queue (one of the client's own, R-CLIENT-2), database and WAITFOR timeout of a
+    RECEIVE or GET CONVERSATION GROUP, checked."""
+    timeout = m.get("timeout", 0)
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise InvalidRequest("timeout must be a number of seconds")
-    args = (meta_str(m, "queue"), meta_database(m), top, float(timeout))
-    session.allowed.check_queue(args[0])
-    return args, meta_uuid(m, "conversation_handle", required=False)
+    queue = meta_str(m, "queue")
+    session.allowed.check_queue(queue)
+    return queue, meta_database(m), float(timeout)
 
 
 async def _receive(session: Session, frame: ClientFrame) -> tuple[ReplyMeta, ReplyBody]:
     m = frame.meta
-    args, handle = receive_args(session, m)
+    args, handle, group = receive_args(session, m)
     tx = _transaction(session, m)
     reply = ReceiveReply()
     if tx is not None:
-        rows = await tx.receive(*args, handle=handle, budget=reply)
+        rows = await tx.receive(*args, handle=handle, budget=reply, group=group)
     else:
-        rows = await session.broker.engine.receive_verbs.receive(*args, handle=handle, budget=reply)
+        receiving = session.broker.engine.receive_verbs
+        rows = await receiving.receive(*args, handle=handle, budget=reply, group=group)
     return reply.encode(rows)
+
+
+async def _get_group(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """GET CONVERSATION GROUP (SPEC §6): the group's id, or null when none came in time."""
+    m = frame.meta
+    args = _queue_args(session, m)
+    tx = _transaction(session, m)
+    if tx is not None:
+        group = await tx.get_conversation_group(*args)
+    else:
+        group = await session.broker.engine.receive_verbs.get_conversation_group(*args)
+    return {"conversation_group_id": None if group is None else str(group)}, b""
 
 
 async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
     handle = meta_uuid(m, "conversation_handle")
     assert handle is not None
-    code = m.get("error_code")
-    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
-        raise InvalidRequest("error_code must be an integer")
+    code = _error_code(m)
     description = meta_str(m, "description", "")
     cleanup = bool(m.get("cleanup", False))
     session.check_own(handle)
@@ -266,6 +303,37 @@ async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], by
         await session.broker.engine.conversation_verbs.end_conversation(
             handle, code, description, cleanup
         )
+    return {}, b""
+
+
+def _error_code(m: dict[str, Any]) -> int | None:
+    """END CONVERSATION's optional ``error_code``: an integer (its sign is checked by the
+    verb, SPEC §6)."""
+    code = m.get("error_code")
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+        raise InvalidRequest("error_code must be an integer")
+    return code
+
+
+async def _release_quarantine(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """A quarantined conversation's messages become receivable again (SPEC §6)."""
+    handle = meta_uuid(frame.meta, "conversation_handle")
+    assert handle is not None
+    session.check_own(handle)
+    released = await session.broker.engine.poison.release(handle)
+    return {"released": released}, b""
+
+
+async def _end_quarantined(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """END CONVERSATION WITH ERROR of a quarantined conversation (SPEC §6)."""
+    m = frame.meta
+    handle = meta_uuid(m, "conversation_handle")
+    assert handle is not None
+    code = _error_code(m)
+    if code is None:
+        raise InvalidRequest("end_quarantined needs an error_code (greater than 0)")
+    session.check_own(handle)
+    await session.broker.engine.poison.end(handle, code, meta_str(m, "description", ""))
     return {}, b""
 
 
@@ -307,9 +375,7 @@ async def _alter_queue(session: Session, frame: ClientFrame) -> tuple[dict[str, 
     status = m.get("status")
     if not isinstance(status, bool):
         raise InvalidRequest("status must be true (on) or false (off)")
-    await broker.engine.conversation_verbs.alter_queue(
-        meta_str(m, "queue"), status, meta_database(m)
-    )
+    await broker.engine.poison.alter_queue(meta_str(m, "queue"), status, meta_database(m))
     return {}, b""
 
 
@@ -401,8 +467,11 @@ OPERATIONS: dict[str, Handler] = {
     "send_many": _send_many,
     "move_conversation": _move,
     "receive": _receive,
+    "get_conversation_group": _get_group,
     "end_conversation": _end,
     "begin_conversation_timer": _begin_timer,
+    "release_quarantine": _release_quarantine,
+    "end_quarantined": _end_quarantined,
     "alter_queue": _alter_queue,
     "create_route": _create_route,
     "alter_route": _alter_route,

@@ -11,7 +11,8 @@ whatever the view's size.
 
 Each view sorts its rows by a key that names one row (:data:`VIEWS`); the few small ones
 whose rows have no such key (``stats``, ``broker_connections``, ``mirrors``,
-``mirroring``, ``drops``) are keyed by their position.
+``mirroring``, ``drops``) are keyed by their position. ``quarantined`` lists the
+conversations poison-message handling set aside (SPEC §6).
 
 May import: ``protocol``, ``brokerd.dialogs``, ``brokerd.server.client_meta``; the
 daemon's parts (``brokerd.server.transport``, ``brokerd.server.mirroring``) for their
@@ -121,6 +122,9 @@ VIEWS: dict[str, View] = {
     "stats": View(lambda b, _, __: _stats(b), None),
     "mirrors": View(lambda b, _, __: b.engine.router.mirrors_view(), None),
     "mirroring": View(lambda b, _, __: b.mirroring.view(), None),
+    "quarantined": View(
+        lambda b, _, __: b.engine.poison.view(), ("database", "conversation_handle")
+    ),
     "drops": View(lambda b, _, __: [{"reason": r} for r in b.engine.stats.drop_reasons], None),
 }
 

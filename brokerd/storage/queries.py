@@ -136,10 +136,12 @@ _CONVERSATION_TABLES = (
     "queue_messages",
     "message_fragments",
     "send_keys",
+    "message_rollbacks",
+    "quarantined_conversations",
 )
 """The tables that hold a conversation's rows besides its endpoint row: its messages
-sent, its timer, its queue rows (retained ones too, R-OBJ-3), its fragments and its
-SENDs' idempotency keys."""
+sent, its timer, its queue rows (retained ones too, R-OBJ-3), its fragments, its SENDs'
+idempotency keys and what poison-message handling counted or set aside of it."""
 HANDLES_PER_STATEMENT = 500
 """Conversation handles of one ``IN`` list (far below SQLite's 32,766 variables)."""
 

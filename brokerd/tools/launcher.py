@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from brokerd.sdk.client import BrokerClient
+from brokerd.sdk.client import BrokerClient, Reconnect
 from brokerd.tools import certs
 
 
@@ -51,14 +51,22 @@ class Daemon:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    async def client(self, user: str = "app", token_file: Path | None = None) -> BrokerClient:
-        """A client logged in as ``user`` with ``token_file`` (default: the admin token)."""
+    async def client(
+        self,
+        user: str = "app",
+        token_file: Path | None = None,
+        *,
+        reconnect: Reconnect | bool = True,
+    ) -> BrokerClient:
+        """A client logged in as ``user`` with ``token_file`` (default: the admin token);
+        ``reconnect`` as ``BrokerClient.connect``'s."""
         return await BrokerClient.connect(
             self.client_host,
             self.client_port,
             user=user,
             token_file=token_file or self.token_file,
             tls_ca_file=self.tls_ca_file,
+            reconnect=reconnect,
         )
 
     def log_tail(self, lines: int = 40) -> str:

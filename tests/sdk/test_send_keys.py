@@ -65,9 +65,12 @@ async def test_a_key_sent_again_gets_its_first_number_and_is_queued_once(tmp_pat
 
 
 async def test_sends_retried_by_key_after_a_kill_arrive_exactly_once(tmp_path: Path) -> None:
+    """The application's own retry: a client that does not reconnect sees each SEND in
+    flight at the kill fail with OutcomeUnknown, and sends those again by key on a new
+    connection. (A reconnecting client does it by itself: ``test_reconnect.py``.)"""
     d = shop_and_warehouse(tmp_path, FAST_RETRY)
     with running(d):
-        shop = await d.daemons["alpha"].client()
+        shop = await d.daemons["alpha"].client(reconnect=False)
         handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
         total = 3000
         bodies = [f"order {n}".encode() for n in range(total)]

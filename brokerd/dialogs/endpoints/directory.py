@@ -89,7 +89,7 @@ class Directory:
             return db
         found = [db for db in self.databases.values() if queue in db.catalog.queues]
         if len(found) != 1:
-            raise DialogError(
+            raise QueueNotFound(
                 f"queue {queue!r} does not exist on this broker"
                 if not found
                 else f"queue {queue!r} exists in several databases; name the database"

@@ -5,12 +5,19 @@ messages in the order they became ready, oldest group first, and which groups
 are locked. RECEIVE takes messages of one unlocked group and locks it
 (Service Broker's conversation group lock); a lease
 (``brokerd.dialogs.endpoints.database.Lease``) holds that lock until the messages are
-removed by a commit, or put back, in front and in order, by a rollback.
+removed by a commit, or put back, in front and in order, by a rollback. GET
+CONVERSATION GROUP locks the oldest unlocked group with ready messages the same
+way, with a lease that holds no message (SPEC §6).
 
 A group whose conversation has an Error on its way into the queue (accepted, its
 commit not done) is not taken from either: the Error goes ahead of the
 conversation's waiting messages once it is ready (R-DLG-10), so nothing of the group
 is handed out before it.
+
+A conversation quarantined by poison-message handling (SPEC §6) has its ready
+messages *set aside*: kept in order, out of every group, so that no RECEIVE takes
+them, while the other conversations of its group and queue flow; the ones that become
+ready (or are put back) later join them, until it is released.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import asyncio
 import enum
 import uuid
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from protocol.dialog import DIALOG_TIMER, ERROR
@@ -59,6 +66,8 @@ class ReadyIndex:
     """The rank of ready messages that go ahead (TIMER, ERROR); the others are IN_SEQUENCE."""
     errors_coming: dict[uuid.UUID, int] = field(default_factory=dict)
     """Groups with an Error accepted and not yet committed, and how many: not taken from."""
+    aside: dict[uuid.UUID, list[Item]] = field(default_factory=dict)
+    """Quarantined conversations (SPEC §6) -> their ready messages, in order, set aside."""
 
     def error_coming(self, group: uuid.UUID) -> None:
         """An Error of a conversation of ``group`` is accepted; its commit is not done. The
@@ -79,8 +88,10 @@ class ReadyIndex:
         self, group: uuid.UUID, handle: uuid.UUID, seq: int, rank: Rank = Rank.IN_SEQUENCE
     ) -> None:
         """A message becomes ready: after the group's others, unless its ``rank`` puts it
-        before its conversation's messages of a higher rank (R-DLG-10)."""
-        items = self.groups.setdefault(group, [])
+        before its conversation's messages of a higher rank (R-DLG-10). A quarantined
+        conversation's message is set aside instead."""
+        aside = self.aside.get(handle) if self.aside else None
+        items = aside if aside is not None else self.groups.setdefault(group, [])
         item = (handle, seq)
         if rank is Rank.IN_SEQUENCE:
             items.append(item)
@@ -96,8 +107,9 @@ class ReadyIndex:
                 len(items),
             )
             items.insert(at, item)
-        self.count += 1
-        self.changed.set()
+        if aside is None:
+            self.count += 1
+            self.changed.set()
 
     def take(
         self,
@@ -108,14 +120,17 @@ class ReadyIndex:
     ) -> tuple[uuid.UUID, list[Item]] | None:
         """Up to ``top`` messages of one group, oldest group first, and lock the group.
 
-        Locked groups are skipped unless they are among ``owned`` (the caller's
-        transaction holds them already).
+        ``group`` limits it to that group (RECEIVE for one conversation group, or for
+        ``handle``'s); ``handle`` to that conversation's messages. Locked groups are
+        skipped unless they are among ``owned`` (the caller's transaction holds them
+        already).
         """
-        coming = self.errors_coming
-        for gid, items in self.groups.items():
-            if (gid in self.locked and gid not in owned) or (group is not None and gid != group):
-                continue
-            if coming and gid in coming:
+        candidates: Iterable[tuple[uuid.UUID, list[Item]]] = self.groups.items()
+        if group is not None:
+            of_group = self.groups.get(group)
+            candidates = () if of_group is None else ((group, of_group),)
+        for gid, items in candidates:
+            if not self.takeable(gid, owned):
                 continue
             if handle is not None:
                 chosen = [item for item in items if item[0] == handle][:top]
@@ -134,12 +149,48 @@ class ReadyIndex:
             else:
                 del self.groups[gid]
             self.count -= len(chosen)
-            self.locked.add(gid)
+            self.lock(gid)
             return gid, chosen
         return None
 
+    def takeable(self, group: uuid.UUID, owned: Collection[uuid.UUID] = ()) -> bool:
+        """Whether a reader may take from ``group`` now: it is not locked by another
+        transaction (``owned``: the groups the reader's transaction holds already) and
+        no Error of it is on its way in (R-DLG-10)."""
+        if group in self.locked and group not in owned:
+            return False
+        return not (self.errors_coming and group in self.errors_coming)
+
+    def next_group(self, owned: Collection[uuid.UUID] = ()) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP's choice (SPEC §6): the oldest group with ready messages
+        that :meth:`takeable` allows, without locking it (:meth:`lock` does). None when
+        there is none."""
+        for gid, items in self.groups.items():
+            if items and self.takeable(gid, owned):
+                return gid
+        return None
+
+    def lock(self, group: uuid.UUID) -> None:
+        """Lock ``group`` for a reader's transaction; a lease gives it back
+        (``ReceiveVerbs.release``)."""
+        self.locked.add(group)
+
     def put_back(self, group: uuid.UUID, items: list[Item]) -> None:
-        """Return taken messages in front of their group, which moves to the front."""
+        """Return taken messages in front of their group, which moves to the front (those
+        of a quarantined conversation in front of its messages set aside)."""
+        if self.aside:
+            back: dict[uuid.UUID, list[Item]] = {}
+            kept = []
+            for item in items:
+                if item[0] in self.aside:
+                    back.setdefault(item[0], []).append(item)
+                else:
+                    kept.append(item)
+            for handle, taken in back.items():
+                self.aside[handle] = taken + self.aside[handle]
+            items = kept
+            if not items:
+                return
         self.groups[group] = items + self.groups.get(group, [])
         self.groups.move_to_end(group, last=False)
         self.count += len(items)
@@ -152,13 +203,50 @@ class ReadyIndex:
                 self.ahead.pop(item, None)
 
     def clear(self) -> None:
+        """Forget every ready message (they are loaded again); quarantined conversations
+        stay quarantined, their messages set aside again as they are added."""
         self.groups.clear()
         self.ahead.clear()
         self.errors_coming.clear()
         self.count = 0
+        for handle in self.aside:
+            self.aside[handle] = []
+
+    def set_aside(self, handle: uuid.UUID) -> int:
+        """Quarantine a conversation (SPEC §6): its ready messages leave their group, in
+        order, and those that become ready later join them; returns how many."""
+        if handle in self.aside:
+            return len(self.aside[handle])
+        moved: list[Item] = []
+        for gid in list(self.groups):
+            items = self.groups[gid]
+            kept = [item for item in items if item[0] != handle]
+            if len(kept) == len(items):
+                continue
+            moved += [item for item in items if item[0] == handle]
+            if kept:
+                self.groups[gid] = kept
+            else:
+                del self.groups[gid]
+        self.count -= len(moved)
+        self.aside[handle] = moved
+        return len(moved)
+
+    def release_aside(self, handle: uuid.UUID, group: uuid.UUID) -> int:
+        """A quarantined conversation released: its messages set aside are ready again, in
+        order, in front of its group; returns how many."""
+        items = self.aside.pop(handle, [])
+        if items:
+            self.put_back(group, items)
+        return len(items)
 
     def drop_conversation(self, handle: uuid.UUID) -> list[tuple[uuid.UUID, list[Item]]]:
-        """Remove a conversation's ready messages; returns them per group, for put_back."""
+        """Remove a conversation's ready messages (and those set aside, SPEC §6: the
+        conversation stays quarantined until its quarantine is ended); returns the
+        ready ones per group, for put_back."""
+        if handle in self.aside:
+            self.received(self.aside[handle])
+            self.aside[handle] = []
         dropped: list[tuple[uuid.UUID, list[Item]]] = []
         for gid in list(self.groups):
             items = self.groups[gid]

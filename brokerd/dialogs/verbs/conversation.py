@@ -84,8 +84,18 @@ class ConversationVerbs:
         to_broker_instance: uuid.UUID | None = None,
         lifetime: int = 0,
         related_conversation: uuid.UUID | None = None,
+        related_group: uuid.UUID | None = None,
     ) -> tuple[Database, Endpoint]:
-        """BEGIN DIALOG's checks and the new initiator endpoint, not registered yet."""
+        """BEGIN DIALOG's checks and the new initiator endpoint, not registered yet.
+
+        The endpoint joins ``related_conversation``'s conversation group, or the group
+        ``related_group`` (RELATED_CONVERSATION_GROUP: a group is made by naming it,
+        SPEC §6), or a new group; not both."""
+        if related_conversation is not None and related_group is not None:
+            raise InvalidRequest(
+                "BEGIN DIALOG takes a related conversation or a related conversation group, "
+                "not both"
+            )
         db = (
             self.directory.database(database)
             if database
@@ -114,7 +124,7 @@ class ConversationVerbs:
                     f"(R-DLG-14), but {problem}"
                 )
             keys = DialogKeys(new_dialog_key())
-        group = uuid.uuid4()
+        group = related_group or uuid.uuid4()
         if related_conversation is not None:
             group = self.directory.endpoint(related_conversation)[1].group_id
         ep = Endpoint(
@@ -153,6 +163,7 @@ class ConversationVerbs:
         to_broker_instance: uuid.UUID | None = None,
         lifetime: int = 0,
         related_conversation: uuid.UUID | None = None,
+        related_group: uuid.UUID | None = None,
     ) -> Endpoint:
         db, ep = self.new_dialog(
             from_service,
@@ -162,6 +173,7 @@ class ConversationVerbs:
             to_broker_instance,
             lifetime,
             related_conversation,
+            related_group,
         )
         await commit(db, self.begin_dialog_work(db, ep))
         return ep

@@ -1,7 +1,8 @@
-"""RECEIVE (SPEC §6, R-DLG-1, R-DLG-11, R-DLG-12): a
+"""RECEIVE and GET CONVERSATION GROUP (SPEC §6, R-DLG-1, R-DLG-11, R-DLG-12): a
 :class:`~brokerd.dialogs.endpoints.database.Lease` on the ready messages of one
 conversation group, their rows read and removed (or kept, under RETENTION) in one
-commit, and the lease given back.
+commit, and the lease given back. GET CONVERSATION GROUP's lease holds the group's
+lock and no message.
 
 May import: ``brokerd.dialogs.endpoints`` and what it may import.
 """
@@ -22,14 +23,15 @@ from brokerd.dialogs.endpoints.ready import ReadyIndex
 from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.endpoints.work import Work
-from brokerd.errors import QueueDisabled
+from brokerd.errors import ConversationQuarantined, InvalidRequest, QueueDisabled
 from brokerd.storage import queries, reads
 from brokerd.storage.catalog import QueueInfo
 from brokerd.traces.writer import TraceWriter
 
 
 class ReceiveVerbs:
-    """RECEIVE: leases on ready messages, read and removed in one commit."""
+    """RECEIVE and GET CONVERSATION GROUP: leases on ready messages (or on a group alone),
+    read and removed in one commit."""
 
     def __init__(self, directory: Directory, trace: TraceWriter, stats: EngineStats) -> None:
         self.directory = directory
@@ -54,23 +56,77 @@ class ReceiveVerbs:
         timeout: float = 0.0,
         handle: uuid.UUID | None = None,
         owned: Collection[uuid.UUID] = (),
+        group: uuid.UUID | None = None,
     ) -> Lease | None:
         """RECEIVE's choice: up to ``top`` ready messages of one conversation group, whose
         lock the returned lease holds; waits up to ``timeout`` s (negative: forever).
 
-        ``owned`` are groups the caller's transaction already holds: they may be taken
-        from again. None when nothing arrived in time.
+        ``handle`` limits it to one conversation, ``group`` to one conversation group
+        (not both). ``owned`` are groups the caller's transaction already holds: they
+        may be taken from again; a group another transaction holds is waited for like
+        an empty queue. None when nothing arrived in time.
         """
-        db, info, index, group = self._ready_of(queue, database, handle)
-        deadline = None if timeout < 0 else asyncio.get_running_loop().time() + timeout
-        while True:
+        db, info, index, group = self._ready_of(queue, database, handle, group)
+
+        def take() -> Lease | None:
             taken = index.take(max(1, top), handle, group, owned)
-            if taken is not None:
-                gid, items = taken
-                return Lease(
-                    db, queue, index, gid, items, info.retention, gid not in owned, image=db.image
-                )
-            remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            if taken is None:
+                return None
+            gid, items = taken
+            return Lease(
+                db, queue, index, gid, items, info.retention, gid not in owned, image=db.image
+            )
+
+        return await self._first(index, timeout, take)
+
+    async def hold_group(
+        self,
+        queue: str,
+        database: str | None = None,
+        timeout: float = 0.0,
+        owned: Collection[uuid.UUID] = (),
+    ) -> Lease | None:
+        """GET CONVERSATION GROUP (SPEC §6): a lease holding no message on the oldest
+        conversation group of ``queue`` with messages ready that no other transaction
+        holds (``owned``: the caller's own, which it may be given again); waits up to
+        ``timeout`` s (negative: forever). The group stays locked until the lease is
+        released, as a RECEIVE's. None when no group came in time."""
+        db, info, index, _ = self._ready_of(queue, database, None, None)
+
+        def hold() -> Lease | None:
+            gid = index.next_group(owned)
+            if gid is None:
+                return None
+            locks = gid not in owned
+            if locks:
+                index.lock(gid)
+            return Lease(db, queue, index, gid, [], info.retention, locks, image=db.image)
+
+        return await self._first(index, timeout, hold)
+
+    async def get_conversation_group(
+        self, queue: str, database: str | None = None, timeout: float = 0.0
+    ) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP outside a transaction (SQL Server's autocommit): the
+        group :meth:`hold_group` would lock, its lock given back at once."""
+        lease = await self.hold_group(queue, database, timeout)
+        if lease is None:
+            return None
+        self.release(lease, received=False)
+        return lease.group
+
+    async def _first(
+        self, index: ReadyIndex, timeout: float, attempt: Callable[[], Lease | None]
+    ) -> Lease | None:
+        """WAITFOR: ``attempt`` now and each time ``index`` changes, until it gives a lease,
+        ``timeout`` s pass (negative: never) or the daemon stops (:meth:`stop_waiting`)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout < 0 else loop.time() + timeout
+        while True:
+            lease = attempt()
+            if lease is not None:
+                return lease
+            remaining = None if deadline is None else deadline - loop.time()
             if (remaining is not None and remaining <= 0) or self.stopping:
                 return None
             index.changed.clear()
@@ -80,17 +136,29 @@ class ReceiveVerbs:
                 return None
 
     def _ready_of(
-        self, queue: str, database: str | None, handle: uuid.UUID | None
+        self,
+        queue: str,
+        database: str | None,
+        handle: uuid.UUID | None,
+        group: uuid.UUID | None,
     ) -> tuple[Database, QueueInfo, ReadyIndex, uuid.UUID | None]:
         """RECEIVE's checks: the queue's database, the queue (enabled), its ready index,
-        and the group of ``handle`` if one is named."""
+        and the group it is limited to: ``group``, or ``handle``'s (one of them, SPEC §6)."""
+        if handle is not None and group is not None:
+            raise InvalidRequest(
+                "RECEIVE takes one conversation handle or one conversation group, not both"
+            )
         db = self.directory.database_of_queue(queue, database)
         info = db.catalog.queues[queue]
         if not info.status:
             raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
-        group = None
         if handle is not None:
             group = self.directory.endpoint(handle)[1].group_id
+            if handle in db.poison.quarantined:
+                raise ConversationQuarantined(
+                    f"conversation {handle} is quarantined: one of its messages was rolled "
+                    "back too often (SPEC §6); release it or end it with an error"
+                )
         return db, info, db.ready[queue], group
 
     async def read_leased(
@@ -152,6 +220,10 @@ class ReceiveVerbs:
             index.received([item for item in lease.items if item not in kept])
         else:
             index.received(lease.items)
+            counts = lease.db.poison.counts
+            if counts:  # gone, their rollback counts too (the file's go at the next start)
+                for item in lease.items:
+                    counts.pop(item, None)
         if lease.locks:
             index.locked.discard(lease.group)
         if index.count:
@@ -186,13 +258,15 @@ class ReceiveVerbs:
         timeout: float = 0.0,
         handle: uuid.UUID | None = None,
         budget: reads.Budget | None = None,
+        group: uuid.UUID | None = None,
     ) -> list[dict[str, Any]]:
         """RECEIVE TOP (top) outside a transaction: the messages leave the queue in the
         same commit that reads them (autocommit; at most once to the application).
+        ``handle`` or ``group`` limits it to one conversation or conversation group.
 
         ``budget`` cuts the batch to what the caller's reply can carry before anything
         is removed; the messages beyond it stay in the queue, first in their group."""
-        lease = await self.take_ready(queue, database, top, timeout, handle)
+        lease = await self.take_ready(queue, database, top, timeout, handle, group=group)
         if lease is None:
             return []
         future = self._read_and_remove(lease, budget, None, None)
@@ -209,6 +283,7 @@ class ReceiveVerbs:
         budget: reads.Budget | None,
         then: Callable[[list[dict[str, Any]]], None],
         failed: Callable[[BaseException], None],
+        group: uuid.UUID | None = None,
     ) -> bool:
         """:meth:`receive` without a task or a future when messages are ready now: the
         rows go to ``then`` from the callback of the commit that removed them (or the
@@ -216,7 +291,7 @@ class ReceiveVerbs:
         waits with :meth:`receive`. The client listener's path for RECEIVE, so that a
         consumer behind a busy event loop waits for its commit, not for further turns
         of the loop."""
-        db, info, index, group = self._ready_of(queue, database, handle)
+        db, info, index, group = self._ready_of(queue, database, handle, group)
         taken = index.take(max(1, top), handle, group)
         if taken is None:
             return False

@@ -1,5 +1,6 @@
-"""Client transactions: RECEIVE, SEND, BEGIN DIALOG, END CONVERSATION, BEGIN CONVERSATION
-TIMER and MOVE CONVERSATION committed together or not at all (SPEC §6).
+"""Client transactions: RECEIVE, GET CONVERSATION GROUP, SEND, BEGIN DIALOG, END
+CONVERSATION, BEGIN CONVERSATION TIMER and MOVE CONVERSATION committed together or not
+at all (SPEC §6).
 
 A :class:`Transaction` belongs to one client connection and one database (its
 SQLite file is the unit of atomicity; a second database is refused). Its verbs
@@ -10,12 +11,17 @@ but they take effect only at COMMIT, where their works
 * RECEIVE takes messages at once and holds their conversation group's lock
   (:class:`~brokerd.dialogs.endpoints.ready.Lease`) until COMMIT removes them or ROLLBACK
   puts them back, in front and in order. Other readers skip a locked group.
+  GET CONVERSATION GROUP holds a group's lock the same way, with a lease of no
+  message, so the transaction's RECEIVEs of that group find it theirs.
 * SEND, BEGIN DIALOG, END CONVERSATION, the timer and MOVE are applied at COMMIT,
   in the order they were called; sequence numbers are assigned then, so a
   rolled-back SEND leaves no gap. No SEND waits for a disk write of its own:
   the COMMIT is the transaction's one durability point.
 * A connection that closes, or a daemon that dies, before COMMIT leaves nothing
   behind: the leases are released (or, after a crash, never existed on disk).
+* Every message a ROLLBACK puts back (an explicit one with its optional reason, a
+  COMMIT that found a verb refused, a connection that closed) counts one rollback for
+  poison-message handling (:mod:`brokerd.dialogs.verbs.poison`, SPEC §6).
 
 The states and their transitions are the table :data:`TRANSITIONS`. What one
 transaction holds in memory is bounded: :data:`MAX_VERBS` verbs, and SEND bodies
@@ -26,6 +32,7 @@ open and may still commit what it holds).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import uuid
 from collections.abc import Callable
@@ -35,6 +42,7 @@ from brokerd.dialogs.endpoints.commits import commit
 from brokerd.dialogs.endpoints.directory import Directory
 from brokerd.dialogs.endpoints.work import Work
 from brokerd.dialogs.verbs.conversation import ConversationVerbs
+from brokerd.dialogs.verbs.poison import PoisonVerbs
 from brokerd.dialogs.verbs.receive import ReceiveVerbs
 from brokerd.dialogs.verbs.send import SendVerbs
 from brokerd.errors import StoreError, TransactionError, TransactionRolledBack
@@ -74,18 +82,23 @@ class Transaction:
         conversations: ConversationVerbs,
         sending: SendVerbs,
         receiving: ReceiveVerbs,
+        poison: PoisonVerbs,
         tx_id: int,
     ) -> None:
         self.directory = directory
         self.conversations = conversations
         self.sending = sending
         self.receiving = receiving
+        self.poison = poison
         self.id = tx_id
         self.state = TxState.ACTIVE
         self.db: Database | None = None
         self.image = 0
         """The database's :attr:`Database.image` when the transaction first touched it."""
         self.leases: list[Lease] = []
+        self.message_types: dict[tuple[str, int], str] = {}
+        """The type of each message received, by (handle text, number): what a
+        quarantine names if this transaction's rollback makes one (SPEC §6)."""
         self.new_endpoints: dict[uuid.UUID, Endpoint] = {}
         self.steps: list[Callable[[], Work]] = []
         self.sequence_numbers: list[int] = []
@@ -164,6 +177,7 @@ class Transaction:
         to_broker_instance: uuid.UUID | None = None,
         lifetime: int = 0,
         related_conversation: uuid.UUID | None = None,
+        related_group: uuid.UUID | None = None,
     ) -> Endpoint:
         """BEGIN DIALOG: the handle may be used in this transaction at once; the
         endpoint exists for everyone else from COMMIT on."""
@@ -176,6 +190,7 @@ class Transaction:
             to_broker_instance,
             lifetime,
             related_conversation,
+            related_group,
         )
         self._bind(db)
         self._admit()
@@ -237,31 +252,66 @@ class Transaction:
         timeout: float = 0.0,
         handle: uuid.UUID | None = None,
         budget: Budget | None = None,
+        group: uuid.UUID | None = None,
     ) -> list[dict[str, Any]]:
         """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK.
 
+        ``handle`` or ``group`` limits it to one conversation or conversation group (a
+        group another transaction holds is waited for, per ``timeout``, never taken).
         ``budget`` cuts the batch to what the caller's reply can carry: COMMIT removes
         exactly the messages returned, and the others are receivable again at once."""
         self._admit()
-        if database is None and self.db is not None:
-            database = self.db.name
         lease = await self.receiving.take_ready(
-            queue, database, top, timeout, handle, self._owned()
+            queue, self._database(database), top, timeout, handle, self._owned(), group
         )
         if lease is None:
             return []
+        self._hold(lease)
+        rows = await self.receiving.read_leased(lease, budget)
+        if self.state is not TxState.ACTIVE:  # rolled back while the rows were read
+            self.receiving.release(lease, received=False)
+            raise TransactionError(f"transaction {self.id} is {self.state.value}")
+        self.leases.append(lease)
+        types = self.message_types
+        for row in rows:
+            types[row["conversation_handle"], row["message_sequence_number"]] = row[
+                "message_type_name"
+            ]
+        return rows
+
+    async def get_conversation_group(
+        self, queue: str, database: str | None = None, timeout: float = 0.0
+    ) -> uuid.UUID | None:
+        """GET CONVERSATION GROUP (SPEC §6): the next conversation group of ``queue`` with
+        messages ready that no other transaction holds, locked until COMMIT or ROLLBACK
+        (which receive nothing of it by themselves). Waits up to ``timeout`` s (negative:
+        forever); None when none came."""
+        self._admit()
+        lease = await self.receiving.hold_group(
+            queue, self._database(database), timeout, self._owned()
+        )
+        if lease is None:
+            return None
+        self._hold(lease)
+        self.leases.append(lease)
+        return lease.group
+
+    def _database(self, database: str | None) -> str | None:
+        """The database a RECEIVE or GET CONVERSATION GROUP looks in: the one named, or the
+        transaction's own once it has one."""
+        if database is None and self.db is not None:
+            return self.db.name
+        return database
+
+    def _hold(self, lease: Lease) -> None:
+        """Keep a lease just taken, or give it back if the transaction cannot (it finished
+        or changed image while the lease was awaited, or works in another database)."""
         try:
             self._require_active()
             self._bind(lease.db)
         except TransactionError:
             self.receiving.release(lease, received=False)
             raise
-        rows = await self.receiving.read_leased(lease, budget)
-        if self.state is not TxState.ACTIVE:  # rolled back while the rows were read
-            self.receiving.release(lease, received=False)
-            raise TransactionError(f"transaction {self.id} is {self.state.value}")
-        self.leases.append(lease)
-        return rows
 
     # -- the end ------------------------------------------------------------------------
 
@@ -281,13 +331,14 @@ class Transaction:
                 work.extend(step())
         except Exception as exc:
             work.failed(exc)
-            self._put_back()
+            self._put_back(f"{type(exc).__name__}: {exc}")
             self.state = TxState.ROLLED_BACK
             raise TransactionRolledBack(
                 f"transaction {self.id} rolled back: {type(exc).__name__}: {exc}"
             ) from exc
         for lease in self.leases:
             work.extend(self.receiving.receive_work(lease))
+            work.extend(self.poison.received_work(lease))
         if db is None:
             self._event("committed")
             return []
@@ -299,16 +350,22 @@ class Transaction:
         self._event("committed")
         return self.sequence_numbers
 
-    def rollback(self) -> None:
-        """Undo: received messages go back, in order; nothing else happened yet.
+    def rollback(self, reason: str = "") -> list[asyncio.Future[Any]]:
+        """Undo: received messages go back, in order; nothing else happened yet. Each
+        counts one rollback, with ``reason`` (SPEC §6); the futures returned are done
+        once the counts are written.
 
         A transaction already committing is left to finish (its outcome is decided
         by the store); a finished one is left as it is.
         """
-        if self.state is TxState.ACTIVE:
-            self._event("rollback")
-            self._put_back()
+        if self.state is not TxState.ACTIVE:
+            return []
+        self._event("rollback")
+        return self._put_back(reason)
 
-    def _put_back(self) -> None:
+    def _put_back(self, reason: str) -> list[asyncio.Future[Any]]:
         for lease in reversed(self.leases):
             self.receiving.release(lease, received=False)
+        if self.receiving.stopping or not self.leases:
+            return []  # a daemon stopping gracefully: not the messages' fault
+        return self.poison.rolled_back(self.leases, reason, self.message_types)

@@ -70,5 +70,9 @@ class Clients:
 async def direct(deployment: Deployment, name: str) -> BrokerClient:
     daemon = deployment.daemons[name]
     return await BrokerClient.connect(
-        daemon.host, daemon.client_port, token_file=daemon.token_file, timeout=3
+        daemon.host,
+        daemon.client_port,
+        token_file=daemon.token_file,
+        timeout=3,
+        reconnect=False,  # the soak's clients reconnect by themselves, to see every loss
     )

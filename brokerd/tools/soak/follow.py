@@ -52,7 +52,9 @@ class Follower:
         epoch seen; otherwise :class:`ClientError` and the next call tries the other."""
         host, port, token_file = self.partners[self.current]
         try:
-            client = await BrokerClient.connect(host, port, token_file=token_file, timeout=timeout)
+            client = await BrokerClient.connect(
+                host, port, token_file=token_file, timeout=timeout, reconnect=False
+            )
         except (ClientError, OSError) as exc:
             if self.mirrored:
                 self.switch()

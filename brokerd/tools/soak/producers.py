@@ -170,7 +170,8 @@ class Producers:
                     continue
                 try:
                     if handle is None:
-                        handle = await client.begin_dialog(from_service, to_service, database=None)
+                        dialog = await client.begin_dialog(from_service, to_service, database=None)
+                        handle = dialog.handle
                         generation += 1
                         key, index = f"{direction}{slot}.{generation}", 0
                     count = 1 if rng.random() < 0.6 else rng.randint(2, 5)
@@ -244,11 +245,12 @@ class Producers:
                     continue
                 try:
                     if handle is None or left <= 0:
-                        handle = await client.begin_dialog(
+                        dialog = await client.begin_dialog(
                             topology.SERVICE_L1,
                             topology.SERVICE_L2,
                             database=topology.DATABASE_LOCAL,
                         )
+                        handle = dialog.handle
                         generation += 1
                         key, index = f"{stream}.{generation}", 0
                         left = rng.randint(20, 400)  # then a new dialog: a first message again

@@ -1,0 +1,315 @@
+"""One authenticated connection to a daemon's client listener (SPEC §7), and the
+requests in flight on it.
+
+A :class:`Connection` owns its socket, its frame reader and the requests written on
+it. It logs in (R-CLIENT-1), writes the requests of one turn of the event loop
+together, pairs each answer with its request by id, and when the socket goes it hands
+every request still unanswered to its owner (the :class:`~brokerd.sdk.keeper.ConnectionKeeper`),
+with what the daemon said of them: a daemon stopping gracefully names the last request
+it read, so those after it were never executed (SPEC §6, outcomes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, cast
+
+from brokerd.sdk.tls import describe_failure
+from protocol.buffers import Buffer, coalesce
+from protocol.client_wire import (
+    ClientFrame,
+    ClientFrameKind,
+    ClientFrameReader,
+    auth_proof,
+    encode_meta,
+    encode_request_parts,
+)
+from protocol.errors import (
+    AuthenticationFailed,
+    BrokerStopping,
+    ClientError,
+    RemoteProtocolError,
+    for_code,
+)
+
+
+class Reply(Protocol):
+    """What waits for a request's answer: a future of the frame, or an adapter."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, frame: ClientFrame, /) -> None: ...
+
+    def set_exception(self, exc: BaseException, /) -> None: ...
+
+
+@dataclass(slots=True)
+class Request:
+    """A request as the SDK keeps it until its answer: enough to write it again on a
+    new connection when that is safe."""
+
+    meta: bytes
+    """The request's meta, encoded once (``protocol.client_wire.encode_meta``)."""
+    body: Buffer
+    reply: Reply
+    repeatable: bool = False
+    """Safe to send again when its outcome is unknown: it changes nothing (a view, a
+    ping) or carries idempotency keys (SPEC §6)."""
+    bound_to: int | None = None
+    """The connection it must go on (its number, :attr:`ConnectionKeeper.generation`): a
+    client transaction's requests, since the transaction lives and dies with its
+    connection. None: any connection."""
+    commits: bool = False
+    """A COMMIT: its outcome is unknown when its connection goes before the answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """Where a daemon's client listener is and how to log in to it."""
+
+    host: str
+    port: int
+    secret: bytes
+    user: str
+    timeout: float
+    ssl_context: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(slots=True)
+class Ending:
+    """How a connection ended, for the requests it leaves unanswered."""
+
+    reason: str
+    last_read: int | None = None
+    """The last request the daemon read, when it said so (a graceful stop): the ones
+    after it were never executed."""
+    stopping: BrokerStopping | None = None
+    """The daemon's goodbye, when it sent one."""
+    unanswered: list[tuple[int, Request]] = field(default_factory=list)
+    """In the order they were written."""
+
+
+def error_of(frame: ClientFrame) -> Exception:
+    """The typed error an ERROR frame reports."""
+    kind = str(frame.meta.get("error", "BrokerError"))
+    message = str(frame.meta.get("message", ""))
+    if kind == "AuthenticationFailed":
+        return AuthenticationFailed(message)
+    error = for_code(frame.meta.get("code"))
+    return error(message, kind=kind, retriable=bool(frame.meta.get("retriable", False)))
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.connection.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.connection.on_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connection.on_lost(exc)
+
+
+class Connection:
+    """One socket to the daemon, logged in. ``on_end`` is called once, when the socket
+    is gone, with the requests it leaves unanswered."""
+
+    def __init__(self, address: Address, on_end: Callable[[Connection, Ending], None]) -> None:
+        self.address = address
+        self.transport: asyncio.Transport | None = None
+        self._on_end = on_end
+        self._reader = ClientFrameReader()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Request] = {}
+        self._out: list[Buffer] | None = None
+        """Request frames of this turn of the event loop, written together at its end."""
+        self._challenge: asyncio.Future[ClientFrame] | None = None
+        self._ending = Ending("")
+        self._ended = False
+        self.instance = ""
+        self.role = ""
+
+    # -- opening -----------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect and log in; ClientError (AuthenticationFailed for refused credentials)
+        if either fails, the socket closed."""
+        address = self.address
+        loop = asyncio.get_running_loop()
+        self._challenge = loop.create_future()
+        tls = address.ssl_context
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Protocol(self),
+                    address.host,
+                    address.port,
+                    ssl=tls,
+                    server_hostname=(address.server_hostname or address.host) if tls else None,
+                    ssl_handshake_timeout=address.timeout if tls else None,
+                ),
+                address.timeout,
+            )
+        except (OSError, TimeoutError) as exc:
+            reason = describe_failure(exc) or str(exc) or type(exc).__name__
+            raise ClientError(f"cannot connect to brokerd at {address}: {reason}") from exc
+        try:
+            await self._login()
+        except BaseException:
+            self.close()
+            raise
+
+    async def _login(self) -> None:
+        address = self.address
+        assert self._challenge is not None
+        challenge: ClientFrame | None = None
+        tls_hint = "; does its client port require TLS? (pass tls_ca_file= or ssl_context=)"
+        try:
+            challenge = await asyncio.wait_for(self._challenge, address.timeout)
+            nonce = bytes.fromhex(str(challenge.meta.get("nonce", "")))
+            future: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
+            proof = auth_proof(address.secret, nonce, address.user)
+            login = {"op": "login", "user": address.user, "proof": proof}
+            self.submit(Request(encode_meta(login), b"", future))
+            frame = await asyncio.wait_for(future, address.timeout)
+        except TimeoutError:
+            hint = tls_hint if challenge is None and address.ssl_context is None else ""
+            raise ClientError(
+                f"{address} did not complete the brokerd login in {address.timeout} s{hint}"
+            ) from None
+        except ValueError:
+            raise ClientError(f"{address} sent a malformed login challenge") from None
+        except ClientError as exc:
+            if challenge is None and address.ssl_context is None:
+                raise ClientError(
+                    f"{address} closed the connection before its login challenge ({exc})" + tls_hint
+                ) from exc
+            raise
+        if frame.kind is ClientFrameKind.ERROR:
+            raise error_of(frame)
+        self.instance = str(frame.meta.get("instance", ""))
+        self.role = str(frame.meta.get("role", "admin"))
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        """Requests may be written: open, and the daemon has not said it is stopping."""
+        return (
+            self.transport is not None
+            and not self.transport.is_closing()
+            and self._ending.stopping is None
+        )
+
+    @property
+    def stopping(self) -> BrokerStopping | None:
+        """The daemon's goodbye: it is stopping and reads no more requests."""
+        return self._ending.stopping
+
+    @property
+    def tls_version(self) -> str | None:
+        if self.transport is None:
+            return None
+        ssl_object = self.transport.get_extra_info("ssl_object")
+        return None if ssl_object is None else ssl_object.version()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Write what was requested this turn, then close; the unanswered requests go to
+        ``on_end`` once the socket is gone."""
+        if self.transport is not None:
+            self._write_out()
+            self.transport.close()
+            self.transport = None
+        self._ending.reason = self._ending.reason or "client closed"
+        self._end(None)
+
+    # -- writing -----------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Write ``request`` (with the others of this turn of the event loop, in order)."""
+        request_id = next(self._ids) & 0xFFFFFFFF
+        self._pending[request_id] = request
+        pieces = encode_request_parts(request_id, request.meta, request.body)
+        if self._out is None:
+            self._out = pieces
+            asyncio.get_running_loop().call_soon(self._write_out)
+        else:
+            self._out.extend(pieces)
+
+    def _write_out(self) -> None:
+        out, self._out = self._out, None
+        if not out or self.transport is None or self.transport.is_closing():
+            return  # the requests are left unanswered with the connection
+        pieces = coalesce(out)
+        if len(pieces) == 1:
+            self.transport.write(pieces[0])
+        else:  # large bodies as they are (one writev), never joined into a copy
+            self.transport.writelines(pieces)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def on_data(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+        except RemoteProtocolError as exc:
+            self._ending.reason = f"daemon sent bad data: {exc}"
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for frame in frames:
+            if frame.kind is ClientFrameKind.CHALLENGE:
+                if self._challenge is not None and not self._challenge.done():
+                    self._challenge.set_result(frame)
+                continue
+            if (
+                frame.kind is ClientFrameKind.ERROR
+                and frame.request_id == 0
+                and frame.meta.get("code") == BrokerStopping.code
+            ):
+                self._goodbye(frame)
+                continue
+            request = self._pending.pop(frame.request_id, None)
+            if request is not None and not request.reply.done():
+                request.reply.set_result(frame)
+
+    def _goodbye(self, frame: ClientFrame) -> None:
+        """The daemon is stopping (SIGTERM) and read nothing after request
+        ``last_request``; what it read is still answered before it closes."""
+        self._ending.stopping = BrokerStopping(
+            str(frame.meta.get("message", "the daemon is stopping"))
+        )
+        last = frame.meta.get("last_request")
+        if type(last) is int:
+            self._ending.last_read = last
+
+    def on_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._end(exc)
+
+    def _end(self, exc: Exception | None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        ending = self._ending
+        if not ending.reason:
+            ending.reason = f"connection to brokerd lost{': ' + str(exc) if exc else ''}"
+        if self._challenge is not None and not self._challenge.done():
+            self._challenge.set_exception(ClientError(ending.reason))
+        pending, self._pending = self._pending, {}
+        ending.unanswered = sorted(pending.items())
+        self._on_end(self, ending)

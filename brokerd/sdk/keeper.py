@@ -1,0 +1,259 @@
+"""The SDK's connection to a daemon across the daemon's restarts: automatic reconnect
+with backoff, and a clear outcome for every request (SPEC §6, outcomes).
+
+A :class:`ConnectionKeeper` owns the current :class:`~brokerd.sdk.connection.Connection`.
+When it is lost, each request left unanswered gets the outcome the SDK can vouch for:
+
+* **not executed** (a daemon stopping gracefully said it never read it): written again
+  on the next connection, as if nothing had happened;
+* **repeatable** (a read, or SENDs carrying idempotency keys): written again on the
+  next connection; the daemon answers a repeated key with the first answer;
+* a **client transaction**'s request: the daemon rolled the transaction back when the
+  connection went, so it fails with :class:`TransactionLost` (a COMMIT that was
+  written and not answered: :class:`OutcomeUnknown`);
+* anything else: :class:`OutcomeUnknown` (it may or may not have taken effect).
+
+Requests made while there is no connection wait for the next one, in order, for at
+most :attr:`Reconnect.give_up_after` seconds; then they fail with
+:class:`NotConnected`: never sent, nothing happened. Reconnecting waits
+``initial`` seconds, doubling to ``maximum``, with jitter, as aio-pika's robust
+connection and aiokafka's ``retry_backoff_ms`` do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+from brokerd.sdk.connection import Address, Connection, Ending, Request
+from protocol.errors import (
+    AuthenticationFailed,
+    BrokerStopping,
+    ClientError,
+    NotConnected,
+    OutcomeUnknown,
+    TransactionLost,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    """How a client reconnects after losing its connection."""
+
+    initial: float = 0.1
+    """Seconds before the first attempt; each failed attempt doubles the wait."""
+    maximum: float = 5.0
+    """The longest wait between attempts."""
+    give_up_after: float = 60.0
+    """How long a request waits for a connection before it fails with NotConnected."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial <= self.maximum or self.give_up_after < 0:
+            raise ValueError(f"Reconnect: need 0 < initial <= maximum, give_up_after >= 0: {self}")
+
+
+@dataclass(slots=True)
+class _Waiting:
+    request: Request
+    deadline: float
+
+
+class ConnectionKeeper:
+    """The current connection, the requests waiting for one, and the reconnecting."""
+
+    def __init__(self, address: Address, reconnect: Reconnect | None) -> None:
+        self.address = address
+        self.reconnect = reconnect
+        self.connection: Connection | None = None
+        self.generation = 0
+        """Which connection this is (1 the first): a transaction is bound to one."""
+        self.reconnects = 0
+        """Connections made again after one was lost."""
+        self.last_failure = ""
+        """Why the last connection ended or the last attempt failed."""
+        self._waiting: list[_Waiting] = []
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def open(self) -> Connection:
+        """The first connection; its failure is raised (nothing to retry yet)."""
+        connection = Connection(self.address, self._ended)
+        await connection.open()
+        self._adopt(connection)
+        return connection
+
+    @property
+    def connected(self) -> bool:
+        return self.connection is not None and self.connection.usable
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Until a connection is up (TimeoutError after ``timeout`` s)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.connected:
+            if self._closed:
+                raise ClientError("client closed")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no connection to {self.address} in {timeout} s")
+            await asyncio.sleep(0.02)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Write ``request`` now, or keep it for the next connection; raises at once when
+        it can never go (the client is closed, its transaction's connection is gone, or
+        there is no connection and no reconnecting)."""
+        if self._closed:
+            raise NotConnected("client closed: the request was not sent")
+        if request.bound_to is not None and request.bound_to != self.generation:
+            raise TransactionLost(
+                "the connection this transaction began on was lost; the daemon rolled "
+                "the transaction back"
+            )
+        connection = self.connection
+        if connection is not None and connection.usable:
+            connection.submit(request)
+            return
+        if self.reconnect is None:
+            if connection is not None and connection.stopping is not None:
+                raise connection.stopping
+            raise NotConnected(f"not connected ({self.last_failure or 'closed'})")
+        if request.bound_to is not None:  # its connection is going: the daemon stops
+            raise TransactionLost(
+                "the daemon is stopping; it rolls the transaction back as it closes"
+            )
+        self._wait(request, time.monotonic())
+        self._start_reconnecting()
+
+    def _wait(self, request: Request, since: float) -> None:
+        assert self.reconnect is not None
+        self._waiting.append(_Waiting(request, since + self.reconnect.give_up_after))
+
+    # -- losing a connection -------------------------------------------------------------
+
+    def _ended(self, connection: Connection, ending: Ending) -> None:
+        """``connection`` is gone: settle each request it leaves unanswered."""
+        if connection is not self.connection:  # one being opened: its login failed
+            for _, request in ending.unanswered:
+                if not request.reply.done():
+                    request.reply.set_exception(ClientError(ending.reason))
+            return
+        self.connection = None
+        self.last_failure = ending.reason
+        now = time.monotonic()
+        again: list[Request] = []
+        for request_id, request in ending.unanswered:
+            if request.reply.done():
+                continue
+            not_executed = ending.last_read is not None and request_id > ending.last_read
+            failure = self._failure(request, not_executed, ending)
+            if failure is None:
+                again.append(request)
+            else:
+                request.reply.set_exception(failure)
+        if self._closed or self.reconnect is None:
+            return
+        # what the lost connection left goes first, in the order it was written
+        waiting, self._waiting = self._waiting, []
+        for request in again:
+            self._wait(request, now)
+        self._waiting.extend(waiting)
+        self._start_reconnecting()
+
+    def _failure(self, request: Request, not_executed: bool, ending: Ending) -> Exception | None:
+        """How an unanswered request ends; None: it is written again on the next
+        connection."""
+        reason = ending.reason
+        if request.bound_to is not None:
+            if request.commits and not not_executed:
+                return OutcomeUnknown(f"{reason}: the COMMIT may or may not have taken effect")
+            return TransactionLost(f"{reason}: the daemon rolled the transaction back")
+        if not_executed:
+            if self.reconnect is not None and not self._closed:
+                return None
+            stopping = ending.stopping
+            message = stopping.remote_message if stopping else reason
+            return BrokerStopping(message + " (not executed)", kind="BrokerStopping")
+        if request.repeatable and self.reconnect is not None and not self._closed:
+            return None
+        return OutcomeUnknown(f"{reason}: the request may or may not have taken effect")
+
+    # -- reconnecting --------------------------------------------------------------------
+
+    def _start_reconnecting(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        policy = self.reconnect
+        assert policy is not None
+        delay = policy.initial
+        while not self._closed:
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            self._give_up_expired()
+            if self.connected:
+                break
+            connection = Connection(self.address, self._ended)
+            try:
+                await connection.open()
+            except AuthenticationFailed as exc:  # no retry helps until the token changes
+                self.last_failure = str(exc)
+                self._fail_waiting(exc)
+                delay = policy.maximum
+                continue
+            except ClientError as exc:
+                self.last_failure = str(exc)
+                delay = min(delay * 2, policy.maximum)
+                continue
+            if self._closed:
+                connection.close()
+                return
+            self.reconnects += 1
+            self._adopt(connection)
+            break
+
+    def _adopt(self, connection: Connection) -> None:
+        self.connection = connection
+        self.generation += 1
+        waiting, self._waiting = self._waiting, []
+        for item in waiting:
+            if item.request.reply.done():
+                continue
+            connection.submit(item.request)
+
+    def _give_up_expired(self) -> None:
+        now = time.monotonic()
+        keep: list[_Waiting] = []
+        for item in self._waiting:
+            if item.deadline > now:
+                keep.append(item)
+            elif not item.request.reply.done():
+                item.request.reply.set_exception(
+                    NotConnected(
+                        f"no connection to brokerd at {self.address} within "
+                        f"{self.reconnect.give_up_after if self.reconnect else 0} s "
+                        f"({self.last_failure}): the request was not sent"
+                    )
+                )
+        self._waiting = keep
+
+    def _fail_waiting(self, error: Exception) -> None:
+        waiting, self._waiting = self._waiting, []
+        for item in waiting:
+            if not item.request.reply.done():
+                item.request.reply.set_exception(error)
+
+    # -- closing -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop reconnecting; requests waiting for a connection fail with NotConnected,
+        those in flight with their outcome (OutcomeUnknown, mostly). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+        self._fail_waiting(NotConnected("client closed: the request was not sent"))
+        if self.connection is not None:
+            self.connection.close()
