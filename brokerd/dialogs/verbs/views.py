@@ -158,6 +158,7 @@ def queues(databases: Iterable[Database]) -> list[dict[str, Any]]:
             "status": "on" if q.status else "off",
             "retention": q.retention,
             "ready_messages": db.ready[q.name].count,
+            "readers": db.ready[q.name].readers,
         }
         for db in databases
         for q in db.catalog.queues.values()
