@@ -45,6 +45,7 @@ from protocol.errors import InvalidRequest, TransactionError
 
 if TYPE_CHECKING:
     from brokerd.dialogs.engine import DialogEngine
+    from brokerd.server.activation import ExternalActivation
     from brokerd.server.mirroring import Mirroring
     from brokerd.server.transport import Transport
 
@@ -55,6 +56,7 @@ class Broker(Protocol):
     engine: DialogEngine
     transport: Transport
     mirroring: Mirroring
+    activation: ExternalActivation
     instance_name: str
     client_reads_held: int
     client_sends_held: int
@@ -437,8 +439,10 @@ async def _view(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
                 **engine.outbound_view(),
                 "client_reads_held": broker.client_reads_held,
                 "client_sends_held": broker.client_sends_held,
+                **broker.activation.stats(),
             }
         ],
+        "activation": broker.activation.view,
         "mirrors": engine.router.mirrors_view,
         "mirroring": broker.mirroring.view,
         "drops": lambda: [{"reason": r} for r in engine.stats.drop_reasons],
