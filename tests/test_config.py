@@ -533,7 +533,7 @@ def test_unknown_key_typo_is_named_with_the_allowed_keys(tmp_path: Path) -> None
         "database[0].queue[0].stauts",
         "unknown key 'stauts' (did you mean 'status'?)",
     )
-    assert "allowed keys here: name, retention, status" in err.problem
+    assert "allowed keys here: activation, name, retention, status" in err.problem
 
 
 @pytest.mark.parametrize(

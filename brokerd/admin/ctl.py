@@ -80,6 +80,7 @@ VIEWS: dict[str, str] = {
     "stats": "stats",
     "drops": "drops",
     "mirrors": "mirrors",
+    "activation": "activation",
 }
 """Command name -> the daemon's view name."""
 
@@ -88,13 +89,14 @@ _VIEW_HELP = {
     "unacknowledged messages",
     "transmission-queue": "messages sent but not yet acknowledged by the far broker, "
     "EndDialog and Error flagged",
-    "queues": "queues, their status and ready messages",
+    "queues": "queues, their status, ready messages and readers (RECEIVEs waiting, groups held)",
     "routes": "routes of every database",
     "connections": "connections to and from other brokers",
     "databases": "databases, their broker instances and files",
     "stats": "the dialog engine's counters",
     "drops": "reasons of dropped messages",
     "mirrors": "mirrored databases here, and which partner is principal for each mirrored route",
+    "activation": "activated queues: their command, instances running, started and exited",
 }
 
 SHORT_LENGTH = 8

@@ -240,10 +240,21 @@ class Activation:
         while not self.stop.is_set():
             try:
                 received = await self._batch()
-            except (TransactionLost, OutcomeUnknown, NotConnected) as exc:
+            except (TransactionLost, OutcomeUnknown) as exc:
                 if self.client.closed:
                     return
                 log.info("queue %s: batch lost with the connection (%s)", self.queue, exc)
+                await self._pause()
+                continue
+            except NotConnected as exc:
+                if self.client.closed:
+                    return
+                # no daemon for Reconnect.give_up_after: as idle as an empty RECEIVE (an
+                # activated program whose daemon is gone exits in the end)
+                log.warning("queue %s: %s", self.queue, exc)
+                empties += 1
+                if empties >= self.policy.idle_receives and self._may_leave():
+                    return
                 await self._pause()
                 continue
             except TransactionRolledBack as exc:
