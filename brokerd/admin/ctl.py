@@ -20,6 +20,12 @@
     brokerctl --config FILE route drop DB NAME
     brokerctl --config FILE mirror-role DB principal|mirror
                                                  failover: this partner's role (R-ROUTE-10)
+    brokerctl --config FILE quarantined          conversations set aside by poison-message
+                                                 handling: failing message, rollbacks, last error
+    brokerctl --config FILE quarantine release HANDLE
+                                                 its messages become receivable again
+    brokerctl --config FILE quarantine end HANDLE --error-code N [--description TEXT]
+                                                 END CONVERSATION WITH ERROR (the far side is told)
     brokerctl --config FILE watch VIEW [--interval S] [--count N]
                                                  redraw a view until Ctrl-C (or N times)
 
@@ -57,6 +63,7 @@ import re
 import ssl
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +87,7 @@ VIEWS: dict[str, str] = {
     "stats": "stats",
     "drops": "drops",
     "mirrors": "mirrors",
+    "quarantined": "quarantined",
     "activation": "activation",
 }
 """Command name -> the daemon's view name."""
@@ -96,6 +104,8 @@ _VIEW_HELP = {
     "stats": "the dialog engine's counters",
     "drops": "reasons of dropped messages",
     "mirrors": "mirrored databases here, and which partner is principal for each mirrored route",
+    "quarantined": "conversations set aside by poison-message handling: the failing message, "
+    "its rollbacks and last error",
     "activation": "activated queues: their command, instances running, started and exited",
 }
 
@@ -526,6 +536,27 @@ async def _mirror_role(args: argparse.Namespace, target: Target) -> None:
     print(f"database {args.database} is now the {args.role} partner")
 
 
+async def _quarantine(args: argparse.Namespace, target: Target) -> None:
+    try:
+        handle = uuid.UUID(args.handle)
+    except ValueError:
+        raise CtlError(f"{args.handle!r} is not a conversation handle (a UUID)") from None
+    async with await connect(target, args.timeout) as client:
+        if args.action == "release":
+            released = await _call(client, target, client.release_quarantine(handle), args.timeout)
+            print(f"conversation {handle} released: {released} message(s) receivable again")
+            return
+        if args.error_code is None:
+            raise CtlError("quarantine end needs --error-code N (greater than 0)")
+        await _call(
+            client,
+            target,
+            client.end_quarantined(handle, args.error_code, args.description),
+            args.timeout,
+        )
+    print(f"conversation {handle} ended with error {args.error_code}")
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -637,6 +668,16 @@ def build_parser() -> argparse.ArgumentParser:
     mirror.add_argument("role", choices=("principal", "mirror"))
     _common(mirror, top=False)
     mirror.set_defaults(func=_mirror_role)
+
+    quarantine = commands.add_parser(
+        "quarantine", help="release a quarantined conversation, or end it with an error"
+    )
+    quarantine.add_argument("action", choices=("release", "end"))
+    quarantine.add_argument("handle", metavar="HANDLE", help="the conversation handle")
+    quarantine.add_argument("--error-code", type=int, metavar="N", help="end: the error code")
+    quarantine.add_argument("--description", default="", help="end: the error's description")
+    _common(quarantine, top=False)
+    quarantine.set_defaults(func=_quarantine)
     return parser
 
 

@@ -13,7 +13,9 @@ from typing import Any
 
 from brokerd.config.addresses import normal_tcp_address
 from brokerd.config.model import (
+    DEFAULT_POISON_ROLLBACKS,
     MAX_ACTIVATED_INSTANCES,
+    MAX_POISON_ROLLBACKS,
     MIRROR_ROLES,
     MIRROR_WHEN_LOST,
     SENT_BY,
@@ -23,6 +25,8 @@ from brokerd.config.model import (
     ContractMessage,
     DatabaseConfig,
     MessageTypeConfig,
+    PoisonHandling,
+    PoisonPolicy,
     QueueConfig,
     RemoteServiceBindingConfig,
     RouteConfig,
@@ -114,12 +118,26 @@ def parse_database(t: Table, now: datetime, base: Path) -> DatabaseConfig:
 
     queues: list[QueueConfig] = []
     names = Unique("queue", name, fold=True)
-    for qt in t.tables("queue", ("name", "status", "retention", "activation")):
+    for qt in t.tables(
+        "queue",
+        (
+            "name",
+            "status",
+            "retention",
+            "poison_message_handling",
+            "poison_rollbacks",
+            "activation",
+        ),
+    ):
         q_name = qt.name()
         names.add(qt, q_name)
         queues.append(
             QueueConfig(
-                q_name, _queue_status(qt), qt.flag("retention", False), _activation(qt, base)
+                q_name,
+                _queue_status(qt),
+                qt.flag("retention", False),
+                _poison(qt),
+                _activation(qt, base),
             )
         )
     known_queues = {q.name for q in queues}
@@ -235,6 +253,17 @@ def _activation(queue: Table, base: Path) -> ActivationConfig | None:
         interval=t.seconds("interval", 5.0),
         stop_grace=t.seconds("stop_grace", 10.0),
     )
+
+
+def _poison(t: Table) -> PoisonPolicy:
+    """A queue's ``poison_message_handling`` and ``poison_rollbacks`` (SPEC §6)."""
+    handling = t.choice(
+        "poison_message_handling",
+        PoisonHandling.QUARANTINE.value,
+        tuple(h.value for h in PoisonHandling),
+    )
+    rollbacks = t.integer("poison_rollbacks", DEFAULT_POISON_ROLLBACKS, 1, MAX_POISON_ROLLBACKS)
+    return PoisonPolicy(PoisonHandling(handling), rollbacks)
 
 
 def _queue_status(t: Table) -> bool:

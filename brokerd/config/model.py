@@ -3,8 +3,9 @@ the whole :class:`BrokerConfig`, and the public enumerations their fields take."
 
 from __future__ import annotations
 
+import enum
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -44,6 +45,31 @@ class ContractConfig:
     messages: tuple[ContractMessage, ...]
 
 
+class PoisonHandling(enum.Enum):
+    """What a queue does with a message rolled back ``poison_rollbacks`` times in a row
+    (R-OBJ-3, SPEC §6): set its conversation aside, disable the queue (SQL Server's
+    POISON_MESSAGE_HANDLING STATUS = ON), or nothing but count (STATUS = OFF)."""
+
+    QUARANTINE = "quarantine"
+    DISABLE = "disable"
+    OFF = "off"
+
+
+DEFAULT_POISON_ROLLBACKS = 5
+"""Rollbacks of one message that make it a poison message (SQL Server's five)."""
+MAX_POISON_ROLLBACKS = 1_000_000
+"""The highest ``poison_rollbacks`` a queue may set."""
+
+
+@dataclass(frozen=True)
+class PoisonPolicy:
+    """A queue's poison-message handling (SPEC §6): ``handling`` after ``rollbacks``
+    rollbacks of the same message."""
+
+    handling: PoisonHandling = PoisonHandling.QUARANTINE
+    rollbacks: int = DEFAULT_POISON_ROLLBACKS
+
+
 MAX_ACTIVATED_INSTANCES = 64
 """The most instances of an activated command one queue may run at once."""
 
@@ -79,6 +105,7 @@ class QueueConfig:
     name: str
     status: bool = True
     retention: bool = False
+    poison: PoisonPolicy = field(default_factory=PoisonPolicy)
     activation: ActivationConfig | None = None
 
 

@@ -18,11 +18,11 @@ WAITFOR RECEIVE times out.
 
 Each batch: BEGIN TRANSACTION, RECEIVE up to ``top`` messages of one conversation
 group, ``await handler(tx, messages)``, COMMIT; ROLLBACK if the handler raises (the
-messages are back first in their group, and the daemon counts the rollback for its
-poison-message handling). A raising handler is logged and the reader goes on. A
-connection lost mid-batch (``TransactionLost``, ``OutcomeUnknown``) or a daemon away
-(``NotConnected``) is waited out: the client reconnects by itself and the readers go
-on, also across a restart of the daemon.
+messages are back first in their group, and the daemon counts the rollback, with the
+exception as its reason, for its poison-message handling). A raising handler is logged
+and the reader goes on. A connection lost mid-batch (``TransactionLost``,
+``OutcomeUnknown``) or a daemon away (``NotConnected``) is waited out: the client
+reconnects by itself and the readers go on, also across a restart of the daemon.
 
 May import: ``protocol`` and the SDK's own modules (not ``client``: the client is
 handed in as a :class:`Reading`).
@@ -142,7 +142,9 @@ class Monitor:
 
 class Activation:
     """The readers of one queue: started by :meth:`run` (or ``await activation``), added
-    and released by the queue's need, stopped when ``stop`` is set."""
+    and released by the queue's need, stopped when ``stop`` is set. Its counters:
+    ``handled`` (messages committed), ``batches``, ``failures`` (batches the handler
+    raised on, rolled back) and ``peak_readers``."""
 
     def __init__(
         self,
@@ -323,12 +325,12 @@ class Activation:
 
 
 async def roll_back(tx: Transaction, failure: BaseException) -> None:
-    """ROLLBACK after the handler raised ``failure``. The daemon counts the rollback
-    against the batch's messages (poison-message handling); ``failure``'s text is the
-    reason a rollback could carry to the daemon's log once ``Transaction.rollback``
-    takes one. A rollback whose connection went is done already."""
+    """ROLLBACK after the handler raised ``failure``, whose type and text are the
+    rollback's reason: the daemon counts the rollback against each message of the batch
+    for its poison-message handling and keeps the reason as their last error (SPEC §6).
+    A rollback whose connection went is done already."""
     with contextlib.suppress(TransactionLost, OutcomeUnknown):
-        await tx.rollback()
+        await tx.rollback(reason=f"{type(failure).__name__}: {failure}")
 
 
 async def _end_quietly(tx: Transaction) -> None:

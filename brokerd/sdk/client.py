@@ -63,13 +63,21 @@ from brokerd.sdk.activation import Activation, Handler, ReaderPolicy
 from brokerd.sdk.connection import Address, Request, error_of
 from brokerd.sdk.dialog import Dialog, Handle
 from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
-from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
+from brokerd.sdk.messages import (
+    QuarantinedConversation,
+    ReceivedMessage,
+    parse_group,
+    parse_quarantined,
+    parse_received,
+)
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
+    end_quarantined_request,
     get_group_request,
     move_request,
     receive_request,
+    release_quarantine_request,
     send_many_request,
     send_meta,
     timer_request,
@@ -429,6 +437,25 @@ class BrokerClient:
         """MOVE CONVERSATION (handle) TO (group): its waiting messages move with it."""
         await self._call(*move_request(conversation_handle, conversation_group_id))
 
+    async def release_quarantine(self, conversation_handle: uuid.UUID) -> int:
+        """Release a conversation quarantined by poison-message handling (SPEC §6): its
+        messages are receivable again, in order, their rollback counts reset. Returns how
+        many messages it released; NotQuarantined if it is not quarantined."""
+        meta, _ = await self._call(*release_quarantine_request(conversation_handle))
+        return int(meta.get("released", 0))
+
+    async def end_quarantined(
+        self, conversation_handle: uuid.UUID, error_code: int, description: str = ""
+    ) -> None:
+        """END CONVERSATION WITH ERROR of a quarantined conversation (SPEC §6): its messages
+        are discarded and the far side receives the Error."""
+        await self._call(*end_quarantined_request(conversation_handle, error_code, description))
+
+    async def quarantined(self) -> list[QuarantinedConversation]:
+        """The ``quarantined`` view, typed: every conversation set aside, its failing
+        message, rollback count and last error (an admin view)."""
+        return parse_quarantined(await self.view("quarantined"))
+
     async def begin_transaction(self) -> Transaction:
         """BEGIN TRANSACTION; prefer ``async with client.transaction() as tx``."""
         meta, _ = await self._call({"op": "begin_transaction"})
@@ -450,10 +477,10 @@ class BrokerClient:
         tx = await self.begin_transaction()
         try:
             yield tx
-        except BaseException:
+        except BaseException as exc:
             if not tx.finished:
                 with contextlib.suppress(ClientError):
-                    await tx.rollback()
+                    await tx.rollback(reason=f"{type(exc).__name__}: {exc}")
             raise
         if not tx.finished:
             await tx.commit()
@@ -503,7 +530,9 @@ class BrokerClient:
         **Exactly once** for what the handler does through ``tx``: the messages leave
         the queue in the same commit as the handler's SENDs and other verbs. If the
         handler raises, the transaction rolls back (the messages are back in the queue,
-        first in their group and in order) and the exception propagates; if the client
+        first in their group and in order; each counts one rollback, with the exception
+        as its reason, for the queue's poison-message handling, SPEC §6) and the
+        exception propagates; if the client
         dies between RECEIVE and COMMIT, the daemon rolls back when the connection
         closes. A batch handed out again may therefore reach the handler twice: make
         its effects outside the broker idempotent.
@@ -628,6 +657,9 @@ class BrokerClient:
         await self._call({"op": "set_mirror_role", "database": database, "role": role})
 
     async def view(self, name: str) -> list[dict[str, Any]]:
+        """The rows of the daemon's view ``name`` (``conversation_endpoints``,
+        ``transmission_queue``, ``queues``, ``routes``, ``broker_connections``,
+        ``mirroring``, ``stats`` ...), as dictionaries; admin tokens only."""
         meta, body = await self._call({"op": "view", "name": name})
         if "rows" in meta:  # a daemon that sends rows in the meta
             rows: list[dict[str, Any]] = meta["rows"]
@@ -654,14 +686,19 @@ class BrokerClient:
         return await self.view("transmission_queue")
 
     async def queues(self) -> list[dict[str, Any]]:
+        """Every queue: its database, status (R-DLG-12), retention and messages waiting."""
         return await self.view("queues")
 
     async def routes(self) -> list[dict[str, Any]]:
+        """``sys.routes`` of every database: name, service, broker instance, address,
+        mirror address and lifetime (R-OBJ-5)."""
         return await self.view("routes")
 
     async def broker_connections(self) -> list[dict[str, Any]]:
+        """The adjacent-broker connections: peer, direction, state and traffic."""
         return await self.view("broker_connections")
 
     async def ping(self) -> dict[str, Any]:
+        """A round trip to the daemon; its answer names the broker instance."""
         meta, _ = await self._call({"op": "ping"})
         return meta

@@ -23,7 +23,7 @@ from brokerd.dialogs.endpoints.ready import ReadyIndex
 from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.endpoints.work import Work
-from brokerd.errors import InvalidRequest, QueueDisabled
+from brokerd.errors import ConversationQuarantined, InvalidRequest, QueueDisabled
 from brokerd.storage import queries, reads
 from brokerd.storage.catalog import QueueInfo
 from brokerd.traces.writer import TraceWriter
@@ -163,6 +163,11 @@ class ReceiveVerbs:
             raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
         if handle is not None:
             group = self.directory.endpoint(handle)[1].group_id
+            if handle in db.poison.quarantined:
+                raise ConversationQuarantined(
+                    f"conversation {handle} is quarantined: one of its messages was rolled "
+                    "back too often (SPEC §6); release it or end it with an error"
+                )
         return db, info, db.ready[queue], group
 
     async def read_leased(
@@ -224,6 +229,10 @@ class ReceiveVerbs:
             index.received([item for item in lease.items if item not in kept])
         else:
             index.received(lease.items)
+            counts = lease.db.poison.counts
+            if counts:  # gone, their rollback counts too (the file's go at the next start)
+                for item in lease.items:
+                    counts.pop(item, None)
         if lease.locks:
             index.locked.discard(lease.group)
         if index.count:
