@@ -146,3 +146,38 @@ async def test_serve_goes_on_across_a_daemon_restart(tmp_path: Path) -> None:
         activation.stop.set()
         assert await asyncio.wait_for(running_task, 10) == 300
         await client.close()
+
+
+async def test_a_handler_that_always_fails_on_one_message_has_it_quarantined(
+    tmp_path: Path,
+) -> None:
+    """A handler that raises on every attempt at one message: each rollback carries the
+    exception as its reason, the daemon quarantines that conversation after
+    ``poison_rollbacks`` (5) rollbacks, and the readers handle every other message."""
+    d = Deployment(tmp_path)
+    d.add("solo", "127.0.0.1", SOLO_DATABASE)
+    with running(d):
+        client = await d.daemons["solo"].client(reconnect=QUICK)
+        await _load(client, 10, 10)
+        handled: list[ReceivedMessage] = []
+
+        async def handler(tx: Transaction, messages: list[ReceivedMessage]) -> None:
+            if any(m.message_body == b"3 2" for m in messages):
+                raise ValueError("cannot handle 3 2")
+            handled.extend(messages)
+
+        activation = client.serve("Q2", handler, max_readers=2, top=1, timeout=0.2)
+        running_task = asyncio.ensure_future(activation.run())
+
+        async def the_others_handled() -> bool:
+            return activation.handled == 92  # all but "3 2" and the 7 behind it
+
+        await wait_until(the_others_handled, timeout=60)
+        (quarantined,) = await client.quarantined()
+        assert quarantined.message_sequence_number == 3 and quarantined.messages_set_aside == 8
+        assert quarantined.rollbacks == 5 and activation.failures == 5
+        assert quarantined.last_error == "ValueError: cannot handle 3 2"
+        assert_exactly_once_in_order(handled)
+        activation.stop.set()
+        assert await asyncio.wait_for(running_task, 10) == 92
+        await client.close()
