@@ -543,8 +543,8 @@ def test_unknown_key_typo_is_named_with_the_allowed_keys(tmp_path: Path) -> None
         "unknown key 'stauts' (did you mean 'status'?)",
     )
     assert (
-        "allowed keys here: name, poison_message_handling, poison_rollbacks, retention, status"
-        in err.problem
+        "allowed keys here: activation, name, poison_message_handling, poison_rollbacks, "
+        "retention, status" in err.problem
     )
 
 

@@ -94,6 +94,7 @@ VIEWS: dict[str, str] = {
     "ages": "endpoint_ages",
     "waiting": "oldest_waiting",
     "quarantined": "quarantined",
+    "activation": "activation",
 }
 """Command name -> the daemon's view name."""
 
@@ -102,7 +103,7 @@ _VIEW_HELP = {
     "unacknowledged messages",
     "transmission-queue": "messages sent but not yet acknowledged by the far broker, "
     "EndDialog and Error flagged",
-    "queues": "queues, their status and ready messages",
+    "queues": "queues, their status, ready messages and readers (RECEIVEs waiting, groups held)",
     "routes": "routes of every database",
     "connections": "connections to and from other brokers",
     "databases": "databases, their broker instances and files",
@@ -114,6 +115,7 @@ _VIEW_HELP = {
     "oldest first",
     "quarantined": "conversations set aside by poison-message handling: the failing message, "
     "its rollbacks and last error",
+    "activation": "activated queues: their command, instances running, started and exited",
 }
 
 SHORT_LENGTH = 8

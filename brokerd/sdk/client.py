@@ -67,6 +67,7 @@ from typing import Any
 
 import orjson
 
+from brokerd.sdk.activation import Activation, Handler, ReaderPolicy
 from brokerd.sdk.connection import Address, Request, error_of
 from brokerd.sdk.dialog import Dialog, Handle
 from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
@@ -105,6 +106,7 @@ DEFAULT_PORT = 4023
 
 __all__ = [
     "DEFAULT_PORT",
+    "Activation",
     "BrokerClient",
     "Dialog",
     "ReceivedMessage",
@@ -243,6 +245,11 @@ class BrokerClient:
     def reconnects(self) -> int:
         """How many times the connection was made again after being lost."""
         return self._keeper.reconnects
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called."""
+        return self._keeper.closed
 
     async def wait_connected(self, timeout: float | None = None) -> None:
         """Until a connection is up; TimeoutError after ``timeout`` s."""
@@ -559,6 +566,43 @@ class BrokerClient:
             done += len(received)
             handled += 1
         return done
+
+    def serve(
+        self,
+        queue: str,
+        handler: Handler,
+        *,
+        max_readers: int = 1,
+        database: str | None = None,
+        top: int = 100,
+        timeout: float = 1.0,
+        interval: float = 1.0,
+        idle_receives: int = 3,
+        until_idle: bool = False,
+        stop: asyncio.Event | None = None,
+    ) -> Activation:
+        """Internal activation (SPEC §6): readers of ``queue``, each handling one batch at
+        a time in its own client transaction (RECEIVE up to ``top`` messages of one
+        conversation group, ``await handler(tx, messages)``, COMMIT; ROLLBACK if it
+        raises, logged, and the reader goes on). A reader is added, one per ``interval``
+        s and up to ``max_readers`` (at most 16), while the oldest message of the
+        batches waits longer than it did the interval before and no RECEIVE came back
+        empty; a reader whose RECEIVE (waiting ``timeout`` s) came back empty
+        ``idle_receives`` times in a row goes away, down to one (to none with
+        ``until_idle``, which then ends the activation). Goes on across lost
+        connections and daemon restarts.
+
+        Returns the :class:`Activation` (its ``readers``, ``handled``, ``failures``);
+        await it to run it until ``stop`` is set: ``await client.serve(...)``."""
+        policy = ReaderPolicy(
+            max_readers=max_readers,
+            top=top,
+            timeout=timeout,
+            interval=interval,
+            idle_receives=idle_receives,
+            until_idle=until_idle,
+        )
+        return Activation(self, queue, handler, policy, database=database, stop=stop)
 
     async def alter_queue(self, queue: str, status: bool, *, database: str | None = None) -> None:
         """ALTER QUEUE queue WITH STATUS = ON | OFF (R-DLG-12)."""

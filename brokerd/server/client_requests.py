@@ -43,6 +43,7 @@ from protocol.errors import BrokerError, InvalidRequest, TransactionError
 
 if TYPE_CHECKING:
     from brokerd.dialogs.engine import DialogEngine
+    from brokerd.server.activation import ExternalActivation
     from brokerd.server.mirroring import Mirroring
     from brokerd.server.transport import Transport
 
@@ -53,6 +54,7 @@ class Broker(Protocol):
     engine: DialogEngine
     transport: Transport
     mirroring: Mirroring
+    activation: ExternalActivation
     instance_name: str
     client_reads_held: int
     client_sends_held: int

@@ -15,8 +15,8 @@ whose rows have no such key (``stats``, ``broker_connections``, ``mirrors``,
 conversations poison-message handling set aside (SPEC §6).
 
 May import: ``protocol``, ``brokerd.dialogs``, ``brokerd.server.client_meta``; the
-daemon's parts (``brokerd.server.transport``, ``brokerd.server.mirroring``) for their
-types only.
+daemon's parts (``brokerd.server.transport``, ``brokerd.server.mirroring``,
+``brokerd.server.activation``) for their types only.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from protocol.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from brokerd.dialogs.engine import DialogEngine
+    from brokerd.server.activation import ExternalActivation
     from brokerd.server.mirroring import Mirroring
     from brokerd.server.transport import Transport
 
@@ -56,6 +57,7 @@ class ViewedBroker(Protocol):
     engine: DialogEngine
     transport: Transport
     mirroring: Mirroring
+    activation: ExternalActivation
     client_reads_held: int
     client_sends_held: int
 
@@ -85,6 +87,7 @@ def _stats(broker: ViewedBroker) -> Rows:
             **engine.closing.waiting(),
             "client_reads_held": broker.client_reads_held,
             "client_sends_held": broker.client_sends_held,
+            **broker.activation.stats(),
         }
     ]
 
@@ -120,6 +123,7 @@ VIEWS: dict[str, View] = {
     "databases": View(lambda b, _, __: views.databases(_databases(b)), ("database",)),
     "broker_connections": View(lambda b, _, __: b.transport.broker_connections(), None),
     "stats": View(lambda b, _, __: _stats(b), None),
+    "activation": View(lambda b, _, __: b.activation.view(), ("database", "queue")),
     "mirrors": View(lambda b, _, __: b.engine.router.mirrors_view(), None),
     "mirroring": View(lambda b, _, __: b.mirroring.view(), None),
     "quarantined": View(

@@ -16,12 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from brokerd.sdk import client, connection, dialog, keeper, messages, transaction
+from brokerd.sdk import activation, client, connection, dialog, keeper, messages, transaction
 from protocol import errors
 
 SECTIONS: list[tuple[str, list[type[Any]]]] = [
     ("Connecting", [client.BrokerClient, keeper.Reconnect, client.Connecting]),
     ("Dialogs and transactions", [dialog.Dialog, transaction.Transaction]),
+    ("Activation", [activation.Activation, activation.ReaderPolicy]),
     ("Results", [messages.ReceivedMessage, messages.QuarantinedConversation]),
     (
         "Errors the SDK raises by itself",

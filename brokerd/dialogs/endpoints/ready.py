@@ -68,6 +68,19 @@ class ReadyIndex:
     """Groups with an Error accepted and not yet committed, and how many: not taken from."""
     aside: dict[uuid.UUID, list[Item]] = field(default_factory=dict)
     """Quarantined conversations (SPEC §6) -> their ready messages, in order, set aside."""
+    waiting: int = 0
+    """RECEIVEs and GET CONVERSATION GROUPs waiting on this queue for something to take
+    (``tasks_waiting`` of Service Broker's queue monitor)."""
+    last_empty: float = float("-inf")
+    """When (the event loop's clock) a RECEIVE or GET CONVERSATION GROUP limited to no
+    conversation or group last came back empty (``last_empty_rowset_time``)."""
+
+    @property
+    def readers(self) -> int:
+        """The queue's readers as the daemon sees them: RECEIVEs waiting on it, and the
+        conversation groups held by a reader (a RECEIVE being read and removed, or a
+        transaction that received and has not ended yet)."""
+        return self.waiting + len(self.locked)
 
     def error_coming(self, group: uuid.UUID) -> None:
         """An Error of a conversation of ``group`` is accepted; its commit is not done. The

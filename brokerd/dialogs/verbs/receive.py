@@ -77,7 +77,10 @@ class ReceiveVerbs:
                 db, queue, index, gid, items, info.retention, gid not in owned, image=db.image
             )
 
-        return await self._first(index, timeout, take)
+        lease = await self._first(index, timeout, take)
+        if lease is None and group is None:
+            index.last_empty = asyncio.get_running_loop().time()
+        return lease
 
     async def hold_group(
         self,
@@ -102,7 +105,10 @@ class ReceiveVerbs:
                 index.lock(gid)
             return Lease(db, queue, index, gid, [], info.retention, locks, image=db.image)
 
-        return await self._first(index, timeout, hold)
+        lease = await self._first(index, timeout, hold)
+        if lease is None:
+            index.last_empty = asyncio.get_running_loop().time()
+        return lease
 
     async def get_conversation_group(
         self, queue: str, database: str | None = None, timeout: float = 0.0
@@ -130,10 +136,13 @@ class ReceiveVerbs:
             if (remaining is not None and remaining <= 0) or self.stopping:
                 return None
             index.changed.clear()
+            index.waiting += 1
             try:
                 await asyncio.wait_for(index.changed.wait(), remaining)
             except TimeoutError:
                 return None
+            finally:
+                index.waiting -= 1
 
     def _ready_of(
         self,

@@ -206,6 +206,7 @@ def queues(databases: Iterable[Database]) -> list[dict[str, Any]]:
             "status": "on" if q.status else "off",
             "retention": q.retention,
             "ready_messages": db.ready[q.name].count,
+            "readers": db.ready[q.name].readers,
             "poison_message_handling": q.poison.handling.value,
             "poison_rollbacks": q.poison.rollbacks,
             "quarantined_conversations": len(db.ready[q.name].aside),
