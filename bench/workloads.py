@@ -237,7 +237,7 @@ async def _views(daemons: dict[str, Daemon], wait_acked: str | None) -> dict[str
             deadline = time.monotonic() + (30.0 if name == wait_acked else 0.0)
             while True:
                 endpoints = await client.conversation_endpoints()
-                unacked = sum(int(e.get("unacknowledged", 0)) for e in endpoints)
+                unacked = sum(e.unacknowledged for e in endpoints)
                 if unacked == 0 or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.1)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from brokerd.sdk.client import BrokerClient, Dialog, ReceivedMessage, Transaction
-from brokerd.sdk.messages import QuarantinedConversation
+from brokerd.sdk.views import QuarantinedConversation
 from brokerd.tools.launcher import Deployment
 
 SHOP, WAREHOUSE = "//shop/Purchasing", "//warehouse/Fulfilment"

@@ -71,13 +71,7 @@ from brokerd.sdk.activation import Activation, Handler, ReaderPolicy
 from brokerd.sdk.connection import Address, Request, error_of
 from brokerd.sdk.dialog import Dialog, Handle
 from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
-from brokerd.sdk.messages import (
-    QuarantinedConversation,
-    ReceivedMessage,
-    parse_group,
-    parse_quarantined,
-    parse_received,
-)
+from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
@@ -93,6 +87,18 @@ from brokerd.sdk.requests import (
 )
 from brokerd.sdk.tls import client_context
 from brokerd.sdk.transaction import Transaction
+from brokerd.sdk.views import (
+    BrokerConnection,
+    ConversationEndpoint,
+    EndpointAge,
+    OldestWaiting,
+    QuarantinedConversation,
+    QueueInfo,
+    QueueMessage,
+    RouteInfo,
+    TransmissionQueueEntry,
+    typed,
+)
 from protocol.client_wire import ClientFrame, ClientFrameKind, encode_meta
 from protocol.errors import (
     AuthenticationFailed,
@@ -463,7 +469,7 @@ class BrokerClient:
     async def quarantined(self) -> list[QuarantinedConversation]:
         """The ``quarantined`` view, typed: every conversation set aside, its failing
         message, rollback count and last error (an admin view)."""
-        return parse_quarantined(await self.view("quarantined"))
+        return typed(QuarantinedConversation, "quarantined", await self.view("quarantined"))
 
     async def begin_transaction(self) -> Transaction:
         """BEGIN TRANSACTION; prefer ``async with client.transaction() as tx``."""
@@ -710,46 +716,49 @@ class BrokerClient:
         admin tokens only."""
         return [row async for row in self.view_rows(name, params=params)]
 
-    async def queue_messages(self, queue: str) -> list[dict[str, Any]]:
+    async def queue_messages(self, queue: str) -> list[QueueMessage]:
         """A queue's rows (in every database that has a queue of that name) with their
         ``status`` (0 received and retained, 1 ready, 2 not yet complete, 3 sent and
         retained; R-OBJ-3), conversation, sequence number, type and size."""
-        return await self.view("queue_messages", queue=queue)
+        return typed(QueueMessage, "queue_messages", await self.view("queue_messages", queue=queue))
 
-    async def endpoint_ages(self) -> list[dict[str, Any]]:
+    async def endpoint_ages(self) -> list[EndpointAge]:
         """How many endpoints per database, state and age bucket: leaks show here."""
-        return await self.view("endpoint_ages")
+        return typed(EndpointAge, "endpoint_ages", await self.view("endpoint_ages"))
 
-    async def oldest_waiting(self) -> list[dict[str, Any]]:
+    async def oldest_waiting(self) -> list[OldestWaiting]:
         """Per conversation, its oldest message waiting to be received or acknowledged,
         oldest first."""
-        return await self.view("oldest_waiting")
+        return typed(OldestWaiting, "oldest_waiting", await self.view("oldest_waiting"))
 
-    async def conversation_endpoints(self) -> list[dict[str, Any]]:
+    async def conversation_endpoints(self) -> list[ConversationEndpoint]:
         """``sys.conversation_endpoints``: per endpoint its handle, conversation id,
         ``conversation_group_id``, role, services, contract, ``state`` (SPEC §5),
-        ``lifetime`` and ``dialog_timer`` (ISO 8601 UTC, empty if none), sequence numbers
-        and unacknowledged messages."""
-        return await self.view("conversation_endpoints")
+        ``lifetime`` and ``dialog_timer`` (None if none), sequence numbers and
+        unacknowledged messages."""
+        rows = await self.view("conversation_endpoints")
+        return typed(ConversationEndpoint, "conversation_endpoints", rows)
 
-    async def transmission_queue(self) -> list[dict[str, Any]]:
+    async def transmission_queue(self) -> list[TransmissionQueueEntry]:
         """``sys.transmission_queue``: per message sent and not yet acknowledged, its
         conversation, sequence number, type, ``is_conversation_error``,
         ``is_end_of_dialog``, size, attempts and ``transmission_status``."""
-        return await self.view("transmission_queue")
+        rows = await self.view("transmission_queue")
+        return typed(TransmissionQueueEntry, "transmission_queue", rows)
 
-    async def queues(self) -> list[dict[str, Any]]:
-        """Every queue: its database, status (R-DLG-12), retention and messages waiting."""
-        return await self.view("queues")
+    async def queues(self) -> list[QueueInfo]:
+        """Every queue: its database, status (R-DLG-12), retention, messages ready,
+        readers and poison-message handling."""
+        return typed(QueueInfo, "queues", await self.view("queues"))
 
-    async def routes(self) -> list[dict[str, Any]]:
+    async def routes(self) -> list[RouteInfo]:
         """``sys.routes`` of every database: name, service, broker instance, address,
         mirror address and lifetime (R-OBJ-5)."""
-        return await self.view("routes")
+        return typed(RouteInfo, "routes", await self.view("routes"))
 
-    async def broker_connections(self) -> list[dict[str, Any]]:
+    async def broker_connections(self) -> list[BrokerConnection]:
         """The adjacent-broker connections: peer, direction, state and traffic."""
-        return await self.view("broker_connections")
+        return typed(BrokerConnection, "broker_connections", await self.view("broker_connections"))
 
     async def ping(self) -> dict[str, Any]:
         """A round trip to the daemon; its answer names the broker instance."""

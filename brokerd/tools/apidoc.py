@@ -16,14 +16,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from brokerd.sdk import activation, client, connection, dialog, keeper, messages, transaction
+from brokerd.sdk import activation, client, connection, dialog, keeper, messages, transaction, views
 from protocol import errors
 
 SECTIONS: list[tuple[str, list[type[Any]]]] = [
     ("Connecting", [client.BrokerClient, keeper.Reconnect, client.Connecting]),
     ("Dialogs and transactions", [dialog.Dialog, transaction.Transaction]),
     ("Activation", [activation.Activation, activation.ReaderPolicy]),
-    ("Results", [messages.ReceivedMessage, messages.QuarantinedConversation]),
+    (
+        "Results",
+        [
+            messages.ReceivedMessage,
+            views.ConversationEndpoint,
+            views.TransmissionQueueEntry,
+            views.QueueInfo,
+            views.QueueMessage,
+            views.RouteInfo,
+            views.BrokerConnection,
+            views.EndpointAge,
+            views.OldestWaiting,
+            views.QuarantinedConversation,
+        ],
+    ),
     (
         "Errors the SDK raises by itself",
         [

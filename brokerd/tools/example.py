@@ -161,15 +161,16 @@ async def request_reply(deployment: Deployment, orders: int = 3) -> None:
         # alpha has ended: beta's EndDialog closes its endpoint and is not received
         await asyncio.sleep(0.3)
         for name, client in (("alpha", shop), ("beta", warehouse)):
-            for row in await client.conversation_endpoints():
-                print(f"{name}: endpoint {row['conversation_handle'][-8:]} state {row['state']}")
+            for endpoint in await client.conversation_endpoints():
+                short = str(endpoint.conversation_handle)[-8:]
+                print(f"{name}: endpoint {short} state {endpoint.state}")
             queued = await client.transmission_queue()
             print(f"{name}: transmission queue holds {len(queued)} message(s)")
-        for row in await shop.broker_connections():
+        for link in await shop.broker_connections():
             print(
-                f"alpha: connection {row['direction']} {row['peer']} {row['address']} "
-                f"frames {row['frames_sent']}/{row['frames_received']} "
-                f"encrypted={row['encrypted']}"
+                f"alpha: connection {link.direction} {link.peer} {link.address} "
+                f"frames {link.frames_sent}/{link.frames_received} "
+                f"encrypted={link.encrypted}"
             )
         print(f"request/reply of {orders} orders done in {time.perf_counter() - t0:.2f} s")
     finally:

@@ -40,7 +40,7 @@ RETRY = {"initial": 0.5, "maximum": 2.0, "ack_delay": 0.005, "delayed_retry": 0.
 
 async def settled(client: BrokerClient) -> None:
     async def empty() -> bool:
-        return not await client.transmission_queue()
+        return not await client.view("transmission_queue")
 
     await wait_until(empty, 20)
 

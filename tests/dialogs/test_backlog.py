@@ -80,9 +80,9 @@ async def test_a_backlog_on_many_dialogs_is_recovered_as_numbers_and_paged_in(
     recovered = await outbound(shop)
     assert recovered["outbound_in_memory"] == 0, recovered  # recovery made no message object
     assert recovered["outbound_in_file_only"] == DIALOGS * PER_DIALOG, recovered
-    endpoints = await shop.conversation_endpoints()
+    endpoints = await shop.view("conversation_endpoints")
     assert sum(e["unacknowledged"] for e in endpoints) == DIALOGS * PER_DIALOG
-    queued = await shop.transmission_queue()
+    queued = await shop.view("transmission_queue")
     assert len(queued) == DIALOGS * PER_DIALOG
     assert {(r["conversation_handle"], r["message_sequence_number"]) for r in queued} == {
         (str(h), n) for h in handles for n in range(1, PER_DIALOG + 1)
@@ -138,7 +138,7 @@ async def test_a_backlog_on_many_dialogs_is_recovered_as_numbers_and_paged_in(
 
 
 async def _empty(client: BrokerClient) -> bool:
-    return not await client.transmission_queue()
+    return not await client.view("transmission_queue")
 
 
 async def test_an_ending_with_error_discards_a_backlog(deployment: Deployment) -> None:
@@ -152,7 +152,7 @@ async def test_an_ending_with_error_discards_a_backlog(deployment: Deployment) -
     split = await outbound(shop)
     assert split["outbound_in_file_only"] == PAGE, split  # beyond two pages, numbers only
     await shop.end_conversation(handle, error_code=7, description="given up")
-    queued = await shop.transmission_queue()
+    queued = await shop.view("transmission_queue")
     assert [r["message_sequence_number"] for r in queued] == [3 * PAGE + 1]
     assert queued[0]["is_conversation_error"]
     await shop.close()
@@ -160,7 +160,9 @@ async def test_an_ending_with_error_discards_a_backlog(deployment: Deployment) -
     deployment.start("alpha")
     shop = await deployment.daemons["alpha"].client()
     assert (await outbound(shop))["outbound_in_file_only"] == 1
-    assert [r["message_sequence_number"] for r in await shop.transmission_queue()] == [3 * PAGE + 1]
+    assert [r["message_sequence_number"] for r in await shop.view("transmission_queue")] == [
+        3 * PAGE + 1
+    ]
     await shop.close()
 
 
@@ -203,7 +205,7 @@ async def test_an_acknowledgement_with_ranges_removes_numbers_of_a_backlog(
 
         await wait_until(held_beyond_the_gap, 10)
         assert await warehouse.receive("OrderQueue", timeout=0.2) == []  # 2 is missing
-        queued = await shop.transmission_queue()
+        queued = await shop.view("transmission_queue")
         assert [r["message_sequence_number"] for r in queued] == list(range(2, count + 1))
         await shop.close()
         d.kill("alpha")

@@ -71,7 +71,7 @@ async def test_a_backlog_beyond_the_budget_survives_a_kill_and_is_read_back(
     shop = await deployment.daemons["alpha"].client()
     after_restart = await bodies(shop)
     assert after_restart["bodies_held_bytes"] == 0, after_restart  # no body loaded at start
-    assert len(await shop.transmission_queue()) == DIALOGS * PER_DIALOG
+    assert len(await shop.view("transmission_queue")) == DIALOGS * PER_DIALOG
 
     deployment.start("beta")
     warehouse = await deployment.daemons["beta"].client()
@@ -112,4 +112,4 @@ async def _none(found: Iterator[Path]) -> bool:
 
 
 async def _empty(client: BrokerClient) -> bool:
-    return not await client.transmission_queue()
+    return not await client.view("transmission_queue")

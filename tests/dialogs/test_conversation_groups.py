@@ -68,7 +68,7 @@ async def application(daemon: Daemon, name: str) -> BrokerClient:
 
 async def wait_ready(admin: BrokerClient, queue: str, count: int) -> None:
     async def ready() -> bool:
-        rows = await admin.queues()
+        rows = await admin.view("queues")
         return sum(r["ready_messages"] for r in rows if r["queue"] == queue) >= count
 
     await wait_until(ready, 30)
@@ -210,7 +210,7 @@ async def test_a_group_receive_outside_a_transaction_takes_only_that_group(
     admin: BrokerClient,
 ) -> None:
     handles = await dialogs(admin, count=2, per_dialog=2)
-    rows = await admin.conversation_endpoints()
+    rows = await admin.view("conversation_endpoints")
     (conversation,) = (
         r["conversation_id"] for r in rows if r["conversation_handle"] == str(handles[1])
     )
@@ -237,7 +237,7 @@ async def test_related_conversation_group_puts_dialogs_in_one_named_group(
     async with admin.transaction() as tx:
         second = await tx.begin_dialog(S1, S2, related_conversation_group=named)
     alone = await admin.begin_dialog(S1, S2)
-    rows = {r["conversation_handle"]: r for r in await admin.conversation_endpoints()}
+    rows = {r["conversation_handle"]: r for r in await admin.view("conversation_endpoints")}
     assert rows[str(first)]["conversation_group_id"] == str(named)
     assert rows[str(second)]["conversation_group_id"] == str(named)
     assert rows[str(alone)]["conversation_group_id"] != str(named)

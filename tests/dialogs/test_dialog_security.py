@@ -117,7 +117,7 @@ async def test_a_secured_dialog_survives_sigkill_and_restart_of_either_end(
     assert first.message_body == b"<order id='1'/>"
     target = first.conversation_handle
     for client in (shop_client, warehouse_client):
-        (row,) = await client.conversation_endpoints()
+        (row,) = await client.view("conversation_endpoints")
         assert row["secured"] is True
     await warehouse_client.send(target, CONFIRMATION, b"<confirmed id='1'/>")
     (reply,) = await drain(shop_client, "ClientQueue", 1)
@@ -151,7 +151,7 @@ async def test_a_secured_dialog_survives_sigkill_and_restart_of_either_end(
     # With the warehouse down, the shop restarts; a CA-certified broker then forges the
     # warehouse's broker error and acknowledgement (unsealed: it has no dialog key). They
     # are refused: the restarted initiator knows the target has answered under the key.
-    (row,) = await shop_client.conversation_endpoints()
+    (row,) = await shop_client.view("conversation_endpoints")
     await warehouse_client.close()
     direct.stop("beta")
     await shop_client.close()
@@ -159,7 +159,7 @@ async def test_a_secured_dialog_survives_sigkill_and_restart_of_either_end(
     direct.start("alpha")
     shop_client = await direct.daemons["alpha"].client()
     await shop_client.send(handle, ORDER, b"<order id='4'/>")
-    (before,) = await shop_client.conversation_endpoints()
+    (before,) = await shop_client.view("conversation_endpoints")
     forged = forged_frames(row)
     mallory = HostileBroker(direct.cert_dir)
     await mallory.connect(ALPHA)
@@ -173,7 +173,7 @@ async def test_a_secured_dialog_survives_sigkill_and_restart_of_either_end(
         await wait_until(refused, 10)
     finally:
         await mallory.close()
-    (row,) = await shop_client.conversation_endpoints()
+    (row,) = await shop_client.view("conversation_endpoints")
     # Nothing unsent deleted (order 4, and order 3 if its acknowledgement was lost in the
     # kill), and the dialog not ended.
     assert (row["state"], row["unacknowledged"]) == ("CO", before["unacknowledged"])
@@ -327,7 +327,7 @@ async def test_what_a_relay_alters_is_refused_and_then_delivered_intact(
     ]
 
     async def settled() -> bool:
-        return not await shop_client.transmission_queue()
+        return not await shop_client.view("transmission_queue")
 
     await wait_until(settled, 30)
     assert relay.stats.altered >= 3  # two bodies and an acknowledgement

@@ -65,7 +65,7 @@ async def test_messages_after_the_first_go_straight_into_the_target_queue(
                 await client.send(target, example.CONFIRMATION, body)
             replies = await drain(client, "ClientQueue", 50)
             assert [m.message_body for m in replies] == _bodies(1, 50, "confirmed")
-            assert await client.transmission_queue() == []
+            assert await client.view("transmission_queue") == []
         finally:
             await client.close()
     events = _events(d)

@@ -54,7 +54,7 @@ async def test_an_application_cannot_send_a_system_message_type(deployment: Depl
     (order,) = await drain(warehouse, "OrderQueue", 1)
     assert order.message_sequence_number == 1 and order.message_body == b"order 1"
     assert await warehouse.receive("OrderQueue", timeout=0.5) == []
-    (row,) = await warehouse.conversation_endpoints()
+    (row,) = await warehouse.view("conversation_endpoints")
     assert row["state"] == "CO"
     await shop.close()
     await warehouse.close()
@@ -74,18 +74,18 @@ async def test_end_with_error_takes_a_code_greater_than_zero(
             await tx.end_conversation(handle, error_code=code, description="made up")
     await shop.send(handle, ORDER, b"still open")
     await shop.end_conversation(handle, error_code=1, description="a real one")
-    (row,) = await shop.conversation_endpoints()
+    (row,) = await shop.view("conversation_endpoints")
     assert row["state"] == "DO"
     await shop.close()
 
 
 async def queued(client: BrokerClient, queue: str) -> int:
-    (row,) = [q for q in await client.queues() if q["queue"] == queue]
+    (row,) = [q for q in await client.view("queues") if q["queue"] == queue]
     return int(row["ready_messages"])
 
 
 async def endpoint_state(client: BrokerClient) -> str:
-    (row,) = await client.conversation_endpoints()
+    (row,) = await client.view("conversation_endpoints")
     return str(row["state"])
 
 
@@ -116,7 +116,10 @@ async def test_a_side_that_ended_receives_nothing_more(deployment: Deployment) -
     await wait_until(lambda: _equals(endpoint_state(shop), "CD"))
     await wait_until(lambda: _equals(endpoint_state(warehouse), "CD"))
     assert await shop.receive("ClientQueue", timeout=0.5) == []
-    assert await shop.transmission_queue() == [] and await warehouse.transmission_queue() == []
+    assert (
+        await shop.view("transmission_queue") == []
+        and await warehouse.view("transmission_queue") == []
+    )
     await shop.close()
     await warehouse.close()
 
@@ -199,7 +202,7 @@ async def test_an_error_ending_reaches_a_peer_that_was_away(deployment: Deployme
     for n in (2, 3, 4):
         await shop.send(handle, ORDER, b"order %d" % n)
     await shop.end_conversation(handle, error_code=5, description="cancelled")
-    (waiting,) = await shop.transmission_queue()
+    (waiting,) = await shop.view("transmission_queue")
     assert waiting["is_conversation_error"] and waiting["message_sequence_number"] == 5
     deployment.start("beta")
     warehouse = await deployment.daemons["beta"].client()
@@ -210,7 +213,10 @@ async def test_an_error_ending_reaches_a_peer_that_was_away(deployment: Deployme
     await warehouse.end_conversation(first.conversation_handle)
     await wait_until(lambda: _equals(endpoint_state(shop), "CD"))
     await wait_until(lambda: _equals(endpoint_state(warehouse), "CD"))
-    assert await shop.transmission_queue() == [] and await warehouse.transmission_queue() == []
+    assert (
+        await shop.view("transmission_queue") == []
+        and await warehouse.view("transmission_queue") == []
+    )
     assert await warehouse.receive("OrderQueue", timeout=0.3) == []
     await shop.close()
     await warehouse.close()

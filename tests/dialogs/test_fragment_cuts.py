@@ -198,7 +198,7 @@ async def test_a_sender_restarted_with_another_fragment_size_completes_a_held_me
             return proxy.stats.fragments_dropped >= dropped + 2
 
         await wait_until(resent, 20)
-        (target,) = await warehouse.conversation_endpoints()
+        (target,) = await warehouse.view("conversation_endpoints")
         reply = b"<confirmation>held</confirmation>"
         await warehouse.send(uuid.UUID(target["conversation_handle"]), example.CONFIRMATION, reply)
         shop = await d.daemons["alpha"].client()
@@ -210,7 +210,7 @@ async def test_a_sender_restarted_with_another_fragment_size_completes_a_held_me
         assert stats["recut_messages"] == 1, stats
 
         async def acknowledged() -> bool:
-            return not await shop.transmission_queue()
+            return not await shop.view("transmission_queue")
 
         await wait_until(acknowledged, 20)
         assert await warehouse.receive("OrderQueue", timeout=0.3) == []

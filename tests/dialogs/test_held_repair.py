@@ -49,7 +49,7 @@ def _order(n: int, pad: int) -> bytes:
 
 async def _queue_empties(shop: BrokerClient, timeout: float = 20) -> None:
     async def empty() -> bool:
-        return await shop.transmission_queue() == []
+        return await shop.view("transmission_queue") == []
 
     await wait_until(empty, timeout)
 

@@ -62,7 +62,7 @@ async def test_runs_both_ways_arrive_once_in_order_and_are_traced_once(tmp_path:
             assert_exactly_once_in_order(replies)
 
             async def acknowledged() -> bool:
-                return await client.transmission_queue() == []
+                return await client.view("transmission_queue") == []
 
             await wait_until(acknowledged, 30)
         finally:

@@ -80,7 +80,7 @@ async def _dialog(client: BrokerClient, *bodies: bytes) -> uuid.UUID:
 
 async def _targets(client: BrokerClient, *initiators: uuid.UUID) -> list[uuid.UUID]:
     """The target's handles (Q2's side) of the dialogs begun as ``initiators``."""
-    rows = await client.conversation_endpoints()
+    rows = await client.view("conversation_endpoints")
     ids = {r["conversation_handle"]: r["conversation_id"] for r in rows if r["is_initiator"]}
     target = {r["conversation_id"]: r["conversation_handle"] for r in rows if not r["is_initiator"]}
     return [uuid.UUID(target[ids[str(h)]]) for h in initiators]
@@ -88,7 +88,7 @@ async def _targets(client: BrokerClient, *initiators: uuid.UUID) -> list[uuid.UU
 
 async def _ready(client: BrokerClient, queue: str, count: int) -> None:
     async def ready() -> bool:
-        rows = await client.queues()
+        rows = await client.view("queues")
         return next(r["ready_messages"] for r in rows if r["queue"] == queue) == count
 
     await wait_until(ready)
@@ -171,7 +171,7 @@ async def test_a_poison_message_quarantines_its_conversation_while_the_others_fl
         stats = await stats_with(client, "rollbacks_counted", "poison_")
         assert stats["rollbacks_counted"] == 6  # both of its messages, three times
         assert stats["poison_quarantined"] == 1
-        (queue,) = [r for r in await client.queues() if r["queue"] == "Q2"]
+        (queue,) = [r for r in await client.view("queues") if r["queue"] == "Q2"]
         assert queue["quarantined_conversations"] == 1
         assert queue["poison_message_handling"] == "quarantine"
 
@@ -234,13 +234,13 @@ async def test_disable_turns_the_queue_off_and_alter_queue_on_loses_nothing(
             await _roll_back(client, "bad", poisoned)
         with pytest.raises(QueueDisabled):
             await client.receive("Q2")
-        (queue,) = [r for r in await client.queues() if r["queue"] == "Q2"]
+        (queue,) = [r for r in await client.view("queues") if r["queue"] == "Q2"]
         assert queue["status"] == "off"
         assert (await stats_with(client, "poison_queues"))["poison_queues_disabled"] == 1
 
         await client.alter_queue("Q2", True)
         await _roll_back(client, "bad again", poisoned)  # counts from 0 again: 1 of 3
-        (queue,) = [r for r in await client.queues() if r["queue"] == "Q2"]
+        (queue,) = [r for r in await client.view("queues") if r["queue"] == "Q2"]
         assert queue["status"] == "on"
         messages = await _receive_in_order(client, 12)
         per = assert_exactly_once_in_order(messages)

@@ -252,7 +252,7 @@ async def test_interleaved_dialogs_and_an_ending_in_one_read(tmp_path: Path) -> 
         ten = per[ended.conversation_handle]  # the ending comes last, after its nine
         assert ten[:9] == [f"<order>{first.hex[:4]}-{seq}</order>".encode() for seq in range(1, 10)]
         assert ten[9] == b"" and len(ten) == 10
-        states = {r["state"] for r in await warehouse.conversation_endpoints()}
+        states = {r["state"] for r in await warehouse.view("conversation_endpoints")}
         assert states == {"CO", "DI"}, states
         (stats,) = await warehouse.view("stats")
         assert stats["fragments_in_runs"] == 3, stats  # 7, 8 and 9: after 6, before the END

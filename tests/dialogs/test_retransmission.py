@@ -79,7 +79,7 @@ async def test_a_backlog_is_not_resent_before_it_is_written(
     # several hundred retransmissions here. Only a message that was written can be resent,
     # and its copy then waits to be written behind the others: at most once each.
     assert resent - before <= count, (before, resent)
-    rows = await shop.transmission_queue()
+    rows = await shop.view("transmission_queue")
     unwritten = [r for r in rows if "waiting to be written" in r["transmission_status"]]
     assert len(rows) == count
     assert len(unwritten) > count // 2, rows[-1]
@@ -166,7 +166,7 @@ async def test_a_slow_link_teaches_the_timeout_and_later_messages_go_once(
 
 
 async def _empty(client: BrokerClient) -> bool:
-    return not await client.transmission_queue()
+    return not await client.view("transmission_queue")
 
 
 async def test_a_lost_message_waits_twice_as_long_before_each_retry(tmp_path: Path) -> None:

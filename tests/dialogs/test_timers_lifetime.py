@@ -115,13 +115,15 @@ async def test_a_lifetime_passing_with_the_target_unreachable_errors_the_initiat
     shop = await deployment.daemons["alpha"].client()
     handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT, lifetime=1)
     await shop.send(handle, ORDER, b"never delivered")
-    assert len(await shop.transmission_queue()) == 1
+    assert len(await shop.view("transmission_queue")) == 1
     (error,) = await drain(shop, "ClientQueue", 1, timeout=10)
     assert error.is_error and error.conversation_handle == handle
     assert error_code(error.message_body) == CODE_LIFETIME_EXPIRED
-    assert await shop.transmission_queue() == []  # R-DLG-9: nothing more is sent
+    assert await shop.view("transmission_queue") == []  # R-DLG-9: nothing more is sent
     (row,) = [
-        r for r in await shop.conversation_endpoints() if r["conversation_handle"] == str(handle)
+        r
+        for r in await shop.view("conversation_endpoints")
+        if r["conversation_handle"] == str(handle)
     ]
     assert row["state"] == "ER"
     with pytest.raises(RemoteError, match="in error"):
@@ -177,8 +179,8 @@ async def test_both_sides_count_the_lifetime_from_begin_dialog(deployment: Deplo
         (row,) = rows
         return datetime.fromisoformat(row["lifetime"]).timestamp()
 
-    initiator = deadline(await shop.conversation_endpoints())
-    target = deadline(await warehouse.conversation_endpoints())
+    initiator = deadline(await shop.view("conversation_endpoints"))
+    target = deadline(await warehouse.view("conversation_endpoints"))
     assert initiator - 0.5 <= target <= initiator + 1.5
 
     (error,) = await drain(warehouse, "OrderQueue", 1, timeout=10)

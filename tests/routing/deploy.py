@@ -75,7 +75,7 @@ def addr(host: str) -> str:
 
 
 async def tq(client: BrokerClient) -> list[dict[str, object]]:
-    return await client.transmission_queue()
+    return await client.view("transmission_queue")
 
 
 async def wait_status(client: BrokerClient, text: str, timeout: float = 20.0) -> str:
@@ -83,7 +83,7 @@ async def wait_status(client: BrokerClient, text: str, timeout: float = 20.0) ->
     found: list[str] = []
 
     async def check() -> bool:
-        for row in await client.transmission_queue():
+        for row in await client.view("transmission_queue"):
             status = str(row["transmission_status"])
             if text in status:
                 found.append(status)

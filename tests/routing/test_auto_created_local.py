@@ -31,7 +31,7 @@ async def test_a_database_without_it_takes_the_later_steps(deployment: Deploymen
     deployment.start("a")
     a = await daemon.client()
     await a.drop_route("AW", AUTO)
-    assert AUTO not in [r["name"] for r in await a.routes() if r["database"] == "AW"]
+    assert AUTO not in [r["name"] for r in await a.view("routes") if r["database"] == "AW"]
     explained = await a.explain(STOCK, database="AW")
     assert explained["decision"] == "delayed", explained  # R-ROUTE-4 step 7
 
@@ -55,12 +55,12 @@ async def test_a_database_without_it_takes_the_later_steps(deployment: Deploymen
     deployment.stop("a")
     deployment.start("a")
     a = await daemon.client()
-    assert AUTO not in [r["name"] for r in await a.routes() if r["database"] == "AW"]
+    assert AUTO not in [r["name"] for r in await a.view("routes") if r["database"] == "AW"]
     await wait_status(a, "DELAYED")
 
     # Created again, as the store made it: the DELAYED conversation flows (R-ROUTE-13).
     await a.create_route("AW", AUTO, "LOCAL")
-    (route,) = [r for r in await a.routes() if r["database"] == "AW" and r["name"] == AUTO]
+    (route,) = [r for r in await a.view("routes") if r["database"] == "AW" and r["name"] == AUTO]
     assert (route["address"], route["source"]) == ("LOCAL", "system")
     (got,) = await drain(a, queue_of(STOCK), 1, timeout=20)
     assert got.message_body == b"waits for a route"
@@ -83,7 +83,7 @@ async def test_msdb_without_it_lets_in_only_what_it_routes(deployment: Deploymen
     # B refuses what msdb does not route: dropped, not acknowledged; A keeps resending.
     await wait_drops(b, f"no route to service {ORDERS!r}")
     assert await b.receive(queue_of(ORDERS), timeout=0.5) == []
-    assert len(await a.transmission_queue()) == 3
+    assert len(await a.view("transmission_queue")) == 3
     await wait_until(lambda: _resent(a), 20)
 
     # The administrator routes the service explicitly in msdb: it is let in.
@@ -100,4 +100,4 @@ async def _resent(client: BrokerClient) -> bool:
 
 
 async def _empty(client: BrokerClient) -> bool:
-    return not await client.transmission_queue()
+    return not await client.view("transmission_queue")

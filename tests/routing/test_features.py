@@ -72,7 +72,7 @@ async def test_delayed_conversation_flows_once_a_route_is_created(deployment: De
     got = await drain(b, queue_of(TARGET), 3, timeout=20)
     assert [m.message_body for m in got] == [b"m0", b"m1", b"m2"]
     await wait_until(lambda: _empty_tq(a), 10)
-    (route,) = [r for r in await a.routes() if r["name"] == "ToRemote"]
+    (route,) = [r for r in await a.view("routes") if r["name"] == "ToRemote"]
     assert (route["source"], route["address"]) == (
         "admin",
         "tcp://127.0.0.41:4022".replace("41", "42"),
@@ -91,16 +91,16 @@ async def test_delayed_conversation_flows_once_a_route_is_created(deployment: De
     deployment.stop("a")
     deployment.start("a")
     a = await a_daemon.client()
-    assert any(r["name"] == "ToRemote" and r["source"] == "admin" for r in await a.routes())
+    assert any(r["name"] == "ToRemote" and r["source"] == "admin" for r in await a.view("routes"))
     await a.alter_route("AW", "ToRemote", address="LOCAL")
     explained = await a.explain(TARGET, database="AW")
     assert explained["decision"] == "delayed"  # LOCAL, but no database here has the service
     await a.drop_route("AW", "ToRemote")
-    assert not any(r["name"] == "ToRemote" for r in await a.routes())
+    assert not any(r["name"] == "ToRemote" for r in await a.view("routes"))
 
 
 async def _empty_tq(client: BrokerClient) -> bool:
-    return not await client.transmission_queue()
+    return not await client.view("transmission_queue")
 
 
 async def test_route_lifetime_expires(deployment: Deployment) -> None:
@@ -126,7 +126,7 @@ async def test_route_lifetime_expires(deployment: Deployment) -> None:
     await a.send(late, body=b"too late")
     status = await wait_status(a, "DELAYED")
     assert "R-ROUTE-13" in status
-    (row,) = [r for r in await a.routes() if r["name"] == "Short"]
+    (row,) = [r for r in await a.view("routes") if r["name"] == "Short"]
     assert row["expired"] is True
 
 
@@ -297,7 +297,7 @@ async def test_dynamic_routing_service_supplies_the_missing_route(
 
     # The request dialogs end on both sides; nothing is left in the system queue.
     async def requests_closed() -> bool:
-        rows = await a.conversation_endpoints()
+        rows = await a.view("conversation_endpoints")
         system = [
             r
             for r in rows

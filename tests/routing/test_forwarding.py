@@ -61,13 +61,17 @@ async def test_request_and_reply_through_a_forwarder(deployment: Deployment) -> 
 
     async def closed() -> bool:
         # SPEC §5: the initiator's closed endpoint is removed at once, the target's kept
-        initiator = [r["state"] for r in await a.conversation_endpoints()]
-        target = [r["state"] for r in await c.conversation_endpoints()]
-        return initiator in ([], ["CD"]) and target == ["CD"] and not await a.transmission_queue()
+        initiator = [r["state"] for r in await a.view("conversation_endpoints")]
+        target = [r["state"] for r in await c.view("conversation_endpoints")]
+        return (
+            initiator in ([], ["CD"])
+            and target == ["CD"]
+            and not await a.view("transmission_queue")
+        )
 
     await wait_until(closed, 20)
-    assert not await c.transmission_queue()
-    assert await f1.conversation_endpoints() == []  # a forwarder keeps no dialog state
+    assert not await c.view("transmission_queue")
+    assert await f1.view("conversation_endpoints") == []  # a forwarder keeps no dialog state
     assert await stat(f1, "forwarded_fragments") >= 22
     assert await stat(f1, "forwarded_acks") >= 1
     assert await stat(f1, "forward_buffer_bytes") == 0
@@ -97,7 +101,7 @@ async def test_routing_loop_is_stopped_by_the_hop_count(deployment: Deployment) 
     assert forwarded % 8 == 0 and forwarded >= 8
     assert await stat(f1, "hop_limit_drops") + await stat(f2, "hop_limit_drops") >= 1
     # Nothing spins: between A's retransmissions (every 2 s at most) the relays are quiet.
-    (row,) = await a.transmission_queue()  # never acknowledged: it stays with its sender
+    (row,) = await a.view("transmission_queue")  # never acknowledged: it stays with its sender
     assert row["message_sequence_number"] == 1
     before = await stat(f1, "forwarded_fragments") + await stat(f2, "forwarded_fragments")
     await asyncio.sleep(3.0)
@@ -118,7 +122,7 @@ async def test_forwarding_disabled_drops_without_acknowledging(deployment: Deplo
     await a.send(handle, body=b"x")
     reason = await wait_drops(f1, "message forwarding is disabled")
     assert "R-ROUTE-6" in reason
-    (row,) = await a.transmission_queue()  # not acknowledged: still waiting at A
+    (row,) = await a.view("transmission_queue")  # not acknowledged: still waiting at A
     assert row["message_sequence_number"] == 1
     assert await stat(f1, "forwarded_fragments") == 0
 
@@ -145,7 +149,7 @@ async def test_forwarding_buffer_limit_drops_and_the_sender_keeps_the_message(
     reason = await wait_drops(f1, "forwarding buffer full")
     assert "message_forward_size" in reason
     assert await stat(f1, "forward_buffer_drops") >= 1
-    (row,) = await a.transmission_queue()
+    (row,) = await a.view("transmission_queue")
     assert row["message_sequence_number"] == 1
 
 
@@ -168,7 +172,7 @@ async def test_a_sender_faster_than_the_next_hop_waits_instead_of_being_dropped(
     assert [m.message_body for m in got] == bodies
 
     async def acknowledged() -> bool:
-        return not await a.transmission_queue()
+        return not await a.view("transmission_queue")
 
     await wait_until(acknowledged, 30)
     assert await stat(f1, "forward_buffer_drops") == 0
@@ -249,7 +253,7 @@ async def test_pipelined_runs_are_relayed_once_in_order_and_traced_once(
     assert [m.message_sequence_number for m in got] == list(range(1, 601))
 
     async def acknowledged() -> bool:
-        return not await a.transmission_queue()
+        return not await a.view("transmission_queue")
 
     await wait_until(acknowledged, 30)
     assert await stat(a, "retransmissions") == 0

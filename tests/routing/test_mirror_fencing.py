@@ -86,7 +86,7 @@ async def test_a_demoted_partner_neither_sends_nor_accepts(deployment: Deploymen
     reason = await wait_drops(p1, "mirror partner at epoch", timeout=20)
     assert "R-ROUTE-15" in reason
     assert await p1.receive(queue_of(PARTS), timeout=0) == []
-    assert len(await s.transmission_queue()) == 1  # not acknowledged: the sender retries
+    assert len(await s.view("transmission_queue")) == 1  # not acknowledged: the sender retries
 
 
 async def test_a_partner_promoted_behind_the_principal_s_back_fences_it(

@@ -140,7 +140,7 @@ async def test_in_flight_messages_move_to_the_new_principal_exactly_once(
     assert_exactly_once_in_order(received, {handle: bodies})
 
     async def acknowledged() -> bool:
-        return await a.transmission_queue() == []
+        return await a.view("transmission_queue") == []
 
     await wait_until(acknowledged, 30)  # the new principal acknowledges the rest
 
@@ -198,7 +198,7 @@ async def test_a_mirror_that_was_away_catches_up_and_a_failover_then_loses_nothi
     received += await receive_some(p1, 10)
 
     async def acknowledged() -> bool:
-        return await a.transmission_queue() == []
+        return await a.view("transmission_queue") == []
 
     await wait_until(acknowledged, 30)  # exposed: the principal goes on alone
     assert len(received) == 15
@@ -224,19 +224,19 @@ async def test_stall_mode_holds_acknowledgements_until_a_mirror_has_the_message(
     for i in range(5):
         await a.send(handle, body=f"held {i}".encode())
     await asyncio.sleep(3)
-    assert len(await a.transmission_queue()) == 5  # stored at p1, not acknowledged
+    assert len(await a.view("transmission_queue")) == 5  # stored at p1, not acknowledged
     deployment.start("p2")
     await wait_caught_up(deployment, "p1", "p2")
 
     async def acknowledged() -> bool:
-        return await a.transmission_queue() == []
+        return await a.view("transmission_queue") == []
 
     await wait_until(acknowledged, 30)
     p2 = await fail_over(deployment)
     # The new principal has no mirror: in stall mode it acknowledges nothing new.
     await a.send(handle, body=b"after the failover")
     await asyncio.sleep(3)
-    assert len(await a.transmission_queue()) == 1
+    assert len(await a.view("transmission_queue")) == 1
     deployment.start("p1")
     p1 = await deployment.daemons["p1"].client()
     await p1.set_mirror_role("Parts", "mirror")
@@ -264,12 +264,12 @@ async def test_a_mirror_returning_after_mirror_timeout_to_held_commits_is_kept(
     for body in bodies:
         await a.send(handle, body=body)
     await asyncio.sleep(4)  # twice mirror_timeout, with commits held all along
-    assert len(await a.transmission_queue()) == len(bodies)
+    assert len(await a.view("transmission_queue")) == len(bodies)
     deployment.start("p2")
     await wait_caught_up(deployment, "p1", "p2")
 
     async def acknowledged() -> bool:
-        return await a.transmission_queue() == []
+        return await a.view("transmission_queue") == []
 
     await wait_until(acknowledged, 30)
     p1 = await deployment.daemons["p1"].client()
@@ -342,7 +342,7 @@ async def test_a_restarted_old_principal_sends_nothing_its_mirror_never_confirme
         got += await a.receive(queue_of(INITIATOR), top=10, timeout=1.0)
     got += await a.receive(queue_of(INITIATOR), timeout=2.0)
     assert [m.message_body for m in got] == [f"confirmed {i}".encode() for i in range(3)]
-    assert await p1.transmission_queue() == []  # no stale image on the mirror
+    assert await p1.view("transmission_queue") == []  # no stale image on the mirror
     view = await mirroring(deployment, "p1")
     assert (view["role"], view["in_doubt"]) == ("mirror", False)
     assert demoted_itself
@@ -425,7 +425,7 @@ async def test_a_partner_promoted_again_acknowledges_only_what_its_file_holds(
         assert [m.message_sequence_number for m in got] == [2, 3, 4]
 
         async def acknowledged() -> bool:
-            return not await a.transmission_queue()
+            return not await a.view("transmission_queue")
 
         await wait_until(acknowledged, 20)
         await p1.close()
@@ -554,7 +554,7 @@ async def test_a_mirror_behind_a_restarted_principal_catches_up_by_a_copy_of_the
         await a.send(handle, body=body)
 
     async def acknowledged() -> bool:
-        return await a.transmission_queue() == []
+        return await a.view("transmission_queue") == []
 
     await wait_until(acknowledged, 30)  # exposed: p1 holds units p2 never had
     await p1.close()

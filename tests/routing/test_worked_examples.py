@@ -101,7 +101,7 @@ async def acknowledged(client: BrokerClient, handle: uuid.UUID) -> None:
 
 
 async def tq(client: BrokerClient) -> list[dict[str, Any]]:
-    return await client.transmission_queue()
+    return await client.view("transmission_queue")
 
 
 async def rows_of(client: BrokerClient, handle: uuid.UUID) -> list[dict[str, Any]]:
@@ -110,7 +110,9 @@ async def rows_of(client: BrokerClient, handle: uuid.UUID) -> list[dict[str, Any
 
 async def endpoint(client: BrokerClient, handle: uuid.UUID) -> dict[str, Any]:
     (row,) = [
-        r for r in await client.conversation_endpoints() if r["conversation_handle"] == str(handle)
+        r
+        for r in await client.view("conversation_endpoints")
+        if r["conversation_handle"] == str(handle)
     ]
     return row
 
@@ -147,7 +149,7 @@ async def dropped(
     assert [r["message_sequence_number"] for r in rows] == [1], rows
     assert "DELAYED" not in rows[0]["transmission_status"]
     assert rows[0]["attempts"] >= 1
-    ids = [r["conversation_id"] for r in await receiver.conversation_endpoints()]
+    ids = [r["conversation_id"] for r in await receiver.view("conversation_endpoints")]
     assert conversation not in ids  # no endpoint was created for it
     return reason
 
@@ -304,7 +306,7 @@ async def test_worked_example_3_route_to_mirrored_database(
     await acknowledged(aw, handle)
     assert (await endpoint(aw, handle))["route"] == "OrderPartsRoute"
     assert await stat(c[mirror], "fragments_received") == 0  # the mirror got nothing
-    assert await c[mirror].conversation_endpoints() == []
+    assert await c[mirror].view("conversation_endpoints") == []
     (pair,) = [m for m in await aw.view("mirrors") if m["kind"] == "mirrored route"]
     assert pair["principal"] == tcp(principal_host)
     r = await explain(aw, s.ORDER_PARTS, "network")
@@ -479,7 +481,9 @@ async def test_worked_example_6_forwarding_one_service(deployment: Deployment) -
     await received(elsewhere, s.ELSEWHERE, [b"relay 1", b"relay 2"])
     assert await stat(aw, "forwarded_fragments") >= 2
     conversation = (await endpoint(outside, relayed))["conversation_id"]
-    assert conversation not in [r["conversation_id"] for r in await aw.conversation_endpoints()]
+    assert conversation not in [
+        r["conversation_id"] for r in await aw.view("conversation_endpoints")
+    ]
     await nothing_for(aw, s.ELSEWHERE)  # not delivered to the local ElsewhereService
     r = await explain(aw, s.ELSEWHERE, "network", from_outside=True)
     assert (r["route"], r["address"]) == ("ForwardingRoute", tcp(s.HOST_A))
@@ -579,7 +583,9 @@ async def test_worked_example_7_forwarding_every_missing_service(deployment: Dep
     await received(fwd, s.REMOTE_SERVICE, [b"relay 1", b"relay 2"])
     assert await stat(aw, "forwarded_fragments") >= 2
     conversation = (await endpoint(outside, relayed))["conversation_id"]
-    assert conversation not in [r["conversation_id"] for r in await aw.conversation_endpoints()]
+    assert conversation not in [
+        r["conversation_id"] for r in await aw.view("conversation_endpoints")
+    ]
     r = await explain(aw, s.REMOTE_SERVICE, "network", from_outside=True)
     assert (r["route"], r["address"]) == ("ForwardingRoute", tcp(s.HOST_A))
 

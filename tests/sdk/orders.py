@@ -12,7 +12,7 @@ Sent = dict[uuid.UUID, list[bytes]]
 
 
 async def ready_count(warehouse: BrokerClient) -> int:
-    rows = await warehouse.queues()
+    rows = await warehouse.view("queues")
     return sum(r["ready_messages"] for r in rows if r["queue"] == "OrderQueue")
 
 

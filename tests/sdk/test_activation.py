@@ -20,7 +20,7 @@ QUICK = Reconnect(initial=0.05, maximum=0.5, give_up_after=60)
 
 
 async def _queue_row(client: BrokerClient, queue: str) -> dict[str, object]:
-    (row,) = [r for r in await client.queues() if r["queue"] == queue]
+    (row,) = [r for r in await client.view("queues") if r["queue"] == queue]
     return row
 
 

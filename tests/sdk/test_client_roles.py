@@ -161,11 +161,11 @@ async def test_the_admin_token_may_do_everything(
         [reply] = await admin.receive("ClientQueue", timeout=10)
         assert reply.message_body == b"<from admin/>"
         await admin.create_route("shop", "Elsewhere", "tcp://127.0.0.9:4022")
-        assert any(r["name"] == "Elsewhere" for r in await admin.routes())
+        assert any(r["name"] == "Elsewhere" for r in await admin.view("routes"))
         await admin.drop_route("shop", "Elsewhere")
         await admin.alter_queue("OrderQueue", False)
         await admin.alter_queue("OrderQueue", True)
-        assert {row["service"] for row in await admin.conversation_endpoints()} == {
+        assert {row["service"] for row in await admin.view("conversation_endpoints")} == {
             SHOP_SERVICE,
             WAREHOUSE_SERVICE,
         }

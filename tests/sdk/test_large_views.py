@@ -18,6 +18,6 @@ async def test_a_view_larger_than_the_meta_limit_arrives_whole(deployment: Deplo
             await tx.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
     rows = await asyncio.wait_for(shop.conversation_endpoints(), 30)
     assert len(rows) == ENDPOINTS
-    assert {r["state"] for r in rows} == {"SO"}
-    assert len({r["conversation_handle"] for r in rows}) == ENDPOINTS
+    assert {r.state for r in rows} == {"SO"}
+    assert len({r.conversation_handle for r in rows}) == ENDPOINTS
     await shop.close()

@@ -17,7 +17,7 @@ from tests.daemons import drain, wait_until
 async def _status(deployment: Deployment) -> str:
     client = await deployment.daemons["beta"].client()
     try:
-        rows = await client.queues()
+        rows = await client.view("queues")
         return str(next(r["status"] for r in rows if r["queue"] == "OrderQueue"))
     finally:
         await client.close()
@@ -75,10 +75,10 @@ async def test_messages_for_a_queue_that_is_off_show_in_the_transmission_queue_v
         await shop.send(handle, ORDER, b"order %d" % n)
 
     async def held() -> bool:
-        return len(await warehouse.transmission_queue()) == 2
+        return len(await warehouse.view("transmission_queue")) == 2
 
     await wait_until(held)
-    rows = await warehouse.transmission_queue()
+    rows = await warehouse.view("transmission_queue")
     assert [r["message_sequence_number"] for r in rows] == [1, 2]
     assert all("OrderQueue" in r["transmission_status"] for r in rows)
     assert all("off" in r["transmission_status"] for r in rows)
@@ -89,6 +89,6 @@ async def test_messages_for_a_queue_that_is_off_show_in_the_transmission_queue_v
     await warehouse.alter_queue("OrderQueue", True)
     received = await drain(warehouse, "OrderQueue", 2)
     assert [m.message_body for m in received] == [b"order 1", b"order 2"]
-    assert await warehouse.transmission_queue() == []
+    assert await warehouse.view("transmission_queue") == []
     await shop.close()
     await warehouse.close()

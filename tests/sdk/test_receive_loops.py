@@ -109,7 +109,7 @@ async def test_a_consumer_killed_between_receive_and_commit_loses_nothing(
     assert sorted(len(s) for s in per.values()) == [5, 5, 5]
     assert await fresh.receive("OrderQueue", top=10, timeout=0.3) == []
     # The killed handler's replies were never committed, so never sent.
-    assert await fresh.transmission_queue() == []
+    assert await fresh.view("transmission_queue") == []
     assert await shop.receive("ClientQueue", top=10, timeout=1.0) == []
     for client in (shop, warehouse, fresh):
         await client.close()

@@ -232,6 +232,8 @@ async def test_connect_as_a_context_and_dialog_objects(tmp_path: Path) -> None:
             assert all(r.conversation_handle == dialog for r in replies)
             assert replies[0].message_body == b"<ack/>" and replies[1].is_end_dialog
             await dialog.end()
-            endpoints = {str(e["conversation_handle"]) for e in await shop.conversation_endpoints()}
+            endpoints = {
+                str(e["conversation_handle"]) for e in await shop.view("conversation_endpoints")
+            }
             assert str(dialog) in endpoints
         assert not shop.connected

@@ -40,9 +40,9 @@ def dialog_of(message: ReceivedMessage) -> str:
 
 async def assert_nothing_was_sent(shop: BrokerClient, warehouse: BrokerClient) -> None:
     """No reply of a lost transaction: beta queued nothing, alpha's queue stays empty."""
-    assert await warehouse.transmission_queue() == []
+    assert await warehouse.view("transmission_queue") == []
     assert await shop.receive("ClientQueue", top=10, timeout=1.0) == []
-    assert await warehouse.transmission_queue() == []
+    assert await warehouse.view("transmission_queue") == []
 
 
 READER = """

@@ -78,7 +78,7 @@ async def test_a_refused_verb_rolls_back_the_whole_transaction(deployment: Deplo
         await tx.commit()
     again = await drain(warehouse, "OrderQueue", len(got), timeout=30)
     assert seqs(again) == seqs(got)
-    assert await warehouse.transmission_queue() == []  # neither the reply nor the end
+    assert await warehouse.view("transmission_queue") == []  # neither the reply nor the end
     ended = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
     await shop.end_conversation(ended)
     with pytest.raises(ConversationEnded):  # a typed error outside a transaction too
@@ -103,7 +103,7 @@ async def test_send_many_in_a_transaction_is_queued_at_commit(deployment: Deploy
     async with shop.transaction() as tx:
         handle = await tx.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
         await tx.send_many([(handle, ORDER, b"<order n='0'/>"), (handle, ORDER, b"<n1/>")])
-        assert await shop.transmission_queue() == []  # nothing exists before COMMIT
+        assert await shop.view("transmission_queue") == []  # nothing exists before COMMIT
     assert tx.sequence_numbers == [1, 2]
     received = await drain(warehouse, "OrderQueue", 2, timeout=30)
     assert [m.message_body for m in received] == [b"<order n='0'/>", b"<n1/>"]
@@ -130,7 +130,7 @@ async def test_a_malformed_send_many_is_refused_and_queues_nothing(
         ended = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
         await shop.end_conversation(ended)
         await shop.send_many([(handle, ORDER, b"<a/>"), (ended, ORDER, b"<b/>")])
-    assert [r for r in await shop.transmission_queue() if r["message_type"] == ORDER] == []
+    assert [r for r in await shop.view("transmission_queue") if r["message_type"] == ORDER] == []
 
 
 async def test_move_conversation_takes_waiting_messages_along(deployment: Deployment) -> None:
@@ -146,7 +146,7 @@ async def test_move_conversation_takes_waiting_messages_along(deployment: Deploy
     assert seqs(moved) == [2] and moved[0].conversation_group_id == group
     endpoint = next(
         r
-        for r in await warehouse.conversation_endpoints()
+        for r in await warehouse.view("conversation_endpoints")
         if r["conversation_handle"] == str(target)
     )
     assert endpoint["unacknowledged"] == 0

@@ -115,7 +115,7 @@ async def test_external_activation_starts_the_command_within_its_limit(tmp_path:
             row = await _row(client)
             most = max(most, row["running"])
             assert row["running"] <= 2, row
-            queue = [r for r in await client.queues() if r["queue"] == "Q2"]
+            queue = [r for r in await client.view("queues") if r["queue"] == "Q2"]
             return queue[0]["ready_messages"] == 0 and row["started"] > 0
 
         await wait_until(all_answered_so_far, timeout=60, interval=0.05)

@@ -128,7 +128,7 @@ async def _sends_held(client: object) -> bool:
 
 
 async def _empty(client: object) -> bool:
-    return not await client.transmission_queue()  # type: ignore[attr-defined]
+    return not await client.view("transmission_queue")  # type: ignore[attr-defined]
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -162,5 +162,5 @@ async def test_a_client_pipelining_large_sends_is_read_only_as_its_sends_commit(
         process = d.daemons["alpha"].process
         assert process is not None
         assert _peak_rss_mb(process.pid) < 160, _peak_rss_mb(process.pid)
-        assert len(await shop.transmission_queue()) == count
+        assert len(await shop.view("transmission_queue")) == count
         await shop.close()

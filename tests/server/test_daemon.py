@@ -58,14 +58,14 @@ async def clients(d: Deployment) -> tuple[BrokerClient, BrokerClient]:
 
 
 async def tq_empty(client: BrokerClient) -> bool:
-    return not await client.transmission_queue()
+    return not await client.view("transmission_queue")
 
 
 async def test_request_reply_both_sides_end_and_reach_cd(deployment: Deployment) -> None:
     start_both(deployment)
     shop, warehouse = await clients(deployment)
     handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
-    (row,) = await shop.conversation_endpoints()
+    (row,) = await shop.view("conversation_endpoints")
     assert row["state"] == "SO"
     await shop.send(handle, ORDER, b"<order id='1'/>")
     (request,) = await drain(warehouse, "OrderQueue", 1)
@@ -77,22 +77,24 @@ async def test_request_reply_both_sides_end_and_reach_cd(deployment: Deployment)
     await shop.end_conversation(handle)
     (end,) = await drain(warehouse, "OrderQueue", 1)
     assert end.is_end_dialog
-    (target_row,) = await warehouse.conversation_endpoints()
+    (target_row,) = await warehouse.view("conversation_endpoints")
     assert target_row["state"] == "DI"
     await warehouse.end_conversation(end.conversation_handle)
     # R-DLG-10: the shop has ended; the warehouse's EndDialog only closes its endpoint
 
     async def both_closed() -> bool:
         # SPEC §5: the initiator's closed endpoint is removed at once, the target's kept
-        shop_states = [r["state"] for r in await shop.conversation_endpoints()]
-        warehouse_states = [r["state"] for r in await warehouse.conversation_endpoints()]
+        shop_states = [r["state"] for r in await shop.view("conversation_endpoints")]
+        warehouse_states = [r["state"] for r in await warehouse.view("conversation_endpoints")]
         return shop_states in ([], ["CD"]) and warehouse_states == ["CD"]
 
     await wait_until(both_closed, 10)
     assert await shop.receive("ClientQueue", timeout=0.5) == []
-    assert await shop.transmission_queue() == []
-    assert await warehouse.transmission_queue() == [], await warehouse.transmission_queue()
-    connections = await shop.broker_connections()
+    assert await shop.view("transmission_queue") == []
+    assert await warehouse.view("transmission_queue") == [], await warehouse.view(
+        "transmission_queue"
+    )
+    connections = await shop.view("broker_connections")
     assert {c["peer"] for c in connections} == {"beta"}
     assert all(c["encrypted"] and c["state"] == "open" for c in connections)
     await shop.close()
@@ -194,7 +196,7 @@ async def test_peer_down_messages_wait_with_readable_status(deployment: Deployme
         await shop.send(handle, ORDER, f"order {n}".encode())
 
     async def refused() -> bool:
-        rows = await shop.transmission_queue()
+        rows = await shop.view("transmission_queue")
         return len(rows) == 5 and all(
             "connection refused by 127.0.0.2:4022" in r["transmission_status"] for r in rows
         )
@@ -219,7 +221,7 @@ async def test_no_route_waits_with_status(tmp_path: Path) -> None:
         await shop.send(handle, ORDER, b"x")
 
         async def delayed() -> bool:
-            rows = await shop.transmission_queue()
+            rows = await shop.view("transmission_queue")
             return len(rows) == 1 and "no route" in rows[0]["transmission_status"]
 
         await wait_until(delayed, 5)
@@ -346,7 +348,7 @@ async def test_queue_off_holds_messages_until_turned_on(deployment: Deployment) 
     with pytest.raises(RemoteError) as refused:
         await warehouse.receive("OrderQueue", timeout=0.1)
     assert refused.value.kind == "QueueDisabled" and "OrderQueue" in str(refused.value)
-    (queue,) = await warehouse.queues()
+    (queue,) = await warehouse.view("queues")
     assert queue["status"] == "off" and queue["ready_messages"] == 3
     await warehouse.alter_queue("OrderQueue", True)
     received = await drain(warehouse, "OrderQueue", 3)
@@ -367,10 +369,10 @@ async def test_idle_connection_closes_and_the_dialog_outlives_it(tmp_path: Path)
         handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
         await shop.send(handle, ORDER, b"first")
         await drain(warehouse, "OrderQueue", 1)
-        assert await shop.broker_connections()
+        assert await shop.view("broker_connections")
 
         async def no_connections() -> bool:
-            return not await shop.broker_connections()
+            return not await shop.view("broker_connections")
 
         await wait_until(no_connections, 10)
         await shop.send(handle, ORDER, b"second")
@@ -411,16 +413,20 @@ async def test_receiver_refusals_come_back_as_broker_errors(tmp_path: Path) -> N
         assert errors[wrong_contract].is_error and errors[big].is_error
         assert b"<Code>-8408</Code>" in errors[wrong_contract].message_body
         assert b"<Code>-9617</Code>" in errors[big].message_body
-        states = {r["conversation_handle"]: r["state"] for r in await shop.conversation_endpoints()}
+        states = {
+            r["conversation_handle"]: r["state"] for r in await shop.view("conversation_endpoints")
+        }
         assert states == {str(wrong_contract): "ER", str(big): "ER", str(lost): "CO"}
-        (waiting,) = await shop.transmission_queue()
+        (waiting,) = await shop.view("transmission_queue")
         assert waiting["conversation_handle"] == str(lost)
         drops = [r["reason"] for r in await warehouse.view("drops")]
         assert any("//warehouse/Nowhere" in r and "R-ROUTE-13" in r for r in drops)
-        assert await warehouse.conversation_endpoints() == []
+        assert await warehouse.view("conversation_endpoints") == []
         assert await warehouse.receive("OrderQueue", timeout=0.3) == []
         await shop.end_conversation(big)
-        states = {r["conversation_handle"]: r["state"] for r in await shop.conversation_endpoints()}
+        states = {
+            r["conversation_handle"]: r["state"] for r in await shop.view("conversation_endpoints")
+        }
         assert states.get(str(big), "removed") in ("CD", "removed")  # closed (SPEC §5)
         await shop.close()
         await warehouse.close()

@@ -149,7 +149,7 @@ async def test_forged_messages_acks_and_errors_from_another_broker_are_refused(
         await mallory.close()
 
     assert await warehouse.receive("OrderQueue", timeout=0.5) == []
-    (waiting,) = await warehouse.transmission_queue()
+    (waiting,) = await warehouse.view("transmission_queue")
     assert (waiting["message_sequence_number"], waiting["message_type"]) == (1, CONFIRMATION)
     row = await endpoint(warehouse)
     assert (row["state"], row["receive_sequence"]) == ("CO", 1)

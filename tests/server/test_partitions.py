@@ -96,13 +96,15 @@ async def test_a_dialog_resumes_soon_after_a_silent_partition(
     assert proxy.stats.connections >= 2
 
     async def drained() -> bool:
-        return not await shop.transmission_queue()
+        return not await shop.view("transmission_queue")
 
     await wait_until(drained, 15)
 
     # beta dropped its side of the silent connection too: only the new one is left.
     async def one_inbound() -> bool:
-        inbound = [c for c in await warehouse.broker_connections() if c["direction"] == "inbound"]
+        inbound = [
+            c for c in await warehouse.view("broker_connections") if c["direction"] == "inbound"
+        ]
         return len(inbound) == 1
 
     await wait_until(one_inbound, 15)

@@ -45,7 +45,7 @@ async def test_a_connection_from_the_peer_ends_the_reconnect_wait(tmp_path: Path
         await shop.send(handle, ORDER, b"second")
 
         async def refused() -> bool:
-            rows = await shop.transmission_queue()
+            rows = await shop.view("transmission_queue")
             return bool(rows) and "next attempt in 30" in rows[0]["transmission_status"]
 
         await wait_until(refused, 20)

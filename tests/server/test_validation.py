@@ -49,11 +49,11 @@ async def _refused(shop: BrokerClient, warehouse: BrokerClient, body: bytes) -> 
     assert b"<Code>-9615</Code>" in error.message_body and b"well-formed XML" in error.message_body
 
     async def in_error() -> bool:
-        rows = await shop.conversation_endpoints()
+        rows = await shop.view("conversation_endpoints")
         return any(r["conversation_handle"] == str(handle) and r["state"] == "ER" for r in rows)
 
     await wait_until(in_error, 10)
-    assert await shop.transmission_queue() == []
+    assert await shop.view("transmission_queue") == []
 
 
 async def test_a_fragmented_body_that_is_not_xml_is_refused(deployment: Deployment) -> None:

@@ -131,7 +131,7 @@ async def test_retained_rows_are_listed_with_their_status_and_go_with_the_conver
     (handle,) = await begin(client, 1)
     for n in range(3):
         await client.send(handle, "DEFAULT", f"question {n}".encode())
-    rows = await client.queue_messages("Answered")
+    rows = await client.view("queue_messages", queue="Answered")
     assert [(r["message_sequence_number"], r["status"], r["status_text"]) for r in rows] == [
         (1, 1, "ready"),
         (2, 1, "ready"),
@@ -139,7 +139,7 @@ async def test_retained_rows_are_listed_with_their_status_and_go_with_the_conver
     ]
     got = await client.receive("Answered", top=2)
     target = got[0].conversation_handle
-    rows = await client.queue_messages("Answered")
+    rows = await client.view("queue_messages", queue="Answered")
     assert [(r["message_sequence_number"], r["status"]) for r in rows] == [(1, 0), (2, 0), (3, 1)]
     assert {r["conversation_handle"] for r in rows} == {str(target)}
     assert all(r["size"] == len(b"question 0") for r in rows)
@@ -161,10 +161,13 @@ async def test_retained_rows_are_listed_with_their_status_and_go_with_the_conver
             )
 
     async def gone() -> bool:
-        return not await client.queue_messages("Answered") and rows_of_conversation() == 0
+        return (
+            not await client.view("queue_messages", queue="Answered")
+            and rows_of_conversation() == 0
+        )
 
     await wait_until(gone, 15)
-    assert await client.conversation_endpoints() == []
+    assert await client.view("conversation_endpoints") == []
 
 
 async def test_leak_views_show_endpoints_by_state_and_age_and_the_oldest_waiting(
@@ -174,16 +177,18 @@ async def test_leak_views_show_endpoints_by_state_and_age_and_the_oldest_waiting
     for handle in handles[:3]:
         await client.send(handle, "DEFAULT", b"unread")
     await client.send(handles[0], "DEFAULT", b"unread too")
-    ages = await client.endpoint_ages()
+    ages = await client.view("endpoint_ages")
     by_state = {(r["state"], r["age"]): r["endpoints"] for r in ages}
     # five initiators (three have sent) and the three targets their messages began
     assert by_state == {("CO", "under 1 min"): 6, ("SO", "under 1 min"): 2}
 
     async def acknowledged() -> bool:  # the first messages went by the transmission queue
-        return all(r["waiting_in"] != "transmission_queue" for r in await client.oldest_waiting())
+        return all(
+            r["waiting_in"] != "transmission_queue" for r in await client.view("oldest_waiting")
+        )
 
     await wait_until(acknowledged, 10)
-    waiting = await client.oldest_waiting()
+    waiting = await client.view("oldest_waiting")
     assert len(waiting) == 3 and all(r["waiting_in"] == "queue Answered" for r in waiting)
     assert [r["oldest_enqueued_at"] for r in waiting] == sorted(
         r["oldest_enqueued_at"] for r in waiting

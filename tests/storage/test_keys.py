@@ -59,7 +59,7 @@ async def test_a_daemons_endpoints_have_time_ordered_handles_and_random_conversa
                 begun.append(handle)
                 targets.append(message.conversation_handle)
                 await asyncio.sleep(0.002)
-            endpoints = await client.conversation_endpoints()
+            endpoints = await client.view("conversation_endpoints")
         finally:
             await client.close()
     assert {h.version for h in begun + targets} == {7}

@@ -47,7 +47,7 @@ async def test_every_message_is_traced_from_send_to_receive(deployment: Deployme
     await drain(warehouse, "OrderQueue", 100)
 
     async def acknowledged() -> bool:
-        return not await shop.transmission_queue()
+        return not await shop.view("transmission_queue")
 
     await wait_until(acknowledged, 20)
     await shop.close()
