@@ -175,3 +175,67 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> DataF
         )
         .orderBy(F.col("age_seconds").desc(), "conversation_id")
     )
+
+
+def longest_waits(messages: DataFrame, delayed: DataFrame, last_t: int) -> DataFrame:
+    """Messages that waited longest, delivered or not, with why, longest first.
+
+    The wait is SEND to delivery (to the end of the set for a message still waiting).
+    It is cut into the time before the first fragment left (in the transmission
+    queue: no route, DELAYED, no connection yet) and the time from there to delivery
+    (on the way: retransmissions, drops, forwarders). ``reason`` names the longer part
+    and what the traces say of it: the conversation's DELAYED time and reason
+    (``delayed`` is :func:`brokerd.analytics.delays.by_conversation`), retransmissions,
+    drops and their reason, forwarders, and whether it still waits.
+    """
+    end = F.coalesce("delivered_t", F.lit(last_t))
+    start_queue = F.coalesce("enqueued_t", "sent_t")
+    queued = (F.coalesce("first_fragment_t", end) - start_queue) / 1e6
+    on_the_way = (end - F.col("first_fragment_t")) / 1e6
+    stream_delay = delayed.select(
+        *STREAM,
+        F.col("instance").alias("sender"),
+        "delayed_seconds",
+        F.col("last_reason").alias("delayed_reason"),
+    )
+    rows = (
+        messages.where(F.col("sent_t").isNotNull() & F.col("status").isin("delivered", "waiting"))
+        .join(stream_delay, on=[*STREAM, "sender"], how="left")
+        .withColumn("wait_seconds", F.round((end - F.col("sent_t")) / 1e6, 6))
+        .withColumn("queued_seconds", F.round(queued, 6))
+        .withColumn("on_the_way_seconds", F.round(on_the_way, 6))
+    )
+    longer = F.when(
+        F.coalesce("on_the_way_seconds", F.lit(0.0)) > F.col("queued_seconds"),
+        F.format_string("on the way %.3f s", "on_the_way_seconds"),
+    ).otherwise(F.format_string("in the transmission queue %.3f s", "queued_seconds"))
+    reason = F.concat_ws(
+        "; ",
+        longer,
+        F.when(
+            F.col("delayed_seconds") > 0,
+            F.format_string("DELAYED %.3f s: %s", "delayed_seconds", "delayed_reason"),
+        ),
+        F.when(
+            F.col("retransmissions") > 0,
+            F.format_string("%d retransmission(s), %d attempts", "retransmissions", "attempts"),
+        ),
+        F.when(
+            F.col("drops") > 0, F.format_string("dropped %d time(s): %s", "drops", "drop_reason")
+        ),
+        F.when(F.col("forwards") > 0, F.format_string("relayed by %d forwarder(s)", "forwards")),
+        F.when(F.col("status") == "waiting", F.lit("still waiting")),
+    )
+    return rows.select(
+        *KEY,
+        "sender",
+        "receiver",
+        "route",
+        "address",
+        "sent_t",
+        "status",
+        "wait_seconds",
+        "queued_seconds",
+        "on_the_way_seconds",
+        reason.alias("reason"),
+    ).orderBy(F.col("wait_seconds").desc(), *KEY)
