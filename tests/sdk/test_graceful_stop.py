@@ -5,11 +5,12 @@ Before, the daemon closed the application connections first and committed what i
 read while it stopped: every SEND in flight failed with "connection to brokerd lost",
 yet was delivered, and an application that sent them again delivered them twice.
 
-Now (SPEC §6, R-DLG-1), for a client that does not reconnect: a SEND either gets its sequence number (it was committed and is
-delivered, once, in order) or fails with ``BrokerStopping`` (it was never read, never
-executed, and may be sent again); none fails with ``OutcomeUnknown``. Real daemons: the
-shop on 127.0.0.1:4022 sends to the warehouse on 127.0.0.2:4022. (A client that
-reconnects sends the unread ones again by itself: ``test_reconnect.py``.)
+Now (SPEC §6, R-DLG-1), for a client that does not reconnect: a SEND either gets its
+sequence number (it was committed and is delivered, once, in order) or fails with
+``BrokerStopping`` (it was never read, never executed, and may be sent again); none
+fails with ``OutcomeUnknown``. Real daemons: the shop on 127.0.0.1:4022 sends to the
+warehouse on 127.0.0.2:4022. (A client that reconnects sends the unread ones again by
+itself: ``test_reconnect.py``.)
 """
 
 from __future__ import annotations
