@@ -22,6 +22,9 @@
                                                  failover: this partner's role (R-ROUTE-10)
     brokerctl --config FILE watch VIEW [--interval S] [--count N]
                                                  redraw a view until Ctrl-C (or N times)
+    brokerctl trace CONVERSATION [SEQ] (--traces DIR | --config FILE)...
+                                                 where is my message: its path across the
+                                                 daemons' trace files, and why it waited
 
 CONNECTION is either ``--config FILE``, the daemon's own TOML file (the client
 listener's host and port and the token file are read from its ``[client]``
@@ -43,8 +46,15 @@ the time it was made), timestamps to whole seconds and long text to 40 character
 prints the daemon's rows unchanged (``watch --json`` prints one JSON document a
 line). An empty view prints ``(no rows)``.
 
-Errors (daemon not running, wrong token, unknown view, bad configuration) print
-one line ``brokerctl: error: ...`` and exit with status 2.
+``trace`` needs no running daemon: it reads the trace files (docs/traces.md) of every
+daemon named, by folder (``--traces``) or by configuration file (``--config``, once per
+daemon; ``[trace] directory``), and prints each step of the message (or of every message
+of the conversation) with the time since the step before and why it waited
+(:mod:`brokerd.admin.trace`).
+
+Errors (daemon not running, wrong token, unknown view, bad configuration, a
+conversation the traces do not hold) print one line ``brokerctl: error: ...`` and
+exit with status 2.
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from brokerd.admin import trace as tracing
 from brokerd.sdk.client import DEFAULT_PORT, BrokerClient
 from protocol.errors import AuthenticationFailed, BrokerError, ClientError, RemoteError
 
@@ -577,6 +588,44 @@ def _common(parser: argparse.ArgumentParser, top: bool) -> None:
     )
 
 
+def trace_directories(
+    args: argparse.Namespace, environ: dict[str, str] | None = None
+) -> list[Path]:
+    """The trace folders ``trace`` reads: ``--traces`` folders, and each ``--config`` file's
+    (or, with neither, ``$BROKERD_CONFIG``'s) ``[trace] directory``."""
+    environ = dict(os.environ) if environ is None else environ
+    directories = [Path(d) for d in args.traces or []]
+    configs = list(args.trace_configs or [])
+    if isinstance(getattr(args, "config", None), str):
+        configs.append(args.config)
+    if not directories and not configs and environ.get(ENV_CONFIG):
+        configs.append(environ[ENV_CONFIG])
+    if configs:
+        from brokerd.config import load_config
+
+        for path in configs:
+            try:
+                config = load_config(path)
+            except (BrokerError, OSError, ValueError) as exc:
+                raise CtlError(str(exc)) from None
+            if config.trace.directory is not None:
+                directories.append(config.trace.directory)
+    if not directories:
+        raise CtlError("no traces to read: give --traces DIR or --config FILE (once per daemon)")
+    return directories
+
+
+def _trace(args: argparse.Namespace) -> None:
+    try:
+        found = tracing.follow(trace_directories(args), args.conversation, args.seq)
+    except tracing.TraceNotFound as exc:
+        raise CtlError(str(exc)) from None
+    if args.json:
+        print(json.dumps([p.view() for p in found], indent=1, default=str))
+    else:
+        sys.stdout.write(tracing.format_paths(args.conversation, found))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -635,6 +684,30 @@ def build_parser() -> argparse.ArgumentParser:
     mirror.add_argument("role", choices=("principal", "mirror"))
     _common(mirror, top=False)
     mirror.set_defaults(func=_mirror_role)
+
+    follow = commands.add_parser(
+        "trace",
+        help="where is my message: its path across the daemons' trace files, and why it waited",
+        description="Follow a message (or every message of a conversation) through the "
+        "daemons' trace files: each step, on which broker, the time since the step before "
+        "and why it waited. No daemon needs to run.",
+    )
+    follow.add_argument("conversation", metavar="CONVERSATION", help="the conversation id")
+    follow.add_argument("seq", metavar="SEQ", type=int, nargs="?", help="one message's number")
+    follow.add_argument(
+        "--traces", metavar="DIR", action="append", help="a daemon's trace folder (repeat)"
+    )
+    follow.add_argument(
+        "--config",
+        metavar="FILE",
+        dest="trace_configs",
+        action="append",
+        help="a daemon's configuration, for its [trace] directory (repeat, one per daemon)",
+    )
+    follow.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the paths as JSON"
+    )
+    follow.set_defaults(func=_trace)
     return parser
 
 
@@ -643,6 +716,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "tq":
         args.command = "transmission-queue"
     try:
+        if args.command == "trace":  # reads files: no daemon, no connection
+            args.func(args)
+            return 0
         if args.command == "watch":
             _view_name(args.view)  # an unknown view is an error before connecting
         if not args.timeout > 0:
