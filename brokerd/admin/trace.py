@@ -31,6 +31,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from brokerd.errors import TraceNotFound
+
+__all__ = ["TraceNotFound", "follow", "format_paths", "read_conversation"]
+
 MAX_LINE = 1 << 20
 """A trace line longer than this (bytes) is not one the writer wrote: skipped."""
 MAX_EVENTS = 100_000
@@ -69,10 +73,6 @@ STAGE = {
     )
 }
 """The life of a message: the order of events of one instant."""
-
-
-class TraceNotFound(Exception):
-    """Nothing to show: no segment, or no event of that conversation or message."""
 
 
 @dataclass(frozen=True)
