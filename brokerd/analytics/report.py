@@ -193,7 +193,9 @@ def analyze(
             put(
                 "longest_waits",
                 "Messages that waited longest",
-                waiting.longest_waits(messages, delays.by_conversation(periods), traces.last_t),
+                waiting.longest_waits(
+                    events, messages, delays.by_conversation(periods), traces.last_t, top
+                ),
             )
         finally:
             periods.unpersist()
