@@ -128,6 +128,11 @@ def latency_histogram(
     return _config(chart)
 
 
+def _millis(ts: str) -> str:
+    """A trace timestamp cut to milliseconds, which every browser's Date parses."""
+    return ts[:23] + "Z" if len(ts) > 24 and ts[19] == "." else ts
+
+
 def _marks(throughput: Sequence[dict[str, Any]], found: Sequence[Process]) -> list[dict[str, Any]]:
     marks: list[dict[str, Any]] = []
     for r in throughput:
@@ -141,11 +146,21 @@ def _marks(throughput: Sequence[dict[str, Any]], found: Sequence[Process]) -> li
     for n, p in enumerate(found):
         if n > 0 and found[n - 1].instance == p.instance:
             marks.append(
-                {"t": p.first_ts, "kind": "restart", "count": 1, "where": f"{p.instance} {p.pid}"}
+                {
+                    "t": _millis(p.first_ts),
+                    "kind": "restart",
+                    "count": 1,
+                    "where": f"{p.instance} {p.pid}",
+                }
             )
         if p.ended == "killed":
             marks.append(
-                {"t": p.last_ts, "kind": "killed", "count": 1, "where": f"{p.instance} {p.pid}"}
+                {
+                    "t": _millis(p.last_ts),
+                    "kind": "killed",
+                    "count": 1,
+                    "where": f"{p.instance} {p.pid}",
+                }
             )
     return marks
 
@@ -180,9 +195,7 @@ def timeline(
         )
         .properties(width=WIDTH, height=HEIGHT)
     )
-    events = alt.InlineData(
-        values=marks or [{"t": throughput[0]["bucket"], "kind": "", "count": 0}]
-    )
+    events = alt.InlineData(values=marks)
     kinds = alt.Scale(domain=STRIP_ROWS, range=STRIP_COLOURS)
     strip = (
         alt.Chart(events)
