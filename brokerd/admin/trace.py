@@ -47,6 +47,19 @@ SENDER_EVENTS = ("route_chosen", "delayed", "released")
 """Conversation events of the sending endpoint: part of each of its messages' paths."""
 LISTING_EVENTS = ("ack_received", "discarded")
 """Events that name messages in ``seqs``."""
+TRAVEL = frozenset(
+    {
+        "message_sent",
+        "enqueued",
+        "fragment_sent",
+        "retransmission",
+        "fragment_received",
+        "forwarded",
+        "delivered",
+        "received",
+    }
+)
+"""Events that show where the message itself is."""
 STAGE = {
     name: n
     for n, name in enumerate(
@@ -117,8 +130,12 @@ class Path_:
 
     @property
     def brokers(self) -> list[str]:
+        """The brokers the message went through, sender to receiver (acknowledgements and
+        routing aside)."""
         out: list[str] = []
         for s in self.steps:
+            if s.event.name not in TRAVEL:
+                continue
             if not out or out[-1] != s.event.instance:
                 out.append(s.event.instance)
         return out

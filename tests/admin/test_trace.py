@@ -91,7 +91,7 @@ async def test_one_message_across_two_daemons(
     assert status == 0, err
     (path,) = json.loads(out)  # one message in the conversation: the order
     assert (path["initiator"], path["seq"]) == (True, 1)
-    assert path["brokers"][:2] == ["alpha", "beta"]
+    assert path["brokers"] == ["alpha", "beta"]
     assert all(s["wait_seconds"] >= 0 and s["why"] for s in path["steps"])
     timestamps = [s["ts"] for s in path["steps"]]
     assert timestamps == sorted(timestamps)
