@@ -375,7 +375,7 @@ def add_refusals(path: Path_, refusals: Refusals) -> None:
     """Name refused connections as the reason of the waits they explain (a first send or a
     retransmission that waited while the sender could not reach the far broker)."""
     for n, step in enumerate(path.steps):
-        if n == 0 or step.event.name not in ("fragment_sent", "retransmission", "released"):
+        if n == 0 or step.event.name not in ("fragment_sent", "retransmission"):
             continue
         start = path.steps[n - 1].event.t
         count, reason = refusals.between(step.event.instance, start, step.event.t)

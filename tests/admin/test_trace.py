@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,80 @@ def test_over_long_and_torn_lines_are_skipped(
     ]
     with pytest.raises(trace.TraceNotFound, match="more than 1 trace events"):
         trace.read_conversation([segment], uuid.UUID(cid), limit=1)
+
+
+def test_every_wait_has_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A message sent while its conversation was DELAYED (R-ROUTE-13), sent once a route
+    appeared while the far broker refused connections, retransmitted after a lost
+    acknowledgement (R-DLG-6), relayed by a forwarder (R-ROUTE-7), delivered and RECEIVEd:
+    each wait is named by what the traces say of it."""
+    cid = str(uuid.uuid4())
+    t0 = 1_795_000_000.0
+
+    def at(seconds: float) -> str:
+        return datetime.fromtimestamp(t0 + seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    def write(instance: str, lines: list[tuple[float, str, dict[str, object]]]) -> None:
+        folder = tmp_path / instance
+        folder.mkdir()
+        (folder / f"{instance}-20261129T070000-1-00001.jsonl").write_text(
+            "".join(
+                json.dumps(
+                    {"v": 1, "instance": instance, "ts": at(s), "event": e}
+                    | ({} if e.startswith("connection") else {"conversation_id": cid})
+                    | f
+                )
+                + "\n"
+                for s, e, f in lines
+            )
+        )
+
+    m = {"initiator": True, "seq": 1}
+    write(
+        "a",
+        [
+            (0.0, "delayed", {"initiator": True, "reason": "no route to service '//b'"}),
+            (0.5, "message_sent", m),
+            (0.5001, "enqueued", m),
+            (2.0, "released", {"initiator": True}),
+            (2.2, "connection_refused", {"peer": "tcp://f:4022", "reason": "refused"}),
+            (2.0001, "route_chosen", {"initiator": True, "route": "R", "address": "tcp://f:4022"}),
+            (2.5, "fragment_sent", {**m, "attempt": 1, "peer": "tcp://f:4022"}),
+            (4.5, "retransmission", {**m, "attempt": 2, "wait": 4.0}),
+            (4.5001, "fragment_sent", {**m, "attempt": 2, "peer": "tcp://f:4022"}),
+            (4.6, "ack_received", {"initiator": True, "through": 1, "seqs": "1"}),
+        ],
+    )
+    write(
+        "f",
+        [
+            (2.51, "fragment_received", {**m, "peer": "a@h:1", "hop": 0}),
+            (2.52, "forwarded", {**m, "hop": 1, "address": "tcp://b:4022"}),
+        ],
+    )
+    write(
+        "b",
+        [
+            (2.53, "fragment_received", {**m, "peer": "f@h:2", "hop": 1}),
+            (2.54, "delivered", {**m, "queue": "Q"}),
+            (4.51, "duplicate", m),
+            (9.0, "received", {**m, "queue": "Q"}),
+        ],
+    )
+    status, out, err = _run(capsys, "trace", cid, "1", "--traces", str(tmp_path))
+    assert status == 0, err
+    why = {}
+    for line in out.splitlines()[1:]:
+        words = line.split()
+        name = next((w for w in words if w in trace.STAGE), None)
+        if name is not None:
+            why.setdefault(name, line)
+    assert "sent while the conversation was DELAYED" in why["delayed"]
+    assert "DELAYED until a route was found" in why["released"]
+    assert "the far broker could not be reached (1 connection(s) refused" in why["fragment_sent"]
+    assert "retry wait" in why["retransmission"]
+    assert "held by the forwarder f (hop 1)" in why["forwarded"]
+    assert "acknowledgement was lost or late" in why["duplicate"]
+    assert "RECEIVE" in why["received"] and "+4.400 s" in why["received"]
+    assert "message 1 (sent by the initiator): a -> f -> b" in out
+    assert "longest wait 4.400 s before received on b" in out
