@@ -60,6 +60,9 @@ DEFAULT_MAX_BODY = 128 * 1024 * 1024
 NONCE_SIZE = 32
 _U32_MAX = 0xFFFF_FFFF
 _PROOF_LABEL = b"brokerd-client-v1\x00"
+MAX_ROLLBACK_REASON = 4000
+"""Characters of the reason a ROLLBACK may give (kept as the message's last error, SPEC §6);
+the SDK cuts a longer one, the daemon refuses it (InvalidRequest)."""
 
 
 class ClientFrameKind(enum.IntEnum):

@@ -232,6 +232,21 @@ class QueueDisabled(DialogError):
     retriable = True
 
 
+class ConversationQuarantined(DialogError):
+    """RECEIVE naming a conversation that poison-message handling quarantined (SPEC §6):
+    its messages are set aside until an administrator releases it or ends it."""
+
+    code = "conversation_quarantined"
+    retriable = False
+
+
+class NotQuarantined(DialogError):
+    """Release or end-with-error of a conversation that is not quarantined (SPEC §6)."""
+
+    code = "not_quarantined"
+    retriable = False
+
+
 class LockConflict(DialogError):
     """The conversation group is locked by another transaction."""
 

@@ -18,6 +18,8 @@ from brokerd.config import (
     DatabaseConfig,
     LimitsConfig,
     MessageTypeConfig,
+    PoisonHandling,
+    PoisonPolicy,
     QueueConfig,
     RetryConfig,
     RouteConfig,
@@ -243,6 +245,8 @@ retention = true
 [[database.queue]]
 name = "Q2"
 status = false
+poison_message_handling = "DISABLE"
+poison_rollbacks = 7
 """,
     )
     e = cfg.endpoint
@@ -271,7 +275,12 @@ status = false
     )
     shop = cfg.database("shop")
     assert shop.broker_instance == uuid.UUID(UUID1)
-    assert shop.queues == (QueueConfig("Q1", False, True), QueueConfig("Q2", False, False))
+    disable = PoisonPolicy(PoisonHandling.DISABLE, 7)
+    assert shop.queues == (
+        QueueConfig("Q1", False, True),  # quarantine after 5 rollbacks, the default (SPEC §6)
+        QueueConfig("Q2", False, False, disable),
+    )
+    assert shop.queues[0].poison == PoisonPolicy(PoisonHandling.QUARANTINE, 5)
 
 
 def test_client_host_follows_a_loopback_endpoint_only(tmp_path: Path) -> None:
@@ -533,7 +542,10 @@ def test_unknown_key_typo_is_named_with_the_allowed_keys(tmp_path: Path) -> None
         "database[0].queue[0].stauts",
         "unknown key 'stauts' (did you mean 'status'?)",
     )
-    assert "allowed keys here: name, retention, status" in err.problem
+    assert (
+        "allowed keys here: activation, name, poison_message_handling, poison_rollbacks, "
+        "retention, status" in err.problem
+    )
 
 
 @pytest.mark.parametrize(
@@ -1006,6 +1018,16 @@ LONG_UTF8 = "é" * (MAX_NAME_BYTES // 2 + 1)  # fewer characters than the limit,
             db('[[database.queue]]\nname = "q"\nretention = "no"\n'),
             "database[0].queue[0].retention",
             "true or false",
+        ),
+        (
+            db('[[database.queue]]\nname = "q"\npoison_message_handling = "pause"\n'),
+            "database[0].queue[0].poison_message_handling",
+            "must be one of quarantine, disable, off",
+        ),
+        (
+            db('[[database.queue]]\nname = "q"\npoison_rollbacks = 0\n'),
+            "database[0].queue[0].poison_rollbacks",
+            "must be between 1 and 1000000",
         ),
         (
             db('[[database.queue]]\nname = "Q"\n[[database.queue]]\nname = "q"\n'),

@@ -20,6 +20,12 @@
     brokerctl --config FILE route drop DB NAME
     brokerctl --config FILE mirror-role DB principal|mirror
                                                  failover: this partner's role (R-ROUTE-10)
+    brokerctl --config FILE quarantined          conversations set aside by poison-message
+                                                 handling: failing message, rollbacks, last error
+    brokerctl --config FILE quarantine release HANDLE
+                                                 its messages become receivable again
+    brokerctl --config FILE quarantine end HANDLE --error-code N [--description TEXT]
+                                                 END CONVERSATION WITH ERROR (the far side is told)
     brokerctl --config FILE watch VIEW [--interval S] [--count N]
                                                  redraw a view until Ctrl-C (or N times)
     brokerctl trace CONVERSATION [SEQ] (--traces DIR | --config FILE)...
@@ -67,6 +73,7 @@ import re
 import ssl
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +98,8 @@ VIEWS: dict[str, str] = {
     "stats": "stats",
     "drops": "drops",
     "mirrors": "mirrors",
+    "quarantined": "quarantined",
+    "activation": "activation",
 }
 """Command name -> the daemon's view name."""
 
@@ -99,13 +108,16 @@ _VIEW_HELP = {
     "unacknowledged messages",
     "transmission-queue": "messages sent but not yet acknowledged by the far broker, "
     "EndDialog and Error flagged",
-    "queues": "queues, their status and ready messages",
+    "queues": "queues, their status, ready messages and readers (RECEIVEs waiting, groups held)",
     "routes": "routes of every database",
     "connections": "connections to and from other brokers",
     "databases": "databases, their broker instances and files",
     "stats": "the dialog engine's counters",
     "drops": "reasons of dropped messages",
     "mirrors": "mirrored databases here, and which partner is principal for each mirrored route",
+    "quarantined": "conversations set aside by poison-message handling: the failing message, "
+    "its rollbacks and last error",
+    "activation": "activated queues: their command, instances running, started and exited",
 }
 
 SHORT_LENGTH = 8
@@ -535,6 +547,27 @@ async def _mirror_role(args: argparse.Namespace, target: Target) -> None:
     print(f"database {args.database} is now the {args.role} partner")
 
 
+async def _quarantine(args: argparse.Namespace, target: Target) -> None:
+    try:
+        handle = uuid.UUID(args.handle)
+    except ValueError:
+        raise CtlError(f"{args.handle!r} is not a conversation handle (a UUID)") from None
+    async with await connect(target, args.timeout) as client:
+        if args.action == "release":
+            released = await _call(client, target, client.release_quarantine(handle), args.timeout)
+            print(f"conversation {handle} released: {released} message(s) receivable again")
+            return
+        if args.error_code is None:
+            raise CtlError("quarantine end needs --error-code N (greater than 0)")
+        await _call(
+            client,
+            target,
+            client.end_quarantined(handle, args.error_code, args.description),
+            args.timeout,
+        )
+    print(f"conversation {handle} ended with error {args.error_code}")
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -588,42 +621,11 @@ def _common(parser: argparse.ArgumentParser, top: bool) -> None:
     )
 
 
-def trace_directories(
-    args: argparse.Namespace, environ: dict[str, str] | None = None
-) -> list[Path]:
-    """The trace folders ``trace`` reads: ``--traces`` folders, and each ``--config`` file's
-    (or, with neither, ``$BROKERD_CONFIG``'s) ``[trace] directory``."""
-    environ = dict(os.environ) if environ is None else environ
-    directories = [Path(d) for d in args.traces or []]
-    configs = list(args.trace_configs or [])
-    if isinstance(getattr(args, "config", None), str):
-        configs.append(args.config)
-    if not directories and not configs and environ.get(ENV_CONFIG):
-        configs.append(environ[ENV_CONFIG])
-    if configs:
-        from brokerd.config import load_config
-
-        for path in configs:
-            try:
-                config = load_config(path)
-            except (BrokerError, OSError, ValueError) as exc:
-                raise CtlError(str(exc)) from None
-            if config.trace.directory is not None:
-                directories.append(config.trace.directory)
-    if not directories:
-        raise CtlError("no traces to read: give --traces DIR or --config FILE (once per daemon)")
-    return directories
-
-
 def _trace(args: argparse.Namespace) -> None:
     try:
-        found = tracing.follow(trace_directories(args), args.conversation, args.seq)
+        tracing.run(args.conversation, args.seq, args.traces, args.trace_configs, args.json)
     except tracing.TraceNotFound as exc:
         raise CtlError(str(exc)) from None
-    if args.json:
-        print(json.dumps([p.view() for p in found], indent=1, default=str))
-    else:
-        sys.stdout.write(tracing.format_paths(args.conversation, found))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -685,6 +687,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(mirror, top=False)
     mirror.set_defaults(func=_mirror_role)
 
+    quarantine = commands.add_parser(
+        "quarantine", help="release a quarantined conversation, or end it with an error"
+    )
+    quarantine.add_argument("action", choices=("release", "end"))
+    quarantine.add_argument("handle", metavar="HANDLE", help="the conversation handle")
+    quarantine.add_argument("--error-code", type=int, metavar="N", help="end: the error code")
+    quarantine.add_argument("--description", default="", help="end: the error's description")
+    _common(quarantine, top=False)
+    quarantine.set_defaults(func=_quarantine)
+
     follow = commands.add_parser(
         "trace",
         help="where is my message: its path across the daemons' trace files, and why it waited",
@@ -717,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
         args.command = "transmission-queue"
     try:
         if args.command == "trace":  # reads files: no daemon, no connection
+            if isinstance(args.config, str):  # given before the command: one daemon's
+                args.trace_configs = [*(args.trace_configs or []), args.config]
+            if not args.traces and not args.trace_configs and os.environ.get(ENV_CONFIG):
+                args.trace_configs = [os.environ[ENV_CONFIG]]
             args.func(args)
             return 0
         if args.command == "watch":

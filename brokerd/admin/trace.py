@@ -24,6 +24,7 @@ The trace format is read here directly (``brokerd.admin`` may not import
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -481,3 +482,41 @@ def format_paths(conversation: str, found: Sequence[Path_]) -> str:
         lines.append(summary)
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def directories_of(traces: Sequence[str] | None, configs: Sequence[str] | None) -> list[Path]:
+    """The trace folders to read: the ``traces`` folders, and each configuration file's
+    ``[trace] directory``."""
+    directories = [Path(d) for d in traces or []]
+    files = list(configs or [])
+    if files:
+        from brokerd.config import load_config
+        from brokerd.errors import BrokerError
+
+        for path in files:
+            try:
+                config = load_config(path)
+            except (BrokerError, OSError, ValueError) as exc:
+                raise TraceNotFound(str(exc)) from None
+            if config.trace.directory is not None:
+                directories.append(config.trace.directory)
+    if not directories:
+        raise TraceNotFound(
+            "no traces to read: give --traces DIR or --config FILE (once per daemon)"
+        )
+    return directories
+
+
+def run(
+    conversation: str,
+    seq: int | None,
+    traces: Sequence[str] | None,
+    configs: Sequence[str] | None,
+    as_json: bool,
+) -> None:
+    """``brokerctl trace``: print the paths (text, or JSON with ``as_json``)."""
+    found = follow(directories_of(traces, configs), conversation, seq)
+    if as_json:
+        print(json.dumps([p.view() for p in found], indent=1, default=str))
+    else:
+        sys.stdout.write(format_paths(conversation, found))

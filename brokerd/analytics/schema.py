@@ -41,7 +41,18 @@ _STRINGS = (
     "reason",
     "direction",
 )
-_LONGS = ("v", "seq", "fragment", "fragments", "size", "attempt", "through", "acked", "hop")
+_LONGS = (
+    "v",
+    "seq",
+    "fragment",
+    "fragments",
+    "size",
+    "attempt",
+    "through",
+    "acked",
+    "hop",
+    "pid",
+)
 _BOOLEANS = ("initiator", "encrypted")
 _DOUBLES = ("wait",)
 

@@ -16,7 +16,9 @@ What a file declares (SPEC section 1):
   ``DEFAULT`` (validation ``none``) and the contract ``DEFAULT`` (``DEFAULT`` sent by
   ``any``); the store creates them, the file may use but not redefine them, and they are
   not listed in :attr:`DatabaseConfig.message_types` / :attr:`DatabaseConfig.contracts`.
-* R-OBJ-3 queues: a name, status on/off and the retention flag.
+* R-OBJ-3 queues: a name, status on/off, the retention flag and external activation
+  (``activation = { command = [...], max_instances = n }``: the program the daemon starts
+  when the queue's messages are not drained).
 * R-OBJ-4 services: a name (case-sensitive, compared byte-for-byte), the queue and the
   contracts the service accepts as a target.
 * R-OBJ-5 routes: ``name``, ``remote_service_name``, ``broker_instance``, ``address``
@@ -55,6 +57,7 @@ from brokerd.config.model import (
     MIRROR_WHEN_LOST,
     SENT_BY,
     VALIDATIONS,
+    ActivationConfig,
     BrokerConfig,
     ClientConfig,
     ClientToken,
@@ -64,6 +67,8 @@ from brokerd.config.model import (
     EndpointConfig,
     LimitsConfig,
     MessageTypeConfig,
+    PoisonHandling,
+    PoisonPolicy,
     QueueConfig,
     RemoteServiceBindingConfig,
     RetryConfig,
@@ -78,6 +83,7 @@ __all__ = [
     "MIRROR_WHEN_LOST",
     "SENT_BY",
     "VALIDATIONS",
+    "ActivationConfig",
     "BrokerConfig",
     "ClientConfig",
     "ClientToken",
@@ -87,6 +93,8 @@ __all__ = [
     "EndpointConfig",
     "LimitsConfig",
     "MessageTypeConfig",
+    "PoisonHandling",
+    "PoisonPolicy",
     "QueueConfig",
     "RemoteServiceBindingConfig",
     "RetryConfig",

@@ -13,14 +13,20 @@ from typing import Any
 
 from brokerd.config.addresses import normal_tcp_address
 from brokerd.config.model import (
+    DEFAULT_POISON_ROLLBACKS,
+    MAX_ACTIVATED_INSTANCES,
+    MAX_POISON_ROLLBACKS,
     MIRROR_ROLES,
     MIRROR_WHEN_LOST,
     SENT_BY,
     VALIDATIONS,
+    ActivationConfig,
     ContractConfig,
     ContractMessage,
     DatabaseConfig,
     MessageTypeConfig,
+    PoisonHandling,
+    PoisonPolicy,
     QueueConfig,
     RemoteServiceBindingConfig,
     RouteConfig,
@@ -112,10 +118,28 @@ def parse_database(t: Table, now: datetime, base: Path) -> DatabaseConfig:
 
     queues: list[QueueConfig] = []
     names = Unique("queue", name, fold=True)
-    for qt in t.tables("queue", ("name", "status", "retention")):
+    for qt in t.tables(
+        "queue",
+        (
+            "name",
+            "status",
+            "retention",
+            "poison_message_handling",
+            "poison_rollbacks",
+            "activation",
+        ),
+    ):
         q_name = qt.name()
         names.add(qt, q_name)
-        queues.append(QueueConfig(q_name, _queue_status(qt), qt.flag("retention", False)))
+        queues.append(
+            QueueConfig(
+                q_name,
+                _queue_status(qt),
+                qt.flag("retention", False),
+                _poison(qt),
+                _activation(qt, base),
+            )
+        )
     known_queues = {q.name for q in queues}
 
     services: list[ServiceConfig] = []
@@ -209,6 +233,37 @@ def parse_database(t: Table, now: datetime, base: Path) -> DatabaseConfig:
         routes=tuple(routes),
         remote_service_bindings=tuple(bindings),
     )
+
+
+def _activation(queue: Table, base: Path) -> ActivationConfig | None:
+    """``activation = { command = [...], max_instances = n, ... }`` of a queue."""
+    keys = [f.name for f in fields(ActivationConfig) if f.name != "directory"]
+    t = queue.table("activation", keys)
+    if t is None:
+        return None
+    command = t.strings("command")
+    if not command:
+        raise t.error("command", "is required: the program to start and its arguments, an array")
+    user = t.text("user")
+    return ActivationConfig(
+        command=tuple(command),
+        directory=base,
+        max_instances=t.integer("max_instances", 1, 1, MAX_ACTIVATED_INSTANCES),
+        user=user,
+        interval=t.seconds("interval", 5.0),
+        stop_grace=t.seconds("stop_grace", 10.0),
+    )
+
+
+def _poison(t: Table) -> PoisonPolicy:
+    """A queue's ``poison_message_handling`` and ``poison_rollbacks`` (SPEC §6)."""
+    handling = t.choice(
+        "poison_message_handling",
+        PoisonHandling.QUARANTINE.value,
+        tuple(h.value for h in PoisonHandling),
+    )
+    rollbacks = t.integer("poison_rollbacks", DEFAULT_POISON_ROLLBACKS, 1, MAX_POISON_ROLLBACKS)
+    return PoisonPolicy(PoisonHandling(handling), rollbacks)
 
 
 def _queue_status(t: Table) -> bool:

@@ -20,13 +20,14 @@ from brokerd.config.instance import (
 )
 from brokerd.config.model import (
     BrokerConfig,
+    ClientConfig,
     DatabaseConfig,
     EndpointConfig,
     LimitsConfig,
     RetryConfig,
     TraceConfig,
 )
-from brokerd.config.tables import Table
+from brokerd.config.tables import Table, near
 from brokerd.errors import ConfigError
 
 
@@ -94,6 +95,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
                     f"{instances[db.broker_instance]}; each database has its own",
                 )
             instances[db.broker_instance] = table.where
+        _check_activation_users(table, db, client)
         databases.append(db)
     if MSDB not in seen:
         databases.append(DatabaseConfig(name=MSDB))
@@ -108,3 +110,27 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
         databases=tuple(databases),
         trace=trace,
     )
+
+
+def _check_activation_users(table: Table, db: DatabaseConfig, client: ClientConfig) -> None:
+    """An activated command's ``user`` names a ``[[client.token]]`` that may RECEIVE from
+    its queue."""
+    tokens = {token.name: token for token in client.tokens}
+    for i, queue in enumerate(db.queues):
+        activation = queue.activation
+        if activation is None or activation.user is None:
+            continue
+        key = f"queue[{i}].activation.user"
+        token = tokens.get(activation.user)
+        if token is None:
+            raise table.error(
+                key,
+                f"no [[client.token]] is named {activation.user!r}"
+                + near(activation.user, set(tokens)),
+            )
+        if token.role != "admin" and queue.name not in token.queues:
+            raise table.error(
+                key,
+                f"token {token.name!r} may not RECEIVE from queue {queue.name!r}: "
+                "add it to the token's queues",
+            )

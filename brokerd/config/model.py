@@ -3,8 +3,9 @@ the whole :class:`BrokerConfig`, and the public enumerations their fields take."
 
 from __future__ import annotations
 
+import enum
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -44,6 +45,59 @@ class ContractConfig:
     messages: tuple[ContractMessage, ...]
 
 
+class PoisonHandling(enum.Enum):
+    """What a queue does with a message rolled back ``poison_rollbacks`` times in a row
+    (R-OBJ-3, SPEC §6): set its conversation aside, disable the queue (SQL Server's
+    POISON_MESSAGE_HANDLING STATUS = ON), or nothing but count (STATUS = OFF)."""
+
+    QUARANTINE = "quarantine"
+    DISABLE = "disable"
+    OFF = "off"
+
+
+DEFAULT_POISON_ROLLBACKS = 5
+"""Rollbacks of one message that make it a poison message (SQL Server's five)."""
+MAX_POISON_ROLLBACKS = 1_000_000
+"""The highest ``poison_rollbacks`` a queue may set."""
+
+
+@dataclass(frozen=True)
+class PoisonPolicy:
+    """A queue's poison-message handling (SPEC §6): ``handling`` after ``rollbacks``
+    rollbacks of the same message."""
+
+    handling: PoisonHandling = PoisonHandling.QUARANTINE
+    rollbacks: int = DEFAULT_POISON_ROLLBACKS
+
+
+MAX_ACTIVATED_INSTANCES = 64
+"""The most instances of an activated command one queue may run at once."""
+
+
+@dataclass(frozen=True)
+class ActivationConfig:
+    """External activation of a queue (R-OBJ-3, SPEC §6 Decision on activation): the
+    daemon starts ``command`` when the queue has messages that its readers do not
+    drain, as SQL Server's external activator starts a program on a QUEUE_ACTIVATION
+    event; at most ``max_instances`` at once."""
+
+    command: tuple[str, ...]
+    """The program and its arguments (no shell); run in the configuration file's
+    directory (``directory``)."""
+    directory: Path
+    max_instances: int = 1
+    user: str | None = None
+    """The ``[[client.token]]`` whose token file and login name the command is given;
+    None: the daemon's admin token."""
+    interval: float = 5.0
+    """Seconds at least between two starts of the command for the queue (Service Broker's
+    queue monitor decides "every few seconds"); also how long no RECEIVE must have come
+    back empty before another instance is started."""
+    stop_grace: float = 10.0
+    """Seconds an instance is given to exit after SIGTERM when the daemon stops, before
+    SIGKILL."""
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     """R-OBJ-3; ``status`` True means on."""
@@ -51,6 +105,8 @@ class QueueConfig:
     name: str
     status: bool = True
     retention: bool = False
+    poison: PoisonPolicy = field(default_factory=PoisonPolicy)
+    activation: ActivationConfig | None = None
 
 
 @dataclass(frozen=True)

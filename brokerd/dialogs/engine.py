@@ -19,8 +19,9 @@ is handed its collaborators:
   RECEIVE, the broker's own messages, deadlines firing);
 * ``verbs``: :class:`~brokerd.dialogs.verbs.send.SendVerbs`,
   :class:`~brokerd.dialogs.verbs.receive.ReceiveVerbs`,
-  :class:`~brokerd.dialogs.verbs.conversation.ConversationVerbs` and client
-  transactions;
+  :class:`~brokerd.dialogs.verbs.conversation.ConversationVerbs`,
+  :class:`~brokerd.dialogs.verbs.poison.PoisonVerbs` (rollback counts and quarantine,
+  SPEC §6) and client transactions;
 * :class:`~brokerd.dialogs.images.DatabaseImages` (a mirrored database's image as its
   role changes).
 
@@ -31,7 +32,7 @@ local link delivers (:class:`~brokerd.dialogs.transmission.local_link.LocalDeliv
 and what the router needs of the engine
 (:class:`~brokerd.dialogs.router.router.DialogServices`). The application's verbs are
 reached through their parts (``send_verbs``, ``receive_verbs``, ``conversation_verbs``,
-:meth:`transaction`).
+``poison``, :meth:`transaction`).
 
 Owns R-DLG-1 to R-DLG-13 for the databases of one instance. A *link* is where
 fragments go: a network connection to a peer broker (``brokerd.server.transport``) or
@@ -70,6 +71,7 @@ from brokerd.dialogs.transmission.links import Link, LinkProvider
 from brokerd.dialogs.transmission.local_link import LocalLink
 from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.dialogs.verbs.conversation import ConversationVerbs
+from brokerd.dialogs.verbs.poison import PoisonVerbs
 from brokerd.dialogs.verbs.receive import ReceiveVerbs
 from brokerd.dialogs.verbs.send import SendVerbs
 from brokerd.dialogs.verbs.transactions import Transaction
@@ -184,6 +186,7 @@ class DialogEngine:
             self.deadlines,
             clock,
         )
+        self.poison = PoisonVerbs(self.directory, self.conversation_verbs, self.events, clock)
         self.images = DatabaseImages(self.transmission, self.router, self.deadlines)
         self._ticker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -242,7 +245,12 @@ class DialogEngine:
     def transaction(self, tx_id: int) -> Transaction:
         """A new client transaction over this engine's verbs."""
         return Transaction(
-            self.directory, self.conversation_verbs, self.send_verbs, self.receive_verbs, tx_id
+            self.directory,
+            self.conversation_verbs,
+            self.send_verbs,
+            self.receive_verbs,
+            self.poison,
+            tx_id,
         )
 
     def outbound_view(self) -> dict[str, int]:

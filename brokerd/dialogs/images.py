@@ -14,6 +14,7 @@ from __future__ import annotations
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.deadlines import Deadlines
 from brokerd.dialogs.endpoints.endpoint import Endpoint
+from brokerd.dialogs.endpoints.poison import PoisonLedger
 from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.storage import queries
@@ -42,6 +43,8 @@ class DatabaseImages:
         for index in db.ready.values():
             index.clear()
             index.locked.clear()
+            index.aside.clear()
+        db.poison = PoisonLedger()
         db.next_local_seq = -1
 
     def resume(self, db: Database) -> None:

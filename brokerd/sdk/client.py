@@ -59,16 +59,25 @@ from typing import Any
 
 import orjson
 
+from brokerd.sdk.activation import Activation, Handler, ReaderPolicy
 from brokerd.sdk.connection import Address, Request, error_of
 from brokerd.sdk.dialog import Dialog, Handle
 from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
-from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
+from brokerd.sdk.messages import (
+    QuarantinedConversation,
+    ReceivedMessage,
+    parse_group,
+    parse_quarantined,
+    parse_received,
+)
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
+    end_quarantined_request,
     get_group_request,
     move_request,
     receive_request,
+    release_quarantine_request,
     send_many_request,
     send_meta,
     timer_request,
@@ -88,6 +97,7 @@ DEFAULT_PORT = 4023
 
 __all__ = [
     "DEFAULT_PORT",
+    "Activation",
     "BrokerClient",
     "Dialog",
     "ReceivedMessage",
@@ -226,6 +236,11 @@ class BrokerClient:
     def reconnects(self) -> int:
         """How many times the connection was made again after being lost."""
         return self._keeper.reconnects
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called."""
+        return self._keeper.closed
 
     async def wait_connected(self, timeout: float | None = None) -> None:
         """Until a connection is up; TimeoutError after ``timeout`` s."""
@@ -422,6 +437,25 @@ class BrokerClient:
         """MOVE CONVERSATION (handle) TO (group): its waiting messages move with it."""
         await self._call(*move_request(conversation_handle, conversation_group_id))
 
+    async def release_quarantine(self, conversation_handle: uuid.UUID) -> int:
+        """Release a conversation quarantined by poison-message handling (SPEC §6): its
+        messages are receivable again, in order, their rollback counts reset. Returns how
+        many messages it released; NotQuarantined if it is not quarantined."""
+        meta, _ = await self._call(*release_quarantine_request(conversation_handle))
+        return int(meta.get("released", 0))
+
+    async def end_quarantined(
+        self, conversation_handle: uuid.UUID, error_code: int, description: str = ""
+    ) -> None:
+        """END CONVERSATION WITH ERROR of a quarantined conversation (SPEC §6): its messages
+        are discarded and the far side receives the Error."""
+        await self._call(*end_quarantined_request(conversation_handle, error_code, description))
+
+    async def quarantined(self) -> list[QuarantinedConversation]:
+        """The ``quarantined`` view, typed: every conversation set aside, its failing
+        message, rollback count and last error (an admin view)."""
+        return parse_quarantined(await self.view("quarantined"))
+
     async def begin_transaction(self) -> Transaction:
         """BEGIN TRANSACTION; prefer ``async with client.transaction() as tx``."""
         meta, _ = await self._call({"op": "begin_transaction"})
@@ -443,10 +477,10 @@ class BrokerClient:
         tx = await self.begin_transaction()
         try:
             yield tx
-        except BaseException:
+        except BaseException as exc:
             if not tx.finished:
                 with contextlib.suppress(ClientError):
-                    await tx.rollback()
+                    await tx.rollback(reason=f"{type(exc).__name__}: {exc}")
             raise
         if not tx.finished:
             await tx.commit()
@@ -496,7 +530,9 @@ class BrokerClient:
         **Exactly once** for what the handler does through ``tx``: the messages leave
         the queue in the same commit as the handler's SENDs and other verbs. If the
         handler raises, the transaction rolls back (the messages are back in the queue,
-        first in their group and in order) and the exception propagates; if the client
+        first in their group and in order; each counts one rollback, with the exception
+        as its reason, for the queue's poison-message handling, SPEC §6) and the
+        exception propagates; if the client
         dies between RECEIVE and COMMIT, the daemon rolls back when the connection
         closes. A batch handed out again may therefore reach the handler twice: make
         its effects outside the broker idempotent.
@@ -521,6 +557,43 @@ class BrokerClient:
             done += len(received)
             handled += 1
         return done
+
+    def serve(
+        self,
+        queue: str,
+        handler: Handler,
+        *,
+        max_readers: int = 1,
+        database: str | None = None,
+        top: int = 100,
+        timeout: float = 1.0,
+        interval: float = 1.0,
+        idle_receives: int = 3,
+        until_idle: bool = False,
+        stop: asyncio.Event | None = None,
+    ) -> Activation:
+        """Internal activation (SPEC §6): readers of ``queue``, each handling one batch at
+        a time in its own client transaction (RECEIVE up to ``top`` messages of one
+        conversation group, ``await handler(tx, messages)``, COMMIT; ROLLBACK if it
+        raises, logged, and the reader goes on). A reader is added, one per ``interval``
+        s and up to ``max_readers`` (at most 16), while the oldest message of the
+        batches waits longer than it did the interval before and no RECEIVE came back
+        empty; a reader whose RECEIVE (waiting ``timeout`` s) came back empty
+        ``idle_receives`` times in a row goes away, down to one (to none with
+        ``until_idle``, which then ends the activation). Goes on across lost
+        connections and daemon restarts.
+
+        Returns the :class:`Activation` (its ``readers``, ``handled``, ``failures``);
+        await it to run it until ``stop`` is set: ``await client.serve(...)``."""
+        policy = ReaderPolicy(
+            max_readers=max_readers,
+            top=top,
+            timeout=timeout,
+            interval=interval,
+            idle_receives=idle_receives,
+            until_idle=until_idle,
+        )
+        return Activation(self, queue, handler, policy, database=database, stop=stop)
 
     async def alter_queue(self, queue: str, status: bool, *, database: str | None = None) -> None:
         """ALTER QUEUE queue WITH STATUS = ON | OFF (R-DLG-12)."""
@@ -584,6 +657,9 @@ class BrokerClient:
         await self._call({"op": "set_mirror_role", "database": database, "role": role})
 
     async def view(self, name: str) -> list[dict[str, Any]]:
+        """The rows of the daemon's view ``name`` (``conversation_endpoints``,
+        ``transmission_queue``, ``queues``, ``routes``, ``broker_connections``,
+        ``mirroring``, ``stats`` ...), as dictionaries; admin tokens only."""
         meta, body = await self._call({"op": "view", "name": name})
         if "rows" in meta:  # a daemon that sends rows in the meta
             rows: list[dict[str, Any]] = meta["rows"]
@@ -610,14 +686,19 @@ class BrokerClient:
         return await self.view("transmission_queue")
 
     async def queues(self) -> list[dict[str, Any]]:
+        """Every queue: its database, status (R-DLG-12), retention and messages waiting."""
         return await self.view("queues")
 
     async def routes(self) -> list[dict[str, Any]]:
+        """``sys.routes`` of every database: name, service, broker instance, address,
+        mirror address and lifetime (R-OBJ-5)."""
         return await self.view("routes")
 
     async def broker_connections(self) -> list[dict[str, Any]]:
+        """The adjacent-broker connections: peer, direction, state and traffic."""
         return await self.view("broker_connections")
 
     async def ping(self) -> dict[str, Any]:
+        """A round trip to the daemon; its answer names the broker instance."""
         meta, _ = await self._call({"op": "ping"})
         return meta

@@ -88,6 +88,11 @@ class ConnectionKeeper:
     def connected(self) -> bool:
         return self.connection is not None and self.connection.usable
 
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called: no request goes out any more."""
+        return self._closed
+
     async def wait_connected(self, timeout: float | None = None) -> None:
         """Until a connection is up (TimeoutError after ``timeout`` s)."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -1,5 +1,5 @@
-"""What RECEIVE returns: one :class:`ReceivedMessage` per row; and what GET CONVERSATION
-GROUP returns (:func:`parse_group`)."""
+"""What RECEIVE returns (one :class:`ReceivedMessage` per row), what GET CONVERSATION
+GROUP returns (:func:`parse_group`), and the typed rows of the ``quarantined`` view."""
 
 from __future__ import annotations
 
@@ -26,14 +26,17 @@ class ReceivedMessage:
 
     @property
     def is_end_dialog(self) -> bool:
+        """The other side ended the conversation (an EndDialog message, R-DLG-10)."""
         return self.message_type_name == END_DIALOG
 
     @property
     def is_error(self) -> bool:
+        """An Error message: the conversation was ended with an error (R-DLG-10)."""
         return self.message_type_name == ERROR
 
     @property
     def is_timer(self) -> bool:
+        """A DialogTimer message: this side's conversation timer fired (R-DLG-11)."""
         return self.message_type_name == DIALOG_TIMER
 
 
@@ -79,3 +82,47 @@ def parse_group(meta: dict[str, Any]) -> uuid.UUID | None:
     time, SPEC §6)."""
     group = meta.get("conversation_group_id")
     return None if group is None else uuid.UUID(group)
+
+
+@dataclass(frozen=True)
+class QuarantinedConversation:
+    """One row of the ``quarantined`` view (SPEC §6): a conversation set aside because one
+    of its messages was rolled back ``rollbacks`` times, the last time for ``last_error``."""
+
+    database: str
+    queue: str
+    conversation_handle: uuid.UUID
+    conversation_id: uuid.UUID
+    conversation_group_id: uuid.UUID
+    service: str
+    far_service: str
+    state: str
+    message_sequence_number: int
+    message_type: str
+    rollbacks: int
+    last_error: str
+    quarantined_at: str
+    """ISO 8601, UTC."""
+    messages_set_aside: int
+
+
+def parse_quarantined(rows: list[dict[str, Any]]) -> list[QuarantinedConversation]:
+    return [
+        QuarantinedConversation(
+            database=str(row["database"]),
+            queue=str(row["queue"]),
+            conversation_handle=uuid.UUID(row["conversation_handle"]),
+            conversation_id=uuid.UUID(row["conversation_id"]),
+            conversation_group_id=uuid.UUID(row["conversation_group_id"]),
+            service=str(row["service"]),
+            far_service=str(row["far_service"]),
+            state=str(row["state"]),
+            message_sequence_number=int(row["message_sequence_number"]),
+            message_type=str(row["message_type"]),
+            rollbacks=int(row["rollbacks"]),
+            last_error=str(row["last_error"]),
+            quarantined_at=str(row["quarantined_at"]),
+            messages_set_aside=int(row["messages_set_aside"]),
+        )
+        for row in rows
+    ]

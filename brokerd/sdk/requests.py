@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from brokerd.sdk.dialog import Handle, handle_of
-from protocol.client_wire import encode_meta
+from protocol.client_wire import MAX_ROLLBACK_REASON, encode_meta
 
 Request = tuple[dict[str, Any], bytes]
 
@@ -148,4 +148,28 @@ def move_request(conversation_handle: Handle, conversation_group_id: uuid.UUID) 
         "op": "move_conversation",
         "conversation_handle": str(conversation_handle),
         "conversation_group_id": str(conversation_group_id),
+    }, b""
+
+
+def rollback_request(tx_id: int, reason: str) -> Request:
+    """ROLLBACK, with the reason kept as the last error of the messages it puts back (cut
+    to what the daemon accepts)."""
+    meta: dict[str, Any] = {"op": "rollback", "transaction": tx_id}
+    if reason:
+        meta["reason"] = reason[:MAX_ROLLBACK_REASON]
+    return meta, b""
+
+
+def release_quarantine_request(conversation_handle: uuid.UUID) -> Request:
+    return {"op": "release_quarantine", "conversation_handle": str(conversation_handle)}, b""
+
+
+def end_quarantined_request(
+    conversation_handle: uuid.UUID, error_code: int, description: str
+) -> Request:
+    return {
+        "op": "end_quarantined",
+        "conversation_handle": str(conversation_handle),
+        "error_code": error_code,
+        "description": description,
     }, b""

@@ -22,6 +22,7 @@ from brokerd.sdk.requests import (
     get_group_request,
     move_request,
     receive_request,
+    rollback_request,
     send_many_request,
     send_request,
     timer_request,
@@ -135,16 +136,19 @@ class Transaction:
         description: str = "",
         cleanup: bool = False,
     ) -> None:
+        """END CONVERSATION [WITH ERROR | WITH CLEANUP] at COMMIT (R-DLG-10)."""
         await self._request(
             *end_conversation_request(conversation_handle, error_code, description, cleanup)
         )
 
     async def begin_conversation_timer(self, conversation_handle: Handle, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER at COMMIT (R-DLG-11)."""
         await self._request(*timer_request(conversation_handle, timeout))
 
     async def move_conversation(
         self, conversation_handle: Handle, conversation_group_id: uuid.UUID
     ) -> None:
+        """MOVE CONVERSATION at COMMIT: its waiting messages move with it."""
         await self._request(*move_request(conversation_handle, conversation_group_id))
 
     async def commit(self) -> list[int]:
@@ -154,9 +158,12 @@ class Transaction:
         self.sequence_numbers = [int(s) for s in meta.get("sequence_numbers") or []]
         return self.sequence_numbers
 
-    async def rollback(self) -> None:
-        """ROLLBACK: received messages go back to their queue, in order. A transaction
-        whose connection was lost is rolled back already: nothing to do."""
+    async def rollback(self, reason: str = "") -> None:
+        """ROLLBACK: received messages go back to their queue, in order. Each counts one
+        rollback for poison-message handling, and ``reason`` (say, the error that made the
+        application give up) is kept as its last error (SPEC §6). A transaction whose
+        connection was lost is rolled back already: nothing to do."""
         self.finished = True
+        meta, body = rollback_request(self.id, reason)
         with contextlib.suppress(TransactionLost):
-            await self._request({"op": "rollback"})
+            await self._call(meta, body, bound_to=self.connection)

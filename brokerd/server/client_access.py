@@ -5,10 +5,11 @@ The admin token (``[client] token_file``, created on first start) and each
 over the listener's nonce (``protocol.client_wire``) and its login name selects
 which: a name listed in ``[[client.token]]`` selects that token, any other name the
 admin token. An ``admin`` may do everything. An ``application`` may use only its
-own services (BEGIN DIALOG from them, and SEND, END CONVERSATION, timers and MOVE on
-their conversations) and RECEIVE and GET CONVERSATION GROUP only from its own
-queues; every admin operation (views, routes, ALTER QUEUE, EXPLAIN, mirror roles) is
-refused with :class:`~protocol.errors.PermissionDenied`.
+own services (BEGIN DIALOG from them, and SEND, END CONVERSATION, timers, MOVE and the
+release or end of a quarantine, SPEC §6, on their conversations) and RECEIVE and GET
+CONVERSATION GROUP only from its own queues; every admin operation (views, routes,
+ALTER QUEUE, EXPLAIN, mirror roles) is refused with
+:class:`~protocol.errors.PermissionDenied`.
 """
 
 from __future__ import annotations

@@ -213,7 +213,9 @@ class ClientSession(asyncio.Protocol):
             task.cancel()
         transactions, self.transactions = self.transactions, {}
         for tx in transactions.values():
-            tx.rollback()  # a client that goes away mid-transaction leaves nothing behind
+            # A client that goes away mid-transaction leaves nothing behind; its messages
+            # count one rollback each (SPEC §6), written without anyone waiting.
+            tx.rollback("the client's connection was lost")
         self.transport = None
 
     def _close(self) -> None:

@@ -8,11 +8,13 @@ body, their lengths in meta; for one ``conversation_handle`` or one
 ``begin_conversation_timer`` (R-DLG-11), ``move_conversation``, ``begin_transaction``,
 ``commit`` and ``rollback`` (the verbs above take ``transaction``:
 ``brokerd.dialogs.verbs.transactions``; at most :data:`MAX_OPEN_TRANSACTIONS` are open
-per connection), ``alter_queue``, the routing
+per connection; a rollback may give a ``reason``), ``release_quarantine`` and
+``end_quarantined`` (poison-message handling, SPEC §6), ``alter_queue``, the routing
 administration ``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted),
 ``explain`` (why a route is chosen, SPEC §2) and ``set_mirror_role`` (failover,
 R-ROUTE-10), ``view`` (``conversation_endpoints``, ``transmission_queue``, ``queues``,
-``routes``, ``broker_connections``, ``databases``, ``stats``, ``drops``, ``mirrors``)
+``routes``, ``broker_connections``, ``databases``, ``stats``, ``drops``, ``mirrors``,
+``quarantined``)
 and ``ping``.
 
 A handler takes the :class:`Session` (what it uses of a client connection: its daemon,
@@ -27,6 +29,7 @@ Never ``brokerd.server.client_listener``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -40,11 +43,12 @@ from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.server.client_access import Access
 from brokerd.server.client_meta import meta_database, meta_key, meta_str, meta_uuid
 from brokerd.server.receive_reply import ReceiveReply
-from protocol.client_wire import ClientFrame
-from protocol.errors import InvalidRequest, TransactionError
+from protocol.client_wire import MAX_ROLLBACK_REASON, ClientFrame
+from protocol.errors import BrokerError, InvalidRequest, TransactionError
 
 if TYPE_CHECKING:
     from brokerd.dialogs.engine import DialogEngine
+    from brokerd.server.activation import ExternalActivation
     from brokerd.server.mirroring import Mirroring
     from brokerd.server.transport import Transport
 
@@ -55,6 +59,7 @@ class Broker(Protocol):
     engine: DialogEngine
     transport: Transport
     mirroring: Mirroring
+    activation: ExternalActivation
     instance_name: str
     client_reads_held: int
     client_sends_held: int
@@ -134,11 +139,20 @@ async def _commit(session: Session, frame: ClientFrame) -> tuple[dict[str, Any],
 
 
 async def _rollback(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """ROLLBACK; answered once the rollback counts of the messages put back are written
+    (SPEC §6), so that a restart cannot forget them."""
     tx = _transaction(session, frame.meta)
     if tx is None:
         raise InvalidRequest("rollback needs the transaction's id")
+    reason = meta_str(frame.meta, "reason", "")
+    if len(reason) > MAX_ROLLBACK_REASON:
+        raise InvalidRequest(
+            f"reason must be at most {MAX_ROLLBACK_REASON} characters, not {len(reason)}"
+        )
     session.transactions.pop(tx.id, None)
-    tx.rollback()
+    for written in tx.rollback(reason):
+        with contextlib.suppress(BrokerError):  # logged; the rollback itself took effect
+            await written
     return {}, b""
 
 
@@ -285,9 +299,7 @@ async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], by
     m = frame.meta
     handle = meta_uuid(m, "conversation_handle")
     assert handle is not None
-    code = m.get("error_code")
-    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
-        raise InvalidRequest("error_code must be an integer")
+    code = _error_code(m)
     description = meta_str(m, "description", "")
     cleanup = bool(m.get("cleanup", False))
     session.check_own(handle)
@@ -298,6 +310,37 @@ async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], by
         await session.broker.engine.conversation_verbs.end_conversation(
             handle, code, description, cleanup
         )
+    return {}, b""
+
+
+def _error_code(m: dict[str, Any]) -> int | None:
+    """END CONVERSATION's optional ``error_code``: an integer (its sign is checked by the
+    verb, SPEC §6)."""
+    code = m.get("error_code")
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+        raise InvalidRequest("error_code must be an integer")
+    return code
+
+
+async def _release_quarantine(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """A quarantined conversation's messages become receivable again (SPEC §6)."""
+    handle = meta_uuid(frame.meta, "conversation_handle")
+    assert handle is not None
+    session.check_own(handle)
+    released = await session.broker.engine.poison.release(handle)
+    return {"released": released}, b""
+
+
+async def _end_quarantined(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
+    """END CONVERSATION WITH ERROR of a quarantined conversation (SPEC §6)."""
+    m = frame.meta
+    handle = meta_uuid(m, "conversation_handle")
+    assert handle is not None
+    code = _error_code(m)
+    if code is None:
+        raise InvalidRequest("end_quarantined needs an error_code (greater than 0)")
+    session.check_own(handle)
+    await session.broker.engine.poison.end(handle, code, meta_str(m, "description", ""))
     return {}, b""
 
 
@@ -339,9 +382,7 @@ async def _alter_queue(session: Session, frame: ClientFrame) -> tuple[dict[str, 
     status = m.get("status")
     if not isinstance(status, bool):
         raise InvalidRequest("status must be true (on) or false (off)")
-    await broker.engine.conversation_verbs.alter_queue(
-        meta_str(m, "queue"), status, meta_database(m)
-    )
+    await broker.engine.poison.alter_queue(meta_str(m, "queue"), status, meta_database(m))
     return {}, b""
 
 
@@ -437,11 +478,14 @@ async def _view(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
                 **engine.outbound_view(),
                 "client_reads_held": broker.client_reads_held,
                 "client_sends_held": broker.client_sends_held,
+                **broker.activation.stats(),
             }
         ],
+        "activation": broker.activation.view,
         "mirrors": engine.router.mirrors_view,
         "mirroring": broker.mirroring.view,
         "drops": lambda: [{"reason": r} for r in engine.stats.drop_reasons],
+        "quarantined": engine.poison.view,
     }
     view = views_by_name.get(name)
     if view is None:
@@ -470,6 +514,8 @@ OPERATIONS: dict[str, Handler] = {
     "get_conversation_group": _get_group,
     "end_conversation": _end,
     "begin_conversation_timer": _begin_timer,
+    "release_quarantine": _release_quarantine,
+    "end_quarantined": _end_quarantined,
     "alter_queue": _alter_queue,
     "create_route": _create_route,
     "alter_route": _alter_route,

@@ -5,7 +5,9 @@ or SIGINT (R-OBJ-7: the endpoint on port 4022). It also runs the trace writer
 (``brokerd.traces.writer``), flushed and closed last at shutdown. Start-up opens every database
 file (msdb included), recovers endpoints and transmission queues from them,
 then starts listening; shutdown closes connections, then commits what is
-pending and closes the files.
+pending and closes the files. The commands of activated queues
+(``brokerd.server.activation``) start once the client port listens and are stopped
+first.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from brokerd.config import BrokerConfig, load_config
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.engine import DialogEngine
 from brokerd.errors import ConfigError
+from brokerd.server.activation import ExternalActivation
 from brokerd.server.allocator import tune_allocator
 from brokerd.server.client_access import Credentials
 from brokerd.server.client_listener import ClientSession
@@ -71,6 +74,7 @@ class Broker:
         if self.mirroring:
             self.transport.mirroring = self.mirroring
             self.engine.router.mirroring = self.mirroring
+        self.activation = ExternalActivation(config, self.databases, self.trace)
         self.client_sessions: set[ClientSession] = set()
         self.client_reads_held = 0
         """Times a client connection was not read for its pending request bytes."""
@@ -105,6 +109,7 @@ class Broker:
                     self.config.client.login_timeout if self.client_tls else None
                 ),
             )
+            self.activation.start()
         except OSError as exc:
             await self.stop()
             raise BrokerError(f"cannot start: {exc}") from exc
@@ -123,6 +128,9 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        # The activated commands stop first, while the daemon still answers them: each
+        # may finish (commit or roll back) the batch it holds.
+        await self.activation.stop()
         if self._client_server is not None:
             self._client_server.close()
             self._client_server = None

@@ -10,8 +10,9 @@ becomes SQL (``batch_sql``), the jobs a failed one takes down with it (``chains`
 what a mirrored database records (``replica``), the catalog (message types,
 contracts, queues, services and routes, SPEC §1) as it is persisted (``catalog``),
 and the conversation handles that key the rows, made to sort in the order they were
-made (``keys``), and the segment files beside each file that hold large bodies instead
-of its rows, collected and compacted (``body_files``).
+made (``keys``), the segment files beside each file that hold large bodies instead
+of its rows, collected and compacted (``body_files``), and the rows of poison-message
+handling: rollback counts and quarantined conversations (``poison_rows``, SPEC §6).
 
 May import: ``protocol``, ``brokerd.config``, ``brokerd.errors``. Nothing above it
 (dialogs, routing, server) and nothing of the SDK.

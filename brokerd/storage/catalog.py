@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from brokerd.config import DatabaseConfig
+from brokerd.config import DatabaseConfig, PoisonPolicy
 from brokerd.storage import queries
 from brokerd.storage.schema import AUTO_CREATED_LOCAL, Statement
 from protocol.dialog import (
@@ -75,6 +75,9 @@ class QueueInfo:
     """The broker's own queue (not listed in the queues view)."""
     configured_status: bool | None = None
     """The status the configuration declares (``status`` may differ after ALTER QUEUE)."""
+    poison: PoisonPolicy = field(default_factory=PoisonPolicy)
+    """Poison-message handling (SPEC §6): what ``poison.rollbacks`` rollbacks of one
+    message do."""
 
     def __post_init__(self) -> None:
         if self.configured_status is None:
@@ -123,7 +126,9 @@ class Catalog:
                 m.message_type: m.sent_by for m in contract.messages
             }
         for queue in db.queues:
-            catalog.queues[queue.name] = QueueInfo(queue.name, queue.status, queue.retention)
+            catalog.queues[queue.name] = QueueInfo(
+                queue.name, queue.status, queue.retention, poison=queue.poison
+            )
         for service in db.services:
             catalog.services[service.name] = ServiceInfo(
                 service.name, service.queue, frozenset(service.contracts)

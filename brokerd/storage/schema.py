@@ -16,8 +16,9 @@ Tables: the catalog (``message_types``, ``contract_messages``, ``queues``,
 ``services``, ``service_contracts``, ``routes``), ``conversation_endpoints``,
 ``transmission_queue``, ``queue_messages`` (status 0-3 as in R-OBJ-3),
 ``message_fragments`` (fragments of messages being reassembled, and the body of a
-message of several fragments once complete, see :data:`IN_FRAGMENTS`) and
-``conversation_timers``.
+message of several fragments once complete, see :data:`IN_FRAGMENTS`),
+``conversation_timers``, ``send_keys``, and poison-message handling's
+``message_rollbacks`` and ``quarantined_conversations``.
 
 May import: nothing of brokerd (the standard library only).
 """
@@ -164,6 +165,20 @@ MIGRATIONS: tuple[Migration, ...] = (
         "key TEXT NOT NULL, sequence_number INTEGER NOT NULL, created_at REAL NOT NULL, "
         "PRIMARY KEY (conversation_handle, key)) WITHOUT ROWID;"
         "CREATE INDEX IF NOT EXISTS send_keys_created ON send_keys (created_at)",
+    ),
+    Migration(
+        9,
+        "poison-message handling: how many times each received message was rolled back "
+        "(and the last reason given), and the conversations quarantined for a message "
+        "rolled back too often, so that neither is reset by a restart (SPEC §6)",
+        "CREATE TABLE IF NOT EXISTS message_rollbacks (conversation_handle TEXT NOT NULL, "
+        "message_sequence_number INTEGER NOT NULL, rollbacks INTEGER NOT NULL, "
+        "last_error TEXT NOT NULL, "
+        "PRIMARY KEY (conversation_handle, message_sequence_number)) WITHOUT ROWID;"
+        "CREATE TABLE IF NOT EXISTS quarantined_conversations ("
+        "conversation_handle TEXT PRIMARY KEY, message_sequence_number INTEGER NOT NULL, "
+        "message_type TEXT NOT NULL, rollbacks INTEGER NOT NULL, last_error TEXT NOT NULL, "
+        "quarantined_at REAL NOT NULL)",
     ),
 )
 """The schema, step by step; a step is never edited once released, only followed by another."""

@@ -73,6 +73,10 @@ EVENTS: dict[str, str] = {
     "connection_opened": "a broker connection completed its handshake (peer)",
     "connection_closed": "a broker connection closed (peer, reason)",
     "connection_refused": "an outgoing connection attempt failed (peer, reason)",
+    "activation_started": "an activated queue's command was started (database, queue, pid, reason)",
+    "activation_exited": "an activated command exited (database, queue, pid, reason)",
+    "activation_failed": "an activated queue's command could not be started (database, "
+    "queue, reason)",
 }
 """Every event name of schema version 1, with what it means."""
 

@@ -86,3 +86,34 @@ def test_next_group_skips_groups_held_by_others_and_errors_coming() -> None:
     assert index.next_group() is None
     index.error_settled(second)
     assert index.next_group() == second
+
+
+def test_a_conversation_set_aside_is_skipped_and_released_in_order() -> None:
+    """Quarantine (SPEC §6): a conversation's messages leave its group, in order, and so
+    do those added or put back later; the other conversation of the group still flows;
+    release puts them back in front of the group, in order."""
+    index = ReadyIndex()
+    group, poisoned, other = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    index.add(group, poisoned, 1)
+    index.add(group, other, 1)
+    index.add(group, poisoned, 2)
+    taken = index.take(10, None, None)
+    assert taken is not None and taken[1] == [(poisoned, 1), (other, 1), (poisoned, 2)]
+    index.locked.discard(group)
+    index.put_back(group, taken[1])
+    assert index.set_aside(poisoned) == 2
+    assert index.count == 1
+    index.add(group, poisoned, 3)
+    index.put_back(group, [])
+    assert index.count == 1
+    assert index.take(10, None, None) == (group, [(other, 1)])
+    index.locked.discard(group)
+    assert index.take(10, None, None) is None
+
+    index.clear()  # a reload: the quarantine stays, its messages are set aside again
+    index.add(group, poisoned, 1)
+    index.add(group, poisoned, 2)
+    index.add(group, poisoned, 3)
+    assert index.count == 0 and index.aside[poisoned] == [(poisoned, s) for s in (1, 2, 3)]
+    assert index.release_aside(poisoned, group) == 3
+    assert index.take(10, None, None) == (group, [(poisoned, 1), (poisoned, 2), (poisoned, 3)])

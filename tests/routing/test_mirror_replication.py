@@ -19,7 +19,14 @@ import pytest
 from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
-from protocol.errors import BrokerStopping, RemoteError, TransactionError, TransactionRolledBack
+from protocol.errors import (
+    BrokerStopping,
+    ClientError,
+    OutcomeUnknown,
+    RemoteError,
+    TransactionError,
+    TransactionRolledBack,
+)
 from tests.daemons import assert_exactly_once_in_order, sends_through_a_stop, wait_until
 from tests.routing.deploy import RETRY, R, addr, database, queue_of
 
@@ -637,4 +644,62 @@ async def test_a_principal_stopped_during_sends_answers_each_with_its_true_outco
 
     await wait_until(all_arrived, 60)
     assert [m.message_body for m in received] == committed
+    assert await a.receive(queue_of(INITIATOR), timeout=1.0) == []
+
+
+async def test_a_principal_killed_during_keyed_sends_leaves_each_retryable_by_its_key(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-16, SPEC §6: the principal's application pipelines SENDs, each with an
+    idempotency key, and the principal is killed (SIGKILL). Each SEND is answered with a
+    number or fails with OutcomeUnknown. The mirror is promoted and the application sends
+    each unknown one again, with its key, to the new principal: the keys travelled with
+    the units the mirror confirmed, so a SEND already committed is answered with its first
+    number and not queued again. Every SEND then has one number, 1 to N, and reaches the
+    initiator once, in order."""
+    a = await start_pair(deployment)
+    p1 = await deployment.daemons["p1"].client(reconnect=False)
+    handle = await p1.begin_dialog(PARTS, INITIATOR, database="Parts")
+    await wait_caught_up(deployment, "p1", "p2")
+    total = 1200
+    bodies = [f"reply {n}".encode() for n in range(total)]
+    futures: list[asyncio.Future[int] | None] = [None] * total
+    killing: asyncio.Future[None] | None = None
+    for n, body in enumerate(bodies):
+        try:
+            futures[n] = p1.send_nowait(handle, "DEFAULT", body, key=f"reply-{n}")
+        except ClientError:
+            break  # the connection is gone: the rest was never sent
+        if n == 400:
+            killing = asyncio.ensure_future(asyncio.to_thread(deployment.kill, "p1"))
+        if n % 20 == 19:
+            await asyncio.sleep(0.005)
+    assert killing is not None
+    await killing
+    outcomes: list[object] = [
+        None if f is None else (await asyncio.gather(f, return_exceptions=True))[0] for f in futures
+    ]
+    odd = [o for o in outcomes if not (o is None or type(o) is int or isinstance(o, ClientError))]
+    assert odd == [], odd[:3]
+    assert any(isinstance(o, OutcomeUnknown) for o in outcomes), "SENDs were in flight"
+
+    p2 = await deployment.daemons["p2"].client()
+    await p2.set_mirror_role("Parts", "principal")
+    again = [n for n, o in enumerate(outcomes) if type(o) is not int]
+    numbers = await asyncio.gather(
+        *(p2.send(handle, "DEFAULT", bodies[n], key=f"reply-{n}") for n in again)
+    )
+    final = [o if type(o) is int else 0 for o in outcomes]
+    for n, number in zip(again, numbers, strict=True):
+        final[n] = number
+    assert final == list(range(1, total + 1))
+
+    received: list[ReceivedMessage] = []
+
+    async def all_arrived() -> bool:
+        received.extend(await a.receive(queue_of(INITIATOR), top=1000, timeout=0.2))
+        return len(received) >= total
+
+    await wait_until(all_arrived, 90)
+    assert [m.message_body for m in received] == bodies
     assert await a.receive(queue_of(INITIATOR), timeout=1.0) == []

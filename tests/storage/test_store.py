@@ -353,6 +353,10 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
         endpoint_columns = [r[1] for r in conn.execute("PRAGMA table_info(conversation_endpoints)")]
         sent_columns = [r[1] for r in conn.execute("PRAGMA table_info(transmission_queue)")]
         key_columns = [r[1] for r in conn.execute("PRAGMA table_info(send_keys)")]
+        rollback_columns = [r[1] for r in conn.execute("PRAGMA table_info(message_rollbacks)")]
+        quarantine_columns = [
+            r[1] for r in conn.execute("PRAGMA table_info(quarantined_conversations)")
+        ]
     assert "queue_messages_ready" not in indexes
     assert "transmission_queue_stored" in indexes
     assert "configured_status" in columns
@@ -360,7 +364,9 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
     assert {"stored_at", "stored_length"} <= set(sent_columns)
     assert key_columns == ["conversation_handle", "key", "sequence_number", "created_at"]
     assert "send_keys_created" in indexes
-    assert _meta(path)["schema_version"] == str(schema.SCHEMA_VERSION) == "8"
+    assert {"rollbacks", "last_error"} <= set(rollback_columns)
+    assert {"message_type", "rollbacks", "last_error"} <= set(quarantine_columns)
+    assert _meta(path)["schema_version"] == str(schema.SCHEMA_VERSION) == "9"
 
 
 async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:

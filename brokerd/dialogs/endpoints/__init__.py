@@ -9,8 +9,9 @@ Owns:
   conversation group (``ready``), one database's in-memory image and its recovery
   (``database``), units of work (``work``), timers and lifetimes (``deadlines``), who
   may speak for a far side (``binding``) and service key pairs (``service_keys``,
-  R-DLG-14), the engine's counters (``stats``), runs of alike messages (``runs``) and
-  the broker's Error bodies and codes (``broker_errors``);
+  R-DLG-14), the engine's counters (``stats``), runs of alike messages (``runs``),
+  the broker's Error bodies and codes (``broker_errors``) and what poison-message
+  handling knows of a database: rollback counts and quarantines (``poison``, SPEC §6);
 * the shared parts: the databases and the lookups every part needs (``directory``),
   committing a unit of work (``commits``), and dropped messages and a dialog's life in
   the trace (``events``).

@@ -19,10 +19,11 @@ from typing import Any
 
 from brokerd.config import DatabaseConfig, LimitsConfig
 from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_from_row
+from brokerd.dialogs.endpoints.poison import PoisonLedger, Quarantine, Rollbacks
 from brokerd.dialogs.endpoints.ready import Item, Rank, ReadyIndex, rank_of
 from brokerd.dialogs.endpoints.service_keys import ServiceKeys
 from brokerd.dialogs.endpoints.states import DELIVERING
-from brokerd.storage import queries, reads, schema
+from brokerd.storage import poison_rows, queries, reads, schema
 from brokerd.storage.catalog import Catalog, route_from_row
 from brokerd.storage.reads import Rows
 from brokerd.storage.schema import Statement
@@ -101,6 +102,8 @@ class Database:
         self.endpoints: dict[uuid.UUID, Endpoint] = {}
         self.by_key: dict[tuple[uuid.UUID, bool], Endpoint] = {}
         self.ready: dict[str, ReadyIndex] = {name: ReadyIndex() for name in self.catalog.queues}
+        self.poison = PoisonLedger()
+        """Rollback counts and quarantined conversations (SPEC §6), loaded by recovery."""
         self.next_local_seq = -1
         """Sequence number of the next message this broker queues itself (a broker error,
         a DialogTimer): -1, -2, ... so it never meets a dialog's own numbers."""
@@ -203,7 +206,8 @@ class Database:
                     ep.backlog.add(int(seq))
             ep.waiting_status = "waiting to be sent (recovered after a restart)"
             waiting.append(ep)
-        repairs = self.load_received(fetch)
+        self._load_poison(fetch)
+        repairs = [*self.load_received(fetch), *poison_rows.SWEEP]
         for row in fetch(queries.READ_TIMERS, ()):
             timed = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
             if timed is not None:
@@ -222,6 +226,26 @@ class Database:
                     ep.send_sequence > 0 and 1 not in ep.outbox and 1 not in ep.backlog
                 )
         return waiting, repairs
+
+    def _load_poison(self, fetch: Rows) -> None:
+        """The quarantined conversations (their ready indexes set their messages aside as
+        they are loaded) and the rollback counts of the messages still queued (SPEC §6)."""
+        for handle_text, seq, message_type, rollbacks, last_error, since in fetch(
+            poison_rows.READ_QUARANTINED, ()
+        ):
+            handle = uuid.UUID(handle_text)
+            ep = self.endpoints.get(handle)
+            queue = self.queue_of(ep.service) if ep is not None else None
+            if ep is None or queue not in self.ready:
+                continue
+            self.poison.quarantined[handle] = Quarantine(
+                handle, int(seq), str(message_type), int(rollbacks), str(last_error), float(since)
+            )
+            self.ready[queue].set_aside(handle)
+        for handle_text, seq, rollbacks, last_error in fetch(poison_rows.READ_COUNTS, ()):
+            self.poison.counts[(uuid.UUID(handle_text), int(seq))] = Rollbacks(
+                int(rollbacks), str(last_error)
+            )
 
     async def read_sent_bodies(self, wanted: dict[str, list[int]]) -> dict[tuple[str, int], bytes]:
         """Bodies of unacknowledged messages (by handle, the sequence numbers wanted), read

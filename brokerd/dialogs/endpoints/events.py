@@ -1,8 +1,10 @@
 """The trace events of a dialog's life, and messages dropped (``docs/traces.md``).
 
 Owns how a dropped message is counted, traced, kept for the ``drops`` view and
-logged (at most one line a second), and the ``dialog_begun``, ``discarded`` and
-``dialog_ended`` events every part of the engine writes.
+logged (at most one line a second), the ``dialog_begun``, ``discarded`` and
+``dialog_ended`` events every part of the engine writes, and poison-message
+handling's (SPEC §6): ``rolled_back``, ``quarantined``, ``quarantine_released``,
+``quarantine_ended`` and ``queue_disabled``, each with its counter.
 """
 
 from __future__ import annotations
@@ -91,3 +93,86 @@ class DialogEvents:
             self.trace.emit(
                 "dialog_ended", ep.conversation_id, database=ep.database, initiator=ep.initiator
             )
+
+    # -- poison-message handling (SPEC §6) ---------------------------------------------
+
+    def rolled_back(self, ep: Endpoint, queue: str, seq: int, rollbacks: int, reason: str) -> None:
+        """A received message put back by a rollback, and counted."""
+        self.stats.rollbacks_counted += 1
+        self.trace.emit(
+            "rolled_back",
+            ep.conversation_id,
+            database=ep.database,
+            initiator=not ep.initiator,
+            queue=queue,
+            seq=seq,
+            rollbacks=rollbacks,
+            reason=reason or None,
+        )
+
+    def quarantined(
+        self, ep: Endpoint, queue: str, seq: int, message_type: str, rollbacks: int, reason: str
+    ) -> None:
+        self.stats.poison_quarantined += 1
+        self.trace.emit(
+            "quarantined",
+            ep.conversation_id,
+            database=ep.database,
+            initiator=not ep.initiator,
+            queue=queue,
+            seq=seq,
+            message_type=message_type,
+            rollbacks=rollbacks,
+            reason=reason or None,
+        )
+        log.warning(
+            "database %s: conversation %s quarantined: message %d (%s) of queue %s was "
+            "rolled back %d times (last: %s)",
+            ep.database,
+            ep.conversation_id,
+            seq,
+            message_type,
+            queue,
+            rollbacks,
+            reason or "no reason given",
+        )
+
+    def quarantine_over(self, ep: Endpoint, queue: str, ended: bool) -> None:
+        """A quarantine released (its messages receivable again) or ended with an error."""
+        if ended:
+            self.stats.poison_ended += 1
+        else:
+            self.stats.poison_released += 1
+        self.trace.emit(
+            "quarantine_ended" if ended else "quarantine_released",
+            ep.conversation_id,
+            database=ep.database,
+            initiator=ep.initiator,
+            queue=queue,
+        )
+
+    def queue_disabled(
+        self, ep: Endpoint, queue: str, seq: int, rollbacks: int, reason: str
+    ) -> None:
+        """``poison_message_handling = "disable"``: the queue is off (R-DLG-12)."""
+        self.stats.poison_queues_disabled += 1
+        self.trace.emit(
+            "queue_disabled",
+            ep.conversation_id,
+            database=ep.database,
+            initiator=not ep.initiator,
+            queue=queue,
+            seq=seq,
+            rollbacks=rollbacks,
+            reason=reason or None,
+        )
+        log.warning(
+            "database %s: queue %s disabled: message %d of conversation %s was rolled back "
+            "%d times (last: %s)",
+            ep.database,
+            queue,
+            seq,
+            ep.conversation_id,
+            rollbacks,
+            reason or "no reason given",
+        )

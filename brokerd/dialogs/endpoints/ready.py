@@ -13,6 +13,11 @@ A group whose conversation has an Error on its way into the queue (accepted, its
 commit not done) is not taken from either: the Error goes ahead of the
 conversation's waiting messages once it is ready (R-DLG-10), so nothing of the group
 is handed out before it.
+
+A conversation quarantined by poison-message handling (SPEC §6) has its ready
+messages *set aside*: kept in order, out of every group, so that no RECEIVE takes
+them, while the other conversations of its group and queue flow; the ones that become
+ready (or are put back) later join them, until it is released.
 """
 
 from __future__ import annotations
@@ -61,6 +66,21 @@ class ReadyIndex:
     """The rank of ready messages that go ahead (TIMER, ERROR); the others are IN_SEQUENCE."""
     errors_coming: dict[uuid.UUID, int] = field(default_factory=dict)
     """Groups with an Error accepted and not yet committed, and how many: not taken from."""
+    aside: dict[uuid.UUID, list[Item]] = field(default_factory=dict)
+    """Quarantined conversations (SPEC §6) -> their ready messages, in order, set aside."""
+    waiting: int = 0
+    """RECEIVEs and GET CONVERSATION GROUPs waiting on this queue for something to take
+    (``tasks_waiting`` of Service Broker's queue monitor)."""
+    last_empty: float = float("-inf")
+    """When (the event loop's clock) a RECEIVE or GET CONVERSATION GROUP limited to no
+    conversation or group last came back empty (``last_empty_rowset_time``)."""
+
+    @property
+    def readers(self) -> int:
+        """The queue's readers as the daemon sees them: RECEIVEs waiting on it, and the
+        conversation groups held by a reader (a RECEIVE being read and removed, or a
+        transaction that received and has not ended yet)."""
+        return self.waiting + len(self.locked)
 
     def error_coming(self, group: uuid.UUID) -> None:
         """An Error of a conversation of ``group`` is accepted; its commit is not done. The
@@ -81,8 +101,10 @@ class ReadyIndex:
         self, group: uuid.UUID, handle: uuid.UUID, seq: int, rank: Rank = Rank.IN_SEQUENCE
     ) -> None:
         """A message becomes ready: after the group's others, unless its ``rank`` puts it
-        before its conversation's messages of a higher rank (R-DLG-10)."""
-        items = self.groups.setdefault(group, [])
+        before its conversation's messages of a higher rank (R-DLG-10). A quarantined
+        conversation's message is set aside instead."""
+        aside = self.aside.get(handle) if self.aside else None
+        items = aside if aside is not None else self.groups.setdefault(group, [])
         item = (handle, seq)
         if rank is Rank.IN_SEQUENCE:
             items.append(item)
@@ -98,8 +120,9 @@ class ReadyIndex:
                 len(items),
             )
             items.insert(at, item)
-        self.count += 1
-        self.changed.set()
+        if aside is None:
+            self.count += 1
+            self.changed.set()
 
     def take(
         self,
@@ -166,7 +189,21 @@ class ReadyIndex:
         self.locked.add(group)
 
     def put_back(self, group: uuid.UUID, items: list[Item]) -> None:
-        """Return taken messages in front of their group, which moves to the front."""
+        """Return taken messages in front of their group, which moves to the front (those
+        of a quarantined conversation in front of its messages set aside)."""
+        if self.aside:
+            back: dict[uuid.UUID, list[Item]] = {}
+            kept = []
+            for item in items:
+                if item[0] in self.aside:
+                    back.setdefault(item[0], []).append(item)
+                else:
+                    kept.append(item)
+            for handle, taken in back.items():
+                self.aside[handle] = taken + self.aside[handle]
+            items = kept
+            if not items:
+                return
         self.groups[group] = items + self.groups.get(group, [])
         self.groups.move_to_end(group, last=False)
         self.count += len(items)
@@ -179,13 +216,50 @@ class ReadyIndex:
                 self.ahead.pop(item, None)
 
     def clear(self) -> None:
+        """Forget every ready message (they are loaded again); quarantined conversations
+        stay quarantined, their messages set aside again as they are added."""
         self.groups.clear()
         self.ahead.clear()
         self.errors_coming.clear()
         self.count = 0
+        for handle in self.aside:
+            self.aside[handle] = []
+
+    def set_aside(self, handle: uuid.UUID) -> int:
+        """Quarantine a conversation (SPEC §6): its ready messages leave their group, in
+        order, and those that become ready later join them; returns how many."""
+        if handle in self.aside:
+            return len(self.aside[handle])
+        moved: list[Item] = []
+        for gid in list(self.groups):
+            items = self.groups[gid]
+            kept = [item for item in items if item[0] != handle]
+            if len(kept) == len(items):
+                continue
+            moved += [item for item in items if item[0] == handle]
+            if kept:
+                self.groups[gid] = kept
+            else:
+                del self.groups[gid]
+        self.count -= len(moved)
+        self.aside[handle] = moved
+        return len(moved)
+
+    def release_aside(self, handle: uuid.UUID, group: uuid.UUID) -> int:
+        """A quarantined conversation released: its messages set aside are ready again, in
+        order, in front of its group; returns how many."""
+        items = self.aside.pop(handle, [])
+        if items:
+            self.put_back(group, items)
+        return len(items)
 
     def drop_conversation(self, handle: uuid.UUID) -> list[tuple[uuid.UUID, list[Item]]]:
-        """Remove a conversation's ready messages; returns them per group, for put_back."""
+        """Remove a conversation's ready messages (and those set aside, SPEC §6: the
+        conversation stays quarantined until its quarantine is ended); returns the
+        ready ones per group, for put_back."""
+        if handle in self.aside:
+            self.received(self.aside[handle])
+            self.aside[handle] = []
         dropped: list[tuple[uuid.UUID, list[Item]]] = []
         for gid in list(self.groups):
             items = self.groups[gid]

@@ -10,6 +10,16 @@ class EngineStats:
     sent_messages: int = 0
     delivered_messages: int = 0
     received_by_application: int = 0
+    rollbacks_counted: int = 0
+    """Received messages put back by a ROLLBACK (or a lost client connection) and counted
+    against poison-message handling (SPEC §6)."""
+    poison_quarantined: int = 0
+    """Conversations quarantined for a message rolled back too often."""
+    poison_released: int = 0
+    poison_ended: int = 0
+    """Quarantined conversations released, and ended with an error."""
+    poison_queues_disabled: int = 0
+    """Queues disabled by ``poison_message_handling = "disable"``."""
     fragments_sent: int = 0
     fragments_received: int = 0
     fragments_in_runs: int = 0

@@ -23,7 +23,7 @@ from brokerd.dialogs.endpoints.ready import ReadyIndex
 from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.endpoints.work import Work
-from brokerd.errors import InvalidRequest, QueueDisabled
+from brokerd.errors import ConversationQuarantined, InvalidRequest, QueueDisabled
 from brokerd.storage import queries, reads
 from brokerd.storage.catalog import QueueInfo
 from brokerd.traces.writer import TraceWriter
@@ -77,7 +77,10 @@ class ReceiveVerbs:
                 db, queue, index, gid, items, info.retention, gid not in owned, image=db.image
             )
 
-        return await self._first(index, timeout, take)
+        lease = await self._first(index, timeout, take)
+        if lease is None and group is None:
+            index.last_empty = asyncio.get_running_loop().time()
+        return lease
 
     async def hold_group(
         self,
@@ -102,7 +105,10 @@ class ReceiveVerbs:
                 index.lock(gid)
             return Lease(db, queue, index, gid, [], info.retention, locks, image=db.image)
 
-        return await self._first(index, timeout, hold)
+        lease = await self._first(index, timeout, hold)
+        if lease is None:
+            index.last_empty = asyncio.get_running_loop().time()
+        return lease
 
     async def get_conversation_group(
         self, queue: str, database: str | None = None, timeout: float = 0.0
@@ -130,10 +136,13 @@ class ReceiveVerbs:
             if (remaining is not None and remaining <= 0) or self.stopping:
                 return None
             index.changed.clear()
+            index.waiting += 1
             try:
                 await asyncio.wait_for(index.changed.wait(), remaining)
             except TimeoutError:
                 return None
+            finally:
+                index.waiting -= 1
 
     def _ready_of(
         self,
@@ -154,6 +163,11 @@ class ReceiveVerbs:
             raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
         if handle is not None:
             group = self.directory.endpoint(handle)[1].group_id
+            if handle in db.poison.quarantined:
+                raise ConversationQuarantined(
+                    f"conversation {handle} is quarantined: one of its messages was rolled "
+                    "back too often (SPEC §6); release it or end it with an error"
+                )
         return db, info, db.ready[queue], group
 
     async def read_leased(
@@ -215,6 +229,10 @@ class ReceiveVerbs:
             index.received([item for item in lease.items if item not in kept])
         else:
             index.received(lease.items)
+            counts = lease.db.poison.counts
+            if counts:  # gone, their rollback counts too (the file's go at the next start)
+                for item in lease.items:
+                    counts.pop(item, None)
         if lease.locks:
             index.locked.discard(lease.group)
         if index.count:

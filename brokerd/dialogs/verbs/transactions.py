@@ -19,6 +19,9 @@ but they take effect only at COMMIT, where their works
   the COMMIT is the transaction's one durability point.
 * A connection that closes, or a daemon that dies, before COMMIT leaves nothing
   behind: the leases are released (or, after a crash, never existed on disk).
+* Every message a ROLLBACK puts back (an explicit one with its optional reason, a
+  COMMIT that found a verb refused, a connection that closed) counts one rollback for
+  poison-message handling (:mod:`brokerd.dialogs.verbs.poison`, SPEC §6).
 
 The states and their transitions are the table :data:`TRANSITIONS`. What one
 transaction holds in memory is bounded: :data:`MAX_VERBS` verbs, and SEND bodies
@@ -29,6 +32,7 @@ open and may still commit what it holds).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import uuid
 from collections.abc import Callable
@@ -38,6 +42,7 @@ from brokerd.dialogs.endpoints.commits import commit
 from brokerd.dialogs.endpoints.directory import Directory
 from brokerd.dialogs.endpoints.work import Work
 from brokerd.dialogs.verbs.conversation import ConversationVerbs
+from brokerd.dialogs.verbs.poison import PoisonVerbs
 from brokerd.dialogs.verbs.receive import ReceiveVerbs
 from brokerd.dialogs.verbs.send import SendVerbs
 from brokerd.errors import StoreError, TransactionError, TransactionRolledBack
@@ -77,18 +82,23 @@ class Transaction:
         conversations: ConversationVerbs,
         sending: SendVerbs,
         receiving: ReceiveVerbs,
+        poison: PoisonVerbs,
         tx_id: int,
     ) -> None:
         self.directory = directory
         self.conversations = conversations
         self.sending = sending
         self.receiving = receiving
+        self.poison = poison
         self.id = tx_id
         self.state = TxState.ACTIVE
         self.db: Database | None = None
         self.image = 0
         """The database's :attr:`Database.image` when the transaction first touched it."""
         self.leases: list[Lease] = []
+        self.message_types: dict[tuple[str, int], str] = {}
+        """The type of each message received, by (handle text, number): what a
+        quarantine names if this transaction's rollback makes one (SPEC §6)."""
         self.new_endpoints: dict[uuid.UUID, Endpoint] = {}
         self.steps: list[Callable[[], Work]] = []
         self.sequence_numbers: list[int] = []
@@ -262,6 +272,11 @@ class Transaction:
             self.receiving.release(lease, received=False)
             raise TransactionError(f"transaction {self.id} is {self.state.value}")
         self.leases.append(lease)
+        types = self.message_types
+        for row in rows:
+            types[row["conversation_handle"], row["message_sequence_number"]] = row[
+                "message_type_name"
+            ]
         return rows
 
     async def get_conversation_group(
@@ -316,13 +331,14 @@ class Transaction:
                 work.extend(step())
         except Exception as exc:
             work.failed(exc)
-            self._put_back()
+            self._put_back(f"{type(exc).__name__}: {exc}")
             self.state = TxState.ROLLED_BACK
             raise TransactionRolledBack(
                 f"transaction {self.id} rolled back: {type(exc).__name__}: {exc}"
             ) from exc
         for lease in self.leases:
             work.extend(self.receiving.receive_work(lease))
+            work.extend(self.poison.received_work(lease))
         if db is None:
             self._event("committed")
             return []
@@ -334,16 +350,22 @@ class Transaction:
         self._event("committed")
         return self.sequence_numbers
 
-    def rollback(self) -> None:
-        """Undo: received messages go back, in order; nothing else happened yet.
+    def rollback(self, reason: str = "") -> list[asyncio.Future[Any]]:
+        """Undo: received messages go back, in order; nothing else happened yet. Each
+        counts one rollback, with ``reason`` (SPEC §6); the futures returned are done
+        once the counts are written.
 
         A transaction already committing is left to finish (its outcome is decided
         by the store); a finished one is left as it is.
         """
-        if self.state is TxState.ACTIVE:
-            self._event("rollback")
-            self._put_back()
+        if self.state is not TxState.ACTIVE:
+            return []
+        self._event("rollback")
+        return self._put_back(reason)
 
-    def _put_back(self) -> None:
+    def _put_back(self, reason: str) -> list[asyncio.Future[Any]]:
         for lease in reversed(self.leases):
             self.receiving.release(lease, received=False)
+        if self.receiving.stopping or not self.leases:
+            return []  # a daemon stopping gracefully: not the messages' fault
+        return self.poison.rolled_back(self.leases, reason, self.message_types)

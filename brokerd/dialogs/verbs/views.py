@@ -158,11 +158,48 @@ def queues(databases: Iterable[Database]) -> list[dict[str, Any]]:
             "status": "on" if q.status else "off",
             "retention": q.retention,
             "ready_messages": db.ready[q.name].count,
+            "readers": db.ready[q.name].readers,
+            "poison_message_handling": q.poison.handling.value,
+            "poison_rollbacks": q.poison.rollbacks,
+            "quarantined_conversations": len(db.ready[q.name].aside),
         }
         for db in databases
         for q in db.catalog.queues.values()
         if not q.system
     ]
+
+
+def quarantined(databases: Iterable[Database]) -> list[dict[str, Any]]:
+    """One row per conversation quarantined by poison-message handling (SPEC §6): the
+    failing message (sequence number, type), its rollbacks and the last reason given,
+    and how many of the conversation's messages are set aside."""
+    rows = []
+    for db in databases:
+        for handle, q in db.poison.quarantined.items():
+            ep = db.endpoints.get(handle)
+            if ep is None:
+                continue  # cleaned up: its row goes at the next start
+            queue = db.queue_of(ep.service) or ""
+            index = db.ready.get(queue)
+            rows.append(
+                {
+                    "database": db.name,
+                    "queue": queue,
+                    "conversation_handle": str(handle),
+                    "conversation_id": str(ep.conversation_id),
+                    "conversation_group_id": str(ep.group_id),
+                    "service": ep.service,
+                    "far_service": ep.far_service,
+                    "state": ep.state.value,
+                    "message_sequence_number": q.seq,
+                    "message_type": q.message_type,
+                    "rollbacks": q.rollbacks,
+                    "last_error": q.last_error,
+                    "quarantined_at": _iso(q.since),
+                    "messages_set_aside": len(index.aside.get(handle, ())) if index else 0,
+                }
+            )
+    return rows
 
 
 def routes(databases: Iterable[Database]) -> list[dict[str, Any]]:

@@ -1,0 +1,299 @@
+"""External activation (R-OBJ-3, SPEC §6 Decision on activation): the daemon starts a
+queue's configured command when the queue has messages that its readers do not drain,
+as SQL Server's external activator starts a program on a QUEUE_ACTIVATION event.
+
+One :class:`QueueMonitor` per queue with ``activation`` configured, as Service Broker
+keeps one queue monitor per activated queue ("Understanding When Activation
+Occurs"). Every :data:`CHECK_EVERY` seconds it decides (:func:`start_reason`):
+activation is necessary when the queue has messages ready and no instance of the
+command runs, or when it has messages ready, no RECEIVE waits on it and none came
+back empty for ``interval`` seconds (the queue is not being drained); it occurs when
+fewer than ``max_instances`` run and the last start is ``interval`` seconds old. The
+command runs in the configuration file's directory, with the daemon's environment and
+``BROKERD_HOST``, ``BROKERD_PORT``, ``BROKERD_TLS`` (``1`` when the client port speaks
+TLS), ``BROKERD_USER``, ``BROKERD_TOKEN_FILE``, ``BROKERD_DATABASE`` and
+``BROKERD_QUEUE``; its standard output and error go to
+``<data_dir>/activation/<database>.<queue>.log``. An instance that exits is reaped (its
+exit in the log, the trace and the ``activation_exits`` counter) and may be started
+again; when the daemon stops, every instance gets SIGTERM, and SIGKILL after
+``stop_grace`` seconds.
+
+May import what the server may: ``brokerd.dialogs`` (a database's ready index) and below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from brokerd.config import ActivationConfig, BrokerConfig
+from brokerd.dialogs.endpoints.database import Database
+from brokerd.traces.writer import TraceWriter
+
+log = logging.getLogger("brokerd.activation")
+
+CHECK_EVERY = 0.25
+"""Seconds between two checks of an activated queue."""
+
+
+def start_reason(
+    ready: int,
+    running: int,
+    max_instances: int,
+    waiting: int,
+    since_empty: float,
+    since_start: float,
+    interval: float,
+) -> str | None:
+    """Why another instance is to be started now, None if not. ``ready``: messages ready
+    to RECEIVE; ``running``: instances running (or starting); ``waiting``: RECEIVEs
+    waiting on the queue; ``since_empty`` and ``since_start``: seconds since a RECEIVE
+    came back empty and since the last start."""
+    if ready == 0 or running >= max_instances or since_start < interval:
+        return None
+    if running == 0:
+        return "messages ready and no instance running"
+    if waiting == 0 and since_empty >= interval:
+        return "messages ready and the queue is not being drained"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Login:
+    """What an activated command is told of the daemon's client port."""
+
+    host: str
+    port: int
+    tls: bool
+    user: str
+    token_file: Path
+
+
+def login_for(config: BrokerConfig, activation: ActivationConfig) -> Login:
+    """The client port and the token the command of ``activation`` logs in with: its
+    ``user``'s ``[[client.token]]``, or the admin token under a name no token has."""
+    client = config.client
+    tokens = {token.name: token for token in client.tokens}
+    if activation.user is not None:
+        token_file = tokens[activation.user].file
+        user = activation.user
+    else:
+        token_file = client.token_file
+        user = next(
+            name
+            for name in ("app", "activation", *(f"activation-{n}" for n in range(len(tokens) + 1)))
+            if name not in tokens
+        )
+    return Login(client.host, client.port, client.tls, user, token_file)
+
+
+class QueueMonitor:
+    """One activated queue: the decision to start its command, and the instances running."""
+
+    def __init__(
+        self,
+        db: Database,
+        queue: str,
+        activation: ActivationConfig,
+        login: Login,
+        log_path: Path,
+        trace: TraceWriter,
+    ) -> None:
+        self.db = db
+        self.queue = queue
+        self.activation = activation
+        self.log_path = log_path
+        self.trace = trace
+        self.env = {
+            **os.environ,
+            "BROKERD_HOST": login.host,
+            "BROKERD_PORT": str(login.port),
+            "BROKERD_TLS": "1" if login.tls else "0",
+            "BROKERD_USER": login.user,
+            "BROKERD_TOKEN_FILE": str(login.token_file),
+            "BROKERD_DATABASE": db.name,
+            "BROKERD_QUEUE": queue,
+        }
+        self.processes: dict[int, asyncio.subprocess.Process] = {}
+        self.reapers: set[asyncio.Task[None]] = set()
+        self.starting = 0
+        self.last_start = float("-inf")
+        self.started = 0
+        self.exited = 0
+        self.start_failures = 0
+        self.stopping = False
+
+    @property
+    def running(self) -> int:
+        return len(self.processes) + self.starting
+
+    def check(self, now: float) -> None:
+        """Start an instance if activation is necessary and may occur now."""
+        if self.stopping:
+            return
+        info = self.db.catalog.queues.get(self.queue)
+        index = self.db.ready.get(self.queue)
+        if info is None or index is None or not info.status:
+            return
+        reason = start_reason(
+            index.count,
+            self.running,
+            self.activation.max_instances,
+            index.waiting,
+            now - index.last_empty,
+            now - self.last_start,
+            self.activation.interval,
+        )
+        if reason is None:
+            return
+        self.last_start = now
+        self.starting += 1
+        task = asyncio.get_running_loop().create_task(self._start(reason))
+        self.reapers.add(task)
+        task.add_done_callback(self.reapers.discard)
+
+    async def _start(self, reason: str) -> None:
+        """Start one instance, then reap it when it exits."""
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("ab") as output:
+                process = await asyncio.create_subprocess_exec(
+                    *self.activation.command,
+                    cwd=self.activation.directory,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            self.starting -= 1
+            self.start_failures += 1
+            log.error(
+                "queue %s.%s: cannot start %s: %s",
+                self.db.name,
+                self.queue,
+                self.activation.command[0],
+                exc,
+            )
+            self._emit("activation_failed", reason=str(exc))
+            return
+        self.starting -= 1
+        pid = process.pid
+        self.processes[pid] = process
+        self.started += 1
+        log.info(
+            "queue %s.%s: started %s (pid %d, %d running): %s",
+            self.db.name,
+            self.queue,
+            self.activation.command[0],
+            pid,
+            len(self.processes),
+            reason,
+        )
+        self._emit("activation_started", pid=pid, reason=reason)
+        if self.stopping:  # the daemon began to stop while it was starting
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+        code = await process.wait()
+        del self.processes[pid]
+        self.exited += 1
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        log.info("queue %s.%s: pid %d exited (%s)", self.db.name, self.queue, pid, how)
+        self._emit("activation_exited", pid=pid, reason=how)
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        self.trace.emit(event, database=self.db.name, queue=self.queue, **fields)
+
+    async def stop(self) -> None:
+        """SIGTERM to every instance, SIGKILL to those still running after the grace."""
+        self.stopping = True
+        for process in list(self.processes.values()):
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+        if self.reapers:
+            _, pending = await asyncio.wait(self.reapers, timeout=self.activation.stop_grace)
+            if pending:
+                for process in list(self.processes.values()):
+                    log.warning(
+                        "queue %s.%s: pid %d did not exit within %.0f s of SIGTERM: SIGKILL",
+                        self.db.name,
+                        self.queue,
+                        process.pid,
+                        self.activation.stop_grace,
+                    )
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                await asyncio.wait(pending)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "database": self.db.name,
+            "queue": self.queue,
+            "command": " ".join(self.activation.command),
+            "max_instances": self.activation.max_instances,
+            "running": len(self.processes),
+            "pids": sorted(self.processes),
+            "started": self.started,
+            "exited": self.exited,
+            "start_failures": self.start_failures,
+        }
+
+
+class ExternalActivation:
+    """Every activated queue of the instance, checked every :data:`CHECK_EVERY` s."""
+
+    def __init__(
+        self, config: BrokerConfig, databases: dict[str, Database], trace: TraceWriter
+    ) -> None:
+        self.monitors = [
+            QueueMonitor(
+                databases[db.name],
+                queue.name,
+                queue.activation,
+                login_for(config, queue.activation),
+                config.data_dir / "activation" / f"{db.name}.{queue.name}.log",
+                trace,
+            )
+            for db in config.databases
+            for queue in db.queues
+            if queue.activation is not None
+        ]
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.monitors:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            for monitor in self.monitors:
+                monitor.check(now)
+            await asyncio.sleep(CHECK_EVERY)
+
+    async def stop(self) -> None:
+        """No more starts; every instance stopped (SIGTERM, then SIGKILL after its grace)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await asyncio.gather(*(monitor.stop() for monitor in self.monitors))
+
+    def view(self) -> list[dict[str, Any]]:
+        return [monitor.view() for monitor in self.monitors]
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "activation_starts": sum(m.started for m in self.monitors),
+            "activation_exits": sum(m.exited for m in self.monitors),
+            "activation_start_failures": sum(m.start_failures for m in self.monitors),
+        }
