@@ -6,6 +6,8 @@
   schema (a full disk lands here); an application sees it as ``StorageFailure``.
 * :class:`AnalyticsError`: ``brokerd analyze`` cannot read a trace set (no
   segments, a directory that does not exist) or Spark cannot start.
+* :class:`TraceNotFound`: ``brokerctl trace`` has nothing to show (no segments, a
+  conversation or message the traces do not hold, an id that is not a UUID).
 * The errors an application sees (``DialogError``, ``ConversationEnded``,
   ``QueueDisabled``, ... each with its wire code) live in ``protocol.errors``,
   because the SDK imports only ``protocol/``; they are re-exported here.
@@ -90,3 +92,8 @@ class StoreError(BrokerError):
 
 class AnalyticsError(BrokerError):
     """The trace analytics cannot run: no trace segments, an unreadable path, no Spark."""
+
+
+class TraceNotFound(BrokerError):
+    """``brokerctl trace`` has nothing to show: no trace segments where it was told to
+    look, no event of the conversation, no such message, or an id that is not one."""

@@ -31,6 +31,9 @@
                                                  END CONVERSATION WITH ERROR (the far side is told)
     brokerctl --config FILE watch VIEW [--interval S] [--count N]
                                                  redraw a view until Ctrl-C (or N times)
+    brokerctl trace CONVERSATION [SEQ] (--traces DIR | --config FILE)...
+                                                 where is my message: its path across the
+                                                 daemons' trace files, and why it waited
 
 CONNECTION is either ``--config FILE``, the daemon's own TOML file (the client
 listener's host and port and the token file are read from its ``[client]``
@@ -53,8 +56,15 @@ prints the daemon's rows unchanged (``watch --json`` prints one JSON document a
 line). An empty view prints ``(no rows)``. Every view is read page after page (the
 daemon's replies are bounded), so a view of any size prints whole.
 
-Errors (daemon not running, wrong token, unknown view, bad configuration) print
-one line ``brokerctl: error: ...`` and exit with status 2.
+``trace`` needs no running daemon: it reads the trace files (docs/traces.md) of every
+daemon named, by folder (``--traces``) or by configuration file (``--config``, once per
+daemon; ``[trace] directory``), and prints each step of the message (or of every message
+of the conversation) with the time since the step before and why it waited
+(:mod:`brokerd.admin.trace`).
+
+Errors (daemon not running, wrong token, unknown view, bad configuration, a
+conversation the traces do not hold) print one line ``brokerctl: error: ...`` and
+exit with status 2.
 """
 
 from __future__ import annotations
@@ -73,6 +83,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from brokerd.admin import trace as tracing
 from brokerd.sdk.client import DEFAULT_PORT, BrokerClient
 from protocol.errors import AuthenticationFailed, BrokerError, ClientError, RemoteError
 
@@ -625,6 +636,13 @@ def _common(parser: argparse.ArgumentParser, top: bool) -> None:
     )
 
 
+def _trace(args: argparse.Namespace) -> None:
+    try:
+        tracing.run(args.conversation, args.seq, args.traces, args.trace_configs, args.json)
+    except tracing.TraceNotFound as exc:
+        raise CtlError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -701,6 +719,30 @@ def build_parser() -> argparse.ArgumentParser:
     quarantine.add_argument("--description", default="", help="end: the error's description")
     _common(quarantine, top=False)
     quarantine.set_defaults(func=_quarantine)
+
+    follow = commands.add_parser(
+        "trace",
+        help="where is my message: its path across the daemons' trace files, and why it waited",
+        description="Follow a message (or every message of a conversation) through the "
+        "daemons' trace files: each step, on which broker, the time since the step before "
+        "and why it waited. No daemon needs to run.",
+    )
+    follow.add_argument("conversation", metavar="CONVERSATION", help="the conversation id")
+    follow.add_argument("seq", metavar="SEQ", type=int, nargs="?", help="one message's number")
+    follow.add_argument(
+        "--traces", metavar="DIR", action="append", help="a daemon's trace folder (repeat)"
+    )
+    follow.add_argument(
+        "--config",
+        metavar="FILE",
+        dest="trace_configs",
+        action="append",
+        help="a daemon's configuration, for its [trace] directory (repeat, one per daemon)",
+    )
+    follow.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the paths as JSON"
+    )
+    follow.set_defaults(func=_trace)
     return parser
 
 
@@ -709,6 +751,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "tq":
         args.command = "transmission-queue"
     try:
+        if args.command == "trace":  # reads files: no daemon, no connection
+            if isinstance(args.config, str):  # given before the command: one daemon's
+                args.trace_configs = [*(args.trace_configs or []), args.config]
+            if not args.traces and not args.trace_configs and os.environ.get(ENV_CONFIG):
+                args.trace_configs = [os.environ[ENV_CONFIG]]
+            args.func(args)
+            return 0
         if args.command == "watch":
             _view_name(args.view)  # an unknown view is an error before connecting
         if not args.timeout > 0:

@@ -1,153 +1,225 @@
-"""Inline SVG charts for the HTML report: no JavaScript, no files beside the page.
+"""The report's charts, as Vega-Lite specifications built with Altair.
 
-:func:`bar_chart` draws one bar per label (the latency histogram, retransmissions
-per connection); :func:`line_chart` draws one line per series over time
-(throughput per instance). Both return an ``<svg>`` element as a string, with a
-``<title>`` per bar or point so a browser shows the exact figure on hover.
+Each function takes rows the jobs collected (``Table.records()``) and returns a
+Vega-Lite specification (a dict, its data inline), which the report page draws
+with the Vega JavaScript embedded in it (:mod:`brokerd.analytics.page`):
+
+* :func:`latency_histogram`: latencies in log buckets (ten per decade), one stacked
+  colour per series (a route, or a leg of the path);
+* :func:`timeline`: messages delivered per second per instance over time, over a
+  strip that marks, on the same time axis, retransmissions, faults (duplicates,
+  corrupted messages, drops, refused connections), DELAYED conversations, and the
+  daemons' restarts and kills, each with its count or process on hover.
+
+No chart is drawn from nothing: an empty input gives None, and the page says
+there was no data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
-from html import escape
+from collections.abc import Callable, Sequence
+from typing import Any
 
-WIDTH = 760
-HEIGHT = 320
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 28, 104
-LABEL_CHARS = 30
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+import altair as alt
+
+from brokerd.analytics.processes import Process
+from brokerd.analytics.throughput import FAULTS
+
+WIDTH = 940
+"""Plot width of a full-width chart in pixels (the page's column is about 1,100)."""
+HEIGHT = 220
+PANEL_WIDTH = 430
+PANEL_HEIGHT = 110
+"""One panel of a histogram's small multiples, two a row."""
+MAX_SERIES = 8
+"""Series beyond this many (the smallest) are summed into "other"."""
+
+FAULT_LABELS = {
+    "duplicates": "duplicate",
+    "corrupted_messages": "corrupted message",
+    "drops": "drop",
+    "connections_refused": "connection refused",
+    "delayed": "conversation DELAYED",
+}
+"""Timeline rows of the fault columns of ``throughput_by_instance`` (:data:`FAULTS`)."""
+assert set(FAULT_LABELS) == set(FAULTS.values())
+
+STRIP_ROWS = ["retransmission", *FAULT_LABELS.values(), "restart", "killed"]
+STRIP_COLOURS = [
+    "#f28e2b",
+    "#b07aa1",
+    "#e15759",
+    "#9c755f",
+    "#76b7b2",
+    "#edc948",
+    "#4e79a7",
+    "#d62728",
+]
+
+Spec = dict[str, Any]
 
 
-def _nice_max(value: float) -> float:
-    if value <= 0:
-        return 1.0
-    magnitude = 10 ** len(str(int(value))) / 10
-    for step in (1, 2, 2.5, 5, 10):
-        if step * magnitude >= value:
-            return float(step * magnitude)
-    return value
+def _config(chart: alt.TopLevelMixin) -> Spec:
+    spec: Spec = (
+        chart.configure(font="system-ui, -apple-system, 'Segoe UI', sans-serif")
+        .configure_view(stroke=None)
+        .configure_axis(labelColor="#444", titleColor="#444", gridColor="#eee")
+        .configure_legend(labelLimit=320, orient="bottom", columns=2)
+        .to_dict()
+    )
+    return spec
 
 
-def _fmt(value: float) -> str:
-    if value >= 100 or value == int(value):
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
-
-
-def _short(label: str) -> str:
-    return label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 1] + "…"
-
-
-def _frame(title: str, y_label: str, y_max: float) -> list[str]:
-    plot_h = HEIGHT - TOP - BOTTOM
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}">',
-        f'<text x="{WIDTH / 2}" y="16" text-anchor="middle" font-size="14" '
-        f'font-weight="bold">{escape(title)}</text>',
-        f'<text x="14" y="{TOP + plot_h / 2}" font-size="11" text-anchor="middle" '
-        f'transform="rotate(-90 14 {TOP + plot_h / 2})">{escape(y_label)}</text>',
-    ]
-    for i in range(5):
-        value = y_max * i / 4
-        y = TOP + plot_h - plot_h * i / 4
-        out.append(
-            f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" stroke="#ddd"/>'
-            f'<text x="{LEFT - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">'
-            f"{_fmt(value)}</text>"
+def _series(
+    rows: Sequence[dict[str, Any]], label: Callable[[dict[str, Any]], str]
+) -> list[dict[str, Any]]:
+    """Rows with their series label; the smallest series beyond :data:`MAX_SERIES` as one."""
+    totals: dict[str, int] = {}
+    for r in rows:
+        totals[label(r)] = totals.get(label(r), 0) + int(r["messages"])
+    kept = set(sorted(totals, key=lambda k: (-totals[k], k))[:MAX_SERIES])
+    merged: dict[tuple[str, float], dict[str, Any]] = {}
+    for r in rows:
+        name = label(r) if label(r) in kept else "other"
+        key = (name, float(r["low_ms"]))
+        row = merged.setdefault(
+            key,
+            {"series": name, "low_ms": r["low_ms"], "high_ms": r["high_ms"], "messages": 0},
         )
-    return out
+        row["messages"] += int(r["messages"])
+    return list(merged.values())
 
 
-def bar_chart(
-    title: str, labels: Sequence[str], values: Sequence[float], y_label: str, x_label: str = ""
-) -> str:
-    """One bar per label; labels are written under the bars (rotated when many)."""
+def latency_histogram(
+    rows: Sequence[dict[str, Any]], label: Callable[[dict[str, Any]], str]
+) -> Spec | None:
+    """Messages per log latency bucket, one panel per ``label(row)`` (small multiples on a
+    shared time axis, each panel's count axis its own)."""
+    values = _series(rows, label)
     if not values:
-        return empty_chart(title)
-    y_max = _nice_max(max(values))
-    out = _frame(title, y_label, y_max)
-    plot_w = WIDTH - LEFT - RIGHT
-    plot_h = HEIGHT - TOP - BOTTOM
-    slot = plot_w / len(values)
-    every = max(1, len(values) // 24)
-    for i, (label, value) in enumerate(zip(labels, values, strict=True)):
-        h = plot_h * value / y_max
-        x = LEFT + i * slot
-        out.append(
-            f'<rect x="{x + slot * 0.1:.1f}" y="{TOP + plot_h - h:.1f}" '
-            f'width="{max(slot * 0.8, 1):.1f}" height="{h:.1f}" fill="{PALETTE[0]}">'
-            f"<title>{escape(label)}: {_fmt(value)}</title></rect>"
+        return None
+    chart = (
+        alt.Chart(alt.InlineData(values=values))
+        .mark_bar(opacity=0.9, stroke="white", strokeWidth=0.5)
+        .encode(
+            x=alt.X("low_ms:Q", title="milliseconds (log scale)", scale=alt.Scale(type="log")),
+            x2="high_ms:Q",
+            y=alt.Y("messages:Q", title="messages"),
+            y2=alt.Y2(datum=0),
+            color=alt.Color("series:N", legend=None, scale=alt.Scale(scheme="tableau10")),
+            tooltip=[
+                alt.Tooltip("series:N", title="series"),
+                alt.Tooltip("low_ms:Q", title="from ms"),
+                alt.Tooltip("high_ms:Q", title="to ms"),
+                alt.Tooltip("messages:Q", title="messages"),
+            ],
         )
-        if i % every == 0:
-            lx, ly = x + slot / 2, TOP + plot_h + 12
-            out.append(
-                f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="9" text-anchor="end" '
-                f'transform="rotate(-55 {lx:.1f} {ly:.1f})">{escape(_short(label))}</text>'
-            )
-    if x_label:
-        out.append(
-            f'<text x="{WIDTH / 2}" y="{HEIGHT - 4}" font-size="11" text-anchor="middle">'
-            f"{escape(x_label)}</text>"
+        .properties(width=PANEL_WIDTH, height=PANEL_HEIGHT)
+        .facet(
+            facet=alt.Facet(
+                "series:N",
+                title=None,
+                header=alt.Header(labelFontSize=12, labelFontWeight="bold", labelLimit=PANEL_WIDTH),
+            ),
+            columns=2,
         )
-    out.append("</svg>")
-    return "\n".join(out)
-
-
-def line_chart(
-    title: str, xs: Sequence[float], series: Mapping[str, Sequence[float]], y_label: str
-) -> str:
-    """One line per series over ``xs`` (seconds since the epoch, shown as UTC times)."""
-    if not xs or not series:
-        return empty_chart(title)
-    y_max = _nice_max(max((max(v) for v in series.values() if v), default=0.0))
-    out = _frame(title, y_label, y_max)
-    plot_w = WIDTH - LEFT - RIGHT
-    plot_h = HEIGHT - TOP - BOTTOM
-    x0, x1 = min(xs), max(xs)
-    span = (x1 - x0) or 1.0
-
-    def px(x: float) -> float:
-        return LEFT + plot_w * (x - x0) / span
-
-    for i in range(5):
-        x = x0 + span * i / 4
-        label = datetime.fromtimestamp(x, UTC).strftime("%H:%M:%S")
-        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
-        out.append(
-            f'<text x="{px(x):.1f}" y="{TOP + plot_h + 14}" font-size="10" '
-            f'text-anchor="{anchor}">{label}</text>'
-        )
-    for n, (name, values) in enumerate(series.items()):
-        color = PALETTE[n % len(PALETTE)]
-        points = " ".join(
-            f"{px(x):.1f},{TOP + plot_h - plot_h * v / y_max:.1f}"
-            for x, v in zip(xs, values, strict=True)
-        )
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{points}"/>')
-        for x, v in zip(xs, values, strict=True):
-            out.append(
-                f'<circle cx="{px(x):.1f}" cy="{TOP + plot_h - plot_h * v / y_max:.1f}" r="2" '
-                f'fill="{color}"><title>{escape(name)} '
-                f"{datetime.fromtimestamp(x, UTC):%H:%M:%S}: {_fmt(v)}</title></circle>"
-            )
-        lx = LEFT + 8 + (n % 4) * 170
-        ly = HEIGHT - 22 + (n // 4) * 12
-        out.append(
-            f'<rect x="{lx}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
-            f'<text x="{lx + 14}" y="{ly + 1}" font-size="10">{escape(name)}</text>'
-        )
-    out.append(
-        f'<text x="{WIDTH - RIGHT}" y="{TOP - 6}" font-size="10" text-anchor="end">UTC</text>'
+        .resolve_scale(y="independent")
     )
-    out.append("</svg>")
-    return "\n".join(out)
+    return _config(chart)
 
 
-def empty_chart(title: str) -> str:
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="60">'
-        f'<text x="8" y="20" font-size="14" font-weight="bold">{escape(title)}</text>'
-        f'<text x="8" y="44" font-size="12">no data in this trace set</text></svg>'
+def _millis(ts: str) -> str:
+    """A trace timestamp cut to milliseconds, which every browser's Date parses."""
+    return ts[:23] + "Z" if len(ts) > 24 and ts[19] == "." else ts
+
+
+def _marks(throughput: Sequence[dict[str, Any]], found: Sequence[Process]) -> list[dict[str, Any]]:
+    marks: list[dict[str, Any]] = []
+    for r in throughput:
+        counts = {"retransmission": r.get("retransmissions") or 0}
+        counts.update({FAULT_LABELS[c]: r.get(c) or 0 for c in FAULT_LABELS})
+        for kind, count in counts.items():
+            if count:
+                marks.append(
+                    {"t": r["bucket"], "kind": kind, "count": count, "where": r["instance"]}
+                )
+    for n, p in enumerate(found):
+        if n > 0 and found[n - 1].instance == p.instance:
+            marks.append(
+                {
+                    "t": _millis(p.first_ts),
+                    "kind": "restart",
+                    "count": 1,
+                    "where": f"{p.instance} {p.pid}",
+                }
+            )
+        if p.ended == "killed":
+            marks.append(
+                {
+                    "t": _millis(p.last_ts),
+                    "kind": "killed",
+                    "count": 1,
+                    "where": f"{p.instance} {p.pid}",
+                }
+            )
+    return marks
+
+
+def timeline(
+    throughput: Sequence[dict[str, Any]], found: Sequence[Process], bucket_seconds: int
+) -> Spec | None:
+    """Delivered per second per instance, over a strip of retransmissions, faults, restarts
+    and kills on the same time axis."""
+    if not throughput:
+        return None
+    delivered = [
+        {"t": r["bucket"], "instance": r["instance"], "per_s": r["delivered_per_s"]}
+        for r in throughput
+    ]
+    marks = _marks(throughput, found)
+    title = f"time (UTC, {bucket_seconds} s buckets)"
+    lines = (
+        alt.Chart(alt.InlineData(values=delivered))
+        .mark_line(point=alt.OverlayMarkDef(size=18), interpolate="linear")
+        .encode(
+            x=alt.X("t:T", title=None, axis=alt.Axis(format="%H:%M:%S")),
+            y=alt.Y("per_s:Q", title="messages delivered / s"),
+            color=alt.Color(
+                "instance:N", title="delivered by", scale=alt.Scale(scheme="tableau10")
+            ),
+            tooltip=[
+                alt.Tooltip("t:T", title="time", format="%H:%M:%S"),
+                alt.Tooltip("instance:N"),
+                alt.Tooltip("per_s:Q", title="delivered / s"),
+            ],
+        )
+        .properties(width=WIDTH, height=HEIGHT)
     )
+    events = alt.InlineData(values=marks)
+    kinds = alt.Scale(domain=STRIP_ROWS, range=STRIP_COLOURS)
+    strip = (
+        alt.Chart(events)
+        .mark_circle(opacity=0.85)
+        .encode(
+            x=alt.X("t:T", title=title, axis=alt.Axis(format="%H:%M:%S")),
+            y=alt.Y("kind:N", title=None, sort=STRIP_ROWS, scale=alt.Scale(domain=STRIP_ROWS)),
+            size=alt.Size("count:Q", title="events", scale=alt.Scale(range=[30, 400]), legend=None),
+            color=alt.Color("kind:N", scale=kinds, legend=None),
+            tooltip=[
+                alt.Tooltip("t:T", title="time", format="%H:%M:%S.%L"),
+                alt.Tooltip("kind:N", title="what"),
+                alt.Tooltip("count:Q", title="events"),
+                alt.Tooltip("where:N", title="where"),
+            ],
+        )
+        .properties(width=WIDTH, height=24 * len(STRIP_ROWS))
+    )
+    rules = (
+        alt.Chart(events)
+        .transform_filter(alt.FieldOneOfPredicate(field="kind", oneOf=["restart", "killed"]))
+        .mark_rule(strokeDash=[4, 3], strokeWidth=1.5)
+        .encode(x="t:T", color=alt.Color("kind:N", scale=kinds, legend=None))
+    )
+    top = alt.layer(lines, rules).resolve_scale(color="independent")
+    chart = alt.vconcat(top, strip, spacing=6).resolve_scale(x="shared", color="independent")
+    return _config(chart)

@@ -10,7 +10,8 @@ below 1/10,000); counts, means and maxima are exact.
   broker that received it, through every forwarder (whose own dwell time,
   received to forwarded, is given too) to the receiver;
 * :func:`latency_histogram` buckets SEND-to-delivery latencies on a log scale (ten
-  buckets per decade) for the report's chart.
+  buckets per decade) for the report's chart; :func:`histogram_by_route` does the
+  same per sender, route and address, and :func:`by_hop` per leg of the path.
 """
 
 from __future__ import annotations
@@ -63,12 +64,13 @@ def by_route(messages: DataFrame) -> DataFrame:
     return _delivery_figures(messages, ["sender", "route", "address"])
 
 
-def by_hop(events: DataFrame) -> tuple[DataFrame, DataFrame]:
+def by_hop(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
     """Per link of the path (leg 1 = sender to the first broker), and per forwarder dwell.
 
-    Returns (legs, dwell): legs has ``leg``, ``from_instance``, ``to_instance`` and the
-    latency distribution; dwell has ``instance``, ``hop`` and the time each forwarder
-    held a message (first fragment received to first fragment forwarded).
+    Returns (legs, dwell, histogram): legs has ``leg``, ``from_instance``,
+    ``to_instance`` and the latency distribution; dwell has ``instance``, ``hop`` and
+    the time each forwarder held a message (first fragment received to first fragment
+    forwarded); histogram has the legs' latencies in log buckets (:func:`buckets`).
 
     A leg ends at a message's first arrival (fragment 0) on an instance; the
     receiving connection's peer (``instance@host:port``) names where it came from,
@@ -101,12 +103,10 @@ def by_hop(events: DataFrame) -> tuple[DataFrame, DataFrame]:
                 F.min("left_at"),  # clocks disagree: the first departure
             ).alias("left_at")
         )
+        .select("leg", "from_instance", F.col("instance").alias("to_instance"), "left_at", "arrive")
     )
-    legs = (
-        paired.groupBy("leg", "from_instance", F.col("instance").alias("to_instance"))
-        .agg(*distribution(millis("arrive", "left_at"), ""))
-        .orderBy("leg", "from_instance", "to_instance")
-    )
+    leg = ["leg", "from_instance", "to_instance"]
+    legs = paired.groupBy(*leg).agg(*distribution(millis("arrive", "left_at"), "")).orderBy(*leg)
     forwards = (
         keyed.where(is_event("forwarded"))
         .groupBy(*KEY, "instance")
@@ -119,21 +119,31 @@ def by_hop(events: DataFrame) -> tuple[DataFrame, DataFrame]:
         .agg(*distribution(millis("depart", "arrive"), ""))
         .orderBy("hop", "instance")
     )
-    return legs, dwell
+    return legs, dwell, buckets(paired, millis("arrive", "left_at"), leg)
 
 
-def latency_histogram(messages: DataFrame) -> DataFrame:
-    """SEND-to-delivery latencies in log buckets: ``low_ms``, ``high_ms``, ``messages``."""
-    ms = millis("delivered_t", "sent_t")
+def buckets(rows: DataFrame, ms: Column, by: list[str]) -> DataFrame:
+    """``ms`` in log buckets (ten per decade) per ``by``: ``low_ms``, ``high_ms``, ``messages``."""
     bucket = F.floor(F.log10(F.greatest(ms, F.lit(0.001))) * 10)
     return (
-        messages.where(F.col("delivered_t").isNotNull() & F.col("sent_t").isNotNull())
-        .groupBy(bucket.alias("b"))
+        rows.where(ms.isNotNull())
+        .groupBy(*by, bucket.alias("b"))
         .agg(F.count(F.lit(1)).alias("messages"))
         .select(
+            *by,
             F.round(F.pow(F.lit(10.0), F.col("b") / 10), 4).alias("low_ms"),
             F.round(F.pow(F.lit(10.0), (F.col("b") + 1) / 10), 4).alias("high_ms"),
             "messages",
         )
-        .orderBy("low_ms")
+        .orderBy(*by, "low_ms")
     )
+
+
+def latency_histogram(messages: DataFrame) -> DataFrame:
+    """SEND-to-delivery latencies in log buckets: ``low_ms``, ``high_ms``, ``messages``."""
+    return buckets(messages, millis("delivered_t", "sent_t"), [])
+
+
+def histogram_by_route(messages: DataFrame) -> DataFrame:
+    """SEND-to-delivery latencies in log buckets per sender, route and address."""
+    return buckets(messages, millis("delivered_t", "sent_t"), ["sender", "route", "address"])

@@ -5,23 +5,20 @@ once (:mod:`brokerd.analytics.messages`, cached) and runs the jobs in turn, repo
 progress (``[6/11] latency per hop: 1.2 s``) to stderr. The result, an
 :class:`Analysis`, is printed by :func:`print_summary` and written by
 :func:`write_report` as ``summary.json`` (every figure, machine-readable) and
-``report.html`` (the same tables, with charts of the latency distribution,
-throughput over time and retransmissions; one self-contained file that any
-browser opens).
+``report.html`` (:mod:`brokerd.analytics.page`: the audit's verdict, the headline
+figures in plain words, a timeline and latency charts, the longest waits and every
+table; one self-contained file that any browser opens).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from html import escape
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
@@ -29,62 +26,20 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from brokerd.analytics import audit as audit_job
-from brokerd.analytics import charts, delays, faults, latency, throughput, waiting
+from brokerd.analytics import delays, faults, latency, page, throughput, waiting
 from brokerd.analytics.load import load_traces, trace_files
 from brokerd.analytics.messages import message_table
+from brokerd.analytics.processes import processes
+from brokerd.analytics.result import Analysis, Table
 from brokerd.analytics.session import DEFAULT_MASTER, spark_session
 from brokerd.traces.writer import iso_micros
 
+__all__ = ["Analysis", "Table", "analyze", "print_summary", "render_html", "write_report"]
+
 DEFAULT_TOP = 50
+HISTOGRAM_ROWS = 2_000
+"""Buckets kept of a per-route or per-hop histogram (about 60 per series at most)."""
 T = TypeVar("T")
-
-
-@dataclass
-class Table:
-    """One result table, collected: at most ``limit`` rows of ``total_rows``."""
-
-    title: str
-    columns: list[str]
-    rows: list[list[Any]]
-    total_rows: int
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "title": self.title,
-            "columns": self.columns,
-            "rows": self.rows,
-            "total_rows": self.total_rows,
-        }
-
-    def records(self) -> list[dict[str, Any]]:
-        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
-
-
-@dataclass
-class Analysis:
-    inputs: dict[str, Any]
-    totals: dict[str, Any]
-    audit: audit_job.Audit
-    tables: dict[str, Table] = field(default_factory=dict)
-    bucket_seconds: int = 1
-    runtime_seconds: float = 0.0
-    master: str = DEFAULT_MASTER
-
-    def view(self) -> dict[str, Any]:
-        events = int(self.inputs["events"])
-        return {
-            "generated": iso_micros(time.time()),
-            "master": self.master,
-            "runtime_seconds": round(self.runtime_seconds, 3),
-            "events_per_second": round(events / self.runtime_seconds, 1)
-            if self.runtime_seconds
-            else None,
-            "inputs": self.inputs,
-            "totals": self.totals,
-            "audit": self.audit.view(),
-            "bucket_seconds": self.bucket_seconds,
-            "tables": {name: t.view() for name, t in self.tables.items()},
-        }
 
 
 def _plain(column: str, value: Any) -> Any:
@@ -185,6 +140,7 @@ def analyze(
     """Run every job over the trace segments under ``paths``."""
     began = time.perf_counter()
     files = trace_files(list(paths))  # a wrong path fails before Spark starts
+    spans = processes(files)
     steps = Progress(10 if spark is not None else 11, progress)
     sp = spark or steps.run(
         f"starting Spark ({master or DEFAULT_MASTER})", lambda: spark_session(master)
@@ -211,11 +167,18 @@ def analyze(
             latency.latency_histogram(messages),
             None,
         )
+        put(
+            "latency_histogram_by_route",
+            "SEND to delivery latency per route",
+            latency.histogram_by_route(messages),
+            HISTOGRAM_ROWS,
+        )
 
     def hops() -> None:
-        legs, dwell = latency.by_hop(events)
+        legs, dwell, histogram = latency.by_hop(events)
         put("latency_by_hop", "Latency per hop (ms)", legs)
         put("forwarder_dwell", "Forwarder dwell time (ms)", dwell)
+        put("latency_histogram_by_hop", "Latency per hop", histogram, HISTOGRAM_ROWS)
 
     def fault_tables() -> None:
         put("faults_by_connection", "Faults per connection", faults.by_connection(events))
@@ -227,6 +190,13 @@ def analyze(
         try:
             put("delayed_conversations", "DELAYED conversations", delays.by_conversation(periods))
             put("wait_reasons", "Why messages waited", delays.wait_reasons(events, periods))
+            put(
+                "longest_waits",
+                "Messages that waited longest",
+                waiting.longest_waits(
+                    events, messages, delays.by_conversation(periods), traces.last_t, top
+                ),
+            )
         finally:
             periods.unpersist()
 
@@ -264,7 +234,7 @@ def analyze(
         steps.run("latency per service pair and route", latencies)
         steps.run("latency per hop", hops)
         steps.run("faults per connection and route", fault_tables)
-        steps.run("DELAYED time and wait reasons", delay_tables)
+        steps.run("DELAYED time, wait reasons and longest waits", delay_tables)
         steps.run("throughput and load balancing", throughput_tables)
         steps.run("waiting messages and open endpoints", waiting_tables)
     finally:
@@ -278,6 +248,7 @@ def analyze(
         bucket_seconds=width,
         runtime_seconds=time.perf_counter() - began,
         master=master or DEFAULT_MASTER,
+        processes=spans,
     )
 
 
@@ -335,6 +306,7 @@ PRINTED: dict[str, Sequence[str] | None] = {
     "wait_reasons": ("kind", "reason", "where", "times", "total_seconds", "still_waiting"),
     "route_spread": None,
     "waiting_messages": ("conversation_id", "seq", "sender", "age_seconds", "last_status"),
+    "longest_waits": ("conversation_id", "seq", "sender", "status", "wait_seconds", "reason"),
     "open_endpoints": (
         "conversation_id",
         "initiator",
@@ -393,131 +365,9 @@ def print_summary(analysis: Analysis, out: TextIO = sys.stdout, limit: int = 10)
 # -- the report files --------------------------------------------------------------------
 
 
-def _html_table(table: Table) -> str:
-    head = "".join(f"<th>{escape(c)}</th>" for c in table.columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{'' if v is None else escape(str(v))}</td>" for v in row) + "</tr>"
-        for row in table.rows
-    )
-    more = (
-        f'<p class="more">{table.total_rows - len(table.rows)} more row(s) in summary.json</p>'
-        if table.total_rows > len(table.rows)
-        else ""
-    )
-    return (
-        f"<h3>{escape(table.title)} <small>({table.total_rows} rows)</small></h3>"
-        f"<div class=scroll><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
-        f"</table></div>{more}"
-    )
-
-
-def _charts(analysis: Analysis) -> list[str]:
-    out = []
-    # log buckets, ten per decade; empty ones between the first and last are drawn too
-    counts = {
-        round(math.log10(r["low_ms"]) * 10): r["messages"]
-        for r in analysis.tables["latency_histogram"].records()
-    }
-    steps = range(min(counts), max(counts) + 1) if counts else range(0)
-    out.append(
-        charts.bar_chart(
-            "SEND to delivery latency",
-            [f"{10 ** (b / 10):.3g}-{10 ** ((b + 1) / 10):.3g}" for b in steps],
-            [counts.get(b, 0) for b in steps],
-            "messages",
-            "milliseconds (log buckets)",
-        )
-    )
-    rows = analysis.tables["throughput_by_instance"].records()
-    buckets = sorted({r["bucket"] for r in rows})
-    series: dict[str, list[float]] = {}
-    for name in sorted({r["instance"] for r in rows}):
-        got = {r["bucket"]: r["delivered_per_s"] for r in rows if r["instance"] == name}
-        if any(got.values()):
-            series[f"{name} delivered/s"] = [got.get(b, 0.0) for b in buckets]
-    xs = [
-        datetime.strptime(b, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() for b in buckets
-    ]
-    out.append(
-        charts.line_chart(
-            f"Throughput over time ({analysis.bucket_seconds} s buckets)",
-            xs,
-            series,
-            "messages delivered per second",
-        )
-    )
-    retrans: dict[str, list[float]] = {}
-    for name in sorted({r["instance"] for r in rows}):
-        got = {r["bucket"]: r["retransmissions"] for r in rows if r["instance"] == name}
-        if any(got.values()):
-            retrans[f"{name} retransmissions"] = [float(got.get(b, 0)) for b in buckets]
-    out.append(
-        charts.line_chart(
-            "Retransmissions over time", xs, retrans, f"per {analysis.bucket_seconds} s"
-        )
-    )
-    conns = [r for r in analysis.tables["faults_by_connection"].records() if r["retransmissions"]][
-        :30
-    ]
-    out.append(
-        charts.bar_chart(
-            "Retransmissions per connection",
-            [f"{r['instance']} -> {r['peer']}" for r in conns],
-            [r["retransmissions"] for r in conns],
-            "retransmissions",
-        )
-    )
-    return out
-
-
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
-table { border-collapse: collapse; font-size: 12px; }
-th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: left; white-space: nowrap; }
-th { background: #f0f0f0; }
-.scroll { max-height: 420px; overflow: auto; }
-.pass { color: #1a7f37; } .fail { color: #c62828; }
-.figures td:first-child { font-weight: bold; }
-small, .more { color: #666; }
-"""
-
-
 def render_html(analysis: Analysis) -> str:
-    i, a = analysis.inputs, analysis.audit
-    verdict = (
-        '<p class="pass">PASSED: no violation</p>'
-        if a.passed
-        else f'<p class="fail">FAILED: {a.total} violation(s)</p>'
-    )
-    violations = "".join(
-        f"<li><code>{escape(audit_job.violation_line(v))}</code></li>" for v in a.violations[:500]
-    )
-    figures = "".join(
-        f"<tr><td>{escape(k)}</td><td>{escape(str(v))}</td></tr>"
-        for k, v in {**analysis.totals}.items()
-    )
-    parts = [
-        "<!doctype html><html lang=en><head><meta charset=utf-8>",
-        "<title>brokerd delivery trace report</title>",
-        f"<style>{STYLE}</style></head><body>",
-        "<h1>brokerd delivery trace report</h1>",
-        f"<p>{i['events']:,} events from {i['files']} segment(s) of instances "
-        f"{escape(', '.join(i['instances']))}, {escape(i['first_event'])} to "
-        f"{escape(i['last_event'])}. Analysed in {analysis.runtime_seconds:.1f} s on "
-        f"{escape(analysis.master)}.</p>",
-        "<h2>Exactly-once-in-order audit</h2>",
-        verdict,
-        f"<p>{a.streams:,} streams, {a.messages:,} messages: {a.delivered:,} delivered, "
-        f"{a.waiting:,} waiting, {a.discarded:,} discarded.</p>",
-        f"<ul>{violations}</ul>" if violations else "",
-        f"<h2>Figures</h2><table class=figures>{figures}</table>",
-        "<h2>Charts</h2>",
-        *(f"<div>{svg}</div>" for svg in _charts(analysis)),
-        "<h2>Tables</h2>",
-        *(_html_table(t) for t in analysis.tables.values()),
-        "</body></html>",
-    ]
-    return "\n".join(parts)
+    """The report page (:mod:`brokerd.analytics.page`)."""
+    return page.render(analysis)
 
 
 def write_report(analysis: Analysis, out_dir: Path) -> tuple[Path, Path]:

@@ -3,7 +3,9 @@
 Time is cut into buckets of equal width, chosen so a trace set gives at most about
 :data:`MAX_BUCKETS` of them (1 s, 5 s, 10 s, 30 s, 1 min, 5 min, 15 min, 1 h...).
 :func:`by_instance` counts, per bucket and instance, messages sent, delivered and
-received and fragments sent and retransmitted; :func:`by_route` counts messages
+received, fragments sent and retransmitted, and the faults (:data:`FAULTS`: duplicates,
+corrupted messages, drops, refused connections, conversations DELAYED) the report's
+timeline marks; :func:`by_route` counts messages
 sent per route. :func:`route_spread` shows how dialogs spread over the addresses a
 service's routes lead to (R-ROUTE-5 step 3): for every service that more than one
 address served, the dialogs per address and their share.
@@ -34,22 +36,31 @@ def bucket_of(t: Column, width: int) -> Column:
     return (F.floor(t / 1e6 / width) * width).cast("long")
 
 
+FAULTS = {
+    "duplicate": "duplicates",
+    "corrupted_message": "corrupted_messages",
+    "dropped": "drops",
+    "connection_refused": "connections_refused",
+    "delayed": "delayed",
+}
+"""Fault events counted per bucket: event name -> column."""
+
+
 def by_instance(events: DataFrame, width: int) -> DataFrame:
-    """Per bucket and instance: messages sent/delivered/received, fragments, retransmissions."""
+    """Per bucket and instance: messages sent/delivered/received, fragments, retransmissions
+    and the :data:`FAULTS`."""
+    counted = {
+        "message_sent": "sent",
+        "delivered": "delivered",
+        "received": "received",
+        "fragment_sent": "fragments_sent",
+        "retransmission": "retransmissions",
+        **FAULTS,
+    }
     return (
-        events.where(
-            F.col("event").isin(
-                "message_sent", "delivered", "received", "fragment_sent", "retransmission"
-            )
-        )
+        events.where(F.col("event").isin(*counted))
         .groupBy(bucket_of(F.col("t"), width).alias("bucket"), "instance")
-        .agg(
-            count_of("message_sent").alias("sent"),
-            count_of("delivered").alias("delivered"),
-            count_of("received").alias("received"),
-            count_of("fragment_sent").alias("fragments_sent"),
-            count_of("retransmission").alias("retransmissions"),
-        )
+        .agg(*(count_of(event).alias(column) for event, column in counted.items()))
         .withColumn("delivered_per_s", F.round(F.col("delivered") / width, 3))
         .withColumn("sent_per_s", F.round(F.col("sent") / width, 3))
         .orderBy("bucket", "instance")

@@ -9,7 +9,8 @@ message, ``MESSAGE_EVENTS``). An
 endpoint is open from ``dialog_begun`` until ``dialog_ended``; for each open
 endpoint the table gives its age, how long it has been idle, its last event, and
 how many of its messages wait to be sent or to be RECEIVEd (the pile-ups nobody
-notices).
+notices). :func:`longest_waits` gives the messages that waited longest, delivered or
+not, and why (the report's "Longest waits").
 """
 
 from __future__ import annotations
@@ -175,3 +176,97 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> DataF
         )
         .orderBy(F.col("age_seconds").desc(), "conversation_id")
     )
+
+
+def longest_waits(
+    events: DataFrame, messages: DataFrame, delayed: DataFrame, last_t: int, top: int
+) -> DataFrame:
+    """The ``top`` messages that waited longest, delivered or not, with why, longest first.
+
+    The wait is SEND to delivery (to the end of the set for a message still waiting).
+    It is cut into the time before the first fragment left (in the transmission
+    queue: no route, DELAYED, no connection yet) and the time from there to delivery
+    (on the way: retransmissions, drops, forwarders). ``reason`` names the longer part
+    and what the traces say of it: the conversation's DELAYED time and reason
+    (``delayed`` is :func:`brokerd.analytics.delays.by_conversation`), the connections
+    the sender could not open while the message waited to leave, retransmissions, drops
+    and their reason, forwarders, and whether it still waits. The refused connections
+    are joined to the ``top`` rows only (a range join on the sender and the wait).
+    """
+    end = F.coalesce("delivered_t", F.lit(last_t))
+    start_queue = F.coalesce("enqueued_t", "sent_t")
+    queued = (F.coalesce("first_fragment_t", end) - start_queue) / 1e6
+    on_the_way = (end - F.col("first_fragment_t")) / 1e6
+    stream_delay = delayed.select(
+        *STREAM,
+        F.col("instance").alias("sender"),
+        "delayed_seconds",
+        F.col("last_reason").alias("delayed_reason"),
+    )
+    longest = (
+        messages.where(F.col("sent_t").isNotNull() & F.col("status").isin("delivered", "waiting"))
+        .withColumn("wait_seconds", F.round((end - F.col("sent_t")) / 1e6, 6))
+        .withColumn("queued_seconds", F.round(queued, 6))
+        .withColumn("on_the_way_seconds", F.round(on_the_way, 6))
+        .withColumn("left_t", F.coalesce("first_fragment_t", end))
+        .orderBy(F.col("wait_seconds").desc(), *KEY)
+        .limit(top)
+    )
+    refusals = events.where(is_event("connection_refused")).select(
+        F.col("instance").alias("refused_on"), F.col("t").alias("refused_t"), "reason"
+    )
+    refused = (
+        refusals.join(
+            F.broadcast(longest.select(*KEY, "sender", "sent_t", "left_t")),
+            (F.col("refused_on") == F.col("sender"))
+            & F.col("refused_t").between(F.col("sent_t"), F.col("left_t")),
+        )
+        .groupBy(*KEY)
+        .agg(
+            F.count(F.lit(1)).alias("refusals"),
+            F.max_by("reason", "refused_t").alias("refusal_reason"),
+        )
+    )
+    rows = longest.join(stream_delay, on=[*STREAM, "sender"], how="left").join(
+        refused, on=KEY, how="left"
+    )
+    longer = F.when(
+        F.coalesce("on_the_way_seconds", F.lit(0.0)) > F.col("queued_seconds"),
+        F.format_string("on the way %.3f s", "on_the_way_seconds"),
+    ).otherwise(F.format_string("in the transmission queue %.3f s", "queued_seconds"))
+    reason = F.concat_ws(
+        "; ",
+        longer,
+        F.when(
+            F.col("delayed_seconds") > 0,
+            F.format_string("DELAYED %.3f s: %s", "delayed_seconds", "delayed_reason"),
+        ),
+        F.when(
+            F.col("refusals") > 0,
+            F.format_string(
+                "%d connection(s) refused meanwhile (%s)", "refusals", "refusal_reason"
+            ),
+        ),
+        F.when(
+            F.col("retransmissions") > 0,
+            F.format_string("%d retransmission(s), %d attempts", "retransmissions", "attempts"),
+        ),
+        F.when(
+            F.col("drops") > 0, F.format_string("dropped %d time(s): %s", "drops", "drop_reason")
+        ),
+        F.when(F.col("forwards") > 0, F.format_string("relayed by %d forwarder(s)", "forwards")),
+        F.when(F.col("status") == "waiting", F.lit("still waiting")),
+    )
+    return rows.select(
+        *KEY,
+        "sender",
+        "receiver",
+        "route",
+        "address",
+        "sent_t",
+        "status",
+        "wait_seconds",
+        "queued_seconds",
+        "on_the_way_seconds",
+        reason.alias("reason"),
+    ).orderBy(F.col("wait_seconds").desc(), *KEY)

@@ -168,7 +168,7 @@ async def test_analysis_of_real_daemons_matches_the_workload(
 
     summary, html = write_report(result, tmp_path / "report")
     assert json.loads(summary.read_text())["audit"]["passed"] is True
-    assert html.read_text().count("<svg") == 4
+    assert html.read_text().count('class="view"') == 3  # the charts' places
 
     # Delete one delivered event from a copy: the audit names that conversation and seq.
     copy = tmp_path / "copy"

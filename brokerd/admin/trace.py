@@ -1,0 +1,522 @@
+"""``brokerctl trace CONVERSATION [SEQ]``: follow messages across the daemons' trace files.
+
+Where is my message, and why did it wait? This reads the delivery traces
+(docs/traces.md) of every daemon of a deployment, from the folders given or from
+the daemons' configuration files (``[trace] directory``, by default
+``<data_dir>/traces``), without Spark and without a running daemon, and prints the
+path of each message of one conversation (or of message SEQ only): every step, on
+which broker, when, how long after the step before, and why it waited that long
+(the route's DELAYED reason, connections the far broker refused, retransmissions
+after a missing acknowledgement, a forwarder, the queue until the application's
+RECEIVE ...).
+
+Reading is streaming and bounded: the segments are read line by line (a line
+longer than :data:`MAX_LINE` is skipped, as is any line that does not parse: a torn
+tail), a line is parsed only when it names the conversation (or is a refused
+connection, which is only counted), and at most :data:`MAX_EVENTS` events of the
+conversation are kept: past that the command says so and asks for one SEQ.
+
+The trace format is read here directly (``brokerd.admin`` may not import
+``brokerd.traces``): JSON Lines, one event a line, in segments ``*.jsonl`` and
+``*.jsonl.open``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from brokerd.errors import TraceNotFound
+
+__all__ = ["TraceNotFound", "follow", "format_paths", "read_conversation"]
+
+MAX_LINE = 1 << 20
+"""A trace line longer than this (bytes) is not one the writer wrote: skipped."""
+MAX_EVENTS = 100_000
+"""Events of one conversation kept at most; a longer one must be followed one SEQ at a time."""
+MAX_REFUSALS = 100_000
+"""Refused connections whose times are kept (to name the waits they explain)."""
+SEGMENT_SUFFIXES = (".jsonl", ".jsonl.open")
+
+SENDER_EVENTS = ("route_chosen", "delayed", "released")
+"""Conversation events of the sending endpoint: part of each of its messages' paths."""
+LISTING_EVENTS = ("ack_received", "discarded")
+"""Events that name messages in ``seqs``."""
+TRAVEL = frozenset(
+    {
+        "message_sent",
+        "enqueued",
+        "fragment_sent",
+        "retransmission",
+        "fragment_received",
+        "forwarded",
+        "delivered",
+        "received",
+    }
+)
+"""Events that show where the message itself is."""
+STAGE = {
+    name: n
+    for n, name in enumerate(
+        (
+            "dialog_begun",
+            "message_sent",
+            "enqueued",
+            "delayed",
+            "released",
+            "route_chosen",
+            "retransmission",
+            "fragment_sent",
+            "fragment_received",
+            "duplicate",
+            "dropped",
+            "forwarded",
+            "delivered",
+            "ack_sent",
+            "ack_received",
+            "discarded",
+            "received",
+            "dialog_ended",
+        )
+    )
+}
+"""The life of a message: the order of events of one instant."""
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float
+    ts: str
+    instance: str
+    name: str
+    fields: dict[str, Any]
+
+    def sort_key(self) -> tuple[float, int]:
+        return (self.t, STAGE.get(self.name, len(STAGE)))
+
+
+@dataclass
+class Step:
+    """One step of a message's path, with the wait before it and why."""
+
+    event: Event
+    wait: float
+    why: str
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "ts": self.event.ts,
+            "broker": self.event.instance,
+            "event": self.event.name,
+            "wait_seconds": round(self.wait, 6),
+            "why": self.why,
+            "detail": describe(self.event),
+            **{k: v for k, v in self.event.fields.items() if k not in ("v", "instance", "ts")},
+        }
+
+
+@dataclass
+class Path_:
+    """One message's path: (initiator, seq) and its steps in time order."""
+
+    initiator: bool
+    seq: int
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def brokers(self) -> list[str]:
+        """The brokers the message went through, sender to receiver (acknowledgements and
+        routing aside)."""
+        out: list[str] = []
+        for s in self.steps:
+            if s.event.name not in TRAVEL:
+                continue
+            if not out or out[-1] != s.event.instance:
+                out.append(s.event.instance)
+        return out
+
+    def longest(self) -> Step | None:
+        return max(self.steps[1:], key=lambda s: s.wait, default=None)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "initiator": self.initiator,
+            "seq": self.seq,
+            "brokers": self.brokers,
+            "steps": [s.view() for s in self.steps],
+        }
+
+
+@dataclass
+class Refusals:
+    """Connections an instance could not open: their times (at most :data:`MAX_REFUSALS`;
+    later ones are only counted) and the last reason, per (instance, peer)."""
+
+    times: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    reasons: dict[tuple[str, str], str] = field(default_factory=dict)
+    kept: int = 0
+    uncounted: int = 0
+
+    def add(self, e: Event) -> None:
+        key = (e.instance, str(e.fields.get("peer", "")))
+        self.reasons[key] = str(e.fields.get("reason", "")) or self.reasons.get(key, "")
+        if self.kept >= MAX_REFUSALS:
+            self.uncounted += 1
+            return
+        self.times.setdefault(key, []).append(e.t)
+        self.kept += 1
+
+    def between(self, instance: str, start: float, end: float) -> tuple[int, str]:
+        """Refusals on ``instance`` from ``start`` to ``end``: how many, and a reason."""
+        total, reason = 0, ""
+        for (where, peer), times in self.times.items():
+            if where != instance:
+                continue
+            count = sum(start <= t <= end for t in times)
+            if count:
+                total += count
+                why = self.reasons.get((where, peer), "")
+                reason = f"{peer}: {why}" if why else peer
+        return total, reason
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def segments(directories: Iterable[Path]) -> list[Path]:
+    """Every trace segment under ``directories`` (searched recursively)."""
+    found: set[Path] = set()
+    for directory in directories:
+        if directory.is_file():
+            found.add(directory)
+            continue
+        if not directory.is_dir():
+            raise TraceNotFound(f"{directory}: no such trace directory")
+        for suffix in SEGMENT_SUFFIXES:
+            found.update(directory.rglob(f"*{suffix}"))
+    return sorted(found)
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    """The file's lines, each at most :data:`MAX_LINE` bytes; longer ones are skipped."""
+    with path.open("rb") as f:
+        skipping = False
+        while True:
+            line = f.readline(MAX_LINE)
+            if not line:
+                return
+            complete = line.endswith(b"\n")
+            if not skipping and (complete or len(line) < MAX_LINE):
+                yield line
+            skipping = not complete and len(line) >= MAX_LINE
+
+
+def _event(raw: bytes) -> Event | None:
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    ts, name, instance = d.get("ts"), d.get("event"), d.get("instance")
+    if not (isinstance(ts, str) and isinstance(name, str) and isinstance(instance, str)):
+        return None
+    try:
+        t = datetime.fromisoformat(ts).timestamp()
+    except ValueError:
+        return None
+    return Event(t, ts, instance, name, d)
+
+
+def read_conversation(
+    files: Sequence[Path], conversation: uuid.UUID, limit: int = MAX_EVENTS
+) -> tuple[list[Event], Refusals]:
+    """The conversation's events from ``files`` in time order, and the refused connections."""
+    needle = str(conversation).encode()
+    events: list[Event] = []
+    refusals = Refusals()
+    for path in files:
+        for raw in _lines(path):
+            if needle in raw:
+                e = _event(raw)
+                if e is None or e.fields.get("conversation_id") != str(conversation):
+                    continue
+                if len(events) >= limit:
+                    raise TraceNotFound(
+                        f"conversation {conversation} has more than {limit:,} trace events: "
+                        f"follow one message (give its SEQ)"
+                    )
+                events.append(e)
+            elif b'"connection_refused"' in raw:
+                e = _event(raw)
+                if e is not None and e.name == "connection_refused":
+                    refusals.add(e)
+    events.sort(key=Event.sort_key)
+    return events, refusals
+
+
+# -- paths and reasons -------------------------------------------------------------------------
+
+
+def _seqs(e: Event) -> set[int]:
+    text = e.fields.get("seqs")
+    if not isinstance(text, str):
+        return set()
+    return {int(s) for s in text.split(",") if s.strip().isdigit()}
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def paths(events: Sequence[Event], seq: int | None = None) -> list[Path_]:
+    """Each message's path (only message ``seq``'s, in both directions, when given)."""
+    keys = sorted(
+        {
+            (bool(e.fields.get("initiator")), n)
+            for e in events
+            if (n := _int(e.fields.get("seq"))) is not None and n > 0
+        },
+        key=lambda k: (not k[0], k[1]),
+    )
+    if seq is not None:
+        keys = [k for k in keys if k[1] == seq]
+    return [_path(events, initiator, n) for initiator, n in keys]
+
+
+def _path(events: Sequence[Event], initiator: bool, n: int) -> Path_:
+    """The steps of message (``initiator``, ``n``): its own events, the acknowledgements and
+    discards that list it, the first acknowledgement sent for it, and the sending endpoint's
+    routing events from its SEND on (and the DELAYED state it was sent in)."""
+    mine = [e for e in events if bool(e.fields.get("initiator")) == initiator]
+    sent = next(
+        (e for e in mine if e.name == "message_sent" and _int(e.fields.get("seq")) == n), None
+    )
+    chosen: list[Event] = []
+    routing_before: Event | None = None
+    acked_on: set[str] = set()
+    for e in mine:
+        if _int(e.fields.get("seq")) == n or (e.name in LISTING_EVENTS and n in _seqs(e)):
+            chosen.append(e)
+        elif e.name == "ack_sent" and (_int(e.fields.get("through")) or 0) >= n:
+            if e.instance not in acked_on and any(c.name == "delivered" for c in chosen):
+                acked_on.add(e.instance)
+                chosen.append(e)
+        elif e.name in SENDER_EVENTS and sent is not None and e.instance == sent.instance:
+            if e.t < sent.t:
+                routing_before = e
+            else:
+                chosen.append(e)
+    if routing_before is not None and routing_before.name == "delayed":
+        chosen.insert(0, routing_before)  # sent while the conversation was DELAYED
+    chosen.sort(key=Event.sort_key)
+    path = Path_(initiator, n)
+    previous: Event | None = None
+    for e in chosen:
+        wait = e.t - previous.t if previous is not None else 0.0
+        path.steps.append(Step(e, max(wait, 0.0), _why(e, previous)))
+        previous = e
+    return path
+
+
+def _why(e: Event, before: Event | None) -> str:
+    f = e.fields
+    n = e.name
+    if n == "message_sent":
+        return "the application's SEND"
+    if before is None:
+        return "sent while the conversation was DELAYED" if n == "delayed" else "first step seen"
+    if n == "enqueued":
+        return "the SEND committed: into the transmission queue"
+    if n == "delayed":
+        return f"no route: {f.get('reason', 'DELAYED')}"
+    if n == "released":
+        return "DELAYED until a route was found (the route was retried)"
+    if n == "route_chosen":
+        return "routing decided"
+    if n == "fragment_sent":
+        attempt = _int(f.get("attempt")) or 1
+        if attempt > 1:
+            return "sent again"
+        if before.name in ("delayed", "released"):
+            return "waited DELAYED, without a route"
+        return "waited its turn in the transmission queue"
+    if n == "retransmission":
+        return "no acknowledgement came within the retry wait"
+    if n == "fragment_received":
+        if e.instance == before.instance:
+            return "arrived again"
+        return f"on the network from {before.instance}"
+    if n == "forwarded":
+        return f"held by the forwarder {e.instance} (hop {f.get('hop')})"
+    if n == "dropped":
+        return f"dropped, not acknowledged: {f.get('reason', '')} (the sender retries)"
+    if n == "duplicate":
+        return "a copy arrived again: its acknowledgement was lost or late"
+    if n == "delivered":
+        return "reassembled and stored in its queue (after any earlier message of the dialog)"
+    if n == "ack_sent":
+        return "acknowledged once stored"
+    if n == "ack_received":
+        return "the acknowledgement reached the sender: removed from its transmission queue"
+    if n == "received":
+        return "waited in the queue for the application's RECEIVE"
+    if n == "discarded":
+        return f"discarded: {f.get('reason', '')}"
+    return n.replace("_", " ")
+
+
+def add_refusals(path: Path_, refusals: Refusals) -> None:
+    """Name refused connections as the reason of the waits they explain (a first send or a
+    retransmission that waited while the sender could not reach the far broker)."""
+    for n, step in enumerate(path.steps):
+        if n == 0 or step.event.name not in ("fragment_sent", "retransmission"):
+            continue
+        start = path.steps[n - 1].event.t
+        count, reason = refusals.between(step.event.instance, start, step.event.t)
+        if count:
+            step.why = (
+                f"waited for a connection: the far broker could not be reached "
+                f"({count} connection(s) refused; {reason})"
+            )
+
+
+def describe(e: Event) -> str:
+    """What the event says, in a few words."""
+    f = e.fields
+    parts: list[str] = []
+    for key, label in (
+        ("attempt", "attempt"),
+        ("fragment", "fragment"),
+        ("size", "bytes"),
+        ("hop", "hop"),
+        ("through", "through"),
+        ("seqs", "seqs"),
+        ("route", "route"),
+        ("step", "step"),
+        ("address", "to"),
+        ("peer", "peer"),
+        ("queue", "queue"),
+        ("wait", "next try in s"),
+        ("reason", "reason"),
+    ):
+        if key in f and f[key] not in (None, ""):
+            parts.append(f"{label} {f[key]}")
+    return ", ".join(parts)
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def follow(directories: Sequence[Path], conversation: str, seq: int | None = None) -> list[Path_]:
+    """Every path of ``conversation`` (message ``seq`` only, when given) in ``directories``."""
+    try:
+        cid = uuid.UUID(conversation)
+    except ValueError:
+        raise TraceNotFound(f"{conversation!r} is not a conversation id (a UUID)") from None
+    files = segments(directories)
+    if not files:
+        shown = ", ".join(str(d) for d in directories)
+        raise TraceNotFound(f"no trace segments (*.jsonl) under {shown}")
+    events, refusals = read_conversation(files, cid)
+    if not events:
+        raise TraceNotFound(
+            f"conversation {cid}: no trace event in {len(files)} segment(s) of "
+            f"{', '.join(str(d) for d in directories)} (unknown here, not sampled, or its "
+            f"segments deleted)"
+        )
+    found = paths(events, seq)
+    if not found:
+        seqs = sorted({s for e in events if (s := _int(e.fields.get("seq"))) and s > 0})
+        have = f"it has messages {seqs[0]}..{seqs[-1]}" if seqs else "it has no message"
+        raise TraceNotFound(f"conversation {cid}: no message {seq} in the traces ({have})")
+    for p in found:
+        add_refusals(p, refusals)
+    return found
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    return f"{seconds * 1000:.1f} ms"
+
+
+def format_paths(conversation: str, found: Sequence[Path_]) -> str:
+    """The paths as text: a header per message, one line per step, the longest wait."""
+    lines: list[str] = []
+    for p in found:
+        side = "initiator" if p.initiator else "target"
+        lines.append(
+            f"conversation {conversation} message {p.seq} (sent by the {side}): "
+            f"{' -> '.join(p.brokers)}"
+        )
+        width = max((len(s.event.instance) for s in p.steps), default=6)
+        ename = max((len(s.event.name) for s in p.steps), default=10)
+        for s in p.steps:
+            wait = f"+{_duration(s.wait)}" if s is not p.steps[0] else ""
+            detail = describe(s.event)
+            lines.append(
+                f"  {s.event.ts}  {wait:>11}  {s.event.instance:<{width}}  "
+                f"{s.event.name:<{ename}}  {s.why}" + (f" [{detail}]" if detail else "")
+            )
+        first, last = p.steps[0].event, p.steps[-1].event
+        summary = f"  {_duration(last.t - first.t)} from first to last step"
+        sent = next((s.event for s in p.steps if s.event.name == "message_sent"), None)
+        delivered = next((s.event for s in p.steps if s.event.name == "delivered"), None)
+        if sent and delivered:
+            summary += f"; SEND to delivery {_duration(delivered.t - sent.t)}"
+        elif sent:
+            summary += "; not delivered in these traces"
+        longest = p.longest()
+        if longest is not None and longest.wait > 0:
+            summary += (
+                f"; longest wait {_duration(longest.wait)} before {longest.event.name} on "
+                f"{longest.event.instance}: {longest.why}"
+            )
+        lines.append(summary)
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def directories_of(traces: Sequence[str] | None, configs: Sequence[str] | None) -> list[Path]:
+    """The trace folders to read: the ``traces`` folders, and each configuration file's
+    ``[trace] directory``."""
+    directories = [Path(d) for d in traces or []]
+    files = list(configs or [])
+    if files:
+        from brokerd.config import load_config
+        from brokerd.errors import BrokerError
+
+        for path in files:
+            try:
+                config = load_config(path)
+            except (BrokerError, OSError, ValueError) as exc:
+                raise TraceNotFound(str(exc)) from None
+            if config.trace.directory is not None:
+                directories.append(config.trace.directory)
+    if not directories:
+        raise TraceNotFound(
+            "no traces to read: give --traces DIR or --config FILE (once per daemon)"
+        )
+    return directories
+
+
+def run(
+    conversation: str,
+    seq: int | None,
+    traces: Sequence[str] | None,
+    configs: Sequence[str] | None,
+    as_json: bool,
+) -> None:
+    """``brokerctl trace``: print the paths (text, or JSON with ``as_json``)."""
+    found = follow(directories_of(traces, configs), conversation, seq)
+    if as_json:
+        print(json.dumps([p.view() for p in found], indent=1, default=str))
+    else:
+        sys.stdout.write(format_paths(conversation, found))

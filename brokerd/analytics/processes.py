@@ -1,0 +1,150 @@
+"""The daemon processes behind a trace set: when each instance started, stopped or died.
+
+A trace writer names its segments ``<instance>-<UTC start>-<pid>-<n>.jsonl``
+(docs/traces.md): the segments of one process share its pid, and an instance
+whose segments carry several pids was restarted. :func:`processes` reads only
+the segment names and, per process, the first and last lines of its first and
+last segments (a bounded read from each end, never a whole file), so it runs on
+the driver without Spark and costs the same for any size of trace set.
+
+How a process ended is what its traces show:
+
+* ``restarted``: a later process of the same instance wrote traces, and this one's
+  last segment ends cleanly;
+* ``killed``: its last segment ends in a torn line (a crash in the middle of a
+  write: ``kill -9``, a power cut), or the next process's ``started`` event says
+  the previous stop was not clean (writers that record their starts);
+* ``stopped``: its last event is a ``stopped`` event (a graceful stop, by writers
+  that record it);
+* ``running``: the instance's latest process; it may still be running.
+
+A process killed between two writes leaves no torn line: it shows as
+``restarted`` (or ``running``), and the audit's findings around its restart
+tell the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TAIL_BYTES = 64 * 1024
+"""How much of a segment's end is read to find its last line (a line is far shorter)."""
+HEAD_BYTES = 64 * 1024
+"""How much of a segment's start is read to find its first line."""
+
+_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")
+_SEGMENT = re.compile(
+    r"^(?P<instance>.+)-(?P<stamp>\d{8}T\d{6})-(?P<pid>\d+)-(?P<n>\d+)\.jsonl(?:\.open)?$"
+)
+
+
+@dataclass(frozen=True)
+class Process:
+    """One daemon process of an instance, as its segments show it."""
+
+    instance: str
+    pid: int
+    first_ts: str
+    last_ts: str
+    ended: str
+    """``restarted``, ``killed``, ``stopped`` or ``running`` (module docstring)."""
+    segments: int
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "pid": self.pid,
+            "first_event": self.first_ts,
+            "last_event": self.last_ts,
+            "ended": self.ended,
+            "segments": self.segments,
+        }
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    ts = event.get("ts")
+    return event if isinstance(ts, str) and _TS.match(ts) else None
+
+
+def _first_event(path: Path) -> dict[str, Any] | None:
+    """The earliest event among the first lines of the segment."""
+    with path.open("rb") as f:
+        head = f.read(HEAD_BYTES)
+    events = [e for raw in head.split(b"\n")[:-1] if (e := _parse(raw)) is not None]
+    return min(events, key=lambda e: str(e["ts"])) if events else None
+
+
+def _last_event(path: Path) -> tuple[dict[str, Any] | None, bool]:
+    """The segment's last readable event (its time the latest of the last lines), and
+    whether the segment ends in a torn line."""
+    with path.open("rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - TAIL_BYTES))
+        tail = f.read()
+    torn = bool(tail) and not tail.endswith(b"\n")
+    lines = tail.split(b"\n")
+    if size > TAIL_BYTES:
+        lines = lines[1:]  # the first piece may be cut by the read
+    events = [e for raw in lines if (e := _parse(raw)) is not None]
+    if not events:
+        return None, torn
+    latest = max(str(e["ts"]) for e in events)
+    return {**events[-1], "ts": latest}, torn
+
+
+def processes(files: Iterable[Path]) -> list[Process]:
+    """Every process whose segments are among ``files``, by instance and start time."""
+    groups: dict[tuple[str, int], list[tuple[str, int, Path]]] = {}
+    for path in files:
+        m = _SEGMENT.match(path.name)
+        if m is None:
+            continue  # a file named otherwise: its events count, its process is unknown
+        key = (m["instance"], int(m["pid"]))
+        groups.setdefault(key, []).append((m["stamp"], int(m["n"]), path))
+    spans: list[tuple[str, int, dict[str, Any], dict[str, Any], bool, int]] = []
+    for (instance, pid), segments in groups.items():
+        segments.sort()
+        first = next(
+            (e for _, _, p in segments if (e := _first_event(p)) is not None),
+            None,
+        )
+        last, torn = _last_event(segments[-1][2])
+        if first is None or last is None:
+            continue
+        spans.append((instance, pid, first, last, torn, len(segments)))
+    spans.sort(key=lambda s: (s[0], s[2]["ts"]))
+    out: list[Process] = []
+    for n, (instance, pid, first, last, torn, count) in enumerate(spans):
+        following = spans[n + 1][2] if n + 1 < len(spans) and spans[n + 1][0] == instance else None
+        if last.get("event") == "stopped":
+            ended = "stopped"
+        elif torn or (
+            following is not None
+            and following.get("event") == "started"
+            and following.get("clean") is False
+        ):
+            ended = "killed"
+        elif following is not None:
+            ended = "restarted"
+        else:
+            ended = "running"
+        out.append(Process(instance, pid, first["ts"], last["ts"], ended, count))
+    return out
+
+
+def restarts(found: list[Process]) -> int:
+    """How many processes began after an earlier one of the same instance."""
+    instances = {p.instance for p in found}
+    return len(found) - len(instances)
