@@ -220,6 +220,7 @@ def parse_trace(t: Table | None, data_dir: Path, base: Path) -> TraceConfig:
         segment_seconds=t.seconds("segment_seconds", d["segment_seconds"]),
         sample=float(sample),
         flush_interval=t.seconds("flush_interval", d["flush_interval"]),
+        durable=t.flag("durable", d["durable"]),
     )
 
 

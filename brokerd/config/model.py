@@ -345,6 +345,10 @@ class TraceConfig:
     """Fraction of conversations traced (chosen by conversation id, so whole conversations)."""
     flush_interval: float = 0.2
     """Buffered events are written at least this often (seconds)."""
+    durable: bool = True
+    """Events are fsynced before a commit's outcome reaches the application (a SEND's,
+    RECEIVE's or COMMIT's reply waits for them); false: written every
+    ``flush_interval``, not fsynced (docs/traces.md "Durability")."""
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ class Broker:
         }
         self.transport = Transport(endpoint, self.identity)
         self.trace = TraceWriter(config.trace, self.instance_name)
+        for db in self.databases.values():  # outcomes after their events are on disk
+            db.store.release_gate = self.trace.barrier
         self.engine = DialogEngine(config, self.databases, self.transport, trace=self.trace)
         self.transport.engine = self.engine
         self.mirroring = Mirroring(self.transport, self.engine)

@@ -103,6 +103,11 @@ class Store:
         """Set before :meth:`open` for a mirrored database (R-ROUTE-16); None otherwise."""
         self._turn: list[Job] = []
         """Jobs submitted in this turn of the event loop, handed to the committer at its end."""
+        self.release_gate: Callable[[], asyncio.Future[None] | None] | None = None
+        """Asked after a batch's commit callbacks ran (they emit its trace events): a future
+        the batch's waiters are told their outcome after, or None for at once. The daemon
+        sets its trace writer's barrier here (``trace.durable``, docs/traces.md), so the
+        application learns of a commit only once its events are on disk."""
 
     # -- opening and closing --------------------------------------------------
 
@@ -396,9 +401,15 @@ class Store:
         self._settle(batch, None)
 
     def _settle(self, batch: list[Job], error: BaseException | None) -> None:
+        held: list[Job] = []
         for job in batch:
             self.pending_weight -= job.weight
-            _finish(job, job.error or error)
+            _finish(job, job.error or error, held)
+        gate = self.release_gate() if held and self.release_gate is not None else None
+        if gate is None:
+            _release(held)
+        else:
+            gate.add_done_callback(lambda _: _release(held))
         self._outstanding -= len(batch)
         if not self._outstanding:
             self._idle.set()
@@ -464,6 +475,13 @@ class Store:
 # -- back on the event loop -------------------------------------------------------------------
 
 
+def _release(held: list[Job]) -> None:
+    """Tell the waiters of committed jobs, in their order."""
+    for job in held:
+        if job.future is not None and not job.future.done():
+            job.future.set_result(job.result)
+
+
 def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.done():
         return
@@ -473,19 +491,21 @@ def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | No
         future.set_exception(error)
 
 
-def _finish(job: Job, error: BaseException | None) -> None:
+def _finish(job: Job, error: BaseException | None, held: list[Job]) -> None:
     try:
-        _settle(job, error)
+        _settle(job, error, held)
     except Exception:  # a callback bug must not stop the committer
         log.exception("store: a commit callback failed")
 
 
-def _settle(job: Job, error: BaseException | None) -> None:
+def _settle(job: Job, error: BaseException | None, held: list[Job]) -> None:
+    """Run ``job``'s callbacks; a committed job's future joins ``held`` (told after the
+    release gate)."""
     if error is None:
         if job.on_commit is not None:
             job.on_commit()
-        if job.future is not None and not job.future.done():
-            job.future.set_result(job.result)
+        if job.future is not None:
+            held.append(job)
         return
     if job.on_failure is not None:
         job.on_failure(error)

@@ -7,6 +7,17 @@ and the writer every daemon runs:
   background flush every ``trace.flush_interval`` seconds formats the buffered
   events (orjson) and writes them in a worker thread, so the broker never
   waits for the trace disk;
+* durability (``trace.durable``, on by default): every flush is fsynced, and
+  :meth:`TraceWriter.barrier` gives the store a future that is done once every
+  event emitted so far is on disk: a commit's outcome reaches the application only
+  then, so the events of a change the application saw (:data:`DURABLE`) survive a
+  crash. Concurrent barriers share one write and one fsync (a group commit of the
+  trace);
+* every line carries ``n``, its number on this instance, continued across restarts;
+  a start writes ``started`` naming the last event it found on disk (``last_n``,
+  ``last_ts``, ``last_event``; ``clean`` when it was the ``stopped`` event a graceful
+  stop writes last): between the two lies the *crash window* whose events were lost
+  (the audit, :mod:`brokerd.analytics.audit`, says "unknown: trace missing" there);
 * files are segments ``<instance>-<UTC start>-<n>.jsonl`` in
   ``trace.directory``, closed (and a new one begun) at ``trace.segment_mb`` or
   after ``trace.segment_seconds``; a segment being written has the suffix
@@ -19,7 +30,7 @@ and the writer every daemon runs:
   tracing off.
 
 Trace writing never raises into the broker: a write error is logged, counted
-and the buffered events are dropped.
+and the buffered events are dropped (a barrier is then done all the same).
 """
 
 from __future__ import annotations
@@ -77,8 +88,37 @@ EVENTS: dict[str, str] = {
     "activation_exited": "an activated command exited (database, queue, pid, reason)",
     "activation_failed": "an activated queue's command could not be started (database, "
     "queue, reason)",
+    "started": "the writer started; the last event it found on disk (last_n, last_ts, "
+    "last_event; clean: that was a graceful stop's)",
+    "stopped": "the daemon stopped gracefully: the last event before a clean start",
 }
 """Every event name of schema version 1, with what it means."""
+
+DURABLE = frozenset(
+    {
+        "dialog_begun",
+        "dialog_ended",
+        "message_sent",
+        "enqueued",
+        "discarded",
+        "delivered",
+        "received",
+        "ack_received",
+        "timer_fired",
+        "lifetime_expired",
+        "started",
+        "stopped",
+    }
+)
+"""Events that describe a change of a database file (or the writer's own start and stop).
+They are emitted at or before the commit that makes the change, so with
+``trace.durable`` they are on disk before its outcome reaches the application. The
+others (fragments, retransmissions, routing, drops, connections) describe what
+happened in memory or on the wire: ``durable: false`` in docs/traces.md, and a crash
+loses up to one flush of them."""
+
+TAIL_BYTES = 64 * 1024
+"""How much of the newest segment a start reads back to find the last event on disk."""
 
 CONVERSATIONS_KEPT = 100_000
 """Conversations whose line piece the writer keeps between flushes (then it starts over)."""
@@ -148,6 +188,13 @@ class TraceWriter:
         self.events_written = 0
         self.events_lost = 0
         self.segments_closed = 0
+        self.barriers = 0
+        """Durable flushes a barrier asked for (each covers every barrier waiting then)."""
+        self._next_n = 1
+        """The ``n`` of the next line (used by the one flush at a time)."""
+        self._waiters: list[asyncio.Future[None]] = []
+        """Barriers waiting for the next durable flush."""
+        self._syncing: asyncio.Task[None] | None = None
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -262,10 +309,24 @@ class TraceWriter:
     # -- writing -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Close the segments a crash left open, write ``started`` (naming the last event
+        on disk) at once, and begin the periodic flush."""
         if not self.enabled:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         self._recover_open_segments()
+        last = await asyncio.to_thread(self._last_event)
+        fields: dict[str, Any] = {}
+        if last is not None:
+            n = last.get("n")
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                self._next_n = n + 1
+                fields["last_n"] = n
+            fields["last_ts"] = last.get("ts")
+            fields["last_event"] = last.get("event")
+            fields["clean"] = last.get("event") == "stopped"
+        self.emit("started", **fields)
+        await self.flush()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="trace-writer")
 
     async def stop(self) -> None:
@@ -277,7 +338,10 @@ class TraceWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._syncing is not None:
+            await self._syncing
         if self.enabled:
+            self.emit("stopped")
             await self.flush()
             async with self._lock:
                 await asyncio.to_thread(self._close_segment)
@@ -302,6 +366,43 @@ class TraceWriter:
         async with self._lock:
             await asyncio.to_thread(self._write, lines, count)
 
+    def barrier(self) -> asyncio.Future[None] | None:
+        """A future done once every event emitted so far is written and fsynced, or None
+        when nothing is to wait for (all of them are, or ``trace.durable`` is off).
+
+        The store holds a commit's outcome until then (docs/design.md "Storage"), so what
+        the application is told has its events on disk. Barriers asked for while a
+        durable flush runs share the next one."""
+        if self._task is None or not self.config.durable:
+            return None
+        if not self._buffer and not self._lock.locked():
+            return None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(future)
+        if self._syncing is None:
+            self._syncing = loop.create_task(self._sync(), name="trace-barrier")
+        return future
+
+    async def _sync(self) -> None:
+        """Durable flushes while barriers wait; each one's waiters are done after it."""
+        try:
+            while self._waiters:
+                waiters, self._waiters = self._waiters, []
+                self.barriers += 1
+                try:
+                    if self._buffer:
+                        await self.flush()
+                    else:  # a flush is running: its lines are fsynced when it ends
+                        async with self._lock:
+                            pass
+                finally:
+                    for future in waiters:
+                        if not future.done():
+                            future.set_result(None)
+        finally:
+            self._syncing = None
+
     def _segment_expired(self) -> bool:
         age: float = self.clock() - self._segment_started
         return age >= self.config.segment_seconds
@@ -325,6 +426,7 @@ class TraceWriter:
             conversations.clear()
         out: list[bytes] = []
         add = out.append
+        n = self._next_n
         for entry in events:
             t, event, conversation_id, fields = entry[0], entry[1], entry[2], entry[3]
             if None in fields.values():
@@ -337,23 +439,27 @@ class TraceWriter:
             if name is None:
                 name = names[event] = b'Z","event":' + dumps(event)
             conversation = _conversation_piece(conversations, conversation_id)
-            start = b"%s%s%06d%s%s" % (head, second, fraction, name, conversation)
+            body = b"%s%06d%s%s" % (second, fraction, name, conversation)
             rest = dumps(fields, default=str)[1:] if fields else b"}"
             if len(entry) == 4:
-                add(start + (b"," + rest if fields else rest) + b"\n")
+                add(b'%s"n":%d,%s%s\n' % (head, n, body, b"," + rest if fields else rest))
+                n += 1
                 continue
             key, values, lines_conversations = entry[4], entry[5], entry[6]
             tail = b"," + rest[:-1] if fields else b""
             tail += b"," + dumps(key) + b":"
             if not lines_conversations:
-                start += tail
+                body += tail
                 for value in values:
-                    add(b"%s%d}\n" % (start, value))
+                    add(b'%s"n":%d,%s%d}\n' % (head, n, body, value))
+                    n += 1
                 continue
-            start = b"%s%s%06d%s" % (head, second, fraction, name)
+            body = b"%s%06d%s" % (second, fraction, name)
             for value, line_conversation in zip(values, lines_conversations, strict=True):
                 piece = _conversation_piece(conversations, line_conversation)
-                add(b"%s%s%s%d}\n" % (start, piece, tail, value))
+                add(b'%s"n":%d,%s%s%s%d}\n' % (head, n, body, piece, tail, value))
+                n += 1
+        self._next_n = n
         return b"".join(out)
 
     def _write(self, lines: list[Event | Events], count: int) -> None:
@@ -368,6 +474,8 @@ class TraceWriter:
                 self._open_segment()
             self._segment.write(data)
             self._segment.flush()
+            if self.config.durable:
+                os.fdatasync(self._segment.fileno())
             self._segment_bytes += len(data)
             self.events_written += count
         except OSError as exc:
@@ -375,11 +483,14 @@ class TraceWriter:
             log.error("cannot write trace segment %s: %s", self._segment_path, exc)
 
     def _open_segment(self) -> None:
-        self._segment_count += 1
         self._segment_started = self.clock()
         stamp = datetime.fromtimestamp(self._segment_started, UTC).strftime("%Y%m%dT%H%M%S")
-        name = f"{self.instance}-{stamp}-{os.getpid()}-{self._segment_count:05d}{OPEN_SUFFIX}"
-        self._segment_path = self.directory / name
+        while True:  # a writer restarted in the same second and process must not reuse a name
+            self._segment_count += 1
+            name = f"{self.instance}-{stamp}-{os.getpid()}-{self._segment_count:05d}{OPEN_SUFFIX}"
+            self._segment_path = self.directory / name
+            if not self._segment_path.with_name(name.removesuffix(".open")).exists():
+                break
         self._segment = self._segment_path.open("ab")
         self._segment_bytes = 0
 
@@ -398,6 +509,27 @@ class TraceWriter:
         for path in self.directory.glob(f"{self.instance}-*{OPEN_SUFFIX}"):
             path.rename(path.with_name(path.name.removesuffix(".open")))
 
+    def _last_event(self) -> dict[str, Any] | None:
+        """The last whole event of this instance on disk: the newest segment's last line
+        that parses (a torn one is skipped), or None without any."""
+        segments = [
+            (path.stat().st_mtime, path.name, path)
+            for path in self.directory.glob(f"{self.instance}-*.jsonl")
+        ]
+        for _, _, path in sorted(segments, reverse=True):
+            with path.open("rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - TAIL_BYTES))
+                lines = f.read().splitlines()
+            for raw in reversed(lines):
+                try:
+                    event = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(event, dict) and event.get("instance") == self.instance:
+                    return event
+        return None
+
     def view(self) -> dict[str, Any]:
         return {
             "trace_enabled": self.enabled,
@@ -406,6 +538,7 @@ class TraceWriter:
             "trace_events_buffered": self._buffered,
             "trace_events_lost": self.events_lost,
             "trace_segments_closed": self.segments_closed,
+            "trace_barriers": self.barriers,
         }
 
 

@@ -29,10 +29,13 @@ async def test_events_are_json_lines_with_the_documented_fields(tmp_path: Path) 
     (path,) = segment_files([tmp_path])
     assert path.name.startswith("alpha-") and path.suffix == ".jsonl"
     lines = path.read_text().splitlines()
-    first, second = (json.loads(line) for line in lines)
+    started, first, second, stopped = (json.loads(line) for line in lines)
+    assert started["event"] == "started" and stopped["event"] == "stopped"
+    assert "last_n" not in started  # the first start: nothing on disk before
     assert first == {
         "v": 1,
         "instance": "alpha",
+        "n": 2,
         "ts": "2027-01-15T08:00:00.250000Z",
         "event": "message_sent",
         "conversation_id": str(conversation),
@@ -63,7 +66,7 @@ async def test_emit_each_writes_the_lines_emit_would_one_per_value(tmp_path: Pat
     assert each.view()["trace_events_buffered"] == 3
     for writer in (each, one):
         await writer.stop()
-    assert each.events_written == one.events_written == 3
+    assert each.events_written == one.events_written == 3 + 2  # and started, stopped
     lines = {
         name: [json.loads(line) for line in read_lines(tmp_path / name)] for name in ("each", "one")
     }
@@ -100,7 +103,7 @@ async def test_emit_grouped_folds_the_events_of_a_batch_into_one_entry(tmp_path:
     await grouped.flush()
     sent(8, 90)  # after a flush: a new entry
     await grouped.stop()
-    assert grouped.events_written == 8
+    assert grouped.events_written == 8 + 2  # and started, stopped
     lines = [json.loads(line) for line in read_lines(tmp_path / "grouped")]
     assert [(line["seq"], line["size"], line["ts"][-8:]) for line in lines] == [
         (1, 200, ".250000Z"),
@@ -146,8 +149,10 @@ async def test_lines_without_a_conversation_and_conversations_over_flushes(
 
 
 def read_lines(directory: Path) -> list[str]:
+    """The lines of the one segment in ``directory``, but the writer's own (started, stopped)."""
     (path,) = segment_files([directory])
-    return path.read_text().splitlines()
+    own = ('"event":"started"', '"event":"stopped"')
+    return [line for line in path.read_text().splitlines() if not any(o in line for o in own)]
 
 
 def test_iso_micros_rounds_to_the_microsecond() -> None:
@@ -172,7 +177,7 @@ async def test_segments_rotate_by_size_and_age(tmp_path: Path) -> None:
     await writer.stop()
     files = segment_files([tmp_path])
     assert len(files) == 3 and writer.segments_closed == 3
-    events = list(read_events(files))
+    events = [e for e in read_events(files) if e["event"] == "dropped"]
     assert len(events) == 1102 and events[-1]["reason"] == "after age"
 
 
@@ -189,9 +194,13 @@ async def test_a_torn_last_line_is_skipped_and_open_segments_are_recovered(
     # The process dies here; a new writer starts later.
     later = TraceWriter(TraceConfig(directory=tmp_path), "alpha", Clock())
     await later.start()
-    assert not list(tmp_path.glob("*.jsonl.open"))
+    assert not open_path.exists() and open_path.with_suffix("").exists()
     events = list(read_events(segment_files([tmp_path])))
-    assert [e["reason"] for e in events] == ["whole"]
+    assert [e["event"] for e in events] == ["started", "dropped", "started"]
+    assert events[1]["reason"] == "whole"
+    # The restart names the last whole event on disk: the crash window begins there.
+    assert events[2]["last_n"] == events[1]["n"] == 2 and events[2]["clean"] is False
+    assert events[2]["last_ts"] == events[1]["ts"] and events[2]["n"] == 3
     await later.stop()
 
 
@@ -229,9 +238,10 @@ async def test_a_write_error_is_counted_not_raised(tmp_path: Path) -> None:
     await writer.start()
     writer.directory = target  # segments cannot be created under a regular file
     target.write_text("")
+    writer.clock.now += 301  # the next write begins a segment
     writer.emit("dropped", reason="x")
     await writer.flush()
-    assert writer.events_lost == 1 and writer.events_written == 0
+    assert writer.events_lost == 1 and writer.events_written == 1  # started, before
     await writer.stop()
 
 
@@ -272,3 +282,48 @@ async def test_a_conversations_lines_keep_their_order_across_shared_entries(
     await writer.stop()
     lines = [json.loads(line) for line in read_lines(tmp_path / "order")]
     assert [line["seq"] for line in lines if line["conversation_id"] == str(b)] == [5, 6, 7]
+
+
+async def test_numbers_go_on_after_a_graceful_stop_and_a_clean_start_says_so(
+    tmp_path: Path,
+) -> None:
+    """Every line has ``n``, one more than the line before it on this instance, across
+    restarts; a start after a graceful stop names the ``stopped`` event: clean."""
+    first = TraceWriter(TraceConfig(directory=tmp_path), "alpha", Clock())
+    await first.start()
+    first.emit_each("delivered", uuid.uuid4(), "seq", [1, 2, 3])
+    await first.stop()
+    second = TraceWriter(TraceConfig(directory=tmp_path), "alpha", Clock())
+    await second.start()
+    await second.stop()
+    events = list(read_events(segment_files([tmp_path])))
+    assert [e["n"] for e in events] == list(range(1, 8))
+    restart = events[5]
+    assert restart["event"] == "started" and restart["clean"] is True
+    assert restart["last_event"] == "stopped" and restart["last_n"] == 5
+
+
+async def test_a_barrier_is_done_once_the_events_before_it_are_fsynced(tmp_path: Path) -> None:
+    """``trace.durable``: a barrier waits for a durable flush of every event emitted before
+    it; barriers asked for together share one flush; with nothing buffered there is
+    nothing to wait for, and with ``durable = false`` never."""
+    writer = TraceWriter(TraceConfig(directory=tmp_path / "d", flush_interval=60), "alpha")
+    await writer.start()
+    assert writer.barrier() is None  # started is on disk already
+    conversation = uuid.uuid4()
+    writer.emit("message_sent", conversation, seq=1)
+    one = writer.barrier()
+    writer.emit("message_sent", conversation, seq=2)
+    two = writer.barrier()
+    assert one is not None and two is not None and not one.done()
+    await two
+    assert one.done() and writer.barriers == 1
+    on_disk = [e["seq"] for e in read_events(segment_files([tmp_path / "d"])) if "seq" in e]
+    assert on_disk == [1, 2]
+    await writer.stop()
+
+    loose = TraceWriter(TraceConfig(directory=tmp_path / "l", durable=False), "alpha")
+    await loose.start()
+    loose.emit("message_sent", conversation, seq=1)
+    assert loose.barrier() is None
+    await loose.stop()
