@@ -1,22 +1,41 @@
-"""The exactly-once-in-order audit (R-DLG-4, R-DLG-5): every violation, one per line.
+"""The exactly-once-in-order audit (R-DLG-4, R-DLG-5): every finding, one per line.
 
 For every stream (one direction of one conversation, named by ``conversation_id``
-and the sender's ``initiator`` role) the delivered sequence numbers must be
-1..n with no gap and no duplicate, delivered in order, and every sent message must
-be delivered, discarded (by its own side: END CONVERSATION WITH ERROR or CLEANUP, a
-broker error; or by a receiver that had ended, R-DLG-10) or still waiting in a
-transmission queue. Violations:
+and the sender's ``initiator`` role) the messages must reach the receiving side's
+queue, and its application, exactly once and in sequence order, and every sent
+message must be delivered, discarded (by its own side: END CONVERSATION WITH ERROR
+or CLEANUP, a broker error; or by a receiver that had ended, R-DLG-10) or still
+waiting in a transmission queue. A ``received`` event is evidence of delivery too
+(the application cannot receive what was not in its queue). Violations:
 
-* ``duplicate``: a message delivered more than once;
+* ``duplicate``: a message delivered more than once, or received more than once by
+  the application;
+* ``out_of_order``: a message delivered after a later one of its stream, or
+  received by the application after a later one (R-DLG-1);
 * ``gap``: sequence numbers never delivered (nor discarded) although a later one
-  was; one line per missing range, named by its first seq;
-* ``out_of_order``: a message delivered after a later one of its stream;
-* ``lost``: acknowledged to its sender but never delivered, while no earlier
-  message of its stream is missing (an acknowledgement range lets the receiver
-  acknowledge a message it holds until an earlier one arrives: that is ``held``,
-  not lost);
+  was; one finding per missing range, named by its first seq;
+* ``lost``: acknowledged to its sender but never delivered, with nothing later of
+  its stream delivered, while no earlier message of its stream is missing (an
+  acknowledgement range lets the receiver acknowledge a message it holds until an
+  earlier one arrives: that is ``held``, not lost);
 * ``unsent``: delivered, but its sender's traces (present for the stream from a
   lower seq on) never sent it.
+
+**Crash windows.** A daemon killed loses the trace events it had not written; the
+database changes they describe survive. Each start writes ``started`` naming the last
+event it found on disk (docs/traces.md); unless that was a graceful stop's, the time
+between the two is a crash window of that instance. A ``gap``, ``lost`` or ``unsent``
+whose missing event belongs to an instance with a crash window, and could have
+happened inside it (the window overlaps the time between the events around the
+missing one), is reported as ``unknown`` ("trace missing"), not as a violation: the
+traces cannot say. Duplicates and disorder are never hidden by a lost event. With
+``trace.durable`` a daemon's application learns of a commit only once its events
+are on disk, so an outcome an application saw is never in a window.
+
+Every finding names the conversation, direction, seq (and the last seq of a range),
+sender and receiver instances, and its evidence: the ids (``instance#n``) of the
+events that show it, and for ``unknown`` the window's last durable event and restart
+marker.
 
 What the set cannot show is not reported:
 
@@ -27,9 +46,7 @@ What the set cannot show is not reported:
 * when the receiver's traces are not in the set (no ``delivered`` or
   ``ack_sent`` for the stream), acknowledged messages are not ``lost``.
 
-Unsequenced broker errors (seq 0) are not audited. Events lost by a crashed
-daemon's trace writer (at most ``trace.flush_interval`` seconds of them) show
-here as violations: the audit says what the traces show.
+Unsequenced broker errors (seq 0) are not audited.
 """
 
 from __future__ import annotations
@@ -40,11 +57,32 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from brokerd.analytics.messages import STREAM
+from brokerd.analytics.messages import STREAM, is_event
+from brokerd.analytics.schema import TIMESTAMP_FORMAT
 
 KINDS = ("duplicate", "gap", "out_of_order", "lost", "unsent")
+"""The violations."""
+UNKNOWN = "unknown"
+"""A finding a crash window hides: what it would be is in ``missing``."""
 MAX_LISTED = 10_000
-"""Violations listed in full (all are counted)."""
+"""Findings listed in full (all are counted)."""
+FINDING = [
+    "kind",
+    "conversation_id",
+    "initiator",
+    "seq",
+    "last_seq",
+    "sender",
+    "receiver",
+    "detail",
+    "evidence",
+    "witness",
+    "lo",
+    "hi",
+]
+"""A finding's columns before crash windows are looked at: ``witness`` is the instance
+whose event is missing, ``lo`` .. ``hi`` (microseconds, null: unbounded) when it could
+have happened."""
 
 
 @dataclass
@@ -55,16 +93,24 @@ class Audit:
     waiting: int
     discarded: int
     counts: dict[str, int]
+    """Findings by kind: every violation kind and ``unknown``."""
     violations: list[dict[str, Any]]
     """The first :data:`MAX_LISTED` violations, ordered by conversation and seq."""
+    unknowns: list[dict[str, Any]]
+    """The first :data:`MAX_LISTED` findings crash windows hide."""
 
     @property
     def passed(self) -> bool:
-        return not any(self.counts.values())
+        return not self.total
 
     @property
     def total(self) -> int:
-        return sum(self.counts.values())
+        """Violations (``unknown`` findings are not)."""
+        return sum(self.counts[kind] for kind in KINDS)
+
+    @property
+    def unknown(self) -> int:
+        return self.counts[UNKNOWN]
 
     def view(self) -> dict[str, Any]:
         return {
@@ -75,8 +121,10 @@ class Audit:
             "waiting": self.waiting,
             "discarded": self.discarded,
             "violations": self.total,
+            "unknown": self.unknown,
             "by_kind": self.counts,
             "listed": self.violations,
+            "unknown_listed": self.unknowns,
         }
 
 
@@ -84,103 +132,262 @@ def _direction(initiator: Column) -> Column:
     return F.when(initiator, "initiator->target").otherwise("target->initiator")
 
 
-def _violation(kind: str, detail: Column) -> list[Column]:
-    columns = [*STREAM, "seq", "sender", "receiver"]
-    return [F.lit(kind).alias("kind"), *map(F.col, columns), detail.alias("detail")]
+def _ids(*columns: Column | str) -> Column:
+    """The evidence: the non-null ids among ``columns``."""
+    return F.filter(F.array(*columns), lambda c: c.isNotNull())
 
 
-def violations(messages: DataFrame) -> DataFrame:
-    """Every violation: kind, conversation_id, initiator, seq, sender, receiver, detail."""
+def _finding(
+    kind: str,
+    detail: Column,
+    evidence: Column,
+    seq: Column | None = None,
+    last_seq: Column | None = None,
+    witness: Column | None = None,
+    lo: Column | None = None,
+    hi: Column | None = None,
+) -> list[Column]:
+    seq = F.col("seq") if seq is None else seq
+    none = F.lit(None)
+    return [
+        F.lit(kind).alias("kind"),
+        *map(F.col, STREAM),
+        seq.alias("seq"),
+        (seq if last_seq is None else last_seq).alias("last_seq"),
+        F.col("sender"),
+        F.col("receiver"),
+        detail.alias("detail"),
+        evidence.alias("evidence"),
+        (none.cast("string") if witness is None else witness).alias("witness"),
+        (none.cast("long") if lo is None else lo).alias("lo"),
+        (none.cast("long") if hi is None else hi).alias("hi"),
+    ]
+
+
+def crash_windows(events: DataFrame) -> DataFrame:
+    """Each crash window: ``window_instance``, ``window_from`` .. ``window_to``
+    (microseconds: the last event on disk, the restart), ``last_durable`` and ``marker``
+    (their ids). A start after a graceful stop (``clean``) or with nothing on disk before
+    it opens none."""
+    return events.where(
+        is_event("started")
+        & F.col("last_ts").isNotNull()
+        & ~F.coalesce(F.col("clean"), F.lit(False))
+    ).select(
+        F.col("instance").alias("window_instance"),
+        F.unix_micros(F.try_to_timestamp(F.col("last_ts"), F.lit(TIMESTAMP_FORMAT))).alias(
+            "window_from"
+        ),
+        F.col("t").alias("window_to"),
+        F.concat_ws("#", "instance", F.col("last_n").cast("string")).alias("last_durable"),
+        F.concat_ws("#", "instance", F.col("n").cast("string")).alias("marker"),
+    )
+
+
+def _prepared(messages: DataFrame) -> DataFrame:
+    """The message table with each stream's sender and receiver, arrival (delivered, or
+    received when the delivery's event is missing) and the stream's bounds."""
     stream = Window.partitionBy(*STREAM)
+    in_seq = stream.orderBy("seq")
     sent = F.col("sent_t").isNotNull()
-    delivered = F.col("deliveries") > 0
+    arrived = (F.col("deliveries") > 0) | (F.col("receptions") > 0)
     discarded = F.col("status") == "discarded"
-    m = (
+    open_message = ~arrived & ~discarded & (sent | F.col("acked_t").isNotNull())
+
+    def first(column: str) -> Column:
+        return F.first(column, ignorenulls=True).over(stream)
+
+    return (
         messages.withColumn(  # a lost message names its stream's receiver
             "receiver",
-            F.coalesce("receiver", F.first("receiver", ignorenulls=True).over(stream)),
+            F.coalesce("receiver", "reader", first("receiver"), first("reader")),
         )
-        .withColumn(
-            "sender", F.coalesce("sender", F.first("sender", ignorenulls=True).over(stream))
-        )
+        .withColumn("sender", F.coalesce("sender", first("sender")))
+        .withColumn("arrived", arrived)
+        .withColumn("arrived_t", F.coalesce("delivered_t", "received_t"))
+        .withColumn("arrived_id", F.coalesce("delivered_id", "received_id"))
         # the lowest seq the set saw sent, delivered or discarded: lower ones are
         # before the traces began (a late duplicate or RECEIVE does not count)
-        .withColumn(
-            "lowest", F.min(F.when(sent | delivered | discarded, F.col("seq"))).over(stream)
-        )
+        .withColumn("lowest", F.min(F.when(sent | arrived | discarded, F.col("seq"))).over(stream))
         .withColumn("lowest_sent", F.min(F.when(sent, F.col("seq"))).over(stream))
-        .withColumn("highest", F.max(F.when(delivered, F.col("seq"))).over(stream))
+        .withColumn("highest", F.max(F.when(arrived, F.col("seq"))).over(stream))
+        .withColumn("lowest_open", F.min(F.when(open_message, F.col("seq"))).over(stream))
+        .withColumn(
+            "sent_before",
+            F.max("sent_t").over(in_seq.rowsBetween(Window.unboundedPreceding, -1)),
+        )
     )
-    duplicates = m.where(F.col("deliveries") > 1).select(
-        *_violation("duplicate", F.format_string("delivered %d times", "deliveries"))
+
+
+def _disorder(m: DataFrame, event: str, verb: str) -> DataFrame:
+    """Messages ``verb`` after a later one of their stream, in the order of their first
+    ``event`` (``delivered`` or ``received``: time, then event number)."""
+    t, n, eid = f"{event}_t", f"{event}_n", f"{event}_id"
+    before = Window.partitionBy(*STREAM).orderBy(t, n, "seq")
+    return (
+        m.where(F.col(t).isNotNull())
+        .withColumn(
+            "before",
+            F.max(F.struct(F.col("seq"), F.col(eid).alias("id"))).over(
+                before.rowsBetween(Window.unboundedPreceding, -1)
+            ),
+        )
+        .where(F.col("before.seq") > F.col("seq"))
+        .select(
+            *_finding(
+                "out_of_order",
+                F.format_string(f"{verb} after seq %d", "before.seq"),
+                _ids(eid, "before.id"),
+            )
+        )
     )
-    lost = m.where(F.col("status") == "lost").select(
-        *_violation("lost", F.lit("acknowledged to the sender but never delivered"))
-    )
-    unsent = m.where(delivered & ~sent & (F.col("seq") >= F.col("lowest_sent"))).select(
-        *_violation("unsent", F.lit("delivered but never sent by its sender"))
-    )
-    in_time = Window.partitionBy(*STREAM).orderBy("delivered_t", "seq")
-    out_of_order = (
-        m.where(delivered)
-        .withColumn("before", F.max("seq").over(in_time.rowsBetween(Window.unboundedPreceding, -1)))
-        .where(F.col("before") > F.col("seq"))
-        .select(*_violation("out_of_order", F.format_string("delivered after seq %d", "before")))
-    )
-    # Gaps: seqs from the stream's lowest to its highest delivered one that were neither
-    # delivered nor discarded (END CONVERSATION WITH ERROR drops what is pending and
-    # sends the error after it). One row per missing range, found between neighbours.
+
+
+def _gaps(m: DataFrame) -> DataFrame:
+    """Seqs from the stream's lowest to its highest delivered one that were neither
+    delivered nor discarded (END CONVERSATION WITH ERROR drops what is pending and sends
+    the error after it): one row per missing range, found between neighbours. Its
+    delivery events would lie between its neighbours' on the receiver."""
     accounted = m.where(
-        (delivered | discarded)
+        (F.col("arrived") | (F.col("status") == "discarded"))
         & (F.col("seq") >= F.col("lowest"))
         & (F.col("seq") <= F.col("highest"))
     )
     in_seq = Window.partitionBy(*STREAM).orderBy("seq")
-    gaps = (
-        accounted.withColumn("previous", F.coalesce(F.lag("seq").over(in_seq), F.col("lowest") - 1))
-        .where(F.col("seq") - F.col("previous") > 1)
+    previous = F.lag(F.struct("seq", "arrived_t", "arrived_id")).over(in_seq)
+    width = F.col("seq") - F.col("previous") - 1
+    return (
+        accounted.withColumn("before", previous)
+        .withColumn("previous", F.coalesce(F.col("before.seq"), F.col("lowest") - 1))
+        .where(width > 0)
         .select(
-            F.lit("gap").alias("kind"),
-            *STREAM,
-            (F.col("previous") + 1).alias("seq"),
-            "sender",
-            "receiver",
-            F.when(
-                F.col("seq") - F.col("previous") == 2,
-                F.format_string("never delivered, though seq %d was", "highest"),
+            *_finding(
+                "gap",
+                F.when(width == 1, F.format_string("never delivered, though seq %d was", "seq"))
+                .otherwise(F.format_string("never delivered, nor the %d after it", width - 1))
+                .alias("detail"),
+                _ids("before.arrived_id", "arrived_id"),
+                seq=F.col("previous") + 1,
+                last_seq=F.col("seq") - 1,
+                witness=F.col("receiver"),
+                lo=F.col("before.arrived_t"),
+                hi=F.col("arrived_t"),
             )
-            .otherwise(
-                F.format_string(
-                    "never delivered, nor the %d after it (to seq %d), though seq %d was",
-                    F.col("seq") - F.col("previous") - 2,
-                    F.col("seq") - 1,
-                    "highest",
-                )
-            )
-            .alias("detail"),
+        )
+    )
+
+
+def findings(messages: DataFrame) -> DataFrame:
+    """Every finding before crash windows are looked at (columns :data:`FINDING`)."""
+    m = _prepared(messages)
+    duplicates = m.where(F.col("deliveries") > 1).select(
+        *_finding(
+            "duplicate", F.format_string("delivered %d times", "deliveries"), F.col("delivered_ids")
+        )
+    )
+    received_twice = m.where(F.col("receptions") > 1).select(
+        *_finding(
+            "duplicate",
+            F.format_string("received %d times by the application", "receptions"),
+            F.col("received_ids"),
+        )
+    )
+    lost = m.where(
+        F.col("status").isin("lost", "held")
+        & ~F.col("arrived")
+        & (F.col("seq") == F.col("lowest_open"))
+        & (F.col("highest").isNull() | (F.col("seq") > F.col("highest")))
+    ).select(
+        *_finding(
+            "lost",
+            F.lit("acknowledged to the sender but never delivered"),
+            _ids("acked_id", "sent_id"),
+            witness=F.col("receiver"),
+            lo=F.col("sent_t"),
+            hi=F.col("acked_t"),
+        )
+    )
+    unsent = m.where(
+        F.col("arrived") & F.col("sent_t").isNull() & (F.col("seq") >= F.col("lowest_sent"))
+    ).select(
+        *_finding(
+            "unsent",
+            F.lit("delivered but never sent by its sender"),
+            _ids("arrived_id"),
+            witness=F.col("sender"),
+            lo=F.col("sent_before"),
+            hi=F.col("arrived_t"),
         )
     )
     return (
-        duplicates.unionByName(gaps)
-        .unionByName(out_of_order)
+        duplicates.unionByName(received_twice)
+        .unionByName(_disorder(m, "delivered", "delivered"))
+        .unionByName(_disorder(m, "received", "received by the application"))
+        .unionByName(_gaps(m))
         .unionByName(lost)
         .unionByName(unsent)
-        .withColumn("direction", _direction(F.col("initiator")))
     )
 
 
-def audit(messages: DataFrame) -> Audit:
-    found = violations(messages).cache()
+def judged(found: DataFrame, windows: DataFrame) -> DataFrame:
+    """``found`` with the findings a crash window of their witness could hide turned
+    ``unknown`` ("trace missing"; ``missing`` keeps the kind), the window's ids added to
+    the evidence, and ``direction``."""
+    numbered = found.withColumn("fid", F.monotonically_increasing_id())
+    w = windows
+    overlaps = (
+        (F.col("witness") == w["window_instance"])
+        & (F.col("lo").isNull() | (F.col("lo") <= w["window_to"]))
+        & (F.col("hi").isNull() | (F.col("hi") >= w["window_from"]))
+    )
+    earliest = Window.partitionBy("fid").orderBy(F.col("window_to").asc_nulls_last())
+    matched = (
+        numbered.join(w, overlaps, "left")
+        .withColumn("k", F.row_number().over(earliest))
+        .where(F.col("k") == 1)
+    )
+    hidden = F.col("marker").isNotNull()
+    return matched.select(
+        F.when(hidden, F.lit(UNKNOWN)).otherwise(F.col("kind")).alias("kind"),
+        F.when(hidden, F.col("kind")).alias("missing"),
+        *STREAM,
+        "seq",
+        "last_seq",
+        "sender",
+        "receiver",
+        F.when(
+            hidden,
+            F.format_string(
+                "trace missing: %s (%s crashed: its events after %s were lost, it restarted at %s)",
+                "detail",
+                "witness",
+                "last_durable",
+                "marker",
+            ),
+        )
+        .otherwise(F.col("detail"))
+        .alias("detail"),
+        F.when(hidden, F.concat("evidence", F.array("last_durable", "marker")))
+        .otherwise(F.col("evidence"))
+        .alias("evidence"),
+        _direction(F.col("initiator")).alias("direction"),
+    )
+
+
+def audit(messages: DataFrame, events: DataFrame) -> Audit:
+    """Run the audit over the message table of ``events`` (crash windows from ``events``)."""
+    found = judged(findings(messages), crash_windows(events)).cache()
     try:
-        counts = {k: 0 for k in KINDS}
+        counts = {k: 0 for k in (*KINDS, UNKNOWN)}
         for row in found.groupBy("kind").count().collect():
             counts[row["kind"]] = int(row["count"])
-        listed = [
-            r.asDict()
-            for r in found.orderBy("conversation_id", "initiator", "seq", "kind")
-            .limit(MAX_LISTED)
-            .collect()
-        ]
+
+        def listed(which: Column) -> list[dict[str, Any]]:
+            ordered = found.where(which).orderBy("conversation_id", "initiator", "seq", "kind")
+            return [r.asDict() for r in ordered.limit(MAX_LISTED).collect()]
+
+        violations = listed(F.col("kind") != UNKNOWN)
+        unknowns = listed(F.col("kind") == UNKNOWN)
     finally:
         found.unpersist()
     totals = messages.agg(
@@ -198,14 +405,19 @@ def audit(messages: DataFrame) -> Audit:
         waiting=int(totals["waiting"]),
         discarded=int(totals["discarded"]),
         counts=counts,
-        violations=listed,
+        violations=violations,
+        unknowns=unknowns,
     )
 
 
 def violation_line(v: dict[str, Any]) -> str:
-    """One violation as one line: ``GAP conversation C (initiator->target) seq 7: ...``."""
+    """One finding as one line: ``GAP conversation C (initiator->target) seq 7: ...``."""
+    seqs = f"seq {v['seq']}"
+    if v.get("last_seq") is not None and v["last_seq"] != v["seq"]:
+        seqs = f"seqs {v['seq']}..{v['last_seq']}"
+    evidence = ", ".join(v.get("evidence") or []) or "none"
     return (
         f"{v['kind'].upper()} conversation {v['conversation_id']} ({v['direction']}) "
-        f"seq {v['seq']}: {v['detail']} (sender {v['sender'] or '?'}, "
-        f"receiver {v['receiver'] or '?'})"
+        f"{seqs}: {v['detail']} (sender {v['sender'] or '?'}, "
+        f"receiver {v['receiver'] or '?'}; evidence {evidence})"
     )

@@ -11,7 +11,10 @@ Columns: the key; ``sender``, ``database``, ``service``, ``far_service``,
 ``first_fragment_t``, ``acked_t``, ``discarded_t``, ``delivered_t``,
 ``received_t`` (microseconds, null when it did not happen); ``attempts``,
 ``retransmissions``, ``duplicates``, ``drops``, ``forwards``, ``max_hop``,
-``deliveries``, ``receptions``; ``route`` and ``address`` (the first link used,
+``deliveries``, ``receptions``; the evidence, as event ids (``instance#n``, see
+:func:`event_id`): ``sent_id``, ``delivered_id``, ``delivered_n``, ``delivered_ids``,
+``received_id``, ``received_n``, ``received_ids``, ``acked_id``, with ``reader`` (the
+instance whose application received it); ``route`` and ``address`` (the first link used,
 or the conversation's route for a local delivery), ``receiver``,
 ``target_database``, ``queue``, ``drop_reason``, ``discard_reason``; and
 ``status``, one of:
@@ -79,6 +82,20 @@ def count_of(name: str) -> Column:
     return F.count(F.when(is_event(name), 1))
 
 
+def event_id(events: DataFrame) -> DataFrame:
+    """``events`` with ``eid``: ``instance#n``, the event's id (null for a line without
+    ``n``, written before lines were numbered)."""
+    return events.withColumn(
+        "eid",
+        F.when(F.col("n").isNotNull(), F.concat_ws("#", "instance", F.col("n").cast("string"))),
+    )
+
+
+def ids_of(name: str) -> Column:
+    """The ids of every event ``name`` in the group, sorted."""
+    return F.sort_array(F.collect_list(F.when(is_event(name), F.col("eid"))))
+
+
 def listed_messages(events: DataFrame, event: str, as_event: str) -> DataFrame:
     """Events that list messages in ``seqs`` (acknowledgements, discards), one row per seq."""
     return (
@@ -87,6 +104,7 @@ def listed_messages(events: DataFrame, event: str, as_event: str) -> DataFrame:
             "conversation_id",
             "initiator",
             "instance",
+            "n",
             "t",
             "reason",
             F.explode(F.split("seqs", ",")).alias("listed"),
@@ -122,9 +140,11 @@ def message_table(events: DataFrame) -> DataFrame:
         & F.col("initiator").isNotNull()
         & (F.col("seq") > 0)
     )
-    keyed = per_message.unionByName(
-        listed_messages(events, "ack_received", "acked"), allowMissingColumns=True
-    ).unionByName(listed_messages(events, "discarded", "discarded"), allowMissingColumns=True)
+    keyed = event_id(
+        per_message.unionByName(
+            listed_messages(events, "ack_received", "acked"), allowMissingColumns=True
+        ).unionByName(listed_messages(events, "discarded", "discarded"), allowMissingColumns=True)
+    )
     folded = keyed.groupBy(*KEY).agg(
         first_fields(
             "message_sent",
@@ -134,6 +154,7 @@ def message_table(events: DataFrame) -> DataFrame:
             "far_service",
             "message_type",
             "size",
+            "eid",
         ).alias("sent"),
         time_of("message_sent").alias("sent_t"),
         time_of("enqueued").alias("enqueued_t"),
@@ -147,13 +168,17 @@ def message_table(events: DataFrame) -> DataFrame:
         F.count_distinct(F.when(is_event("forwarded"), F.col("instance"))).alias("forwards"),
         F.max(F.when(is_event("forwarded"), F.col("hop"))).alias("max_hop"),
         time_of("acked").alias("acked_t"),
+        first_of("eid", "acked").alias("acked_id"),
         time_of("discarded").alias("discarded_t"),
         first_of("reason", "discarded").alias("discard_reason"),
         time_of("delivered").alias("delivered_t"),
         count_of("delivered").alias("deliveries"),
-        first_fields("delivered", "instance", "database", "queue").alias("delivery"),
+        first_fields("delivered", "instance", "database", "queue", "n", "eid").alias("delivery"),
+        ids_of("delivered").alias("delivered_ids"),
         time_of("received").alias("received_t"),
         count_of("received").alias("receptions"),
+        first_fields("received", "instance", "n", "eid").alias("reception"),
+        ids_of("received").alias("received_ids"),
     )
     rows = folded.select(
         *KEY,
@@ -163,6 +188,7 @@ def message_table(events: DataFrame) -> DataFrame:
         "sent.far_service",
         "sent.message_type",
         "sent.size",
+        F.col("sent.eid").alias("sent_id"),
         "sent_t",
         "enqueued_t",
         "first_fragment_t",
@@ -176,6 +202,7 @@ def message_table(events: DataFrame) -> DataFrame:
         "forwards",
         "max_hop",
         "acked_t",
+        "acked_id",
         "discarded_t",
         "discard_reason",
         "delivered_t",
@@ -183,8 +210,15 @@ def message_table(events: DataFrame) -> DataFrame:
         F.col("delivery.instance").alias("receiver"),
         F.col("delivery.database").alias("target_database"),
         "delivery.queue",
+        F.col("delivery.n").alias("delivered_n"),
+        F.col("delivery.eid").alias("delivered_id"),
+        "delivered_ids",
         "received_t",
         "receptions",
+        F.col("reception.instance").alias("reader"),
+        F.col("reception.n").alias("received_n"),
+        F.col("reception.eid").alias("received_id"),
+        "received_ids",
     )
     routes = conversation_routes(events)
     joined = rows.join(routes, on=[*STREAM, "sender"], how="left")

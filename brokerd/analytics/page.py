@@ -193,15 +193,17 @@ def verdict(audit: audit_job.Audit) -> dict[str, Any]:
         )
     else:
         summary = f"{audit.total:,} finding(s)"
+    listed = [*audit.violations, *audit.unknowns]
     return {
         "passed": audit.passed,
         "summary": summary,
         "by_kind": [(k, n) for k, n in audit.counts.items() if n],
-        "lines": [audit_job.violation_line(v) for v in audit.violations[:500]],
-        "more": max(0, audit.total - 500),
+        "lines": [audit_job.violation_line(v) for v in listed[:500]],
+        "more": max(0, audit.total + audit.unknown - 500),
         "detail": f"{audit.streams:,} streams, {audit.messages:,} messages: "
         f"{audit.delivered:,} delivered, {audit.waiting:,} waiting, "
-        f"{audit.discarded:,} discarded",
+        f"{audit.discarded:,} discarded; {audit.unknown:,} finding(s) unknown (trace "
+        "missing in a daemon's crash window)",
     }
 
 

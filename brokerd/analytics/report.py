@@ -230,7 +230,7 @@ def analyze(
     try:
         steps.run("building the message table", messages.count)
         totals = steps.run("totals", lambda: _totals(events, messages))
-        found = steps.run("exactly-once-in-order audit", lambda: audit_job.audit(messages))
+        found = steps.run("exactly-once-in-order audit", lambda: audit_job.audit(messages, events))
         steps.run("latency per service pair and route", latencies)
         steps.run("latency per hop", hops)
         steps.run("faults per connection and route", fault_tables)
@@ -351,6 +351,13 @@ def print_summary(analysis: Analysis, out: TextIO = sys.stdout, limit: int = 10)
         print("  " + audit_job.violation_line(v), file=out)
     if a.total > limit * 2:
         print(f"  ... and {a.total - limit * 2} more (see summary.json)", file=out)
+    if a.unknown:
+        print(
+            f"{a.unknown} finding(s) unknown: their events were lost in a daemon's crash window",
+            file=out,
+        )
+        for v in a.unknowns[:limit]:
+            print("  " + audit_job.violation_line(v), file=out)
     for name, columns in PRINTED.items():
         table = analysis.tables.get(name)
         if table is not None and table.rows:

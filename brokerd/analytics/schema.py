@@ -40,9 +40,12 @@ _STRINGS = (
     "target_database",
     "reason",
     "direction",
+    "last_ts",
+    "last_event",
 )
 _LONGS = (
     "v",
+    "n",
     "seq",
     "fragment",
     "fragments",
@@ -52,8 +55,9 @@ _LONGS = (
     "acked",
     "hop",
     "pid",
+    "last_n",
 )
-_BOOLEANS = ("initiator", "encrypted")
+_BOOLEANS = ("initiator", "encrypted", "clean")
 _DOUBLES = ("wait",)
 
 TRACE_SCHEMA = StructType(

@@ -121,6 +121,8 @@ class _Simulation:
         self.rng = random.Random(plan.seed)
         self.clock = _Clock()
         self.truth = Truth()
+        self._received: dict[tuple[uuid.UUID, bool], float] = {}
+        """The time of each stream's last ``received`` event."""
         self.writers = {
             name: TraceWriter(
                 TraceConfig(
@@ -128,6 +130,7 @@ class _Simulation:
                     segment_mb=plan.segment_mb,
                     segment_seconds=plan.segment_seconds,
                     flush_interval=3600.0,
+                    durable=False,  # a generator: nothing to survive a crash
                 ),
                 name,
                 clock=self.clock,
@@ -423,9 +426,14 @@ class _Simulation:
 
     def receive(self, conv: _Conversation, initiator: bool, seq: int, delivered_t: float) -> None:
         receiver = conv.target if initiator else conv.client
+        # The application receives a stream's messages in order (R-DLG-1).
+        stream = (conv.cid, initiator)
+        at = delivered_t + 0.002 + self.rng.random() * 0.01
+        at = max(at, self._received.get(stream, 0.0) + 1e-6)
+        self._received[stream] = at
         self.emit(
             receiver,
-            delivered_t + 0.002 + self.rng.random() * 0.01,
+            at,
             "received",
             conv.cid,
             database="backend" if initiator else "shop",
@@ -561,11 +569,8 @@ class _Simulation:
                 and not kind,
                 violation=kind,
             )
-            if kind == "lost":
-                self.truth.violations |= {
-                    ("lost", str(conv.cid), True, 2),
-                    ("gap", str(conv.cid), True, 2),
-                }
+            if kind == "lost":  # acknowledged, never delivered, seq 3 was: a gap
+                self.truth.violations.add(("gap", str(conv.cid), True, 2))
             elif kind == "duplicate":
                 self.truth.violations.add(("duplicate", str(conv.cid), True, 3))
             elif kind == "out_of_order":

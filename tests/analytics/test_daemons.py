@@ -5,8 +5,9 @@ Two real daemons (alpha on 127.0.0.61, beta on 127.0.0.62) with a fault proxy on
 retransmission) and one acknowledgement (a forced retransmission the receiver sees
 as a duplicate, R-DLG-4), runs the analysis in local mode and checks its figures
 against the messages it sent, the messages it received and the daemons' own
-counters. The exactly-once-in-order audit (R-DLG-5) passes; after one delivered
-event is deleted from a copy of the traces it names that conversation and seq.
+counters. The exactly-once-in-order audit (R-DLG-5) passes; after the delivered and
+received events of one message are deleted from a copy of the traces it names that
+conversation and seq.
 """
 
 from __future__ import annotations
@@ -170,36 +171,43 @@ async def test_analysis_of_real_daemons_matches_the_workload(
     assert json.loads(summary.read_text())["audit"]["passed"] is True
     assert html.read_text().count('class="view"') == 3  # the charts' places
 
-    # Delete one delivered event from a copy: the audit names that conversation and seq.
+    # Delete the delivered and received events of one message from a copy: the audit
+    # names that conversation and seq, a gap (seq 6 was delivered), with its evidence.
     copy = tmp_path / "copy"
     for n, directory in enumerate(traces):
         shutil.copytree(directory, copy / str(n))
-    segment, line, victim = _a_delivered_event(copy, seq=5)
-    lines = segment.read_text().splitlines(keepends=True)
-    segment.write_text("".join(lines[:line] + lines[line + 1 :]))
+    victim = _delete_event(copy, "delivered", seq=5)
+    _delete_event(copy, "received", seq=5, conversation=str(victim["conversation_id"]))
     loaded = load_traces(spark, [copy])
     try:
-        found = audit(message_table(loaded.events))
+        found = audit(message_table(loaded.events), loaded.events)
     finally:
         loaded.release()
     assert not found.passed
-    assert {
+    assert [
         (v["kind"], v["conversation_id"], v["initiator"], v["seq"]) for v in found.violations
-    } == {
-        ("gap", victim["conversation_id"], True, 5),
-        ("lost", victim["conversation_id"], True, 5),
-    }
-    assert all(
-        f"conversation {victim['conversation_id']}" in violation_line(v)
-        and "seq 5" in violation_line(v)
-        for v in found.violations
-    )
+    ] == [("gap", victim["conversation_id"], True, 5)]
+    (gap,) = found.violations
+    line = violation_line(gap)
+    assert f"conversation {victim['conversation_id']}" in line and "seq 5:" in line
+    assert gap["receiver"] == "beta" and gap["evidence"][0].startswith("beta#")
 
 
-def _a_delivered_event(root: Path, seq: int) -> tuple[Path, int, dict[str, object]]:
+def _delete_event(
+    root: Path, event: str, seq: int, conversation: str | None = None
+) -> dict[str, object]:
+    """Delete the first ``event`` of the initiator's ``seq`` (of ``conversation``) under
+    ``root``; return it."""
     for segment in sorted(root.rglob("*.jsonl")):
-        for n, text in enumerate(segment.read_text().splitlines()):
-            event = json.loads(text)
-            if event["event"] == "delivered" and event["seq"] == seq and event["initiator"]:
-                return segment, n, event
-    raise AssertionError(f"no delivered event of seq {seq}")
+        lines = segment.read_text().splitlines(keepends=True)
+        for n, text in enumerate(lines):
+            line = json.loads(text)
+            if (
+                line["event"] == event
+                and line["seq"] == seq
+                and line["initiator"]
+                and conversation in (None, line["conversation_id"])
+            ):
+                segment.write_text("".join(lines[:n] + lines[n + 1 :]))
+                return dict(line)
+    raise AssertionError(f"no {event} event of seq {seq}")
