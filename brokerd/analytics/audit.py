@@ -1,4 +1,5 @@
-"""The exactly-once-in-order audit (R-DLG-4, R-DLG-5): every finding, one per line.
+"""The exactly-once-in-order audit (R-TRACE-2; R-DLG-1, R-DLG-4, R-DLG-5): every finding,
+one per line.
 
 For every stream (one direction of one conversation, named by ``conversation_id``
 and the sender's ``initiator`` role) the messages must reach the receiving side's

@@ -1,6 +1,6 @@
 """Delivery traces: what happened to each message, written as append-only JSON Lines.
 
-Owns the trace file format (schema version 1, documented in ``docs/traces.md``)
+Owns the trace file format (schema version 1, documented in ``docs/traces.md``; R-TRACE-1)
 and the writer every daemon runs:
 
 * on the event loop an event is only appended to an in-memory buffer; a
@@ -106,6 +106,11 @@ DURABLE = frozenset(
         "ack_received",
         "timer_fired",
         "lifetime_expired",
+        "rolled_back",
+        "quarantined",
+        "quarantine_released",
+        "quarantine_ended",
+        "queue_disabled",
         "started",
         "stopped",
     }

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 
 from brokerd.config import TraceConfig
-from brokerd.traces.writer import EVENTS, TraceWriter, iso_micros, read_events, segment_files
+from brokerd.traces.writer import (
+    DURABLE,
+    EVENTS,
+    TraceWriter,
+    iso_micros,
+    read_events,
+    segment_files,
+)
 
 
 class Clock:
@@ -327,3 +335,15 @@ async def test_a_barrier_is_done_once_the_events_before_it_are_fsynced(tmp_path:
     loose.emit("message_sent", conversation, seq=1)
     assert loose.barrier() is None
     await loose.stop()
+
+
+def test_the_documented_events_are_the_writers_with_their_durability() -> None:
+    """docs/traces.md lists every event of :data:`EVENTS`, and marks durable exactly those of
+    :data:`DURABLE`."""
+    doc = (Path(__file__).parents[2] / "docs" / "traces.md").read_text()
+    rows = re.findall(r"^\| (`\w+`(?:, `\w+`)*) \| (true|false) \|", doc, flags=re.MULTILINE)
+    documented = {
+        name: flag == "true" for names, flag in rows for name in re.findall(r"\w+", names)
+    }
+    assert set(EVENTS) <= set(documented)
+    assert {name for name, durable in documented.items() if durable} == DURABLE
