@@ -81,9 +81,10 @@ FINDING = [
     "lo",
     "hi",
 ]
-"""A finding's columns before crash windows are looked at: ``witness`` is the instance
-whose event is missing, ``lo`` .. ``hi`` (microseconds, null: unbounded) when it could
-have happened."""
+"""A finding's columns before crash windows are looked at: ``witness`` lists the instances
+that could have written the missing event (every instance that delivered or received the
+stream's messages, or sent them: a mirrored pair's partners take turns), ``lo`` .. ``hi``
+(microseconds, null: unbounded) when it could have happened."""
 
 
 @dataclass
@@ -159,7 +160,7 @@ def _finding(
         F.col("receiver"),
         detail.alias("detail"),
         evidence.alias("evidence"),
-        (none.cast("string") if witness is None else witness).alias("witness"),
+        (F.array().cast("array<string>") if witness is None else witness).alias("witness"),
         (none.cast("long") if lo is None else lo).alias("lo"),
         (none.cast("long") if hi is None else hi).alias("hi"),
     ]
@@ -204,6 +205,13 @@ def _prepared(messages: DataFrame) -> DataFrame:
             F.coalesce("receiver", "reader", first("receiver"), first("reader")),
         )
         .withColumn("sender", F.coalesce("sender", first("sender")))
+        .withColumn("senders", F.collect_set("sender").over(stream))
+        .withColumn(
+            "receivers",
+            F.array_union(
+                F.collect_set("receiver").over(stream), F.collect_set("reader").over(stream)
+            ),
+        )
         .withColumn("arrived", arrived)
         .withColumn("arrived_t", F.coalesce("delivered_t", "received_t"))
         .withColumn("arrived_id", F.coalesce("delivered_id", "received_id"))
@@ -270,7 +278,7 @@ def _gaps(m: DataFrame) -> DataFrame:
                 _ids("before.arrived_id", "arrived_id"),
                 seq=F.col("previous") + 1,
                 last_seq=F.col("seq") - 1,
-                witness=F.col("receiver"),
+                witness=F.col("receivers"),
                 lo=F.col("before.arrived_t"),
                 hi=F.col("arrived_t"),
             )
@@ -303,7 +311,7 @@ def findings(messages: DataFrame) -> DataFrame:
             "lost",
             F.lit("acknowledged to the sender but never delivered"),
             _ids("acked_id", "sent_id"),
-            witness=F.col("receiver"),
+            witness=F.col("receivers"),
             lo=F.col("sent_t"),
             hi=F.col("acked_t"),
         )
@@ -315,7 +323,7 @@ def findings(messages: DataFrame) -> DataFrame:
             "unsent",
             F.lit("delivered but never sent by its sender"),
             _ids("arrived_id"),
-            witness=F.col("sender"),
+            witness=F.col("senders"),
             lo=F.col("sent_before"),
             hi=F.col("arrived_t"),
         )
@@ -337,7 +345,7 @@ def judged(found: DataFrame, windows: DataFrame) -> DataFrame:
     numbered = found.withColumn("fid", F.monotonically_increasing_id())
     w = windows
     overlaps = (
-        (F.col("witness") == w["window_instance"])
+        F.array_contains(F.col("witness"), w["window_instance"])
         & (F.col("lo").isNull() | (F.col("lo") <= w["window_to"]))
         & (F.col("hi").isNull() | (F.col("hi") >= w["window_from"]))
     )
@@ -361,7 +369,7 @@ def judged(found: DataFrame, windows: DataFrame) -> DataFrame:
             F.format_string(
                 "trace missing: %s (%s crashed: its events after %s were lost, it restarted at %s)",
                 "detail",
-                "witness",
+                "window_instance",
                 "last_durable",
                 "marker",
             ),

@@ -5,9 +5,9 @@ queue, R-DLG-13, has ``message_sent`` and ``delivered`` only), and how many mess
 were cut again (every daemon's).
 
 These are measurements for the summary, not part of the verdict (the checker reads only
-the applications' ledgers). They are approximate: a SIGKILL loses up to
-``trace.flush_interval`` seconds of events, and a SEND cut by a kill may have been
-traced and then sent again under the same number.
+the applications' ledgers). They are approximate: a SIGKILL loses the events of the
+commits nobody was told of yet (the crash window, docs/traces.md "Durability"), and a
+SEND cut by a kill may have been traced and then sent again under the same number.
 """
 
 from __future__ import annotations
