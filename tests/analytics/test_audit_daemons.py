@@ -203,9 +203,9 @@ async def test_every_planted_violation_is_found_exactly_with_its_evidence(
             "beta",
             "initiator->target",
         )
-        line = violation_line(v)
-        assert f"conversation {v['conversation_id']}" in line and f"seq {v['seq']}:" in line
-        assert v["evidence"] and f"evidence {v['evidence'][0]}" in line
+        text = violation_line(v)
+        assert f"conversation {v['conversation_id']}" in text and f"seq {v['seq']}:" in text
+        assert v["evidence"] and f"evidence {v['evidence'][0]}" in text
     assert by[("lost", lost)]["evidence"][0] == eid(acked)
     assert by[("gap", gap)]["evidence"] == [eid(gap_before), eid(gap_after)]
     assert by[("duplicate", doubled)]["evidence"] == sorted([eid(first), eid(second)])
@@ -310,9 +310,10 @@ async def test_a_run_with_daemons_killed_has_no_violation_and_no_lost(
     d = shop_and_warehouse(tmp_path / "run", FAST_RETRY, hosts=(ALPHA, BETA))
     with running(d):
         shop = await d.daemons["alpha"].client()
-        handles = [
+        dialogs = [
             await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT) for _ in range(3)
         ]
+        handles = [dialog.handle for dialog in dialogs]
         await shop.close()
         producer, consumer = Producer(d, handles), Consumer(d)
         flows = asyncio.gather(producer.run(total), consumer.run(total))
