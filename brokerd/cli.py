@@ -7,6 +7,7 @@
     brokerd demo [--orders N] [--workdir DIR]
     brokerd wire-demo [--encryption required|supported|disabled]
     brokerd analyze TRACE_DIR... [--out DIR] [--master URL] [--top N] [--quiet]
+                    [--database FILE...]
 
 Errors (a wrong configuration included) print one line naming the problem and
 exit with status 2. ``analyze`` exits with 1 when the exactly-once-in-order
@@ -16,6 +17,7 @@ audit finds a violation.
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -76,7 +78,15 @@ def _analyze(args: argparse.Namespace) -> int:
         raise AnalyticsError(
             f"brokerd analyze needs PySpark ({exc}): pip install 'brokerd[analytics]'"
         ) from exc
-    return run(args)
+    from brokerd.storage.witness import endpoint_sequences
+
+    witness = []
+    for path in args.database:
+        try:
+            witness += endpoint_sequences(path)
+        except sqlite3.Error as exc:
+            raise AnalyticsError(f"{path}: not a brokerd database file ({exc})") from exc
+    return run(args, witness)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -152,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--master", help="Spark master (default local[*]: this machine's cores)")
     analyze.add_argument("--top", type=int, default=50, help="rows kept per table")
     analyze.add_argument("--quiet", action="store_true", help="no progress lines")
+    analyze.add_argument(
+        "--database",
+        type=Path,
+        action="append",
+        default=[],
+        help="a stopped daemon's database file, a witness of what it sent and delivered "
+        "(repeat for each)",
+    )
     analyze.set_defaults(func=_analyze)
     return parser
 

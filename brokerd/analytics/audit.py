@@ -65,6 +65,14 @@ KINDS = ("duplicate", "gap", "out_of_order", "lost", "unsent")
 """The violations."""
 UNKNOWN = "unknown"
 """A finding a crash window hides: what it would be is in ``missing``."""
+WITNESSED = "witnessed"
+"""An unknown finding a database file settles: it shows the SEND committed, or the
+message delivered (counted, not listed)."""
+WITNESS_SCHEMA = (
+    "conversation_id string, is_initiator boolean, send_sequence long, receive_sequence long"
+)
+"""The endpoints of database files (:mod:`brokerd.storage.witness`), as the audit reads
+them: each one's last sequence number sent, and the last received in order."""
 MAX_LISTED = 10_000
 """Findings listed in full (all are counted)."""
 FINDING = [
@@ -95,7 +103,7 @@ class Audit:
     waiting: int
     discarded: int
     counts: dict[str, int]
-    """Findings by kind: every violation kind and ``unknown``."""
+    """Findings by kind: every violation kind, ``unknown`` and ``witnessed``."""
     violations: list[dict[str, Any]]
     """The first :data:`MAX_LISTED` violations, ordered by conversation and seq."""
     unknowns: list[dict[str, Any]]
@@ -124,6 +132,7 @@ class Audit:
             "discarded": self.discarded,
             "violations": self.total,
             "unknown": self.unknown,
+            "witnessed": self.counts[WITNESSED],
             "by_kind": self.counts,
             "listed": self.violations,
             "unknown_listed": self.unknowns,
@@ -383,11 +392,38 @@ def judged(found: DataFrame, windows: DataFrame) -> DataFrame:
     )
 
 
-def audit(messages: DataFrame, events: DataFrame) -> Audit:
-    """Run the audit over the message table of ``events`` (crash windows from ``events``)."""
-    found = judged(findings(messages), crash_windows(events)).cache()
+def witnessed(found: DataFrame, witness: DataFrame) -> DataFrame:
+    """``found`` with the unknown findings the database files settle made ``witnessed``:
+    a missing SEND whose sender's endpoint sent through its seq, a missing delivery
+    whose receiver's endpoint received through it (every message up to it is in the
+    queue or was received: R-DLG-1)."""
+    key = ["conversation_id", "initiator"]
+    sent = witness.groupBy("conversation_id", F.col("is_initiator").alias("initiator")).agg(
+        F.max("send_sequence").alias("sent_through")
+    )
+    received = witness.groupBy("conversation_id", (~F.col("is_initiator")).alias("initiator")).agg(
+        F.max("receive_sequence").alias("received_through")
+    )
+    joined = found.join(sent, key, "left").join(received, key, "left")
+    settled = (F.col("kind") == UNKNOWN) & (
+        ((F.col("missing") == "unsent") & (F.col("sent_through") >= F.col("seq")))
+        | (F.col("missing").isin("gap", "lost") & (F.col("received_through") >= F.col("last_seq")))
+    )
+    return joined.withColumn(
+        "kind", F.when(settled, F.lit(WITNESSED)).otherwise(F.col("kind"))
+    ).drop("sent_through", "received_through")
+
+
+def audit(messages: DataFrame, events: DataFrame, witness: DataFrame | None = None) -> Audit:
+    """Run the audit over the message table of ``events`` (crash windows from ``events``);
+    ``witness`` (:data:`WITNESS_SCHEMA`), the endpoints of the daemons' database files,
+    settles what it can of what the windows hide."""
+    judgement = judged(findings(messages), crash_windows(events))
+    if witness is not None:
+        judgement = witnessed(judgement, witness)
+    found = judgement.cache()
     try:
-        counts = {k: 0 for k in (*KINDS, UNKNOWN)}
+        counts = {k: 0 for k in (*KINDS, UNKNOWN, WITNESSED)}
         for row in found.groupBy("kind").count().collect():
             counts[row["kind"]] = int(row["count"])
 
@@ -395,7 +431,7 @@ def audit(messages: DataFrame, events: DataFrame) -> Audit:
             ordered = found.where(which).orderBy("conversation_id", "initiator", "seq", "kind")
             return [r.asDict() for r in ordered.limit(MAX_LISTED).collect()]
 
-        violations = listed(F.col("kind") != UNKNOWN)
+        violations = listed(~F.col("kind").isin(UNKNOWN, WITNESSED))
         unknowns = listed(F.col("kind") == UNKNOWN)
     finally:
         found.unpersist()

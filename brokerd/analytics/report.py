@@ -136,8 +136,11 @@ def analyze(
     spark: SparkSession | None = None,
     top: int = DEFAULT_TOP,
     progress: TextIO | None = sys.stderr,
+    witness: Sequence[tuple[str, bool, int, int]] = (),
 ) -> Analysis:
-    """Run every job over the trace segments under ``paths``."""
+    """Run every job over the trace segments under ``paths``; ``witness``: the endpoints of
+    database files, (conversation id, is initiator, sent through, received through), that
+    confirm what a crash window hid (:func:`brokerd.analytics.audit.audit`)."""
     began = time.perf_counter()
     files = trace_files(list(paths))  # a wrong path fails before Spark starts
     spans = processes(files)
@@ -230,7 +233,10 @@ def analyze(
     try:
         steps.run("building the message table", messages.count)
         totals = steps.run("totals", lambda: _totals(events, messages))
-        found = steps.run("exactly-once-in-order audit", lambda: audit_job.audit(messages, events))
+        found = steps.run(
+            "exactly-once-in-order audit",
+            lambda: audit_job.audit(messages, events, witnesses(sp, witness)),
+        )
         steps.run("latency per service pair and route", latencies)
         steps.run("latency per hop", hops)
         steps.run("faults per connection and route", fault_tables)
@@ -390,7 +396,14 @@ def write_report(analysis: Analysis, out_dir: Path) -> tuple[Path, Path]:
 # -- the command line ------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> int:
+def witnesses(spark: SparkSession, rows: Sequence[tuple[str, bool, int, int]]) -> DataFrame | None:
+    """The endpoints of database files as a table for the audit, or None without any."""
+    if not rows:
+        return None
+    return spark.createDataFrame(list(rows), audit_job.WITNESS_SCHEMA)
+
+
+def run(args: argparse.Namespace, witness: Sequence[tuple[str, bool, int, int]] = ()) -> int:
     """``brokerd analyze``: returns 0, or 1 when the audit found violations."""
     try:
         analysis = analyze(
@@ -398,6 +411,7 @@ def run(args: argparse.Namespace) -> int:
             master=args.master,
             top=args.top,
             progress=None if args.quiet else sys.stderr,
+            witness=witness,
         )
     finally:
         active = SparkSession.getActiveSession()

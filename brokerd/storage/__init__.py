@@ -12,7 +12,8 @@ contracts, queues, services and routes, SPEC §1) as it is persisted (``catalog`
 and the conversation handles that key the rows, made to sort in the order they were
 made (``keys``), the segment files beside each file that hold large bodies instead
 of its rows, collected and compacted (``body_files``), and the rows of poison-message
-handling: rollback counts and quarantined conversations (``poison_rows``, SPEC §6).
+handling: rollback counts and quarantined conversations (``poison_rows``, SPEC §6),
+and a file read back as a witness for the trace audit (``witness``, R-TRACE-2).
 
 May import: ``protocol``, ``brokerd.config``, ``brokerd.errors``. Nothing above it
 (dialogs, routing, server) and nothing of the SDK.
