@@ -86,6 +86,7 @@ def test_synthetic_audit_names_every_injected_violation(synthetic: tuple[Truth, 
         "lost": 0,
         "unsent": 0,
         "unknown": 0,
+        "witnessed": 0,
     }
 
 
