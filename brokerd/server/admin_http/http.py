@@ -77,8 +77,8 @@ class HttpServer:
         self._tasks.add(task)
         try:
             await self._connection(reader, writer)
-        except (ConnectionError, TimeoutError, h11.ProtocolError):
-            pass
+        except (ConnectionError, TimeoutError, h11.ProtocolError, asyncio.CancelledError):
+            pass  # the client went, spoke no HTTP, or the port stops (a cancel ends this task)
         finally:
             self._tasks.discard(task)
             writer.close()
