@@ -1,4 +1,4 @@
-"""The admin port's web console in real headless Chromium, against live daemons.
+"""The admin port's web console (R-OPS-3) in real headless Chromium, against live daemons.
 
 The shop (127.0.0.161) sends orders to the warehouse (127.0.0.162), which does not
 receive them yet. The warehouse's console must show its queue with that depth, the

@@ -1,5 +1,6 @@
-"""The admin HTTP port of live daemons: ``/metrics`` moves with real traffic, health and
-readiness answer, and what is not a GET of a known page is refused clearly.
+"""The admin HTTP port of live daemons (R-OPS-1, R-OPS-2): ``/metrics`` moves with real
+traffic, health and readiness answer, and what is not a GET of a known page is refused
+clearly.
 
 Two real daemons (alpha, the shop, on 127.0.0.151; beta, the warehouse, on
 127.0.0.152), each with its admin port on its own address, port 8022 (the default on

@@ -1,4 +1,4 @@
-"""``brokerd cluster up|status|down`` with the whole local topology, as a user runs it:
+"""``brokerd cluster up|status|down`` (R-OPS-4) with the whole local topology, as a user runs it:
 each command a process of its own, six daemons on 127.0.0.171 to 127.0.0.176.
 
 An order from the shop goes through the forwarding hub to the load-balanced warehouse
