@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from brokerd.tools.example import (
@@ -25,7 +26,8 @@ from brokerd.tools.example import (
     WAREHOUSE_SERVICE,
     shop_and_warehouse,
 )
-from tests.daemons import FAST_RETRY, drain, running, wait_until
+from protocol.errors import BrokerError
+from tests.daemons import FAST_RETRY, drain, running, solo_broker, wait_until
 
 HOSTS = ("127.0.0.151", "127.0.0.152")
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -176,3 +178,16 @@ async def test_only_gets_of_known_pages(tmp_path: Path) -> None:
         )
         assert two.count(b"HTTP/1.1 200") == 2 and b"ready\n" in two
         assert await asyncio.to_thread(get, f"http://{host}:8022/healthz") == (200, b"ok\n")
+
+
+async def test_an_admin_port_that_cannot_be_bound_stops_start_up(tmp_path: Path) -> None:
+    """R-OPS-1: a taken admin address is a clear start-up error naming it and the key."""
+    host = "127.0.0.153"
+    with socket.create_server((host, 8022)), pytest.raises(BrokerError) as info:
+        async with solo_broker(tmp_path, host):
+            pass
+    message = str(info.value)
+    assert f"the admin port http://{host}:8022 ([admin] listen" in message, message
+    async with solo_broker(tmp_path, host):  # free again: it starts, and nothing was lost
+        status, _ = await asyncio.to_thread(get, f"http://{host}:8022/readyz")
+        assert status == 200
