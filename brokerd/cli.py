@@ -8,10 +8,12 @@
     brokerd wire-demo [--encryption required|supported|disabled]
     brokerd analyze TRACE_DIR... [--out DIR] [--master URL] [--top N] [--quiet]
                     [--database FILE...]
+    brokerd cluster up|down|status [DIR] [--first-address 127.0.0.1]
 
 Errors (a wrong configuration included) print one line naming the problem and
 exit with status 2. ``analyze`` exits with 1 when the exactly-once-in-order
-audit finds a violation.
+audit finds a violation; ``cluster status`` with 1 when a member is not ready (or
+there is no cluster).
 """
 
 from __future__ import annotations
@@ -87,6 +89,23 @@ def _analyze(args: argparse.Namespace) -> int:
         except sqlite3.Error as exc:
             raise AnalyticsError(f"{path}: not a brokerd database file ({exc})") from exc
     return run(args, witness)
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from brokerd.tools import cluster, cluster_tables, topology
+
+    if args.action == "up":
+        cluster_tables.print_up(cluster.up(args.dir, topology.local(args.first_address)))
+        return 0
+    if args.action == "down":
+        cluster_tables.print_down(cluster.down(args.dir))
+        return 0
+    rows = cluster.status(args.dir)
+    if not rows:
+        print(f"no cluster in {args.dir} ('brokerd cluster up {args.dir}' starts one)")
+        return 1
+    cluster_tables.print_status(rows)
+    return 0 if all(r.ready for r in rows) else 1
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -171,6 +190,26 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeat for each)",
     )
     analyze.set_defaults(func=_analyze)
+
+    cluster = commands.add_parser(
+        "cluster",
+        help="the local cluster: an initiator, a forwarding hub, a load-balanced target "
+        "pair and a mirrored pair, each a daemon on its own 127.0.0.x:4022",
+    )
+    cluster.add_argument("action", choices=("up", "down", "status"))
+    cluster.add_argument(
+        "dir",
+        nargs="?",
+        type=Path,
+        default=Path("cluster"),
+        help="certificates, configurations, data, logs and cluster.json (default ./cluster)",
+    )
+    cluster.add_argument(
+        "--first-address",
+        default="127.0.0.1",
+        help="up: the first broker's loopback address; the others take the next ones",
+    )
+    cluster.set_defaults(func=_cluster)
     return parser
 
 

@@ -6,6 +6,8 @@
   schema (a full disk lands here); an application sees it as ``StorageFailure``.
 * :class:`AnalyticsError`: ``brokerd analyze`` cannot read a trace set (no
   segments, a directory that does not exist) or Spark cannot start.
+* :class:`ClusterError`: ``brokerd cluster`` cannot bring the local cluster up
+  (a broker that does not start or become ready, a cluster already up) or down.
 * :class:`TraceNotFound`: ``brokerctl trace`` has nothing to show (no segments, a
   conversation or message the traces do not hold, an id that is not a UUID).
 * The errors an application sees (``DialogError``, ``ConversationEnded``,
@@ -48,6 +50,7 @@ __all__ = [
     "AuthenticationFailed",
     "BrokerError",
     "ClientError",
+    "ClusterError",
     "ConfigError",
     "ContractViolation",
     "ConversationEnded",
@@ -92,6 +95,11 @@ class StoreError(BrokerError):
 
 class AnalyticsError(BrokerError):
     """The trace analytics cannot run: no trace segments, an unreadable path, no Spark."""
+
+
+class ClusterError(BrokerError):
+    """``brokerd cluster``: a broker did not start or become ready in time (the others
+    were stopped again), the directory's cluster is already up, or one did not stop."""
 
 
 class TraceNotFound(BrokerError):

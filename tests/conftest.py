@@ -1,6 +1,7 @@
 """Shared fixtures: a deployment CA, instance identities, an in-memory link
 that pairs two sans-I/O connections (the h11 testing pattern), and the one Spark
-session (local mode, two cores) the analytics tests share."""
+session (local mode, two cores) the analytics tests share; headless Chromium for the
+tests of pages (``tests.browser``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from brokerd.analytics.session import spark_session
 from brokerd.tools.certs import Issued, create_ca, identity_for, issue_instance
 from protocol import BrokerConnection, ConnectionSettings, EncryptionMode, Identity, Role
 from protocol.events import Event
+
+pytest_plugins = ["tests.browser"]
 
 NOW = dt.datetime.now(dt.UTC)
 

@@ -290,6 +290,35 @@ def test_client_host_follows_a_loopback_endpoint_only(tmp_path: Path) -> None:
     assert load(tmp_path, endpoint='host = "broker.example"').client.host == "127.0.0.1"
 
 
+def test_admin_port_is_on_by_default_on_loopback_only(tmp_path: Path) -> None:
+    """[admin] listen: the endpoint's loopback host, port 8022, unless told; off on any
+    other address unless asked; "off" turns it off."""
+    on = load(tmp_path, endpoint='host = "127.0.0.5"').admin
+    assert (on.host, on.port, on.url) == ("127.0.0.5", 8022, "http://127.0.0.5:8022")
+    assert not load(tmp_path, endpoint='host = "10.1.2.3"').admin.enabled
+    assert load(tmp_path, endpoint='host = "10.1.2.3"', rest='[admin]\nlisten = "0.0.0.0:9100"\n')
+    assert not load(tmp_path, rest='[admin]\nlisten = "off"\n').admin.enabled
+    v6 = load(tmp_path, rest='[admin]\nlisten = "[::1]:8080"\n').admin
+    assert (v6.host, v6.port, v6.url) == ("::1", 8080, "http://[::1]:8080")
+
+
+@pytest.mark.parametrize(
+    ("listen", "problem"),
+    [
+        ('"127.0.0.1"', "has no port"),
+        ('"127.0.0.1:http"', "is not a number"),
+        ('"127.0.0.1:70000"', "is not between 1 and 65535"),
+        ('"/admin:80"', "is not a host name or address"),
+        ("8022", "must be a string"),
+        ('"127.0.0.1:4023"', "client.port's address"),
+    ],
+)
+def test_a_bad_admin_listen_is_a_clear_error(tmp_path: Path, listen: str, problem: str) -> None:
+    expect_error(
+        tmp_path, config_text(rest=f"[admin]\nlisten = {listen}\n"), "admin.listen", problem
+    )
+
+
 def test_fragment_size_default_shrinks_to_fit_a_small_frame(tmp_path: Path) -> None:
     cfg = load(tmp_path, endpoint="max_frame_size = 32768")
     assert cfg.limits.fragment_size == 32768 - 8192

@@ -31,7 +31,8 @@ What a file declares (SPEC section 1):
   ``message_forwarding`` and ``message_forward_size`` (MB).
 
 Besides these, the daemon's own settings: retransmission timing (R-DLG-6, ``[retry]``),
-the local client listener (``[client]``) and message size limits (R-DLG-7,
+the local client listener (``[client]``), the admin HTTP port (``[admin] listen``:
+health, metrics, the web console) and message size limits (R-DLG-7,
 ``[limits]``). Each database becomes one file, so database names are restricted to
 ``[A-Za-z0-9_-]+`` and compared without regard to case; ``master`` is refused, and
 ``msdb`` (the routes for traffic from outside the instance, R-ROUTE-1) is always present.
@@ -58,6 +59,7 @@ from brokerd.config.model import (
     SENT_BY,
     VALIDATIONS,
     ActivationConfig,
+    AdminConfig,
     BrokerConfig,
     ClientConfig,
     ClientToken,
@@ -84,6 +86,7 @@ __all__ = [
     "SENT_BY",
     "VALIDATIONS",
     "ActivationConfig",
+    "AdminConfig",
     "BrokerConfig",
     "ClientConfig",
     "ClientToken",

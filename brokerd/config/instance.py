@@ -7,9 +7,10 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from brokerd.config.addresses import is_loopback, is_unspecified
+from brokerd.config.addresses import is_loopback, is_unspecified, parse_tcp_address
 from brokerd.config.model import (
     CLIENT_ROLES,
+    AdminConfig,
     ClientConfig,
     ClientToken,
     EndpointConfig,
@@ -40,6 +41,8 @@ MAX_SEND_WINDOW_MB = 4096
 _MAX_U32 = 2**32 - 1
 _DEFAULT_CLIENT_PORT = 4023
 _DEFAULT_CLIENT_HOST = "127.0.0.1"
+ADMIN_KEYS = ("listen",)
+_DEFAULT_ADMIN_PORT = AdminConfig().port
 
 
 def parse_endpoint(t: Table, base: Path) -> EndpointConfig:
@@ -266,3 +269,35 @@ def parse_limits(t: Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         send_key_window=t.seconds("send_key_window", d["send_key_window"]),
         closed_endpoint_keep=t.seconds("closed_endpoint_keep", d["closed_endpoint_keep"]),
     )
+
+
+def parse_admin(t: Table | None, endpoint: EndpointConfig, client: ClientConfig) -> AdminConfig:
+    """``[admin] listen = "host:port"`` (``[v6]:port``), or ``"off"``. By default the port
+    listens on the endpoint's host, port 8022, when that host is a loopback address, and
+    is off otherwise: an address reachable from other hosts is opened only when asked."""
+    listen = t.text("listen") if t is not None else None
+    if listen is None:
+        if is_loopback(endpoint.host) or endpoint.host == "localhost":
+            return AdminConfig(endpoint.host, _DEFAULT_ADMIN_PORT)
+        return AdminConfig(None)
+    assert t is not None
+    if listen.lower() == "off":
+        return AdminConfig(None)
+    try:
+        host, port = parse_tcp_address(f"tcp://{listen}")
+    except ValueError as exc:
+        reason = str(exc).replace(f"'tcp://{listen}'", repr(listen)).replace("tcp://", "")
+        raise t.error(
+            "listen", f'{reason}; expected host:port (e.g. "127.0.0.1:8022") or "off"'
+        ) from None
+    taken = {(endpoint.host, endpoint.port): "endpoint.port", (client.host, client.port): ""}
+    for (other_host, other_port), key in taken.items():
+        if port == other_port and (
+            host == other_host or is_unspecified(host) or is_unspecified(other_host)
+        ):
+            raise t.error(
+                "listen",
+                f"{listen!r} is also {key or 'client.port'}'s address; the admin port needs "
+                "a port of its own",
+            )
+    return AdminConfig(host, port)

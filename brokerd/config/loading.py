@@ -11,7 +11,9 @@ from pathlib import Path
 
 from brokerd.config.databases import DATABASE_KEYS, MSDB, parse_database
 from brokerd.config.instance import (
+    ADMIN_KEYS,
     CLIENT_KEYS,
+    parse_admin,
     parse_client,
     parse_endpoint,
     parse_limits,
@@ -60,7 +62,19 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
         raise ConfigError(path, "", f"invalid TOML: {exc}") from None
     base = path.absolute().parent
     top = Table(
-        path, "", data, ("data_dir", "endpoint", "retry", "client", "limits", "trace", "database")
+        path,
+        "",
+        data,
+        (
+            "data_dir",
+            "endpoint",
+            "retry",
+            "client",
+            "admin",
+            "limits",
+            "trace",
+            "database",
+        ),
     )
     data_dir = top.path("data_dir", base)
     if data_dir is None:
@@ -71,6 +85,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
     endpoint = parse_endpoint(endpoint_table, base)
     retry = parse_retry(top.table("retry", [f.name for f in fields(RetryConfig)]))
     client = parse_client(path, top.table("client", CLIENT_KEYS), endpoint, data_dir, base)
+    admin = parse_admin(top.table("admin", ADMIN_KEYS), endpoint, client)
     limits = parse_limits(top.table("limits", [f.name for f in fields(LimitsConfig)]), endpoint)
     trace = parse_trace(top.table("trace", [f.name for f in fields(TraceConfig)]), data_dir, base)
 
@@ -109,6 +124,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
         limits=limits,
         databases=tuple(databases),
         trace=trace,
+        admin=admin,
     )
 
 

@@ -352,6 +352,25 @@ class TraceConfig:
 
 
 @dataclass(frozen=True)
+class AdminConfig:
+    """The admin HTTP port (``[admin] listen``): health, Prometheus metrics and the
+    read-only web console. ``host`` None: off."""
+
+    host: str | None = None
+    port: int = 8022
+
+    @property
+    def enabled(self) -> bool:
+        return self.host is not None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (IPv6 hosts in brackets); meaningful only when enabled."""
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
     """The whole file. ``databases`` always holds one named ``msdb``."""
 
@@ -363,6 +382,7 @@ class BrokerConfig:
     limits: LimitsConfig
     databases: tuple[DatabaseConfig, ...]
     trace: TraceConfig = TraceConfig()
+    admin: AdminConfig = AdminConfig()
 
     def database(self, name: str) -> DatabaseConfig:
         """The database named exactly ``name``; KeyError if there is none."""

@@ -7,7 +7,8 @@ file (msdb included), recovers endpoints and transmission queues from them,
 then starts listening; shutdown closes connections, then commits what is
 pending and closes the files. The commands of activated queues
 (``brokerd.server.activation``) start once the client port listens and are stopped
-first.
+first. The admin HTTP port (``brokerd.server.admin_http``: health, metrics, the web
+console) starts before everything else and stops last.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 from brokerd.config import BrokerConfig, load_config
@@ -24,6 +26,7 @@ from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.engine import DialogEngine
 from brokerd.errors import ConfigError
 from brokerd.server.activation import ExternalActivation
+from brokerd.server.admin_http.site import AdminPort
 from brokerd.server.allocator import tune_allocator
 from brokerd.server.client_access import Credentials
 from brokerd.server.client_listener import ClientSession
@@ -84,9 +87,26 @@ class Broker:
         """Times a client connection was not read while its SENDs' link was congested."""
         self._client_server: asyncio.Server | None = None
         self._opened: list[Database] = []
+        self.started_at = time.time()
+        self.ready = False
+        """Databases open and listeners up (the admin port's ``/readyz``)."""
+        self.admin_port = AdminPort(self) if config.admin.enabled else None
+
+    async def _start_admin_port(self) -> None:
+        if self.admin_port is None:
+            return
+        try:
+            await self.admin_port.start()
+        except OSError as exc:
+            raise BrokerError(
+                f"cannot start: the admin port {self.config.admin.url} ([admin] listen in "
+                f"{self.config.path}): {exc}"
+            ) from exc
 
     async def start(self) -> None:
+        self.started_at = time.time()
         try:
+            await self._start_admin_port()
             for db in self.databases.values():
                 await db.open()
                 self._opened.append(db)
@@ -112,6 +132,7 @@ class Broker:
                 ),
             )
             self.activation.start()
+            self.ready = True
         except OSError as exc:
             await self.stop()
             raise BrokerError(f"cannot start: {exc}") from exc
@@ -119,17 +140,19 @@ class Broker:
             await self.stop()
             raise
         log.info(
-            "brokerd %s listening on %s:%d (client %s:%d%s), databases %s",
+            "brokerd %s listening on %s:%d (client %s:%d%s%s), databases %s",
             self.instance_name,
             self.config.endpoint.host,
             self.config.endpoint.port,
             self.config.client.host,
             self.config.client.port,
             " TLS" if self.client_tls else "",
+            f", admin {self.config.admin.url}" if self.admin_port else "",
             ", ".join(f"{db.name}={db.broker_instance}" for db in self.databases.values()),
         )
 
     async def stop(self) -> None:
+        self.ready = False
         # The activated commands stop first, while the daemon still answers them: each
         # may finish (commit or roll back) the batch it holds.
         await self.activation.stop()
@@ -144,6 +167,8 @@ class Broker:
             await db.store.close()
         self._opened = []
         await self.trace.stop()
+        if self.admin_port is not None:
+            await self.admin_port.stop()
 
     async def _stop_clients(self) -> None:
         """A graceful stop of the application connections: nothing more is read, each

@@ -5,7 +5,8 @@ Owns the schema and its numbered migrations (``schema``), the statements that wr
 reads that are functions of a connection (``reads``), RECEIVE's statements over runs
 of sequence numbers (``sequence_runs``), the connection to each file and its opening
 (``connection``), the single group-committing writer of each file, its committer
-thread (``committer``) and the event loop's side of it (``store``), how a batch
+thread (``committer``) with its commit-latency histogram (``latency``) and the event
+loop's side of it (``store``), how a batch
 becomes SQL (``batch_sql``), the jobs a failed one takes down with it (``chains``),
 what a mirrored database records (``replica``), the catalog (message types,
 contracts, queues, services and routes, SPEC §1) as it is persisted (``catalog``),

@@ -12,7 +12,8 @@ Owns (SPEC R-DLG-13; docs/design.md "Storage"):
   in the same thread call so only the failing job reports the error (a full disk fails
   them all, with a clear :class:`~brokerd.errors.StoreError`); a job extending a
   broken chain is refused untried (:mod:`brokerd.storage.chains`); a mirrored
-  database's transaction is recorded as a numbered unit (:mod:`brokerd.storage.replica`).
+  database's transaction is recorded as a numbered unit (:mod:`brokerd.storage.replica`);
+  each batch's duration is counted in a histogram (:mod:`brokerd.storage.latency`).
 
 **Why a thread of our own, not aiosqlite.** aiosqlite's public API crosses
 from the event loop to its thread and back once per statement (a future and a
@@ -27,8 +28,8 @@ The event loop's side, submitting jobs and running their callbacks once committe
 
 May import: ``brokerd.errors``, ``brokerd.storage.schema``,
 ``brokerd.storage.connection``, ``brokerd.storage.batch_sql``,
-``brokerd.storage.body_files``, ``brokerd.storage.chains`` and
-``brokerd.storage.replica``.
+``brokerd.storage.body_files``, ``brokerd.storage.chains``,
+``brokerd.storage.latency`` and ``brokerd.storage.replica``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ from brokerd.storage.batch_sql import Part, apply_batch
 from brokerd.storage.body_files import BodyFiles
 from brokerd.storage.chains import BrokenChains, Token
 from brokerd.storage.connection import connect, rollback
+from brokerd.storage.latency import CommitLatency
 from brokerd.storage.replica import FencedWrite, Recorder, Replica, Unit
 from brokerd.storage.schema import WRITE_META, Statement
 
@@ -105,12 +108,15 @@ class Committer:
         on_batch: Callable[[list[Job], list[Unit], int], None],
         replica: Replica | None,
         page_cache_mb: int,
+        latency: CommitLatency | None = None,
     ) -> None:
         self.path = path
         self.name = name
         self.page_cache_mb = page_cache_mb
         self._on_batch = on_batch
         self.replica = replica
+        self.latency = latency or CommitLatency()
+        """How long each group commit took (read by the admin port's metrics)."""
         self.chains = BrokenChains()
         """Chains a failed job broke (:mod:`brokerd.storage.chains`); this thread only."""
         self._lock = threading.Lock()
@@ -186,8 +192,10 @@ class Committer:
                         for job in batch:
                             job.error = error
                     else:
+                        started = time.perf_counter()
                         try:
                             _commit(conn, batch, self.name, self.chains, self.replica, units)
+                            self.latency.observe(time.perf_counter() - started)
                         except BaseException as exc:  # a bug, not a database error
                             log.exception("store %s: the commit failed", self.name)
                             error = StoreError(f"database {self.name!r}: the commit failed: {exc}")

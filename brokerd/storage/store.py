@@ -15,8 +15,8 @@ Owns (SPEC R-OBJ-6, R-DLG-13, R-ROUTE-16; docs/design.md "Storage"):
 
 May import: ``brokerd.errors``, ``brokerd.storage.schema``,
 ``brokerd.storage.connection``, ``brokerd.storage.committer``,
-``brokerd.storage.body_files``, ``brokerd.storage.chains`` and
-``brokerd.storage.replica``.
+``brokerd.storage.body_files``, ``brokerd.storage.chains``,
+``brokerd.storage.latency`` and ``brokerd.storage.replica``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from brokerd.storage.connection import (
     rollback,
     rollback_journal_image,
 )
+from brokerd.storage.latency import CommitLatency
 from brokerd.storage.replica import Replica, Unit
 from brokerd.storage.schema import AUTO_CREATED_LOCAL, SCHEMA_VERSION, WRITE_META, Statement
 
@@ -98,6 +99,8 @@ class Store:
         self._idle.set()
         self._closing = False
         self.commits = 0
+        self.commit_latency = CommitLatency()
+        """The group commits' durations (:mod:`brokerd.storage.latency`), kept across reopens."""
         self.jobs_committed = 0
         self.replica: Replica | None = None
         """Set before :meth:`open` for a mirrored database (R-ROUTE-16); None otherwise."""
@@ -124,7 +127,12 @@ class Store:
                 loop.call_soon_threadsafe(self._committed, batch, units, release)
 
         self._committer = Committer(
-            self.path, self.database, on_batch, self.replica, self.page_cache_mb
+            self.path,
+            self.database,
+            on_batch,
+            self.replica,
+            self.page_cache_mb,
+            self.commit_latency,
         )
         try:
             instance: uuid.UUID = await self._call(

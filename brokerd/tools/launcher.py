@@ -184,7 +184,9 @@ port = {client_port}
         self.daemons[name] = daemon
         return daemon
 
-    def start(self, name: str, timeout: float = 20.0) -> Daemon:
+    def start(self, name: str, timeout: float = 20.0, *, detach: bool = False) -> Daemon:
+        """Start ``name`` and wait until it listens. ``detach``: in a session of its own, so
+        that it outlives the command that started it and its terminal's signals."""
         daemon = self.daemons[name]
         if daemon.running:
             return daemon
@@ -206,7 +208,9 @@ port = {client_port}
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env=env,
+            start_new_session=detach,
         )
         log.close()
         deadline = time.monotonic() + timeout

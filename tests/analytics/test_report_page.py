@@ -18,12 +18,8 @@ The test is skipped, saying why, only when Chromium or its driver is absent outs
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from pyspark.sql import SparkSession
 
 from brokerd.analytics.page import FAULTS, verdict
@@ -38,44 +34,7 @@ from brokerd.tools.example import (
 from tests.daemons import FAST_RETRY, drain, running
 
 HOSTS = ("127.0.0.141", "127.0.0.142")
-CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 CHARTS = ("timeline", "latency-route", "latency-hop")
-
-
-def _browser() -> tuple[str, str] | None:
-    binary = next((found for name in CHROMIUM if (found := shutil.which(name))), None)
-    driver = shutil.which("chromedriver")
-    return (binary, driver) if binary and driver else None
-
-
-@pytest.fixture
-def chromium() -> Iterator[object]:
-    found = _browser()
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium and chromium-driver must be installed in CI (./dev setup)")
-        pytest.skip(
-            "chromium or chromedriver not installed (apt-get install chromium chromium-driver)"
-        )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = found[0]
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        "--window-size=1280,1000",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(options=options, service=Service(found[1]))
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 async def _orders_through_a_kill(root: Path) -> list[Path]:

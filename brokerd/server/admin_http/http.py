@@ -1,0 +1,175 @@
+"""A small HTTP/1.1 server on ``asyncio`` streams, parsed by ``h11`` (sans-I/O).
+
+Only ``GET`` (and ``HEAD``) is served; any other method is 405, an unknown path 404.
+A request's head is bounded (:data:`MAX_REQUEST_HEAD`), a request with a body is
+refused (413), a connection that sends nothing for :data:`IDLE_TIMEOUT` seconds is
+closed, and at most :data:`MAX_CONNECTIONS` are served at once. Keep-alive is honoured.
+
+May import: ``h11`` and the standard library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlsplit
+
+import h11
+
+log = logging.getLogger("brokerd.admin_http")
+
+MAX_REQUEST_HEAD = 16 * 1024
+"""Bytes of a request line and headers at most."""
+IDLE_TIMEOUT = 30.0
+"""Seconds a connection may send nothing (between requests or within one)."""
+MAX_CONNECTIONS = 64
+"""Connections served at once; more are closed at once."""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+
+
+def text(status: int, message: str) -> Response:
+    return Response(status, (message + "\n").encode())
+
+
+Handler = Callable[[Mapping[str, str]], Awaitable[Response]]
+"""A route: given the query's parameters, the response."""
+
+
+class HttpServer:
+    """Serves ``routes`` (path -> :data:`Handler`) on ``host``:``port``."""
+
+    def __init__(self, host: str, port: int, routes: Mapping[str, Handler]) -> None:
+        self.host = host
+        self.port = port
+        self.routes = dict(routes)
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, self.host, self.port, reuse_address=True
+        )
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is None or len(self._tasks) >= MAX_CONNECTIONS:
+            writer.close()
+            return
+        self._tasks.add(task)
+        try:
+            await self._connection(reader, writer)
+        except (ConnectionError, TimeoutError, h11.ProtocolError, asyncio.CancelledError):
+            pass  # the client went, spoke no HTTP, or the port stops (a cancel ends this task)
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD)
+        while True:
+            request = await self._next_request(conn, reader, writer)
+            if request is None:
+                return
+            response = await self._respond(request)
+            keep = response.status != 413  # a refused body is left unread: no reuse
+            if keep:
+                keep = isinstance(conn.next_event(), h11.EndOfMessage)
+            _write(conn, writer, response, head_only=request.method == b"HEAD", close=not keep)
+            await writer.drain()
+            if not keep or conn.our_state is not h11.DONE:
+                return
+            try:
+                conn.start_next_cycle()
+            except h11.LocalProtocolError:
+                return
+
+    async def _next_request(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> h11.Request | None:
+        """The next request's head; None when the client is gone or spoke no HTTP (then it
+        was told why, with the status h11 suggests)."""
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                    bad = text(exc.error_status_hint, f"bad request: {exc}")
+                    with contextlib.suppress(h11.LocalProtocolError):
+                        _write(conn, writer, bad, head_only=False, close=True)
+                        await writer.drain()
+                return None
+            if event is h11.NEED_DATA:
+                data = await asyncio.wait_for(reader.read(8192), IDLE_TIMEOUT)
+                conn.receive_data(data)  # b"" marks the end of the stream
+                continue
+            return event if isinstance(event, h11.Request) else None
+
+    async def _respond(self, request: h11.Request) -> Response:
+        if _has_body(request):
+            return text(413, "requests to the admin port carry no body")
+        if request.method not in (b"GET", b"HEAD"):
+            return text(405, f"method {request.method.decode('latin-1')} not allowed: GET only")
+        target = urlsplit(request.target.decode("latin-1"))
+        handler = self.routes.get(target.path)
+        if handler is None:
+            return text(404, f"no page {target.path!r}; pages: {', '.join(sorted(self.routes))}")
+        query = dict(parse_qsl(target.query))
+        try:
+            return await handler(query)
+        except Exception:  # a page that fails must not take the port down
+            log.exception("admin port: %s failed", target.path)
+            return text(500, "internal error (see the daemon's log)")
+
+
+def _write(
+    conn: h11.Connection,
+    writer: asyncio.StreamWriter,
+    response: Response,
+    *,
+    head_only: bool,
+    close: bool,
+) -> None:
+    headers = [
+        ("content-type", response.content_type),
+        ("content-length", str(len(response.body))),
+        ("cache-control", "no-store"),
+        ("x-content-type-options", "nosniff"),
+    ]
+    if response.status == 405:
+        headers.append(("allow", "GET, HEAD"))
+    if close:
+        headers.append(("connection", "close"))
+    writer.write(conn.send(h11.Response(status_code=response.status, headers=headers)))
+    if not head_only:
+        writer.write(conn.send(h11.Data(data=response.body)))
+    writer.write(conn.send(h11.EndOfMessage()))
+
+
+def _has_body(request: h11.Request) -> bool:
+    for name, value in request.headers:
+        if name == b"content-length" and value.strip() != b"0":
+            return True
+        if name == b"transfer-encoding":
+            return True
+    return False

@@ -1,0 +1,137 @@
+"""What the admin port reads of the daemon, once per scrape or console refresh: the rows
+of the daemon's own views (``brokerd.server.client_views``, the ones ``brokerctl``
+prints), the client connections and each database's commit latencies.
+
+May import: ``brokerd.server.client_views``, ``brokerd.dialogs.verbs.paging``,
+``brokerd.storage.latency`` and the standard library.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from brokerd.dialogs.verbs.paging import MAX_PAGE, PageRequest
+from brokerd.server.client_views import VIEWS, Rows, ViewedBroker
+from brokerd.storage.latency import CommitLatency
+
+if TYPE_CHECKING:
+    from brokerd.config import BrokerConfig
+
+
+class AdminBroker(ViewedBroker, Protocol):
+    """What the admin port reads of the daemon (``brokerd.server.daemon.Broker``)."""
+
+    config: BrokerConfig
+    instance_name: str
+    started_at: float
+    ready: bool
+    client_sessions: set[Any]
+
+
+READ_VIEWS = (
+    "stats",
+    "queues",
+    "transmission_queue",
+    "broker_connections",
+    "endpoint_ages",
+    "routes",
+)
+"""The views a snapshot holds."""
+
+
+@dataclass(frozen=True)
+class PeerBacklog:
+    """The transmission queue's messages for one far broker (or service, before one
+    answered): how many, and how long the oldest has waited."""
+
+    peer: str
+    messages: int
+    oldest_age: float
+    status: str
+
+
+@dataclass
+class Snapshot:
+    instance: str
+    taken_at: float
+    uptime: float
+    ready: bool
+    views: dict[str, Rows]
+    client_connections: int
+    commit_latency: dict[str, CommitLatency] = field(default_factory=dict)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        rows = self.views["stats"]
+        return rows[0] if rows else {}
+
+    def peers(self) -> list[PeerBacklog]:
+        """The transmission queue by far broker instance (or far service while no broker
+        has answered), oldest first."""
+        by: dict[str, list[dict[str, Any]]] = {}
+        for row in self.views["transmission_queue"]:
+            peer = row.get("to_broker_instance") or f"service {row.get('to_service', '')}"
+            by.setdefault(str(peer), []).append(row)
+        out = []
+        for peer, rows in by.items():
+            ages = [self.taken_at - _epoch(r.get("enqueued_at")) for r in rows]
+            out.append(
+                PeerBacklog(
+                    peer,
+                    len(rows),
+                    max(0.0, max(ages)),
+                    str(rows[ages.index(max(ages))].get("transmission_status", "")),
+                )
+            )
+        return sorted(out, key=lambda p: -p.oldest_age)
+
+    def endpoints_by_state(self) -> dict[tuple[str, str], int]:
+        """Endpoints per (database, state)."""
+        out: dict[tuple[str, str], int] = {}
+        for row in self.views["endpoint_ages"]:
+            key = (str(row["database"]), str(row["state"]))
+            out[key] = out.get(key, 0) + int(row["endpoints"])
+        return out
+
+    def connections_by_state(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in self.views["broker_connections"]:
+            out[str(row["state"])] = out.get(str(row["state"]), 0) + 1
+        return out
+
+
+def _epoch(iso: object) -> float:
+    if not isinstance(iso, str) or not iso:
+        return time.time()
+    try:
+        return datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return time.time()
+
+
+async def take(broker: AdminBroker) -> Snapshot:
+    """Read the views of :data:`READ_VIEWS` now."""
+    views: dict[str, Rows] = {}
+    page = PageRequest("", MAX_PAGE)
+    meta: Mapping[str, Any] = {}
+    for name in READ_VIEWS:
+        rows = VIEWS[name].rows(broker, page, meta)
+        if isinstance(rows, Awaitable):
+            rows = await rows
+        views[name] = rows
+    now = time.time()
+    return Snapshot(
+        instance=broker.instance_name,
+        taken_at=now,
+        uptime=now - broker.started_at,
+        ready=broker.ready,
+        views=views,
+        client_connections=len(broker.client_sessions),
+        commit_latency={
+            name: db.store.commit_latency for name, db in broker.engine.databases.items()
+        },
+    )
