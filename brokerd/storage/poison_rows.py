@@ -48,6 +48,12 @@ READ_QUARANTINED = (
     "last_error, quarantined_at FROM quarantined_conversations"
 )
 
+ANY_ROWS = (
+    "SELECT EXISTS (SELECT 1 FROM message_rollbacks), "
+    "EXISTS (SELECT 1 FROM quarantined_conversations)"
+)
+"""Whether there is anything for :data:`SWEEP` to look at."""
+
 SWEEP: list[Statement] = [
     (
         "DELETE FROM message_rollbacks WHERE NOT EXISTS (SELECT 1 FROM queue_messages q "

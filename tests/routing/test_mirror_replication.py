@@ -656,7 +656,8 @@ async def test_a_principal_killed_during_keyed_sends_leaves_each_retryable_by_it
     each unknown one again, with its key, to the new principal: the keys travelled with
     the units the mirror confirmed, so a SEND already committed is answered with its first
     number and not queued again. Every SEND then has one number, 1 to N, and reaches the
-    initiator once, in order."""
+    initiator once, in order: the initiator's target endpoint, bound ``mirrored``
+    (R-DLG-14), takes the promoted partner's frames as the first one's."""
     a = await start_pair(deployment)
     p1 = await deployment.daemons["p1"].client(reconnect=False)
     handle = await p1.begin_dialog(PARTS, INITIATOR, database="Parts")

@@ -92,7 +92,7 @@ class Acknowledgements:
         job of their own, or, given ``writes``, in the caller's job for the database."""
         db = self.directory.databases[ep.database]
         statements: list[Statement] = []
-        changed = binding.bind(ep, header, identity)
+        changed = binding.bind(ep, header, identity, db.catalog.routes.values())
         if ep.far_broker_instance is None:
             ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
             self.router.rebind(ep)

@@ -171,7 +171,7 @@ class Arrivals:
         if header.ack.through or header.ack.ranges or header.ack.fragments:
             self.acks.apply(ep, header.ack, header.from_broker_instance, link.identity, header)
         elif not ep.far_peer:
-            binding.bind(ep, header, link.identity)
+            binding.bind(ep, header, link.identity, db.catalog.routes.values())
         if not header.sequenced:
             if header.flags & FLAG_ERROR:
                 self._on_broker_error(db, ep, header, body)
@@ -344,7 +344,6 @@ class Arrivals:
             service=header.to_service,
             far_service=header.from_service,
             far_broker_instance=header.from_broker_instance,
-            far_peer=binding.arrival_binding(header, link.identity),
             contract=header.contract,
             state=State.STARTED_INBOUND,
             # R-DLG-9: the header carries what is left of the lifetime, counted from BEGIN
@@ -353,6 +352,7 @@ class Arrivals:
             created_at=self.clock(),
             keys=keys,
         )
+        binding.bind(ep, header, link.identity, db.catalog.routes.values())
         db.add_endpoint(ep)
         self.deadlines.watch(ep)
         self.events.begun(ep, link.name)

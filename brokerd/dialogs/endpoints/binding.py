@@ -28,7 +28,11 @@ What the adjacent check cannot do, and does not try to:
   a dialog must be secured;
 * a far side reached over a mirrored route (R-ROUTE-10) answers from whichever
   partner is principal, and after a failover from the other one: for such an
-  endpoint only the far broker instance is checked, as for a ``forwarded`` one.
+  endpoint only the far broker instance is checked, as for a ``forwarded`` one. A
+  target endpoint, which has no route of its own until it sends, is bound
+  ``mirrored`` when its database has a mirrored route to the far service (the route
+  its answers would take): a mirrored database that began the dialog may fail over
+  before the target has answered anything.
 
 Dialog security (``dialog_security``, :mod:`protocol.dialog_security`) closes
 both: a secured dialog authenticates every frame end to end with its dialog key,
@@ -39,8 +43,10 @@ Pure: no I/O; the engine passes the link's authenticated identity.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from brokerd.storage.catalog import Route
 from protocol.dialog import DialogHeader
 
 if TYPE_CHECKING:
@@ -50,6 +56,8 @@ LOCAL = "local"
 """The identity of delivery inside this instance (``LocalLink``)."""
 FORWARDED = "forwarded"
 """The binding of an endpoint whose far broker reaches it through forwarders."""
+MIRRORED = "mirrored"
+"""The binding of an endpoint whose far side is a mirrored pair (R-ROUTE-10)."""
 PEER_PREFIX = "peer:"
 """Prefix of an adjacent broker's identity: ``peer:`` + its certificate's common name."""
 
@@ -73,7 +81,7 @@ def refusal(ep: Endpoint, header: DialogHeader, identity: str) -> str | None:
             f"bound to broker instance {far} (R-DLG-14)"
         )
     bound = ep.far_peer
-    if not bound or bound == FORWARDED or ep.keys is not None:
+    if not bound or bound in (FORWARDED, MIRRORED) or ep.keys is not None:
         return None
     route = ep.route
     if route is not None and route.mirror_address is not None:
@@ -88,9 +96,25 @@ def refusal(ep: Endpoint, header: DialogHeader, identity: str) -> str | None:
     return None
 
 
-def bind(ep: Endpoint, header: DialogHeader, identity: str) -> bool:
-    """Bind an unbound endpoint to the far side ``header`` came from; True if it changed."""
+def far_side_mirrored(ep: Endpoint, routes: Iterable[Route]) -> bool:
+    """Whether the database's routes reach ``ep``'s far service over a mirrored route
+    (R-ROUTE-10) that may name its far broker instance."""
+    far = ep.far_broker_instance
+    return any(
+        route.mirror_address
+        and route.remote_service_name == ep.far_service
+        and (route.broker_instance is None or far is None or route.broker_instance == far)
+        for route in routes
+    )
+
+
+def bind(ep: Endpoint, header: DialogHeader, identity: str, routes: Iterable[Route] = ()) -> bool:
+    """Bind an unbound endpoint to the far side ``header`` came from (``routes``: its
+    database's, to see a mirrored far side); True if it changed."""
     if ep.far_peer:
         return False
-    ep.far_peer = arrival_binding(header, identity)
+    if header.hop_count == 0 and far_side_mirrored(ep, routes):
+        ep.far_peer = MIRRORED
+    else:
+        ep.far_peer = arrival_binding(header, identity)
     return True

@@ -207,7 +207,11 @@ class Database:
             ep.waiting_status = "waiting to be sent (recovered after a restart)"
             waiting.append(ep)
         self._load_poison(fetch)
-        repairs = [*self.load_received(fetch), *poison_rows.SWEEP]
+        repairs = self.load_received(fetch)
+        if any(fetch(poison_rows.ANY_ROWS, ())[0]):
+            # only then: a load that writes nothing leaves a mirrored file's log as it
+            # was (R-ROUTE-16), which a sweep of empty tables would not
+            repairs += poison_rows.SWEEP
         for row in fetch(queries.READ_TIMERS, ()):
             timed = self.endpoints.get(uuid.UUID(row["conversation_handle"]))
             if timed is not None:
