@@ -78,19 +78,19 @@ def run(
     example.quiet_logging()
     with _directory(workdir) as root:
         topology = _topology(first_address)
-        with out.status("bringing up the local cluster (six brokers)"):
+        with _phase(out, "bringing up the local cluster (six brokers)"):
             members = cluster.up(root / "cluster", topology)
         try:
             cluster_tables.print_up(members)
             asyncio.run(_story(root / "cluster", members, orders, out))
         finally:
-            with out.status("stopping the cluster"):
+            with _phase(out, "stopping the cluster"):
                 stopped = cluster.down(root / "cluster")
             left = [m.name for m, _ in stopped if _running(m.pid)]
             out.print(f"cluster stopped: {len(stopped)} brokers, {len(left)} process(es) left")
         if not analytics:
             return None
-        with out.status("PySpark: the analytics over every broker's traces"):
+        with _phase(out, "PySpark: the analytics over every broker's traces"):
             headline = _analyze(root / "cluster", root / "report")
         out.print(
             f"report: {headline.report}\n"
@@ -99,6 +99,15 @@ def run(
             f"  exactly-once-in-order audit: {headline.audit}"
         )
         return headline
+
+
+@contextlib.contextmanager
+def _phase(out: Console, title: str) -> Iterator[None]:
+    """A live status line while the phase runs, then its duration."""
+    began = time.monotonic()
+    with out.status(title):
+        yield
+    out.print(f"   [dim]({title}: {time.monotonic() - began:.1f} s)[/dim]")
 
 
 @contextlib.contextmanager
@@ -142,10 +151,8 @@ async def _story(directory: Path, members: list[Member], orders: int, out: Conso
 
     @contextlib.asynccontextmanager
     async def step(title: str) -> AsyncIterator[None]:
-        began = time.monotonic()
-        with out.status(title):
+        with _phase(out, title):
             yield
-        out.print(f"   [dim]({title}: {time.monotonic() - began:.1f} s)[/dim]")
 
     shop_client = await _client(directory, by_name["shop"])
     warehouses = [await _client(directory, by_name[n]) for n in ("warehouse-1", "warehouse-2")]
