@@ -86,7 +86,7 @@ def run(
         finally:
             with _phase(out, "stopping the cluster"):
                 stopped = cluster.down(root / "cluster")
-            left = [m.name for m, _ in stopped if _running(m.pid)]
+            left = _still_running([m.pid for m, _ in stopped])
             out.print(f"cluster stopped: {len(stopped)} brokers, {len(left)} process(es) left")
         if not analytics:
             return None
@@ -139,6 +139,15 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _still_running(pids: list[int], timeout: float = 10) -> list[int]:
+    """The pids still running after ``timeout``: a stopped daemon's exit takes a moment
+    after its command line is gone (what ``cluster down`` watches)."""
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 async def _client(directory: Path, member: Member) -> BrokerClient:
