@@ -173,7 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--orders", type=int, default=300, help="orders of the activation-under-load part"
     )
-    demo.add_argument("--workdir", type=Path, help="keep the cluster's files and the report here")
+    demo.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("demo"),
+        help="the cluster's files and the report (default ./demo; an earlier run's are removed)",
+    )
     demo.add_argument(
         "--first-address",
         default="127.0.0.1",

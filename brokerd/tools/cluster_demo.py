@@ -1,6 +1,7 @@
 """``brokerd demo``: everything a newcomer should see, with no configuration.
 
-1. ``brokerd cluster up`` (:mod:`brokerd.tools.cluster`) brings up the local topology
+1. ``brokerd cluster up`` (:mod:`brokerd.tools.cluster`) brings up, in ``./demo`` (an
+   earlier run's files there are removed first), the local topology
    (:func:`brokerd.tools.topology.local`) with the application guide's message types and
    contract, and poison-message quarantine after three rollbacks.
 2. The application guide's story (``examples/order_processing.py``, reused, not copied:
@@ -13,7 +14,8 @@
    killed (SIGKILL) and the mirror promoted (``set_mirror_role``); the new principal
    receives every order exactly once, in order.
 4. The cluster is stopped (no process is left), and the PySpark analytics
-   (:mod:`brokerd.analytics.report`) read every broker's traces and write ``report.html``;
+   (:mod:`brokerd.analytics.report`) read every broker's traces and write
+   ``demo/report/report.html``;
    the demo prints its path and headline figures: delivered, p50/p99 latency, the audit.
 
 A ``rich`` status line shows the part running; each part prints its outcome. The
@@ -28,7 +30,6 @@ import contextlib
 import os
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -64,8 +65,12 @@ class Headline:
     audit: str
 
 
+DEFAULT_WORKDIR = Path("demo")
+"""Where the demo keeps the cluster's files and the report (in the checkout; ignored by git)."""
+
+
 def run(
-    workdir: Path | None = None,
+    workdir: Path = DEFAULT_WORKDIR,
     *,
     first_address: str = "127.0.0.1",
     orders: int = 300,
@@ -76,29 +81,29 @@ def run(
     (after stopping the cluster) if any part did not behave as it should."""
     out = console or Console(highlight=False)
     example.quiet_logging()
-    with _directory(workdir) as root:
-        topology = _topology(first_address)
-        with _phase(out, "bringing up the local cluster (six brokers)"):
-            members = cluster.up(root / "cluster", topology)
-        try:
-            cluster_tables.print_up(members)
-            asyncio.run(_story(root / "cluster", members, orders, out))
-        finally:
-            with _phase(out, "stopping the cluster"):
-                stopped = cluster.down(root / "cluster")
-            left = _still_running([m.pid for m, _ in stopped])
-            out.print(f"cluster stopped: {len(stopped)} brokers, {len(left)} process(es) left")
-        if not analytics:
-            return None
-        with _phase(out, "PySpark: the analytics over every broker's traces"):
-            headline = _analyze(root / "cluster", root / "report")
-        out.print(
-            f"report: {headline.report}\n"
-            f"  delivered {headline.delivered:,} messages; latency SEND->delivered "
-            f"p50 {headline.p50_ms} ms, p99 {headline.p99_ms} ms\n"
-            f"  exactly-once-in-order audit: {headline.audit}"
-        )
-        return headline
+    root = _fresh(workdir)
+    topology = _topology(first_address)
+    with _phase(out, "bringing up the local cluster (six brokers)"):
+        members = cluster.up(root / "cluster", topology)
+    try:
+        cluster_tables.print_up(members)
+        asyncio.run(_story(root / "cluster", members, orders, out))
+    finally:
+        with _phase(out, "stopping the cluster"):
+            stopped = cluster.down(root / "cluster")
+        left = _still_running([m.pid for m, _ in stopped])
+        out.print(f"cluster stopped: {len(stopped)} brokers, {len(left)} process(es) left")
+    if not analytics:
+        return None
+    with _phase(out, "PySpark: the analytics over every broker's traces"):
+        headline = _analyze(root / "cluster", root / "report")
+    out.print(
+        f"report: {headline.report}\n"
+        f"  delivered {headline.delivered:,} messages; latency SEND->delivered "
+        f"p50 {headline.p50_ms} ms, p99 {headline.p99_ms} ms\n"
+        f"  exactly-once-in-order audit: {headline.audit}"
+    )
+    return headline
 
 
 @contextlib.contextmanager
@@ -110,17 +115,15 @@ def _phase(out: Console, title: str) -> Iterator[None]:
     out.print(f"   [dim]({title}: {time.monotonic() - began:.1f} s)[/dim]")
 
 
-@contextlib.contextmanager
-def _directory(workdir: Path | None) -> Iterator[Path]:
-    if workdir is not None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        yield workdir.absolute()
-        return
-    tmp = Path(tempfile.mkdtemp(prefix="brokerd-demo-"))
-    try:
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def _fresh(workdir: Path) -> Path:
+    """``workdir`` made ready for a new run: the cluster and report of an earlier run are
+    removed (``cluster up`` refuses if that cluster still runs)."""
+    root = workdir.absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    if not [m for m in cluster.read_members(root / "cluster") if _running(m.pid)]:
+        for part in ("cluster", "report"):
+            shutil.rmtree(root / part, ignore_errors=True)
+    return root
 
 
 def _topology(first_address: str) -> Topology:
