@@ -4,7 +4,7 @@
     brokerd certs instance NAME --dir DIR [--days N] [--key-type ...] [--san HOST]...
     brokerd certs service NAME --dir DIR [--days N] [--stem STEM]
     brokerd run --config FILE [--ready-file FILE] [--log-level LEVEL]
-    brokerd demo [--orders N] [--workdir DIR]
+    brokerd demo [--orders N] [--workdir DIR] [--first-address 127.0.0.1] [--no-analytics]
     brokerd wire-demo [--encryption required|supported|disabled]
     brokerd analyze TRACE_DIR... [--out DIR] [--master URL] [--top N] [--quiet]
                     [--database FILE...]
@@ -23,7 +23,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from brokerd.errors import AnalyticsError
+from brokerd.errors import AnalyticsError, ClusterError
 from brokerd.tools import certs
 from protocol import BrokerError, EncryptionMode
 
@@ -60,9 +60,19 @@ def _certs_service(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from brokerd.tools.example import run_example
-
-    run_example(args.workdir, args.orders)
+    try:
+        from brokerd.tools import cluster_demo
+    except ModuleNotFoundError as exc:
+        raise ClusterError(
+            f"brokerd demo runs the application guide's example ({exc}): run it from a "
+            "checkout of brokerd (./dev demo, or python -m brokerd demo in its directory)"
+        ) from exc
+    cluster_demo.run(
+        args.workdir,
+        first_address=args.first_address,
+        orders=args.orders,
+        analytics=args.analytics,
+    )
 
 
 def _wire_demo(args: argparse.Namespace) -> None:
@@ -156,10 +166,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run)
 
     demo = commands.add_parser(
-        "demo", help="two brokers on 127.0.0.1 and 127.0.0.2 and a request/reply application"
+        "demo",
+        help="the local cluster, the application guide's story with a mirror failover, "
+        "and the analytics over its traces",
     )
-    demo.add_argument("--orders", type=int, default=3)
-    demo.add_argument("--workdir", type=Path, help="keep configurations, data and logs here")
+    demo.add_argument(
+        "--orders", type=int, default=300, help="orders of the activation-under-load part"
+    )
+    demo.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("demo"),
+        help="the cluster's files and the report (default ./demo; an earlier run's are removed)",
+    )
+    demo.add_argument(
+        "--first-address",
+        default="127.0.0.1",
+        help="the first broker's loopback address; the others take the next five",
+    )
+    demo.add_argument(
+        "--no-analytics",
+        dest="analytics",
+        action="store_false",
+        help="skip the PySpark report (Java 17 and brokerd[analytics] are then not needed)",
+    )
     demo.set_defaults(func=_demo)
 
     wire = commands.add_parser(

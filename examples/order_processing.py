@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -39,6 +40,8 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,9 +165,14 @@ class Warehouse:
 
 @dataclass
 class Shop:
-    """The shop's side: what it ordered, and the answers that came back."""
+    """The shop's side: what it ordered, and the answers that came back. ``service``
+    orders from ``target`` and receives the answers on ``queue`` (the example's own
+    names by default; ``brokerd demo`` passes the local cluster's)."""
 
     client: BrokerClient
+    service: str = SHOP
+    target: str = WAREHOUSE
+    queue: str = SHOP_QUEUE
     replies: dict[Dialog, ReceivedMessage] = field(default_factory=dict)
     timed_out: set[Dialog] = field(default_factory=set)
 
@@ -174,7 +182,7 @@ class Shop:
         """BEGIN DIALOG, then the attachment (if any) and the order, each SEND with an
         idempotency key so that the SDK can write it again after a lost connection.
         ``answer_within``: a conversation timer (R-DLG-11)."""
-        dialog = await self.client.begin_dialog(SHOP, WAREHOUSE, CONTRACT)
+        dialog = await self.client.begin_dialog(self.service, self.target, CONTRACT)
         if attachment:
             await dialog.send(ATTACHMENT, attachment, key=f"{order_id}/attachment")
         body = f"<order id='{order_id}' item='{item}'/>".encode()
@@ -192,7 +200,7 @@ class Shop:
         while waiting:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(waiting)} orders unanswered after {timeout} s")
-            for m in await self.client.receive(SHOP_QUEUE, top=100, timeout=1):
+            for m in await self.client.receive(self.queue, top=100, timeout=1):
                 dialog = next((d for d in waiting if d == m.conversation_handle), None)
                 if m.is_timer and dialog is not None:
                     await dialog.end(error_code=NO_ANSWER, description="no answer in time")
@@ -240,17 +248,19 @@ async def timer_and_error(shop: Shop) -> None:
 
 
 async def poison_quarantined_and_released(
-    shop: Shop, warehouse: Warehouse, admin: BrokerClient
+    shop: Shop, warehouse: Warehouse, admins: Sequence[BrokerClient]
 ) -> None:
-    bad = await shop.client.begin_dialog(SHOP, WAREHOUSE, CONTRACT)
+    """``admins``: a client of each broker the orders may reach (the quarantine is where
+    the unreadable order landed)."""
+    bad = await shop.client.begin_dialog(shop.service, shop.target, CONTRACT)
     await bad.send(ORDER, b"<order id='C-1' item='widget'", key="C-1/order")  # not XML
     good = [await shop.order(f"C-{n}", "sprocket") for n in range(2, 6)]
     await shop.answers(good)
-    quarantined: list[QuarantinedConversation] = []
+    quarantined: list[tuple[BrokerClient, QuarantinedConversation]] = []
     while not quarantined:
-        quarantined = await admin.quarantined()
+        quarantined = [(admin, row) for admin in admins for row in await admin.quarantined()]
         await asyncio.sleep(0.1)
-    (row,) = quarantined
+    ((admin, row),) = quarantined
     say(
         f"3. the unreadable order was rolled back {row.rollbacks} times and its conversation "
         f"quarantined ({row.last_error!r}); the four other orders shipped meanwhile"
@@ -262,16 +272,74 @@ async def poison_quarantined_and_released(
     say(f"   after the fix the operator released it ({released} message): answered ON HOLD")
 
 
-async def activation_under_load(shop: Shop, warehouse: Warehouse, readers: list[int]) -> None:
+async def activation_under_load(
+    shop: Shop, warehouse: Warehouse, readers: list[int], orders: int = 300
+) -> None:
     warehouse.work = 0.02  # each order takes 20 ms: one reader would need 6 s for 300
     shipped = warehouse.shipped
     started = time.monotonic()
-    dialogs = [await shop.order(f"D-{n}", "widget") for n in range(300)]
+    dialogs = [await shop.order(f"D-{n}", "widget") for n in range(orders)]
     await shop.answers(dialogs, timeout=120)
     say(
         f"4. {warehouse.shipped - shipped} orders shipped in {time.monotonic() - started:.1f} s "
         f"by up to {max(readers)} activated readers"
     )
+
+
+Step = Callable[[str], AbstractAsyncContextManager[None]]
+"""Wraps each part of the story (``brokerd demo`` shows a live status line with it)."""
+
+
+@contextlib.asynccontextmanager
+async def _quietly(title: str) -> AsyncIterator[None]:
+    yield
+
+
+async def tell(
+    shop: Shop,
+    warehouses: Sequence[BrokerClient],
+    *,
+    orders: int = 300,
+    step: Step = _quietly,
+) -> Warehouse:
+    """The whole story: ``shop`` orders; each client of ``warehouses`` serves the
+    warehouse's queue with the one :class:`Warehouse` handler (activated readers, up to
+    four per broker). Returns the handler (its ``shipped`` count)."""
+    warehouse = Warehouse()
+    stop = asyncio.Event()
+    activations = [
+        client.serve(ORDER_QUEUE, warehouse.handle, max_readers=4, top=10, interval=0.2, stop=stop)
+        for client in warehouses
+    ]
+    serving = [asyncio.ensure_future(a.run()) for a in activations]
+    readers: list[int] = []
+
+    def now_reading() -> int:
+        return sum(a.readers for a in activations)
+
+    async def watch() -> None:
+        while not stop.is_set():
+            readers.append(now_reading())
+            await asyncio.sleep(0.05)
+
+    watching = asyncio.ensure_future(watch())
+    try:
+        async with step("request and reply, a 3 MiB attachment"):
+            await request_and_reply(shop, warehouse)
+        async with step("a timer and an error ending"):
+            await timer_and_error(shop)
+        async with step("a poison message, quarantined and released"):
+            await poison_quarantined_and_released(shop, warehouse, warehouses)
+        async with step(f"activation under load: {orders} orders"):
+            await activation_under_load(shop, warehouse, readers, orders)
+            quiet = time.monotonic() + 30
+            while now_reading() > len(activations) and time.monotonic() < quiet:
+                await asyncio.sleep(0.1)
+        say(f"   idle again: {now_reading()} reader(s) left")
+    finally:
+        stop.set()
+        await asyncio.gather(*serving, watching, return_exceptions=True)
+    return warehouse
 
 
 async def story(d: Deployment) -> None:
@@ -286,32 +354,7 @@ async def story(d: Deployment) -> None:
             token_file=warehouse_daemon.token_file,
         ) as warehouse_client,
     ):
-        shop, warehouse = Shop(shop_client), Warehouse()
-        stop = asyncio.Event()
-        activation = warehouse_client.serve(
-            ORDER_QUEUE, warehouse.handle, max_readers=4, top=10, interval=0.2, stop=stop
-        )
-        serving = asyncio.ensure_future(activation.run())
-        readers: list[int] = []
-
-        async def watch() -> None:
-            while not stop.is_set():
-                readers.append(activation.readers)
-                await asyncio.sleep(0.05)
-
-        watching = asyncio.ensure_future(watch())
-        try:
-            await request_and_reply(shop, warehouse)
-            await timer_and_error(shop)
-            await poison_quarantined_and_released(shop, warehouse, warehouse_client)
-            await activation_under_load(shop, warehouse, readers)
-            quiet = time.monotonic() + 30
-            while activation.readers > 1 and time.monotonic() < quiet:
-                await asyncio.sleep(0.1)
-            say(f"   idle again: {activation.readers} reader(s) left")
-        finally:
-            stop.set()
-            await asyncio.gather(serving, watching, return_exceptions=True)
+        await tell(Shop(shop_client), [warehouse_client])
 
 
 def _without_traceback(record: logging.LogRecord) -> bool:
@@ -320,13 +363,18 @@ def _without_traceback(record: logging.LogRecord) -> bool:
     return True
 
 
+def quiet_logging() -> None:
+    """Warnings only, and the handler's error in one line, without its traceback."""
+    logging.basicConfig(format="   log: %(message)s", level=logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_without_traceback)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, help="keep the brokers' files here")
     args = parser.parse_args(argv)
-    logging.basicConfig(format="   log: %(message)s", level=logging.WARNING)
-    for handler in logging.getLogger().handlers:  # the handler's error in one line, no traceback
-        handler.addFilter(_without_traceback)
+    quiet_logging()
     with tempfile.TemporaryDirectory(prefix="brokerd-orders-") as tmp:
         root = args.workdir or Path(tmp)
         d = deployment(root)

@@ -1,15 +1,13 @@
 """The example deployment: a shop on one broker orders from a warehouse on another.
 
-``brokerd demo`` (the README's main job) brings up two daemons on 127.0.0.1:4022
-and 127.0.0.2:4022 with the configurations below, runs a request/reply
-application across them through the SDK, prints what happens, and stops them.
+Two daemons on 127.0.0.1:4022 and 127.0.0.2:4022 with the configurations below, and a
+request/reply application across them through the SDK (:func:`request_reply`).
 Tests and benchmarks reuse the same configurations.
 """
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
 from pathlib import Path
 
@@ -176,21 +174,3 @@ async def request_reply(deployment: Deployment, orders: int = 3) -> None:
     finally:
         await shop.close()
         await warehouse.close()
-
-
-def run_example(workdir: Path | None = None, orders: int = 3) -> None:
-    with tempfile.TemporaryDirectory(prefix="brokerd-demo-") as tmp:
-        root = workdir or Path(tmp)
-        deployment = shop_and_warehouse(root)
-        try:
-            for name in ("alpha", "beta"):
-                daemon = deployment.start(name)
-                print(
-                    f"started brokerd {name} on {daemon.address} (pid {daemon.process.pid})"
-                    if daemon.process
-                    else ""
-                )
-            asyncio.run(request_reply(deployment, orders))
-        finally:
-            deployment.stop_all()
-            print("stopped both brokers")

@@ -81,6 +81,9 @@ class Topology:
     contract: str = CONTRACT
     hosts: dict[str, str] = field(default_factory=dict)
     """Loopback address of each broker, in order (:func:`loopback_hosts`)."""
+    poison_rollbacks: int | None = None
+    """Every queue quarantines a conversation after this many rollbacks in a row
+    (R-OBJ-3, §6); None: the default poison-message handling."""
 
     def broker(self, name: str) -> Broker:
         return next(b for b in self.brokers if b.name == name)
@@ -109,6 +112,11 @@ class Topology:
             ]
         for service, queue in db.services:
             lines += ["[[database.queue]]", f'name = "{queue}"']
+            if self.poison_rollbacks is not None:
+                lines += [
+                    'poison_message_handling = "quarantine"',
+                    f"poison_rollbacks = {self.poison_rollbacks}",
+                ]
             lines += [
                 "[[database.service]]",
                 f'name = "{service}"',
@@ -166,8 +174,16 @@ def _warehouse(instance: uuid.UUID) -> Database:
     )
 
 
-def local(first: str = "127.0.0.1") -> Topology:
-    """The local cluster, its brokers on ``first`` and the addresses after it."""
+def local(
+    first: str = "127.0.0.1",
+    *,
+    message_types: tuple[str, ...] = (ORDER,),
+    contract: str = CONTRACT,
+    poison_rollbacks: int | None = None,
+) -> Topology:
+    """The local cluster, its brokers on ``first`` and the addresses after it; an
+    application brings its own ``message_types`` and ``contract`` (``brokerd demo``: the
+    application guide's) and may quarantine poison messages after ``poison_rollbacks``."""
     brokers = (
         Broker(
             "shop",
@@ -206,7 +222,13 @@ def local(first: str = "127.0.0.1") -> Topology:
         ),
         Broker("parts-mirror", "mirrored target: mirror", (_parts("mirror", "parts-principal"),)),
     )
-    return Topology(brokers, hosts=loopback_hosts([b.name for b in brokers], first))
+    return Topology(
+        brokers,
+        message_types,
+        contract,
+        loopback_hosts([b.name for b in brokers], first),
+        poison_rollbacks,
+    )
 
 
 LOCAL = local()
