@@ -35,11 +35,11 @@ RECEIVE_BYTES = 64 * MIB
 
 
 W4_RECEIVERS = 8
-"""W4's consumer runs eight RECEIVE loops. A RECEIVE returns the messages of one
-conversation group (SPEC §6, as SQL Server's), so with 10,000 dialogs of 10 messages
-each a RECEIVE returns at most 10, and a single reader commits once per 10 messages;
-a Service Broker application facing many conversation groups runs several queue
-readers (activation's MAX_QUEUE_READERS), whose commits the daemon groups."""
+"""W4's consumer runs eight RECEIVE loops. A RECEIVE of one conversation group (SPEC
+§6, as SQL Server's) returns at most 10 messages of W4's dialogs, and a single reader
+would commit once per 10 messages; a Service Broker application facing many
+conversation groups runs several queue readers (activation's MAX_QUEUE_READERS), whose
+commits the daemon groups. With :data:`W4_GROUPS` each RECEIVE takes many groups."""
 W4_GROUPS = 1024
 """W4's RECEIVEs each return the messages of up to 1,024 conversation groups (SPEC §6's
 ``groups``, brokerd's own): the messages of many dialogs in one round trip and one

@@ -130,6 +130,37 @@ async def test_a_transaction_holds_every_group_it_received_until_it_ends(
     assert await admin.receive("Q2", timeout=0) == []
 
 
+async def test_a_reply_too_big_cuts_across_groups_and_loses_nothing(admin: BrokerClient) -> None:
+    """R-DLG-1 with ``groups``: 4,000 messages of 40 groups exceed one reply's meta (about
+    330 bytes a row against 1 MiB), so the RECEIVE is cut inside a group; the cut
+    group's rest and the groups after it stay, first in their groups and unlocked, and
+    the next RECEIVEs return them: every message once, each conversation in order."""
+    count, per = 40, 100
+    handles = [await admin.begin_dialog(S1, S2) for _ in range(count)]
+    for d, handle in enumerate(handles):
+        await admin.send_many([(handle, "DEFAULT", f"d{d} m{n}".encode()) for n in range(per)])
+
+    async def ready() -> bool:
+        rows = await admin.queues()
+        return sum(r["ready_messages"] for r in rows if r["queue"] == "Q2") >= count * per
+
+    await wait_until(ready, 60)
+    async with admin.transaction() as tx:
+        held = await tx.receive("Q2", top=10 * count * per, groups=count)
+        assert 0 < len(held) < count * per
+        await tx.rollback()
+    received: dict[uuid.UUID, list[int]] = {}
+    calls = 0
+    while got := await admin.receive("Q2", top=10 * count * per, groups=count, timeout=0):
+        calls += 1
+        for m in got:
+            received.setdefault(m.conversation_handle, []).append(m.message_sequence_number)
+    assert calls >= 2
+    assert len(received) == count
+    for seqs in received.values():
+        assert seqs == sorted(seqs) and len(seqs) == len(set(seqs)) == per
+
+
 async def test_groups_refused(admin: BrokerClient) -> None:
     """``groups`` is 1 to 1,024, and a RECEIVE limited to one conversation or group takes
     one group: each refusal is ``invalid_request`` and takes nothing."""
