@@ -33,7 +33,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brokerd.dialogs.verbs.receive import MAX_GROUPS
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.server import client_views
 from brokerd.server.client_access import Access
@@ -249,9 +248,7 @@ def receive_args(
     (``ReceiveVerbs`` refuses a handle and a group at once, or either with more groups
     than one, SPEC §6)."""
     top = _whole(m, "top")
-    groups = _whole(m, "groups")
-    if groups > MAX_GROUPS:
-        raise InvalidRequest(f"groups must be between 1 and {MAX_GROUPS}")
+    groups = _whole(m, "groups")  # its upper bound is ReceiveVerbs' (MAX_GROUPS)
     queue, database, timeout = _queue_args(session, m)
     handle = meta_uuid(m, "conversation_handle", required=False)
     group = meta_uuid(m, "conversation_group_id", required=False)
