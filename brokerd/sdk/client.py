@@ -393,7 +393,8 @@ class BrokerClient:
         limits it to one conversation, ``conversation_group_id`` to one group (WHERE
         conversation_group_id = ...), not both (``InvalidRequest``). ``groups`` (at most
         1,024, and only without either limit) returns the messages of up to that many
-        groups, ``top`` in all, group after group (:func:`by_group` splits them)."""
+        groups, ``top`` in all, group after group (``brokerd.sdk.messages.by_group`` splits
+        them)."""
         meta, body = await self._call(
             *receive_request(
                 queue, database, top, timeout, conversation_handle, conversation_group_id, groups
