@@ -85,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--top", type=_positive, default=1000, help="RECEIVE TOP (n) (1000)")
     run.add_argument(
+        "--groups",
+        type=_positive,
+        help="conversation groups one RECEIVE may return (1; W4 1,024)",
+    )
+    run.add_argument(
         "--receivers", type=_positive, help="concurrent RECEIVE loops (1; W4: 8, one group each)"
     )
     run.add_argument(
@@ -110,7 +115,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--jsonl", type=Path, help="also append the JSON lines to this file")
     run.add_argument("--workdir", type=Path, help="where the deployments go (default: temp)")
     run.add_argument("--keep", action="store_true", help="keep each run's data and logs")
-    run.add_argument("--peer", choices=peers.PEERS, help="also run the peer broker (W1-W3)")
+    run.add_argument(
+        "--peer",
+        choices=peers.PEERS,
+        help="also run the peer broker (W1-W4; for W4 its W2 with the same messages)",
+    )
     run.add_argument("--peer-dir", type=Path, help=f"the peer's set-up (default ${peers.ENV_DIR})")
     run.add_argument(
         "--peer-keep", action="store_true", help="leave the peer's nodes running afterwards"
@@ -150,6 +159,7 @@ def options_for(name: str, args: argparse.Namespace) -> Options:
         batch=min(args.batch, args.window),
         top=args.top,
         receivers=args.receivers or workload.receivers,
+        groups=args.groups or workload.groups,
         encryption=args.encryption,
         trace=args.trace,
         warmup=default_warmup(workload, messages) if args.warmup is None else args.warmup,

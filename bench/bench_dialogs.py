@@ -18,7 +18,8 @@ over the dialogs, sent by ``--senders`` SDK connections. SEND returns after
 the commit; with ``--window W`` each connection keeps W SENDs in flight
 (pipelined, as a RabbitMQ publisher keeps unconfirmed messages in flight),
 otherwise each SEND waits for the previous one. ``--receivers`` connections (two) on the target
-side loop on ``RECEIVE TOP (100) FROM OrderQueue``.
+side loop on ``RECEIVE TOP (100) FROM OrderQueue`` (of up to ``--groups`` conversation
+groups each, 1 by default).
 
 Each body starts with the send-start ``time.perf_counter_ns()`` (8 bytes, the
 same machine so the clocks agree) and a (dialog, index) marker, padded to
@@ -39,7 +40,7 @@ RECEIVE releases its conversation group at its commit, before its reply is read.
 Any violation makes the exit status 1.
 
 Usage: python -m bench.bench_dialogs [--messages 5000] [--dialogs 20] [--senders 8] [--window 1]
-       [--receivers 2] [--size 200] [--hosts 127.0.0.1,127.0.0.2] [--only cross|local]
+       [--receivers 2] [--groups 1] [--size 200] [--hosts 127.0.0.1,127.0.0.2] [--only cross|local]
        [--workdir DIR] [--json FILE]
 """
 
@@ -176,12 +177,12 @@ def make_body(size: int, dialog: int, index: int, phase: int) -> bytes:
 
 
 async def _receive_until(
-    client: BrokerClient, state: RunState, deadline: float, receiver: int
+    client: BrokerClient, state: RunState, deadline: float, receiver: int, groups: int
 ) -> None:
     while not state.done.is_set():
         if time.monotonic() > deadline:
             return
-        batch = await client.receive(QUEUE, top=TOP, timeout=POLL)
+        batch = await client.receive(QUEUE, top=TOP, timeout=POLL, groups=groups)
         state.record(time.perf_counter_ns(), batch, receiver)
 
 
@@ -196,6 +197,7 @@ async def measure(
     size: int,
     timeout: float,
     window: int = 1,
+    groups: int = 1,
 ) -> dict[str, Any]:
     problems: list[str] = []
     control = await sender.client()
@@ -253,7 +255,7 @@ async def measure(
         bench_cpu_before = time.process_time()
         deadline = time.monotonic() + timeout
         receive_tasks = [
-            asyncio.create_task(_receive_until(c, state, deadline, n))
+            asyncio.create_task(_receive_until(c, state, deadline, n, groups))
             for n, c in enumerate(receivers)
         ]
         await asyncio.sleep(0.05)  # the receivers are waiting before the first SEND
@@ -330,6 +332,7 @@ async def measure(
         "senders": senders,
         "window": window,
         "receivers": receivers_count,
+        "groups": groups,
         "size": size,
         "warmup_s": round(warmup_s, 3),
         "elapsed_s": round(elapsed, 3),
@@ -462,6 +465,7 @@ def run_scenario(kind: str, root: Path, args: argparse.Namespace) -> dict[str, A
                     size=args.size,
                     timeout=args.timeout,
                     window=args.window,
+                    groups=args.groups,
                 ),
                 args.timeout + 60,
             )
@@ -512,6 +516,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "each SEND waits for the previous one's commit)",
     )
     parser.add_argument("--receivers", type=int, default=2, help="RECEIVE connections")
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=1,
+        help="conversation groups one RECEIVE may return (SPEC §6; default 1)",
+    )
     parser.add_argument("--size", type=int, default=200, help=f"body bytes (>= {MARKER.size})")
     parser.add_argument(
         "--hosts",
@@ -539,7 +549,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hosts = hosts
     if args.size < MARKER.size:
         parser.error(f"--size must be at least {MARKER.size}")
-    if min(args.messages, args.dialogs, args.senders, args.receivers, args.window) < 1:
+    if min(args.messages, args.dialogs, args.senders, args.receivers, args.window, args.groups) < 1:
         parser.error("--messages, --dialogs, --senders, --receivers and --window must be >= 1")
     return args
 
@@ -562,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{args.messages} messages of {args.size} B over {args.dialogs} dialogs, "
-        f"{args.senders} senders (window {args.window}), {args.receivers} receivers (TOP {TOP}), "
+        f"{args.senders} senders (window {args.window}), {args.receivers} receivers (TOP {TOP}, "
+        f"{args.groups} groups), "
         f"WAL + synchronous=FULL; hosts {','.join(args.hosts)}"
     )
     results: list[dict[str, Any]] = []

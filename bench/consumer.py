@@ -2,7 +2,8 @@
 
 ``receivers`` loops (one by default) on the one SDK connection each call
 ``RECEIVE TOP (top) FROM OrderQueue`` (autocommit: the RECEIVE's removal is committed
-before it returns) until every message of the run has arrived, then one more RECEIVE
+before it returns; with ``groups``, of up to that many conversation groups at once)
+until every message of the run has arrived, then one more RECEIVE
 waits ``linger`` seconds for anything that should not come (a duplicate or a stray).
 Each message is checked as it arrives:
 
@@ -49,6 +50,8 @@ class ConsumerJob:
     top: int
     receivers: int
     timeout: float
+    groups: int = 1
+    """Conversation groups one RECEIVE may return (SPEC §6's ``groups``)."""
     linger: float = 0.5
     connect_timeout: float = 30.0
     """How long to retry connecting (the daemon may not be up yet)."""
@@ -165,7 +168,7 @@ async def consume(job: ConsumerJob, ready: Event | None = None) -> dict[str, Any
 
         async def loop(receiver: int) -> None:
             while not tally.done.is_set() and time.monotonic() < deadline:
-                batch = await client.receive(QUEUE, top=job.top, timeout=0.5)
+                batch = await client.receive(QUEUE, top=job.top, timeout=0.5, groups=job.groups)
                 tally.record(batch, receiver)
 
         await asyncio.gather(*(loop(n) for n in range(job.receivers)))

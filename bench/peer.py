@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.workloads import PEER_STANDS_IN
+
 PEERS = ("rabbitmq",)
 ENV_DIR = "BROKERD_PEER_DIR"
 """The environment variable naming the peer's directory when ``--peer-dir`` is not given."""
@@ -63,8 +65,13 @@ class Peer:
         warmup: int,
         timeout: float,
     ) -> dict[str, Any]:
-        """One run of W1, W2 or W3 by the peer's bench.py; its JSON line, labelled."""
-        command = [self.python, str(self.directory / "bench.py"), "run", "-w", workload]
+        """One run of W1-W4 by the peer's bench.py; its JSON line, labelled.
+
+        W4 is run as the peer's W2 with W4's message count and size (see
+        :data:`bench.workloads.PEER_STANDS_IN`); the line names W4, and ``peer_ran``
+        what the peer ran, so that the ratio compares the same messages."""
+        ran = PEER_STANDS_IN.get(workload, workload)
+        command = [self.python, str(self.directory / "bench.py"), "run", "-w", ran]
         if workload == "W3":
             command += ["--large-n", str(messages), "--large-size", str(size)]
             warmup *= 100  # the peer's bench.py takes a hundredth of --warmup for W3
@@ -97,6 +104,9 @@ class Peer:
             }
         line: dict[str, Any] = json.loads(lines[-1])
         line["broker"] = self.name
+        if ran != workload:
+            line["workload"] = workload
+            line["peer_ran"] = ran
         return line
 
 

@@ -35,11 +35,15 @@ RECEIVE_BYTES = 64 * MIB
 
 
 W4_RECEIVERS = 8
-"""W4's consumer runs eight RECEIVE loops. A RECEIVE returns the messages of one
-conversation group (SPEC §6, as SQL Server's), so with 10,000 dialogs of 10 messages
-each a RECEIVE returns at most 10, and a single reader commits once per 10 messages;
-a Service Broker application facing many conversation groups runs several queue
-readers (activation's MAX_QUEUE_READERS), whose commits the daemon groups."""
+"""W4's consumer runs eight RECEIVE loops. A RECEIVE of one conversation group (SPEC
+§6, as SQL Server's) returns at most 10 messages of W4's dialogs, and a single reader
+would commit once per 10 messages; a Service Broker application facing many
+conversation groups runs several queue readers (activation's MAX_QUEUE_READERS), whose
+commits the daemon groups. With :data:`W4_GROUPS` each RECEIVE takes many groups."""
+W4_GROUPS = 1024
+"""W4's RECEIVEs each return the messages of up to 1,024 conversation groups (SPEC §6's
+``groups``, brokerd's own): the messages of many dialogs in one round trip and one
+removal, each group locked as a RECEIVE of one locks it."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class Workload:
     what: str
     receivers: int = 1
     """Concurrent RECEIVE loops of the consumer by default."""
+    groups: int = 1
+    """Conversation groups one RECEIVE may return by default (SPEC §6)."""
 
 
 WORKLOADS = {
@@ -68,13 +74,18 @@ WORKLOADS = {
             10_000,
             "many dialogs, 10 messages each, A to B",
             receivers=W4_RECEIVERS,
+            groups=W4_GROUPS,
         ),
         Workload("W5", "forwarder", 50_000, 200, 1, "via a forwarder: A to B through C"),
         Workload("W6", "remote", 1_000_000, 200, 100, "recovery: A restarted with a backlog"),
     )
 }
-PEER_WORKLOADS = ("W1", "W2", "W3")
-"""The workloads the peer's benchmark runs too."""
+PEER_WORKLOADS = ("W1", "W2", "W3", "W4")
+"""The workloads the peer's benchmark runs too (W4 as :data:`PEER_STANDS_IN`)."""
+PEER_STANDS_IN = {"W4": "W2"}
+"""A workload the peer's benchmark has no name for, and the one it runs instead: the
+peer has no dialogs, so for W4 it moves the same messages of the same size as one
+stream (its W2), which is what an application of many dialogs asks of it."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,8 @@ class Options:
     """SENDs per request (``send_many``); 1 pipelines single SENDs."""
     top: int = 1000
     receivers: int = 1
+    groups: int = 1
+    """Conversation groups one RECEIVE may return (``receive(..., groups=n)``)."""
     encryption: bool = True
     trace: bool = True
     warmup: int = 0
@@ -115,6 +128,8 @@ class Options:
             labels.append(f"batch {self.batch}")
         if self.databases == 1:
             labels.append("one database")
+        if self.groups > 1:
+            labels.append(f"groups {self.groups}")
         return ", ".join(labels)
 
 
@@ -208,6 +223,7 @@ def consumer_job(
         options.receive_top,
         options.receivers,
         options.timeout,
+        options.groups,
     )
 
 

@@ -391,15 +391,19 @@ class BrokerClient:
         timeout: float = 0.0,
         conversation_handle: Handle | None = None,
         conversation_group_id: uuid.UUID | None = None,
+        groups: int = 1,
     ) -> list[ReceivedMessage]:
         """RECEIVE TOP (top) FROM queue, WAITFOR up to ``timeout`` s (negative: forever).
 
         SPEC §6: the messages of one conversation group, in order; ``conversation_handle``
         limits it to one conversation, ``conversation_group_id`` to one group (WHERE
-        conversation_group_id = ...), not both (``InvalidRequest``)."""
+        conversation_group_id = ...), not both (``InvalidRequest``). ``groups`` (at most
+        1,024, and only without either limit) returns the messages of up to that many
+        groups, ``top`` in all, group after group (``brokerd.sdk.messages.by_group`` splits
+        them)."""
         meta, body = await self._call(
             *receive_request(
-                queue, database, top, timeout, conversation_handle, conversation_group_id
+                queue, database, top, timeout, conversation_handle, conversation_group_id, groups
             )
         )
         return parse_received(meta, body)

@@ -77,6 +77,18 @@ def parse_received(meta: dict[str, Any], body: bytes) -> list[ReceivedMessage]:
     return out
 
 
+def by_group(messages: list[ReceivedMessage]) -> list[list[ReceivedMessage]]:
+    """A RECEIVE's messages (of several groups, ``groups``) as one batch per conversation
+    group, in the order returned: each group's messages are together and in order."""
+    batches: list[list[ReceivedMessage]] = []
+    for message in messages:
+        if batches and batches[-1][0].conversation_group_id == message.conversation_group_id:
+            batches[-1].append(message)
+        else:
+            batches.append([message])
+    return batches
+
+
 def parse_group(meta: dict[str, Any]) -> uuid.UUID | None:
     """The conversation group a GET CONVERSATION GROUP reply names (None: none came in
     time, SPEC §6)."""

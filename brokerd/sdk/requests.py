@@ -102,8 +102,9 @@ def receive_request(
     timeout: float,
     conversation_handle: Handle | None,
     conversation_group_id: uuid.UUID | None = None,
+    groups: int = 1,
 ) -> Request:
-    return {
+    meta: dict[str, Any] = {
         "op": "receive",
         "queue": queue,
         "database": database,
@@ -111,7 +112,10 @@ def receive_request(
         "timeout": timeout,
         "conversation_handle": _text(conversation_handle),
         "conversation_group_id": _text(conversation_group_id),
-    }, b""
+    }
+    if groups != 1:
+        meta["groups"] = groups
+    return meta, b""
 
 
 def get_group_request(queue: str, database: str | None, timeout: float) -> Request:

@@ -64,16 +64,19 @@ class Transaction:
         timeout: float = 0.0,
         conversation_handle: Handle | None = None,
         conversation_group_id: uuid.UUID | None = None,
+        groups: int = 1,
     ) -> list[ReceivedMessage]:
         """RECEIVE; the messages leave the queue only if the transaction commits, and
         their conversation group stays locked until then (SPEC §6).
 
         ``conversation_handle`` limits it to one conversation, ``conversation_group_id``
         to one group (not both): a group another transaction holds is not taken, the
-        RECEIVE waits per ``timeout`` as if the queue were empty."""
+        RECEIVE waits per ``timeout`` as if the queue were empty. ``groups``: up to that
+        many groups, each locked until the transaction ends (see
+        :meth:`BrokerClient.receive`)."""
         meta, body = await self._request(
             *receive_request(
-                queue, database, top, timeout, conversation_handle, conversation_group_id
+                queue, database, top, timeout, conversation_handle, conversation_group_id, groups
             )
         )
         return parse_received(meta, body)

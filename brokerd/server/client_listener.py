@@ -496,7 +496,7 @@ class ClientSession(asyncio.Protocol):
         request_id = frame.request_id
         try:
             self.allowed.check_operation("receive")
-            (queue, database, top, _), handle, group = receive_args(self, frame.meta)
+            (queue, database, top, _), handle, group, groups = receive_args(self, frame.meta)
             reply = ReceiveReply()
 
             def then(rows: list[dict[str, Any]]) -> None:
@@ -512,6 +512,7 @@ class ClientSession(asyncio.Protocol):
                 then,
                 lambda exc: self._reply_error(request_id, exc),
                 group,
+                groups,
             )
         except Exception:
             return False

@@ -242,16 +242,25 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
 
 def receive_args(
     session: Session, m: dict[str, Any]
-) -> tuple[tuple[str, str | None, int, float], uuid.UUID | None, uuid.UUID | None]:
-    """A RECEIVE's (queue, database, top, timeout), and the conversation or conversation
-    group it is limited to, checked (``ReceiveVerbs`` refuses both at once, SPEC §6)."""
-    top = m.get("top", 1)
-    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
-        raise InvalidRequest("top must be a whole number >= 1")
+) -> tuple[tuple[str, str | None, int, float], uuid.UUID | None, uuid.UUID | None, int]:
+    """A RECEIVE's (queue, database, top, timeout), the conversation or conversation
+    group it is limited to, and how many groups it may return, checked
+    (``ReceiveVerbs`` refuses a handle and a group at once, or either with more groups
+    than one, SPEC §6)."""
+    top = _whole(m, "top")
+    groups = _whole(m, "groups")  # its upper bound is ReceiveVerbs' (MAX_GROUPS)
     queue, database, timeout = _queue_args(session, m)
     handle = meta_uuid(m, "conversation_handle", required=False)
     group = meta_uuid(m, "conversation_group_id", required=False)
-    return (queue, database, top, timeout), handle, group
+    return (queue, database, top, timeout), handle, group, groups
+
+
+def _whole(m: dict[str, Any], key: str) -> int:
+    """A whole number >= 1 of the meta (1 when absent)."""
+    value = m.get(key, 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidRequest(f"{key} must be a whole number >= 1")
+    return value
 
 
 def _queue_args(session: Session, m: dict[str, Any]) -> tuple[str, str | None, float]:
@@ -267,14 +276,16 @@ def _queue_args(session: Session, m: dict[str, Any]) -> tuple[str, str | None, f
 
 async def _receive(session: Session, frame: ClientFrame) -> tuple[ReplyMeta, ReplyBody]:
     m = frame.meta
-    args, handle, group = receive_args(session, m)
+    args, handle, group, groups = receive_args(session, m)
     tx = _transaction(session, m)
     reply = ReceiveReply()
     if tx is not None:
-        rows = await tx.receive(*args, handle=handle, budget=reply, group=group)
+        rows = await tx.receive(*args, handle=handle, budget=reply, group=group, groups=groups)
     else:
         receiving = session.broker.engine.receive_verbs
-        rows = await receiving.receive(*args, handle=handle, budget=reply, group=group)
+        rows = await receiving.receive(
+            *args, handle=handle, budget=reply, group=group, groups=groups
+        )
     return reply.encode(rows)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -31,10 +32,13 @@ from brokerd.storage.sequence_runs import (
     REMOVE_FRAGMENTS,
     REMOVE_MANY,
     RETAIN_MANY,
+    Span,
     by_conversation,
     by_sequence_numbers,
     chunks,
     numbered,
+    span_chunks,
+    spans_join,
 )
 
 Rows = Callable[[str, Sequence[Any]], list[sqlite3.Row]]
@@ -132,16 +136,25 @@ def read_received(
     hand on (R-DLG-1: what RECEIVE removes must reach the application, so the cut is
     made before anything is removed). The count returned covers the items of the rows
     kept, and the items without a row among them (a conversation cleaned up meanwhile);
-    with ``remove`` exactly those are removed (or retained, with status 0). One indexed
-    query per conversation (the primary key), never a scan of the queue.
+    with ``remove`` exactly those are removed (or retained, with status 0). Indexed
+    queries (the primary key), never a scan of the queue: for one conversation one per
+    run of numbers; for several one per
+    ``sequence_runs.SPANS_PER_STATEMENT`` runs of them all.
     """
     # Keyed by the handle's integer: a UUID's own hash is a Python call, per row.
     found: dict[tuple[int, int], Any] = {}
-    for key, seqs in by_conversation(items).items():
-        handle_int = uuid.UUID(key).int
-        for sql, params in numbered("", key, seqs):
-            for r in _received_rows(conn, sql, params):
-                found[(handle_int, r[1])] = r
+    conversations = by_conversation(items)
+    if len(conversations) > 1:  # many groups' conversations: a few statements for all
+        ints = {key: uuid.UUID(key).int for key in conversations}
+        for chunk in span_chunks(conversations):
+            for r in _received_spans(conn, chunk):
+                found[(ints[r[0]], r[1])] = r
+    else:
+        for key, seqs in conversations.items():
+            handle_int = uuid.UUID(key).int
+            for sql, params in numbered("", key, seqs):
+                for r in _received_rows(conn, sql, params):
+                    found[(handle_int, r[1])] = r
     out = []
     positions = []
     in_fragments: set[tuple[uuid.UUID, int]] = set()
@@ -259,6 +272,70 @@ def _received_rows(
     cursor = conn.execute(_READ_RECEIVED + where, params)
     cursor.row_factory = None  # plain tuples: cheaper than sqlite3.Row
     return cursor.fetchall()
+
+
+_SPANS_AT_ONCE = (
+    "SELECT json_group_array(r.conversation_handle), group_concat(r.message_sequence_number), "
+    "group_concat(length(r.body)), json_group_array(r.message_type), "
+    "json_group_array(printf('%!.17g', r.enqueued_at)), CAST(group_concat(r.body, '') AS BLOB), "
+    "json_group_array(r.conversation_group_id), json_group_array(r.service_name), "
+    "json_group_array(r.contract), json_group_array(r.queue_name) FROM "
+)
+_SPANS_BYTES = "SELECT sum(length(r.body)), count(*) - count(r.body) FROM "
+_SPANS_STEPPED = (
+    "SELECT r.conversation_handle, r.message_sequence_number, r.conversation_group_id, "
+    "r.service_name, r.contract, r.message_type, r.body, r.enqueued_at, r.queue_name FROM "
+)
+
+
+def _received_spans(conn: sqlite3.Connection, spans: list[Span]) -> list[tuple[Any, ...]]:
+    """The rows of :data:`_READ_RECEIVED` in ``spans`` of many conversations (a RECEIVE
+    of many conversation groups), as plain tuples: one aggregate row for them all, as
+    :func:`_received_rows` reads one conversation's run (its columns as JSON arrays
+    where text could hold a comma), or stepped when a body is NULL or the bodies total
+    more than :data:`AT_ONCE_BYTES`."""
+    join = spans_join("queue_messages", len(spans))
+    params = list(chain.from_iterable(spans))
+    total, without_body = conn.execute(_SPANS_BYTES + join, params).fetchone()
+    if total is None or total > AT_ONCE_BYTES or without_body:
+        cursor = conn.execute(_SPANS_STEPPED + join, params)
+        cursor.row_factory = None
+        return cursor.fetchall()
+    cursor = conn.execute(_SPANS_AT_ONCE + join, params)
+    cursor.row_factory = None
+    handles, numbers, lengths, types, times, joined, groups, services, contracts, queues = (
+        cursor.fetchone()
+    )
+    rows = []
+    at = 0
+    for handle, seq, length, message_type, enqueued_at, group, service, contract, queue in zip(
+        orjson.loads(handles),
+        numbers.split(","),
+        lengths.split(","),
+        orjson.loads(types),
+        orjson.loads(times),
+        orjson.loads(groups),
+        orjson.loads(services),
+        orjson.loads(contracts),
+        orjson.loads(queues),
+        strict=True,
+    ):
+        end = at + int(length)
+        rows.append(
+            (
+                handle,
+                int(seq),
+                group,
+                service,
+                contract,
+                message_type,
+                joined[at:end],
+                float(enqueued_at),
+                queue,
+            )
+        )
+        at = end
+    return rows
 
 
 _READ_FRAGMENT_DATA = (

@@ -1,8 +1,10 @@
 """Statements over many numbered messages of many conversations, as RECEIVE takes them.
 
 Owns how the (conversation handle, sequence number) items of a RECEIVE become few
-statements (:func:`by_sequence_numbers`): per conversation, one ``BETWEEN`` per run of
-consecutive numbers and one ``IN`` per thousand numbers alone (R-DLG-1: exactly the
+statements (:func:`by_sequence_numbers`): for one conversation, one ``BETWEEN`` per run
+of consecutive numbers and one ``IN`` per thousand numbers alone; for several (a RECEIVE
+of many conversation groups), one statement per :data:`SPANS_PER_STATEMENT` spans
+(handle, first, last) joined on the primary key (:func:`in_spans`) (R-DLG-1: exactly the
 messages taken, never a neighbour), and the statements of ``queue_messages`` and
 ``message_fragments`` that end in such a condition (:data:`REMOVE_MANY`,
 :data:`RETAIN_MANY`, :data:`REMOVE_FRAGMENTS`). RECEIVE's writes
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from functools import lru_cache
+from itertools import chain
 
 from brokerd.storage.schema import Statement
 
@@ -35,16 +39,71 @@ REMOVE_FRAGMENTS = (
 (``schema.IN_FRAGMENTS``) leave with them."""
 
 
+_OF_SPANS = {
+    REMOVE_MANY: ("queue_messages", "DELETE FROM queue_messages WHERE rowid IN ({})"),
+    RETAIN_MANY: ("queue_messages", "UPDATE queue_messages SET status = 0 WHERE rowid IN ({})"),
+    REMOVE_FRAGMENTS: ("message_fragments", "DELETE FROM message_fragments WHERE rowid IN ({})"),
+}
+"""Each verb's form over many conversations: its table, and the statement around the
+rowids :func:`in_spans` selects."""
+
+SPANS_PER_STATEMENT = 256
+"""Spans (handle, first, last) of one statement over many conversations (3 variables
+each: far below SQLite's 32,766)."""
+
+Span = tuple[str, int, int]
+"""A conversation handle's text and a run of its sequence numbers, first to last."""
+
+
 def by_sequence_numbers(verb: str, items: Sequence[tuple[uuid.UUID, int]]) -> list[Statement]:
-    """``verb`` (a statement ending in ``... AND message_sequence_number ``) for ``items``:
-    per conversation, one ``BETWEEN`` per run of consecutive numbers and one ``IN`` per
-    thousand numbers alone. A run's range holds exactly its numbers, and SQLite walks
-    it in the primary key's index without a parameter per number (a RECEIVE of 700
-    messages read and removed in 3.2 µs a row, against 5.3 with ``IN`` lists)."""
+    """``verb`` (a statement ending in ``... AND message_sequence_number ``) for ``items``.
+
+    For one conversation: one ``BETWEEN`` per run of consecutive numbers and one ``IN``
+    per thousand numbers alone. A run's range holds exactly its numbers, and SQLite
+    walks it in the primary key's index without a parameter per number (a RECEIVE of
+    700 messages read and removed in 3.2 µs a row, against 5.3 with ``IN`` lists). For
+    several, one statement per :data:`SPANS_PER_STATEMENT` of their runs (a number
+    alone is a run of one): a RECEIVE of a few messages of each of hundreds of
+    conversations is a few statements, not one or two per conversation, each stepped
+    with a GIL hand-off."""
+    conversations = by_conversation(items)
+    if len(conversations) > 1 and verb in _OF_SPANS:
+        table, around = _OF_SPANS[verb]
+        return [
+            (around.format(in_spans(table, len(chunk))), list(chain.from_iterable(chunk)))
+            for chunk in span_chunks(conversations)
+        ]
     statements: list[Statement] = []
-    for key, seqs in by_conversation(items).items():
+    for key, seqs in conversations.items():
         statements += numbered(verb, key, seqs)
     return statements
+
+
+def span_chunks(conversations: dict[str, list[int]]) -> list[list[Span]]:
+    """The runs of every conversation's numbers as spans, :data:`SPANS_PER_STATEMENT` a
+    chunk."""
+    spans: list[Span] = []
+    for key, seqs in conversations.items():
+        runs, alone = _runs(seqs)
+        spans += [(key, first, last) for first, last in runs]
+        spans += [(key, seq, seq) for seq in alone]
+    return [spans[i : i + SPANS_PER_STATEMENT] for i in range(0, len(spans), SPANS_PER_STATEMENT)]
+
+
+@lru_cache(maxsize=64)
+def spans_join(table: str, count: int) -> str:
+    """``table``'s rows (as ``r``) in ``count`` spans (handle, first, last): a ``VALUES``
+    list joined on the primary key, each span a range of its index."""
+    values = ", ".join(["(?, ?, ?)"] * count)
+    return (
+        f"(VALUES {values}) AS v JOIN {table} AS r ON r.conversation_handle = v.column1 "
+        "AND r.message_sequence_number BETWEEN v.column2 AND v.column3"
+    )
+
+
+def in_spans(table: str, count: int) -> str:
+    """The rowids of ``table``'s rows in ``count`` spans (:func:`spans_join`)."""
+    return f"SELECT r.rowid FROM {spans_join(table, count)}"
 
 
 def numbered(verb: str, key: str, seqs: list[int]) -> list[Statement]:

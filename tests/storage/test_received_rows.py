@@ -33,14 +33,16 @@ def _queue(path: Path, rows: list[tuple[int, str, bytes, float, str]]) -> sqlite
     return conn
 
 
-def _stepped(conn: sqlite3.Connection, seqs: list[int]) -> list[dict[str, object]]:
-    """The rows as stepping them one by one reads them."""
+def _stepped(
+    conn: sqlite3.Connection, seqs: list[int], handle: uuid.UUID = H
+) -> list[dict[str, object]]:
+    """The rows of conversation ``handle`` as stepping them one by one reads them."""
     marks = ",".join("?" * len(seqs))
     cursor = conn.execute(
         "SELECT conversation_handle, message_sequence_number, conversation_group_id, "
         "service_name, contract, message_type, body, enqueued_at, queue_name FROM "
         f"queue_messages WHERE conversation_handle = ? AND message_sequence_number IN ({marks})",
-        [str(H), *seqs],
+        [str(handle), *seqs],
     )
     by_seq = {int(r[1]): r for r in cursor}
     return [
@@ -120,3 +122,79 @@ def test_a_run_with_a_row_without_body_is_stepped(tmp_path: Path) -> None:
     assert got == _stepped(conn, [1, 2, 3, 4])
     assert [r["message_body"] for r in got] == [b"x", b"xx", b"", b"xxxx"]
     assert not any("group_concat" in sql for sql in executed)
+
+
+def _many(path: Path, count: int, per: int, body: bytes = b"") -> sqlite3.Connection:
+    """``count`` conversations of ``per`` rows each, whose groups, services, contracts
+    and queues hold commas, quotes and non-ASCII letters."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(schema.CREATE_META)
+    for step in schema.MIGRATIONS:
+        conn.executescript(step.script)
+    now = time.time()
+    for c in range(count):
+        handle = str(HANDLES[c])
+        for seq in range(1, per + 1):
+            data = body or f"{c},{seq}\x00\xff".encode() * seq
+            conn.execute(
+                *queries.queued_message(
+                    f'q,"{c % 2}',
+                    f"g,{c}ü",
+                    handle,
+                    seq,
+                    1,
+                    f'//s"{c}',
+                    f"//c,{c}",
+                    f"//t{seq}",
+                    len(data),
+                    data,
+                    now + seq / 7.0,
+                )
+            )
+    return conn
+
+
+HANDLES = [uuid.uuid4() for _ in range(5)]
+
+
+def _stepped_many(conn: sqlite3.Connection, items: list[tuple[uuid.UUID, int]]) -> list[object]:
+    return [row for handle, seq in items for row in _stepped(conn, [seq], handle)]
+
+
+def test_rows_of_many_conversations_read_at_once_are_the_rows_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    """A RECEIVE of many conversation groups reads all their rows in one aggregate row:
+    each row its own conversation's group, service, contract and queue, whatever they
+    hold, and the same bytes and times as stepping."""
+    conn = _many(tmp_path / "q.db", 5, 4)
+    items = [(h, s) for h in HANDLES for s in (1, 2, 4)]
+    executed: list[str] = []
+    conn.set_trace_callback(executed.append)
+    rows, used = reads.read_received(conn, items)
+    conn.set_trace_callback(None)
+    assert used == len(items)
+    assert rows == _stepped_many(conn, items)
+    assert sum("group_concat" in sql for sql in executed) == 1
+
+
+def test_rows_of_many_conversations_with_a_null_body_or_large_bodies_are_stepped(
+    tmp_path: Path,
+) -> None:
+    conn = _many(tmp_path / "q.db", 3, 3)
+    conn.execute(
+        "UPDATE queue_messages SET body = NULL WHERE conversation_handle = ? "
+        "AND message_sequence_number = 2",
+        (str(HANDLES[1]),),
+    )
+    items = [(h, s) for h in HANDLES[:3] for s in (1, 2, 3)]
+    executed: list[str] = []
+    conn.set_trace_callback(executed.append)
+    rows, _ = reads.read_received(conn, items)
+    conn.set_trace_callback(None)
+    assert rows == _stepped_many(conn, items)
+    assert not any("group_concat" in sql for sql in executed)
+    big = _many(tmp_path / "big.db", 3, 1, b"y" * (reads.AT_ONCE_BYTES // 2 + 1))
+    items = [(h, 1) for h in HANDLES[:3]]
+    rows, _ = reads.read_received(big, items)
+    assert rows == _stepped_many(big, items)

@@ -3,7 +3,8 @@
 A :class:`ReadyIndex` keeps, for one queue, each conversation group's ready
 messages in the order they became ready, oldest group first, and which groups
 are locked. RECEIVE takes messages of one unlocked group and locks it
-(Service Broker's conversation group lock); a lease
+(Service Broker's conversation group lock), or of several groups, each locked
+(``groups``, SPEC §6); a lease
 (``brokerd.dialogs.endpoints.database.Lease``) holds that lock until the messages are
 removed by a commit, or put back, in front and in order, by a rollback. GET
 CONVERSATION GROUP locks the oldest unlocked group with ready messages the same
@@ -165,6 +166,31 @@ class ReadyIndex:
             self.lock(gid)
             return gid, chosen
         return None
+
+    def take_groups(
+        self, top: int, groups: int, owned: Collection[uuid.UUID] = ()
+    ) -> list[tuple[uuid.UUID, list[Item]]]:
+        """RECEIVE of several conversation groups (SPEC §6): up to ``groups`` groups that
+        :meth:`takeable` allows, oldest first, each one's messages from its head and in
+        order, up to ``top`` messages in all; every group taken is locked, as
+        :meth:`take` locks one. Empty when nothing can be taken."""
+        chosen: list[tuple[uuid.UUID, list[Item]]] = []
+        left = top
+        for gid, items in self.groups.items():
+            if len(chosen) >= groups or left <= 0:
+                break
+            if items and self.takeable(gid, owned):
+                taken = items[:left]
+                chosen.append((gid, taken))
+                left -= len(taken)
+        for gid, taken in chosen:
+            items = self.groups[gid]
+            del items[: len(taken)]
+            if not items:
+                del self.groups[gid]
+            self.count -= len(taken)
+            self.lock(gid)
+        return chosen
 
     def takeable(self, group: uuid.UUID, owned: Collection[uuid.UUID] = ()) -> bool:
         """Whether a reader may take from ``group`` now: it is not locked by another

@@ -1,8 +1,8 @@
 """RECEIVE and GET CONVERSATION GROUP (SPEC §6, R-DLG-1, R-DLG-11, R-DLG-12): a
 :class:`~brokerd.dialogs.endpoints.database.Lease` on the ready messages of one
-conversation group, their rows read and removed (or kept, under RETENTION) in one
-commit, and the lease given back. GET CONVERSATION GROUP's lease holds the group's
-lock and no message.
+conversation group (a RECEIVE of several groups holds one lease per group), their rows
+read and removed (or kept, under RETENTION) in one commit, and the leases given back.
+GET CONVERSATION GROUP's lease holds the group's lock and no message.
 
 May import: ``brokerd.dialogs.endpoints`` and what it may import.
 """
@@ -14,8 +14,8 @@ import itertools
 import operator
 import sqlite3
 import uuid
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, TypeVar
 
 from brokerd.dialogs.endpoints.database import Database, Lease
 from brokerd.dialogs.endpoints.directory import Directory
@@ -27,6 +27,11 @@ from brokerd.errors import ConversationQuarantined, InvalidRequest, QueueDisable
 from brokerd.storage import queries, reads
 from brokerd.storage.catalog import QueueInfo
 from brokerd.traces.writer import TraceWriter
+
+T = TypeVar("T")
+
+MAX_GROUPS = 1024
+"""The most conversation groups one RECEIVE may ask for (``groups``, SPEC §6)."""
 
 
 class ReceiveVerbs:
@@ -57,30 +62,29 @@ class ReceiveVerbs:
         handle: uuid.UUID | None = None,
         owned: Collection[uuid.UUID] = (),
         group: uuid.UUID | None = None,
-    ) -> Lease | None:
-        """RECEIVE's choice: up to ``top`` ready messages of one conversation group, whose
-        lock the returned lease holds; waits up to ``timeout`` s (negative: forever).
+        groups: int = 1,
+    ) -> list[Lease]:
+        """RECEIVE's choice: up to ``top`` ready messages of one conversation group, or of
+        up to ``groups`` groups (oldest first, ``top`` in all), a lease per group holding
+        its lock; waits up to ``timeout`` s (negative: forever) for the first.
 
         ``handle`` limits it to one conversation, ``group`` to one conversation group
-        (not both). ``owned`` are groups the caller's transaction already holds: they
-        may be taken from again; a group another transaction holds is waited for like
-        an empty queue. None when nothing arrived in time.
+        (not both, and neither with ``groups``). ``owned`` are groups the caller's
+        transaction already holds: they may be taken from again; a group another
+        transaction holds is waited for like an empty queue. Empty when nothing arrived
+        in time.
         """
-        db, info, index, group = self._ready_of(queue, database, handle, group)
+        db, info, index, group = self._ready_of(queue, database, handle, group, groups)
 
-        def take() -> Lease | None:
-            taken = index.take(max(1, top), handle, group, owned)
-            if taken is None:
-                return None
-            gid, items = taken
-            return Lease(
-                db, queue, index, gid, items, info.retention, gid not in owned, image=db.image
-            )
+        def take() -> list[Lease] | None:
+            return _leases(db, queue, info, index, top, handle, group, groups, owned) or None
 
-        lease = await self._first(index, timeout, take)
-        if lease is None and group is None:
-            index.last_empty = asyncio.get_running_loop().time()
-        return lease
+        leases = await self._first(index, timeout, take)
+        if leases is None:
+            if group is None:
+                index.last_empty = asyncio.get_running_loop().time()
+            return []
+        return leases
 
     async def hold_group(
         self,
@@ -122,8 +126,8 @@ class ReceiveVerbs:
         return lease.group
 
     async def _first(
-        self, index: ReadyIndex, timeout: float, attempt: Callable[[], Lease | None]
-    ) -> Lease | None:
+        self, index: ReadyIndex, timeout: float, attempt: Callable[[], T | None]
+    ) -> T | None:
         """WAITFOR: ``attempt`` now and each time ``index`` changes, until it gives a lease,
         ``timeout`` s pass (negative: never) or the daemon stops (:meth:`stop_waiting`)."""
         loop = asyncio.get_running_loop()
@@ -150,12 +154,20 @@ class ReceiveVerbs:
         database: str | None,
         handle: uuid.UUID | None,
         group: uuid.UUID | None,
+        groups: int = 1,
     ) -> tuple[Database, QueueInfo, ReadyIndex, uuid.UUID | None]:
         """RECEIVE's checks: the queue's database, the queue (enabled), its ready index,
-        and the group it is limited to: ``group``, or ``handle``'s (one of them, SPEC §6)."""
+        and the group it is limited to: ``group``, or ``handle``'s (one of them, SPEC §6);
+        ``groups`` (1 to :data:`MAX_GROUPS`) only for a RECEIVE limited to neither."""
         if handle is not None and group is not None:
             raise InvalidRequest(
                 "RECEIVE takes one conversation handle or one conversation group, not both"
+            )
+        if not 1 <= groups <= MAX_GROUPS:
+            raise InvalidRequest(f"groups must be between 1 and {MAX_GROUPS}")
+        if groups > 1 and (handle is not None or group is not None):
+            raise InvalidRequest(
+                "a RECEIVE limited to one conversation or conversation group takes one group"
             )
         db = self.directory.database_of_queue(queue, database)
         info = db.catalog.queues[queue]
@@ -171,19 +183,30 @@ class ReceiveVerbs:
         return db, info, db.ready[queue], group
 
     async def read_leased(
-        self, lease: Lease, budget: reads.Budget | None = None
+        self, leases: Sequence[Lease], budget: reads.Budget | None = None
     ) -> list[dict[str, Any]]:
-        """The rows of a lease's messages, read without removing them; the messages
-        beyond ``budget`` go back to the queue at once (the lease keeps the lock)."""
+        """The rows of the leases' messages (of one database), read without removing them
+        in one call of its store; the messages beyond ``budget`` go back to the queue at
+        once (each lease keeps its lock)."""
+        items = _items_of(leases)
         try:
-            rows, used = await lease.db.store.run(
-                lambda conn: reads.read_received(conn, lease.items, budget)
+            rows, used = await leases[0].db.store.run(
+                lambda conn: reads.read_received(conn, items, budget)
             )
         except BaseException:
-            self.release(lease, received=False)
+            for lease in leases:
+                self.release(lease, received=False)
             raise
-        self.trim(lease, used)
+        self.trim_all(leases, used)
         return rows
+
+    def trim_all(self, leases: Sequence[Lease], used: int) -> None:
+        """Keep the first ``used`` messages of the leases' items taken in order (see
+        :meth:`trim`): a lease beyond them keeps none, and still holds its lock."""
+        for lease in leases:
+            mine = min(used, len(lease.items))
+            self.trim(lease, mine)
+            used -= mine
 
     def trim(self, lease: Lease, used: int) -> None:
         """Keep the first ``used`` messages of a lease; the others go back in front of
@@ -268,17 +291,22 @@ class ReceiveVerbs:
         handle: uuid.UUID | None = None,
         budget: reads.Budget | None = None,
         group: uuid.UUID | None = None,
+        groups: int = 1,
     ) -> list[dict[str, Any]]:
         """RECEIVE TOP (top) outside a transaction: the messages leave the queue in the
         same commit that reads them (autocommit; at most once to the application).
-        ``handle`` or ``group`` limits it to one conversation or conversation group.
+        ``handle`` or ``group`` limits it to one conversation or conversation group;
+        ``groups`` lets it return the messages of up to that many groups, one after the
+        other (SPEC §6).
 
         ``budget`` cuts the batch to what the caller's reply can carry before anything
         is removed; the messages beyond it stay in the queue, first in their group."""
-        lease = await self.take_ready(queue, database, top, timeout, handle, group=group)
-        if lease is None:
+        leases = await self.take_ready(
+            queue, database, top, timeout, handle, group=group, groups=groups
+        )
+        if not leases:
             return []
-        future = self._read_and_remove(lease, budget, None, None)
+        future = self._read_and_remove(leases, budget, None, None)
         assert future is not None
         rows: list[dict[str, Any]] = await future
         return rows
@@ -293,6 +321,7 @@ class ReceiveVerbs:
         then: Callable[[list[dict[str, Any]]], None],
         failed: Callable[[BaseException], None],
         group: uuid.UUID | None = None,
+        groups: int = 1,
     ) -> bool:
         """:meth:`receive` without a task or a future when messages are ready now: the
         rows go to ``then`` from the callback of the commit that removed them (or the
@@ -300,51 +329,86 @@ class ReceiveVerbs:
         waits with :meth:`receive`. The client listener's path for RECEIVE, so that a
         consumer behind a busy event loop waits for its commit, not for further turns
         of the loop."""
-        db, info, index, group = self._ready_of(queue, database, handle, group)
-        taken = index.take(max(1, top), handle, group)
-        if taken is None:
+        db, info, index, group = self._ready_of(queue, database, handle, group, groups)
+        leases = _leases(db, queue, info, index, top, handle, group, groups)
+        if not leases:
             return False
-        gid, items = taken
-        lease = Lease(db, queue, index, gid, items, info.retention, image=db.image)
         try:
-            self._read_and_remove(lease, budget, then, failed)
+            self._read_and_remove(leases, budget, then, failed)
         except BaseException:
-            self.release(lease, received=False)
+            for lease in leases:
+                self.release(lease, received=False)
             raise
         return True
 
     def _read_and_remove(
         self,
-        lease: Lease,
+        leases: Sequence[Lease],
         budget: reads.Budget | None,
         then: Callable[[list[dict[str, Any]]], None] | None,
         failed: Callable[[BaseException], None] | None,
     ) -> asyncio.Future[Any] | None:
-        """The autocommit RECEIVE's job: read the lease's rows (cut to ``budget``) and
-        remove them in one commit; the rows to ``then`` (or the future, without it)."""
-        used = [len(lease.items)]
+        """The autocommit RECEIVE's job: read the leases' rows (of one queue, cut to
+        ``budget``) and remove them in one commit; the rows to ``then`` (or the future,
+        without it)."""
+        items = _items_of(leases)
+        retention = leases[0].retention
+        used = [len(items)]
         result: list[list[dict[str, Any]]] = [[]]
 
         def read_and_remove(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            rows, used[0] = reads.read_received(conn, lease.items, budget, True, lease.retention)
+            rows, used[0] = reads.read_received(conn, items, budget, True, retention)
             result[0] = rows
             return rows
 
         def committed() -> None:
-            self.trim(lease, used[0])
-            self.release(lease, received=True)
+            self.trim_all(leases, used[0])
+            for lease in leases:
+                self.release(lease, received=True)
             if then is not None:
                 then(result[0])
 
         def not_committed(exc: BaseException) -> None:
-            self.release(lease, received=False)
+            for lease in leases:
+                self.release(lease, received=False)
             if failed is not None:
                 failed(exc)
 
-        return lease.db.store.submit(
+        return leases[0].db.store.submit(
             (),
             fn=read_and_remove,
             on_commit=committed,
             on_failure=not_committed,
             wait=then is None,
         )
+
+
+def _items_of(leases: Sequence[Lease]) -> list[tuple[uuid.UUID, int]]:
+    """The leases' messages, group after group, each group's in its order."""
+    if len(leases) == 1:
+        return leases[0].items
+    return [item for lease in leases for item in lease.items]
+
+
+def _leases(
+    db: Database,
+    queue: str,
+    info: QueueInfo,
+    index: ReadyIndex,
+    top: int,
+    handle: uuid.UUID | None,
+    group: uuid.UUID | None,
+    groups: int,
+    owned: Collection[uuid.UUID] = (),
+) -> list[Lease]:
+    """What a RECEIVE takes now: a lease on up to ``top`` messages of one group, or one
+    lease per group of up to ``groups`` (``top`` in all); none when nothing is ready."""
+    if groups == 1:
+        one = index.take(max(1, top), handle, group, owned)
+        taken = [] if one is None else [one]
+    else:
+        taken = index.take_groups(max(1, top), groups, owned)
+    return [
+        Lease(db, queue, index, gid, items, info.retention, gid not in owned, image=db.image)
+        for gid, items in taken
+    ]

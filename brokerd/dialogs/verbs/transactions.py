@@ -253,25 +253,34 @@ class Transaction:
         handle: uuid.UUID | None = None,
         budget: Budget | None = None,
         group: uuid.UUID | None = None,
+        groups: int = 1,
     ) -> list[dict[str, Any]]:
-        """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK.
+        """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK
+        (with ``groups``, each of the up to that many groups it returns, SPEC §6).
 
         ``handle`` or ``group`` limits it to one conversation or conversation group (a
         group another transaction holds is waited for, per ``timeout``, never taken).
         ``budget`` cuts the batch to what the caller's reply can carry: COMMIT removes
         exactly the messages returned, and the others are receivable again at once."""
         self._admit()
-        lease = await self.receiving.take_ready(
-            queue, self._database(database), top, timeout, handle, self._owned(), group
+        leases = await self.receiving.take_ready(
+            queue, self._database(database), top, timeout, handle, self._owned(), group, groups
         )
-        if lease is None:
+        if not leases:
             return []
-        self._hold(lease)
-        rows = await self.receiving.read_leased(lease, budget)
+        try:
+            for lease in leases:
+                self._hold(lease)
+        except TransactionError:
+            for lease in leases:
+                self.receiving.release(lease, received=False)
+            raise
+        rows = await self.receiving.read_leased(leases, budget)
         if self.state is not TxState.ACTIVE:  # rolled back while the rows were read
-            self.receiving.release(lease, received=False)
+            for lease in leases:
+                self.receiving.release(lease, received=False)
             raise TransactionError(f"transaction {self.id} is {self.state.value}")
-        self.leases.append(lease)
+        self.leases.extend(leases)
         types = self.message_types
         for row in rows:
             types[row["conversation_handle"], row["message_sequence_number"]] = row[
