@@ -4,7 +4,7 @@ A segment is written as plain JSON Lines (``.jsonl.open``, renamed ``.jsonl`` wh
 closed: :mod:`brokerd.traces.writer`); a closed one is compacted in the background into
 one gzip file (``.jsonl.gz``), which Spark reads with the gzip codec of every Hadoop
 build, and retention deletes the oldest closed segments past ``trace.max_total_mb`` or
-``trace.max_age_hours`` (docs/traces.md "Compaction" and "Retention"; R-TRACE-2).
+``trace.max_age_hours`` (docs/traces.md "Compaction" and "Retention"; R-TRACE-3).
 
 Files are created 0600 and the trace directory is kept 0700: segments name services and
 carry timings (R-TRACE-3).

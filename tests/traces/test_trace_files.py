@@ -1,8 +1,8 @@
 """Trace files at rest with real daemons (docs/traces.md "Compaction", "Retention",
 "Write errors"): closed segments compacted into gzip and read back, a SIGKILL leaving the
-open segment readable up to the last durable event (R-TRACE-1), retention by size and
-age that never deletes the open segment (R-TRACE-2), files 0600 in a 0700 directory
-(R-TRACE-3), and a full trace disk that never stops delivery (R-TRACE-4)."""
+open segment readable (R-TRACE-1), retention by size and age that never deletes the open
+segment, files 0600 in a 0700 directory (R-TRACE-3), and a full trace disk that never
+stops delivery (R-TRACE-4)."""
 
 from __future__ import annotations
 
