@@ -17,12 +17,13 @@ connection, which is only counted), and at most :data:`MAX_EVENTS` events of the
 conversation are kept: past that the command says so and asks for one SEQ.
 
 The trace format is read here directly (``brokerd.admin`` may not import
-``brokerd.traces``): JSON Lines, one event a line, in segments ``*.jsonl`` and
-``*.jsonl.open``.
+``brokerd.traces``): JSON Lines, one event a line, in segments ``*.jsonl``,
+``*.jsonl.open`` and, compacted, ``*.jsonl.gz``.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 import uuid
@@ -42,7 +43,7 @@ MAX_EVENTS = 100_000
 """Events of one conversation kept at most; a longer one must be followed one SEQ at a time."""
 MAX_REFUSALS = 100_000
 """Refused connections whose times are kept (to name the waits they explain)."""
-SEGMENT_SUFFIXES = (".jsonl", ".jsonl.open")
+SEGMENT_SUFFIXES = (".jsonl", ".jsonl.open", ".jsonl.gz")
 
 SENDER_EVENTS = ("route_chosen", "delayed", "released")
 """Conversation events of the sending endpoint: part of each of its messages' paths."""
@@ -200,12 +201,13 @@ def segments(directories: Iterable[Path]) -> list[Path]:
             raise TraceNotFound(f"{directory}: no such trace directory")
         for suffix in SEGMENT_SUFFIXES:
             found.update(directory.rglob(f"*{suffix}"))
-    return sorted(found)
+    # A compaction done but for deleting its source: the gzip holds the same lines.
+    return sorted(p for p in found if p.with_name(p.name + ".gz") not in found)
 
 
 def _lines(path: Path) -> Iterator[bytes]:
     """The file's lines, each at most :data:`MAX_LINE` bytes; longer ones are skipped."""
-    with path.open("rb") as f:
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as f:
         skipping = False
         while True:
             line = f.readline(MAX_LINE)

@@ -25,7 +25,10 @@ waiting in a transmission queue. A ``received`` event is evidence of delivery to
 **Crash windows.** A daemon killed loses the trace events it had not written; the
 database changes they describe survive. Each start writes ``started`` naming the last
 event it found on disk (docs/traces.md); unless that was a graceful stop's, the time
-between the two is a crash window of that instance. A ``gap``, ``lost`` or ``unsent``
+between the two is a crash window of that instance. So is the time between the last
+event written before a trace's write errors (a full trace disk) and the ``trace_resumed``
+marker written once it could write again: the daemon kept delivering, its events were
+dropped. A ``gap``, ``lost`` or ``unsent``
 whose missing event belongs to an instance with a crash window, and could have
 happened inside it (the window overlaps the time between the events around the
 missing one), is reported as ``unknown`` ("trace missing"), not as a violation: the
@@ -179,9 +182,12 @@ def crash_windows(events: DataFrame) -> DataFrame:
     """Each crash window: ``window_instance``, ``window_from`` .. ``window_to``
     (microseconds: the last event on disk, the restart), ``last_durable`` and ``marker``
     (their ids). A start after a graceful stop (``clean``) or with nothing on disk before
-    it opens none."""
+    it opens none. A ``trace_resumed`` marker (events dropped on write errors) closes a
+    window the same way; ``cause`` says how the events were lost."""
+    last = F.concat_ws("#", "instance", F.col("last_n").cast("string"))
+    marker = F.concat_ws("#", "instance", F.col("n").cast("string"))
     return events.where(
-        is_event("started")
+        (is_event("started") | is_event("trace_resumed"))
         & F.col("last_ts").isNotNull()
         & ~F.coalesce(F.col("clean"), F.lit(False))
     ).select(
@@ -190,8 +196,26 @@ def crash_windows(events: DataFrame) -> DataFrame:
             "window_from"
         ),
         F.col("t").alias("window_to"),
-        F.concat_ws("#", "instance", F.col("last_n").cast("string")).alias("last_durable"),
-        F.concat_ws("#", "instance", F.col("n").cast("string")).alias("marker"),
+        last.alias("last_durable"),
+        marker.alias("marker"),
+        F.when(
+            is_event("started"),
+            F.format_string(
+                "%s crashed: its events after %s were lost, it restarted at %s",
+                "instance",
+                last,
+                marker,
+            ),
+        )
+        .otherwise(
+            F.format_string(
+                "%s could not write its trace: its events after %s were dropped, until %s",
+                "instance",
+                last,
+                marker,
+            )
+        )
+        .alias("cause"),
     )
 
 
@@ -375,13 +399,7 @@ def judged(found: DataFrame, windows: DataFrame) -> DataFrame:
         "receiver",
         F.when(
             hidden,
-            F.format_string(
-                "trace missing: %s (%s crashed: its events after %s were lost, it restarted at %s)",
-                "detail",
-                "window_instance",
-                "last_durable",
-                "marker",
-            ),
+            F.format_string("trace missing: %s (%s)", "detail", "cause"),
         )
         .otherwise(F.col("detail"))
         .alias("detail"),

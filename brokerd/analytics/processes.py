@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from brokerd.traces.segments import open_segment, segment_lines
+
 TAIL_BYTES = 64 * 1024
 """How much of a segment's end is read to find its last line (a line is far shorter)."""
 HEAD_BYTES = 64 * 1024
@@ -39,7 +41,7 @@ HEAD_BYTES = 64 * 1024
 
 _TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")
 _SEGMENT = re.compile(
-    r"^(?P<instance>.+)-(?P<stamp>\d{8}T\d{6})-(?P<pid>\d+)-(?P<n>\d+)\.jsonl(?:\.open)?$"
+    r"^(?P<instance>.+)-(?P<stamp>\d{8}T\d{6})-(?P<pid>\d+)-(?P<n>\d+)\.jsonl(?:\.open|\.gz)?$"
 )
 
 
@@ -79,7 +81,7 @@ def _parse(raw: bytes) -> dict[str, Any] | None:
 
 def _first_event(path: Path) -> dict[str, Any] | None:
     """The earliest event among the first lines of the segment."""
-    with path.open("rb") as f:
+    with open_segment(path) as f:
         head = f.read(HEAD_BYTES)
     events = [e for raw in head.split(b"\n")[:-1] if (e := _parse(raw)) is not None]
     return min(events, key=lambda e: str(e["ts"])) if events else None
@@ -88,11 +90,18 @@ def _first_event(path: Path) -> dict[str, Any] | None:
 def _last_event(path: Path) -> tuple[dict[str, Any] | None, bool]:
     """The segment's last readable event (its time the latest of the last lines), and
     whether the segment ends in a torn line."""
-    with path.open("rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(max(0, size - TAIL_BYTES))
-        tail = f.read()
+    if path.name.endswith(".gz"):  # compacted: read through (a closed segment is whole)
+        tail = b""
+        size = 0
+        for line in segment_lines(path):
+            tail = (tail + line)[-TAIL_BYTES:]
+            size += len(line)
+    else:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read()
     torn = bool(tail) and not tail.endswith(b"\n")
     lines = tail.split(b"\n")
     if size > TAIL_BYTES:

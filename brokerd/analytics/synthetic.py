@@ -131,6 +131,7 @@ class _Simulation:
                     segment_seconds=plan.segment_seconds,
                     flush_interval=3600.0,
                     durable=False,  # a generator: nothing to survive a crash
+                    compress=False,  # its sizes are of JSON Lines; daemons' traces compact
                 ),
                 name,
                 clock=self.clock,

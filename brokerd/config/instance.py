@@ -224,6 +224,9 @@ def parse_trace(t: Table | None, data_dir: Path, base: Path) -> TraceConfig:
         sample=float(sample),
         flush_interval=t.seconds("flush_interval", d["flush_interval"]),
         durable=t.flag("durable", d["durable"]),
+        compress=t.flag("compress", d["compress"]),
+        max_total_mb=t.integer("max_total_mb", d["max_total_mb"], 0),
+        max_age_hours=t.integer("max_age_hours", d["max_age_hours"], 0),
     )
 
 

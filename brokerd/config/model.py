@@ -349,6 +349,13 @@ class TraceConfig:
     """Events are fsynced before a commit's outcome reaches the application (a SEND's,
     RECEIVE's or COMMIT's reply waits for them); false: written every
     ``flush_interval``, not fsynced (docs/traces.md "Durability")."""
+    compress: bool = True
+    """Closed segments are compacted into gzip (``.jsonl.gz``) in the background."""
+    max_total_mb: int = 4096
+    """Retention: the oldest closed segments are deleted while this instance's segments
+    take more (MB); 0: no limit by size."""
+    max_age_hours: int = 168
+    """Retention: closed segments last written longer ago are deleted; 0: no limit by age."""
 
 
 @dataclass(frozen=True)

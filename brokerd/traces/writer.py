@@ -24,18 +24,25 @@ and the writer every daemon runs:
   ``.jsonl.open`` until it is closed, so readers may skip it;
 * a crash can leave a torn last line; readers skip lines that do not parse
   (:func:`read_events` does, and the Spark jobs read with a permissive mode);
+* closed segments are compacted into gzip and old ones deleted in the background
+  (:class:`~brokerd.traces.segments.SegmentKeeper`); files are 0600 in a 0700 directory;
 * ``trace.sample`` keeps a fraction of conversations, chosen by conversation
   id so a conversation is traced on every broker or on none; events without a
   conversation (connections) are always kept; ``trace.enabled = false`` turns
   tracing off.
 
-Trace writing never raises into the broker: a write error is logged, counted
-and the buffered events are dropped (a barrier is then done all the same).
+Trace writing never raises into the broker: a write error (a full disk) is logged once
+per episode, its events are dropped and counted (``trace_events_lost``), what was written
+of them is cut off, and a barrier is then done all the same, so commits go on (R-TRACE-4).
+The first write that succeeds again begins with ``trace_resumed``, naming the last event
+written before the episode: the audit treats the time between as a window whose events
+are missing, as it does a crash's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -51,9 +58,18 @@ from typing import Any
 import orjson
 
 from brokerd.config import TraceConfig
+from brokerd.traces.segments import (
+    CLOSED_SUFFIX,
+    COMPACT_SUFFIX,
+    OPEN_SUFFIX,
+    SegmentKeeper,
+    create_private,
+    private_directory,
+    segment_lines,
+    without_duplicates,
+)
 
 SCHEMA_VERSION = 1
-OPEN_SUFFIX = ".jsonl.open"
 log = logging.getLogger("brokerd.traces.writer")
 
 EVENTS: dict[str, str] = {
@@ -91,6 +107,8 @@ EVENTS: dict[str, str] = {
     "started": "the writer started; the last event it found on disk (last_n, last_ts, "
     "last_event; clean: that was a graceful stop's)",
     "stopped": "the daemon stopped gracefully: the last event before a clean start",
+    "trace_resumed": "the trace could be written again after write errors: the last event "
+    "written before them (last_n, last_ts, last_event), the events dropped (dropped, reason)",
 }
 """Every event name of schema version 1, with what it means."""
 
@@ -113,6 +131,7 @@ DURABLE = frozenset(
         "queue_disabled",
         "started",
         "stopped",
+        "trace_resumed",
     }
 )
 """Events that describe a change of a database file (or the writer's own start and stop).
@@ -123,7 +142,10 @@ happened in memory or on the wire: ``durable: false`` in docs/traces.md, and a c
 loses up to one flush of them."""
 
 TAIL_BYTES = 64 * 1024
-"""How much of the newest segment a start reads back to find the last event on disk."""
+"""How much of the newest segment a start reads back to find the last event on disk ..."""
+
+TAIL_LINES = 1000
+"""... and how many last lines of a compacted one (read through to its end)."""
 
 CONVERSATIONS_KEPT = 100_000
 """Conversations whose line piece the writer keeps between flushes (then it starts over)."""
@@ -200,6 +222,18 @@ class TraceWriter:
         self._waiters: list[asyncio.Future[None]] = []
         """Barriers waiting for the next durable flush."""
         self._syncing: asyncio.Task[None] | None = None
+        self.keeper = SegmentKeeper(config, self.directory, instance)
+        """Compaction and retention of the closed segments, in the background."""
+        self._tidying: asyncio.Task[None] | None = None
+        self._untidy = False
+        """A segment was closed since the keeper last ran."""
+        self._last_written: tuple[int, float, str] | None = None
+        """The ``n``, time and name of the last line written (used by the one flush)."""
+        self._formatted_last: tuple[int, float, str] | None = None
+        self._gap: dict[str, Any] | None = None
+        """While writes fail: the ``trace_resumed`` fields the next good write begins with."""
+        self.write_failures = 0
+        """Episodes of failing writes (each logged once)."""
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -318,8 +352,10 @@ class TraceWriter:
         on disk) at once, and begin the periodic flush."""
         if not self.enabled:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_directory(self.directory)
         self._recover_open_segments()
+        await asyncio.to_thread(self.keeper.recover)
+        self._untidy = True
         last = await asyncio.to_thread(self._last_event)
         fields: dict[str, Any] = {}
         if last is not None:
@@ -333,6 +369,7 @@ class TraceWriter:
         self.emit("started", **fields)
         await self.flush()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="trace-writer")
+        self._tidy()
 
     async def stop(self) -> None:
         # The flush loop is told to stop, not cancelled: a cancelled flush would lose the
@@ -345,17 +382,31 @@ class TraceWriter:
             self._task = None
         if self._syncing is not None:
             await self._syncing
+        if self._tidying is not None:
+            await self._tidying
         if self.enabled:
             self.emit("stopped")
             await self.flush()
             async with self._lock:
                 await asyncio.to_thread(self._close_segment)
+            await asyncio.to_thread(self.keeper.tidy)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.config.flush_interval)
             await self.flush()
+            if self._untidy and not self._stopping.is_set():
+                self._tidy()
+
+    def _tidy(self) -> None:
+        """Run the keeper (compaction, retention) in a worker thread unless it runs."""
+        if self._tidying is not None and not self._tidying.done():
+            return
+        self._untidy = False
+        self._tidying = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(self.keeper.tidy), name="trace-keeper"
+        )
 
     async def flush(self) -> None:
         """Write what is buffered (in a worker thread)."""
@@ -464,10 +515,16 @@ class TraceWriter:
                 piece = _conversation_piece(conversations, line_conversation)
                 add(b'%s"n":%d,%s%s%s%d}\n' % (head, n, body, piece, tail, value))
                 n += 1
+        if events:
+            last = events[-1]
+            self._formatted_last = (n - 1, last[0], last[1])
         self._next_n = n
         return b"".join(out)
 
     def _write(self, lines: list[Event | Events], count: int) -> None:
+        gap = self._gap
+        if gap is not None:  # the first lines written again say what is missing
+            lines = [(self.clock(), "trace_resumed", None, gap), *lines]
         data = self._format(lines)
         try:
             if self._segment is not None and (
@@ -477,15 +534,46 @@ class TraceWriter:
                 self._close_segment()
             if self._segment is None:
                 self._open_segment()
-            self._segment.write(data)
-            self._segment.flush()
+            rest = memoryview(data)
+            while rest:  # an unbuffered write may be short (a disk filling up)
+                rest = rest[self._segment.write(rest) :]
             if self.config.durable:
                 os.fdatasync(self._segment.fileno())
             self._segment_bytes += len(data)
             self.events_written += count
         except OSError as exc:
+            self._cut_back()
             self.events_lost += count
-            log.error("cannot write trace segment %s: %s", self._segment_path, exc)
+            if gap is None:
+                self.write_failures += 1
+                log.error(
+                    "cannot write trace segment %s: %s; trace events are dropped (and "
+                    "counted) until it can be written again, delivery goes on",
+                    self._segment_path,
+                    exc,
+                )
+                gap = {"dropped": 0, "reason": str(exc)}
+                if self._last_written is not None:
+                    n, t, event = self._last_written
+                    gap.update(last_n=n, last_ts=iso_micros(t), last_event=event)
+            gap["dropped"] += count
+            self._gap = gap
+            return
+        self._last_written = self._formatted_last
+        if gap is not None:
+            log.warning(
+                "trace segment %s written again: %d trace events were dropped",
+                self._segment_path,
+                gap["dropped"],
+            )
+            self._gap = None
+
+    def _cut_back(self) -> None:
+        """Cut a failed write's part off the segment, so it ends with a whole line."""
+        if self._segment is None:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._segment.fileno(), self._segment_bytes)
 
     def _open_segment(self) -> None:
         self._segment_started = self.clock()
@@ -494,9 +582,13 @@ class TraceWriter:
             self._segment_count += 1
             name = f"{self.instance}-{stamp}-{os.getpid()}-{self._segment_count:05d}{OPEN_SUFFIX}"
             self._segment_path = self.directory / name
-            if not self._segment_path.with_name(name.removesuffix(".open")).exists():
+            stem = name.removesuffix(OPEN_SUFFIX)
+            if not any(
+                self.directory.joinpath(stem + suffix).exists()
+                for suffix in (CLOSED_SUFFIX, COMPACT_SUFFIX)
+            ):
                 break
-        self._segment = self._segment_path.open("ab")
+        self._segment = create_private(self._segment_path)
         self._segment_bytes = 0
 
     def _close_segment(self) -> None:
@@ -508,6 +600,7 @@ class TraceWriter:
         self._segment_path.rename(final)
         self._segment_path = None
         self.segments_closed += 1
+        self._untidy = True
 
     def _recover_open_segments(self) -> None:
         """Segments left open by a crash are closed as they are (a torn line is skipped)."""
@@ -519,13 +612,17 @@ class TraceWriter:
         that parses (a torn one is skipped), or None without any."""
         segments = [
             (path.stat().st_mtime, path.name, path)
-            for path in self.directory.glob(f"{self.instance}-*.jsonl")
+            for suffix in (CLOSED_SUFFIX, COMPACT_SUFFIX)
+            for path in self.directory.glob(f"{self.instance}-*{suffix}")
         ]
         for _, _, path in sorted(segments, reverse=True):
-            with path.open("rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - TAIL_BYTES))
-                lines = f.read().splitlines()
+            if path.name.endswith(COMPACT_SUFFIX):
+                lines = list(collections.deque(segment_lines(path), maxlen=TAIL_LINES))
+            else:
+                with path.open("rb") as f:
+                    size = f.seek(0, os.SEEK_END)
+                    f.seek(max(0, size - TAIL_BYTES))
+                    lines = f.read().splitlines()
             for raw in reversed(lines):
                 try:
                     event = json.loads(raw)
@@ -542,8 +639,11 @@ class TraceWriter:
             "trace_events_written": self.events_written,
             "trace_events_buffered": self._buffered,
             "trace_events_lost": self.events_lost,
+            "trace_write_failures": self.write_failures,
+            "trace_incomplete": self._gap is not None,
             "trace_segments_closed": self.segments_closed,
             "trace_barriers": self.barriers,
+            **self.keeper.view(),
         }
 
 
@@ -560,23 +660,24 @@ def _conversation_piece(known: dict[int, bytes], conversation_id: uuid.UUID | No
 
 
 def segment_files(directories: Iterable[Path], include_open: bool = True) -> list[Path]:
-    """Every trace segment under ``directories`` (recursively), oldest name first."""
+    """Every trace segment under ``directories`` (recursively, plain or compacted), oldest
+    name first; a plain segment whose compaction is done but for deleting it is left out."""
     out: list[Path] = []
     for directory in directories:
-        out += directory.rglob("*.jsonl")
+        out += directory.rglob(f"*{CLOSED_SUFFIX}")
+        out += directory.rglob(f"*{COMPACT_SUFFIX}")
         if include_open:
             out += directory.rglob(f"*{OPEN_SUFFIX}")
-    return sorted(out)
+    return sorted(without_duplicates(out))
 
 
 def read_events(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
     """Events from segment files in order; lines that do not parse (a torn tail) are skipped."""
     for path in paths:
-        with path.open("rb") as f:
-            for raw in f:
-                try:
-                    event = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(event, dict):
-                    yield event
+        for raw in segment_lines(path):
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                yield event

@@ -183,7 +183,9 @@ class Writer:
     def emit(self, instance: str, t: float, event: str, cid: uuid.UUID | None, **f: object) -> None:
         if instance not in self.writers:
             self.writers[instance] = TraceWriter(
-                TraceConfig(directory=self.root / instance), instance, clock=lambda: self.now
+                TraceConfig(directory=self.root / instance, compress=False),
+                instance,
+                clock=lambda: self.now,
             )
         self.now = t
         self.writers[instance].emit(event, cid, **f)

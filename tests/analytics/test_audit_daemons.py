@@ -40,6 +40,8 @@ from brokerd.tools.example import (
     shop_and_warehouse,
 )
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.segments import segment_lines
+from brokerd.traces.writer import segment_files
 from protocol.errors import ClientError
 from tests.daemons import FAST_RETRY, drain, running, wait_until
 
@@ -71,8 +73,8 @@ class TraceCopy:
         self.root = root
         self.lines: dict[str, list[Line]] = {}
         for source in sources:
-            for segment in sorted(source.glob("*.jsonl")):
-                for text in segment.read_text().splitlines():
+            for segment in segment_files([source]):
+                for text in segment_lines(segment):
                     line = json.loads(text)
                     self.lines.setdefault(line["instance"], []).append(line)
 
@@ -351,8 +353,8 @@ async def test_a_run_with_daemons_killed_has_no_violation_and_no_lost(
     starts = [
         line
         for directory in trace_dirs(d)
-        for segment in directory.glob("*.jsonl")
-        for line in map(json.loads, segment.read_text().splitlines())
+        for segment in segment_files([directory])
+        for line in map(json.loads, segment_lines(segment))
         if line["event"] == "started"
     ]
     crashed = {line["instance"] for line in starts if line.get("clean") is False}

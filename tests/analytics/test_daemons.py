@@ -33,6 +33,7 @@ from brokerd.tools.example import (
 )
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.segments import segment_lines
 from tests.daemons import drain, wait_until
 
 ALPHA, BETA, PROXY = "127.0.0.61", "127.0.0.62", "127.0.0.63"
@@ -198,6 +199,10 @@ def _delete_event(
 ) -> dict[str, object]:
     """Delete the first ``event`` of the initiator's ``seq`` (of ``conversation``) under
     ``root``; return it."""
+    for compacted in sorted(root.rglob("*.jsonl.gz")):  # edited as plain JSON Lines
+        plain = compacted.with_name(compacted.name.removesuffix(".gz"))
+        plain.write_bytes(b"".join(segment_lines(compacted)))
+        compacted.unlink()
     for segment in sorted(root.rglob("*.jsonl")):
         lines = segment.read_text().splitlines(keepends=True)
         for n, text in enumerate(lines):

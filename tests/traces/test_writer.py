@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 from brokerd.config import TraceConfig
+from brokerd.traces.segments import segment_lines
 from brokerd.traces.writer import (
     DURABLE,
     EVENTS,
@@ -35,8 +36,8 @@ async def test_events_are_json_lines_with_the_documented_fields(tmp_path: Path) 
     writer.emit("connection_opened", peer="beta@127.0.0.2:4022", encrypted=True, reason=None)
     await writer.stop()
     (path,) = segment_files([tmp_path])
-    assert path.name.startswith("alpha-") and path.suffix == ".jsonl"
-    lines = path.read_text().splitlines()
+    assert path.name.startswith("alpha-") and path.name.endswith(".jsonl.gz")  # compacted
+    lines = b"".join(segment_lines(path)).decode().splitlines()
     started, first, second, stopped = (json.loads(line) for line in lines)
     assert started["event"] == "started" and stopped["event"] == "stopped"
     assert "last_n" not in started  # the first start: nothing on disk before
@@ -160,7 +161,8 @@ def read_lines(directory: Path) -> list[str]:
     """The lines of the one segment in ``directory``, but the writer's own (started, stopped)."""
     (path,) = segment_files([directory])
     own = ('"event":"started"', '"event":"stopped"')
-    return [line for line in path.read_text().splitlines() if not any(o in line for o in own)]
+    text = b"".join(segment_lines(path)).decode()
+    return [line for line in text.splitlines() if not any(o in line for o in own)]
 
 
 def test_iso_micros_rounds_to_the_microsecond() -> None:

@@ -1,0 +1,219 @@
+"""Trace segment files at rest: their names, reading them back, compaction and retention.
+
+A segment is written as plain JSON Lines (``.jsonl.open``, renamed ``.jsonl`` when
+closed: :mod:`brokerd.traces.writer`); a closed one is compacted in the background into
+one gzip file (``.jsonl.gz``), which Spark reads with the gzip codec of every Hadoop
+build, and retention deletes the oldest closed segments past ``trace.max_total_mb`` or
+``trace.max_age_hours`` (docs/traces.md "Compaction" and "Retention"; R-TRACE-3).
+
+Files are created 0600 and the trace directory is kept 0700: segments name services and
+carry timings (R-TRACE-3).
+
+May import: ``brokerd.config``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import logging
+import os
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from brokerd.config import TraceConfig
+
+OPEN_SUFFIX = ".jsonl.open"
+CLOSED_SUFFIX = ".jsonl"
+COMPACT_SUFFIX = ".jsonl.gz"
+PARTIAL_SUFFIX = ".jsonl.gz.partial"
+"""A compaction being written: deleted at the next start if a crash left it."""
+SEGMENT_SUFFIXES = (CLOSED_SUFFIX, OPEN_SUFFIX, COMPACT_SUFFIX)
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
+COMPRESS_LEVEL = 6
+"""zlib's default: about 12 bytes of gzip for 100 of trace; level 1 is 30 % larger."""
+CHUNK = 1024 * 1024
+
+log = logging.getLogger("brokerd.traces.segments")
+
+
+def private_directory(directory: Path) -> None:
+    """Create ``directory`` (and its parents) if need be, and make it 0700."""
+    directory.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
+    if directory.stat().st_mode & 0o777 != DIRECTORY_MODE:
+        os.chmod(directory, DIRECTORY_MODE)
+
+
+def create_private(path: Path) -> BinaryIO:
+    """``path`` opened for appending, unbuffered, created 0600 (and made 0600 if it was not)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
+        os.fchmod(fd, FILE_MODE)
+    return os.fdopen(fd, "ab", buffering=0)
+
+
+def open_segment(path: Path) -> BinaryIO:
+    """A segment's bytes, uncompressed (a ``.gz`` segment is decompressed as it is read)."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return path.open("rb")
+
+
+def segment_lines(path: Path) -> Iterator[bytes]:
+    """A segment's lines; a compacted segment that ends early (it cannot: compaction
+    renames only a whole file) ends the lines, never raises."""
+    with open_segment(path) as f:
+        try:
+            yield from f
+        except (EOFError, OSError, zlib.error) as exc:
+            log.warning("trace segment %s ends early: %s", path, exc)
+
+
+def _stem(path: Path) -> str:
+    for suffix in (COMPACT_SUFFIX, OPEN_SUFFIX, CLOSED_SUFFIX):
+        if path.name.endswith(suffix):
+            return path.name.removesuffix(suffix)
+    return path.name
+
+
+def without_duplicates(paths: list[Path]) -> list[Path]:
+    """``paths`` less each ``.jsonl`` whose ``.jsonl.gz`` is there too (a compaction done
+    but for deleting its source): the gzip holds the same lines."""
+    compacted = {(p.parent, _stem(p)) for p in paths if p.name.endswith(COMPACT_SUFFIX)}
+    return [
+        p
+        for p in paths
+        if not (p.name.endswith(CLOSED_SUFFIX) and (p.parent, _stem(p)) in compacted)
+    ]
+
+
+class SegmentKeeper:
+    """Compaction and retention of one instance's closed segments in its trace directory.
+
+    Runs in a worker thread (:meth:`tidy`); the writer's open segment is never touched:
+    only ``.jsonl`` and ``.jsonl.gz`` files of this instance are compacted or deleted.
+    """
+
+    def __init__(self, config: TraceConfig, directory: Path, instance: str) -> None:
+        self.config = config
+        self.directory = directory
+        self.instance = instance
+        self.segments_compacted = 0
+        self.segments_deleted = 0
+        self.bytes_before = 0
+        """Plain bytes of the segments compacted so far ..."""
+        self.bytes_after = 0
+        """... and their gzip bytes."""
+
+    def _mine(self, suffix: str) -> list[Path]:
+        return sorted(self.directory.glob(f"{self.instance}-*{suffix}"))
+
+    def recover(self) -> None:
+        """At a start: drop compactions a crash cut short, and the sources of those that
+        were whole (renamed) but not yet deleted; make every segment of ours 0600."""
+        for partial in self._mine(PARTIAL_SUFFIX):
+            partial.unlink(missing_ok=True)
+        mine = self._mine(CLOSED_SUFFIX) + self._mine(COMPACT_SUFFIX) + self._mine(OPEN_SUFFIX)
+        kept = set(without_duplicates(mine))
+        for path in mine:
+            if path not in kept:
+                path.unlink(missing_ok=True)
+                continue
+            if path.stat().st_mode & 0o777 != FILE_MODE:
+                os.chmod(path, FILE_MODE)
+
+    def tidy(self, now: float | None = None) -> None:
+        """Compact the closed segments (with ``trace.compress``), then apply retention.
+        Errors (a full disk) are logged; what could not be compacted stays as it is."""
+        if self.config.compress:
+            for path in self._mine(CLOSED_SUFFIX):
+                try:
+                    self.compact(path)
+                except OSError as exc:
+                    log.warning("cannot compact trace segment %s: %s", path, exc)
+                    break
+        try:
+            self.retain(time.time() if now is None else now)
+        except OSError as exc:
+            log.warning("trace retention in %s: %s", self.directory, exc)
+
+    def compact(self, path: Path) -> Path:
+        """``path`` (a closed ``.jsonl``) as one gzip file: written beside it as
+        ``.partial``, fsynced, renamed ``.jsonl.gz`` (with the source's times, so the
+        newest segment stays the newest), then the source deleted. A crash at any point
+        leaves one whole copy (:meth:`recover`)."""
+        target = path.with_name(_stem(path) + COMPACT_SUFFIX)
+        partial = path.with_name(_stem(path) + PARTIAL_SUFFIX)
+        source = path.stat()
+        try:
+            with path.open("rb") as src, create_private(partial) as raw:
+                with gzip.GzipFile(
+                    filename="", mode="wb", fileobj=raw, compresslevel=COMPRESS_LEVEL, mtime=0
+                ) as out:
+                    while chunk := src.read(CHUNK):
+                        out.write(chunk)
+                os.fsync(raw.fileno())
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.utime(partial, ns=(source.st_atime_ns, source.st_mtime_ns))
+        partial.rename(target)
+        _sync_directory(self.directory)
+        path.unlink()
+        self.segments_compacted += 1
+        self.bytes_before += source.st_size
+        self.bytes_after += target.stat().st_size
+        return target
+
+    def retain(self, now: float) -> None:
+        """Delete this instance's oldest closed segments while the directory's segments of
+        this instance (the open one counted, never deleted) exceed ``trace.max_total_mb``,
+        and every closed segment last written more than ``trace.max_age_hours`` ago."""
+        limit = self.config.max_total_mb * 1024 * 1024
+        max_age = self.config.max_age_hours * 3600
+        if not limit and not max_age:
+            return
+        closed = []
+        total = 0
+        for path in self._mine(""):
+            name = path.name
+            if not name.endswith(SEGMENT_SUFFIXES):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                stat = path.stat()
+                total += stat.st_size
+                if not name.endswith(OPEN_SUFFIX):
+                    closed.append((stat.st_mtime, name, path, stat.st_size))
+        for mtime, _, path, size in sorted(closed):
+            too_old = bool(max_age) and now - mtime > max_age
+            too_big = bool(limit) and total > limit
+            if not (too_old or too_big):
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+            self.segments_deleted += 1
+            log.info(
+                "trace retention deleted %s (%s)",
+                path.name,
+                "older than max_age_hours" if too_old else "over max_total_mb",
+            )
+
+    def view(self) -> dict[str, int]:
+        return {
+            "trace_segments_compacted": self.segments_compacted,
+            "trace_segments_deleted": self.segments_deleted,
+            "trace_compacted_bytes_before": self.bytes_before,
+            "trace_compacted_bytes_after": self.bytes_after,
+        }
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
