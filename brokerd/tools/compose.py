@@ -170,8 +170,8 @@ directory = "{TRACE_DIR}"   # a volume of its own, read by the Spark job
             "healthcheck": {
                 "test": ["CMD", "python3", "-c", probe],
                 "interval": "5s",
-                "timeout": "3s",
-                "retries": 12,
+                "timeout": "10s",
+                "retries": 24,
                 "start_period": "5s",
             },
             "depends_on": {"certs": {"condition": "service_completed_successfully"}},
@@ -201,7 +201,7 @@ directory = "{TRACE_DIR}"   # a volume of its own, read by the Spark job
             "healthcheck": {
                 "test": ["CMD", "python3", "-c", probe],
                 "interval": "5s",
-                "timeout": "3s",
+                "timeout": "10s",
                 "retries": 24,
             },
         }
@@ -220,6 +220,8 @@ directory = "{TRACE_DIR}"   # a volume of its own, read by the Spark job
                 SPARK_WORKER,
                 "--webui-port",
                 str(SPARK_WORKER_UI_PORT),
+                "--work-dir",
+                "/tmp/spark-work",  # pyspark's own directory is not the user's to write
                 "--cores",
                 "1",
                 "--memory",

@@ -183,16 +183,21 @@ class Engine:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        # dockerd leaves the bind mount of the host's network namespace behind
+        for point in reversed(self._mounts()):
+            subprocess.run(["umount", point], check=False, capture_output=True)
         subprocess.run(["ip", "netns", "del", self.netns], check=False, capture_output=True)
+
+    def _mounts(self) -> list[str]:
+        """Mount points under the engine's data and exec roots, in mount order."""
+        roots = (str(self.data_root) + "/", str(RUN_DIR) + "/")
+        points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        return [p for p in points if p.startswith(roots)]
 
     def leftovers(self) -> list[str]:
         """What the run left behind: mounts under its directories, processes of its
         dockerd, its namespace."""
-        out = []
-        for line in Path("/proc/mounts").read_text().splitlines():
-            point = line.split()[1]
-            if point.startswith((str(self.data_root), str(RUN_DIR))):
-                out.append(f"mount {point}")
+        out = [f"mount {point}" for point in self._mounts()]
         if self.process is not None and self.process.poll() is None:
             out.append(f"dockerd {self.process.pid}")
         for status in Path("/proc").glob("[0-9]*/cmdline"):
@@ -344,6 +349,7 @@ def run(cache: Path = DEFAULT_CACHE) -> dict[str, Any]:
                 ),
             )  # fmt: skip
         result["drive"] = json.loads(driven.stdout.strip().splitlines()[-1])
+        print(json.dumps(result["drive"]), flush=True)
 
         def analyze() -> subprocess.CompletedProcess[str]:
             # exit 1 is a failed audit: recorded, not raised
