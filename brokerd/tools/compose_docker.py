@@ -309,6 +309,16 @@ def fetch_tokens(engine: Engine, directory: Path) -> None:
         path.chmod(0o600)
 
 
+def _audit_lines(report: str) -> list[str]:
+    """The audit's verdict and violations from ``brokerd analyze``'s summary."""
+    lines = report.splitlines()
+    start = next((i for i, line in enumerate(lines) if "exactly-once-in-order audit" in line), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[start:end]
+
+
 def run(cache: Path = DEFAULT_CACHE) -> dict[str, Any]:
     """The whole run (module docstring); what it found, with each step's duration."""
     steps = Steps()
@@ -361,8 +371,15 @@ def run(cache: Path = DEFAULT_CACHE) -> dict[str, Any]:
             )  # fmt: skip
 
         job = steps.run("Spark job over the trace volumes", analyze)
+        (cache / "analyze.log").write_text(job.stdout + job.stderr)
+        kept = cache / "traces"
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir()
+        for broker in brokers:  # kept for a look after the volumes are gone
+            engine.docker("cp", f"{container(broker)}:{compose.TRACE_DIR}", str(kept / broker))
         result["analyze_exit"] = job.returncode
-        result["analyze_output"] = job.stdout[-3000:] + job.stderr[-3000:]
+        result["audit"] = _audit_lines(job.stdout)
+        result["analyze_output"] = f"{cache / 'analyze.log'}: {job.stdout[-2000:]}"
     finally:
         with contextlib.suppress(Exception):
             steps.run("compose down -v", lambda: engine.compose("down", "-v", "--timeout", "20"))
