@@ -7,7 +7,7 @@ Spark's own logging is turned down to warnings; the console progress bar is
 shown when stderr is a terminal, so long runs show their stages.
 
 The settings follow the size of the input (``input_bytes``, known before Spark starts),
-because the costs differ (docs/analytics.md, Performance):
+because the costs differ (R-REPORT-3; docs/analytics.md, Performance):
 
 * **a small trace set** (below :data:`SMALL_INPUT_BYTES`, about 250,000 events): the
   run is all fixed costs, the JVM's start and a few hundred milliseconds per Spark job.
@@ -17,10 +17,14 @@ because the costs differ (docs/analytics.md, Performance):
   driver JVM that only uses its quick compiler and the serial collector;
 * **a large one**: adaptive execution over ``2 x cores`` shuffle partitions (200 on a
   cluster), Spark's defaults otherwise.
+
+In either case the driver JVM maps Spark's classes from a class-data-sharing archive
+(:func:`class_archive_options`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -37,6 +41,61 @@ SMALL_INPUT_BYTES = 64 * 1024 * 1024
 SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """The driver JVM for a small trace set: C1 only (no time spent in the optimising
 compiler, which never pays back in a run of seconds), and the serial collector."""
+
+
+CLASS_ARCHIVE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brokerd"
+"""Where the driver JVM's class archive is kept (:func:`class_archive_options`)."""
+
+
+def class_archive_options(directory: Path = CLASS_ARCHIVE_DIR) -> tuple[str, Path | None]:
+    """The driver JVM's class-data-sharing option, and where the JVM's pid is to be written.
+
+    With an archive of Spark's classes (``spark-<version>.jsa``) the JVM maps them instead
+    of reading the jars, which halves its start and its first job. Without one, this run's
+    JVM writes one when it exits, under a name of its own (runs at the same time never
+    share a file); a later run puts it in place once that JVM is gone (its pid is written
+    next to it, :func:`note_archive_writer`). A JVM that finds an archive of another JVM or
+    classpath ignores it. Nothing when the directory cannot be written."""
+    import pyspark
+
+    archive = directory / f"spark-{pyspark.__version__}.jsa"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not archive.exists():
+            for writer in sorted(directory.glob(f"{archive.name}.*.jvm")):
+                written = writer.with_suffix(".tmp")
+                if _alive(int(writer.read_text())):
+                    continue
+                writer.unlink()
+                if written.exists():  # else that JVM was killed before it wrote it
+                    written.replace(archive)
+                    break
+        if archive.exists():
+            return f"-XX:SharedArchiveFile={archive}", None
+        if not os.access(directory, os.W_OK):
+            return "", None
+    except (OSError, ValueError):
+        return "", None
+    written = directory / f"{archive.name}.{os.getpid()}.tmp"
+    return f"-XX:ArchiveClassesAtExit={written}", written.with_suffix(".jvm")
+
+
+def note_archive_writer(spark: SparkSession, writer: Path) -> None:
+    """Write the pid of ``spark``'s JVM, which writes a class archive when it exits."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    with contextlib.suppress(OSError):
+        writer.write_text(str(jvm.java.lang.ProcessHandle.current().pid()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def is_small(input_bytes: int | None) -> bool:
@@ -73,7 +132,10 @@ def spark_session(
         .config("spark.sql.files.ignoreMissingFiles", "true")
     )
     # the driver runs here in either mode (client mode on a cluster)
-    jvm = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
+    archive, writer = class_archive_options()
+    if SparkSession.getActiveSession() is not None:
+        writer = None  # getOrCreate returns it: its JVM has its options already
+    jvm = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {archive}"
     builder = builder.config(
         "spark.driver.extraJavaOptions", f"{jvm} {SMALL_JVM_OPTIONS}" if small else jvm
     )
@@ -90,4 +152,6 @@ def spark_session(
     except Exception as exc:  # no Java, a master that does not answer, a bad setting
         raise AnalyticsError(f"cannot start Spark ({master or DEFAULT_MASTER}): {exc}") from exc
     spark.sparkContext.setLogLevel("ERROR")
+    if writer is not None:
+        note_archive_writer(spark, writer)
     return spark

@@ -1,4 +1,4 @@
-"""``brokerd analyze --master spark://...`` on a real Spark standalone cluster (in the default run).
+"""``brokerd analyze --master spark://...`` on a real Spark standalone cluster (R-REPORT-3).
 
 The cluster is the project's own (``python -m brokerd.tools.spark_cluster start|stop
 --dir D``: a master and one worker on 127.0.0.1, started as separate processes, the way a
