@@ -1,15 +1,22 @@
-"""Analytics benchmark: ``brokerd analyze`` over a large synthetic trace set.
+"""Analytics benchmark: ``brokerd analyze`` end to end over synthetic trace sets of several sizes.
 
-Generates (once; kept in ``--dir``) a trace set of about ``--events`` events with
+For each case (``--events``, a comma-separated list of sizes) it generates (once; kept in
+``--dir/<events>``) a trace set of about that many events with
 :mod:`brokerd.analytics.synthetic` (six instances, forwarding, load balancing, faults),
-then runs every job in local mode exactly as ``brokerd analyze`` does and reports
-the wall-clock time of each step, the whole run, the events per second, the
-input size, and the Spark driver's peak resident memory (``VmHWM`` of the JVM).
-The run fails (exit 1) unless the analysis finds exactly what the generator
-wrote: events, messages, retransmissions, duplicates, and a passing audit.
+then runs ``python -m brokerd analyze`` on it as a user does, in a process of its own, and
+times the whole command: Python's start, the JVM's start, every job and the report. It
+prints one JSON line per case: events, input size, wall-clock seconds, events per second,
+the steps' times as the command reported them, and the machine's 1-minute load average
+before and after (the figures mean little above about 1.5 on this machine's 2 cores;
+``--calm`` waits for a calmer machine first). A case fails (exit 1) unless the analysis
+finds exactly what the generator wrote: events, messages, retransmissions, duplicates,
+and a passing audit.
 
-Usage: python bench/bench_analyze.py [--events 5000000] [--dir /tmp/brokerd-traces-5m]
-       [--master local[*]] [--memory 4g] [--json FILE]
+``--master spark://...`` runs the cases on a cluster; ``--cluster`` starts the project's
+own (:mod:`brokerd.tools.spark_cluster`) for the run and stops it after.
+
+Usage: python bench/bench_analyze.py [--events 66,100000,5000000] [--dir /tmp/brokerd-traces]
+       [--master URL | --cluster] [--calm 1.5] [--runs 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -18,41 +25,40 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from brokerd.analytics.report import analyze, print_summary
-from brokerd.analytics.session import spark_session
 from brokerd.analytics.synthetic import generate, plan_for_events
+from brokerd.tools import spark_cluster
+
+STEP = re.compile(r"^\[\d+/\d+\] (?P<name>.+): (?P<seconds>[\d.]+) s \(total")
+CALM_WAIT = 900.0
+"""Seconds ``--calm`` waits at most for the load average to drop."""
 
 
-def _jvm_peak_rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+def load_average() -> float:
+    return os.getloadavg()[0]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=5_000_000)
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/brokerd-traces-5m"))
-    parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--memory", default="4g", help="Spark driver memory (local mode)")
-    parser.add_argument("--regenerate", action="store_true")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args(argv)
+def wait_for_calm(limit: float) -> None:
+    deadline = time.monotonic() + CALM_WAIT
+    while load_average() >= limit and time.monotonic() < deadline:
+        time.sleep(10)
 
-    stamp = args.dir / "truth.json"
-    if args.regenerate or not stamp.exists():
-        shutil.rmtree(args.dir, ignore_errors=True)
+
+def trace_set(root: Path, events: int, regenerate: bool) -> dict[str, Any]:
+    """The trace set of about ``events`` events under ``root`` (generated once) and its truth."""
+    directory = root / str(events)
+    stamp = directory / "truth.json"
+    if regenerate or not stamp.exists():
+        shutil.rmtree(directory, ignore_errors=True)
         began = time.perf_counter()
-        truth = generate(args.dir, plan_for_events(args.events))
+        truth = generate(directory / "traces", plan_for_events(events))
         print(
             f"generated {truth.events:,} events in {time.perf_counter() - began:.1f} s",
             file=sys.stderr,
@@ -67,46 +73,100 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
         )
-    expected = json.loads(stamp.read_text())
-    size = sum(p.stat().st_size for p in args.dir.rglob("*.jsonl"))
+    expected: dict[str, Any] = json.loads(stamp.read_text())
+    return expected
 
-    spark = spark_session(args.master, driver_memory=args.memory)
-    jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
-    try:
-        result = analyze([args.dir], master=args.master, spark=spark, progress=sys.stderr)
-        peak = _jvm_peak_rss_mb(jvm_pid)
-    finally:
-        spark.stop()
-    print_summary(result)
-    events = result.inputs["events"]
-    figures = {
-        "events": events,
-        "input_mb": round(size / 1e6, 1),
-        "files": result.inputs["files"],
-        "runtime_seconds": round(result.runtime_seconds, 1),
-        "events_per_second": round(events / result.runtime_seconds),
-        "jvm_peak_rss_mb": round(peak) if peak else None,
-        "master": args.master,
-        "driver_memory": args.memory,
-        "cores": os.cpu_count(),
-        "cpu": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
+
+def run_case(
+    root: Path, events: int, master: str | None, expected: dict[str, Any]
+) -> dict[str, Any]:
+    """``brokerd analyze`` over one trace set, timed from the command's start to its exit."""
+    traces = root / str(events) / "traces"
+    out = root / str(events) / "report"
+    size = sum(p.stat().st_size for p in traces.rglob("*.jsonl*"))
+    command = [sys.executable, "-m", "brokerd", "analyze", str(traces), "--out", str(out)]
+    if master:
+        command += ["--master", master]
+    load_before = load_average()
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - began
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"brokerd analyze failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    found = summary["inputs"]["events"]
+    steps = {
+        m["name"]: float(m["seconds"])
+        for line in done.stderr.splitlines()
+        if (m := STEP.match(line))
     }
-    print(json.dumps(figures, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
-    t = result.totals
+    t = summary["totals"]
     checks = {
-        "events": (events, expected["events"]),
+        "events": (found, expected["events"]),
         "messages_sent": (t["messages_sent"], expected["messages_sent"]),
         "retransmissions": (t["retransmissions"], expected["retransmissions"]),
         "duplicates": (t["duplicates"], expected["duplicates"]),
-        "audit violations": (result.audit.total, 0),
+        "audit violations": (summary["audit"]["violations"], 0),
     }
     wrong = {k: v for k, v in checks.items() if v[0] != v[1]}
     for name, (got, want) in wrong.items():
         print(f"MISMATCH {name}: analysis {got}, generator {want}", file=sys.stderr)
-    return 1 if wrong else 0
+    return {
+        "events": found,
+        "input_mb": round(size / 1e6, 1),
+        "files": summary["inputs"]["files"],
+        "wall_seconds": round(wall, 1),
+        "events_per_second": round(found / wall),
+        "steps": steps,
+        "master": summary["master"],
+        "load_before": round(load_before, 2),
+        "load_after": round(load_average(), 2),
+        "cores": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "ok": not wrong,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--events",
+        default="66,100000,5000000",
+        type=lambda s: [int(n) for n in s.split(",")],
+        help="comma-separated sizes, one case each",
+    )
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/brokerd-traces"))
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--master", help="Spark master (default: local mode)")
+    where.add_argument("--cluster", action="store_true", help="start a standalone cluster")
+    parser.add_argument("--runs", type=int, default=1, help="runs per case")
+    parser.add_argument("--calm", type=float, help="wait for a 1-minute load below this first")
+    parser.add_argument("--regenerate", action="store_true")
+    parser.add_argument("--json", type=Path, help="also append the lines here")
+    args = parser.parse_args(argv)
+
+    expected = {n: trace_set(args.dir, n, args.regenerate) for n in args.events}
+    master = args.master
+    cluster_dir = args.dir / "cluster"
+    if args.cluster:
+        master = spark_cluster.start(cluster_dir).master_url
+    ok = True
+    try:
+        for n in args.events:
+            for _ in range(args.runs):
+                if args.calm:
+                    wait_for_calm(args.calm)
+                line = run_case(args.dir, n, master, expected[n])
+                ok = ok and line["ok"]
+                print(json.dumps(line), flush=True)
+                if args.json:
+                    with args.json.open("a") as out:
+                        out.write(json.dumps(line) + "\n")
+    finally:
+        if args.cluster:
+            spark_cluster.stop(cluster_dir)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

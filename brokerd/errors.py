@@ -5,7 +5,8 @@
 * :class:`StoreError`: a database file cannot be opened, written or is of another
   schema (a full disk lands here); an application sees it as ``StorageFailure``.
 * :class:`AnalyticsError`: ``brokerd analyze`` cannot read a trace set (no
-  segments, a directory that does not exist) or Spark cannot start.
+  segments, a directory that does not exist) or Spark cannot start; the Spark cluster
+  tool cannot start a cluster or finds none to stop.
 * :class:`ClusterError`: ``brokerd cluster`` cannot bring the local cluster up
   (a broker that does not start or become ready, a cluster already up) or down.
 * :class:`TraceNotFound`: ``brokerctl trace`` has nothing to show (no segments, a

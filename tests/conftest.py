@@ -39,7 +39,7 @@ def no_daemon_traceback(tmp_path: Path) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = spark_session("local[2]", driver_memory="2g", shuffle_partitions=4)
+    session = spark_session("local[2]", driver_memory="2g", input_bytes=0)
     try:
         yield session
     finally:

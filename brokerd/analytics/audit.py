@@ -321,7 +321,11 @@ def _gaps(m: DataFrame) -> DataFrame:
 
 def findings(messages: DataFrame) -> DataFrame:
     """Every finding before crash windows are looked at (columns :data:`FINDING`)."""
-    m = _prepared(messages)
+    return _findings(_prepared(messages))
+
+
+def _findings(m: DataFrame) -> DataFrame:
+    """Every finding in ``m``, the :func:`_prepared` message table (read once per kind)."""
     duplicates = m.where(F.col("deliveries") > 1).select(
         *_finding(
             "duplicate", F.format_string("delivered %d times", "deliveries"), F.col("delivered_ids")
@@ -432,11 +436,32 @@ def witnessed(found: DataFrame, witness: DataFrame) -> DataFrame:
     ).drop("sent_through", "received_through")
 
 
+def _listed(
+    found: DataFrame, counts: dict[str, int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The first :data:`MAX_LISTED` violations and unknown findings, by conversation and
+    seq: in one job when both fit (the usual case), else one job each."""
+    order = ["conversation_id", "initiator", "seq", "kind"]
+    violation = ~F.col("kind").isin(UNKNOWN, WITNESSED)
+    unknown = F.col("kind") == UNKNOWN
+    if sum(counts[k] for k in KINDS) <= MAX_LISTED and counts[UNKNOWN] <= MAX_LISTED:
+        rows = [r.asDict() for r in found.where(violation | unknown).orderBy(*order).collect()]
+        return [r for r in rows if r["kind"] != UNKNOWN], [r for r in rows if r["kind"] == UNKNOWN]
+
+    def listed(which: Column) -> list[dict[str, Any]]:
+        ordered = found.where(which).orderBy(*order)
+        return [r.asDict() for r in ordered.limit(MAX_LISTED).collect()]
+
+    return listed(violation), listed(unknown)
+
+
 def audit(messages: DataFrame, events: DataFrame, witness: DataFrame | None = None) -> Audit:
     """Run the audit over the message table of ``events`` (crash windows from ``events``);
     ``witness`` (:data:`WITNESS_SCHEMA`), the endpoints of the daemons' database files,
     settles what it can of what the windows hide."""
-    judgement = judged(findings(messages), crash_windows(events))
+    # every kind of finding reads the prepared table: its windows run once
+    prepared = _prepared(messages).cache()
+    judgement = judged(_findings(prepared), crash_windows(events))
     if witness is not None:
         judgement = witnessed(judgement, witness)
     found = judgement.cache()
@@ -444,15 +469,10 @@ def audit(messages: DataFrame, events: DataFrame, witness: DataFrame | None = No
         counts = {k: 0 for k in (*KINDS, UNKNOWN, WITNESSED)}
         for row in found.groupBy("kind").count().collect():
             counts[row["kind"]] = int(row["count"])
-
-        def listed(which: Column) -> list[dict[str, Any]]:
-            ordered = found.where(which).orderBy("conversation_id", "initiator", "seq", "kind")
-            return [r.asDict() for r in ordered.limit(MAX_LISTED).collect()]
-
-        violations = listed(~F.col("kind").isin(UNKNOWN, WITNESSED))
-        unknowns = listed(F.col("kind") == UNKNOWN)
+        violations, unknowns = _listed(found, counts)
     finally:
         found.unpersist()
+        prepared.unpersist()
     totals = messages.agg(
         F.count_distinct(*STREAM).alias("streams"),
         F.count(F.lit(1)).alias("messages"),

@@ -145,8 +145,10 @@ def analyze(
     files = trace_files(list(paths))  # a wrong path fails before Spark starts
     spans = processes(files)
     steps = Progress(10 if spark is not None else 11, progress)
+    size = sum(f.stat().st_size for f in files)
     sp = spark or steps.run(
-        f"starting Spark ({master or DEFAULT_MASTER})", lambda: spark_session(master)
+        f"starting Spark ({master or DEFAULT_MASTER})",
+        lambda: spark_session(master, input_bytes=size),
     )
     traces = steps.run(f"reading {len(files)} trace segment(s)", lambda: load_traces(sp, files))
     events = traces.events

@@ -5,10 +5,26 @@ for a few million events; a cluster is reached with ``master="spark://host:7077"
 (or ``yarn``, ``k8s://...``), where the executors' settings come from the cluster.
 Spark's own logging is turned down to warnings; the console progress bar is
 shown when stderr is a terminal, so long runs show their stages.
+
+The settings follow the size of the input (``input_bytes``, known before Spark starts),
+because the costs differ (R-REPORT-3; docs/analytics.md, Performance):
+
+* **a small trace set** (below :data:`SMALL_INPUT_BYTES`, about 250,000 events): the
+  run is all fixed costs, the JVM's start and a few hundred milliseconds per Spark job.
+  One shuffle partition, no adaptive execution (each of its re-planned shuffle stages is
+  a job of its own), no broadcast joins (each broadcast is a job), no whole-stage code
+  generation (compiling a plan costs more than running it on a few thousand rows), and a
+  driver JVM that only uses its quick compiler and the serial collector;
+* **a large one**: adaptive execution over ``2 x cores`` shuffle partitions (200 on a
+  cluster), Spark's defaults otherwise.
+
+In either case the driver JVM maps Spark's classes from a class-data-sharing archive
+(:func:`class_archive_options`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -20,6 +36,71 @@ from brokerd.errors import AnalyticsError
 DEFAULT_MASTER = "local[*]"
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 """Spark's logging while the jobs run: errors only."""
+SMALL_INPUT_BYTES = 64 * 1024 * 1024
+"""Trace sets below this size (about 250,000 events of ~250 bytes) get the small settings."""
+SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""The driver JVM for a small trace set: C1 only (no time spent in the optimising
+compiler, which never pays back in a run of seconds), and the serial collector."""
+
+
+CLASS_ARCHIVE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brokerd"
+"""Where the driver JVM's class archive is kept (:func:`class_archive_options`)."""
+
+
+def class_archive_options(directory: Path = CLASS_ARCHIVE_DIR) -> tuple[str, Path | None]:
+    """The driver JVM's class-data-sharing option, and where the JVM's pid is to be written.
+
+    With an archive of Spark's classes (``spark-<version>.jsa``) the JVM maps them instead
+    of reading the jars, which halves its start and its first job. Without one, this run's
+    JVM writes one when it exits, under a name of its own (runs at the same time never
+    share a file); a later run puts it in place once that JVM is gone (its pid is written
+    next to it, :func:`note_archive_writer`). A JVM that finds an archive of another JVM or
+    classpath ignores it. Nothing when the directory cannot be written."""
+    import pyspark
+
+    archive = directory / f"spark-{pyspark.__version__}.jsa"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not archive.exists():
+            for writer in sorted(directory.glob(f"{archive.name}.*.jvm")):
+                written = writer.with_suffix(".tmp")
+                if _alive(int(writer.read_text())):
+                    continue
+                writer.unlink()
+                if written.exists():  # else that JVM was killed before it wrote it
+                    written.replace(archive)
+                    break
+        if archive.exists():
+            return f"-XX:SharedArchiveFile={archive}", None
+        if not os.access(directory, os.W_OK):
+            return "", None
+    except (OSError, ValueError):
+        return "", None
+    written = directory / f"{archive.name}.{os.getpid()}.tmp"
+    return f"-XX:ArchiveClassesAtExit={written}", written.with_suffix(".jvm")
+
+
+def note_archive_writer(spark: SparkSession, writer: Path) -> None:
+    """Write the pid of ``spark``'s JVM, which writes a class archive when it exits."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    with contextlib.suppress(OSError):
+        writer.write_text(str(jvm.java.lang.ProcessHandle.current().pid()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_small(input_bytes: int | None) -> bool:
+    """Whether a trace set of ``input_bytes`` gets the small settings (None: unknown, large)."""
+    return input_bytes is not None and input_bytes < SMALL_INPUT_BYTES
 
 
 def spark_session(
@@ -27,33 +108,50 @@ def spark_session(
     *,
     driver_memory: str = "4g",
     shuffle_partitions: int | None = None,
+    input_bytes: int | None = None,
     app_name: str = "brokerd-analyze",
 ) -> SparkSession:
-    """Start (or reuse) the Spark session for the analytics jobs."""
+    """Start (or reuse) the Spark session for the analytics jobs over ``input_bytes`` of
+    traces (None: unknown, the settings of a large set)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     local = master is None or master.startswith("local")
-    partitions = shuffle_partitions or (2 * (os.cpu_count() or 2) if local else 200)
+    small = is_small(input_bytes)
+    partitions = shuffle_partitions or (1 if small else 2 * (os.cpu_count() or 2) if local else 200)
     builder = (
         SparkSession.builder.master(master or DEFAULT_MASTER)
         .appName(app_name)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(partitions))
-        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.sql.adaptive.enabled", str(not small).lower())
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
         .config("spark.sql.files.maxPartitionBytes", str(64 * 1024 * 1024))
         # A daemon may close (rename) an open segment while Spark reads the set.
         .config("spark.sql.files.ignoreMissingFiles", "true")
     )
-    if local:
-        builder = builder.config("spark.driver.memory", driver_memory).config(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
+    # the driver runs here in either mode (client mode on a cluster)
+    archive, writer = class_archive_options()
+    if SparkSession.getActiveSession() is not None:
+        writer = None  # getOrCreate returns it: its JVM has its options already
+    jvm = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {archive}"
+    builder = builder.config(
+        "spark.driver.extraJavaOptions", f"{jvm} {SMALL_JVM_OPTIONS}" if small else jvm
+    )
+    if small:
+        builder = (
+            builder.config("spark.sql.autoBroadcastJoinThreshold", "-1")
+            .config("spark.sql.codegen.wholeStage", "false")
+            .config("spark.executor.extraJavaOptions", SMALL_JVM_OPTIONS)
         )
+    if local:
+        builder = builder.config("spark.driver.memory", driver_memory)
     try:
         spark = builder.getOrCreate()
     except Exception as exc:  # no Java, a master that does not answer, a bad setting
         raise AnalyticsError(f"cannot start Spark ({master or DEFAULT_MASTER}): {exc}") from exc
     spark.sparkContext.setLogLevel("ERROR")
+    if writer is not None:
+        note_archive_writer(spark, writer)
     return spark

@@ -1,88 +1,90 @@
-"""``brokerd analyze --master spark://...`` on a real Spark standalone cluster (marker: soak).
+"""``brokerd analyze --master spark://...`` on a real Spark standalone cluster (R-REPORT-3).
 
-Starts a Spark master and one worker on 127.0.0.1 with PySpark's own ``spark-class``,
-then runs the analysis of a synthetic trace set on them: the driver is the command,
-the jobs run in the worker's executor. Slow (a minute or more), so not in the
-default run: ``pytest -m soak tests/analytics/test_cluster.py``.
+The cluster is the project's own (``python -m brokerd.tools.spark_cluster start|stop
+--dir D``: a master and one worker on 127.0.0.1, started as separate processes, the way a
+compose deployment starts them), started once for the module and stopped after. The
+analysis of a small synthetic trace set runs its jobs in the worker's executor (the
+driver is the command) and must find what local mode finds: the same events, totals and
+audit findings (R-TRACE-2).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import pyspark
 import pytest
 
 from brokerd.analytics.synthetic import Plan, generate
-
-pytestmark = pytest.mark.soak
-SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from brokerd.errors import AnalyticsError
+from brokerd.tools import spark_cluster
 
 
-def wait_for_port(port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp_path)}
-    port = free_port()
-    master_url = f"spark://127.0.0.1:{port}"
-    logs = tmp_path / "cluster.log"
-    with logs.open("w") as log:
-        master = subprocess.Popen(
-            [str(SPARK_CLASS), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-             "--port", str(port), "--webui-port", str(free_port())],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-        worker = None
-        try:
-            wait_for_port(port)
-            worker = subprocess.Popen(
-                [str(SPARK_CLASS), "org.apache.spark.deploy.worker.Worker", master_url,
-                 "--cores", "2", "--memory", "2g", "--webui-port", str(free_port()),
-                 "--work-dir", str(tmp_path / "work")],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
-            yield master_url
-        finally:
-            for process in (worker, master):
-                if process is not None:
-                    process.terminate()
-                    try:
-                        process.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-
-
-def test_analyze_runs_on_a_standalone_cluster(tmp_path: Path, cluster: str) -> None:
-    generate(tmp_path / "traces", Plan(conversations=80, violations=True))
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    directory = tmp_path_factory.mktemp("spark-cluster")
     done = subprocess.run(
-        [sys.executable, "-m", "brokerd", "analyze", str(tmp_path / "traces"),
-         "--out", str(tmp_path / "report"), "--master", cluster],
+        [sys.executable, "-m", "brokerd.tools.spark_cluster", "start", "--dir", str(directory),
+         "--cores", "2", "--memory", "1g"],
+        capture_output=True, text=True, timeout=spark_cluster.START_TIMEOUT + 30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    url = done.stdout.strip()
+    try:
+        yield url
+    finally:
+        stopped = subprocess.run(
+            [sys.executable, "-m", "brokerd.tools.spark_cluster", "stop", "--dir", str(directory)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert stopped.returncode == 0, stopped.stderr
+        assert not (directory / spark_cluster.STATE).exists()
+
+
+def analyze(
+    traces: Path, out: Path, *master: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "brokerd", "analyze", str(traces), "--out", str(out), *master],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert done.returncode == 1, done.stderr[-3000:]
+    return done, json.loads((out / "summary.json").read_text())
+
+
+def test_analyze_on_a_standalone_cluster_finds_what_local_mode_finds(
+    tmp_path: Path, cluster: str
+) -> None:
+    assert cluster.startswith("spark://127.0.0.1:")
+    traces = tmp_path / "traces"
+    truth = generate(traces, Plan(conversations=20, violations=True))
+    done, remote = analyze(traces, tmp_path / "cluster", "--master", cluster)
+    assert done.returncode == 1, done.stderr[-3000:]  # the injected violations
     assert f"starting Spark ({cluster})" in done.stderr
-    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
-    assert summary["master"] == cluster
-    assert summary["audit"]["violations"] == 4
+    assert remote["master"] == cluster
+    assert remote["inputs"]["events"] == truth.events
+    _, local = analyze(traces, tmp_path / "local")
+    assert local["master"] == "local[*]"
+    assert remote["totals"] == local["totals"]
+    assert remote["audit"] == local["audit"]
+    found = {
+        (v["kind"], v["conversation_id"], v["initiator"], v["seq"])
+        for v in remote["audit"]["listed"]
+    }
+    assert found == truth.violations
+    for name, table in local["tables"].items():
+        assert remote["tables"][name] == table, name
+
+
+def test_the_cluster_tool_refuses_a_directory_without_a_cluster(tmp_path: Path) -> None:
+    with pytest.raises(AnalyticsError, match="no cluster recorded"):
+        spark_cluster.stop(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "brokerd.tools.spark_cluster", "stop", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "no cluster recorded" in done.stderr
