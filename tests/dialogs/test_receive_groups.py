@@ -55,7 +55,7 @@ async def dialogs(admin: BrokerClient, count: int, per_dialog: int) -> list[uuid
 
     async def ready() -> bool:
         rows = await admin.queues()
-        return sum(r["ready_messages"] for r in rows if r["queue"] == "Q2") >= count * per_dialog
+        return sum(r.ready_messages for r in rows if r.queue == "Q2") >= count * per_dialog
 
     await wait_until(ready, 30)
     return handles
@@ -142,7 +142,7 @@ async def test_a_reply_too_big_cuts_across_groups_and_loses_nothing(admin: Broke
 
     async def ready() -> bool:
         rows = await admin.queues()
-        return sum(r["ready_messages"] for r in rows if r["queue"] == "Q2") >= count * per
+        return sum(r.ready_messages for r in rows if r.queue == "Q2") >= count * per
 
     await wait_until(ready, 60)
     async with admin.transaction() as tx:
