@@ -51,9 +51,10 @@ async def test_a_daemons_endpoints_have_time_ordered_handles_and_random_conversa
         try:
             begun, targets = [], []
             for n in range(3):  # each received before the next begins: made in turn
-                handle = await client.begin_dialog(
+                dialog = await client.begin_dialog(
                     example.SHOP_SERVICE, example.WAREHOUSE_SERVICE, example.CONTRACT
                 )
+                handle = dialog.handle
                 await client.send(handle, example.ORDER, f"order {n}".encode())
                 (message,) = await drain(client, "OrderQueue", 1)
                 begun.append(handle)
