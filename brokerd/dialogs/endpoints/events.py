@@ -104,11 +104,20 @@ class DialogEvents:
 
     # -- poison-message handling (SPEC §6) ---------------------------------------------
 
-    def rolled_back(self, ep: Endpoint, queue: str, seq: int, rollbacks: int, reason: str) -> None:
-        """A received message put back by a rollback, and counted."""
-        self.stats.rollbacks_counted += 1
+    def _rollback_event(
+        self,
+        event: str,
+        ep: Endpoint,
+        queue: str,
+        seq: int,
+        rollbacks: int,
+        reason: str,
+        **extra: object,
+    ) -> None:
+        """A trace event about message ``seq`` that ``ep`` received (so sent by the other
+        side) and that was rolled back ``rollbacks`` times, the last for ``reason``."""
         self.trace.emit(
-            "rolled_back",
+            event,
             ep.conversation_id,
             database=ep.database,
             initiator=not ep.initiator,
@@ -116,22 +125,20 @@ class DialogEvents:
             seq=seq,
             rollbacks=rollbacks,
             reason=reason or None,
+            **extra,
         )
+
+    def rolled_back(self, ep: Endpoint, queue: str, seq: int, rollbacks: int, reason: str) -> None:
+        """A received message put back by a rollback, and counted."""
+        self.stats.rollbacks_counted += 1
+        self._rollback_event("rolled_back", ep, queue, seq, rollbacks, reason)
 
     def quarantined(
         self, ep: Endpoint, queue: str, seq: int, message_type: str, rollbacks: int, reason: str
     ) -> None:
         self.stats.poison_quarantined += 1
-        self.trace.emit(
-            "quarantined",
-            ep.conversation_id,
-            database=ep.database,
-            initiator=not ep.initiator,
-            queue=queue,
-            seq=seq,
-            message_type=message_type,
-            rollbacks=rollbacks,
-            reason=reason or None,
+        self._rollback_event(
+            "quarantined", ep, queue, seq, rollbacks, reason, message_type=message_type
         )
         log.warning(
             "database %s: conversation %s quarantined: message %d (%s) of queue %s was "
@@ -164,16 +171,7 @@ class DialogEvents:
     ) -> None:
         """``poison_message_handling = "disable"``: the queue is off (R-DLG-12)."""
         self.stats.poison_queues_disabled += 1
-        self.trace.emit(
-            "queue_disabled",
-            ep.conversation_id,
-            database=ep.database,
-            initiator=not ep.initiator,
-            queue=queue,
-            seq=seq,
-            rollbacks=rollbacks,
-            reason=reason or None,
-        )
+        self._rollback_event("queue_disabled", ep, queue, seq, rollbacks, reason)
         log.warning(
             "database %s: queue %s disabled: message %d of conversation %s was rolled back "
             "%d times (last: %s)",
