@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import Callable, Sequence
-from itertools import chain
+from collections.abc import Callable, Iterable, Sequence
+from itertools import chain, repeat
 from typing import Any
 
 import orjson
@@ -243,32 +243,8 @@ def _received_rows(
             return []
         group, service, contract, queue = shared[0], shared[2], shared[4], shared[6]
         if shared[1:8:2] == [group, service, contract, queue]:
-            handle = params[0]
-            rows = []
-            at = 0
-            for seq, length, message_type, enqueued_at in zip(
-                numbers.split(","),
-                lengths.split(","),
-                orjson.loads(types),
-                orjson.loads(times),
-                strict=True,
-            ):
-                end = at + int(length)
-                rows.append(
-                    (
-                        handle,
-                        int(seq),
-                        group,
-                        service,
-                        contract,
-                        message_type,
-                        joined[at:end],
-                        float(enqueued_at),
-                        queue,
-                    )
-                )
-                at = end
-            return rows
+            same = (repeat(v) for v in (params[0], group, service, contract, queue))
+            return _cut_rows(*same, numbers, lengths, types, times, joined)
     cursor = conn.execute(_READ_RECEIVED + where, params)
     cursor.row_factory = None  # plain tuples: cheaper than sqlite3.Row
     return cursor.fetchall()
@@ -306,19 +282,46 @@ def _received_spans(conn: sqlite3.Connection, spans: list[Span]) -> list[tuple[A
     handles, numbers, lengths, types, times, joined, groups, services, contracts, queues = (
         cursor.fetchone()
     )
+    columns = [orjson.loads(c) for c in (handles, groups, services, contracts, queues)]
+    rows = _cut_rows(*columns, numbers, lengths, types, times, joined)
+    if any(len(column) != len(rows) for column in columns):
+        raise ValueError("the aggregate row's columns differ in length")
+    return rows
+
+
+def _cut_rows(
+    handles: Iterable[Any],
+    groups: Iterable[Any],
+    services: Iterable[Any],
+    contracts: Iterable[Any],
+    queues: Iterable[Any],
+    numbers: str,
+    lengths: str,
+    types: str,
+    times: str,
+    joined: bytes,
+) -> list[tuple[Any, ...]]:
+    """The rows of :data:`_READ_RECEIVED` from an aggregate row: the sequence numbers
+    and body lengths comma-joined, the types and times as JSON arrays, the bodies
+    joined into one blob, cut here by their lengths. The first five columns are the
+    per-row values (``itertools.repeat`` of one conversation's)."""
     rows = []
     at = 0
-    for handle, seq, length, message_type, enqueued_at, group, service, contract, queue in zip(
-        orjson.loads(handles),
+    cut = zip(
         numbers.split(","),
         lengths.split(","),
         orjson.loads(types),
         orjson.loads(times),
-        orjson.loads(groups),
-        orjson.loads(services),
-        orjson.loads(contracts),
-        orjson.loads(queues),
         strict=True,
+    )
+    for handle, group, service, contract, queue, (seq, length, message_type, enqueued_at) in zip(
+        handles,
+        groups,
+        services,
+        contracts,
+        queues,
+        cut,
+        strict=False,  # repeat() is endless
     ):
         end = at + int(length)
         rows.append(
