@@ -243,8 +243,18 @@ def _received_rows(
             return []
         group, service, contract, queue = shared[0], shared[2], shared[4], shared[6]
         if shared[1:8:2] == [group, service, contract, queue]:
-            same = (repeat(v) for v in (params[0], group, service, contract, queue))
-            return _cut_rows(*same, numbers, lengths, types, times, joined)
+            return _cut_rows(
+                repeat(params[0]),
+                repeat(group),
+                repeat(service),
+                repeat(contract),
+                repeat(queue),
+                numbers,
+                lengths,
+                types,
+                times,
+                joined,
+            )
     cursor = conn.execute(_READ_RECEIVED + where, params)
     cursor.row_factory = None  # plain tuples: cheaper than sqlite3.Row
     return cursor.fetchall()
@@ -283,7 +293,18 @@ def _received_spans(conn: sqlite3.Connection, spans: list[Span]) -> list[tuple[A
         cursor.fetchone()
     )
     columns = [orjson.loads(c) for c in (handles, groups, services, contracts, queues)]
-    rows = _cut_rows(*columns, numbers, lengths, types, times, joined)
+    rows = _cut_rows(
+        columns[0],
+        columns[1],
+        columns[2],
+        columns[3],
+        columns[4],
+        numbers,
+        lengths,
+        types,
+        times,
+        joined,
+    )
     if any(len(column) != len(rows) for column in columns):
         raise ValueError("the aggregate row's columns differ in length")
     return rows
