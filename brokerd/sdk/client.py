@@ -1,17 +1,18 @@
 """The application SDK: Service Broker verbs over the daemon's client listener (SPEC §6).
 
-Imports only ``protocol/``; it never touches the daemon's internals. One
-:class:`BrokerClient` is one authenticated connection; calls may run
-concurrently on it (a reader task pairs responses with requests by id, and
-closing fails every pending call, as aiokafka does).
+Imports only ``protocol/``; it never touches the daemon's internals. A
+:class:`BrokerClient` holds the verbs; its connection, kept across the daemon's
+restarts, is a :class:`~brokerd.sdk.keeper.ConnectionKeeper` (reconnect with backoff,
+and an outcome for every request: SPEC §6, outcomes). Calls may run concurrently on
+it: answers are paired with requests by id, as aiokafka does.
 
-    async with await BrokerClient.connect("127.0.0.1", 4023, token_file=...) as client:
-        handle = await client.begin_dialog("//shop/Client", "//warehouse/Orders",
+    async with BrokerClient.connect("127.0.0.1", 4023, token_file=...) as client:
+        dialog = await client.begin_dialog("//shop/Client", "//warehouse/Orders",
                                            "//shop/OrderContract")
-        await client.send(handle, "//shop/Order", b"<order/>")
+        await dialog.send("//shop/Order", b"<order/>", key="order-17")
         for message in await client.receive("ClientQueue", timeout=5):
             ...
-        await client.end_conversation(handle)
+        await dialog.end()
 
 Two receive loops (SPEC §6, R-DLG-1):
 
@@ -29,6 +30,8 @@ Two receive loops (SPEC §6, R-DLG-1):
   everything the handler does through the transaction; what it does elsewhere
   (a file, another system) may happen again for a batch received again, so make
   that idempotent.
+* :meth:`BrokerClient.serve` is that loop with activation: readers added while
+  messages wait longer, up to ``max_readers``, and released when idle.
 
 A daemon whose client port speaks TLS (``[client] tls_certificate``, required when
 it listens on an address other than loopback) is reached with ``tls_ca_file=`` (the
