@@ -19,25 +19,10 @@ import pytest
 
 from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
+from tests.daemons import SOLO_DATABASE as SOLO
 from tests.daemons import client_of, running, solo_broker, stats_with, wait_until
 
 HOST = "127.0.0.247"
-SOLO = """
-[[database]]
-name = "Solo"
-[[database.queue]]
-name = "Q1"
-[[database.queue]]
-name = "Q2"
-[[database.service]]
-name = "//solo/S1"
-queue = "Q1"
-contracts = ["DEFAULT"]
-[[database.service]]
-name = "//solo/S2"
-queue = "Q2"
-contracts = ["DEFAULT"]
-"""
 
 
 def _modes(directory: Path) -> set[int]:
