@@ -104,6 +104,8 @@ EVENTS: dict[str, str] = {
     "activation_exited": "an activated command exited (database, queue, pid, reason)",
     "activation_failed": "an activated queue's command could not be started (database, "
     "queue, reason)",
+    "inherited": "a promoted mirror's endpoint as its file holds it, before it serves "
+    "(sent_through, received_through)",
     "started": "the writer started; the last event it found on disk (last_n, last_ts, "
     "last_event; clean: that was a graceful stop's)",
     "stopped": "the daemon stopped gracefully: the last event before a clean start",
@@ -129,6 +131,7 @@ DURABLE = frozenset(
         "quarantine_released",
         "quarantine_ended",
         "queue_disabled",
+        "inherited",
         "started",
         "stopped",
         "trace_resumed",
