@@ -36,6 +36,15 @@ traces cannot say. Duplicates and disorder are never hidden by a lost event. Wit
 ``trace.durable`` a daemon's application learns of a commit only once its events
 are on disk, so an outcome an application saw is never in a window.
 
+**What a promoted mirror inherited** (R-TRACE-5). A promotion writes an ``inherited``
+event per endpoint of the mirrored database, as the promoted partner's file holds it
+(:func:`inheritance`): a stream's messages up to the receiving endpoint's
+``received_through`` count as delivered there, those up to the sending endpoint's
+``sent_through`` as sent. The old principal committed and shipped them; its own events
+of them may have died with it (SIGKILLed before its trace flush), and if it never
+starts again no crash window covers them. A delivery there after that event of a
+message its file held is a ``duplicate``.
+
 Every finding names the conversation, direction, seq (and the last seq of a range),
 sender and receiver instances, and its evidence: the ids (``instance#n``) of the
 events that show it, and for ``unknown`` the window's last durable event and restart

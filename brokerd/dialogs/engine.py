@@ -366,7 +366,7 @@ class DialogEngine:
         self.events.inherited(db.endpoints.values())
         barrier = self.trace.barrier()
         if barrier is not None:
-            await barrier
+            await asyncio.shield(barrier)  # shared with commits' outcomes
 
     def forget_image(self, db: Database) -> None:
         self.images.forget(db)
