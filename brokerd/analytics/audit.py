@@ -36,6 +36,15 @@ traces cannot say. Duplicates and disorder are never hidden by a lost event. Wit
 ``trace.durable`` a daemon's application learns of a commit only once its events
 are on disk, so an outcome an application saw is never in a window.
 
+**What a promoted mirror inherited** (R-TRACE-5). A promotion writes an ``inherited``
+event per endpoint of the mirrored database, as the promoted partner's file holds it
+(:func:`inheritance`): a stream's messages up to the receiving endpoint's
+``received_through`` count as delivered there, those up to the sending endpoint's
+``sent_through`` as sent. The old principal committed and shipped them; its own events
+of them may have died with it (SIGKILLed before its trace flush), and if it never
+starts again no crash window covers them. A delivery there after that event of a
+message its file held is a ``duplicate``.
+
 Every finding names the conversation, direction, seq (and the last seq of a range),
 sender and receiver instances, and its evidence: the ids (``instance#n``) of the
 events that show it, and for ``unknown`` the window's last durable event and restart
@@ -61,7 +70,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from brokerd.analytics.messages import STREAM, is_event
+from brokerd.analytics.messages import STREAM, event_id, is_event
 from brokerd.analytics.schema import TIMESTAMP_FORMAT
 
 KINDS = ("duplicate", "gap", "out_of_order", "lost", "unsent")
@@ -76,6 +85,13 @@ WITNESS_SCHEMA = (
 )
 """The endpoints of database files (:mod:`brokerd.storage.witness`), as the audit reads
 them: each one's last sequence number sent, and the last received in order."""
+_INHERITED_COLUMNS = (
+    ("inherited_received", "long"),
+    ("inherited_id", "string"),
+    ("inherited_t", "long"),
+    ("inherited_sent", "long"),
+)
+"""The columns :func:`inheritance` adds to a stream's messages."""
 MAX_LISTED = 10_000
 """Findings listed in full (all are counted)."""
 FINDING = [
@@ -219,13 +235,46 @@ def crash_windows(events: DataFrame) -> DataFrame:
     )
 
 
-def _prepared(messages: DataFrame) -> DataFrame:
+def inheritance(events: DataFrame) -> DataFrame:
+    """What promoted mirrors inherited (``inherited`` events, R-ROUTE-16), per stream: the
+    highest seq a receiving endpoint's file held in order (``inherited_received``, with
+    its event's id ``inherited_id`` and time ``inherited_t``) and the highest its sending
+    endpoint's file had sent (``inherited_sent``). An endpoint's ``initiator`` is its own
+    role: it receives the other role's stream and sends its own."""
+    e = event_id(
+        events.where(
+            is_event("inherited")
+            & F.col("conversation_id").isNotNull()
+            & F.col("initiator").isNotNull()
+        )
+    )
+    received = e.groupBy("conversation_id", (~F.col("initiator")).alias("initiator")).agg(
+        F.max("received_through").alias("inherited_received"),
+        F.max_by("eid", "received_through").alias("inherited_id"),
+        F.max_by("t", "received_through").alias("inherited_t"),
+    )
+    sent = e.groupBy("conversation_id", "initiator").agg(
+        F.max("sent_through").alias("inherited_sent")
+    )
+    return received.join(sent, STREAM, "full")
+
+
+def _prepared(messages: DataFrame, inherited: DataFrame | None = None) -> DataFrame:
     """The message table with each stream's sender and receiver, arrival (delivered, or
-    received when the delivery's event is missing) and the stream's bounds."""
+    received when the delivery's event is missing, or held in order by the file a
+    promoted mirror inherited: :func:`inheritance`) and the stream's bounds."""
     stream = Window.partitionBy(*STREAM)
     in_seq = stream.orderBy("seq")
+    if inherited is None:
+        messages = messages.select(
+            "*",
+            *(F.lit(None).cast(t).alias(c) for c, t in _INHERITED_COLUMNS),
+        )
+    else:
+        messages = messages.join(inherited, STREAM, "left")
     sent = F.col("sent_t").isNotNull()
-    arrived = (F.col("deliveries") > 0) | (F.col("receptions") > 0)
+    in_file = F.col("seq") <= F.coalesce(F.col("inherited_received"), F.lit(0))
+    arrived = (F.col("deliveries") > 0) | (F.col("receptions") > 0) | in_file
     discarded = F.col("status") == "discarded"
     open_message = ~arrived & ~discarded & (sent | F.col("acked_t").isNotNull())
 
@@ -247,7 +296,10 @@ def _prepared(messages: DataFrame) -> DataFrame:
         )
         .withColumn("arrived", arrived)
         .withColumn("arrived_t", F.coalesce("delivered_t", "received_t"))
-        .withColumn("arrived_id", F.coalesce("delivered_id", "received_id"))
+        .withColumn(
+            "arrived_id",
+            F.coalesce("delivered_id", "received_id", F.when(in_file, F.col("inherited_id"))),
+        )
         # the lowest seq the set saw sent, delivered or discarded: lower ones are
         # before the traces began (a late duplicate or RECEIVE does not count)
         .withColumn("lowest", F.min(F.when(sent | arrived | discarded, F.col("seq"))).over(stream))
@@ -298,9 +350,14 @@ def _gaps(m: DataFrame) -> DataFrame:
     in_seq = Window.partitionBy(*STREAM).orderBy("seq")
     previous = F.lag(F.struct("seq", "arrived_t", "arrived_id")).over(in_seq)
     width = F.col("seq") - F.col("previous") - 1
+    # seqs a promoted mirror's file held in order arrived, with or without a row here
+    held_through = F.least(F.coalesce(F.col("inherited_received"), F.lit(0)), F.col("seq") - 1)
     return (
         accounted.withColumn("before", previous)
-        .withColumn("previous", F.coalesce(F.col("before.seq"), F.col("lowest") - 1))
+        .withColumn(
+            "previous",
+            F.greatest(F.coalesce(F.col("before.seq"), F.col("lowest") - 1), held_through),
+        )
         .where(width > 0)
         .select(
             *_finding(
@@ -319,9 +376,10 @@ def _gaps(m: DataFrame) -> DataFrame:
     )
 
 
-def findings(messages: DataFrame) -> DataFrame:
-    """Every finding before crash windows are looked at (columns :data:`FINDING`)."""
-    return _findings(_prepared(messages))
+def findings(messages: DataFrame, inherited: DataFrame | None = None) -> DataFrame:
+    """Every finding before crash windows are looked at (columns :data:`FINDING`);
+    ``inherited``, :func:`inheritance` of the events."""
+    return _findings(_prepared(messages, inherited))
 
 
 def _findings(m: DataFrame) -> DataFrame:
@@ -336,6 +394,18 @@ def _findings(m: DataFrame) -> DataFrame:
             "duplicate",
             F.format_string("received %d times by the application", "receptions"),
             F.col("received_ids"),
+        )
+    )
+    # held by the file a promoted mirror inherited, then delivered again there
+    delivered_again = m.where(
+        (F.col("deliveries") == 1)
+        & (F.col("seq") <= F.col("inherited_received"))
+        & (F.col("delivered_t") > F.col("inherited_t"))
+    ).select(
+        *_finding(
+            "duplicate",
+            F.lit("delivered again after a promoted mirror's file held it"),
+            _ids("inherited_id", "delivered_id"),
         )
     )
     lost = m.where(
@@ -354,7 +424,10 @@ def _findings(m: DataFrame) -> DataFrame:
         )
     )
     unsent = m.where(
-        F.col("arrived") & F.col("sent_t").isNull() & (F.col("seq") >= F.col("lowest_sent"))
+        F.col("arrived")
+        & F.col("sent_t").isNull()
+        & (F.col("seq") >= F.col("lowest_sent"))
+        & (F.col("seq") > F.coalesce(F.col("inherited_sent"), F.lit(0)))
     ).select(
         *_finding(
             "unsent",
@@ -367,6 +440,7 @@ def _findings(m: DataFrame) -> DataFrame:
     )
     return (
         duplicates.unionByName(received_twice)
+        .unionByName(delivered_again)
         .unionByName(_disorder(m, "delivered", "delivered"))
         .unionByName(_disorder(m, "received", "received by the application"))
         .unionByName(_gaps(m))
@@ -460,7 +534,7 @@ def audit(messages: DataFrame, events: DataFrame, witness: DataFrame | None = No
     ``witness`` (:data:`WITNESS_SCHEMA`), the endpoints of the daemons' database files,
     settles what it can of what the windows hide."""
     # every kind of finding reads the prepared table: its windows run once
-    prepared = _prepared(messages).cache()
+    prepared = _prepared(messages, inheritance(events)).cache()
     judgement = judged(_findings(prepared), crash_windows(events))
     if witness is not None:
         judgement = witnessed(judgement, witness)

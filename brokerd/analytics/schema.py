@@ -56,6 +56,8 @@ _LONGS = (
     "hop",
     "pid",
     "last_n",
+    "sent_through",
+    "received_through",
 )
 _BOOLEANS = ("initiator", "encrypted", "clean")
 _DOUBLES = ("wait",)

@@ -360,6 +360,14 @@ class DialogEngine:
     async def rebuild(self, db: Database) -> list[Endpoint]:
         return await self.images.rebuild(db)
 
+    async def inherited(self, db: Database) -> None:
+        """A promoted partner's evidence of what its file holds (``inherited`` events),
+        on disk before it serves (R-ROUTE-16, R-TRACE-2; docs/traces.md)."""
+        self.events.inherited(db.endpoints.values())
+        barrier = self.trace.barrier()
+        if barrier is not None:
+            await asyncio.shield(barrier)  # shared with commits' outcomes
+
     def forget_image(self, db: Database) -> None:
         self.images.forget(db)
 

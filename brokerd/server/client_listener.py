@@ -420,7 +420,7 @@ class ClientSession(asyncio.Protocol):
     def _send_now(self, frames: list[ClientFrame]) -> None:
         """SENDs outside a transaction, without a task, in the order they came: each run of
         them on one conversation goes to the engine at once (``SendVerbs.send_now``),
-        and each reply goes once its message has committed."""
+        and each reply goes once its message has committed and its events are on disk."""
         engine = self.broker.engine
         run: list[ClientFrame] = []
         messages: list[tuple[str, bytes]] = []
@@ -464,10 +464,13 @@ class ClientSession(asyncio.Protocol):
         assert db is not None and ep is not None
         ids = [frame.request_id for frame in frames]
         answered = [False] * len(ids)
+        gate = db.store.after_gate
 
         def then(i: int, seq: int) -> None:
             answered[i] = True
-            self._reply_sequence(ids[i], seq)
+            request_id = ids[i]
+            # R-TRACE-1: answered from the commit's callback, once its events are on disk
+            gate(lambda: self._reply_sequence(request_id, seq))
 
         def failed(i: int, exc: BaseException) -> None:
             answered[i] = True

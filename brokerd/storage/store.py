@@ -408,6 +408,17 @@ class Store:
             return
         self._settle(batch, None)
 
+    def after_gate(self, tell: Callable[[], None]) -> None:
+        """Run ``tell`` once the events emitted so far are durable (the release gate), at
+        once without one: for an outcome told from a commit callback rather than by a
+        job's future (RECEIVE's reply when messages are ready), which must wait as the
+        futures do (R-TRACE-1)."""
+        gate = self.release_gate() if self.release_gate is not None else None
+        if gate is None:
+            tell()
+        else:
+            gate.add_done_callback(lambda _: tell())
+
     def _settle(self, batch: list[Job], error: BaseException | None) -> None:
         held: list[Job] = []
         for job in batch:

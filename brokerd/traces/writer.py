@@ -104,6 +104,8 @@ EVENTS: dict[str, str] = {
     "activation_exited": "an activated command exited (database, queue, pid, reason)",
     "activation_failed": "an activated queue's command could not be started (database, "
     "queue, reason)",
+    "inherited": "a promoted mirror's endpoint as its file holds it, before it serves "
+    "(sent_through, received_through)",
     "started": "the writer started; the last event it found on disk (last_n, last_ts, "
     "last_event; clean: that was a graceful stop's)",
     "stopped": "the daemon stopped gracefully: the last event before a clean start",
@@ -129,6 +131,7 @@ DURABLE = frozenset(
         "quarantine_released",
         "quarantine_ended",
         "queue_disabled",
+        "inherited",
         "started",
         "stopped",
         "trace_resumed",
@@ -428,11 +431,15 @@ class TraceWriter:
 
         The store holds a commit's outcome until then (docs/design.md "Storage"), so what
         the application is told has its events on disk. Barriers asked for while a
-        durable flush runs share the next one."""
+        durable flush runs share the next one: one future, shared by every barrier asked
+        for until that flush takes it (a reply gated per SEND costs no future of its own).
+        A waiter that may be cancelled shields it."""
         if self._task is None or not self.config.durable:
             return None
         if not self._buffer and not self._lock.locked():
             return None
+        if self._waiters:  # not taken yet: the flush that takes it covers these events too
+            return self._waiters[-1]
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._waiters.append(future)

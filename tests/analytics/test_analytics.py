@@ -390,7 +390,19 @@ def edge_cases(root: Path) -> dict[str, str]:
     w = Writer(root)
     c = {
         name: uuid.uuid4()
-        for name in ("held", "untraced", "late", "unsent", "cleanup", "retry", "gap")
+        for name in (
+            "held",
+            "untraced",
+            "late",
+            "unsent",
+            "cleanup",
+            "retry",
+            "gap",
+            "inherited",
+            "inherited_sent",
+            "inherited_gap",
+            "inherited_again",
+        )
     }
     a = {"database": "db", "initiator": True}
     # seq 2 acknowledged by a range while seq 1 is still missing: held, not lost
@@ -451,6 +463,24 @@ def edge_cases(root: Path) -> dict[str, str]:
         w.emit("a", T0 + 40 + seq, "message_sent", c["gap"], seq=seq, **a)
         if seq in (1, 5):
             w.emit("b", T0 + 40.01 + seq, "delivered", c["gap"], seq=seq, **a)
+    # R-TRACE-5: p1 delivered seqs 1..4 and was killed before its events of 3 and 4 were
+    # on disk; p2, promoted, inherited them (received through 4) and delivered 5
+    t = {"database": "db", "initiator": False}
+    for name, through in (("inherited", 4), ("inherited_gap", 2), ("inherited_again", 4)):
+        for seq in range(1, 6):
+            w.emit("a", T0 + 50 + seq / 10, "message_sent", c[name], seq=seq, **a)
+        for seq in (1, 2):
+            w.emit("p1", T0 + 50.01 + seq / 10, "delivered", c[name], seq=seq, **a)
+        w.emit("p2", T0 + 51, "inherited", c[name], sent_through=0, received_through=through, **t)
+        w.emit("p2", T0 + 51.2, "delivered", c[name], seq=5, **a)
+    # ... but p2's file held only 1..2 of this one: 3..4 are a gap
+    # ... and p2 delivered 3 again, though its file held it: a duplicate
+    w.emit("p2", T0 + 51.1, "delivered", c["inherited_again"], seq=3, **a)
+    # p1 sent replies 1..3, its events of 2 and 3 lost; p2's file had sent through 3
+    w.emit("p1", T0 + 60, "message_sent", c["inherited_sent"], seq=1, **t)
+    w.emit("p2", T0 + 61, "inherited", c["inherited_sent"], sent_through=3, received_through=0, **t)
+    for seq in (1, 2, 3):
+        w.emit("a", T0 + 61 + seq / 10, "delivered", c["inherited_sent"], seq=seq, **t)
     w.close()
     segment = sorted((root / "a").glob("*.jsonl"))[0]
     with segment.open("a") as f:
@@ -480,10 +510,21 @@ def edges(
 
 def test_only_what_the_traces_show_is_a_violation(edges: tuple[dict[str, str], Analysis]) -> None:
     known, result = edges
-    assert [(v["kind"], v["conversation_id"], v["seq"]) for v in result.audit.violations] == [
-        ("gap", known["gap"], 2)
-    ]
-    (gap,) = result.audit.violations
+    found = [(v["kind"], v["conversation_id"], v["seq"]) for v in result.audit.violations]
+    assert sorted(found) == sorted(
+        [
+            ("gap", known["gap"], 2),
+            ("gap", known["inherited_gap"], 3),
+            ("duplicate", known["inherited_again"], 3),
+        ]
+    )
+    assert result.audit.unknown == 0
+    by = {v["conversation_id"]: v for v in result.audit.violations}
+    assert by[known["inherited_gap"]]["last_seq"] == 4
+    assert by[known["inherited_again"]]["detail"] == (
+        "delivered again after a promoted mirror's file held it"
+    )
+    gap = by[known["gap"]]
     assert gap["detail"] == "never delivered, nor the 2 after it" and gap["last_seq"] == 4
     t = result.totals
     assert (
@@ -499,9 +540,10 @@ def test_bad_timestamps_missing_versions_and_bad_seqs_are_skipped(
     _, result = edges
     assert result.inputs["lines_skipped"] == 1  # the timestamp without microseconds
     assert result.inputs["other_schema_versions"] == 1  # no "v"
-    # the acknowledgement listing "x," lists no message: only the 13 messages written
-    # (held 2, untraced 1, late 2, unsent 2, retry 1, gap 5) are in the message table
-    assert result.audit.messages == 13
+    # the acknowledgement listing "x," lists no message: only the 31 messages written
+    # (held 2, untraced 1, late 2, unsent 2, retry 1, gap 5, inherited 3 x 5, inherited
+    # sent 3) are in the message table
+    assert result.audit.messages == 31
 
 
 def test_a_delayed_endpoint_closed_by_cleanup_is_not_still_delayed(

@@ -2,9 +2,10 @@
 
 Owns how a dropped message is counted, traced, kept for the ``drops`` view and
 logged (at most one line a second), the ``dialog_begun``, ``discarded`` and
-``dialog_ended`` events every part of the engine writes, and poison-message
-handling's (SPEC §6): ``rolled_back``, ``quarantined``, ``quarantine_released``,
-``quarantine_ended`` and ``queue_disabled``, each with its counter. An endpoint that
+``dialog_ended`` events every part of the engine writes, a promotion's ``inherited``
+events, and poison-message handling's (SPEC §6): ``rolled_back``, ``quarantined``,
+``quarantine_released``, ``quarantine_ended`` and ``queue_disabled``, each with its
+counter. An endpoint that
 closes is handed to the :class:`~brokerd.dialogs.endpoints.closing.ClosedEndpoints` that
 will say when it may be removed (SPEC §5).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterable
 
 from brokerd.dialogs.endpoints.closing import ClosedEndpoints
 from brokerd.dialogs.endpoints.endpoint import Endpoint
@@ -92,6 +94,22 @@ class DialogEvents:
                 initiator=ep.initiator != received,
                 seqs=",".join(map(str, sorted(seqs))),
                 reason=reason,
+            )
+
+    def inherited(self, endpoints: Iterable[Endpoint]) -> None:
+        """R-ROUTE-16, R-TRACE-2: a promoted partner's ``inherited`` event per endpoint of
+        the database, as its file holds it: what its sends went through (``sent_through``)
+        and what it received in order (``received_through``). What the old principal
+        committed and shipped is then evidenced here, also when its own events of it were
+        lost with it (a SIGKILL before its trace flush) and it never starts again."""
+        for ep in endpoints:
+            self.trace.emit(
+                "inherited",
+                ep.conversation_id,
+                database=ep.database,
+                initiator=ep.initiator,
+                sent_through=ep.send_sequence,
+                received_through=ep.durable.through,
             )
 
     def closed(self, ep: Endpoint) -> None:

@@ -85,6 +85,8 @@ class MirrorServices(Protocol):
 
     async def rebuild(self, db: Database) -> list[Endpoint]: ...
 
+    async def inherited(self, db: Database) -> None: ...
+
     def forget_image(self, db: Database) -> None: ...
 
     def resume(self, db: Database) -> None: ...
@@ -316,6 +318,9 @@ class MirrorRoles:
             if db.mirror_epoch > epoch:  # heard of meanwhile, while the image was built
                 self.engine.forget_image(db)
                 self._promoted_above(db)
+            # R-TRACE-2: what it inherited, durable before it serves (the old principal's
+            # own events of its last commits may have died with it)
+            await self.engine.inherited(db)
         db.mirror_role = role
         db.mirror_epoch = max(db.mirror_epoch, epoch)
         log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)

@@ -324,8 +324,9 @@ class ReceiveVerbs:
         groups: int = 1,
     ) -> bool:
         """:meth:`receive` without a task or a future when messages are ready now: the
-        rows go to ``then`` from the callback of the commit that removed them (or the
-        error to ``failed``). False, with nothing taken, when none are ready: the caller
+        rows go to ``then`` from the callback of the commit that removed them, once its
+        release gate lets them (its received events on disk, R-TRACE-1), or the error to
+        ``failed``. False, with nothing taken, when none are ready: the caller
         waits with :meth:`receive`. The client listener's path for RECEIVE, so that a
         consumer behind a busy event loop waits for its commit, not for further turns
         of the loop."""
@@ -364,9 +365,11 @@ class ReceiveVerbs:
         def committed() -> None:
             self.trim_all(leases, used[0])
             for lease in leases:
-                self.release(lease, received=True)
+                self.release(lease, received=True)  # emits their received events
             if then is not None:
-                then(result[0])
+                rows = result[0]
+                # R-TRACE-1: the application learns of the RECEIVE once those are on disk
+                leases[0].db.store.after_gate(lambda: then(rows))
 
         def not_committed(exc: BaseException) -> None:
             for lease in leases:
