@@ -24,6 +24,7 @@ from brokerd.storage.queries import (
     ENDPOINT_SNAPSHOT,
     MANY_ROWS,
     STORABLE,
+    endpoint_update_values,
     merge_snapshots,
     stored,
 )
@@ -154,7 +155,7 @@ def _write_endpoints(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) ->
     have a row (no index is touched), then an insert of the ones that are new."""
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
-        flat = list(chain.from_iterable(chunk))
+        flat = list(chain.from_iterable(map(endpoint_update_values, chunk)))
         changed = conn.execute(_endpoint_updates(len(chunk)), flat).rowcount
         if changed < len(chunk):
             _insert_many(conn, queries.ENDPOINT_ADD, chunk)

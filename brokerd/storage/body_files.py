@@ -46,9 +46,10 @@ import time
 from pathlib import Path
 
 STORED_FROM = 32 * 1024
-"""Bodies at least this long go to a segment file: two or more overflow pages at
-16 KiB pages. Smaller ones stay in their row, where a commit writes them with the
-row's own page."""
+"""Bodies at least this long go to a segment file (eight or more overflow pages at the
+4 KiB pages of a file brokerd creates, :data:`brokerd.storage.connection.PAGE_SIZE`).
+Smaller ones stay in their row, where a commit writes them with the row's own page
+and its overflow pages, as many bytes as the body has, without a segment file's sync."""
 
 SEGMENT_BYTES = 64 * 1024 * 1024
 """A segment is closed for appends once it holds this much (a longer body gets a new

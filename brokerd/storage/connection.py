@@ -34,12 +34,16 @@ from brokerd.storage.schema import AUTO_CREATED_LOCAL, SCHEMA_VERSION
 log = logging.getLogger("brokerd.storage.store")
 """The store's log (its modules share it)."""
 
-PAGE_SIZE = 16 * 1024
-"""Page size of a database file brokerd creates (an existing file keeps its own). A
-body longer than a page spills into a chain of overflow pages, each a WAL frame of
-its own with a checksum when committed, copied again by the checkpoint, and read one
-by one when its row is deleted: a 1 MiB body is 256 pages at SQLite's default 4 KiB
-and 64 at 16 KiB (docs/performance.md, "Large bodies")."""
+PAGE_SIZE = 4 * 1024
+"""Page size of a database file brokerd creates (an existing file keeps its own):
+SQLite's default. Every page a commit changes is a WAL frame, written again by the
+checkpoint, so the page is the unit of what a commit writes: a commit that changes
+a few rows each of many conversations (many dialogs at once, W4) writes a whole page
+for each place it touches, and 4 KiB pages wrote a quarter less per message than
+16 KiB ones there at the same CPU (docs/performance.md, "Smaller pages (W4)"). Large
+bodies are not in pages (:data:`~brokerd.storage.body_files.STORED_FROM` and up go
+to segment files); a body below that may still spill into a chain of overflow pages,
+each a WAL frame, as many bytes as it has."""
 
 
 PAGE_CACHE_MB = 2

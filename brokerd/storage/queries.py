@@ -24,6 +24,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any
 
 from brokerd.storage.schema import IN_FRAGMENTS, WRITE_META, Statement
@@ -108,15 +109,23 @@ def merge_snapshots(earlier: Sequence[Any], later: Sequence[Any]) -> Sequence[An
 ENDPOINT_ADD = "INSERT OR IGNORE INTO conversation_endpoints VALUES (" + ", ".join("?" * 17) + ")"
 
 
+_UPDATED = (0, *(_ENDPOINT_COLUMNS.index(column) for column in _ENDPOINT_CHANGING))
+endpoint_update_values = itemgetter(*_UPDATED)
+"""The values of a snapshot that :func:`endpoint_updates` binds: the handle, then the
+columns that can change (binding the other nine of each row cost a quarter of the
+update's time: docs/performance.md, "Endpoint rows updated with what changes")."""
+
+
 def endpoint_updates(count: int) -> str:
-    """One statement that writes ``count`` snapshots of existing endpoints (UPDATE FROM)."""
-    row = "(" + ", ".join("?" * len(_ENDPOINT_COLUMNS)) + ")"
+    """One statement that writes ``count`` snapshots of existing endpoints (UPDATE FROM),
+    each given as :data:`endpoint_update_values` of it."""
+    row = "(" + ", ".join("?" * len(_UPDATED)) + ")"
     values = ", ".join([row] * count)
     assignments = ", ".join(
-        f"{column} = max({column}, v.column{_ENDPOINT_COLUMNS.index(column) + 1})"
+        f"{column} = max({column}, v.column{n})"
         if column in _GROWING
-        else f"{column} = v.column{_ENDPOINT_COLUMNS.index(column) + 1}"
-        for column in _ENDPOINT_CHANGING
+        else f"{column} = v.column{n}"
+        for n, column in enumerate(_ENDPOINT_CHANGING, 2)
     )
     return (
         f"UPDATE conversation_endpoints SET {assignments} FROM (VALUES {values}) AS v "

@@ -33,10 +33,11 @@ from brokerd.storage.sequence_runs import (
     REMOVE_MANY,
     RETAIN_MANY,
     Span,
-    by_conversation,
+    by_conversation_keyed,
     by_sequence_numbers,
     chunks,
     numbered,
+    over_spans,
     span_chunks,
     spans_join,
 )
@@ -143,15 +144,16 @@ def read_received(
     """
     # Keyed by the handle's integer: a UUID's own hash is a Python call, per row.
     found: dict[tuple[int, int], Any] = {}
-    conversations = by_conversation(items)
+    conversations, ints = by_conversation_keyed(items)
+    spans: list[list[Span]] | None = None
     if len(conversations) > 1:  # many groups' conversations: a few statements for all
-        ints = {key: uuid.UUID(key).int for key in conversations}
-        for chunk in span_chunks(conversations):
+        spans = span_chunks(conversations)
+        for chunk in spans:
             for r in _received_spans(conn, chunk):
                 found[(ints[r[0]], r[1])] = r
     else:
         for key, seqs in conversations.items():
-            handle_int = uuid.UUID(key).int
+            handle_int = ints[key]
             for sql, params in numbered("", key, seqs):
                 for r in _received_rows(conn, sql, params):
                     found[(handle_int, r[1])] = r
@@ -192,7 +194,14 @@ def read_received(
             used = positions[keep]
     if remove:
         taken = items[:used]
-        for sql, params in by_sequence_numbers(RETAIN_MANY if retention else REMOVE_MANY, taken):
+        verb = RETAIN_MANY if retention else REMOVE_MANY
+        # Every item taken (no budget cut): the spans just read are the ones removed.
+        removal = (
+            over_spans(verb, spans)
+            if spans is not None and used == len(items)
+            else by_sequence_numbers(verb, taken)
+        )
+        for sql, params in removal:
             conn.execute(sql, params)
         if in_fragments and not retention:
             joined_bodies = [item for item in taken if item in in_fragments]

@@ -7,7 +7,8 @@ of many conversation groups), one statement per :data:`SPANS_PER_STATEMENT` span
 (handle, first, last) joined on the primary key (:func:`in_spans`) (R-DLG-1: exactly the
 messages taken, never a neighbour), and the statements of ``queue_messages`` and
 ``message_fragments`` that end in such a condition (:data:`REMOVE_MANY`,
-:data:`RETAIN_MANY`, :data:`REMOVE_FRAGMENTS`). RECEIVE's writes
+:data:`RETAIN_MANY`, :data:`REMOVE_FRAGMENTS`; :func:`over_spans` for spans already cut,
+:func:`by_conversation_keyed` for each handle's text with its integer). RECEIVE's writes
 (``queries.received``) and its read, which removes as it reads
 (``reads.read_received``), both build on them.
 
@@ -68,15 +69,24 @@ def by_sequence_numbers(verb: str, items: Sequence[tuple[uuid.UUID, int]]) -> li
     with a GIL hand-off."""
     conversations = by_conversation(items)
     if len(conversations) > 1 and verb in _OF_SPANS:
-        table, around = _OF_SPANS[verb]
-        return [
-            (around.format(in_spans(table, len(chunk))), list(chain.from_iterable(chunk)))
-            for chunk in span_chunks(conversations)
-        ]
+        return over_spans(verb, span_chunks(conversations))
     statements: list[Statement] = []
     for key, seqs in conversations.items():
         statements += numbered(verb, key, seqs)
     return statements
+
+
+def over_spans(verb: str, chunks: list[list[Span]]) -> list[Statement]:
+    """``verb`` (one of :data:`REMOVE_MANY`, :data:`RETAIN_MANY`,
+    :data:`REMOVE_FRAGMENTS`) over the spans of many conversations that
+    :func:`span_chunks` cut, one statement a chunk: what :func:`by_sequence_numbers`
+    makes of them, for a caller that has cut them already (RECEIVE reads the rows of
+    the spans it then removes)."""
+    table, around = _OF_SPANS[verb]
+    return [
+        (around.format(in_spans(table, len(chunk))), list(chain.from_iterable(chunk)))
+        for chunk in chunks
+    ]
 
 
 def span_chunks(conversations: dict[str, list[int]]) -> list[list[Span]]:
@@ -84,6 +94,9 @@ def span_chunks(conversations: dict[str, list[int]]) -> list[list[Span]]:
     chunk."""
     spans: list[Span] = []
     for key, seqs in conversations.items():
+        if len(seqs) == 1:  # a group of one message (many dialogs taking turns)
+            spans.append((key, seqs[0], seqs[0]))
+            continue
         runs, alone = _runs(seqs)
         spans += [(key, first, last) for first, last in runs]
         spans += [(key, seq, seq) for seq in alone]
@@ -138,13 +151,28 @@ def _runs(seqs: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
 
 def by_conversation(items: Sequence[tuple[uuid.UUID, int]]) -> dict[str, list[int]]:
     """The numbers of ``items`` per conversation handle's text, in their order."""
+    return by_conversation_keyed(items)[0]
+
+
+def by_conversation_keyed(
+    items: Sequence[tuple[uuid.UUID, int]],
+) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """:func:`by_conversation`, and each handle's text's integer (``UUID.int``): a reader
+    that matches the rows it reads (handles as text) to ``items`` (UUIDs) needs not parse
+    the text again (a UUID parsed from text is a Python call, per conversation)."""
     by_int: dict[int, tuple[uuid.UUID, list[int]]] = {}
     for handle, seq in items:
         entry = by_int.get(handle.int)
         if entry is None:
             entry = by_int[handle.int] = (handle, [])
         entry[1].append(seq)
-    return {str(handle): seqs for handle, seqs in by_int.values()}
+    conversations: dict[str, list[int]] = {}
+    ints: dict[str, int] = {}
+    for handle_int, (handle, seqs) in by_int.items():
+        text = str(handle)
+        conversations[text] = seqs
+        ints[text] = handle_int
+    return conversations, ints
 
 
 def chunks(seqs: list[int], size: int = 1000) -> list[list[int]]:

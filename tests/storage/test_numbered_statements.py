@@ -127,6 +127,38 @@ def test_a_budget_removes_only_what_it_keeps(tmp_path: Path) -> None:
     assert _left(conn, H1) == [-3, -2, -1, *range(5, 21)]
 
 
+def test_a_budget_across_many_conversations_removes_only_what_it_keeps(tmp_path: Path) -> None:
+    """A RECEIVE of many groups cut by its budget removes the items it keeps, not the
+    spans it read (which it removes as they are when it keeps them all)."""
+    conn = _queue(tmp_path / "q.db")
+    items = [(H1, 1), (H1, 2), (H2, 1), (H2, 2), (H2, 3)]
+    conn.execute("BEGIN")
+    rows, used = reads.read_received(conn, items, budget=lambda rows: 3, remove=True)
+    conn.execute("COMMIT")
+    assert [(r["conversation_handle"], r["message_sequence_number"]) for r in rows] == [
+        (str(H1), 1),
+        (str(H1), 2),
+        (str(H2), 1),
+    ]
+    assert used == 3
+    assert _left(conn, H1) == [n for n in ALL if n not in (1, 2)]
+    assert _left(conn, H2) == [n for n in ALL if n != 1]
+
+
+def test_spans_cut_once_are_the_statements_of_the_items() -> None:
+    """RECEIVE removes the spans it read with :func:`sequence_runs.over_spans`: the same
+    statements :func:`sequence_runs.by_sequence_numbers` makes of the items, and each
+    handle's text comes with its integer."""
+    items = [(uuid.uuid4(), 7) for _ in range(300)] + [(H1, 1), (H1, 2), (H1, 5), (H2, 3)]
+    conversations, ints = sequence_runs.by_conversation_keyed(items)
+    assert conversations == sequence_runs.by_conversation(items)
+    assert ints == {str(h): h.int for h, _ in items}
+    for verb in (sequence_runs.REMOVE_MANY, sequence_runs.RETAIN_MANY):
+        assert sequence_runs.over_spans(
+            verb, sequence_runs.span_chunks(conversations)
+        ) == sequence_runs.by_sequence_numbers(verb, items)
+
+
 def test_received_statements_under_retention_keep_the_rows(tmp_path: Path) -> None:
     """RETENTION keeps the messages with status 0, by the same runs and lists (and spans,
     for several conversations)."""

@@ -78,7 +78,8 @@ def _snapshot_update(conn: sqlite3.Connection) -> None:
         None,
     )
     conn.execute(queries.ENDPOINT_ADD, row)
-    conn.execute(queries.endpoint_updates(2), (*row, H2, *row[1:]))
+    values = queries.endpoint_update_values
+    conn.execute(queries.endpoint_updates(2), (*values(row), *values((H2, *row[1:]))))
 
 
 HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {

@@ -16,7 +16,7 @@ import pytest
 
 from brokerd.errors import StoreError
 from brokerd.storage import queries, schema
-from brokerd.storage.connection import PAGE_CACHE_MB
+from brokerd.storage.connection import PAGE_CACHE_MB, PAGE_SIZE
 from brokerd.storage.store import Store
 
 
@@ -384,9 +384,10 @@ async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:
 
 
 async def test_a_mirror_installs_a_copy_of_another_page_size(tmp_path: Path) -> None:
-    """A principal's file created with 16 KiB pages is installed over a mirror's file of
-    4 KiB pages (created by a version with SQLite's default): a file in WAL mode refuses
-    such a backup, so it goes in rollback-journal mode and the file returns to WAL."""
+    """A principal's file created with 4 KiB pages is installed over a mirror's file of
+    16 KiB pages (created by a version that made files with them): a file in WAL mode
+    refuses such a backup, so it goes in rollback-journal mode and the file returns to
+    WAL, with the principal's page size."""
     from brokerd.storage.replica import Replica
 
     principal = Store(tmp_path / "principal.sqlite", "shop")
@@ -398,7 +399,7 @@ async def test_a_mirror_installs_a_copy_of_another_page_size(tmp_path: Path) -> 
 
     old = tmp_path / "mirror.sqlite"
     conn = sqlite3.connect(old)
-    conn.execute("PRAGMA page_size=4096")
+    conn.execute("PRAGMA page_size=16384")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(schema.CREATE_META)
     conn.close()  # the mirror's store is then the file's only connection
@@ -412,7 +413,7 @@ async def test_a_mirror_installs_a_copy_of_another_page_size(tmp_path: Path) -> 
     await mirror.close()
     conn = sqlite3.connect(old)
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-    assert conn.execute("PRAGMA page_size").fetchone() == (16384,)
+    assert conn.execute("PRAGMA page_size").fetchone() == (PAGE_SIZE,) == (4096,)
     conn.close()
 
 

@@ -456,13 +456,13 @@ class Arrivals:
         if (
             run is not None
             and run.ep is ep
-            and db.store.join_last(_RECEIVED, run.on_commit, (row, snapshot), weight, True)
+            and db.store.join_last(_RECEIVED, run, (row, snapshot), weight, True)
         ):
             run.seqs.append(seq)
             return
         run = self.last_run = InOrderRun(self, db, ep, queue, [seq])
         db.store.submit_joined(
-            _RECEIVED, [row, snapshot], run.on_commit, run.failed, weight, chains=(ep.receiving,)
+            _RECEIVED, [row, snapshot], run, run.failed, weight, chains=(ep.receiving,)
         )
 
     # -- runs: the messages of one dialog after one that took the whole way ----------------
@@ -726,9 +726,16 @@ class Arrivals:
 
 class InOrderRun:
     """Messages of one conversation that arrived in order and are stored by one job: what
-    runs after its commit (each message is acknowledged only then, R-DLG-5)."""
+    runs after its commit (each message is acknowledged only then, R-DLG-5).
 
-    __slots__ = ("db", "ep", "index", "on_commit", "queue", "receiving", "seqs")
+    The run is its own commit callback (calling it is :meth:`committed`): the store knows
+    the run's part of a joined job by that one object (:meth:`Store.join_last` compares by
+    identity). A bound method kept on the run instead made a reference cycle per run,
+    freed only by the cyclic garbage collector: with many dialogs (W4) a run a message,
+    and the receiving daemon's young collections took four times the sender's
+    (docs/performance.md, "No reference cycle per message received (W4)")."""
+
+    __slots__ = ("db", "ep", "index", "queue", "receiving", "seqs")
 
     def __init__(
         self, receiving: Arrivals, db: Database, ep: Endpoint, queue: str, seqs: list[int]
@@ -739,10 +746,9 @@ class InOrderRun:
         self.queue = queue
         self.index = db.ready.get(queue)
         self.seqs = seqs
-        self.on_commit = self.committed
-        """The commit callback, one object: the store knows the run's part by it
-        (:meth:`Store.join_last` compares by identity; each ``self.committed`` is a new
-        bound method)."""
+
+    def __call__(self) -> None:
+        self.committed()
 
     def committed(self) -> None:
         ep, seqs, receiving = self.ep, self.seqs, self.receiving
