@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from brokerd.analytics import audit as audit_job
 from brokerd.analytics import delays, faults, latency, page, throughput, waiting
 from brokerd.analytics.load import load_traces, trace_files
-from brokerd.analytics.messages import message_table
+from brokerd.analytics.messages import distinct_count, message_table
 from brokerd.analytics.processes import processes
 from brokerd.analytics.result import Analysis, Table
 from brokerd.analytics.session import DEFAULT_MASTER, Kept, keep, spark_session
@@ -121,7 +121,7 @@ def _totals(events: DataFrame, messages: DataFrame) -> dict[str, Any]:
     e = events.agg(
         F.count(F.when(F.col("event") == "dialog_begun", 1)).alias("endpoints_begun"),
         F.count(F.when(F.col("event") == "dialog_ended", 1)).alias("endpoints_ended"),
-        F.count_distinct(F.when(F.col("event") == "delayed", F.col("conversation_id"))).alias(
+        distinct_count(F.when(F.col("event") == "delayed", F.col("conversation_id"))).alias(
             "conversations_delayed"
         ),
         F.count(F.when(F.col("event") == "timer_fired", 1)).alias("timers_fired"),

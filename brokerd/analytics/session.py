@@ -47,6 +47,10 @@ SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 compiler, which never pays back in a run of seconds), and the serial collector."""
 
 
+LAUNCHER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
+"""The launcher's JVM (it runs for a fraction of a second before the driver's)."""
+
+
 CLASS_ARCHIVE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brokerd"
 """Where the driver JVM's class archive is kept (:func:`class_archive_options`)."""
 
@@ -156,6 +160,8 @@ def spark_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # the JVM that spark-submit starts only to compute the driver's command line
+    os.environ.setdefault("SPARK_LAUNCHER_OPTS", LAUNCHER_JVM_OPTIONS)
     local = master is None or master.startswith("local")
     small = is_small(input_bytes)
     partitions = shuffle_partitions or (1 if small else 2 * (os.cpu_count() or 2) if local else 200)
