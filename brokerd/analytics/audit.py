@@ -61,7 +61,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from brokerd.analytics.messages import STREAM, is_event
+from brokerd.analytics.messages import STREAM, distinct_count, is_event
 from brokerd.analytics.schema import TIMESTAMP_FORMAT
 from brokerd.analytics.session import keep
 
@@ -475,7 +475,12 @@ def audit(messages: DataFrame, events: DataFrame, witness: DataFrame | None = No
         found.release()
         prepared.release()
     totals = messages.agg(
-        F.count_distinct(*STREAM).alias("streams"),
+        distinct_count(
+            F.when(
+                F.col("conversation_id").isNotNull() & F.col("initiator").isNotNull(),
+                F.struct(*STREAM),
+            )
+        ).alias("streams"),
         F.count(F.lit(1)).alias("messages"),
         F.count(F.when(F.col("deliveries") > 0, 1)).alias("delivered"),
         F.count(F.when(F.col("status") == "waiting", 1)).alias("waiting"),
