@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -34,7 +35,7 @@ from brokerd.analytics.load import load_traces, trace_files
 from brokerd.analytics.messages import distinct_count, message_table
 from brokerd.analytics.processes import processes
 from brokerd.analytics.result import Analysis, Table
-from brokerd.analytics.session import DEFAULT_MASTER, Kept, keep, spark_session
+from brokerd.analytics.session import DEFAULT_MASTER, Kept, is_small, keep, spark_session
 from brokerd.traces.writer import iso_micros
 
 __all__ = ["Analysis", "Table", "analyze", "print_summary", "render_html", "write_report"]
@@ -134,9 +135,10 @@ def _totals(events: DataFrame, messages: DataFrame) -> dict[str, Any]:
 
 
 STEP_THREADS = 3
-"""Steps run at once once the message table is built. Each is a few Spark jobs whose
-planning runs on the driver while another's tasks run: on a small set the planning is
-most of the time, and on a large one a step's last tasks leave cores idle."""
+"""Steps of a small trace set run at once (:func:`brokerd.analytics.session.is_small`).
+Each is a few Spark jobs whose planning, most of a small set's time, runs on the driver
+while another's tasks run. A large set's steps run one at a time: each has work for
+every core, and several at once would share the heap's shuffle and aggregation memory."""
 
 
 def _warm_page() -> None:
@@ -161,12 +163,13 @@ def analyze(
     confirm what a crash window hid (:func:`brokerd.analytics.audit.audit`)."""
     began = time.perf_counter()
     files = trace_files(list(paths))  # a wrong path fails before Spark starts
-    with ThreadPoolExecutor(max_workers=STEP_THREADS) as pool:
+    size = sum(f.stat().st_size for f in files)
+    at_once = STEP_THREADS if is_small(size) else 1
+    with ThreadPoolExecutor(2) as driver, ThreadPoolExecutor(at_once) as run:
         # the driver's own work runs while the JVM starts
-        listed = pool.submit(processes, files)
-        pool.submit(_warm_page)
+        listed = driver.submit(processes, files)
+        driver.submit(_warm_page)
         steps = Progress(10 if spark is not None else 11, progress)
-        size = sum(f.stat().st_size for f in files)
         sp = spark or steps.run(
             f"starting Spark ({master or DEFAULT_MASTER})",
             lambda: spark_session(master, input_bytes=size),
@@ -174,19 +177,28 @@ def analyze(
         traces = steps.run(f"reading {len(files)} trace segment(s)", lambda: load_traces(sp, files))
         try:
             events = traces.events
-            kept = steps.run("building the message table", lambda: _kept(message_table(events)))
+            hops = functools.partial(steps.run, "latency per hop", lambda: _hops(events, top))
+            early: list[Future[dict[str, Table]]] = []
+
+            def build() -> Kept:
+                if at_once > 1:  # a small set's legs of the path (from the events alone)
+                    early.append(run.submit(hops))
+                return _kept(message_table(events))
+
+            kept = steps.run("building the message table", build)
             messages = kept.df
             try:
                 jobs = _Jobs(events, messages, traces.first_t, traces.last_t, top)
-                audited = pool.submit(
+                legs = early[0] if early else run.submit(hops)
+                audited = run.submit(
                     steps.run,
                     "exactly-once-in-order audit",
                     lambda: audit_job.audit(messages, events, witnesses(sp, witness)),
                 )
-                parts = [pool.submit(steps.run, name, job) for name, job in jobs.steps()]
-                summed = pool.submit(steps.run, "totals", lambda: _totals(events, messages))
+                parts = [run.submit(steps.run, name, job) for name, job in jobs.steps()]
+                summed = run.submit(steps.run, "totals", lambda: _totals(events, messages))
                 found = audited.result()
-                made = [part.result() for part in parts]
+                made = [legs.result(), *(part.result() for part in parts)]
                 totals = summed.result()
             finally:
                 kept.release()
@@ -236,6 +248,16 @@ TABLES = (
 """The tables of an analysis, in the order of ``summary.json``."""
 
 
+def _hops(events: DataFrame, top: int) -> dict[str, Table]:
+    """The tables of the legs of the path (from the events alone)."""
+    legs, dwell, histogram = latency.by_hop(events)
+    return {
+        "latency_by_hop": collect(legs, "Latency per hop (ms)", top),
+        "forwarder_dwell": collect(dwell, "Forwarder dwell time (ms)", top),
+        "latency_histogram_by_hop": collect(histogram, "Latency per hop", HISTOGRAM_ROWS),
+    }
+
+
 class _Jobs:
     """The steps that make the tables, each from the events and the message table; a
     step returns its tables (name -> :class:`Table`), so steps can run at once."""
@@ -254,7 +276,6 @@ class _Jobs:
         return [
             ("waiting messages and open endpoints", self.waiting),
             ("DELAYED time, wait reasons and longest waits", self.delays),
-            ("latency per hop", self.hops),
             ("latency per service pair and route", self.latencies),
             ("throughput and load balancing", self.throughput),
             ("faults per connection and route", self.faults),
@@ -275,14 +296,6 @@ class _Jobs:
                 "SEND to delivery latency per route",
                 HISTOGRAM_ROWS,
             ),
-        }
-
-    def hops(self) -> dict[str, Table]:
-        legs, dwell, histogram = latency.by_hop(self.events)
-        return {
-            "latency_by_hop": collect(legs, "Latency per hop (ms)", self.top),
-            "forwarder_dwell": collect(dwell, "Forwarder dwell time (ms)", self.top),
-            "latency_histogram_by_hop": collect(histogram, "Latency per hop", HISTOGRAM_ROWS),
         }
 
     def faults(self) -> dict[str, Table]:
