@@ -70,8 +70,9 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from brokerd.analytics.messages import STREAM, event_id, is_event
+from brokerd.analytics.messages import STREAM, distinct_count, event_id, is_event
 from brokerd.analytics.schema import TIMESTAMP_FORMAT
+from brokerd.analytics.session import keep
 
 KINDS = ("duplicate", "gap", "out_of_order", "lost", "unsent")
 """The violations."""
@@ -534,21 +535,26 @@ def audit(messages: DataFrame, events: DataFrame, witness: DataFrame | None = No
     ``witness`` (:data:`WITNESS_SCHEMA`), the endpoints of the daemons' database files,
     settles what it can of what the windows hide."""
     # every kind of finding reads the prepared table: its windows run once
-    prepared = _prepared(messages, inheritance(events)).cache()
-    judgement = judged(_findings(prepared), crash_windows(events))
+    prepared = keep(_prepared(messages, inheritance(events)))
+    judgement = judged(_findings(prepared.df), crash_windows(events))
     if witness is not None:
         judgement = witnessed(judgement, witness)
-    found = judgement.cache()
+    found = keep(judgement)
     try:
         counts = {k: 0 for k in (*KINDS, UNKNOWN, WITNESSED)}
-        for row in found.groupBy("kind").count().collect():
+        for row in found.df.groupBy("kind").count().collect():
             counts[row["kind"]] = int(row["count"])
-        violations, unknowns = _listed(found, counts)
+        violations, unknowns = _listed(found.df, counts)
     finally:
-        found.unpersist()
-        prepared.unpersist()
+        found.release()
+        prepared.release()
     totals = messages.agg(
-        F.count_distinct(*STREAM).alias("streams"),
+        distinct_count(
+            F.when(
+                F.col("conversation_id").isNotNull() & F.col("initiator").isNotNull(),
+                F.struct(*STREAM),
+            )
+        ).alias("streams"),
         F.count(F.lit(1)).alias("messages"),
         F.count(F.when(F.col("deliveries") > 0, 1)).alias("delivered"),
         F.count(F.when(F.col("status") == "waiting", 1)).alias("waiting"),

@@ -6,8 +6,8 @@ schema of :mod:`brokerd.analytics.schema` in permissive mode. Lines that do not 
 torn tail after a crash), events of another schema version and events whose
 timestamp does not parse are counted and left out, never fatal. Each event gets
 ``t``, its time in microseconds since the epoch (UTC), which every job uses.
-The files are parsed once, into Spark's cache; every job reads the cache
-(:meth:`Traces.release` drops it).
+The files are parsed once, into Spark's cache (:func:`brokerd.analytics.session.keep`);
+every job reads the cache (:meth:`Traces.release` drops it).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from brokerd.analytics.schema import CORRUPT_COLUMN, SCHEMA_VERSION, TIMESTAMP_FORMAT, TRACE_SCHEMA
+from brokerd.analytics.session import Kept, keep
 from brokerd.errors import AnalyticsError
 from brokerd.traces.writer import iso_micros, segment_files
 
@@ -31,7 +31,7 @@ class Traces:
 
     events: DataFrame
     """Every usable event: the schema's columns plus ``t`` (microseconds, UTC)."""
-    cached: DataFrame
+    cached: Kept
     """The parsed lines, held in memory (and on disk beyond it) until :meth:`release`."""
     files: int
     bytes: int
@@ -47,7 +47,7 @@ class Traces:
 
     def release(self) -> None:
         """Drop the cached lines."""
-        self.cached.unpersist()
+        self.cached.release()
 
     def view(self) -> dict[str, Any]:
         return {
@@ -98,8 +98,8 @@ def load_traces(spark: SparkSession, paths: list[Path]) -> Traces:
     ours = F.col("v").eqNullSafe(SCHEMA_VERSION)
     known = usable & ours
     # The files are parsed once, into the cache; the counts and every job read the cache.
-    cached = raw.persist(StorageLevel.MEMORY_AND_DISK)
-    counts = cached.agg(
+    cached = keep(raw)
+    counts = cached.df.agg(
         F.count(F.when(~usable, 1)).alias("skipped"),
         F.count(F.when(usable & ~ours, 1)).alias("other"),
         F.count(F.when(known, 1)).alias("n"),
@@ -108,7 +108,7 @@ def load_traces(spark: SparkSession, paths: list[Path]) -> Traces:
         F.sort_array(F.collect_set(F.when(known, F.col("instance")))).alias("instances"),
     ).first()
     assert counts is not None
-    events = cached.where(known).drop(CORRUPT_COLUMN, "v")
+    events = cached.df.where(known).drop(CORRUPT_COLUMN, "v")
     return Traces(
         events=events,
         files=len(files),

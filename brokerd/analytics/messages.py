@@ -82,6 +82,15 @@ def count_of(name: str) -> Column:
     return F.count(F.when(is_event(name), 1))
 
 
+def distinct_count(column: Column) -> Column:
+    """How many distinct non-null values of ``column`` the group has, as a long.
+
+    The same figure as ``count_distinct``, without its cost: an aggregate with a distinct
+    count is planned as two aggregations, with a shuffle of every input row keyed by the
+    group and the value before the group's own; a set is one more aggregate buffer."""
+    return F.size(F.collect_set(column)).cast("long")
+
+
 def event_id(events: DataFrame) -> DataFrame:
     """``events`` with ``eid``: ``instance#n``, the event's id (null for a line without
     ``n``, written before lines were numbered)."""
@@ -165,7 +174,7 @@ def message_table(events: DataFrame) -> DataFrame:
         count_of("duplicate").alias("duplicates"),
         count_of("dropped").alias("drops"),
         last_of("reason", "dropped").alias("drop_reason"),
-        F.count_distinct(F.when(is_event("forwarded"), F.col("instance"))).alias("forwards"),
+        distinct_count(F.when(is_event("forwarded"), F.col("instance"))).alias("forwards"),
         F.max(F.when(is_event("forwarded"), F.col("hop"))).alias("max_hop"),
         time_of("acked").alias("acked_t"),
         first_of("eid", "acked").alias("acked_id"),

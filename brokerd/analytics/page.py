@@ -281,24 +281,25 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def template() -> jinja2.Template:
+    """The page's template (loaded once)."""
+    return _environment().get_template(TEMPLATE)
+
+
 def render(analysis: Analysis) -> str:
     """The whole page."""
     t, found = analysis.tables, analysis.processes
     longest = t.get("longest_waits")
-    return (
-        _environment()
-        .get_template(TEMPLATE)
-        .render(
-            inputs=analysis.inputs,
-            runtime=f"{analysis.runtime_seconds:.1f}",
-            master=analysis.master,
-            verdict=verdict(analysis.audit),
-            cards=headline(analysis.totals, found),
-            charts=chart_specs(analysis, found),
-            longest=longest.records()[:LONGEST_SHOWN] if longest is not None else [],
-            processes=[p.view() for p in found],
-            figures=figures(analysis.totals, found),
-            tables=[(TABLE_TITLES[name], t[name]) for name in TABLE_TITLES if name in t],
-            vega=vega_bundle(),
-        )
+    return template().render(
+        inputs=analysis.inputs,
+        runtime=f"{analysis.runtime_seconds:.1f}",
+        master=analysis.master,
+        verdict=verdict(analysis.audit),
+        cards=headline(analysis.totals, found),
+        charts=chart_specs(analysis, found),
+        longest=longest.records()[:LONGEST_SHOWN] if longest is not None else [],
+        processes=[p.view() for p in found],
+        figures=figures(analysis.totals, found),
+        tables=[(TABLE_TITLES[name], t[name]) for name in TABLE_TITLES if name in t],
+        vega=vega_bundle(),
     )

@@ -12,14 +12,15 @@ because the costs differ (R-REPORT-3; docs/analytics.md, Performance):
 * **a small trace set** (below :data:`SMALL_INPUT_BYTES`, about 250,000 events): the
   run is all fixed costs, the JVM's start and a few hundred milliseconds per Spark job.
   One shuffle partition, no adaptive execution (each of its re-planned shuffle stages is
-  a job of its own), no broadcast joins (each broadcast is a job), no whole-stage code
-  generation (compiling a plan costs more than running it on a few thousand rows), and a
-  driver JVM that only uses its quick compiler and the serial collector;
+  a job of its own), no broadcast joins (each broadcast is a job), no code generation at
+  all (compiling a plan, or an expression, costs more than running it on a few thousand
+  rows), and a driver JVM that only uses its quick compiler and the serial collector;
 * **a large one**: adaptive execution over ``2 x cores`` shuffle partitions (200 on a
   cluster), Spark's defaults otherwise.
 
 In either case the driver JVM maps Spark's classes from a class-data-sharing archive
-(:func:`class_archive_options`).
+(:func:`class_archive_options`), and the tables the jobs share are read from the cache
+without the plans that computed them (:func:`keep`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
 
 from brokerd.errors import AnalyticsError
 
@@ -41,6 +45,10 @@ SMALL_INPUT_BYTES = 64 * 1024 * 1024
 SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """The driver JVM for a small trace set: C1 only (no time spent in the optimising
 compiler, which never pays back in a run of seconds), and the serial collector."""
+
+
+LAUNCHER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
+"""The launcher's JVM (it runs for a fraction of a second before the driver's)."""
 
 
 CLASS_ARCHIVE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brokerd"
@@ -88,6 +96,42 @@ def note_archive_writer(spark: SparkSession, writer: Path) -> None:
         writer.write_text(str(jvm.java.lang.ProcessHandle.current().pid()))
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A table computed once (by the first job that reads it) for the jobs that follow."""
+
+    df: DataFrame
+    """What the jobs read: the cached table alone, not the plan that computes it."""
+    source: DataFrame
+    """The cached DataFrame (:meth:`release` drops its cache)."""
+
+    def release(self) -> None:
+        self.source.unpersist()
+
+
+def keep(df: DataFrame) -> Kept:
+    """``df`` cached (memory, then disk; columnar and compressed), and a DataFrame that
+    starts from the cache itself.
+
+    A DataFrame over a cached one still carries the whole plan behind the cache (the
+    parse, the message table's fold and joins): every job that reads it analyses that
+    plan and looks it up in the cache again, which is most of a small run's time. The
+    DataFrame returned (``Kept.df``) is the cache's own relation, so the jobs plan a few
+    operators; where Spark does not offer it (another version), the cached DataFrame."""
+    cached = df.persist(StorageLevel.MEMORY_AND_DISK)
+    spark = cached.sparkSession
+    try:
+        relation = cached._jdf.queryExecution().withCachedData()
+        if relation.nodeName() == "InMemoryRelation":
+            rows = spark._jvm.org.apache.spark.sql.classic.Dataset.ofRows(  # type: ignore[union-attr]
+                spark._jsparkSession, relation
+            )
+            return Kept(DataFrame(rows, spark), cached)
+    except Py4JError:
+        pass
+    return Kept(cached, cached)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -116,6 +160,8 @@ def spark_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # the JVM that spark-submit starts only to compute the driver's command line
+    os.environ.setdefault("SPARK_LAUNCHER_OPTS", LAUNCHER_JVM_OPTIONS)
     local = master is None or master.startswith("local")
     small = is_small(input_bytes)
     partitions = shuffle_partitions or (1 if small else 2 * (os.cpu_count() or 2) if local else 200)
@@ -143,6 +189,9 @@ def spark_session(
         builder = (
             builder.config("spark.sql.autoBroadcastJoinThreshold", "-1")
             .config("spark.sql.codegen.wholeStage", "false")
+            # interpreted expressions too: no Janino compilation of each projection,
+            # predicate and ordering (most of a small run's CPU otherwise)
+            .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
             .config("spark.executor.extraJavaOptions", SMALL_JVM_OPTIONS)
         )
     if local:
