@@ -70,7 +70,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from brokerd.analytics.messages import STREAM, distinct_count, event_id, is_event
+from brokerd.analytics.messages import STREAM, distinct_count, inheritance, is_event
 from brokerd.analytics.schema import TIMESTAMP_FORMAT
 from brokerd.analytics.session import keep
 
@@ -234,30 +234,6 @@ def crash_windows(events: DataFrame) -> DataFrame:
         )
         .alias("cause"),
     )
-
-
-def inheritance(events: DataFrame) -> DataFrame:
-    """What promoted mirrors inherited (``inherited`` events, R-ROUTE-16), per stream: the
-    highest seq a receiving endpoint's file held in order (``inherited_received``, with
-    its event's id ``inherited_id`` and time ``inherited_t``) and the highest its sending
-    endpoint's file had sent (``inherited_sent``). An endpoint's ``initiator`` is its own
-    role: it receives the other role's stream and sends its own."""
-    e = event_id(
-        events.where(
-            is_event("inherited")
-            & F.col("conversation_id").isNotNull()
-            & F.col("initiator").isNotNull()
-        )
-    )
-    received = e.groupBy("conversation_id", (~F.col("initiator")).alias("initiator")).agg(
-        F.max("received_through").alias("inherited_received"),
-        F.max_by("eid", "received_through").alias("inherited_id"),
-        F.max_by("t", "received_through").alias("inherited_t"),
-    )
-    sent = e.groupBy("conversation_id", "initiator").agg(
-        F.max("sent_through").alias("inherited_sent")
-    )
-    return received.join(sent, STREAM, "full")
 
 
 def _prepared(messages: DataFrame, inherited: DataFrame | None = None) -> DataFrame:

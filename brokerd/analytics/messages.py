@@ -19,7 +19,8 @@ or the conversation's route for a local delivery), ``receiver``,
 ``target_database``, ``queue``, ``drop_reason``, ``discard_reason``; and
 ``status``, one of:
 
-* ``delivered``;
+* ``delivered``: its delivery, its reception by the application, or a promoted mirror's
+  ``inherited`` event covering it (R-TRACE-5) is in the set;
 * ``discarded`` (its own side removed it unacknowledged);
 * ``lost``: acknowledged, never delivered, and no earlier message of its stream
   is missing;
@@ -141,6 +142,30 @@ def conversation_routes(events: DataFrame) -> DataFrame:
     )
 
 
+def inheritance(events: DataFrame) -> DataFrame:
+    """What promoted mirrors inherited (``inherited`` events, R-ROUTE-16), per stream: the
+    highest seq a receiving endpoint's file held in order (``inherited_received``, with
+    its event's id ``inherited_id`` and time ``inherited_t``) and the highest its sending
+    endpoint's file had sent (``inherited_sent``). An endpoint's ``initiator`` is its own
+    role: it receives the other role's stream and sends its own."""
+    e = event_id(
+        events.where(
+            is_event("inherited")
+            & F.col("conversation_id").isNotNull()
+            & F.col("initiator").isNotNull()
+        )
+    )
+    received = e.groupBy("conversation_id", (~F.col("initiator")).alias("initiator")).agg(
+        F.max("received_through").alias("inherited_received"),
+        F.max_by("eid", "received_through").alias("inherited_id"),
+        F.max_by("t", "received_through").alias("inherited_t"),
+    )
+    sent = e.groupBy("conversation_id", "initiator").agg(
+        F.max("sent_through").alias("inherited_sent")
+    )
+    return received.join(sent, STREAM, "full")
+
+
 def message_table(events: DataFrame) -> DataFrame:
     """Every message of the trace set, one row each (see the module docstring)."""
     per_message = events.where(
@@ -239,19 +264,29 @@ def message_table(events: DataFrame) -> DataFrame:
         .distinct()
         .withColumn("receiver_traced", F.lit(True))
     )
+    # A message its application received was delivered, whether or not the delivery's own
+    # event is in the set; so was one a promoted mirror's file held in order (R-TRACE-5).
+    inherited = F.broadcast(inheritance(events).select(*STREAM, "inherited_received"))
+    delivered = (
+        F.col("delivered_t").isNotNull()
+        | F.col("received_t").isNotNull()
+        | (F.col("seq") <= F.coalesce(F.col("inherited_received"), F.lit(0)))
+    )
     open_message = (
-        F.col("delivered_t").isNull()
+        ~delivered
         & F.col("discarded_t").isNull()
         & (F.col("sent_t").isNotNull() | F.col("acked_t").isNotNull())
     )
     stream = Window.partitionBy(*STREAM)
-    with_stream = joined.join(receivers, on=STREAM, how="left").withColumn(
-        "lowest_open", F.min(F.when(open_message, F.col("seq"))).over(stream)
+    with_stream = (
+        joined.join(receivers, on=STREAM, how="left")
+        .join(inherited, on=STREAM, how="left")
+        .withColumn("lowest_open", F.min(F.when(open_message, F.col("seq"))).over(stream))
     )
     acked = F.col("acked_t").isNotNull()
     traced = F.col("receiver_traced").isNotNull()
     status = (
-        F.when(F.col("delivered_t").isNotNull(), "delivered")
+        F.when(delivered, "delivered")
         .when(F.col("discarded_t").isNotNull(), "discarded")
         .when(acked & ~traced, "acknowledged")
         .when(acked & (F.col("seq") == F.col("lowest_open")), "lost")

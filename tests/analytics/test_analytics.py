@@ -402,6 +402,7 @@ def edge_cases(root: Path) -> dict[str, str]:
             "inherited_sent",
             "inherited_gap",
             "inherited_again",
+            "received_only",
         )
     }
     a = {"database": "db", "initiator": True}
@@ -425,7 +426,11 @@ def edge_cases(root: Path) -> dict[str, str]:
     # only the sender's traces: acknowledged, not lost
     w.emit("a", T0 + 2, "message_sent", c["untraced"], seq=1, **a)
     w.emit("a", T0 + 2.01, "ack_received", c["untraced"], seqs="1", acked=1, through=1, **a)
-    # the set begins mid-conversation: seq 3 was delivered before it, only RECEIVEd in it
+    # acknowledged and RECEIVEd, its delivery's event not in the set: delivered, not lost
+    w.emit("a", T0 + 2.5, "message_sent", c["received_only"], seq=1, **a)
+    w.emit("b", T0 + 2.51, "ack_sent", c["received_only"], through=1, peer="a@x", **a)
+    w.emit("a", T0 + 2.52, "ack_received", c["received_only"], seqs="1", acked=1, through=1, **a)
+    w.emit("b", T0 + 2.53, "received", c["received_only"], seq=1, **a)
     w.emit("b", T0 + 3, "received", c["late"], seq=3, **a)
     w.emit("a", T0 + 3, "message_sent", c["late"], seq=4, **a)
     w.emit("b", T0 + 3.01, "delivered", c["late"], seq=4, **a)
@@ -476,6 +481,8 @@ def edge_cases(root: Path) -> dict[str, str]:
     # ... but p2's file held only 1..2 of this one: 3..4 are a gap
     # ... and p2 delivered 3 again, though its file held it: a duplicate
     w.emit("p2", T0 + 51.1, "delivered", c["inherited_again"], seq=3, **a)
+    # the sender was told of all five: what p2 inherited is delivered, neither lost nor held
+    w.emit("a", T0 + 51.3, "ack_received", c["inherited"], seqs="1,2,3,4,5", through=5, **a)
     # p1 sent replies 1..3, its events of 2 and 3 lost; p2's file had sent through 3
     w.emit("p1", T0 + 60, "message_sent", c["inherited_sent"], seq=1, **t)
     w.emit("p2", T0 + 61, "inherited", c["inherited_sent"], sent_through=3, received_through=0, **t)
@@ -540,10 +547,10 @@ def test_bad_timestamps_missing_versions_and_bad_seqs_are_skipped(
     _, result = edges
     assert result.inputs["lines_skipped"] == 1  # the timestamp without microseconds
     assert result.inputs["other_schema_versions"] == 1  # no "v"
-    # the acknowledgement listing "x," lists no message: only the 31 messages written
-    # (held 2, untraced 1, late 2, unsent 2, retry 1, gap 5, inherited 3 x 5, inherited
-    # sent 3) are in the message table
-    assert result.audit.messages == 31
+    # the acknowledgement listing "x," lists no message: only the 32 messages written
+    # (held 2, untraced 1, received only 1, late 2, unsent 2, retry 1, gap 5, inherited
+    # 3 x 5, inherited sent 3) are in the message table
+    assert result.audit.messages == 32
 
 
 def test_a_delayed_endpoint_closed_by_cleanup_is_not_still_delayed(
