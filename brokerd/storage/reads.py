@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, repeat
 from typing import Any
 
@@ -44,6 +44,10 @@ from brokerd.storage.sequence_runs import (
 
 Rows = Callable[[str, Sequence[Any]], list[sqlite3.Row]]
 """Runs a read and returns its rows (a connection's ``execute(...).fetchall()``)."""
+
+RowStream = Callable[[str, Sequence[Any]], Iterator[tuple[Any, ...]]]
+"""Runs a read and yields its rows as plain tuples, one at a time (a cursor with no row
+factory): for reads too large to hold as a list, such as recovery's."""
 
 
 # -- the transmission queue ---------------------------------------------------------------

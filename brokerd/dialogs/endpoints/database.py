@@ -13,6 +13,7 @@ import logging
 import sqlite3
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from brokerd.dialogs.endpoints.service_keys import ServiceKeys
 from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.storage import poison_rows, queries, reads, schema
 from brokerd.storage.catalog import Catalog, route_from_row
-from brokerd.storage.reads import Rows
+from brokerd.storage.reads import Rows, RowStream
 from brokerd.storage.schema import Statement
 from brokerd.storage.store import Store
 from protocol.acks import UNKNOWN_COUNT, AckState
@@ -60,10 +61,10 @@ def _rows(conn: sqlite3.Connection) -> Rows:
     return lambda sql, params: conn.execute(sql, params).fetchall()
 
 
-def _cursor(conn: sqlite3.Connection) -> Rows:
+def _cursor(conn: sqlite3.Connection) -> RowStream:
     """Rows as plain tuples, one at a time (no list of them all, no ``sqlite3.Row``)."""
 
-    def rows(sql: str, params: Any) -> Any:
+    def rows(sql: str, params: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
         cursor = conn.execute(sql, params)
         cursor.row_factory = None
         return cursor
@@ -186,7 +187,7 @@ class Database:
             self.store.submit(repairs)
         return waiting
 
-    def _recover(self, fetch: Rows, stream: Rows) -> tuple[list[Endpoint], list[Statement]]:
+    def _recover(self, fetch: Rows, stream: RowStream) -> tuple[list[Endpoint], list[Statement]]:
         for row in fetch(queries.READ_ENDPOINTS, ()):
             self.add_endpoint(endpoint_from_row(row, self.name))
         waiting: list[Endpoint] = []
