@@ -266,7 +266,8 @@ def message_table(events: DataFrame) -> DataFrame:
     )
     # A message its application received was delivered, whether or not the delivery's own
     # event is in the set; so was one a promoted mirror's file held in order (R-TRACE-5).
-    inherited = F.broadcast(inheritance(events).select(*STREAM, "inherited_received"))
+    # joined on the stream, as the receivers are: no broadcast job (small sets have none)
+    inherited = inheritance(events).select(*STREAM, "inherited_received")
     delivered = (
         F.col("delivered_t").isNotNull()
         | F.col("received_t").isNotNull()
