@@ -38,10 +38,9 @@ def _left(conn: sqlite3.Connection, handle: uuid.UUID) -> list[int]:
     return [int(row[0]) for row in rows]
 
 
-def test_runs_and_single_numbers_read_and_remove_exactly_the_items(tmp_path: Path) -> None:
-    conn = _queue(tmp_path / "q.db")
-    taken = [-2, -1, 1, 2, 3, 5, 7, 8, 9, 10, 20]
-    items = [(H1, s) for s in taken]
+def _take_exactly(conn: sqlite3.Connection, items: list[tuple[uuid.UUID, int]]) -> list[str]:
+    """RECEIVE's read-and-remove of ``items`` in one transaction: every item read, in the
+    order given, with its own body; returns the SQL statements it ran."""
     executed: list[str] = []
     conn.set_trace_callback(executed.append)
     conn.execute("BEGIN")
@@ -53,6 +52,14 @@ def test_runs_and_single_numbers_read_and_remove_exactly_the_items(tmp_path: Pat
         (str(h), s) for h, s in items
     ]
     assert [r["message_body"] for r in rows] == [f"{h} {s}".encode() for h, s in items]
+    return executed
+
+
+def test_runs_and_single_numbers_read_and_remove_exactly_the_items(tmp_path: Path) -> None:
+    conn = _queue(tmp_path / "q.db")
+    taken = [-2, -1, 1, 2, 3, 5, 7, 8, 9, 10, 20]
+    items = [(H1, s) for s in taken]
+    executed = _take_exactly(conn, items)
     assert _left(conn, H1) == [-3, 4, 6, *range(11, 20)]
     assert _left(conn, H2) == ALL
     # -2..-1, 1..3, 7..10 are ranges; 5 and 20 are listed. Each is read by two statements
@@ -70,17 +77,7 @@ def test_items_of_many_conversations_are_a_few_statements_for_all(tmp_path: Path
     removed in one, exactly the items taken."""
     conn = _queue(tmp_path / "q.db")
     items = [(H1, s) for s in (-2, -1, 1, 2, 3, 5, 20)] + [(H2, 4), (H2, 7), (H2, 8)]
-    executed: list[str] = []
-    conn.set_trace_callback(executed.append)
-    conn.execute("BEGIN")
-    rows, used = reads.read_received(conn, items, remove=True)
-    conn.execute("COMMIT")
-    conn.set_trace_callback(None)
-    assert used == len(items)
-    assert [(r["conversation_handle"], r["message_sequence_number"]) for r in rows] == [
-        (str(h), s) for h, s in items
-    ]
-    assert [r["message_body"] for r in rows] == [f"{h} {s}".encode() for h, s in items]
+    executed = _take_exactly(conn, items)
     assert _left(conn, H1) == [-3, 4, *range(6, 20)]
     assert _left(conn, H2) == [n for n in ALL if n not in (4, 7, 8)]
     assert len([sql for sql in executed if "queue_messages" in sql]) == 3
