@@ -362,7 +362,7 @@ class DialogEngine:
 
     async def inherited(self, db: Database) -> None:
         """A promoted partner's evidence of what its file holds (``inherited`` events),
-        on disk before it serves (R-ROUTE-16, R-TRACE-2; docs/traces.md)."""
+        on disk before it serves (R-ROUTE-16, R-TRACE-5; docs/traces.md)."""
         self.events.inherited(db.endpoints.values())
         barrier = self.trace.barrier()
         if barrier is not None:

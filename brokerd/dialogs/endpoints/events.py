@@ -97,7 +97,7 @@ class DialogEvents:
             )
 
     def inherited(self, endpoints: Iterable[Endpoint]) -> None:
-        """R-ROUTE-16, R-TRACE-2: a promoted partner's ``inherited`` event per endpoint of
+        """R-ROUTE-16, R-TRACE-5: a promoted partner's ``inherited`` event per endpoint of
         the database, as its file holds it: what its sends went through (``sent_through``)
         and what it received in order (``received_through``). What the old principal
         committed and shipped is then evidenced here, also when its own events of it were

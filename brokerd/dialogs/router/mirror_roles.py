@@ -318,7 +318,7 @@ class MirrorRoles:
             if db.mirror_epoch > epoch:  # heard of meanwhile, while the image was built
                 self.engine.forget_image(db)
                 self._promoted_above(db)
-            # R-TRACE-2: what it inherited, durable before it serves (the old principal's
+            # R-TRACE-5: what it inherited, durable before it serves (the old principal's
             # own events of its last commits may have died with it)
             await self.engine.inherited(db)
         db.mirror_role = role
