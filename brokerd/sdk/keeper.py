@@ -73,6 +73,9 @@ class ConnectionKeeper:
         """Connections made again after one was lost."""
         self.last_failure = ""
         """Why the last connection ended or the last attempt failed."""
+        self.last_goodbye: BrokerStopping | None = None
+        """The goodbye of the last connection lost, if its daemon was stopping: a request
+        made after it closed is refused with it, not with a bare ``NotConnected``."""
         self._waiting: list[_Waiting] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -123,6 +126,9 @@ class ConnectionKeeper:
         if self.reconnect is None:
             if connection is not None and connection.stopping is not None:
                 raise connection.stopping
+            if connection is None and self.last_goodbye is not None:
+                message = self.last_goodbye.remote_message
+                raise BrokerStopping(message + " (not sent)", kind="BrokerStopping")
             raise NotConnected(f"not connected ({self.last_failure or 'closed'})")
         if request.bound_to is not None:  # its connection is going: the daemon stops
             raise TransactionLost(
@@ -146,6 +152,7 @@ class ConnectionKeeper:
             return
         self.connection = None
         self.last_failure = ending.reason
+        self.last_goodbye = ending.stopping
         now = time.monotonic()
         again: list[Request] = []
         for request_id, request in ending.unanswered:
@@ -220,6 +227,7 @@ class ConnectionKeeper:
 
     def _adopt(self, connection: Connection) -> None:
         self.connection = connection
+        self.last_goodbye = None
         self.generation += 1
         waiting, self._waiting = self._waiting, []
         for item in waiting:

@@ -81,3 +81,25 @@ async def test_a_receive_waiting_when_the_daemon_stops_returns_nothing_taken(
         assert got.message_body == b"while the warehouse is away"
         await shop.close()
         await warehouse.close()
+
+
+async def test_a_send_after_the_stopped_daemon_closed_is_refused_as_not_sent(
+    tmp_path: Path,
+) -> None:
+    """SPEC §6: a client that does not reconnect, whose daemon said goodbye (SIGTERM) and
+    closed the connection, refuses a later SEND with ``BrokerStopping`` (never sent, safe to
+    send again once the daemon is back), not a bare "not connected" that hides why."""
+    d = shop_and_warehouse(tmp_path, FAST_RETRY)
+    with running(d):
+        shop = await d.daemons["alpha"].client(reconnect=False)
+        handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+        await asyncio.to_thread(d.stop, "alpha")  # returns once the process has exited
+        await asyncio.sleep(0.2)  # the goodbye, then the end of the connection, are read
+        assert not shop.connected
+        try:
+            await shop.send(handle, ORDER, b"after the stop")
+        except BrokerStopping as refused:
+            assert "not sent" in str(refused)
+        else:
+            raise AssertionError("a SEND after the daemon closed was accepted")
+        await shop.close()
