@@ -16,9 +16,10 @@ tail), a line is parsed only when it names the conversation (or is a refused
 connection, which is only counted), and at most :data:`MAX_EVENTS` events of the
 conversation are kept: past that the command says so and asks for one SEQ.
 
-The trace format is read here directly (``brokerd.admin`` may not import
-``brokerd.traces``): JSON Lines, one event a line, in segments ``*.jsonl``,
-``*.jsonl.open`` and, compacted, ``*.jsonl.gz``.
+The trace format is read here directly: JSON Lines, one event a line, in segments
+``*.jsonl``, ``*.jsonl.open`` and, compacted, ``*.parquet`` (turned back into lines by
+:mod:`brokerd.traces.columnar`, the one part of ``brokerd.traces`` that ``brokerd.admin``
+may import) or, compacted by an earlier version, ``*.jsonl.gz``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.errors import TraceNotFound
+from brokerd.traces import columnar
 
 __all__ = ["TraceNotFound", "follow", "format_paths", "read_conversation"]
 
@@ -43,7 +45,7 @@ MAX_EVENTS = 100_000
 """Events of one conversation kept at most; a longer one must be followed one SEQ at a time."""
 MAX_REFUSALS = 100_000
 """Refused connections whose times are kept (to name the waits they explain)."""
-SEGMENT_SUFFIXES = (".jsonl", ".jsonl.open", ".jsonl.gz")
+SEGMENT_SUFFIXES = (".jsonl", ".jsonl.open", ".jsonl.gz", ".parquet")
 
 SENDER_EVENTS = ("route_chosen", "delayed", "released")
 """Conversation events of the sending endpoint: part of each of its messages' paths."""
@@ -201,12 +203,20 @@ def segments(directories: Iterable[Path]) -> list[Path]:
             raise TraceNotFound(f"{directory}: no such trace directory")
         for suffix in SEGMENT_SUFFIXES:
             found.update(directory.rglob(f"*{suffix}"))
-    # A compaction done but for deleting its source: the gzip holds the same lines.
-    return sorted(p for p in found if p.with_name(p.name + ".gz") not in found)
+    # A compaction done but for deleting its source: the compacted file holds the same lines.
+    return sorted(
+        p
+        for p in found
+        if p.with_name(p.name + ".gz") not in found
+        and p.with_name(p.name.removesuffix(".jsonl") + ".parquet") not in found
+    )
 
 
 def _lines(path: Path) -> Iterator[bytes]:
     """The file's lines, each at most :data:`MAX_LINE` bytes; longer ones are skipped."""
+    if path.name.endswith(".parquet"):
+        yield from (line for line in columnar.lines(path) if len(line) <= MAX_LINE)
+        return
     with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as f:
         skipping = False
         while True:

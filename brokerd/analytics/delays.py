@@ -106,4 +106,9 @@ def wait_reasons(events: DataFrame, periods: DataFrame) -> DataFrame:
             F.lit(None).cast("long").alias("still_waiting"),
         )
     )
-    return delayed.unionByName(refused).unionByName(dropped).orderBy(F.col("times").desc())
+    # ties in a fixed order, so the same traces always give the same table
+    return (
+        delayed.unionByName(refused)
+        .unionByName(dropped)
+        .orderBy(F.col("times").desc(), "kind", "reason", "where")
+    )

@@ -1,13 +1,19 @@
 """Reading the trace segments of many daemons into one events table.
 
-Owns :func:`load_traces`: the segments (``*.jsonl`` and still-open ``*.jsonl.open``
-files, found recursively under each path given) are read with the explicit
-schema of :mod:`brokerd.analytics.schema` in permissive mode. Lines that do not parse (a
-torn tail after a crash), events of another schema version and events whose
-timestamp does not parse are counted and left out, never fatal. Each event gets
-``t``, its time in microseconds since the epoch (UTC), which every job uses.
-The files are parsed once, into Spark's cache (:func:`brokerd.analytics.session.keep`);
-every job reads the cache (:meth:`Traces.release` drops it).
+Owns :func:`load_traces`: the segments (compacted ``*.parquet``, ``*.jsonl`` and
+still-open ``*.jsonl.open`` files, found recursively under each path given) are read
+with the explicit schema of :mod:`brokerd.analytics.schema`, JSON Lines in permissive
+mode. Lines that do not parse (a torn tail after a crash), events of another schema
+version and events whose timestamp does not parse are counted and left out, never
+fatal. Each event has ``t``, its time in microseconds since the epoch (UTC), which every
+job uses: parsed here from a line's ``ts``, or read from a compacted segment, where the
+compaction parsed it once.
+
+JSON Lines are parsed once, into Spark's cache (:func:`brokerd.analytics.session.keep`),
+and so is a small set; a large set of compacted segments alone is not cached: each job
+reads the columns it needs from the files, which costs about what reading the cache
+does, and building the cache would cost more than any job (docs/analytics.md,
+Performance). :meth:`Traces.release` drops the cache.
 """
 
 from __future__ import annotations
@@ -19,10 +25,22 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from brokerd.analytics.schema import CORRUPT_COLUMN, SCHEMA_VERSION, TIMESTAMP_FORMAT, TRACE_SCHEMA
-from brokerd.analytics.session import Kept, keep
+from brokerd.analytics.schema import (
+    COMPACTED_SCHEMA,
+    CORRUPT_COLUMN,
+    SCHEMA_VERSION,
+    TIME_COLUMN,
+    TIMESTAMP_FORMAT,
+    TRACE_SCHEMA,
+)
+from brokerd.analytics.session import Kept, is_small, keep
 from brokerd.errors import AnalyticsError
+from brokerd.traces import columnar
+from brokerd.traces.segments import COMPACT_SUFFIX
 from brokerd.traces.writer import iso_micros, segment_files
+
+PLAIN_BYTES_PER_EVENT = 250
+"""About the size of an event as a line of JSON (docs/traces.md, bytes per message)."""
 
 
 @dataclass
@@ -31,8 +49,9 @@ class Traces:
 
     events: DataFrame
     """Every usable event: the schema's columns plus ``t`` (microseconds, UTC)."""
-    cached: Kept
-    """The parsed lines, held in memory (and on disk beyond it) until :meth:`release`."""
+    cached: Kept | None
+    """The parsed lines, held in memory (and on disk beyond it) until :meth:`release`;
+    None when the jobs read compacted segments directly."""
     files: int
     bytes: int
     events_total: int
@@ -47,7 +66,8 @@ class Traces:
 
     def release(self) -> None:
         """Drop the cached lines."""
-        self.cached.release()
+        if self.cached is not None:
+            self.cached.release()
 
     def view(self) -> dict[str, Any]:
         return {
@@ -83,23 +103,51 @@ def trace_files(paths: list[Path]) -> list[Path]:
     return sorted(set(found))
 
 
-def load_traces(spark: SparkSession, paths: list[Path]) -> Traces:
-    """Read every segment under ``paths`` into one cached events table."""
-    files = trace_files(paths)
-    raw = (
-        spark.read.schema(TRACE_SCHEMA)
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-        .json([str(f) for f in files])
-        # try_: a timestamp that does not parse makes a null (a skipped line), not an error
-        .withColumn("t", F.unix_micros(F.try_to_timestamp(F.col("ts"), F.lit(TIMESTAMP_FORMAT))))
+def compacted(path: Path) -> bool:
+    return path.name.endswith(COMPACT_SUFFIX)
+
+
+def plain_bytes(files: list[Path]) -> int:
+    """The size of ``files`` as JSON Lines: a compacted segment counts its events at
+    :data:`PLAIN_BYTES_PER_EVENT` (what a set costs to analyse follows its events, not
+    its compression)."""
+    return sum(
+        columnar.rows(f) * PLAIN_BYTES_PER_EVENT if compacted(f) else f.stat().st_size
+        for f in files
     )
+
+
+def load_traces(spark: SparkSession, paths: list[Path], *, cache: bool | None = None) -> Traces:
+    """Read every segment under ``paths`` into one events table, cached (``cache``; None:
+    unless the set is large and compacted alone)."""
+    files = trace_files(paths)
+    lines = [str(f) for f in files if not compacted(f)]
+    columns = [str(f) for f in files if compacted(f)]
+    frames: list[DataFrame] = []
+    if lines:
+        frames.append(
+            spark.read.schema(TRACE_SCHEMA)
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+            .json(lines)
+            # try_: a timestamp that does not parse makes a null (a skipped line), not an error
+            .withColumn(
+                TIME_COLUMN,
+                F.unix_micros(F.try_to_timestamp(F.col("ts"), F.lit(TIMESTAMP_FORMAT))),
+            )
+        )
+    if columns:
+        frames.append(spark.read.schema(COMPACTED_SCHEMA).parquet(*columns))
+    raw = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    if cache is None:
+        cache = bool(lines) or is_small(plain_bytes(files))
     usable = F.col(CORRUPT_COLUMN).isNull() & F.col("event").isNotNull() & F.col("t").isNotNull()
     ours = F.col("v").eqNullSafe(SCHEMA_VERSION)
     known = usable & ours
     # The files are parsed once, into the cache; the counts and every job read the cache.
-    cached = keep(raw)
-    counts = cached.df.agg(
+    cached = keep(raw) if cache else None
+    table = cached.df if cached is not None else raw
+    counts = table.agg(
         F.count(F.when(~usable, 1)).alias("skipped"),
         F.count(F.when(usable & ~ours, 1)).alias("other"),
         F.count(F.when(known, 1)).alias("n"),
@@ -108,7 +156,7 @@ def load_traces(spark: SparkSession, paths: list[Path]) -> Traces:
         F.sort_array(F.collect_set(F.when(known, F.col("instance")))).alias("instances"),
     ).first()
     assert counts is not None
-    events = cached.df.where(known).drop(CORRUPT_COLUMN, "v")
+    events = table.where(known).drop(CORRUPT_COLUMN, "v")
     return Traces(
         events=events,
         files=len(files),

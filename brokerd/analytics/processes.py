@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from brokerd.traces.segments import open_segment, segment_lines
+from brokerd.traces.segments import is_compacted, open_segment, segment_lines
 
 TAIL_BYTES = 64 * 1024
 """How much of a segment's end is read to find its last line (a line is far shorter)."""
@@ -41,7 +41,7 @@ HEAD_BYTES = 64 * 1024
 
 _TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")
 _SEGMENT = re.compile(
-    r"^(?P<instance>.+)-(?P<stamp>\d{8}T\d{6})-(?P<pid>\d+)-(?P<n>\d+)\.jsonl(?:\.open|\.gz)?$"
+    r"^(?P<instance>.+)-(?P<stamp>\d{8}T\d{6})-(?P<pid>\d+)-(?P<n>\d+)(?:\.jsonl(?:\.open|\.gz)?|\.parquet)$"
 )
 
 
@@ -90,7 +90,7 @@ def _first_event(path: Path) -> dict[str, Any] | None:
 def _last_event(path: Path) -> tuple[dict[str, Any] | None, bool]:
     """The segment's last readable event (its time the latest of the last lines), and
     whether the segment ends in a torn line."""
-    if path.name.endswith(".gz"):  # compacted: read through (a closed segment is whole)
+    if is_compacted(path):  # read through (a closed segment is whole)
         tail = b""
         size = 0
         for line in segment_lines(path):

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from brokerd.analytics import audit as audit_job
 from brokerd.analytics import delays, faults, latency, page, throughput, waiting
-from brokerd.analytics.load import load_traces, trace_files
+from brokerd.analytics.load import load_traces, plain_bytes, trace_files
 from brokerd.analytics.messages import distinct_count, message_table
 from brokerd.analytics.processes import processes
 from brokerd.analytics.result import Analysis, Table
@@ -163,7 +163,7 @@ def analyze(
     confirm what a crash window hid (:func:`brokerd.analytics.audit.audit`)."""
     began = time.perf_counter()
     files = trace_files(list(paths))  # a wrong path fails before Spark starts
-    size = sum(f.stat().st_size for f in files)
+    size = plain_bytes(files)
     with ThreadPoolExecutor(2) as driver, ThreadPoolExecutor(STEP_THREADS) as run:
         # the driver's own work runs while the JVM starts
         listed = driver.submit(processes, files)

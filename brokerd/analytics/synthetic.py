@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from brokerd.config import TraceConfig
-from brokerd.traces.writer import TraceWriter
+from brokerd.traces.segments import CLOSED_SUFFIX
+from brokerd.traces.writer import TraceWriter, segment_files
 
 CLIENTS = ("client-1", "client-2")
 STORES = ("store-1", "store-2")
@@ -60,6 +61,10 @@ class Plan:
     """Inject one lost message, one duplicate delivery and one out-of-order delivery."""
     torn_line: bool = True
     """Append a torn line (and one event of a future schema version) to a segment."""
+    compact: bool = True
+    """Compact every segment once written (torn one included), as the daemons' keeper does
+    once a segment is closed (a crash's at the next start): the set a stopped deployment
+    leaves. False: JSON Lines only."""
     segment_mb: int = 64
     segment_seconds: float = 300.0
     seed: int = 1
@@ -131,7 +136,7 @@ class _Simulation:
                     segment_seconds=plan.segment_seconds,
                     flush_interval=3600.0,
                     durable=False,  # a generator: nothing to survive a crash
-                    compress=False,  # its sizes are of JSON Lines; daemons' traces compact
+                    compress=False,  # compacted at the end, when Plan.compact says so
                 ),
                 name,
                 clock=self.clock,
@@ -585,6 +590,10 @@ class _Simulation:
             self.truth.events += writer.events_written
         if plan.torn_line:
             self._tear(self.writers["client-1"].directory)
+        if plan.compact:
+            for writer in self.writers.values():
+                for path in sorted(writer.directory.glob(f"*{CLOSED_SUFFIX}")):
+                    await asyncio.to_thread(writer.keeper.compact, path)
         return self.truth
 
     def _tear(self, directory: Path) -> None:
@@ -618,13 +627,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--violations", action="store_true", help="inject audit violations")
+    parser.add_argument(
+        "--plain", action="store_true", help="leave the segments as JSON Lines (no compaction)"
+    )
     args = parser.parse_args(argv)
     plan = plan_for_events(args.events, args.seed)
     plan.violations = args.violations
+    plan.compact = not args.plain
     began = time.perf_counter()
     truth = generate(args.out, plan)
     took = time.perf_counter() - began
-    size = sum(p.stat().st_size for p in args.out.rglob("*.jsonl"))
+    size = sum(p.stat().st_size for p in segment_files([args.out]))
     print(
         f"wrote {truth.events:,} events ({size / 1e6:,.0f} MB, {plan.conversations:,} "
         f"conversations, {truth.messages_sent:,} messages) under {args.out} in {took:.1f} s",

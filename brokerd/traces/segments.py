@@ -2,22 +2,26 @@
 
 A segment is written as plain JSON Lines (``.jsonl.open``, renamed ``.jsonl`` when
 closed: :mod:`brokerd.traces.writer`); a closed one is compacted in the background into
-one gzip file (``.jsonl.gz``), which Spark reads with the gzip codec of every Hadoop
-build, and retention deletes the oldest closed segments past ``trace.max_total_mb`` or
+one columnar file (``.parquet``: :mod:`brokerd.traces.columnar`), whose columns Spark
+reads without parsing JSON; gzip files (``.jsonl.gz``) that earlier versions compacted
+are still read. Retention deletes the oldest closed segments past ``trace.max_total_mb`` or
 ``trace.max_age_hours`` (docs/traces.md "Compaction" and "Retention"; R-TRACE-3).
 
 Files are created 0600 and the trace directory is kept 0700: segments name services and
 carry timings (R-TRACE-3).
 
-May import: ``brokerd.config``.
+May import: ``brokerd.config``, ``brokerd.traces.columnar``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import logging
 import os
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Iterator
@@ -25,18 +29,22 @@ from pathlib import Path
 from typing import BinaryIO
 
 from brokerd.config import TraceConfig
+from brokerd.traces import columnar
 
 OPEN_SUFFIX = ".jsonl.open"
 CLOSED_SUFFIX = ".jsonl"
-COMPACT_SUFFIX = ".jsonl.gz"
-PARTIAL_SUFFIX = ".jsonl.gz.partial"
+COMPACT_SUFFIX = ".parquet"
+GZIP_SUFFIX = ".jsonl.gz"
+"""Compacted by an earlier version: read, never written."""
+COMPACT_SUFFIXES = (COMPACT_SUFFIX, GZIP_SUFFIX)
+PARTIAL_SUFFIX = ".parquet.partial"
 """A compaction being written: deleted at the next start if a crash left it."""
-SEGMENT_SUFFIXES = (CLOSED_SUFFIX, OPEN_SUFFIX, COMPACT_SUFFIX)
+PARTIAL_SUFFIXES = (PARTIAL_SUFFIX, ".jsonl.gz.partial")
+SEGMENT_SUFFIXES = (CLOSED_SUFFIX, OPEN_SUFFIX, *COMPACT_SUFFIXES)
+COMPACTION_TIMEOUT = 600.0
+"""Seconds a compaction's process may take (a 64 MB segment takes a few)."""
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700
-COMPRESS_LEVEL = 6
-"""zlib's default: about 12 bytes of gzip for 100 of trace; level 1 is 30 % larger."""
-CHUNK = 1024 * 1024
 
 log = logging.getLogger("brokerd.traces.segments")
 
@@ -56,34 +64,44 @@ def create_private(path: Path) -> BinaryIO:
     return os.fdopen(fd, "ab", buffering=0)
 
 
+def is_compacted(path: Path) -> bool:
+    return path.name.endswith(COMPACT_SUFFIXES)
+
+
 def open_segment(path: Path) -> BinaryIO:
-    """A segment's bytes, uncompressed (a ``.gz`` segment is decompressed as it is read)."""
+    """A segment's bytes as JSON Lines (a ``.gz`` segment is decompressed as it is read, a
+    ``.parquet`` one turned back into lines)."""
+    if path.name.endswith(COMPACT_SUFFIX):
+        return io.BytesIO(b"".join(columnar.lines(path)))
     if path.name.endswith(".gz"):
         return gzip.open(path, "rb")  # type: ignore[return-value]
     return path.open("rb")
 
 
 def segment_lines(path: Path) -> Iterator[bytes]:
-    """A segment's lines; a compacted segment that ends early (it cannot: compaction
-    renames only a whole file) ends the lines, never raises."""
-    with open_segment(path) as f:
-        try:
+    """A segment's lines; a compacted segment that ends early or does not read (it cannot:
+    compaction renames only a whole file) ends the lines, never raises."""
+    try:
+        if path.name.endswith(COMPACT_SUFFIX):
+            yield from columnar.lines(path)
+            return
+        with open_segment(path) as f:
             yield from f
-        except (EOFError, OSError, zlib.error) as exc:
-            log.warning("trace segment %s ends early: %s", path, exc)
+    except (EOFError, OSError, zlib.error, ValueError) as exc:  # Arrow's errors are ValueErrors
+        log.warning("trace segment %s ends early: %s", path, exc)
 
 
 def _stem(path: Path) -> str:
-    for suffix in (COMPACT_SUFFIX, OPEN_SUFFIX, CLOSED_SUFFIX):
+    for suffix in (*COMPACT_SUFFIXES, OPEN_SUFFIX, CLOSED_SUFFIX):
         if path.name.endswith(suffix):
             return path.name.removesuffix(suffix)
     return path.name
 
 
 def without_duplicates(paths: list[Path]) -> list[Path]:
-    """``paths`` less each ``.jsonl`` whose ``.jsonl.gz`` is there too (a compaction done
-    but for deleting its source): the gzip holds the same lines."""
-    compacted = {(p.parent, _stem(p)) for p in paths if p.name.endswith(COMPACT_SUFFIX)}
+    """``paths`` less each ``.jsonl`` whose compacted file is there too (a compaction done
+    but for deleting its source): it holds the same lines."""
+    compacted = {(p.parent, _stem(p)) for p in paths if is_compacted(p)}
     return [
         p
         for p in paths
@@ -95,7 +113,7 @@ class SegmentKeeper:
     """Compaction and retention of one instance's closed segments in its trace directory.
 
     Runs in a worker thread (:meth:`tidy`); the writer's open segment is never touched:
-    only ``.jsonl`` and ``.jsonl.gz`` files of this instance are compacted or deleted.
+    only closed (``.jsonl``) and compacted files of this instance are compacted or deleted.
     """
 
     def __init__(self, config: TraceConfig, directory: Path, instance: str) -> None:
@@ -107,7 +125,7 @@ class SegmentKeeper:
         self.bytes_before = 0
         """Plain bytes of the segments compacted so far ..."""
         self.bytes_after = 0
-        """... and their gzip bytes."""
+        """... and their compacted bytes."""
 
     def _mine(self, suffix: str) -> list[Path]:
         return sorted(self.directory.glob(f"{self.instance}-*{suffix}"))
@@ -115,9 +133,10 @@ class SegmentKeeper:
     def recover(self) -> None:
         """At a start: drop compactions a crash cut short, and the sources of those that
         were whole (renamed) but not yet deleted; make every segment of ours 0600."""
-        for partial in self._mine(PARTIAL_SUFFIX):
-            partial.unlink(missing_ok=True)
-        mine = self._mine(CLOSED_SUFFIX) + self._mine(COMPACT_SUFFIX) + self._mine(OPEN_SUFFIX)
+        for suffix in PARTIAL_SUFFIXES:
+            for partial in self._mine(suffix):
+                partial.unlink(missing_ok=True)
+        mine = [p for suffix in SEGMENT_SUFFIXES for p in self._mine(suffix)]
         kept = set(without_duplicates(mine))
         for path in mine:
             if path not in kept:
@@ -133,7 +152,7 @@ class SegmentKeeper:
             for path in self._mine(CLOSED_SUFFIX):
                 try:
                     self.compact(path)
-                except OSError as exc:
+                except (OSError, subprocess.SubprocessError) as exc:
                     log.warning("cannot compact trace segment %s: %s", path, exc)
                     break
         try:
@@ -142,21 +161,24 @@ class SegmentKeeper:
             log.warning("trace retention in %s: %s", self.directory, exc)
 
     def compact(self, path: Path) -> Path:
-        """``path`` (a closed ``.jsonl``) as one gzip file: written beside it as
-        ``.partial``, fsynced, renamed ``.jsonl.gz`` (with the source's times, so the
+        """``path`` (a closed ``.jsonl``) as one Parquet file, written by a process of its
+        own (``python -m brokerd.traces.columnar``: Arrow stays out of the daemon) beside
+        it as ``.partial``, fsynced, renamed ``.parquet`` (with the source's times, so the
         newest segment stays the newest), then the source deleted. A crash at any point
         leaves one whole copy (:meth:`recover`)."""
         target = path.with_name(_stem(path) + COMPACT_SUFFIX)
         partial = path.with_name(_stem(path) + PARTIAL_SUFFIX)
         source = path.stat()
         try:
-            with path.open("rb") as src, create_private(partial) as raw:
-                with gzip.GzipFile(
-                    filename="", mode="wb", fileobj=raw, compresslevel=COMPRESS_LEVEL, mtime=0
-                ) as out:
-                    while chunk := src.read(CHUNK):
-                        out.write(chunk)
-                os.fsync(raw.fileno())
+            done = subprocess.run(
+                [sys.executable, "-m", "brokerd.traces.columnar", str(path), str(partial)],
+                capture_output=True,
+                timeout=COMPACTION_TIMEOUT,
+                check=False,
+            )
+            if done.returncode != 0:
+                why = done.stderr.decode("utf-8", "replace").strip().splitlines()
+                raise OSError(f"compaction exited {done.returncode}: {why[-1] if why else ''}")
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
@@ -181,7 +203,7 @@ class SegmentKeeper:
         total = 0
         for path in self._mine(""):
             name = path.name
-            if not name.endswith(SEGMENT_SUFFIXES):
+            if not name.endswith(SEGMENT_SUFFIXES):  # a partial compaction is not counted
                 continue
             with contextlib.suppress(FileNotFoundError):
                 stat = path.stat()

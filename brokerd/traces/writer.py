@@ -24,7 +24,7 @@ and the writer every daemon runs:
   ``.jsonl.open`` until it is closed, so readers may skip it;
 * a crash can leave a torn last line; readers skip lines that do not parse
   (:func:`read_events` does, and the Spark jobs read with a permissive mode);
-* closed segments are compacted into gzip and old ones deleted in the background
+* closed segments are compacted into Parquet and old ones deleted in the background
   (:class:`~brokerd.traces.segments.SegmentKeeper`); files are 0600 in a 0700 directory;
 * ``trace.sample`` keeps a fraction of conversations, chosen by conversation
   id so a conversation is traced on every broker or on none; events without a
@@ -60,10 +60,11 @@ import orjson
 from brokerd.config import TraceConfig
 from brokerd.traces.segments import (
     CLOSED_SUFFIX,
-    COMPACT_SUFFIX,
+    COMPACT_SUFFIXES,
     OPEN_SUFFIX,
     SegmentKeeper,
     create_private,
+    is_compacted,
     private_directory,
     segment_lines,
     without_duplicates,
@@ -592,7 +593,7 @@ class TraceWriter:
             stem = name.removesuffix(OPEN_SUFFIX)
             if not any(
                 self.directory.joinpath(stem + suffix).exists()
-                for suffix in (CLOSED_SUFFIX, COMPACT_SUFFIX)
+                for suffix in (CLOSED_SUFFIX, *COMPACT_SUFFIXES)
             ):
                 break
         self._segment = create_private(self._segment_path)
@@ -619,11 +620,11 @@ class TraceWriter:
         that parses (a torn one is skipped), or None without any."""
         segments = [
             (path.stat().st_mtime, path.name, path)
-            for suffix in (CLOSED_SUFFIX, COMPACT_SUFFIX)
+            for suffix in (CLOSED_SUFFIX, *COMPACT_SUFFIXES)
             for path in self.directory.glob(f"{self.instance}-*{suffix}")
         ]
         for _, _, path in sorted(segments, reverse=True):
-            if path.name.endswith(COMPACT_SUFFIX):
+            if is_compacted(path):
                 lines = list(collections.deque(segment_lines(path), maxlen=TAIL_LINES))
             else:
                 with path.open("rb") as f:
@@ -672,7 +673,8 @@ def segment_files(directories: Iterable[Path], include_open: bool = True) -> lis
     out: list[Path] = []
     for directory in directories:
         out += directory.rglob(f"*{CLOSED_SUFFIX}")
-        out += directory.rglob(f"*{COMPACT_SUFFIX}")
+        for suffix in COMPACT_SUFFIXES:
+            out += directory.rglob(f"*{suffix}")
         if include_open:
             out += directory.rglob(f"*{OPEN_SUFFIX}")
     return sorted(without_duplicates(out))

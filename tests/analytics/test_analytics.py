@@ -33,6 +33,7 @@ from brokerd.analytics.report import Analysis, analyze, render_html
 from brokerd.analytics.synthetic import ADDRESSES, Plan, Truth, generate
 from brokerd.config import TraceConfig
 from brokerd.errors import AnalyticsError
+from brokerd.traces import columnar
 from brokerd.traces.writer import TraceWriter
 
 # -- a synthetic deployment ---------------------------------------------------------------
@@ -124,6 +125,30 @@ def test_synthetic_latency_delays_spread_and_waiting(synthetic: tuple[Truth, Ana
     routes = result.tables["faults_by_route"].records()
     assert sum(r["retransmissions"] for r in routes) == truth.retransmissions
     assert sum(r["duplicates"] for r in routes) == truth.duplicates
+
+
+def test_compacted_plain_and_mixed_segments_give_the_same_analysis(
+    tmp_path: Path, spark: SparkSession, synthetic: tuple[Truth, Analysis]
+) -> None:
+    """The same deployment's traces with every other segment still JSON Lines (as a running
+    deployment leaves them, its open segments plain) give the analysis the compacted set
+    gives: the same inputs, totals, findings and tables (docs/traces.md "Compaction")."""
+    _, compacted = synthetic
+    generate(tmp_path, Plan(conversations=200, violations=True, segment_seconds=20, compact=False))
+    segments = sorted(tmp_path.rglob("*.jsonl"))
+    for path in segments[::2]:
+        columnar.write(path, path.with_name(path.name.removesuffix(".jsonl") + ".parquet"))
+        path.unlink()
+    assert sorted(tmp_path.rglob("*.jsonl")) and sorted(tmp_path.rglob("*.parquet"))
+    mixed = analyze([tmp_path], spark=spark, progress=None, top=500)
+    assert {k: v for k, v in mixed.inputs.items() if k != "bytes"} == {
+        k: v for k, v in compacted.inputs.items() if k != "bytes"
+    }
+    assert mixed.totals == compacted.totals
+    assert mixed.audit.violations == compacted.audit.violations
+    assert {n: t.rows for n, t in mixed.tables.items()} == {
+        n: t.rows for n, t in compacted.tables.items()
+    }
 
 
 def test_synthetic_report_is_well_formed_html_with_charts(
@@ -576,14 +601,16 @@ def test_a_retry_over_another_forwarder_is_its_own_leg(
 
 
 def test_audit_of_a_clean_synthetic_set_passes(tmp_path: Path, spark: SparkSession) -> None:
+    """Read from the cache, and from the compacted segments directly (as a large set is)."""
     truth = generate(tmp_path, Plan(conversations=60, seed=7))
-    loaded = load_traces(spark, [tmp_path])
-    try:
-        found = audit(message_table(loaded.events), loaded.events)
-    finally:
-        loaded.release()
-    assert found.passed and found.total == 0
-    assert found.waiting == truth.messages_waiting > 0
+    for cache in (True, False):
+        loaded = load_traces(spark, [tmp_path], cache=cache)
+        try:
+            found = audit(message_table(loaded.events), loaded.events)
+        finally:
+            loaded.release()
+        assert found.passed and found.total == 0
+        assert found.waiting == truth.messages_waiting > 0
 
 
 # -- the command -----------------------------------------------------------------------------

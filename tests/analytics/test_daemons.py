@@ -199,8 +199,8 @@ def _delete_event(
 ) -> dict[str, object]:
     """Delete the first ``event`` of the initiator's ``seq`` (of ``conversation``) under
     ``root``; return it."""
-    for compacted in sorted(root.rglob("*.jsonl.gz")):  # edited as plain JSON Lines
-        plain = compacted.with_name(compacted.name.removesuffix(".gz"))
+    for compacted in sorted(root.rglob("*.parquet")):  # edited as plain JSON Lines
+        plain = compacted.with_name(compacted.name.removesuffix(".parquet") + ".jsonl")
         plain.write_bytes(b"".join(segment_lines(compacted)))
         compacted.unlink()
     for segment in sorted(root.rglob("*.jsonl")):

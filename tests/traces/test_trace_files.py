@@ -1,5 +1,5 @@
 """Trace files at rest with real daemons (docs/traces.md "Compaction", "Retention",
-"Write errors"): closed segments compacted into gzip and read back, a SIGKILL leaving the
+"Write errors"): closed segments compacted into Parquet and read back, a SIGKILL leaving the
 open segment readable (R-TRACE-1), retention by size and age that never deletes the open
 segment, files 0600 in a 0700 directory (R-TRACE-3), and a full trace disk that never
 stops delivery (R-TRACE-4)."""
@@ -31,7 +31,7 @@ def _modes(directory: Path) -> set[int]:
 
 async def test_segments_are_private_and_compacted_and_read_back(tmp_path: Path) -> None:
     """A trace directory made 0755 by someone else is made 0700 at the start; every
-    segment, open, closed or compacted, is 0600; closed segments become ``.jsonl.gz``
+    segment, open, closed or compacted, is 0600; closed segments become ``.parquet``
     that the readers read like plain ones."""
     traces = tmp_path / "traces"
     traces.mkdir(mode=0o755)
@@ -53,7 +53,7 @@ async def test_segments_are_private_and_compacted_and_read_back(tmp_path: Path) 
         assert stats["trace_segments_compacted"] >= 1
         assert _modes(traces) == {0o600}
     names = sorted(p.name for p in traces.iterdir())
-    assert names and all(n.endswith(".jsonl.gz") for n in names), names  # the last at stop
+    assert names and all(n.endswith(".parquet") for n in names), names  # the last at stop
     assert _modes(traces) == {0o600}
     events = list(read_events(segment_files([traces])))
     assert [e["n"] for e in events] == list(range(1, len(events) + 1))
@@ -63,7 +63,7 @@ async def test_segments_are_private_and_compacted_and_read_back(tmp_path: Path) 
 
 
 async def _compacted(traces: Path) -> bool:
-    return any(p.name.endswith(".jsonl.gz") for p in traces.iterdir())
+    return any(p.name.endswith(".parquet") for p in traces.iterdir())
 
 
 def test_a_sigkill_leaves_the_open_segment_readable_to_the_last_durable_event(
@@ -91,7 +91,7 @@ def test_a_sigkill_leaves_the_open_segment_readable_to_the_last_durable_event(
 
     with running(d):
         asyncio.run(sends())
-        assert any(p.name.endswith(".jsonl.gz") for p in traces.iterdir())  # closed ones
+        assert any(p.name.endswith(".parquet") for p in traces.iterdir())  # closed ones
         d.kill("solo")
         left_open = list(traces.glob("*.jsonl.open"))
         events = list(read_events(segment_files([traces])))
@@ -122,7 +122,7 @@ async def test_retention_deletes_the_oldest_closed_segments_never_the_open_one(
         return path
 
     ancient = segment("solo-20260101T000000-1-00001.jsonl.gz", 1000, 50)
-    older = segment("solo-20261101T000000-1-00001.jsonl.gz", 700_000, 3)
+    older = segment("solo-20261101T000000-1-00001.parquet", 700_000, 3)
     newer = segment("solo-20261102T000000-1-00001.jsonl.gz", 700_000, 2)
     foreign = segment("other-20260101T000000-1-00001.jsonl.gz", 1000, 50)
     extra = f'[trace]\ndirectory = "{traces}"\nmax_total_mb = 1\nmax_age_hours = 24\n'

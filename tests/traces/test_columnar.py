@@ -1,0 +1,120 @@
+"""Compaction into Parquet (docs/traces.md "Compaction"): a closed segment's lines come
+back as they were, its bad lines are kept as bad lines, and each event's time is parsed
+once, as the analytics parse a line's ``ts`` (R-TRACE-3)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from brokerd.config import TraceConfig
+from brokerd.traces import columnar
+from brokerd.traces.segments import SegmentKeeper, segment_lines
+from brokerd.traces.writer import read_events
+
+GOOD = [
+    {"v": 1, "instance": "alpha", "ts": "2026-11-21T09:09:57.668116Z", "event": "started", "n": 1},
+    {
+        "v": 1,
+        "instance": "alpha",
+        "ts": "2026-11-21T09:09:57.700000Z",
+        "event": "message_sent",
+        "n": 2,
+        "conversation_id": "0a1b2c3d-0000-4000-8000-000000000001",
+        "initiator": True,
+        "seq": 1,
+        "size": 200,
+        "wait": 0.25,
+        "service": "//shop/Orders",
+    },
+]
+
+
+def _segment(tmp_path: Path, *extra: bytes) -> Path:
+    path = tmp_path / "alpha-20261121T090957-7-00001.jsonl"
+    path.write_bytes(b"".join(json.dumps(e).encode() + b"\n" for e in GOOD) + b"".join(extra))
+    return path
+
+
+def test_a_clean_segment_comes_back_line_for_line(tmp_path: Path) -> None:
+    source = _segment(tmp_path)
+    target = tmp_path / "out.parquet"
+    assert columnar.write(source, target) == 2
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert [json.loads(line) for line in columnar.lines(target)] == GOOD
+    table = pq.read_table(target)
+    assert table.column("t").to_pylist() == [1795252197668116, 1795252197700000]
+    assert table.column("_corrupt").null_count == 2
+
+
+def test_bad_lines_stay_bad_and_a_torn_tail_keeps_its_missing_newline(tmp_path: Path) -> None:
+    """A field of the wrong type, a line that is not an object and a torn tail each make
+    one row of their own text (the readers skip them as they skip them in JSON Lines); a
+    field of another schema version is kept; a time of another form has no ``t``."""
+    source = _segment(
+        tmp_path,
+        b'{"v":1,"instance":"alpha","ts":"2026-11-21T09:09:58.000000Z","event":"x","seq":"7"}\n',
+        b"[1, 2]\n",
+        b"\n",
+        b'{"v":1,"instance":"alpha","ts":"yesterday","event":"late","future":3}\n',
+        b'{"v":1,"instance":"alpha","ts":"2026-11-21T09:4',
+    )
+    target = tmp_path / "out.parquet"
+    assert columnar.write(source, target) == 6
+    back = list(columnar.lines(target))
+    assert [json.loads(line) for line in back[0:2]] == GOOD
+    assert back[2] == (
+        b'{"v":1,"instance":"alpha","ts":"2026-11-21T09:09:58.000000Z","event":"x","seq":"7"}\n'
+    )
+    assert back[3] == b"[1, 2]\n"
+    assert json.loads(back[4]) == {
+        "v": 1,
+        "instance": "alpha",
+        "ts": "yesterday",
+        "event": "late",
+        "future": 3,
+    }
+    assert back[5] == b'{"v":1,"instance":"alpha","ts":"2026-11-21T09:4'  # torn: no newline
+    assert pq.read_table(target).column("t").to_pylist()[4] is None
+    # the events a reader takes from it are the plain segment's
+    assert list(read_events([target])) == list(read_events([source]))
+
+
+@pytest.mark.parametrize(
+    ("ts", "expected"),
+    [
+        ("2026-11-21T09:09:57.668116Z", 1795252197668116),
+        ("2026-11-21T10:09:57.668116+0100", 1795252197668116),
+        ("2026-11-21T10:09:57.668116+01", 1795252197668116),
+        ("2026-11-21T09:09:57Z", None),  # no microseconds: not the writer's form
+        ("2026-11-21 09:09:57.668116Z", None),
+        ("2026-13-21T09:09:57.668116Z", None),
+        (None, None),
+    ],
+)
+def test_times_are_parsed_as_the_analytics_parse_them(ts: str | None, expected: int | None) -> None:
+    assert columnar.micros(ts) == expected
+
+
+def test_the_keeper_compacts_in_a_process_of_its_own_and_a_crash_leaves_one_copy(
+    tmp_path: Path,
+) -> None:
+    source = _segment(tmp_path)
+    before = list(segment_lines(source))
+    keeper = SegmentKeeper(TraceConfig(directory=tmp_path), tmp_path, "alpha")
+    (tmp_path / "alpha-20261121T090957-7-00001.parquet.partial").write_bytes(b"cut short")
+    keeper.recover()
+    assert not list(tmp_path.glob("*.partial"))
+    keeper.tidy()
+    (compacted,) = tmp_path.glob("*.parquet")
+    assert not source.exists()
+    assert [json.loads(line) for line in segment_lines(compacted)] == [
+        json.loads(line) for line in before
+    ]
+    view = keeper.view()
+    assert view["trace_segments_compacted"] == 1
+    assert view["trace_compacted_bytes_after"] > 0
