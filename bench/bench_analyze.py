@@ -35,6 +35,7 @@ from typing import Any
 
 from brokerd.analytics.synthetic import generate, plan_for_events
 from brokerd.tools import spark_cluster
+from brokerd.traces.writer import segment_files
 
 STEP = re.compile(r"^\[\d+/\d+\] (?P<name>.+): (?P<seconds>[\d.]+) s \(total")
 CALM_WAIT = 900.0
@@ -83,7 +84,7 @@ def run_case(
     """``brokerd analyze`` over one trace set, timed from the command's start to its exit."""
     traces = root / str(events) / "traces"
     out = root / str(events) / "report"
-    size = sum(p.stat().st_size for p in traces.rglob("*.jsonl*"))
+    size = sum(p.stat().st_size for p in segment_files([traces]))
     command = [sys.executable, "-m", "brokerd", "analyze", str(traces), "--out", str(out)]
     if master:
         command += ["--master", master]

@@ -93,6 +93,30 @@ _INHERITED_COLUMNS = (
     ("inherited_sent", "long"),
 )
 """The columns :func:`inheritance` adds to a stream's messages."""
+AUDITED = (
+    "conversation_id",
+    "initiator",
+    "seq",
+    "status",
+    "sender",
+    "sent_id",
+    "sent_t",
+    "acked_id",
+    "acked_t",
+    "receiver",
+    "deliveries",
+    "delivered_t",
+    "delivered_n",
+    "delivered_id",
+    "delivered_ids",
+    "reader",
+    "receptions",
+    "received_t",
+    "received_n",
+    "received_id",
+    "received_ids",
+)
+"""The columns of the message table the audit reads."""
 MAX_LISTED = 10_000
 """Findings listed in full (all are counted)."""
 FINDING = [
@@ -240,8 +264,8 @@ def _prepared(messages: DataFrame, inherited: DataFrame | None = None) -> DataFr
     """The message table with each stream's sender and receiver, arrival (delivered, or
     received when the delivery's event is missing, or held in order by the file a
     promoted mirror inherited: :func:`inheritance`) and the stream's bounds."""
-    stream = Window.partitionBy(*STREAM)
-    in_seq = stream.orderBy("seq")
+    in_seq = Window.partitionBy(*STREAM).orderBy("seq")
+    messages = messages.select(*AUDITED)  # narrow rows: the sort and the cache copy less
     if inherited is None:
         messages = messages.select(
             "*",
@@ -255,34 +279,37 @@ def _prepared(messages: DataFrame, inherited: DataFrame | None = None) -> DataFr
     discarded = F.col("status") == "discarded"
     open_message = ~arrived & ~discarded & (sent | F.col("acked_t").isNotNull())
 
-    def first(column: str) -> Column:
-        return F.first(column, ignorenulls=True).over(stream)
-
+    seq = F.col("seq")
+    # The stream's bounds and names in one aggregate, joined back: one pass, where a
+    # window per column made one pass each (and buffered every stream's rows for each).
+    # A coalesced sender or receiver adds nothing to the stream's sets: it is one of them.
+    bounds = messages.groupBy(*STREAM).agg(
+        F.first("receiver", ignorenulls=True).alias("_first_receiver"),
+        F.first("reader", ignorenulls=True).alias("_first_reader"),
+        F.first("sender", ignorenulls=True).alias("_first_sender"),
+        F.collect_set("sender").alias("senders"),
+        F.array_union(F.collect_set("receiver"), F.collect_set("reader")).alias("receivers"),
+        # the lowest seq the set saw sent, delivered or discarded: lower ones are
+        # before the traces began (a late duplicate or RECEIVE does not count)
+        F.min(F.when(sent | arrived | discarded, seq)).alias("lowest"),
+        F.min(F.when(sent, seq)).alias("lowest_sent"),
+        F.max(F.when(arrived, seq)).alias("highest"),
+        F.min(F.when(open_message, seq)).alias("lowest_open"),
+    )
     return (
-        messages.withColumn(  # a lost message names its stream's receiver
+        messages.join(bounds, STREAM, "left")
+        .withColumn(  # a lost message names its stream's receiver
             "receiver",
-            F.coalesce("receiver", "reader", first("receiver"), first("reader")),
+            F.coalesce("receiver", "reader", "_first_receiver", "_first_reader"),
         )
-        .withColumn("sender", F.coalesce("sender", first("sender")))
-        .withColumn("senders", F.collect_set("sender").over(stream))
-        .withColumn(
-            "receivers",
-            F.array_union(
-                F.collect_set("receiver").over(stream), F.collect_set("reader").over(stream)
-            ),
-        )
+        .withColumn("sender", F.coalesce("sender", "_first_sender"))
+        .drop("_first_receiver", "_first_reader", "_first_sender")
         .withColumn("arrived", arrived)
         .withColumn("arrived_t", F.coalesce("delivered_t", "received_t"))
         .withColumn(
             "arrived_id",
             F.coalesce("delivered_id", "received_id", F.when(in_file, F.col("inherited_id"))),
         )
-        # the lowest seq the set saw sent, delivered or discarded: lower ones are
-        # before the traces began (a late duplicate or RECEIVE does not count)
-        .withColumn("lowest", F.min(F.when(sent | arrived | discarded, F.col("seq"))).over(stream))
-        .withColumn("lowest_sent", F.min(F.when(sent, F.col("seq"))).over(stream))
-        .withColumn("highest", F.max(F.when(arrived, F.col("seq"))).over(stream))
-        .withColumn("lowest_open", F.min(F.when(open_message, F.col("seq"))).over(stream))
         .withColumn(
             "sent_before",
             F.max("sent_t").over(in_seq.rowsBetween(Window.unboundedPreceding, -1)),

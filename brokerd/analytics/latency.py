@@ -16,6 +16,8 @@ below 1/10,000); counts, means and maxima are exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -64,8 +66,13 @@ def by_route(messages: DataFrame) -> DataFrame:
     return _delivery_figures(messages, ["sender", "route", "address"])
 
 
-def by_hop(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
+def by_hop(
+    events: DataFrame, cached: Callable[[DataFrame], DataFrame] = lambda df: df
+) -> tuple[DataFrame, DataFrame, DataFrame]:
     """Per link of the path (leg 1 = sender to the first broker), and per forwarder dwell.
+
+    ``cached`` keeps a table that more than one of the three reads (the arrivals, the
+    legs paired with their departures), so it is computed once; by default nothing is.
 
     Returns (legs, dwell, histogram): legs has ``leg``, ``from_instance``,
     ``to_instance`` and the latency distribution; dwell has ``instance``, ``hop`` and
@@ -94,6 +101,7 @@ def by_hop(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
         )
         .agg(F.min("t").alias("arrive"))
     )
+    arrivals = cached(arrivals)
     paired = (
         arrivals.join(departures, on=[*KEY, "from_instance"])
         .groupBy(*KEY, "instance", "from_instance", "leg", "arrive")
@@ -105,6 +113,7 @@ def by_hop(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
         )
         .select("leg", "from_instance", F.col("instance").alias("to_instance"), "left_at", "arrive")
     )
+    paired = cached(paired)
     leg = ["leg", "from_instance", "to_instance"]
     legs = paired.groupBy(*leg).agg(*distribution(millis("arrive", "left_at"), "")).orderBy(*leg)
     forwards = (

@@ -147,25 +147,31 @@ def load_traces(spark: SparkSession, paths: list[Path], *, cache: bool | None = 
     # The files are parsed once, into the cache; the counts and every job read the cache.
     cached = keep(raw) if cache else None
     table = cached.df if cached is not None else raw
-    counts = table.agg(
-        F.count(F.when(~usable, 1)).alias("skipped"),
-        F.count(F.when(usable & ~ours, 1)).alias("other"),
-        F.count(F.when(known, 1)).alias("n"),
-        F.min(F.when(known, F.col("t"))).alias("first"),
-        F.max(F.when(known, F.col("t"))).alias("last"),
-        F.sort_array(F.collect_set(F.when(known, F.col("instance")))).alias("instances"),
-    ).first()
-    assert counts is not None
+    # per instance (a handful of rows): numbers only in the aggregate, which Spark then
+    # compiles; a set of the instances in it would make every row go through an object
+    per_instance = (
+        table.groupBy("instance")
+        .agg(
+            F.count(F.when(~usable, 1)).alias("skipped"),
+            F.count(F.when(usable & ~ours, 1)).alias("other"),
+            F.count(F.when(known, 1)).alias("n"),
+            F.min(F.when(known, F.col("t"))).alias("first"),
+            F.max(F.when(known, F.col("t"))).alias("last"),
+        )
+        .collect()
+    )
+    firsts = [r["first"] for r in per_instance if r["first"] is not None]
+    lasts = [r["last"] for r in per_instance if r["last"] is not None]
     events = table.where(known).drop(CORRUPT_COLUMN, "v")
     return Traces(
         events=events,
         files=len(files),
         bytes=sum(f.stat().st_size for f in files),
-        events_total=int(counts["n"]),
-        lines_skipped=int(counts["skipped"]),
-        other_versions=int(counts["other"]),
-        instances=[i for i in counts["instances"] if i is not None],
-        first_t=int(counts["first"] or 0),
-        last_t=int(counts["last"] or 0),
+        events_total=sum(int(r["n"]) for r in per_instance),
+        lines_skipped=sum(int(r["skipped"]) for r in per_instance),
+        other_versions=sum(int(r["other"]) for r in per_instance),
+        instances=sorted(r["instance"] for r in per_instance if r["n"] and r["instance"]),
+        first_t=int(min(firsts, default=0)),
+        last_t=int(max(lasts, default=0)),
         cached=cached,
     )

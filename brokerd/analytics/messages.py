@@ -101,9 +101,22 @@ def event_id(events: DataFrame) -> DataFrame:
     )
 
 
+def eid_of(instance: Column, n: Column) -> Column:
+    """The event id ``instance#n`` (null without ``n``)."""
+    return F.when(n.isNotNull(), F.concat_ws("#", instance, n.cast("string")))
+
+
 def ids_of(name: str) -> Column:
-    """The ids of every event ``name`` in the group, sorted."""
-    return F.sort_array(F.collect_list(F.when(is_event(name), F.col("eid"))))
+    """The (instance, n) of every event ``name`` in the group (:func:`sorted_ids` makes
+    them ids): the ids are built once per message, not once per event."""
+    return F.collect_list(
+        F.when(is_event(name) & F.col("n").isNotNull(), F.struct("instance", "n"))
+    )
+
+
+def sorted_ids(pairs: Column) -> Column:
+    """The ids of :func:`ids_of`'s pairs, sorted."""
+    return F.sort_array(F.transform(pairs, lambda p: eid_of(p["instance"], p["n"])))
 
 
 def listed_messages(events: DataFrame, event: str, as_event: str) -> DataFrame:
@@ -174,11 +187,9 @@ def message_table(events: DataFrame) -> DataFrame:
         & F.col("initiator").isNotNull()
         & (F.col("seq") > 0)
     )
-    keyed = event_id(
-        per_message.unionByName(
-            listed_messages(events, "ack_received", "acked"), allowMissingColumns=True
-        ).unionByName(listed_messages(events, "discarded", "discarded"), allowMissingColumns=True)
-    )
+    keyed = per_message.unionByName(
+        listed_messages(events, "ack_received", "acked"), allowMissingColumns=True
+    ).unionByName(listed_messages(events, "discarded", "discarded"), allowMissingColumns=True)
     folded = keyed.groupBy(*KEY).agg(
         first_fields(
             "message_sent",
@@ -188,7 +199,7 @@ def message_table(events: DataFrame) -> DataFrame:
             "far_service",
             "message_type",
             "size",
-            "eid",
+            "n",
         ).alias("sent"),
         time_of("message_sent").alias("sent_t"),
         time_of("enqueued").alias("enqueued_t"),
@@ -202,16 +213,16 @@ def message_table(events: DataFrame) -> DataFrame:
         distinct_count(F.when(is_event("forwarded"), F.col("instance"))).alias("forwards"),
         F.max(F.when(is_event("forwarded"), F.col("hop"))).alias("max_hop"),
         time_of("acked").alias("acked_t"),
-        first_of("eid", "acked").alias("acked_id"),
+        first_fields("acked", "instance", "n").alias("acked"),
         time_of("discarded").alias("discarded_t"),
         first_of("reason", "discarded").alias("discard_reason"),
         time_of("delivered").alias("delivered_t"),
         count_of("delivered").alias("deliveries"),
-        first_fields("delivered", "instance", "database", "queue", "n", "eid").alias("delivery"),
+        first_fields("delivered", "instance", "database", "queue", "n").alias("delivery"),
         ids_of("delivered").alias("delivered_ids"),
         time_of("received").alias("received_t"),
         count_of("received").alias("receptions"),
-        first_fields("received", "instance", "n", "eid").alias("reception"),
+        first_fields("received", "instance", "n").alias("reception"),
         ids_of("received").alias("received_ids"),
     )
     rows = folded.select(
@@ -222,7 +233,7 @@ def message_table(events: DataFrame) -> DataFrame:
         "sent.far_service",
         "sent.message_type",
         "sent.size",
-        F.col("sent.eid").alias("sent_id"),
+        eid_of(F.col("sent.instance"), F.col("sent.n")).alias("sent_id"),
         "sent_t",
         "enqueued_t",
         "first_fragment_t",
@@ -236,7 +247,7 @@ def message_table(events: DataFrame) -> DataFrame:
         "forwards",
         "max_hop",
         "acked_t",
-        "acked_id",
+        eid_of(F.col("acked.instance"), F.col("acked.n")).alias("acked_id"),
         "discarded_t",
         "discard_reason",
         "delivered_t",
@@ -245,14 +256,14 @@ def message_table(events: DataFrame) -> DataFrame:
         F.col("delivery.database").alias("target_database"),
         "delivery.queue",
         F.col("delivery.n").alias("delivered_n"),
-        F.col("delivery.eid").alias("delivered_id"),
-        "delivered_ids",
+        eid_of(F.col("delivery.instance"), F.col("delivery.n")).alias("delivered_id"),
+        sorted_ids(F.col("delivered_ids")).alias("delivered_ids"),
         "received_t",
         "receptions",
         F.col("reception.instance").alias("reader"),
         F.col("reception.n").alias("received_n"),
-        F.col("reception.eid").alias("received_id"),
-        "received_ids",
+        eid_of(F.col("reception.instance"), F.col("reception.n")).alias("received_id"),
+        sorted_ids(F.col("received_ids")).alias("received_ids"),
     )
     routes = conversation_routes(events)
     joined = rows.join(routes, on=[*STREAM, "sender"], how="left")

@@ -246,13 +246,24 @@ TABLES = (
 
 
 def _hops(events: DataFrame, top: int) -> dict[str, Table]:
-    """The tables of the legs of the path (from the events alone)."""
-    legs, dwell, histogram = latency.by_hop(events)
-    return {
-        "latency_by_hop": collect(legs, "Latency per hop (ms)", top),
-        "forwarder_dwell": collect(dwell, "Forwarder dwell time (ms)", top),
-        "latency_histogram_by_hop": collect(histogram, "Latency per hop", HISTOGRAM_ROWS),
-    }
+    """The tables of the legs of the path (from the events alone); the tables two of them
+    read are computed once, into the cache, and dropped after."""
+    kept: list[Kept] = []
+
+    def cached(df: DataFrame) -> DataFrame:
+        kept.append(keep(df))
+        return kept[-1].df
+
+    try:
+        legs, dwell, histogram = latency.by_hop(events, cached)
+        return {
+            "latency_by_hop": collect(legs, "Latency per hop (ms)", top),
+            "forwarder_dwell": collect(dwell, "Forwarder dwell time (ms)", top),
+            "latency_histogram_by_hop": collect(histogram, "Latency per hop", HISTOGRAM_ROWS),
+        }
+    finally:
+        for table in kept:
+            table.release()
 
 
 class _Jobs:
