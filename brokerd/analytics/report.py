@@ -35,7 +35,7 @@ from brokerd.analytics.load import load_traces, plain_bytes, trace_files
 from brokerd.analytics.messages import distinct_count, message_table
 from brokerd.analytics.processes import processes
 from brokerd.analytics.result import Analysis, Table
-from brokerd.analytics.session import DEFAULT_MASTER, Kept, keep, spark_session
+from brokerd.analytics.session import DEFAULT_MASTER, Kept, is_small, keep, spark_session
 from brokerd.traces.writer import iso_micros
 
 __all__ = ["Analysis", "Table", "analyze", "print_summary", "render_html", "write_report"]
@@ -176,7 +176,10 @@ def analyze(
         traces = steps.run(f"reading {len(files)} trace segment(s)", lambda: load_traces(sp, files))
         try:
             events = traces.events
-            hops = functools.partial(steps.run, "latency per hop", lambda: _hops(events, top))
+            large = not is_small(size)
+            hops = functools.partial(
+                steps.run, "latency per hop", lambda: _hops(events, top, cache=large)
+            )
             legs: list[Future[dict[str, Table]]] = []
 
             def build() -> Kept:
@@ -245,12 +248,15 @@ TABLES = (
 """The tables of an analysis, in the order of ``summary.json``."""
 
 
-def _hops(events: DataFrame, top: int) -> dict[str, Table]:
-    """The tables of the legs of the path (from the events alone); the tables two of them
-    read are computed once, into the cache, and dropped after."""
+def _hops(events: DataFrame, top: int, *, cache: bool) -> dict[str, Table]:
+    """The tables of the legs of the path (from the events alone); with ``cache`` (a large
+    set) the tables two of them read are computed once, into the cache, and dropped after
+    (on a small set building the cache costs more than computing them twice)."""
     kept: list[Kept] = []
 
     def cached(df: DataFrame) -> DataFrame:
+        if not cache:
+            return df
         kept.append(keep(df))
         return kept[-1].df
 
