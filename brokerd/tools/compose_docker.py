@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -112,13 +113,19 @@ def base_tarball(cache: Path) -> Path:
 
 
 def wheels(cache: Path) -> Path:
-    """The project's wheels (and its build backend's), cached, copied to ``build/wheels``."""
+    """The project's wheels (and its build backend's), cached, copied to ``build/wheels``;
+    made again when the dependencies change (``pyproject.toml`` or ``requirements.lock``)."""
     source = cache / "wheels"
-    if not (source / ".complete").exists():
-        source.mkdir(parents=True, exist_ok=True)
+    stamp = source / ".complete"
+    wanted = hashlib.sha256(
+        b"".join((ROOT / name).read_bytes() for name in ("pyproject.toml", "requirements.lock"))
+    ).hexdigest()
+    if not stamp.exists() or stamp.read_text().strip() != wanted:
+        shutil.rmtree(source, ignore_errors=True)
+        source.mkdir(parents=True)
         _run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(source),
               ".[analytics]", "setuptools>=77", "wheel"])  # fmt: skip
-        (source / ".complete").touch()
+        stamp.write_text(wanted)
     target = ROOT / "build" / "wheels"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
