@@ -41,6 +41,9 @@ PARTIAL_SUFFIX = ".parquet.partial"
 """A compaction being written: deleted at the next start if a crash left it."""
 PARTIAL_SUFFIXES = (PARTIAL_SUFFIX, ".jsonl.gz.partial")
 SEGMENT_SUFFIXES = (CLOSED_SUFFIX, OPEN_SUFFIX, *COMPACT_SUFFIXES)
+STOP_COMPACT_BYTES = 1024 * 1024
+"""Below this a segment a graceful stop closes is compacted at the next start instead: the
+compaction's process costs about half a second to start, more than such a segment saves."""
 COMPACTION_TIMEOUT = 600.0
 """Seconds a compaction's process may take (a 64 MB segment takes a few)."""
 FILE_MODE = 0o600
@@ -145,11 +148,16 @@ class SegmentKeeper:
             if path.stat().st_mode & 0o777 != FILE_MODE:
                 os.chmod(path, FILE_MODE)
 
-    def tidy(self, now: float | None = None) -> None:
+    def tidy(self, now: float | None = None, *, stopping: bool = False) -> None:
         """Compact the closed segments (with ``trace.compress``), then apply retention.
-        Errors (a full disk) are logged; what could not be compacted stays as it is."""
+        Errors (a full disk) are logged; what could not be compacted stays as it is.
+        ``stopping`` (a graceful stop): a segment under :data:`STOP_COMPACT_BYTES` is left
+        for the next start, which compacts it in the background; the stop does not wait
+        for a compaction's process to start."""
         if self.config.compress:
             for path in self._mine(CLOSED_SUFFIX):
+                if stopping and path.stat().st_size < STOP_COMPACT_BYTES:
+                    continue
                 try:
                     self.compact(path)
                 except (OSError, subprocess.SubprocessError) as exc:

@@ -393,7 +393,7 @@ class TraceWriter:
             await self.flush()
             async with self._lock:
                 await asyncio.to_thread(self._close_segment)
-            await asyncio.to_thread(self.keeper.tidy)
+            await asyncio.to_thread(self.keeper.tidy, stopping=True)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():

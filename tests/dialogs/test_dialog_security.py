@@ -39,6 +39,8 @@ from brokerd.tools.example import (
 )
 from brokerd.tools.faultproxy import RelayPlan, TerminatingRelay
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.segments import segment_lines
+from brokerd.traces.writer import segment_files
 from protocol.dialog import ERROR, FLAG_ERROR, Acknowledgement, DialogHeader
 from protocol.errors import DialogSecurityUnavailable
 from tests.daemons import FAST_RETRY, drain, running, wait_until
@@ -285,8 +287,11 @@ async def test_a_forwarder_never_holds_the_plaintext_of_a_secured_dialog(tmp_pat
             await client.close()
     # Stopped: every trace segment is flushed, the WAL is in the file.
     forwarder_dir = d.daemons["forwarder"].directory
-    assert list(forwarder_dir.rglob("*.sqlite")) and list(forwarder_dir.rglob("*.jsonl*"))
+    segments = segment_files([forwarder_dir])
+    assert list(forwarder_dir.rglob("*.sqlite")) and segments
     assert files_holding(forwarder_dir, MARKER) == []
+    # a compacted segment is compressed: its lines are searched as a reader sees them
+    assert [s for s in segments if MARKER in b"".join(segment_lines(s))] == []
 
 
 @pytest.fixture
