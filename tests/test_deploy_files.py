@@ -224,3 +224,23 @@ def test_dynamic_router_reads_a_missing_route_request() -> None:
         "AW",
     )
     assert route_name("//remote/A&B") == "Dynamic_remote_A_B"
+
+
+def test_the_lock_pins_every_dependency_pyproject_names() -> None:
+    """``./dev setup`` installs from ``requirements.lock`` alone (with hashes): a dependency
+    added to ``pyproject.toml`` without ``./dev lock`` would be missing on a fresh machine."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        wanted += extra
+    names = {re.split(r"[<>=!~\[; ]", w, maxsplit=1)[0].lower().replace("_", "-") for w in wanted}
+    locked = {
+        m.group(1).lower().replace("_", "-")
+        for m in re.finditer(
+            r"^([A-Za-z0-9_.-]+)==", (root / "requirements.lock").read_text(), re.M
+        )
+    }
+    assert sorted(names - locked) == []
