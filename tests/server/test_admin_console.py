@@ -51,9 +51,24 @@ async def test_the_console_in_chromium(tmp_path: Path, chromium: object) -> None
         page = chromium.find_element(By.TAG_NAME, "body").text
         assert "brokerd · beta" in page and "ready" in page
 
+        # The page replaces its tables as it refreshes itself: each read is one script,
+        # so it never holds an element the page has just replaced (a stale reference).
         def cells(table: str) -> list[list[str]]:
-            rows = chromium.find_elements(By.CSS_SELECTOR, f"#{table} tr")
-            return [[c.text for c in r.find_elements(By.TAG_NAME, "td")] for r in rows[1:]]
+            rows: list[list[str]] = chromium.execute_script(
+                "return Array.from(document.querySelectorAll('#' + arguments[0] + ' tr'))"
+                ".slice(1).map(r => Array.from(r.querySelectorAll('td'))"
+                ".map(c => c.innerText.trim()))",
+                table,
+            )
+            return rows
+
+        def text_of(element: str) -> str:
+            text: str = chromium.execute_script(
+                "const e = document.getElementById(arguments[0]);"
+                "return e ? e.innerText.trim() : '';",
+                element,
+            )
+            return text
 
         assert ["warehouse", "OrderQueue", "on", str(ORDERS), "0", "0"] in cells("queues")
         connections = cells("connections")
@@ -65,9 +80,7 @@ async def test_the_console_in_chromium(tmp_path: Path, chromium: object) -> None
         # the page refreshes itself: after two rounds, the rates are figures
         for n in range(ORDERS, ORDERS + 5):
             await shop.send(handle, ORDER, f"order {n}".encode())
-        WebDriverWait(chromium, 15).until(
-            lambda c: c.find_element(By.ID, "rate-delivered").text not in ("", "\u2013")
-        )
+        WebDriverWait(chromium, 15).until(lambda _: text_of("rate-delivered") not in ("", "\u2013"))
         WebDriverWait(chromium, 15).until(
             lambda _: (
                 [
@@ -81,16 +94,14 @@ async def test_the_console_in_chromium(tmp_path: Path, chromium: object) -> None
                 in cells("queues")
             )
         )
-        float(chromium.find_element(By.ID, "rate-delivered").text)
+        float(text_of("rate-delivered"))
 
         # the shop's side: the transmission queue of a conversation nobody answers
         other = await shop.begin_dialog(SHOP_SERVICE, "//nowhere/Service", CONTRACT)
         await shop.send(other, ORDER, b"lost order")
         chromium.get(f"http://{HOSTS[0]}:8022/")
-        WebDriverWait(chromium, 15).until(
-            lambda c: "//nowhere/Service" in c.find_element(By.ID, "peers").text
-        )
-        status = chromium.find_element(By.ID, "transmission-queue").text
+        WebDriverWait(chromium, 15).until(lambda _: "//nowhere/Service" in text_of("peers"))
+        status = text_of("transmission-queue")
         assert "//nowhere/Service" in status
 
         # the screenshot: the warehouse's page while orders flow (the rates move)
@@ -106,7 +117,7 @@ async def test_the_console_in_chromium(tmp_path: Path, chromium: object) -> None
             chromium.get(f"http://{HOSTS[1]}:8022/")
 
             def moving() -> bool:
-                text = chromium.find_element(By.ID, "rate-delivered").text
+                text = text_of("rate-delivered")
                 return text not in ("", "\u2013") and float(text) > 0
 
             await wait_until(lambda: asyncio.to_thread(moving), 20, 0.2)
