@@ -215,7 +215,12 @@ def segments(directories: Iterable[Path]) -> list[Path]:
 def _lines(path: Path) -> Iterator[bytes]:
     """The file's lines, each at most :data:`MAX_LINE` bytes; longer ones are skipped."""
     if path.name.endswith(".parquet"):
-        yield from (line for line in columnar.lines(path) if len(line) <= MAX_LINE)
+        try:  # Arrow's errors are ValueErrors: a damaged file is said, and skipped
+            yield from (line for line in columnar.lines(path) if len(line) <= MAX_LINE)
+        except (OSError, ValueError) as exc:
+            print(
+                f"brokerctl trace: skipped {path}: not a readable segment ({exc})", file=sys.stderr
+            )
         return
     with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as f:
         skipping = False

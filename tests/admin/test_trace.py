@@ -132,7 +132,9 @@ def test_over_long_and_torn_lines_are_skipped(
         + "\n"
         + line("delivered", "2026-11-29T07:00:00.300000Z", initiator=True, seq=1)[:40]
     )
-    events, _ = trace.read_conversation([segment], uuid.UUID(cid))
+    damaged = tmp_path / "a-20261129T060000-1-00001.parquet"  # a compacted file, damaged
+    damaged.write_bytes(b"PAR1 not a parquet file")
+    events, _ = trace.read_conversation([damaged, segment], uuid.UUID(cid))
     assert [(e.name, e.ts) for e in events] == [
         ("message_sent", "2026-11-29T07:00:00.000000Z"),
         ("enqueued", "2026-11-29T07:00:00.200000Z"),
