@@ -88,11 +88,12 @@ def run_case(
     command = [sys.executable, "-m", "brokerd", "analyze", str(traces), "--out", str(out)]
     if master:
         command += ["--master", master]
+    shutil.rmtree(out, ignore_errors=True)  # a failed run must not leave the last summary
     load_before = load_average()
     began = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - began
-    if done.returncode not in (0, 1):
+    if done.returncode not in (0, 1) or not (out / "summary.json").exists():
         raise SystemExit(f"brokerd analyze failed ({done.returncode}):\n{done.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
     found = summary["inputs"]["events"]

@@ -208,17 +208,21 @@ def lines(path: Path) -> Iterator[bytes]:
     """The events of a compacted segment as JSON Lines, in the order they were written."""
     import pyarrow.parquet as pq
 
-    order = [*_FIRST, *(n for n in _NAMES if n not in _FIRST)]
     parquet = pq.ParquetFile(path)
-    for batch in parquet.iter_batches(columns=[*_NAMES, CORRUPT_COLUMN, EXTRA_COLUMN]):
+    # a segment compacted by an earlier version lacks the fields added since
+    held = set(parquet.schema_arrow.names)
+    order = [n for n in (*_FIRST, *(n for n in _NAMES if n not in _FIRST)) if n in held]
+    wanted = [n for n in (*_NAMES, CORRUPT_COLUMN, EXTRA_COLUMN) if n in held]
+    for batch in parquet.iter_batches(columns=wanted):
         for row in batch.to_pylist():
-            torn = row[CORRUPT_COLUMN]
+            torn = row.get(CORRUPT_COLUMN)
             if torn is not None:  # as it was written: a torn tail without its newline
                 yield torn.encode()
                 continue
             event = {name: row[name] for name in order if row[name] is not None}
-            if row[EXTRA_COLUMN] is not None:
-                event.update(orjson.loads(row[EXTRA_COLUMN]))
+            extra = row.get(EXTRA_COLUMN)
+            if extra is not None:
+                event.update(orjson.loads(extra))
             yield orjson.dumps(event) + b"\n"
 
 

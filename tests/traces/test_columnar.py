@@ -51,6 +51,18 @@ def test_a_clean_segment_comes_back_line_for_line(tmp_path: Path) -> None:
     assert table.column("_corrupt").null_count == 2
 
 
+def test_a_segment_compacted_before_fields_were_added_is_still_read(tmp_path: Path) -> None:
+    """A compacted file holds the columns of the version that wrote it: one written before
+    a field was added to the schema comes back line for line, without that field."""
+    source = _segment(tmp_path)
+    target = tmp_path / "out.parquet"
+    columnar.write(source, target)
+    older = tmp_path / "older.parquet"
+    pq.write_table(pq.read_table(target).drop_columns(["rollbacks", "dropped", "_extra"]), older)
+    assert [json.loads(line) for line in columnar.lines(older)] == GOOD
+    assert columnar.rows(older) == 2
+
+
 def test_bad_lines_stay_bad_and_a_torn_tail_keeps_its_missing_newline(tmp_path: Path) -> None:
     """A field of the wrong type, a line that is not an object and a torn tail each make
     one row of their own text (the readers skip them as they skip them in JSON Lines); a
