@@ -34,7 +34,7 @@ or the conversation's route for a local delivery), ``receiver``,
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 KEY = ["conversation_id", "initiator", "seq"]
@@ -59,26 +59,6 @@ def is_event(name: str) -> Column:
     return F.col("event") == name
 
 
-def time_of(name: str) -> Column:
-    """The earliest time of event ``name`` in the group."""
-    return F.min(F.when(is_event(name), F.col("t")))
-
-
-def first_of(column: str, name: str) -> Column:
-    """``column`` of the earliest event ``name`` in the group."""
-    return F.min_by(F.when(is_event(name), F.col(column)), F.when(is_event(name), F.col("t")))
-
-
-def first_fields(name: str, *columns: str) -> Column:
-    """A struct of ``columns`` of the earliest event ``name`` in the group (one aggregate)."""
-    return F.min_by(F.when(is_event(name), F.struct(*columns)), F.when(is_event(name), F.col("t")))
-
-
-def last_of(column: str, name: str) -> Column:
-    """``column`` of the latest event ``name`` in the group."""
-    return F.max_by(F.when(is_event(name), F.col(column)), F.when(is_event(name), F.col("t")))
-
-
 def count_of(name: str) -> Column:
     return F.count(F.when(is_event(name), 1))
 
@@ -98,60 +78,6 @@ def event_id(events: DataFrame) -> DataFrame:
     return events.withColumn(
         "eid",
         F.when(F.col("n").isNotNull(), F.concat_ws("#", "instance", F.col("n").cast("string"))),
-    )
-
-
-def eid_of(instance: Column, n: Column) -> Column:
-    """The event id ``instance#n`` (null without ``n``)."""
-    return F.when(n.isNotNull(), F.concat_ws("#", instance, n.cast("string")))
-
-
-def ids_of(name: str) -> Column:
-    """The (instance, n) of every event ``name`` in the group (:func:`sorted_ids` makes
-    them ids): the ids are built once per message, not once per event."""
-    return F.collect_list(
-        F.when(is_event(name) & F.col("n").isNotNull(), F.struct("instance", "n"))
-    )
-
-
-def sorted_ids(pairs: Column) -> Column:
-    """The ids of :func:`ids_of`'s pairs, sorted."""
-    return F.sort_array(F.transform(pairs, lambda p: eid_of(p["instance"], p["n"])))
-
-
-def listed_messages(events: DataFrame, event: str, as_event: str) -> DataFrame:
-    """Events that list messages in ``seqs`` (acknowledgements, discards), one row per seq."""
-    return (
-        events.where(is_event(event) & F.col("seqs").isNotNull() & (F.col("seqs") != ""))
-        .select(
-            "conversation_id",
-            "initiator",
-            "instance",
-            "n",
-            "t",
-            "reason",
-            F.explode(F.split("seqs", ",")).alias("listed"),
-        )
-        .withColumn("seq", F.col("listed").try_cast("long"))
-        .where(F.col("seq").isNotNull())
-        .drop("listed")
-        .withColumn("event", F.lit(as_event))
-    )
-
-
-def conversation_routes(events: DataFrame) -> DataFrame:
-    """The latest routing decision of each conversation endpoint: (stream, instance) -> route."""
-    latest = Window.partitionBy(*STREAM, "instance").orderBy(F.col("t").desc())
-    return (
-        events.where(is_event("route_chosen"))
-        .withColumn("n", F.row_number().over(latest))
-        .where(F.col("n") == 1)
-        .select(
-            *STREAM,
-            F.col("instance").alias("sender"),
-            F.coalesce("route", F.col("decision")).alias("conversation_route"),
-            F.coalesce("address", F.col("target_database")).alias("conversation_address"),
-        )
     )
 
 
@@ -179,136 +105,211 @@ def inheritance(events: DataFrame) -> DataFrame:
     return received.join(sent, STREAM, "full")
 
 
+MESSAGE_COLUMNS = (
+    *KEY,
+    "sender",
+    "database",
+    "service",
+    "far_service",
+    "message_type",
+    "size",
+    "sent_id",
+    "sent_t",
+    "enqueued_t",
+    "first_fragment_t",
+    "attempts",
+    "retransmissions",
+    "duplicates",
+    "drops",
+    "drop_reason",
+    "forwards",
+    "max_hop",
+    "acked_t",
+    "acked_id",
+    "discarded_t",
+    "discard_reason",
+    "delivered_t",
+    "deliveries",
+    "receiver",
+    "target_database",
+    "queue",
+    "delivered_n",
+    "delivered_id",
+    "delivered_ids",
+    "received_t",
+    "receptions",
+    "reader",
+    "received_n",
+    "received_id",
+    "received_ids",
+)
+"""The message table's columns before ``route``, ``address`` and ``status``."""
+
+
+def _when(event: str, value: str) -> str:
+    return f"CASE WHEN event = '{event}' THEN {value} END"
+
+
+def _first(event: str, value: str) -> str:
+    """SQL: ``value`` of the earliest event ``event`` of the group."""
+    return f"min_by({_when(event, value)}, {_when(event, 't')})"
+
+
+def _eid(instance: str, n: str) -> str:
+    """SQL: the event id ``instance#n`` (null without ``n``), as :func:`event_id`."""
+    return f"CASE WHEN {n} IS NOT NULL THEN concat_ws('#', {instance}, CAST({n} AS STRING)) END"
+
+
+def _ids(pairs: str) -> str:
+    """SQL: the sorted ids of a list of (instance, n): built once per message, not once per
+    event."""
+    return f"sort_array(transform({pairs}, p -> {_eid('p.instance', 'p.n')}))"
+
+
+def _listed(event: str, as_event: str) -> str:
+    """SQL: the events that list messages in ``seqs`` (acknowledgements, discards), one
+    row per seq, as event ``as_event``."""
+    return f"""
+    SELECT conversation_id, initiator, instance, n, t, reason, seq, '{as_event}' AS event
+    FROM (
+      SELECT *, try_cast(listed AS BIGINT) AS seq
+      FROM (
+        SELECT conversation_id, initiator, instance, n, t, reason,
+               explode(split(seqs, ',')) AS listed
+        FROM {{events}}
+        WHERE event = '{event}' AND seqs IS NOT NULL AND seqs != ''
+      )
+    )
+    WHERE seq IS NOT NULL"""
+
+
+SENT_FIELDS = "instance, database, service, far_service, message_type, size, n"
+"""What the message table keeps of a message's ``message_sent`` event."""
+_MESSAGE_EVENT_LIST = ", ".join(f"'{name}'" for name in MESSAGE_EVENTS)
+
+MESSAGE_TABLE_SQL = f"""
+WITH keyed AS (
+  SELECT conversation_id, initiator, instance, n, t, reason, seq, event, database, service,
+         far_service, message_type, size, route, peer, attempt, hop, queue
+  FROM {{events}}
+  WHERE event IN ({_MESSAGE_EVENT_LIST})
+    AND conversation_id IS NOT NULL AND initiator IS NOT NULL AND seq > 0
+  UNION ALL
+  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+  FROM ({_listed("ack_received", "acked")})
+  UNION ALL
+  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+  FROM ({_listed("discarded", "discarded")})
+),
+folded AS (
+  SELECT conversation_id, initiator, seq,
+    {_first("message_sent", f"struct({SENT_FIELDS})")} AS sent,
+    min({_when("message_sent", "t")}) AS sent_t,
+    min({_when("enqueued", "t")}) AS enqueued_t,
+    min({_when("fragment_sent", "t")}) AS first_fragment_t,
+    {_first("fragment_sent", "struct(route, peer)")} AS link,
+    max({_when("fragment_sent", "attempt")}) AS attempts,
+    count({_when("retransmission", "1")}) AS retransmissions,
+    count({_when("duplicate", "1")}) AS duplicates,
+    count({_when("dropped", "1")}) AS drops,
+    max_by({_when("dropped", "reason")}, {_when("dropped", "t")}) AS drop_reason,
+    CAST(size(collect_set({_when("forwarded", "instance")})) AS BIGINT) AS forwards,
+    max({_when("forwarded", "hop")}) AS max_hop,
+    min({_when("acked", "t")}) AS acked_t,
+    {_first("acked", "struct(instance, n)")} AS acked,
+    min({_when("discarded", "t")}) AS discarded_t,
+    {_first("discarded", "reason")} AS discard_reason,
+    min({_when("delivered", "t")}) AS delivered_t,
+    count({_when("delivered", "1")}) AS deliveries,
+    {_first("delivered", "struct(instance, database, queue, n)")} AS delivery,
+    collect_list(CASE WHEN event = 'delivered' AND n IS NOT NULL
+                      THEN struct(instance, n) END) AS delivered_pairs,
+    min({_when("received", "t")}) AS received_t,
+    count({_when("received", "1")}) AS receptions,
+    {_first("received", "struct(instance, n)")} AS reception,
+    collect_list(CASE WHEN event = 'received' AND n IS NOT NULL
+                      THEN struct(instance, n) END) AS received_pairs
+  FROM keyed
+  GROUP BY conversation_id, initiator, seq
+),
+rows AS (
+  SELECT conversation_id, initiator, seq,
+    sent.instance AS sender, sent.database AS database, sent.service AS service,
+    sent.far_service AS far_service, sent.message_type AS message_type, sent.size AS size,
+    {_eid("sent.instance", "sent.n")} AS sent_id,
+    sent_t, enqueued_t, first_fragment_t,
+    link.route AS fragment_route, link.peer AS fragment_peer,
+    attempts, retransmissions, duplicates, drops, drop_reason, forwards, max_hop,
+    acked_t, {_eid("acked.instance", "acked.n")} AS acked_id,
+    discarded_t, discard_reason,
+    delivered_t, deliveries,
+    delivery.instance AS receiver, delivery.database AS target_database,
+    delivery.queue AS queue, delivery.n AS delivered_n,
+    {_eid("delivery.instance", "delivery.n")} AS delivered_id,
+    {_ids("delivered_pairs")} AS delivered_ids,
+    received_t, receptions,
+    reception.instance AS reader, reception.n AS received_n,
+    {_eid("reception.instance", "reception.n")} AS received_id,
+    {_ids("received_pairs")} AS received_ids
+  FROM folded
+),
+routes AS (
+  SELECT conversation_id, initiator, instance AS sender,
+         coalesce(route, decision) AS conversation_route,
+         coalesce(address, target_database) AS conversation_address
+  FROM (
+    SELECT *, row_number() OVER (
+      PARTITION BY conversation_id, initiator, instance ORDER BY t DESC) AS latest
+    FROM {{events}} WHERE event = 'route_chosen'
+  )
+  WHERE latest = 1
+),
+receivers AS (
+  SELECT DISTINCT conversation_id, initiator, true AS receiver_traced
+  FROM {{events}} WHERE event IN ('delivered', 'ack_sent')
+),
+inherited AS (
+  SELECT conversation_id, NOT initiator AS initiator,
+         max(received_through) AS inherited_received
+  FROM {{events}}
+  WHERE event = 'inherited' AND conversation_id IS NOT NULL AND initiator IS NOT NULL
+  GROUP BY conversation_id, NOT initiator
+),
+joined AS (
+  SELECT *,
+    delivered_t IS NOT NULL OR received_t IS NOT NULL
+      OR seq <= coalesce(inherited_received, 0) AS is_delivered
+  FROM rows
+  LEFT JOIN routes USING (conversation_id, initiator, sender)
+  LEFT JOIN receivers USING (conversation_id, initiator)
+  LEFT JOIN inherited USING (conversation_id, initiator)
+),
+streams AS (
+  SELECT *, min(CASE WHEN NOT is_delivered AND discarded_t IS NULL
+                      AND (sent_t IS NOT NULL OR acked_t IS NOT NULL) THEN seq END)
+            OVER (PARTITION BY conversation_id, initiator) AS lowest_open
+  FROM joined
+)
+SELECT {", ".join(MESSAGE_COLUMNS)},
+  coalesce(fragment_route, conversation_route) AS route,
+  coalesce(fragment_peer, conversation_address) AS address,
+  CASE
+    WHEN is_delivered THEN 'delivered'
+    WHEN discarded_t IS NOT NULL THEN 'discarded'
+    WHEN acked_t IS NOT NULL AND receiver_traced IS NULL THEN 'acknowledged'
+    WHEN acked_t IS NOT NULL AND seq = lowest_open THEN 'lost'
+    WHEN acked_t IS NOT NULL THEN 'held'
+    WHEN sent_t IS NOT NULL THEN 'waiting'
+    ELSE 'unknown'
+  END AS status
+FROM streams
+"""
+
+
 def message_table(events: DataFrame) -> DataFrame:
-    """Every message of the trace set, one row each (see the module docstring)."""
-    per_message = events.where(
-        F.col("event").isin(*MESSAGE_EVENTS)
-        & F.col("conversation_id").isNotNull()
-        & F.col("initiator").isNotNull()
-        & (F.col("seq") > 0)
-    )
-    keyed = per_message.unionByName(
-        listed_messages(events, "ack_received", "acked"), allowMissingColumns=True
-    ).unionByName(listed_messages(events, "discarded", "discarded"), allowMissingColumns=True)
-    folded = keyed.groupBy(*KEY).agg(
-        first_fields(
-            "message_sent",
-            "instance",
-            "database",
-            "service",
-            "far_service",
-            "message_type",
-            "size",
-            "n",
-        ).alias("sent"),
-        time_of("message_sent").alias("sent_t"),
-        time_of("enqueued").alias("enqueued_t"),
-        time_of("fragment_sent").alias("first_fragment_t"),
-        first_fields("fragment_sent", "route", "peer").alias("link"),
-        F.max(F.when(is_event("fragment_sent"), F.col("attempt"))).alias("attempts"),
-        count_of("retransmission").alias("retransmissions"),
-        count_of("duplicate").alias("duplicates"),
-        count_of("dropped").alias("drops"),
-        last_of("reason", "dropped").alias("drop_reason"),
-        distinct_count(F.when(is_event("forwarded"), F.col("instance"))).alias("forwards"),
-        F.max(F.when(is_event("forwarded"), F.col("hop"))).alias("max_hop"),
-        time_of("acked").alias("acked_t"),
-        first_fields("acked", "instance", "n").alias("acked"),
-        time_of("discarded").alias("discarded_t"),
-        first_of("reason", "discarded").alias("discard_reason"),
-        time_of("delivered").alias("delivered_t"),
-        count_of("delivered").alias("deliveries"),
-        first_fields("delivered", "instance", "database", "queue", "n").alias("delivery"),
-        ids_of("delivered").alias("delivered_ids"),
-        time_of("received").alias("received_t"),
-        count_of("received").alias("receptions"),
-        first_fields("received", "instance", "n").alias("reception"),
-        ids_of("received").alias("received_ids"),
-    )
-    rows = folded.select(
-        *KEY,
-        F.col("sent.instance").alias("sender"),
-        "sent.database",
-        "sent.service",
-        "sent.far_service",
-        "sent.message_type",
-        "sent.size",
-        eid_of(F.col("sent.instance"), F.col("sent.n")).alias("sent_id"),
-        "sent_t",
-        "enqueued_t",
-        "first_fragment_t",
-        F.col("link.route").alias("fragment_route"),
-        F.col("link.peer").alias("fragment_peer"),
-        "attempts",
-        "retransmissions",
-        "duplicates",
-        "drops",
-        "drop_reason",
-        "forwards",
-        "max_hop",
-        "acked_t",
-        eid_of(F.col("acked.instance"), F.col("acked.n")).alias("acked_id"),
-        "discarded_t",
-        "discard_reason",
-        "delivered_t",
-        "deliveries",
-        F.col("delivery.instance").alias("receiver"),
-        F.col("delivery.database").alias("target_database"),
-        "delivery.queue",
-        F.col("delivery.n").alias("delivered_n"),
-        eid_of(F.col("delivery.instance"), F.col("delivery.n")).alias("delivered_id"),
-        sorted_ids(F.col("delivered_ids")).alias("delivered_ids"),
-        "received_t",
-        "receptions",
-        F.col("reception.instance").alias("reader"),
-        F.col("reception.n").alias("received_n"),
-        eid_of(F.col("reception.instance"), F.col("reception.n")).alias("received_id"),
-        sorted_ids(F.col("received_ids")).alias("received_ids"),
-    )
-    routes = conversation_routes(events)
-    joined = rows.join(routes, on=[*STREAM, "sender"], how="left")
-    # The receiver's traces are in the set when its side of the stream left a trace
-    # (only the final target delivers and acknowledges; forwarders do neither).
-    receivers = (
-        events.where(F.col("event").isin("delivered", "ack_sent"))
-        .select(*STREAM)
-        .distinct()
-        .withColumn("receiver_traced", F.lit(True))
-    )
-    # A message its application received was delivered, whether or not the delivery's own
-    # event is in the set; so was one a promoted mirror's file held in order (R-TRACE-5).
-    # joined on the stream, as the receivers are: no broadcast job (small sets have none)
-    inherited = inheritance(events).select(*STREAM, "inherited_received")
-    delivered = (
-        F.col("delivered_t").isNotNull()
-        | F.col("received_t").isNotNull()
-        | (F.col("seq") <= F.coalesce(F.col("inherited_received"), F.lit(0)))
-    )
-    open_message = (
-        ~delivered
-        & F.col("discarded_t").isNull()
-        & (F.col("sent_t").isNotNull() | F.col("acked_t").isNotNull())
-    )
-    stream = Window.partitionBy(*STREAM)
-    with_stream = (
-        joined.join(receivers, on=STREAM, how="left")
-        .join(inherited, on=STREAM, how="left")
-        .withColumn("lowest_open", F.min(F.when(open_message, F.col("seq"))).over(stream))
-    )
-    acked = F.col("acked_t").isNotNull()
-    traced = F.col("receiver_traced").isNotNull()
-    status = (
-        F.when(delivered, "delivered")
-        .when(F.col("discarded_t").isNotNull(), "discarded")
-        .when(acked & ~traced, "acknowledged")
-        .when(acked & (F.col("seq") == F.col("lowest_open")), "lost")
-        .when(acked, "held")
-        .when(F.col("sent_t").isNotNull(), "waiting")
-        .otherwise("unknown")
-    )
-    return with_stream.select(
-        *rows.columns,
-        F.coalesce("fragment_route", "conversation_route").alias("route"),
-        F.coalesce("fragment_peer", "conversation_address").alias("address"),
-        status.alias("status"),
-    ).drop("fragment_route", "fragment_peer")
+    """Every message of the trace set, one row each (see the module docstring).
+
+    One SQL statement: Spark analyses it once, where the same plan built a column and a
+    step at a time is analysed again at each step, over a round trip to the JVM for each
+    (about a second of the driver's time on any set, most of a small set's)."""
+    return events.sparkSession.sql(MESSAGE_TABLE_SQL, events=events)
