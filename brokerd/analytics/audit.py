@@ -67,10 +67,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from brokerd.analytics.messages import STREAM, distinct_count, inheritance, is_event
+from brokerd.analytics.messages import STREAM, distinct_count, inheritance
 from brokerd.analytics.schema import TIMESTAMP_FORMAT
 from brokerd.analytics.session import keep
 
@@ -86,13 +86,6 @@ WITNESS_SCHEMA = (
 )
 """The endpoints of database files (:mod:`brokerd.storage.witness`), as the audit reads
 them: each one's last sequence number sent, and the last received in order."""
-_INHERITED_COLUMNS = (
-    ("inherited_received", "long"),
-    ("inherited_id", "string"),
-    ("inherited_t", "long"),
-    ("inherited_sent", "long"),
-)
-"""The columns :func:`inheritance` adds to a stream's messages."""
 AUDITED = (
     "conversation_id",
     "initiator",
@@ -183,335 +176,266 @@ class Audit:
         }
 
 
-def _direction(initiator: Column) -> Column:
-    return F.when(initiator, "initiator->target").otherwise("target->initiator")
-
-
-def _ids(*columns: Column | str) -> Column:
-    """The evidence: the non-null ids among ``columns``."""
-    return F.filter(F.array(*columns), lambda c: c.isNotNull())
+def _ids(*columns: str) -> str:
+    """SQL: the evidence, the non-null ids among ``columns``."""
+    return f"filter(array({', '.join(columns)}), x -> x IS NOT NULL)"
 
 
 def _finding(
     kind: str,
-    detail: Column,
-    evidence: Column,
-    seq: Column | None = None,
-    last_seq: Column | None = None,
-    witness: Column | None = None,
-    lo: Column | None = None,
-    hi: Column | None = None,
-) -> list[Column]:
-    seq = F.col("seq") if seq is None else seq
-    none = F.lit(None)
-    return [
-        F.lit(kind).alias("kind"),
-        *map(F.col, STREAM),
-        seq.alias("seq"),
-        (seq if last_seq is None else last_seq).alias("last_seq"),
-        F.col("sender"),
-        F.col("receiver"),
-        detail.alias("detail"),
-        evidence.alias("evidence"),
-        (F.array().cast("array<string>") if witness is None else witness).alias("witness"),
-        (none.cast("long") if lo is None else lo).alias("lo"),
-        (none.cast("long") if hi is None else hi).alias("hi"),
-    ]
-
-
-def crash_windows(events: DataFrame) -> DataFrame:
-    """Each crash window: ``window_instance``, ``window_from`` .. ``window_to``
-    (microseconds: the last event on disk, the restart), ``last_durable`` and ``marker``
-    (their ids). A start after a graceful stop (``clean``) or with nothing on disk before
-    it opens none. A ``trace_resumed`` marker (events dropped on write errors) closes a
-    window the same way; ``cause`` says how the events were lost."""
-    last = F.concat_ws("#", "instance", F.col("last_n").cast("string"))
-    marker = F.concat_ws("#", "instance", F.col("n").cast("string"))
-    return events.where(
-        (is_event("started") | is_event("trace_resumed"))
-        & F.col("last_ts").isNotNull()
-        & ~F.coalesce(F.col("clean"), F.lit(False))
-    ).select(
-        F.col("instance").alias("window_instance"),
-        F.unix_micros(F.try_to_timestamp(F.col("last_ts"), F.lit(TIMESTAMP_FORMAT))).alias(
-            "window_from"
-        ),
-        F.col("t").alias("window_to"),
-        last.alias("last_durable"),
-        marker.alias("marker"),
-        F.when(
-            is_event("started"),
-            F.format_string(
-                "%s crashed: its events after %s were lost, it restarted at %s",
-                "instance",
-                last,
-                marker,
-            ),
-        )
-        .otherwise(
-            F.format_string(
-                "%s could not write its trace: its events after %s were dropped, until %s",
-                "instance",
-                last,
-                marker,
-            )
-        )
-        .alias("cause"),
-    )
-
-
-def _prepared(messages: DataFrame, inherited: DataFrame | None = None) -> DataFrame:
-    """The message table with each stream's sender and receiver, arrival (delivered, or
-    received when the delivery's event is missing, or held in order by the file a
-    promoted mirror inherited: :func:`inheritance`) and the stream's bounds."""
-    in_seq = Window.partitionBy(*STREAM).orderBy("seq")
-    messages = messages.select(*AUDITED)  # narrow rows: the sort and the cache copy less
-    if inherited is None:
-        messages = messages.select(
-            "*",
-            *(F.lit(None).cast(t).alias(c) for c, t in _INHERITED_COLUMNS),
-        )
-    else:
-        messages = messages.join(inherited, STREAM, "left")
-    sent = F.col("sent_t").isNotNull()
-    in_file = F.col("seq") <= F.coalesce(F.col("inherited_received"), F.lit(0))
-    arrived = (F.col("deliveries") > 0) | (F.col("receptions") > 0) | in_file
-    discarded = F.col("status") == "discarded"
-    open_message = ~arrived & ~discarded & (sent | F.col("acked_t").isNotNull())
-
-    seq = F.col("seq")
-    # The stream's bounds and names in one aggregate, joined back: one pass, where a
-    # window per column made one pass each (and buffered every stream's rows for each).
-    # A coalesced sender or receiver adds nothing to the stream's sets: it is one of them.
-    bounds = messages.groupBy(*STREAM).agg(
-        F.first("receiver", ignorenulls=True).alias("_first_receiver"),
-        F.first("reader", ignorenulls=True).alias("_first_reader"),
-        F.first("sender", ignorenulls=True).alias("_first_sender"),
-        F.collect_set("sender").alias("senders"),
-        F.array_union(F.collect_set("receiver"), F.collect_set("reader")).alias("receivers"),
-        # the lowest seq the set saw sent, delivered or discarded: lower ones are
-        # before the traces began (a late duplicate or RECEIVE does not count)
-        F.min(F.when(sent | arrived | discarded, seq)).alias("lowest"),
-        F.min(F.when(sent, seq)).alias("lowest_sent"),
-        F.max(F.when(arrived, seq)).alias("highest"),
-        F.min(F.when(open_message, seq)).alias("lowest_open"),
-    )
+    detail: str,
+    evidence: str,
+    *,
+    where: str,
+    source: str = "{m}",
+    seq: str = "seq",
+    last_seq: str | None = None,
+    witness: str = "CAST(array() AS array<string>)",
+    lo: str = "CAST(NULL AS BIGINT)",
+    hi: str = "CAST(NULL AS BIGINT)",
+) -> str:
+    """SQL: one kind of finding, the rows of ``source`` where ``where`` holds, as the
+    columns of :data:`FINDING`."""
     return (
-        messages.join(bounds, STREAM, "left")
-        .withColumn(  # a lost message names its stream's receiver
-            "receiver",
-            F.coalesce("receiver", "reader", "_first_receiver", "_first_reader"),
-        )
-        .withColumn("sender", F.coalesce("sender", "_first_sender"))
-        .drop("_first_receiver", "_first_reader", "_first_sender")
-        .withColumn("arrived", arrived)
-        .withColumn("arrived_t", F.coalesce("delivered_t", "received_t"))
-        .withColumn(
-            "arrived_id",
-            F.coalesce("delivered_id", "received_id", F.when(in_file, F.col("inherited_id"))),
-        )
-        .withColumn(
-            "sent_before",
-            F.max("sent_t").over(in_seq.rowsBetween(Window.unboundedPreceding, -1)),
-        )
+        f"SELECT '{kind}' AS kind, conversation_id, initiator, {seq} AS seq, "
+        f"{last_seq or seq} AS last_seq, sender, receiver, {detail} AS detail, "
+        f"{evidence} AS evidence, {witness} AS witness, {lo} AS lo, {hi} AS hi\n"
+        f"FROM {source}\nWHERE {where}"
     )
 
 
-def _disorder(m: DataFrame, event: str, verb: str) -> DataFrame:
-    """Messages ``verb`` after a later one of their stream, in the order of their first
+_STREAM = "conversation_id, initiator"
+_EARLIER = "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
+
+PREPARED_SQL = f"""
+WITH m AS (
+  SELECT *,
+    seq <= coalesce(inherited_received, 0) AS in_file,
+    deliveries > 0 OR receptions > 0 OR seq <= coalesce(inherited_received, 0) AS arrived,
+    status = 'discarded' AS discarded,
+    sent_t IS NOT NULL AS sent
+  FROM (SELECT {", ".join(AUDITED)} FROM {{messages}})
+  LEFT JOIN {{inherited}} USING ({_STREAM})
+),
+bounds AS (
+  -- the stream's bounds and names in one aggregate, joined back: one pass. A coalesced
+  -- sender or receiver adds nothing to the stream's sets: it is one of them.
+  SELECT {_STREAM},
+    first(receiver, true) AS _first_receiver,
+    first(reader, true) AS _first_reader,
+    first(sender, true) AS _first_sender,
+    collect_set(sender) AS senders,
+    array_union(collect_set(receiver), collect_set(reader)) AS receivers,
+    -- the lowest seq the set saw sent, delivered or discarded: lower ones are before
+    -- the traces began (a late duplicate or RECEIVE does not count)
+    min(CASE WHEN sent OR arrived OR discarded THEN seq END) AS lowest,
+    min(CASE WHEN sent THEN seq END) AS lowest_sent,
+    max(CASE WHEN arrived THEN seq END) AS highest,
+    min(CASE WHEN NOT arrived AND NOT discarded AND (sent OR acked_t IS NOT NULL)
+             THEN seq END) AS lowest_open
+  FROM m GROUP BY {_STREAM}
+)
+SELECT {_STREAM}, seq, status,
+  coalesce(sender, _first_sender) AS sender, sent_id, sent_t, acked_id, acked_t,
+  -- a lost message names its stream's receiver
+  coalesce(receiver, reader, _first_receiver, _first_reader) AS receiver,
+  deliveries, delivered_t, delivered_n, delivered_id, delivered_ids,
+  reader, receptions, received_t, received_n, received_id, received_ids,
+  inherited_received, inherited_id, inherited_t, inherited_sent,
+  senders, receivers, lowest, lowest_sent, highest, lowest_open,
+  arrived,
+  coalesce(delivered_t, received_t) AS arrived_t,
+  coalesce(delivered_id, received_id, CASE WHEN in_file THEN inherited_id END) AS arrived_id,
+  max(sent_t) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER}) AS sent_before
+FROM m LEFT JOIN bounds USING ({_STREAM})
+"""
+"""The message table with each stream's sender and receiver, arrival (delivered, or
+received when the delivery's event is missing, or held in order by the file a promoted
+mirror inherited) and the stream's bounds; ``{messages}``, ``{inherited}``."""
+
+
+def _disorder(event: str, verb: str) -> str:
+    """SQL: messages ``verb`` after a later one of their stream, in the order of their first
     ``event`` (``delivered`` or ``received``: time, then event number)."""
     t, n, eid = f"{event}_t", f"{event}_n", f"{event}_id"
-    before = Window.partitionBy(*STREAM).orderBy(t, n, "seq")
-    return (
-        m.where(F.col(t).isNotNull())
-        .withColumn(
-            "before",
-            F.max(F.struct(F.col("seq"), F.col(eid).alias("id"))).over(
-                before.rowsBetween(Window.unboundedPreceding, -1)
-            ),
-        )
-        .where(F.col("before.seq") > F.col("seq"))
-        .select(
-            *_finding(
-                "out_of_order",
-                F.format_string(f"{verb} after seq %d", "before.seq"),
-                _ids(eid, "before.id"),
-            )
-        )
+    ordered = f"""(
+  SELECT *, max(named_struct('seq', seq, 'id', {eid})) OVER (
+    PARTITION BY {_STREAM} ORDER BY {t}, {n}, seq {_EARLIER}) AS before
+  FROM {{m}} WHERE {t} IS NOT NULL
+)"""
+    return _finding(
+        "out_of_order",
+        f"format_string('{verb} after seq %d', before.seq)",
+        _ids(eid, "before.id"),
+        source=ordered,
+        where="before.seq > seq",
     )
 
 
-def _gaps(m: DataFrame) -> DataFrame:
-    """Seqs from the stream's lowest to its highest delivered one that were neither
-    delivered nor discarded (END CONVERSATION WITH ERROR drops what is pending and sends
-    the error after it): one row per missing range, found between neighbours. Its
-    delivery events would lie between its neighbours' on the receiver."""
-    accounted = m.where(
-        (F.col("arrived") | (F.col("status") == "discarded"))
-        & (F.col("seq") >= F.col("lowest"))
-        & (F.col("seq") <= F.col("highest"))
+# Seqs from the stream's lowest to its highest delivered one that were neither delivered
+# nor discarded (END CONVERSATION WITH ERROR drops what is pending and sends the error
+# after it): one row per missing range, found between neighbours. Its delivery events
+# would lie between its neighbours' on the receiver. Seqs a promoted mirror's file held
+# in order arrived, with or without a row here.
+_ACCOUNTED_WITH_NEIGHBOURS = f"""(
+  SELECT *, CASE WHEN seq - previous - 1 = 1
+                 THEN format_string('never delivered, though seq %d was', seq)
+                 ELSE format_string('never delivered, nor the %d after it', seq - previous - 2)
+            END AS detail
+  FROM (
+    SELECT *, greatest(coalesce(before.seq, lowest - 1),
+                       least(coalesce(inherited_received, 0), seq - 1)) AS previous
+    FROM (
+      SELECT *, lag(named_struct('seq', seq, 'arrived_t', arrived_t, 'arrived_id', arrived_id))
+                OVER (PARTITION BY {_STREAM} ORDER BY seq) AS before
+      FROM {{m}}
+      WHERE (arrived OR status = 'discarded') AND seq >= lowest AND seq <= highest
     )
-    in_seq = Window.partitionBy(*STREAM).orderBy("seq")
-    previous = F.lag(F.struct("seq", "arrived_t", "arrived_id")).over(in_seq)
-    width = F.col("seq") - F.col("previous") - 1
-    # seqs a promoted mirror's file held in order arrived, with or without a row here
-    held_through = F.least(F.coalesce(F.col("inherited_received"), F.lit(0)), F.col("seq") - 1)
-    return (
-        accounted.withColumn("before", previous)
-        .withColumn(
-            "previous",
-            F.greatest(F.coalesce(F.col("before.seq"), F.col("lowest") - 1), held_through),
-        )
-        .where(width > 0)
-        .select(
-            *_finding(
-                "gap",
-                F.when(width == 1, F.format_string("never delivered, though seq %d was", "seq"))
-                .otherwise(F.format_string("never delivered, nor the %d after it", width - 1))
-                .alias("detail"),
-                _ids("before.arrived_id", "arrived_id"),
-                seq=F.col("previous") + 1,
-                last_seq=F.col("seq") - 1,
-                witness=F.col("receivers"),
-                lo=F.col("before.arrived_t"),
-                hi=F.col("arrived_t"),
-            )
-        )
-    )
+  )
+)"""
 
-
-def findings(messages: DataFrame, inherited: DataFrame | None = None) -> DataFrame:
-    """Every finding before crash windows are looked at (columns :data:`FINDING`);
-    ``inherited``, :func:`inheritance` of the events."""
-    return _findings(_prepared(messages, inherited))
-
-
-def _findings(m: DataFrame) -> DataFrame:
-    """Every finding in ``m``, the :func:`_prepared` message table (read once per kind)."""
-    duplicates = m.where(F.col("deliveries") > 1).select(
-        *_finding(
-            "duplicate", F.format_string("delivered %d times", "deliveries"), F.col("delivered_ids")
-        )
-    )
-    received_twice = m.where(F.col("receptions") > 1).select(
-        *_finding(
+FINDINGS_SQL = "\nUNION ALL\n".join(
+    (
+        _finding(
             "duplicate",
-            F.format_string("received %d times by the application", "receptions"),
-            F.col("received_ids"),
-        )
-    )
-    # held by the file a promoted mirror inherited, then delivered again there
-    delivered_again = m.where(
-        (F.col("deliveries") == 1)
-        & (F.col("seq") <= F.col("inherited_received"))
-        & (F.col("delivered_t") > F.col("inherited_t"))
-    ).select(
-        *_finding(
+            "format_string('delivered %d times', deliveries)",
+            "delivered_ids",
+            where="deliveries > 1",
+        ),
+        _finding(
             "duplicate",
-            F.lit("delivered again after a promoted mirror's file held it"),
+            "format_string('received %d times by the application', receptions)",
+            "received_ids",
+            where="receptions > 1",
+        ),
+        # held by the file a promoted mirror inherited, then delivered again there
+        _finding(
+            "duplicate",
+            "'delivered again after a promoted mirror''s file held it'",
             _ids("inherited_id", "delivered_id"),
-        )
-    )
-    lost = m.where(
-        F.col("status").isin("lost", "held")
-        & ~F.col("arrived")
-        & (F.col("seq") == F.col("lowest_open"))
-        & (F.col("highest").isNull() | (F.col("seq") > F.col("highest")))
-    ).select(
-        *_finding(
+            where="deliveries = 1 AND seq <= inherited_received AND delivered_t > inherited_t",
+        ),
+        _disorder("delivered", "delivered"),
+        _disorder("received", "received by the application"),
+        _finding(
+            "gap",
+            "detail",
+            _ids("before.arrived_id", "arrived_id"),
+            source=_ACCOUNTED_WITH_NEIGHBOURS,
+            where="seq - previous - 1 > 0",
+            seq="previous + 1",
+            last_seq="seq - 1",
+            witness="receivers",
+            lo="before.arrived_t",
+            hi="arrived_t",
+        ),
+        _finding(
             "lost",
-            F.lit("acknowledged to the sender but never delivered"),
+            "'acknowledged to the sender but never delivered'",
             _ids("acked_id", "sent_id"),
-            witness=F.col("receivers"),
-            lo=F.col("sent_t"),
-            hi=F.col("acked_t"),
-        )
-    )
-    unsent = m.where(
-        F.col("arrived")
-        & F.col("sent_t").isNull()
-        & (F.col("seq") >= F.col("lowest_sent"))
-        & (F.col("seq") > F.coalesce(F.col("inherited_sent"), F.lit(0)))
-    ).select(
-        *_finding(
+            where="status IN ('lost', 'held') AND NOT arrived AND seq = lowest_open"
+            " AND (highest IS NULL OR seq > highest)",
+            witness="receivers",
+            lo="sent_t",
+            hi="acked_t",
+        ),
+        _finding(
             "unsent",
-            F.lit("delivered but never sent by its sender"),
+            "'delivered but never sent by its sender'",
             _ids("arrived_id"),
-            witness=F.col("senders"),
-            lo=F.col("sent_before"),
-            hi=F.col("arrived_t"),
-        )
+            where="arrived AND sent_t IS NULL AND seq >= lowest_sent"
+            " AND seq > coalesce(inherited_sent, 0)",
+            witness="senders",
+            lo="sent_before",
+            hi="arrived_t",
+        ),
     )
+)
+"""Every finding in ``{m}``, the prepared message table (:data:`PREPARED_SQL`), before
+crash windows are looked at (columns :data:`FINDING`)."""
+
+_LAST = "concat_ws('#', instance, CAST(last_n AS STRING))"
+_MARKER = "concat_ws('#', instance, CAST(n AS STRING))"
+CRASH_WINDOWS_SQL = f"""
+SELECT instance AS window_instance,
+  unix_micros(try_to_timestamp(last_ts, :ts_format)) AS window_from,
+  t AS window_to,
+  {_LAST} AS last_durable,
+  {_MARKER} AS marker,
+  CASE WHEN event = 'started'
+    THEN format_string('%s crashed: its events after %s were lost, it restarted at %s',
+                       instance, {_LAST}, {_MARKER})
+    ELSE format_string(
+      '%s could not write its trace: its events after %s were dropped, until %s',
+      instance, {_LAST}, {_MARKER})
+  END AS cause
+FROM {{events}}
+WHERE event IN ('started', 'trace_resumed') AND last_ts IS NOT NULL
+  AND NOT coalesce(clean, false)
+"""
+"""Each crash window: ``window_instance``, ``window_from`` .. ``window_to`` (microseconds:
+the last event on disk, the restart), ``last_durable`` and ``marker`` (their ids). A start
+after a graceful stop (``clean``) or with nothing on disk before it opens none. A
+``trace_resumed`` marker (events dropped on write errors) closes a window the same way;
+``cause`` says how the events were lost."""
+
+
+def judgement_sql(witnessed: bool) -> str:
+    """SQL: the findings (``{m}``, the prepared table) with those a crash window
+    (``{events}``) of their witness could hide turned ``unknown`` ("trace missing";
+    ``missing`` keeps the kind), the window's ids added to the evidence, and
+    ``direction``; with ``witnessed``, the unknown findings the database files
+    (``{witness}``, :data:`WITNESS_SCHEMA`) settle made ``witnessed``: a missing SEND
+    whose sender's endpoint sent through its seq, a missing delivery whose receiver's
+    endpoint received through it (every message up to it is in the queue or was
+    received: R-DLG-1)."""
+    judged = f"""
+WITH found AS ({FINDINGS_SQL}),
+windows AS ({CRASH_WINDOWS_SQL}),
+matched AS (
+  SELECT *, row_number() OVER (PARTITION BY fid ORDER BY window_to ASC NULLS LAST) AS k
+  FROM (SELECT *, monotonically_increasing_id() AS fid FROM found) f
+  LEFT JOIN windows w
+    ON array_contains(f.witness, w.window_instance)
+    AND (f.lo IS NULL OR f.lo <= w.window_to) AND (f.hi IS NULL OR f.hi >= w.window_from)
+),
+judged AS (
+  SELECT
+    CASE WHEN marker IS NOT NULL THEN '{UNKNOWN}' ELSE kind END AS kind,
+    CASE WHEN marker IS NOT NULL THEN kind END AS missing,
+    {_STREAM}, seq, last_seq, sender, receiver,
+    CASE WHEN marker IS NOT NULL THEN format_string('trace missing: %s (%s)', detail, cause)
+         ELSE detail END AS detail,
+    CASE WHEN marker IS NOT NULL THEN concat(evidence, array(last_durable, marker))
+         ELSE evidence END AS evidence,
+    CASE WHEN initiator THEN 'initiator->target' ELSE 'target->initiator' END AS direction
+  FROM matched WHERE k = 1
+)"""
+    if not witnessed:
+        return judged + " SELECT * FROM judged"
     return (
-        duplicates.unionByName(received_twice)
-        .unionByName(delivered_again)
-        .unionByName(_disorder(m, "delivered", "delivered"))
-        .unionByName(_disorder(m, "received", "received by the application"))
-        .unionByName(_gaps(m))
-        .unionByName(lost)
-        .unionByName(unsent)
+        judged
+        + f""",
+sent AS (
+  SELECT conversation_id, is_initiator AS initiator, max(send_sequence) AS sent_through
+  FROM {{witness}} GROUP BY conversation_id, is_initiator
+),
+received AS (
+  SELECT conversation_id, NOT is_initiator AS initiator,
+         max(receive_sequence) AS received_through
+  FROM {{witness}} GROUP BY conversation_id, NOT is_initiator
+)
+SELECT
+  CASE WHEN kind = '{UNKNOWN}' AND (
+         (missing = 'unsent' AND sent_through >= seq)
+         OR (missing IN ('gap', 'lost') AND received_through >= last_seq))
+       THEN '{WITNESSED}' ELSE kind END AS kind,
+  missing, {_STREAM}, seq, last_seq, sender, receiver, detail, evidence, direction
+FROM judged
+LEFT JOIN sent USING ({_STREAM})
+LEFT JOIN received USING ({_STREAM})
+"""
     )
-
-
-def judged(found: DataFrame, windows: DataFrame) -> DataFrame:
-    """``found`` with the findings a crash window of their witness could hide turned
-    ``unknown`` ("trace missing"; ``missing`` keeps the kind), the window's ids added to
-    the evidence, and ``direction``."""
-    numbered = found.withColumn("fid", F.monotonically_increasing_id())
-    w = windows
-    overlaps = (
-        F.array_contains(F.col("witness"), w["window_instance"])
-        & (F.col("lo").isNull() | (F.col("lo") <= w["window_to"]))
-        & (F.col("hi").isNull() | (F.col("hi") >= w["window_from"]))
-    )
-    earliest = Window.partitionBy("fid").orderBy(F.col("window_to").asc_nulls_last())
-    matched = (
-        numbered.join(w, overlaps, "left")
-        .withColumn("k", F.row_number().over(earliest))
-        .where(F.col("k") == 1)
-    )
-    hidden = F.col("marker").isNotNull()
-    return matched.select(
-        F.when(hidden, F.lit(UNKNOWN)).otherwise(F.col("kind")).alias("kind"),
-        F.when(hidden, F.col("kind")).alias("missing"),
-        *STREAM,
-        "seq",
-        "last_seq",
-        "sender",
-        "receiver",
-        F.when(
-            hidden,
-            F.format_string("trace missing: %s (%s)", "detail", "cause"),
-        )
-        .otherwise(F.col("detail"))
-        .alias("detail"),
-        F.when(hidden, F.concat("evidence", F.array("last_durable", "marker")))
-        .otherwise(F.col("evidence"))
-        .alias("evidence"),
-        _direction(F.col("initiator")).alias("direction"),
-    )
-
-
-def witnessed(found: DataFrame, witness: DataFrame) -> DataFrame:
-    """``found`` with the unknown findings the database files settle made ``witnessed``:
-    a missing SEND whose sender's endpoint sent through its seq, a missing delivery
-    whose receiver's endpoint received through it (every message up to it is in the
-    queue or was received: R-DLG-1)."""
-    key = ["conversation_id", "initiator"]
-    sent = witness.groupBy("conversation_id", F.col("is_initiator").alias("initiator")).agg(
-        F.max("send_sequence").alias("sent_through")
-    )
-    received = witness.groupBy("conversation_id", (~F.col("is_initiator")).alias("initiator")).agg(
-        F.max("receive_sequence").alias("received_through")
-    )
-    joined = found.join(sent, key, "left").join(received, key, "left")
-    settled = (F.col("kind") == UNKNOWN) & (
-        ((F.col("missing") == "unsent") & (F.col("sent_through") >= F.col("seq")))
-        | (F.col("missing").isin("gap", "lost") & (F.col("received_through") >= F.col("last_seq")))
-    )
-    return joined.withColumn(
-        "kind", F.when(settled, F.lit(WITNESSED)).otherwise(F.col("kind"))
-    ).drop("sent_through", "received_through")
 
 
 def _listed(
@@ -537,11 +461,15 @@ def audit(messages: DataFrame, events: DataFrame, witness: DataFrame | None = No
     """Run the audit over the message table of ``events`` (crash windows from ``events``);
     ``witness`` (:data:`WITNESS_SCHEMA`), the endpoints of the daemons' database files,
     settles what it can of what the windows hide."""
+    spark = messages.sparkSession
     # every kind of finding reads the prepared table: its windows run once
-    prepared = keep(_prepared(messages, inheritance(events)))
-    judgement = judged(_findings(prepared.df), crash_windows(events))
+    prepared = keep(spark.sql(PREPARED_SQL, messages=messages, inherited=inheritance(events)))
+    tables = {"m": prepared.df, "events": events}
     if witness is not None:
-        judgement = witnessed(judgement, witness)
+        tables["witness"] = witness
+    judgement = spark.sql(
+        judgement_sql(witness is not None), {"ts_format": TIMESTAMP_FORMAT}, **tables
+    )
     found = keep(judgement)
     try:
         counts = {k: 0 for k in (*KINDS, UNKNOWN, WITNESSED)}

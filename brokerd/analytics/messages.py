@@ -81,28 +81,35 @@ def event_id(events: DataFrame) -> DataFrame:
     )
 
 
+INHERITANCE_SQL = """
+WITH e AS (
+  SELECT *, CASE WHEN n IS NOT NULL THEN concat_ws('#', instance, CAST(n AS STRING)) END AS eid
+  FROM {events}
+  WHERE event = 'inherited' AND conversation_id IS NOT NULL AND initiator IS NOT NULL
+),
+received AS (
+  SELECT conversation_id, NOT initiator AS initiator,
+         max(received_through) AS inherited_received,
+         max_by(eid, received_through) AS inherited_id,
+         max_by(t, received_through) AS inherited_t
+  FROM e GROUP BY conversation_id, NOT initiator
+),
+sent AS (
+  SELECT conversation_id, initiator, max(sent_through) AS inherited_sent
+  FROM e GROUP BY conversation_id, initiator
+)
+SELECT * FROM received FULL JOIN sent USING (conversation_id, initiator)
+"""
+"""What promoted mirrors inherited, per stream: :func:`inheritance`."""
+
+
 def inheritance(events: DataFrame) -> DataFrame:
     """What promoted mirrors inherited (``inherited`` events, R-ROUTE-16), per stream: the
     highest seq a receiving endpoint's file held in order (``inherited_received``, with
     its event's id ``inherited_id`` and time ``inherited_t``) and the highest its sending
     endpoint's file had sent (``inherited_sent``). An endpoint's ``initiator`` is its own
     role: it receives the other role's stream and sends its own."""
-    e = event_id(
-        events.where(
-            is_event("inherited")
-            & F.col("conversation_id").isNotNull()
-            & F.col("initiator").isNotNull()
-        )
-    )
-    received = e.groupBy("conversation_id", (~F.col("initiator")).alias("initiator")).agg(
-        F.max("received_through").alias("inherited_received"),
-        F.max_by("eid", "received_through").alias("inherited_id"),
-        F.max_by("t", "received_through").alias("inherited_t"),
-    )
-    sent = e.groupBy("conversation_id", "initiator").agg(
-        F.max("sent_through").alias("inherited_sent")
-    )
-    return received.join(sent, STREAM, "full")
+    return events.sparkSession.sql(INHERITANCE_SQL, events=events)
 
 
 MESSAGE_COLUMNS = (
