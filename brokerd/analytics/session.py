@@ -55,29 +55,37 @@ CLASS_ARCHIVE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cac
 """Where the driver JVM's class archive is kept (:func:`class_archive_options`)."""
 
 
-def class_archive_options(directory: Path = CLASS_ARCHIVE_DIR) -> tuple[str, Path | None]:
+def class_archive_options(
+    kind: str, directory: Path = CLASS_ARCHIVE_DIR
+) -> tuple[str, Path | None]:
     """The driver JVM's class-data-sharing option, and where the JVM's pid is to be written.
 
-    With an archive of Spark's classes (``spark-<version>.jsa``) the JVM maps them instead
-    of reading the jars, which halves its start and its first job. Without one, this run's
+    With an archive of Spark's classes (``spark-<version>-<kind>.jsa``) the JVM maps them
+    instead of reading the jars, which halves its start and its first job. Each ``kind``
+    of driver JVM (the small and the large settings: another collector) has an archive
+    of its own: a JVM does not load one written by a JVM of other options. Without one, this run's
     JVM writes one when it exits, under a name of its own (runs at the same time never
     share a file); a later run puts it in place once that JVM is gone (its pid is written
     next to it, :func:`note_archive_writer`). A JVM that finds an archive of another JVM or
     classpath ignores it. Nothing when the directory cannot be written."""
     import pyspark
 
-    archive = directory / f"spark-{pyspark.__version__}.jsa"
+    archive = directory / f"spark-{pyspark.__version__}-{kind}.jsa"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        if not archive.exists():
-            for writer in sorted(directory.glob(f"{archive.name}.*.jvm")):
-                written = writer.with_suffix(".tmp")
-                if _alive(int(writer.read_text())):
-                    continue
-                writer.unlink()
-                if written.exists():  # else that JVM was killed before it wrote it
-                    written.replace(archive)
-                    break
+        # one archive for both kinds, as earlier versions kept, fits one kind at most
+        (directory / f"spark-{pyspark.__version__}.jsa").unlink(missing_ok=True)
+        for writer in sorted(directory.glob(f"{archive.name}.*.jvm")):
+            written = writer.with_suffix(".tmp")
+            if _alive(int(writer.read_text())):
+                continue
+            writer.unlink()
+            if not written.exists():  # that JVM was killed before it wrote it
+                continue
+            if archive.exists():  # another run's archive is in place already
+                written.unlink()
+            else:
+                written.replace(archive)
         if archive.exists():
             return f"-XX:SharedArchiveFile={archive}", None
         if not os.access(directory, os.W_OK):
@@ -178,7 +186,7 @@ def spark_session(
         .config("spark.sql.files.ignoreMissingFiles", "true")
     )
     # the driver runs here in either mode (client mode on a cluster)
-    archive, writer = class_archive_options()
+    archive, writer = class_archive_options("small" if small else "large")
     if SparkSession.getActiveSession() is not None:
         writer = None  # getOrCreate returns it: its JVM has its options already
     jvm = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {archive}"
