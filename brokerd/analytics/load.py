@@ -18,7 +18,8 @@ Performance). :meth:`Traces.release` drops the cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,8 @@ class Traces:
     first_t: int
     last_t: int
     """The latest event of the whole set: "now" for what is still waiting."""
+    damaged: dict[str, str] = field(default_factory=dict)
+    """Compacted segments left out because they do not read, and why (file -> error)."""
 
     def release(self) -> None:
         """Drop the cached lines."""
@@ -80,6 +83,9 @@ class Traces:
             "first_event": _iso(self.first_t),
             "last_event": _iso(self.last_t),
             "span_seconds": round((self.last_t - self.first_t) / 1e6, 6),
+            "damaged_segments": [
+                {"file": name, "error": error} for name, error in sorted(self.damaged.items())
+            ],
         }
 
 
@@ -110,17 +116,46 @@ def compacted(path: Path) -> bool:
 def plain_bytes(files: list[Path]) -> int:
     """The size of ``files`` as JSON Lines: a compacted segment counts its events at
     :data:`PLAIN_BYTES_PER_EVENT` (what a set costs to analyse follows its events, not
-    its compression)."""
+    its compression; one whose footer does not read counts nothing)."""
     return sum(
-        columnar.rows(f) * PLAIN_BYTES_PER_EVENT if compacted(f) else f.stat().st_size
+        _compacted_rows(f) * PLAIN_BYTES_PER_EVENT if compacted(f) else f.stat().st_size
         for f in files
     )
 
 
-def load_traces(spark: SparkSession, paths: list[Path], *, cache: bool | None = None) -> Traces:
+def _compacted_rows(path: Path) -> int:
+    try:
+        return columnar.rows(path)
+    except (OSError, ValueError):  # Arrow's errors: damaged_segments says which
+        return 0
+
+
+def damaged_segments(files: list[Path]) -> dict[Path, str]:
+    """The compacted segments among ``files`` that do not read (a footer, a page or its
+    compression damaged: a disk error, a copy cut short), and why. Each is read through
+    (about 1 s for five million events, while Spark starts); Spark would fail the whole
+    analysis on the first, without naming it."""
+    found = {path: columnar.check(path) for path in files if compacted(path)}
+    return {path: error for path, error in found.items() if error is not None}
+
+
+def load_traces(
+    spark: SparkSession,
+    paths: list[Path],
+    *,
+    cache: bool | None = None,
+    damaged: Mapping[Path, str] | None = None,
+) -> Traces:
     """Read every segment under ``paths`` into one events table, cached (``cache``; None:
-    unless the set is large and compacted alone)."""
+    unless the set is large and compacted alone); ``damaged``, the compacted segments
+    known not to read (:func:`damaged_segments`, found here when None), are left out."""
     files = trace_files(paths)
+    if damaged is None:
+        damaged = damaged_segments(files)
+    files = [f for f in files if f not in damaged]
+    if not files:
+        shown = ", ".join(str(p) for p in paths)
+        raise AnalyticsError(f"no readable trace segments under {shown}")
     lines = [str(f) for f in files if not compacted(f)]
     columns = [str(f) for f in files if compacted(f)]
     frames: list[DataFrame] = []
@@ -174,4 +209,5 @@ def load_traces(spark: SparkSession, paths: list[Path], *, cache: bool | None = 
         first_t=int(min(firsts, default=0)),
         last_t=int(max(lasts, default=0)),
         cached=cached,
+        damaged={str(path): error for path, error in damaged.items()},
     )

@@ -32,12 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from brokerd.traces.segments import is_compacted, open_segment, segment_lines
+from brokerd.traces import columnar
+from brokerd.traces.segments import is_compacted, open_segment
 
 TAIL_BYTES = 64 * 1024
 """How much of a segment's end is read to find its last line (a line is far shorter)."""
 HEAD_BYTES = 64 * 1024
 """How much of a segment's start is read to find its first line."""
+EDGE_ROWS = 256
+"""The rows of a compacted segment's start or end read to find its first or last line."""
 
 _TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")
 _SEGMENT = re.compile(
@@ -79,33 +82,42 @@ def _parse(raw: bytes) -> dict[str, Any] | None:
     return event if isinstance(ts, str) and _TS.match(ts) else None
 
 
+def _edge(path: Path, *, last: bool) -> list[bytes]:
+    """The first or last lines of a compacted segment; none when it does not read (the
+    analysis names it, and leaves it out)."""
+    try:
+        return columnar.edge_lines(path, EDGE_ROWS, last=last)
+    except (OSError, ValueError):  # Arrow's errors
+        return []
+
+
 def _first_event(path: Path) -> dict[str, Any] | None:
     """The earliest event among the first lines of the segment."""
-    with open_segment(path) as f:
-        head = f.read(HEAD_BYTES)
-    events = [e for raw in head.split(b"\n")[:-1] if (e := _parse(raw)) is not None]
+    if is_compacted(path):  # its first rows alone
+        lines = _edge(path, last=False)
+    else:
+        with open_segment(path) as f:
+            lines = f.read(HEAD_BYTES).split(b"\n")[:-1]
+    events = [e for raw in lines if (e := _parse(raw)) is not None]
     return min(events, key=lambda e: str(e["ts"])) if events else None
 
 
 def _last_event(path: Path) -> tuple[dict[str, Any] | None, bool]:
     """The segment's last readable event (its time the latest of the last lines), and
     whether the segment ends in a torn line."""
-    if is_compacted(path):  # read through (a closed segment is whole)
-        tail = b""
-        size = 0
-        for line in segment_lines(path):
-            tail = (tail + line)[-TAIL_BYTES:]
-            size += len(line)
+    if is_compacted(path):  # its last rows alone (a closed segment is whole)
+        lines = _edge(path, last=True)
+        torn = bool(lines) and not lines[-1].endswith(b"\n")
     else:
         with path.open("rb") as f:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - TAIL_BYTES))
             tail = f.read()
-    torn = bool(tail) and not tail.endswith(b"\n")
-    lines = tail.split(b"\n")
-    if size > TAIL_BYTES:
-        lines = lines[1:]  # the first piece may be cut by the read
+        torn = bool(tail) and not tail.endswith(b"\n")
+        lines = tail.split(b"\n")
+        if size > TAIL_BYTES:
+            lines = lines[1:]  # the first piece may be cut by the read
     events = [e for raw in lines if (e := _parse(raw)) is not None]
     if not events:
         return None, torn

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from brokerd.analytics import audit as audit_job
 from brokerd.analytics import delays, faults, latency, page, throughput, waiting
-from brokerd.analytics.load import load_traces, plain_bytes, trace_files
+from brokerd.analytics.load import damaged_segments, load_traces, plain_bytes, trace_files
 from brokerd.analytics.messages import distinct_count, message_table
 from brokerd.analytics.processes import processes
 from brokerd.analytics.result import Analysis, Table
@@ -167,13 +167,23 @@ def analyze(
     with ThreadPoolExecutor(2) as driver, ThreadPoolExecutor(STEP_THREADS) as run:
         # the driver's own work runs while the JVM starts
         listed = driver.submit(processes, files)
+        checked = driver.submit(damaged_segments, files)
         driver.submit(_warm_page)
         steps = Progress(10 if spark is not None else 11, progress)
         sp = spark or steps.run(
             f"starting Spark ({master or DEFAULT_MASTER})",
             lambda: spark_session(master, input_bytes=size),
         )
-        traces = steps.run(f"reading {len(files)} trace segment(s)", lambda: load_traces(sp, files))
+        damaged = checked.result()
+        for path, error in damaged.items():  # said whatever the progress: data is left out
+            print(
+                f"brokerd analyze: {path}: a damaged compacted segment, left out ({error})",
+                file=sys.stderr,
+            )
+        traces = steps.run(
+            f"reading {len(files) - len(damaged)} trace segment(s)",
+            lambda: load_traces(sp, files, damaged=damaged),
+        )
         try:
             events = traces.events
             large = not is_small(size)
@@ -445,6 +455,8 @@ def print_summary(analysis: Analysis, out: TextIO = sys.stdout, limit: int = 10)
         f"{i['lines_skipped']} unreadable line(s) skipped",
         file=out,
     )
+    for damaged in i.get("damaged_segments", []):
+        print(f"left out, damaged: {damaged['file']} ({damaged['error']})", file=out)
     print(
         f"messages: {t['messages_sent']:,} sent, {t['messages_delivered']:,} delivered, "
         f"{t['messages_received']:,} received, {t['messages_waiting']:,} waiting, "

@@ -198,32 +198,85 @@ def write(source: Path, target: Path) -> int:
     table = table.append_column(TIME_COLUMN, pa.array(times, type=pa.int64()))
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     with os.fdopen(fd, "wb") as out:
-        pq.write_table(table, out, compression="zstd")
+        # page checksums: a damaged page is found when it is read (check), not used
+        pq.write_table(table, out, compression="zstd", write_page_checksum=True)
         out.flush()
         os.fsync(out.fileno())
     return int(table.num_rows)
 
 
+def _line_rows(table: Any) -> Iterator[bytes]:
+    """The rows of a table read from a compacted segment as JSON Lines."""
+    held = set(table.column_names)  # a segment compacted by an earlier version lacks
+    order = [n for n in (*_FIRST, *(n for n in _NAMES if n not in _FIRST)) if n in held]
+    for row in table.to_pylist():
+        torn = row.get(CORRUPT_COLUMN)
+        if torn is not None:  # as it was written: a torn tail without its newline
+            yield torn.encode()
+            continue
+        event = {name: row[name] for name in order if row[name] is not None}
+        extra = row.get(EXTRA_COLUMN)
+        if extra is not None:
+            event.update(orjson.loads(extra))
+        yield orjson.dumps(event) + b"\n"
+
+
+def _columns(parquet: Any) -> list[str]:
+    """The columns of a compacted segment to read: those its version wrote (the fields
+    added since are missing)."""
+    held = set(parquet.schema_arrow.names)
+    return [n for n in (*_NAMES, CORRUPT_COLUMN, EXTRA_COLUMN) if n in held]
+
+
 def lines(path: Path) -> Iterator[bytes]:
     """The events of a compacted segment as JSON Lines, in the order they were written."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(path)
-    # a segment compacted by an earlier version lacks the fields added since
-    held = set(parquet.schema_arrow.names)
-    order = [n for n in (*_FIRST, *(n for n in _NAMES if n not in _FIRST)) if n in held]
-    wanted = [n for n in (*_NAMES, CORRUPT_COLUMN, EXTRA_COLUMN) if n in held]
-    for batch in parquet.iter_batches(columns=wanted):
-        for row in batch.to_pylist():
-            torn = row.get(CORRUPT_COLUMN)
-            if torn is not None:  # as it was written: a torn tail without its newline
-                yield torn.encode()
-                continue
-            event = {name: row[name] for name in order if row[name] is not None}
-            extra = row.get(EXTRA_COLUMN)
-            if extra is not None:
-                event.update(orjson.loads(extra))
-            yield orjson.dumps(event) + b"\n"
+    parquet = pq.ParquetFile(path, page_checksum_verification=True)
+    for batch in parquet.iter_batches(columns=_columns(parquet)):
+        yield from _line_rows(pa.Table.from_batches([batch]))
+
+
+def edge_lines(path: Path, count: int, *, last: bool = False) -> list[bytes]:
+    """The first (or ``last``) ``count`` events of a compacted segment as JSON Lines,
+    without turning the others into lines (a row group is read, its edge converted)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path, page_checksum_verification=True)
+    columns = _columns(parquet)
+    groups = range(parquet.num_row_groups)
+    tables: list[Any] = []
+    held = 0
+    for group in reversed(groups) if last else groups:
+        table = parquet.read_row_group(group, columns=columns)
+        if last:
+            tables.insert(0, table)
+        else:
+            tables.append(table)
+        held += table.num_rows
+        if held >= count:
+            break
+    if not tables:
+        return []
+    table = pa.concat_tables(tables)
+    edge = table.slice(max(0, table.num_rows - count)) if last else table.slice(0, count)
+    return list(_line_rows(edge))
+
+
+def check(path: Path) -> str | None:
+    """Why a compacted segment cannot be read (its footer, a page's checksum or its
+    compression damaged), or None when every row of it reads."""
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path, page_checksum_verification=True)
+        for group in range(parquet.num_row_groups):
+            parquet.read_row_group(group)
+    except (OSError, ValueError) as exc:  # Arrow's errors are OSErrors or ValueErrors
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return None
 
 
 def rows(path: Path) -> int:

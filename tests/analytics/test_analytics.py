@@ -21,6 +21,7 @@ import uuid
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from markupsafe import escape
 from pyspark.sql import SparkSession
@@ -149,6 +150,35 @@ def test_compacted_plain_and_mixed_segments_give_the_same_analysis(
     assert {n: t.rows for n, t in mixed.tables.items()} == {
         n: t.rows for n, t in compacted.tables.items()
     }
+
+
+def test_a_damaged_compacted_segment_is_named_and_left_out(
+    tmp_path: Path, spark: SparkSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A compacted segment that does not read (a page changed on disk, here) is named, on
+    stderr and in the inputs, and the analysis reads every other segment: bad input loses
+    only itself (docs/analytics.md, Reading)."""
+    truth = generate(tmp_path, Plan(conversations=40, segment_seconds=20))
+    segments = sorted(tmp_path.rglob("*.parquet"))
+    assert len(segments) > 2
+    damaged = max(segments, key=columnar.rows)
+    rows = columnar.rows(damaged)
+    chunk = pq.read_metadata(damaged).row_group(0).column(0)
+    page = (
+        (chunk.dictionary_page_offset or chunk.data_page_offset) + chunk.total_compressed_size - 1
+    )
+    data = bytearray(damaged.read_bytes())
+    data[page] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    result = analyze([tmp_path], spark=spark, progress=None)
+    [named] = result.inputs["damaged_segments"]
+    assert named["file"] == str(damaged) and "checksum" in named["error"]
+    assert str(damaged) in capsys.readouterr().err
+    assert result.inputs["files"] == len(segments) - 1
+    read = ("events", "lines_skipped", "other_schema_versions")
+    written = truth.events + truth.lines_skipped + truth.other_versions
+    assert sum(result.inputs[k] for k in read) == written - rows
+    assert f"Left out, damaged: <code>{damaged}</code>" in render_html(result)
 
 
 def test_synthetic_report_is_well_formed_html_with_charts(

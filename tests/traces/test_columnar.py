@@ -132,3 +132,24 @@ def test_the_keeper_compacts_in_a_process_of_its_own_and_a_crash_leaves_one_copy
     view = keeper.view()
     assert view["trace_segments_compacted"] == 1
     assert view["trace_compacted_bytes_after"] > 0
+
+
+def test_a_damaged_page_or_footer_is_found_and_named(tmp_path: Path) -> None:
+    """Compaction writes page checksums: a byte changed in a page is found when the file
+    is read through (``check``), as a footer cut short is; a sound file has no finding."""
+    source = _segment(tmp_path)
+    target = tmp_path / "out.parquet"
+    columnar.write(source, target)
+    assert columnar.check(target) is None
+    data = bytearray(target.read_bytes())
+    chunk = pq.read_metadata(target).row_group(0).column(0)
+    # the last byte of the first column's chunk: its last page's data, under the checksum
+    page = (
+        (chunk.dictionary_page_offset or chunk.data_page_offset) + chunk.total_compressed_size - 1
+    )
+    flipped = tmp_path / "flipped.parquet"
+    flipped.write_bytes(bytes(data[:page]) + bytes([data[page] ^ 0xFF]) + bytes(data[page + 1 :]))
+    assert columnar.check(flipped)
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(bytes(data[: len(data) // 2]))
+    assert "magic bytes" in (columnar.check(cut) or "")
