@@ -208,6 +208,14 @@ WITH keyed AS (
   SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
   FROM ({_listed("discarded", "discarded")})
 ),
+streams_of_events AS (
+  -- one shuffle of the message events, by stream: the fold (by message), the joins and
+  -- the window by stream all read them where they are. Without it the fold's partial
+  -- aggregates (about one per event: a message's events are on several instances) were
+  -- shuffled by message, and its rows again by stream (on five million events the
+  -- table took about a quarter more)
+  SELECT * FROM keyed DISTRIBUTE BY conversation_id, initiator
+),
 folded AS (
   SELECT conversation_id, initiator, seq,
     {_first("message_sent", f"struct({SENT_FIELDS})")} AS sent,
@@ -236,7 +244,7 @@ folded AS (
     {_first("received", "struct(instance, n)")} AS reception,
     collect_list(CASE WHEN event = 'received' AND n IS NOT NULL
                       THEN struct(instance, n) END) AS received_pairs
-  FROM keyed
+  FROM streams_of_events
   GROUP BY conversation_id, initiator, seq
 ),
 rows AS (
