@@ -4,6 +4,7 @@ once, as the analytics parse a line's ``ts`` (R-TRACE-3)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import stat
 from pathlib import Path
@@ -153,3 +154,23 @@ def test_a_damaged_page_or_footer_is_found_and_named(tmp_path: Path) -> None:
     cut = tmp_path / "cut.parquet"
     cut.write_bytes(bytes(data[: len(data) // 2]))
     assert "magic bytes" in (columnar.check(cut) or "")
+
+
+def test_the_analysis_finds_damaged_compressed_segments_and_only_those(tmp_path: Path) -> None:
+    """``brokerd analyze`` leaves out (and names) a compressed segment that does not read:
+    a compacted one damaged, or a gzip one of an earlier version cut short; plain JSON
+    Lines and sound files are read (their bad lines are skipped one by one)."""
+    from brokerd.analytics.load import damaged_segments
+
+    sound = tmp_path / "sound.parquet"
+    columnar.write(_segment(tmp_path), sound)
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(sound.read_bytes()[:100])
+    plain = _segment(tmp_path, b'{"torn')
+    whole = tmp_path / "whole.jsonl.gz"
+    whole.write_bytes(gzip.compress(plain.read_bytes()))
+    short = tmp_path / "short.jsonl.gz"
+    short.write_bytes(whole.read_bytes()[:-12])
+    found = damaged_segments([sound, cut, plain, whole, short])
+    assert sorted(found) == [cut, short]
+    assert "magic bytes" in found[cut] and found[short]
