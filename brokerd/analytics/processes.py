@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.traces import columnar
-from brokerd.traces.segments import is_compacted, open_segment
+from brokerd.traces.segments import COMPACT_SUFFIX, is_compacted, open_segment, segment_lines
 
 TAIL_BYTES = 64 * 1024
 """How much of a segment's end is read to find its last line (a line is far shorter)."""
@@ -93,7 +93,7 @@ def _edge(path: Path, *, last: bool) -> list[bytes]:
 
 def _first_event(path: Path) -> dict[str, Any] | None:
     """The earliest event among the first lines of the segment."""
-    if is_compacted(path):  # its first rows alone
+    if path.name.endswith(COMPACT_SUFFIX):  # its first rows alone
         lines = _edge(path, last=False)
     else:
         with open_segment(path) as f:
@@ -102,18 +102,30 @@ def _first_event(path: Path) -> dict[str, Any] | None:
     return min(events, key=lambda e: str(e["ts"])) if events else None
 
 
+def _tail(path: Path) -> tuple[bytes, int]:
+    """The last :data:`TAIL_BYTES` of a plain or gzip segment's lines, and their size."""
+    if is_compacted(path):  # gzip, of an earlier version: read through
+        tail = b""
+        size = 0
+        for line in segment_lines(path):
+            tail = (tail + line)[-TAIL_BYTES:]
+            size += len(line)
+        return tail, size
+    with path.open("rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - TAIL_BYTES))
+        return f.read(), size
+
+
 def _last_event(path: Path) -> tuple[dict[str, Any] | None, bool]:
     """The segment's last readable event (its time the latest of the last lines), and
     whether the segment ends in a torn line."""
-    if is_compacted(path):  # its last rows alone (a closed segment is whole)
+    if path.name.endswith(COMPACT_SUFFIX):  # its last rows alone (a closed segment is whole)
         lines = _edge(path, last=True)
         torn = bool(lines) and not lines[-1].endswith(b"\n")
     else:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            tail = f.read()
+        tail, size = _tail(path)
         torn = bool(tail) and not tail.endswith(b"\n")
         lines = tail.split(b"\n")
         if size > TAIL_BYTES:

@@ -4,10 +4,14 @@ stop was not clean) and graceful stops, without Spark."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from brokerd.analytics.processes import processes, restarts
+from brokerd.traces import columnar
 
 
 def _segment(
@@ -25,7 +29,26 @@ def _segment(
     return path
 
 
-def test_restarts_kills_and_stops_from_the_segments(tmp_path: Path) -> None:
+def _as(form: str, path: Path) -> Path:
+    """The segment as a daemon of this version (``parquet``) or an earlier one (``gz``)
+    leaves it once closed, or as it is (``jsonl``)."""
+    if form == "jsonl":
+        return path
+    stem = path.name.removesuffix(".jsonl")
+    if form == "parquet":
+        out = path.with_name(stem + ".parquet")
+        columnar.write(path, out)
+    else:
+        out = path.with_name(stem + ".jsonl.gz")
+        out.write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+    return out
+
+
+@pytest.mark.parametrize("form", ["jsonl", "parquet", "gz"])
+def test_restarts_kills_and_stops_from_the_segments(tmp_path: Path, form: str) -> None:
+    """The same processes from plain, compacted and gzip segments (a compacted one's first
+    and last rows are read, not the whole file)."""
     t = "2026-11-29T07:00:0{}.000000Z".format
     files = [
         _segment(tmp_path, "alpha", 1, [(t(0), "message_sent"), (t(1), "delivered")]),
@@ -37,6 +60,7 @@ def test_restarts_kills_and_stops_from_the_segments(tmp_path: Path) -> None:
         _segment(tmp_path, "delta", 7, [(t(0), "delivered")]),
         _segment(tmp_path, "delta", 8, [(t(6), "started")]),  # clean: false
     ]
+    files = [_as(form, f) for f in files]
     stray = tmp_path / "notes.jsonl"
     stray.write_text('{"ts": "2026-11-29T07:00:00Z"}\n')
     found = processes([*files, stray])
