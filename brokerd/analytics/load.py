@@ -18,8 +18,6 @@ Performance). :meth:`Traces.release` drops the cache.
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +37,7 @@ from brokerd.analytics.schema import (
 from brokerd.analytics.session import Kept, is_small, keep
 from brokerd.errors import AnalyticsError
 from brokerd.traces import columnar
-from brokerd.traces.segments import COMPACT_SUFFIX
+from brokerd.traces.segments import COMPACT_SUFFIX, is_compacted, unreadable
 from brokerd.traces.writer import iso_micros, segment_files
 
 PLAIN_BYTES_PER_EVENT = 250
@@ -67,7 +65,7 @@ class Traces:
     last_t: int
     """The latest event of the whole set: "now" for what is still waiting."""
     damaged: dict[str, str] = field(default_factory=dict)
-    """Compacted segments left out because they do not read, and why (file -> error)."""
+    """Compressed segments left out because they do not read, and why (file -> error)."""
 
     def release(self) -> None:
         """Drop the cached lines."""
@@ -133,28 +131,12 @@ def _compacted_rows(path: Path) -> int:
 
 
 def damaged_segments(files: list[Path]) -> dict[Path, str]:
-    """The compressed segments among ``files`` that do not read (a footer, a page or its
-    compression damaged: a disk error, a copy cut short), and why. Each is read through
-    (about 1 s for five million compacted events, while Spark starts); Spark would fail
-    the whole analysis on the first, without naming it. Plain JSON Lines always read: a
-    bad line is skipped and counted."""
-    found = {
-        path: columnar.check(path) if compacted(path) else _gzip_check(path)
-        for path in files
-        if compacted(path) or path.name.endswith(".gz")
-    }
+    """The compressed segments among ``files`` that do not read (:func:`unreadable`: a
+    disk error, a copy cut short), and why. Each is read through (about 1 s for five
+    million compacted events, while Spark starts); Spark would fail the whole analysis
+    on the first, without naming it."""
+    found = {path: unreadable(path) for path in files if is_compacted(path)}
     return {path: error for path, error in found.items() if error is not None}
-
-
-def _gzip_check(path: Path) -> str | None:
-    """Why a gzip segment (compacted by an earlier version) does not read, or None."""
-    try:
-        with gzip.open(path, "rb") as f:
-            while f.read(1 << 20):
-                pass
-    except (OSError, EOFError, zlib.error) as exc:
-        return " ".join(str(exc).split()) or type(exc).__name__
-    return None
 
 
 def load_traces(
@@ -165,7 +147,7 @@ def load_traces(
     damaged: Mapping[Path, str] | None = None,
 ) -> Traces:
     """Read every segment under ``paths`` into one events table, cached (``cache``; None:
-    unless the set is large and compacted alone); ``damaged``, the compacted segments
+    unless the set is large and compacted alone); ``damaged``, the compressed segments
     known not to read (:func:`damaged_segments`, found here when None), are left out."""
     files = trace_files(paths)
     if damaged is None:

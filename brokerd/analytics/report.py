@@ -177,7 +177,7 @@ def analyze(
         damaged = checked.result()
         for path, error in damaged.items():  # said whatever the progress: data is left out
             print(
-                f"brokerd analyze: {path}: a damaged compacted segment, left out ({error})",
+                f"brokerd analyze: {path}: a damaged compressed segment, left out ({error})",
                 file=sys.stderr,
             )
         traces = steps.run(

@@ -30,6 +30,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark import StorageLevel
@@ -55,8 +56,12 @@ CLASS_ARCHIVE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cac
 """Where the driver JVM's class archive is kept (:func:`class_archive_options`)."""
 
 
+JvmKind = Literal["small", "large"]
+"""The driver JVM's settings (:data:`SMALL_JVM_OPTIONS`, or Spark's defaults)."""
+
+
 def class_archive_options(
-    kind: str, directory: Path = CLASS_ARCHIVE_DIR
+    kind: JvmKind, directory: Path = CLASS_ARCHIVE_DIR
 ) -> tuple[str, Path | None]:
     """The driver JVM's class-data-sharing option, and where the JVM's pid is to be written.
 

@@ -207,7 +207,7 @@ def write(source: Path, target: Path) -> int:
 
 def _line_rows(table: Any) -> Iterator[bytes]:
     """The rows of a table read from a compacted segment as JSON Lines."""
-    held = set(table.column_names)  # a segment compacted by an earlier version lacks
+    held = set(table.column_names)  # an earlier version's file lacks the fields added since
     order = [n for n in (*_FIRST, *(n for n in _NAMES if n not in _FIRST)) if n in held]
     for row in table.to_pylist():
         torn = row.get(CORRUPT_COLUMN)

@@ -81,6 +81,23 @@ def open_segment(path: Path) -> BinaryIO:
     return path.open("rb")
 
 
+def unreadable(path: Path) -> str | None:
+    """Why a compressed segment does not read to its end (a compacted one's footer, page
+    checksum or compression damaged; a gzip one cut short), or None (a plain segment
+    always reads: its bad lines are skipped one by one). It is read through."""
+    if path.name.endswith(COMPACT_SUFFIX):
+        return columnar.check(path)
+    if not path.name.endswith(GZIP_SUFFIX):
+        return None
+    try:
+        with gzip.open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error) as exc:
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return None
+
+
 def segment_lines(path: Path) -> Iterator[bytes]:
     """A segment's lines; a compacted segment that ends early or does not read (it cannot:
     compaction renames only a whole file) ends the lines, never raises."""

@@ -14,7 +14,7 @@ import pytest
 
 from brokerd.config import TraceConfig
 from brokerd.traces import columnar
-from brokerd.traces.segments import SegmentKeeper, segment_lines
+from brokerd.traces.segments import SegmentKeeper, segment_lines, unreadable
 from brokerd.traces.writer import read_events
 
 GOOD = [
@@ -157,11 +157,9 @@ def test_a_damaged_page_or_footer_is_found_and_named(tmp_path: Path) -> None:
 
 
 def test_the_analysis_finds_damaged_compressed_segments_and_only_those(tmp_path: Path) -> None:
-    """``brokerd analyze`` leaves out (and names) a compressed segment that does not read:
-    a compacted one damaged, or a gzip one of an earlier version cut short; plain JSON
-    Lines and sound files are read (their bad lines are skipped one by one)."""
-    from brokerd.analytics.load import damaged_segments
-
+    """A compressed segment that does not read is found (``brokerd analyze`` names it and
+    leaves it out): a compacted one damaged, or a gzip one of an earlier version cut
+    short; plain JSON Lines and sound files are read (their bad lines skipped one by one)."""
     sound = tmp_path / "sound.parquet"
     columnar.write(_segment(tmp_path), sound)
     cut = tmp_path / "cut.parquet"
@@ -171,6 +169,6 @@ def test_the_analysis_finds_damaged_compressed_segments_and_only_those(tmp_path:
     whole.write_bytes(gzip.compress(plain.read_bytes()))
     short = tmp_path / "short.jsonl.gz"
     short.write_bytes(whole.read_bytes()[:-12])
-    found = damaged_segments([sound, cut, plain, whole, short])
+    found = {p: e for p in (sound, cut, plain, whole, short) if (e := unreadable(p)) is not None}
     assert sorted(found) == [cut, short]
     assert "magic bytes" in found[cut] and found[short]
