@@ -84,7 +84,9 @@ def open_segment(path: Path) -> BinaryIO:
 def unreadable(path: Path) -> str | None:
     """Why a compressed segment does not read to its end (a compacted one's footer, page
     checksum or compression damaged; a gzip one cut short), or None (a plain segment
-    always reads: its bad lines are skipped one by one). It is read through."""
+    always reads: its bad lines are skipped one by one). It is read through. Closed
+    segments are compressed at rest (R-TRACE-3); a reader names one that does not read
+    and reads the others."""
     if path.name.endswith(COMPACT_SUFFIX):
         return columnar.check(path)
     if not path.name.endswith(GZIP_SUFFIX):
