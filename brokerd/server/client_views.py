@@ -96,6 +96,14 @@ def _databases(broker: ViewedBroker) -> list[Any]:
     return list(broker.engine.databases.values())
 
 
+async def _queues(broker: ViewedBroker) -> Rows:
+    """The ``queues`` view, once the rollback counts in flight are written (a queue
+    disabled or a conversation quarantined by poison-message handling shows as a restart
+    would find it, SPEC §6)."""
+    await broker.engine.poison.settled()
+    return views.queues(_databases(broker))
+
+
 VIEWS: dict[str, View] = {
     "conversation_endpoints": View(
         lambda b, page, _: views.conversation_endpoints(_databases(b), page),
@@ -118,7 +126,7 @@ VIEWS: dict[str, View] = {
         lambda b, _, __: stored_views.oldest_waiting(_databases(b), time.time()),
         stored_views.WAITING_VIEW_KEY,
     ),
-    "queues": View(lambda b, _, __: views.queues(_databases(b)), ("database", "queue")),
+    "queues": View(lambda b, _, __: _queues(b), ("database", "queue")),
     "routes": View(lambda b, _, __: views.routes(_databases(b)), ("database", "name")),
     "databases": View(lambda b, _, __: views.databases(_databases(b)), ("database",)),
     "broker_connections": View(lambda b, _, __: b.transport.broker_connections(), None),

@@ -3,8 +3,10 @@ message's rollback count and the last reason given, and the conversations quaran
 
 A :class:`PoisonLedger` is the in-memory image of the ``message_rollbacks`` and
 ``quarantined_conversations`` tables (:mod:`brokerd.storage.poison_rows`), loaded by
-recovery and changed only by the poison verbs
-(:mod:`brokerd.dialogs.verbs.poison`) once their writes have committed. The messages
+recovery and changed by the poison verbs (:mod:`brokerd.dialogs.verbs.poison`): a
+rollback's counts and quarantine at once (so the next rollback counts from them, and no
+RECEIVE takes a message just quarantined), with their write in flight; the views that
+show them wait for that write. The messages
 of a quarantined conversation are set aside by its queue's ready index
 (:meth:`~brokerd.dialogs.endpoints.ready.ReadyIndex.set_aside`).
 

@@ -51,6 +51,9 @@ from brokerd.storage.schema import Statement
 
 log = logging.getLogger("brokerd.dialogs.poison")
 
+SETTLE_WAIT = 5.0
+"""Seconds a view waits for rollback counts in flight (a full disk must not hang it)."""
+
 MessageTypes = Mapping[tuple[str, int], str]
 """The message type of each message a transaction received, by (handle text, number)."""
 
@@ -69,6 +72,8 @@ class PoisonVerbs:
         self.conversations = conversations
         self.events = events
         self.clock = clock
+        self._writing: set[asyncio.Future[Any]] = set()
+        """Writes of counts (and quarantines, and queues disabled) not yet in their file."""
 
     # -- counting -------------------------------------------------------------------------
 
@@ -103,8 +108,21 @@ class PoisonVerbs:
                 continue
             assert future is not None
             future.add_done_callback(_seen)
+            self._writing.add(future)
+            future.add_done_callback(self._writing.discard)
             futures.append(future)
         return futures
+
+    async def settled(self) -> None:
+        """Wait (at most :data:`SETTLE_WAIT` seconds) for the rollback counts written so far.
+
+        Memory changes at once, so that no RECEIVE takes a message its rollback has just
+        quarantined; the views that show poison-message handling (``quarantined``,
+        ``queues``) wait for this first and so show what a restart would find. A rollback
+        nobody waits for (a client's connection lost mid-transaction) would otherwise show
+        a quarantine that a kill -9 a moment later undoes."""
+        if self._writing:
+            await asyncio.wait(set(self._writing), timeout=SETTLE_WAIT)
 
     def _count(
         self,
@@ -218,8 +236,10 @@ class PoisonVerbs:
         ep = db.endpoints.get(handle)
         return db.queue_of(ep.service) if ep is not None else None
 
-    def view(self) -> list[dict[str, Any]]:
-        """The ``quarantined`` view: one row per quarantined conversation."""
+    async def view(self) -> list[dict[str, Any]]:
+        """The ``quarantined`` view: one row per quarantined conversation, once the counts
+        written so far are in their files (:meth:`settled`)."""
+        await self.settled()
         return views.quarantined(self.directory.databases.values())
 
 
