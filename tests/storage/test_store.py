@@ -16,7 +16,7 @@ import pytest
 
 from brokerd.errors import StoreError
 from brokerd.storage import queries, schema
-from brokerd.storage.connection import PAGE_CACHE_MB, PAGE_SIZE
+from brokerd.storage.connection import CHECKPOINT_PAGES, PAGE_CACHE_MB, PAGE_SIZE, connect
 from brokerd.storage.store import Store
 
 
@@ -477,3 +477,42 @@ async def test_the_connection_keeps_the_page_cache_it_was_given(tmp_path: Path) 
     await default.open()
     assert (await default.query("PRAGMA cache_size"))[0][0] == -PAGE_CACHE_MB * 1024
     await default.close()
+
+
+async def test_the_wal_is_checkpointed_after_its_own_length_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """The WAL is copied into the file every :data:`CHECKPOINT_PAGES` pages (R-DLG-5:
+    every COMMIT is durable in the WAL before it returns): rows committed past a
+    checkpoint, with the WAL left as it was (no clean close), are all there when the
+    file is opened again."""
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    assert (await store.query("PRAGMA wal_autocheckpoint"))[0][0] == CHECKPOINT_PAGES
+    assert (await store.query("PRAGMA journal_mode"))[0][0] == "wal"
+    await store.close()
+    # more pages than one WAL's length, in commits of their own: at least one checkpoint
+    conn = connect(path)
+    conn.execute("CREATE TABLE filler (k INTEGER PRIMARY KEY, body BLOB)")
+    rows = CHECKPOINT_PAGES + 500
+    for k in range(0, rows, 50):
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO filler VALUES (?, ?)", [(i, bytes(PAGE_SIZE)) for i in range(k, k + 50)]
+        )
+        conn.execute("COMMIT")
+    # the WAL file grew to one length and was then written again from its start
+    frames = Path(f"{path}-wal").stat().st_size // (PAGE_SIZE + 24)
+    assert CHECKPOINT_PAGES <= frames < CHECKPOINT_PAGES + 200 < 2 * rows
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for suffix in ("", "-wal"):  # the files as a kill -9 leaves them
+        (copy / f"shop.sqlite{suffix}").write_bytes(Path(f"{path}{suffix}").read_bytes())
+    conn.close()
+    again = connect(copy / "shop.sqlite")
+    assert tuple(again.execute("SELECT count(*), max(k) FROM filler").fetchone()) == (
+        rows,
+        rows - 1,
+    )
+    again.close()
