@@ -40,6 +40,10 @@ from brokerd.traces import columnar
 from brokerd.traces.segments import COMPACT_SUFFIX, is_compacted, unreadable
 from brokerd.traces.writer import iso_micros, segment_files
 
+UNREAD_FIELDS = ("ts", "contract", "encrypted", "pid", "rollbacks")
+"""Fields no job reads: left out of the events table (``ts``, unique to each event, is
+most of a cached set's size; every job reads the time as ``t``)."""
+
 PLAIN_BYTES_PER_EVENT = 250
 """About the size of an event as a line of JSON (docs/traces.md, bytes per message)."""
 
@@ -174,6 +178,7 @@ def load_traces(
     if columns:
         frames.append(spark.read.schema(COMPACTED_SCHEMA).parquet(*columns))
     raw = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    raw = raw.drop(*UNREAD_FIELDS)
     if cache is None:
         cache = bool(lines) or is_small(plain_bytes(files))
     usable = F.col(CORRUPT_COLUMN).isNull() & F.col("event").isNotNull() & F.col("t").isNotNull()
