@@ -67,8 +67,9 @@ PER_COMMIT = 4
 """Messages a commit holds: W3's producer keeps ``client_pending_mb`` (16 MB) of SENDs
 awaiting their commits, so a group commit takes a few 1 MiB messages."""
 HOP_TIMEOUT = 30.0
-StoreWork = Callable[[sqlite3.Connection, str, list[int]], None]
-"""One step of a side's store work: a conversation handle and the numbers it uses."""
+StoreWork = Callable[[sqlite3.Connection, BodyFiles, str, list[int]], None]
+"""One step of a side's store work, on a database and its segment files of large bodies:
+a conversation handle and the numbers it uses."""
 
 
 def cpu_ms(step: Callable[[], object], iterations: int) -> float:
@@ -148,15 +149,18 @@ def tcp_hop(body: bytes, iterations: int) -> float:
             receiver.close()
 
 
-def _database(directory: Path, name: str, page_cache_mb: int) -> sqlite3.Connection:
+def _database(
+    directory: Path, name: str, page_cache_mb: int
+) -> tuple[sqlite3.Connection, BodyFiles]:
+    """A database file with the store's schema, and its segment files of large bodies."""
     conn = connect(directory / f"{name}.db", page_cache_mb)
     for step in schema.MIGRATIONS:
         for sql in step.script.split(";"):
             if sql.strip():
                 conn.execute(sql)
-    conn.bodies = BodyFiles(directory_of(directory / f"{name}.db"))
-    conn.bodies.open(conn)
-    return conn
+    bodies = BodyFiles(directory_of(directory / f"{name}.db"))
+    bodies.open(conn)
+    return conn, bodies
 
 
 @dataclass
@@ -168,11 +172,13 @@ class _Part:
     result: Any = None
 
 
-def _committed(conn: sqlite3.Connection, statements: list[schema.Statement]) -> None:
+def _committed(
+    conn: sqlite3.Connection, bodies: BodyFiles, statements: list[schema.Statement]
+) -> None:
     """``statements`` committed as the committer commits a batch (``commit_batch``):
     grouped, large bodies to the segment files and made durable before the COMMIT,
     then segments collected."""
-    commit_batch(conn, [_Part(statements)])
+    commit_batch(conn, [_Part(statements)], bodies)
 
 
 def _per_message(
@@ -180,16 +186,16 @@ def _per_message(
 ) -> float:
     """CPU ms per message of ``work(conn, handle, seqs)``, given ``PER_COMMIT`` new
     sequence numbers of one conversation each time, on a database file of its own."""
-    conn = _database(directory, name, page_cache_mb)
+    conn, bodies = _database(directory, name, page_cache_mb)
     handle, numbers = str(uuid.uuid4()), iter(range(1, 1 << 62))
 
     def step() -> None:
-        work(conn, handle, [next(numbers) for _ in range(PER_COMMIT)])
+        work(conn, bodies, handle, [next(numbers) for _ in range(PER_COMMIT)])
 
     try:
         return cpu_ms(step, iterations) / PER_COMMIT
     finally:
-        conn.bodies.close()  # type: ignore[attr-defined]
+        bodies.close()
         conn.close()
 
 
@@ -198,10 +204,11 @@ def store_sender(directory: Path, body: bytes, iterations: int, page_cache_mb: i
     transmission queue in one commit (their rows, the bodies in a segment file), then
     their rows deleted in one (their acknowledgements)."""
 
-    def work(conn: sqlite3.Connection, handle: str, seqs: list[int]) -> None:
+    def work(conn: sqlite3.Connection, bodies: BodyFiles, handle: str, seqs: list[int]) -> None:
         now = time.time()
-        _committed(conn, [queries.sent_message(handle, seq, "large", 3, body, now) for seq in seqs])
-        _committed(conn, queries.unqueue_sent(handle, [], through=seqs[-1]))
+        sent = [queries.sent_message(handle, seq, "large", 3, body, now) for seq in seqs]
+        _committed(conn, bodies, sent)
+        _committed(conn, bodies, queries.unqueue_sent(handle, [], through=seqs[-1]))
 
     return _per_message(directory, "sender", page_cache_mb, iterations, work)
 
@@ -217,9 +224,10 @@ def store_receiver(directory: Path, body: bytes, iterations: int, page_cache_mb:
     stored in one commit, then read, each body joined, and deleted in one (RECEIVE)."""
     pieces = [bytes(piece) for piece in _pieces(body)]  # as fragments arrive: bytes each
 
-    def work(conn: sqlite3.Connection, handle: str, seqs: list[int]) -> None:
+    def work(conn: sqlite3.Connection, bodies: BodyFiles, handle: str, seqs: list[int]) -> None:
         _committed(
             conn,
+            bodies,
             [
                 queries.fragment(handle, seq, n, n * DEFAULT_FRAGMENT_SIZE, piece)
                 for seq in seqs
@@ -227,10 +235,10 @@ def store_receiver(directory: Path, body: bytes, iterations: int, page_cache_mb:
             ],
         )
         for seq in seqs:
-            joined = queries.joined(reads.read_fragments(conn, handle, seq))
+            joined = queries.joined(reads.read_fragments(conn, handle, seq, bodies))
             if len(joined) != len(body):
                 raise RuntimeError(f"message {seq}: {len(joined)} bytes read back")
-        _committed(conn, [(_RECEIVED_FRAGMENTS, (handle, seqs[0], seqs[-1]))])
+        _committed(conn, bodies, [(_RECEIVED_FRAGMENTS, (handle, seqs[0], seqs[-1]))])
 
     return _per_message(directory, "receiver", page_cache_mb, iterations, work)
 

@@ -542,12 +542,13 @@ def disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def read_stored(conn: sqlite3.Connection, stored_at: int, length: int) -> bytes:
-    """A body a row of ``conn``'s database says is stored at ``stored_at``: through the
-    committer's segment files (its connection carries them), else, for a connection
-    opened elsewhere (a tool, a test), from the segment beside the file."""
-    bodies = getattr(conn, "bodies", None)
-    if isinstance(bodies, BodyFiles):
+def read_stored(
+    conn: sqlite3.Connection, bodies: BodyFiles | None, stored_at: int, length: int
+) -> bytes:
+    """A body a row of ``conn``'s database says is stored at ``stored_at``: through
+    ``bodies``, the committer's segment files (``Store.bodies``), or without them (a
+    connection opened elsewhere: a tool, a test) from the segment beside the file."""
+    if bodies is not None:
         return bodies.read(stored_at, length)
     for _, name, file in conn.execute("PRAGMA database_list"):
         if name == "main" and file:

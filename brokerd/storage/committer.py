@@ -117,6 +117,9 @@ class Committer:
         self.replica = replica
         self.latency = latency or CommitLatency()
         """How long each group commit took (read by the admin port's metrics)."""
+        self.bodies: BodyFiles | None = None
+        """The database's segment files of large bodies, once open (:meth:`Store.open`
+        sets them in this thread); None for a mirrored database."""
         self.chains = BrokenChains()
         """Chains a failed job broke (:mod:`brokerd.storage.chains`); this thread only."""
         self._lock = threading.Lock()
@@ -194,7 +197,15 @@ class Committer:
                     else:
                         started = time.perf_counter()
                         try:
-                            _commit(conn, batch, self.name, self.chains, self.replica, units)
+                            _commit(
+                                conn,
+                                batch,
+                                self.name,
+                                self.chains,
+                                self.bodies,
+                                self.replica,
+                                units,
+                            )
                             self.latency.observe(time.perf_counter() - started)
                         except BaseException as exc:  # a bug, not a database error
                             log.exception("store %s: the commit failed", self.name)
@@ -207,20 +218,19 @@ class Committer:
                     replica = self.replica
                     self._on_batch(batch, units, replica.lsn if replica is not None else 0)
                     if conn is not None:
-                        self._compact(conn, getattr(conn, "bodies", None))
+                        self._compact(conn, self.bodies)
                 else:
                     self._idle(conn)
         finally:
+            if self.bodies is not None:
+                self.bodies.close()
             if conn is not None:
-                bodies = getattr(conn, "bodies", None)
-                if bodies is not None:
-                    bodies.close()
                 conn.close()
 
     def _idle(self, conn: sqlite3.Connection | None) -> None:
         """Wait for work; meanwhile, collect the segments of bodies a commit left for
         later and compact those few live bodies keep (:meth:`BodyFiles.housekeep`)."""
-        bodies: BodyFiles | None = getattr(conn, "bodies", None)
+        bodies = self.bodies
         timeout = bodies.idle_timeout() if bodies is not None else None
         if conn is None or bodies is None or timeout is None:
             self._wake.get()
@@ -250,6 +260,7 @@ def _commit(
     batch: list[Job],
     database: str,
     chains: BrokenChains,
+    bodies: BodyFiles | None,
     replica: Replica | None = None,
     units: list[Unit] | None = None,
 ) -> None:
@@ -263,12 +274,11 @@ def _commit(
         return
     try:
         if replica is None:
-            commit_batch(conn, batch)
+            commit_batch(conn, batch, bodies)
         else:
             _recorded_transaction(conn, batch, replica, units if units is not None else [])
     except Exception as exc:  # one bad job must not sink the others: retry one by one
         rollback(conn)
-        bodies = getattr(conn, "bodies", None)
         if bodies is not None:
             bodies.discard()
         if len(batch) == 1 or _disk_full(exc):
@@ -292,7 +302,7 @@ def _commit(
                     chains.committed(job.chains)
         return
     for job in batch:
-        _commit(conn, [job], database, chains, replica, units)
+        _commit(conn, [job], database, chains, bodies, replica, units)
 
 
 def _admitted(batch: list[Job], chains: BrokenChains) -> list[Job]:
@@ -310,12 +320,12 @@ def _admitted(batch: list[Job], chains: BrokenChains) -> list[Job]:
     return admitted
 
 
-def commit_batch(conn: sqlite3.Connection, batch: Sequence[Part]) -> None:
+def commit_batch(conn: sqlite3.Connection, batch: Sequence[Part], bodies: BodyFiles | None) -> None:
     """``batch`` in one transaction, as the committer commits it (``apply_batch``): the
-    large bodies it stores made durable before the COMMIT, then the segments no row
+    large bodies it stores (in ``bodies``, the database's segment files) made durable
+    before the COMMIT, then the segments no row
     points into any more collected. Raises what failed; the caller then rolls back
     and discards the bodies written (:meth:`BodyFiles.discard`)."""
-    bodies: BodyFiles | None = getattr(conn, "bodies", None)
     conn.execute("BEGIN IMMEDIATE")
     apply_batch(conn, batch, bodies)
     if bodies is not None and bodies.dirty:

@@ -4,7 +4,7 @@ Owns (SPEC R-OBJ-6, R-DLG-13; docs/design.md "Storage"):
 
 * the connection's settings (:func:`connect`): page size, WAL journal,
   ``synchronous=FULL`` (a committed job survives ``kill -9`` and power loss) and the
-  page cache;
+  page cache, and the WAL checkpointed every :data:`CHECKPOINT_PAGES`;
 * opening the file (:func:`open_file`): the numbered migrations of
   :mod:`brokerd.storage.schema`, the persisted broker instance identifier and the
   ``AutoCreatedLocal`` route; then its segment files of large bodies
@@ -62,20 +62,11 @@ message instead of 3.0-3.1, at the same CPU (docs/performance.md, "A longer WAL 
 checkpoints"). A crash loses nothing either way: the WAL is durable at each COMMIT."""
 
 
-class StoreConnection(sqlite3.Connection):
-    """The committer's connection, with the database's segment files of large bodies
-    (None for a mirrored database, which keeps them in its rows)."""
-
-    bodies: BodyFiles | None = None
-
-
-def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> StoreConnection:
+def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> sqlite3.Connection:
     """A connection to ``path`` with the store's settings: page size, WAL checkpointed
     every :data:`CHECKPOINT_PAGES`, ``synchronous=FULL``, and a page cache of
     ``page_cache_mb``."""
-    conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, factory=StoreConnection
-    )
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     # Only takes effect while the file is still empty (before its first table).
     conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
@@ -147,14 +138,14 @@ def open_bodies(
     segment_bytes: int | None = None,
     compact_after: float | None = None,
 ) -> BodyFiles | None:
-    """Give the committer's connection its segment files of large bodies, deleting the
-    segments no row refers to; a mirrored database (R-ROUTE-16) has none, and takes
-    back into its rows the bodies it stored before it was mirrored."""
+    """Open the database's segment files of large bodies (the committer's, handed to the
+    jobs that read them), deleting the segments no row refers to; a mirrored database
+    (R-ROUTE-16) has none, and takes back into its rows the bodies it stored before it
+    was mirrored."""
     directory = body_files.directory_of(path)
     if not mirrored:
         bodies = BodyFiles(directory, segment_bytes, compact_after)
         bodies.open(conn)
-        conn.bodies = bodies  # type: ignore[attr-defined]  # a StoreConnection
         return bodies
     rows = {table: conn.execute(queries.stored_rows(table)).fetchall() for table in TABLES}
     if not any(rows.values()):

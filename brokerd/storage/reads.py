@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from brokerd.storage.body_files import read_stored
+from brokerd.storage.body_files import BodyFiles, read_stored
 from brokerd.storage.schema import IN_ELSEWHERE
 from brokerd.storage.sequence_runs import (
     REMOVE_FRAGMENTS,
@@ -83,16 +83,17 @@ _READ_SENT_BODIES = (
 
 
 def read_sent_bodies(
-    conn: sqlite3.Connection, wanted: dict[str, list[int]]
+    conn: sqlite3.Connection, wanted: dict[str, list[int]], bodies: BodyFiles | None = None
 ) -> dict[tuple[str, int], bytes]:
-    """Bodies of unacknowledged messages, by (conversation handle, sequence number)."""
+    """Bodies of unacknowledged messages, by (conversation handle, sequence number);
+    ``bodies``, the database's segment files (:func:`body_files.read_stored`)."""
     found: dict[tuple[str, int], bytes] = {}
     for handle, seqs in wanted.items():
         for part in chunks(seqs):
             marks = ",".join("?" * len(part))
             rows = conn.execute(f"{_READ_SENT_BODIES}({marks})", [handle, *part])
             for seq, body, stored_at, length in rows:
-                found[(handle, int(seq))] = _data(conn, body, stored_at, length)
+                found[(handle, int(seq))] = _data(conn, bodies, body, stored_at, length)
     return found
 
 
@@ -134,6 +135,8 @@ def read_received(
     budget: Budget | None = None,
     remove: bool = False,
     retention: bool = False,
+    *,
+    bodies: BodyFiles | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """RECEIVE's result rows for ``items``, in their order, and how many items they use.
 
@@ -173,9 +176,9 @@ def read_received(
         if body == IN_ELSEWHERE:
             at, length = conn.execute(QUEUED_STORED_AT, (row[0], row[1])).fetchone()
             if at is not None:
-                body = read_stored(conn, at, length)
+                body = read_stored(conn, bodies, at, length)
             else:
-                body = _joined_fragments(conn, row[0], int(row[1]))
+                body = _joined_fragments(conn, bodies, row[0], int(row[1]))
                 in_fragments.add(item)
         out.append(
             {
@@ -381,7 +384,9 @@ _READ_FRAGMENT_DATA = (
 )
 
 
-def _joined_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> bytes:
+def _joined_fragments(
+    conn: sqlite3.Connection, bodies: BodyFiles | None, handle: str, seq: int
+) -> bytes:
     """The body of a message kept ``schema.IN_FRAGMENTS`` (empty for an empty message).
     Fragments stored one after the other in a segment file (as one commit, or a run of
     them, appends them) are read back in one piece."""
@@ -394,32 +399,40 @@ def _joined_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> bytes:
             end += length  # continues the run of stored bytes being gathered
             continue
         if start >= 0:
-            pieces.append(read_stored(conn, start, end - start))
+            pieces.append(read_stored(conn, bodies, start, end - start))
             start = end = -1
         if stored_at is None:
             pieces.append(bytes(data))
         else:
             start, end = stored_at, stored_at + length
     if start >= 0:
-        pieces.append(read_stored(conn, start, end - start))
+        pieces.append(read_stored(conn, bodies, start, end - start))
     return b"".join(pieces)
 
 
 # -- fragments being reassembled ----------------------------------------------------------------
 
 
-def read_fragments(conn: sqlite3.Connection, handle: str, seq: int) -> dict[int, bytes]:
+def read_fragments(
+    conn: sqlite3.Connection, handle: str, seq: int, bodies: BodyFiles | None = None
+) -> dict[int, bytes]:
     """The stored fragments of a message being reassembled, by fragment index."""
     rows = conn.execute(
         "SELECT fragment_index, data, stored_at, stored_length FROM message_fragments "
         "WHERE conversation_handle = ? AND message_sequence_number = ?",
         (handle, seq),
     )
-    return {int(index): _data(conn, data, at, length) for index, data, at, length in rows}
+    return {int(index): _data(conn, bodies, data, at, length) for index, data, at, length in rows}
 
 
-def _data(conn: sqlite3.Connection, data: bytes, stored_at: int | None, length: int) -> bytes:
+def _data(
+    conn: sqlite3.Connection,
+    bodies: BodyFiles | None,
+    data: bytes,
+    stored_at: int | None,
+    length: int,
+) -> bytes:
     """A row's body: its own, or the one it says is stored in a segment file."""
     if stored_at is None:
         return bytes(data)
-    return read_stored(conn, stored_at, length)
+    return read_stored(conn, bodies, stored_at, length)

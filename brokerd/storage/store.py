@@ -139,11 +139,15 @@ class Store:
                 lambda conn: open_file(conn, self.path, self.database, broker_instance)
             )
             mirrored = self.replica is not None
-            self.bodies = await self._call(
-                lambda conn: open_bodies(
+            committer = self._committer
+
+            def bodies(conn: sqlite3.Connection) -> BodyFiles | None:
+                committer.bodies = open_bodies(
                     conn, self.path, mirrored, self.segment_bytes, self.compact_after
                 )
-            )
+                return committer.bodies
+
+            self.bodies = await self._call(bodies)
         except BaseException:
             await self._shutdown()
             raise

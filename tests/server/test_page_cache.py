@@ -32,7 +32,6 @@ async def test_each_database_of_a_daemon_has_the_storage_limits_it_was_configure
             store = broker.databases[name].store
             rows = await store.query("PRAGMA cache_size")
             assert rows[0][0] == -8 * 1024, name
-            files = await store.run(
-                lambda conn: (conn.bodies.segment_bytes, conn.bodies.compact_after)
-            )
+            assert store.bodies is not None, name
+            files = (store.bodies.segment_bytes, store.bodies.compact_after)
             assert files == (3 * 1024 * 1024, 7.0), name

@@ -97,7 +97,9 @@ async def test_bodies_that_outlive_their_segments_are_moved_together(tmp_path: P
     # in the survivors' segments, where 12 segments held them.
     count, size = await _settled(path, 2 * live)
     assert size <= 2 * live, (count, size)
-    stats = await store.run(lambda conn: (conn.bodies.segments_compacted, conn.bodies.bytes_moved))
+    bodies = store.bodies
+    assert bodies is not None
+    stats = await store.run(lambda _: (bodies.segments_compacted, bodies.bytes_moved))
     assert stats[0] >= rounds - 2 and stats[1] >= (rounds - 2) * BODY
     wanted = {(SLOW, n): _body(n) for n in range(1, rounds + 1)}
     read = await store.run(lambda c: reads.read_sent_bodies(c, {SLOW: list(range(1, 13))}))

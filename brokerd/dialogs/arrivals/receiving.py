@@ -280,7 +280,7 @@ class Arrivals:
         problem: list[str | None] = [None]
 
         def check(conn: sqlite3.Connection) -> None:
-            fragments = reads.read_fragments(conn, h, seq)
+            fragments = reads.read_fragments(conn, h, seq, db.store.bodies)
             fragments[header.fragment_index] = body
             problem[0] = catalog.validation_problem(message_type, queries.joined(fragments))
 

@@ -255,7 +255,9 @@ class Database:
     async def read_sent_bodies(self, wanted: dict[str, list[int]]) -> dict[tuple[str, int], bytes]:
         """Bodies of unacknowledged messages (by handle, the sequence numbers wanted), read
         back in a job of the committer (ordered after every write already submitted)."""
-        return await self.store.run(lambda conn: reads.read_sent_bodies(conn, wanted))
+        return await self.store.run(
+            lambda conn: reads.read_sent_bodies(conn, wanted, self.store.bodies)
+        )
 
     async def read_sent_page(
         self, handle: str, first: int, last: int, body_room: int
@@ -269,7 +271,9 @@ class Database:
             rows = reads.read_sent_page(conn, handle, first, last)
             if not rows or sum(row[3] for row in rows) > body_room:
                 return rows, {}
-            found = reads.read_sent_bodies(conn, {handle: [row[0] for row in rows]})
+            found = reads.read_sent_bodies(
+                conn, {handle: [row[0] for row in rows]}, self.store.bodies
+            )
             return rows, {seq: body for (_, seq), body in found.items()}
 
         return await self.store.run(read)

@@ -189,9 +189,10 @@ class ReceiveVerbs:
         in one call of its store; the messages beyond ``budget`` go back to the queue at
         once (each lease keeps its lock)."""
         items = _items_of(leases)
+        store = leases[0].db.store
         try:
-            rows, used = await leases[0].db.store.run(
-                lambda conn: reads.read_received(conn, items, budget)
+            rows, used = await store.run(
+                lambda conn: reads.read_received(conn, items, budget, bodies=store.bodies)
             )
         except BaseException:
             for lease in leases:
@@ -354,11 +355,14 @@ class ReceiveVerbs:
         without it)."""
         items = _items_of(leases)
         retention = leases[0].retention
+        store = leases[0].db.store
         used = [len(items)]
         result: list[list[dict[str, Any]]] = [[]]
 
         def read_and_remove(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            rows, used[0] = reads.read_received(conn, items, budget, True, retention)
+            rows, used[0] = reads.read_received(
+                conn, items, budget, True, retention, bodies=store.bodies
+            )
             result[0] = rows
             return rows
 
