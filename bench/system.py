@@ -13,14 +13,17 @@ from typing import Any
 
 
 def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of a process so far (Linux /proc), or NaN."""
+    """User + system CPU time of a process so far, with that of its children that have
+    ended and been waited for (Linux /proc: ``utime``, ``stime``, ``cutime``,
+    ``cstime``), or NaN. A daemon compacts its closed trace segments in a process of its
+    own (``python -m brokerd.traces.columnar``): that CPU is the daemon's work too."""
     if pid is None:
         return math.nan
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def written_bytes(pid: int | None) -> float:

@@ -108,6 +108,28 @@ def micros(ts: object) -> int | None:
     return (when - _EPOCH) // _MICROSECOND
 
 
+_UTC_TS = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$"
+"""``ts`` as the writer writes it, in UTC (an RE2 pattern, for Arrow)."""
+
+
+def _times(ts: Any) -> Any:
+    """:func:`micros` of every ``ts`` of a column, as an Arrow array. A column of the
+    writer's UTC form (every line a daemon writes) is converted by Arrow at once, about
+    five times cheaper than a line at a time; any other, or a time Arrow refuses (a
+    month 13), falls back to :func:`micros` for each."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = ts.combine_chunks() if isinstance(ts, pa.ChunkedArray) else ts
+    ours = pc.match_substring_regex(column, _UTC_TS)
+    if pc.all(pc.fill_null(ours, True)).as_py():  # a null ts makes a null t either way
+        try:
+            return pc.cast(pc.cast(column, pa.timestamp("us", tz="UTC")), pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    return pa.array([micros(value) for value in column.to_pylist()], type=pa.int64())
+
+
 def _arrow_types() -> dict[str, Any]:
     import pyarrow as pa
 
@@ -190,12 +212,10 @@ def _table(data: bytes) -> Any:
 def write(source: Path, target: Path) -> int:
     """``source`` (JSON Lines) as a Parquet file at ``target``, created 0600 and fsynced.
     Returns the rows written."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = _table(source.read_bytes())
-    times = [micros(ts) for ts in table.column("ts").to_pylist()]
-    table = table.append_column(TIME_COLUMN, pa.array(times, type=pa.int64()))
+    table = table.append_column(TIME_COLUMN, _times(table.column("ts")))
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     with os.fdopen(fd, "wb") as out:
         # page checksums: a damaged page is found when it is read (check), not used

@@ -113,6 +113,29 @@ def test_times_are_parsed_as_the_analytics_parse_them(ts: str | None, expected: 
     assert columnar.micros(ts) == expected
 
 
+TIMES = [
+    "2026-11-21T09:09:57.668116Z",
+    "2026-11-21T10:09:57.668116+0100",
+    "2026-11-21T09:09:57Z",
+    "2026-13-21T09:09:57.668116Z",
+    None,
+]
+
+
+@pytest.mark.parametrize("times", [TIMES[:1] * 3, TIMES[:1] + TIMES[3:], TIMES])
+def test_a_segment_s_times_are_the_analytics_times_whatever_their_forms(
+    tmp_path: Path, times: list[str | None]
+) -> None:
+    """A column of the writer's own form is converted at once, any other (an offset, no
+    microseconds, a month 13, no time) a line at a time: the same ``t`` either way."""
+    source = tmp_path / "alpha-20261121T090957-7-00001.jsonl"
+    lines = [{"v": 1, "instance": "alpha", "ts": ts, "event": "started", "n": 1} for ts in times]
+    source.write_bytes(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    target = tmp_path / "out.parquet"
+    columnar.write(source, target)
+    assert pq.read_table(target).column("t").to_pylist() == [columnar.micros(t) for t in times]
+
+
 def test_the_keeper_compacts_in_a_process_of_its_own_and_a_crash_leaves_one_copy(
     tmp_path: Path,
 ) -> None:
