@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -134,6 +137,26 @@ def test_a_segment_s_times_are_the_analytics_times_whatever_their_forms(
     target = tmp_path / "out.parquet"
     columnar.write(source, target)
     assert pq.read_table(target).column("t").to_pylist() == [columnar.micros(t) for t in times]
+
+
+def test_a_compaction_runs_below_its_daemon_s_priority(tmp_path: Path) -> None:
+    """The keeper's compaction process (``python -m brokerd.traces.columnar``) lowers its
+    own priority by :data:`columnar.NICENESS` before it works: on a busy machine the
+    daemon's delivery goes first (W4's p99, docs/performance.md)."""
+    source = _segment(tmp_path)
+    target = tmp_path / "out.parquet"
+    probe = (
+        "import os, sys; from brokerd.traces import columnar; "
+        "code = columnar.main(sys.argv[1:]); print(os.nice(0)); raise SystemExit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(source), str(target)],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
+    assert int(done.stdout) == min(os.nice(0) + columnar.NICENESS, 19)
+    assert columnar.rows(target) == 2
 
 
 def test_the_keeper_compacts_in_a_process_of_its_own_and_a_crash_leaves_one_copy(
