@@ -53,13 +53,16 @@ T = TypeVar("T")
 log = logging.getLogger("brokerd.storage.store")
 
 
-class _Callbacks(list[Callable[[], None]]):
+class _Callbacks:
     """The commit callbacks of the parts of one joined job, run in their order."""
 
-    __slots__ = ()
+    __slots__ = ("parts",)
+
+    def __init__(self, first: Callable[[], None]) -> None:
+        self.parts = [first]
 
     def __call__(self) -> None:
-        for callback in self:
+        for callback in self.parts:
             try:
                 callback()
             except Exception:  # one part's bug must not cost the others their callbacks
@@ -295,7 +298,7 @@ class Store:
             last = turn[-1]
             if last.joins is not None and last.joins == key:
                 assert isinstance(last.on_commit, _Callbacks)
-                last.on_commit.append(on_commit)
+                last.on_commit.parts.append(on_commit)
                 if chains:
                     assert isinstance(last.chains, list)
                     last.chains += chains
@@ -307,8 +310,7 @@ class Store:
         self._outstanding += 1
         self.pending_weight += weight
         self._idle.clear()
-        callbacks = _Callbacks()
-        callbacks.append(on_commit)
+        callbacks = _Callbacks(on_commit)
         turn.append(
             Job(
                 list(statements),
@@ -348,7 +350,7 @@ class Store:
             last.joins is None
             or last.joins != key
             or not isinstance(callbacks, _Callbacks)
-            or callbacks[-1] is not on_commit
+            or callbacks.parts[-1] is not on_commit
         ):
             return False
         if replace_last:
