@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -28,9 +30,17 @@ from protocol.errors import (
     NotQuarantined,
     QueueDisabled,
 )
-from tests.daemons import assert_exactly_once_in_order, drain, stats_with, wait_until
+from tests.daemons import (
+    assert_exactly_once_in_order,
+    client_of,
+    drain,
+    in_process,
+    stats_with,
+    wait_until,
+)
 
 HOST = "127.0.0.61"
+IN_PROCESS_HOST = "127.0.0.62"
 POISON = b"poison"
 
 DATABASE = """
@@ -378,3 +388,53 @@ async def test_a_rollback_reason_is_bounded_and_a_refused_one_leaves_the_transac
         await _roll_back(client, "second")
         row = await _quarantined(client)
         assert row["rollbacks"] == 2 and row["last_error"] == "second"
+
+
+HOLD = 2.0
+"""Seconds the committer is kept busy while a lost connection's rollback is counted."""
+
+
+async def test_a_quarantine_shows_in_the_views_only_once_its_file_holds_it(
+    tmp_path: Path,
+) -> None:
+    """A rollback nobody waits for (a client's connection lost mid-transaction) sets the
+    message's conversation aside at once, but the ``quarantined`` and ``queues`` views
+    show it only once its row is in the database file: what they show, a kill -9 a moment
+    later does not undo (SPEC §6). The committer is held busy by a job of its own while the
+    count waits to be written."""
+    daemon = Deployment(tmp_path).add(
+        "solo", IN_PROCESS_HOST, DATABASE.format(policy="poison_rollbacks = 1")
+    )
+    async with in_process(daemon.config_path) as broker:
+        client = await client_of(broker)
+        leaving = await client_of(broker)
+        try:
+            await _dialog(client, POISON)
+            await _ready(client, "Q2", 1)
+            tx = await leaving.begin_transaction()
+            assert len(await tx.receive("Q2", top=10, timeout=5)) == 1
+            store = broker.databases["Solo"].store
+            hold = asyncio.ensure_future(store.run(lambda _: time.sleep(HOLD)))
+            await leaving.close()  # mid-transaction: rolled back, counted, quarantined
+
+            async def shown() -> bool:
+                rows = await client.view("quarantined")
+                if not rows:
+                    return False
+                in_file = sqlite3.connect(store.path)
+                try:
+                    (count,) = in_file.execute(
+                        "SELECT count(*) FROM quarantined_conversations"
+                    ).fetchone()
+                finally:
+                    in_file.close()
+                assert count == 1, "the view showed a quarantine its file did not hold"
+                return True
+
+            await wait_until(shown)
+            assert hold.done()
+            (queue,) = [r for r in await client.view("queues") if r["queue"] == "Q2"]
+            assert queue["quarantined_conversations"] == 1
+        finally:
+            await client.close()
+            await leaving.close()
