@@ -15,6 +15,7 @@ an over-long line and a torn tail are skipped.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,7 +76,8 @@ async def test_one_message_across_two_daemons(
     lines = out.splitlines()
     assert lines[0].startswith(f"conversation {conversation} message 1 (sent by the initiator)")
     assert "alpha -> beta" in lines[0]
-    steps = [line.split() for line in lines[1:] if line.startswith("  20")]
+    # a step's line starts with its time (the summary line may start with "20.2 ms")
+    steps = [line.split() for line in lines[1:] if re.match(r"  \d{4}-\d\d-\d\dT", line)]
     events = [next(w for w in words if w in trace.STAGE) for words in steps]
     brokers = [next(w for w in words if w in ("alpha", "beta")) for words in steps]
     assert set(brokers) == {"alpha", "beta"} and brokers[0] == "alpha"
