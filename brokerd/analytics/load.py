@@ -37,7 +37,7 @@ from brokerd.analytics.schema import (
 from brokerd.analytics.session import Kept, is_small, keep
 from brokerd.errors import AnalyticsError
 from brokerd.traces import columnar
-from brokerd.traces.segments import COMPACT_SUFFIX, is_compacted, unreadable
+from brokerd.traces.segments import is_columnar, is_compressed, unreadable
 from brokerd.traces.writer import iso_micros, segment_files
 
 UNREAD_FIELDS = ("ts", "contract", "encrypted", "pid", "rollbacks")
@@ -113,16 +113,12 @@ def trace_files(paths: list[Path]) -> list[Path]:
     return sorted(set(found))
 
 
-def compacted(path: Path) -> bool:
-    return path.name.endswith(COMPACT_SUFFIX)
-
-
 def plain_bytes(files: list[Path]) -> int:
     """The size of ``files`` as JSON Lines: a compacted segment counts its events at
     :data:`PLAIN_BYTES_PER_EVENT` (what a set costs to analyse follows its events, not
     its compression; one whose footer does not read counts nothing)."""
     return sum(
-        _compacted_rows(f) * PLAIN_BYTES_PER_EVENT if compacted(f) else f.stat().st_size
+        _compacted_rows(f) * PLAIN_BYTES_PER_EVENT if is_columnar(f) else f.stat().st_size
         for f in files
     )
 
@@ -139,7 +135,7 @@ def damaged_segments(files: list[Path]) -> dict[Path, str]:
     disk error, a copy cut short), and why. Each is read through (about 1 s for five
     million compacted events, while Spark starts); Spark would fail the whole analysis
     on the first, without naming it."""
-    found = {path: unreadable(path) for path in files if is_compacted(path)}
+    found = {path: unreadable(path) for path in files if is_compressed(path)}
     return {path: error for path, error in found.items() if error is not None}
 
 
@@ -160,8 +156,8 @@ def load_traces(
     if not files:
         shown = ", ".join(str(p) for p in paths)
         raise AnalyticsError(f"no readable trace segments under {shown}")
-    lines = [str(f) for f in files if not compacted(f)]
-    columns = [str(f) for f in files if compacted(f)]
+    lines = [str(f) for f in files if not is_columnar(f)]
+    columns = [str(f) for f in files if is_columnar(f)]
     frames: list[DataFrame] = []
     if lines:
         frames.append(

@@ -33,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.traces import columnar
-from brokerd.traces.segments import COMPACT_SUFFIX, is_compacted, open_segment, segment_lines
+from brokerd.traces.segments import is_columnar, is_compressed, open_segment
 
 TAIL_BYTES = 64 * 1024
 """How much of a segment's end is read to find its last line (a line is far shorter)."""
+READ_BYTES = 1 << 20
+"""A gzip segment is read through in pieces of this size, its end kept."""
 HEAD_BYTES = 64 * 1024
 """How much of a segment's start is read to find its first line."""
 EDGE_ROWS = 256
@@ -93,7 +95,7 @@ def _edge(path: Path, *, last: bool) -> list[bytes]:
 
 def _first_event(path: Path) -> dict[str, Any] | None:
     """The earliest event among the first lines of the segment."""
-    if path.name.endswith(COMPACT_SUFFIX):  # its first rows alone
+    if is_columnar(path):  # its first rows alone
         lines = _edge(path, last=False)
     else:
         with open_segment(path) as f:
@@ -104,12 +106,13 @@ def _first_event(path: Path) -> dict[str, Any] | None:
 
 def _tail(path: Path) -> tuple[bytes, int]:
     """The last :data:`TAIL_BYTES` of a plain or gzip segment's lines, and their size."""
-    if is_compacted(path):  # gzip, of an earlier version: read through
+    if is_compressed(path):  # gzip, of an earlier version: decompressed as it is read
         tail = b""
         size = 0
-        for line in segment_lines(path):
-            tail = (tail + line)[-TAIL_BYTES:]
-            size += len(line)
+        with open_segment(path) as f:
+            while chunk := f.read(READ_BYTES):
+                tail = (tail + chunk)[-TAIL_BYTES:]
+                size += len(chunk)
         return tail, size
     with path.open("rb") as f:
         f.seek(0, 2)
@@ -121,7 +124,7 @@ def _tail(path: Path) -> tuple[bytes, int]:
 def _last_event(path: Path) -> tuple[dict[str, Any] | None, bool]:
     """The segment's last readable event (its time the latest of the last lines), and
     whether the segment ends in a torn line."""
-    if path.name.endswith(COMPACT_SUFFIX):  # its last rows alone (a closed segment is whole)
+    if is_columnar(path):  # its last rows alone (a closed segment is whole)
         lines = _edge(path, last=True)
         torn = bool(lines) and not lines[-1].endswith(b"\n")
     else:

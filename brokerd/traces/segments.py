@@ -67,14 +67,21 @@ def create_private(path: Path) -> BinaryIO:
     return os.fdopen(fd, "ab", buffering=0)
 
 
-def is_compacted(path: Path) -> bool:
+def is_compressed(path: Path) -> bool:
+    """A closed segment compressed at rest (R-TRACE-3): columnar (:func:`is_columnar`),
+    or gzip (written by earlier versions)."""
     return path.name.endswith(COMPACT_SUFFIXES)
+
+
+def is_columnar(path: Path) -> bool:
+    """A segment compacted into one Parquet file (:mod:`brokerd.traces.columnar`)."""
+    return path.name.endswith(COMPACT_SUFFIX)
 
 
 def open_segment(path: Path) -> BinaryIO:
     """A segment's bytes as JSON Lines (a ``.gz`` segment is decompressed as it is read, a
     ``.parquet`` one turned back into lines)."""
-    if path.name.endswith(COMPACT_SUFFIX):
+    if is_columnar(path):
         return io.BytesIO(b"".join(columnar.lines(path)))
     if path.name.endswith(".gz"):
         return gzip.open(path, "rb")  # type: ignore[return-value]
@@ -87,7 +94,7 @@ def unreadable(path: Path) -> str | None:
     always reads: its bad lines are skipped one by one). It is read through. Closed
     segments are compressed at rest (R-TRACE-3); a reader names one that does not read
     and reads the others."""
-    if path.name.endswith(COMPACT_SUFFIX):
+    if is_columnar(path):
         return columnar.check(path)
     if not path.name.endswith(GZIP_SUFFIX):
         return None
@@ -104,7 +111,7 @@ def segment_lines(path: Path) -> Iterator[bytes]:
     """A segment's lines; a compacted segment that ends early or does not read (it cannot:
     compaction renames only a whole file) ends the lines, never raises."""
     try:
-        if path.name.endswith(COMPACT_SUFFIX):
+        if is_columnar(path):
             yield from columnar.lines(path)
             return
         with open_segment(path) as f:
@@ -123,7 +130,7 @@ def _stem(path: Path) -> str:
 def without_duplicates(paths: list[Path]) -> list[Path]:
     """``paths`` less each ``.jsonl`` whose compacted file is there too (a compaction done
     but for deleting its source): it holds the same lines."""
-    compacted = {(p.parent, _stem(p)) for p in paths if is_compacted(p)}
+    compacted = {(p.parent, _stem(p)) for p in paths if is_compressed(p)}
     return [
         p
         for p in paths

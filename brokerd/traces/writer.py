@@ -64,7 +64,7 @@ from brokerd.traces.segments import (
     OPEN_SUFFIX,
     SegmentKeeper,
     create_private,
-    is_compacted,
+    is_compressed,
     private_directory,
     segment_lines,
     without_duplicates,
@@ -624,7 +624,7 @@ class TraceWriter:
             for path in self.directory.glob(f"{self.instance}-*{suffix}")
         ]
         for _, _, path in sorted(segments, reverse=True):
-            if is_compacted(path):
+            if is_compressed(path):
                 lines = list(collections.deque(segment_lines(path), maxlen=TAIL_LINES))
             else:
                 with path.open("rb") as f:
