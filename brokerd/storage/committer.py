@@ -3,10 +3,12 @@
 Owns (SPEC R-DLG-13; docs/design.md "Storage"):
 
 * :class:`Committer`, the thread that owns the only connection to the file
-  (:mod:`brokerd.storage.connection`). It runs *calls* (start-up reads and writes,
-  one at a time) and *jobs* (:class:`Job`): it gathers every job handed over while the
-  previous commit ran and commits them as one transaction (group commit), then tells
-  the event loop about the finished batch at once;
+  (:mod:`brokerd.storage.connection`) and the database's segment files of large bodies
+  (:class:`~brokerd.storage.body_files.BodyFiles`, handed to the jobs that read them).
+  It runs *calls* (start-up reads and writes, one at a time) and *jobs* (:class:`Job`):
+  it gathers every job handed over while the previous commit ran and commits them as
+  one transaction (group commit), then tells the event loop about the finished batch
+  at once;
 * the commit of a batch (:func:`commit_batch`, the SQL made by
   :mod:`brokerd.storage.batch_sql`). If a batch fails, its jobs are retried one by one
   in the same thread call so only the failing job reports the error (a full disk fails
@@ -323,9 +325,9 @@ def _admitted(batch: list[Job], chains: BrokenChains) -> list[Job]:
 def commit_batch(conn: sqlite3.Connection, batch: Sequence[Part], bodies: BodyFiles | None) -> None:
     """``batch`` in one transaction, as the committer commits it (``apply_batch``): the
     large bodies it stores (in ``bodies``, the database's segment files) made durable
-    before the COMMIT, then the segments no row
-    points into any more collected. Raises what failed; the caller then rolls back
-    and discards the bodies written (:meth:`BodyFiles.discard`)."""
+    before the COMMIT (R-DLG-5), then the segments no row points into any more
+    collected. Raises what failed; the caller then rolls back and discards the bodies
+    written (:meth:`BodyFiles.discard`)."""
     conn.execute("BEGIN IMMEDIATE")
     apply_batch(conn, batch, bodies)
     if bodies is not None and bodies.dirty:
