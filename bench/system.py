@@ -29,7 +29,9 @@ def cpu_seconds(pid: int | None) -> float:
 def written_bytes(pid: int | None) -> float:
     """Bytes a process has caused to be written to storage so far (``write_bytes`` of
     Linux's ``/proc/PID/io``: its files' pages as they reach the disk, not its socket
-    writes), or NaN."""
+    writes), or NaN. Its children's writes are not in it (Linux keeps no such sum): a
+    daemon's trace compaction writes its Parquet file, about 30 bytes a message
+    (docs/traces.md), against the about 1 kB of JSON Lines the daemon itself wrote."""
     if pid is None:
         return math.nan
     try:
