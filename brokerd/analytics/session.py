@@ -52,6 +52,13 @@ LAUNCHER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 """The launcher's JVM (it runs for a fraction of a second before the driver's)."""
 
 
+ARCHIVE_QUIET = "-Xlog:cds=off"
+"""The JVM's own account of an archive (the classes a dump leaves out, generated classes
+and those of signed jars, hundreds of warning lines as it exits; an archive of another
+JVM, ignored) is not the user's: without it a run's output is the same with an archive,
+while one is written and without one."""
+
+
 CLASS_ARCHIVE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brokerd"
 """Where the driver JVM's class archive is kept (:func:`class_archive_options`)."""
 
@@ -92,13 +99,13 @@ def class_archive_options(
             else:
                 written.replace(archive)
         if archive.exists():
-            return f"-XX:SharedArchiveFile={archive}", None
+            return f"-XX:SharedArchiveFile={archive} {ARCHIVE_QUIET}", None
         if not os.access(directory, os.W_OK):
             return "", None
     except (OSError, ValueError):
         return "", None
     written = directory / f"{archive.name}.{os.getpid()}.tmp"
-    return f"-XX:ArchiveClassesAtExit={written}", written.with_suffix(".jvm")
+    return f"-XX:ArchiveClassesAtExit={written} {ARCHIVE_QUIET}", written.with_suffix(".jvm")
 
 
 def note_archive_writer(spark: SparkSession, writer: Path) -> None:
