@@ -6,8 +6,9 @@ For each case (``--events``, a comma-separated list of sizes) it generates (once
 then runs ``python -m brokerd analyze`` on it as a user does, in a process of its own, and
 times the whole command: Python's start, the JVM's start, every job and the report. It
 prints one JSON line per case: events, input size, wall-clock seconds, events per second,
-the steps' times as the command reported them, and the machine's 1-minute load average
-before and after (the figures mean little above about 1.5 on this machine's 2 cores;
+the CPU seconds of the command's processes by program (Python's, the JVM's), the steps'
+times as the command reported them, and the machine's 1-minute load average before and
+after (the figures mean little above about 1.5 on this machine's 2 cores;
 ``--calm`` waits for a calmer machine first). A case fails (exit 1) unless the analysis
 finds exactly what the generator wrote: events, messages, retransmissions, duplicates,
 and a passing audit.
@@ -15,7 +16,7 @@ and a passing audit.
 ``--master spark://...`` runs the cases on a cluster; ``--cluster`` starts the project's
 own (:mod:`brokerd.tools.spark_cluster`) for the run and stops it after.
 
-Usage: python bench/bench_analyze.py [--events 66,100000,5000000] [--dir /tmp/brokerd-traces]
+Usage: python -m bench.bench_analyze [--events 66,100000,5000000] [--dir /tmp/brokerd-traces]
        [--master URL | --cluster] [--calm 1.5] [--runs 1] [--json FILE]
 """
 
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.system import TreeCpu
 from brokerd.analytics.synthetic import generate, plan_for_events
 from brokerd.tools import spark_cluster
 from brokerd.traces.writer import segment_files
@@ -91,8 +93,15 @@ def run_case(
     shutil.rmtree(out, ignore_errors=True)  # a failed run must not leave the last summary
     load_before = load_average()
     began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    with (
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as process,
+        TreeCpu(process.pid) as cpu,
+    ):
+        stdout, stderr = process.communicate()
     wall = time.perf_counter() - began
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     if done.returncode not in (0, 1) or not (out / "summary.json").exists():
         raise SystemExit(f"brokerd analyze failed ({done.returncode}):\n{done.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
@@ -120,6 +129,9 @@ def run_case(
         "wall_seconds": round(wall, 1),
         "events_per_second": round(found / wall),
         "steps": steps,
+        # what the run cost, whatever else the machine ran: the figure that compares
+        # across a loaded machine's runs (the wall clock moves with the load)
+        "cpu_seconds": {name: round(s, 1) for name, s in cpu.by_program().items()},
         "master": summary["master"],
         "load_before": round(load_before, 2),
         "load_after": round(load_average(), 2),

@@ -8,6 +8,7 @@ import math
 import os
 import platform
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,71 @@ def own_cpu_seconds() -> float:
     """User + system CPU time of this process so far."""
     t = os.times()
     return t.user + t.system
+
+
+class TreeCpu:
+    """The CPU time of a process and of every process below it, by program name, read
+    from ``/proc`` every ``interval`` seconds while it runs.
+
+    A child that nobody waits for (the JVM that PySpark starts, for one) never reaches
+    its parent's ``cutime``, so the tree is sampled: each process's last reading
+    counts, which leaves out at most its last ``interval`` of CPU."""
+
+    def __init__(self, root: int, interval: float = 0.2) -> None:
+        self.root = root
+        self.interval = interval
+        self._last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tree-cpu", daemon=True)
+
+    def __enter__(self) -> TreeCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def by_program(self) -> dict[str, float]:
+        """CPU seconds per program name (``java``, ``python3``...), largest first."""
+        totals: dict[str, float] = {}
+        for name, seconds in self._last.values():
+            totals[name] = totals.get(name, 0.0) + seconds
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+    def _run(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(self.interval):
+                self._sample()
+                return
+
+    def _sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        parents: dict[int, tuple[int, str, float]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            name = stat.split("(", 1)[1].rsplit(")", 1)[0]
+            fields = stat.rsplit(")", 1)[1].split()
+            parents[int(entry.name)] = (
+                int(fields[1]),
+                name,
+                (int(fields[11]) + int(fields[12])) / tick,
+            )
+        tree = {self.root}
+        grown = True
+        while grown:
+            grown = False
+            for pid, (parent, _, _) in parents.items():
+                if parent in tree and pid not in tree:
+                    tree.add(pid)
+                    grown = True
+        for pid in tree:
+            if pid in parents:
+                _, name, seconds = parents[pid]
+                self._last[pid] = (name, seconds)
