@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,28 +46,6 @@ SMALL_INPUT_BYTES = 64 * 1024 * 1024
 SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """The driver JVM for a small trace set: C1 only (no time spent in the optimising
 compiler, which never pays back in a run of seconds), and the serial collector."""
-
-
-def small_driver_heap(driver_memory: str) -> str:
-    """The local driver JVM's heap for a small trace set: half of ``driver_memory`` from
-    the start, a quarter of it for new objects (``-Xms``, ``-Xmn``; nothing for a size
-    Spark would not read either).
-
-    A small set's run allocates about 13 GB in 19 s (rows as objects, interpreted), and
-    the serial collector's default young generation of about 330 MB was collected 40 times,
-    copying what the cache and the plans keep each time (1.5 s of pauses on the
-    99,788-event set). With 1 GB of a 4 GB heap for new objects the run took a median of
-    20.5 s against 22.6 s in six alternating pairs (docs/analytics.md, Performance)."""
-    match = re.fullmatch(r"(\d+)([kmgt]?)b?", driver_memory.strip().lower())
-    if match is None:
-        return ""
-    mib = (
-        int(match[1])
-        * {"k": 1 / 1024, "": 1 / (1024 * 1024), "m": 1, "g": 1024, "t": 1024**2}[match[2]]
-    )
-    if mib < 256:
-        return ""
-    return f"-Xms{int(mib // 2)}m -Xmn{int(mib // 4)}m"
 
 
 LAUNCHER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
@@ -225,11 +202,9 @@ def spark_session(
     if SparkSession.getActiveSession() is not None:
         writer = None  # getOrCreate returns it: its JVM has its options already
     jvm = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {archive}"
-    if small:
-        # the heap's sizes only where this process sets the driver's memory
-        heap = small_driver_heap(driver_memory) if local else ""
-        jvm = f"{jvm} {SMALL_JVM_OPTIONS} {heap}".rstrip()
-    builder = builder.config("spark.driver.extraJavaOptions", jvm)
+    builder = builder.config(
+        "spark.driver.extraJavaOptions", f"{jvm} {SMALL_JVM_OPTIONS}" if small else jvm
+    )
     if small:
         builder = (
             builder.config("spark.sql.autoBroadcastJoinThreshold", "-1")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyspark
 
-from brokerd.analytics.session import class_archive_options, small_driver_heap
+from brokerd.analytics.session import class_archive_options
 
 VERSION = pyspark.__version__
 
@@ -79,12 +79,3 @@ def test_the_jvm_that_writes_an_archive_says_nothing_of_it(tmp_path: Path) -> No
     assert len(written) == 1 and written[0].stat().st_size > 1_000_000
     jvm_lines = [line for line in (done.stdout + done.stderr).splitlines() if "[cds]" in line]
     assert jvm_lines == []
-
-
-def test_a_small_sets_driver_heap_follows_the_driver_memory() -> None:
-    assert small_driver_heap("4g") == "-Xms2048m -Xmn1024m"
-    assert small_driver_heap("2048m") == "-Xms1024m -Xmn512m"
-    assert small_driver_heap(" 2G ") == "-Xms1024m -Xmn512m"
-    # too small to split, or a size Spark would not read: the JVM's own defaults
-    assert small_driver_heap("128m") == ""
-    assert small_driver_heap("lots") == ""
