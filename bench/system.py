@@ -21,10 +21,17 @@ def cpu_seconds(pid: int | None) -> float:
     if pid is None:
         return math.nan
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        _, fields = _stat(Path(f"/proc/{pid}/stat").read_text())
     except (OSError, IndexError):
         return math.nan
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat(text: str) -> tuple[str, list[str]]:
+    """The program name of a ``/proc/PID/stat`` line and the fields after it (the name,
+    in parentheses, may hold spaces and parentheses of its own)."""
+    name, rest = text.split("(", 1)[1].rsplit(")", 1)
+    return name, rest.split()
 
 
 def written_bytes(pid: int | None) -> float:
@@ -154,12 +161,10 @@ class TreeCpu:
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
+            try:  # a process that ends between the listing and the read is left out
+                name, fields = _stat((entry / "stat").read_text())
+            except (OSError, IndexError, ValueError):
                 continue
-            name = stat.split("(", 1)[1].rsplit(")", 1)[0]
-            fields = stat.rsplit(")", 1)[1].split()
             parents[int(entry.name)] = (
                 int(fields[1]),
                 name,

@@ -70,7 +70,8 @@ JvmKind = Literal["small", "large"]
 def class_archive_options(
     kind: JvmKind, directory: Path = CLASS_ARCHIVE_DIR
 ) -> tuple[str, Path | None]:
-    """The driver JVM's class-data-sharing option, and where the JVM's pid is to be written.
+    """The driver JVM's class-data-sharing options (the archive's, and its logging turned
+    off: :data:`ARCHIVE_QUIET`), and where the JVM's pid is to be written.
 
     With an archive of Spark's classes (``spark-<version>-<kind>.jsa``) the JVM maps them
     instead of reading the jars, which halves its start and its first job. Each ``kind``
