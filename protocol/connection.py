@@ -47,7 +47,7 @@ from datetime import datetime
 
 from cryptography import x509
 
-from protocol import frames
+from protocol import digests, frames
 from protocol.buffers import Buffer
 from protocol.errors import (
     CloseCode,
@@ -77,6 +77,7 @@ from protocol.frames import (
 from protocol.handshake import HANDSHAKE_MAX_FRAME_SIZE, Handshake
 from protocol.security import (
     IN_PLACE_FROM,
+    MD5_MISMATCH,
     PROTECTION_OVERHEAD,
     Identity,
     IntegrityError,
@@ -234,10 +235,13 @@ class BrokerConnection:
                 pending.append(memoryview(data)[:missing])
                 head = b"".join(pending)
                 pos = missing
+        batch: list[_Unsealed] = []
         try:
-            if head and self._frames(head, 0, events) < 0:
+            if head and self._frames(head, 0, events, batch) < 0:
                 return events
-            pos = self._frames(data, pos, events)
+            pos = self._frames(data, pos, events, batch)
+            if batch:
+                self._open_batch(batch, events)
             if pos < 0:
                 return events
         except RemoteProtocolError as exc:
@@ -266,12 +270,17 @@ class BrokerConnection:
             )
         return events
 
-    def _frames(self, data: bytes, pos: int, events: list[Event]) -> int:
+    def _frames(self, data: bytes, pos: int, events: list[Event], batch: list[_Unsealed]) -> int:
         """Handle the whole frames of ``data`` from ``pos``; where the first incomplete
-        one starts, or -1 once the connection has closed."""
+        one starts, or -1 once the connection has closed.
+
+        Where MD5 runs in lanes, large FRAGMENT(S) frames are decrypted as they come and
+        gathered in ``batch``, their signatures checked together (:meth:`_open_batch`)
+        before any other frame is handled, and by the caller at the end of the read."""
         size = len(data)
         opened_limit = self.settings.max_frame_size
         view: memoryview | None = None
+        lanes = digests.lanes()
         while size - pos >= HEADER_SIZE:
             limit = opened_limit if self.state is State.OPEN else HANDSHAKE_MAX_FRAME_SIZE
             header = frames.decode_header(data, limit, pos)
@@ -286,16 +295,55 @@ class BrokerConnection:
                 # The common case skips the general dispatch's enum and table lookup; a
                 # large frame is opened where it lies in ``data``, not copied out first.
                 if header.length < IN_PLACE_FROM:
+                    if batch:
+                        self._open_batch(batch, events)
                     self._on_open_frame(header, header_bytes, data[start:end], events)
                     continue
                 if view is None:
                     view = memoryview(data)
+                if lanes and header.frame_type in _LANE_TYPES:
+                    unsealed = self._unseal(header, header_bytes, view[start:end])
+                    batch.append(unsealed)
+                    if isinstance(unsealed[3], RemoteProtocolError):
+                        self._open_batch(batch, events)  # raises, after the frames before
+                    continue
+                if batch:
+                    self._open_batch(batch, events)
                 self._on_open_frame(header, header_bytes, view[start:end], events)
                 continue
+            if batch:
+                self._open_batch(batch, events)
             self._dispatch(header, header_bytes, data[start:end], events)
             if self.closed:
                 return -1
         return pos
+
+    def _unseal(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> _Unsealed:
+        """A large FRAGMENT(S) frame decrypted, its signature not checked yet; a frame
+        that fails its other checks carries its error."""
+        try:
+            signature, payload = self._session.unseal(header, header_bytes, body)
+        except (IntegrityError, RemoteProtocolError) as exc:
+            return (header, b"", b"", exc)
+        return (header, signature, payload, _MD5_PENDING)
+
+    def _open_batch(self, batch: list[_Unsealed], events: list[Event]) -> None:
+        """Check the signatures of the gathered frames at once, then handle each frame in
+        order as :meth:`_on_open_frame` would: its fragments, or its integrity failure."""
+        unsealed = [payload for _, _, payload, error in batch if error is _MD5_PENDING]
+        signatures = iter(digests.md5_each(unsealed))
+        gathered = batch[:]
+        batch.clear()
+        for header, signature, payload, error in gathered:
+            if error is _MD5_PENDING:
+                if next(signatures) != signature:
+                    self._integrity_failure(header, MD5_MISMATCH, events)
+                    continue
+                self._frame_events(header, payload, events)
+            elif isinstance(error, IntegrityError):
+                self._integrity_failure(header, str(error), events)
+            else:
+                raise error
 
     def data_to_send(self) -> bytes:
         """Bytes the connection produced by itself (handshake replies, refusals).
@@ -351,41 +399,74 @@ class BrokerConnection:
         signature and header for many small fragments), otherwise, and for a payload
         alone, one FRAGMENT each.
 
+        Where MD5 runs in SIMD lanes (:mod:`protocol.digests`), a payload of
+        :data:`IN_PLACE_FROM` bytes or more goes in a FRAGMENT frame of its own, and the
+        signatures of the call's large frames are taken together: several 64 KiB
+        frames hash at once faster than one frame of all their bytes.
+
         Each payload is given as the pieces it is made of and its size (a fragment's
         header, then its bytes: :func:`protocol.dialog.fragment_pieces`); they are joined
         once, into the frame's plaintext."""
         per_frame = self.settings.fragments_per_frame
+        planned: list[_Planned]
         if (
             len(payloads) == 1
             or per_frame == 1
             or self.version is None
             or self.version < frames.FRAGMENTS_VERSION
         ):
-            out: list[Buffer] = [
-                self._protect(FrameType.FRAGMENT, pieces, size) for pieces, size in payloads
-            ]
+            planned = [(_FRAGMENT, pieces, size) for pieces, size in payloads]
         else:
             limit = self.max_payload_size
-            out = []
+            alone_from = IN_PLACE_FROM if digests.lanes() else limit + 1
+            planned = []
             batch: list[frames.SizedPayload] = []
             total = 0
             for payload in payloads:
-                cost = 4 + payload[1]
+                size = payload[1]
+                if size >= alone_from:
+                    if batch:
+                        planned.append(_planned_batch(batch, total))
+                        batch, total = [], 0
+                    planned.append((_FRAGMENT, payload[0], size))
+                    continue
+                cost = 4 + size
                 if batch and (total + cost > limit or len(batch) == per_frame):
-                    out.append(self._send_batch(batch, total))
+                    planned.append(_planned_batch(batch, total))
                     batch, total = [], 0
                 batch.append(payload)
                 total += cost
             if batch:
-                out.append(self._send_batch(batch, total))
+                planned.append(_planned_batch(batch, total))
+        out = self._seal_planned(planned)
         if self._outbox:
             out.insert(0, self.data_to_send())
         return out
 
-    def _send_batch(self, batch: list[frames.SizedPayload], size: int) -> Buffer:
-        if len(batch) == 1:
-            return self._protect(FrameType.FRAGMENT, *batch[0])
-        return self._protect(FrameType.FRAGMENTS, frames.fragments_pieces(batch), size)
+    def _seal_planned(self, planned: list[_Planned]) -> list[Buffer]:
+        """The frames of ``planned``, in order; consecutive large ones sealed together
+        where MD5 runs in lanes."""
+        if len(planned) < 2 or not digests.lanes():
+            return [self._protect(*plan) for plan in planned]
+        out: list[Buffer] = []
+        run: list[tuple[int, Sequence[Buffer]]] = []
+        for frame_type, pieces, size in planned:
+            if size >= IN_PLACE_FROM:
+                self._check_sendable(frame_type, size)
+                run.append((frame_type, pieces))
+                continue
+            if run:
+                out.extend(self._seal_run(run))
+                run = []
+            out.append(self._protect(frame_type, pieces, size))
+        if run:
+            out.extend(self._seal_run(run))
+        return out
+
+    def _seal_run(self, run: list[tuple[int, Sequence[Buffer]]]) -> list[Buffer]:
+        if len(run) == 1:
+            return [self._session.seal_pieces(*run[0])]
+        return self._session.seal_each(run)
 
     def close(self, code: CloseCode = CloseCode.NORMAL, reason: str = "") -> bytes:
         """The CLOSE frame that ends this connection (empty if already closed)."""
@@ -445,6 +526,10 @@ class BrokerConnection:
         except IntegrityError as exc:
             self._integrity_failure(header, str(exc), events)
             return
+        self._frame_events(header, opened, events)
+
+    def _frame_events(self, header: FrameHeader, opened: Buffer, events: list[Event]) -> None:
+        """The events of a protected frame that checked out."""
         frame_type = header.frame_type
         if frame_type == FrameType.FRAGMENTS:
             if self.version is None or self.version < frames.FRAGMENTS_VERSION:
@@ -571,21 +656,21 @@ class BrokerConnection:
         frame = self._session.seal(frame_type, payload)
         return self.data_to_send() + frame if self._outbox else frame
 
-    def _protect(self, frame_type: FrameType, pieces: Sequence[Buffer], size: int) -> Buffer:
+    def _protect(self, frame_type: int, pieces: Sequence[Buffer], size: int) -> Buffer:
         """The protected frame of the payload ``pieces`` make (``size`` bytes joined)."""
         self._check_sendable(frame_type, size)
         return self._session.seal_pieces(frame_type, pieces)
 
-    def _check_sendable(self, frame_type: FrameType, size: int) -> None:
+    def _check_sendable(self, frame_type: int, size: int) -> None:
         if self.state is not State.OPEN:
             raise LocalProtocolError(
-                f"cannot send {frame_type.name} in state {self.state.value}: "
+                f"cannot send {FrameType(frame_type).name} in state {self.state.value}: "
                 "the handshake has not completed"
             )
         if size + PROTECTION_OVERHEAD > self.peer_max_frame_size:
             raise LocalProtocolError(
-                f"{frame_type.name} payload of {size} bytes exceeds the peer's frame "
-                f"limit of {self.peer_max_frame_size - PROTECTION_OVERHEAD}"
+                f"{FrameType(frame_type).name} payload of {size} bytes exceeds the peer's "
+                f"frame limit of {self.peer_max_frame_size - PROTECTION_OVERHEAD}"
             )
 
     @property
@@ -606,6 +691,18 @@ class BrokerConnection:
         return self.peer_max_frame_size - PROTECTION_OVERHEAD
 
 
+_Planned = tuple[int, Sequence[Buffer], int]
+"""A frame to seal: its type, its payload's pieces and the payload's size."""
+_FRAGMENT = int(FrameType.FRAGMENT)
+_FRAGMENTS = int(FrameType.FRAGMENTS)
+
+
+def _planned_batch(batch: list[frames.SizedPayload], size: int) -> _Planned:
+    if len(batch) == 1:
+        return (_FRAGMENT, *batch[0])
+    return (_FRAGMENTS, frames.fragments_pieces(batch), size)
+
+
 _OPEN_TYPES = (
     FrameType.FRAGMENT,
     FrameType.FRAGMENTS,
@@ -616,6 +713,12 @@ _OPEN_TYPES = (
     FrameType.MIRROR,
 )
 _OPEN_TYPE_VALUES = frozenset(int(t) for t in _OPEN_TYPES)
+_LANE_TYPES = frozenset((_FRAGMENT, _FRAGMENTS))
+"""Frames whose signatures a read checks together (large ones, where MD5 runs in lanes)."""
+_MD5_PENDING = IntegrityError("signature not checked yet")
+_Unsealed = tuple[FrameHeader, Buffer, Buffer, Exception]
+"""A frame decrypted in a read's batch: its header, signature, payload, and
+:data:`_MD5_PENDING` or the error it failed with."""
 _TRANSITIONS: dict[tuple[State, Role, FrameType], _Handler] = {
     (State.START, Role.ACCEPTOR, FrameType.HELLO): BrokerConnection._on_hello,
     (State.SENT_HELLO, Role.INITIATOR, FrameType.HELLO_REPLY): BrokerConnection._on_hello_reply,

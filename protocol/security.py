@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import NameOID
 
 from protocol.buffers import Buffer
+from protocol.digests import md5_each
 from protocol.errors import CloseCode, HandshakeRefused, ProtocolError
 from protocol.frames import (
     HEADER_SIZE,
@@ -273,6 +274,45 @@ class FrameSealer:
             self._aead.encrypt_into(_nonce(counter), plain, header, out[HEADER_SIZE:])
         return frame
 
+    def seal_each(
+        self, payloads: Sequence[tuple[int, Sequence[Buffer]]], counter: int
+    ) -> list[Buffer]:
+        """The frames carrying several payloads, each given as its frame type and its
+        pieces (as :meth:`seal_pieces` takes them), numbered from ``counter``: their MD5
+        signatures are taken together (:func:`protocol.digests.md5_each`, in SIMD
+        lanes), then each frame is encrypted as :meth:`seal_pieces` does."""
+        frames: list[Buffer] = []
+        if not self.encrypt:
+            joined = [b"".join(pieces) for _, pieces in payloads]
+            signatures = md5_each(joined)
+            for n, payload in enumerate(joined):
+                header = encode_header(
+                    self.version,
+                    payloads[n][0],
+                    self.flags,
+                    len(payload) + PROTECTION_OVERHEAD,
+                    counter + n,
+                )
+                sealed = self._aead.encrypt(_nonce(counter + n), signatures[n], header + payload)
+                frames.append(b"".join((header, sealed, payload)))
+            return frames
+        plains = [_JOIN((_UNSIGNED, *pieces)) for _, pieces in payloads]
+        views = [memoryview(plain)[SIGNATURE_SIZE:] for plain in plains]
+        signatures = md5_each(views)
+        for view in views:
+            view.release()
+        for n, plain in enumerate(plains):
+            plain[:SIGNATURE_SIZE] = signatures[n]
+            header = encode_header(
+                self.version, payloads[n][0], self.flags, len(plain) + _TAG_SIZE, counter + n
+            )
+            frame = bytearray(HEADER_SIZE + len(plain) + _TAG_SIZE)
+            frame[:HEADER_SIZE] = header
+            with memoryview(frame) as out:
+                self._aead.encrypt_into(_nonce(counter + n), plain, header, out[HEADER_SIZE:])
+            frames.append(frame)
+        return frames
+
 
 IN_PLACE_FROM = 16 * 1024
 """Bytes from which a payload is sealed in place (:meth:`FrameSealer.seal_pieces`) and a
@@ -302,6 +342,18 @@ class FrameOpener:
     def open_view(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> Buffer:
         """As :meth:`open`; a large payload as a view of the opened plaintext, not copied
         (a FRAGMENTS frame's fragments are copied out of it once each)."""
+        signature, payload = self.unseal(header, header_bytes, body)
+        if hashlib.md5(payload, usedforsecurity=False).digest() != signature:
+            raise IntegrityError(MD5_MISMATCH)
+        return payload
+
+    def unseal(
+        self, header: FrameHeader, header_bytes: bytes, body: Buffer
+    ) -> tuple[Buffer, Buffer]:
+        """The MD5 signature and the payload of a protected frame whose flags and AEAD
+        tag check out; the caller compares the signature with the payload's MD5
+        (:meth:`open_view`, or several frames' at once: :func:`protocol.digests.md5_each`)
+        and raises :class:`IntegrityError` (:data:`MD5_MISMATCH`) if they differ."""
         if header.flags != self.flags:
             raise IntegrityError(
                 f"frame flags {header.flags:#04x} do not match the negotiated protection "
@@ -329,6 +381,8 @@ class FrameOpener:
             raise IntegrityError(
                 "authentication tag mismatch (frame altered or wrong key)"
             ) from None
-        if hashlib.md5(payload, usedforsecurity=False).digest() != signature:
-            raise IntegrityError("MD5 signature mismatch")
-        return payload
+        return signature, payload
+
+
+MD5_MISMATCH = "MD5 signature mismatch"
+"""The reason of a frame whose payload's MD5 is not its signature (R-DLG-8)."""

@@ -76,12 +76,21 @@ class Session:
         self._sent(frame)
         return frame
 
-    def seal_pieces(self, frame_type: FrameType, pieces: Sequence[Buffer]) -> Buffer:
+    def seal_pieces(self, frame_type: int, pieces: Sequence[Buffer]) -> Buffer:
         """The protected frame of the payload ``pieces`` make once joined."""
         assert self._sealer is not None
         frame = self._sealer.seal_pieces(frame_type, pieces, self._send_counter)
         self._sent(frame)
         return frame
+
+    def seal_each(self, payloads: Sequence[tuple[int, Sequence[Buffer]]]) -> list[Buffer]:
+        """The protected frames of several payloads (each as its frame type and its
+        pieces), numbered in order, their MD5 signatures taken together."""
+        assert self._sealer is not None
+        out = self._sealer.seal_each(payloads, self._send_counter)
+        for frame in out:
+            self._sent(frame)
+        return out
 
     def _sent(self, frame: Buffer) -> None:
         self._send_counter += 1
@@ -121,7 +130,26 @@ class Session:
 
     def open_view(self, header: FrameHeader, header_bytes: bytes, body: Buffer) -> Buffer:
         """As :meth:`open`; a large payload as a view of the opened plaintext."""
+        self._check_header(header)
         assert self._opener is not None
+        payload = self._opener.open_view(header, header_bytes, body)
+        self._recv_next = header.counter + 1
+        return payload
+
+    def unseal(
+        self, header: FrameHeader, header_bytes: bytes, body: Buffer
+    ) -> tuple[Buffer, Buffer]:
+        """As :meth:`open_view`, but the MD5 signature is returned with the payload, not
+        compared (several frames' are compared at once: ``BrokerConnection``). The frame
+        counts as received: a frame whose signature then fails is not accepted again
+        under its counter (it is a replay)."""
+        self._check_header(header)
+        assert self._opener is not None
+        opened = self._opener.unseal(header, header_bytes, body)
+        self._recv_next = header.counter + 1
+        return opened
+
+    def _check_header(self, header: FrameHeader) -> None:
         if header.version != self.version:
             raise RemoteProtocolError(
                 f"frame version {header.version} after negotiating {self.version}",
@@ -132,6 +160,3 @@ class Session:
                 f"replayed or reordered frame: counter {header.counter}, "
                 f"expected at least {self._recv_next}"
             )
-        payload = self._opener.open_view(header, header_bytes, body)
-        self._recv_next = header.counter + 1
-        return payload

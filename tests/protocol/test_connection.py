@@ -12,6 +12,7 @@ import datetime as dt
 import random
 import tracemalloc
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -28,7 +29,9 @@ from protocol import (
     RemoteProtocolError,
     Role,
     State,
+    digests,
     frames,
+    security,
 )
 from protocol.events import (
     Ack,
@@ -45,6 +48,17 @@ from protocol.handshake import HANDSHAKE_MAX_FRAME_SIZE
 from tests.conftest import NOW, Pki, make_pair, open_pair, run_handshake
 
 R, S, D = EncryptionMode.REQUIRED, EncryptionMode.SUPPORTED, EncryptionMode.DISABLED
+
+
+@pytest.fixture(autouse=True, params=["lanes", "pure"])
+def md5_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test runs with the frames' MD5 signatures in SIMD lanes (the compiled
+    ``protocol._md5lanes``) and with ``hashlib`` alone (the pure path)."""
+    if request.param == "lanes" and not digests.COMPILED:
+        pytest.skip("protocol._md5lanes is not built here")
+    digests.use_lanes(request.param == "lanes")
+    yield request.param
+    digests.use_lanes(True)
 
 
 def test_handshake_completes_and_names_both_sides(pki: Pki) -> None:
@@ -626,3 +640,109 @@ def test_a_malformed_fragments_body_is_a_protocol_error(pki: Pki) -> None:
     forged = i._send_protected(frames.FrameType.FRAGMENTS, b"\x00\x00\x00\x09short")
     with pytest.raises(RemoteProtocolError, match="runs past the end"):
         a.receive_data(forged)
+
+
+LARGE = 20_000
+"""A fragment this large is sealed in place, and in a frame of its own where MD5 runs in
+lanes (``security.IN_PLACE_FROM`` is 16 KiB)."""
+
+
+def _large_payloads(count: int, seed: int = 1) -> list[bytes]:
+    rnd = random.Random(seed)
+    return [rnd.randbytes(LARGE + n) for n in range(count)]
+
+
+def test_large_fragments_leave_as_frames_whose_signatures_are_taken_together(
+    pki: Pki, md5_path: str
+) -> None:
+    """R-DLG-8, R-PROTO-1: with lanes a large fragment goes in a FRAGMENT frame of its
+    own (their MD5s are computed side by side), without them they share FRAGMENTS frames;
+    either way the peer gets each fragment once, in order, small ones between them
+    batched as before, whatever its own MD5 path and wherever the reads end."""
+    payloads = _large_payloads(10)
+    payloads[4:4] = [b"small-1", b"small-2"]
+    i, a = open_pair(pki)
+    data = b"".join(i.send_fragments(_whole(payloads)))
+    kinds = [h.frame_type for h in frames.iter_frame_headers(data)]
+    if md5_path == "lanes":
+        assert (
+            kinds
+            == [frames.FrameType.FRAGMENT] * 4
+            + [frames.FrameType.FRAGMENTS]
+            + [frames.FrameType.FRAGMENT] * 6
+        )
+    else:
+        assert kinds == [frames.FrameType.FRAGMENTS]
+    expected = [Fragment(p) for p in payloads]
+    for receiver_lanes in (True, False):
+        digests.use_lanes(receiver_lanes and digests.COMPILED)
+        i, a = open_pair(pki)
+        digests.use_lanes(md5_path == "lanes")
+        data = b"".join(i.send_fragments(_whole(payloads)))
+        digests.use_lanes(receiver_lanes and digests.COMPILED)
+        rng = random.Random(len(data))
+        got: list[object] = []
+        pos = 0
+        while pos < len(data):
+            step = rng.choice((5, 22, 1000, 40_000, 65_536, 262_144))
+            got += a.receive_data(data[pos : pos + step])
+            pos += step
+        assert got == expected
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_frames_sealed_together_are_byte_for_byte_those_sealed_one_by_one(encrypt: bool) -> None:
+    """R-DLG-8: the signatures taken together (compiled lanes or hashlib) make the same
+    frames as sealing each payload alone, in both protection modes."""
+    key = bytes(range(32))
+    payloads = [(int(frames.FrameType.FRAGMENT), [b"head", p]) for p in _large_payloads(9)]
+    together = security.FrameSealer(key, encrypt, 2).seal_each(payloads, 100)
+    alone = security.FrameSealer(key, encrypt, 2)
+    one_by_one = [
+        alone.seal_pieces(frame_type, pieces, 100 + n)
+        for n, (frame_type, pieces) in enumerate(payloads)
+    ]
+    assert [bytes(f) for f in together] == [bytes(f) for f in one_by_one]
+
+
+def test_a_bad_frame_among_those_of_a_read_fails_alone_and_in_its_place(
+    pki: Pki, md5_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R-DLG-8: in one read of six large frames, one whose MD5 signature is not its
+    payload's (a sender that signed it wrong) and one altered on the way are each an
+    IntegrityFailure where they stood; the four others are handed up in order."""
+    if md5_path != "lanes":
+        pytest.skip("without lanes large fragments share a frame")
+    payloads = _large_payloads(6)
+    real = security.md5_each
+
+    def third_signed_wrong(buffers: list[bytes]) -> list[bytes]:
+        signatures = real(buffers)
+        signatures[2] = bytes(16)
+        return signatures
+
+    i, a = open_pair(pki)
+    monkeypatch.setattr(security, "md5_each", third_signed_wrong)
+    sent = i.send_fragments(_whole(payloads))
+    monkeypatch.undo()
+    assert len(sent) == 6
+    altered = bytearray(sent[4])
+    altered[frames.HEADER_SIZE + 100] ^= 0x01
+    sent[4] = altered
+    events = a.receive_data(b"".join(sent))
+    assert [type(e) for e in events] == [
+        Fragment,
+        Fragment,
+        IntegrityFailure,
+        Fragment,
+        IntegrityFailure,
+        Fragment,
+    ]
+    assert [e.payload for e in events if isinstance(e, Fragment)] == [
+        payloads[n] for n in (0, 1, 3, 5)
+    ]
+    failures = [e for e in events if isinstance(e, IntegrityFailure)]
+    assert failures[0].reason == security.MD5_MISMATCH
+    assert "authentication tag" in failures[1].reason
+    assert a.stats.integrity_failures == 2
+    assert a.state is State.OPEN

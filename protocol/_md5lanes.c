@@ -1,0 +1,472 @@
+/*
+ * MD5 of several buffers at once, each in a lane of one SIMD register (multi-buffer
+ * hashing).
+ *
+ * MD5 is sequential within a message: one stream runs at the speed of its chain of
+ * additions and rotations. The MD5s of independent buffers can run side by side: each
+ * step of the 64 is one vector instruction for 4, 8 or 16 buffers. brokerd signs every
+ * frame with the MD5 of its payload (R-DLG-8), and a large message leaves as several
+ * frames, so their signatures are taken together (protocol.digests).
+ *
+ * The widths: 16 lanes (AVX-512F, 512-bit registers), 8 lanes (AVX-512VL, 256-bit; on a
+ * CPU whose 512-bit operations are two 256-bit halves, a half-full 16-lane pass costs
+ * about what a full 8-lane one does) and 4 lanes (128-bit), 8 lanes with AVX2 (no
+ * rotation nor three-input logic instruction: two shifts and an OR, two or three logic
+ * operations), and 4 lanes with SSE2, which every x86-64 CPU has. Elsewhere the module builds and says it has no
+ * lanes, and protocol.digests uses hashlib.
+ *
+ * digest(buffers) -> list of 16-byte digests, in order. Buffers of unequal length share a
+ * pass: a lane whose message has fewer blocks keeps its state once they are done. The
+ * GIL is released while hashing; the buffers are held (PyObject_GetBuffer) until then.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_LANES 1
+#else
+#define HAVE_LANES 0
+#endif
+
+#define MAX_LANES 16
+
+/* One lane's message: its full blocks in place, its last one or two blocks (the rest of
+ * the bytes, 0x80, zeros, the length in bits) in a buffer of its own. */
+typedef struct {
+    const unsigned char *data;
+    size_t full;   /* blocks read from data */
+    size_t blocks; /* full + the padded tail's 1 or 2 */
+    unsigned char tail[128];
+} lane_t;
+
+static void lane_init(lane_t *lane, const unsigned char *data, size_t len) {
+    size_t rest = len % 64;
+    lane->data = data;
+    lane->full = len / 64;
+    lane->blocks = lane->full + (rest < 56 ? 1 : 2);
+    memset(lane->tail, 0, sizeof lane->tail);
+    if (rest) memcpy(lane->tail, data + lane->full * 64, rest);
+    lane->tail[rest] = 0x80;
+    uint64_t bits = (uint64_t)len * 8;
+    unsigned char *end = lane->tail + (lane->blocks - lane->full) * 64 - 8;
+    for (int i = 0; i < 8; i++) end[i] = (unsigned char)(bits >> (8 * i));
+}
+
+static const unsigned char ZERO_BLOCK[64];
+
+static inline const unsigned char *lane_block(const lane_t *lane, size_t b) {
+    if (b < lane->full) return lane->data + 64 * b;
+    if (b < lane->blocks) return lane->tail + 64 * (b - lane->full);
+    return ZERO_BLOCK;
+}
+
+static inline uint32_t load_le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+#if HAVE_LANES
+
+/* The rounds, written once over a vector type and its operations (macros below). */
+/* a + k + m does not wait for the step before: the chain of steps is F, an addition, the
+ * rotation and an addition. */
+#define MD5_STEP(FN, a, b, c, d, m, k, s) \
+    a = ADD(b, ROL(ADD(FN(b, c, d), ADD(a, ADD(m, SET1(k)))), s))
+
+#define MD5_LANES_BODY(N)                                                                   \
+    VEC a = SET1(0x67452301), b = SET1(0xefcdab89), c = SET1(0x98badcfe),                   \
+        d = SET1(0x10325476);                                                               \
+    size_t most = 0;                                                                        \
+    for (int j = 0; j < n; j++)                                                             \
+        if (lanes[j].blocks > most) most = lanes[j].blocks;                                 \
+    uint32_t words[16][N] __attribute__((aligned(64)));                                     \
+    uint32_t active[N] __attribute__((aligned(64)));                                        \
+    for (size_t blk = 0; blk < most; blk++) {                                               \
+        for (int j = 0; j < N; j++) {                                                       \
+            const unsigned char *p = j < n ? lane_block(&lanes[j], blk) : ZERO_BLOCK;       \
+            active[j] = (j < n && blk < lanes[j].blocks) ? 0xffffffffu : 0;                 \
+            for (int i = 0; i < 16; i++) words[i][j] = load_le32(p + 4 * i);                \
+        }                                                                                   \
+        VEC m[16];                                                                          \
+        for (int i = 0; i < 16; i++) m[i] = LOAD(words[i]);                                 \
+        VEC aa = a, bb = b, cc = c, dd = d;                                                 \
+        MD5_STEP(F1, a, b, c, d, m[0], 0xd76aa478, 7);                                      \
+        MD5_STEP(F1, d, a, b, c, m[1], 0xe8c7b756, 12);                                     \
+        MD5_STEP(F1, c, d, a, b, m[2], 0x242070db, 17);                                     \
+        MD5_STEP(F1, b, c, d, a, m[3], 0xc1bdceee, 22);                                     \
+        MD5_STEP(F1, a, b, c, d, m[4], 0xf57c0faf, 7);                                      \
+        MD5_STEP(F1, d, a, b, c, m[5], 0x4787c62a, 12);                                     \
+        MD5_STEP(F1, c, d, a, b, m[6], 0xa8304613, 17);                                     \
+        MD5_STEP(F1, b, c, d, a, m[7], 0xfd469501, 22);                                     \
+        MD5_STEP(F1, a, b, c, d, m[8], 0x698098d8, 7);                                      \
+        MD5_STEP(F1, d, a, b, c, m[9], 0x8b44f7af, 12);                                     \
+        MD5_STEP(F1, c, d, a, b, m[10], 0xffff5bb1, 17);                                    \
+        MD5_STEP(F1, b, c, d, a, m[11], 0x895cd7be, 22);                                    \
+        MD5_STEP(F1, a, b, c, d, m[12], 0x6b901122, 7);                                     \
+        MD5_STEP(F1, d, a, b, c, m[13], 0xfd987193, 12);                                    \
+        MD5_STEP(F1, c, d, a, b, m[14], 0xa679438e, 17);                                    \
+        MD5_STEP(F1, b, c, d, a, m[15], 0x49b40821, 22);                                    \
+        MD5_STEP(F2, a, b, c, d, m[1], 0xf61e2562, 5);                                      \
+        MD5_STEP(F2, d, a, b, c, m[6], 0xc040b340, 9);                                      \
+        MD5_STEP(F2, c, d, a, b, m[11], 0x265e5a51, 14);                                    \
+        MD5_STEP(F2, b, c, d, a, m[0], 0xe9b6c7aa, 20);                                     \
+        MD5_STEP(F2, a, b, c, d, m[5], 0xd62f105d, 5);                                      \
+        MD5_STEP(F2, d, a, b, c, m[10], 0x02441453, 9);                                     \
+        MD5_STEP(F2, c, d, a, b, m[15], 0xd8a1e681, 14);                                    \
+        MD5_STEP(F2, b, c, d, a, m[4], 0xe7d3fbc8, 20);                                     \
+        MD5_STEP(F2, a, b, c, d, m[9], 0x21e1cde6, 5);                                      \
+        MD5_STEP(F2, d, a, b, c, m[14], 0xc33707d6, 9);                                     \
+        MD5_STEP(F2, c, d, a, b, m[3], 0xf4d50d87, 14);                                     \
+        MD5_STEP(F2, b, c, d, a, m[8], 0x455a14ed, 20);                                     \
+        MD5_STEP(F2, a, b, c, d, m[13], 0xa9e3e905, 5);                                     \
+        MD5_STEP(F2, d, a, b, c, m[2], 0xfcefa3f8, 9);                                      \
+        MD5_STEP(F2, c, d, a, b, m[7], 0x676f02d9, 14);                                     \
+        MD5_STEP(F2, b, c, d, a, m[12], 0x8d2a4c8a, 20);                                    \
+        MD5_STEP(F3, a, b, c, d, m[5], 0xfffa3942, 4);                                      \
+        MD5_STEP(F3, d, a, b, c, m[8], 0x8771f681, 11);                                     \
+        MD5_STEP(F3, c, d, a, b, m[11], 0x6d9d6122, 16);                                    \
+        MD5_STEP(F3, b, c, d, a, m[14], 0xfde5380c, 23);                                    \
+        MD5_STEP(F3, a, b, c, d, m[1], 0xa4beea44, 4);                                      \
+        MD5_STEP(F3, d, a, b, c, m[4], 0x4bdecfa9, 11);                                     \
+        MD5_STEP(F3, c, d, a, b, m[7], 0xf6bb4b60, 16);                                     \
+        MD5_STEP(F3, b, c, d, a, m[10], 0xbebfbc70, 23);                                    \
+        MD5_STEP(F3, a, b, c, d, m[13], 0x289b7ec6, 4);                                     \
+        MD5_STEP(F3, d, a, b, c, m[0], 0xeaa127fa, 11);                                     \
+        MD5_STEP(F3, c, d, a, b, m[3], 0xd4ef3085, 16);                                     \
+        MD5_STEP(F3, b, c, d, a, m[6], 0x04881d05, 23);                                     \
+        MD5_STEP(F3, a, b, c, d, m[9], 0xd9d4d039, 4);                                      \
+        MD5_STEP(F3, d, a, b, c, m[12], 0xe6db99e5, 11);                                    \
+        MD5_STEP(F3, c, d, a, b, m[15], 0x1fa27cf8, 16);                                    \
+        MD5_STEP(F3, b, c, d, a, m[2], 0xc4ac5665, 23);                                     \
+        MD5_STEP(F4, a, b, c, d, m[0], 0xf4292244, 6);                                      \
+        MD5_STEP(F4, d, a, b, c, m[7], 0x432aff97, 10);                                     \
+        MD5_STEP(F4, c, d, a, b, m[14], 0xab9423a7, 15);                                    \
+        MD5_STEP(F4, b, c, d, a, m[5], 0xfc93a039, 21);                                     \
+        MD5_STEP(F4, a, b, c, d, m[12], 0x655b59c3, 6);                                     \
+        MD5_STEP(F4, d, a, b, c, m[3], 0x8f0ccc92, 10);                                     \
+        MD5_STEP(F4, c, d, a, b, m[10], 0xffeff47d, 15);                                    \
+        MD5_STEP(F4, b, c, d, a, m[1], 0x85845dd1, 21);                                     \
+        MD5_STEP(F4, a, b, c, d, m[8], 0x6fa87e4f, 6);                                      \
+        MD5_STEP(F4, d, a, b, c, m[15], 0xfe2ce6e0, 10);                                    \
+        MD5_STEP(F4, c, d, a, b, m[6], 0xa3014314, 15);                                     \
+        MD5_STEP(F4, b, c, d, a, m[13], 0x4e0811a1, 21);                                    \
+        MD5_STEP(F4, a, b, c, d, m[4], 0xf7537e82, 6);                                      \
+        MD5_STEP(F4, d, a, b, c, m[11], 0xbd3af235, 10);                                    \
+        MD5_STEP(F4, c, d, a, b, m[2], 0x2ad7d2bb, 15);                                     \
+        MD5_STEP(F4, b, c, d, a, m[9], 0xeb86d391, 21);                                     \
+        VEC keep = LOAD(active);                                                            \
+        a = SELECT(keep, ADD(a, aa), aa);                                                   \
+        b = SELECT(keep, ADD(b, bb), bb);                                                   \
+        c = SELECT(keep, ADD(c, cc), cc);                                                   \
+        d = SELECT(keep, ADD(d, dd), dd);                                                   \
+    }                                                                                       \
+    uint32_t state[4][N] __attribute__((aligned(64)));                                      \
+    STORE(state[0], a);                                                                     \
+    STORE(state[1], b);                                                                     \
+    STORE(state[2], c);                                                                     \
+    STORE(state[3], d);                                                                     \
+    for (int j = 0; j < n; j++)                                                             \
+        for (int w = 0; w < 4; w++)                                                         \
+            for (int i = 0; i < 4; i++)                                                     \
+                out[j][4 * w + i] = (unsigned char)(state[w][j] >> (8 * i));
+
+/* 16 lanes, AVX-512F: rotation and three-input logic are one instruction each. */
+#define VEC __m512i
+#define ADD _mm512_add_epi32
+#define SET1(x) _mm512_set1_epi32((int)(x))
+#define ROL(x, s) _mm512_rol_epi32(x, s)
+#define LOAD(p) _mm512_load_si512((const void *)(p))
+#define STORE(p, v) _mm512_store_si512((void *)(p), v)
+#define SELECT(m, x, y) _mm512_ternarylogic_epi32(m, x, y, 0xCA)
+#define F1(b, c, d) _mm512_ternarylogic_epi32(b, c, d, 0xCA)
+#define F2(b, c, d) _mm512_ternarylogic_epi32(b, c, d, 0xE4)
+#define F3(b, c, d) _mm512_ternarylogic_epi32(b, c, d, 0x96)
+#define F4(b, c, d) _mm512_ternarylogic_epi32(b, c, d, 0x39)
+__attribute__((target("avx512f"))) static void md5_x16(lane_t *lanes, int n,
+                                                        unsigned char (*out)[16]) {
+    MD5_LANES_BODY(16)
+}
+#undef VEC
+#undef ADD
+#undef SET1
+#undef ROL
+#undef LOAD
+#undef STORE
+#undef SELECT
+#undef F1
+#undef F2
+#undef F3
+#undef F4
+
+/* 8 lanes, AVX-512VL: the same instructions on 256-bit registers. */
+#define VEC __m256i
+#define ADD _mm256_add_epi32
+#define SET1(x) _mm256_set1_epi32((int)(x))
+#define ROL(x, s) _mm256_rol_epi32(x, s)
+#define LOAD(p) _mm256_load_si256((const __m256i *)(p))
+#define STORE(p, v) _mm256_store_si256((__m256i *)(p), v)
+#define SELECT(m, x, y) _mm256_ternarylogic_epi32(m, x, y, 0xCA)
+#define F1(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0xCA)
+#define F2(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0xE4)
+#define F3(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0x96)
+#define F4(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0x39)
+__attribute__((target("avx512f,avx512vl"))) static void md5_x8vl(lane_t *lanes, int n,
+                                                                 unsigned char (*out)[16]) {
+    MD5_LANES_BODY(8)
+}
+#undef ROL
+#undef SELECT
+#undef F1
+#undef F2
+#undef F3
+#undef F4
+
+/* 8 lanes, AVX2: rotation as two shifts and an OR; F = d ^ (b & (c ^ d)) and so on. */
+#define ROL(x, s) _mm256_or_si256(_mm256_slli_epi32(x, s), _mm256_srli_epi32(x, 32 - (s)))
+#define SELECT(m, x, y) _mm256_blendv_epi8(y, x, m)
+#define F1(b, c, d) _mm256_xor_si256(d, _mm256_and_si256(b, _mm256_xor_si256(c, d)))
+#define F2(b, c, d) _mm256_xor_si256(c, _mm256_and_si256(d, _mm256_xor_si256(b, c)))
+#define F3(b, c, d) _mm256_xor_si256(_mm256_xor_si256(b, c), d)
+#define F4(b, c, d) \
+    _mm256_xor_si256(c, _mm256_or_si256(b, _mm256_xor_si256(d, _mm256_set1_epi32(-1))))
+__attribute__((target("avx2"))) static void md5_x8(lane_t *lanes, int n,
+                                                   unsigned char (*out)[16]) {
+    MD5_LANES_BODY(8)
+}
+#undef VEC
+#undef ADD
+#undef SET1
+#undef ROL
+#undef LOAD
+#undef STORE
+#undef SELECT
+#undef F1
+#undef F2
+#undef F3
+#undef F4
+
+/* 4 lanes, AVX-512VL: the same instructions on 128-bit registers. */
+#define VEC __m128i
+#define ADD _mm_add_epi32
+#define SET1(x) _mm_set1_epi32((int)(x))
+#define ROL(x, s) _mm_rol_epi32(x, s)
+#define LOAD(p) _mm_load_si128((const __m128i *)(p))
+#define STORE(p, v) _mm_store_si128((__m128i *)(p), v)
+#define SELECT(m, x, y) _mm_ternarylogic_epi32(m, x, y, 0xCA)
+#define F1(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0xCA)
+#define F2(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0xE4)
+#define F3(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0x96)
+#define F4(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0x39)
+__attribute__((target("avx512f,avx512vl"))) static void md5_x4vl(lane_t *lanes, int n,
+                                                                 unsigned char (*out)[16]) {
+    MD5_LANES_BODY(4)
+}
+#undef VEC
+#undef ADD
+#undef SET1
+#undef ROL
+#undef LOAD
+#undef STORE
+#undef SELECT
+#undef F1
+#undef F2
+#undef F3
+#undef F4
+
+/* 4 lanes, SSE2: every x86-64 CPU. */
+#define VEC __m128i
+#define ADD _mm_add_epi32
+#define SET1(x) _mm_set1_epi32((int)(x))
+#define ROL(x, s) _mm_or_si128(_mm_slli_epi32(x, s), _mm_srli_epi32(x, 32 - (s)))
+#define LOAD(p) _mm_load_si128((const __m128i *)(p))
+#define STORE(p, v) _mm_store_si128((__m128i *)(p), v)
+#define SELECT(m, x, y) _mm_or_si128(_mm_and_si128(m, x), _mm_andnot_si128(m, y))
+#define F1(b, c, d) _mm_xor_si128(d, _mm_and_si128(b, _mm_xor_si128(c, d)))
+#define F2(b, c, d) _mm_xor_si128(c, _mm_and_si128(d, _mm_xor_si128(b, c)))
+#define F3(b, c, d) _mm_xor_si128(_mm_xor_si128(b, c), d)
+#define F4(b, c, d) _mm_xor_si128(c, _mm_or_si128(b, _mm_xor_si128(d, _mm_set1_epi32(-1))))
+static void md5_x4(lane_t *lanes, int n, unsigned char (*out)[16]) { MD5_LANES_BODY(4) }
+
+typedef void (*lanes_fn)(lane_t *, int, unsigned char (*)[16]);
+
+typedef struct {
+    const char *name;
+    lanes_fn fn;
+    int lanes;
+    const char *feature; /* what the CPU must have */
+    const char *feature2;
+} kind_t;
+
+static const kind_t KINDS[] = {
+    {"avx512", md5_x16, 16, "avx512f", NULL},
+    {"avx512vl", md5_x8vl, 8, "avx512f", "avx512vl"},
+    {"avx2", md5_x8, 8, "avx2", NULL},
+    {"avx512vl-4", md5_x4vl, 4, "avx512f", "avx512vl"},
+    {"sse2", md5_x4, 4, "sse2", NULL},
+};
+#define N_KINDS ((int)(sizeof KINDS / sizeof KINDS[0]))
+
+static int supported(const kind_t *kind) {
+    /* __builtin_cpu_supports takes a literal: compare the names instead. */
+    const char *need[2] = {kind->feature, kind->feature2};
+    for (int i = 0; i < 2; i++) {
+        const char *f = need[i];
+        if (f == NULL) continue;
+        int ok = strcmp(f, "avx512f") == 0    ? __builtin_cpu_supports("avx512f")
+                 : strcmp(f, "avx512vl") == 0 ? __builtin_cpu_supports("avx512vl")
+                 : strcmp(f, "avx2") == 0     ? __builtin_cpu_supports("avx2")
+                                              : __builtin_cpu_supports("sse2");
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+static lanes_fn BEST_16; /* 16 lanes, or NULL */
+static lanes_fn BEST_8;  /* 8 lanes, or NULL */
+static lanes_fn BEST_4;  /* 4 lanes */
+
+static void choose(void) {
+    __builtin_cpu_init();
+    BEST_16 = supported(&KINDS[0]) ? md5_x16 : NULL;
+    BEST_8 = supported(&KINDS[1]) ? md5_x8vl : supported(&KINDS[2]) ? md5_x8 : NULL;
+    BEST_4 = supported(&KINDS[3]) ? md5_x4vl : md5_x4;
+}
+
+/* Hash n buffers, 16 at a time where the CPU can; a last group of at most 8 (4) takes
+ * the narrower lanes, which cost less than a wide pass with idle lanes. With ``only``,
+ * every group takes that kind's lanes. */
+static void hash_all(lane_t *lanes, Py_ssize_t n, unsigned char (*out)[16],
+                     const kind_t *only) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t left = n - i;
+        lanes_fn fn = BEST_4;
+        int width = 4;
+        if (only != NULL) {
+            fn = only->fn;
+            width = only->lanes;
+        } else if (left > 8 && BEST_16 != NULL) {
+            fn = BEST_16;
+            width = 16;
+        } else if (left > 4 && BEST_8 != NULL) {
+            fn = BEST_8;
+            width = 8;
+        }
+        int take = left < width ? (int)left : width;
+        fn(lanes + i, take, out + i);
+        i += take;
+    }
+}
+#endif /* HAVE_LANES */
+
+PyDoc_STRVAR(digest_doc,
+             "digest(buffers, kind='')\n--\n\n"
+             "The MD5 digests (16 bytes each) of a sequence of bytes-like objects, in order,\n"
+             "computed several at a time in SIMD lanes: the widest this CPU has, or those of\n"
+             "``kind`` (one of KINDS; for tests and benchmarks).");
+
+static PyObject *digest(PyObject *module, PyObject *args, PyObject *kwargs) {
+    (void)module;
+    static char *keywords[] = {"buffers", "kind", NULL};
+    PyObject *arg;
+    const char *kind_name = "";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|s:digest", keywords, &arg, &kind_name))
+        return NULL;
+#if HAVE_LANES
+    const kind_t *only = NULL;
+    if (kind_name[0] != '\0') {
+        for (int k = 0; k < N_KINDS; k++)
+            if (strcmp(KINDS[k].name, kind_name) == 0 && supported(&KINDS[k])) only = &KINDS[k];
+        if (only == NULL) {
+            PyErr_Format(PyExc_ValueError, "no MD5 lanes of kind '%s' on this CPU", kind_name);
+            return NULL;
+        }
+    }
+    PyObject *seq = PySequence_Fast(arg, "digest() takes a sequence of bytes-like objects");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_buffer *views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    lane_t *lanes = PyMem_Malloc((n ? n : 1) * sizeof(lane_t));
+    unsigned char(*out)[16] = PyMem_Malloc((n ? n : 1) * 16);
+    PyObject *result = NULL;
+    Py_ssize_t held = 0;
+    if (views == NULL || lanes == NULL || out == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; held < n; held++) {
+        if (PyObject_GetBuffer(items[held], &views[held], PyBUF_SIMPLE) < 0) goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < n; i++)
+        lane_init(&lanes[i], views[i].buf, (size_t)views[i].len);
+    hash_all(lanes, n, out, only);
+    Py_END_ALLOW_THREADS;
+    result = PyList_New(n);
+    if (result == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyBytes_FromStringAndSize((const char *)out[i], 16);
+        if (d == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, d);
+    }
+done:
+    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(lanes);
+    PyMem_Free(out);
+    Py_DECREF(seq);
+    return result;
+#else
+    (void)arg;
+    (void)kind_name;
+    PyErr_SetString(PyExc_RuntimeError, "no SIMD lanes on this platform");
+    return NULL;
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"digest", (PyCFunction)(void (*)(void))digest, METH_VARARGS | METH_KEYWORDS, digest_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "protocol._md5lanes",
+    "MD5 of several buffers at once, in SIMD lanes (see protocol.digests).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__md5lanes(void) {
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    PyObject *kinds = PyList_New(0);
+    if (kinds == NULL) goto fail;
+#if HAVE_LANES
+    choose();
+    for (int k = 0; k < N_KINDS; k++) {
+        if (!supported(&KINDS[k])) continue;
+        PyObject *name = PyUnicode_FromString(KINDS[k].name);
+        if (name == NULL || PyList_Append(kinds, name) < 0) {
+            Py_XDECREF(name);
+            Py_DECREF(kinds);
+            goto fail;
+        }
+        Py_DECREF(name);
+    }
+#endif
+    PyObject *names = PyList_AsTuple(kinds);
+    Py_DECREF(kinds);
+    if (names == NULL || PyModule_AddObject(module, "KINDS", names) < 0) {
+        Py_XDECREF(names);
+        goto fail;
+    }
+    return module;
+fail:
+    Py_DECREF(module);
+    return NULL;
+}
