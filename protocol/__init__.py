@@ -5,6 +5,8 @@ Modules:
   codec       construct helpers: derived fast structs, wrapped parse/build
   frames      adjacent-broker frame format (header + bodies), declared with construct
   security    identities, certificate checks, key schedule, fragment protection
+  digests     the MD5 signatures of several frames at once (SIMD lanes of the compiled
+              _md5lanes, built from _md5lanes.c; hashlib without it)
   events      connection events
   session     a connection's numbered frames: clear ones, then sealed and opened under
               the session keys

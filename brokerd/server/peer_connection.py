@@ -100,8 +100,19 @@ HIGH_WATER = 512 * 1024
 """Stop feeding the socket while this much is already buffered for it."""
 
 
-class BrokerProtocol(asyncio.Protocol):
-    """One TCP connection between two brokers, either direction."""
+READ_SIZE = 1024 * 1024
+"""Bytes one read from an open connection may take. A large message's frames then
+arrive several to a read, and their MD5 signatures are checked together
+(``protocol.digests``: up to 16 at once); uvloop's own reads are 256 KiB."""
+HANDSHAKE_READ_SIZE = 64 * 1024
+"""Bytes one read may take before the handshake completes (its frames are small)."""
+
+
+class BrokerProtocol(asyncio.BufferedProtocol):
+    """One TCP connection between two brokers, either direction.
+
+    Reads go into a buffer of the connection's own (``get_buffer``), copied once into
+    the bytes the sans-I/O connection parses, as the event loop's reads are."""
 
     def __init__(
         self, transport_owner: ConnectionOwner, role: Role, link: ConnectionLink | None
@@ -128,6 +139,7 @@ class BrokerProtocol(asyncio.Protocol):
         self.pinned = False
         """Carries a mirroring session (R-ROUTE-16): never closed as idle."""
         self.handshake_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._read_buffer: memoryview | None = None
 
     # -- Link interface (used by the engine for acknowledgements and errors) -------
 
@@ -199,6 +211,17 @@ class BrokerProtocol(asyncio.Protocol):
         hello = self.conn.start()
         if hello:
             self.transport.write(hello)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        buffer = self._read_buffer
+        if buffer is None or (self.opened and len(buffer) < READ_SIZE):
+            size = READ_SIZE if self.opened else HANDSHAKE_READ_SIZE
+            buffer = self._read_buffer = memoryview(bytearray(size))
+        return buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self._read_buffer is not None
+        self.data_received(bytes(self._read_buffer[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         self.liveness.heard(time.monotonic())
