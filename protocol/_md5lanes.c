@@ -63,10 +63,6 @@ static inline const unsigned char *lane_block(const lane_t *lane, size_t b) {
     return ZERO_BLOCK;
 }
 
-static inline uint32_t load_le32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 #if HAVE_LANES
 
 /* The rounds, written once over a vector type and its operations (macros below). */
@@ -81,16 +77,15 @@ static inline uint32_t load_le32(const unsigned char *p) {
     size_t most = 0;                                                                        \
     for (int j = 0; j < n; j++)                                                             \
         if (lanes[j].blocks > most) most = lanes[j].blocks;                                 \
-    uint32_t words[16][N] __attribute__((aligned(64)));                                     \
     uint32_t active[N] __attribute__((aligned(64)));                                        \
+    const unsigned char *p[N];                                                              \
     for (size_t blk = 0; blk < most; blk++) {                                               \
         for (int j = 0; j < N; j++) {                                                       \
-            const unsigned char *p = j < n ? lane_block(&lanes[j], blk) : ZERO_BLOCK;       \
+            p[j] = j < n ? lane_block(&lanes[j], blk) : ZERO_BLOCK;                         \
             active[j] = (j < n && blk < lanes[j].blocks) ? 0xffffffffu : 0;                 \
-            for (int i = 0; i < 16; i++) words[i][j] = load_le32(p + 4 * i);                \
         }                                                                                   \
         VEC m[16];                                                                          \
-        for (int i = 0; i < 16; i++) m[i] = LOAD(words[i]);                                 \
+        TRANSPOSE(m, p);                                                                    \
         VEC aa = a, bb = b, cc = c, dd = d;                                                 \
         MD5_STEP(F1, a, b, c, d, m[0], 0xd76aa478, 7);                                      \
         MD5_STEP(F1, d, a, b, c, m[1], 0xe8c7b756, 12);                                     \
@@ -172,7 +167,94 @@ static inline uint32_t load_le32(const unsigned char *p) {
             for (int i = 0; i < 4; i++)                                                     \
                 out[j][4 * w + i] = (unsigned char)(state[w][j] >> (8 * i));
 
+/* Each lane's block is loaded as it lies (x86 is little-endian, as MD5's words are) and
+ * the lanes' rows transposed into the 16 words' vectors with shuffles, instead of word
+ * by word through memory (which took half the time of a 16-lane pass). */
+
+/* 16 rows of 16 words: within each 128-bit quarter, 4x4 blocks by unpacking words and
+ * pairs of words; then the quarters of each group of four rows, 4x4 again. */
+__attribute__((target("avx512f"))) static inline void transpose_x16(
+    __m512i m[16], const unsigned char *const p[16]) {
+    __m512i r[16], t[16];
+    for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_si512((const void *)p[j]);
+    for (int j = 0; j < 16; j += 2) {
+        t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+    }
+    /* s[g][c]: quarter k holds word 4k + c of rows 4g .. 4g + 3 */
+    __m512i s[4][4];
+    for (int g = 0; g < 4; g++) {
+        __m512i *q = t + 4 * g;
+        s[g][0] = _mm512_unpacklo_epi64(q[0], q[2]);
+        s[g][1] = _mm512_unpackhi_epi64(q[0], q[2]);
+        s[g][2] = _mm512_unpacklo_epi64(q[1], q[3]);
+        s[g][3] = _mm512_unpackhi_epi64(q[1], q[3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i u0 = _mm512_shuffle_i32x4(s[0][c], s[1][c], 0x44);
+        __m512i u1 = _mm512_shuffle_i32x4(s[0][c], s[1][c], 0xEE);
+        __m512i u2 = _mm512_shuffle_i32x4(s[2][c], s[3][c], 0x44);
+        __m512i u3 = _mm512_shuffle_i32x4(s[2][c], s[3][c], 0xEE);
+        m[c] = _mm512_shuffle_i32x4(u0, u2, 0x88);
+        m[4 + c] = _mm512_shuffle_i32x4(u0, u2, 0xDD);
+        m[8 + c] = _mm512_shuffle_i32x4(u1, u3, 0x88);
+        m[12 + c] = _mm512_shuffle_i32x4(u1, u3, 0xDD);
+    }
+}
+
+/* 8 rows of 16 words: two 8x8 transposes (words 0-7, then 8-15). */
+#define TRANSPOSE_X8_BODY                                                                   \
+    for (int h = 0; h < 2; h++) {                                                           \
+        __m256i r[8], t[8], s[8];                                                           \
+        for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_si256((const __m256i *)(p[j] + 32 * h)); \
+        for (int j = 0; j < 8; j += 2) {                                                    \
+            t[j] = _mm256_unpacklo_epi32(r[j], r[j + 1]);                                   \
+            t[j + 1] = _mm256_unpackhi_epi32(r[j], r[j + 1]);                               \
+        }                                                                                   \
+        for (int g = 0; g < 8; g += 4) {                                                    \
+            s[g] = _mm256_unpacklo_epi64(t[g], t[g + 2]);                                   \
+            s[g + 1] = _mm256_unpackhi_epi64(t[g], t[g + 2]);                               \
+            s[g + 2] = _mm256_unpacklo_epi64(t[g + 1], t[g + 3]);                           \
+            s[g + 3] = _mm256_unpackhi_epi64(t[g + 1], t[g + 3]);                           \
+        }                                                                                   \
+        for (int c = 0; c < 4; c++) {                                                       \
+            m[8 * h + c] = _mm256_permute2x128_si256(s[c], s[4 + c], 0x20);                 \
+            m[8 * h + 4 + c] = _mm256_permute2x128_si256(s[c], s[4 + c], 0x31);             \
+        }                                                                                   \
+    }
+__attribute__((target("avx2"))) static inline void transpose_x8(
+    __m256i m[16], const unsigned char *const p[8]) {
+    TRANSPOSE_X8_BODY
+}
+__attribute__((target("avx512f,avx512vl"))) static inline void transpose_x8vl(
+    __m256i m[16], const unsigned char *const p[8]) {
+    TRANSPOSE_X8_BODY
+}
+
+/* 4 rows of 16 words: four 4x4 transposes. */
+#define TRANSPOSE_X4_BODY                                                                   \
+    for (int q = 0; q < 4; q++) {                                                           \
+        __m128i r0 = _mm_loadu_si128((const __m128i *)(p[0] + 16 * q));                     \
+        __m128i r1 = _mm_loadu_si128((const __m128i *)(p[1] + 16 * q));                     \
+        __m128i r2 = _mm_loadu_si128((const __m128i *)(p[2] + 16 * q));                     \
+        __m128i r3 = _mm_loadu_si128((const __m128i *)(p[3] + 16 * q));                     \
+        __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);           \
+        __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);           \
+        m[4 * q] = _mm_unpacklo_epi64(t0, t1);                                              \
+        m[4 * q + 1] = _mm_unpackhi_epi64(t0, t1);                                          \
+        m[4 * q + 2] = _mm_unpacklo_epi64(t2, t3);                                          \
+        m[4 * q + 3] = _mm_unpackhi_epi64(t2, t3);                                          \
+    }
+static inline void transpose_x4(__m128i m[16], const unsigned char *const p[4]) {
+    TRANSPOSE_X4_BODY
+}
+__attribute__((target("avx512f,avx512vl"))) static inline void transpose_x4vl(
+    __m128i m[16], const unsigned char *const p[4]) {
+    TRANSPOSE_X4_BODY
+}
+
 /* 16 lanes, AVX-512F: rotation and three-input logic are one instruction each. */
+#define TRANSPOSE transpose_x16
 #define VEC __m512i
 #define ADD _mm512_add_epi32
 #define SET1(x) _mm512_set1_epi32((int)(x))
@@ -212,6 +294,8 @@ __attribute__((target("avx512f"))) static void md5_x16(lane_t *lanes, int n,
 #define F2(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0xE4)
 #define F3(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0x96)
 #define F4(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0x39)
+#undef TRANSPOSE
+#define TRANSPOSE transpose_x8vl
 __attribute__((target("avx512f,avx512vl"))) static void md5_x8vl(lane_t *lanes, int n,
                                                                  unsigned char (*out)[16]) {
     MD5_LANES_BODY(8)
@@ -231,6 +315,8 @@ __attribute__((target("avx512f,avx512vl"))) static void md5_x8vl(lane_t *lanes, 
 #define F3(b, c, d) _mm256_xor_si256(_mm256_xor_si256(b, c), d)
 #define F4(b, c, d) \
     _mm256_xor_si256(c, _mm256_or_si256(b, _mm256_xor_si256(d, _mm256_set1_epi32(-1))))
+#undef TRANSPOSE
+#define TRANSPOSE transpose_x8
 __attribute__((target("avx2"))) static void md5_x8(lane_t *lanes, int n,
                                                    unsigned char (*out)[16]) {
     MD5_LANES_BODY(8)
@@ -259,6 +345,8 @@ __attribute__((target("avx2"))) static void md5_x8(lane_t *lanes, int n,
 #define F2(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0xE4)
 #define F3(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0x96)
 #define F4(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0x39)
+#undef TRANSPOSE
+#define TRANSPOSE transpose_x4vl
 __attribute__((target("avx512f,avx512vl"))) static void md5_x4vl(lane_t *lanes, int n,
                                                                  unsigned char (*out)[16]) {
     MD5_LANES_BODY(4)
@@ -287,6 +375,8 @@ __attribute__((target("avx512f,avx512vl"))) static void md5_x4vl(lane_t *lanes, 
 #define F2(b, c, d) _mm_xor_si128(c, _mm_and_si128(d, _mm_xor_si128(b, c)))
 #define F3(b, c, d) _mm_xor_si128(_mm_xor_si128(b, c), d)
 #define F4(b, c, d) _mm_xor_si128(c, _mm_or_si128(b, _mm_xor_si128(d, _mm_set1_epi32(-1))))
+#undef TRANSPOSE
+#define TRANSPOSE transpose_x4
 static void md5_x4(lane_t *lanes, int n, unsigned char (*out)[16]) { MD5_LANES_BODY(4) }
 
 typedef void (*lanes_fn)(lane_t *, int, unsigned char (*)[16]);
