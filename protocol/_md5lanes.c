@@ -13,7 +13,8 @@
  * about what a full 8-lane one does) and 4 lanes (128-bit), 8 lanes with AVX2 (no
  * rotation nor three-input logic instruction: two shifts and an OR, two or three logic
  * operations), and 4 lanes with SSE2, which every x86-64 CPU has. Elsewhere the module builds and says it has no
- * lanes, and protocol.digests uses hashlib.
+ * lanes, and protocol.digests uses hashlib. The rounds are written once, in
+ * _md5lanes_body.h, included here once for each kind of lanes.
  *
  * digest(buffers) -> list of 16-byte digests, in order. Buffers of unequal length share a
  * pass: a lane whose message has fewer blocks keeps its state once they are done. The
@@ -64,108 +65,6 @@ static inline const unsigned char *lane_block(const lane_t *lane, size_t b) {
 }
 
 #if HAVE_LANES
-
-/* The rounds, written once over a vector type and its operations (macros below). */
-/* a + k + m does not wait for the step before: the chain of steps is F, an addition, the
- * rotation and an addition. */
-#define MD5_STEP(FN, a, b, c, d, m, k, s) \
-    a = ADD(b, ROL(ADD(FN(b, c, d), ADD(a, ADD(m, SET1(k)))), s))
-
-#define MD5_LANES_BODY(N)                                                                   \
-    VEC a = SET1(0x67452301), b = SET1(0xefcdab89), c = SET1(0x98badcfe),                   \
-        d = SET1(0x10325476);                                                               \
-    size_t most = 0;                                                                        \
-    for (int j = 0; j < n; j++)                                                             \
-        if (lanes[j].blocks > most) most = lanes[j].blocks;                                 \
-    uint32_t active[N] __attribute__((aligned(64)));                                        \
-    const unsigned char *p[N];                                                              \
-    for (size_t blk = 0; blk < most; blk++) {                                               \
-        for (int j = 0; j < N; j++) {                                                       \
-            p[j] = j < n ? lane_block(&lanes[j], blk) : ZERO_BLOCK;                         \
-            active[j] = (j < n && blk < lanes[j].blocks) ? 0xffffffffu : 0;                 \
-        }                                                                                   \
-        VEC m[16];                                                                          \
-        TRANSPOSE(m, p);                                                                    \
-        VEC aa = a, bb = b, cc = c, dd = d;                                                 \
-        MD5_STEP(F1, a, b, c, d, m[0], 0xd76aa478, 7);                                      \
-        MD5_STEP(F1, d, a, b, c, m[1], 0xe8c7b756, 12);                                     \
-        MD5_STEP(F1, c, d, a, b, m[2], 0x242070db, 17);                                     \
-        MD5_STEP(F1, b, c, d, a, m[3], 0xc1bdceee, 22);                                     \
-        MD5_STEP(F1, a, b, c, d, m[4], 0xf57c0faf, 7);                                      \
-        MD5_STEP(F1, d, a, b, c, m[5], 0x4787c62a, 12);                                     \
-        MD5_STEP(F1, c, d, a, b, m[6], 0xa8304613, 17);                                     \
-        MD5_STEP(F1, b, c, d, a, m[7], 0xfd469501, 22);                                     \
-        MD5_STEP(F1, a, b, c, d, m[8], 0x698098d8, 7);                                      \
-        MD5_STEP(F1, d, a, b, c, m[9], 0x8b44f7af, 12);                                     \
-        MD5_STEP(F1, c, d, a, b, m[10], 0xffff5bb1, 17);                                    \
-        MD5_STEP(F1, b, c, d, a, m[11], 0x895cd7be, 22);                                    \
-        MD5_STEP(F1, a, b, c, d, m[12], 0x6b901122, 7);                                     \
-        MD5_STEP(F1, d, a, b, c, m[13], 0xfd987193, 12);                                    \
-        MD5_STEP(F1, c, d, a, b, m[14], 0xa679438e, 17);                                    \
-        MD5_STEP(F1, b, c, d, a, m[15], 0x49b40821, 22);                                    \
-        MD5_STEP(F2, a, b, c, d, m[1], 0xf61e2562, 5);                                      \
-        MD5_STEP(F2, d, a, b, c, m[6], 0xc040b340, 9);                                      \
-        MD5_STEP(F2, c, d, a, b, m[11], 0x265e5a51, 14);                                    \
-        MD5_STEP(F2, b, c, d, a, m[0], 0xe9b6c7aa, 20);                                     \
-        MD5_STEP(F2, a, b, c, d, m[5], 0xd62f105d, 5);                                      \
-        MD5_STEP(F2, d, a, b, c, m[10], 0x02441453, 9);                                     \
-        MD5_STEP(F2, c, d, a, b, m[15], 0xd8a1e681, 14);                                    \
-        MD5_STEP(F2, b, c, d, a, m[4], 0xe7d3fbc8, 20);                                     \
-        MD5_STEP(F2, a, b, c, d, m[9], 0x21e1cde6, 5);                                      \
-        MD5_STEP(F2, d, a, b, c, m[14], 0xc33707d6, 9);                                     \
-        MD5_STEP(F2, c, d, a, b, m[3], 0xf4d50d87, 14);                                     \
-        MD5_STEP(F2, b, c, d, a, m[8], 0x455a14ed, 20);                                     \
-        MD5_STEP(F2, a, b, c, d, m[13], 0xa9e3e905, 5);                                     \
-        MD5_STEP(F2, d, a, b, c, m[2], 0xfcefa3f8, 9);                                      \
-        MD5_STEP(F2, c, d, a, b, m[7], 0x676f02d9, 14);                                     \
-        MD5_STEP(F2, b, c, d, a, m[12], 0x8d2a4c8a, 20);                                    \
-        MD5_STEP(F3, a, b, c, d, m[5], 0xfffa3942, 4);                                      \
-        MD5_STEP(F3, d, a, b, c, m[8], 0x8771f681, 11);                                     \
-        MD5_STEP(F3, c, d, a, b, m[11], 0x6d9d6122, 16);                                    \
-        MD5_STEP(F3, b, c, d, a, m[14], 0xfde5380c, 23);                                    \
-        MD5_STEP(F3, a, b, c, d, m[1], 0xa4beea44, 4);                                      \
-        MD5_STEP(F3, d, a, b, c, m[4], 0x4bdecfa9, 11);                                     \
-        MD5_STEP(F3, c, d, a, b, m[7], 0xf6bb4b60, 16);                                     \
-        MD5_STEP(F3, b, c, d, a, m[10], 0xbebfbc70, 23);                                    \
-        MD5_STEP(F3, a, b, c, d, m[13], 0x289b7ec6, 4);                                     \
-        MD5_STEP(F3, d, a, b, c, m[0], 0xeaa127fa, 11);                                     \
-        MD5_STEP(F3, c, d, a, b, m[3], 0xd4ef3085, 16);                                     \
-        MD5_STEP(F3, b, c, d, a, m[6], 0x04881d05, 23);                                     \
-        MD5_STEP(F3, a, b, c, d, m[9], 0xd9d4d039, 4);                                      \
-        MD5_STEP(F3, d, a, b, c, m[12], 0xe6db99e5, 11);                                    \
-        MD5_STEP(F3, c, d, a, b, m[15], 0x1fa27cf8, 16);                                    \
-        MD5_STEP(F3, b, c, d, a, m[2], 0xc4ac5665, 23);                                     \
-        MD5_STEP(F4, a, b, c, d, m[0], 0xf4292244, 6);                                      \
-        MD5_STEP(F4, d, a, b, c, m[7], 0x432aff97, 10);                                     \
-        MD5_STEP(F4, c, d, a, b, m[14], 0xab9423a7, 15);                                    \
-        MD5_STEP(F4, b, c, d, a, m[5], 0xfc93a039, 21);                                     \
-        MD5_STEP(F4, a, b, c, d, m[12], 0x655b59c3, 6);                                     \
-        MD5_STEP(F4, d, a, b, c, m[3], 0x8f0ccc92, 10);                                     \
-        MD5_STEP(F4, c, d, a, b, m[10], 0xffeff47d, 15);                                    \
-        MD5_STEP(F4, b, c, d, a, m[1], 0x85845dd1, 21);                                     \
-        MD5_STEP(F4, a, b, c, d, m[8], 0x6fa87e4f, 6);                                      \
-        MD5_STEP(F4, d, a, b, c, m[15], 0xfe2ce6e0, 10);                                    \
-        MD5_STEP(F4, c, d, a, b, m[6], 0xa3014314, 15);                                     \
-        MD5_STEP(F4, b, c, d, a, m[13], 0x4e0811a1, 21);                                    \
-        MD5_STEP(F4, a, b, c, d, m[4], 0xf7537e82, 6);                                      \
-        MD5_STEP(F4, d, a, b, c, m[11], 0xbd3af235, 10);                                    \
-        MD5_STEP(F4, c, d, a, b, m[2], 0x2ad7d2bb, 15);                                     \
-        MD5_STEP(F4, b, c, d, a, m[9], 0xeb86d391, 21);                                     \
-        VEC keep = LOAD(active);                                                            \
-        a = SELECT(keep, ADD(a, aa), aa);                                                   \
-        b = SELECT(keep, ADD(b, bb), bb);                                                   \
-        c = SELECT(keep, ADD(c, cc), cc);                                                   \
-        d = SELECT(keep, ADD(d, dd), dd);                                                   \
-    }                                                                                       \
-    uint32_t state[4][N] __attribute__((aligned(64)));                                      \
-    STORE(state[0], a);                                                                     \
-    STORE(state[1], b);                                                                     \
-    STORE(state[2], c);                                                                     \
-    STORE(state[3], d);                                                                     \
-    for (int j = 0; j < n; j++)                                                             \
-        for (int w = 0; w < 4; w++)                                                         \
-            for (int i = 0; i < 4; i++)                                                     \
-                out[j][4 * w + i] = (unsigned char)(state[w][j] >> (8 * i));
 
 /* Each lane's block is loaded as it lies (x86 is little-endian, as MD5's words are) and
  * the lanes' rows transposed into the 16 words' vectors with shuffles, instead of word
@@ -253,8 +152,13 @@ __attribute__((target("avx512f,avx512vl"))) static inline void transpose_x4vl(
     TRANSPOSE_X4_BODY
 }
 
+/* Each kind of lanes: its vector type and operations, then _md5lanes_body.h makes the
+ * function (and forgets the macros for the next kind). */
+
 /* 16 lanes, AVX-512F: rotation and three-input logic are one instruction each. */
-#define TRANSPOSE transpose_x16
+#define LANES_NAME md5_x16
+#define LANES_ATTRIBUTE __attribute__((target("avx512f")))
+#define LANES 16
 #define VEC __m512i
 #define ADD _mm512_add_epi32
 #define SET1(x) _mm512_set1_epi32((int)(x))
@@ -266,23 +170,13 @@ __attribute__((target("avx512f,avx512vl"))) static inline void transpose_x4vl(
 #define F2(b, c, d) _mm512_ternarylogic_epi32(b, c, d, 0xE4)
 #define F3(b, c, d) _mm512_ternarylogic_epi32(b, c, d, 0x96)
 #define F4(b, c, d) _mm512_ternarylogic_epi32(b, c, d, 0x39)
-__attribute__((target("avx512f"))) static void md5_x16(lane_t *lanes, int n,
-                                                        unsigned char (*out)[16]) {
-    MD5_LANES_BODY(16)
-}
-#undef VEC
-#undef ADD
-#undef SET1
-#undef ROL
-#undef LOAD
-#undef STORE
-#undef SELECT
-#undef F1
-#undef F2
-#undef F3
-#undef F4
+#define TRANSPOSE transpose_x16
+#include "_md5lanes_body.h"
 
 /* 8 lanes, AVX-512VL: the same instructions on 256-bit registers. */
+#define LANES_NAME md5_x8vl
+#define LANES_ATTRIBUTE __attribute__((target("avx512f,avx512vl")))
+#define LANES 8
 #define VEC __m256i
 #define ADD _mm256_add_epi32
 #define SET1(x) _mm256_set1_epi32((int)(x))
@@ -294,46 +188,32 @@ __attribute__((target("avx512f"))) static void md5_x16(lane_t *lanes, int n,
 #define F2(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0xE4)
 #define F3(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0x96)
 #define F4(b, c, d) _mm256_ternarylogic_epi32(b, c, d, 0x39)
-#undef TRANSPOSE
 #define TRANSPOSE transpose_x8vl
-__attribute__((target("avx512f,avx512vl"))) static void md5_x8vl(lane_t *lanes, int n,
-                                                                 unsigned char (*out)[16]) {
-    MD5_LANES_BODY(8)
-}
-#undef ROL
-#undef SELECT
-#undef F1
-#undef F2
-#undef F3
-#undef F4
+#include "_md5lanes_body.h"
 
 /* 8 lanes, AVX2: rotation as two shifts and an OR; F = d ^ (b & (c ^ d)) and so on. */
+#define LANES_NAME md5_x8
+#define LANES_ATTRIBUTE __attribute__((target("avx2")))
+#define LANES 8
+#define VEC __m256i
+#define ADD _mm256_add_epi32
+#define SET1(x) _mm256_set1_epi32((int)(x))
 #define ROL(x, s) _mm256_or_si256(_mm256_slli_epi32(x, s), _mm256_srli_epi32(x, 32 - (s)))
+#define LOAD(p) _mm256_load_si256((const __m256i *)(p))
+#define STORE(p, v) _mm256_store_si256((__m256i *)(p), v)
 #define SELECT(m, x, y) _mm256_blendv_epi8(y, x, m)
 #define F1(b, c, d) _mm256_xor_si256(d, _mm256_and_si256(b, _mm256_xor_si256(c, d)))
 #define F2(b, c, d) _mm256_xor_si256(c, _mm256_and_si256(d, _mm256_xor_si256(b, c)))
 #define F3(b, c, d) _mm256_xor_si256(_mm256_xor_si256(b, c), d)
 #define F4(b, c, d) \
     _mm256_xor_si256(c, _mm256_or_si256(b, _mm256_xor_si256(d, _mm256_set1_epi32(-1))))
-#undef TRANSPOSE
 #define TRANSPOSE transpose_x8
-__attribute__((target("avx2"))) static void md5_x8(lane_t *lanes, int n,
-                                                   unsigned char (*out)[16]) {
-    MD5_LANES_BODY(8)
-}
-#undef VEC
-#undef ADD
-#undef SET1
-#undef ROL
-#undef LOAD
-#undef STORE
-#undef SELECT
-#undef F1
-#undef F2
-#undef F3
-#undef F4
+#include "_md5lanes_body.h"
 
 /* 4 lanes, AVX-512VL: the same instructions on 128-bit registers. */
+#define LANES_NAME md5_x4vl
+#define LANES_ATTRIBUTE __attribute__((target("avx512f,avx512vl")))
+#define LANES 4
 #define VEC __m128i
 #define ADD _mm_add_epi32
 #define SET1(x) _mm_set1_epi32((int)(x))
@@ -345,25 +225,13 @@ __attribute__((target("avx2"))) static void md5_x8(lane_t *lanes, int n,
 #define F2(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0xE4)
 #define F3(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0x96)
 #define F4(b, c, d) _mm_ternarylogic_epi32(b, c, d, 0x39)
-#undef TRANSPOSE
 #define TRANSPOSE transpose_x4vl
-__attribute__((target("avx512f,avx512vl"))) static void md5_x4vl(lane_t *lanes, int n,
-                                                                 unsigned char (*out)[16]) {
-    MD5_LANES_BODY(4)
-}
-#undef VEC
-#undef ADD
-#undef SET1
-#undef ROL
-#undef LOAD
-#undef STORE
-#undef SELECT
-#undef F1
-#undef F2
-#undef F3
-#undef F4
+#include "_md5lanes_body.h"
 
 /* 4 lanes, SSE2: every x86-64 CPU. */
+#define LANES_NAME md5_x4
+#define LANES_ATTRIBUTE
+#define LANES 4
 #define VEC __m128i
 #define ADD _mm_add_epi32
 #define SET1(x) _mm_set1_epi32((int)(x))
@@ -375,9 +243,8 @@ __attribute__((target("avx512f,avx512vl"))) static void md5_x4vl(lane_t *lanes, 
 #define F2(b, c, d) _mm_xor_si128(c, _mm_and_si128(d, _mm_xor_si128(b, c)))
 #define F3(b, c, d) _mm_xor_si128(_mm_xor_si128(b, c), d)
 #define F4(b, c, d) _mm_xor_si128(c, _mm_or_si128(b, _mm_xor_si128(d, _mm_set1_epi32(-1))))
-#undef TRANSPOSE
 #define TRANSPOSE transpose_x4
-static void md5_x4(lane_t *lanes, int n, unsigned char (*out)[16]) { MD5_LANES_BODY(4) }
+#include "_md5lanes_body.h"
 
 typedef void (*lanes_fn)(lane_t *, int, unsigned char (*)[16]);
 
