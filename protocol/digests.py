@@ -54,11 +54,6 @@ def use_lanes(on: bool) -> None:
     _lanes = _native if on and KINDS else None
 
 
-def md5(payload: Buffer) -> bytes:
-    """The MD5 of one buffer."""
-    return hashlib.md5(payload, usedforsecurity=False).digest()
-
-
 def md5_each(payloads: Sequence[Buffer], kind: str = "") -> list[bytes]:
     """The MD5 of each buffer, in order: in lanes when there are two or more and the
     lanes are on (those of ``kind`` if given: tests and benchmarks), else one at a time."""

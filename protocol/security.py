@@ -238,13 +238,12 @@ class FrameSealer:
     def seal(self, frame_type: int, payload: Buffer, counter: int) -> bytes:
         """The whole frame (header + protected body) carrying ``payload``."""
         signature = hashlib.md5(payload, usedforsecurity=False).digest()
+        if not self.encrypt:
+            return self._signed(frame_type, payload, signature, counter)
         header = encode_header(
             self.version, frame_type, self.flags, len(payload) + PROTECTION_OVERHEAD, counter
         )
-        if self.encrypt:
-            return header + self._aead.encrypt(_nonce(counter), signature + payload, header)
-        sealed_signature = self._aead.encrypt(_nonce(counter), signature, header + payload)
-        return b"".join((header, sealed_signature, payload))
+        return header + self._aead.encrypt(_nonce(counter), signature + payload, header)
 
     def seal_pieces(
         self, frame_type: int, pieces: Sequence[Buffer], counter: int
@@ -259,20 +258,11 @@ class FrameSealer:
         if len(pieces) == 1 and (len(pieces[0]) < IN_PLACE_FROM or not self.encrypt):
             return self.seal(frame_type, pieces[0], counter)
         plain = _JOIN((_UNSIGNED, *pieces))
-        length = len(plain) - SIGNATURE_SIZE
-        if length < IN_PLACE_FROM or not self.encrypt:
+        if len(plain) - SIGNATURE_SIZE < IN_PLACE_FROM or not self.encrypt:
             return self.seal(frame_type, memoryview(plain)[SIGNATURE_SIZE:], counter)
-        header = encode_header(
-            self.version, frame_type, self.flags, length + PROTECTION_OVERHEAD, counter
-        )
         with memoryview(plain) as view:
             signature = hashlib.md5(view[SIGNATURE_SIZE:], usedforsecurity=False).digest()
-        plain[:SIGNATURE_SIZE] = signature
-        frame = bytearray(HEADER_SIZE + len(plain) + _TAG_SIZE)
-        frame[:HEADER_SIZE] = header
-        with memoryview(frame) as out:
-            self._aead.encrypt_into(_nonce(counter), plain, header, out[HEADER_SIZE:])
-        return frame
+        return self._encrypted_in_place(frame_type, plain, signature, counter)
 
     def seal_each(
         self, payloads: Sequence[tuple[int, Sequence[Buffer]]], counter: int
@@ -280,38 +270,45 @@ class FrameSealer:
         """The frames carrying several payloads, each given as its frame type and its
         pieces (as :meth:`seal_pieces` takes them), numbered from ``counter``: their MD5
         signatures are taken together (:func:`protocol.digests.md5_each`, in SIMD
-        lanes), then each frame is encrypted as :meth:`seal_pieces` does."""
-        frames: list[Buffer] = []
+        lanes), then each frame is sealed as :meth:`seal_pieces` seals a large one."""
         if not self.encrypt:
             joined = [b"".join(pieces) for _, pieces in payloads]
-            signatures = md5_each(joined)
-            for n, payload in enumerate(joined):
-                header = encode_header(
-                    self.version,
-                    payloads[n][0],
-                    self.flags,
-                    len(payload) + PROTECTION_OVERHEAD,
-                    counter + n,
-                )
-                sealed = self._aead.encrypt(_nonce(counter + n), signatures[n], header + payload)
-                frames.append(b"".join((header, sealed, payload)))
-            return frames
+            return [
+                self._signed(payloads[n][0], payload, signature, counter + n)
+                for n, (payload, signature) in enumerate(zip(joined, md5_each(joined), strict=True))
+            ]
         plains = [_JOIN((_UNSIGNED, *pieces)) for _, pieces in payloads]
         views = [memoryview(plain)[SIGNATURE_SIZE:] for plain in plains]
         signatures = md5_each(views)
         for view in views:
             view.release()
-        for n, plain in enumerate(plains):
-            plain[:SIGNATURE_SIZE] = signatures[n]
-            header = encode_header(
-                self.version, payloads[n][0], self.flags, len(plain) + _TAG_SIZE, counter + n
-            )
-            frame = bytearray(HEADER_SIZE + len(plain) + _TAG_SIZE)
-            frame[:HEADER_SIZE] = header
-            with memoryview(frame) as out:
-                self._aead.encrypt_into(_nonce(counter + n), plain, header, out[HEADER_SIZE:])
-            frames.append(frame)
-        return frames
+        return [
+            self._encrypted_in_place(payloads[n][0], plain, signature, counter + n)
+            for n, (plain, signature) in enumerate(zip(plains, signatures, strict=True))
+        ]
+
+    def _signed(self, frame_type: int, payload: Buffer, signature: bytes, counter: int) -> bytes:
+        """A signed-only frame: the payload in clear behind its encrypted signature."""
+        header = encode_header(
+            self.version, frame_type, self.flags, len(payload) + PROTECTION_OVERHEAD, counter
+        )
+        sealed_signature = self._aead.encrypt(_nonce(counter), signature, header + payload)
+        return b"".join((header, sealed_signature, payload))
+
+    def _encrypted_in_place(
+        self, frame_type: int, plain: bytearray, signature: bytes, counter: int
+    ) -> bytearray:
+        """An encrypted frame of ``plain`` (the signature's place, then the payload), its
+        signature written in and the whole encrypted straight into the frame."""
+        plain[:SIGNATURE_SIZE] = signature
+        header = encode_header(
+            self.version, frame_type, self.flags, len(plain) + _TAG_SIZE, counter
+        )
+        frame = bytearray(HEADER_SIZE + len(plain) + _TAG_SIZE)
+        frame[:HEADER_SIZE] = header
+        with memoryview(frame) as out:
+            self._aead.encrypt_into(_nonce(counter), plain, header, out[HEADER_SIZE:])
+        return frame
 
 
 IN_PLACE_FROM = 16 * 1024
