@@ -456,17 +456,12 @@ class BrokerConnection:
                 run.append((frame_type, pieces))
                 continue
             if run:
-                out.extend(self._seal_run(run))
+                out.extend(self._session.seal_each(run))
                 run = []
             out.append(self._protect(frame_type, pieces, size))
         if run:
-            out.extend(self._seal_run(run))
+            out.extend(self._session.seal_each(run))
         return out
-
-    def _seal_run(self, run: list[tuple[int, Sequence[Buffer]]]) -> list[Buffer]:
-        if len(run) == 1:
-            return [self._session.seal_pieces(*run[0])]
-        return self._session.seal_each(run)
 
     def close(self, code: CloseCode = CloseCode.NORMAL, reason: str = "") -> bytes:
         """The CLOSE frame that ends this connection (empty if already closed)."""
