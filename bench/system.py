@@ -22,9 +22,9 @@ def cpu_seconds(pid: int | None) -> float:
         return math.nan
     try:
         _, fields = _stat(Path(f"/proc/{pid}/stat").read_text())
-    except (OSError, IndexError):
+        return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
         return math.nan
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def _stat(text: str) -> tuple[str, list[str]]:
