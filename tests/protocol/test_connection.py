@@ -746,3 +746,7 @@ def test_a_bad_frame_among_those_of_a_read_fails_alone_and_in_its_place(
     assert "authentication tag" in failures[1].reason
     assert a.stats.integrity_failures == 2
     assert a.state is State.OPEN
+    # The wrongly signed frame's tag was good: its counter counts as received, and a
+    # copy of it is refused as a replay.
+    (again,) = a.receive_data(bytes(sent[2]))
+    assert isinstance(again, IntegrityFailure) and "replayed" in again.reason
