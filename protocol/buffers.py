@@ -18,6 +18,11 @@ from collections.abc import Sequence
 
 Buffer = bytes | bytearray | memoryview
 
+Body = bytes | bytearray
+"""A message body as the daemon holds it: ``bytes``, or a ``bytearray`` that only its
+message refers to (a large SEND body the client listener read in place, never changed
+after)."""
+
 LARGE = 64 * 1024
 """A piece at least this large is written as it is."""
 

@@ -98,7 +98,9 @@ class ClientFrame(NamedTuple):
     kind: ClientFrameKind
     request_id: int
     meta: dict[str, Any]
-    body: bytes = b""
+    body: bytes | bytearray = b""
+    """A body of :data:`LARGE_BODY` or more is read into a ``bytearray`` of its own, in
+    place; a smaller one is ``bytes``."""
 
 
 def encode_frame(frame: ClientFrame) -> bytes:
@@ -200,23 +202,33 @@ class _Pending(NamedTuple):
     body_length: int
 
 
-class _LargeBody(NamedTuple):
-    """A frame whose header and meta arrived and whose large body is still coming: its
-    pieces, as received, joined once when the last one arrives."""
+class _LargeBody:
+    """A frame whose header and meta arrived and whose large body is still coming: the
+    body's own buffer, filled in place as the bytes arrive."""
 
-    kind: ClientFrameKind
-    request_id: int
-    meta: dict[str, Any]
-    pieces: list[bytes]
+    __slots__ = ("body", "filled", "kind", "meta", "request_id")
+
+    def __init__(
+        self, kind: ClientFrameKind, request_id: int, meta: dict[str, Any], length: int
+    ) -> None:
+        self.kind = kind
+        self.request_id = request_id
+        self.meta = meta
+        self.body = bytearray(length)
+        self.filled = 0
 
 
 LARGE_BODY = 256 * 1024
-"""A body at least this long is gathered in pieces as it arrives, not appended to the
-reader's buffer: appending 1 MiB in 64 KiB reads reallocates and copies the growing
-buffer again and again (1.4 ms a MiB alone, against 0.1 ms to join the pieces once).
-Measured in W3 (three alternating runs), the consumer's CPU for 500 RECEIVEd MiB went
-from 0.58-0.67 to 0.50-0.55 s; the daemon reading the producer's SENDs did not change
-measurably (6.5-6.8 ms a MiB either way)."""
+"""A body at least this long is gathered into a buffer of its own as it arrives, not
+appended to the reader's buffer: appending 1 MiB in 64 KiB reads reallocates and copies
+the growing buffer again and again (1.4 ms a MiB alone). A reader fed through
+:meth:`ClientFrameReader.get_buffer` has the socket write such a body in place: no copy
+of it is made on this side of the kernel (docs/performance.md, "A large body read in
+place")."""
+
+READ_SIZE = 256 * 1024
+"""The reader's own read buffer (:meth:`ClientFrameReader.get_buffer`), for what is not
+a large body: the event loop's own reads are as large."""
 
 
 class ClientFrameReader:
@@ -249,6 +261,9 @@ class ClientFrameReader:
         """Bytes of the large body still to come."""
         self._large_held = 0
         """Bytes of the large body's frame received so far (its header and meta too)."""
+        self._scratch: memoryview | None = None
+        self._given: memoryview | None = None
+        """The view the last :meth:`get_buffer` returned."""
         self._last_raw: bytes | None = None
         self._last_meta: dict[str, Any] = {}
         """The last small meta decoded, as it came and as decoded: a producer's pipelined
@@ -308,8 +323,10 @@ class ClientFrameReader:
                     if end > size:
                         if body_length >= LARGE_BODY and size >= body_start:
                             meta = _decode_meta(view[meta_start:body_start])
-                            piece = bytes(view[body_start:size])
-                            self._large = _LargeBody(kind, request_id, meta, [piece])
+                            large = _LargeBody(kind, request_id, meta, body_length)
+                            large.filled = size - body_start
+                            large.body[: large.filled] = view[body_start:size]
+                            self._large = large
                             self._missing = end - size
                             self._large_held = size - pos
                             self._pending = None
@@ -345,23 +362,60 @@ class ClientFrameReader:
     def _continue_large(
         self, data: bytes | bytearray | memoryview, frames: list[ClientFrame]
     ) -> bytes | bytearray | memoryview:
-        """The next piece of the large body being gathered; once it is whole, its frame
-        joins ``frames``. Returns what ``data`` holds beyond the body."""
+        """The next piece of the large body being gathered, copied into its place; once
+        the body is whole, its frame joins ``frames``. Returns what ``data`` holds
+        beyond the body."""
         large = self._large
         assert large is not None
-        missing = self._missing
-        if len(data) < missing:
-            large.pieces.append(data if type(data) is bytes else bytes(data))
-            self._missing -= len(data)
-            self._large_held += len(data)
-            return b""
+        take = min(len(data), self._missing)
         with memoryview(data) as view:
-            large.pieces.append(bytes(view[:missing]))
-            rest = bytes(view[missing:])
-        frames.append(ClientFrame(large.kind, large.request_id, large.meta, b"".join(large.pieces)))
-        self._large = None
-        self._missing = self._large_held = 0
+            large.body[large.filled : large.filled + take] = view[:take]
+            rest = bytes(view[take:]) if take < len(data) else b""
+        self._filled(take, frames)
         return rest
+
+    def _filled(self, count: int, frames: list[ClientFrame]) -> None:
+        """``count`` more bytes of the large body are in place; once it is whole, its
+        frame joins ``frames``."""
+        large = self._large
+        assert large is not None
+        large.filled += count
+        self._missing -= count
+        self._large_held += count
+        if self._missing == 0:
+            frames.append(ClientFrame(large.kind, large.request_id, large.meta, large.body))
+            self._large = None
+            self._large_held = 0
+
+    # -- reading in place (asyncio.BufferedProtocol) ----------------------------------
+
+    def get_buffer(self) -> memoryview:
+        """Where the socket's next bytes should go: the rest of the large body being
+        gathered, in place, or else the reader's own read buffer. Pass the count read
+        to :meth:`buffer_updated` before asking again."""
+        large = self._large
+        if large is not None and self._failure is None:
+            view = memoryview(large.body)[large.filled :]
+        else:
+            if self._scratch is None:
+                self._scratch = memoryview(bytearray(READ_SIZE))
+            view = self._scratch
+        self._given = view
+        return view
+
+    def buffer_updated(self, nbytes: int) -> list[ClientFrame]:
+        """``nbytes`` were written at the start of the last :meth:`get_buffer`'s view:
+        the frames they complete, in order, as :meth:`feed` returns them."""
+        given, self._given = self._given, None
+        if given is None or not 0 <= nbytes <= len(given):
+            raise LocalProtocolError("buffer_updated without a matching get_buffer")
+        if self._failure is not None:
+            return self.feed(b"")  # raises, as feed does once the reader is dead
+        if given is self._scratch:
+            return self.feed(given[:nbytes])
+        frames: list[ClientFrame] = []
+        self._filled(nbytes, frames)
+        return frames
 
     def _header_error(self, view: memoryview, pos: int) -> RemoteProtocolError:
         """What is wrong with the header at ``pos``, which is known to break a rule."""

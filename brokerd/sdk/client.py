@@ -290,7 +290,7 @@ class BrokerClient:
         *,
         bound_to: int | None = None,
         repeatable: bool = False,
-    ) -> tuple[dict[str, Any], bytes]:
+    ) -> tuple[dict[str, Any], bytes | bytearray]:
         """One request and its answer (the typed error the daemon reports is raised).
         ``bound_to``: the connection a transaction's request must go on; ``repeatable``:
         safe to write again on a new connection when its outcome is unknown."""

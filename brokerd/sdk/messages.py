@@ -40,16 +40,18 @@ class ReceivedMessage:
         return self.message_type_name == DIALOG_TIMER
 
 
-def parse_received(meta: dict[str, Any], body: bytes) -> list[ReceivedMessage]:
+def parse_received(meta: dict[str, Any], body: bytes | bytearray) -> list[ReceivedMessage]:
     """RECEIVE's rows: the metadata of each, their bodies one after another in ``body``.
 
     The rows of one RECEIVE share one conversation group, and mostly one conversation:
-    each handle's text is parsed into a UUID once per reply.
+    each handle's text is parsed into a UUID once per reply. Each body is copied once out
+    of the reply (a large reply arrives in a ``bytearray``, read in place).
     """
     out: list[ReceivedMessage] = []
     add = out.append
     uuids: dict[str, uuid.UUID] = {}
     offset = 0
+    whole = memoryview(body)
     for row in meta.get("messages", []):
         length = int(row["body_length"])
         handle_text = row["conversation_handle"]
@@ -68,7 +70,7 @@ def parse_received(meta: dict[str, Any], body: bytes) -> list[ReceivedMessage]:
                 service_name=row["service_name"],
                 service_contract_name=row["service_contract_name"],
                 message_type_name=row["message_type_name"],
-                message_body=body[offset : offset + length],
+                message_body=bytes(whole[offset : offset + length]),
                 queue=row["queue"],
                 message_enqueue_time=float(row["message_enqueue_time"]),
             )

@@ -35,7 +35,7 @@ class Call(Protocol):
 
     async def __call__(
         self, meta: dict[str, Any], body: bytes = b"", *, bound_to: int | None = None
-    ) -> tuple[dict[str, Any], bytes]: ...
+    ) -> tuple[dict[str, Any], bytes | bytearray]: ...
 
 
 class Transaction:
@@ -52,7 +52,7 @@ class Transaction:
 
     async def _request(
         self, meta: dict[str, Any], body: bytes = b""
-    ) -> tuple[dict[str, Any], bytes]:
+    ) -> tuple[dict[str, Any], bytes | bytearray]:
         return await self._call({**meta, "transaction": self.id}, body, bound_to=self.connection)
 
     async def receive(

@@ -43,7 +43,7 @@ from brokerd.server.client_meta import meta_key, meta_str, meta_uuid
 from brokerd.server.client_requests import OPERATIONS, ReplyBody, ReplyMeta, receive_args
 from brokerd.server.client_requests import Broker as RequestsBroker
 from brokerd.server.receive_reply import ReceiveReply
-from protocol.buffers import Buffer, coalesce
+from protocol.buffers import Body, Buffer, coalesce
 from protocol.client_wire import (
     MAX_META_BYTES,
     ClientFrame,
@@ -113,8 +113,11 @@ def error_meta(exc: BaseException) -> dict[str, Any]:
     }
 
 
-class ClientSession(asyncio.Protocol):
-    """One application connection: its login, its requests and its open transactions."""
+class ClientSession(asyncio.BufferedProtocol):
+    """One application connection: its login, its requests and its open transactions.
+
+    Reads go where the frame reader says: a large SEND body straight into its own
+    buffer (``ClientFrameReader.get_buffer``)."""
 
     def __init__(self, broker: Broker, credentials: Credentials) -> None:
         self.broker = broker
@@ -161,9 +164,12 @@ class ClientSession(asyncio.Protocol):
             )
         )
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            frames = self.reader.feed(data)
+            frames = self.reader.buffer_updated(nbytes)
         except RemoteProtocolError as exc:
             self._reply_error(0, exc)
             self._close()
@@ -423,7 +429,7 @@ class ClientSession(asyncio.Protocol):
         and each reply goes once its message has committed and its events are on disk."""
         engine = self.broker.engine
         run: list[ClientFrame] = []
-        messages: list[tuple[str, bytes]] = []
+        messages: list[tuple[str, Body]] = []
         keys: list[str | None] = []
         db: Database | None = None
         ep: Endpoint | None = None
@@ -458,7 +464,7 @@ class ClientSession(asyncio.Protocol):
         db: Database | None,
         ep: Endpoint | None,
         frames: list[ClientFrame],
-        messages: list[tuple[str, bytes]],
+        messages: list[tuple[str, Body]],
         keys: list[str | None],
     ) -> None:
         assert db is not None and ep is not None

@@ -195,7 +195,7 @@ async def _send(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
     session.check_own(handle)
     if meta_key(m) is not None:
         raise InvalidRequest("idempotency keys are for SENDs outside a transaction")
-    tx.send(handle, meta_str(m, "message_type", "DEFAULT"), frame.body)
+    tx.send(handle, meta_str(m, "message_type", "DEFAULT"), bytes(frame.body))
     return {"sequence_number": None}, b""
 
 
@@ -207,7 +207,7 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
         raise InvalidRequest("messages must be a non-empty list")
     if len(items) > MAX_SEND_MANY:
         raise InvalidRequest(f"at most {MAX_SEND_MANY} messages per send_many")
-    body = frame.body
+    body = memoryview(frame.body)
     offset = 0
     messages: list[tuple[uuid.UUID, str, bytes]] = []
     keys: list[str | None] = []
@@ -223,7 +223,11 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
         assert handle is not None
         session.check_own(handle)
         messages.append(
-            (handle, meta_str(item, "message_type", "DEFAULT"), body[offset : offset + length])
+            (
+                handle,
+                meta_str(item, "message_type", "DEFAULT"),
+                bytes(body[offset : offset + length]),
+            )
         )
         keys.append(meta_key(item))
         offset += length

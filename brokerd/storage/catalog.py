@@ -201,7 +201,7 @@ class Catalog:
         the others judge a fragment of a message of several as well as the whole."""
         return self.message_types.get(message_type) == "well_formed_xml"
 
-    def validation_problem(self, message_type: str, body: bytes) -> str | None:
+    def validation_problem(self, message_type: str, body: bytes | bytearray) -> str | None:
         """R-OBJ-1: why ``body`` fails its message type's validation, or None."""
         if message_type in SYSTEM_MESSAGE_TYPES:
             return None

@@ -260,7 +260,12 @@ READ_SENT_NUMBERS = (
 
 
 def sent_message(
-    handle: str, seq: int, message_type: str, flags: int, body: bytes, enqueued_at: float
+    handle: str,
+    seq: int,
+    message_type: str,
+    flags: int,
+    body: bytes | bytearray,
+    enqueued_at: float,
 ) -> Statement:
     """A message SENT and not yet acknowledged."""
     return (SENT, (handle, seq, message_type, flags, body, enqueued_at))
@@ -374,7 +379,7 @@ def queued_message(
     contract: str,
     message_type: str,
     length: int,
-    body: bytes | None,
+    body: bytes | bytearray | None,
     now: float,
 ) -> Statement:
     """A received message's row in its service queue (``body`` None while fragments arrive)."""

@@ -204,9 +204,10 @@ LARGE_STREAM = b"".join(encode_frame(f) for f in LARGE_FRAMES)
 
 @pytest.mark.parametrize("seed", range(6))
 def test_large_bodies_gathered_in_pieces_in_any_chunking(seed: int) -> None:
-    """Bodies of at least LARGE_BODY bytes are gathered in pieces as they arrive; in
-    whatever chunks the stream comes (ending inside a header, the meta, the body, or
-    several frames at once), the frames are the same and nothing stays buffered."""
+    """Bodies of at least LARGE_BODY bytes are gathered into a buffer of their own as they
+    arrive; in whatever chunks the stream comes (ending inside a header, the meta, the
+    body, or several frames at once), the frames are the same and nothing stays
+    buffered."""
     rng = random.Random(seed)
     reader = ClientFrameReader()
     got: list[ClientFrame] = []
@@ -218,8 +219,78 @@ def test_large_bodies_gathered_in_pieces_in_any_chunking(seed: int) -> None:
         pos += len(chunk)
         assert reader.buffered_bytes == pos - sum(len(encode_frame(f)) for f in got)
     assert got == LARGE_FRAMES
-    assert all(type(f.body) is bytes for f in got)
+    # a body that came whole within one chunk is bytes; one gathered, a bytearray
+    assert all(type(f.body) is bytes or len(f.body) >= LARGE_BODY for f in got)
     assert reader.buffered_bytes == 0
+
+
+def _read_in_place(
+    reader: ClientFrameReader, stream: bytes, rng: random.Random
+) -> list[ClientFrame]:
+    """``stream`` given to ``reader`` as an asyncio.BufferedProtocol's socket would: each
+    read writes at most what ``get_buffer`` offers, and at most a random count."""
+    got: list[ClientFrame] = []
+    pos = 0
+    while pos < len(stream):
+        buffer = reader.get_buffer()
+        assert len(buffer) > 0
+        count = min(len(buffer), rng.choice([1, 7, HEADER_SIZE, 5000, 70_000, 300_000]))
+        count = min(count, len(stream) - pos)
+        buffer[:count] = stream[pos : pos + count]
+        got += reader.buffer_updated(count)
+        pos += count
+        assert reader.buffered_bytes == pos - sum(len(encode_frame(f)) for f in got)
+    return got
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_frames_read_in_place_equal_frames_fed(seed: int) -> None:
+    """Read through ``get_buffer`` / ``buffer_updated`` the stream gives the same frames
+    as fed, whatever the reads' sizes."""
+    rng = random.Random(seed)
+    reader = ClientFrameReader()
+    assert _read_in_place(reader, LARGE_STREAM + STREAM, rng) == LARGE_FRAMES + SAMPLES
+    assert reader.buffered_bytes == 0
+
+
+def test_a_large_body_is_read_into_its_own_buffer() -> None:
+    """Once a large body's frame has begun, ``get_buffer`` offers the rest of the body
+    itself: what the socket writes there is the frame's body, not a copy of it."""
+    frame = LARGE_FRAMES[0]
+    data = encode_frame(frame)
+    reader = ClientFrameReader()
+    first = 1000
+    assert reader.feed(data[:first]) == []
+    view = reader.get_buffer()
+    assert len(view) == len(data) - first  # exactly the body's rest: no next frame's bytes
+    view[:] = data[first:]
+    (got,) = reader.buffer_updated(len(view))
+    assert got == frame
+    assert type(got.body) is bytearray
+    view[0:1] = b"!"  # the view was the body's own memory
+    assert got.body[first - (len(data) - len(frame.body))] == ord("!")
+
+
+def test_buffer_updated_needs_its_get_buffer() -> None:
+    reader = ClientFrameReader()
+    with pytest.raises(LocalProtocolError, match="get_buffer"):
+        reader.buffer_updated(1)
+    view = reader.get_buffer()
+    with pytest.raises(LocalProtocolError, match="get_buffer"):
+        reader.buffer_updated(len(view) + 1)
+
+
+def test_a_bad_frame_read_in_place_fails_the_reader() -> None:
+    reader = ClientFrameReader()
+    bad = b"XX" + encode_frame(SAMPLES[0])[2:]
+    view = reader.get_buffer()
+    view[: len(bad)] = bad
+    with pytest.raises(RemoteProtocolError, match="magic"):
+        reader.buffer_updated(len(bad))
+    assert reader.failed
+    reader.get_buffer()
+    with pytest.raises(RemoteProtocolError, match="already failed"):
+        reader.buffer_updated(1)
 
 
 def test_a_large_body_with_a_bad_meta_fails_before_its_body() -> None:

@@ -36,6 +36,7 @@ from brokerd.dialogs.endpoints.events import DialogEvents
 from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.transmission.links import Link
 from brokerd.dialogs.transmission.transmission import Transmission
+from protocol.buffers import Body
 from protocol.dialog import ERROR, FLAG_ERROR, FLAG_INITIATOR, DialogHeader
 from protocol.dialog_security import DialogKeys, DialogSecurityError, open_key_exchange
 
@@ -123,7 +124,7 @@ class Admission:
         initiator: bool,
         length: int,
         fragments: int,
-        body: bytes,
+        body: Body,
     ) -> tuple[int, str] | None:
         """:meth:`refusal` of a message given by its parts (``body``: this fragment's)."""
         if length > self.max_message_size:

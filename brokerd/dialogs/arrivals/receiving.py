@@ -54,6 +54,7 @@ from brokerd.storage.keys import new_handle
 from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.acks import UNKNOWN_COUNT
+from protocol.buffers import Body
 from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, DialogHeader
 from protocol.fragments import cut_size
 
@@ -443,7 +444,7 @@ class Arrivals:
         )
 
     def _arrived_in_order(
-        self, db: Database, ep: Endpoint, queue: str, seq: int, message_type: str, body: bytes
+        self, db: Database, ep: Endpoint, queue: str, seq: int, message_type: str, body: Body
     ) -> None:
         """A whole message that arrived in order and released only itself: the common case.
         Consecutive ones of one conversation in one turn (a frame's worth, or what the
@@ -510,7 +511,7 @@ class Arrivals:
         seq: int,
         message_type: str,
         initiator: bool,
-        body: bytes,
+        body: Body,
     ) -> bool:
         """A message of a run (:meth:`takes_next`) after the checks of its own (contract,
         size, validation: R-DLG-3, R-OBJ-1): queued in order, acknowledged after its

@@ -28,6 +28,7 @@ from brokerd.storage.chains import Token
 from brokerd.storage.queries import ENDPOINT_DELETE, ENDPOINT_SNAPSHOT
 from brokerd.storage.schema import Statement
 from protocol.acks import AckState
+from protocol.buffers import Body
 from protocol.dialog_security import DialogKeys
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class OutMessage:
     seq: int
     message_type: str
     flags: int
-    body: bytes | None
+    body: Body | None
     """In memory while held or about to be written; None: read back when sent
     (:mod:`brokerd.dialogs.transmission.bodies`)."""
     length: int
@@ -363,7 +364,7 @@ def queue_row(
     status: int,
     message_type: str,
     length: int,
-    body: bytes | None,
+    body: Body | None,
     now: float,
 ) -> Statement:
     """A message's row in ``ep``'s service queue, received by ``ep`` (``body`` None while

@@ -43,6 +43,7 @@ from brokerd.storage.catalog import SYSTEM_MESSAGE_TYPES
 from brokerd.storage.chains import Token
 from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
+from protocol.buffers import Body
 from protocol.dialog import FLAG_INITIATOR, FLAG_SEQUENCED
 from protocol.fragments import fragment_count
 
@@ -75,7 +76,7 @@ class SendVerbs:
         self.key_window = key_window
         """Seconds an idempotency key is kept (``limits.send_key_window``)."""
 
-    def check_send(self, db: Database, ep: Endpoint, message_type: str, body: bytes) -> None:
+    def check_send(self, db: Database, ep: Endpoint, message_type: str, body: Body) -> None:
         """SEND's checks: no system message type (SPEC §6), the endpoint's state, the size,
         the contract (R-DLG-3), validation."""
         if message_type in SYSTEM_MESSAGE_TYPES:
@@ -225,7 +226,7 @@ class SendVerbs:
         self,
         db: Database,
         ep: Endpoint,
-        messages: Sequence[tuple[str, bytes]],
+        messages: Sequence[tuple[str, Body]],
         then: Callable[[int, int], None],
         failed: Callable[[int, BaseException], None],
         keys: Sequence[str | None] | None = None,
@@ -246,7 +247,7 @@ class SendVerbs:
         answered with the first one's number (or its outcome, while it commits). A key
         is kept in the SEND's own job, so it is durable exactly when the SEND is.
         """
-        checked: list[tuple[int, str, bytes]] = []
+        checked: list[tuple[int, str, Body]] = []
         key_of: dict[int, str] = {}
         """The idempotency key of each checked SEND that has one, by its ``i``."""
         for i, (message_type, body) in enumerate(messages):
@@ -281,7 +282,7 @@ class SendVerbs:
     def _keyed(
         self,
         ep: Endpoint,
-        checked: list[tuple[int, str, bytes]],
+        checked: list[tuple[int, str, Body]],
         key_of: dict[int, str],
         then: Callable[[int, int], None],
         failed: Callable[[int, BaseException], None],
@@ -316,7 +317,7 @@ class SendVerbs:
         self,
         db: Database,
         ep: Endpoint,
-        messages: list[tuple[int, str, bytes]],
+        messages: list[tuple[int, str, Body]],
         then: Callable[[int, int], None],
         failed: Callable[[int, BaseException], None],
         extra: list[Statement],
@@ -386,7 +387,7 @@ class SendVerbs:
         db: Database,
         ep: Endpoint,
         far: Endpoint,
-        messages: list[tuple[int, str, bytes]],
+        messages: list[tuple[int, str, Body]],
         then: Callable[[int, int], None],
         failed: Callable[[int, BaseException], None],
         extra: list[Statement],
@@ -472,7 +473,7 @@ class SendVerbs:
         )
 
     def _trace_sent_runs(
-        self, db: Database, ep: Endpoint, seqs: list[int], messages: list[tuple[int, str, bytes]]
+        self, db: Database, ep: Endpoint, seqs: list[int], messages: list[tuple[int, str, Body]]
     ) -> None:
         """``message_sent`` of each of ``messages``, numbered ``seqs``: one call per run of
         messages of one type and size."""
@@ -501,7 +502,7 @@ class SendVerbs:
             )
 
     def _new_message(
-        self, seq: int, message_type: str, flags: int, body: bytes, now: float
+        self, seq: int, message_type: str, flags: int, body: Body, now: float
     ) -> OutMessage:
         return OutMessage(
             seq=seq,
