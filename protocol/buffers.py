@@ -14,7 +14,8 @@ Pure (no I/O): the daemon's connections and the SDK write what it returns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ctypes
+from collections.abc import Callable, Sequence
 
 Buffer = bytes | bytearray | memoryview
 
@@ -22,6 +23,28 @@ Body = bytes | bytearray
 """A message body as the daemon holds it: ``bytes``, or a ``bytearray`` that only its
 message refers to (a large SEND body the client listener read in place, never changed
 after)."""
+
+
+def _blank_maker() -> Callable[[int], bytearray]:
+    try:  # CPython's C API: with no source, the new bytearray's bytes are left as they are
+        make = ctypes.pythonapi.PyByteArray_FromStringAndSize
+    except AttributeError:  # not CPython
+        return bytearray
+    make.restype = ctypes.py_object
+    make.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+    def blank(size: int) -> bytearray:
+        made: bytearray = make(None, size)
+        return made
+
+    return blank
+
+
+blank: Callable[[int], bytearray] = _blank_maker()
+"""``blank(size)``: a ``bytearray`` of ``size`` bytes whose contents are undefined, for a
+buffer that is written whole before any of it is read (a large body read in place).
+``bytearray(size)`` writes ``size`` zeros first: for a 1 MiB SEND body, a pass over it
+that the socket's write into it then repeats."""
 
 LARGE = 64 * 1024
 """A piece at least this large is written as it is."""

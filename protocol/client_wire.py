@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import construct as c
 import orjson
 
-from protocol.buffers import Buffer
+from protocol.buffers import Buffer, blank
 from protocol.codec import fixed_struct
 from protocol.errors import CloseCode, LocalProtocolError, RemoteProtocolError
 
@@ -209,12 +209,13 @@ class _LargeBody:
     __slots__ = ("body", "filled", "kind", "meta", "request_id")
 
     def __init__(
-        self, kind: ClientFrameKind, request_id: int, meta: dict[str, Any], length: int
+        self, kind: ClientFrameKind, request_id: int, meta: dict[str, Any], body: bytearray
     ) -> None:
         self.kind = kind
         self.request_id = request_id
         self.meta = meta
-        self.body = bytearray(length)
+        self.body = body
+        """Every byte of it is written before the frame is handed out."""
         self.filled = 0
 
 
@@ -262,6 +263,8 @@ class ClientFrameReader:
         self._large_held = 0
         """Bytes of the large body's frame received so far (its header and meta too)."""
         self._scratch: memoryview | None = None
+        self._spare: bytearray | None = None
+        """A large body given back (:meth:`reuse`), for the next."""
         self._given: memoryview | None = None
         """The view the last :meth:`get_buffer` returned."""
         self._last_raw: bytes | None = None
@@ -323,7 +326,9 @@ class ClientFrameReader:
                     if end > size:
                         if body_length >= LARGE_BODY and size >= body_start:
                             meta = _decode_meta(view[meta_start:body_start])
-                            large = _LargeBody(kind, request_id, meta, body_length)
+                            large = _LargeBody(
+                                kind, request_id, meta, self._body_buffer(body_length)
+                            )
                             large.filled = size - body_start
                             large.body[: large.filled] = view[body_start:size]
                             self._large = large
@@ -386,6 +391,22 @@ class ClientFrameReader:
             frames.append(ClientFrame(large.kind, large.request_id, large.meta, large.body))
             self._large = None
             self._large_held = 0
+
+    def _body_buffer(self, length: int) -> bytearray:
+        """A buffer for a large body of ``length`` bytes: the one given back by
+        :meth:`reuse` when it is about as large, else a new one."""
+        spare, self._spare = self._spare, None
+        if spare is not None and length <= len(spare) < 2 * length:
+            del spare[length:]  # less than half of it: CPython keeps the memory
+            return spare
+        return blank(length)
+
+    def reuse(self, buffer: bytearray) -> None:
+        """``buffer``, the large body of a frame this reader returned, is no longer used by
+        anyone: the next large body of about its size is read into it. A body of fresh
+        memory costs a page fault and the kernel's zeroing of every 4 KiB page before the
+        socket's copy into it (a consumer's RECEIVE replies of 64 MiB)."""
+        self._spare = buffer
 
     # -- reading in place (asyncio.BufferedProtocol) ----------------------------------
 

@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import NameOID
 
-from protocol.buffers import Buffer
+from protocol.buffers import Buffer, blank
 from protocol.digests import md5_each
 from protocol.errors import CloseCode, HandshakeRefused, ProtocolError
 from protocol.frames import (
@@ -304,7 +304,7 @@ class FrameSealer:
         header = encode_header(
             self.version, frame_type, self.flags, len(plain) + _TAG_SIZE, counter
         )
-        frame = bytearray(HEADER_SIZE + len(plain) + _TAG_SIZE)
+        frame = blank(HEADER_SIZE + len(plain) + _TAG_SIZE)  # every byte written below
         frame[:HEADER_SIZE] = header
         with memoryview(frame) as out:
             self._aead.encrypt_into(_nonce(counter), plain, header, out[HEADER_SIZE:])

@@ -409,7 +409,10 @@ class BrokerClient:
                 queue, database, top, timeout, conversation_handle, conversation_group_id, groups
             )
         )
-        return parse_received(meta, body)
+        messages = parse_received(meta, body)
+        if type(body) is bytearray:  # each message has its own copy: nothing refers to it
+            self._keeper.reuse(body)
+        return messages
 
     async def get_conversation_group(
         self, queue: str, *, database: str | None = None, timeout: float = 0.0

@@ -108,6 +108,12 @@ class ConnectionKeeper:
 
     # -- requests ------------------------------------------------------------------------
 
+    def reuse(self, body: bytearray) -> None:
+        """A RECEIVE reply's large body whose messages have been copied out: the current
+        connection reads the next one into it (``ClientFrameReader.reuse``)."""
+        if self.connection is not None:
+            self.connection.reader.reuse(body)
+
     def submit(self, request: Request) -> None:
         """Write ``request`` now, or keep it for the next connection; raises at once when
         it can never go (the client is closed, its transaction's connection is gone, or

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.buffers import LARGE, coalesce
+from protocol.buffers import LARGE, blank, coalesce
 
 
 def test_small_pieces_are_joined_in_order() -> None:
@@ -26,3 +26,16 @@ def test_a_single_piece_is_not_copied() -> None:
 def test_the_bytes_are_those_of_the_pieces() -> None:
     pieces = [bytes([n]) * n for n in range(1, 200)] + [b"y" * (LARGE + 1), b"z"]
     assert b"".join(coalesce(pieces)) == b"".join(pieces)
+
+
+def test_a_blank_buffer_has_its_size_and_takes_what_is_written() -> None:
+    for size in (0, 1, 4096, 3 * 1024 * 1024 + 5):
+        buffer = blank(size)
+        assert type(buffer) is bytearray and len(buffer) == size
+        data = bytes(i % 253 for i in range(size))
+        memoryview(buffer)[:] = data
+        assert buffer == data
+    grown = blank(3)
+    grown += b"xyz"  # an ordinary bytearray: it grows and shrinks as any does
+    del grown[:3]
+    assert grown == b"xyz"

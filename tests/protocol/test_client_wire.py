@@ -740,3 +740,25 @@ def test_a_repeated_meta_decodes_to_a_copy_and_a_bad_one_still_fails() -> None:
     bad[HEADER_SIZE : HEADER_SIZE + len(meta)] = b"[" + b" " * (len(meta) - 2) + b"]"
     with pytest.raises(RemoteProtocolError, match="JSON object"):
         reader.feed(bytes(bad))
+
+
+def test_a_large_body_given_back_takes_the_next_of_about_its_size() -> None:
+    """``reuse``: the next large body of at most its size and more than half of it is read
+    into the same buffer, and is still the right bytes; a much smaller one is not."""
+    size = 4 * LARGE_BODY
+    frames = [
+        ClientFrame(ClientFrameKind.RESPONSE, n, {"n": n}, bytes([n]) * length)
+        for n, length in enumerate([size, size - 5, size // 2 - 10], 1)
+    ]
+    reader = ClientFrameReader()
+    rng = random.Random(7)
+    (first,) = _read_in_place(reader, encode_frame(frames[0]), rng)
+    assert first == frames[0] and type(first.body) is bytearray
+    reader.reuse(first.body)
+    (second,) = _read_in_place(reader, encode_frame(frames[1]), rng)
+    assert second.body is first.body
+    assert second == frames[1]
+    reader.reuse(second.body)
+    (third,) = _read_in_place(reader, encode_frame(frames[2]), rng)
+    assert third.body is not second.body
+    assert third == frames[2]
