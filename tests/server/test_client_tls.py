@@ -58,6 +58,22 @@ async def test_a_tls_client_logs_in_and_works(beta: Daemon) -> None:
         assert message.message_body == b"<order/>"
 
 
+async def test_large_bodies_cross_tls_both_ways(beta: Daemon) -> None:
+    """A large SEND body and a large RECEIVE reply are read in place (the client
+    listener's and the SDK's ``ClientFrameReader.get_buffer``) under TLS as in the clear,
+    twice over, so the second reply is read into the first one's buffer."""
+    async with await beta.client() as client:
+        handle = await client.begin_dialog(
+            "//warehouse/Orders", "//warehouse/Orders", "//shop/OrderContract"
+        )
+        bodies = [bytes([n]) * (3 * 1024 * 1024 + n) for n in range(4)]
+        for body in bodies:
+            await client.send(handle, "//shop/Order", body)
+        got = await client.receive("OrderQueue", top=2, timeout=5)
+        got += await client.receive("OrderQueue", top=2, timeout=5)
+        assert [m.message_body for m in got] == bodies
+
+
 async def test_a_plain_client_is_refused_on_a_tls_port(beta: Daemon) -> None:
     with pytest.raises(ClientError, match="does its client port require TLS"):
         await BrokerClient.connect(HOST, beta.client_port, token_file=beta.token_file, timeout=1)
