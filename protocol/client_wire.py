@@ -225,7 +225,7 @@ appended to the reader's buffer: appending 1 MiB in 64 KiB reads reallocates and
 the growing buffer again and again (1.4 ms a MiB alone). A reader fed through
 :meth:`ClientFrameReader.get_buffer` has the socket write such a body in place: no copy
 of it is made on this side of the kernel (docs/performance.md, "A large body read in
-place")."""
+place on the client wire")."""
 
 READ_SIZE = 256 * 1024
 """The reader's own read buffer (:meth:`ClientFrameReader.get_buffer`), for what is not
