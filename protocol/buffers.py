@@ -26,12 +26,13 @@ after)."""
 
 
 def _blank_maker() -> Callable[[int], bytearray]:
-    try:  # CPython's C API: with no source, the new bytearray's bytes are left as they are
-        make = ctypes.pythonapi.PyByteArray_FromStringAndSize
+    # CPython's C API: with no source, the new bytearray's bytes are left as they are. A
+    # prototype of its own: the shared ctypes.pythonapi function object is left unchanged.
+    prototype = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)
+    try:
+        make = prototype(("PyByteArray_FromStringAndSize", ctypes.pythonapi))
     except AttributeError:  # not CPython
         return bytearray
-    make.restype = ctypes.py_object
-    make.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
     def blank(size: int) -> bytearray:
         made: bytearray = make(None, size)

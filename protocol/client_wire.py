@@ -41,6 +41,7 @@ import hashlib
 import hmac
 import json
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -99,8 +100,8 @@ class ClientFrame(NamedTuple):
     request_id: int
     meta: dict[str, Any]
     body: bytes | bytearray = b""
-    """A body of :data:`LARGE_BODY` or more is read into a ``bytearray`` of its own, in
-    place; a smaller one is ``bytes``."""
+    """``bytes``, or a ``bytearray`` for a body of :data:`LARGE_BODY` or more that did not
+    come whole within one read (gathered into a buffer of its own, in place)."""
 
 
 def encode_frame(frame: ClientFrame) -> bytes:
@@ -228,8 +229,21 @@ of it is made on this side of the kernel (docs/performance.md, "A large body rea
 place on the client wire")."""
 
 READ_SIZE = 256 * 1024
-"""The reader's own read buffer (:meth:`ClientFrameReader.get_buffer`), for what is not
-a large body: the event loop's own reads are as large."""
+"""The read buffer (:meth:`ClientFrameReader.get_buffer`) for what is not a large body:
+the event loop's own reads are as large."""
+
+_SCRATCH = threading.local()
+"""One read buffer per thread, shared by its readers: :meth:`ClientFrameReader.feed`
+copies what was read out of it before ``buffer_updated`` returns, and a thread serves
+one read at a time. A buffer per connection would hold 256 KiB for each, logged in or
+not, as the event loop's one shared buffer does not."""
+
+
+def _scratch() -> memoryview:
+    view: memoryview | None = getattr(_SCRATCH, "view", None)
+    if view is None:
+        view = _SCRATCH.view = memoryview(blank(READ_SIZE))
+    return view
 
 
 class ClientFrameReader:
@@ -262,7 +276,6 @@ class ClientFrameReader:
         """Bytes of the large body still to come."""
         self._large_held = 0
         """Bytes of the large body's frame received so far (its header and meta too)."""
-        self._scratch: memoryview | None = None
         self._spare: bytearray | None = None
         """A large body given back (:meth:`reuse`), for the next."""
         self._given: memoryview | None = None
@@ -397,7 +410,10 @@ class ClientFrameReader:
         :meth:`reuse` when it is about as large, else a new one."""
         spare, self._spare = self._spare, None
         if spare is not None and length <= len(spare) < 2 * length:
-            del spare[length:]  # less than half of it: CPython keeps the memory
+            try:
+                del spare[length:]  # less than half of it: CPython keeps the memory
+            except BufferError:  # a view of it is still held: it is not free after all
+                return blank(length)
             return spare
         return blank(length)
 
@@ -405,8 +421,18 @@ class ClientFrameReader:
         """``buffer``, the large body of a frame this reader returned, is no longer used by
         anyone: the next large body of about its size is read into it. A body of fresh
         memory costs a page fault and the kernel's zeroing of every 4 KiB page before the
-        socket's copy into it (a consumer's RECEIVE replies of 64 MiB)."""
-        self._spare = buffer
+        socket's copy into it (a consumer's RECEIVE replies of 64 MiB). One is kept,
+        until the next large body or :meth:`close`."""
+        if self._failure is None:
+            self._spare = buffer
+
+    def close(self) -> None:
+        """The connection is gone: the buffers held for it (a large body being gathered, a
+        buffer given back) are let go; the reader reads nothing more."""
+        if self._failure is None:
+            self._fail(RemoteProtocolError("client wire stream closed"))
+        self._spare = None
+        self._given = None
 
     # -- reading in place (asyncio.BufferedProtocol) ----------------------------------
 
@@ -418,9 +444,7 @@ class ClientFrameReader:
         if large is not None and self._failure is None:
             view = memoryview(large.body)[large.filled :]
         else:
-            if self._scratch is None:
-                self._scratch = memoryview(bytearray(READ_SIZE))
-            view = self._scratch
+            view = _scratch()
         self._given = view
         return view
 
@@ -432,7 +456,7 @@ class ClientFrameReader:
             raise LocalProtocolError("buffer_updated without a matching get_buffer")
         if self._failure is not None:
             return self.feed(b"")  # raises, as feed does once the reader is dead
-        if given is self._scratch:
+        if self._large is None:  # the thread's read buffer
             return self.feed(given[:nbytes])
         frames: list[ClientFrame] = []
         self._filled(nbytes, frames)

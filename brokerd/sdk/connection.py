@@ -306,6 +306,7 @@ class Connection:
 
     def on_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.reader.close()
         self._end(exc)
 
     def _end(self, exc: Exception | None) -> None:

@@ -51,31 +51,31 @@ def parse_received(meta: dict[str, Any], body: bytes | bytearray) -> list[Receiv
     add = out.append
     uuids: dict[str, uuid.UUID] = {}
     offset = 0
-    whole = memoryview(body)
-    for row in meta.get("messages", []):
-        length = int(row["body_length"])
-        handle_text = row["conversation_handle"]
-        handle = uuids.get(handle_text)
-        if handle is None:
-            handle = uuids[handle_text] = uuid.UUID(handle_text)
-        group_text = row["conversation_group_id"]
-        group = uuids.get(group_text)
-        if group is None:
-            group = uuids[group_text] = uuid.UUID(group_text)
-        add(
-            ReceivedMessage(
-                conversation_handle=handle,
-                conversation_group_id=group,
-                message_sequence_number=int(row["message_sequence_number"]),
-                service_name=row["service_name"],
-                service_contract_name=row["service_contract_name"],
-                message_type_name=row["message_type_name"],
-                message_body=bytes(whole[offset : offset + length]),
-                queue=row["queue"],
-                message_enqueue_time=float(row["message_enqueue_time"]),
+    with memoryview(body) as whole:  # released here: the reply's buffer may be reused
+        for row in meta.get("messages", []):
+            length = int(row["body_length"])
+            handle_text = row["conversation_handle"]
+            handle = uuids.get(handle_text)
+            if handle is None:
+                handle = uuids[handle_text] = uuid.UUID(handle_text)
+            group_text = row["conversation_group_id"]
+            group = uuids.get(group_text)
+            if group is None:
+                group = uuids[group_text] = uuid.UUID(group_text)
+            add(
+                ReceivedMessage(
+                    conversation_handle=handle,
+                    conversation_group_id=group,
+                    message_sequence_number=int(row["message_sequence_number"]),
+                    service_name=row["service_name"],
+                    service_contract_name=row["service_contract_name"],
+                    message_type_name=row["message_type_name"],
+                    message_body=bytes(whole[offset : offset + length]),
+                    queue=row["queue"],
+                    message_enqueue_time=float(row["message_enqueue_time"]),
+                )
             )
-        )
-        offset += length
+            offset += length
     return out
 
 

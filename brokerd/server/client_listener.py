@@ -213,6 +213,7 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.client_sessions.discard(self)
+        self.reader.close()  # a large body half read goes now, not with the last reply
         if self._login_deadline is not None:
             self._login_deadline.cancel()
         for task in list(self.tasks):

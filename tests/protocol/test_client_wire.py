@@ -762,3 +762,101 @@ def test_a_large_body_given_back_takes_the_next_of_about_its_size() -> None:
     (third,) = _read_in_place(reader, encode_frame(frames[2]), rng)
     assert third.body is not second.body
     assert third == frames[2]
+
+
+def test_get_buffer_may_be_asked_again_and_buffer_updated_may_be_zero() -> None:
+    """An event loop asks for a buffer and then finds nothing to read (asyncio's selector
+    loop on EAGAIN, uvloop's TLS on every read): the next ``get_buffer`` is the one that
+    counts, and a read of zero bytes changes nothing, inside a large body or not."""
+    frame = LARGE_FRAMES[0]
+    data = encode_frame(frame)
+    reader = ClientFrameReader()
+    for _ in range(3):
+        reader.get_buffer()
+    assert reader.buffer_updated(0) == []
+    head = reader.get_buffer()
+    head[:1000] = data[:1000]
+    assert reader.buffer_updated(1000) == []
+    reader.get_buffer()
+    rest = reader.get_buffer()  # asked twice: the same place, the body's rest
+    assert len(rest) == len(data) - 1000
+    assert reader.buffer_updated(0) == []
+    rest = reader.get_buffer()
+    rest[:] = data[1000:]
+    assert reader.buffer_updated(len(rest)) == [frame]
+    assert reader.buffered_bytes == 0
+
+
+def test_readers_of_one_thread_share_a_read_buffer_and_keep_their_bytes() -> None:
+    """Two connections' readers read through the same buffer, one read at a time, and
+    each keeps only its own bytes (what the buffer held is copied out at once)."""
+    one, two = ClientFrameReader(), ClientFrameReader()
+    first, second = encode_frame(SAMPLES[0]), encode_frame(SAMPLES[1])
+    view = one.get_buffer()
+    view[:5] = first[:5]
+    assert one.buffer_updated(5) == []
+    other = two.get_buffer()
+    assert other is view
+    other[: len(second)] = second
+    assert two.buffer_updated(len(second)) == [SAMPLES[1]]
+    view = one.get_buffer()
+    view[: len(first) - 5] = first[5:]
+    assert one.buffer_updated(len(first) - 5) == [SAMPLES[0]]
+
+
+def test_a_buffer_given_back_fits_only_bodies_of_more_than_half_its_size() -> None:
+    size = 4 * LARGE_BODY
+    rng = random.Random(3)
+    for length, taken in [
+        (size, True),
+        (size // 2 + 1, True),
+        (size // 2, False),
+        (size + 1, False),
+    ]:
+        reader = ClientFrameReader()
+        spare = bytearray(size)
+        reader.reuse(spare)
+        frame = ClientFrame(ClientFrameKind.RESPONSE, 1, {}, bytes([length % 251]) * length)
+        (got,) = _read_in_place(reader, encode_frame(frame), rng)
+        assert got == frame
+        assert (got.body is spare) is taken, (length, taken)
+
+
+def test_a_buffer_given_back_while_a_view_of_it_is_held_is_not_reused() -> None:
+    """Given back too early (a view of it still held, so it cannot shrink): the next body
+    gets a buffer of its own, and the view still sees the old bytes."""
+    size = 4 * LARGE_BODY
+    reader = ClientFrameReader()
+    spare = bytearray(b"a" * size)
+    held = memoryview(spare)
+    reader.reuse(spare)
+    frame = ClientFrame(ClientFrameKind.RESPONSE, 1, {}, b"b" * (size - 10))
+    (got,) = _read_in_place(reader, encode_frame(frame), random.Random(4))
+    assert got == frame and got.body is not spare
+    assert held[0] == ord("a")
+    held.release()
+
+
+def test_two_bodies_after_one_given_back_are_two_buffers() -> None:
+    size = 4 * LARGE_BODY
+    reader = ClientFrameReader()
+    frames = [ClientFrame(ClientFrameKind.RESPONSE, n, {}, bytes([n]) * size) for n in (1, 2, 3)]
+    rng = random.Random(5)
+    (first,) = _read_in_place(reader, encode_frame(frames[0]), rng)
+    reader.reuse(first.body)
+    second, third = _read_in_place(reader, encode_frame(frames[1]) + encode_frame(frames[2]), rng)
+    assert second.body is first.body and third.body is not second.body
+    assert [second, third] == frames[1:]
+
+
+def test_a_closed_reader_lets_its_buffers_go_and_reads_no_more() -> None:
+    frame = LARGE_FRAMES[0]
+    data = encode_frame(frame)
+    reader = ClientFrameReader()
+    reader.reuse(bytearray(8 * LARGE_BODY))
+    assert reader.feed(data[:5000]) == []
+    reader.close()
+    assert reader.failed and reader.buffered_bytes == 0
+    reader.get_buffer()
+    with pytest.raises(RemoteProtocolError, match="closed"):
+        reader.buffer_updated(1)

@@ -87,7 +87,9 @@ class LocalArrivals:
         """A fragment as the local link hands it over: its bytes are its own, since the
         receiving side keeps them (a link's frames take a view of the body instead)."""
         header, body = self.transmission.build_fragment(ep, msg, index)
-        return header, bytes(body)  # a whole message's body is bytes: not copied
+        # a whole message's body in bytes is not copied (a large SEND body read in place,
+        # a bytearray, is: the receiving side keeps what it is handed)
+        return header, bytes(body)
 
     @staticmethod
     def _accepted_through(sender: Endpoint, db: Database | None) -> int:
