@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from bench.system import memory_mb
 from brokerd.tools.example import (
     CONTRACT,
     ORDER,
@@ -131,13 +132,6 @@ async def _empty(client: object) -> bool:
     return not await client.view("transmission_queue")  # type: ignore[attr-defined]
 
 
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
-
-
 async def test_a_client_pipelining_large_sends_is_read_only_as_its_sends_commit(
     tmp_path: Path,
 ) -> None:
@@ -161,6 +155,6 @@ async def test_a_client_pipelining_large_sends_is_read_only_as_its_sends_commit(
         assert alpha["client_sends_held"] == 0, alpha  # a link that is down never congests
         process = d.daemons["alpha"].process
         assert process is not None
-        assert _peak_rss_mb(process.pid) < 160, _peak_rss_mb(process.pid)
+        assert memory_mb(process.pid, "VmHWM") < 160, memory_mb(process.pid, "VmHWM")
         assert len(await shop.view("transmission_queue")) == count
         await shop.close()

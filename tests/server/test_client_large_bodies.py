@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.system import memory_mb
 from brokerd.sdk.client import BrokerClient
 from brokerd.tools.example import (
     CONTRACT,
@@ -43,13 +44,6 @@ LIARS = 20
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     with running(shop_and_warehouse(tmp_path, FAST_RETRY)) as d:
         yield d
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def _announce(handle: str) -> bytes:
@@ -81,13 +75,13 @@ async def test_bodies_announced_and_not_sent_cost_only_what_arrived(
     assert alpha.process is not None
     shop = await alpha.client()
     handle = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
-    before = _rss_mb(alpha.process.pid)
+    before = memory_mb(alpha.process.pid, "VmRSS")
 
     liars = [await alpha.client(reconnect=False) for _ in range(LIARS)]
     for liar in liars:
         _write_raw(liar, _announce(str(handle)) + b"x" * SENT)
     await asyncio.sleep(1.0)
-    held = _rss_mb(alpha.process.pid) - before
+    held = memory_mb(alpha.process.pid, "VmRSS") - before
     assert held < 100, f"{LIARS} connections announcing {ANNOUNCED >> 20} MiB each: +{held} MB"
 
     # Delivery goes on beside them, large bodies included, and after they go.

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.system import memory_mb
 from brokerd.tools.example import (
     CONTRACT,
     ORDER,
@@ -41,13 +42,6 @@ HOSTILE = [f"127.0.0.{n}" for n in range(10, 30)]
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     with running(shop_and_warehouse(tmp_path, FAST_RETRY)) as d:
         yield d
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def open_fds(pid: int) -> int:
@@ -113,7 +107,7 @@ async def test_a_connection_flood_leaves_memory_bounded_and_delivery_going(
         assert got.message_body == b"through the flood"
         assert time.monotonic() - started < 5
 
-        assert rss_mb(pid) < 150, rss_mb(pid)
+        assert memory_mb(pid, "VmRSS") < 150, memory_mb(pid, "VmRSS")
         assert open_fds(pid) < 700, open_fds(pid)
         (stats,) = await warehouse.view("stats")
         # Every tenth connection sent random bytes and was closed for it; of the others, all
