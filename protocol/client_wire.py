@@ -407,15 +407,22 @@ class ClientFrameReader:
 
     def _body_buffer(self, length: int) -> bytearray:
         """A buffer for a large body of ``length`` bytes: the one given back by
-        :meth:`reuse` when it is about as large, else a new one."""
+        :meth:`reuse` when it is about as large, else a new one. RemoteProtocolError
+        when there is no memory for it (refused as a body over the limit is)."""
         spare, self._spare = self._spare, None
         if spare is not None and length <= len(spare) < 2 * length:
             try:
                 del spare[length:]  # less than half of it: CPython keeps the memory
+                return spare
             except BufferError:  # a view of it is still held: it is not free after all
-                return blank(length)
-            return spare
-        return blank(length)
+                pass
+        try:
+            return blank(length)
+        except MemoryError:
+            raise RemoteProtocolError(
+                f"client frame body of {length} bytes: no memory to hold it",
+                CloseCode.FRAME_TOO_LARGE,
+            ) from None
 
     def reuse(self, buffer: bytearray) -> None:
         """``buffer``, the large body of a frame this reader returned, is no longer used by

@@ -860,3 +860,45 @@ def test_a_closed_reader_lets_its_buffers_go_and_reads_no_more() -> None:
     reader.get_buffer()
     with pytest.raises(RemoteProtocolError, match="closed"):
         reader.buffer_updated(1)
+
+
+_NO_MEMORY_SCRIPT = """
+import resource
+from protocol.client_wire import (
+    CLIENT_FRAME_HEADER, CLIENT_WIRE_VERSION, ClientFrameKind, ClientFrameReader, encode_meta,
+)
+from protocol.errors import CloseCode, RemoteProtocolError
+
+meta = encode_meta({"op": "send"})
+announced = 768 * 1024 * 1024
+header = CLIENT_FRAME_HEADER.build({
+    "version": CLIENT_WIRE_VERSION, "kind": int(ClientFrameKind.REQUEST), "request_id": 1,
+    "meta_length": len(meta), "body_length": announced,
+})
+reader = ClientFrameReader(max_body=announced)
+with open("/proc/self/status") as status:
+    size = next(int(l.split()[1]) * 1024 for l in status if l.startswith("VmSize:"))
+limit = size + 256 * 1024 * 1024
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    reader.feed(header + meta + b"x" * 1000)
+except RemoteProtocolError as exc:
+    assert exc.close_code == CloseCode.FRAME_TOO_LARGE, exc
+    assert "no memory" in str(exc), exc
+    assert reader.failed
+    print("refused")
+"""
+
+
+def test_a_body_there_is_no_memory_for_is_refused_as_too_large() -> None:
+    """A logged-in client may announce a body within the limit that this process cannot
+    hold now (its address space capped, as a container's may be): the reader refuses it
+    as a frame over the limit (its frame named in a RemoteProtocolError, which the
+    listener answers), not with a MemoryError in the event loop."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_MEMORY_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "refused", done.stderr
