@@ -445,7 +445,7 @@ class ClientFrameReader:
 
     def get_buffer(self) -> memoryview:
         """Where the socket's next bytes should go: the rest of the large body being
-        gathered, in place, or else the reader's own read buffer. Pass the count read
+        gathered, in place, or else the thread's read buffer. Pass the count read
         to :meth:`buffer_updated` before asking again."""
         large = self._large
         if large is not None and self._failure is None:
