@@ -41,7 +41,6 @@ import hashlib
 import hmac
 import json
 import struct
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -229,21 +228,8 @@ of it is made on this side of the kernel (docs/performance.md, "A large body rea
 place on the client wire")."""
 
 READ_SIZE = 256 * 1024
-"""The read buffer (:meth:`ClientFrameReader.get_buffer`) for what is not a large body:
-the event loop's own reads are as large."""
-
-_SCRATCH = threading.local()
-"""One read buffer per thread, shared by its readers: :meth:`ClientFrameReader.feed`
-copies what was read out of it before ``buffer_updated`` returns, and a thread serves
-one read at a time. A buffer per connection would hold 256 KiB for each, logged in or
-not, as the event loop's one shared buffer does not."""
-
-
-def _scratch() -> memoryview:
-    view: memoryview | None = getattr(_SCRATCH, "view", None)
-    if view is None:
-        view = _SCRATCH.view = memoryview(blank(READ_SIZE))
-    return view
+"""The size of a read buffer to give :meth:`ClientFrameReader.get_buffer`, for what is
+not a large body: the event loop's own reads are as large."""
 
 
 class ClientFrameReader:
@@ -443,15 +429,18 @@ class ClientFrameReader:
 
     # -- reading in place (asyncio.BufferedProtocol) ----------------------------------
 
-    def get_buffer(self) -> memoryview:
+    def get_buffer(self, read_buffer: memoryview) -> memoryview:
         """Where the socket's next bytes should go: the rest of the large body being
-        gathered, in place, or else the thread's read buffer. Pass the count read
-        to :meth:`buffer_updated` before asking again."""
+        gathered, in place, or else ``read_buffer``, the caller's (one of
+        :data:`READ_SIZE` may serve every reader of a thread: what is read into it is
+        copied out before :meth:`buffer_updated` returns). Pass the count read to
+        :meth:`buffer_updated` before asking again."""
         large = self._large
-        if large is not None and self._failure is None:
-            view = memoryview(large.body)[large.filled :]
-        else:
-            view = _scratch()
+        view = (
+            memoryview(large.body)[large.filled :]
+            if large is not None and self._failure is None
+            else read_buffer
+        )
         self._given = view
         return view
 
@@ -463,7 +452,7 @@ class ClientFrameReader:
             raise LocalProtocolError("buffer_updated without a matching get_buffer")
         if self._failure is not None:
             return self.feed(b"")  # raises, as feed does once the reader is dead
-        if self._large is None:  # the thread's read buffer
+        if self._large is None:  # the caller's read buffer
             return self.feed(given[:nbytes])
         frames: list[ClientFrame] = []
         self._filled(nbytes, frames)

@@ -14,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 from brokerd.sdk.tls import describe_failure
-from protocol.buffers import Buffer, coalesce
+from protocol.buffers import Buffer, blank, coalesce
 from protocol.client_wire import (
+    READ_SIZE,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
@@ -107,6 +109,18 @@ def error_of(frame: ClientFrame) -> Exception:
     return error(message, kind=kind, retriable=bool(frame.meta.get("retriable", False)))
 
 
+_THREAD = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    """The read buffer of this thread's connections (but for large bodies): a thread's
+    event loop serves one read at a time, and each reader copies its bytes out at once."""
+    view: memoryview | None = getattr(_THREAD, "read_buffer", None)
+    if view is None:
+        view = _THREAD.read_buffer = memoryview(blank(READ_SIZE))
+    return view
+
+
 class _Protocol(asyncio.BufferedProtocol):
     """Reads go where the frame reader says: a large body (RECEIVE's replies of 1 MiB
     messages) straight into its own buffer, no copy on this side of the kernel."""
@@ -118,7 +132,7 @@ class _Protocol(asyncio.BufferedProtocol):
         self.connection.transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.connection.reader.get_buffer()
+        return self.connection.reader.get_buffer(_read_buffer())
 
     def buffer_updated(self, nbytes: int) -> None:
         self.connection.on_read(nbytes)

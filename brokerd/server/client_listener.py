@@ -33,6 +33,7 @@ import asyncio
 import itertools
 import logging
 import os
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -43,9 +44,10 @@ from brokerd.server.client_meta import meta_key, meta_str, meta_uuid
 from brokerd.server.client_requests import OPERATIONS, ReplyBody, ReplyMeta, receive_args
 from brokerd.server.client_requests import Broker as RequestsBroker
 from brokerd.server.receive_reply import ReceiveReply
-from protocol.buffers import Body, Buffer, coalesce
+from protocol.buffers import Body, Buffer, blank, coalesce
 from protocol.client_wire import (
     MAX_META_BYTES,
+    READ_SIZE,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
@@ -113,6 +115,19 @@ def error_meta(exc: BaseException) -> dict[str, Any]:
     }
 
 
+_THREAD = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    """What the client sessions of this thread (the daemon's event loop) read into but a
+    large body: they read one at a time, each copying its bytes out at once, where a
+    buffer per session would hold 256 KiB for each connection, logged in or not."""
+    view: memoryview | None = getattr(_THREAD, "read_buffer", None)
+    if view is None:
+        view = _THREAD.read_buffer = memoryview(blank(READ_SIZE))
+    return view
+
+
 class ClientSession(asyncio.BufferedProtocol):
     """One application connection: its login, its requests and its open transactions.
 
@@ -165,7 +180,7 @@ class ClientSession(asyncio.BufferedProtocol):
         )
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.reader.get_buffer()
+        return self.reader.get_buffer(_read_buffer())
 
     def buffer_updated(self, nbytes: int) -> None:
         try:

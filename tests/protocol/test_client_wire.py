@@ -27,6 +27,7 @@ from protocol.client_wire import (
     HEADER_SIZE,
     LARGE_BODY,
     MAX_META_BYTES,
+    READ_SIZE,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
@@ -200,6 +201,8 @@ LARGE_FRAMES = [
     SAMPLES[0],
 ]
 LARGE_STREAM = b"".join(encode_frame(f) for f in LARGE_FRAMES)
+READ = memoryview(bytearray(READ_SIZE))
+"""A read buffer as a caller gives ``get_buffer`` (one may serve many readers)."""
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -232,7 +235,7 @@ def _read_in_place(
     got: list[ClientFrame] = []
     pos = 0
     while pos < len(stream):
-        buffer = reader.get_buffer()
+        buffer = reader.get_buffer(READ)
         assert len(buffer) > 0
         count = min(len(buffer), rng.choice([1, 7, HEADER_SIZE, 5000, 70_000, 300_000]))
         count = min(count, len(stream) - pos)
@@ -261,7 +264,7 @@ def test_a_large_body_is_read_into_its_own_buffer() -> None:
     reader = ClientFrameReader()
     first = 1000
     assert reader.feed(data[:first]) == []
-    view = reader.get_buffer()
+    view = reader.get_buffer(READ)
     assert len(view) == len(data) - first  # exactly the body's rest: no next frame's bytes
     view[:] = data[first:]
     (got,) = reader.buffer_updated(len(view))
@@ -275,7 +278,7 @@ def test_buffer_updated_needs_its_get_buffer() -> None:
     reader = ClientFrameReader()
     with pytest.raises(LocalProtocolError, match="get_buffer"):
         reader.buffer_updated(1)
-    view = reader.get_buffer()
+    view = reader.get_buffer(READ)
     with pytest.raises(LocalProtocolError, match="get_buffer"):
         reader.buffer_updated(len(view) + 1)
 
@@ -283,12 +286,12 @@ def test_buffer_updated_needs_its_get_buffer() -> None:
 def test_a_bad_frame_read_in_place_fails_the_reader() -> None:
     reader = ClientFrameReader()
     bad = b"XX" + encode_frame(SAMPLES[0])[2:]
-    view = reader.get_buffer()
+    view = reader.get_buffer(READ)
     view[: len(bad)] = bad
     with pytest.raises(RemoteProtocolError, match="magic"):
         reader.buffer_updated(len(bad))
     assert reader.failed
-    reader.get_buffer()
+    reader.get_buffer(READ)
     with pytest.raises(RemoteProtocolError, match="already failed"):
         reader.buffer_updated(1)
 
@@ -772,34 +775,34 @@ def test_get_buffer_may_be_asked_again_and_buffer_updated_may_be_zero() -> None:
     data = encode_frame(frame)
     reader = ClientFrameReader()
     for _ in range(3):
-        reader.get_buffer()
+        reader.get_buffer(READ)
     assert reader.buffer_updated(0) == []
-    head = reader.get_buffer()
+    head = reader.get_buffer(READ)
     head[:1000] = data[:1000]
     assert reader.buffer_updated(1000) == []
-    reader.get_buffer()
-    rest = reader.get_buffer()  # asked twice: the same place, the body's rest
+    reader.get_buffer(READ)
+    rest = reader.get_buffer(READ)  # asked twice: the same place, the body's rest
     assert len(rest) == len(data) - 1000
     assert reader.buffer_updated(0) == []
-    rest = reader.get_buffer()
+    rest = reader.get_buffer(READ)
     rest[:] = data[1000:]
     assert reader.buffer_updated(len(rest)) == [frame]
     assert reader.buffered_bytes == 0
 
 
-def test_readers_of_one_thread_share_a_read_buffer_and_keep_their_bytes() -> None:
+def test_readers_may_share_a_read_buffer_and_keep_their_bytes() -> None:
     """Two connections' readers read through the same buffer, one read at a time, and
     each keeps only its own bytes (what the buffer held is copied out at once)."""
     one, two = ClientFrameReader(), ClientFrameReader()
     first, second = encode_frame(SAMPLES[0]), encode_frame(SAMPLES[1])
-    view = one.get_buffer()
+    view = one.get_buffer(READ)
     view[:5] = first[:5]
     assert one.buffer_updated(5) == []
-    other = two.get_buffer()
+    other = two.get_buffer(READ)
     assert other is view
     other[: len(second)] = second
     assert two.buffer_updated(len(second)) == [SAMPLES[1]]
-    view = one.get_buffer()
+    view = one.get_buffer(READ)
     view[: len(first) - 5] = first[5:]
     assert one.buffer_updated(len(first) - 5) == [SAMPLES[0]]
 
@@ -857,7 +860,7 @@ def test_a_closed_reader_lets_its_buffers_go_and_reads_no_more() -> None:
     assert reader.feed(data[:5000]) == []
     reader.close()
     assert reader.failed and reader.buffered_bytes == 0
-    reader.get_buffer()
+    reader.get_buffer(READ)
     with pytest.raises(RemoteProtocolError, match="closed"):
         reader.buffer_updated(1)
 
