@@ -42,6 +42,7 @@ import hmac
 import json
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import construct as c
@@ -202,21 +203,17 @@ class _Pending(NamedTuple):
     body_length: int
 
 
+@dataclass(slots=True)
 class _LargeBody:
     """A frame whose header and meta arrived and whose large body is still coming: the
-    body's own buffer, filled in place as the bytes arrive."""
+    body's own buffer, filled in place as the bytes arrive (every byte of it is written
+    before the frame is handed out)."""
 
-    __slots__ = ("body", "filled", "kind", "meta", "request_id")
-
-    def __init__(
-        self, kind: ClientFrameKind, request_id: int, meta: dict[str, Any], body: bytearray
-    ) -> None:
-        self.kind = kind
-        self.request_id = request_id
-        self.meta = meta
-        self.body = body
-        """Every byte of it is written before the frame is handed out."""
-        self.filled = 0
+    kind: ClientFrameKind
+    request_id: int
+    meta: dict[str, Any]
+    body: bytearray
+    filled: int = 0
 
 
 LARGE_BODY = 256 * 1024

@@ -50,10 +50,14 @@ def parse_received(meta: dict[str, Any], body: bytes | bytearray) -> list[Receiv
     out: list[ReceivedMessage] = []
     add = out.append
     uuids: dict[str, uuid.UUID] = {}
+    # bytes are sliced as they are; a large reply (a bytearray, read in place) through a
+    # view, released before the reply's buffer is given back for the next
+    whole: bytes | memoryview = body if isinstance(body, bytes) else memoryview(body)
     offset = 0
-    with memoryview(body) as whole:  # released here: the reply's buffer may be reused
+    try:
         for row in meta.get("messages", []):
             length = int(row["body_length"])
+            end = offset + length
             handle_text = row["conversation_handle"]
             handle = uuids.get(handle_text)
             if handle is None:
@@ -70,12 +74,17 @@ def parse_received(meta: dict[str, Any], body: bytes | bytearray) -> list[Receiv
                     service_name=row["service_name"],
                     service_contract_name=row["service_contract_name"],
                     message_type_name=row["message_type_name"],
-                    message_body=bytes(whole[offset : offset + length]),
+                    message_body=(
+                        whole[offset:end] if isinstance(whole, bytes) else bytes(whole[offset:end])
+                    ),
                     queue=row["queue"],
                     message_enqueue_time=float(row["message_enqueue_time"]),
                 )
             )
-            offset += length
+            offset = end
+    finally:
+        if isinstance(whole, memoryview):
+            whole.release()
     return out
 
 

@@ -191,7 +191,7 @@ async def _send(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
     handle = meta_uuid(m, "conversation_handle")
     assert handle is not None
     tx = _transaction(session, m)
-    assert tx is not None, "data_received hands SENDs without a transaction to _send_now"
+    assert tx is not None, "buffer_updated hands SENDs without a transaction to _send_now"
     session.check_own(handle)
     if meta_key(m) is not None:
         raise InvalidRequest("idempotency keys are for SENDs outside a transaction")
