@@ -30,7 +30,8 @@ daemon verifies it with :func:`check_proof` (constant time).
 
 Errors: :func:`encode_frame` raises :class:`LocalProtocolError` (our own values do
 not fit); :meth:`ClientFrameReader.feed` raises :class:`RemoteProtocolError` (the
-peer sent something illegal), after which the reader is dead. No construct,
+peer sent something illegal, or a body there is no memory for), after which the reader
+is dead. No construct,
 struct, json or Unicode exception leaves this module.
 """
 
@@ -234,13 +235,17 @@ class ClientFrameReader:
 
     :meth:`feed` returns every frame the bytes complete. Bytes are appended to one
     ``bytearray`` and consumed by an offset; consumed bytes are dropped once per
-    ``feed`` (only the incomplete tail of that call's chunk remains to be moved),
-    so a large body costs one copy in and one copy out, and the reader holds at
-    most one partial frame plus the chunk being fed.
+    ``feed`` (only the incomplete tail of that call's chunk remains to be moved), and
+    the reader holds at most one partial frame plus the chunk being fed. A body of
+    :data:`LARGE_BODY` or more is gathered into a buffer of its own, allocated once its
+    header (within the limits) and meta are in. An ``asyncio.BufferedProtocol`` reads
+    through :meth:`get_buffer` / :meth:`buffer_updated` instead of :meth:`feed`: such a
+    body is then written by the socket in place, with no copy on this side of the kernel.
 
-    On a protocol violation ``feed`` raises RemoteProtocolError whose ``events``
-    holds the frames completed earlier in the same call; the reader is then dead,
-    its buffer released, and every later ``feed`` raises again.
+    On a protocol violation ``feed`` (or ``buffer_updated``) raises RemoteProtocolError
+    whose ``events`` holds the frames completed earlier in the same call; the reader is
+    then dead, its buffers released, and every later call raises again (as after
+    :meth:`close`).
     """
 
     def __init__(self, max_body: int = DEFAULT_MAX_BODY, max_meta: int = MAX_META_BYTES) -> None:
