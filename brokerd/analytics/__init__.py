@@ -6,6 +6,8 @@ sequence number, and writes a JSON summary and an HTML report. The modules:
 
 * :mod:`brokerd.analytics.schema`: the explicit Spark schema of trace schema version 1;
 * :mod:`brokerd.analytics.session`: the Spark session (local mode, or ``--master``);
+* :mod:`brokerd.analytics.cache`: what a run keeps for the next (class archives, the
+  page's JavaScript bundle);
 * :mod:`brokerd.analytics.load`: reading segments permissively into one events table;
 * :mod:`brokerd.analytics.messages`: one row per message, from SEND to RECEIVE;
 * :mod:`~brokerd.analytics.latency`, :mod:`~brokerd.analytics.faults`,

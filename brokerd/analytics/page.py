@@ -21,6 +21,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import metadata
 from typing import Any
 
 import altair as alt
@@ -30,6 +31,7 @@ from markupsafe import Markup
 
 from brokerd.analytics import audit as audit_job
 from brokerd.analytics import charts
+from brokerd.analytics.cache import kept_text
 from brokerd.analytics.processes import Process, restarts
 from brokerd.analytics.result import Analysis
 
@@ -257,11 +259,18 @@ def _script_json(value: Any) -> Markup:
 @lru_cache(maxsize=1)
 def vega_bundle() -> Markup:
     """vega, vega-lite and vega-embed, one script (the bundle vl-convert ships for the
-    Vega-Lite version Altair writes)."""
+    Vega-Lite version Altair writes).
+
+    vl-convert bundles it afresh at each call, about 2 s of CPU (a sixth of a small
+    trace set's analysis on this machine), so it is kept in the analytics' cache
+    (:mod:`brokerd.analytics.cache`) under the versions it depends on."""
     version = "_".join(alt.SCHEMA_VERSION.split(".")[:2])  # "v6.4.1" -> "v6_4"
     # With no snippet the bundle defines window.vegaEmbed (its stub wants one: say so).
     bundle: Callable[..., str] = vl_convert.javascript_bundle
-    script = bundle(vl_version=version)
+    script = kept_text(
+        f"vega-{metadata.version('vl-convert-python')}-{version}.js",
+        lambda: bundle(vl_version=version),
+    )
     if "</script" in script.lower():  # would end the page's script element early
         raise ValueError("the Vega bundle cannot be embedded: it contains </script")
     return Markup(script)  # a script, checked above

@@ -36,6 +36,7 @@ from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
+from brokerd.analytics.cache import CACHE_DIR
 from brokerd.errors import AnalyticsError
 
 DEFAULT_MASTER = "local[*]"
@@ -59,7 +60,7 @@ JVM, ignored) is not the user's: without it a run's output is the same with an a
 while one is written and without one."""
 
 
-CLASS_ARCHIVE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brokerd"
+CLASS_ARCHIVE_DIR = CACHE_DIR
 """Where the driver JVM's class archive is kept (:func:`class_archive_options`)."""
 
 
