@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyspark
 
-from brokerd.analytics.session import class_archive_options
+from brokerd.analytics.session import class_archive_options, driver_jvm_options
 
 VERSION = pyspark.__version__
 
@@ -79,3 +79,36 @@ def test_the_jvm_that_writes_an_archive_says_nothing_of_it(tmp_path: Path) -> No
     assert len(written) == 1 and written[0].stat().st_size > 1_000_000
     jvm_lines = [line for line in (done.stdout + done.stderr).splitlines() if "[cds]" in line]
     assert jvm_lines == []
+
+
+def test_the_driver_jvms_compilers_follow_the_trace_sets_size() -> None:
+    """A small set's driver JVM uses the quick compiler and the serial collector; a set of
+    a few million events the quick compiler alone (the optimising one spent more on
+    Spark's generated stages than the tasks gained); a larger or unknown set Spark's
+    defaults (docs/analytics.md, Performance)."""
+    assert driver_jvm_options(100_000) == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    assert driver_jvm_options(250_000_000) == "-XX:TieredStopAtLevel=1"
+    assert driver_jvm_options(1_500_000_000) == ""
+    assert driver_jvm_options(None) == ""
+
+
+MEDIUM = """
+from brokerd.analytics.session import spark_session
+spark = spark_session(input_bytes=250_000_000, driver_memory="1g")
+jvm = spark.sparkContext._jvm
+print(list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()))
+spark.stop()
+"""
+
+
+def test_a_medium_sets_driver_jvm_runs_with_the_quick_compiler_only(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", MEDIUM],
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    arguments = done.stdout.strip().splitlines()[-1]
+    assert "-XX:TieredStopAtLevel=1" in arguments and "UseSerialGC" not in arguments
