@@ -55,6 +55,19 @@ def test_a_second_writers_archive_is_removed_once_one_is_in_place(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"spark-{VERSION}-small.jsa"]
 
 
+def run_with_cache(code: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a Python of its own with ``cache`` as its cache home; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 WRITER = """
 from brokerd.analytics.session import spark_session
 spark_session(input_bytes=None, driver_memory="1g").stop()
@@ -67,14 +80,7 @@ def test_the_jvm_that_writes_an_archive_says_nothing_of_it(tmp_path: Path) -> No
     warning lines from a JVM that only started, thousands after a large set's jobs) is
     not the user's business: the run's output stays what it is without an archive."""
     cache = tmp_path / "cache"
-    done = subprocess.run(
-        [sys.executable, "-c", WRITER],
-        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_with_cache(WRITER, cache)
     written = list((cache / "brokerd").glob(f"spark-{VERSION}-large.jsa.*.tmp"))
     assert len(written) == 1 and written[0].stat().st_size > 1_000_000
     jvm_lines = [line for line in (done.stdout + done.stderr).splitlines() if "[cds]" in line]
@@ -102,13 +108,6 @@ spark.stop()
 
 
 def test_a_medium_sets_driver_jvm_runs_with_the_quick_compiler_only(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", MEDIUM],
-        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_with_cache(MEDIUM, tmp_path)
     arguments = done.stdout.strip().splitlines()[-1]
     assert "-XX:TieredStopAtLevel=1" in arguments and "UseSerialGC" not in arguments
