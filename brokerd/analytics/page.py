@@ -261,8 +261,8 @@ def vega_bundle() -> Markup:
     """vega, vega-lite and vega-embed, one script (the bundle vl-convert ships for the
     Vega-Lite version Altair writes).
 
-    vl-convert bundles it afresh at each call, about 2 s of CPU (a sixth of a small
-    trace set's analysis on this machine), so it is kept in the analytics' cache
+    vl-convert bundles it afresh at each call, about 2 s of CPU taken from the JVM's
+    start on a two-core machine, so it is kept in the analytics' cache
     (:mod:`brokerd.analytics.cache`) under the versions it depends on."""
     version = "_".join(alt.SCHEMA_VERSION.split(".")[:2])  # "v6.4.1" -> "v6_4"
     # With no snippet the bundle defines window.vegaEmbed (its stub wants one: say so).
