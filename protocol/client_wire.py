@@ -230,6 +230,19 @@ READ_SIZE = 256 * 1024
 not a large body: the event loop's own reads are as large."""
 
 
+def read_buffer_in(store: Any) -> memoryview:
+    """The read buffer kept in ``store`` (the caller's ``threading.local()``), made there
+    on first use: one of :data:`READ_SIZE` per thread serves every reader of the thread's
+    event loop, which reads one connection at a time, each reader copying its bytes out
+    before :meth:`ClientFrameReader.buffer_updated` returns; a buffer per connection
+    would hold 256 KiB for each, logged in or not. (The store is the caller's: this
+    module keeps no thread's state.)"""
+    view: memoryview | None = getattr(store, "read_buffer", None)
+    if view is None:
+        view = store.read_buffer = memoryview(blank(READ_SIZE))
+    return view
+
+
 class ClientFrameReader:
     """Incremental parser of a client-wire byte stream (one direction of one connection).
 

@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 from brokerd.sdk.tls import describe_failure
-from protocol.buffers import Buffer, blank, coalesce
+from protocol.buffers import Buffer, coalesce
 from protocol.client_wire import (
-    READ_SIZE,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
     auth_proof,
     encode_meta,
     encode_request_parts,
+    read_buffer_in,
 )
 from protocol.errors import (
     AuthenticationFailed,
@@ -110,15 +110,7 @@ def error_of(frame: ClientFrame) -> Exception:
 
 
 _THREAD = threading.local()
-
-
-def _read_buffer() -> memoryview:
-    """The read buffer of this thread's connections (but for large bodies): a thread's
-    event loop serves one read at a time, and each reader copies its bytes out at once."""
-    view: memoryview | None = getattr(_THREAD, "read_buffer", None)
-    if view is None:
-        view = _THREAD.read_buffer = memoryview(blank(READ_SIZE))
-    return view
+"""Where this thread's connections keep their read buffer (:func:`read_buffer_in`)."""
 
 
 class _Protocol(asyncio.BufferedProtocol):
@@ -132,7 +124,7 @@ class _Protocol(asyncio.BufferedProtocol):
         self.connection.transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.connection.reader.get_buffer(_read_buffer())
+        return self.connection.reader.get_buffer(read_buffer_in(_THREAD))
 
     def buffer_updated(self, nbytes: int) -> None:
         self.connection.on_read(nbytes)

@@ -44,10 +44,9 @@ from brokerd.server.client_meta import meta_key, meta_str, meta_uuid
 from brokerd.server.client_requests import OPERATIONS, ReplyBody, ReplyMeta, receive_args
 from brokerd.server.client_requests import Broker as RequestsBroker
 from brokerd.server.receive_reply import ReceiveReply
-from protocol.buffers import Body, Buffer, blank, coalesce
+from protocol.buffers import Body, Buffer, coalesce
 from protocol.client_wire import (
     MAX_META_BYTES,
-    READ_SIZE,
     ClientFrame,
     ClientFrameKind,
     ClientFrameReader,
@@ -57,6 +56,7 @@ from protocol.client_wire import (
     encode_response_parts,
     encode_sequence_reply,
     new_nonce,
+    read_buffer_in,
 )
 from protocol.errors import (
     AuthenticationFailed,
@@ -116,16 +116,7 @@ def error_meta(exc: BaseException) -> dict[str, Any]:
 
 
 _THREAD = threading.local()
-
-
-def _read_buffer() -> memoryview:
-    """What the client sessions of this thread (the daemon's event loop) read into but a
-    large body: they read one at a time, each copying its bytes out at once, where a
-    buffer per session would hold 256 KiB for each connection, logged in or not."""
-    view: memoryview | None = getattr(_THREAD, "read_buffer", None)
-    if view is None:
-        view = _THREAD.read_buffer = memoryview(blank(READ_SIZE))
-    return view
+"""Where this thread's connections keep their read buffer (:func:`read_buffer_in`)."""
 
 
 class ClientSession(asyncio.BufferedProtocol):
@@ -180,7 +171,7 @@ class ClientSession(asyncio.BufferedProtocol):
         )
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.reader.get_buffer(_read_buffer())
+        return self.reader.get_buffer(read_buffer_in(_THREAD))
 
     def buffer_updated(self, nbytes: int) -> None:
         try:

@@ -40,6 +40,7 @@ from protocol.client_wire import (
     encode_response_parts,
     encode_sequence_reply,
     new_nonce,
+    read_buffer_in,
 )
 from protocol.errors import CloseCode
 
@@ -805,6 +806,20 @@ def test_readers_may_share_a_read_buffer_and_keep_their_bytes() -> None:
     view = one.get_buffer(READ)
     view[: len(first) - 5] = first[5:]
     assert one.buffer_updated(len(first) - 5) == [SAMPLES[0]]
+
+
+def test_a_threads_read_buffer_is_made_once_in_its_store_and_each_store_has_its_own() -> None:
+    """What the SDK's connections and the daemon's client sessions read through: one
+    buffer of READ_SIZE per store (their thread's ``threading.local()``)."""
+
+    class Store:
+        pass
+
+    first, second = Store(), Store()
+    view = read_buffer_in(first)
+    assert len(view) == READ_SIZE and not view.readonly
+    assert read_buffer_in(first) is view
+    assert read_buffer_in(second) is not view
 
 
 def test_a_buffer_given_back_fits_only_bodies_of_more_than_half_its_size() -> None:
