@@ -58,6 +58,13 @@ def trace_set(root: Path, events: int, regenerate: bool) -> dict[str, Any]:
     """The trace set of about ``events`` events under ``root`` (generated once) and its truth."""
     directory = root / str(events)
     stamp = directory / "truth.json"
+    if not regenerate and not stamp.exists() and any(segment_files([directory])):
+        # a set made some other way (by hand, with brokerd.analytics.synthetic): what it
+        # should find is not known, and replacing it unasked would lose it
+        raise SystemExit(
+            f"bench_analyze: {directory} holds trace segments but no truth.json (not "
+            "generated here); move them away, or pass --regenerate to replace them"
+        )
     if regenerate or not stamp.exists():
         shutil.rmtree(directory, ignore_errors=True)
         began = time.perf_counter()
