@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from brokerd.analytics import audit as audit_job
-from brokerd.analytics import delays, faults, latency, page, throughput, waiting
+from brokerd.analytics import delays, faults, latency, throughput, waiting
 from brokerd.analytics.load import damaged_segments, load_traces, plain_bytes, trace_files
 from brokerd.analytics.messages import distinct_count, message_table
 from brokerd.analytics.processes import processes
@@ -142,9 +142,13 @@ five-million-event set: 254 s with three at a time, 287 s one at a time, same lo
 
 
 def _warm_page() -> None:
-    """Load what the report page needs and does not depend on the analysis (the Vega
-    bundle, the template), while Spark starts."""
+    """Load what the report page needs and does not depend on the analysis (its modules,
+    the Vega bundle, the template), while Spark starts. The page's module is imported
+    here, not with this one: Altair, Jinja2 and vl-convert take about half a second to
+    import, spent while the JVM starts instead of before it."""
     with contextlib.suppress(Exception):  # render_html says what is wrong, later
+        from brokerd.analytics import page
+
         page.vega_bundle()
         page.template()
 
@@ -504,6 +508,8 @@ def print_summary(analysis: Analysis, out: TextIO = sys.stdout, limit: int = 10)
 
 def render_html(analysis: Analysis) -> str:
     """The report page (:mod:`brokerd.analytics.page`)."""
+    from brokerd.analytics import page  # see _warm_page
+
     return page.render(analysis)
 
 
