@@ -157,9 +157,19 @@ def _when(event: str, value: str) -> str:
     return f"CASE WHEN event = '{event}' THEN {value} END"
 
 
-def _first(event: str, value: str) -> str:
-    """SQL: ``value`` of the earliest event ``event`` of the group."""
-    return f"min_by({_when(event, value)}, {_when(event, 't')})"
+def _first(event: str, fields: str) -> str:
+    """SQL: the earliest event ``event`` of the group, as a struct of its time ``t`` and
+    ``fields``. One aggregate with one buffer for the time and the fields both, where a
+    ``min_by`` beside a ``min`` of the time was two, one of them with two buffers, each
+    evaluating its own conditions on every event of the table (interpreted, on a small
+    set, a third of the fold's CPU); of events at the same time, the least by the
+    fields, the same on every run."""
+    return f"min({_when(event, f'struct(t, {fields})')})"
+
+
+def _last(event: str, fields: str) -> str:
+    """SQL: the latest event ``event`` of the group, as :func:`_first` the earliest."""
+    return f"max({_when(event, f'struct(t, {fields})')})"
 
 
 def _eid(instance: str, n: str) -> str:
@@ -218,30 +228,24 @@ streams_of_events AS (
 ),
 folded AS (
   SELECT conversation_id, initiator, seq,
-    {_first("message_sent", f"struct({SENT_FIELDS})")} AS sent,
-    min({_when("message_sent", "t")}) AS sent_t,
+    {_first("message_sent", SENT_FIELDS)} AS sent,
     min({_when("enqueued", "t")}) AS enqueued_t,
-    min({_when("fragment_sent", "t")}) AS first_fragment_t,
-    {_first("fragment_sent", "struct(route, peer)")} AS link,
+    {_first("fragment_sent", "route, peer")} AS link,
     max({_when("fragment_sent", "attempt")}) AS attempts,
     count({_when("retransmission", "1")}) AS retransmissions,
     count({_when("duplicate", "1")}) AS duplicates,
     count({_when("dropped", "1")}) AS drops,
-    max_by({_when("dropped", "reason")}, {_when("dropped", "t")}) AS drop_reason,
+    {_last("dropped", "reason")} AS dropping,
     CAST(size(collect_set({_when("forwarded", "instance")})) AS BIGINT) AS forwards,
     max({_when("forwarded", "hop")}) AS max_hop,
-    min({_when("acked", "t")}) AS acked_t,
-    {_first("acked", "struct(instance, n)")} AS acked,
-    min({_when("discarded", "t")}) AS discarded_t,
-    {_first("discarded", "reason")} AS discard_reason,
-    min({_when("delivered", "t")}) AS delivered_t,
+    {_first("acked", "instance, n")} AS acked,
+    {_first("discarded", "reason")} AS discarding,
     count({_when("delivered", "1")}) AS deliveries,
-    {_first("delivered", "struct(instance, database, queue, n)")} AS delivery,
+    {_first("delivered", "instance, database, queue, n")} AS delivery,
     collect_list(CASE WHEN event = 'delivered' AND n IS NOT NULL
                       THEN struct(instance, n) END) AS delivered_pairs,
-    min({_when("received", "t")}) AS received_t,
     count({_when("received", "1")}) AS receptions,
-    {_first("received", "struct(instance, n)")} AS reception,
+    {_first("received", "instance, n")} AS reception,
     collect_list(CASE WHEN event = 'received' AND n IS NOT NULL
                       THEN struct(instance, n) END) AS received_pairs
   FROM streams_of_events
@@ -252,17 +256,18 @@ rows AS (
     sent.instance AS sender, sent.database AS database, sent.service AS service,
     sent.far_service AS far_service, sent.message_type AS message_type, sent.size AS size,
     {_eid("sent.instance", "sent.n")} AS sent_id,
-    sent_t, enqueued_t, first_fragment_t,
+    sent.t AS sent_t, enqueued_t, link.t AS first_fragment_t,
     link.route AS fragment_route, link.peer AS fragment_peer,
-    attempts, retransmissions, duplicates, drops, drop_reason, forwards, max_hop,
-    acked_t, {_eid("acked.instance", "acked.n")} AS acked_id,
-    discarded_t, discard_reason,
-    delivered_t, deliveries,
+    attempts, retransmissions, duplicates, drops, dropping.reason AS drop_reason,
+    forwards, max_hop,
+    acked.t AS acked_t, {_eid("acked.instance", "acked.n")} AS acked_id,
+    discarding.t AS discarded_t, discarding.reason AS discard_reason,
+    delivery.t AS delivered_t, deliveries,
     delivery.instance AS receiver, delivery.database AS target_database,
     delivery.queue AS queue, delivery.n AS delivered_n,
     {_eid("delivery.instance", "delivery.n")} AS delivered_id,
     {_ids("delivered_pairs")} AS delivered_ids,
-    received_t, receptions,
+    reception.t AS received_t, receptions,
     reception.instance AS reader, reception.n AS received_n,
     {_eid("reception.instance", "reception.n")} AS received_id,
     {_ids("received_pairs")} AS received_ids
