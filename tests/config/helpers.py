@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,7 @@ from brokerd.config import (
 from brokerd.errors import ConfigError
 from protocol.frames import MAX_NAME_BYTES
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "config"
-"""The project's example configuration files."""
-NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 UUID1 = "8c2f4a1e-0b7d-4c3a-9e55-0a1f0e3b7c11"
-UUID2 = "1d4e2b3c-5a6f-4b7c-8d9e-0f1a2b3c4d5e"
 
 ENDPOINT = """\
 [endpoint]

@@ -30,8 +30,6 @@ from brokerd.config import (
 from brokerd.errors import ConfigError
 from protocol.frames import DEFAULT_MAX_FRAME_SIZE
 from tests.config.helpers import (
-    EXAMPLES,
-    NOW,
     SHOP,
     UUID1,
     config_text,
@@ -39,6 +37,10 @@ from tests.config.helpers import (
     load,
     write,
 )
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "config"
+"""The project's example configuration files."""
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 # ---------------------------------------------------------------------------- examples
 

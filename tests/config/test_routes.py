@@ -15,12 +15,13 @@ from brokerd.errors import ConfigError
 from protocol.frames import MAX_NAME_BYTES
 from tests.config.helpers import (
     LONG,
-    UUID2,
     config_text,
     db,
     expect_error,
     load,
 )
+
+UUID2 = "1d4e2b3c-5a6f-4b7c-8d9e-0f1a2b3c4d5e"
 
 # ---------------------------------------------------------------------------- errors: routes
 
