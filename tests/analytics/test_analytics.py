@@ -643,6 +643,34 @@ def test_audit_of_a_clean_synthetic_set_passes(tmp_path: Path, spark: SparkSessi
         assert found.waiting == truth.messages_waiting > 0
 
 
+def test_a_messages_first_and_last_events_of_a_kind_are_chosen_the_same_on_every_run(
+    tmp_path: Path, spark: SparkSession
+) -> None:
+    """The message table takes each kind of event's earliest (its latest drop): of two
+    deliveries at the same microsecond, the one of the least instance, whichever was
+    written first; the drop's reason is the later drop's."""
+    w = Writer(tmp_path)
+    c = uuid.uuid4()
+    common = {"initiator": True, "seq": 1}
+    w.emit("a", T0 + 1, "message_sent", c, database="db", service="//a", size=10, **common)
+    w.emit("f", T0 + 1.5, "dropped", c, reason="first", **common)
+    w.emit("f", T0 + 1.8, "dropped", c, reason="later", **common)
+    w.emit("b2", T0 + 2, "delivered", c, database="db", queue="q2", **common)
+    w.emit("b1", T0 + 2, "delivered", c, database="db", queue="q1", **common)
+    w.emit("b1", T0 + 3, "delivered", c, database="db", queue="q0", **common)
+    w.close()
+    loaded = load_traces(spark, [tmp_path])
+    try:
+        (row,) = message_table(loaded.events).collect()
+    finally:
+        loaded.release()
+    micros = round((T0 + 2) * 1_000_000)
+    assert (row["sender"], row["sent_t"]) == ("a", round((T0 + 1) * 1_000_000))
+    assert (row["receiver"], row["queue"], row["delivered_t"]) == ("b1", "q1", micros)
+    assert row["deliveries"] == 3 and row["status"] == "delivered"
+    assert (row["drops"], row["drop_reason"]) == (2, "later")
+
+
 # -- the command -----------------------------------------------------------------------------
 
 
@@ -666,6 +694,19 @@ def test_analyze_command_writes_the_report_and_fails_on_violations(tmp_path: Pat
     assert summary["inputs"]["lines_skipped"] == 1
     assert summary["events_per_second"] > 0
     assert (tmp_path / "report" / "report.html").read_text().startswith("<!doctype html>")
+
+
+def test_the_report_pages_modules_are_not_imported_before_spark_starts() -> None:
+    """``brokerd analyze`` imports the page's modules (Altair, Jinja2, vl-convert: about
+    half a second) while the JVM starts, not with the analysis before it."""
+    code = (
+        "import sys, brokerd.analytics.report\n"
+        "print(sorted(m for m in ('altair', 'jinja2', 'vl_convert') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]"
 
 
 def test_analyze_command_refuses_a_missing_directory(tmp_path: Path) -> None:
