@@ -18,7 +18,7 @@ from brokerd.tools.certs import Issued, create_ca, identity_for, issue_instance
 from protocol import BrokerConnection, ConnectionSettings, EncryptionMode, Identity, Role
 from protocol.events import Event
 
-pytest_plugins = ["tests.browser"]
+pytest_plugins = ["tests.browser", "tests.workers"]
 
 NOW = dt.datetime.now(dt.UTC)
 
