@@ -52,14 +52,17 @@ SQLite's own default. docs/performance.md measures 64 MB ("The floor under W3, a
 page cache"): large messages gain a little, a large backlog's RSS grows by the cache."""
 
 
-CHECKPOINT_PAGES = 4000
-"""WAL pages (16 MiB at :data:`PAGE_SIZE`) after which a COMMIT copies them into the
+CHECKPOINT_PAGES = 8000
+"""WAL pages (32 MiB at :data:`PAGE_SIZE`) after which a COMMIT copies them into the
 database file (``PRAGMA wal_autocheckpoint``; SQLite's default is 1,000). A checkpoint
 writes each page the WAL holds once, however many commits changed it: the rows of a
 busy database (the transmission queue, the endpoint rows) are changed again and again,
 so a longer WAL copies the same pages fewer times. In W4 each daemon wrote 2.8 kB a
-message instead of 3.0-3.1, at the same CPU (docs/performance.md, "A longer WAL between
-checkpoints"). A crash loses nothing either way: the WAL is durable at each COMMIT."""
+message at 4,000 pages instead of 3.0-3.1 at 1,000 (a Zen 4 day), and 2.84-2.96 at 8,000
+instead of 2.99-3.05 at 4,000 on a slower CPU, whose commits hold fewer messages; the
+rate stayed within its noise, and W4 ran no faster with no checkpoint at all, so the
+longer copy inside one COMMIT is not what bounds it (docs/performance.md, "A longer WAL
+between checkpoints"). A crash loses nothing either way: the WAL is durable at each COMMIT."""
 
 
 def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> sqlite3.Connection:
