@@ -350,7 +350,8 @@ class TraceConfig:
     RECEIVE's or COMMIT's reply waits for them); false: written every
     ``flush_interval``, not fsynced (docs/traces.md "Durability")."""
     compress: bool = True
-    """Closed segments are compacted into gzip (``.jsonl.gz``) in the background."""
+    """Closed segments are compacted into Parquet (``.parquet``) in the background, by a
+    process of lower priority (docs/traces.md, Compaction)."""
     max_total_mb: int = 4096
     """Retention: the oldest closed segments are deleted while this instance's segments
     take more (MB); 0: no limit by size."""
