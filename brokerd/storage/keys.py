@@ -20,27 +20,79 @@ begun together stay together. On the many-dialogs workload (``python -m bench ru
 
 A handle is no capability (a client's token must own the conversation's service), and
 now tells when its conversation began. Only local identifiers are made so: a
-conversation id crosses the wire, where it stays random (version 4), as route
-spreading over equal routes (R-ROUTE-5) and trace sampling take it.
+conversation id crosses the wire, where it stays random (version 4, :func:`random_id`),
+as route spreading over equal routes (R-ROUTE-5) and trace sampling take it; so does a
+conversation group's id.
+
+**Random bytes from a pool.** Every ``os.urandom`` call lets go of the interpreter's
+lock around its ``getrandom`` system call; on the event loop, with the committer or
+the trace writer's thread waiting for that lock, getting it back can take up to the
+switch interval (``brokerd.server.interpreter``). A new dialog took three such calls
+(its handle, its conversation id, its group) on the sender and two (the handle and the
+group) on the receiver, so the first messages of many conversations waited on the lock
+(in W4's first seconds py-spy put 8 % of the receiver's samples in making handles).
+The identifiers here take their bytes from a pool of :data:`POOL_BYTES` filled by one
+``os.urandom`` call: the same kernel source, drawn in larger pieces, each byte handed
+out once (a lock guards the pool; a forked child starts with an empty one).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 
-__all__ = ["new_handle"]
+__all__ = ["new_handle", "random_id"]
 
 _MS_BITS = 48
 _RANDOM_LOW_BITS = 62
 _RANDOM_HIGH_BITS = 12
 
+POOL_BYTES = 4096
+"""Bytes one ``os.urandom`` call puts in the pool: 256 version-4 ids, 409 handles."""
+
+_lock = threading.Lock()
+_pool = b""
+_taken = 0
+
+
+def _empty_pool() -> None:
+    global _pool, _taken
+    _pool, _taken = b"", 0
+
+
+os.register_at_fork(after_in_child=_empty_pool)
+
+
+def random_bytes(count: int) -> bytes:
+    """``count`` (at most :data:`POOL_BYTES`) bytes from the kernel's random source,
+    through the pool: never the same byte twice."""
+    global _pool, _taken
+    with _lock:
+        start = _taken
+        if start + count > len(_pool):
+            _pool, start = os.urandom(POOL_BYTES), 0
+        _taken = start + count
+        return _pool[start : start + count]
+
 
 def new_handle() -> uuid.UUID:
     """A conversation handle: time first (milliseconds), then 74 random bits."""
     ms = time.time_ns() // 1_000_000 & ((1 << _MS_BITS) - 1)
-    rand = int.from_bytes(os.urandom(10), "big")
+    rand = int.from_bytes(random_bytes(10), "big")
     high = rand >> _RANDOM_LOW_BITS & ((1 << _RANDOM_HIGH_BITS) - 1)
     low = rand & ((1 << _RANDOM_LOW_BITS) - 1)
     return uuid.UUID(int=ms << 80 | 0x7 << 76 | high << 64 | 0b10 << 62 | low)
+
+
+_VERSION_4 = 0x4 << 76
+_VARIANT = 0b10 << 62
+_NOT_VERSION_NOR_VARIANT = ~(0xF << 76 | 0b11 << 62)
+
+
+def random_id() -> uuid.UUID:
+    """A random identifier, RFC 9562's version 4 (what ``uuid.uuid4()`` makes): a
+    conversation id or a conversation group's id."""
+    bits = int.from_bytes(random_bytes(16), "big")
+    return uuid.UUID(int=bits & _NOT_VERSION_NOR_VARIANT | _VERSION_4 | _VARIANT)

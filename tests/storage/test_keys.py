@@ -5,11 +5,15 @@ conversation ids, which cross the wire, stay random (R-ROUTE-5 spreads by them).
 from __future__ import annotations
 
 import asyncio
+import functools
+import operator
+import os
+import threading
 import time
 import uuid
 from pathlib import Path
 
-from brokerd.storage.keys import new_handle
+from brokerd.storage.keys import POOL_BYTES, new_handle, random_bytes, random_id
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
 from tests.daemons import drain, running
@@ -27,6 +31,53 @@ def test_a_handle_is_a_version_7_uuid_with_74_random_bits() -> None:
     assert len({h.int & (1 << 62) - 1 for h in handles}) == len(handles)
     ms = time.time_ns() // 1_000_000
     assert abs((handles[-1].int >> 80) - ms) < 5_000  # its first 48 bits: the time in ms
+
+
+def test_a_random_id_is_a_version_4_uuid_and_the_pool_hands_out_each_byte_once() -> None:
+    """Conversation and group ids: version 4, as ``uuid.uuid4()`` makes them, drawn through
+    the pool over many refills, every one different."""
+    ids = [random_id() for _ in range(3 * POOL_BYTES)]  # about 12 refills of the pool
+    assert {i.version for i in ids} == {4}
+    assert {i.variant for i in ids} == {uuid.RFC_4122}
+    assert len(set(ids)) == len(ids)
+    # every random bit varies: none is fixed by the pool's slicing
+    random_bits = (1 << 128) - 1 & ~(0xF << 76 | 0b11 << 62)
+    assert functools.reduce(operator.or_, (i.int for i in ids)) & random_bits == random_bits
+    assert functools.reduce(operator.and_, (i.int for i in ids)) & random_bits == 0
+
+
+def test_threads_drawing_from_the_pool_at_once_never_share_bytes() -> None:
+    drawn: list[list[bytes]] = [[] for _ in range(4)]
+
+    def draw(out: list[bytes]) -> None:
+        for _ in range(2000):
+            out.append(random_bytes(10))
+
+    threads = [threading.Thread(target=draw, args=(out,)) for out in drawn]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pieces = [piece for out in drawn for piece in out]
+    assert all(len(piece) == 10 for piece in pieces)
+    assert len(set(pieces)) == len(pieces)
+
+
+def test_a_forked_child_does_not_hand_out_its_parents_pool() -> None:
+    random_id()  # the parent's pool holds bytes not handed out yet
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: what it draws next, to the parent
+        try:
+            os.write(write, random_bytes(16))
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 16)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 16
+    assert child != random_bytes(16)  # the parent's next bytes: not the child's
 
 
 def test_handles_made_in_turn_sort_as_text_in_the_order_they_were_made() -> None:

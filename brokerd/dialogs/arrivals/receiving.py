@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +49,7 @@ from brokerd.dialogs.transmission.links import Link
 from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.storage import queries, reads
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
-from brokerd.storage.keys import new_handle
+from brokerd.storage.keys import new_handle, random_id
 from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.acks import UNKNOWN_COUNT
@@ -340,7 +339,7 @@ class Arrivals:
             handle=new_handle(),
             conversation_id=header.conversation_id,
             initiator=False,
-            group_id=uuid.uuid4(),
+            group_id=random_id(),
             database=db.name,
             service=header.to_service,
             far_service=header.from_service,

@@ -50,7 +50,7 @@ from brokerd.errors import (
     ServiceNotFound,
 )
 from brokerd.storage import queries, reads
-from brokerd.storage.keys import new_handle
+from brokerd.storage.keys import new_handle, random_id
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 from protocol.dialog_security import DialogKeys
 
@@ -124,12 +124,12 @@ class ConversationVerbs:
                     f"(R-DLG-14), but {problem}"
                 )
             keys = DialogKeys(new_dialog_key())
-        group = related_group or uuid.uuid4()
+        group = related_group or random_id()
         if related_conversation is not None:
             group = self.directory.endpoint(related_conversation)[1].group_id
         ep = Endpoint(
             handle=new_handle(),
-            conversation_id=uuid.uuid4(),
+            conversation_id=random_id(),
             initiator=True,
             group_id=group,
             database=db.name,
