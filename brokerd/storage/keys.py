@@ -66,9 +66,11 @@ os.register_at_fork(after_in_child=_empty_pool)
 
 
 def random_bytes(count: int) -> bytes:
-    """``count`` (at most :data:`POOL_BYTES`) bytes from the kernel's random source,
-    through the pool: never the same byte twice."""
+    """``count`` bytes from the kernel's random source, through the pool (more than
+    :data:`POOL_BYTES` at once: straight from it): never the same byte twice."""
     global _pool, _taken
+    if count > POOL_BYTES:
+        return os.urandom(count)
     with _lock:
         start = _taken
         if start + count > len(_pool):

@@ -61,6 +61,7 @@ def test_threads_drawing_from_the_pool_at_once_never_share_bytes() -> None:
     pieces = [piece for out in drawn for piece in out]
     assert all(len(piece) == 10 for piece in pieces)
     assert len(set(pieces)) == len(pieces)
+    assert len(random_bytes(POOL_BYTES + 1)) == POOL_BYTES + 1  # beyond the pool: whole
 
 
 def test_a_forked_child_does_not_hand_out_its_parents_pool() -> None:
