@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 
-__all__ = ["new_handle", "random_id"]
+__all__ = ["new_handle", "random_bytes", "random_id"]
 
 _MS_BITS = 48
 _RANDOM_LOW_BITS = 62
