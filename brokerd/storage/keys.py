@@ -38,6 +38,7 @@ out once (a lock guards the pool; a forked child starts with an empty one).
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import time
@@ -58,7 +59,10 @@ _taken = 0
 
 
 def _empty_pool() -> None:
-    global _pool, _taken
+    """In a forked child: no byte of the parent's pool, and a lock of its own (a thread of
+    the parent may have held it at the fork, and that thread is not in the child)."""
+    global _lock, _pool, _taken
+    _lock = threading.Lock()
     _pool, _taken = b"", 0
 
 
@@ -69,6 +73,9 @@ def random_bytes(count: int) -> bytes:
     """``count`` bytes from the kernel's random source, through the pool (more than
     :data:`POOL_BYTES` at once: straight from it): never the same byte twice."""
     global _pool, _taken
+    count = operator.index(count)
+    if count < 0:
+        raise ValueError(f"a count of random bytes is not negative, not {count}")
     if count > POOL_BYTES:
         return os.urandom(count)
     with _lock:

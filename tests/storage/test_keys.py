@@ -8,11 +8,16 @@ import asyncio
 import functools
 import operator
 import os
+import select
+import signal
 import threading
 import time
 import uuid
 from pathlib import Path
 
+import pytest
+
+from brokerd.storage import keys
 from brokerd.storage.keys import POOL_BYTES, new_handle, random_bytes, random_id
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
@@ -62,22 +67,35 @@ def test_threads_drawing_from_the_pool_at_once_never_share_bytes() -> None:
     assert all(len(piece) == 10 for piece in pieces)
     assert len(set(pieces)) == len(pieces)
     assert len(random_bytes(POOL_BYTES + 1)) == POOL_BYTES + 1  # beyond the pool: whole
+    first = random_bytes(8)
+    with pytest.raises(ValueError):
+        random_bytes(-8)  # would hand the same bytes out again
+    with pytest.raises(TypeError):
+        random_bytes(1.5)  # type: ignore[arg-type]
+    assert random_bytes(8) != first
 
 
 def test_a_forked_child_does_not_hand_out_its_parents_pool() -> None:
+    """Nor does it wait for ever on the lock a thread of the parent held at the fork."""
     random_id()  # the parent's pool holds bytes not handed out yet
     read, write = os.pipe()
+    held = keys._lock
+    held.acquire()  # as a thread of the parent drawing at the moment of the fork
     pid = os.fork()
     if pid == 0:  # the child: what it draws next, to the parent
         try:
             os.write(write, random_bytes(16))
         finally:
             os._exit(0)
+    held.release()
     os.close(write)
-    child = os.read(read, 16)
+    ready, _, _ = select.select([read], [], [], 10.0)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    child = os.read(read, 16) if ready else b""
     os.close(read)
     os.waitpid(pid, 0)
-    assert len(child) == 16
+    assert len(child) == 16, "the child did not draw its bytes within 10 s"
     assert child != random_bytes(16)  # the parent's next bytes: not the child's
 
 
