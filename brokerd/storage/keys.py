@@ -95,13 +95,7 @@ def new_handle() -> uuid.UUID:
     return uuid.UUID(int=ms << 80 | 0x7 << 76 | high << 64 | 0b10 << 62 | low)
 
 
-_VERSION_4 = 0x4 << 76
-_VARIANT = 0b10 << 62
-_NOT_VERSION_NOR_VARIANT = ~(0xF << 76 | 0b11 << 62)
-
-
 def random_id() -> uuid.UUID:
-    """A random identifier, RFC 9562's version 4 (what ``uuid.uuid4()`` makes): a
-    conversation id or a conversation group's id."""
-    bits = int.from_bytes(random_bytes(16), "big")
-    return uuid.UUID(int=bits & _NOT_VERSION_NOR_VARIANT | _VERSION_4 | _VARIANT)
+    """A random identifier, RFC 9562's version 4, as ``uuid.uuid4()`` makes it (from the
+    pool's bytes): a conversation id or a conversation group's id."""
+    return uuid.UUID(bytes=random_bytes(16), version=4)
