@@ -66,6 +66,9 @@ def test_threads_drawing_from_the_pool_at_once_never_share_bytes() -> None:
     pieces = [piece for out in drawn for piece in out]
     assert all(len(piece) == 10 for piece in pieces)
     assert len(set(pieces)) == len(pieces)
+
+
+def test_a_count_of_random_bytes_is_a_whole_non_negative_number() -> None:
     assert len(random_bytes(POOL_BYTES + 1)) == POOL_BYTES + 1  # beyond the pool: whole
     first = random_bytes(8)
     with pytest.raises(ValueError):
@@ -81,13 +84,15 @@ def test_a_forked_child_does_not_hand_out_its_parents_pool() -> None:
     read, write = os.pipe()
     held = keys._lock
     held.acquire()  # as a thread of the parent drawing at the moment of the fork
-    pid = os.fork()
-    if pid == 0:  # the child: what it draws next, to the parent
-        try:
-            os.write(write, random_bytes(16))
-        finally:
-            os._exit(0)
-    held.release()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: what it draws next, to the parent
+            try:
+                os.write(write, random_bytes(16))
+            finally:
+                os._exit(0)
+    finally:
+        held.release()  # in the parent (the child has left)
     os.close(write)
     ready, _, _ = select.select([read], [], [], 10.0)
     if not ready:
