@@ -6,8 +6,9 @@
     brokerd run --config FILE [--ready-file FILE] [--log-level LEVEL]
     brokerd demo [--orders N] [--workdir DIR] [--first-address 127.0.0.1] [--no-analytics]
     brokerd wire-demo [--encryption required|supported|disabled]
-    brokerd analyze TRACE_DIR... [--out DIR] [--master URL] [--top N] [--quiet]
-                    [--database FILE...]
+    brokerd analyze TRACE_DIR... [--out DIR] [--master URL | --server SOCKET] [--top N]
+                    [--quiet] [--database FILE...]
+    brokerd analyzer SOCKET [--master URL] [--warm-up N]
     brokerd cluster up|down|status [DIR] [--first-address 127.0.0.1]
 
 Errors (a wrong configuration included) print one line naming the problem and
@@ -84,12 +85,6 @@ def _wire_demo(args: argparse.Namespace) -> None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    try:
-        from brokerd.analytics.report import run
-    except ModuleNotFoundError as exc:
-        raise AnalyticsError(
-            f"brokerd analyze needs PySpark ({exc}): pip install 'brokerd[analytics]'"
-        ) from exc
     from brokerd.storage.witness import endpoint_sequences
 
     witness = []
@@ -98,7 +93,40 @@ def _analyze(args: argparse.Namespace) -> int:
             witness += endpoint_sequences(path)
         except sqlite3.Error as exc:
             raise AnalyticsError(f"{path}: not a brokerd database file ({exc})") from exc
+    if args.server is not None:
+        return _analyze_by(args, witness)
+    try:
+        from brokerd.analytics.report import run
+    except ModuleNotFoundError as exc:
+        raise AnalyticsError(
+            f"brokerd analyze needs PySpark ({exc}): pip install 'brokerd[analytics]'"
+        ) from exc
     return run(args, witness)
+
+
+def _analyze_by(args: argparse.Namespace, witness: list[tuple[str, bool, int, int]]) -> int:
+    """``brokerd analyze --server SOCKET``: the same analysis, by a running analyzer."""
+    from brokerd.analytics.service import Request, ask
+
+    if args.master is not None:
+        raise AnalyticsError("--master and --server: the analyzer runs on its own master")
+    request = Request(
+        tuple(p.resolve() for p in args.paths), args.out.resolve(), args.top, tuple(witness)
+    )
+    result = ask(args.server, request, None if args.quiet else sys.stderr)
+    print(result["text"], end="")
+    print(f"\nwrote {result['summary']} and {result['html']}")
+    return 0 if result["passed"] else 1
+
+
+def _analyzer(args: argparse.Namespace) -> int:
+    try:
+        from brokerd.analytics.service import serve
+    except ModuleNotFoundError as exc:
+        raise AnalyticsError(
+            f"brokerd analyzer needs PySpark ({exc}): pip install 'brokerd[analytics]'"
+        ) from exc
+    return serve(args.socket, args.master, args.warm_up)
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -219,7 +247,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="a stopped daemon's database file, a witness of what it sent and delivered "
         "(repeat for each)",
     )
+    analyze.add_argument(
+        "--server",
+        type=Path,
+        metavar="SOCKET",
+        help="ask the running analyzer listening at SOCKET (brokerd analyzer) instead of "
+        "starting Spark",
+    )
     analyze.set_defaults(func=_analyze)
+
+    from brokerd.analytics.service import DEFAULT_WARM_UPS
+
+    analyzer = commands.add_parser(
+        "analyzer",
+        help="keep Spark running, warmed up, for 'brokerd analyze --server SOCKET'",
+    )
+    analyzer.add_argument(
+        "socket", type=Path, metavar="SOCKET", help="the Unix socket to listen at"
+    )
+    analyzer.add_argument("--master", help="Spark master (default local[*]: this machine's cores)")
+    analyzer.add_argument(
+        "--warm-up",
+        type=int,
+        default=DEFAULT_WARM_UPS,
+        metavar="N",
+        help=f"analyses of a generated trace set before listening (default {DEFAULT_WARM_UPS})",
+    )
+    analyzer.set_defaults(func=_analyzer)
 
     cluster = commands.add_parser(
         "cluster",

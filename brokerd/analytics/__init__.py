@@ -15,8 +15,10 @@ sequence number, and writes a JSON summary and an HTML report. The modules:
   :mod:`~brokerd.analytics.throughput`, :mod:`~brokerd.analytics.waiting`: the jobs;
 * :mod:`brokerd.analytics.report`: runs the jobs, prints the key tables, writes
   ``summary.json`` and ``report.html`` (charts from :mod:`brokerd.analytics.charts`);
+* :mod:`brokerd.analytics.service`: a running analyzer (``brokerd analyzer SOCKET``)
+  that keeps one Spark application warm and answers ``brokerd analyze --server``;
 * :mod:`brokerd.analytics.synthetic`: a generator of large synthetic trace sets with
-  known figures, for tests and benchmarks.
+  known figures, for tests and benchmarks (and the analyzer's warm-up).
 
 May import: ``brokerd.traces`` (the segment reader), ``brokerd.config`` and
 ``brokerd.errors``. Nothing of the daemon (storage, dialogs, routing, server).

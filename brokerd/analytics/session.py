@@ -190,6 +190,36 @@ def driver_jvm_options(input_bytes: int | None) -> str:
     return ""
 
 
+def sql_settings(
+    input_bytes: int | None, *, local: bool = True, shuffle_partitions: int | None = None
+) -> dict[str, str]:
+    """The SQL settings for a trace set of ``input_bytes`` (None: unknown, large): those a
+    running session takes for each analysis (:func:`sized_session`)."""
+    small = is_small(input_bytes)
+    partitions = shuffle_partitions or (1 if small else 2 * (os.cpu_count() or 2) if local else 200)
+    return {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.adaptive.enabled": str(not small).lower(),
+        "spark.sql.autoBroadcastJoinThreshold": "-1" if small else "10MB",
+        "spark.sql.codegen.wholeStage": str(not small).lower(),
+        # interpreted expressions too on a small set: no Janino compilation of each
+        # projection, predicate and ordering (most of a small run's CPU otherwise)
+        "spark.sql.codegen.factoryMode": "NO_CODEGEN" if small else "FALLBACK",
+    }
+
+
+def sized_session(spark: SparkSession, input_bytes: int | None) -> SparkSession:
+    """A session of ``spark``'s application (its JVM, its cache) with the SQL settings for
+    ``input_bytes`` of traces and temporary views of its own: one analysis of a running
+    driver (:mod:`brokerd.analytics.service`)."""
+    local = (spark.sparkContext.master or DEFAULT_MASTER).startswith("local")
+    session = spark.newSession()
+    for key, value in sql_settings(input_bytes, local=local).items():
+        session.conf.set(key, value)
+    return session
+
+
 def spark_session(
     master: str | None = None,
     *,
@@ -207,14 +237,13 @@ def spark_session(
     os.environ.setdefault("SPARK_LAUNCHER_OPTS", LAUNCHER_JVM_OPTIONS)
     local = master is None or master.startswith("local")
     small = is_small(input_bytes)
-    partitions = shuffle_partitions or (1 if small else 2 * (os.cpu_count() or 2) if local else 200)
+    builder = SparkSession.builder.master(master or DEFAULT_MASTER).appName(app_name)
+    for key, value in sql_settings(
+        input_bytes, local=local, shuffle_partitions=shuffle_partitions
+    ).items():
+        builder = builder.config(key, value)
     builder = (
-        SparkSession.builder.master(master or DEFAULT_MASTER)
-        .appName(app_name)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", str(partitions))
-        .config("spark.sql.adaptive.enabled", str(not small).lower())
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
         .config("spark.sql.files.maxPartitionBytes", str(64 * 1024 * 1024))
         # A daemon may close (rename) an open segment while Spark reads the set.
@@ -229,14 +258,7 @@ def spark_session(
         "spark.driver.extraJavaOptions", f"{jvm} {driver_jvm_options(input_bytes)}"
     )
     if small:
-        builder = (
-            builder.config("spark.sql.autoBroadcastJoinThreshold", "-1")
-            .config("spark.sql.codegen.wholeStage", "false")
-            # interpreted expressions too: no Janino compilation of each projection,
-            # predicate and ordering (most of a small run's CPU otherwise)
-            .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
-            .config("spark.executor.extraJavaOptions", SMALL_JVM_OPTIONS)
-        )
+        builder = builder.config("spark.executor.extraJavaOptions", SMALL_JVM_OPTIONS)
     if local:
         builder = builder.config("spark.driver.memory", driver_memory)
     try:

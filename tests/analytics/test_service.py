@@ -1,0 +1,185 @@
+"""The running analyzer (``brokerd analyzer``) and ``brokerd analyze --server``
+(R-REPORT-3): the same report as ``brokerd analyze`` alone, one analysis at a time, bad
+requests answered with an error while the analyzer goes on, a socket only its user
+may use."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from brokerd.analytics.service import RESULT, Analyzer, Request, listen
+from brokerd.analytics.synthetic import Plan, generate
+from brokerd.errors import AnalyticsError
+
+START_TIMEOUT = 240.0
+
+
+def brokerd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "brokerd", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+class Running:
+    def __init__(self, process: subprocess.Popen[str], path: Path, log: Path) -> None:
+        self.process, self.path, self.log = process, path, log
+
+
+@pytest.fixture(scope="module")
+def analyzer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    root = tmp_path_factory.mktemp("analyzer")
+    path, log = root / "run" / "analyzer.sock", root / "analyzer.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "brokerd", "analyzer", str(path), "--warm-up", "0"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT
+    while "listening at" not in log.read_text():
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the analyzer did not start"
+        time.sleep(0.2)
+    try:
+        yield Running(process, path, log)
+    finally:
+        # SIGTERM stops it, and it removes its socket
+        process.send_signal(signal.SIGTERM)
+        try:
+            assert process.wait(60) == 0, log.read_text()[-3000:]
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+        assert not path.exists()
+
+
+def test_the_analyzer_writes_the_report_analyze_writes(analyzer: Running, tmp_path: Path) -> None:
+    generate(tmp_path / "bad", Plan(conversations=40, violations=True))
+    generate(tmp_path / "good", Plan(conversations=30, violations=False, seed=7))
+    done = brokerd(
+        "analyze", str(tmp_path / "bad"), "--server", str(analyzer.path), "--out", "bad-report"
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "FAILED: 3 violation(s)" in done.stdout
+    assert "building the message table" in done.stderr  # its progress, as it runs
+    summary = json.loads((Path("bad-report") / "summary.json").read_text())
+    assert summary["audit"]["violations"] == 3
+    assert summary["inputs"]["lines_skipped"] == 1
+    # the next analysis, in a session of its own, does not see the first one's tables
+    done = brokerd(
+        "analyze", str(tmp_path / "good"), "--server", str(analyzer.path), "--quiet",
+        "--out", str(tmp_path / "good-report"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stderr == ""
+    good = json.loads((tmp_path / "good-report" / "summary.json").read_text())
+    assert good["audit"]["violations"] == 0
+    assert good["inputs"]["events"] != summary["inputs"]["events"]
+    assert (tmp_path / "good-report" / "report.html").read_text().startswith("<!doctype html>")
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a relative --out is the client's directory's
+
+
+def raw(path: Path, data: bytes) -> dict[str, object]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(path))
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+    last = answer.rstrip("\n").split("\n")[-1]  # not splitlines: RESULT is a line break to it
+    assert last.startswith(RESULT)
+    result: dict[str, object] = json.loads(last[1:])
+    return result
+
+
+def test_bad_requests_get_an_error_and_the_analyzer_goes_on(
+    analyzer: Running, tmp_path: Path
+) -> None:
+    def request(**fields: object) -> bytes:
+        base: dict[str, object] = {"paths": ["/x"], "out": "/tmp/x", "top": 5, "witness": []}
+        return json.dumps(base | fields).encode() + b"\n"
+
+    for data, error in [
+        (b"not json\n", "one line of JSON"),
+        (request(paths=["relative"]), "absolute"),
+        (request(top=0), "top"),
+        (request(witness=[["c", 1, 2, 3]]), "witness"),
+        (request(more=1), "nothing else"),
+        (b'{"paths": ["/x"]', "before its newline"),
+    ]:
+        result = raw(analyzer.path, data)
+        assert result["ok"] is False and error in str(result["error"]), (data, result)
+    done = brokerd("analyze", str(tmp_path / "nowhere"), "--server", str(analyzer.path), "--quiet")
+    assert done.returncode == 2 and "no such trace directory" in done.stderr, done.stderr
+    done = brokerd("analyze", str(tmp_path), "--server", str(analyzer.path), "--master", "local[1]")
+    assert done.returncode == 2 and "--master and --server" in done.stderr
+    assert analyzer.process.poll() is None
+    # and it still analyses
+    generate(tmp_path / "traces", Plan(conversations=20, violations=False))
+    done = brokerd("analyze", str(tmp_path / "traces"), "--server", str(analyzer.path))
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_socket_is_its_users_alone_and_not_taken_twice(analyzer: Running) -> None:
+    assert stat.S_IMODE(analyzer.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(analyzer.path.parent.stat().st_mode) == 0o700
+    with pytest.raises(AnalyticsError, match="already"):
+        listen(analyzer.path)
+    done = brokerd("analyzer", str(analyzer.path), "--warm-up", "0")
+    assert done.returncode == 2 and "already" in done.stderr
+
+
+def test_a_stale_socket_is_replaced_and_a_file_is_not(tmp_path: Path) -> None:
+    stale = tmp_path / "stale.sock"
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(stale))
+    left.close()  # bound, never listening: an analyzer that is gone
+    listen(stale).close()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(AnalyticsError, match="not a socket"):
+        listen(tmp_path / "file")
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    with pytest.raises(AnalyticsError, match="this user's alone"):
+        listen(shared / "a.sock")
+
+
+def test_no_analyzer_is_a_clear_error(tmp_path: Path) -> None:
+    generate(tmp_path / "traces", Plan(conversations=5))
+    done = brokerd("analyze", str(tmp_path / "traces"), "--server", str(tmp_path / "none.sock"))
+    assert done.returncode == 2 and "no analyzer answers" in done.stderr
+
+
+def test_the_warm_up_analyses_a_generated_set(spark: SparkSession, tmp_path: Path) -> None:
+    log = io.StringIO()
+    analyzer = Analyzer(spark, listen(tmp_path / "warm.sock"))
+    try:
+        analyzer.warm_up(2, log, conversations=10)
+    finally:
+        analyzer.server.close()
+    assert analyzer.analyses == 2
+    assert "warm-up 2/2" in log.getvalue()
+
+
+def test_a_request_survives_its_own_encoding(tmp_path: Path) -> None:
+    request = Request((tmp_path / "a", tmp_path / "b"), tmp_path / "out", 7, (("c", True, 3, 2),))
+    assert Request.decode(request.encode().rstrip(b"\n")) == request
