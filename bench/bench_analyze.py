@@ -14,10 +14,14 @@ finds exactly what the generator wrote: events, messages, retransmissions, dupli
 and a passing audit.
 
 ``--master spark://...`` runs the cases on a cluster; ``--cluster`` starts the project's
-own (:mod:`brokerd.tools.spark_cluster`) for the run and stops it after.
+own (:mod:`brokerd.tools.spark_cluster`) for the run and stops it after. ``--analyzer``
+starts a running analyzer (``brokerd analyzer``, :mod:`brokerd.analytics.service`) first,
+reports its start (the JVM and the warm-up) once, and times ``brokerd analyze --server``
+for each case: the command a user waits for once the analyzer runs, with the analyzer's
+CPU during the case counted under ``analyzer``.
 
 Usage: python -m bench.bench_analyze [--events 66,100000,5000000] [--dir /tmp/brokerd-traces]
-       [--master URL | --cluster] [--calm 1.5] [--runs 1] [--json FILE]
+       [--master URL | --cluster | --analyzer] [--calm 1.5] [--runs 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -87,8 +91,19 @@ def trace_set(root: Path, events: int, regenerate: bool) -> dict[str, Any]:
     return expected
 
 
+def tree_seconds(pid: int) -> float:
+    """The CPU seconds a process and those below it have used so far."""
+    with TreeCpu(pid) as cpu:
+        pass
+    return sum(cpu.by_program().values())
+
+
 def run_case(
-    root: Path, events: int, master: str | None, expected: dict[str, Any]
+    root: Path,
+    events: int,
+    master: str | None,
+    expected: dict[str, Any],
+    analyzer: Analyzer | None = None,
 ) -> dict[str, Any]:
     """``brokerd analyze`` over one trace set, timed from the command's start to its exit."""
     traces = root / str(events) / "traces"
@@ -97,6 +112,9 @@ def run_case(
     command = [sys.executable, "-m", "brokerd", "analyze", str(traces), "--out", str(out)]
     if master:
         command += ["--master", master]
+    if analyzer is not None:
+        command += ["--server", str(analyzer.socket)]
+        analyzer_before = tree_seconds(analyzer.process.pid)
     shutil.rmtree(out, ignore_errors=True)  # a failed run must not leave the last summary
     load_before = load_average()
     began = time.perf_counter()
@@ -108,6 +126,9 @@ def run_case(
     ):
         stdout, stderr = process.communicate()
     wall = time.perf_counter() - began
+    spent = cpu.by_program()
+    if analyzer is not None:
+        spent["analyzer"] = tree_seconds(analyzer.process.pid) - analyzer_before
     done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     if done.returncode not in (0, 1) or not (out / "summary.json").exists():
         raise SystemExit(f"brokerd analyze failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -138,7 +159,7 @@ def run_case(
         "steps": steps,
         # what the run cost, whatever else the machine ran: the figure that compares
         # across a loaded machine's runs (the wall clock moves with the load)
-        "cpu_seconds": {name: round(s, 1) for name, s in cpu.by_program().items()},
+        "cpu_seconds": {name: round(s, 1) for name, s in spent.items()},
         "master": summary["master"],
         "load_before": round(load_before, 2),
         "load_after": round(load_average(), 2),
@@ -147,6 +168,31 @@ def run_case(
         "python": platform.python_version(),
         "ok": not wrong,
     }
+
+
+class Analyzer:
+    """A running analyzer the cases ask (``--analyzer``)."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.socket = directory / "analyzer.sock"
+        self.log = directory / "analyzer.log"
+        began = time.perf_counter()
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "brokerd", "analyzer", str(self.socket)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        while "listening at" not in self.log.read_text():
+            if self.process.poll() is not None:
+                raise SystemExit(f"brokerd analyzer failed:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        self.start_seconds = time.perf_counter() - began
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(60)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--master", help="Spark master (default: local mode)")
     where.add_argument("--cluster", action="store_true", help="start a standalone cluster")
+    where.add_argument(
+        "--analyzer", action="store_true", help="start a running analyzer and ask it"
+    )
     parser.add_argument("--runs", type=int, default=1, help="runs per case")
     parser.add_argument("--calm", type=float, help="wait for a 1-minute load below this first")
     parser.add_argument("--regenerate", action="store_true")
@@ -172,13 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     cluster_dir = args.dir / "cluster"
     if args.cluster:
         master = spark_cluster.start(cluster_dir).master_url
+    analyzer = None
+    if args.analyzer:
+        analyzer = Analyzer(args.dir / "analyzer")
+        started = {"analyzer_start_seconds": round(analyzer.start_seconds, 1)}
+        print(json.dumps(started), flush=True)
     ok = True
     try:
         for n in args.events:
             for _ in range(args.runs):
                 if args.calm:
                     wait_for_calm(args.calm)
-                line = run_case(args.dir, n, master, expected[n])
+                line = run_case(args.dir, n, master, expected[n], analyzer)
                 ok = ok and line["ok"]
                 print(json.dumps(line), flush=True)
                 if args.json:
@@ -187,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.cluster:
             spark_cluster.stop(cluster_dir)
+        if analyzer is not None:
+            analyzer.stop()
     return 0 if ok else 1
 
 
