@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -74,10 +74,18 @@ def collect(df: DataFrame, title: str, limit: int | None) -> Table:
     )
 
 
+class Lines(Protocol):
+    """Where progress lines go: a text file, or the analyzer's client."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 class Progress:
     """``[n/N] step: seconds`` lines on stderr (or nowhere), from any thread."""
 
-    def __init__(self, steps: int, out: TextIO | None) -> None:
+    def __init__(self, steps: int, out: Lines | None) -> None:
         self.steps = steps
         self.done = 0
         self.out = out
@@ -159,7 +167,7 @@ def analyze(
     master: str | None = None,
     spark: SparkSession | None = None,
     top: int = DEFAULT_TOP,
-    progress: TextIO | None = sys.stderr,
+    progress: Lines | None = sys.stderr,
     witness: Sequence[tuple[str, bool, int, int]] = (),
 ) -> Analysis:
     """Run every job over the trace segments under ``paths``; ``witness``: the endpoints of

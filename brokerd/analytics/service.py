@@ -5,8 +5,9 @@ that start and that cold code are most of the run (docs/analytics.md, "A running
 driver"). ``brokerd analyzer SOCKET`` starts Spark once, warms its code up on a
 generated trace set (:mod:`brokerd.analytics.synthetic`), and then answers
 ``brokerd analyze TRACE_DIR... --server SOCKET`` one analysis at a time, each in a
-session of its own with the settings for its size (:func:`~brokerd.analytics.session.
-sized_session`); the report is the one ``brokerd analyze`` writes alone.
+session of its own with the settings for its size
+(:func:`brokerd.analytics.session.sized_session`); the report is the one
+``brokerd analyze`` writes alone.
 
 The socket is a Unix socket, 0600 in a directory this user owns (made 0700 when it is
 made here): an analysis reads the trace files and writes the report as the analyzer's
@@ -22,7 +23,10 @@ user, on its machine, so only that user may ask. The exchange:
   files written) or ``error``.
 
 A bad request, a trace set that cannot be read or an analysis that fails is answered
-with an error and the analyzer goes on; a client that leaves mid-analysis abandons it.
+with an error and the analyzer goes on; a client that hangs up mid-analysis abandons it
+(its Spark jobs are cancelled), and what an analysis cached is released after it. The
+analyzer ends on SIGTERM or SIGINT (after cancelling the analysis under way), and with
+status 1 when its Spark application has gone.
 
 This module's client side (:func:`ask`) imports neither PySpark nor the jobs.
 """
@@ -30,15 +34,19 @@ This module's client side (:func:`ask`) imports neither PySpark nor the jobs.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
+import select
 import signal
 import socket
 import stat
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -48,6 +56,8 @@ from brokerd.errors import AnalyticsError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from brokerd.analytics.report import Lines
+
 REQUEST_LIMIT = 64 * 1024 * 1024
 """Bytes of one request line (the witness rows of many database files fit)."""
 REQUEST_TIMEOUT = 30.0
@@ -55,7 +65,13 @@ REQUEST_TIMEOUT = 30.0
 RESULT = "\x1e"
 """The first character of the answer's last line (progress lines never hold it)."""
 MAX_PATHS = 10_000
-MAX_TOP = 100_000
+"""Trace directories or segments one request names."""
+MAX_TOP = 1_000_000
+"""Rows kept per table (``--top``)."""
+MAX_WITNESS = 1_000_000
+"""Endpoint rows of database files one request carries."""
+WATCH_INTERVAL = 0.25
+"""Seconds between the checks that an analysis's client is still there."""
 WARM_UP_CONVERSATIONS = 2_000
 """The generated set the analyzer warms up on (about 20,000 events)."""
 DEFAULT_WARM_UPS = 3
@@ -107,8 +123,14 @@ class Request:
             raise AnalyticsError("out: an absolute path")
         if type(top) is not int or not 0 < top <= MAX_TOP:
             raise AnalyticsError(f"top: an integer from 1 to {MAX_TOP:,}")
-        if not isinstance(witness, list) or not all(_is_witness(w) for w in witness):
-            raise AnalyticsError("witness: [conversation id, initiator, sent, received] rows")
+        if (
+            not isinstance(witness, list)
+            or len(witness) > MAX_WITNESS
+            or not all(_is_witness(w) for w in witness)
+        ):
+            raise AnalyticsError(
+                f"witness: up to {MAX_WITNESS:,} [conversation id, initiator, sent, received] rows"
+            )
         return cls(
             tuple(Path(p) for p in paths),
             Path(out),
@@ -142,61 +164,123 @@ def ask(path: Path, request: Request, progress: TextIO | None) -> dict[str, Any]
                 f"{path}: no analyzer answers ({exc.strerror or exc}); "
                 "'brokerd analyzer SOCKET' starts one"
             ) from None
-        sock.sendall(request.encode())
+        with contextlib.suppress(OSError):  # refused midway: its answer says why
+            sock.sendall(request.encode())
         with sock.makefile("r", encoding="utf-8", newline="\n") as answer:
             for line in answer:
                 if line.startswith(RESULT):
-                    result: dict[str, Any] = json.loads(line[1:])
+                    try:
+                        result: dict[str, Any] = json.loads(line[1:])
+                    except ValueError:
+                        break
                     if not result.get("ok"):
                         raise AnalyticsError(f"the analyzer: {result.get('error')}")
+                    if not {"passed", "text", "summary", "html"} <= set(result):
+                        break
                     return result
                 if progress is not None:
                     progress.write(line)
                     progress.flush()
-    raise AnalyticsError(f"{path}: the analyzer closed the connection without a result")
+    raise AnalyticsError(f"{path}: the analyzer closed the connection without a whole result")
 
 
 # -- the analyzer -------------------------------------------------------------------------
 
 
-def listen(path: Path) -> socket.socket:
-    """A Unix socket listening at ``path``, 0600, in a directory of this user's (made
-    0700 if missing). A socket file left by an analyzer that is gone is replaced; one
-    that answers is not."""
+class Listener:
+    """The analyzer's socket, the lock that makes its path this analyzer's, and the
+    socket file it bound (removed at :meth:`close` only if it is still that file)."""
+
+    def __init__(self, path: Path, sock: socket.socket, lock: int) -> None:
+        self.path = path
+        self.sock = sock
+        self.lock = lock
+        self.inode = path.lstat().st_ino
+
+    def close(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            if self.path.lstat().st_ino == self.inode:
+                self.path.unlink()
+        os.close(self.lock)  # the lock goes with it
+
+
+def listen(path: Path) -> Listener:
+    """A Unix socket listening at ``path``, 0600, in a directory of this user's alone
+    (made 0700 if missing). ``PATH.lock`` (locked while the analyzer runs) says whether
+    another analyzer has the path: a socket file it left when it ended is replaced."""
     directory = path.parent
-    if not directory.exists():
-        directory.mkdir(mode=0o700, parents=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     owner = directory.stat()
     if owner.st_uid != os.getuid() or owner.st_mode & 0o022:
         raise AnalyticsError(f"{directory}: the socket's directory must be this user's alone")
-    if path.exists() or path.is_symlink():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise AnalyticsError(f"{path}: exists and is not a socket")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(path))
-            except OSError:
-                path.unlink()  # left by an analyzer that is gone
-            else:
-                raise AnalyticsError(f"{path}: an analyzer is listening there already")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
+    lock = os.open(
+        path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
     try:
-        server.bind(str(path))
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    server.listen(16)
-    return server
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AnalyticsError(f"{path}: an analyzer is listening there already") from None
+        if path.is_symlink() or path.exists():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise AnalyticsError(f"{path}: exists and is not a socket")
+            path.unlink()  # left by an analyzer that has ended: it held the lock
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        sock.listen(16)
+    except BaseException:
+        os.close(lock)
+        raise
+    return Listener(path, sock, lock)
+
+
+class ClientLines:
+    """The progress lines of one analysis, sent to its client whole; a client that has
+    gone is noted (:attr:`gone`), never raised into the analysis."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.gone = threading.Event()
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str, /) -> int:
+        with self._lock:
+            self._pending += text
+            end = self._pending.rfind("\n") + 1
+            if end and not self.gone.is_set():
+                whole, self._pending = self._pending[:end], self._pending[end:]
+                try:
+                    self.conn.sendall(whole.replace(RESULT, " ").encode())
+                except OSError:
+                    self.gone.set()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 class Analyzer:
-    """The warm Spark application and the socket it answers on, one analysis at a time."""
+    """The warm Spark application and the socket it answers on, one analysis at a time.
 
-    def __init__(self, spark: SparkSession, server: socket.socket) -> None:
+    An analysis is abandoned, its Spark jobs cancelled, when its client goes (the
+    socket hung up) or the analyzer is asked to stop (SIGTERM, SIGINT: it then ends
+    after the analysis); whatever it had cached is released after every analysis."""
+
+    def __init__(self, spark: SparkSession, listener: Listener) -> None:
         self.spark = spark
-        self.server = server
+        self.listener = listener
         self.analyses = 0
+        self.busy = False
+        self.stopping = threading.Event()
+        self.failed = False
+        """The Spark application is gone (its JVM ended): the analyzer ends, non-zero."""
 
     def warm_up(self, runs: int, log: TextIO, conversations: int = WARM_UP_CONVERSATIONS) -> None:
         """Analyse a generated trace set of ``conversations`` ``runs`` times, so that the
@@ -210,33 +294,38 @@ class Analyzer:
             generate(traces, Plan(conversations=conversations, seconds=120))
             for run in range(runs):
                 began = time.perf_counter()
-                self.analyse(Request((traces,), report, 10), None)
+                self.busy = True
+                try:
+                    self.analyse(Request((traces,), report, 10), None)
+                finally:
+                    self.busy = False
+                if self.stopping.is_set():
+                    return
                 print(
                     f"analyzer: warm-up {run + 1}/{runs}: {time.perf_counter() - began:.1f} s",
                     file=log,
                     flush=True,
                 )
 
-    def analyse(self, request: Request, progress: TextIO | None) -> dict[str, Any]:
+    def analyse(self, request: Request, progress: Lines | None) -> dict[str, Any]:
         """Run one analysis in a session of its own and write its report."""
         from brokerd.analytics.load import plain_bytes, trace_files
-        from brokerd.analytics.report import (
-            analyze,
-            print_summary,
-            write_report,
-        )
+        from brokerd.analytics.report import analyze, print_summary, write_report
         from brokerd.analytics.session import sized_session
 
         size = plain_bytes(trace_files(list(request.paths)))
         session = sized_session(self.spark, size)
-        analysis = analyze(
-            request.paths,
-            master=self.spark.sparkContext.master,
-            spark=session,
-            top=request.top,
-            progress=progress,
-            witness=request.witness,
-        )
+        try:
+            analysis = analyze(
+                request.paths,
+                master=self.spark.sparkContext.master,
+                spark=session,
+                top=request.top,
+                progress=progress,
+                witness=request.witness,
+            )
+        finally:
+            self.release()
         text = io.StringIO()
         print_summary(analysis, text)
         summary, html = write_report(analysis, request.out)
@@ -250,49 +339,120 @@ class Analyzer:
             "seconds": round(analysis.runtime_seconds, 3),
         }
 
+    def release(self) -> None:
+        """Drop everything an analysis cached, a step that failed midway included."""
+        with contextlib.suppress(Exception):
+            self.spark.catalog.clearCache()
+            jsc = self.spark.sparkContext._jsc
+            assert jsc is not None
+            for rdd in list(jsc.getPersistentRDDs().values()):
+                rdd.unpersist()
+
+    def stop(self, signum: int, _frame: object) -> None:
+        """SIGTERM, SIGINT: end now when idle, after the analysis (cancelled) when not."""
+        if not self.busy:
+            raise SystemExit(0)
+        self.stopping.set()
+
     def answer(self, conn: socket.socket, log: TextIO) -> None:
         """Read one request from ``conn``, run it and answer (nothing to a connection
-        closed without a byte: another analyzer's check that this one listens)."""
-        with conn, conn.makefile("w", encoding="utf-8", newline="\n") as reply:
+        closed without a byte)."""
+        with conn:
             try:
-                conn.settimeout(REQUEST_TIMEOUT)
-                line = _read_line(conn)
+                line = _read_line(conn, time.monotonic() + REQUEST_TIMEOUT)
                 if line is None:
                     return
-                conn.settimeout(None)
-                result = self.analyse(Request.decode(line), reply)
-            except TimeoutError:
-                result = {"ok": False, "error": f"no request within {REQUEST_TIMEOUT:.0f} s"}
+                request = Request.decode(line)
             except AnalyticsError as exc:
+                _reply(conn, {"ok": False, "error": str(exc)}, log)
+                return
+            lines = ClientLines(conn)
+            done = threading.Event()
+            watcher = threading.Thread(
+                target=self._watch, args=(conn, lines, done), name="client-watch", daemon=True
+            )
+            self.busy = True
+            watcher.start()
+            try:
+                result = self.analyse(request, lines)
+            except (AnalyticsError, OSError) as exc:  # unreadable traces, a report not written
                 result = {"ok": False, "error": str(exc)}
-            except OSError as exc:  # the client left, or the report cannot be written
-                if isinstance(exc, BrokenPipeError | ConnectionResetError):
-                    print("analyzer: a client left before its result", file=log, flush=True)
-                    return
-                result = {"ok": False, "error": f"{exc}"}
             except Exception as exc:  # a failed analysis, not the analyzer
-                result = {"ok": False, "error": f"the analysis failed: {exc}"}
-            with contextlib.suppress(OSError):
-                reply.write(RESULT + json.dumps(result, default=str) + "\n")
-                reply.flush()
-            verdict = "error: " + str(result["error"]) if not result["ok"] else "answered"
-            print(f"analyzer: {verdict}", file=log, flush=True)
+                result = {"ok": False, "error": f"the analysis failed: {_first_lines(exc)}"}
+                if self.stopping.is_set():
+                    result["error"] = "the analyzer was stopped: the analysis was cancelled"
+                elif not lines.gone.is_set():
+                    traceback.print_exc(file=log)
+                    self.failed = not self._alive()
+            finally:
+                self.busy = False
+                done.set()
+                watcher.join()
+            if lines.gone.is_set():
+                print("analyzer: its client left; the analysis was abandoned", file=log, flush=True)
+                return
+            _reply(conn, result, log)
+
+    def _watch(self, conn: socket.socket, lines: ClientLines, done: threading.Event) -> None:
+        """Cancel the analysis's Spark jobs, again and again until it ends, once its
+        client hangs up or the analyzer is to stop."""
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLHUP)
+        while not done.is_set():
+            hung_up = bool(poller.poll(int(WATCH_INTERVAL * 1000)))
+            if hung_up:
+                lines.gone.set()
+            if lines.gone.is_set() or self.stopping.is_set():
+                with contextlib.suppress(Exception):
+                    self.spark.sparkContext.cancelAllJobs()
+                done.wait(WATCH_INTERVAL)
+
+    def _alive(self) -> bool:
+        try:
+            jsc = self.spark.sparkContext._jsc
+            return jsc is not None and not jsc.sc().isStopped()
+        except Exception:
+            return False
 
     def serve_forever(self, log: TextIO) -> None:
-        while True:
-            conn, _ = self.server.accept()
+        while not (self.stopping.is_set() or self.failed):
+            conn, _ = self.listener.sock.accept()
             try:
                 self.answer(conn, log)
             except OSError as exc:  # one client's socket, never the analyzer
                 print(f"analyzer: a client's connection failed: {exc}", file=log, flush=True)
 
 
-def _read_line(conn: socket.socket) -> bytes | None:
-    """The request's line, at most :data:`REQUEST_LIMIT` bytes (None: closed at once)."""
+def _first_lines(exc: Exception) -> str:
+    """An error's message without the JVM's stack (a Py4J error carries all of it)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    kept = [line for line in lines if not line.startswith("at ")][:3]
+    return " ".join(kept)[:1000]
+
+
+def _reply(conn: socket.socket, result: dict[str, Any], log: TextIO) -> None:
+    try:
+        conn.sendall((RESULT + json.dumps(result, default=str) + "\n").encode())
+    except OSError:
+        print("analyzer: its client left before its result", file=log, flush=True)
+        return
+    verdict = "answered" if result["ok"] else f"error: {result['error']}"
+    print(f"analyzer: {verdict}", file=log, flush=True)
+
+
+def _read_line(conn: socket.socket, deadline: float) -> bytes | None:
+    """The request's line, at most :data:`REQUEST_LIMIT` bytes, by ``deadline`` (None:
+    the connection closed without a byte)."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        chunk = conn.recv(1 << 16)
+        conn.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            chunk = conn.recv(1 << 16)
+        except TimeoutError:
+            raise AnalyticsError(f"no request within {REQUEST_TIMEOUT:.0f} s") from None
+        finally:
+            conn.settimeout(None)
         if not chunk and not chunks:
             return None
         if not chunk:
@@ -308,28 +468,28 @@ def _read_line(conn: socket.socket) -> bytes | None:
 
 
 def serve(path: Path, master: str | None, warm_ups: int, log: TextIO = sys.stderr) -> int:
-    """``brokerd analyzer``: listen at ``path`` until SIGTERM or SIGINT."""
+    """``brokerd analyzer``: listen at ``path`` until SIGTERM or SIGINT (0), or until the
+    Spark application is gone (1)."""
     from brokerd.analytics.session import spark_session
 
-    server = listen(path)
-
-    def stop(signum: int, _frame: object) -> None:
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, stop)
+    listener = listen(path)
     spark = None
     try:
         spark = spark_session(master, app_name="brokerd-analyzer")
-        analyzer = Analyzer(spark, server)
+        analyzer = Analyzer(spark, listener)
+        # after Spark's start: PySpark's own SIGINT handler would cancel from within a call
+        signal.signal(signal.SIGTERM, analyzer.stop)
+        signal.signal(signal.SIGINT, analyzer.stop)
         analyzer.warm_up(warm_ups, log)
         print(f"analyzer: listening at {path} ({spark.sparkContext.master})", file=log, flush=True)
         analyzer.serve_forever(log)
-    except KeyboardInterrupt:
-        pass
+        return 1 if analyzer.failed else 0
+    except SystemExit:
+        return 0
     finally:
-        server.close()
-        with contextlib.suppress(OSError):
-            path.unlink()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        listener.close()
         if spark is not None:
-            spark.stop()
-    return 0
+            with contextlib.suppress(Exception):
+                spark.stop()

@@ -19,6 +19,9 @@ because the costs differ (R-REPORT-3; docs/analytics.md, Performance):
   cluster), Spark's defaults otherwise; below :data:`QUICK_COMPILER_BYTES` (a few
   million events) a driver JVM that only uses its quick compiler.
 
+:func:`sql_settings` holds the SQL settings by size; :func:`sized_session` gives a running
+application's session them for one analysis (:mod:`brokerd.analytics.service`).
+
 In either case the driver JVM maps Spark's classes from a class-data-sharing archive
 (:func:`class_archive_options`), and the tables the jobs share are read from the cache
 without the plans that computed them (:func:`keep`).

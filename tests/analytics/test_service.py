@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +21,14 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from brokerd.analytics.report import analyze
 from brokerd.analytics.service import RESULT, Analyzer, Request, listen
 from brokerd.analytics.synthetic import Plan, generate
 from brokerd.errors import AnalyticsError
 
 START_TIMEOUT = 240.0
+ANALYZER = [sys.executable, "-m", "brokerd", "analyzer"]
+ANALYZE = [sys.executable, "-m", "brokerd", "analyze"]
 
 
 def brokerd(*args: str) -> subprocess.CompletedProcess[str]:
@@ -44,7 +48,7 @@ def analyzer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     path, log = root / "run" / "analyzer.sock", root / "analyzer.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "brokerd", "analyzer", str(path), "--warm-up", "0"],
+            [*ANALYZER, str(path), "--warm-up", "0", "--master", "local[2]"],
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
@@ -56,19 +60,32 @@ def analyzer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         time.sleep(0.2)
     try:
         yield Running(process, path, log)
-    finally:
-        # SIGTERM stops it, and it removes its socket
+        # SIGTERM in the middle of an analysis: it is cancelled, the analyzer ends (0)
+        # and removes its socket; the client is told why it got no result
+        generate(root / "last", Plan(conversations=100))
+        client = subprocess.Popen(
+            [*ANALYZE, str(root / "last"), "--server", str(path), "--out", str(root / "x")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stderr is not None
+        assert client.stderr.readline().startswith("[1/10]")
         process.send_signal(signal.SIGTERM)
-        try:
-            assert process.wait(60) == 0, log.read_text()[-3000:]
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(30)
+        assert process.wait(120) == 0, log.read_text()[-3000:]
+        assert client.wait(60) == 2
+        assert "the analyzer was stopped: the analysis was cancelled" in client.stderr.read()
         assert not path.exists()
+    finally:
+        for running in (process, client) if "client" in locals() else (process,):
+            if running.poll() is None:
+                running.kill()
+                running.wait(30)
 
 
-def test_the_analyzer_writes_the_report_analyze_writes(analyzer: Running, tmp_path: Path) -> None:
+def test_the_analyzer_writes_the_report_analyze_writes(
+    analyzer: Running, tmp_path: Path, spark: SparkSession
+) -> None:
     generate(tmp_path / "bad", Plan(conversations=40, violations=True))
     generate(tmp_path / "good", Plan(conversations=30, violations=False, seed=7))
     done = brokerd(
@@ -80,6 +97,11 @@ def test_the_analyzer_writes_the_report_analyze_writes(analyzer: Running, tmp_pa
     summary = json.loads((Path("bad-report") / "summary.json").read_text())
     assert summary["audit"]["violations"] == 3
     assert summary["inputs"]["lines_skipped"] == 1
+    alone = json.loads(json.dumps(analyze([tmp_path / "bad"], spark=spark, progress=None).view()))
+    for run in (summary, alone):
+        for field in ("generated", "runtime_seconds", "events_per_second", "master"):
+            del run[field]
+    assert summary == alone
     # the next analysis, in a session of its own, does not see the first one's tables
     done = brokerd(
         "analyze", str(tmp_path / "good"), "--server", str(analyzer.path), "--quiet",
@@ -89,7 +111,6 @@ def test_the_analyzer_writes_the_report_analyze_writes(analyzer: Running, tmp_pa
     assert done.stderr == ""
     good = json.loads((tmp_path / "good-report" / "summary.json").read_text())
     assert good["audit"]["violations"] == 0
-    assert good["inputs"]["events"] != summary["inputs"]["events"]
     assert (tmp_path / "good-report" / "report.html").read_text().startswith("<!doctype html>")
 
 
@@ -132,10 +153,6 @@ def test_bad_requests_get_an_error_and_the_analyzer_goes_on(
     done = brokerd("analyze", str(tmp_path), "--server", str(analyzer.path), "--master", "local[1]")
     assert done.returncode == 2 and "--master and --server" in done.stderr
     assert analyzer.process.poll() is None
-    # and it still analyses
-    generate(tmp_path / "traces", Plan(conversations=20, violations=False))
-    done = brokerd("analyze", str(tmp_path / "traces"), "--server", str(analyzer.path))
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_socket_is_its_users_alone_and_not_taken_twice(analyzer: Running) -> None:
@@ -143,6 +160,7 @@ def test_the_socket_is_its_users_alone_and_not_taken_twice(analyzer: Running) ->
     assert stat.S_IMODE(analyzer.path.parent.stat().st_mode) == 0o700
     with pytest.raises(AnalyticsError, match="already"):
         listen(analyzer.path)
+    assert analyzer.path.exists()  # left as it was
     done = brokerd("analyzer", str(analyzer.path), "--warm-up", "0")
     assert done.returncode == 2 and "already" in done.stderr
 
@@ -153,6 +171,7 @@ def test_a_stale_socket_is_replaced_and_a_file_is_not(tmp_path: Path) -> None:
     left.bind(str(stale))
     left.close()  # bound, never listening: an analyzer that is gone
     listen(stale).close()
+    assert not stale.exists()  # removed at close, being its own
     (tmp_path / "file").write_text("x")
     with pytest.raises(AnalyticsError, match="not a socket"):
         listen(tmp_path / "file")
@@ -169,15 +188,81 @@ def test_no_analyzer_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no analyzer answers" in done.stderr
 
 
-def test_the_warm_up_analyses_a_generated_set(spark: SparkSession, tmp_path: Path) -> None:
-    log = io.StringIO()
-    analyzer = Analyzer(spark, listen(tmp_path / "warm.sock"))
+@pytest.fixture
+def in_process(spark: SparkSession, tmp_path: Path) -> Iterator[Analyzer]:
+    analyzer = Analyzer(spark, listen(tmp_path / "run" / "a.sock"))
     try:
-        analyzer.warm_up(2, log, conversations=10)
+        yield analyzer
     finally:
-        analyzer.server.close()
-    assert analyzer.analyses == 2
-    assert "warm-up 2/2" in log.getvalue()
+        analyzer.listener.close()
+
+
+def cache_is_empty(spark: SparkSession) -> bool:
+    jsc = spark.sparkContext._jsc
+    assert jsc is not None
+    manager = spark._jsparkSession.sharedState().cacheManager()  # type: ignore[attr-defined]
+    return bool(manager.isEmpty()) and bool(jsc.getPersistentRDDs().isEmpty())
+
+
+def test_the_warm_up_analyses_a_generated_set(in_process: Analyzer, spark: SparkSession) -> None:
+    log = io.StringIO()
+    in_process.warm_up(1, log, conversations=10)
+    assert in_process.analyses == 1
+    assert "warm-up 1/1" in log.getvalue()
+    assert cache_is_empty(spark)
+
+
+def test_a_client_that_hangs_up_abandons_its_analysis(
+    in_process: Analyzer, spark: SparkSession, tmp_path: Path
+) -> None:
+    generate(tmp_path / "traces", Plan(conversations=200))
+    ours, theirs = socket.socketpair()
+    theirs.sendall(Request((tmp_path / "traces",), tmp_path / "report", 5).encode())
+    log = io.StringIO()
+    answering = threading.Thread(target=in_process.answer, args=(ours, log))
+    answering.start()
+    assert theirs.makefile("r").readline().startswith("[1/10]")
+    theirs.close()
+    answering.join(120)
+    assert not answering.is_alive()
+    assert "abandoned" in log.getvalue()
+    assert not (tmp_path / "report").exists()
+    assert cache_is_empty(spark)  # nothing of it left in the application's cache
+
+
+def answer_alone(analyzer: Analyzer, data: bytes) -> tuple[dict[str, object], str]:
+    ours, theirs = socket.socketpair()
+    with theirs:
+        theirs.sendall(data)
+        log = io.StringIO()
+        analyzer.answer(ours, log)
+        last = b"".join(iter(lambda: theirs.recv(65536), b"")).decode().rstrip("\n").split("\n")
+    assert last[-1].startswith(RESULT)
+    result: dict[str, object] = json.loads(last[-1][1:])
+    return result, log.getvalue()
+
+
+def test_a_failed_analysis_is_an_error_and_not_the_analyzers_end(
+    in_process: Analyzer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a job failed")
+
+    monkeypatch.setattr("brokerd.analytics.report.analyze", broken)
+    generate(tmp_path / "traces", Plan(conversations=5))
+    request = Request((tmp_path / "traces",), tmp_path / "report", 5)
+    result, log = answer_alone(in_process, request.encode())
+    assert result == {"ok": False, "error": "the analysis failed: a job failed"}
+    assert "RuntimeError" in log  # the traceback, for whoever runs the analyzer
+    assert not in_process.failed  # Spark is still there
+
+
+def test_a_request_must_come_in_time(in_process: Analyzer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("brokerd.analytics.service.REQUEST_TIMEOUT", 0.3)
+    began = time.monotonic()
+    result, _ = answer_alone(in_process, b'{"paths": ')  # and then nothing
+    assert result["ok"] is False and "no request within" in str(result["error"])
+    assert time.monotonic() - began < 5
 
 
 def test_a_request_survives_its_own_encoding(tmp_path: Path) -> None:
