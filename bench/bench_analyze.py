@@ -46,6 +46,8 @@ from brokerd.traces.writer import segment_files
 STEP = re.compile(r"^\[\d+/\d+\] (?P<name>.+): (?P<seconds>[\d.]+) s \(total")
 CALM_WAIT = 900.0
 """Seconds ``--calm`` waits at most for the load average to drop."""
+START_WAIT = 600.0
+"""Seconds ``--analyzer`` waits at most for the analyzer to start and warm up."""
 
 
 def load_average() -> float:
@@ -185,14 +187,19 @@ class Analyzer:
                 stderr=subprocess.STDOUT,
             )
         while "listening at" not in self.log.read_text():
-            if self.process.poll() is not None:
+            if self.process.poll() is not None or time.perf_counter() - began > START_WAIT:
+                self.stop()
                 raise SystemExit(f"brokerd analyzer failed:\n{self.log.read_text()[-3000:]}")
             time.sleep(0.2)
         self.start_seconds = time.perf_counter() - began
 
     def stop(self) -> None:
         self.process.terminate()
-        self.process.wait(60)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

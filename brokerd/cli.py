@@ -23,10 +23,14 @@ import argparse
 import sqlite3
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from brokerd.errors import AnalyticsError, ClusterError
 from brokerd.tools import certs
 from protocol import BrokerError, EncryptionMode
+
+if TYPE_CHECKING:
+    from brokerd.analytics.service import Witness
 
 
 def _certs_ca(args: argparse.Namespace) -> None:
@@ -104,7 +108,7 @@ def _analyze(args: argparse.Namespace) -> int:
     return run(args, witness)
 
 
-def _analyze_by(args: argparse.Namespace, witness: list[tuple[str, bool, int, int]]) -> int:
+def _analyze_by(args: argparse.Namespace, witness: list[Witness]) -> int:
     """``brokerd analyze --server SOCKET``: the same analysis, by a running analyzer."""
     from brokerd.analytics.service import Request, ask
 

@@ -37,6 +37,11 @@ def brokerd(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a relative --out is the client's directory's
+
+
 class Running:
     def __init__(self, process: subprocess.Popen[str], path: Path, log: Path) -> None:
         self.process, self.path, self.log = process, path, log
@@ -112,11 +117,6 @@ def test_the_analyzer_writes_the_report_analyze_writes(
     good = json.loads((tmp_path / "good-report" / "summary.json").read_text())
     assert good["audit"]["violations"] == 0
     assert (tmp_path / "good-report" / "report.html").read_text().startswith("<!doctype html>")
-
-
-@pytest.fixture(autouse=True)
-def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)  # a relative --out is the client's directory's
 
 
 def raw(path: Path, data: bytes) -> dict[str, object]:
