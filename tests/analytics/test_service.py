@@ -92,7 +92,6 @@ def test_the_analyzer_writes_the_report_analyze_writes(
     analyzer: Running, tmp_path: Path, spark: SparkSession
 ) -> None:
     generate(tmp_path / "bad", Plan(conversations=40, violations=True))
-    generate(tmp_path / "good", Plan(conversations=30, violations=False, seed=7))
     done = brokerd(
         "analyze", str(tmp_path / "bad"), "--server", str(analyzer.path), "--out", "bad-report"
     )
@@ -102,21 +101,12 @@ def test_the_analyzer_writes_the_report_analyze_writes(
     summary = json.loads((Path("bad-report") / "summary.json").read_text())
     assert summary["audit"]["violations"] == 3
     assert summary["inputs"]["lines_skipped"] == 1
+    assert (Path("bad-report") / "report.html").read_text().startswith("<!doctype html>")
     alone = json.loads(json.dumps(analyze([tmp_path / "bad"], spark=spark, progress=None).view()))
     for run in (summary, alone):
         for field in ("generated", "runtime_seconds", "events_per_second", "master"):
             del run[field]
     assert summary == alone
-    # the next analysis, in a session of its own, does not see the first one's tables
-    done = brokerd(
-        "analyze", str(tmp_path / "good"), "--server", str(analyzer.path), "--quiet",
-        "--out", str(tmp_path / "good-report"),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.stderr == ""
-    good = json.loads((tmp_path / "good-report" / "summary.json").read_text())
-    assert good["audit"]["violations"] == 0
-    assert (tmp_path / "good-report" / "report.html").read_text().startswith("<!doctype html>")
 
 
 def raw(path: Path, data: bytes) -> dict[str, object]:
