@@ -2,7 +2,7 @@
 
 ``brokerd analyze`` starts a JVM, and a JVM runs Spark's code cold: on a small deployment
 that start and that cold code are most of the run (docs/analytics.md, "A running
-driver"). ``brokerd analyzer SOCKET`` starts Spark once, warms its code up on a
+analyzer"). ``brokerd analyzer SOCKET`` starts Spark once, warms its code up on a
 generated trace set (:mod:`brokerd.analytics.synthetic`), and then answers
 ``brokerd analyze TRACE_DIR... --server SOCKET`` one analysis at a time, each in a
 session of its own with the settings for its size
@@ -76,7 +76,7 @@ WARM_UP_CONVERSATIONS = 2_000
 """The generated set the analyzer warms up on (about 20,000 events)."""
 DEFAULT_WARM_UPS = 3
 """Analyses of the generated set before the first request: the JVM compiles the code the
-jobs run hot over a few runs (docs/analytics.md, "A running driver")."""
+jobs run hot over a few runs (docs/analytics.md, "A running analyzer")."""
 
 Witness = tuple[str, bool, int, int]
 
@@ -108,7 +108,7 @@ class Request:
         """The request of one line, or :class:`AnalyticsError` saying what is wrong."""
         try:
             data = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # nested too deep: RecursionError
             raise AnalyticsError(f"a request is one line of JSON ({exc})") from None
         if not isinstance(data, dict) or set(data) != {"paths", "out", "top", "witness"}:
             raise AnalyticsError("a request holds paths, out, top and witness, nothing else")
@@ -297,6 +297,10 @@ class Analyzer:
                 self.busy = True
                 try:
                     self.analyse(Request((traces,), report, 10), None)
+                except Exception:
+                    if self.stopping.is_set():
+                        return  # cancelled by the stop
+                    raise
                 finally:
                     self.busy = False
                 if self.stopping.is_set():
@@ -349,10 +353,21 @@ class Analyzer:
                 rdd.unpersist()
 
     def stop(self, signum: int, _frame: object) -> None:
-        """SIGTERM, SIGINT: end now when idle, after the analysis (cancelled) when not."""
+        """SIGTERM, SIGINT: end now when idle; when not, cancel the analysis (a request's
+        or the warm-up's) and end after it."""
         if not self.busy:
             raise SystemExit(0)
-        self.stopping.set()
+        if not self.stopping.is_set():
+            self.stopping.set()
+            threading.Thread(target=self._cancel_while_busy, name="stop", daemon=True).start()
+
+    def _cancel_while_busy(self) -> None:
+        """Cancel the Spark jobs, again and again (a step starts new ones), until the
+        analysis under way has ended."""
+        while self.busy:
+            with contextlib.suppress(Exception):
+                self.spark.sparkContext.cancelAllJobs()
+            time.sleep(WATCH_INTERVAL)
 
     def answer(self, conn: socket.socket, log: TextIO) -> None:
         """Read one request from ``conn``, run it and answer (nothing to a connection
@@ -394,18 +409,15 @@ class Analyzer:
             _reply(conn, result, log)
 
     def _watch(self, conn: socket.socket, lines: ClientLines, done: threading.Event) -> None:
-        """Cancel the analysis's Spark jobs, again and again until it ends, once its
-        client hangs up or the analyzer is to stop."""
+        """Note the client's hanging up (or a write to it that failed), then cancel the
+        analysis as a stop does."""
         poller = select.poll()
         poller.register(conn.fileno(), select.POLLHUP)
         while not done.is_set():
-            hung_up = bool(poller.poll(int(WATCH_INTERVAL * 1000)))
-            if hung_up:
+            if poller.poll(int(WATCH_INTERVAL * 1000)) or lines.gone.is_set():
                 lines.gone.set()
-            if lines.gone.is_set() or self.stopping.is_set():
-                with contextlib.suppress(Exception):
-                    self.spark.sparkContext.cancelAllJobs()
-                done.wait(WATCH_INTERVAL)
+                self._cancel_while_busy()
+                return
 
     def _alive(self) -> bool:
         try:

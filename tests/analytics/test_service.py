@@ -5,6 +5,7 @@ may use."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -25,16 +26,11 @@ from brokerd.analytics.report import analyze
 from brokerd.analytics.service import RESULT, Analyzer, Request, listen
 from brokerd.analytics.synthetic import Plan, generate
 from brokerd.errors import AnalyticsError
+from tests.commands import brokerd
 
 START_TIMEOUT = 240.0
 ANALYZER = [sys.executable, "-m", "brokerd", "analyzer"]
 ANALYZE = [sys.executable, "-m", "brokerd", "analyze"]
-
-
-def brokerd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brokerd", *args], capture_output=True, text=True, timeout=300
-    )
 
 
 @pytest.fixture(autouse=True)
@@ -135,6 +131,7 @@ def test_bad_requests_get_an_error_and_the_analyzer_goes_on(
         (request(witness=[["c", 1, 2, 3]]), "witness"),
         (request(more=1), "nothing else"),
         (b'{"paths": ["/x"]', "before its newline"),
+        (b"[" * 100_000 + b"\n", "one line of JSON"),  # nested too deep for the parser
     ]:
         result = raw(analyzer.path, data)
         assert result["ok"] is False and error in str(result["error"]), (data, result)
@@ -226,7 +223,11 @@ def answer_alone(analyzer: Analyzer, data: bytes) -> tuple[dict[str, object], st
         theirs.sendall(data)
         log = io.StringIO()
         analyzer.answer(ours, log)
-        last = b"".join(iter(lambda: theirs.recv(65536), b"")).decode().rstrip("\n").split("\n")
+        received = b""
+        with contextlib.suppress(ConnectionResetError):  # it closed with bytes left unread
+            while chunk := theirs.recv(65536):
+                received += chunk
+        last = received.decode().rstrip("\n").split("\n")
     assert last[-1].startswith(RESULT)
     result: dict[str, object] = json.loads(last[-1][1:])
     return result, log.getvalue()
@@ -253,6 +254,32 @@ def test_a_request_must_come_in_time(in_process: Analyzer, monkeypatch: pytest.M
     result, _ = answer_alone(in_process, b'{"paths": ')  # and then nothing
     assert result["ok"] is False and "no request within" in str(result["error"])
     assert time.monotonic() - began < 5
+
+
+def test_a_request_over_the_limit_is_refused(
+    in_process: Analyzer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("brokerd.analytics.service.REQUEST_LIMIT", 100_000)
+    result, _ = answer_alone(in_process, b"x" * 200_000)  # no newline within the limit
+    assert result["ok"] is False and "at most 100,000 bytes" in str(result["error"])
+
+
+def test_a_stop_during_the_warm_up_cancels_it(in_process: Analyzer) -> None:
+    """SIGTERM or SIGINT while the analyzer warms up: its analysis is cancelled, and
+    the warm-up ends without an error (the analyzer then ends, 0)."""
+    log = io.StringIO()
+    warming = threading.Thread(target=in_process.warm_up, args=(3, log, 300))
+    warming.start()
+    deadline = time.monotonic() + 60
+    while not in_process.busy:
+        assert time.monotonic() < deadline and warming.is_alive()
+        time.sleep(0.01)
+    time.sleep(1.0)  # into the analysis's jobs
+    in_process.stop(signal.SIGTERM, None)
+    warming.join(60)
+    assert not warming.is_alive()
+    assert in_process.analyses == 0  # the first analysis did not finish
+    assert "warm-up" not in log.getvalue()
 
 
 def test_a_request_survives_its_own_encoding(tmp_path: Path) -> None:
