@@ -6,21 +6,14 @@ import datetime as dt
 import ipaddress
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 from cryptography import x509
 
 from brokerd.tools.certs import load_identity
 from protocol import BrokerConnection, ConnectionSettings, Role
+from tests.commands import brokerd
 from tests.conftest import run_handshake
-
-
-def brokerd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brokerd", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 def test_certs_make_a_ca_and_instances_that_complete_a_handshake(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from brokerd.config import TraceConfig
 from brokerd.errors import AnalyticsError
 from brokerd.traces import columnar
 from brokerd.traces.writer import TraceWriter
+from tests.commands import brokerd
 
 # -- a synthetic deployment ---------------------------------------------------------------
 
@@ -672,15 +673,6 @@ def test_a_messages_first_and_last_events_of_a_kind_are_chosen_the_same_on_every
 
 
 # -- the command -----------------------------------------------------------------------------
-
-
-def brokerd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brokerd", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_analyze_command_writes_the_report_and_fails_on_violations(tmp_path: Path) -> None:
