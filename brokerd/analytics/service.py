@@ -1,4 +1,4 @@
-"""A running analytics driver: one Spark application kept warm for many analyses.
+"""A running analytics driver: one Spark application kept warm for many analyses (R-REPORT-3).
 
 ``brokerd analyze`` starts a JVM, and a JVM runs Spark's code cold: on a small deployment
 that start and that cold code are most of the run (docs/analytics.md, "A running
