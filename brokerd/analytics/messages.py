@@ -16,8 +16,10 @@ Columns: the key; ``sender``, ``database``, ``service``, ``far_service``,
 ``received_id``, ``received_n``, ``received_ids``, ``acked_id``, with ``reader`` (the
 instance whose application received it); ``route`` and ``address`` (the first link used,
 or the conversation's route for a local delivery), ``receiver``,
-``target_database``, ``queue``, ``drop_reason``, ``discard_reason``; and
-``status``, one of:
+``target_database``, ``queue``, ``drop_reason``, ``discard_reason``; for a message
+still waiting, ``latest``, its latest event on any instance (the fields
+:mod:`brokerd.analytics.waiting` words its status from, :data:`LATEST_EVENT`), so that
+no job reads every event again for the few messages that wait; and ``status``, one of:
 
 * ``delivered``: its delivery, its reception by the application, or a promoted mirror's
   ``inherited`` event covering it (R-TRACE-5) is in the set;
@@ -200,22 +202,29 @@ def _listed(event: str, as_event: str) -> str:
     WHERE seq IS NOT NULL"""
 
 
+_MESSAGE_EVENT_LIST = ", ".join(f"'{name}'" for name in MESSAGE_EVENTS)
+LATEST_EVENT = (
+    f"struct(t, array_position(array({_MESSAGE_EVENT_LIST}), event) AS stage, event, instance,"
+    " attempt, peer, wait, hop, address, reason)"
+)
+"""SQL: a message event as the fold's ``max`` orders it, the latest by time and, of one
+instant, by the life of a message (``MESSAGE_EVENTS``): the message table's ``latest``."""
+
 SENT_FIELDS = "instance, database, service, far_service, message_type, size, n"
 """What the message table keeps of a message's ``message_sent`` event."""
-_MESSAGE_EVENT_LIST = ", ".join(f"'{name}'" for name in MESSAGE_EVENTS)
 
 MESSAGE_TABLE_SQL = f"""
 WITH keyed AS (
   SELECT conversation_id, initiator, instance, n, t, reason, seq, event, database, service,
-         far_service, message_type, size, route, peer, attempt, hop, queue
+         far_service, message_type, size, route, peer, attempt, hop, queue, wait, address
   FROM {{events}}
   WHERE event IN ({_MESSAGE_EVENT_LIST})
     AND conversation_id IS NOT NULL AND initiator IS NOT NULL AND seq > 0
   UNION ALL
-  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
   FROM ({_listed("ack_received", "acked")})
   UNION ALL
-  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
   FROM ({_listed("discarded", "discarded")})
 ),
 streams_of_events AS (
@@ -247,7 +256,8 @@ folded AS (
     count({_when("received", "1")}) AS receptions,
     {_first("received", "instance, n")} AS reception,
     collect_list(CASE WHEN event = 'received' AND n IS NOT NULL
-                      THEN struct(instance, n) END) AS received_pairs
+                      THEN struct(instance, n) END) AS received_pairs,
+    max(CASE WHEN event IN ({_MESSAGE_EVENT_LIST}) THEN {LATEST_EVENT} END) AS latest
   FROM streams_of_events
   GROUP BY conversation_id, initiator, seq
 ),
@@ -270,7 +280,7 @@ rows AS (
     reception.t AS received_t, receptions,
     reception.instance AS reader, reception.n AS received_n,
     {_eid("reception.instance", "reception.n")} AS received_id,
-    {_ids("received_pairs")} AS received_ids
+    {_ids("received_pairs")} AS received_ids, latest
   FROM folded
 ),
 routes AS (
@@ -313,16 +323,21 @@ streams AS (
 SELECT {", ".join(MESSAGE_COLUMNS)},
   coalesce(fragment_route, conversation_route) AS route,
   coalesce(fragment_peer, conversation_address) AS address,
-  CASE
-    WHEN is_delivered THEN 'delivered'
-    WHEN discarded_t IS NOT NULL THEN 'discarded'
-    WHEN acked_t IS NOT NULL AND receiver_traced IS NULL THEN 'acknowledged'
-    WHEN acked_t IS NOT NULL AND seq = lowest_open THEN 'lost'
-    WHEN acked_t IS NOT NULL THEN 'held'
-    WHEN sent_t IS NOT NULL THEN 'waiting'
-    ELSE 'unknown'
-  END AS status
-FROM streams
+  status,
+  CASE WHEN status = 'waiting' THEN latest END AS latest
+FROM (
+  SELECT *,
+    CASE
+      WHEN is_delivered THEN 'delivered'
+      WHEN discarded_t IS NOT NULL THEN 'discarded'
+      WHEN acked_t IS NOT NULL AND receiver_traced IS NULL THEN 'acknowledged'
+      WHEN acked_t IS NOT NULL AND seq = lowest_open THEN 'lost'
+      WHEN acked_t IS NOT NULL THEN 'held'
+      WHEN sent_t IS NOT NULL THEN 'waiting'
+      ELSE 'unknown'
+    END AS status
+  FROM streams
+)
 """
 
 

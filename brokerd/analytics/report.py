@@ -83,12 +83,15 @@ class Lines(Protocol):
 
 
 class Progress:
-    """``[n/N] step: seconds`` lines on stderr (or nowhere), from any thread."""
+    """``[n/N] step: seconds`` lines on stderr (or nowhere), from any thread; once Spark
+    runs (:attr:`spark`), each step's jobs carry its name as their description (Spark's
+    UI and event log, where a step's jobs are told from another's at once)."""
 
     def __init__(self, steps: int, out: Lines | None) -> None:
         self.steps = steps
         self.done = 0
         self.out = out
+        self.spark: SparkSession | None = None
         self.started = time.perf_counter()
         self._lock = threading.Lock()
 
@@ -100,6 +103,8 @@ class Progress:
         if self.out is not None:
             print(f"[{number}/{self.steps}] {name} ...", file=self.out, flush=True)
         began = time.perf_counter()
+        if self.spark is not None:  # a local property of this thread's jobs
+            self.spark.sparkContext.setJobDescription(name)
         result = step()
         if self.out is not None:
             print(
@@ -186,6 +191,7 @@ def analyze(
             f"starting Spark ({master or DEFAULT_MASTER})",
             lambda: spark_session(master, input_bytes=size),
         )
+        steps.spark = sp
         damaged = checked.result()
         for path, error in damaged.items():  # said whatever the progress: data is left out
             print(

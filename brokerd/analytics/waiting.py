@@ -18,31 +18,40 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from brokerd.analytics.messages import KEY, MESSAGE_EVENTS, STREAM, is_event
+from brokerd.analytics.messages import KEY, STREAM, is_event
 
 RECEIVING_SIDE = ("fragment_received", "duplicate", "dropped", "delivered", "received", "ack_sent")
 """Events whose ``initiator`` names the other side (the messages' sender), not the endpoint."""
 
 
-def _status(event: Column) -> Column:
-    """A readable status from the last event's columns."""
+def _status(latest: str) -> Column:
+    """A readable status from the fields of a message's latest event (the message table's
+    ``latest``)."""
+
+    def field(name: str) -> Column:
+        return F.col(f"{latest}.{name}")
+
+    event = field("event")
     return (
         F.when(
             event == "retransmission",
             F.format_string(
                 "retransmitted (attempt %d) to %s, next in %.1f s",
-                F.col("attempt"),
-                F.col("peer"),
-                F.col("wait"),
+                field("attempt"),
+                field("peer"),
+                field("wait"),
             ),
         )
         .when(
             event == "fragment_sent",
-            F.format_string("sent (attempt %d) to %s", F.col("attempt"), F.col("peer")),
+            F.format_string("sent (attempt %d) to %s", field("attempt"), field("peer")),
         )
-        .when(event == "forwarded", F.format_string("forwarded (hop %d) to %s", "hop", "address"))
-        .when(event == "dropped", F.concat(F.lit("dropped: "), F.col("reason")))
-        .when(event == "delayed", F.concat(F.lit("DELAYED: "), F.col("reason")))
+        .when(
+            event == "forwarded",
+            F.format_string("forwarded (hop %d) to %s", field("hop"), field("address")),
+        )
+        .when(event == "dropped", F.concat(F.lit("dropped: "), field("reason")))
+        .when(event == "delayed", F.concat(F.lit("DELAYED: "), field("reason")))
         .when(event == "enqueued", F.lit("in the transmission queue, not sent yet"))
         .when(event == "message_sent", F.lit("sent by the application, not yet committed"))
         .otherwise(event)
@@ -50,7 +59,11 @@ def _status(event: Column) -> Column:
 
 
 def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> DataFrame:
-    """Messages still waiting, oldest first, with their last known status."""
+    """Messages still waiting, oldest first, with their last known status.
+
+    A message's latest event comes with its row (the message table's ``latest``, folded
+    with the rest of its events); only the conversations' DELAYED state is read from the
+    events here, from the few events that change it."""
     waiting = messages.where(F.col("status") == "waiting").select(
         *KEY,
         "sender",
@@ -62,20 +75,8 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
         "route",
         "address",
         F.round((F.lit(last_t) - F.col("sent_t")) / 1e6, 3).alias("age_seconds"),
-    )
-    stage = F.array_position(F.array(*map(F.lit, MESSAGE_EVENTS)), F.col("event"))
-    latest = Window.partitionBy(*KEY).orderBy(F.col("t").desc(), stage.desc())
-    last_event = (
-        events.where(F.col("event").isin(*MESSAGE_EVENTS) & (F.col("seq") > 0))
-        .join(waiting.select(*KEY), on=KEY, how="left_semi")
-        .withColumn("n", F.row_number().over(latest))
-        .where(F.col("n") == 1)
-        .select(
-            *KEY,
-            F.col("t").alias("status_t"),
-            F.col("instance").alias("status_instance"),
-            _status(F.col("event")).alias("message_status"),
-        )
+        F.col("latest.instance").alias("status_instance"),
+        _status("latest").alias("message_status"),
     )
     delayed_now = Window.partitionBy(*STREAM, "instance").orderBy(F.col("t").desc())
     delays = (
@@ -88,11 +89,11 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
             F.concat(F.lit("DELAYED: "), F.col("reason")).alias("delayed_status"),
         )
     )
+    columns = [c for c in waiting.columns if c not in ("status_instance", "message_status")]
     return (
-        waiting.join(last_event, on=KEY, how="left")
-        .join(delays, on=[*STREAM, "sender"], how="left")
+        waiting.join(delays, on=[*STREAM, "sender"], how="left")
         .select(
-            *waiting.columns,
+            *columns,
             # a conversation still DELAYED at the end of the set: that is why it waits
             F.coalesce("delayed_status", "message_status").alias("last_status"),
             F.coalesce("status_instance", "sender").alias("status_instance"),
