@@ -8,7 +8,8 @@ below 1/10,000); counts, means and maxima are exact.
 * :func:`by_service_pair` and :func:`by_route` read the message table;
 * :func:`by_hop` follows each message link by link: from the sender to the first
   broker that received it, through every forwarder (whose own dwell time,
-  received to forwarded, is given too) to the receiver;
+  received to forwarded, is given too) to the receiver (the message table's ``legs``
+  and ``dwells``);
 * :func:`latency_histogram` buckets SEND-to-delivery latencies on a log scale (ten
   buckets per decade) for the report's chart; :func:`histogram_by_route` does the
   same per sender, route and address, and :func:`by_hop` per leg of the path.
@@ -16,12 +17,8 @@ below 1/10,000); counts, means and maxima are exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-
-from brokerd.analytics.messages import KEY, is_event
 
 PERCENTILES = [0.5, 0.9, 0.99]
 ACCURACY = 10_000
@@ -66,13 +63,10 @@ def by_route(messages: DataFrame) -> DataFrame:
     return _delivery_figures(messages, ["sender", "route", "address"])
 
 
-def by_hop(
-    events: DataFrame, cached: Callable[[DataFrame], DataFrame] = lambda df: df
-) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """Per link of the path (leg 1 = sender to the first broker), and per forwarder dwell.
-
-    ``cached`` keeps a table that more than one of the three reads (the arrivals, the
-    legs paired with their departures), so it is computed once; by default nothing is.
+def by_hop(messages: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """Per link of the path (leg 1 = sender to the first broker), and per forwarder dwell,
+    from the message table's ``legs`` and ``dwells`` (folded with the rest of each
+    message's events: no job reads the events again for them).
 
     Returns (legs, dwell, histogram): legs has ``leg``, ``from_instance``,
     ``to_instance`` and the latency distribution; dwell has ``instance``, ``hop`` and
@@ -87,48 +81,16 @@ def by_hop(
     latency (it is in the end-to-end figures). The leg number is the arrival's hop
     count plus one.
     """
-    keyed = events.where((F.col("seq") > 0) & (F.col("fragment") == 0))
-    departures = keyed.where(is_event("fragment_sent") | is_event("forwarded")).select(
-        *KEY, F.col("instance").alias("from_instance"), F.col("t").alias("left_at")
-    )
-    arrivals = (
-        keyed.where(is_event("fragment_received"))
-        .groupBy(
-            *KEY,
-            "instance",
-            F.regexp_extract("peer", "^(.*)@[^@]*$", 1).alias("from_instance"),
-            (F.coalesce("hop", F.lit(0)) + 1).alias("leg"),
-        )
-        .agg(F.min("t").alias("arrive"))
-    )
-    arrivals = cached(arrivals)
-    paired = (
-        arrivals.join(departures, on=[*KEY, "from_instance"])
-        .groupBy(*KEY, "instance", "from_instance", "leg", "arrive")
-        .agg(
-            F.coalesce(
-                F.max(F.when(F.col("left_at") <= F.col("arrive"), F.col("left_at"))),
-                F.min("left_at"),  # clocks disagree: the first departure
-            ).alias("left_at")
-        )
-        .select("leg", "from_instance", F.col("instance").alias("to_instance"), "left_at", "arrive")
-    )
-    paired = cached(paired)
+    legs = messages.select(F.inline("legs"))
     leg = ["leg", "from_instance", "to_instance"]
-    legs = paired.groupBy(*leg).agg(*distribution(millis("arrive", "left_at"), "")).orderBy(*leg)
-    forwards = (
-        keyed.where(is_event("forwarded"))
-        .groupBy(*KEY, "instance")
-        .agg(F.min("t").alias("depart"), F.min("hop").alias("hop"))
-    )
-    first_arrivals = arrivals.groupBy(*KEY, "instance").agg(F.min("arrive").alias("arrive"))
+    by_leg = legs.groupBy(*leg).agg(*distribution(millis("arrive", "left_at"), "")).orderBy(*leg)
     dwell = (
-        first_arrivals.join(forwards, on=[*KEY, "instance"])
+        messages.select(F.inline("dwells"))
         .groupBy("instance", "hop")
         .agg(*distribution(millis("depart", "arrive"), ""))
         .orderBy("hop", "instance")
     )
-    return legs, dwell, buckets(paired, millis("arrive", "left_at"), leg)
+    return by_leg, dwell, buckets(legs, millis("arrive", "left_at"), leg)
 
 
 def buckets(rows: DataFrame, ms: Column, by: list[str]) -> DataFrame:

@@ -19,7 +19,9 @@ or the conversation's route for a local delivery), ``receiver``,
 ``target_database``, ``queue``, ``drop_reason``, ``discard_reason``; for a message
 still waiting, ``latest``, its latest event on any instance (the fields
 :mod:`brokerd.analytics.waiting` words its status from, :data:`LATEST_EVENT`), so that
-no job reads every event again for the few messages that wait; and ``status``, one of:
+no job reads every event again for the few messages that wait; ``legs`` and ``dwells``,
+the message's way from instance to instance (:data:`LEGS`, :data:`DWELLS`, the tables of
+:func:`brokerd.analytics.latency.by_hop`); and ``status``, one of:
 
 * ``delivered``: its delivery, its reception by the application, or a promoted mirror's
   ``inherited`` event covering it (R-TRACE-5) is in the set;
@@ -210,21 +212,70 @@ LATEST_EVENT = (
 """SQL: a message event as the fold's ``max`` orders it, the latest by time and, of one
 instant, by the life of a message (``MESSAGE_EVENTS``): the message table's ``latest``."""
 
+PATH_EVENT = """CASE WHEN fragment = 0 THEN CASE event
+    WHEN 'fragment_sent' THEN struct(0 AS kind, instance, t, CAST(NULL AS STRING) AS source, hop)
+    WHEN 'forwarded' THEN struct(1 AS kind, instance, t, CAST(NULL AS STRING) AS source, hop)
+    WHEN 'fragment_received' THEN struct(2 AS kind, instance, t,
+                                         regexp_extract(peer, '^(.*)@[^@]*$', 1) AS source, hop)
+  END END"""
+"""SQL: an event of a message's way between instances, for its ``path`` (the first
+fragment's only): its ``kind`` (0 a departure, 1 a forwarder's departure, 2 an arrival),
+instance, time, the instance an arrival came from (its connection's peer,
+``instance@host:port``) and the hop count."""
+
+LEGS = """filter(transform(
+    transform(
+      array_distinct(transform(filter(path, e -> e.kind = 2),
+                               e -> struct(e.instance AS instance, e.source AS source,
+                                           coalesce(e.hop, 0) + 1 AS leg))),
+      k -> struct(k.leg AS leg, k.source AS from_instance, k.instance AS to_instance,
+                  array_min(transform(filter(path, e -> e.kind = 2 AND e.instance = k.instance
+                                                   AND e.source = k.source
+                                                   AND coalesce(e.hop, 0) + 1 = k.leg),
+                                      e -> e.t)) AS arrive)),
+    l -> struct(l.leg AS leg, l.from_instance AS from_instance, l.to_instance AS to_instance,
+                coalesce(
+                  array_max(transform(filter(path, d -> d.kind < 2 AND d.instance = l.from_instance
+                                                    AND d.t <= l.arrive), d -> d.t)),
+                  -- clocks disagree: the first departure
+                  array_min(transform(filter(path, d -> d.kind < 2
+                                                    AND d.instance = l.from_instance), d -> d.t))
+                ) AS left_at,
+                l.arrive AS arrive)),
+  l -> l.left_at IS NOT NULL)"""
+"""SQL: a message's legs from its ``path``, one per first arrival on an instance from
+another (by the hop count): that instance's latest departure of the message before the
+arrival, and where there is none before it, its first (:func:`latency.by_hop`)."""
+
+DWELLS = """filter(transform(
+    array_distinct(transform(filter(path, e -> e.kind = 1), e -> e.instance)),
+    i -> struct(i AS instance,
+                array_min(transform(filter(path, e -> e.kind = 1 AND e.instance = i), e -> e.hop))
+                  AS hop,
+                array_min(transform(filter(path, e -> e.kind = 2 AND e.instance = i), e -> e.t))
+                  AS arrive,
+                array_min(transform(filter(path, e -> e.kind = 1 AND e.instance = i), e -> e.t))
+                  AS depart)),
+  d -> d.arrive IS NOT NULL)"""
+"""SQL: a message's stay on each forwarder that received it, from its ``path``: its first
+arrival there and its first forwarding from there (with that forwarding's hop)."""
+
 SENT_FIELDS = "instance, database, service, far_service, message_type, size, n"
 """What the message table keeps of a message's ``message_sent`` event."""
 
 MESSAGE_TABLE_SQL = f"""
 WITH keyed AS (
   SELECT conversation_id, initiator, instance, n, t, reason, seq, event, database, service,
-         far_service, message_type, size, route, peer, attempt, hop, queue, wait, address
+         far_service, message_type, size, route, peer, attempt, hop, queue, wait, address,
+         fragment
   FROM {{events}}
   WHERE event IN ({_MESSAGE_EVENT_LIST})
     AND conversation_id IS NOT NULL AND initiator IS NOT NULL AND seq > 0
   UNION ALL
-  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
   FROM ({_listed("ack_received", "acked")})
   UNION ALL
-  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+  SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
   FROM ({_listed("discarded", "discarded")})
 ),
 streams_of_events AS (
@@ -257,7 +308,8 @@ folded AS (
     {_first("received", "instance, n")} AS reception,
     collect_list(CASE WHEN event = 'received' AND n IS NOT NULL
                       THEN struct(instance, n) END) AS received_pairs,
-    max(CASE WHEN event IN ({_MESSAGE_EVENT_LIST}) THEN {LATEST_EVENT} END) AS latest
+    max(CASE WHEN event IN ({_MESSAGE_EVENT_LIST}) THEN {LATEST_EVENT} END) AS latest,
+    collect_list({PATH_EVENT}) AS path
   FROM streams_of_events
   GROUP BY conversation_id, initiator, seq
 ),
@@ -280,7 +332,8 @@ rows AS (
     reception.t AS received_t, receptions,
     reception.instance AS reader, reception.n AS received_n,
     {_eid("reception.instance", "reception.n")} AS received_id,
-    {_ids("received_pairs")} AS received_ids, latest
+    {_ids("received_pairs")} AS received_ids, latest,
+    {LEGS} AS legs, {DWELLS} AS dwells
   FROM folded
 ),
 routes AS (
@@ -324,7 +377,8 @@ SELECT {", ".join(MESSAGE_COLUMNS)},
   coalesce(fragment_route, conversation_route) AS route,
   coalesce(fragment_peer, conversation_address) AS address,
   status,
-  CASE WHEN status = 'waiting' THEN latest END AS latest
+  CASE WHEN status = 'waiting' THEN latest END AS latest,
+  legs, dwells
 FROM (
   SELECT *,
     CASE

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -35,7 +34,7 @@ from brokerd.analytics.load import damaged_segments, load_traces, plain_bytes, t
 from brokerd.analytics.messages import distinct_count, message_table
 from brokerd.analytics.processes import processes
 from brokerd.analytics.result import Analysis, Table
-from brokerd.analytics.session import DEFAULT_MASTER, Kept, is_small, keep, spark_session
+from brokerd.analytics.session import DEFAULT_MASTER, Kept, keep, spark_session
 from brokerd.traces.writer import iso_micros
 
 __all__ = ["Analysis", "Table", "analyze", "print_summary", "render_html", "write_report"]
@@ -204,17 +203,7 @@ def analyze(
         )
         try:
             events = traces.events
-            large = not is_small(size)
-            hops = functools.partial(
-                steps.run, "latency per hop", lambda: _hops(events, top, cache=large)
-            )
-            legs: list[Future[dict[str, Table]]] = []
-
-            def build() -> Kept:
-                legs.append(run.submit(hops))  # the legs of the path read the events alone
-                return _kept(message_table(events))
-
-            kept = steps.run("building the message table", build)
+            kept = steps.run("building the message table", lambda: _kept(message_table(events)))
             messages = kept.df
             try:
                 jobs = _Jobs(events, messages, traces.first_t, traces.last_t, top)
@@ -226,7 +215,7 @@ def analyze(
                 parts = [run.submit(steps.run, name, job) for name, job in jobs.steps()]
                 summed = run.submit(steps.run, "totals", lambda: _totals(events, messages))
                 found = audited.result()
-                made = [part.result() for part in (*legs, *parts)]
+                made = [part.result() for part in parts]
                 totals = summed.result()
             finally:
                 kept.release()
@@ -276,30 +265,6 @@ TABLES = (
 """The tables of an analysis, in the order of ``summary.json``."""
 
 
-def _hops(events: DataFrame, top: int, *, cache: bool) -> dict[str, Table]:
-    """The tables of the legs of the path (from the events alone); with ``cache`` (a large
-    set) the tables two of them read are computed once, into the cache, and dropped after
-    (on a small set building the cache costs more than computing them twice)."""
-    kept: list[Kept] = []
-
-    def cached(df: DataFrame) -> DataFrame:
-        if not cache:
-            return df
-        kept.append(keep(df))
-        return kept[-1].df
-
-    try:
-        legs, dwell, histogram = latency.by_hop(events, cached)
-        return {
-            "latency_by_hop": collect(legs, "Latency per hop (ms)", top),
-            "forwarder_dwell": collect(dwell, "Forwarder dwell time (ms)", top),
-            "latency_histogram_by_hop": collect(histogram, "Latency per hop", HISTOGRAM_ROWS),
-        }
-    finally:
-        for table in kept:
-            table.release()
-
-
 class _Jobs:
     """The steps that make the tables, each from the events and the message table; a
     step returns its tables (name -> :class:`Table`), so steps can run at once."""
@@ -319,6 +284,7 @@ class _Jobs:
             ("waiting messages and open endpoints", self.waiting),
             ("DELAYED time, wait reasons and longest waits", self.delays),
             ("latency per service pair and route", self.latencies),
+            ("latency per hop", self.hops),
             ("throughput and load balancing", self.throughput),
             ("faults per connection and route", self.faults),
         ]
@@ -338,6 +304,14 @@ class _Jobs:
                 "SEND to delivery latency per route",
                 HISTOGRAM_ROWS,
             ),
+        }
+
+    def hops(self) -> dict[str, Table]:
+        legs, dwell, histogram = latency.by_hop(self.messages)
+        return {
+            "latency_by_hop": collect(legs, "Latency per hop (ms)", self.top),
+            "forwarder_dwell": collect(dwell, "Forwarder dwell time (ms)", self.top),
+            "latency_histogram_by_hop": collect(histogram, "Latency per hop", HISTOGRAM_ROWS),
         }
 
     def faults(self) -> dict[str, Table]:
