@@ -229,8 +229,8 @@ LEGS = """filter(transform(
                                e -> struct(e.instance AS instance, e.source AS source,
                                            coalesce(e.hop, 0) + 1 AS leg))),
       k -> struct(k.leg AS leg, k.source AS from_instance, k.instance AS to_instance,
-                  array_min(transform(filter(path, e -> e.kind = 2 AND e.instance = k.instance
-                                                   AND e.source = k.source
+                  array_min(transform(filter(path, e -> e.kind = 2 AND e.instance <=> k.instance
+                                                   AND e.source <=> k.source
                                                    AND coalesce(e.hop, 0) + 1 = k.leg),
                                       e -> e.t)) AS arrive)),
     l -> struct(l.leg AS leg, l.from_instance AS from_instance, l.to_instance AS to_instance,

@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import uuid
+from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -559,6 +560,17 @@ def edge_cases(root: Path) -> dict[str, str]:
             "seqs": "x,",
         }
         f.write(json.dumps(bad_seqs) + "\n")
+        arrival = {  # a line without its instance: its leg still has its latency
+            "v": 1,
+            "ts": datetime.fromtimestamp(T0 + 30.504, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "event": "fragment_received",
+            "conversation_id": str(r),
+            "initiator": True,
+            "seq": 1,
+            "fragment": 0,
+            "peer": "a@x",
+        }
+        f.write(json.dumps(arrival) + "\n")
     return {k: str(v) for k, v in c.items()}
 
 
@@ -626,7 +638,12 @@ def test_a_retry_over_another_forwarder_is_its_own_leg(
         (r["leg"], r["from_instance"], r["to_instance"]): r["max_ms"]
         for r in result.tables["latency_by_hop"].records()
     }
-    assert legs == {(1, "a", "f1"): 1.0, (1, "a", "f2"): 2.0, (2, "f2", "b"): 3.0}
+    assert legs == {
+        (1, "a", "f1"): 1.0,
+        (1, "a", "f2"): 2.0,
+        (2, "f2", "b"): 3.0,
+        (1, "a", None): 4.0,  # an arrival's line without its instance
+    }
     (dwell,) = result.tables["forwarder_dwell"].records()
     assert (dwell["instance"], dwell["hop"], dwell["max_ms"]) == ("f2", 1, 1.0)
 
