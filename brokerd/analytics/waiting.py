@@ -5,7 +5,8 @@ is neither acknowledged, delivered nor discarded; its age is now minus its SEND
 time and its status is the last thing the traces say about it: its
 conversation's DELAYED reason when the conversation is still DELAYED, otherwise
 its latest event on any instance (events of one instant ordered by the life of a
-message, ``MESSAGE_EVENTS``). An
+message, ``MESSAGE_EVENTS``, and two of one kind at one instant by their fields: the
+same choice on every run). An
 endpoint is open from ``dialog_begun`` until ``dialog_ended``; for each open
 endpoint the table gives its age, how long it has been idle, its last event, and
 how many of its messages wait to be sent or to be RECEIVEd (the pile-ups nobody
