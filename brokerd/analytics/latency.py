@@ -64,9 +64,10 @@ def by_route(messages: DataFrame) -> DataFrame:
 
 
 def by_hop(messages: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """Per link of the path (leg 1 = sender to the first broker), and per forwarder dwell,
-    from the message table's ``legs`` and ``dwells`` (folded with the rest of each
-    message's events: no job reads the events again for them).
+    """Per link of the path (leg 1 = sender to the first broker), and per forwarder dwell
+    (the report's latency per leg of the path, R-REPORT-1), from the message table's
+    ``legs`` and ``dwells`` (folded with the rest of each message's events: no job reads
+    the events again for them).
 
     Returns (legs, dwell, histogram): legs has ``leg``, ``from_instance``,
     ``to_instance`` and the latency distribution; dwell has ``instance``, ``hop`` and

@@ -52,7 +52,6 @@ def _status(latest: str) -> Column:
             F.format_string("forwarded (hop %d) to %s", field("hop"), field("address")),
         )
         .when(event == "dropped", F.concat(F.lit("dropped: "), field("reason")))
-        .when(event == "delayed", F.concat(F.lit("DELAYED: "), field("reason")))
         .when(event == "enqueued", F.lit("in the transmission queue, not sent yet"))
         .when(event == "message_sent", F.lit("sent by the application, not yet committed"))
         .otherwise(event)
@@ -65,7 +64,7 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
     A message's latest event comes with its row (the message table's ``latest``, folded
     with the rest of its events); only the conversations' DELAYED state is read from the
     events here, from the few events that change it."""
-    waiting = messages.where(F.col("status") == "waiting").select(
+    fields = [
         *KEY,
         "sender",
         "database",
@@ -75,6 +74,9 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
         "attempts",
         "route",
         "address",
+    ]
+    waiting = messages.where(F.col("status") == "waiting").select(
+        *fields,
         F.round((F.lit(last_t) - F.col("sent_t")) / 1e6, 3).alias("age_seconds"),
         F.col("latest.instance").alias("status_instance"),
         _status("latest").alias("message_status"),
@@ -90,11 +92,11 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
             F.concat(F.lit("DELAYED: "), F.col("reason")).alias("delayed_status"),
         )
     )
-    columns = [c for c in waiting.columns if c not in ("status_instance", "message_status")]
     return (
         waiting.join(delays, on=[*STREAM, "sender"], how="left")
         .select(
-            *columns,
+            *fields,
+            "age_seconds",
             # a conversation still DELAYED at the end of the set: that is why it waits
             F.coalesce("delayed_status", "message_status").alias("last_status"),
             F.coalesce("status_instance", "sender").alias("status_instance"),
