@@ -236,9 +236,14 @@ def analyze(
 
 
 def _kept(messages: DataFrame) -> Kept:
-    """The message table, computed once, into the cache."""
+    """The message table, computed once, into the cache (released if that fails: a job
+    cancelled, an executor lost)."""
     kept = keep(messages)
-    kept.df.count()
+    try:
+        kept.df.count()
+    except BaseException:
+        kept.release()
+        raise
     return kept
 
 
