@@ -26,7 +26,7 @@ A bad request, a trace set that cannot be read or an analysis that fails is answ
 with an error and the analyzer goes on; a client that hangs up mid-analysis abandons it
 (its Spark jobs are cancelled), and what an analysis cached is released after it. The
 analyzer ends on SIGTERM or SIGINT (after cancelling the analysis under way), and with
-status 1 when its Spark application has gone.
+status 1 once an analysis finds its Spark application gone (that client is told why).
 
 This module's client side (:func:`ask`) imports neither PySpark nor the jobs.
 """
@@ -116,10 +116,10 @@ class Request:
         if (
             not isinstance(paths, list)
             or not 0 < len(paths) <= MAX_PATHS
-            or not all(isinstance(p, str) and os.path.isabs(p) for p in paths)
+            or not all(_is_path(p) for p in paths)
         ):
             raise AnalyticsError(f"paths: 1 to {MAX_PATHS:,} absolute paths")
-        if not isinstance(out, str) or not os.path.isabs(out):
+        if not _is_path(out):
             raise AnalyticsError("out: an absolute path")
         if type(top) is not int or not 0 < top <= MAX_TOP:
             raise AnalyticsError(f"top: an integer from 1 to {MAX_TOP:,}")
@@ -172,6 +172,8 @@ def ask(path: Path, request: Request, progress: TextIO | None) -> dict[str, Any]
                     try:
                         result: dict[str, Any] = json.loads(line[1:])
                     except ValueError:
+                        break
+                    if not isinstance(result, dict):
                         break
                     if not result.get("ok"):
                         raise AnalyticsError(f"the analyzer: {result.get('error')}")
@@ -452,6 +454,11 @@ def _reply(conn: socket.socket, result: dict[str, Any], log: TextIO) -> None:
     print(f"analyzer: {verdict}", file=log, flush=True)
 
 
+def _is_path(value: object) -> bool:
+    """Whether ``value`` is an absolute path a file can have (no NUL byte)."""
+    return isinstance(value, str) and os.path.isabs(value) and "\0" not in value
+
+
 def _read_line(conn: socket.socket, deadline: float) -> bytes | None:
     """The request's line, at most :data:`REQUEST_LIMIT` bytes, by ``deadline`` (None:
     the connection closed without a byte)."""
@@ -470,18 +477,18 @@ def _read_line(conn: socket.socket, deadline: float) -> bytes | None:
         if not chunk:
             raise AnalyticsError("the request ended before its newline")
         end = chunk.find(b"\n")
+        size += len(chunk) if end < 0 else end
+        if size > REQUEST_LIMIT:
+            raise AnalyticsError(f"a request is at most {REQUEST_LIMIT:,} bytes")
         if end >= 0:
             chunks.append(chunk[:end])
             return b"".join(chunks)
         chunks.append(chunk)
-        size += len(chunk)
-        if size > REQUEST_LIMIT:
-            raise AnalyticsError(f"a request is at most {REQUEST_LIMIT:,} bytes")
 
 
 def serve(path: Path, master: str | None, warm_ups: int, log: TextIO = sys.stderr) -> int:
-    """``brokerd analyzer``: listen at ``path`` until SIGTERM or SIGINT (0), or until the
-    Spark application is gone (1)."""
+    """``brokerd analyzer``: listen at ``path`` until SIGTERM or SIGINT (0), or until an
+    analysis finds the Spark application gone (1)."""
     from brokerd.analytics.session import spark_session
 
     listener = listen(path)

@@ -127,6 +127,7 @@ def test_bad_requests_get_an_error_and_the_analyzer_goes_on(
     for data, error in [
         (b"not json\n", "one line of JSON"),
         (request(paths=["relative"]), "absolute"),
+        (request(out="/tmp/a\u0000b"), "absolute"),  # no file has a NUL byte in its name
         (request(top=0), "top"),
         (request(witness=[["c", 1, 2, 3]]), "witness"),
         (request(more=1), "nothing else"),
@@ -261,6 +262,8 @@ def test_a_request_over_the_limit_is_refused(
 ) -> None:
     monkeypatch.setattr("brokerd.analytics.service.REQUEST_LIMIT", 100_000)
     result, _ = answer_alone(in_process, b"x" * 200_000)  # no newline within the limit
+    assert result["ok"] is False and "at most 100,000 bytes" in str(result["error"])
+    result, _ = answer_alone(in_process, b"x" * 100_001 + b"\n")  # a newline one byte late
     assert result["ok"] is False and "at most 100,000 bytes" in str(result["error"])
 
 
