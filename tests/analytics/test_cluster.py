@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,25 +21,24 @@ import pytest
 from brokerd.analytics.synthetic import Plan, generate
 from brokerd.errors import AnalyticsError
 from brokerd.tools import spark_cluster
+from tests.commands import brokerd, module
+
+CLUSTER_TOOL = "brokerd.tools.spark_cluster"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory = tmp_path_factory.mktemp("spark-cluster")
-    done = subprocess.run(
-        [sys.executable, "-m", "brokerd.tools.spark_cluster", "start", "--dir", str(directory),
-         "--cores", "2", "--memory", "1g"],
-        capture_output=True, text=True, timeout=spark_cluster.START_TIMEOUT + 30,
+    done = module(
+        CLUSTER_TOOL, "start", "--dir", str(directory), "--cores", "2", "--memory", "1g",
+        timeout=spark_cluster.START_TIMEOUT + 30,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     url = done.stdout.strip()
     try:
         yield url
     finally:
-        stopped = subprocess.run(
-            [sys.executable, "-m", "brokerd.tools.spark_cluster", "stop", "--dir", str(directory)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        stopped = module(CLUSTER_TOOL, "stop", "--dir", str(directory), timeout=120)
         assert stopped.returncode == 0, stopped.stderr
         assert not (directory / spark_cluster.STATE).exists()
 
@@ -48,10 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def analyze(
     traces: Path, out: Path, *master: str
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "brokerd", "analyze", str(traces), "--out", str(out), *master],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = brokerd("analyze", str(traces), "--out", str(out), *master, timeout=600)
     return done, json.loads((out / "summary.json").read_text())
 
 
@@ -82,9 +77,6 @@ def test_analyze_on_a_standalone_cluster_finds_what_local_mode_finds(
 def test_the_cluster_tool_refuses_a_directory_without_a_cluster(tmp_path: Path) -> None:
     with pytest.raises(AnalyticsError, match="no cluster recorded"):
         spark_cluster.stop(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "brokerd.tools.spark_cluster", "stop", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = module(CLUSTER_TOOL, "stop", "--dir", str(tmp_path), timeout=60)
     assert done.returncode == 1
     assert "no cluster recorded" in done.stderr

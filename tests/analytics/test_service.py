@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
@@ -26,6 +28,7 @@ from brokerd.analytics.report import analyze
 from brokerd.analytics.service import RESULT, Analyzer, Request, listen
 from brokerd.analytics.synthetic import Plan, generate
 from brokerd.errors import AnalyticsError
+from brokerd.traces import columnar
 from tests.commands import brokerd
 
 START_TIMEOUT = 240.0
@@ -235,18 +238,35 @@ def answer_alone(analyzer: Analyzer, data: bytes) -> tuple[dict[str, object], st
 
 
 def test_a_failed_analysis_is_an_error_and_not_the_analyzers_end(
-    in_process: Analyzer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    in_process: Analyzer, spark: SparkSession, tmp_path: Path
 ) -> None:
-    def broken(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("a job failed")
-
-    monkeypatch.setattr("brokerd.analytics.report.analyze", broken)
+    """A compacted segment whose ``seq`` column holds text, not numbers (written by some
+    other tool): it reads to its end, so it is not left out as damaged, and the request
+    is a good one; Spark then fails the analysis when it reads the column."""
+    generate(tmp_path / "broken", Plan(conversations=5))
+    segment = max(sorted((tmp_path / "broken").rglob("*.parquet")), key=columnar.rows)
+    table = pq.read_table(segment)
+    seq = table.schema.get_field_index("seq")
+    pq.write_table(table.set_column(seq, "seq", table.column(seq).cast(pa.string())), segment)
+    assert columnar.check(segment) is None  # whole, as far as Parquet goes
+    request = Request((tmp_path / "broken",), tmp_path / "report", 5)
+    result, log = answer_alone(in_process, request.encode())
+    assert result["ok"] is False
+    error = str(result["error"])
+    assert error.startswith("the analysis failed: "), error
+    assert "PARQUET_COLUMN_DATA_TYPE_MISMATCH" in error and "[seq]" in error, error
+    assert str(segment) in error  # the file, named
+    assert "Traceback" in log and "Py4JJavaError" in log  # for whoever runs the analyzer
+    assert not in_process.failed  # Spark is still there
+    assert not (tmp_path / "report").exists()
+    assert cache_is_empty(spark)  # nothing of the failed analysis left cached
+    # and the next request is analysed as ever
     generate(tmp_path / "traces", Plan(conversations=5))
     request = Request((tmp_path / "traces",), tmp_path / "report", 5)
-    result, log = answer_alone(in_process, request.encode())
-    assert result == {"ok": False, "error": "the analysis failed: a job failed"}
-    assert "RuntimeError" in log  # the traceback, for whoever runs the analyzer
-    assert not in_process.failed  # Spark is still there
+    result, _ = answer_alone(in_process, request.encode())
+    assert result["ok"] is True and result["passed"] is True, result
+    assert (tmp_path / "report" / "summary.json").is_file()
+    assert in_process.analyses == 1
 
 
 def test_a_request_must_come_in_time(in_process: Analyzer, monkeypatch: pytest.MonkeyPatch) -> None:

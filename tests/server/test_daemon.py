@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +34,7 @@ from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
 from protocol.errors import AuthenticationFailed, RemoteError
+from tests.commands import brokerd
 from tests.daemons import FAST_RETRY, assert_exactly_once_in_order, drain, wait_until
 
 
@@ -326,12 +325,7 @@ def test_wrong_configuration_stops_start_up(tmp_path: Path) -> None:
         'data_dir = "data"\n[endpoint]\ncertificate = "a.pem"\nprivate_key = "a.key"\n'
         'ca_certificate = "ca.pem"\nport = 70000\n'
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "brokerd", "run", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = brokerd("run", "--config", str(config), timeout=30)
     assert done.returncode == 2
     assert str(config) in done.stderr and "endpoint.port" in done.stderr
 

@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from brokerd.tools.topology import (
     SHOP_SERVICE,
     WAREHOUSE_SERVICE,
 )
+from tests.commands import brokerd
 from tests.daemons import drain
 
 FIRST = "127.0.0.171"
@@ -34,15 +34,7 @@ CONVERSATIONS = 16
 
 
 def cluster(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200")
-    return subprocess.run(
-        [sys.executable, "-m", "brokerd", "cluster", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-        check=False,
-    )
+    return brokerd("cluster", *args, timeout=180, env=dict(os.environ, COLUMNS="200"))
 
 
 def running(pid: int) -> bool:
