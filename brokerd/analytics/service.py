@@ -207,6 +207,20 @@ class Listener:
         os.close(self.lock)  # the lock goes with it
 
 
+def _lock_file(path: Path) -> tuple[int, bool]:
+    """The lock file's descriptor, and whether this call made the file (an analyzer that
+    ended leaves its own: locking it again is what tells it is gone)."""
+    while True:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(path, os.O_RDWR | os.O_CLOEXEC), False
+        except FileNotFoundError:  # removed by a refused listen in between: again
+            continue
+
+
 def listen(path: Path) -> Listener:
     """A Unix socket listening at ``path``, 0600, in a directory of this user's alone
     (made 0700 if missing). ``PATH.lock`` (locked while the analyzer runs) says whether
@@ -216,12 +230,13 @@ def listen(path: Path) -> Listener:
     owner = directory.stat()
     if owner.st_uid != os.getuid() or owner.st_mode & 0o022:
         raise AnalyticsError(f"{directory}: the socket's directory must be this user's alone")
-    lock = os.open(
-        path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-    )
+    lock_path = path.with_name(path.name + ".lock")
+    lock, made = _lock_file(lock_path)
+    locked = False
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
         except BlockingIOError:
             raise AnalyticsError(f"{path}: an analyzer is listening there already") from None
         if path.is_symlink() or path.exists():
@@ -237,6 +252,9 @@ def listen(path: Path) -> Listener:
         os.chmod(path, 0o600)
         sock.listen(16)
     except BaseException:
+        if made and locked:  # refused: no lock file this call made is left behind
+            with contextlib.suppress(OSError):
+                lock_path.unlink()
         os.close(lock)
         raise
     return Listener(path, sock, lock)

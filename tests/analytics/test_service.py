@@ -166,6 +166,8 @@ def test_a_stale_socket_is_replaced_and_a_file_is_not(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(AnalyticsError, match="not a socket"):
         listen(tmp_path / "file")
+    assert not (tmp_path / "file.lock").exists()  # refused: nothing of it left
+    assert (tmp_path / "file").read_text() == "x"
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     os.chmod(shared, 0o777)
