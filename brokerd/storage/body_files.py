@@ -76,6 +76,12 @@ stopped there is followed by the next after :data:`COMPACT_AGAIN` seconds."""
 COMPACT_AGAIN = 0.5
 """Seconds to the next pass when one stopped at :data:`MOVED_PER_PASS`."""
 
+FILE_MODE = 0o600
+"""A segment file's mode: it holds message bodies (docs/design.md, Security defaults)."""
+
+DIRECTORY_MODE = 0o700
+"""The mode of the directory of segments, made with the first segment."""
+
 SUFFIX = "-bodies"
 """The directory of a database file's segments: its file name with this suffix."""
 
@@ -147,8 +153,9 @@ class BodyFiles:
         """Where bodies being stored go."""
         self._kept = _Tail()
         """Where compaction moves the bodies that outlived their segment."""
-        self._unsynced: list[int] = []
-        """Descriptors of segments left during this batch, to sync and close."""
+        self._unsynced: list[tuple[int, int]] = []
+        """Segments left during this batch, to sync and close: their descriptors, and the
+        lengths made durable before (:meth:`discard` gives them back)."""
         self._new_file = False
         """A segment was created since the last sync: the directory must be synced too."""
         self._new_directory = False
@@ -180,7 +187,9 @@ class BodyFiles:
         begin after the newest (a segment is never appended to after a restart)."""
         names = [p.name for p in self.directory.iterdir()] if self.directory.is_dir() else []
         numbers = [n for n in map(_segment_number, names) if n is not None]
-        self._last = max(numbers, default=0)
+        # Above every segment a row points to, found or not: a new segment under the
+        # name of a missing one would give its rows another body's bytes.
+        self._last = max(*numbers, highest_referred(conn), 0)
         now, wall = time.monotonic(), time.time()
         for number in numbers:  # aged by their files: a daemon restarted often still compacts
             try:
@@ -213,17 +222,23 @@ class BodyFiles:
         return position(tail.segment, offset)
 
     def _next_segment(self, tail: _Tail) -> None:
+        """Begin a new segment for ``tail``. The segment it leaves is handed to
+        :meth:`sync` only once the new one is open: if that fails (no descriptor left, a
+        full disk), ``tail`` keeps its segment and descriptor as they were, so no
+        descriptor is closed twice or written to after it was closed (the process may
+        have reused its number for another file)."""
+        self._last += 1  # a number tried is never tried again, whatever came of it
+        segment = self._last
+        if not self.directory.is_dir():
+            self.directory.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
+            self._new_directory = True
+        path = self.directory / _segment_name(segment)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
         if tail.open:
-            self._unsynced.append(tail.fd)
+            self._unsynced.append((tail.fd, tail.synced))
             self._closed[tail.segment] = time.monotonic()
             self._close_reader(tail.segment)
-        self._last += 1
-        tail.segment = self._last
-        if not self.directory.is_dir():
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._new_directory = True
-        path = self.directory / _segment_name(tail.segment)
-        tail.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        tail.segment, tail.fd = segment, fd
         tail.offset = tail.synced = 0
         self._new_file = True
 
@@ -236,9 +251,9 @@ class BodyFiles:
         """Make every body written so far durable, and the names of new segments. A sync
         that fails leaves its segment for good: what the kernel kept of it is unknown,
         so nothing more is appended to it (and the caller's transaction rolls back)."""
-        for fd in self._unsynced:
+        for fd, _ in self._unsynced:
             os.fdatasync(fd)
-        for fd in self._unsynced:
+        for fd, _ in self._unsynced:
             os.close(fd)
         self._unsynced = []
         for tail in (self._new, self._kept):
@@ -260,16 +275,23 @@ class BodyFiles:
         """The transaction that wrote the bodies since the last sync rolled back: nothing
         refers to them. The segments being appended to are given back their durable
         lengths (after a failed write, a full disk say); if that fails too, or the sync
-        failed (:meth:`sync`), appends go to a new segment."""
-        for fd in self._unsynced:
+        failed (:meth:`sync`), appends go to a new segment. A write cut short (a body
+        that did not fit) leaves bytes beyond the length it was written at: the file's
+        own length is looked at, so that they are given back too and a full disk is not
+        kept full by them; the segments left during the transaction lose what it wrote
+        to them the same way."""
+        for fd, synced in self._unsynced:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, synced)
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._unsynced = []
         for tail in (self._new, self._kept):
-            if not tail.open or tail.offset == tail.synced:
+            if not tail.open:
                 continue
             try:
-                os.ftruncate(tail.fd, tail.synced)
+                if tail.offset != tail.synced or os.fstat(tail.fd).st_size != tail.synced:
+                    os.ftruncate(tail.fd, tail.synced)
                 tail.offset = tail.synced
             except OSError:
                 self._leave(tail)
@@ -299,6 +321,13 @@ class BodyFiles:
             fd = self._kept.fd
         else:
             fd = self._reader(segment)
+        size = os.fstat(fd).st_size  # a damaged row's length is checked before use
+        if length < 0 or offset + length > size:
+            raise BodyFileError(
+                errno.EIO,
+                f"{self.directory / _segment_name(segment)}: a body of {length} bytes at "
+                f"{offset} is cut short (the segment holds {size} bytes)",
+            )
         data = os.pread(fd, length, offset)
         if len(data) != length:
             raise BodyFileError(
@@ -483,7 +512,7 @@ class BodyFiles:
         }
 
     def close(self) -> None:
-        for fd in [*self._unsynced, *self._readers.values()]:
+        for fd in [*(fd for fd, _ in self._unsynced), *self._readers.values()]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._unsynced, self._readers = [], {}
@@ -504,6 +533,22 @@ _REFERRED = {
     table: f"SELECT 1 FROM {table} WHERE stored_at BETWEEN ? AND ? LIMIT 1" for table in TABLES
 }
 """Whether a row of the table points into a segment (its partial index on ``stored_at``)."""
+
+
+_HIGHEST = {
+    table: f"SELECT max(stored_at) FROM {table} WHERE stored_at IS NOT NULL" for table in TABLES
+}
+"""The highest position a row of the table points at (its partial index on ``stored_at``)."""
+
+
+def highest_referred(conn: sqlite3.Connection) -> int:
+    """The highest segment a row points into (0: none)."""
+    highest = 0
+    for sql in _HIGHEST.values():
+        (at,) = conn.execute(sql).fetchone()
+        if at is not None:
+            highest = max(highest, split(int(at))[0])
+    return highest
 
 
 def referred(conn: sqlite3.Connection, segment: int) -> bool:
