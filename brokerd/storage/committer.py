@@ -336,7 +336,9 @@ def commit_batch(conn: sqlite3.Connection, batch: Sequence[Part], bodies: BodyFi
     if bodies is not None:
         try:
             bodies.committed(conn)
-        except (OSError, sqlite3.Error):  # committed: a segment left behind is collected later
+        except Exception:  # committed, whatever fails here: never taken for the batch's
+            # failure (its jobs would be tried again one by one); a segment left behind
+            # is collected later
             log.exception("collecting segments of bodies failed")
             bodies.owed = False
 
