@@ -91,6 +91,13 @@ CONGESTION_POLL = 0.005
 CONGESTION_HOLD_MOST = 1.0
 """Seconds an application's requests wait for a congested link, at most at a time."""
 
+WRITE_HIGH = 4 * 1024 * 1024
+"""Reply bytes a connection may have waiting to leave (written and not yet taken by the
+kernel, or queued for this turn's write) before it holds: past it, the client's requests
+are not read, and those read wait before they run, until its replies drain. A client that
+pipelines requests and never reads their replies holds this much of the daemon, not a
+page of a view per request."""
+
 PRE_LOGIN_MAX_BODY = 4096
 PRE_LOGIN_MAX_META = 4096
 """Until the login succeeds a peer may send only small frames (a login is about 200 bytes)."""
@@ -149,6 +156,13 @@ class ClientSession(asyncio.BufferedProtocol):
         self._paused = False
         self._out: list[Buffer] | None = None
         """Replies not yet written: one write per turn of the event loop, not per reply."""
+        self._out_bytes = 0
+        """Bytes of :attr:`_out`."""
+        self._write_paused = False
+        """The transport's buffer of replies is past :data:`WRITE_HIGH`: reading held."""
+        self._writable = asyncio.Event()
+        """Set while replies may be made: requests read wait for it before they run."""
+        self._writable.set()
         self._awaiting: set[int] = set()
         """Requests read (after the login) and not yet answered."""
         self._last_read = 0
@@ -158,6 +172,7 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH)
         self.broker.client_sessions.add(self)
         self._login_deadline = asyncio.get_running_loop().call_later(
             self.broker.config.client.login_timeout, self._login_expired
@@ -208,6 +223,7 @@ class ClientSession(asyncio.BufferedProtocol):
             if (
                 op == "receive"
                 and frame.meta.get("transaction") is None
+                and self._writable.is_set()
                 and self._receive_now(frame)
             ):
                 continue
@@ -230,6 +246,19 @@ class ClientSession(asyncio.BufferedProtocol):
             # count one rollback each (SPEC §6), written without anyone waiting.
             tx.rollback("the client's connection was lost")
         self.transport = None
+
+    def pause_writing(self) -> None:
+        """The client is not taking its replies as fast as they come: read none of its
+        requests, and run none of those read, until they drain."""
+        self._write_paused = True
+        self._writable.clear()
+        self._read_or_not()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._out_bytes <= WRITE_HIGH:
+            self._writable.set()
+        self._read_or_not()
 
     def _close(self) -> None:
         if self.transport is not None:
@@ -274,9 +303,16 @@ class ClientSession(asyncio.BufferedProtocol):
             asyncio.get_running_loop().call_soon(self._write_out)
         else:
             self._out.extend(frame)
+        for piece in frame:
+            self._out_bytes += len(piece)
+        if self._out_bytes > WRITE_HIGH:
+            self._writable.clear()
 
     def _write_out(self) -> None:
         out, self._out = self._out, None
+        self._out_bytes = 0
+        if not self._write_paused:
+            self._writable.set()
         if not out or self.transport is None or self.transport.is_closing():
             return
         if len(out) == 1:
@@ -387,7 +423,12 @@ class ClientSession(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        hold = self._reading_held or self._congested is not None or self._stopping
+        hold = (
+            self._reading_held
+            or self._congested is not None
+            or self._stopping
+            or self._write_paused
+        )
         if hold and not self._paused:
             self._paused = True
             transport.pause_reading()
@@ -537,6 +578,8 @@ class ClientSession(asyncio.BufferedProtocol):
         op = frame.meta.get("op")
         handler = OPERATIONS.get(op) if isinstance(op, str) else None
         try:
+            while not self._writable.is_set():  # the client's replies wait to leave
+                await self._writable.wait()
             if handler is None:
                 raise InvalidRequest(f"unknown operation {op!r}")
             self.allowed.check_operation(str(op))

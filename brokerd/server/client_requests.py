@@ -92,6 +92,10 @@ ReplyBody = bytes | list[bytes]
 
 MAX_OPEN_TRANSACTIONS = 16
 """Transactions one client connection may hold open at once."""
+MAX_SECONDS = 2**31 - 1
+"""A dialog's lifetime and a conversation timer's timeout, at most (R-DLG-9, R-DLG-11):
+SQL Server takes both as an INT of seconds. Past it a value overflows the store, or makes
+an endpoint whose deadline no view can show."""
 MAX_SEND_MANY = 2_000
 """Messages in one send_many request (their entries must fit the 1 MiB meta limit)."""
 
@@ -154,8 +158,12 @@ async def _rollback(session: Session, frame: ClientFrame) -> tuple[dict[str, Any
 async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
     lifetime = m.get("lifetime", 0)
-    if not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime < 0:
-        raise InvalidRequest("lifetime must be a whole number of seconds >= 0")
+    if (
+        not isinstance(lifetime, int)
+        or isinstance(lifetime, bool)
+        or not 0 <= lifetime <= MAX_SECONDS
+    ):
+        raise InvalidRequest(f"lifetime must be a whole number of seconds, 0 to {MAX_SECONDS}")
     args = (
         meta_str(m, "from_service"),
         meta_str(m, "to_service"),
@@ -359,8 +367,12 @@ async def _begin_timer(session: Session, frame: ClientFrame) -> tuple[dict[str, 
     handle = meta_uuid(m, "conversation_handle")
     assert handle is not None
     timeout = m.get("timeout")
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
-        raise InvalidRequest("timeout must be a number of seconds >= 0")
+    if (
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not 0 <= timeout <= MAX_SECONDS
+    ):
+        raise InvalidRequest(f"timeout must be a number of seconds, 0 to {MAX_SECONDS}")
     session.check_own(handle)
     tx = _transaction(session, m)
     if tx is not None:
