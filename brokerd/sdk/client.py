@@ -71,10 +71,10 @@ from typing import Any
 import orjson
 
 from brokerd.sdk.activation import Activation, Handler, ReaderPolicy
-from brokerd.sdk.connection import Address, Request, error_of
-from brokerd.sdk.dialog import Dialog, Handle
+from brokerd.sdk.connection import Address, Request, SequenceReply, abandon, error_of
+from brokerd.sdk.dialog import Dialog, Handle, handle_of
 from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
-from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
+from brokerd.sdk.messages import KeptMessages, ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
     end_conversation_request,
@@ -107,7 +107,6 @@ from protocol.errors import (
     AuthenticationFailed,
     ClientError,
     OutcomeUnknown,
-    RemoteProtocolError,
     TransactionLost,
 )
 
@@ -122,40 +121,6 @@ __all__ = [
     "Reconnect",
     "Transaction",
 ]
-
-
-def _sequence_number(meta: dict[str, Any]) -> int:
-    """The sequence number a SEND's reply carries; RemoteProtocolError if it has none."""
-    value = meta.get("sequence_number")
-    if type(value) is not int:
-        raise RemoteProtocolError(f"the daemon's SEND reply has no sequence number: {value!r}")
-    return value
-
-
-class _SequenceReply:
-    """A SEND's answer delivered straight to a future of its sequence number."""
-
-    __slots__ = ("future",)
-
-    def __init__(self, future: asyncio.Future[int]) -> None:
-        self.future = future
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    def set_result(self, frame: ClientFrame, /) -> None:
-        """Called by the reader for the reply: never raises into it (a reply without a
-        sequence number fails this future only)."""
-        if frame.kind is ClientFrameKind.ERROR:
-            self.future.set_exception(error_of(frame))
-            return
-        try:
-            self.future.set_result(_sequence_number(frame.meta))
-        except RemoteProtocolError as exc:
-            self.future.set_exception(exc)
-
-    def set_exception(self, exc: BaseException, /) -> None:
-        self.future.set_exception(exc)
 
 
 class Connecting:
@@ -182,6 +147,9 @@ class Connecting:
 
 _READS = frozenset({"view", "ping", "explain"})
 """Requests that change nothing: safe to send again when their outcome is unknown."""
+_WAITING = frozenset({"receive", "get_conversation_group"})
+"""Requests that may wait for messages: a caller that stops waiting takes them back
+(``withdraw``) rather than leave them to take a message for nobody."""
 
 
 class BrokerClient:
@@ -190,6 +158,7 @@ class BrokerClient:
 
     def __init__(self, keeper: ConnectionKeeper) -> None:
         self._keeper = keeper
+        self._kept = KeptMessages()
         self.instance: str = ""
         """The daemon's broker instance id."""
         self.role: str = ""
@@ -290,23 +259,35 @@ class BrokerClient:
         *,
         bound_to: int | None = None,
         repeatable: bool = False,
+        abandoned: Callable[[ClientFrame | None], None] | None = None,
     ) -> tuple[dict[str, Any], bytes | bytearray]:
         """One request and its answer (the typed error the daemon reports is raised).
         ``bound_to``: the connection a transaction's request must go on; ``repeatable``:
-        safe to write again on a new connection when its outcome is unknown."""
+        safe to write again on a new connection when its outcome is unknown.
+
+        A RECEIVE or GET CONVERSATION GROUP whose caller is cancelled while it waits is
+        withdrawn: the daemon ends it empty if it has taken nothing yet. If it had, its
+        answer, when it comes, goes to ``abandoned`` (R-DLG-1: a message taken for a
+        caller that is gone is not dropped)."""
         future: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
         op = meta.get("op")
-        self._submit(
-            Request(
-                encode_meta(meta),
-                body,
-                future,
-                repeatable=repeatable or op in _READS,
-                bound_to=bound_to,
-                commits=op == "commit",
-            )
+        request = Request(
+            encode_meta(meta),
+            body,
+            future,
+            repeatable=repeatable or op in _READS,
+            bound_to=bound_to,
+            commits=op == "commit",
         )
-        frame = await future
+        self._submit(request)
+        if op in _WAITING:
+            try:
+                frame = await asyncio.shield(future)
+            except asyncio.CancelledError:
+                abandon(request, future, abandoned)
+                raise
+        else:
+            frame = await future
         if frame.kind is ClientFrameKind.ERROR:
             raise error_of(frame)
         return frame.meta, frame.body
@@ -382,7 +363,7 @@ class BrokerClient:
         an idempotency key, as :meth:`send`'s."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         meta = send_meta(conversation_handle, message_type, key)
-        self._submit(Request(meta, bytes(body), _SequenceReply(future), repeatable=key is not None))
+        self._submit(Request(meta, bytes(body), SequenceReply(future), repeatable=key is not None))
         return future
 
     async def receive(
@@ -403,11 +384,25 @@ class BrokerClient:
         conversation_group_id = ...), not both (``InvalidRequest``). ``groups`` (at most
         1,024, and only without either limit) returns the messages of up to that many
         groups, ``top`` in all, group after group (``brokerd.sdk.messages.by_group`` splits
-        them)."""
+        them).
+
+        Cancelled while it waits (``asyncio.wait_for``, a task cancelled), it is taken back
+        from the daemon, which ends it with nothing if it had taken nothing; messages it
+        had taken by then come first from the next RECEIVE of the same queue."""
+        handle = None if conversation_handle is None else handle_of(conversation_handle)
+        kept = self._kept.take(queue, database, top, handle, conversation_group_id, groups)
+        if kept:
+            return kept
+
+        def keep(frame: ClientFrame | None) -> None:
+            if frame is not None:
+                self._kept.add(queue, database, parse_received(frame.meta, frame.body))
+
         meta, body = await self._call(
             *receive_request(
                 queue, database, top, timeout, conversation_handle, conversation_group_id, groups
-            )
+            ),
+            abandoned=keep,
         )
         messages = parse_received(meta, body)
         if type(body) is bytearray:  # each message has its own copy: nothing refers to it

@@ -17,7 +17,7 @@ import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from brokerd.sdk.tls import describe_failure
 from protocol.buffers import Buffer, coalesce
@@ -49,6 +49,40 @@ class Reply(Protocol):
     def set_exception(self, exc: BaseException, /) -> None: ...
 
 
+def _sequence_number(meta: dict[str, Any]) -> int:
+    """The sequence number a SEND's reply carries; RemoteProtocolError if it has none."""
+    value = meta.get("sequence_number")
+    if type(value) is not int:
+        raise RemoteProtocolError(f"the daemon's SEND reply has no sequence number: {value!r}")
+    return value
+
+
+class SequenceReply:
+    """A SEND's answer delivered straight to a future of its sequence number."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[int]) -> None:
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, frame: ClientFrame, /) -> None:
+        """Called by the reader for the reply: never raises into it (a reply without a
+        sequence number fails this future only)."""
+        if frame.kind is ClientFrameKind.ERROR:
+            self.future.set_exception(error_of(frame))
+            return
+        try:
+            self.future.set_result(_sequence_number(frame.meta))
+        except RemoteProtocolError as exc:
+            self.future.set_exception(exc)
+
+    def set_exception(self, exc: BaseException, /) -> None:
+        self.future.set_exception(exc)
+
+
 @dataclass(slots=True)
 class Request:
     """A request as the SDK keeps it until its answer: enough to write it again on a
@@ -67,6 +101,10 @@ class Request:
     connection. None: any connection."""
     commits: bool = False
     """A COMMIT: its outcome is unknown when its connection goes before the answer."""
+    connection: Connection | None = None
+    """The connection it was last written on (None: not written yet), and its id there:
+    what a ``withdraw`` names (:meth:`BrokerClient.receive`'s caller stopped waiting)."""
+    request_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +294,7 @@ class Connection:
         """Write ``request`` (with the others of this turn of the event loop, in order)."""
         request_id = next(self._ids) & 0xFFFFFFFF
         self._pending[request_id] = request
+        request.connection, request.request_id = self, request_id
         pieces = encode_request_parts(request_id, request.meta, request.body)
         if self._out is None:
             self._out = pieces
@@ -327,3 +366,44 @@ class Connection:
         pending, self._pending = self._pending, {}
         ending.unanswered = sorted(pending.items())
         self._on_end(self, ending)
+
+
+def abandon(
+    request: Request,
+    future: asyncio.Future[ClientFrame],
+    abandoned: Callable[[ClientFrame | None], None] | None,
+) -> None:
+    """The caller of ``request`` (a RECEIVE or GET CONVERSATION GROUP, which may wait)
+    stopped waiting for ``future``, its answer: take the request back (``withdraw``: the
+    daemon ends it empty if it has taken nothing yet), and hand its answer to
+    ``abandoned`` once it comes (None: it failed, or it will never be written)."""
+
+    def answered(done: asyncio.Future[ClientFrame]) -> None:
+        if abandoned is None:
+            return
+        if done.cancelled() or done.exception() is not None:
+            abandoned(None)
+            return
+        frame = done.result()
+        abandoned(None if frame.kind is ClientFrameKind.ERROR else frame)
+
+    if future.done():
+        answered(future)
+        return
+    connection = request.connection
+    if connection is None:  # still waiting for a connection: now never written
+        future.cancel()
+        answered(future)
+        return
+    future.add_done_callback(answered)
+    if connection.usable:
+        withdrawn: asyncio.Future[ClientFrame] = future.get_loop().create_future()
+        withdrawn.add_done_callback(_ignored)
+        meta = encode_meta({"op": "withdraw", "request": request.request_id})
+        connection.submit(Request(meta, b"", withdrawn))
+
+
+def _ignored(done: asyncio.Future[ClientFrame]) -> None:
+    """A ``withdraw``'s answer: the RECEIVE's own answer says what came of it."""
+    if not done.cancelled():
+        done.exception()

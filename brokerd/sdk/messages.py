@@ -105,3 +105,55 @@ def parse_group(meta: dict[str, Any]) -> uuid.UUID | None:
     time, SPEC §6)."""
     group = meta.get("conversation_group_id")
     return None if group is None else uuid.UUID(group)
+
+
+class KeptMessages:
+    """Messages a RECEIVE took for a caller that had stopped waiting (its task cancelled
+    while the daemon's RECEIVE was taking them, too late to withdraw it), by queue and
+    database: the next RECEIVE of that queue returns them first, without asking the
+    daemon (R-DLG-1: outside a transaction they have left the queue already, so dropping
+    them would lose them). A client closed with messages kept loses them, as a program
+    that ends after a RECEIVE outside a transaction does (SPEC §6: at most once)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, str | None], list[ReceivedMessage]] = {}
+
+    def add(self, queue: str, database: str | None, messages: list[ReceivedMessage]) -> None:
+        if messages:
+            self._kept.setdefault((queue, database), []).extend(messages)
+
+    def take(
+        self,
+        queue: str,
+        database: str | None,
+        top: int,
+        handle: uuid.UUID | None,
+        group: uuid.UUID | None,
+        groups: int,
+    ) -> list[ReceivedMessage]:
+        """What a RECEIVE of ``queue`` with these limits returns of the kept messages, in
+        the order they were taken: at most ``top``, of at most ``groups`` conversation
+        groups (one conversation's or one group's when limited so)."""
+        kept = self._kept.get((queue, database))
+        if not kept:
+            return []
+        chosen: set[uuid.UUID] = set()
+        taken: list[ReceivedMessage] = []
+        left: list[ReceivedMessage] = []
+        for message in kept:
+            fits = (
+                len(taken) < top
+                and (handle is None or message.conversation_handle == handle)
+                and (group is None or message.conversation_group_id == group)
+                and (message.conversation_group_id in chosen or len(chosen) < groups)
+            )
+            if fits:
+                chosen.add(message.conversation_group_id)
+                taken.append(message)
+            else:
+                left.append(message)
+        if left:
+            self._kept[(queue, database)] = left
+        else:
+            del self._kept[(queue, database)]
+        return taken

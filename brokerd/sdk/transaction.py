@@ -9,9 +9,10 @@ and :attr:`Transaction.sequence_numbers` lists the SENDs' sequence numbers after
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from brokerd.sdk.dialog import Handle
@@ -27,14 +28,20 @@ from brokerd.sdk.requests import (
     send_request,
     timer_request,
 )
-from protocol.errors import TransactionLost
+from protocol.client_wire import ClientFrame
+from protocol.errors import TransactionLost, TransactionRolledBack
 
 
 class Call(Protocol):
     """How a transaction's requests reach the daemon: on the connection it began on."""
 
     async def __call__(
-        self, meta: dict[str, Any], body: bytes = b"", *, bound_to: int | None = None
+        self,
+        meta: dict[str, Any],
+        body: bytes = b"",
+        *,
+        bound_to: int | None = None,
+        abandoned: Callable[[ClientFrame | None], None] | None = None,
     ) -> tuple[dict[str, Any], bytes | bytearray]: ...
 
 
@@ -49,11 +56,21 @@ class Transaction:
         """The number of the connection it lives on."""
         self.finished = False
         self.sequence_numbers: list[int] = []
+        self.spoiled = False
+        """A RECEIVE of it was cancelled after it had taken messages, which no caller
+        has: :meth:`commit` rolls back instead, so that they return to their queue."""
+        self._unsettled: list[asyncio.Future[None]] = []
+        """The answers of its cancelled RECEIVEs, which :meth:`commit` waits for."""
 
     async def _request(
-        self, meta: dict[str, Any], body: bytes = b""
+        self,
+        meta: dict[str, Any],
+        body: bytes = b"",
+        abandoned: Callable[[ClientFrame | None], None] | None = None,
     ) -> tuple[dict[str, Any], bytes | bytearray]:
-        return await self._call({**meta, "transaction": self.id}, body, bound_to=self.connection)
+        return await self._call(
+            {**meta, "transaction": self.id}, body, bound_to=self.connection, abandoned=abandoned
+        )
 
     async def receive(
         self,
@@ -73,12 +90,32 @@ class Transaction:
         to one group (not both): a group another transaction holds is not taken, the
         RECEIVE waits per ``timeout`` as if the queue were empty. ``groups``: up to that
         many groups, each locked until the transaction ends (see
-        :meth:`BrokerClient.receive`)."""
-        meta, body = await self._request(
-            *receive_request(
-                queue, database, top, timeout, conversation_handle, conversation_group_id, groups
+        :meth:`BrokerClient.receive`). Cancelled while it waits, it is taken back; if it had
+        taken messages by then, the transaction can only roll back (:meth:`commit`)."""
+        settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def spoil(frame: ClientFrame | None) -> None:
+            if frame is not None and parse_received(frame.meta, frame.body):
+                self.spoiled = True
+            if not settled.done():
+                settled.set_result(None)
+
+        try:
+            meta, body = await self._request(
+                *receive_request(
+                    queue,
+                    database,
+                    top,
+                    timeout,
+                    conversation_handle,
+                    conversation_group_id,
+                    groups,
+                ),
+                abandoned=spoil,
             )
-        )
+        except asyncio.CancelledError:
+            self._unsettled.append(settled)
+            raise
         return parse_received(meta, body)
 
     async def get_conversation_group(
@@ -155,7 +192,14 @@ class Transaction:
         await self._request(*move_request(conversation_handle, conversation_group_id))
 
     async def commit(self) -> list[int]:
-        """COMMIT: everything at once; raises TransactionRolledBack if nothing took effect."""
+        """COMMIT: everything at once; raises TransactionRolledBack if nothing took effect
+        (also when a RECEIVE of it was cancelled after taking messages: it rolls back)."""
+        if self._unsettled:  # what they took, if anything, must be known first
+            await asyncio.wait(self._unsettled)
+        if self.spoiled:
+            reason = "a RECEIVE of this transaction was cancelled after it had taken messages"
+            await self.rollback(reason)
+            raise TransactionRolledBack(f"{reason}: rolled back, they are in their queue again")
         self.finished = True
         meta, _ = await self._request({"op": "commit"})
         self.sequence_numbers = [int(s) for s in meta.get("sequence_numbers") or []]

@@ -37,6 +37,7 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from brokerd.dialogs.verbs.receive import Withdrawal
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
@@ -90,6 +91,9 @@ CONGESTION_POLL = 0.005
 """Seconds between looks at a congested link while an application's SENDs wait for it."""
 CONGESTION_HOLD_MOST = 1.0
 """Seconds an application's requests wait for a congested link, at most at a time."""
+
+WITHDRAWABLE = frozenset({"receive", "get_conversation_group"})
+"""The requests that wait for messages, which a ``withdraw`` request may take back."""
 
 WRITE_HIGH = 4 * 1024 * 1024
 """Reply bytes a connection may have waiting to leave (written and not yet taken by the
@@ -165,6 +169,9 @@ class ClientSession(asyncio.BufferedProtocol):
         self._writable.set()
         self._awaiting: set[int] = set()
         """Requests read (after the login) and not yet answered."""
+        self._waits: dict[int, Withdrawal] = {}
+        """RECEIVEs and GET CONVERSATION GROUPs running as tasks, by request id: what a
+        ``withdraw`` request takes back (:meth:`_withdraw`)."""
         self._last_read = 0
         """The id of the last request read: a stopping daemon tells the client."""
         self._stopping = False
@@ -220,6 +227,9 @@ class ClientSession(asyncio.BufferedProtocol):
                 continue
             self._awaiting.add(frame.request_id)
             self._last_read = frame.request_id
+            if op == "withdraw":
+                self._withdraw(frame)
+                continue
             if (
                 op == "receive"
                 and frame.meta.get("transaction") is None
@@ -227,6 +237,8 @@ class ClientSession(asyncio.BufferedProtocol):
                 and self._receive_now(frame)
             ):
                 continue
+            if op in WITHDRAWABLE:
+                self._waits[frame.request_id] = Withdrawal()
             task = asyncio.get_running_loop().create_task(self._run(frame))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -574,7 +586,30 @@ class ClientSession(asyncio.BufferedProtocol):
         except Exception:
             return False
 
+    def withdrawal(self, request_id: int) -> Withdrawal | None:
+        return self._waits.get(request_id)
+
+    def _withdraw(self, frame: ClientFrame) -> None:
+        """``withdraw``: the client stopped waiting for its request ``request`` (a RECEIVE
+        or GET CONVERSATION GROUP): if that one has taken nothing yet it ends now, empty
+        (its own reply says so), and the answer is ``{"withdrawn": true}``; otherwise it
+        goes on and its reply carries what it took (``false``; also for a request that
+        was answered already or is not one of this connection's)."""
+        target = frame.meta.get("request")
+        if type(target) is not int:
+            self._reply_error(frame.request_id, InvalidRequest("request must be a request id"))
+            return
+        waiting = self._waits.get(target)
+        withdrawn = waiting is not None and waiting.withdraw()
+        self._reply(frame.request_id, {"withdrawn": withdrawn})
+
     async def _run(self, frame: ClientFrame) -> None:
+        try:
+            await self._handle(frame)
+        finally:
+            self._waits.pop(frame.request_id, None)
+
+    async def _handle(self, frame: ClientFrame) -> None:
         op = frame.meta.get("op")
         handler = OPERATIONS.get(op) if isinstance(op, str) else None
         try:

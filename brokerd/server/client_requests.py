@@ -13,7 +13,9 @@ per connection; a rollback may give a ``reason``), ``release_quarantine`` and
 administration ``create_route``, ``alter_route``, ``drop_route`` (R-OBJ-5, persisted),
 ``explain`` (why a route is chosen, SPEC §2) and ``set_mirror_role`` (failover,
 R-ROUTE-10), ``view`` (one page of an admin view: ``brokerd.server.client_views``)
-and ``ping``.
+and ``ping``. ``withdraw`` (``request``: the id of a waiting ``receive`` or
+``get_conversation_group`` whose caller stopped waiting) is the listener's too: the
+request, if it has taken nothing yet, ends at once with nothing.
 
 A handler takes the :class:`Session` (what it uses of a client connection: its daemon,
 its access, its open transactions) and the request frame, and returns the reply's meta
@@ -33,6 +35,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from brokerd.dialogs.verbs.receive import Withdrawal
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.server import client_views
 from brokerd.server.client_access import Access
@@ -82,6 +85,11 @@ class Session(Protocol):
 
     def check_own(self, handle: uuid.UUID) -> None:
         """Refuse an application a conversation of a service that is not its own."""
+        ...
+
+    def withdrawal(self, request_id: int) -> Withdrawal | None:
+        """What takes the waiting request ``request_id`` back when its client withdraws it
+        (a RECEIVE's or GET CONVERSATION GROUP's running as a task)."""
         ...
 
 
@@ -291,12 +299,15 @@ async def _receive(session: Session, frame: ClientFrame) -> tuple[ReplyMeta, Rep
     args, handle, group, groups = receive_args(session, m)
     tx = _transaction(session, m)
     reply = ReceiveReply()
+    withdrawal = session.withdrawal(frame.request_id)
     if tx is not None:
-        rows = await tx.receive(*args, handle=handle, budget=reply, group=group, groups=groups)
+        rows = await tx.receive(
+            *args, handle=handle, budget=reply, group=group, groups=groups, withdrawal=withdrawal
+        )
     else:
         receiving = session.broker.engine.receive_verbs
         rows = await receiving.receive(
-            *args, handle=handle, budget=reply, group=group, groups=groups
+            *args, handle=handle, budget=reply, group=group, groups=groups, withdrawal=withdrawal
         )
     return reply.encode(rows)
 
@@ -306,10 +317,12 @@ async def _get_group(session: Session, frame: ClientFrame) -> tuple[dict[str, An
     m = frame.meta
     args = _queue_args(session, m)
     tx = _transaction(session, m)
+    withdrawal = session.withdrawal(frame.request_id)
     if tx is not None:
-        group = await tx.get_conversation_group(*args)
+        group = await tx.get_conversation_group(*args, withdrawal=withdrawal)
     else:
-        group = await session.broker.engine.receive_verbs.get_conversation_group(*args)
+        receiving = session.broker.engine.receive_verbs
+        group = await receiving.get_conversation_group(*args, withdrawal=withdrawal)
     return {"conversation_group_id": None if group is None else str(group)}, b""
 
 

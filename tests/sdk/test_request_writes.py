@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from brokerd.sdk.client import _SequenceReply
+from brokerd.sdk.connection import SequenceReply
 from brokerd.tools.example import CONTRACT, ORDER, SHOP_SERVICE, WAREHOUSE_SERVICE
 from brokerd.tools.launcher import Deployment
 from protocol.client_wire import ClientFrame, ClientFrameKind, ClientFrameReader, encode_frame
@@ -94,8 +94,8 @@ async def test_a_send_reply_without_a_sequence_number_fails_its_future_only(
         encode_frame(ClientFrame(ClientFrameKind.RESPONSE, 1, meta, b""))
         + encode_frame(ClientFrame(ClientFrameKind.RESPONSE, 2, {"sequence_number": 9}, b""))
     )
-    _SequenceReply(bad).set_result(frames[0])
-    _SequenceReply(good).set_result(frames[1])
+    SequenceReply(bad).set_result(frames[0])
+    SequenceReply(good).set_result(frames[1])
     with pytest.raises(RemoteProtocolError, match="no sequence number"):
         await bad
     assert await good == 9

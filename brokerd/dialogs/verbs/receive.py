@@ -34,6 +34,32 @@ MAX_GROUPS = 1024
 """The most conversation groups one RECEIVE may ask for (``groups``, SPEC §6)."""
 
 
+class Withdrawal:
+    """A waiting RECEIVE's (or GET CONVERSATION GROUP's) way back: its client stopped
+    waiting for it (the application's call was cancelled) and takes the request back.
+    Until the request has taken something, :meth:`withdraw` makes it end now, empty, as
+    if its WAITFOR had run out; once it has, the request goes on and its answer carries
+    what it took (R-DLG-1: a message is never taken for a caller that is gone)."""
+
+    __slots__ = ("_index", "taken", "withdrawn")
+
+    def __init__(self) -> None:
+        self.withdrawn = False
+        self.taken = False
+        """The request holds messages or a group now: too late to take it back."""
+        self._index: ReadyIndex | None = None
+        """The ready index the request waits on, while it waits."""
+
+    def withdraw(self) -> bool:
+        """Take the request back; whether it had taken nothing yet (it then ends empty)."""
+        if self.taken:
+            return False
+        self.withdrawn = True
+        if self._index is not None:
+            self._index.changed.set()  # the waiter wakes, sees it withdrawn, ends
+        return True
+
+
 class ReceiveVerbs:
     """RECEIVE and GET CONVERSATION GROUP: leases on ready messages (or on a group alone),
     read and removed in one commit."""
@@ -63,6 +89,7 @@ class ReceiveVerbs:
         owned: Collection[uuid.UUID] = (),
         group: uuid.UUID | None = None,
         groups: int = 1,
+        withdrawal: Withdrawal | None = None,
     ) -> list[Lease]:
         """RECEIVE's choice: up to ``top`` ready messages of one conversation group, or of
         up to ``groups`` groups (oldest first, ``top`` in all), a lease per group holding
@@ -72,14 +99,14 @@ class ReceiveVerbs:
         (not both, and neither with ``groups``). ``owned`` are groups the caller's
         transaction already holds: they may be taken from again; a group another
         transaction holds is waited for like an empty queue. Empty when nothing arrived
-        in time.
+        in time, or the request was withdrawn first (``withdrawal``).
         """
         db, info, index, group = self._ready_of(queue, database, handle, group, groups)
 
         def take() -> list[Lease] | None:
             return _leases(db, queue, info, index, top, handle, group, groups, owned) or None
 
-        leases = await self._first(index, timeout, take)
+        leases = await self._first(index, timeout, take, withdrawal)
         if leases is None:
             if group is None:
                 index.last_empty = asyncio.get_running_loop().time()
@@ -92,6 +119,7 @@ class ReceiveVerbs:
         database: str | None = None,
         timeout: float = 0.0,
         owned: Collection[uuid.UUID] = (),
+        withdrawal: Withdrawal | None = None,
     ) -> Lease | None:
         """GET CONVERSATION GROUP (SPEC §6): a lease holding no message on the oldest
         conversation group of ``queue`` with messages ready that no other transaction
@@ -109,44 +137,61 @@ class ReceiveVerbs:
                 index.lock(gid)
             return Lease(db, queue, index, gid, [], info.retention, locks, image=db.image)
 
-        lease = await self._first(index, timeout, hold)
+        lease = await self._first(index, timeout, hold, withdrawal)
         if lease is None:
             index.last_empty = asyncio.get_running_loop().time()
         return lease
 
     async def get_conversation_group(
-        self, queue: str, database: str | None = None, timeout: float = 0.0
+        self,
+        queue: str,
+        database: str | None = None,
+        timeout: float = 0.0,
+        withdrawal: Withdrawal | None = None,
     ) -> uuid.UUID | None:
         """GET CONVERSATION GROUP outside a transaction (SQL Server's autocommit): the
         group :meth:`hold_group` would lock, its lock given back at once."""
-        lease = await self.hold_group(queue, database, timeout)
+        lease = await self.hold_group(queue, database, timeout, withdrawal=withdrawal)
         if lease is None:
             return None
         self.release(lease, received=False)
         return lease.group
 
     async def _first(
-        self, index: ReadyIndex, timeout: float, attempt: Callable[[], T | None]
+        self,
+        index: ReadyIndex,
+        timeout: float,
+        attempt: Callable[[], T | None],
+        withdrawal: Withdrawal | None = None,
     ) -> T | None:
         """WAITFOR: ``attempt`` now and each time ``index`` changes, until it gives a lease,
-        ``timeout`` s pass (negative: never) or the daemon stops (:meth:`stop_waiting`)."""
+        ``timeout`` s pass (negative: never), the daemon stops (:meth:`stop_waiting`) or
+        the request is withdrawn (``withdrawal``)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout < 0 else loop.time() + timeout
         while True:
+            if withdrawal is not None and withdrawal.withdrawn:
+                return None
             lease = attempt()
             if lease is not None:
+                if withdrawal is not None:
+                    withdrawal.taken = True
                 return lease
             remaining = None if deadline is None else deadline - loop.time()
             if (remaining is not None and remaining <= 0) or self.stopping:
                 return None
             index.changed.clear()
             index.waiting += 1
+            if withdrawal is not None:
+                withdrawal._index = index
             try:
                 await asyncio.wait_for(index.changed.wait(), remaining)
             except TimeoutError:
                 return None
             finally:
                 index.waiting -= 1
+                if withdrawal is not None:
+                    withdrawal._index = None
 
     def _ready_of(
         self,
@@ -293,6 +338,7 @@ class ReceiveVerbs:
         budget: reads.Budget | None = None,
         group: uuid.UUID | None = None,
         groups: int = 1,
+        withdrawal: Withdrawal | None = None,
     ) -> list[dict[str, Any]]:
         """RECEIVE TOP (top) outside a transaction: the messages leave the queue in the
         same commit that reads them (autocommit; at most once to the application).
@@ -303,7 +349,7 @@ class ReceiveVerbs:
         ``budget`` cuts the batch to what the caller's reply can carry before anything
         is removed; the messages beyond it stay in the queue, first in their group."""
         leases = await self.take_ready(
-            queue, database, top, timeout, handle, group=group, groups=groups
+            queue, database, top, timeout, handle, group=group, groups=groups, withdrawal=withdrawal
         )
         if not leases:
             return []

@@ -43,7 +43,7 @@ from brokerd.dialogs.endpoints.directory import Directory
 from brokerd.dialogs.endpoints.work import Work
 from brokerd.dialogs.verbs.conversation import ConversationVerbs
 from brokerd.dialogs.verbs.poison import PoisonVerbs
-from brokerd.dialogs.verbs.receive import ReceiveVerbs
+from brokerd.dialogs.verbs.receive import ReceiveVerbs, Withdrawal
 from brokerd.dialogs.verbs.send import SendVerbs
 from brokerd.errors import StoreError, TransactionError, TransactionRolledBack
 
@@ -254,6 +254,7 @@ class Transaction:
         budget: Budget | None = None,
         group: uuid.UUID | None = None,
         groups: int = 1,
+        withdrawal: Withdrawal | None = None,
     ) -> list[dict[str, Any]]:
         """RECEIVE inside the transaction: the group stays locked until COMMIT or ROLLBACK
         (with ``groups``, each of the up to that many groups it returns, SPEC §6).
@@ -264,7 +265,15 @@ class Transaction:
         exactly the messages returned, and the others are receivable again at once."""
         self._admit()
         leases = await self.receiving.take_ready(
-            queue, self._database(database), top, timeout, handle, self._owned(), group, groups
+            queue,
+            self._database(database),
+            top,
+            timeout,
+            handle,
+            self._owned(),
+            group,
+            groups,
+            withdrawal,
         )
         if not leases:
             return []
@@ -289,15 +298,19 @@ class Transaction:
         return rows
 
     async def get_conversation_group(
-        self, queue: str, database: str | None = None, timeout: float = 0.0
+        self,
+        queue: str,
+        database: str | None = None,
+        timeout: float = 0.0,
+        withdrawal: Withdrawal | None = None,
     ) -> uuid.UUID | None:
         """GET CONVERSATION GROUP (SPEC §6): the next conversation group of ``queue`` with
         messages ready that no other transaction holds, locked until COMMIT or ROLLBACK
         (which receive nothing of it by themselves). Waits up to ``timeout`` s (negative:
-        forever); None when none came."""
+        forever, or until ``withdrawal`` takes the request back); None when none came."""
         self._admit()
         lease = await self.receiving.hold_group(
-            queue, self._database(database), timeout, self._owned()
+            queue, self._database(database), timeout, self._owned(), withdrawal
         )
         if lease is None:
             return None

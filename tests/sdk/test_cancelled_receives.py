@@ -1,0 +1,138 @@
+"""A RECEIVE the application stopped waiting for (its task cancelled, ``asyncio.wait_for``
+timing out) takes no message for nobody.
+
+SPEC §6: RECEIVE outside a transaction is at most once for what it *returns*; R-DLG-1
+says each message reaches the application exactly once. The SDK takes a cancelled
+RECEIVE back (``withdraw``): the daemon ends it with nothing if it has taken nothing
+yet. If it had, outside a transaction its messages come first from the next RECEIVE of
+the queue; inside one, the transaction can only roll back, and they are in their queue
+again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from brokerd.sdk.client import BrokerClient
+from protocol.errors import TransactionRolledBack
+from tests.daemons import client_of, solo_broker
+
+
+async def _cancelled(receiving: asyncio.Task[object]) -> None:
+    receiving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await receiving
+
+
+async def test_a_cancelled_receive_takes_no_message_that_arrives_later(tmp_path: Path) -> None:
+    """R-DLG-1, SPEC §6 (RECEIVE): a RECEIVE cancelled by the application while it waits
+    leaves the next message to the next RECEIVE."""
+    async with solo_broker(tmp_path, "127.0.0.1") as broker:
+        client = await client_of(broker)
+        dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(client.receive("Q2", timeout=5), 0.3)
+        await dialog.send("DEFAULT", b"after the cancel")
+        got = await client.receive("Q2", timeout=8)
+        await client.close()
+        assert [m.message_body for m in got] == [b"after the cancel"]
+
+
+async def test_a_withdrawn_receive_ends_at_once_with_nothing(tmp_path: Path) -> None:
+    """SPEC §6 (RECEIVE, GET CONVERSATION GROUP): the daemon ends a withdrawn WAITFOR at
+    once (its waiter is gone from the queue), and a later RECEIVE waits as ever."""
+    async with solo_broker(tmp_path, "127.0.0.1") as broker:
+        client = await client_of(broker)
+        dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+        index = next(iter(broker.engine.directory.databases.values())).ready["Q2"]
+        for _ in range(3):
+            receiving = asyncio.create_task(client.receive("Q2", timeout=60))
+            grouping = asyncio.create_task(client.get_conversation_group("Q2", timeout=60))
+            while index.waiting < 2:
+                await asyncio.sleep(0.01)
+            await _cancelled(receiving)
+            await _cancelled(grouping)
+            for _ in range(200):  # withdrawn: both waiters leave at once, not in 60 s
+                if index.waiting == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert index.waiting == 0
+        await dialog.send("DEFAULT", b"one")
+        got = await client.receive("Q2", timeout=5)
+        await client.close()
+        assert [m.message_body for m in got] == [b"one"]
+
+
+async def _exactly_once(client: BrokerClient, sent: list[bytes], got: list[bytes]) -> None:
+    while len(got) < len(sent):
+        more = await client.receive("Q2", top=100, timeout=5)
+        assert more, f"missing: {sent[len(got) :]}"
+        got += [m.message_body for m in more]
+    assert got == sent  # each once, in order
+    assert await client.receive("Q2", timeout=0) == []
+
+
+async def test_cancelled_receives_lose_and_repeat_nothing(tmp_path: Path) -> None:
+    """R-DLG-1: receives cancelled at every moment around a message's arrival (before
+    it, as it is taken, after it): every message is received once, in order, whether the
+    cancelled RECEIVE was withdrawn in time or had taken it."""
+    async with solo_broker(tmp_path, "127.0.0.1") as broker:
+        client = await client_of(broker)
+        dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+        sent: list[bytes] = []
+        got: list[bytes] = []
+        for n in range(40):
+            receiving = asyncio.create_task(client.receive("Q2", top=10, timeout=30))
+            await asyncio.sleep(0.005)
+            body = b"message %d" % n
+            await dialog.send("DEFAULT", body)
+            sent.append(body)
+            for _ in range(n % 4):  # cancel later and later after the SEND
+                await asyncio.sleep(0)
+            await _cancelled(receiving)
+            if receiving.cancelled():
+                continue
+            got += [m.message_body for m in receiving.result()]  # it had answered first
+        await _exactly_once(client, sent, got)
+        await client.close()
+
+
+async def test_a_transaction_whose_receive_was_cancelled_after_taking_rolls_back(
+    tmp_path: Path,
+) -> None:
+    """R-DLG-1, SPEC §6 (transactions): a RECEIVE in a transaction cancelled after it had
+    taken messages leaves the transaction nothing to commit but a rollback: COMMIT
+    raises TransactionRolledBack and the messages are received again, once, in order."""
+    async with solo_broker(tmp_path, "127.0.0.1") as broker:
+        client = await client_of(broker)
+        dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+        sent: list[bytes] = []
+        got: list[bytes] = []
+        spoiled = 0
+        for n in range(30):
+            tx = await client.begin_transaction()
+            receiving = asyncio.create_task(tx.receive("Q2", top=10, timeout=30))
+            await asyncio.sleep(0.005)
+            body = b"message %d" % n
+            await dialog.send("DEFAULT", body)
+            sent.append(body)
+            for _ in range(n % 4):
+                await asyncio.sleep(0)
+            await _cancelled(receiving)
+            taken = [] if receiving.cancelled() else receiving.result()
+            try:
+                await tx.commit()
+            except TransactionRolledBack as exc:
+                assert "cancelled after it had taken" in str(exc) and tx.spoiled
+                spoiled += 1
+            else:
+                got += [m.message_body for m in taken]
+            received = await client.receive("Q2", top=10, timeout=0)
+            got += [m.message_body for m in received]
+        await _exactly_once(client, sent, got)
+        await client.close()
+        assert 0 < spoiled < 30  # both ways were taken: withdrawn in time, and too late
