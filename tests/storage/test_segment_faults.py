@@ -13,7 +13,6 @@ import contextlib
 import os
 import resource
 import sqlite3
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from brokerd.errors import StoreError
 from brokerd.storage import body_files, queries, reads, schema
 from brokerd.storage.body_files import STORED_FROM, BodyFileError
 from brokerd.storage.store import Store
+from tests.disks import small_tmpfs
 
 H = str(uuid.uuid4())
 LARGE = bytes(range(256)) * (STORED_FROM // 256 + 3)
@@ -166,20 +166,8 @@ async def test_the_directory_of_segments_is_its_users_only(tmp_path: Path) -> No
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A file system of 2 MiB (tmpfs), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {made.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _free(path: Path) -> int:

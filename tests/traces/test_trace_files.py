@@ -7,12 +7,9 @@ stops delivery (R-TRACE-4)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import SOLO_DATABASE as SOLO
 from tests.daemons import client_of, running, solo_broker, stats_with, wait_until
+from tests.disks import small_tmpfs
 
 HOST = "127.0.0.247"
 
@@ -143,23 +141,6 @@ async def test_retention_deletes_the_oldest_closed_segments_never_the_open_one(
         assert newer.exists() and foreign.exists()
         (opened,) = traces.glob("solo-*.jsonl.open")  # counted, never deleted
         assert opened.stat().st_size > 0
-
-
-@contextlib.contextmanager
-def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` (root only), unmounted at the end."""
-    path.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def _fill(directory: Path) -> Path:
