@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.errors import InvalidRequest
+from protocol.errors import InvalidErrorCode, InvalidRequest
 from tests.daemons import client_of, solo_broker
 
 
@@ -49,3 +49,22 @@ async def test_a_timer_past_an_int_of_seconds_is_refused(tmp_path: Path, timeout
         (endpoint,) = await client.conversation_endpoints()
         assert endpoint.dialog_timer is not None
         await client.close()
+
+
+@pytest.mark.parametrize("code", [2**31, 10**30])
+async def test_an_error_code_past_an_int_is_refused(tmp_path: Path, code: int) -> None:
+    """SPEC §6 (END CONVERSATION WITH ERROR): a code beyond 2**31 - 1 is refused and the
+    conversation is not ended; 2**31 - 1 itself ends it, and the far side's Error message
+    carries it."""
+    async with solo_broker(tmp_path, "127.0.0.1") as broker:
+        client = await client_of(broker)
+        dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+        await dialog.send("DEFAULT", b"first")
+        with pytest.raises(InvalidErrorCode, match="at most 2147483647"):
+            await client.end_conversation(dialog.handle, error_code=code, description="x")
+        (first,) = await client.receive("Q2", timeout=5)
+        await client.end_conversation(dialog.handle, error_code=2**31 - 1, description="max")
+        (error,) = await client.receive("Q2", timeout=5)
+        await client.close()
+        assert first.message_body == b"first"
+        assert error.is_error and b"<Code>2147483647</Code>" in error.message_body

@@ -54,6 +54,9 @@ from brokerd.storage.keys import new_handle, random_id
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 from protocol.dialog_security import DialogKeys
 
+MAX_ERROR_CODE = 2**31 - 1
+"""The largest END CONVERSATION WITH ERROR code (SQL Server takes it as an INT)."""
+
 
 class ConversationVerbs:
     """BEGIN DIALOG, END CONVERSATION, MOVE CONVERSATION, the timer, ALTER QUEUE, and the
@@ -181,11 +184,17 @@ class ConversationVerbs:
     @staticmethod
     def check_end(error_code: int | None, cleanup: bool = False) -> None:
         """END CONVERSATION's check: WITH ERROR takes a code greater than 0; the codes
-        below zero are the broker's own (SPEC §6)."""
+        below zero are the broker's own (SPEC §6). A code is SQL Server's INT: at most
+        :data:`MAX_ERROR_CODE`."""
         if error_code is not None and not cleanup and error_code <= 0:
             raise InvalidErrorCode(
                 f"END CONVERSATION WITH ERROR needs a code greater than 0, not {error_code}: "
                 "codes of 0 and below are the broker's own"
+            )
+        if error_code is not None and not cleanup and error_code > MAX_ERROR_CODE:
+            raise InvalidErrorCode(
+                f"END CONVERSATION WITH ERROR takes a code of at most {MAX_ERROR_CODE} (an "
+                f"INT), not {error_code}"
             )
 
     def end_conversation_work(
