@@ -407,6 +407,11 @@ class BrokerClient:
         messages = parse_received(meta, body)
         if type(body) is bytearray:  # each message has its own copy: nothing refers to it
             self._keeper.reuse(body)
+        if self._kept.holds(queue, database):
+            # a cancelled RECEIVE's messages came back while this one waited: they are
+            # older than these (their group's lock ended with their removal), so first
+            self._kept.add(queue, database, messages)
+            return self._kept.take(queue, database, top, handle, conversation_group_id, groups)
         return messages
 
     async def get_conversation_group(

@@ -105,6 +105,9 @@ class Request:
     """The connection it was last written on (None: not written yet), and its id there:
     what a ``withdraw`` names (:meth:`BrokerClient.receive`'s caller stopped waiting)."""
     request_id: int = 0
+    only_here: bool = False
+    """Never written again on another connection: it fails with its own (a ``withdraw``,
+    which names a request by its id on this one, or a request no caller waits for)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +266,11 @@ class Connection:
         )
 
     @property
+    def ended(self) -> bool:
+        """The socket is gone and its unanswered requests were handed on (``on_end``)."""
+        return self._ended
+
+    @property
     def stopping(self) -> BrokerStopping | None:
         """The daemon's goodbye: it is stopping and reads no more requests."""
         return self._ending.stopping
@@ -364,7 +372,10 @@ class Connection:
         if self._challenge is not None and not self._challenge.done():
             self._challenge.set_exception(ClientError(ending.reason))
         pending, self._pending = self._pending, {}
-        ending.unanswered = sorted(pending.items())
+        for request in pending.values():
+            if request.only_here and not request.reply.done():
+                request.reply.set_exception(ClientError(ending.reason))
+        ending.unanswered = sorted(i for i in pending.items() if not i[1].only_here)
         self._on_end(self, ending)
 
 
@@ -391,16 +402,19 @@ def abandon(
         answered(future)
         return
     connection = request.connection
-    if connection is None:  # still waiting for a connection: now never written
+    if connection is None or connection.ended:  # waiting for a connection: never written
         future.cancel()
         answered(future)
         return
+    # Its connection's end settles it: never written again on another, where nothing
+    # would withdraw it and a withdraw naming it by its id here would name another.
+    request.only_here = True
     future.add_done_callback(answered)
     if connection.usable:
         withdrawn: asyncio.Future[ClientFrame] = future.get_loop().create_future()
         withdrawn.add_done_callback(_ignored)
         meta = encode_meta({"op": "withdraw", "request": request.request_id})
-        connection.submit(Request(meta, b"", withdrawn))
+        connection.submit(Request(meta, b"", withdrawn, only_here=True))
 
 
 def _ignored(done: asyncio.Future[ClientFrame]) -> None:

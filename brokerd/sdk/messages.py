@@ -118,6 +118,10 @@ class KeptMessages:
     def __init__(self) -> None:
         self._kept: dict[tuple[str, str | None], list[ReceivedMessage]] = {}
 
+    def holds(self, queue: str, database: str | None) -> bool:
+        """Whether messages of ``queue`` are kept."""
+        return (queue, database) in self._kept
+
     def add(self, queue: str, database: str | None, messages: list[ReceivedMessage]) -> None:
         if messages:
             self._kept.setdefault((queue, database), []).extend(messages)

@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 import uuid
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from brokerd.dialogs.verbs.receive import Withdrawal
@@ -94,6 +95,9 @@ CONGESTION_HOLD_MOST = 1.0
 
 WITHDRAWABLE = frozenset({"receive", "get_conversation_group"})
 """The requests that wait for messages, which a ``withdraw`` request may take back."""
+
+ANSWERED_KEPT = 64
+"""Answered RECEIVEs a connection remembers for a withdraw that comes after the answer."""
 
 WRITE_HIGH = 4 * 1024 * 1024
 """Reply bytes a connection may have waiting to leave (written and not yet taken by the
@@ -172,6 +176,10 @@ class ClientSession(asyncio.BufferedProtocol):
         self._waits: dict[int, Withdrawal] = {}
         """RECEIVEs and GET CONVERSATION GROUPs running as tasks, by request id: what a
         ``withdraw`` request takes back (:meth:`_withdraw`)."""
+        self._answered: OrderedDict[int, Withdrawal] = OrderedDict()
+        """The latest of them (:data:`ANSWERED_KEPT`) that took something and answered:
+        a withdraw that comes after the answer still marks what they took as not to be
+        counted by a rollback (their client had stopped waiting for it)."""
         self._last_read = 0
         """The id of the last request read: a stopping daemon tells the client."""
         self._stopping = False
@@ -599,7 +607,7 @@ class ClientSession(asyncio.BufferedProtocol):
         if type(target) is not int:
             self._reply_error(frame.request_id, InvalidRequest("request must be a request id"))
             return
-        waiting = self._waits.get(target)
+        waiting = self._waits.get(target) or self._answered.get(target)
         withdrawn = waiting is not None and waiting.withdraw()
         self._reply(frame.request_id, {"withdrawn": withdrawn})
 
@@ -607,7 +615,11 @@ class ClientSession(asyncio.BufferedProtocol):
         try:
             await self._handle(frame)
         finally:
-            self._waits.pop(frame.request_id, None)
+            waited = self._waits.pop(frame.request_id, None)
+            if waited is not None and waited.taken:
+                self._answered[frame.request_id] = waited
+                if len(self._answered) > ANSWERED_KEPT:
+                    self._answered.popitem(last=False)
 
     async def _handle(self, frame: ClientFrame) -> None:
         op = frame.meta.get("op")

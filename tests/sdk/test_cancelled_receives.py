@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from brokerd.config import load_config
+from brokerd.dialogs.endpoints.ready import ReadyIndex
 from brokerd.sdk.client import BrokerClient
+from brokerd.server.daemon import Broker
+from brokerd.tools.launcher import Deployment
 from protocol.errors import TransactionRolledBack
-from tests.daemons import client_of, solo_broker
+from tests.daemons import SOLO_DATABASE, client_of, in_process, solo_broker
 
 
 async def _cancelled(receiving: asyncio.Task[object]) -> None:
@@ -136,3 +141,107 @@ async def test_a_transaction_whose_receive_was_cancelled_after_taking_rolls_back
         await _exactly_once(client, sent, got)
         await client.close()
         assert 0 < spoiled < 30  # both ways were taken: withdrawn in time, and too late
+
+
+def _ready_index(broker: Broker) -> ReadyIndex:
+    return next(iter(broker.engine.directory.databases.values())).ready["Q2"]
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if check():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not met in 5 s")
+
+
+async def test_kept_messages_come_before_newer_ones_a_receive_in_flight_took(
+    tmp_path: Path,
+) -> None:
+    """R-DLG-1, SPEC §6 (RECEIVE: one group, in sequence order): a RECEIVE written before
+    the messages of a cancelled one came back (kept) must not hand the application the
+    conversation's later messages before them."""
+    async with solo_broker(tmp_path, "127.0.0.1") as broker:
+        client = await client_of(broker)
+        dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+        index = _ready_index(broker)
+        first = asyncio.create_task(client.receive("Q2", timeout=30))
+        await _until(lambda: index.waiting == 1)
+        sending = asyncio.create_task(dialog.send("DEFAULT", b"one"))
+        while not index.locked:  # the daemon's RECEIVE took "one", its removal commits
+            await asyncio.sleep(0)
+        first.cancel()  # too late to withdraw: "one" is kept when it comes back
+        second = asyncio.create_task(client.receive("Q2", timeout=30))
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        assert first.cancelled(), "the RECEIVE had answered before its cancel"
+        await sending
+        await _until(lambda: index.waiting == 1)
+        await dialog.send("DEFAULT", b"two")
+        got = [m.message_body for m in await second]
+        got += [m.message_body for m in await client.receive("Q2", top=10, timeout=1)]
+        await client.close()
+        assert got == [b"one", b"two"]
+
+
+async def test_a_withdraw_written_again_after_a_graceful_stop_takes_back_no_other_receive(
+    tmp_path: Path,
+) -> None:
+    """SPEC §6 (outcomes): a ``withdraw`` the stopping daemon never read names its RECEIVE
+    by its id on the old connection; written again on the new connection, it must not
+    take back whichever request has that id there (a RECEIVE that should wait)."""
+    daemon = Deployment(tmp_path).add("solo", "127.0.0.1", SOLO_DATABASE)
+    broker = Broker(load_config(daemon.config_path))
+    await broker.start()
+    client = await client_of(broker)
+    try:
+        index = _ready_index(broker)
+        cancelled = asyncio.create_task(client.receive("Q2", timeout=60))  # request 2
+        await _until(lambda: index.waiting == 1)
+        for session in list(broker.client_sessions):
+            session.stop_reading()  # SIGTERM: the daemon reads nothing more
+        other = asyncio.create_task(client.receive("Q2", timeout=60))  # never read
+        cancelled.cancel()  # its withdraw: never read either
+        with contextlib.suppress(asyncio.CancelledError):
+            await cancelled
+        await broker.stop()
+        async with in_process(daemon.config_path) as again:
+            await client.wait_connected(10)
+            # on the new connection "other" is request 2, the one the withdraw names
+            await _until(lambda: _ready_index(again).waiting == 1 or other.done())
+            assert not other.done(), f"taken back on the new connection: {other.result()}"
+            dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+            await dialog.send("DEFAULT", b"for the other")
+            got = await asyncio.wait_for(other, 10)
+            assert [m.message_body for m in got] == [b"for the other"]
+    finally:
+        await client.close()
+
+
+async def test_rollbacks_of_cancelled_receives_do_not_make_a_message_poison(
+    tmp_path: Path,
+) -> None:
+    """SPEC §6 (poison messages: a rollback counts against a message when it may be the
+    message's fault): a transaction whose RECEIVE the application cancelled after it had
+    taken a message rolls back at COMMIT; the message, which no caller ever saw, must not
+    be quarantined after ``poison_rollbacks`` (5) such cancellations."""
+    async with solo_broker(tmp_path, "127.0.0.1") as broker:
+        client = await client_of(broker)
+        dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+        await dialog.send("DEFAULT", b"innocent")
+        index = _ready_index(broker)
+        for _ in range(5):
+            tx = await client.begin_transaction()
+            receiving = asyncio.create_task(tx.receive("Q2", timeout=30))
+            while not index.locked:  # the daemon's RECEIVE took it
+                await asyncio.sleep(0)
+            await _cancelled(receiving)
+            assert receiving.cancelled(), "the RECEIVE had answered before its cancel"
+            with pytest.raises(TransactionRolledBack):
+                await tx.commit()
+            await _until(lambda: not index.locked)
+        quarantined = await client.view("quarantined")
+        got = await client.receive("Q2", timeout=1)
+        await client.close()
+        assert quarantined == []
+        assert [m.message_body for m in got] == [b"innocent"]

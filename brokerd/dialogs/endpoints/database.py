@@ -55,6 +55,9 @@ class Lease:
     released: bool = False
     image: int = 0
     """The database's :attr:`Database.image` when the messages were taken."""
+    counted: bool = True
+    """False once its RECEIVE's client withdrew it too late (it had taken these): a
+    rollback then puts them back without counting it (no caller saw them, SPEC §6)."""
 
 
 def _rows(conn: sqlite3.Connection) -> Rows:

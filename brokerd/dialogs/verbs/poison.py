@@ -91,6 +91,8 @@ class PoisonVerbs:
             db = lease.db
             if lease.image != db.image:
                 continue  # an image that is gone (R-ROUTE-16): nothing to count against
+            if not lease.counted:
+                continue  # taken for a client that had stopped waiting: not their fault
             rows = statements.setdefault(db, [])
             for item in lease.items:
                 ep = db.endpoints.get(item[0])

@@ -41,18 +41,24 @@ class Withdrawal:
     if its WAITFOR had run out; once it has, the request goes on and its answer carries
     what it took (R-DLG-1: a message is never taken for a caller that is gone)."""
 
-    __slots__ = ("_index", "taken", "withdrawn")
+    __slots__ = ("_index", "leases", "taken", "withdrawn")
 
     def __init__(self) -> None:
         self.withdrawn = False
         self.taken = False
         """The request holds messages or a group now: too late to take it back."""
+        self.leases: list[Lease] = []
+        """What it took (:attr:`taken`)."""
         self._index: ReadyIndex | None = None
         """The ready index the request waits on, while it waits."""
 
     def withdraw(self) -> bool:
-        """Take the request back; whether it had taken nothing yet (it then ends empty)."""
+        """Take the request back; whether it had taken nothing yet (it then ends empty).
+        Too late, what it took is marked so that a rollback does not count it against
+        the messages (their caller is gone: SPEC §6, poison messages)."""
         if self.taken:
+            for lease in self.leases:
+                lease.counted = False
             return False
         self.withdrawn = True
         if self._index is not None:
@@ -111,6 +117,8 @@ class ReceiveVerbs:
             if group is None:
                 index.last_empty = asyncio.get_running_loop().time()
             return []
+        if withdrawal is not None:
+            withdrawal.leases = leases
         return leases
 
     async def hold_group(
@@ -140,6 +148,8 @@ class ReceiveVerbs:
         lease = await self._first(index, timeout, hold, withdrawal)
         if lease is None:
             index.last_empty = asyncio.get_running_loop().time()
+        elif withdrawal is not None:
+            withdrawal.leases = [lease]
         return lease
 
     async def get_conversation_group(
