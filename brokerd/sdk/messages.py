@@ -135,27 +135,27 @@ class KeptMessages:
         group: uuid.UUID | None,
         groups: int,
     ) -> list[ReceivedMessage]:
-        """What a RECEIVE of ``queue`` with these limits returns of the kept messages, in
-        the order they were taken: at most ``top``, of at most ``groups`` conversation
-        groups (one conversation's or one group's when limited so)."""
+        """What a RECEIVE of ``queue`` with these limits returns of the kept messages: at
+        most ``top``, of at most ``groups`` conversation groups (one conversation's or one
+        group's when limited so), group after group as the daemon returns them, each
+        group's in the order they were taken."""
         kept = self._kept.get((queue, database))
         if not kept:
             return []
-        chosen: set[uuid.UUID] = set()
+        matching = [
+            m
+            for m in kept
+            if (handle is None or m.conversation_handle == handle)
+            and (group is None or m.conversation_group_id == group)
+        ]
+        chosen = list(dict.fromkeys(m.conversation_group_id for m in matching))[:groups]
         taken: list[ReceivedMessage] = []
-        left: list[ReceivedMessage] = []
-        for message in kept:
-            fits = (
-                len(taken) < top
-                and (handle is None or message.conversation_handle == handle)
-                and (group is None or message.conversation_group_id == group)
-                and (message.conversation_group_id in chosen or len(chosen) < groups)
-            )
-            if fits:
-                chosen.add(message.conversation_group_id)
-                taken.append(message)
-            else:
-                left.append(message)
+        for gid in chosen:
+            for message in matching:
+                if len(taken) < top and message.conversation_group_id == gid:
+                    taken.append(message)
+        picked = {id(m) for m in taken}
+        left = [m for m in kept if id(m) not in picked]
         if left:
             self._kept[(queue, database)] = left
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 from brokerd.config import load_config
 from brokerd.dialogs.endpoints.ready import ReadyIndex
 from brokerd.sdk.client import BrokerClient
+from brokerd.sdk.messages import KeptMessages, ReceivedMessage
 from brokerd.server.daemon import Broker
 from brokerd.tools.launcher import Deployment
 from protocol.errors import TransactionRolledBack
@@ -245,3 +247,31 @@ async def test_rollbacks_of_cancelled_receives_do_not_make_a_message_poison(
         await client.close()
         assert quarantined == []
         assert [m.message_body for m in got] == [b"innocent"]
+
+
+def test_kept_messages_come_group_after_group() -> None:
+    """SPEC §6 (a RECEIVE of several groups returns them group after group, each in
+    order): kept messages of two groups taken in turn, then a newer one of the first,
+    come back as the first group's, then the second's; a RECEIVE of one group takes only
+    the oldest group's, and ``top`` leaves the rest kept, in order."""
+    one, two = uuid.uuid4(), uuid.uuid4()
+
+    def message(gid: uuid.UUID, seq: int) -> ReceivedMessage:
+        return ReceivedMessage(gid, gid, seq, "//s", "DEFAULT", "DEFAULT", b"%d" % seq, "Q2", 0.0)
+
+    kept = KeptMessages()
+    kept.add("Q2", None, [message(one, 1), message(two, 1)])
+    kept.add("Q2", None, [message(one, 2)])
+    both = kept.take("Q2", None, 10, None, None, 2)
+    assert [(m.conversation_group_id, m.message_sequence_number) for m in both] == [
+        (one, 1),
+        (one, 2),
+        (two, 1),
+    ]
+    kept.add("Q2", None, [message(one, 3), message(two, 2), message(one, 4)])
+    first = kept.take("Q2", None, 1, None, None, 1)
+    assert [(m.conversation_group_id, m.message_sequence_number) for m in first] == [(one, 3)]
+    rest = kept.take("Q2", None, 10, None, two, 1)
+    assert [m.message_sequence_number for m in rest] == [2]
+    assert [m.message_sequence_number for m in kept.take("Q2", None, 10, None, None, 1)] == [4]
+    assert kept.take("Q2", None, 10, None, None, 1) == []
