@@ -29,6 +29,20 @@ from protocol.errors import TransactionRolledBack
 from tests.daemons import SOLO_DATABASE, client_of, in_process, solo_broker
 
 
+def _ready_index(broker: Broker) -> ReadyIndex:
+    return next(iter(broker.engine.directory.databases.values())).ready["Q2"]
+
+
+async def _until(check: Callable[[], bool], interval: float = 0.005) -> None:
+    """Wait until ``check()`` holds, looking every ``interval`` s (0: every turn of the
+    loop, to catch a state that lasts a few turns); fail after 5 s."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in 5 s")
+        await asyncio.sleep(interval)
+
+
 async def _cancelled(receiving: asyncio.Task[object]) -> None:
     receiving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -55,19 +69,14 @@ async def test_a_withdrawn_receive_ends_at_once_with_nothing(tmp_path: Path) -> 
     async with solo_broker(tmp_path, "127.0.0.1") as broker:
         client = await client_of(broker)
         dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
-        index = next(iter(broker.engine.directory.databases.values())).ready["Q2"]
+        index = _ready_index(broker)
         for _ in range(3):
             receiving = asyncio.create_task(client.receive("Q2", timeout=60))
             grouping = asyncio.create_task(client.get_conversation_group("Q2", timeout=60))
-            while index.waiting < 2:
-                await asyncio.sleep(0.01)
+            await _until(lambda: index.waiting == 2)
             await _cancelled(receiving)
             await _cancelled(grouping)
-            for _ in range(200):  # withdrawn: both waiters leave at once, not in 60 s
-                if index.waiting == 0:
-                    break
-                await asyncio.sleep(0.01)
-            assert index.waiting == 0
+            await _until(lambda: index.waiting == 0)  # withdrawn: at once, not in 60 s
         await dialog.send("DEFAULT", b"one")
         got = await client.receive("Q2", timeout=5)
         await client.close()
@@ -145,18 +154,6 @@ async def test_a_transaction_whose_receive_was_cancelled_after_taking_rolls_back
         assert 0 < spoiled < 30  # both ways were taken: withdrawn in time, and too late
 
 
-def _ready_index(broker: Broker) -> ReadyIndex:
-    return next(iter(broker.engine.directory.databases.values())).ready["Q2"]
-
-
-async def _until(check: Callable[[], bool]) -> None:
-    for _ in range(1000):
-        if check():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not met in 5 s")
-
-
 async def test_kept_messages_come_before_newer_ones_a_receive_in_flight_took(
     tmp_path: Path,
 ) -> None:
@@ -170,8 +167,7 @@ async def test_kept_messages_come_before_newer_ones_a_receive_in_flight_took(
         first = asyncio.create_task(client.receive("Q2", timeout=30))
         await _until(lambda: index.waiting == 1)
         sending = asyncio.create_task(dialog.send("DEFAULT", b"one"))
-        while not index.locked:  # the daemon's RECEIVE took "one", its removal commits
-            await asyncio.sleep(0)
+        await _until(lambda: index.locked, 0)  # the daemon's RECEIVE took "one"
         first.cancel()  # too late to withdraw: "one" is kept when it comes back
         second = asyncio.create_task(client.receive("Q2", timeout=30))
         with contextlib.suppress(asyncio.CancelledError):
@@ -235,8 +231,7 @@ async def test_rollbacks_of_cancelled_receives_do_not_make_a_message_poison(
         for _ in range(5):
             tx = await client.begin_transaction()
             receiving = asyncio.create_task(tx.receive("Q2", timeout=30))
-            while not index.locked:  # the daemon's RECEIVE took it
-                await asyncio.sleep(0)
+            await _until(lambda: index.locked, 0)  # the daemon's RECEIVE took it
             await _cancelled(receiving)
             assert receiving.cancelled(), "the RECEIVE had answered before its cancel"
             with pytest.raises(TransactionRolledBack):
