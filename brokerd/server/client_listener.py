@@ -93,9 +93,6 @@ CONGESTION_POLL = 0.005
 CONGESTION_HOLD_MOST = 1.0
 """Seconds an application's requests wait for a congested link, at most at a time."""
 
-WITHDRAWABLE = frozenset({"receive", "get_conversation_group"})
-"""The requests that wait for messages, which a ``withdraw`` request may take back."""
-
 ANSWERED_KEPT = 64
 """Answered RECEIVEs a connection remembers for a withdraw that comes after the answer."""
 
@@ -245,7 +242,7 @@ class ClientSession(asyncio.BufferedProtocol):
                 and self._receive_now(frame)
             ):
                 continue
-            if op in WITHDRAWABLE:
+            if op == "receive" or op == "get_conversation_group":  # may wait: withdrawable
                 self._waits[frame.request_id] = Withdrawal()
             task = asyncio.get_running_loop().create_task(self._run(frame))
             self.tasks.add(task)
@@ -611,17 +608,16 @@ class ClientSession(asyncio.BufferedProtocol):
         withdrawn = waiting is not None and waiting.withdraw()
         self._reply(frame.request_id, {"withdrawn": withdrawn})
 
-    async def _run(self, frame: ClientFrame) -> None:
-        try:
-            await self._handle(frame)
-        finally:
-            waited = self._waits.pop(frame.request_id, None)
-            if waited is not None and waited.taken:
-                self._answered[frame.request_id] = waited
-                if len(self._answered) > ANSWERED_KEPT:
-                    self._answered.popitem(last=False)
+    def _waited(self, request_id: int) -> None:
+        """A request run as a task has ended: a RECEIVE or GET CONVERSATION GROUP that took
+        something is remembered (:attr:`_answered`) for a withdraw after its answer."""
+        waited = self._waits.pop(request_id, None)
+        if waited is not None and waited.taken:
+            self._answered[request_id] = waited
+            if len(self._answered) > ANSWERED_KEPT:
+                self._answered.popitem(last=False)
 
-    async def _handle(self, frame: ClientFrame) -> None:
+    async def _run(self, frame: ClientFrame) -> None:
         op = frame.meta.get("op")
         handler = OPERATIONS.get(op) if isinstance(op, str) else None
         try:
@@ -640,4 +636,6 @@ class ClientSession(asyncio.BufferedProtocol):
             log.exception("client operation %s failed", op)
             self._reply_error(frame.request_id, exc)
             return
+        finally:
+            self._waited(frame.request_id)
         self._reply(frame.request_id, meta, body)

@@ -17,37 +17,13 @@ from pathlib import Path
 
 from brokerd.server.client_listener import ClientSession
 from brokerd.server.daemon import Broker
-from protocol.client_wire import (
-    ClientFrame,
-    ClientFrameKind,
-    ClientFrameReader,
-    auth_proof,
-    encode_frame,
-)
+from protocol.client_wire import ClientFrame, ClientFrameKind, ClientFrameReader, encode_frame
 from tests.daemons import client_of, solo_broker, wait_until
+from tests.raw_client import logged_in
 
 DIALOGS = 400
 REQUESTS = 400
 HELD_AT_MOST = 16 * 1024 * 1024
-
-
-async def _logged_in(broker: Broker) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A raw connection to the client port, logged in with the daemon's token."""
-    config = broker.config.client
-    reader, writer = await asyncio.open_connection(config.host, config.port)
-    frames = ClientFrameReader()
-    challenge: list[ClientFrame] = []
-    while not challenge:
-        challenge = frames.feed(await reader.read(4096))
-    nonce = bytes.fromhex(challenge[0].meta["nonce"])
-    token = Path(config.token_file).read_text().strip().encode()
-    login = {"op": "login", "user": "app", "proof": auth_proof(token, nonce, "app")}
-    writer.write(encode_frame(ClientFrame(ClientFrameKind.REQUEST, 1, login)))
-    answer: list[ClientFrame] = []
-    while not answer:
-        answer = frames.feed(await reader.read(4096))
-    assert answer[0].kind is ClientFrameKind.RESPONSE, answer[0]
-    return reader, writer
 
 
 def _held(broker: Broker, others: set[ClientSession]) -> int:
@@ -73,7 +49,7 @@ async def test_a_client_that_never_reads_its_replies_holds_bounded_memory(
         assert len(rows) == DIALOGS
         others = set(broker.client_sessions)
 
-        reader, writer = await _logged_in(broker)
+        reader, writer = await logged_in(broker)
         request = {"op": "view", "name": "conversation_endpoints", "limit": 1000}
         for n in range(REQUESTS):
             writer.write(encode_frame(ClientFrame(ClientFrameKind.REQUEST, 2 + n, request)))
