@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from brokerd.dialogs.verbs.conversation import INT_MAX
 from brokerd.dialogs.verbs.receive import Withdrawal
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.server import client_views
@@ -100,10 +101,6 @@ ReplyBody = bytes | list[bytes]
 
 MAX_OPEN_TRANSACTIONS = 16
 """Transactions one client connection may hold open at once."""
-MAX_SECONDS = 2**31 - 1
-"""A dialog's lifetime and a conversation timer's timeout, at most (R-DLG-9, R-DLG-11):
-SQL Server takes both as an INT of seconds. Past it a value overflows the store, or makes
-an endpoint whose deadline no view can show."""
 MAX_SEND_MANY = 2_000
 """Messages in one send_many request (their entries must fit the 1 MiB meta limit)."""
 
@@ -166,12 +163,8 @@ async def _rollback(session: Session, frame: ClientFrame) -> tuple[dict[str, Any
 async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     m = frame.meta
     lifetime = m.get("lifetime", 0)
-    if (
-        not isinstance(lifetime, int)
-        or isinstance(lifetime, bool)
-        or not 0 <= lifetime <= MAX_SECONDS
-    ):
-        raise InvalidRequest(f"lifetime must be a whole number of seconds, 0 to {MAX_SECONDS}")
+    if not isinstance(lifetime, int) or isinstance(lifetime, bool) or not 0 <= lifetime <= INT_MAX:
+        raise InvalidRequest(f"lifetime must be a whole number of seconds, 0 to {INT_MAX}")
     args = (
         meta_str(m, "from_service"),
         meta_str(m, "to_service"),
@@ -383,9 +376,9 @@ async def _begin_timer(session: Session, frame: ClientFrame) -> tuple[dict[str, 
     if (
         not isinstance(timeout, int | float)
         or isinstance(timeout, bool)
-        or not 0 <= timeout <= MAX_SECONDS
+        or not 0 <= timeout <= INT_MAX
     ):
-        raise InvalidRequest(f"timeout must be a number of seconds, 0 to {MAX_SECONDS}")
+        raise InvalidRequest(f"timeout must be a number of seconds, 0 to {INT_MAX}")
     session.check_own(handle)
     tx = _transaction(session, m)
     if tx is not None:

@@ -54,8 +54,11 @@ from brokerd.storage.keys import new_handle, random_id
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 from protocol.dialog_security import DialogKeys
 
-MAX_ERROR_CODE = 2**31 - 1
-"""The largest END CONVERSATION WITH ERROR code (SQL Server takes it as an INT)."""
+INT_MAX = 2**31 - 1
+"""SQL Server's INT at most: the largest END CONVERSATION WITH ERROR code, and (bounded
+where a client's request is read, ``brokerd.server.client_requests``) a dialog's lifetime
+and a conversation timer's timeout in seconds (R-DLG-9, R-DLG-11). Past it a value
+overflows the store, or makes an endpoint whose deadline no view can show."""
 
 
 class ConversationVerbs:
@@ -185,15 +188,15 @@ class ConversationVerbs:
     def check_end(error_code: int | None, cleanup: bool = False) -> None:
         """END CONVERSATION's check: WITH ERROR takes a code greater than 0; the codes
         below zero are the broker's own (SPEC §6). A code is SQL Server's INT: at most
-        :data:`MAX_ERROR_CODE`."""
+        :data:`INT_MAX`."""
         if error_code is not None and not cleanup and error_code <= 0:
             raise InvalidErrorCode(
                 f"END CONVERSATION WITH ERROR needs a code greater than 0, not {error_code}: "
                 "codes of 0 and below are the broker's own"
             )
-        if error_code is not None and not cleanup and error_code > MAX_ERROR_CODE:
+        if error_code is not None and not cleanup and error_code > INT_MAX:
             raise InvalidErrorCode(
-                f"END CONVERSATION WITH ERROR takes a code of at most {MAX_ERROR_CODE} (an "
+                f"END CONVERSATION WITH ERROR takes a code of at most {INT_MAX} (an "
                 f"INT), not {error_code}"
             )
 
