@@ -37,7 +37,7 @@ from typing import Any
 from brokerd.errors import TraceNotFound
 from brokerd.traces import columnar
 
-__all__ = ["TraceNotFound", "follow", "format_paths", "read_conversation"]
+__all__ = ["Conversation", "TraceNotFound", "follow", "format_paths", "read_conversation"]
 
 MAX_LINE = 1 << 20
 """A trace line longer than this (bytes) is not one the writer wrote: skipped."""
@@ -251,31 +251,81 @@ def _event(raw: bytes) -> Event | None:
     return Event(t, ts, instance, name, d)
 
 
+@dataclass
+class Conversation:
+    """What the traces hold of one conversation (:func:`read_conversation`)."""
+
+    events: list[Event] = field(default_factory=list)
+    """Its events in time order (those one message's path can hold, when one is asked for)."""
+    refusals: Refusals = field(default_factory=Refusals)
+    """The deployment's refused connections."""
+    seen: int = 0
+    """Its events in the traces, kept or not."""
+    lowest: int | None = None
+    highest: int | None = None
+    """The lowest and highest message sequence numbers among them."""
+
+
 def read_conversation(
-    files: Sequence[Path], conversation: uuid.UUID, limit: int = MAX_EVENTS
-) -> tuple[list[Event], Refusals]:
-    """The conversation's events from ``files`` in time order, and the refused connections."""
+    files: Sequence[Path],
+    conversation: uuid.UUID,
+    limit: int = MAX_EVENTS,
+    seq: int | None = None,
+) -> Conversation:
+    """The conversation's events from ``files`` in time order, and the refused connections;
+    with ``seq``, only those message ``seq``'s path can hold (:func:`_on_path`), so that
+    one message of a conversation of any length can be followed: ``limit`` counts what is
+    kept."""
     needle = str(conversation).encode()
-    events: list[Event] = []
-    refusals = Refusals()
+    found = Conversation()
+    events, refusals = found.events, found.refusals
+    first_acks: dict[tuple[str, bool], Event] = {}
     for path in files:
         for raw in _lines(path):
             if needle in raw:
                 e = _event(raw)
                 if e is None or e.fields.get("conversation_id") != str(conversation):
                     continue
+                found.seen += 1
+                n = _int(e.fields.get("seq"))
+                if n is not None and n > 0:
+                    found.lowest = n if found.lowest is None else min(found.lowest, n)
+                    found.highest = n if found.highest is None else max(found.highest, n)
+                if seq is not None:
+                    if e.name == "ack_sent":  # only the first to cover it is on the path
+                        if (_int(e.fields.get("through")) or 0) >= seq:
+                            key = (e.instance, bool(e.fields.get("initiator")))
+                            known = first_acks.get(key)
+                            if known is None or e.sort_key() < known.sort_key():
+                                first_acks[key] = e
+                        continue
+                    if not _on_path(e, seq):
+                        continue
                 if len(events) >= limit:
+                    more = "message" if seq is not None else "conversation"
                     raise TraceNotFound(
-                        f"conversation {conversation} has more than {limit:,} trace events: "
-                        f"follow one message (give its SEQ)"
+                        f"{more} {conversation}{'' if seq is None else f' {seq}'} has more "
+                        f"than {limit:,} trace events"
+                        + ("" if seq is not None else ": follow one message (give its SEQ)")
                     )
                 events.append(e)
             elif b'"connection_refused"' in raw:
                 e = _event(raw)
                 if e is not None and e.name == "connection_refused":
                     refusals.add(e)
+    events += first_acks.values()
     events.sort(key=Event.sort_key)
-    return events, refusals
+    return found
+
+
+def _on_path(e: Event, seq: int) -> bool:
+    """Whether ``e`` can be a step of message ``seq``'s path (:func:`_path`): its own
+    events, those that list it, and the sending endpoint's routing events."""
+    if _int(e.fields.get("seq")) == seq:
+        return True
+    if e.name in LISTING_EVENTS:
+        return seq in _seqs(e)
+    return e.name in SENDER_EVENTS
 
 
 # -- paths and reasons -------------------------------------------------------------------------
@@ -441,20 +491,23 @@ def follow(directories: Sequence[Path], conversation: str, seq: int | None = Non
     if not files:
         shown = ", ".join(str(d) for d in directories)
         raise TraceNotFound(f"no trace segments (*.jsonl) under {shown}")
-    events, refusals = read_conversation(files, cid)
-    if not events:
+    read = read_conversation(files, cid, seq=seq)
+    if not read.seen:
         raise TraceNotFound(
             f"conversation {cid}: no trace event in {len(files)} segment(s) of "
             f"{', '.join(str(d) for d in directories)} (unknown here, not sampled, or its "
             f"segments deleted)"
         )
-    found = paths(events, seq)
+    found = paths(read.events, seq)
     if not found:
-        seqs = sorted({s for e in events if (s := _int(e.fields.get("seq"))) and s > 0})
-        have = f"it has messages {seqs[0]}..{seqs[-1]}" if seqs else "it has no message"
+        have = (
+            "it has no message"
+            if read.lowest is None
+            else f"it has messages {read.lowest}..{read.highest}"
+        )
         raise TraceNotFound(f"conversation {cid}: no message {seq} in the traces ({have})")
     for p in found:
-        add_refusals(p, refusals)
+        add_refusals(p, read.refusals)
     return found
 
 

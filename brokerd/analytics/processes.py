@@ -33,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.traces import columnar
-from brokerd.traces.segments import is_columnar, is_compressed, open_segment
+from brokerd.traces.segments import (
+    SEGMENT_NAME,
+    SEGMENT_SUFFIXES,
+    is_columnar,
+    is_compressed,
+    open_segment,
+)
 
 TAIL_BYTES = 64 * 1024
 """How much of a segment's end is read to find its last line (a line is far shorter)."""
@@ -45,9 +51,6 @@ EDGE_ROWS = 256
 """The rows of a compacted segment's start or end read to find its first or last line."""
 
 _TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")
-_SEGMENT = re.compile(
-    r"^(?P<instance>.+)-(?P<stamp>\d{8}T\d{6})-(?P<pid>\d+)-(?P<n>\d+)(?:\.jsonl(?:\.open|\.gz)?|\.parquet)$"
-)
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,8 @@ def processes(files: Iterable[Path]) -> list[Process]:
     """Every process whose segments are among ``files``, by instance and start time."""
     groups: dict[tuple[str, int], list[tuple[str, int, Path]]] = {}
     for path in files:
-        m = _SEGMENT.match(path.name)
-        if m is None:
+        m = SEGMENT_NAME.match(path.name)
+        if m is None or m["suffix"] not in SEGMENT_SUFFIXES:
             continue  # a file named otherwise: its events count, its process is unknown
         key = (m["instance"], int(m["pid"]))
         groups.setdefault(key, []).append((m["stamp"], int(m["n"]), path))

@@ -16,10 +16,12 @@ May import: ``brokerd.config``, ``brokerd.traces.columnar``.
 from __future__ import annotations
 
 import contextlib
+import glob
 import gzip
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -49,7 +51,26 @@ COMPACTION_TIMEOUT = 600.0
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700
 
+SEGMENT_NAME = re.compile(
+    r"^(?P<instance>.+)-(?P<stamp>\d{8}T\d{6})-(?P<pid>\d+)-(?P<n>\d+)(?P<suffix>\..+)$"
+)
+"""A segment's name: ``<instance>-<UTC start>-<pid>-<n><suffix>`` (the writer's
+``_open_segment``); the instance is whatever comes before the last such tail, so an
+instance whose name begins with another's (``alpha``, ``alpha-2``) is told apart."""
+
 log = logging.getLogger("brokerd.traces.segments")
+
+
+def instance_segments(directory: Path, instance: str, suffix: str) -> list[Path]:
+    """The files of ``instance`` in ``directory`` whose names end in ``suffix``, oldest name
+    first: the instance read from each name exactly, never matched as a prefix (another
+    instance sharing the directory keeps its files, R-TRACE-3)."""
+    found = []
+    for path in directory.glob(f"{glob.escape(instance)}-*{suffix}"):
+        m = SEGMENT_NAME.match(path.name)
+        if m is not None and m["instance"] == instance:
+            found.append(path)
+    return sorted(found)
 
 
 def private_directory(directory: Path) -> None:
@@ -157,7 +178,7 @@ class SegmentKeeper:
         """... and their compacted bytes."""
 
     def _mine(self, suffix: str) -> list[Path]:
-        return sorted(self.directory.glob(f"{self.instance}-*{suffix}"))
+        return instance_segments(self.directory, self.instance, suffix)
 
     def recover(self) -> None:
         """At a start: drop compactions a crash cut short, and the sources of those that

@@ -64,6 +64,7 @@ from brokerd.traces.segments import (
     OPEN_SUFFIX,
     SegmentKeeper,
     create_private,
+    instance_segments,
     is_compressed,
     private_directory,
     segment_lines,
@@ -234,6 +235,11 @@ class TraceWriter:
         self._last_written: tuple[int, float, str] | None = None
         """The ``n``, time and name of the last line written (used by the one flush)."""
         self._formatted_last: tuple[int, float, str] | None = None
+        self._last_on_disk: dict[str, Any] = {}
+        """The last event a crash or a stop left on disk, found at the start: where a gap
+        begins when nothing of this process could be written."""
+        self._started = False
+        """Between a :meth:`start` that got as far as its marker and :meth:`stop`."""
         self._gap: dict[str, Any] | None = None
         """While writes fail: the ``trace_resumed`` fields the next good write begins with."""
         self.write_failures = 0
@@ -369,8 +375,11 @@ class TraceWriter:
                 fields["last_n"] = n
             fields["last_ts"] = last.get("ts")
             fields["last_event"] = last.get("event")
+            # until this process writes a line, a gap (a full disk) begins after it
+            self._last_on_disk = {k: v for k, v in fields.items() if v is not None}
             fields["clean"] = last.get("event") == "stopped"
         self.emit("started", **fields)
+        self._started = True
         await self.flush()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="trace-writer")
         self._tidy()
@@ -388,7 +397,8 @@ class TraceWriter:
             await self._syncing
         if self._tidying is not None:
             await self._tidying
-        if self.enabled:
+        if self._started:  # a start that failed before it leaves no "stopped" behind
+            self._started = False
             self.emit("stopped")
             await self.flush()
             async with self._lock:
@@ -564,6 +574,8 @@ class TraceWriter:
                 if self._last_written is not None:
                     n, t, event = self._last_written
                     gap.update(last_n=n, last_ts=iso_micros(t), last_event=event)
+                else:  # nothing written yet (the start's own line among the dropped)
+                    gap.update(self._last_on_disk)
             gap["dropped"] += count
             self._gap = gap
             return
@@ -605,14 +617,17 @@ class TraceWriter:
         self._segment.close()
         self._segment = None
         final = self._segment_path.with_name(self._segment_path.name.removesuffix(".open"))
-        self._segment_path.rename(final)
+        try:
+            self._segment_path.rename(final)
+        except OSError as exc:  # moved or deleted from outside: its lines are where it went
+            log.error("cannot close trace segment %s: %s", self._segment_path, exc)
         self._segment_path = None
         self.segments_closed += 1
         self._untidy = True
 
     def _recover_open_segments(self) -> None:
         """Segments left open by a crash are closed as they are (a torn line is skipped)."""
-        for path in self.directory.glob(f"{self.instance}-*{OPEN_SUFFIX}"):
+        for path in instance_segments(self.directory, self.instance, OPEN_SUFFIX):
             path.rename(path.with_name(path.name.removesuffix(".open")))
 
     def _last_event(self) -> dict[str, Any] | None:
@@ -621,7 +636,7 @@ class TraceWriter:
         segments = [
             (path.stat().st_mtime, path.name, path)
             for suffix in (CLOSED_SUFFIX, *COMPACT_SUFFIXES)
-            for path in self.directory.glob(f"{self.instance}-*{suffix}")
+            for path in instance_segments(self.directory, self.instance, suffix)
         ]
         for _, _, path in sorted(segments, reverse=True):
             if is_compressed(path):

@@ -136,7 +136,7 @@ def test_over_long_and_torn_lines_are_skipped(
     )
     damaged = tmp_path / "a-20261129T060000-1-00001.parquet"  # a compacted file, damaged
     damaged.write_bytes(b"PAR1 not a parquet file")
-    events, _ = trace.read_conversation([damaged, segment], uuid.UUID(cid))
+    events = trace.read_conversation([damaged, segment], uuid.UUID(cid)).events
     assert [(e.name, e.ts) for e in events] == [
         ("message_sent", "2026-11-29T07:00:00.000000Z"),
         ("enqueued", "2026-11-29T07:00:00.200000Z"),
