@@ -239,7 +239,7 @@ class SegmentKeeper:
             raise
         os.utime(partial, ns=(source.st_atime_ns, source.st_mtime_ns))
         partial.rename(target)
-        _sync_directory(self.directory)
+        sync_directory(self.directory)
         path.unlink()
         self.segments_compacted += 1
         self.bytes_before += source.st_size
@@ -288,7 +288,8 @@ class SegmentKeeper:
         }
 
 
-def _sync_directory(directory: Path) -> None:
+def sync_directory(directory: Path) -> None:
+    """Make ``directory``'s entries durable (a file created or renamed in it)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

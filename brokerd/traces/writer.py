@@ -68,6 +68,7 @@ from brokerd.traces.segments import (
     is_compressed,
     private_directory,
     segment_lines,
+    sync_directory,
     without_duplicates,
 )
 
@@ -610,6 +611,8 @@ class TraceWriter:
                 break
         self._segment = create_private(self._segment_path)
         self._segment_bytes = 0
+        if self.config.durable:  # the events it will hold are fsynced: so is its name
+            sync_directory(self.directory)
 
     def _close_segment(self) -> None:
         if self._segment is None or self._segment_path is None:
@@ -619,6 +622,8 @@ class TraceWriter:
         final = self._segment_path.with_name(self._segment_path.name.removesuffix(".open"))
         try:
             self._segment_path.rename(final)
+            if self.config.durable:
+                sync_directory(self.directory)
         except OSError as exc:  # moved or deleted from outside: its lines are where it went
             log.error("cannot close trace segment %s: %s", self._segment_path, exc)
         self._segment_path = None
