@@ -135,9 +135,10 @@ class Monitor:
             return False
         if wait is None:
             return False
-        grows = wait > (self.previous_wait or 0.0) + self.margin
-        self.previous_wait = wait
-        return grows
+        previous, self.previous_wait = self.previous_wait, wait
+        # growth needs two waits measured against the same daemon clock: a first wait
+        # alone is the application's clock less the daemon's, skew included
+        return previous is not None and wait > previous + self.margin
 
 
 class Activation:

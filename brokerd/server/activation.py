@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,8 +200,7 @@ class QueueMonitor:
         )
         self._emit("activation_started", pid=pid, reason=reason)
         if self.stopping:  # the daemon began to stop while it was starting
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
+            _signal_group(process, signal.SIGTERM)
         code = await process.wait()
         del self.processes[pid]
         self.exited += 1
@@ -212,11 +212,17 @@ class QueueMonitor:
         self.trace.emit(event, database=self.db.name, queue=self.queue, **fields)
 
     async def stop(self) -> None:
-        """SIGTERM to every instance, SIGKILL to those still running after the grace."""
+        """SIGTERM to every instance, SIGKILL to those still running after the grace.
+
+        An instance is its process group (each starts a session of its own): a command run
+        through a shell, and whatever it started, stops with it; what is left of a group
+        whose leader exited within the grace is killed once the grace is over."""
         self.stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.activation.stop_grace
+        groups = [process.pid for process in self.processes.values()]
         for process in list(self.processes.values()):
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
+            _signal_group(process, signal.SIGTERM)
         if self.reapers:
             _, pending = await asyncio.wait(self.reapers, timeout=self.activation.stop_grace)
             if pending:
@@ -228,9 +234,15 @@ class QueueMonitor:
                         process.pid,
                         self.activation.stop_grace,
                     )
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
+                    _signal_group(process, signal.SIGKILL)
                 await asyncio.wait(pending)
+        # what a leader started may outlive it: the rest of the grace, then SIGKILL
+        while any(map(_group_alive, groups)) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for group in groups:
+            if _group_alive(group):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
 
     def view(self) -> dict[str, Any]:
         return {
@@ -297,3 +309,22 @@ class ExternalActivation:
             "activation_exits": sum(m.exited for m in self.monitors),
             "activation_start_failures": sum(m.start_failures for m in self.monitors),
         }
+
+
+def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    """``sig`` to ``process``'s process group (it leads a session of its own), or to the
+    process alone if its group is gone."""
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of process group ``group`` is left."""
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

@@ -112,13 +112,17 @@ class DialogEvents:
                 received_through=ep.durable.through,
             )
 
-    def closed(self, ep: Endpoint) -> None:
-        """``dialog_ended``, if ``ep`` is now closed; it then waits to be removed."""
+    def closed(self, ep: Endpoint, *, removed: bool = False) -> None:
+        """``dialog_ended``, if ``ep`` is now closed; it then waits to be removed, unless
+        it is ``removed`` at once (END CONVERSATION WITH CLEANUP)."""
         if ep.state is State.CLOSED:
             self.trace.emit(
                 "dialog_ended", ep.conversation_id, database=ep.database, initiator=ep.initiator
             )
-            self.closing.watch(ep)
+            if removed:
+                self.closing.forget(ep)  # if it had closed before, it waits no more
+            else:
+                self.closing.watch(ep)
 
     # -- poison-message handling (SPEC §6) ---------------------------------------------
 

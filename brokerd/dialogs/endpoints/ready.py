@@ -216,7 +216,9 @@ class ReadyIndex:
 
     def put_back(self, group: uuid.UUID, items: list[Item]) -> None:
         """Return taken messages in front of their group, which moves to the front (those
-        of a quarantined conversation in front of its messages set aside)."""
+        of a quarantined conversation in front of its messages set aside); a DialogTimer
+        or Error that became ready while they were taken still goes ahead of its
+        conversation's messages (R-DLG-10)."""
         if self.aside:
             back: dict[uuid.UUID, list[Item]] = {}
             kept = []
@@ -226,11 +228,11 @@ class ReadyIndex:
                 else:
                     kept.append(item)
             for handle, taken in back.items():
-                self.aside[handle] = taken + self.aside[handle]
+                self.aside[handle] = _by_rank(taken + self.aside[handle], self.ahead)
             items = kept
             if not items:
                 return
-        self.groups[group] = items + self.groups.get(group, [])
+        self.groups[group] = _by_rank(items + self.groups.get(group, []), self.ahead)
         self.groups.move_to_end(group, last=False)
         self.count += len(items)
         self.changed.set()
@@ -315,3 +317,20 @@ class ReadyIndex:
             del self.groups[old]
         self.groups.setdefault(new, []).extend(moving)
         self.changed.set()
+
+
+def _by_rank(items: list[Item], ahead: dict[Item, Rank]) -> list[Item]:
+    """``items`` with each conversation's messages in order of rank (TIMER and ERROR ahead,
+    R-DLG-10), each rank's in the order given; the places a conversation's messages take
+    among the others stay its own."""
+    if not ahead or not any(item in ahead for item in items):
+        return items
+    places: dict[uuid.UUID, list[int]] = {}
+    for at, item in enumerate(items):
+        places.setdefault(item[0], []).append(at)
+    out = list(items)
+    for at_list in places.values():
+        ranked = sorted((items[at] for at in at_list), key=lambda i: ahead.get(i, Rank.IN_SEQUENCE))
+        for at, item in zip(at_list, ranked, strict=True):
+            out[at] = item
+    return out

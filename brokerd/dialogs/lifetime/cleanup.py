@@ -102,8 +102,6 @@ class Cleanup:
             if db.endpoints.get(ep.handle) is not ep or ep.state is not State.CLOSED:
                 continue  # removed another way meanwhile (WITH CLEANUP, an image dropped)
             db.remove_endpoint(ep)
-            db.poison.forget_conversation(ep.handle)
-            db.poison.quarantined.pop(ep.handle, None)
             self.transmission.discard(ep)
             gone.append(ep.handle_text)
         if not gone:

@@ -271,7 +271,7 @@ class ConversationVerbs:
         self.events.discarded(ep, [*ep.outbox, *ep.backlog], "END CONVERSATION WITH CLEANUP")
         self.transmission.discard(ep)
         ep.state = State.CLOSED
-        self.events.closed(ep)
+        self.events.closed(ep, removed=True)
         db.remove_endpoint(ep)
         queue = db.queue_of(ep.service)
         if queue in db.ready:
@@ -344,8 +344,7 @@ class ConversationVerbs:
         info = db.catalog.queues[queue]
         await commit_statements(db, [queries.set_queue_status(queue, status)])
         info.status = status
-        if status:
-            db.ready[queue].changed.set()
+        db.ready[queue].changed.set()  # on: waiters take; off: waiters leave (R-DLG-12)
 
     async def transmission_queue(self) -> list[dict[str, Any]]:
         """The ``transmission_queue`` view: what each database sent and has not had

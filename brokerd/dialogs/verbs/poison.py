@@ -150,6 +150,7 @@ class PoisonVerbs:
         if policy.handling is PoisonHandling.DISABLE:
             if info.status:
                 info.status = False
+                db.ready[queue].changed.set()  # a RECEIVE waiting on it leaves: queue_disabled
                 rows.append(queries.set_queue_status(queue, False))
                 self.events.queue_disabled(ep, queue, seq, counted.count, reason)
             return rows

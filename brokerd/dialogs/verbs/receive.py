@@ -110,6 +110,7 @@ class ReceiveVerbs:
         db, info, index, group = self._ready_of(queue, database, handle, group, groups)
 
         def take() -> list[Lease] | None:
+            _enabled(db, queue, info)  # turned off while this RECEIVE waited
             return _leases(db, queue, info, index, top, handle, group, groups, owned) or None
 
         leases = await self._first(index, timeout, take, withdrawal)
@@ -137,6 +138,7 @@ class ReceiveVerbs:
         db, info, index, _ = self._ready_of(queue, database, None, None)
 
         def hold() -> Lease | None:
+            _enabled(db, queue, info)
             gid = index.next_group(owned)
             if gid is None:
                 return None
@@ -226,8 +228,7 @@ class ReceiveVerbs:
             )
         db = self.directory.database_of_queue(queue, database)
         info = db.catalog.queues[queue]
-        if not info.status:
-            raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
+        _enabled(db, queue, info)
         if handle is not None:
             group = self.directory.endpoint(handle)[1].group_id
             if handle in db.poison.quarantined:
@@ -475,3 +476,11 @@ def _leases(
         Lease(db, queue, index, gid, items, info.retention, gid not in owned, image=db.image)
         for gid, items in taken
     ]
+
+
+def _enabled(db: Database, queue: str, info: QueueInfo) -> None:
+    """R-DLG-12: RECEIVE and GET CONVERSATION GROUP refuse a queue that is off, when they
+    start and each time one that waits looks again (ALTER QUEUE, or poison-message
+    handling's ``disable``, wakes the waiters)."""
+    if not info.status:
+        raise QueueDisabled(f"queue {queue!r} in database {db.name!r} is disabled (status off)")
