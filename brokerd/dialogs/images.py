@@ -75,8 +75,8 @@ class DatabaseImages:
         for row in await db.store.read(
             lambda conn: conn.execute(queries.READ_KEPT_ROUTES).fetchall()
         ):
-            route = route_from_row(row)
-            db.catalog.routes[route.name] = route
+            if dropped := db.keep_route(route_from_row(row)):
+                db.store.submit(dropped)
         waiting = await db.recover()
         for ep in db.endpoints.values():
             if ep.ack_version > ep.ack_sent_version:

@@ -38,34 +38,54 @@ class Forward:
 
 
 class ForwardBudget:
-    """Bytes of forwarded messages in memory, bounded by ``message_forward_size`` (R-ROUTE-7)."""
+    """Bytes of forwarded messages in memory, bounded by ``message_forward_size`` (R-ROUTE-7).
+
+    What waits for a next hop whose connection is not open yet (``waiting``) counts toward
+    the bound but not toward holding the readers back (:attr:`high`): reading slower does
+    not open a connection, and a next hop that does not answer would otherwise stop the
+    forwarder's traffic to every other hop. It may take at most a quarter of the budget;
+    what is over it is refused (dropped, and its sender retries)."""
 
     def __init__(self, megabytes: int) -> None:
         self.limit = megabytes * 1024 * 1024
         self.held = 0
         self.peak = 0
+        self.waiting = 0
+        """Bytes held for next hops not connected yet."""
 
-    def take(self, size: int) -> bool:
+    def take(self, size: int, *, waits: bool = False) -> bool:
+        """Hold ``size`` bytes, for a next hop that is not connected yet if ``waits``;
+        False when they do not fit."""
         if self.held + size > self.limit:
             return False
+        if waits:
+            if (self.waiting + size) * 4 > self.limit:
+                return False
+            self.waiting += size
         self.held += size
         self.peak = max(self.peak, self.held)
         return True
 
-    def release(self, size: int) -> None:
+    def connected(self, size: int) -> None:
+        """Bytes that waited for a connection now go out on it (still held until sent)."""
+        self.waiting = max(0, self.waiting - size)
+
+    def release(self, size: int, *, waited: bool = False) -> None:
         self.held = max(0, self.held - size)
+        if waited:
+            self.connected(size)
 
     @property
     def high(self) -> bool:
-        """Over half the budget held: the transport stops reading the connections that
-        bring messages to forward, so that a sender faster than the next hop waits
-        instead of having its messages dropped and resent later."""
-        return self.held * 2 > self.limit
+        """Over half the budget held for open connections: the transport stops reading the
+        connections that bring messages to forward, so that a sender faster than the next
+        hop waits instead of having its messages dropped and resent later."""
+        return (self.held - self.waiting) * 2 > self.limit
 
     @property
     def low(self) -> bool:
         """Down to a quarter of the budget: held connections are read again."""
-        return self.held * 4 <= self.limit
+        return (self.held - self.waiting) * 4 <= self.limit
 
 
 def hop_refusal(header: DialogHeader, max_hop_count: int) -> str | None:

@@ -65,6 +65,10 @@ class Conversation:
     """The broker instance the conversation names (or is bound to, R-ROUTE-3)."""
     origin_database: str | None = None
     """The database that created the conversation; None = it arrived from outside."""
+    address: str | None = None
+    """Where its messages went so far (the address of the route it was given): among
+    equal routes it keeps that one, whatever routes were added or dropped meanwhile
+    (R-ROUTE-5, R-ROUTE-3: a conversation bound to a broker stays with it)."""
 
 
 @dataclass(frozen=True)
@@ -95,15 +99,20 @@ _Trace = Callable[[str], None]
 """Records one line of the reasoning (``list.append`` of the decision's steps)."""
 
 
-def spread(choices: Sequence[Route], conversation_id: uuid.UUID) -> Route:
+def spread(choices: Sequence[Route], conversation: Conversation) -> Route:
     """One route of ``choices``, always the same for a conversation (R-ROUTE-5, R-ROUTE-3).
 
-    A function of the conversation id (uniformly random), so new conversations
-    spread evenly over equal routes and a conversation keeps its choice, even
-    after a restart of the broker.
+    The one to the address its messages went to so far, while such a route is among
+    ``choices``; otherwise a function of the conversation id (uniformly random), so new
+    conversations spread evenly over equal routes, and a conversation keeps its choice
+    after a restart of the broker while the routes stay as they were.
     """
     ordered = sorted(choices, key=lambda r: r.name)
-    return ordered[conversation_id.int % len(ordered)]
+    if conversation.address is not None:
+        for route in ordered:
+            if route.address == conversation.address:
+                return route
+    return ordered[conversation.conversation_id.int % len(ordered)]
 
 
 def equivalent(routes: Iterable[Route]) -> list[Route]:
@@ -218,6 +227,7 @@ def decide(
                 conversation.conversation_id,
                 conversation.broker_instance,
                 None,
+                conversation.address,
             ),
             databases,
             now,
@@ -393,7 +403,7 @@ def _select(
     # Step 1
     mirrored = [r for r in matched if r.mirror_address is not None]
     if mirrored:
-        route = spread(mirrored, conversation.conversation_id)
+        route = spread(mirrored, conversation)
         trace(f"R-ROUTE-5 step 1: route(s) with a mirror address; chose {route.describe()}")
         return _gate(
             Decision(
@@ -414,7 +424,7 @@ def _select(
     # Step 2
     local = [r for r in matched if r.address == LOCAL]
     if local:
-        route = spread(local, conversation.conversation_id)
+        route = spread(local, conversation)
         here = locate_local(
             service,
             route.broker_instance or conversation.broker_instance,
@@ -451,7 +461,7 @@ def _select(
     # Step 3
     network = [r for r in matched if r.address not in (LOCAL, TRANSPORT)]
     if network:
-        route = spread(network, conversation.conversation_id)
+        route = spread(network, conversation)
         trace(
             f"R-ROUTE-5 step 3: network route(s) {_names(network)}; chose {route.name} for "
             "this conversation"
@@ -473,7 +483,7 @@ def _select(
     # Step 4
     transport = [r for r in matched if r.address == TRANSPORT]
     if transport:
-        route = spread(transport, conversation.conversation_id)
+        route = spread(transport, conversation)
         address = transport_address(service)
         if address is not None:
             trace(

@@ -209,14 +209,16 @@ class PeerLink:
         forwards = [item for item in self.pending if type(item) is Forward]
         self.pending = []
         if forwards:
-            self.owner.engine.router.forward_lost(forwards)
+            self.owner.engine.router.forward_lost(forwards, waited=True)
 
     def opened(self, protocol: BrokerProtocol) -> None:
         self.attempts = 0
         self._status = f"connected to {protocol.name}"
         pending, self.pending = self.pending, []
+        budget = self.owner.engine.router.budget
         for item in pending:
             if isinstance(item, Forward):
+                budget.connected(item.size)
                 protocol.forward(item)
             else:
                 protocol.send_control(item)

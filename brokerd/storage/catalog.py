@@ -170,6 +170,16 @@ class Catalog:
         out += [route_row(r) for r in self.routes.values()]
         return out
 
+    def add_kept_route(self, route: Route) -> Route | None:
+        """A route created at run time, read back from the database file: added, unless a
+        route of the configuration has its name (compared without regard to case: one name,
+        one route), which then takes its place. Returns that configuration route, or None."""
+        known = self.find_route(route.name)
+        if known is not None and known.name != route.name:
+            return known
+        self.routes[route.name] = route
+        return None
+
     def find_route(self, name: str) -> Route | None:
         """The route called ``name``, compared without regard to case (a local identifier)."""
         folded = name.casefold()

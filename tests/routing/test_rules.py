@@ -64,8 +64,9 @@ def conv(
     origin: str | None = AW,
     broker_instance: uuid.UUID | None = None,
     conversation_id: uuid.UUID | None = None,
+    address: str | None = None,
 ) -> Conversation:
-    return Conversation(service, conversation_id or cid(), broker_instance, origin)
+    return Conversation(service, conversation_id or cid(), broker_instance, origin, address)
 
 
 def run(
@@ -277,9 +278,29 @@ def test_r_route_5_spread_is_stable_per_conversation_and_spreads() -> None:
         chosen[d.route or ""] += 1
         assert run(routes, c).route == d.route
         assert run(list(reversed(routes)), c).route == d.route  # not the table's order
-        assert spread([routes[2], routes[1]], c.conversation_id).name == d.route
+        assert spread([routes[2], routes[1]], c).name == d.route
     assert set(chosen) == {"One", "Two"}
     assert min(chosen.values()) >= 90, chosen
+
+
+def test_r_route_5_a_conversation_keeps_its_address_when_equal_routes_change() -> None:
+    """R-ROUTE-5 and R-ROUTE-3: a conversation whose messages went to one address keeps
+    it while a route to it is among the equal ones, whatever routes were added; once no
+    route leads there, it is spread again."""
+    one, two = Route("One", A1, "Svc"), Route("Two", A2, "Svc")
+    many = [
+        AUTO,
+        one,
+        two,
+        *(Route(f"Z{n}", f"tcp://127.0.0.{n}:4022", "Svc") for n in range(60, 70)),
+    ]
+    for _ in range(100):
+        base = conv(conversation_id=uuid.uuid4())
+        first = run([AUTO, one, two], base)
+        kept = conv(conversation_id=base.conversation_id, address=first.address)
+        assert run(many, kept).address == first.address
+        gone = [AUTO, *(r for r in many[1:] if r.address != first.address)]
+        assert run(gone, kept).address != first.address
 
 
 def test_r_route_5_spread_after_step_3_uses_every_route_of_the_chosen_instance() -> None:

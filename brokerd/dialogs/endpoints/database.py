@@ -25,7 +25,7 @@ from brokerd.dialogs.endpoints.ready import Item, Rank, ReadyIndex, rank_of
 from brokerd.dialogs.endpoints.service_keys import ServiceKeys
 from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.storage import poison_rows, queries, reads, schema
-from brokerd.storage.catalog import Catalog, route_from_row
+from brokerd.storage.catalog import Catalog, Route, route_from_row
 from brokerd.storage.reads import Rows, RowStream
 from brokerd.storage.schema import Statement
 from brokerd.storage.store import Store
@@ -136,13 +136,28 @@ class Database:
                 info.keep_altered(bool(status), None if configured is None else bool(configured))
         await self.store.execute_now(self.catalog.persist())
         for row in await self.store.fetchall(queries.READ_KEPT_ROUTES):
-            route = route_from_row(row)
-            self.catalog.routes[route.name] = route
+            await self.store.execute_now(self.keep_route(route_from_row(row)))
         if self.config.mirror_role is not None:
             rows = await self.store.fetchall(schema.READ_META)
             stored = {str(k): str(v) for k, v in rows}
             self.mirror_role = stored.get("mirror_role", self.config.mirror_role)
             self.mirror_epoch = int(stored.get("mirror_epoch", "0"))
+
+    def keep_route(self, route: Route) -> list[Statement]:
+        """A route created at run time, read back: kept, unless the configuration now names
+        a route so (in another case), which replaces it; returns what removes it from the
+        file then."""
+        replaced_by = self.catalog.add_kept_route(route)
+        if replaced_by is None:
+            return []
+        log.warning(
+            "database %s: route %r created at run time is replaced by the configuration's "
+            "route %r (route names are compared without regard to case)",
+            self.name,
+            route.name,
+            replaced_by.name,
+        )
+        return [queries.drop_route(route.name)]
 
     def fenced_reason(self) -> str:
         """Why a partner that is not principal refuses work for this database (R-ROUTE-15)."""
@@ -169,9 +184,17 @@ class Database:
         self.by_key[ep.key] = ep
 
     def remove_endpoint(self, ep: Endpoint) -> None:
+        """``ep`` is gone (removed once closed, ended WITH CLEANUP, a mirror image dropped):
+        so are its rollback counts and its quarantine (SPEC §6; the ``queues`` view counts
+        quarantined conversations by the messages set aside)."""
         self.endpoints.pop(ep.handle, None)
         if self.by_key.get(ep.key) is ep:
             del self.by_key[ep.key]
+        self.poison.forget_conversation(ep.handle)
+        if self.poison.quarantined.pop(ep.handle, None) is not None:
+            queue = self.queue_of(ep.service)
+            if queue in self.ready:
+                self.ready[queue].aside.pop(ep.handle, None)
 
     def queue_of(self, service: str) -> str | None:
         info = self.catalog.services.get(service)

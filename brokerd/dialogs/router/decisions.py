@@ -134,8 +134,10 @@ class RouteDecisions:
         broker_instance: uuid.UUID | None,
         conversation_id: uuid.UUID,
         from_outside: bool = False,
+        address: str | None = None,
     ) -> routing.Decision:
-        """Route one conversation (R-ROUTE-1, R-ROUTE-4, R-ROUTE-5).
+        """Route one conversation (R-ROUTE-1, R-ROUTE-4, R-ROUTE-5); ``address``: where its
+        messages went so far, kept among equal routes (:attr:`routing.Conversation.address`).
 
         A decision made without a choice among equal routes or broker instances
         (``choices == 1``) is the same for every conversation to ``service`` and
@@ -159,7 +161,11 @@ class RouteDecisions:
         decision = routing.decide(
             table.catalog.routes.values(),
             routing.Conversation(
-                service, conversation_id, broker_instance, None if from_outside else db.name
+                service,
+                conversation_id,
+                broker_instance,
+                None if from_outside else db.name,
+                address,
             ),
             self.state.local_dbs,
             datetime.now(UTC),
@@ -181,7 +187,11 @@ class RouteDecisions:
         if ep.route_link is not None and time.time() < ep.route_expires:
             link: Link = ep.route_link
             return link
-        decision = self.decide(db, ep.far_service, ep.far_broker_instance, ep.conversation_id)
+        before = ep.route
+        went = before.address if before is not None and before.kind == "network" else None
+        decision = self.decide(
+            db, ep.far_service, ep.far_broker_instance, ep.conversation_id, address=went
+        )
         self._trace_decision(ep, decision)
         ep.route = decision
         ep.route_link = None

@@ -179,9 +179,11 @@ class Inbound:
             return
         if not self.forward_next(header, body, payload, address):
             self.state.stats.forward_buffer_drops += 1
+            budget = self.budget
             self.engine.drop(
                 header,
-                f"forwarding buffer full ({self.budget.held} of {self.budget.limit} bytes, "
+                f"forwarding buffer full ({budget.held} of {budget.limit} bytes, "
+                f"{budget.waiting} of them for next hops not connected yet; "
                 "message_forward_size); dropped, the sender retries (R-ROUTE-7)",
             )
             return
@@ -208,10 +210,11 @@ class Inbound:
         does (same conversation, direction, target service and broker instance, hop
         count). Tracing it is the caller's."""
         item = fragment_item(header, body, payload)
-        if not self.budget.take(item.size):
+        link = self.engine.links.link_for(address)
+        if not self.budget.take(item.size, waits=not link.is_open):
             return False
         self.state.stats.forwarded_fragments += 1
-        self.engine.links.link_for(address).forward(item)
+        link.forward(item)
         return True
 
     def _forward_address(self, header: DialogHeader, decision: routing.Decision) -> str | None:
@@ -245,9 +248,10 @@ class Inbound:
                 per_address[address].append(h)
         for address, group in per_address.items():
             item = acks_item(group)
-            if self.budget.take(item.size):
+            link = self.engine.links.link_for(address)
+            if self.budget.take(item.size, waits=not link.is_open):
                 self.state.stats.forwarded_acks += len(group)
-                self.engine.links.link_for(address).forward(item)
+                link.forward(item)
             else:
                 self.state.stats.forward_buffer_drops += 1
 
@@ -255,9 +259,9 @@ class Inbound:
         """A relayed item went out on its link: its bytes leave the budget (R-ROUTE-7)."""
         self.budget.release(item.size)
 
-    def forward_lost(self, items: list[Forward]) -> None:
-        """Relayed items a link could not send (its connection closed): their bytes leave
-        the budget, and their senders retransmit (R-ROUTE-7)."""
+    def forward_lost(self, items: list[Forward], *, waited: bool = False) -> None:
+        """Relayed items a link could not send (its connection closed, or never opened:
+        ``waited``): their bytes leave the budget, and their senders retransmit (R-ROUTE-7)."""
         for item in items:
-            self.budget.release(item.size)
+            self.budget.release(item.size, waited=waited)
         self.state.stats.forward_lost += len(items)
