@@ -328,12 +328,15 @@ async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], by
     cleanup = bool(m.get("cleanup", False))
     session.check_own(handle)
     tx = _transaction(session, m)
+    engine = session.broker.engine
     if tx is not None:
         tx.end_conversation(handle, code, description, cleanup)
+    elif code is not None and not cleanup and engine.poison.holds(handle):
+        # SPEC §6: END CONVERSATION WITH ERROR of a quarantined conversation ends its
+        # quarantine, as end_quarantined does
+        await engine.poison.end(handle, code, description)
     else:
-        await session.broker.engine.conversation_verbs.end_conversation(
-            handle, code, description, cleanup
-        )
+        await engine.conversation_verbs.end_conversation(handle, code, description, cleanup)
     return {}, b""
 
 

@@ -236,6 +236,21 @@ async def test_a_quarantined_conversation_ended_on_both_sides_leaves_no_quaranti
         assert (await _queue(client, "Q2"))["quarantined_conversations"] == 0
 
 
+async def test_end_with_error_by_the_ordinary_verb_ends_the_quarantine_at_once(
+    tmp_path: Path,
+) -> None:
+    """SPEC §6: a quarantine ends by END CONVERSATION WITH ERROR of it. The ordinary verb
+    does what ``end_quarantined`` does: the quarantine is over as soon as it answers, not
+    once the closed endpoint is removed (up to ``closed_endpoint_keep`` later)."""
+    async with solo(tmp_path, "poison_rollbacks = 1") as (_, client):
+        initiator, target = await _quarantine_one(client)
+        await client.end_conversation(target, error_code=500, description="unreadable")
+        assert await client.view("quarantined") == []
+        assert (await _queue(client, "Q2"))["quarantined_conversations"] == 0
+        (error,) = await client.receive("Q1", timeout=5)
+        assert error.conversation_handle == initiator
+
+
 # -- a DialogTimer and an Error go ahead of the messages waiting (R-DLG-10) ---------------
 
 

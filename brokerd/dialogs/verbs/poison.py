@@ -185,6 +185,11 @@ class PoisonVerbs:
 
     # -- the administrator's verbs ------------------------------------------------------
 
+    def holds(self, handle: uuid.UUID) -> bool:
+        """Whether conversation ``handle`` (an endpoint here) is quarantined."""
+        db, _ = self.directory.endpoint(handle)
+        return handle in db.poison.quarantined
+
     def _quarantined(self, handle: uuid.UUID) -> tuple[Database, Endpoint, str]:
         db, ep = self.directory.endpoint(handle)
         queue = db.queue_of(ep.service)

@@ -353,8 +353,10 @@ class Transaction:
                 work.extend(step())
         except Exception as exc:
             work.failed(exc)
-            self._put_back(f"{type(exc).__name__}: {exc}")
+            counted = self._put_back(f"{type(exc).__name__}: {exc}")
             self.state = TxState.ROLLED_BACK
+            if counted:  # SPEC §6: the rollback's counts are written before it is answered
+                await asyncio.gather(*counted, return_exceptions=True)
             raise TransactionRolledBack(
                 f"transaction {self.id} rolled back: {type(exc).__name__}: {exc}"
             ) from exc
