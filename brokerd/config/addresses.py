@@ -52,8 +52,10 @@ def parse_tcp_address(address: str) -> tuple[str, int]:
 
 
 def normal_tcp_address(address: str) -> str:
-    """The one spelling of an address: ``tcp://host:port`` (``tcp://[v6]:port``); ValueError."""
+    """The one spelling of an address: ``tcp://host:port`` (``tcp://[v6]:port``), the host
+    in lower case (a host name is compared without regard to case, as DNS does); ValueError."""
     host, port = parse_tcp_address(address)
+    host = host.lower()
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 

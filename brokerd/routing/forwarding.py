@@ -37,55 +37,45 @@ class Forward:
     size: int
 
 
+CONNECT_GRACE = 1.0
+"""Seconds what waits for a next hop's connection to open holds the readers back (a
+connection opens in milliseconds); past it the hop is taken for one that does not
+answer, and what waits for it may take at most a quarter of the budget."""
+
+
 class ForwardBudget:
     """Bytes of forwarded messages in memory, bounded by ``message_forward_size`` (R-ROUTE-7).
 
-    What waits for a next hop whose connection is not open yet (``waiting``) counts toward
-    the bound but not toward holding the readers back (:attr:`high`): reading slower does
-    not open a connection, and a next hop that does not answer would otherwise stop the
-    forwarder's traffic to every other hop. It may take at most a quarter of the budget;
-    what is over it is refused (dropped, and its sender retries)."""
+    Over half the budget the transport stops reading the connections that bring messages
+    to forward, down to a quarter (:meth:`high`, :meth:`low`). What has waited longer
+    than :data:`CONNECT_GRACE` for a next hop whose connection does not open is left out
+    of that count (``stale``, the links' own account): reading slower opens no
+    connection, and a next hop that accepts TCP and never answers would otherwise stop
+    the forwarder's traffic to every other hop until its attempt timed out."""
 
     def __init__(self, megabytes: int) -> None:
         self.limit = megabytes * 1024 * 1024
         self.held = 0
         self.peak = 0
-        self.waiting = 0
-        """Bytes held for next hops not connected yet."""
 
-    def take(self, size: int, *, waits: bool = False) -> bool:
-        """Hold ``size`` bytes, for a next hop that is not connected yet if ``waits``;
-        False when they do not fit."""
+    def take(self, size: int) -> bool:
         if self.held + size > self.limit:
             return False
-        if waits:
-            if (self.waiting + size) * 4 > self.limit:
-                return False
-            self.waiting += size
         self.held += size
         self.peak = max(self.peak, self.held)
         return True
 
-    def connected(self, size: int) -> None:
-        """Bytes that waited for a connection now go out on it (still held until sent)."""
-        self.waiting = max(0, self.waiting - size)
-
-    def release(self, size: int, *, waited: bool = False) -> None:
+    def release(self, size: int) -> None:
         self.held = max(0, self.held - size)
-        if waited:
-            self.connected(size)
 
-    @property
-    def high(self) -> bool:
-        """Over half the budget held for open connections: the transport stops reading the
-        connections that bring messages to forward, so that a sender faster than the next
-        hop waits instead of having its messages dropped and resent later."""
-        return (self.held - self.waiting) * 2 > self.limit
+    def high(self, stale: int = 0) -> bool:
+        """Over half the budget held, less ``stale``: a sender faster than the next hop
+        waits instead of having its messages dropped and resent later."""
+        return (self.held - stale) * 2 > self.limit
 
-    @property
-    def low(self) -> bool:
-        """Down to a quarter of the budget: held connections are read again."""
-        return (self.held - self.waiting) * 4 <= self.limit
+    def low(self, stale: int = 0) -> bool:
+        """Down to a quarter of the budget, less ``stale``: held connections are read again."""
+        return (self.held - stale) * 4 <= self.limit
 
 
 def hop_refusal(header: DialogHeader, max_hop_count: int) -> str | None:

@@ -182,6 +182,9 @@ class BrokerProtocol(asyncio.BufferedProtocol):
         self.outbox.add(item)
         self._schedule_pump()
 
+    def may_hold(self, size: int, limit: int) -> bool:
+        return True  # an open connection: the budget alone bounds what waits on it
+
     def send_control(
         self, event: events.PrincipalQuery | events.PrincipalAnswer | events.Mirror
     ) -> None:

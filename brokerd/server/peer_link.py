@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from brokerd.config import EndpointConfig, parse_tcp_address
 from brokerd.dialogs.endpoints.binding import peer_identity
-from brokerd.routing.forwarding import Forward
+from brokerd.routing.forwarding import CONNECT_GRACE, Forward
 from brokerd.server.peer_connection import BrokerProtocol, ConnectionOwner
 from protocol import dialog, events
 from protocol.connection import Role
@@ -55,6 +56,9 @@ class PeerLink:
             Forward | events.PrincipalQuery | events.PrincipalAnswer | events.Mirror
         ] = []
         """Forwarded messages and principal queries held until the connection opens."""
+        self.waiting_bytes = 0
+        """The forwarded messages' bytes among them (:meth:`may_hold`)."""
+        self._waiting_since: float | None = None
         self.users: set[Endpoint] = set()
         self.pinned = False
         """Dialled by a mirror partner for its mirroring session (R-ROUTE-16): kept open."""
@@ -98,7 +102,31 @@ class PeerLink:
             self.protocol.forward(item)
         else:
             self.pending.append(item)
+            if not self.waiting_bytes:
+                self._waiting_since = time.monotonic()
+            self.waiting_bytes += item.size
             self.connect()
+
+    def may_hold(self, size: int, limit: int) -> bool:
+        """Whether a forwarded item of ``size`` bytes may wait here, of a budget of
+        ``limit``: always on an open connection or within the connection's grace
+        (:data:`CONNECT_GRACE`), else up to a quarter of the budget (R-ROUTE-7)."""
+        if self.is_open or self._waiting_since is None:
+            return True
+        if time.monotonic() - self._waiting_since < CONNECT_GRACE:
+            return True
+        return (self.waiting_bytes + size) * 4 <= limit
+
+    def stale_bytes(self, now: float) -> int:
+        """Forwarded bytes that have waited past the grace for a connection to open."""
+        since = self._waiting_since
+        if since is None or now - since < CONNECT_GRACE:
+            return 0
+        return self.waiting_bytes
+
+    def _unwait(self) -> None:
+        self.waiting_bytes = 0
+        self._waiting_since = None
 
     def send_control(
         self, event: events.PrincipalQuery | events.PrincipalAnswer | events.Mirror
@@ -208,17 +236,17 @@ class PeerLink:
         retry, and principal queries are asked again (R-ROUTE-10)."""
         forwards = [item for item in self.pending if type(item) is Forward]
         self.pending = []
+        self._unwait()
         if forwards:
-            self.owner.engine.router.forward_lost(forwards, waited=True)
+            self.owner.engine.router.forward_lost(forwards)
 
     def opened(self, protocol: BrokerProtocol) -> None:
         self.attempts = 0
         self._status = f"connected to {protocol.name}"
         pending, self.pending = self.pending, []
-        budget = self.owner.engine.router.budget
+        self._unwait()
         for item in pending:
             if isinstance(item, Forward):
-                budget.connected(item.size)
                 protocol.forward(item)
             else:
                 protocol.send_control(item)

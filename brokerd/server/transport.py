@@ -183,16 +183,22 @@ class Transport:
         """Whether connections that bring messages are to be held: more received from
         peers than committed beyond the high water mark, or over half the forwarding
         budget waiting to be relayed (``ForwardBudget.high``)."""
-        return (
-            self.engine.inbound_backlog() > self.inbound_high_water
-            or self.engine.router.budget.high
+        budget = self.engine.router.budget
+        return self.engine.inbound_backlog() > self.inbound_high_water or (
+            budget.held > 0 and budget.high(self._stale_forwards())
         )
+
+    def _stale_forwards(self) -> int:
+        """Forwarded bytes waiting past the grace for a next hop that does not connect:
+        not counted toward holding the readers (``ForwardBudget``)."""
+        now = time.monotonic()
+        return sum(link.stale_bytes(now) for link in self.links.values() if link.waiting_bytes)
 
     def _backlog_low(self) -> bool:
         """Whether held connections may be read again: both down to a quarter."""
         return (
             self.engine.inbound_backlog() <= self.inbound_low_water
-            and self.engine.router.budget.low
+            and self.engine.router.budget.low(self._stale_forwards())
         )
 
     def _release_held(self) -> None:

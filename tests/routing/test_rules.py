@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from brokerd.config.addresses import normal_tcp_address
+from brokerd.dialogs.router.decisions import own_addresses
 from brokerd.routing.rules import (
     BROKER_CONFIGURATION_SERVICE,
     LOCAL,
@@ -663,3 +665,11 @@ def test_worked_example_7_forwarding_every_missing_service(
         d = example_case(7, service, outside=outside, here=here, forwarding=forwarding)
         check(d, expected)
         assert d.arrived_from_outside is outside
+
+
+def test_r_route_8_an_own_address_is_known_in_any_case() -> None:
+    """R-ROUTE-8: a route whose address resolves to this very instance is rerouted with
+    msdb's routes, whatever capitals its host name is written in."""
+    own = own_addresses("localhost", 4022)
+    assert normal_tcp_address("tcp://LocalHost:4022") in own
+    assert normal_tcp_address("tcp://LOCALHOST:4022") == "tcp://localhost:4022"

@@ -179,12 +179,11 @@ class Inbound:
             return
         if not self.forward_next(header, body, payload, address):
             self.state.stats.forward_buffer_drops += 1
-            budget = self.budget
             self.engine.drop(
                 header,
-                f"forwarding buffer full ({budget.held} of {budget.limit} bytes, "
-                f"{budget.waiting} of them for next hops not connected yet; "
-                "message_forward_size); dropped, the sender retries (R-ROUTE-7)",
+                f"forwarding buffer full ({self.budget.held} of {self.budget.limit} bytes, "
+                "message_forward_size, a quarter of it at most for a next hop that does "
+                "not connect); dropped, the sender retries (R-ROUTE-7)",
             )
             return
         self.last_forwarded = Relayed(header, address, decision.route)
@@ -211,7 +210,7 @@ class Inbound:
         count). Tracing it is the caller's."""
         item = fragment_item(header, body, payload)
         link = self.engine.links.link_for(address)
-        if not self.budget.take(item.size, waits=not link.is_open):
+        if not link.may_hold(item.size, self.budget.limit) or not self.budget.take(item.size):
             return False
         self.state.stats.forwarded_fragments += 1
         link.forward(item)
@@ -249,7 +248,7 @@ class Inbound:
         for address, group in per_address.items():
             item = acks_item(group)
             link = self.engine.links.link_for(address)
-            if self.budget.take(item.size, waits=not link.is_open):
+            if link.may_hold(item.size, self.budget.limit) and self.budget.take(item.size):
                 self.state.stats.forwarded_acks += len(group)
                 link.forward(item)
             else:
@@ -259,9 +258,9 @@ class Inbound:
         """A relayed item went out on its link: its bytes leave the budget (R-ROUTE-7)."""
         self.budget.release(item.size)
 
-    def forward_lost(self, items: list[Forward], *, waited: bool = False) -> None:
-        """Relayed items a link could not send (its connection closed, or never opened:
-        ``waited``): their bytes leave the budget, and their senders retransmit (R-ROUTE-7)."""
+    def forward_lost(self, items: list[Forward]) -> None:
+        """Relayed items a link could not send (its connection closed, or never opened):
+        their bytes leave the budget, and their senders retransmit (R-ROUTE-7)."""
         for item in items:
-            self.budget.release(item.size, waited=waited)
+            self.budget.release(item.size)
         self.state.stats.forward_lost += len(items)

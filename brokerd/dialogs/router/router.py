@@ -129,8 +129,8 @@ class Router:
     def forward_sent(self, item: Forward) -> None:
         self.from_outside.forward_sent(item)
 
-    def forward_lost(self, items: list[Forward], *, waited: bool = False) -> None:
-        self.from_outside.forward_lost(items, waited=waited)
+    def forward_lost(self, items: list[Forward]) -> None:
+        self.from_outside.forward_lost(items)
 
     # -- route administration -----------------------------------------------------------------
 

@@ -67,6 +67,11 @@ class Link(Protocol):
 
     def forward(self, item: Forward) -> None: ...
 
+    def may_hold(self, size: int, limit: int) -> bool:
+        """Whether a forwarded item of ``size`` bytes may wait for this link, of a
+        forwarding budget of ``limit`` bytes (R-ROUTE-7)."""
+        ...
+
     def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None: ...
 
     def redial(self, reason: str) -> None:

@@ -101,6 +101,9 @@ class LocalLink:
     def forward(self, item: Forward) -> None:
         raise AssertionError("nothing is forwarded inside the instance")
 
+    def may_hold(self, size: int, limit: int) -> bool:
+        return False  # nothing is forwarded inside the instance
+
     def send_control(self, event: PrincipalQuery | PrincipalAnswer) -> None:
         pass  # every database here answers for itself
 
