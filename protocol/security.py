@@ -84,16 +84,31 @@ class Identity:
     @classmethod
     def from_pem(cls, certificate_pem: bytes, key_pem: bytes, ca_pem: bytes) -> Identity:
         """Load an identity from PEM bytes (the caller reads the files)."""
-        key = serialization.load_pem_private_key(key_pem, password=None)
-        if not isinstance(
-            key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
-        ):
-            raise ValueError(f"unsupported private key type {type(key).__name__}")
         return cls(
             certificate=x509.load_pem_x509_certificate(certificate_pem),
-            private_key=key,
+            private_key=load_signing_key(key_pem),
             trusted_cas=tuple(x509.load_pem_x509_certificates(ca_pem)),
         )
+
+
+def load_signing_key(key_pem: bytes) -> SigningKey:
+    """A private key from PEM bytes, of a kind a handshake can sign with; ValueError."""
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    if not isinstance(
+        key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+    ):
+        raise ValueError(f"unsupported private key type {type(key).__name__}")
+    return key
+
+
+def key_of(certificate: x509.Certificate, key: SigningKey) -> bool:
+    """Whether ``key`` is the private key of ``certificate`` (their public keys agree): a
+    handshake signed with another key never verifies at the peer."""
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    der = serialization.Encoding.DER
+    return key.public_key().public_bytes(der, spki) == certificate.public_key().public_bytes(
+        der, spki
+    )
 
 
 def certificate_name(cert: x509.Certificate) -> str:

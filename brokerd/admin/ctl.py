@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import ssl
@@ -281,7 +282,7 @@ def resolve_target(args: argparse.Namespace, environ: dict[str, str] | None = No
     if getattr(args, "host", None):
         host = args.host
     if getattr(args, "port", None) is not None:
-        port = args.port
+        port = _port(args.port)
     if getattr(args, "token_file", None) is not None:
         token_file = Path(args.token_file)
     if getattr(args, "tls_ca_file", None) is not None:
@@ -298,6 +299,8 @@ def _read_token(target: Target) -> str:
     assert target.token_file is not None
     try:
         token = target.token_file.read_text().strip()
+    except UnicodeDecodeError:
+        raise CtlError(f"token file {target.token_file} is not a token (not text)") from None
     except OSError as exc:
         hint = (
             " — has the daemon been started? (it creates the token file on first start)"
@@ -359,7 +362,7 @@ async def _call(client: BrokerClient, target: Target, coro: Any, timeout: float)
         return await asyncio.wait_for(coro, timeout)
     except RemoteError as exc:
         raise CtlError(f"{name} at {target.where}: {exc.remote_message}") from None
-    except ClientError as exc:
+    except (ClientError, BrokerError) as exc:  # BrokerError: a request that does not encode
         raise CtlError(f"{name} at {target.where}: {exc}") from None
     except TimeoutError:
         raise CtlError(f"{name} at {target.where} did not answer in {timeout:g} s") from None
@@ -496,9 +499,23 @@ async def _explain(args: argparse.Namespace, target: Target) -> None:
 
 def _seconds(value: str) -> float:
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
-        raise CtlError(f"--lifetime must be a number of seconds, not {value!r}") from None
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise CtlError(f"--lifetime must be a positive number of seconds, not {value!r}")
+    return seconds
+
+
+def _port(value: str) -> int:
+    """A ``--port``: 1 to 65535."""
+    try:
+        port = int(value)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise CtlError(f"--port must be a port number from 1 to 65535, not {value!r}")
+    return port
 
 
 def _null(value: str | None) -> str | None:
@@ -603,9 +620,7 @@ def _common(parser: argparse.ArgumentParser, top: bool) -> None:
         help=f"the daemon's TOML configuration (default: ${ENV_CONFIG})",
     )
     conn.add_argument("--host", default=default(None), help="the client listener's address")
-    conn.add_argument(
-        "--port", type=int, default=default(None), help=f"its port (default {DEFAULT_PORT})"
-    )
+    conn.add_argument("--port", default=default(None), help=f"its port (default {DEFAULT_PORT})")
     conn.add_argument(
         "--token-file", metavar="FILE", default=default(None), help="the daemon's client token"
     )

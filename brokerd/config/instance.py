@@ -163,14 +163,24 @@ def parse_client(
             f"{port} is also endpoint.port on the same host; the client listener needs "
             "a port of its own",
         )
+    token_file = t.path("token_file", base) or data_dir / "client.token"
+    tokens = _client_tokens(t, base)
+    for n, token in enumerate(tokens):
+        if token.role != "admin" and token.file.resolve() == token_file.resolve():
+            # R-CLIENT-2: any unlisted login name selects the admin token
+            raise t.error(
+                f"token[{n}].file",
+                f"{token.file} is also client.token_file (the admin token): an application "
+                "holding it could log in as admin under any other name",
+            )
     return ClientConfig(
         host=host,
         port=port,
-        token_file=t.path("token_file", base) or data_dir / "client.token",
+        token_file=token_file,
         login_timeout=t.seconds("login_timeout", defaults(ClientConfig)["login_timeout"]),
         tls_certificate=tls_certificate,
         tls_private_key=tls_private_key,
-        tokens=_client_tokens(t, base),
+        tokens=tokens,
     )
 
 
@@ -296,7 +306,7 @@ def parse_admin(t: Table | None, endpoint: EndpointConfig, client: ClientConfig)
     taken = {(endpoint.host, endpoint.port): "endpoint.port", (client.host, client.port): ""}
     for (other_host, other_port), key in taken.items():
         if port == other_port and (
-            host == other_host or is_unspecified(host) or is_unspecified(other_host)
+            _same_host(host, other_host) or is_unspecified(host) or is_unspecified(other_host)
         ):
             raise t.error(
                 "listen",
@@ -304,3 +314,13 @@ def parse_admin(t: Table | None, endpoint: EndpointConfig, client: ClientConfig)
                 "a port of its own",
             )
     return AdminConfig(host, port)
+
+
+def _same_host(one: str, other: str) -> bool:
+    """Whether two listen hosts are one (``localhost`` is 127.0.0.1, case aside)."""
+
+    def plain(host: str) -> str:
+        host = host.lower()
+        return "127.0.0.1" if host == "localhost" else host
+
+    return plain(one) == plain(other)

@@ -60,6 +60,8 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "", f"invalid TOML: {exc}") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ConfigError(path, "", "invalid TOML: nested too deeply") from None
     base = path.absolute().parent
     top = Table(
         path,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from brokerd.config import ClientConfig
 from brokerd.dialogs.endpoints.endpoint import Endpoint
+from brokerd.errors import ConfigError
 from protocol.errors import PermissionDenied
 
 ADMIN_OPERATIONS = frozenset(
@@ -36,14 +37,24 @@ ADMIN_OPERATIONS = frozenset(
 """Operations only an admin token may ask for."""
 
 
-def load_or_create_token(path: Path) -> bytes:
-    """A client token's secret; created (mode 0600) on first start."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(os.urandom(32).hex() + "\n")
-    return path.read_text().strip().encode()
+def load_or_create_token(path: Path, config_path: Path | None = None, key: str = "") -> bytes:
+    """A client token's secret; created (mode 0600) on first start. A file that cannot be
+    read, is not text or is empty is a ConfigError naming ``key`` (R-CLIENT-1: an empty
+    secret would let anyone log in)."""
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(os.urandom(32).hex() + "\n")
+        secret = path.read_text().strip().encode()
+    except UnicodeDecodeError:
+        raise ConfigError(config_path, key, f"file {path} is not a token (not text)") from None
+    except OSError as exc:
+        raise ConfigError(config_path, key, f"cannot read {path}: {exc}") from exc
+    if not secret:
+        raise ConfigError(config_path, key, f"file {path} is empty: a token is required")
+    return secret
 
 
 @dataclass(frozen=True)
@@ -91,15 +102,25 @@ class Access:
 class Credentials:
     """The tokens of one daemon, read (and created where missing) at start-up."""
 
-    def __init__(self, config: ClientConfig) -> None:
-        self.admin_token = load_or_create_token(config.token_file)
-        self.named: dict[str, tuple[bytes, Access]] = {
-            token.name: (
-                load_or_create_token(token.file),
-                Access(token.name, token.role, frozenset(token.services), frozenset(token.queues)),
+    def __init__(self, config: ClientConfig, config_path: Path | None = None) -> None:
+        self.admin_token = load_or_create_token(config.token_file, config_path, "client.token_file")
+        self.named: dict[str, tuple[bytes, Access]] = {}
+        for n, token in enumerate(config.tokens):
+            key = f"client.token[{n}].file"
+            secret = load_or_create_token(token.file, config_path, key)
+            if secret == self.admin_token and token.role != "admin":
+                # R-CLIENT-2: any other login name selects the admin token, so an
+                # application holding the admin's secret would be an admin
+                raise ConfigError(
+                    config_path,
+                    key,
+                    f"token {token.name!r} has the secret of client.token_file (the admin "
+                    "token): give each token a secret of its own",
+                )
+            access = Access(
+                token.name, token.role, frozenset(token.services), frozenset(token.queues)
             )
-            for token in config.tokens
-        }
+            self.named[token.name] = (secret, access)
 
     def select(self, user: str) -> tuple[bytes, Access]:
         """The secret the login name ``user`` must prove, and what it may then do."""

@@ -19,7 +19,11 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
+
+from cryptography import x509
 
 from brokerd.config import BrokerConfig, load_config
 from brokerd.dialogs.endpoints.database import Database
@@ -36,9 +40,10 @@ from brokerd.server.mirroring import Mirroring
 from brokerd.server.transport import Transport
 from brokerd.traces.writer import TraceWriter
 from protocol.errors import BrokerError
-from protocol.security import Identity
+from protocol.security import Identity, key_of, load_signing_key
 
 log = logging.getLogger("brokerd")
+T = TypeVar("T")
 
 CLIENT_STOP_GRACE = 10.0
 """Seconds a stopping daemon waits for the answers to the requests it has read (their
@@ -49,23 +54,37 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         endpoint = config.endpoint
-        for key, path in (
+        for setting, path in (
             ("endpoint.certificate", endpoint.certificate),
             ("endpoint.private_key", endpoint.private_key),
             ("endpoint.ca_certificate", endpoint.ca_certificate),
         ):
             if not path.is_file():
-                raise ConfigError(config.path, key, f"file {path} does not exist")
-        try:
-            self.identity = Identity.from_pem(
-                endpoint.certificate.read_bytes(),
-                endpoint.private_key.read_bytes(),
-                endpoint.ca_certificate.read_bytes(),
+                raise ConfigError(config.path, setting, f"file {path} does not exist")
+        certificate = _load(
+            config, "endpoint.certificate", endpoint.certificate, x509.load_pem_x509_certificate
+        )
+        signing_key = _load(config, "endpoint.private_key", endpoint.private_key, load_signing_key)
+        cas = _load(
+            config,
+            "endpoint.ca_certificate",
+            endpoint.ca_certificate,
+            x509.load_pem_x509_certificates,
+        )
+        if not key_of(certificate, signing_key):
+            raise ConfigError(
+                config.path,
+                "endpoint.private_key",
+                f"{endpoint.private_key} is not the key of endpoint.certificate "
+                f"{endpoint.certificate}",
             )
-        except (ValueError, OSError) as exc:
+        try:
+            self.identity = Identity(certificate, signing_key, tuple(cas))
+            self.instance_name = self.identity.instance_name
+        except ValueError as exc:
             raise ConfigError(config.path, "endpoint.certificate", f"cannot load: {exc}") from exc
-        self.instance_name = self.identity.instance_name
         self.client_tls = server_context(config)
+        self.credentials = Credentials(config.client, config.path)
         self.databases = {
             db.name: Database(db, config.data_dir, config.limits) for db in config.databases
         }
@@ -103,6 +122,18 @@ class Broker:
                 f"{self.config.path}): {exc}"
             ) from exc
 
+    @contextlib.contextmanager
+    def _listening(self, section: str, host: str, port: int) -> Iterator[None]:
+        """A listener's start: its failure (an address in use, a host that does not resolve)
+        names the settings, not only the system's error."""
+        try:
+            yield
+        except OSError as exc:
+            raise BrokerError(
+                f"cannot start: {section}.host {host!r} and {section}.port {port} in "
+                f"{self.config.path}: {exc}"
+            ) from exc
+
     async def start(self) -> None:
         self.started_at = time.time()
         try:
@@ -116,21 +147,22 @@ class Broker:
             settle_garbage_collector()
             settle_switch_interval()
             tune_allocator()
-            await self.transport.start()
+            endpoint, client = self.config.endpoint, self.config.client
+            with self._listening("endpoint", endpoint.host, endpoint.port):
+                await self.transport.start()
             if self.mirroring:
                 self.mirroring.start()
-            credentials = Credentials(self.config.client)
+            credentials = self.credentials
             loop = asyncio.get_running_loop()
-            self._client_server = await loop.create_server(
-                lambda: ClientSession(self, credentials),
-                self.config.client.host,
-                self.config.client.port,
-                reuse_address=True,
-                ssl=self.client_tls,
-                ssl_handshake_timeout=(
-                    self.config.client.login_timeout if self.client_tls else None
-                ),
-            )
+            with self._listening("client", client.host, client.port):
+                self._client_server = await loop.create_server(
+                    lambda: ClientSession(self, credentials),
+                    client.host,
+                    client.port,
+                    reuse_address=True,
+                    ssl=self.client_tls,
+                    ssl_handshake_timeout=client.login_timeout if self.client_tls else None,
+                )
             self.activation.start()
             self.ready = True
         except OSError as exc:
@@ -225,3 +257,11 @@ def run(config_path: Path, ready_file: Path | None = None, log_level: str = "INF
     # user may read them, whatever umask it was started with.
     os.umask(0o077)
     asyncio.run(serve(config_path, ready_file))
+
+
+def _load(config: BrokerConfig, key: str, path: Path, parse: Callable[[bytes], T]) -> T:
+    """The file of setting ``key``, parsed; a ConfigError naming ``key`` if it cannot be."""
+    try:
+        return parse(path.read_bytes())
+    except (ValueError, TypeError, OSError) as exc:
+        raise ConfigError(config.path, key, f"cannot load {path}: {exc}") from exc

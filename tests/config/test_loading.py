@@ -441,7 +441,7 @@ address = "LOCAL"
     assert [r.address for r in routes] == [
         "LOCAL",
         "TRANSPORT",
-        "tcp://Broker.Example:4022",
+        "tcp://broker.example:4022",  # a host name is compared without regard to case
         "LOCAL",
     ]
     assert routes[2].mirror_address == "tcp://[::1]:4022"

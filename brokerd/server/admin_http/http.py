@@ -2,8 +2,11 @@
 
 Only ``GET`` (and ``HEAD``) is served; any other method is 405, an unknown path 404.
 A request's head is bounded (:data:`MAX_REQUEST_HEAD`), a request with a body is
-refused (413), a connection that sends nothing for :data:`IDLE_TIMEOUT` seconds is
-closed, and at most :data:`MAX_CONNECTIONS` are served at once. Keep-alive is honoured.
+refused (413), a request whose head has not all come within :data:`IDLE_TIMEOUT`
+seconds is not waited for (the connection is closed), and at most
+:data:`MAX_CONNECTIONS` are served at once: a new connection beyond them closes the
+oldest one still waiting for a request, so that idle or trickling connections never
+keep the health checks out. Keep-alive is honoured.
 
 May import: ``h11`` and the standard library.
 """
@@ -24,9 +27,10 @@ log = logging.getLogger("brokerd.admin_http")
 MAX_REQUEST_HEAD = 16 * 1024
 """Bytes of a request line and headers at most."""
 IDLE_TIMEOUT = 30.0
-"""Seconds a connection may send nothing (between requests or within one)."""
+"""Seconds a request's head may take to come (from the end of the previous request)."""
 MAX_CONNECTIONS = 64
-"""Connections served at once; more are closed at once."""
+"""Connections served at once; a new one beyond them takes the place of the oldest one
+waiting for a request, or is closed when every one is being answered."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class HttpServer:
         self.routes = dict(routes)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[asyncio.Task[None], None] = {}
+        """The connections waiting for a request's head, oldest first."""
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -71,6 +77,11 @@ class HttpServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        if task is not None and len(self._tasks) >= MAX_CONNECTIONS and self._waiting:
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            oldest.cancel()  # it has sent no whole request: a newer connection goes first
+            self._tasks.discard(oldest)
         if task is None or len(self._tasks) >= MAX_CONNECTIONS:
             writer.close()
             return
@@ -81,6 +92,7 @@ class HttpServer:
             pass  # the client went, spoke no HTTP, or the port stops (a cancel ends this task)
         finally:
             self._tasks.discard(task)
+            self._waiting.pop(task, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -108,7 +120,22 @@ class HttpServer:
         self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> h11.Request | None:
         """The next request's head; None when the client is gone or spoke no HTTP (then it
-        was told why, with the status h11 suggests)."""
+        was told why, with the status h11 suggests), or took :data:`IDLE_TIMEOUT` to send it
+        (TimeoutError)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._waiting[task] = None
+        try:
+            async with asyncio.timeout(IDLE_TIMEOUT):
+                return await self._read_head(conn, reader, writer)
+        finally:
+            if task is not None:
+                self._waiting.pop(task, None)
+
+    async def _read_head(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> h11.Request | None:
+        size = len(conn.trailing_data[0])  # what came with the previous request
         while True:
             try:
                 event = conn.next_event()
@@ -120,10 +147,21 @@ class HttpServer:
                         await writer.drain()
                 return None
             if event is h11.NEED_DATA:
-                data = await asyncio.wait_for(reader.read(8192), IDLE_TIMEOUT)
+                data = await reader.read(8192)
+                size += len(data)
                 conn.receive_data(data)  # b"" marks the end of the stream
                 continue
-            return event if isinstance(event, h11.Request) else None
+            if not isinstance(event, h11.Request):
+                return None
+            if size - len(conn.trailing_data[0]) > MAX_REQUEST_HEAD:
+                # h11 bounds a head only while it is incomplete: one that came whole in
+                # a read or two is measured here
+                too_big = text(431, f"request head over {MAX_REQUEST_HEAD} bytes")
+                with contextlib.suppress(h11.LocalProtocolError):
+                    _write(conn, writer, too_big, head_only=False, close=True)
+                    await writer.drain()
+                return None
+            return event
 
     async def _respond(self, request: h11.Request) -> Response:
         if _has_body(request):
