@@ -230,6 +230,8 @@ bounds AS (
     -- the traces began (a late duplicate or RECEIVE does not count)
     min(CASE WHEN sent OR arrived OR discarded THEN seq END) AS lowest,
     min(CASE WHEN sent THEN seq END) AS lowest_sent,
+    -- no message of the stream was delivered before its first SEND
+    min(sent_t) AS first_sent_t,
     max(CASE WHEN arrived THEN seq END) AS highest,
     min(CASE WHEN NOT arrived AND NOT discarded AND (sent OR acked_t IS NOT NULL)
              THEN seq END) AS lowest_open
@@ -242,7 +244,7 @@ SELECT {_STREAM}, seq, status,
   deliveries, delivered_t, delivered_n, delivered_id, delivered_ids,
   reader, receptions, received_t, received_n, received_id, received_ids,
   inherited_received, inherited_id, inherited_t, inherited_sent,
-  senders, receivers, lowest, lowest_sent, highest, lowest_open,
+  senders, receivers, lowest, lowest_sent, first_sent_t, highest, lowest_open,
   arrived,
   coalesce(delivered_t, received_t) AS arrived_t,
   coalesce(delivered_id, received_id, CASE WHEN in_file THEN inherited_id END) AS arrived_id,
@@ -275,8 +277,9 @@ def _disorder(event: str, verb: str) -> str:
 # Seqs from the stream's lowest to its highest delivered one that were neither delivered
 # nor discarded (END CONVERSATION WITH ERROR drops what is pending and sends the error
 # after it): one row per missing range, found between neighbours. Its delivery events
-# would lie between its neighbours' on the receiver. Seqs a promoted mirror's file held
-# in order arrived, with or without a row here.
+# would lie between its neighbours' on the receiver; with no arrival before it (the
+# stream's lowest seqs), between the stream's first SEND and the arrival after it. Seqs
+# a promoted mirror's file held in order arrived, with or without a row here.
 _ACCOUNTED_WITH_NEIGHBOURS = f"""(
   SELECT *, CASE WHEN seq - previous - 1 = 1
                  THEN format_string('never delivered, though seq %d was', seq)
@@ -326,7 +329,8 @@ FINDINGS_SQL = "\nUNION ALL\n".join(
             seq="previous + 1",
             last_seq="seq - 1",
             witness="receivers",
-            lo="before.arrived_t",
+            # a range at the stream's start has no arrival before it: its SENDs bound it
+            lo="coalesce(before.arrived_t, first_sent_t)",
             hi="arrived_t",
         ),
         _finding(

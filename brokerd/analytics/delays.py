@@ -1,10 +1,11 @@
 """DELAYED time per conversation (R-ROUTE-13) and the reasons messages waited.
 
 A conversation endpoint is DELAYED from its first ``delayed`` event until the next
-``released`` one on the same instance, or until the endpoint closes
-(``dialog_ended``: END CONVERSATION WITH CLEANUP, for example); one with neither is
-still DELAYED at the end of the trace set, and its time is counted to then. :func:`delayed_periods`
-gives one row per period, :func:`by_conversation` sums them and
+``released`` or ``route_chosen`` one on the same instance (a restarted daemon decides
+afresh: it writes ``route_chosen`` and no ``released``), or until the endpoint closes
+(``dialog_ended``: END CONVERSATION WITH CLEANUP, for example); one with none of them
+is still DELAYED at the end of the trace set, and its time is counted to then.
+:func:`delayed_periods` gives one row per period, :func:`by_conversation` sums them and
 :func:`wait_reasons` says why messages waited: DELAYED reasons (routing),
 connections refused (the peer could not be reached), and drops (the receiving
 side would not take the message, so the sender retransmits).
@@ -22,7 +23,7 @@ ENDPOINT = [*STREAM, "instance"]
 
 def delayed_periods(events: DataFrame, last_t: int) -> DataFrame:
     """One row per DELAYED period: endpoint, database, service, start_t, end_t, seconds, reason."""
-    ends = is_event("released") | is_event("dialog_ended")
+    ends = is_event("released") | is_event("route_chosen") | is_event("dialog_ended")
     marks = events.where(
         (is_event("delayed") | ends)
         & F.col("conversation_id").isNotNull()

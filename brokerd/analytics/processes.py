@@ -4,16 +4,18 @@ A trace writer names its segments ``<instance>-<UTC start>-<pid>-<n>.jsonl``
 (docs/traces.md): the segments of one process share its pid, and an instance
 whose segments carry several pids was restarted. :func:`processes` reads only
 the segment names and, per process, the first and last lines of its first and
-last segments (a bounded read from each end, never a whole file), so it runs on
-the driver without Spark and costs the same for any size of trace set.
+last segments (a bounded read from each end, never a whole file; when the last
+segment holds no whole line, the segments before it, newest first, until one does),
+so it runs on the driver without Spark and costs the same for any size of trace set.
 
 How a process ended is what its traces show:
 
 * ``restarted``: a later process of the same instance wrote traces, and this one's
   last segment ends cleanly;
 * ``killed``: its last segment ends in a torn line (a crash in the middle of a
-  write: ``kill -9``, a power cut), or the next process's ``started`` event says
-  the previous stop was not clean (writers that record their starts);
+  write: ``kill -9``, a power cut; a segment holding nothing but a torn line too), or
+  the next process's ``started`` event says the previous stop was not clean (writers
+  that record their starts);
 * ``stopped``: its last event is a ``stopped`` event (a graceful stop, by writers
   that record it);
 * ``running``: the instance's latest process; it may still be running.
@@ -159,7 +161,14 @@ def processes(files: Iterable[Path]) -> list[Process]:
             (e for _, _, p in segments if (e := _first_event(p)) is not None),
             None,
         )
+        # killed right after rotating, its last segment may hold no whole line (none, or
+        # a torn one): its last event is in an earlier segment, its tear in the last
         last, torn = _last_event(segments[-1][2])
+        if last is None:
+            last = next(
+                (e for _, _, p in reversed(segments[:-1]) if (e := _last_event(p)[0]) is not None),
+                None,
+            )
         if first is None or last is None:
             continue
         spans.append((instance, pid, first, last, torn, len(segments)))

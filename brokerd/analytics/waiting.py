@@ -21,8 +21,20 @@ from pyspark.sql import functions as F
 
 from brokerd.analytics.messages import KEY, STREAM, is_event
 
-RECEIVING_SIDE = ("fragment_received", "duplicate", "dropped", "delivered", "received", "ack_sent")
-"""Events whose ``initiator`` names the other side (the messages' sender), not the endpoint."""
+RECEIVING_SIDE = (
+    "fragment_received",
+    "duplicate",
+    "dropped",
+    "delivered",
+    "received",
+    "ack_sent",
+    "rolled_back",
+    "quarantined",
+    "queue_disabled",
+)
+"""Events whose ``initiator`` names the other side (the messages' sender), not the endpoint:
+the receiving side's message events, and the rollbacks and poison-message handling of the
+messages it received."""
 
 
 def _status(latest: str) -> Column:
