@@ -78,9 +78,11 @@ from brokerd.config.model import (
     ServiceConfig,
     TraceConfig,
 )
+from brokerd.config.tables import INT_MAX
 
 __all__ = [
     "CLIENT_ROLES",
+    "INT_MAX",
     "MIRROR_ROLES",
     "MIRROR_WHEN_LOST",
     "SENT_BY",

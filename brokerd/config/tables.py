@@ -44,6 +44,12 @@ def defaults(cls: type) -> dict[str, Any]:
     return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
 
+INT_MAX = 2**31 - 1
+"""SQL Server's INT at most: the most seconds a setting may give (68 years; beyond it,
+timers and the dates they are added to overflow), and the bound of a dialog's lifetime, a
+conversation timer's timeout and an error code (``brokerd.dialogs.verbs.conversation``)."""
+
+
 class Table:
     """One TOML table being read: knows its dotted key and refuses unknown keys at once."""
 
@@ -118,6 +124,8 @@ class Table:
             return default
         if not math.isfinite(value) or value <= 0:
             raise self.error(name, f"must be a positive number of seconds, not {value}")
+        if value > INT_MAX:  # a timer or a date that far off overflows
+            raise self.error(name, f"must be at most {INT_MAX:,} seconds, not {value:g}")
         return float(value)
 
     def flag(self, name: str, default: bool) -> bool:

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brokerd.dialogs.verbs.conversation import INT_MAX
+from brokerd.config import INT_MAX
 from brokerd.dialogs.verbs.receive import Withdrawal
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.server import client_views

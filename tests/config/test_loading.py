@@ -557,3 +557,10 @@ def test_unknown_key_typo_is_named_with_the_allowed_keys(tmp_path: Path) -> None
 )
 def test_unknown_keys_everywhere(tmp_path: Path, text: str, key: str) -> None:
     expect_error(tmp_path, text, key, "unknown key")
+
+
+def test_seconds_past_sql_servers_int_are_refused(tmp_path: Path) -> None:
+    """A setting in seconds is bounded by SQL Server's INT (68 years): a timer or a date
+    that far off would overflow when the daemon adds it to the clock."""
+    text = config_text(rest="[limits]\nclosed_endpoint_keep = 1e300\n")
+    expect_error(tmp_path, text, "limits.closed_endpoint_keep", "at most 2,147,483,647 seconds")

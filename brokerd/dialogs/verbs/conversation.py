@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
+from brokerd.config import INT_MAX
 from brokerd.dialogs.endpoints.broker_errors import error_body
 from brokerd.dialogs.endpoints.commits import commit, commit_statements
 from brokerd.dialogs.endpoints.database import Database
@@ -53,12 +54,6 @@ from brokerd.storage import queries, reads
 from brokerd.storage.keys import new_handle, random_id
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 from protocol.dialog_security import DialogKeys
-
-INT_MAX = 2**31 - 1
-"""SQL Server's INT at most: the largest END CONVERSATION WITH ERROR code, and (bounded
-where a client's request is read, ``brokerd.server.client_requests``) a dialog's lifetime
-and a conversation timer's timeout in seconds (R-DLG-9, R-DLG-11). Past it a value
-overflows the store, or makes an endpoint whose deadline no view can show."""
 
 
 class ConversationVerbs:
