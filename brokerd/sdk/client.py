@@ -366,6 +366,15 @@ class BrokerClient:
         self._submit(Request(meta, bytes(body), SequenceReply(future), repeatable=key is not None))
         return future
 
+    async def drain(self) -> None:
+        """Until what this client has written is taken by the socket (down to its buffer's
+        low-water mark): a producer calling :meth:`send_nowait` in a loop awaits it every
+        so often, so that its memory stays bounded by what the kernel and the daemon hold
+        (the daemon stops reading a client whose SENDs awaiting their commit carry more
+        than ``limits.client_pending_mb``). Raises NotConnected when no connection will
+        come."""
+        await self._keeper.drain()
+
     async def receive(
         self,
         queue: str,

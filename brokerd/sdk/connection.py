@@ -173,6 +173,12 @@ class _Protocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.connection.on_lost(exc)
 
+    def pause_writing(self) -> None:
+        self.connection.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.connection.writable.set()
+
 
 class Connection:
     """One socket to the daemon, logged in. ``on_end`` is called once, when the socket
@@ -188,6 +194,9 @@ class Connection:
         self._out: list[Buffer] | None = None
         """Request frames of this turn of the event loop, written together at its end."""
         self._challenge: asyncio.Future[ClientFrame] | None = None
+        self.writable = asyncio.Event()
+        """Clear while the socket's send buffer is over its high-water mark (:meth:`drain`)."""
+        self.writable.set()
         self._ending = Ending("")
         self._ended = False
         self.instance = ""
@@ -310,6 +319,12 @@ class Connection:
         else:
             self._out.extend(pieces)
 
+    async def drain(self) -> None:
+        """Write what was requested this turn, then wait until the socket has taken what
+        was written down to its buffer's low-water mark (or the connection is gone)."""
+        self._write_out()
+        await self.writable.wait()
+
     def _write_out(self) -> None:
         out, self._out = self._out, None
         if not out or self.transport is None or self.transport.is_closing():
@@ -366,6 +381,7 @@ class Connection:
         if self._ended:
             return
         self._ended = True
+        self.writable.set()  # a drain waiting on it is over: the keeper says what follows
         ending = self._ending
         if not ending.reason:
             ending.reason = f"connection to brokerd lost{': ' + str(exc) if exc else ''}"

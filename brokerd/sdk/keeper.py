@@ -106,6 +106,23 @@ class ConnectionKeeper:
                 raise TimeoutError(f"no connection to {self.address} in {timeout} s")
             await asyncio.sleep(0.02)
 
+    async def drain(self) -> None:
+        """Until the socket has taken what was written down to its buffer's low-water mark:
+        a producer that pipelines without awaiting each reply awaits it now and then, and
+        holds no more than the kernel and the daemon take (asyncio's ``StreamWriter.drain``).
+        Without a connection, until one is up and has taken what waited for it; raises
+        NotConnected when none will come."""
+        while True:
+            connection = self.connection
+            if connection is not None and connection.usable:
+                await connection.drain()
+                if connection is self.connection and connection.usable:
+                    return
+                continue  # lost while it drained: what it carried is kept for the next one
+            if self._closed or self.reconnect is None:
+                raise NotConnected(f"not connected ({self.last_failure or 'closed'})")
+            await asyncio.sleep(0.02)
+
     # -- requests ------------------------------------------------------------------------
 
     def reuse(self, body: bytearray) -> None:
