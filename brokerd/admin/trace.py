@@ -360,7 +360,8 @@ def paths(events: Sequence[Event], seq: int | None = None) -> list[Path_]:
 def _path(events: Sequence[Event], initiator: bool, n: int) -> Path_:
     """The steps of message (``initiator``, ``n``): its own events, the acknowledgements and
     discards that list it, the first acknowledgement sent for it, and the sending endpoint's
-    routing events from its SEND on (and the DELAYED state it was sent in)."""
+    routing events from its SEND until it is acknowledged (and the DELAYED state it was
+    sent in)."""
     mine = [e for e in events if bool(e.fields.get("initiator")) == initiator]
     sent = next(
         (e for e in mine if e.name == "message_sent" and _int(e.fields.get("seq")) == n), None
@@ -382,6 +383,12 @@ def _path(events: Sequence[Event], initiator: bool, n: int) -> Path_:
                 chosen.append(e)
     if routing_before is not None and routing_before.name == "delayed":
         chosen.insert(0, routing_before)  # sent while the conversation was DELAYED
+    settled = [e.sort_key() for e in chosen if e.name in LISTING_EVENTS]
+    if settled:
+        # acknowledged (or discarded): routing the conversation later is other messages'
+        # story, not a wait of this one
+        over = min(settled)
+        chosen = [e for e in chosen if e.name not in SENDER_EVENTS or e.sort_key() <= over]
     chosen.sort(key=Event.sort_key)
     path = Path_(initiator, n)
     previous: Event | None = None

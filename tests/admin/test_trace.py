@@ -149,7 +149,8 @@ def test_every_wait_has_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture
     """A message sent while its conversation was DELAYED (R-ROUTE-13), sent once a route
     appeared while the far broker refused connections, retransmitted after a lost
     acknowledgement (R-DLG-6), relayed by a forwarder (R-ROUTE-7), delivered and RECEIVEd:
-    each wait is named by what the traces say of it."""
+    each wait is named by what the traces say of it, and the conversation's routing after
+    the message was acknowledged is not part of its path."""
     cid = str(uuid.uuid4())
     t0 = 1_795_000_000.0
 
@@ -185,6 +186,8 @@ def test_every_wait_has_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture
             (4.5, "retransmission", {**m, "attempt": 2, "wait": 4.0}),
             (4.5001, "fragment_sent", {**m, "attempt": 2, "peer": "tcp://f:4022"}),
             (4.6, "ack_received", {"initiator": True, "through": 1, "seqs": "1"}),
+            # long after: the conversation's later messages wait, not this one
+            (60.0, "delayed", {"initiator": True, "reason": "the route was dropped later"}),
         ],
     )
     write(
@@ -220,3 +223,4 @@ def test_every_wait_has_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "RECEIVE" in why["received"] and "+4.400 s" in why["received"]
     assert "message 1 (sent by the initiator): a -> f -> b" in out
     assert "longest wait 4.400 s before received on b" in out
+    assert "dropped later" not in out  # routing after its acknowledgement is not its path
