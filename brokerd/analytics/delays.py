@@ -31,7 +31,7 @@ def delayed_periods(events: DataFrame, last_t: int) -> DataFrame:
     )
     before = (
         Window.partitionBy(*ENDPOINT)
-        .orderBy("t", "event")
+        .orderBy("t", "n", "event")  # one instance's: its numbers order one microsecond's
         .rowsBetween(Window.unboundedPreceding, -1)
     )
     numbered = marks.withColumn(

@@ -93,11 +93,14 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
         F.col("latest.instance").alias("status_instance"),
         _status("latest").alias("message_status"),
     )
-    delayed_now = Window.partitionBy(*STREAM, "instance").orderBy(F.col("t").desc())
+    # one instance's events: its event numbers order those of one microsecond
+    delayed_now = Window.partitionBy(*STREAM, "instance").orderBy(
+        F.col("t").desc(), F.col("n").desc_nulls_last()
+    )
     delays = (
         events.where(is_event("delayed") | is_event("released") | is_event("route_chosen"))
-        .withColumn("n", F.row_number().over(delayed_now))
-        .where((F.col("n") == 1) & is_event("delayed"))
+        .withColumn("newest", F.row_number().over(delayed_now))
+        .where((F.col("newest") == 1) & is_event("delayed"))
         .select(
             *STREAM,
             F.col("instance").alias("sender"),
