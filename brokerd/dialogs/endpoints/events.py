@@ -58,11 +58,11 @@ class DialogEvents:
         )
 
     def note_drop(self, text: str) -> None:
-        """Keep the reason for the ``drops`` view (the first 100) and log it: at most one
-        line a second (a sender retransmitting into a fenced partner drops thousands),
-        with the count of those not logged since."""
-        if len(self.stats.drop_reasons) < 100:
-            self.stats.drop_reasons.append(text)
+        """Keep the reason for the ``drops`` view (the latest 100: a daemon that runs for
+        months shows what it drops now) and log it: at most one line a second (a sender
+        retransmitting into a fenced partner drops thousands), with the count of those
+        not logged since."""
+        self.stats.drop_reasons.append(text)
         now = time.monotonic()
         if now - self._drop_logged_at < 1.0:
             self._drops_not_logged += 1

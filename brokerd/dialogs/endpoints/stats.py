@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+
+DROP_REASONS_KEPT = 100
+"""Drop reasons the ``drops`` view shows: the latest ones."""
 
 
 @dataclass
@@ -44,4 +48,5 @@ class EngineStats:
     secured at all (R-DLG-14)."""
     closed_endpoints_removed: int = 0
     """Closed endpoints removed from memory and from their files (SPEC §5)."""
-    drop_reasons: list[str] = field(default_factory=list)
+    drop_reasons: deque[str] = field(default_factory=lambda: deque(maxlen=DROP_REASONS_KEPT))
+    """The latest reasons a message was dropped (the ``drops`` view)."""
