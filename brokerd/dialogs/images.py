@@ -18,7 +18,7 @@ from brokerd.dialogs.endpoints.poison import PoisonLedger
 from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.storage import queries
-from brokerd.storage.catalog import route_from_row
+from brokerd.storage.catalog import Catalog, route_from_row
 
 
 class DatabaseImages:
@@ -66,6 +66,7 @@ class DatabaseImages:
         principal's shipped units wrote. Returns the endpoints with messages to transmit.
         Any image held before is dropped first (:meth:`forget`)."""
         self.forget(db)
+        self._reset_routes(db)
         for name, status, configured in await db.store.read(
             lambda conn: conn.execute(queries.READ_QUEUE_STATES).fetchall()
         ):
@@ -86,3 +87,15 @@ class DatabaseImages:
             index.changed.set()
         self.router.routes_changed(db)
         return waiting
+
+    @staticmethod
+    def _reset_routes(db: Database) -> None:
+        """Before the routes that live in the file are read again: only the configuration's
+        routes stay. A route created at run time and since dropped by the principal (its
+        row deleted by a shipped unit) must not outlive the rebuild, nor a configuration
+        route stay replaced by a run-time route of its name that is gone."""
+        routes = db.catalog.routes
+        for name in [name for name, route in routes.items() if route.source != "config"]:
+            del routes[name]
+        for name, route in Catalog.from_config(db.config).routes.items():
+            routes.setdefault(name, route)

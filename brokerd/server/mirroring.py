@@ -6,10 +6,11 @@ For each database configured with ``mirror_role`` and ``mirror_partner`` one
 * **Mirror.** It keeps a connection to the partner's 4022 endpoint (the same
   authenticated, encrypted connection as any broker's) and sends ATTACH: the
   database, its epoch and the last unit of work its file holds (LSN and the epoch
-  that unit was written at). It then applies, in order, each UNIT the principal
-  ships (``Store.apply_unit``) or a SNAPSHOT (a copy of the principal's file, when
-  the mirror's last unit is not in the principal's history: too far behind, or
-  diverged) and CONFIRMs each.
+  that unit was written at). Just before, it asks the partner's role (a principal
+  query) and adopts the epoch answered, so that its next promotion opens one above.
+  It then applies, in order, each UNIT the principal ships (``Store.apply_unit``)
+  or a SNAPSHOT (a copy of the principal's file, when the mirror's last unit is
+  not in the principal's history: too far behind, or diverged) and CONFIRMs each.
 * **Principal.** The store hands it every committed batch with its units
   (``Replica.sink``). It ships them to the attached mirror in commit order and
   holds the batch (its callbacks: acknowledgements to senders, client replies,
@@ -28,7 +29,8 @@ while it asks its partner which role the partner holds (a principal query). The 
 ends when a mirror has confirmed the file's last unit; or when the partner answers that
 it is principal at a higher epoch (this partner demotes itself, its tail is discarded by
 the copy it then installs); or, with ``mirror_when_lost = "exposed"``, when the partner
-is a mirror, cannot be reached, or has not answered for ``mirror_timeout``. Without it, a
+is a mirror, cannot be reached, or has not answered for ``mirror_timeout``. A partner
+that keeps answering that it is principal at this partner's epoch keeps the doubt. Without it, a
 restarted old principal sent the messages of its unconfirmed tail while the new principal
 gave their sequence numbers to other messages: the far side kept the first and
 discarded the others as duplicates.
@@ -117,6 +119,11 @@ class Partner:
         """The file's last LSN at open, while the database is in doubt."""
         self.doubt_since = 0.0
         self.asked_at = 0.0
+        self.answered_at = 0.0
+        """When the partner last answered this partner's principal query."""
+        self.rival_epoch = -1
+        """The epoch of the last principal answer that kept this partner in doubt (logged
+        once)."""
         # mirror side
         self.attached_on: BrokerProtocol | None = None
         self.refused_until = 0.0
@@ -166,13 +173,35 @@ class Partner:
         self.owner.engine.resume(db)
 
     def on_partner_answer(self, answer: events.PrincipalAnswer) -> None:
-        """The partner's answer to this principal's question while in doubt."""
+        """The partner's answer to this partner's principal query: asked by a mirror as it
+        attaches (it adopts its principal's epoch, so that its own next promotion opens an
+        epoch above it, R-ROUTE-15, also when no unit was shipped at that epoch), and by a
+        principal in doubt (R-ROUTE-16)."""
         db = self.db
+        self.answered_at = time.monotonic()
+        if db.mirror_role == "mirror":
+            if answer.epoch > db.mirror_epoch:
+                self.owner.engine.router.mirror_roles.superseded(db, answer.epoch)
+            return
         if not db.mirror_in_doubt or db.mirror_role != "principal":
             return
-        if answer.role is MirrorRole.PRINCIPAL and answer.epoch > db.mirror_epoch:
-            self.owner.engine.router.mirror_roles.superseded(db, answer.epoch)
-        elif answer.role is not MirrorRole.PRINCIPAL and not self.stall:
+        if answer.role is MirrorRole.PRINCIPAL:
+            if answer.epoch > db.mirror_epoch:
+                self.owner.engine.router.mirror_roles.superseded(db, answer.epoch)
+            elif answer.epoch != self.rival_epoch:
+                # Two claims at one epoch (or the partner's below it, which the query just
+                # fenced): serving beside it would let both SEND on the same dialogs. The
+                # doubt stays until the partner yields or the administrator decides.
+                self.rival_epoch = answer.epoch
+                log.warning(
+                    "database %s: in doubt at epoch %d, the partner %s answers that it is "
+                    "principal at epoch %d; traffic stays held (set_mirror_role decides)",
+                    db.name,
+                    db.mirror_epoch,
+                    self.address,
+                    answer.epoch,
+                )
+        elif not self.stall:
             self.resolved(f"the partner answered {answer.role.name.lower()}; running exposed")
 
     def partner_unreachable(self) -> None:
@@ -375,23 +404,34 @@ class Partner:
         self.attach(link.protocol)
 
     def _ask(self, now: float) -> None:
-        """In doubt: ask the partner its role (R-ROUTE-15), and give up waiting after
-        ``mirror_timeout`` when running exposed is allowed."""
-        if not self.stall and now - self.doubt_since > self.timeout:
-            self.resolved(f"the partner did not answer in {self.timeout:g} s; running exposed")
+        """In doubt: ask the partner its role (R-ROUTE-15), and give up waiting when it has
+        not answered for ``mirror_timeout`` (counted from the doubt's start or its last
+        answer) and running exposed is allowed. A partner that keeps answering that it is
+        principal keeps this one in doubt."""
+        silent_since = max(self.doubt_since, self.answered_at)
+        if not self.stall and now - silent_since > self.timeout:
+            self.resolved(f"the partner has not answered for {self.timeout:g} s; running exposed")
             return
         if now - self.asked_at < ASK_EVERY:
             return
         self.asked_at = now
-        service = min(self.db.catalog.services)  # any: the broker instance names the database
-        self.owner.transport.link_for(self.address).send_control(
-            events.PrincipalQuery(0, self.instance, service, self.db.mirror_epoch)
-        )
+        self.owner.transport.link_for(self.address).send_control(self._query())
+
+    def _query(self) -> events.PrincipalQuery:
+        """A principal query to the partner about this database, carrying this partner's
+        epoch (answered with the partner's role and epoch, R-ROUTE-15)."""
+        # any service: the broker instance names the database
+        service = min(self.db.catalog.services, default="")
+        return events.PrincipalQuery(0, self.instance, service, self.db.mirror_epoch)
 
     def attach(self, protocol: BrokerProtocol, lsn_epoch: int | None = None) -> None:
         self.attached_on = protocol
         self.assembler.reset()
         protocol.pinned = True
+        # R-ROUTE-15: learn the principal's epoch (``on_partner_answer``), which no unit
+        # carries while the pair is quiet. Asked before the ATTACH on the same connection:
+        # the answer leaves the principal before it counts this mirror as attached.
+        protocol.send_control(self._query())
         message = Attach(
             self.instance,
             self.db.mirror_epoch,

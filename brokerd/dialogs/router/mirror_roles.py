@@ -276,8 +276,10 @@ class MirrorRoles:
         """Failover: this partner becomes ``principal`` or ``mirror`` (persisted).
 
         R-ROUTE-15: a promotion opens a new epoch, one above the highest this partner
-        knows of (its own and any it heard in principal queries); a demotion keeps the
-        epoch. Both are stored before the role is used."""
+        knows of (its own, any it heard in principal queries and answers, among them its
+        principal's answer as it attached as mirror, and the epoch of the last unit its
+        file holds); a demotion keeps the epoch. Both are stored before the role is used.
+        A promotion rebuilds the image from the file, mirroring configured or not."""
         db = self.engine.database(database)
         if db.mirror_role is None:
             raise DialogError(
@@ -312,8 +314,10 @@ class MirrorRoles:
         )
         if promotion and db.mirror_epoch > epoch:
             self._promoted_above(db)
-        if promotion and self.mirroring is not None:
-            # R-ROUTE-16: resume every conversation where the old principal stood.
+        if promotion:
+            # R-ROUTE-16: resume every conversation where the old principal stood. Also
+            # without a replicating partner: a partner fenced by a query (``superseded``)
+            # dropped its image, and its file is what it serves again.
             await self.engine.rebuild(db)
             if db.mirror_epoch > epoch:  # heard of meanwhile, while the image was built
                 self.engine.forget_image(db)
