@@ -238,9 +238,14 @@ class Inbound:
                     f"{h.to_service!r}: {decision.reason}"
                 )
                 continue
-            if hop_refusal(h, self.max_hop_count) is not None:
+            refusal = hop_refusal(h, self.max_hop_count)
+            if refusal is not None:  # R-ROUTE-7: shown and logged as a message's drop is
                 self.state.stats.hop_limit_drops += 1
                 self.state.stats.acks_dropped += 1
+                self.engine.note_drop(
+                    f"dropped an acknowledgement of conversation {h.conversation_id} for "
+                    f"{h.to_service!r}: {refusal}"
+                )
                 continue
             address = self._forward_address(h, decision)
             if address is not None:
@@ -253,6 +258,11 @@ class Inbound:
                 link.forward(item)
             else:
                 self.state.stats.forward_buffer_drops += 1
+                self.engine.note_drop(
+                    f"dropped {len(group)} acknowledgement(s) for {address}: forwarding "
+                    f"buffer full ({self.budget.held} of {self.budget.limit} bytes, "
+                    "message_forward_size); their senders acknowledge again (R-ROUTE-7)"
+                )
 
     def forward_sent(self, item: Forward) -> None:
         """A relayed item went out on its link: its bytes leave the budget (R-ROUTE-7)."""
