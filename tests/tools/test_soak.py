@@ -6,7 +6,7 @@ delivery), and the independent checker's verdict (SPEC R-DLG-1 exactly once in o
 R-DLG-6 retransmission, R-PROTO-5 liveness, R-ROUTE-7 forwarding, R-ROUTE-10,
 R-ROUTE-15, R-ROUTE-16 mirroring and failover, R-DLG-13 direct delivery).
 
-The short mode runs in the default test run (fixed seed, 60 s of faults: about fifty,
+The short mode runs in the default test run (fixed seed, 45 s of faults: about forty,
 every kind asserted below among them); the long
 mode is marked ``soak``: ``pytest -m soak tests/tools/test_soak.py --soak-seconds 1800``.
 Each run gets a network namespace of its own when this process may create one (root),
@@ -26,7 +26,7 @@ import pytest
 
 from brokerd.tools.soak import netns
 
-SHORT_SECONDS = 60.0
+SHORT_SECONDS = 45.0
 SHORT_SEED = 1
 
 
