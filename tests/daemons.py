@@ -45,13 +45,18 @@ async def in_process(config_path: Path) -> AsyncIterator[Broker]:
         await broker.stop()
 
 
-SOLO_DATABASE = """
+def solo_database(q2: str = "") -> str:
+    """One database, ``Solo``, whose service ``//solo/S1`` (queue ``Q1``) talks to
+    ``//solo/S2`` (queue ``Q2``): dialogs inside one database; ``q2``, more settings of
+    queue ``Q2`` (its poison-message handling, say)."""
+    return f"""
 [[database]]
 name = "Solo"
 [[database.queue]]
 name = "Q1"
 [[database.queue]]
 name = "Q2"
+{q2}
 [[database.service]]
 name = "//solo/S1"
 queue = "Q1"
@@ -61,8 +66,10 @@ name = "//solo/S2"
 queue = "Q2"
 contracts = ["DEFAULT"]
 """
-"""One database, ``Solo``, whose service ``//solo/S1`` (queue ``Q1``) talks to
-``//solo/S2`` (queue ``Q2``): dialogs inside one database."""
+
+
+SOLO_DATABASE = solo_database()
+"""The :func:`solo_database` with nothing more."""
 
 
 @contextlib.asynccontextmanager

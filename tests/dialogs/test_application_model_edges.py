@@ -21,37 +21,20 @@ from brokerd.sdk.client import BrokerClient, ReceivedMessage, Transaction
 from brokerd.tools.launcher import Deployment
 from protocol.dialog import ERROR
 from protocol.errors import QueueDisabled
-from tests.daemons import FAST_RETRY, wait_until
+from tests.daemons import FAST_RETRY, solo_database, wait_until
 
 HOST = "127.0.0.1"
 S1, S2 = "//solo/S1", "//solo/S2"
 
-DATABASE = """
-[[database]]
-name = "Solo"
-[[database.queue]]
-name = "Q1"
-[[database.queue]]
-name = "Q2"
-{policy}
-[[database.service]]
-name = "//solo/S1"
-queue = "Q1"
-contracts = ["DEFAULT"]
-[[database.service]]
-name = "//solo/S2"
-queue = "Q2"
-contracts = ["DEFAULT"]
-"""
 
 
 @contextlib.asynccontextmanager
 async def solo(
     tmp_path: Path, policy: str = "", extra: str = ""
 ) -> AsyncIterator[tuple[Deployment, BrokerClient]]:
-    """A subprocess daemon of :data:`DATABASE` with Q2's ``policy``, and a client of it."""
+    """A subprocess daemon of ``solo_database(policy)`` and a client of it."""
     deployment = Deployment(tmp_path / "deployment", FAST_RETRY)
-    deployment.add("solo", HOST, DATABASE.format(policy=policy), extra=extra)
+    deployment.add("solo", HOST, solo_database(policy), extra=extra)
     deployment.start("solo")
     client = await deployment.daemons["solo"].client()
     try:

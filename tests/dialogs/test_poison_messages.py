@@ -35,6 +35,7 @@ from tests.daemons import (
     client_of,
     drain,
     in_process,
+    solo_database,
     stats_with,
     wait_until,
 )
@@ -43,23 +44,6 @@ HOST = "127.0.0.61"
 IN_PROCESS_HOST = "127.0.0.62"
 POISON = b"poison"
 
-DATABASE = """
-[[database]]
-name = "Solo"
-[[database.queue]]
-name = "Q1"
-[[database.queue]]
-name = "Q2"
-{policy}
-[[database.service]]
-name = "//solo/S1"
-queue = "Q1"
-contracts = ["DEFAULT"]
-[[database.service]]
-name = "//solo/S2"
-queue = "Q2"
-contracts = ["DEFAULT"]
-"""
 
 
 class BadOrder(Exception):
@@ -68,9 +52,9 @@ class BadOrder(Exception):
 
 @contextlib.asynccontextmanager
 async def solo(tmp_path: Path, policy: str) -> AsyncIterator[tuple[Deployment, BrokerClient]]:
-    """A subprocess daemon of :data:`DATABASE` with Q2's ``policy``, and a client of it."""
+    """A subprocess daemon of ``solo_database(policy)`` and a client of it."""
     deployment = Deployment(tmp_path / "deployment")
-    deployment.add("solo", HOST, DATABASE.format(policy=policy))
+    deployment.add("solo", HOST, solo_database(policy))
     deployment.start("solo")
     client = await deployment.daemons["solo"].client()
     try:
@@ -403,7 +387,7 @@ async def test_a_quarantine_shows_in_the_views_only_once_its_file_holds_it(
     later does not undo (SPEC §6). The committer is held busy by a job of its own while the
     count waits to be written."""
     daemon = Deployment(tmp_path).add(
-        "solo", IN_PROCESS_HOST, DATABASE.format(policy="poison_rollbacks = 1")
+        "solo", IN_PROCESS_HOST, solo_database("poison_rollbacks = 1")
     )
     async with in_process(daemon.config_path) as broker:
         client = await client_of(broker)
