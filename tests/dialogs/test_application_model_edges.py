@@ -27,7 +27,6 @@ HOST = "127.0.0.1"
 S1, S2 = "//solo/S1", "//solo/S2"
 
 
-
 @contextlib.asynccontextmanager
 async def solo(
     tmp_path: Path, policy: str = "", extra: str = ""

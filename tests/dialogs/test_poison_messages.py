@@ -45,7 +45,6 @@ IN_PROCESS_HOST = "127.0.0.62"
 POISON = b"poison"
 
 
-
 class BadOrder(Exception):
     """What the consumer's handler raises on the poison body."""
 
