@@ -44,6 +44,7 @@ from protocol.errors import (
     ClientError,
     NotConnected,
     OutcomeUnknown,
+    QueueDisabled,
     RemoteError,
     TransactionLost,
     TransactionRolledBack,
@@ -269,6 +270,12 @@ class Activation:
                     self.stop.set()
                     return
                 log.warning("queue %s: %s; trying again", self.queue, exc)
+                if isinstance(exc, QueueDisabled):
+                    # nothing is received while the queue is off: as idle as an empty
+                    # RECEIVE (``until_idle`` returns in the end)
+                    empties += 1
+                    if empties >= self.policy.idle_receives and self._may_leave():
+                        return
                 await self._pause()
                 continue
             except ClientError:

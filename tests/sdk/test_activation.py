@@ -181,3 +181,27 @@ async def test_a_handler_that_always_fails_on_one_message_has_it_quarantined(
         activation.stop.set()
         assert await asyncio.wait_for(running_task, 10) == 92
         await client.close()
+
+
+async def test_serve_until_idle_ends_while_its_queue_is_off(tmp_path: Path) -> None:
+    """R-DLG-12: nothing is received from a queue that is off. A reader whose RECEIVE is
+    refused so (``queue_disabled``) is as idle as one whose RECEIVE came back empty, so
+    ``serve(until_idle=True)``, an activated program, ends instead of retrying for ever;
+    the messages wait for the queue to be turned on."""
+    d = Deployment(tmp_path)
+    d.add("solo", "127.0.0.1", SOLO_DATABASE)
+    with running(d):
+        client = await d.daemons["solo"].client()
+        await _load(client, 2, 3)
+        await client.alter_queue("Q2", False)
+        handled: list[bytes] = []
+
+        async def handler(tx: Transaction, messages: list[ReceivedMessage]) -> None:
+            handled.extend(m.message_body for m in messages)
+
+        activation = client.serve("Q2", handler, timeout=0.2, interval=0.2, until_idle=True)
+        assert await asyncio.wait_for(activation.run(), 20) == 0
+        assert handled == []
+        await client.alter_queue("Q2", True)
+        assert len(await drain(client, "Q2", 6, timeout=10)) == 6
+        await client.close()
