@@ -164,15 +164,7 @@ def parse_client(
             "a port of its own",
         )
     token_file = t.path("token_file", base) or data_dir / "client.token"
-    tokens = _client_tokens(t, base)
-    for n, token in enumerate(tokens):
-        if token.role != "admin" and token.file.resolve() == token_file.resolve():
-            # R-CLIENT-2: any unlisted login name selects the admin token
-            raise t.error(
-                f"token[{n}].file",
-                f"{token.file} is also client.token_file (the admin token): an application "
-                "holding it could log in as admin under any other name",
-            )
+    tokens = _client_tokens(t, base, token_file)
     return ClientConfig(
         host=host,
         port=port,
@@ -184,19 +176,24 @@ def parse_client(
     )
 
 
-def _client_tokens(client: Table, base: Path) -> tuple[ClientToken, ...]:
+def _client_tokens(client: Table, base: Path, admin_file: Path) -> tuple[ClientToken, ...]:
+    """The named tokens; each has a file of its own, not the admin token's either
+    (R-CLIENT-2: any login name not listed selects the admin token, so a token holding
+    its secret could log in as admin)."""
     tokens: list[ClientToken] = []
     names: dict[str, str] = {}
-    files: dict[Path, str] = {}
+    files: dict[Path, str] = {admin_file.resolve(): "client.token_file (the admin token)"}
     for t in client.tables("token", [f.name for f in fields(ClientToken)]):
         name = t.name()
         if name in names:
             raise t.error("name", f"client token '{name}' is already defined at {names[name]}")
         names[name] = t.where
         path = t.required_path("file", base)
-        if path in files:
-            raise t.error("file", f"{path} is already the file of {files[path]}; one token each")
-        files[path] = t.where
+        if path.resolve() in files:
+            raise t.error(
+                "file", f"{path} is already the file of {files[path.resolve()]}; one token each"
+            )
+        files[path.resolve()] = t.where
         if "role" not in t.data:
             raise t.error("role", f"is required (one of {', '.join(CLIENT_ROLES)})")
         role = t.choice("role", "", CLIENT_ROLES)
