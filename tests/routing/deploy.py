@@ -8,11 +8,13 @@ aliases 127.0.0.x, each daemon listening on port 4022.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from brokerd.sdk.client import BrokerClient
+from brokerd.sdk.client import BrokerClient, ReceivedMessage
+from brokerd.tools.launcher import Deployment
 from tests.daemons import wait_until
 
 AW = "AdventureWorks"
@@ -112,3 +114,39 @@ async def wait_drops(client: BrokerClient, text: str, timeout: float = 20.0) -> 
 async def stat(client: BrokerClient, name: str) -> int:
     (row,) = await client.view("stats")
     return int(row[name])
+
+
+# -- mirrored pairs (R-ROUTE-15, R-ROUTE-16) ---------------------------------------------
+
+
+async def mirroring(deployment: Deployment, name: str) -> dict[str, object]:
+    """Daemon ``name``'s row of the ``mirroring`` view (one mirrored database)."""
+    client = await deployment.daemons[name].client()
+    try:
+        (row,) = await client.view("mirroring")
+        return row
+    finally:
+        await client.close()
+
+
+async def wait_caught_up(deployment: Deployment, principal: str, mirror: str) -> None:
+    """Until ``mirror`` is attached to ``principal`` and holds and confirmed its last unit."""
+
+    async def same() -> bool:
+        p = await mirroring(deployment, principal)
+        m = await mirroring(deployment, mirror)
+        return bool(p["mirror_attached"]) and p["lsn"] == m["lsn"] == p["confirmed"]
+
+    await wait_until(same, 30)
+
+
+async def receive_some(
+    client: BrokerClient, count: int, queue: str, timeout: float = 30
+) -> list[ReceivedMessage]:
+    """Up to ``count`` messages of ``queue``, RECEIVEd until they came or ``timeout`` s."""
+    got: list[ReceivedMessage] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(got) < count and loop.time() < deadline:
+        got += await client.receive(queue, top=count - len(got), timeout=1.0)
+    return got

@@ -10,10 +10,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from brokerd.sdk.client import BrokerClient, ReceivedMessage
 from brokerd.tools.launcher import Deployment
 from tests.daemons import wait_until
-from tests.routing.deploy import R, addr, database, queue_of
+from tests.routing.deploy import (
+    R,
+    addr,
+    database,
+    mirroring,
+    queue_of,
+    receive_some,
+    wait_caught_up,
+)
 
 A, P1, P2 = "127.0.0.101", "127.0.0.102", "127.0.0.103"
 INITIATOR = "//edge/Initiator"
@@ -36,15 +43,6 @@ def declare(deployment: Deployment, extra: str = "") -> None:
     deployment.add("p2", P2, parts_database("mirror", P1, extra))
 
 
-async def mirroring(deployment: Deployment, name: str) -> dict[str, object]:
-    client = await deployment.daemons[name].client()
-    try:
-        (row,) = await client.view("mirroring")
-        return row
-    finally:
-        await client.close()
-
-
 async def local_epoch(deployment: Deployment, name: str) -> tuple[str, int]:
     client = await deployment.daemons[name].client()
     try:
@@ -53,26 +51,6 @@ async def local_epoch(deployment: Deployment, name: str) -> tuple[str, int]:
         await client.close()
     (row,) = [r for r in rows if r["kind"] == "local database"]
     return str(row["role"]), int(row["epoch"])
-
-
-async def wait_caught_up(deployment: Deployment, principal: str, mirror: str) -> None:
-    async def same() -> bool:
-        p = await mirroring(deployment, principal)
-        m = await mirroring(deployment, mirror)
-        return bool(p["mirror_attached"]) and p["lsn"] == m["lsn"] == p["confirmed"]
-
-    await wait_until(same, 30)
-
-
-async def receive_some(
-    client: BrokerClient, count: int, queue: str, timeout: float = 30
-) -> list[ReceivedMessage]:
-    got: list[ReceivedMessage] = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while len(got) < count and loop.time() < deadline:
-        got += await client.receive(queue, top=count - len(got), timeout=1.0)
-    return got
 
 
 async def test_a_quiet_failover_and_failback_leave_no_two_principals_at_one_epoch(

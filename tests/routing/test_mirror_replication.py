@@ -28,7 +28,16 @@ from protocol.errors import (
     TransactionRolledBack,
 )
 from tests.daemons import assert_exactly_once_in_order, sends_through_a_stop, wait_until
-from tests.routing.deploy import RETRY, R, addr, database, queue_of
+from tests.routing.deploy import (
+    RETRY,
+    R,
+    addr,
+    database,
+    mirroring,
+    queue_of,
+    receive_some,
+    wait_caught_up,
+)
 
 A, P1, P2 = "127.0.0.91", "127.0.0.92", "127.0.0.93"
 P1_PROXY, P2_PROXY, BACK_PROXY = "127.0.0.96", "127.0.0.94", "127.0.0.95"
@@ -58,15 +67,6 @@ async def start_pair(deployment: Deployment, extra: str = "") -> BrokerClient:
     return await deployment.daemons["a"].client()
 
 
-async def mirroring(deployment: Deployment, name: str) -> dict[str, object]:
-    client = await deployment.daemons[name].client()
-    try:
-        (row,) = await client.view("mirroring")
-        return row
-    finally:
-        await client.close()
-
-
 async def wait_attached(deployment: Deployment, principal: str, timeout: float = 20) -> None:
     async def attached() -> bool:
         return bool((await mirroring(deployment, principal))["mirror_attached"])
@@ -74,24 +74,10 @@ async def wait_attached(deployment: Deployment, principal: str, timeout: float =
     await wait_until(attached, timeout)
 
 
-async def wait_caught_up(deployment: Deployment, principal: str, mirror: str) -> None:
-    async def same() -> bool:
-        p = await mirroring(deployment, principal)
-        m = await mirroring(deployment, mirror)
-        return bool(p["mirror_attached"]) and p["lsn"] == m["lsn"] == p["confirmed"]
-
-    await wait_until(same, 30)
-
-
-async def receive_some(
-    client: BrokerClient, count: int, queue: str = queue_of(PARTS), timeout: float = 30
+async def receive_parts(
+    client: BrokerClient, count: int, timeout: float = 30
 ) -> list[ReceivedMessage]:
-    got: list[ReceivedMessage] = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while len(got) < count and loop.time() < deadline:
-        got += await client.receive(queue, top=count - len(got), timeout=1.0)
-    return got
+    return await receive_some(client, count, queue_of(PARTS), timeout)
 
 
 async def fail_over(deployment: Deployment) -> BrokerClient:
@@ -125,7 +111,7 @@ async def test_in_flight_messages_move_to_the_new_principal_exactly_once(
 
     sending = asyncio.create_task(sender())
     try:
-        received = await receive_some(p1, 30)
+        received = await receive_parts(p1, 30)
         assert len(received) == 30
         await wait_until(lambda: _true(sent >= 60), 30)
         p2 = await fail_over(deployment)  # mid-traffic: messages in flight and unreceived
@@ -135,7 +121,7 @@ async def test_in_flight_messages_move_to_the_new_principal_exactly_once(
             sending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sending
-    received += await receive_some(p2, total - len(received), timeout=60)
+    received += await receive_parts(p2, total - len(received), timeout=60)
     assert await p2.receive(queue_of(PARTS), timeout=0.5) == []
     assert_exactly_once_in_order(received, {handle: bodies})
 
@@ -169,12 +155,12 @@ async def test_a_message_received_at_the_old_principal_is_not_received_again(
     handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
     await a.send(handle, body=b"one")
     await a.send(handle, body=b"two")
-    first = await receive_some(p1, 2)
+    first = await receive_parts(p1, 2)
     assert [m.message_body for m in first] == [b"one", b"two"]
     p2 = await fail_over(deployment)
     assert await p2.receive(queue_of(PARTS), timeout=1.0) == []
     await a.send(handle, body=b"three")
-    (third,) = await receive_some(p2, 1)
+    (third,) = await receive_parts(p2, 1)
     assert (third.message_body, third.message_sequence_number) == (b"three", 3)
     assert third.conversation_handle == first[0].conversation_handle
 
@@ -191,11 +177,11 @@ async def test_a_mirror_that_was_away_catches_up_and_a_failover_then_loses_nothi
     bodies = [f"order {i}".encode() for i in range(1, 41)]
     for body in bodies[:10]:
         await a.send(handle, body=body)
-    received = await receive_some(p1, 5)
+    received = await receive_parts(p1, 5)
     deployment.kill("p2")
     for body in bodies[10:30]:
         await a.send(handle, body=body)
-    received += await receive_some(p1, 10)
+    received += await receive_parts(p1, 10)
 
     async def acknowledged() -> bool:
         return await a.view("transmission_queue") == []
@@ -207,7 +193,7 @@ async def test_a_mirror_that_was_away_catches_up_and_a_failover_then_loses_nothi
     p2 = await fail_over(deployment)
     for body in bodies[30:]:
         await a.send(handle, body=body)
-    received += await receive_some(p2, 25, timeout=60)
+    received += await receive_parts(p2, 25, timeout=60)
     assert await p2.receive(queue_of(PARTS), timeout=0.5) == []
     assert_exactly_once_in_order(received, {handle: bodies})
 
@@ -242,7 +228,7 @@ async def test_stall_mode_holds_acknowledgements_until_a_mirror_has_the_message(
     await p1.set_mirror_role("Parts", "mirror")
     await wait_caught_up(deployment, "p2", "p1")
     await wait_until(acknowledged, 30)
-    got = await receive_some(p2, 6)
+    got = await receive_parts(p2, 6)
     expected = [f"held {i}".encode() for i in range(5)] + [b"after the failover"]
     assert [m.message_body for m in got] == expected
 
@@ -274,7 +260,7 @@ async def test_a_mirror_returning_after_mirror_timeout_to_held_commits_is_kept(
     await wait_until(acknowledged, 30)
     p1 = await deployment.daemons["p1"].client()
     try:
-        got = await receive_some(p1, len(bodies), timeout=60)
+        got = await receive_parts(p1, len(bodies), timeout=60)
     finally:
         await p1.close()
     assert [m.message_body for m in got] == bodies
@@ -298,7 +284,7 @@ async def test_a_restarted_old_principal_sends_nothing_its_mirror_never_confirme
     handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
     await a.send(handle, body=b"order")
     p1 = await deployment.daemons["p1"].client()
-    (order,) = await receive_some(p1, 1)
+    (order,) = await receive_parts(p1, 1)
     target = order.conversation_handle
     await wait_caught_up(deployment, "p1", "p2")
     deployment.kill("p2")
@@ -384,7 +370,7 @@ async def test_a_partner_promoted_again_acknowledges_only_what_its_file_holds(
         handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
         await a.send(handle, body=b"order 0")
         p1 = await d.daemons["p1"].client()
-        (order,) = await receive_some(p1, 1)
+        (order,) = await receive_parts(p1, 1)
         await p1.close()
         await wait_caught_up(d, "p1", "p2")
         d.kill("p2")
@@ -420,7 +406,7 @@ async def test_a_partner_promoted_again_acknowledges_only_what_its_file_holds(
         await asyncio.sleep(0.5)  # any acknowledgement p1 sends with the reply has arrived
         to_p1.plan.refuse = to_p2.plan.refuse = False
         d.start("p2")  # in stall mode p1 commits nothing until p2 is its mirror
-        got = await receive_some(p1, 3)
+        got = await receive_parts(p1, 3)
         assert [m.message_body for m in got] == [f"order {i}".encode() for i in range(1, 4)]
         assert [m.message_sequence_number for m in got] == [2, 3, 4]
 
@@ -464,7 +450,7 @@ async def test_a_transaction_across_a_role_change_commits_nothing_and_gives_back
     with pytest.raises(TransactionRolledBack):
         await first.commit()
     await second.rollback()
-    got = await receive_some(p1, 2)
+    got = await receive_parts(p1, 2)
     got += await p1.receive(queue_of(PARTS), top=10, timeout=1.0)
     assert sorted(m.message_body for m in got) == [b"order 0", b"order 1"]
     await p1.close()
@@ -484,7 +470,7 @@ async def test_a_commit_that_returns_after_the_demotion_is_not_reported_done(
     handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
     await a.send(handle, body=b"order")
     p1 = await deployment.daemons["p1"].client()
-    (order,) = await receive_some(p1, 1)
+    (order,) = await receive_parts(p1, 1)
     await wait_caught_up(deployment, "p1", "p2")
     admin = await deployment.daemons["p1"].client()
     lock = sqlite3.connect(deployment.daemons["p1"].directory / "data" / "Parts.sqlite")
@@ -521,14 +507,14 @@ async def test_a_principal_restarted_in_stall_mode_resumes_once_its_mirror_confi
     handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
     await a.send(handle, body=b"before")
     p1 = await deployment.daemons["p1"].client()
-    assert [m.message_body for m in await receive_some(p1, 1)] == [b"before"]
+    assert [m.message_body for m in await receive_parts(p1, 1)] == [b"before"]
     await wait_caught_up(deployment, "p1", "p2")
     await p1.close()
     deployment.kill("p1")
     deployment.start("p1")
     await a.send(handle, body=b"after")
     p1 = await deployment.daemons["p1"].client()
-    assert [m.message_body for m in await receive_some(p1, 1)] == [b"after"]
+    assert [m.message_body for m in await receive_parts(p1, 1)] == [b"after"]
     view = await mirroring(deployment, "p1")
     assert (view["role"], view["in_doubt"]) == ("principal", False)
 
@@ -548,7 +534,7 @@ async def test_a_mirror_behind_a_restarted_principal_catches_up_by_a_copy_of_the
     bodies = [f"item {i}".encode() for i in range(1, 31)]
     for body in bodies[:10]:
         await a.send(handle, body=body)
-    received = await receive_some(p1, 5)
+    received = await receive_parts(p1, 5)
     deployment.kill("p2")
     for body in bodies[10:20]:
         await a.send(handle, body=body)
@@ -566,7 +552,7 @@ async def test_a_mirror_behind_a_restarted_principal_catches_up_by_a_copy_of_the
     p2 = await fail_over(deployment)
     for body in bodies[20:]:
         await a.send(handle, body=body)
-    received += await receive_some(p2, 25, timeout=60)
+    received += await receive_parts(p2, 25, timeout=60)
     assert await p2.receive(queue_of(PARTS), timeout=0.5) == []
     assert_exactly_once_in_order(received, {handle: bodies})
 
@@ -596,7 +582,7 @@ async def test_a_partner_promoted_again_opens_an_epoch_above_its_partners(
     p2 = await fail_over(deployment)
     assert await local_epoch(deployment, "p2") == ("principal", 1)
     await a.send(handle, body=b"at epoch 1")
-    assert len(await receive_some(p2, 2)) == 2  # units written at epoch 1
+    assert len(await receive_parts(p2, 2)) == 2  # units written at epoch 1
     await a.close()
     deployment.kill("a")  # no sender tells p1 of epoch 1
     deployment.start("p1")
