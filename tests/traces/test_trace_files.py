@@ -18,7 +18,7 @@ from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import SOLO_DATABASE as SOLO
 from tests.daemons import client_of, running, solo_broker, stats_with, wait_until
-from tests.disks import small_tmpfs
+from tests.disks import fill, small_tmpfs
 
 HOST = "127.0.0.247"
 
@@ -143,19 +143,6 @@ async def test_retention_deletes_the_oldest_closed_segments_never_the_open_one(
         assert opened.stat().st_size > 0
 
 
-def _fill(directory: Path) -> Path:
-    """Fill the file system of ``directory``; the filler's path."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        return filler
-    finally:
-        os.close(fd)
-
-
 async def test_a_full_trace_disk_never_stops_delivery(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -172,7 +159,7 @@ async def test_a_full_trace_disk_never_stops_delivery(
                 handle = await client.begin_dialog("//solo/S1", "//solo/S2")
                 await client.send(handle, body=b"before")
                 await client.receive("Q2", timeout=5)
-                filler = _fill(traces)
+                filler = fill(traces)
                 for n in range(50):
                     await client.send(handle, body=f"full {n}".encode() * 20)
                 got = [m for _ in range(50) for m in await client.receive("Q2", timeout=5)]

@@ -18,7 +18,7 @@ from brokerd.tools.launcher import Deployment
 from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import SOLO_DATABASE as SOLO
 from tests.daemons import client_of, running, solo_broker, wait_until
-from tests.disks import small_tmpfs
+from tests.disks import fill, small_tmpfs
 
 HOST = "127.0.0.231"
 OTHER = "127.0.0.232"
@@ -122,19 +122,6 @@ def test_a_daemon_sharing_the_directory_keeps_its_open_segment(tmp_path: Path) -
     assert code == 0, d.daemons["alpha-2"].log_tail()
 
 
-def _fill(directory: Path) -> Path:
-    """Fill the file system of ``directory``; the filler's path."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        return filler
-    finally:
-        os.close(fd)
-
-
 def test_a_start_on_a_full_trace_disk_still_marks_the_crash_window(tmp_path: Path) -> None:
     """R-TRACE-1, R-TRACE-4: a daemon killed (SIGKILL), then started again while its trace
     disk is full. The start goes on (delivery never waits for the trace); its ``started``
@@ -149,7 +136,7 @@ def test_a_start_on_a_full_trace_disk_still_marks_the_crash_window(tmp_path: Pat
             time.sleep(0.3)
             d.kill("solo")
             last = list(read_events(segment_files([traces])))[-1]
-            filler = _fill(traces)
+            filler = fill(traces)
             d.start("solo")
             asyncio.run(_send_and_receive(d, "solo", 2))
             filler.unlink()
