@@ -3,9 +3,14 @@ them: each a process of its own, its output kept."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The checkout: the directory the commands run in."""
 
 
 def module(
@@ -19,6 +24,7 @@ def module(
         text=True,
         timeout=timeout,
         env=env,
+        cwd=ROOT,
         check=False,
     )
 
@@ -27,3 +33,13 @@ def brokerd(
     *args: str, timeout: float = 300, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return module("brokerd", *args, timeout=timeout, env=env)
+
+
+def brokerctl(
+    *args: str, timeout: float = 60, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``brokerctl ARGS`` with this environment less ``BROKERD_CONFIG`` (each test says
+    which daemon it asks), plus ``env``."""
+    environ = {k: v for k, v in os.environ.items() if k != "BROKERD_CONFIG"}
+    environ.update(env or {})
+    return module("brokerd.admin.ctl", *args, timeout=timeout, env=environ)

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +16,8 @@ from brokerd.admin.ctl import format_table, main
 from brokerd.storage.keys import new_handle
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
+from tests.commands import brokerctl
 
-ROOT = Path(__file__).resolve().parents[2]
 HOSTS = ("127.0.0.7", "127.0.0.8")
 HANDLE = "c047dd43-6d66-486f-946c-abc999b3cf50"
 NOWHERE = "//nowhere/Service"
@@ -136,21 +133,6 @@ def test_unknown_view_is_refused_before_connecting(capsys: pytest.CaptureFixture
 
 
 # --------------------------------------------------------------------------- real daemons
-
-
-def brokerctl(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 30
-) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k != "BROKERD_CONFIG"}
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "brokerd.admin.ctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=environ,
-    )
 
 
 def ok_json(*args: str) -> Any:

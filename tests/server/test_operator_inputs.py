@@ -10,10 +10,8 @@ Real daemons (in the test's process, or ``brokerd run``), real sockets, real fil
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,24 +22,9 @@ from brokerd.sdk.client import BrokerClient
 from brokerd.tools import certs
 from brokerd.tools.launcher import Deployment
 from protocol.errors import BrokerError
-from tests.commands import brokerd
+from tests.commands import brokerctl, brokerd
 from tests.config.helpers import config_text, write
 from tests.daemons import SOLO_DATABASE, in_process, solo_broker
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def brokerctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k != "BROKERD_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "brokerd.admin.ctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=environ,
-        check=False,
-    )
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], prog: str) -> str:
