@@ -73,6 +73,27 @@ SOLO_DATABASE = solo_database()
 
 
 @contextlib.asynccontextmanager
+async def solo_daemon(
+    root: Path,
+    host: str,
+    q2: str = "",
+    extra: str = "",
+    retry: dict[str, float] | None = None,
+) -> AsyncIterator[tuple[Deployment, BrokerClient]]:
+    """A daemon of ``solo_database(q2)`` in a process of its own on ``host``:4022 (its
+    deployment under ``root / "deployment"``), and a client of it; both ended at the end."""
+    deployment = Deployment(root / "deployment", retry)
+    deployment.add("solo", host, solo_database(q2), extra=extra)
+    deployment.start("solo")
+    client = await deployment.daemons["solo"].client()
+    try:
+        yield deployment, client
+    finally:
+        await client.close()
+        deployment.stop_all()
+
+
+@contextlib.asynccontextmanager
 async def solo_broker(root: Path, host: str, extra: str = "") -> AsyncIterator[Broker]:
     """A daemon of :data:`SOLO_DATABASE` on ``host``:4022, run in the test's process
     (:func:`in_process`); ``extra`` is top-level TOML (a ``[limits]`` table, say)."""

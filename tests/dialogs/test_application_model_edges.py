@@ -14,33 +14,23 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from brokerd.sdk.client import BrokerClient, ReceivedMessage, Transaction
 from brokerd.tools.launcher import Deployment
 from protocol.dialog import ERROR
 from protocol.errors import QueueDisabled
-from tests.daemons import FAST_RETRY, solo_database, wait_until
+from tests.daemons import FAST_RETRY, solo_daemon, wait_until
 
 HOST = "127.0.0.1"
 S1, S2 = "//solo/S1", "//solo/S2"
 
 
-@contextlib.asynccontextmanager
-async def solo(
+def solo(
     tmp_path: Path, policy: str = "", extra: str = ""
-) -> AsyncIterator[tuple[Deployment, BrokerClient]]:
+) -> contextlib.AbstractAsyncContextManager[tuple[Deployment, BrokerClient]]:
     """A subprocess daemon of ``solo_database(policy)`` and a client of it."""
-    deployment = Deployment(tmp_path / "deployment", FAST_RETRY)
-    deployment.add("solo", HOST, solo_database(policy), extra=extra)
-    deployment.start("solo")
-    client = await deployment.daemons["solo"].client()
-    try:
-        yield deployment, client
-    finally:
-        await client.close()
-        deployment.stop_all()
+    return solo_daemon(tmp_path, HOST, policy, extra, FAST_RETRY)
 
 
 async def _another(deployment: Deployment) -> BrokerClient:

@@ -15,7 +15,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from tests.daemons import (
     client_of,
     drain,
     in_process,
+    solo_daemon,
     solo_database,
     stats_with,
     wait_until,
@@ -49,18 +49,11 @@ class BadOrder(Exception):
     """What the consumer's handler raises on the poison body."""
 
 
-@contextlib.asynccontextmanager
-async def solo(tmp_path: Path, policy: str) -> AsyncIterator[tuple[Deployment, BrokerClient]]:
+def solo(
+    tmp_path: Path, policy: str
+) -> contextlib.AbstractAsyncContextManager[tuple[Deployment, BrokerClient]]:
     """A subprocess daemon of ``solo_database(policy)`` and a client of it."""
-    deployment = Deployment(tmp_path / "deployment")
-    deployment.add("solo", HOST, solo_database(policy))
-    deployment.start("solo")
-    client = await deployment.daemons["solo"].client()
-    try:
-        yield deployment, client
-    finally:
-        await client.close()
-        deployment.stop_all()
+    return solo_daemon(tmp_path, HOST, policy)
 
 
 async def _dialog(client: BrokerClient, *bodies: bytes) -> uuid.UUID:
