@@ -10,21 +10,25 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-"""The checkout: the directory the commands run in."""
+"""The checkout: where ``brokerctl`` runs (no file of the test's directory is its)."""
 
 
 def module(
-    name: str, *args: str, timeout: float = 300, env: Mapping[str, str] | None = None
+    name: str,
+    *args: str,
+    timeout: float = 300,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m NAME ARGS`` with this interpreter (``env``: the whole environment, or
-    this one's when None)."""
+    this one's when None), in ``cwd`` (this process's directory when None)."""
     return subprocess.run(
         [sys.executable, "-m", name, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
-        cwd=ROOT,
+        cwd=cwd,
         check=False,
     )
 
@@ -42,4 +46,4 @@ def brokerctl(
     which daemon it asks), plus ``env``."""
     environ = {k: v for k, v in os.environ.items() if k != "BROKERD_CONFIG"}
     environ.update(env or {})
-    return module("brokerd.admin.ctl", *args, timeout=timeout, env=environ)
+    return module("brokerd.admin.ctl", *args, timeout=timeout, env=environ, cwd=ROOT)
