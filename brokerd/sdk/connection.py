@@ -34,6 +34,7 @@ from protocol.errors import (
     AuthenticationFailed,
     BrokerStopping,
     ClientError,
+    RemoteError,
     RemoteProtocolError,
     for_code,
 )
@@ -136,6 +137,10 @@ class Ending:
     after it were never executed."""
     stopping: BrokerStopping | None = None
     """The daemon's goodbye, when it sent one."""
+    refused: Exception | None = None
+    """Why the daemon closed the connection, when it said so (an ERROR that answers no
+    request: something this client wrote broke the client protocol, or no login came in
+    time). What it left unanswered is not written again: it would be refused again."""
     unanswered: list[tuple[int, Request]] = field(default_factory=list)
     """In the order they were written."""
 
@@ -201,6 +206,9 @@ class Connection:
         self._ended = False
         self.instance = ""
         self.role = ""
+        self.max_body: int | None = None
+        """The longest request body the daemon reads (its ``limits.max_message_size``,
+        from the login's answer; None from a daemon that does not say)."""
 
     # -- opening -----------------------------------------------------------------------
 
@@ -262,6 +270,8 @@ class Connection:
             raise error_of(frame)
         self.instance = str(frame.meta.get("instance", ""))
         self.role = str(frame.meta.get("role", "admin"))
+        limit = frame.meta.get("max_message_size")
+        self.max_body = limit if type(limit) is int and limit > 0 else None
 
     # -- state -------------------------------------------------------------------------
 
@@ -358,6 +368,9 @@ class Connection:
             ):
                 self._goodbye(frame)
                 continue
+            if frame.kind is ClientFrameKind.ERROR and frame.request_id == 0:
+                self._refused(frame)
+                continue
             request = self._pending.pop(frame.request_id, None)
             if request is not None and not request.reply.done():
                 request.reply.set_result(frame)
@@ -371,6 +384,13 @@ class Connection:
         last = frame.meta.get("last_request")
         if type(last) is int:
             self._ending.last_read = last
+
+    def _refused(self, frame: ClientFrame) -> None:
+        """The daemon closes the connection and says why (it answers no request)."""
+        error = error_of(frame)
+        self._ending.refused = error
+        message = error.remote_message if isinstance(error, RemoteError) else str(error)
+        self._ending.reason = f"the daemon closed the connection: {message}"
 
     def on_lost(self, exc: Exception | None) -> None:
         self.transport = None

@@ -32,6 +32,7 @@ from protocol.errors import (
     AuthenticationFailed,
     BrokerStopping,
     ClientError,
+    MessageTooLarge,
     NotConnected,
     OutcomeUnknown,
     TransactionLost,
@@ -76,6 +77,10 @@ class ConnectionKeeper:
         self.last_goodbye: BrokerStopping | None = None
         """The goodbye of the last connection lost, if its daemon was stopping: a request
         made after it closed is refused with it, not with a bare ``NotConnected``."""
+        self.max_body: int | None = None
+        """The longest request body the last daemon logged in to reads (its
+        ``limits.max_message_size``): a longer one is refused here, before it is written,
+        since the daemon would close the connection on it."""
         self._waiting: list[_Waiting] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -137,6 +142,9 @@ class ConnectionKeeper:
         there is no connection and no reconnecting)."""
         if self._closed:
             raise NotConnected("client closed: the request was not sent")
+        too_large = self._too_large(request)
+        if too_large is not None:
+            raise too_large
         if request.bound_to is not None and request.bound_to != self.generation:
             raise TransactionLost(
                 "the connection this transaction began on was lost; the daemon rolled "
@@ -159,6 +167,15 @@ class ConnectionKeeper:
             )
         self._wait(request, time.monotonic())
         self._start_reconnecting()
+
+    def _too_large(self, request: Request) -> MessageTooLarge | None:
+        size = len(request.body)
+        if self.max_body is None or size <= self.max_body:
+            return None
+        return MessageTooLarge(
+            f"a request body of {size} bytes exceeds the daemon's limits.max_message_size "
+            f"of {self.max_body} (a send_many's bodies count together): not sent"
+        )
 
     def _wait(self, request: Request, since: float) -> None:
         assert self.reconnect is not None
@@ -204,6 +221,8 @@ class ConnectionKeeper:
             if request.commits and not not_executed:
                 return OutcomeUnknown(f"{reason}: the COMMIT may or may not have taken effect")
             return TransactionLost(f"{reason}: the daemon rolled the transaction back")
+        if ending.refused is not None:  # written again, it would be refused again
+            return OutcomeUnknown(f"{reason}: the request may or may not have taken effect")
         if not_executed:
             if self.reconnect is not None and not self._closed:
                 return None
@@ -252,9 +271,14 @@ class ConnectionKeeper:
         self.connection = connection
         self.last_goodbye = None
         self.generation += 1
+        self.max_body = connection.max_body
         waiting, self._waiting = self._waiting, []
         for item in waiting:
             if item.request.reply.done():
+                continue
+            too_large = self._too_large(item.request)  # this daemon's limit is lower
+            if too_large is not None:
+                item.request.reply.set_exception(too_large)
                 continue
             connection.submit(item.request)
 

@@ -376,7 +376,14 @@ class ClientSession(asyncio.BufferedProtocol):
         self.reader.max_meta = MAX_META_BYTES
         self._reply(
             frame.request_id,
-            {"user": user, "role": access.role, "instance": self.broker.instance_name},
+            {
+                "user": user,
+                "role": access.role,
+                "instance": self.broker.instance_name,
+                # a request body over it ends the connection (a frame over the reader's
+                # limit): the SDK refuses such a body before it is written
+                "max_message_size": self.broker.config.limits.max_message_size,
+            },
         )
 
     @property
