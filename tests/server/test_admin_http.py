@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -131,6 +132,43 @@ async def test_a_peer_that_is_down_shows_in_the_transmission_queue(tmp_path: Pat
         assert value(samples, "brokerd_transmission_queue_oldest_age_seconds", peer=peer) >= 1.0
         status, body = await asyncio.to_thread(get, f"http://{HOSTS[0]}:8022/console.json")
         assert status == 200 and b'"peers":[{"peer":"service //warehouse/Orders"' in body
+        await shop.close()
+
+
+async def test_a_backlog_in_the_file_is_summed_without_being_listed(tmp_path: Path) -> None:
+    """The admin port sums the transmission queue up (R-DLG-12, R-OPS-1) instead of reading
+    every row of it at each scrape and console refresh: after a restart, with the messages
+    of some dialogs only in the file (the backlog recovered as numbers), the depth and the
+    count per peer are the full view's, and the console lists the view's 50 oldest rows,
+    oldest first, with the total."""
+    d = shop_and_warehouse(tmp_path, FAST_RETRY, hosts=HOSTS)
+    with running(d, "alpha"):
+        shop = await d.daemons["alpha"].client()
+        handles = [
+            await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT) for _ in range(4)
+        ]
+        batch = [(handles[n % 4], ORDER, f"order {n}".encode()) for n in range(300)]
+        for n in range(0, 300, 60):
+            await shop.send_many(batch[n : n + 60])
+        await shop.close()
+        d.stop("alpha")
+        d.start("alpha")
+        shop = await d.daemons["alpha"].client()
+        full = await shop.view("transmission_queue")
+        assert len(full) == 300
+        samples = await scrape(HOSTS[0])
+        assert value(samples, "brokerd_transmission_queue_depth") == 300
+        peer = f"service {WAREHOUSE_SERVICE}"
+        assert value(samples, "brokerd_transmission_queue_messages", peer=peer) == 300
+        status, body = await asyncio.to_thread(get, f"http://{HOSTS[0]}:8022/console.json")
+        assert status == 200
+        console = orjson.loads(body)
+        assert console["transmission_queue_total"] == 300
+        listed = [
+            (r["enqueued_at"], r["message_sequence_number"]) for r in console["transmission_queue"]
+        ]
+        oldest = sorted((r["enqueued_at"], r["message_sequence_number"]) for r in full)[:50]
+        assert listed == oldest
         await shop.close()
 
 

@@ -365,6 +365,57 @@ class ConversationVerbs:
                 rows += views.held_for_disabled_queues(db, held)
         return rows
 
+    async def transmission_backlog(self, listed: int) -> views.TransmissionBacklog:
+        """The transmission queue as the admin port shows it (R-DLG-12, R-OPS-1): counts
+        from memory, and from the file only the first row of each endpoint whose messages
+        are all there and the ``listed`` oldest rows, where the full view reads every
+        row of every backlog."""
+        heads: list[views.Head] = []
+        for db in list(self.directory.databases.values()):
+            in_file: list[Endpoint] = []
+            for ep in list(db.endpoints.values()):
+                head = views.head_of(db, ep)
+                if head is not None:
+                    heads.append(head)
+                elif ep.backlog:
+                    in_file.append(ep)
+            if in_file:
+                firsts = await db.store.run(
+                    functools.partial(
+                        _first_pages,
+                        wanted=[(ep.handle_text, ep.backlog.first, 1) for ep in in_file],
+                    )
+                )
+                heads += [
+                    views.backlog_head(db, ep, page[0])
+                    for ep, page in zip(in_file, firsts, strict=True)
+                    if page and ep.backlog
+                ]
+        held: list[dict[str, Any]] = []
+        for db in self.directory.databases.values():
+            off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
+            if off:
+                rows = await db.store.run(functools.partial(reads.read_held_for, queues=off))
+                held += views.held_for_disabled_queues(db, rows)
+        oldest: list[dict[str, Any]] = []
+        for head in views.oldest_heads(heads, listed):
+            ep = head.ep
+            wanted = listed - len(ep.outbox)
+            page: list[reads.SentRow] = []
+            if wanted > 0 and ep.backlog:
+                (page,) = await head.db.store.run(
+                    functools.partial(
+                        _first_pages, wanted=[(ep.handle_text, ep.backlog.first, wanted)]
+                    )
+                )
+            oldest += views.oldest_rows(head, listed, page)
+        oldest = sorted(oldest + held, key=lambda r: str(r["enqueued_at"]))[:listed]
+        return views.TransmissionBacklog(
+            total=sum(h.messages for h in heads) + len(held),
+            peers=views.by_peer(heads, held),
+            oldest=oldest,
+        )
+
     def check_timer(self, ep: Endpoint, timeout: float) -> None:
         """BEGIN CONVERSATION TIMER's checks: an open conversation, a timeout >= 0."""
         if ep.state is State.CLOSED:
@@ -391,3 +442,9 @@ class ConversationVerbs:
     async def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
         db, ep = self.directory.endpoint(handle)
         await commit(db, self.timer_work(db, ep, timeout))
+
+
+def _first_pages(conn: Any, wanted: list[tuple[str, int, int]]) -> list[list[reads.SentRow]]:
+    """For each (handle, first, n): the unacknowledged rows of the conversation from
+    sequence number ``first`` on, ``n`` at most (in the committer's thread, one call)."""
+    return [reads.read_sent_page(conn, h, first, first + n - 1) for h, first, n in wanted]

@@ -9,9 +9,11 @@ May import: ``brokerd.dialogs`` models, ``brokerd.dialogs.verbs.paging``,
 
 from __future__ import annotations
 
+import heapq
 import math
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -133,6 +135,97 @@ def transmission_queue(
     ]
 
 
+@dataclass(frozen=True)
+class PeerBacklog:
+    """The transmission queue's messages for one far broker instance (or far service,
+    before a broker answered): how many, and when the oldest was enqueued, with its
+    status text."""
+
+    peer: str
+    messages: int
+    oldest_enqueued_at: float
+    status: str
+
+
+@dataclass(frozen=True)
+class TransmissionBacklog:
+    """What the admin port shows of the transmission queue without listing it whole (a
+    backlog of a million rows is read from the file by the full view): the total, each
+    far peer's count and oldest message, and the oldest rows with the view's columns."""
+
+    total: int
+    peers: list[PeerBacklog]
+    """Oldest first."""
+    oldest: list[dict[str, Any]]
+    """The ``transmission_queue`` view's rows of the oldest messages, oldest first."""
+
+
+@dataclass
+class Head:
+    """An endpoint's share of the transmission queue: its message count, and its oldest
+    message's enqueue time and status."""
+
+    db: Database
+    ep: Endpoint
+    messages: int
+    enqueued_at: float
+    status: str
+
+
+def peer_of(ep: Endpoint) -> str:
+    """The far broker instance, or the far service while none has answered."""
+    return str(ep.far_broker_instance or "") or f"service {ep.far_service}"
+
+
+def head_of(db: Database, ep: Endpoint) -> Head | None:
+    """``ep``'s share from memory; None when its oldest message is only in the file (its
+    backlog alone: :func:`backlog_head`) or it has none."""
+    if not ep.outbox:
+        return None
+    oldest = min(ep.outbox.values(), key=lambda m: m.enqueued_at)
+    status = _sent_status(oldest) if oldest.sent_via else ep.waiting_status
+    return Head(db, ep, len(ep.outbox) + len(ep.backlog), oldest.enqueued_at, status)
+
+
+def backlog_head(db: Database, ep: Endpoint, first: SentRow) -> Head:
+    """``ep``'s share when its messages are all in the file; ``first``, the row of its
+    lowest sequence number."""
+    return Head(db, ep, len(ep.backlog), first[4], ep.waiting_status)
+
+
+def by_peer(heads: Iterable[Head], held: Iterable[dict[str, Any]]) -> list[PeerBacklog]:
+    """The heads (and the rows ``held`` for queues that are off) by far peer, oldest
+    first."""
+    out: dict[str, tuple[int, float, str]] = {}
+    for h in heads:
+        key = peer_of(h.ep)
+        n, t, status = out.get(key, (0, math.inf, ""))
+        out[key] = (n + h.messages, *min((t, status), (h.enqueued_at, h.status)))
+    for row in held:
+        key = str(row["to_broker_instance"])
+        n, t, status = out.get(key, (0, math.inf, ""))
+        at = datetime.fromisoformat(row["enqueued_at"]).timestamp() if row["enqueued_at"] else 0
+        out[key] = (n + 1, *min((t, status), (at, str(row["transmission_status"]))))
+    peers = [PeerBacklog(k, n, t, status) for k, (n, t, status) in out.items()]
+    return sorted(peers, key=lambda p: p.oldest_enqueued_at)
+
+
+def oldest_heads(heads: Iterable[Head], n: int) -> list[Head]:
+    """The ``n`` endpoints whose oldest messages are the oldest: the only ones whose
+    messages can be among the ``n`` oldest."""
+    return heapq.nsmallest(n, heads, key=lambda h: h.enqueued_at)
+
+
+def oldest_rows(head: Head, n: int, backlog: list[SentRow]) -> list[dict[str, Any]]:
+    """Up to ``n`` view rows of ``head``'s endpoint, oldest first: its messages in memory,
+    then ``backlog`` (rows read from the file)."""
+    ep = head.ep
+    sent = heapq.nsmallest(n, ep.outbox.values(), key=lambda m: m.enqueued_at)
+    paged = [row for row in backlog if row[0] in ep.backlog]
+    rows = _sent_rows(head.db, ep, sent) + _backlog_rows(head.db, ep, paged)
+    return rows[:n]
+
+
 def _backlog_rows(db: Database, ep: Endpoint, rows: list[SentRow]) -> list[dict[str, Any]]:
     return [
         {
@@ -153,7 +246,9 @@ def _backlog_rows(db: Database, ep: Endpoint, rows: list[SentRow]) -> list[dict[
     ]
 
 
-def _sent_rows(db: Database, ep: Endpoint) -> list[dict[str, Any]]:
+def _sent_rows(
+    db: Database, ep: Endpoint, messages: Iterable[OutMessage] | None = None
+) -> list[dict[str, Any]]:
     return [
         {
             "database": db.name,
@@ -169,7 +264,7 @@ def _sent_rows(db: Database, ep: Endpoint) -> list[dict[str, Any]]:
             "attempts": msg.attempts,
             "transmission_status": _sent_status(msg) if msg.sent_via else ep.waiting_status,
         }
-        for msg in ep.outbox.values()
+        for msg in (ep.outbox.values() if messages is None else messages)
     ]
 
 

@@ -16,9 +16,6 @@ import orjson
 
 from brokerd.server.admin_http.snapshot import Snapshot
 
-TQ_ROWS = 50
-"""Messages of the transmission queue listed at most (the oldest)."""
-
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("brokerd.server.admin_http", "templates"),
     autoescape=True,
@@ -29,7 +26,6 @@ _ENV = jinja2.Environment(
 def model(s: Snapshot) -> dict[str, Any]:
     """What the page shows, as plain data (the template's and the JSON's)."""
     stats = s.stats
-    tq = sorted(s.views["transmission_queue"], key=lambda r: str(r.get("enqueued_at", "")))
     return {
         "instance": s.instance,
         "ready": s.ready,
@@ -84,9 +80,9 @@ def model(s: Snapshot) -> dict[str, Any]:
                     "transmission_status",
                 )
             }
-            for row in tq[:TQ_ROWS]
+            for row in s.backlog.oldest
         ],
-        "transmission_queue_total": len(tq),
+        "transmission_queue_total": s.backlog.total,
         "endpoints": [
             {"database": db, "state": state, "endpoints": n}
             for (db, state), n in sorted(s.endpoints_by_state().items())

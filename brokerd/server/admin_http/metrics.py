@@ -102,7 +102,7 @@ class BrokerCollector(Collector):
         yield _gauge(
             "brokerd_transmission_queue_depth",
             "Messages sent and not yet acknowledged, in all.",
-            len(s.views["transmission_queue"]),
+            s.backlog.total,
         )
 
         conns = GaugeMetricFamily(

@@ -2,8 +2,8 @@
 of the daemon's own views (``brokerd.server.client_views``, the ones ``brokerctl``
 prints), the client connections and each database's commit latencies.
 
-May import: ``brokerd.server.client_views``, ``brokerd.dialogs.verbs.paging``,
-``brokerd.storage.latency`` and the standard library.
+May import: ``brokerd.server.client_views``, ``brokerd.dialogs.verbs.paging`` and
+``brokerd.dialogs.verbs.views``, ``brokerd.storage.latency`` and the standard library.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.dialogs.verbs.paging import MAX_PAGE, PageRequest
+from brokerd.dialogs.verbs.views import TransmissionBacklog
 from brokerd.server.client_views import VIEWS, Rows, ViewedBroker
 from brokerd.storage.latency import CommitLatency
 
@@ -35,12 +35,14 @@ class AdminBroker(ViewedBroker, Protocol):
 READ_VIEWS = (
     "stats",
     "queues",
-    "transmission_queue",
     "broker_connections",
     "endpoint_ages",
     "routes",
 )
-"""The views a snapshot holds."""
+"""The views a snapshot holds (the transmission queue is summed up instead:
+:class:`~brokerd.dialogs.verbs.views.TransmissionBacklog`)."""
+OLDEST_LISTED = 50
+"""Messages of the transmission queue a snapshot lists (the oldest)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class Snapshot:
     uptime: float
     ready: bool
     views: dict[str, Rows]
+    backlog: TransmissionBacklog
     client_connections: int
     commit_latency: dict[str, CommitLatency] = field(default_factory=dict)
 
@@ -72,22 +75,12 @@ class Snapshot:
     def peers(self) -> list[PeerBacklog]:
         """The transmission queue by far broker instance (or far service while no broker
         has answered), oldest first."""
-        by: dict[str, list[dict[str, Any]]] = {}
-        for row in self.views["transmission_queue"]:
-            peer = row.get("to_broker_instance") or f"service {row.get('to_service', '')}"
-            by.setdefault(str(peer), []).append(row)
-        out = []
-        for peer, rows in by.items():
-            ages = [self.taken_at - _epoch(r.get("enqueued_at")) for r in rows]
-            out.append(
-                PeerBacklog(
-                    peer,
-                    len(rows),
-                    max(0.0, max(ages)),
-                    str(rows[ages.index(max(ages))].get("transmission_status", "")),
-                )
+        return [
+            PeerBacklog(
+                p.peer, p.messages, max(0.0, self.taken_at - p.oldest_enqueued_at), p.status
             )
-        return sorted(out, key=lambda p: -p.oldest_age)
+            for p in self.backlog.peers
+        ]
 
     def endpoints_by_state(self) -> dict[tuple[str, str], int]:
         """Endpoints per (database, state)."""
@@ -104,15 +97,6 @@ class Snapshot:
         return out
 
 
-def _epoch(iso: object) -> float:
-    if not isinstance(iso, str) or not iso:
-        return time.time()
-    try:
-        return datetime.fromisoformat(iso).timestamp()
-    except ValueError:
-        return time.time()
-
-
 async def take(broker: AdminBroker) -> Snapshot:
     """Read the views of :data:`READ_VIEWS` now."""
     views: dict[str, Rows] = {}
@@ -123,6 +107,7 @@ async def take(broker: AdminBroker) -> Snapshot:
         if isinstance(rows, Awaitable):
             rows = await rows
         views[name] = rows
+    backlog = await broker.engine.conversation_verbs.transmission_backlog(OLDEST_LISTED)
     now = time.time()
     return Snapshot(
         instance=broker.instance_name,
@@ -130,6 +115,7 @@ async def take(broker: AdminBroker) -> Snapshot:
         uptime=now - broker.started_at,
         ready=broker.ready,
         views=views,
+        backlog=backlog,
         client_connections=len(broker.client_sessions),
         commit_latency={
             name: db.store.commit_latency for name, db in broker.engine.databases.items()
