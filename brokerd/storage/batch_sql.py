@@ -58,7 +58,8 @@ def apply_batch(
     touch one row depend on their order: the groups run in order of their first
     appearance, not of the jobs (a message's row gets its body and its status from
     two statements that commute). Endpoint snapshots are deduplicated per endpoint
-    and written last: a snapshot is a whole row.
+    and written last, after the endpoint rows the batch removes: a snapshot is a whole
+    row (R-DLG-1: a committed job's endpoint row is in the file).
 
     With ``bodies``, a body of :data:`STORED_FROM` bytes or more that a
     transmission-queue row, a received fragment or a service queue's row would carry is
@@ -90,12 +91,15 @@ def apply_batch(
             _flush(conn, inserts, changes)
             job.result = job.fn(conn)
     _flush(conn, inserts, changes)
-    rows = [row for row in endpoints.values() if row is not None]
-    if rows:
-        _write_endpoints(conn, rows)
+    # Rows removed first: a new endpoint's row may take the (conversation id, role) of
+    # one removed in the same batch (a late copy of a first message as the old target
+    # goes), and its insert, which ignores a row already there, would be lost.
     gone = [(handle,) for handle, row in endpoints.items() if row is None]
     if gone:
         conn.executemany(ENDPOINT_DELETE, gone)
+    rows = [row for row in endpoints.values() if row is not None]
+    if rows:
+        _write_endpoints(conn, rows)
 
 
 def _flush(

@@ -11,8 +11,9 @@ Owns (SPEC R-DLG-13; docs/design.md "Storage"):
   at once;
 * the commit of a batch (:func:`commit_batch`, the SQL made by
   :mod:`brokerd.storage.batch_sql`). If a batch fails, its jobs are retried one by one
-  in the same thread call so only the failing job reports the error (a full disk fails
-  them all, with a clear :class:`~brokerd.errors.StoreError`); a job extending a
+  in the same thread call so only the failing job reports the error (a full disk, or a lock
+  another process holds past the busy timeout, fails them all, with a clear
+  :class:`~brokerd.errors.StoreError`); a job extending a
   broken chain is refused untried (:mod:`brokerd.storage.chains`); a mirrored
   database's transaction is recorded as a numbered unit (:mod:`brokerd.storage.replica`);
   each batch's duration is counted in a histogram (:mod:`brokerd.storage.latency`).
@@ -283,7 +284,7 @@ def _commit(
         rollback(conn)
         if bodies is not None:
             bodies.discard()
-        if len(batch) == 1 or _disk_full(exc):
+        if len(batch) == 1 or _disk_full(exc) or _locked(exc):
             if isinstance(exc, FencedWrite):
                 error = StoreError(
                     f"database {database!r} is the mirror partner: its file changes only by "
@@ -360,6 +361,18 @@ def _recorded_transaction(
     conn.execute("COMMIT")
     replica.lsn, replica.lsn_epoch = lsn, epoch
     units.append(Unit(lsn, epoch, recorder.statements))
+
+
+def _locked(exc: BaseException) -> bool:
+    """The file's lock is held elsewhere (``SQLITE_BUSY`` / ``SQLITE_LOCKED`` once the busy
+    timeout ran out): no job of the batch is at fault, and trying each alone would wait
+    out the timeout once per job, holding every later commit up (R-DLG-13)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (
+        isinstance(exc, sqlite3.Error)
+        and isinstance(code, int)
+        and (code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED))
+    )
 
 
 def _disk_full(exc: BaseException) -> bool:

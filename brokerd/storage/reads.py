@@ -18,6 +18,7 @@ May import: ``brokerd.storage.schema``, ``brokerd.storage.sequence_runs`` and
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from brokerd.storage.body_files import BodyFiles, read_stored
+from brokerd.storage.body_files import BodyFileError, BodyFiles, read_stored
 from brokerd.storage.schema import IN_ELSEWHERE
 from brokerd.storage.sequence_runs import (
     REMOVE_FRAGMENTS,
@@ -126,7 +127,43 @@ def read_held_for(conn: sqlite3.Connection, queues: Sequence[str]) -> list[Any]:
 
 
 Budget = Callable[[list[dict[str, Any]]], int]
-"""How many leading RECEIVE rows the caller can hand on (at least one of a non-empty list)."""
+"""How many leading RECEIVE rows the caller can hand on (at least one of a non-empty list).
+A body kept in a segment file or in its fragments is, while the budget looks at it, only
+its length (``len`` is all a budget may ask of a row's ``message_body``): it is read once
+the rows are cut, so that a RECEIVE reads only the bodies it hands on (a TOP of many
+large messages, of which one frame carries a few)."""
+
+
+class _Unread:
+    """A RECEIVE row's body not read yet: kept in a segment file (``at``) or in its
+    fragments (``at`` None), and how long it is."""
+
+    __slots__ = ("at", "handle", "length", "seq")
+
+    def __init__(self, handle: str, seq: int, at: int | None, length: int) -> None:
+        self.handle, self.seq, self.at, self.length = handle, seq, at, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def read(self, conn: sqlite3.Connection, bodies: BodyFiles | None) -> bytes:
+        """The body, exactly as long as the budget was told (or an error)."""
+        if self.at is not None:
+            return read_stored(conn, bodies, self.at, self.length)
+        body = _joined_fragments(conn, bodies, self.handle, self.seq)
+        if len(body) != self.length:
+            raise BodyFileError(
+                errno.EIO,
+                f"message {self.seq} of conversation {self.handle}: its fragments hold "
+                f"{len(body)} bytes, not the {self.length} they add up to",
+            )
+        return body
+
+
+_FRAGMENTS_LENGTH = (
+    "SELECT total(coalesce(stored_length, length(data))) FROM message_fragments "
+    "WHERE conversation_handle = ? AND message_sequence_number = ?"
+)
 
 
 def read_received(
@@ -164,9 +201,10 @@ def read_received(
             for sql, params in numbered("", key, seqs):
                 for r in _received_rows(conn, sql, params):
                     found[(handle_int, r[1])] = r
-    out = []
+    out: list[dict[str, Any]] = []
     positions = []
     in_fragments: set[tuple[uuid.UUID, int]] = set()
+    unread = False
     for position, item in enumerate(items):
         row = found.get((item[0].int, item[1]))
         if row is None:
@@ -175,11 +213,13 @@ def read_received(
         body = row[6]
         if body == IN_ELSEWHERE:
             at, length = conn.execute(QUEUED_STORED_AT, (row[0], row[1])).fetchone()
-            if at is not None:
-                body = read_stored(conn, bodies, at, length)
-            else:
-                body = _joined_fragments(conn, bodies, row[0], int(row[1]))
+            if at is None:
                 in_fragments.add(item)
+                (length,) = conn.execute(_FRAGMENTS_LENGTH, (row[0], row[1])).fetchone()
+            body = _Unread(row[0], int(row[1]), at, int(length))
+            unread = True
+        elif type(body) is not bytes:
+            body = bytes(body or b"")
         out.append(
             {
                 "conversation_handle": row[0],
@@ -188,7 +228,7 @@ def read_received(
                 "service_name": row[3],
                 "service_contract_name": row[4],
                 "message_type_name": row[5],
-                "message_body": body if type(body) is bytes else bytes(body or b""),
+                "message_body": body,
                 "message_enqueue_time": float(row[7]),
                 "queue": row[8],
             }
@@ -199,6 +239,11 @@ def read_received(
         if keep < len(out):
             out = out[:keep]
             used = positions[keep]
+    if unread:  # only the bodies of the rows kept are read (:data:`Budget`)
+        for kept in out:
+            waiting = kept["message_body"]
+            if type(waiting) is _Unread:
+                kept["message_body"] = waiting.read(conn, bodies)
     if remove:
         taken = items[:used]
         verb = RETAIN_MANY if retention else REMOVE_MANY
@@ -395,6 +440,10 @@ def _joined_fragments(
     pieces: list[bytes] = []
     start = end = -1
     for data, stored_at, length in cursor:
+        if stored_at is not None and (type(length) is not int or length < 0):
+            # a damaged row: refused with its segment's name (never joined into a run,
+            # where it would shorten the run and hand on other bytes than were stored)
+            read_stored(conn, bodies, stored_at, -1)
         if stored_at is not None and stored_at == end:
             end += length  # continues the run of stored bytes being gathered
             continue
