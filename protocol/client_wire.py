@@ -362,7 +362,8 @@ class ClientFrameReader:
                             meta = dict(self._last_meta)
                         else:
                             meta = _decode_meta(small)
-                            self._last_raw, self._last_meta = small, dict(meta)
+                            if _flat(meta):  # a copy of it is then a decoding of its own
+                                self._last_raw, self._last_meta = small, dict(meta)
                     body = bytes(view[body_start:end]) if body_length else b""
                     frames.append(ClientFrame(kind, request_id, meta, body))
                     self._pending = None
@@ -512,6 +513,13 @@ class ClientFrameReader:
 REPEATED_META_MOST = 512
 """The largest meta a reader keeps to compare the next one with (a SEND's is about 120
 bytes)."""
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _flat(meta: dict[str, Any]) -> bool:
+    """Whether every value of ``meta`` is a scalar: only then is a shallow copy of it a
+    meta of its own, which no change a consumer makes to another frame's meta reaches."""
+    return all(type(value) in _SCALARS for value in meta.values())
 
 
 def _reject_constant(name: str) -> Any:
@@ -608,7 +616,7 @@ def _decode_meta_exactly(raw: bytes | memoryview) -> dict[str, Any]:
             f"client frame meta is not valid UTF-8: {exc.reason} at byte {exc.start}"
         ) from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
         raise RemoteProtocolError(
             "client frame meta is not valid JSON: nested too deeply"
@@ -619,7 +627,35 @@ def _decode_meta_exactly(raw: bytes | memoryview) -> dict[str, Any]:
         raise RemoteProtocolError(
             f"client frame meta must be a JSON object, not {_json_type(value)}"
         )
+    if "\\ud" in text or "\\uD" in text:  # an escaped surrogate: is it one of a pair?
+        _refuse_lone_surrogates(value)
     return value
+
+
+def _finite_float(literal: str) -> float:
+    """A JSON number as a float; ValueError when it overflows to an infinity, which strict
+    JSON cannot spell and :func:`encode_meta` refuses (as orjson does)."""
+    value = float(literal)
+    if value in (_INFINITY, -_INFINITY):
+        raise ValueError(f"number {literal[:40]} is out of range")
+    return value
+
+
+_INFINITY = float("inf")
+
+
+def _refuse_lone_surrogates(value: dict[str, Any]) -> None:
+    """RemoteProtocolError when a string of ``value`` holds a lone surrogate (an escaped
+    one, ``\\ud800``): no UTF-8 text holds it and :func:`encode_meta` refuses it, so it is
+    refused as an encoded surrogate is."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RemoteProtocolError(
+            "client frame meta is not valid UTF-8: a lone surrogate"
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        raise RemoteProtocolError(f"client frame meta is not valid JSON: {exc}") from None
 
 
 def _json_type(value: object) -> str:

@@ -397,7 +397,8 @@ class BrokerConnection:
         """The frames carrying several FRAGMENT payloads, in order: on a version 2
         connection as few FRAGMENTS frames as the peer's frame limit allows (one seal,
         signature and header for many small fragments), otherwise, and for a payload
-        alone, one FRAGMENT each.
+        alone, one FRAGMENT each. An empty payload, which a FRAGMENTS frame may not carry
+        (each of its entries is a byte or more), always goes in a FRAGMENT frame of its own.
 
         Where MD5 runs in SIMD lanes (:mod:`protocol.digests`), a payload of
         :data:`IN_PLACE_FROM` bytes or more goes in a FRAGMENT frame of its own, and the
@@ -424,7 +425,7 @@ class BrokerConnection:
             total = 0
             for payload in payloads:
                 size = payload[1]
-                if size >= alone_from:
+                if size >= alone_from or not size:  # an empty one is no FRAGMENTS entry
                     if batch:
                         planned.append(_planned_batch(batch, total))
                         batch, total = [], 0

@@ -319,12 +319,15 @@ def encode_fragments(payloads: list[bytes]) -> bytes:
 
 def fragments_pieces(payloads: Sequence[SizedPayload]) -> list[Buffer]:
     """The pieces that make the body of a FRAGMENTS frame once joined: each payload's
-    size (u32), then its pieces."""
+    size (u32), then its pieces. ValueError for what :func:`decode_fragments` refuses:
+    no payload, more than :data:`MAX_FRAGMENTS_PER_FRAME`, an empty one."""
     if not 0 < len(payloads) <= MAX_FRAGMENTS_PER_FRAME:
         raise ValueError(f"a FRAGMENTS frame carries 1..{MAX_FRAGMENTS_PER_FRAME} payloads")
     pack = _FRAGMENT_LENGTH.pack
     out: list[Buffer] = []
     for pieces, size in payloads:
+        if not size:
+            raise ValueError("a FRAGMENTS frame carries no empty payload")
         out.append(pack(size))
         out.extend(pieces)
     return out

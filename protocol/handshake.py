@@ -58,9 +58,21 @@ _INITIATOR_CONTEXT = b"brokerd handshake v1: initiator signature\x00"
 _SALT_CONTEXT = b"brokerd handshake v1: key salt\x00"
 
 
-HANDSHAKE_MAX_FRAME_SIZE = 16 * 1024
-"""Largest frame body accepted before the handshake completes (a HELLO or PROOF with its
-certificate is a few KiB): an unauthenticated peer can make this side buffer no more."""
+_NAME = 2 + frames.MAX_NAME_BYTES
+_CERTIFICATE = 2 + frames.MAX_CERTIFICATE_BYTES
+_MAX_HELLO_BODY = (1 + 2 * frames.MAX_VERSIONS) + _NAME + (32 + 32 + 1 + 4) + _CERTIFICATE
+"""versions, instance name, (random, ephemeral key, encryption, max frame size), certificate"""
+_MAX_REPLY_CORE = 2 + _NAME + (32 + 32 + 1 + 1 + 4) + _CERTIFICATE
+"""version, instance name, (random, ephemeral key, encryption, encrypted, max frame size),
+certificate"""
+_MAX_HELLO_REPLY_BODY = 2 + _MAX_REPLY_CORE + 2 + frames.MAX_SIGNATURE_BYTES
+
+HANDSHAKE_MAX_FRAME_SIZE = max(_MAX_HELLO_BODY, _MAX_HELLO_REPLY_BODY)
+"""Largest frame body accepted before the handshake completes: the largest handshake
+frame the bounds of its fields allow (a HELLO_REPLY with a 16 KiB certificate, a name of
+1024 bytes and a 1024-byte signature: 18,512 bytes; SPEC R-PROTO-2). An unauthenticated
+peer can make this side buffer no more, and a peer whose certificate is within its bound
+(16,384 bytes) is never refused as too large."""
 
 
 class HandshakeSettings(Protocol):

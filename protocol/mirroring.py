@@ -129,7 +129,7 @@ def encode(message: Message) -> bytes:
             return _HEAD.pack(Kind.CONFIRM, message.broker_instance.bytes) + _CONFIRM.pack(
                 message.lsn
             )
-        reason = message.reason.encode("utf-8")
+        reason = _utf8(message.reason, "refusal reason")
         if len(reason) > MAX_REASON_BYTES:
             raise LocalProtocolError(f"refusal reason of {len(reason)} bytes")
         return (
@@ -270,7 +270,7 @@ def encode_statements(statements: Sequence[Statement]) -> bytes:
         raise LocalProtocolError(f"a unit of work with {len(texts)} distinct statements")
     head = [_U32.pack(len(texts))]
     for sql in texts:
-        raw = sql.encode("utf-8")
+        raw = _utf8(sql, "statement")
         if len(raw) > MAX_SQL_BYTES:
             raise LocalProtocolError(f"a statement of {len(raw)} bytes")
         head.append(_U32.pack(len(raw)) + raw)
@@ -289,12 +289,20 @@ def _value(value: Any) -> bytes:
     if isinstance(value, float):
         return b"\x02" + _F64.pack(value)
     if isinstance(value, str):
-        raw = value.encode("utf-8")
+        raw = _utf8(value, "text value")
         return b"\x03" + _U32.pack(len(raw)) + raw
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
         return b"\x04" + _U32.pack(len(raw)) + raw
     raise LocalProtocolError(f"cannot ship a value of type {type(value).__name__}")
+
+
+def _utf8(text: str, what: str) -> bytes:
+    """``text`` as UTF-8; LocalProtocolError if no UTF-8 holds it (a lone surrogate)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise LocalProtocolError(f"{what} is not valid Unicode text") from None
 
 
 def decode_statements(data: bytes) -> list[tuple[str, tuple[Any, ...]]]:
