@@ -518,6 +518,11 @@ class Transmission:
         msg.due = math.inf  # until the link writes it (build_fragment)
         msg.sent_via = link.name
         msg.retry_wait = wait
+        if msg.window and msg.window != link.name:
+            # Its route moved to another link while the one it went to stays open: it
+            # leaves that link's window now (its acknowledgement will release it from
+            # the window of the link it goes to), or that window would count it for ever.
+            self._leave_window(msg)
         window = self._windows.get(link.name)
         if window is None:
             window = self._windows[link.name] = self._new_window()
@@ -534,6 +539,11 @@ class Transmission:
         self.bodies.release(msg)
         if msg.paged:
             self._paged_left(msg)
+        self._leave_window(msg, send_waiting)
+
+    def _leave_window(self, msg: OutMessage, send_waiting: bool = True) -> None:
+        """``msg`` leaves the send window that counts it (R-DLG-13); what waits for that
+        window goes if it now has room (unless not ``send_waiting``)."""
         if msg.window:
             window = self._windows.get(msg.window)
             if window is not None and not send_waiting:
