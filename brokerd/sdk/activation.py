@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from brokerd.sdk.messages import ReceivedMessage
 from brokerd.sdk.transaction import Transaction
 from protocol.errors import (
+    BrokerStopping,
     ClientError,
     NotConnected,
     OutcomeUnknown,
@@ -232,6 +233,10 @@ class Activation:
     async def _reader(self) -> None:
         try:
             await self._read()
+        except Exception as exc:  # raised by ``run``, not lost with the reader's task
+            if self._fatal is None:
+                self._fatal = exc
+            self.stop.set()
         finally:
             self._active -= 1
 
@@ -270,8 +275,9 @@ class Activation:
                     self.stop.set()
                     return
                 log.warning("queue %s: %s; trying again", self.queue, exc)
-                if isinstance(exc, QueueDisabled):
-                    # nothing is received while the queue is off: as idle as an empty
+                if isinstance(exc, QueueDisabled | BrokerStopping):
+                    # nothing is received while the queue is off, nor from a daemon that
+                    # stopped under a client that does not reconnect: as idle as an empty
                     # RECEIVE (``until_idle`` returns in the end)
                     empties += 1
                     if empties >= self.policy.idle_receives and self._may_leave():
@@ -326,7 +332,10 @@ class Activation:
         except BaseException:
             await _end_quietly(tx)
             raise
-        await tx.commit()
+        if not tx.finished:
+            await tx.commit()
+        elif not tx.committed:  # the handler rolled the batch back itself
+            return len(messages)
         self.handled += len(messages)
         self.batches += 1
         return len(messages)
@@ -336,7 +345,10 @@ async def roll_back(tx: Transaction, failure: BaseException) -> None:
     """ROLLBACK after the handler raised ``failure``, whose type and text are the
     rollback's reason: the daemon counts the rollback against each message of the batch
     for its poison-message handling and keeps the reason as their last error (SPEC §6).
-    A rollback whose connection went is done already."""
+    A rollback whose connection went is done already, and so is a transaction the
+    handler ended itself before it raised."""
+    if tx.finished:
+        return
     with contextlib.suppress(TransactionLost, OutcomeUnknown):
         await tx.rollback(reason=f"{type(failure).__name__}: {failure}")
 

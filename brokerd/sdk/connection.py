@@ -320,9 +320,10 @@ class Connection:
     def submit(self, request: Request) -> None:
         """Write ``request`` (with the others of this turn of the event loop, in order)."""
         request_id = next(self._ids) & 0xFFFFFFFF
+        # encoded first: a request that cannot be written is not left in flight
+        pieces = encode_request_parts(request_id, request.meta, request.body)
         self._pending[request_id] = request
         request.connection, request.request_id = self, request_id
-        pieces = encode_request_parts(request_id, request.meta, request.body)
         if self._out is None:
             self._out = pieces
             asyncio.get_running_loop().call_soon(self._write_out)

@@ -28,10 +28,12 @@ import time
 from dataclasses import dataclass
 
 from brokerd.sdk.connection import Address, Connection, Ending, Request
+from protocol.client_wire import MAX_META_BYTES
 from protocol.errors import (
     AuthenticationFailed,
     BrokerStopping,
     ClientError,
+    LocalProtocolError,
     MessageTooLarge,
     NotConnected,
     OutcomeUnknown,
@@ -116,16 +118,27 @@ class ConnectionKeeper:
         a producer that pipelines without awaiting each reply awaits it now and then, and
         holds no more than the kernel and the daemon take (asyncio's ``StreamWriter.drain``).
         Without a connection, until one is up and has taken what waited for it; raises
-        NotConnected when none will come."""
+        NotConnected when none will come, or none came within
+        :attr:`Reconnect.give_up_after` (as the requests that waited for it fail)."""
+        deadline: float | None = None
         while True:
             connection = self.connection
             if connection is not None and connection.usable:
+                deadline = None
                 await connection.drain()
                 if connection is self.connection and connection.usable:
                     return
                 continue  # lost while it drained: what it carried is kept for the next one
             if self._closed or self.reconnect is None:
                 raise NotConnected(f"not connected ({self.last_failure or 'closed'})")
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.reconnect.give_up_after
+            elif now >= deadline:
+                raise NotConnected(
+                    f"no connection to brokerd at {self.address} within "
+                    f"{self.reconnect.give_up_after} s ({self.last_failure})"
+                )
             await asyncio.sleep(0.02)
 
     # -- requests ------------------------------------------------------------------------
@@ -142,18 +155,29 @@ class ConnectionKeeper:
         there is no connection and no reconnecting)."""
         if self._closed:
             raise NotConnected("client closed: the request was not sent")
+        if len(request.meta) > MAX_META_BYTES:  # never writable: not kept for a connection
+            raise LocalProtocolError(
+                f"cannot encode: meta of {len(request.meta)} bytes exceeds the limit of "
+                f"{MAX_META_BYTES}: not sent"
+            )
         too_large = self._too_large(request)
         if too_large is not None:
             raise too_large
-        if request.bound_to is not None and request.bound_to != self.generation:
+        connection = self.connection
+        if request.bound_to is not None and (
+            request.bound_to != self.generation or connection is None or connection.ended
+        ):  # also without reconnecting: the transaction died with its connection
             raise TransactionLost(
                 "the connection this transaction began on was lost; the daemon rolled "
                 "the transaction back"
             )
-        connection = self.connection
         if connection is not None and connection.usable:
             connection.submit(request)
             return
+        if request.bound_to is not None:  # its connection is going: the daemon stops
+            raise TransactionLost(
+                "the daemon is stopping; it rolls the transaction back as it closes"
+            )
         if self.reconnect is None:
             if connection is not None and connection.stopping is not None:
                 raise connection.stopping
@@ -161,10 +185,6 @@ class ConnectionKeeper:
                 message = self.last_goodbye.remote_message
                 raise BrokerStopping(message + " (not sent)", kind="BrokerStopping")
             raise NotConnected(f"not connected ({self.last_failure or 'closed'})")
-        if request.bound_to is not None:  # its connection is going: the daemon stops
-            raise TransactionLost(
-                "the daemon is stopping; it rolls the transaction back as it closes"
-            )
         self._wait(request, time.monotonic())
         self._start_reconnecting()
 
@@ -280,7 +300,10 @@ class ConnectionKeeper:
             if too_large is not None:
                 item.request.reply.set_exception(too_large)
                 continue
-            connection.submit(item.request)
+            try:
+                connection.submit(item.request)
+            except Exception as exc:  # it fails alone: the others still go, in order
+                item.request.reply.set_exception(exc)
 
     def _give_up_expired(self) -> None:
         now = time.monotonic()

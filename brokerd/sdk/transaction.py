@@ -55,6 +55,8 @@ class Transaction:
         self.connection = connection
         """The number of the connection it lives on."""
         self.finished = False
+        self.committed = False
+        """Its COMMIT was answered: everything took effect."""
         self.sequence_numbers: list[int] = []
         self.spoiled = False
         """A RECEIVE of it was cancelled after it had taken messages, which no caller
@@ -202,6 +204,7 @@ class Transaction:
             raise TransactionRolledBack(f"{reason}: rolled back, they are in their queue again")
         self.finished = True
         meta, _ = await self._request({"op": "commit"})
+        self.committed = True
         self.sequence_numbers = [int(s) for s in meta.get("sequence_numbers") or []]
         return self.sequence_numbers
 
