@@ -90,7 +90,12 @@ def open_file(
     (or a new one), stored with the database's name and the ``AutoCreatedLocal`` route."""
     conn.execute(schema.CREATE_META)
     meta = {str(k): str(v) for k, v in conn.execute(schema.READ_META).fetchall()}
-    version = int(meta.get("schema_version", "0"))
+    try:
+        version = int(meta.get("schema_version", "0"))
+        stored = meta.get("broker_instance")
+        held = None if stored is None else uuid.UUID(stored)
+    except ValueError as exc:
+        raise StoreError(f"{path}: a damaged meta table ({exc}); restore the file") from exc
     if version > SCHEMA_VERSION:
         raise StoreError(f"{path}: schema version {version}, this brokerd reads {SCHEMA_VERSION}")
     for step in schema.MIGRATIONS:
@@ -106,9 +111,8 @@ def open_file(
                 rollback(conn)
                 raise
             log.info("%s: schema step %d applied (%s)", path, step.version, step.what)
-    stored = meta.get("broker_instance")
-    if stored is not None:
-        instance = uuid.UUID(stored)
+    if held is not None:
+        instance = held
         if broker_instance is not None and broker_instance != instance:
             raise StoreError(
                 f"{path}: holds broker instance {instance}, but the configuration "

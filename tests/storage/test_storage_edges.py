@@ -194,3 +194,20 @@ async def test_a_batch_refused_by_a_lock_held_elsewhere_fails_at_once(tmp_path: 
     assert took < 14.0, f"{took:.1f} s to answer jobs refused by a lock"
     await _commit(store, [queries.sent_message(handle, 1, "//t", 3, b"x", 1.0)])
     await store.close()
+
+
+@pytest.mark.parametrize(("key", "value"), [("schema_version", "7x"), ("broker_instance", "nope")])
+async def test_a_damaged_meta_table_is_refused_naming_the_file(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    """A file whose schema version or broker instance cannot be read is refused at open
+    with a StoreError that names the file, not a bare ValueError at start-up."""
+    path = tmp_path / "shop.sqlite"
+    store = Store(path, "shop")
+    await store.open()
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"UPDATE meta SET value = ? WHERE key = '{key}'", (value,))
+    damaged = Store(path, "shop")
+    with pytest.raises(StoreError, match=r"shop\.sqlite: a damaged meta table"):
+        await damaged.open()
