@@ -30,6 +30,7 @@ for its types only.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -181,6 +182,13 @@ class ClientSession(asyncio.BufferedProtocol):
         """The id of the last request read: a stopping daemon tells the client."""
         self._stopping = False
         """The daemon is stopping: nothing more is read (:meth:`stop_reading`)."""
+        self._behind: collections.deque[ClientFrame] | None = None
+        """Requests read after one run as a task that has not started yet: handled once it
+        has (:meth:`_handle`), in order."""
+        self._holding_for: int | None = None
+        """The request whose task :attr:`_behind` waits for (None once it started)."""
+        self._views = asyncio.Lock()
+        """Held by the ``view`` request being answered: views are answered one at a time."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -207,13 +215,26 @@ class ClientSession(asyncio.BufferedProtocol):
             self._reply_error(0, exc)
             self._close()
             return
+        if self._behind is not None:  # a task read before these has not started yet
+            for frame in frames:
+                self._hold_body(frame)
+            self._behind.extend(frames)
+            return
+        self._handle(frames)
+
+    def _handle(self, frames: list[ClientFrame], held: bool = False) -> None:
+        """Handle the frames read, in order. A request run as a task starts (runs up to
+        its first wait) before any request read after it is handled: those wait in
+        :attr:`_behind` until it has (SPEC §6: a connection's requests take effect in the
+        order written, so a SEND written after an END CONVERSATION or a send_many of its
+        conversation comes after it). ``held``: their bodies were counted already."""
         sends: list[ClientFrame] = []
         """Pipelined SENDs, handed on together when another request comes or at the end."""
-        for frame in frames:
-            request = frame.kind is ClientFrameKind.REQUEST and self.access is not None
-            if request and frame.body:
-                self._hold(frame.request_id, len(frame.body))
+        for n, frame in enumerate(frames):
+            if not held:
+                self._hold_body(frame)
             op = frame.meta.get("op")
+            request = frame.kind is ClientFrameKind.REQUEST and self.access is not None
             if request and op == "send" and frame.meta.get("transaction") is None:
                 self._awaiting.add(frame.request_id)
                 self._last_read = frame.request_id
@@ -247,8 +268,40 @@ class ClientSession(asyncio.BufferedProtocol):
             task = asyncio.get_running_loop().create_task(self._run(frame))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+            if n + 1 < len(frames):
+                behind = frames[n + 1 :]
+                if not held:
+                    for later in behind:
+                        self._hold_body(later)
+                self._behind = collections.deque(behind)
+                self._holding_for = frame.request_id
+                return
         if sends:
             self._send_now(sends)
+
+    def _hold_body(self, frame: ClientFrame) -> None:
+        """Count a request's body until its reply (flow control, ``client_pending_mb``)."""
+        if frame.body and frame.kind is ClientFrameKind.REQUEST and self.access is not None:
+            self._hold(frame.request_id, len(frame.body))
+
+    def _started(self, request_id: int) -> None:
+        """The task of request ``request_id`` runs its handler now: the requests read after
+        it are handled once this step of it is over (:meth:`_handle`)."""
+        if self._behind is not None and self._holding_for == request_id:
+            self._holding_for = None
+            asyncio.get_running_loop().call_soon(self._resume)
+
+    def _resume(self) -> None:
+        behind, self._behind = self._behind, None
+        if not behind or self.transport is None:
+            return
+        if self._stopping:
+            # not handled: the client was told the last request handled (stop_reading),
+            # so it knows these were never executed (BrokerStopping)
+            for frame in behind:
+                self._release(frame.request_id)
+            return
+        self._handle(list(behind), held=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.client_sessions.discard(self)
@@ -257,6 +310,7 @@ class ClientSession(asyncio.BufferedProtocol):
             self._login_deadline.cancel()
         for task in list(self.tasks):
             task.cancel()
+        self._behind = None
         transactions, self.transactions = self.transactions, {}
         for tx in transactions.values():
             # A client that goes away mid-transaction leaves nothing behind; its messages
@@ -630,9 +684,20 @@ class ClientSession(asyncio.BufferedProtocol):
         try:
             while not self._writable.is_set():  # the client's replies wait to leave
                 await self._writable.wait()
+            self._started(frame.request_id)
             if handler is None:
                 raise InvalidRequest(f"unknown operation {op!r}")
             self.allowed.check_operation(str(op))
+            if op == "view":
+                async with self._views:
+                    # one page at a time, each once the replies before it drained: a
+                    # client that never reads holds WRITE_HIGH and a page, not a page a
+                    # request (a view's rows are read whole, then cut to its page)
+                    while not self._writable.is_set():
+                        await self._writable.wait()
+                    meta, body = await handler(self, frame)
+                    self._reply(frame.request_id, meta, body)
+                    return
             meta, body = await handler(self, frame)
         except asyncio.CancelledError:
             raise

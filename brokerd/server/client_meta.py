@@ -2,7 +2,7 @@
 or refuses the request with ``InvalidRequest``.
 
 Owns the checks of the fields many requests share: a UUID (a conversation handle, a
-group, a broker instance; parsed once per text), a string, and the optional
+group, a broker instance; parsed once per text), a string, a flag, and the optional
 ``database`` a request names.
 
 May import: ``protocol``.
@@ -39,6 +39,17 @@ def meta_str(meta: dict[str, Any], key: str, default: str | None = None) -> str:
     value = meta.get(key, default)
     if not isinstance(value, str):
         raise InvalidRequest(f"{key} must be a string")
+    return value
+
+
+def meta_bool(meta: dict[str, Any], key: str) -> bool:
+    """An optional flag: true or false (absent or null: false). Anything else, the text
+    ``"false"`` or a number, is refused rather than taken for true."""
+    value = meta.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{key} must be true or false")
     return value
 
 

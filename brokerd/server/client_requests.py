@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.config import INT_MAX
 from brokerd.dialogs.verbs.receive import Withdrawal
-from brokerd.dialogs.verbs.transactions import Transaction
+from brokerd.dialogs.verbs.transactions import Transaction, TxState
 from brokerd.server import client_views
 from brokerd.server.client_access import Access
-from brokerd.server.client_meta import meta_database, meta_key, meta_str, meta_uuid
+from brokerd.server.client_meta import meta_bool, meta_database, meta_key, meta_str, meta_uuid
 from brokerd.server.receive_reply import ReceiveReply
 from protocol.client_wire import MAX_ROLLBACK_REASON, ClientFrame
 from protocol.errors import BrokerError, InvalidRequest, TransactionError
@@ -120,6 +120,17 @@ def _transaction(session: Session, m: dict[str, Any]) -> Transaction | None:
     return tx
 
 
+def _check_own(session: Session, handle: uuid.UUID, tx: Transaction | None) -> None:
+    """Refuse an application a conversation that is not its own (R-CLIENT-2); one that
+    ``tx`` began is checked there, since no one else sees it before COMMIT (SPEC §6: the
+    handle may be used in the transaction at once)."""
+    begun = tx.new_endpoints.get(handle) if tx is not None else None
+    if begun is not None:
+        session.allowed.check_conversation(begun)
+    else:
+        session.check_own(handle)
+
+
 async def _begin_transaction(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     if len(session.transactions) >= MAX_OPEN_TRANSACTIONS:
         raise TransactionError(
@@ -148,6 +159,9 @@ async def _rollback(session: Session, frame: ClientFrame) -> tuple[dict[str, Any
     tx = _transaction(session, frame.meta)
     if tx is None:
         raise InvalidRequest("rollback needs the transaction's id")
+    if tx.state is TxState.COMMITTING:
+        # its COMMIT is under way: the outcome is the COMMIT's, never a rollback's
+        raise TransactionError(f"transaction {tx.id} is {tx.state.value}; cannot roll back")
     reason = meta_str(frame.meta, "reason", "")
     if len(reason) > MAX_ROLLBACK_REASON:
         raise InvalidRequest(
@@ -201,7 +215,7 @@ async def _send(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
     assert handle is not None
     tx = _transaction(session, m)
     assert tx is not None, "buffer_updated hands SENDs without a transaction to _send_now"
-    session.check_own(handle)
+    _check_own(session, handle, tx)
     if meta_key(m) is not None:
         raise InvalidRequest("idempotency keys are for SENDs outside a transaction")
     tx.send(handle, meta_str(m, "message_type", "DEFAULT"), bytes(frame.body))
@@ -216,6 +230,7 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
         raise InvalidRequest("messages must be a non-empty list")
     if len(items) > MAX_SEND_MANY:
         raise InvalidRequest(f"at most {MAX_SEND_MANY} messages per send_many")
+    tx = _transaction(session, frame.meta)
     body = memoryview(frame.body)
     offset = 0
     messages: list[tuple[uuid.UUID, str, bytes]] = []
@@ -230,7 +245,7 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
             raise InvalidRequest("the body lengths exceed the frame's body")
         handle = meta_uuid(item, "conversation_handle")
         assert handle is not None
-        session.check_own(handle)
+        _check_own(session, handle, tx)
         messages.append(
             (
                 handle,
@@ -242,7 +257,6 @@ async def _send_many(session: Session, frame: ClientFrame) -> tuple[dict[str, An
         offset += length
     if offset != len(body):
         raise InvalidRequest("the body lengths do not add up to the frame's body")
-    tx = _transaction(session, frame.meta)
     if tx is not None:
         if any(keys):
             raise InvalidRequest("idempotency keys are for SENDs outside a transaction")
@@ -282,9 +296,13 @@ def _queue_args(session: Session, m: dict[str, Any]) -> tuple[str, str | None, f
     timeout = m.get("timeout", 0)
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise InvalidRequest("timeout must be a number of seconds")
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an integer of hundreds of digits
+        raise InvalidRequest("timeout must be a number of seconds a float holds") from None
     queue = meta_str(m, "queue")
     session.allowed.check_queue(queue)
-    return queue, meta_database(m), float(timeout)
+    return queue, meta_database(m), seconds
 
 
 async def _receive(session: Session, frame: ClientFrame) -> tuple[ReplyMeta, ReplyBody]:
@@ -325,9 +343,9 @@ async def _end(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], by
     assert handle is not None
     code = _error_code(m)
     description = meta_str(m, "description", "")
-    cleanup = bool(m.get("cleanup", False))
-    session.check_own(handle)
+    cleanup = meta_bool(m, "cleanup")
     tx = _transaction(session, m)
+    _check_own(session, handle, tx)
     engine = session.broker.engine
     if tx is not None:
         tx.end_conversation(handle, code, description, cleanup)
@@ -382,8 +400,8 @@ async def _begin_timer(session: Session, frame: ClientFrame) -> tuple[dict[str, 
         or not 0 <= timeout <= INT_MAX
     ):
         raise InvalidRequest(f"timeout must be a number of seconds, 0 to {INT_MAX}")
-    session.check_own(handle)
     tx = _transaction(session, m)
+    _check_own(session, handle, tx)
     if tx is not None:
         tx.begin_conversation_timer(handle, float(timeout))
     else:
@@ -398,8 +416,8 @@ async def _move(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
     handle = meta_uuid(m, "conversation_handle")
     group = meta_uuid(m, "conversation_group_id")
     assert handle is not None and group is not None
-    session.check_own(handle)
     tx = _transaction(session, m)
+    _check_own(session, handle, tx)
     if tx is not None:
         tx.move_conversation(handle, group)
     else:
@@ -469,7 +487,7 @@ async def _drop_route(session: Session, frame: ClientFrame) -> tuple[dict[str, A
 async def _explain(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], bytes]:
     broker = session.broker
     m = frame.meta
-    from_outside = bool(m.get("from_outside", False))
+    from_outside = meta_bool(m, "from_outside")
     database = (meta_database(m) or "msdb") if from_outside else meta_str(m, "database")
     result = broker.engine.router.explain(
         database,
