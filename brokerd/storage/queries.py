@@ -512,8 +512,14 @@ def set_timer(handle: str, due: float) -> Statement:
     return ("INSERT OR REPLACE INTO conversation_timers VALUES (?, ?)", (handle, due))
 
 
-def forget_timer(handle: str) -> Statement:
-    return ("DELETE FROM conversation_timers WHERE conversation_handle = ?", (handle,))
+def forget_timer(handle: str, due: float) -> Statement:
+    """The row of the timer that fired at ``due``, and only it: a timer set again before
+    this commit, in the same group commit (whose inserts may run before its deletes), is a
+    row of another due and stays (R-DLG-11)."""
+    return (
+        "DELETE FROM conversation_timers WHERE conversation_handle = ? AND due = ?",
+        (handle, due),
+    )
 
 
 # -- the catalog ----------------------------------------------------------------------------------

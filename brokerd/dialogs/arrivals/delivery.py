@@ -213,7 +213,7 @@ class Delivery:
                 self._expire(db, ep)
 
     def _fire_timer(self, db: Database, ep: Endpoint) -> None:
-        ep.timer_due = 0.0
+        due, ep.timer_due = ep.timer_due, 0.0
         self.trace.emit(
             "timer_fired",
             ep.conversation_id,
@@ -221,7 +221,7 @@ class Delivery:
             initiator=ep.initiator,
             queue=db.queue_of(ep.service),
         )
-        self.queue_local(db, ep, DIALOG_TIMER, b"", [queries.forget_timer(ep.handle_text)])
+        self.queue_local(db, ep, DIALOG_TIMER, b"", [queries.forget_timer(ep.handle_text, due)])
 
     def _expire(self, db: Database, ep: Endpoint) -> None:
         if ep.broker_error:

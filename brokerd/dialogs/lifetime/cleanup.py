@@ -11,6 +11,12 @@ transaction, so an endpoint's rows are either all gone or all there; an endpoint
 in the file is recovered in ``CD`` at the next start and removed again (a target's keep
 then counts from that start). A job that fails is tried again at the next pass.
 
+An endpoint that comes due while its database's job has not committed yet waits for
+that commit, then goes with the next job: its keep is over, it does not begin again
+(SPEC §5: a target keeps its closed endpoint ``closed_endpoint_keep``, not twice that).
+A job holds at most :data:`BATCH` endpoints, those of a failed job tried again included,
+so a file that fails for a while does not make the next job ever larger.
+
 May import: ``brokerd.dialogs.transmission``, ``brokerd.dialogs.endpoints`` and what they
 may import.
 """
@@ -65,6 +71,9 @@ class Cleanup:
         """Databases whose clean-up job has not committed yet: one at a time each."""
         self._retry: dict[str, list[str]] = {}
         """Handles, by database, whose deletion failed: their rows go with the next job."""
+        self._held: dict[str, list[Endpoint]] = {}
+        """Endpoints due, by database, that wait for its job in flight (or for room in a
+        job): removed at the next pass that may, without their keep counting again."""
 
     def watch_all(self) -> None:
         """Every closed endpoint of every database is watched (at start, by a sweep)."""
@@ -84,21 +93,30 @@ class Cleanup:
         by_db: dict[str, list[Endpoint]] = {}
         for ep in self.closing.due(BATCH):
             by_db.setdefault(ep.database, []).append(ep)
-        for name in self._retry:
+        for name in (*self._retry, *self._held):
             by_db.setdefault(name, [])
         for name, eps in by_db.items():
             db = self.directory.databases.get(name)
             if db is None:
+                self._held.pop(name, None)
                 continue
             self._remove(db, eps)
 
     def _remove(self, db: Database, eps: list[Endpoint]) -> None:
-        if db.sends_nothing or db.name in self._in_flight:
-            for ep in eps:
+        held = self._held.pop(db.name, [])
+        if db.sends_nothing:
+            for ep in (*held, *eps):
                 self.closing.watch(ep)  # a mirror's file changes only by what is shipped
             return
+        held += eps
+        if db.name in self._in_flight:
+            self._held[db.name] = held  # due: they go once that job is done (SPEC §5)
+            return
         gone: list[str] = self._retry.pop(db.name, [])
-        for ep in eps:
+        room = max(0, BATCH - len(gone))
+        if len(held) > room:
+            self._held[db.name] = held[room:]
+        for ep in held[:room]:
             if db.endpoints.get(ep.handle) is not ep or ep.state is not State.CLOSED:
                 continue  # removed another way meanwhile (WITH CLEANUP, an image dropped)
             db.remove_endpoint(ep)
