@@ -74,6 +74,8 @@ class ConnectionOwner(Protocol):
 
     def admission(self, host: str) -> str | None: ...
 
+    def refused(self, address: str, reason: str) -> None: ...
+
     def backlog_high(self) -> bool: ...
 
     def hold_reading(self, protocol: BrokerProtocol) -> None: ...
@@ -205,7 +207,7 @@ class BrokerProtocol(asyncio.BufferedProtocol):
         if self.link is None:
             refusal = self.owner.admission(self.peer_host)
             if refusal:
-                log.warning("connection from %s refused: %s", self.peer_address, refusal)
+                self.owner.refused(self.peer_address, refusal)
                 self.closed = True
                 self.close_reason = refusal
                 self.transport.abort()

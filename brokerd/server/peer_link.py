@@ -182,12 +182,28 @@ class PeerLink:
                         ep.waiting_status = self._status
                     self._fail_pending()
                     self.owner.engine.router.link_unreachable(self.name)
+                if not self._wanted():
+                    return
                 if await self._wait_before_dialling(delay):
                     delay = endpoint.reconnect_initial
                 else:
                     delay = min(endpoint.reconnect_max, delay * 2)
+                if not self._wanted():
+                    return
         finally:
             self._task = None
+
+    def _wanted(self) -> bool:
+        """Whether anything still waits for this link to open: an endpoint with messages
+        not acknowledged, a held item, or a mirroring session. A link nobody waits on
+        stops dialling (R-DLG-6: an unreachable service is retried while messages wait,
+        not for as long as the daemon runs); the next message dials it again."""
+        self.waiting = {ep for ep in self.waiting if ep.has_unacknowledged}
+        self.users = {ep for ep in self.users if ep.has_unacknowledged}
+        if self.pinned or self.pending or self.waiting or self.users:
+            return True
+        self._status = f"{self._status.split('; next attempt')[0]}; nothing waits to be sent"
+        return False
 
     async def _wait_before_dialling(self, delay: float) -> bool:
         """Sleep ``delay`` seconds, or less if the peer shows it is back (then True)."""

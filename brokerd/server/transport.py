@@ -19,6 +19,7 @@ only), ``brokerd.server.peer_connection``, ``brokerd.server.peer_link``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,11 @@ from protocol.security import Identity
 
 if TYPE_CHECKING:
     from brokerd.dialogs.engine import DialogEngine
+
+log = logging.getLogger("brokerd.server.transport")  # one log for every part of the transport
+
+REFUSAL_LOG_INTERVAL = 10.0
+"""Seconds between two warnings that incoming connections were refused."""
 
 
 class Transport:
@@ -65,7 +71,10 @@ class Transport:
         """Connections not read while the inbound backlog is high."""
         self._release: asyncio.TimerHandle | None = None
         self.holds = 0
-        """Connections closed in their handshake to admit newer ones (``admission``)."""
+        """Times a connection was held (``hold_reading``)."""
+        self._refusals_unlogged = 0
+        """Connections refused since the last warning that said so (``refused``)."""
+        self._refusal_logged_at = -REFUSAL_LOG_INTERVAL
 
     def link_for(self, address: str) -> PeerLink:
         link = self.links.get(address)
@@ -110,6 +119,7 @@ class Transport:
             await asyncio.sleep(max(0.05, min(1.0, timeout / 4, handshake / 4, interval / 4)))
             now = time.time()
             mono = time.monotonic()
+            self._log_refusals()
             for protocol in list(self.connections):
                 if not protocol.opened and not protocol.closed:
                     if now - protocol.created >= handshake:
@@ -163,6 +173,28 @@ class Transport:
                 "their handshake (endpoint.max_pending_handshakes)"
             )
         return None
+
+    def refused(self, address: str, reason: str) -> None:
+        """Log that a connection from ``address`` was refused by the caps, at most
+        once per :data:`REFUSAL_LOG_INTERVAL` with how many more were refused meanwhile,
+        so that a flood of connections over a cap does not flood the log."""
+        now = time.monotonic()
+        if now - self._refusal_logged_at < REFUSAL_LOG_INTERVAL:
+            self._refusals_unlogged += 1
+            return
+        self._refusal_logged_at = now
+        more, self._refusals_unlogged = self._refusals_unlogged, 0
+        also = f" ({more} more refused before it)" if more else ""
+        log.warning("connection from %s refused: %s%s", address, reason, also)
+
+    def _log_refusals(self) -> None:
+        """Say how many connections were refused since the last warning, once it is old."""
+        if self._refusals_unlogged and (
+            time.monotonic() - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL
+        ):
+            self._refusal_logged_at = time.monotonic()
+            more, self._refusals_unlogged = self._refusals_unlogged, 0
+            log.warning("%d more incoming connections refused (endpoint caps)", more)
 
     def hold_reading(self, protocol: BrokerProtocol) -> None:
         """Stop reading ``protocol`` until what peers sent has been committed down to the
