@@ -8,17 +8,26 @@ namespace before any test runs and brings its loopback up: every address of 127/
 own, and the daemons, proxies, Spark masters and browsers it starts inherit it. The
 namespace has no name and goes when the worker's last process exits.
 
-The tests that share the session's Spark (the ``spark`` fixture) run on one worker
-(``xdist_group``), so that one JVM serves them all.
+Tests go to the workers one at a time, as they become free, except the tests of a module
+that has a module-scoped fixture (a Spark analysis, an analyzer, a deployment the module
+shares): those go to one worker together (:class:`ModulesKeptWhole`), so that the fixture
+is made once. Spread over both workers, a module's fixture was made on each and again
+whenever a worker's next test came from another module: the synthetic analysis of
+``tests/analytics/test_analytics.py`` three times a run. Each worker has its own
+session-scoped Spark (the ``spark`` fixture).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 CLONE_NEWNET = 0x40000000
 """``unshare(2)``'s flag for a new network namespace (``<sched.h>``)."""
@@ -47,9 +56,34 @@ def pytest_configure(config: pytest.Config) -> None:
         ) from e
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return  # run without pytest-xdist (``-p no:xdist``): no groups to keep
-    for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+MODULE_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope=["']module["']""")
+"""How a test module declares a fixture it shares between its tests."""
+
+
+class ModulesKeptWhole(LoadScopeScheduling):
+    """pytest-xdist's ``loadscope`` distribution, where a scope is a single test, except
+    in a module that declares a module-scoped fixture, whose tests are one scope."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._kept_whole: dict[str, bool] = {}
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        whole = self._kept_whole.get(module)
+        if whole is None:
+            path = Path(str(self.config.rootpath)) / module
+            try:
+                whole = bool(MODULE_FIXTURE.search(path.read_text()))
+            except OSError:
+                whole = False
+            self._kept_whole[module] = whole
+        return module if whole else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+    """``--dist loadscope`` (``./dev test``): :class:`ModulesKeptWhole`."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    return ModulesKeptWhole(config, log)
