@@ -3,7 +3,9 @@
 A shop daemon whose warehouse is down queues ``--messages`` messages of 200 bytes on
 ``--dialogs`` dialogs, is restarted (so its backlog is in its file, recovered as
 numbers, as after a crash), and its ``/metrics`` and ``/console.json`` are fetched
-``--scrapes`` times each. Each line gives the wall time of the request and the
+``--scrapes`` times each (and with ``--pages`` the whole ``transmission_queue`` view is
+read a page of 1,000 rows at a time, as ``brokerctl`` pages). Each line gives the wall
+time of the request and the
 daemon's CPU seconds during it (from ``/proc``), and checks the transmission queue's
 depth against what was sent. A Prometheus server scrapes every 15 s, an open console
 refreshes every 2 s: what a scrape costs is taken that often.
@@ -11,7 +13,7 @@ refreshes every 2 s: what a scrape costs is taken that often.
 Runs daemons on 127.0.0.171 and 127.0.0.172:4022 (and 8022): run it in a network
 namespace of its own (``ip netns exec bench python -m bench.bench_scrape``).
 
-Usage: python -m bench.bench_scrape [--messages 100000] [--dialogs 100] [--scrapes 3]
+Usage: python -m bench.bench_scrape [--messages 100000] [--dialogs 100] [--scrapes 3] [--pages]
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ def fetch(url: str) -> bytes:
         return body
 
 
-async def run(messages: int, dialogs: int, scrapes: int, root: Path) -> list[dict[str, object]]:
+async def run(
+    messages: int, dialogs: int, scrapes: int, pages: bool, root: Path
+) -> list[dict[str, object]]:
     d = shop_and_warehouse(root, hosts=HOSTS)
     d.start("alpha")
     try:
@@ -90,6 +94,24 @@ async def run(messages: int, dialogs: int, scrapes: int, root: Path) -> list[dic
                         "cpu": cpu_model(),
                     }
                 )
+        if pages:
+            client = await d.daemons["alpha"].client()
+            cpu, began = cpu_seconds(process.pid), time.perf_counter()
+            rows = [r async for r in client.view_rows("transmission_queue", page_size=1000)]
+            wall = time.perf_counter() - began
+            await client.close()
+            if len(rows) != messages:
+                raise SystemExit(f"the paged view listed {len(rows)} rows, {messages} queued")
+            out.append(
+                {
+                    "page": "view transmission_queue, every page of 1,000 rows",
+                    "messages": messages,
+                    "dialogs": dialogs,
+                    "wall_s": round(wall, 3),
+                    "daemon_cpu_s": round(cpu_seconds(process.pid) - cpu, 3),
+                    "cpu": cpu_model(),
+                }
+            )
         return out
     finally:
         d.stop_all()
@@ -100,9 +122,14 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--dialogs", type=int, default=100)
     parser.add_argument("--scrapes", type=int, default=3)
+    parser.add_argument(
+        "--pages", action="store_true", help="also page through the whole transmission_queue view"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-scrape-") as root:
-        for line in asyncio.run(run(args.messages, args.dialogs, args.scrapes, Path(root))):
+        for line in asyncio.run(
+            run(args.messages, args.dialogs, args.scrapes, args.pages, Path(root))
+        ):
             print(json.dumps(line))
 
 

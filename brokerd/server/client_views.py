@@ -110,7 +110,7 @@ VIEWS: dict[str, View] = {
         views.ENDPOINTS_VIEW_KEY,
     ),
     "transmission_queue": View(
-        lambda b, _, __: b.engine.conversation_verbs.transmission_queue(),
+        lambda b, page, _: b.engine.conversation_verbs.transmission_queue(page),
         ("database", "conversation_handle", "message_sequence_number"),
     ),
     "queue_messages": View(

@@ -140,7 +140,7 @@ async def test_a_backlog_in_the_file_is_summed_without_being_listed(tmp_path: Pa
     every row of it at each scrape and console refresh: after a restart, with the messages
     of some dialogs only in the file (the backlog recovered as numbers), the depth and the
     count per peer are the full view's, and the console lists the view's 50 oldest rows,
-    oldest first, with the total."""
+    oldest first, with the total. Paged, the view lists every row once, in key order."""
     d = shop_and_warehouse(tmp_path, FAST_RETRY, hosts=HOSTS)
     with running(d, "alpha"):
         shop = await d.daemons["alpha"].client()
@@ -169,6 +169,14 @@ async def test_a_backlog_in_the_file_is_summed_without_being_listed(tmp_path: Pa
         ]
         oldest = sorted((r["enqueued_at"], r["message_sequence_number"]) for r in full)[:50]
         assert listed == oldest
+        # the view a page at a time (R-PROTO-4): each page reads the rows of the endpoints
+        # it lists, and the pages hold every row once, in key order
+        paged = [
+            (r["conversation_handle"], r["message_sequence_number"])
+            async for r in shop.view_rows("transmission_queue", page_size=7)
+        ]
+        expected = sorted((str(handles[n % 4]), n // 4 + 1) for n in range(300))
+        assert paged == expected
         await shop.close()
 
 

@@ -16,7 +16,6 @@ May import: :mod:`brokerd.dialogs.verbs.send`, ``brokerd.dialogs.transmission``,
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Callable, Collection
 from typing import Any
@@ -38,7 +37,8 @@ from brokerd.dialogs.endpoints.service_keys import new_dialog_key
 from brokerd.dialogs.endpoints.states import State
 from brokerd.dialogs.endpoints.work import Work
 from brokerd.dialogs.transmission.transmission import Transmission
-from brokerd.dialogs.verbs import views
+from brokerd.dialogs.verbs import transmission_rows, views
+from brokerd.dialogs.verbs.paging import PageRequest
 from brokerd.dialogs.verbs.send import SendVerbs
 from brokerd.errors import (
     ContractViolation,
@@ -50,7 +50,7 @@ from brokerd.errors import (
     NotPrincipal,
     ServiceNotFound,
 )
-from brokerd.storage import queries, reads
+from brokerd.storage import queries
 from brokerd.storage.keys import new_handle, random_id
 from protocol.dialog import END_DIALOG, ERROR, FLAG_END_DIALOG, FLAG_ERROR, FLAG_SEQUENCED
 from protocol.dialog_security import DialogKeys
@@ -341,79 +341,17 @@ class ConversationVerbs:
         info.status = status
         db.ready[queue].changed.set()  # on: waiters take; off: waiters leave (R-DLG-12)
 
-    async def transmission_queue(self) -> list[dict[str, Any]]:
-        """The ``transmission_queue`` view: what each database sent and has not had
-        acknowledged, then what it received for a queue that is off and holds until the
-        queue is turned on (R-DLG-12), read from its file."""
-        backlogs: dict[uuid.UUID, list[reads.SentRow]] = {}
-        for db in self.directory.databases.values():
-            for ep in list(db.endpoints.values()):
-                for first, last in ep.backlog.spans():
-                    page = await db.store.run(
-                        functools.partial(
-                            reads.read_sent_page, handle=ep.handle_text, first=first, last=last
-                        )
-                    )
-                    backlogs.setdefault(ep.handle, []).extend(
-                        row for row in page if row[0] in ep.backlog
-                    )
-        rows = views.transmission_queue(self.directory.databases.values(), backlogs)
-        for db in self.directory.databases.values():
-            off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
-            if off:
-                held = await db.store.run(functools.partial(reads.read_held_for, queues=off))
-                rows += views.held_for_disabled_queues(db, held)
-        return rows
+    async def transmission_queue(self, request: PageRequest | None = None) -> list[dict[str, Any]]:
+        """The ``transmission_queue`` view (:func:`transmission_rows.transmission_queue`)."""
+        return await transmission_rows.transmission_queue(
+            list(self.directory.databases.values()), request
+        )
 
     async def transmission_backlog(self, listed: int) -> views.TransmissionBacklog:
-        """The transmission queue as the admin port shows it (R-DLG-12, R-OPS-1): counts
-        from memory, and from the file only the first row of each endpoint whose messages
-        are all there and the ``listed`` oldest rows, where the full view reads every
-        row of every backlog."""
-        heads: list[views.Head] = []
-        for db in list(self.directory.databases.values()):
-            in_file: list[Endpoint] = []
-            for ep in list(db.endpoints.values()):
-                head = views.head_of(db, ep)
-                if head is not None:
-                    heads.append(head)
-                elif ep.backlog:
-                    in_file.append(ep)
-            if in_file:
-                firsts = await db.store.run(
-                    functools.partial(
-                        _first_pages,
-                        wanted=[(ep.handle_text, ep.backlog.first, 1) for ep in in_file],
-                    )
-                )
-                heads += [
-                    views.backlog_head(db, ep, page[0])
-                    for ep, page in zip(in_file, firsts, strict=True)
-                    if page and ep.backlog
-                ]
-        held: list[dict[str, Any]] = []
-        for db in self.directory.databases.values():
-            off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
-            if off:
-                rows = await db.store.run(functools.partial(reads.read_held_for, queues=off))
-                held += views.held_for_disabled_queues(db, rows)
-        oldest: list[dict[str, Any]] = []
-        for head in views.oldest_heads(heads, listed):
-            ep = head.ep
-            wanted = listed - len(ep.outbox)
-            page: list[reads.SentRow] = []
-            if wanted > 0 and ep.backlog:
-                (page,) = await head.db.store.run(
-                    functools.partial(
-                        _first_pages, wanted=[(ep.handle_text, ep.backlog.first, wanted)]
-                    )
-                )
-            oldest += views.oldest_rows(head, listed, page)
-        oldest = sorted(oldest + held, key=lambda r: str(r["enqueued_at"]))[:listed]
-        return views.TransmissionBacklog(
-            total=sum(h.messages for h in heads) + len(held),
-            peers=views.by_peer(heads, held),
-            oldest=oldest,
+        """The transmission queue as the admin port shows it
+        (:func:`transmission_rows.transmission_backlog`)."""
+        return await transmission_rows.transmission_backlog(
+            list(self.directory.databases.values()), listed
         )
 
     def check_timer(self, ep: Endpoint, timeout: float) -> None:
@@ -442,9 +380,3 @@ class ConversationVerbs:
     async def begin_conversation_timer(self, handle: uuid.UUID, timeout: float) -> None:
         db, ep = self.directory.endpoint(handle)
         await commit(db, self.timer_work(db, ep, timeout))
-
-
-def _first_pages(conn: Any, wanted: list[tuple[str, int, int]]) -> list[list[reads.SentRow]]:
-    """For each (handle, first, n): the unacknowledged rows of the conversation from
-    sequence number ``first`` on, ``n`` at most (in the committer's thread, one call)."""
-    return [reads.read_sent_page(conn, h, first, first + n - 1) for h, first, n in wanted]

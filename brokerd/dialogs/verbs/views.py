@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
-import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -114,27 +113,6 @@ def _endpoint_row(db: Database, ep: Endpoint) -> dict[str, Any]:
     }
 
 
-def transmission_queue(
-    databases: Iterable[Database],
-    backlogs: Mapping[uuid.UUID, list[SentRow]] | None = None,
-) -> list[dict[str, Any]]:
-    """One row per message sent and not yet acknowledged; ``is_conversation_error`` and
-    ``is_end_of_dialog`` mark the Error and EndDialog that END CONVERSATION sent. The
-    messages of an endpoint's backlog (only in the file) follow its others, from
-    ``backlogs`` (the rows ``reads.read_sent_page`` read, by endpoint handle). The
-    engine adds the messages held for queues that are off (:func:`held_for_disabled_queues`)."""
-    backlogs = backlogs or {}
-    return [
-        row
-        for db in databases
-        for ep in db.endpoints.values()
-        for row in (
-            *_sent_rows(db, ep),
-            *_backlog_rows(db, ep, backlogs.get(ep.handle, [])),
-        )
-    ]
-
-
 @dataclass(frozen=True)
 class PeerBacklog:
     """The transmission queue's messages for one far broker instance (or far service,
@@ -222,11 +200,13 @@ def oldest_rows(head: Head, n: int, backlog: list[SentRow]) -> list[dict[str, An
     ep = head.ep
     sent = heapq.nsmallest(n, ep.outbox.values(), key=lambda m: m.enqueued_at)
     paged = [row for row in backlog if row[0] in ep.backlog]
-    rows = _sent_rows(head.db, ep, sent) + _backlog_rows(head.db, ep, paged)
+    rows = sent_rows(head.db, ep, sent) + backlog_rows(head.db, ep, paged)
     return rows[:n]
 
 
-def _backlog_rows(db: Database, ep: Endpoint, rows: list[SentRow]) -> list[dict[str, Any]]:
+def backlog_rows(db: Database, ep: Endpoint, rows: list[SentRow]) -> list[dict[str, Any]]:
+    """``transmission_queue`` rows of messages of ``ep``'s backlog (only in the file):
+    ``rows``, as ``reads.read_sent_page`` read them."""
     return [
         {
             "database": db.name,
@@ -246,9 +226,12 @@ def _backlog_rows(db: Database, ep: Endpoint, rows: list[SentRow]) -> list[dict[
     ]
 
 
-def _sent_rows(
+def sent_rows(
     db: Database, ep: Endpoint, messages: Iterable[OutMessage] | None = None
 ) -> list[dict[str, Any]]:
+    """``transmission_queue`` rows of ``ep``'s messages in memory (``messages``, or all of
+    them); ``is_conversation_error`` and ``is_end_of_dialog`` mark the Error and EndDialog
+    that END CONVERSATION sent."""
     return [
         {
             "database": db.name,
