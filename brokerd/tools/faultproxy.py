@@ -18,9 +18,12 @@ an accepting broker (the server, "down" direction) and does, per :class:`FaultPl
 * delay every chunk forwarded, both directions;
 * stall the up direction: stop reading from the client while the connection
   stays open, so the sending broker's socket buffers fill as with a peer that
-  hangs without reading (and resume reading when the plan says so);
+  hangs without reading (and resume reading when the plan says so); a chunk read
+  or delayed when the stall begins waits for its end too;
 * refuse new connections (accept, then close at once) or blackhole connections
-  (read and discard everything: the peer seems hung);
+  (read and discard everything: the peer seems hung). Nothing crosses a blackhole,
+  neither bytes nor a peer's close or reset: the other peer finds the silence by its
+  own heartbeats (R-PROTO-5);
 * :meth:`FaultProxy.cut` every open connection at once (TCP reset on both sides).
 
 The plan is read again for every chunk and frame, so tests may change it while the
@@ -80,13 +83,17 @@ class FaultPlan:
     """Seconds slept before forwarding each chunk, both directions. While it sleeps the
     proxy does not read that direction, so it also bounds the throughput."""
     stall: bool = False
-    """Stop reading the up direction (client to server) until this is false again."""
+    """Stop reading the up direction (client to server) until this is false again; a chunk
+    already read or being delayed is held back until then too."""
     refuse: bool = False
     """Accept new connections, then close them at once (the target is never dialled)."""
     blackhole: bool = False
     """New connections are accepted and everything they send is read and discarded (the
     target is never dialled). Live connections go silent in both directions too, and
-    stay silent even if the flag is cleared again (their byte streams are broken)."""
+    stay silent even if the flag is cleared again (their byte streams are broken): a chunk
+    being delayed is discarded, and a peer's close (FIN) or reset is not passed on to the
+    other peer; the proxy closes them once both peers have, or at :meth:`FaultProxy.cut`
+    and :meth:`FaultProxy.stop`."""
 
 
 @dataclass
@@ -365,48 +372,69 @@ class FaultProxy:
         *,
         up: bool,
     ) -> None:
-        """Forward one direction until EOF; an error resets the whole connection."""
+        """Forward one direction until EOF; an error resets the whole connection. Once the
+        connection is blackholed, neither its EOF nor its error crosses to the other peer
+        (R-PROTO-5: that peer must find the silence by its own heartbeats)."""
         frames = _FrameFilter(self, conn.ident, up=up)
+        direction = "client->server" if up else "server->client"
         try:
             while True:
-                while up and self.plan.stall and not conn.aborted:
-                    await asyncio.sleep(0.02)
+                await self._unstalled(conn, up)
                 data = await reader.read(READ_SIZE)
                 if not data:
                     break
-                if conn.blackholed or self.plan.blackhole:
-                    if not conn.blackholed:
-                        conn.blackholed = True
-                        self._event(f"connection {conn.ident}: blackholed")
+                if self._swallowed(conn):
                     continue
                 data = frames.feed(data)
                 await self._forward(conn, writer, data, up)
-            if not (conn.aborted or conn.blackholed):
-                rest = frames.flush()
-                if rest:
-                    self._event(
-                        f"connection {conn.ident}: {'client' if up else 'server'} closed "
-                        "inside a frame, "
-                        f"{len(rest)} trailing bytes forwarded unchanged"
-                    )
-                    await self._forward(conn, writer, rest, up)
-            if not conn.aborted and writer.can_write_eof():
+            if conn.aborted:
+                return
+            if self._swallowed(conn):
+                self._event(f"connection {conn.ident}: {direction} ended inside the blackhole")
+                return
+            rest = frames.flush()
+            if rest:
+                self._event(
+                    f"connection {conn.ident}: {'client' if up else 'server'} closed "
+                    "inside a frame, "
+                    f"{len(rest)} trailing bytes forwarded unchanged"
+                )
+                await self._forward(conn, writer, rest, up)
+            if not (conn.aborted or conn.blackholed) and writer.can_write_eof():
                 writer.write_eof()
         except OSError as exc:
-            if not conn.aborted:
-                direction = "client->server" if up else "server->client"
-                self._event(f"connection {conn.ident}: {direction} failed ({exc}), resetting")
-                conn.abort()
+            if conn.aborted:
+                return
+            if self._swallowed(conn):
+                self._event(f"connection {conn.ident}: {direction} failed inside the blackhole")
+                return
+            self._event(f"connection {conn.ident}: {direction} failed ({exc}), resetting")
+            conn.abort()
+
+    async def _unstalled(self, conn: _Connection, up: bool) -> None:
+        """Return once the plan does not stall this direction (only the up one stalls)."""
+        while up and self.plan.stall and not conn.aborted:
+            await asyncio.sleep(0.02)
+
+    def _swallowed(self, conn: _Connection) -> bool:
+        """Whether ``conn`` is blackholed, marking it so when the plan says (for good)."""
+        if not conn.blackholed and self.plan.blackhole:
+            conn.blackholed = True
+            self._event(f"connection {conn.ident}: blackholed")
+        return conn.blackholed
 
     async def _forward(
         self, conn: _Connection, writer: asyncio.StreamWriter, data: bytes, up: bool
     ) -> None:
+        """Write ``data`` after the plan's delay, unless the connection was blackholed
+        meanwhile; a stall set meanwhile holds it (the chunk in hand waits with the rest)."""
         if not data:
             return
         delay = self.plan.delay
         if delay > 0:
             await asyncio.sleep(delay)
-        if conn.aborted or conn.blackholed:
+        await self._unstalled(conn, up)
+        if conn.aborted or self._swallowed(conn):
             return
         writer.write(data)
         await writer.drain()

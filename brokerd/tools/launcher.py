@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,8 @@ class Deployment:
         self.retry = retry or {}
         self.reconnect = reconnect
         self._ca: certs.Issued | None = None
+        self._starting = threading.Lock()
+        """Held while a daemon's process is checked and spawned (:meth:`start`)."""
 
     def _ensure_ca(self) -> certs.Issued:
         if self._ca is None:
@@ -186,44 +189,57 @@ port = {client_port}
 
     def start(self, name: str, timeout: float = 20.0, *, detach: bool = False) -> Daemon:
         """Start ``name`` and wait until it listens. ``detach``: in a session of its own, so
-        that it outlives the command that started it and its terminal's signals."""
+        that it outlives the command that started it and its terminal's signals.
+
+        Safe from several threads (the soak starts daemons in threads, and heals one whose
+        restart it cancelled while the thread still waits): one process at most per
+        daemon, and a call finding it already running still waits until it listens."""
         daemon = self.daemons[name]
-        if daemon.running:
-            return daemon
         ready = daemon.directory / "ready"
-        ready.unlink(missing_ok=True)
-        log = daemon.log_path.open("ab")
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        daemon.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "brokerd",
-                "run",
-                "--config",
-                str(daemon.config_path),
-                "--ready-file",
-                str(ready),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=detach,
-        )
-        log.close()
+        with self._starting:
+            if not daemon.running:
+                ready.unlink(missing_ok=True)
+                daemon.process = self._spawn(daemon, ready, detach)
+            process = daemon.process
+        assert process is not None
         deadline = time.monotonic() + timeout
         while not ready.exists():
-            if daemon.process.poll() is not None:
+            if process.poll() is not None:
                 raise RuntimeError(
-                    f"brokerd {name} exited with {daemon.process.returncode}:\n{daemon.log_tail()}"
+                    f"brokerd {name} exited with {process.returncode}:\n{daemon.log_tail()}"
                 )
             if time.monotonic() > deadline:
-                self.kill(name)
+                process.kill()
+                process.wait()
                 raise RuntimeError(f"brokerd {name} did not start in {timeout} s")
             time.sleep(0.02)
         return daemon
+
+    @staticmethod
+    def _spawn(daemon: Daemon, ready: Path, detach: bool) -> subprocess.Popen[bytes]:
+        log = daemon.log_path.open("ab")
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        try:
+            return subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "brokerd",
+                    "run",
+                    "--config",
+                    str(daemon.config_path),
+                    "--ready-file",
+                    str(ready),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=detach,
+            )
+        finally:
+            log.close()
 
     def stop(self, name: str, timeout: float = 15.0) -> int | None:
         """SIGTERM and wait; SIGKILL if it does not stop in time."""
