@@ -51,10 +51,13 @@ Views print as aligned text tables: UUIDs are shortened to their last 8
 characters (random in every UUID brokerd makes: a conversation handle begins with
 the time it was made), timestamps to whole seconds and long text to 40 characters unless
 ``--wide`` is given (which also shows the full column names); a message's
-``transmission_status`` is always kept whole, as the last column. ``--json``
-prints the daemon's rows unchanged (``watch --json`` prints one JSON document a
-line). An empty view prints ``(no rows)``. Every view is read page after page (the
-daemon's replies are bounded), so a view of any size prints whole.
+``transmission_status`` is always kept whole, as the last column; a row is always one
+line (control characters in a cell are shown as escapes). ``--json`` prints the
+daemon's rows unchanged (``watch --json`` prints one JSON document a line; ``route``,
+``mirror-role`` and ``quarantine`` print one JSON object: what was done). An empty
+view prints ``(no rows)``. Times are UTC (``Z``), ``watch``'s clock too. Every view is
+read page after page (the daemon's replies are bounded), so a view of any size prints
+whole.
 
 ``trace`` needs no running daemon: it reads the trace files (docs/traces.md) of every
 daemon named, by folder (``--traces``) or by configuration file (``--config``, once per
@@ -71,20 +74,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
+import io
 import json
 import math
 import os
-import re
 import ssl
 import sys
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from brokerd.admin import trace as tracing
+from brokerd.admin.tables import display_rows, format_table
 from brokerd.sdk.client import DEFAULT_PORT, BrokerClient
 from protocol.errors import AuthenticationFailed, BrokerError, ClientError, RemoteError
 
@@ -130,116 +134,9 @@ _VIEW_HELP = {
     "activation": "activated queues: their command, instances running, started and exited",
 }
 
-SHORT_LENGTH = 8
-"""A shortened UUID keeps this many of its last characters: random in a version 4 UUID
-and in a version 7 one (a conversation handle), whose first ones are its time."""
-MAX_TEXT = 40
-"""Other text longer than this is cut (with an ellipsis) unless ``wide``."""
-LAST_COLUMNS = ("transmission_status",)
-"""Columns moved to the end of the table and never cut."""
-SHORT_HEADERS = {
-    "conversation_handle": "handle",
-    "conversation_id": "conversation",
-    "conversation_group_id": "group",
-    "is_conversation_error": "error",
-    "is_end_of_dialog": "end",
-    "far_broker_instance": "far_broker",
-    "to_broker_instance": "to_broker",
-    "message_sequence_number": "seq",
-    "send_sequence": "send_seq",
-    "receive_sequence": "recv_seq",
-    "unacknowledged": "unacked",
-    "remote_service_name": "remote_service",
-    "corrupted_messages": "corrupted",
-}
-"""Column titles used unless ``wide`` (``--json`` and ``--wide`` keep the real names)."""
-
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)?")
-
 
 class CtlError(Exception):
     """A problem to report in one line, exit status 2."""
-
-
-# --------------------------------------------------------------------------- tables
-
-
-def _cell(value: Any, wide: bool, cut: bool) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, dict | list):
-        text = json.dumps(value, separators=(",", ":"))
-    else:
-        text = str(value)
-    if wide:
-        return text
-    if _UUID.fullmatch(text):
-        return text[-SHORT_LENGTH:]
-    stamp = _TIMESTAMP.fullmatch(text)
-    if stamp:
-        zone = stamp.group(3)
-        zone = "Z" if zone in ("Z", "+00:00", "-00:00") else (zone or "")
-        return f"{stamp.group(1)} {stamp.group(2)}{zone}"
-    if cut and len(text) > MAX_TEXT:
-        if text.startswith("/"):  # a file: the end says more than the beginning
-            return "…" + text[-(MAX_TEXT - 1) :]
-        return text[: MAX_TEXT - 1] + "…"
-    return text
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def format_table(rows: Sequence[dict[str, Any]], wide: bool = False) -> str:
-    """Rows of a view as an aligned text table with a header line; ``(no rows)`` if empty.
-
-    Columns are the rows' keys in order of first appearance, except that
-    :data:`LAST_COLUMNS` go last and are never cut. Unless ``wide``: UUIDs are
-    shortened to their last 8 characters, ISO timestamps to whole seconds, other text to
-    :data:`MAX_TEXT` characters, and a few long column names are abbreviated.
-    Numbers are right-aligned; lines carry no trailing spaces.
-    """
-    if not rows:
-        return "(no rows)"
-    columns: list[str] = []
-    for row in rows:
-        columns.extend(key for key in row if key not in columns)
-    columns.sort(key=lambda c: c in LAST_COLUMNS)  # stable: only moves the last ones
-    headers = [c if wide else SHORT_HEADERS.get(c, c) for c in columns]
-    cells = [[_cell(row.get(c), wide, cut=c not in LAST_COLUMNS) for c in columns] for row in rows]
-    numeric = [
-        all(_is_number(row[c]) for row in rows if row.get(c) is not None)
-        and any(row.get(c) is not None for row in rows)
-        for c in columns
-    ]
-    widths = [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(headers)]
-    last = len(columns) - 1
-
-    def render(values: Sequence[str], header: bool) -> str:
-        parts = []
-        for i, value in enumerate(values):
-            if numeric[i] and not header:
-                parts.append(value.rjust(widths[i]))
-            elif i == last:
-                parts.append(value)
-            else:
-                parts.append(value.ljust(widths[i]))
-        return "  ".join(parts).rstrip()
-
-    return "\n".join([render(headers, True), *(render(line, False) for line in cells)])
-
-
-def _display_rows(view: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows as a table shows them: the one-row ``stats`` view is turned on its side."""
-    if view == "stats" and len(rows) == 1:
-        return [{"counter": key, "value": value} for key, value in rows[0].items()]
-    return rows
 
 
 # --------------------------------------------------------------------------- connection
@@ -383,7 +280,7 @@ def _view_name(name: str) -> str:
 def _render(view: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     if args.json:
         return json.dumps(rows, indent=2)
-    return format_table(_display_rows(view, rows), wide=args.wide)
+    return format_table(display_rows(view, rows), wide=args.wide)
 
 
 async def _show(args: argparse.Namespace, target: Target) -> None:
@@ -395,7 +292,10 @@ async def _show(args: argparse.Namespace, target: Target) -> None:
 
 async def _queue(args: argparse.Namespace, target: Target) -> None:
     async with await connect(target, args.timeout) as client:
-        rows = await _call(client, target, client.queue_messages(args.queue), args.timeout)
+        # The rows as the daemon sends them: a table and --json print dictionaries.
+        rows = await _call(
+            client, target, client.view("queue_messages", queue=args.queue), args.timeout
+        )
     print(_render("queue_messages", rows, args))
 
 
@@ -426,12 +326,12 @@ async def _watch(args: argparse.Namespace, target: Target) -> None:
             if args.json:
                 print(json.dumps(rows), flush=True)
             else:
-                stamp = time.strftime("%H:%M:%S")
+                stamp = time.strftime("%H:%M:%SZ", time.gmtime())  # UTC, as the views
                 title = (
                     f"{args.view} on brokerd {client.instance} at {target.where}, "
                     f"every {args.interval:g} s — {stamp}"
                 )
-                table = format_table(_display_rows(view, rows), wide=args.wide)
+                table = format_table(display_rows(view, rows), wide=args.wide)
                 screen = f"{title}\n\n{table}"
                 if clear:
                     print("\x1b[H\x1b[2J" + screen, flush=True)
@@ -518,6 +418,18 @@ def _port(value: str) -> int:
     return port
 
 
+def _done(args: argparse.Namespace, text: str, done: str, **more: Any) -> None:
+    """What a command that changes the daemon did: ``text``, or with ``--json`` one JSON
+    object (the command's arguments, what was ``done`` and ``more``), as every command's
+    ``--json`` output is JSON (R-OBJ-5 routes, R-ROUTE-10 roles, SPEC §6 quarantines)."""
+    if not args.json:
+        print(text)
+        return
+    given = ("action", "database", "name", "role", "error_code", "description")
+    doc = {"command": args.command, **{k: getattr(args, k) for k in given if hasattr(args, k)}}
+    print(json.dumps({**doc, "done": done, **more}, indent=2))
+
+
 def _null(value: str | None) -> str | None:
     return None if value is None or value.upper() == "NULL" else value
 
@@ -549,7 +461,7 @@ async def _route(args: argparse.Namespace, target: Target) -> None:
                 ),
                 args.timeout,
             )
-            print(f"route {args.name} created in database {args.database}")
+            _done(args, f"route {args.name} created in database {args.database}", "created")
         elif args.action == "alter":
             changes: dict[str, Any] = {}
             for key, value in fields.items():
@@ -567,16 +479,16 @@ async def _route(args: argparse.Namespace, target: Target) -> None:
                 client.alter_route(args.database, args.name, **changes),
                 args.timeout,
             )
-            print(f"route {args.name} altered in database {args.database}")
+            _done(args, f"route {args.name} altered in database {args.database}", "altered")
         else:
             await _call(client, target, client.drop_route(args.database, args.name), args.timeout)
-            print(f"route {args.name} dropped from database {args.database}")
+            _done(args, f"route {args.name} dropped from database {args.database}", "dropped")
 
 
 async def _mirror_role(args: argparse.Namespace, target: Target) -> None:
     async with await connect(target, args.timeout) as client:
         await _call(client, target, client.set_mirror_role(args.database, args.role), args.timeout)
-    print(f"database {args.database} is now the {args.role} partner")
+    _done(args, f"database {args.database} is now the {args.role} partner", "role set")
 
 
 async def _quarantine(args: argparse.Namespace, target: Target) -> None:
@@ -587,7 +499,8 @@ async def _quarantine(args: argparse.Namespace, target: Target) -> None:
     async with await connect(target, args.timeout) as client:
         if args.action == "release":
             released = await _call(client, target, client.release_quarantine(handle), args.timeout)
-            print(f"conversation {handle} released: {released} message(s) receivable again")
+            text = f"conversation {handle} released: {released} message(s) receivable again"
+            _done(args, text, "released", conversation_handle=str(handle), released=released)
             return
         if args.error_code is None:
             raise CtlError("quarantine end needs --error-code N (greater than 0)")
@@ -597,7 +510,8 @@ async def _quarantine(args: argparse.Namespace, target: Target) -> None:
             client.end_quarantined(handle, args.error_code, args.description),
             args.timeout,
         )
-    print(f"conversation {handle} ended with error {args.error_code}")
+    text = f"conversation {handle} ended with error {args.error_code}"
+    _done(args, text, "ended", conversation_handle=str(handle))
 
 
 # --------------------------------------------------------------------------- parser
@@ -761,7 +675,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_FAILING = ("strict", "surrogateescape")
+"""Error handlers of a text stream that raise on a character its encoding lacks."""
+
+
+def _tolerant_stdout() -> None:
+    """In a locale that is not UTF-8 (``LC_ALL=C`` without Python's UTF-8 mode, a Latin-1
+    terminal), a character standard output cannot encode (a table's ``…``, a service's
+    name) is written as an escape, as on standard error, rather than end the command with
+    a traceback."""
+    stream = sys.stdout
+    if not isinstance(stream, io.TextIOWrapper) or stream.errors not in _FAILING:
+        return
+    try:
+        utf8 = codecs.lookup(stream.encoding).name == "utf-8"
+    except LookupError:
+        utf8 = False
+    if not utf8:
+        stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_stdout()
     args = build_parser().parse_args(argv)
     if args.command == "tq":
         args.command = "transmission-queue"

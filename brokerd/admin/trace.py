@@ -424,6 +424,8 @@ def _why(e: Event, before: Event | None) -> str:
     if n == "retransmission":
         return "no acknowledgement came within the retry wait"
     if n == "fragment_received":
+        if f.get("peer") == "local" and before.name in ("fragment_sent", "retransmission"):
+            return "handed to the target database in the same broker (a LOCAL route)"
         if e.instance == before.instance:
             return "arrived again"
         return f"on the network from {before.instance}"
@@ -507,11 +509,12 @@ def follow(directories: Sequence[Path], conversation: str, seq: int | None = Non
         )
     found = paths(read.events, seq)
     if not found:
-        have = (
-            "it has no message"
-            if read.lowest is None
-            else f"it has messages {read.lowest}..{read.highest}"
-        )
+        if read.lowest is None:
+            raise TraceNotFound(
+                f"conversation {cid}: no message in the traces ({read.seen} event(s) of it: "
+                "begun, nothing sent yet?)"
+            )
+        have = f"it has messages {read.lowest}..{read.highest}"
         raise TraceNotFound(f"conversation {cid}: no message {seq} in the traces ({have})")
     for p in found:
         add_refusals(p, read.refusals)
