@@ -98,7 +98,7 @@ NONCE_SIZE = 12
 TAG_SIZE = 16
 MAX_KEY_EXCHANGE_SIZE = 512
 """Bound of a security trailer's key exchange (``dialog_security.KEY_EXCHANGE`` is
-177 bytes)."""
+185 bytes)."""
 
 _Name = c.PascalString(c.Int16ub, "utf8")
 

@@ -6,16 +6,21 @@ certificate (a *remote service binding*).
 
 * **Key exchange.** The initiator draws a random 32-byte dialog key and sends it
   with its messages until the target has answered, in the security trailer of
-  their headers (``KEY_EXCHANGE``)::
+  their headers (``KEY_EXCHANGE``, 185 bytes)::
 
-      ephemeral (65: uncompressed P-256 point) | wrapped (48) | u8 length | signature
+      ephemeral (65: uncompressed P-256 point) | wrapped (48) | u64 made_at | signature (64)
 
   ``wrapped`` = AES-256-GCM(KEK, nonce 0, dialog key), KEK = HKDF-SHA256 of
   ECDH(ephemeral, target service key), salted with the conversation id, with the
-  two service names as info: only the target service can unwrap it.
-  ``signature`` = ECDSA-SHA256 by the initiator service's key over the
-  conversation id, both service names, ``ephemeral`` and ``wrapped``: only the
-  initiator service can have made it.
+  two service names as info: only the target service can unwrap it. ``made_at`` is
+  when the exchange was made, in milliseconds since the Unix epoch (UTC): a target
+  takes a dialog's first message only with an exchange younger than the time it keeps
+  a closed endpoint, so that a first message recorded and replayed after the target
+  has removed the dialog begins nothing (SPEC §5, R-DLG-4); the initiator makes its
+  exchange again while it waits that long. ``signature`` = ECDSA-SHA256 by the
+  initiator service's key over the conversation id, both service names,
+  ``ephemeral``, ``wrapped`` and ``made_at``: only the initiator service can have made
+  it.
 * **Protection.** From the dialog key, HKDF-SHA256 derives one AES-256-GCM key per
   direction. Every header of the dialog (a message fragment, a dedicated
   acknowledgement, a broker error) carries a fresh random 12-byte nonce and a
@@ -26,7 +31,7 @@ certificate (a *remote service binding*).
   authenticated. Forwarders change only the hop count.
 
 No I/O and no clock: randomness comes from the caller's ``entropy`` (default
-``os.urandom``), so golden vectors are reproducible.
+``os.urandom``) and times from the caller, so golden vectors are reproducible.
 """
 
 from __future__ import annotations
@@ -69,11 +74,14 @@ SIGNATURE_SIZE = 64
 KEY_EXCHANGE = c.Struct(
     "ephemeral" / c.Bytes(POINT_SIZE),
     "wrapped" / c.Bytes(WRAPPED_SIZE),
+    "made_at" / c.Int64ub,
     "signature" / c.Bytes(SIGNATURE_SIZE),
     c.Terminated,
 )
-"""The key exchange a secured dialog's first messages carry (177 bytes)."""
-KEY_EXCHANGE_SIZE = POINT_SIZE + WRAPPED_SIZE + SIGNATURE_SIZE
+"""The key exchange a secured dialog's first messages carry (185 bytes)."""
+KEY_EXCHANGE_SIZE = POINT_SIZE + WRAPPED_SIZE + 8 + SIGNATURE_SIZE
+MAX_MADE_AT = 2**63 - 1
+"""The latest ``made_at`` (milliseconds since the Unix epoch) an exchange may carry."""
 
 _ZERO_TAG = bytes(TAG_SIZE)
 _ZERO_NONCE = bytes(NONCE_SIZE)
@@ -89,10 +97,23 @@ def _require_p256(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -
 
 
 def _signed_bytes(
-    conversation_id: uuid.UUID, from_service: str, to_service: str, ephemeral: bytes, wrapped: bytes
+    conversation_id: uuid.UUID,
+    from_service: str,
+    to_service: str,
+    ephemeral: bytes,
+    wrapped: bytes,
+    made_at: int,
 ) -> bytes:
     names = from_service.encode() + b"\0" + to_service.encode()
-    return b"brokerd dialog key\0" + conversation_id.bytes + names + b"\0" + ephemeral + wrapped
+    return (
+        b"brokerd dialog key v2\0"
+        + conversation_id.bytes
+        + names
+        + b"\0"
+        + ephemeral
+        + wrapped
+        + made_at.to_bytes(8, "big")
+    )
 
 
 def _kek(shared: bytes, conversation_id: uuid.UUID, from_service: str, to_service: str) -> bytes:
@@ -111,11 +132,15 @@ def make_key_exchange(
     dialog_key: bytes,
     initiator_key: ec.EllipticCurvePrivateKey,
     target_public: ec.EllipticCurvePublicKey,
+    made_at: int,
     entropy: Callable[[int], bytes] = os.urandom,
 ) -> bytes:
-    """The initiator's key exchange for ``dialog_key`` (KEY_EXCHANGE bytes)."""
+    """The initiator's key exchange for ``dialog_key`` (KEY_EXCHANGE bytes), made at
+    ``made_at`` (milliseconds since the Unix epoch)."""
     if len(dialog_key) != KEY_SIZE:
         raise DialogSecurityError("a dialog key is 32 bytes")
+    if not 0 <= made_at <= MAX_MADE_AT:
+        raise DialogSecurityError(f"made_at {made_at} is not a time in milliseconds")
     _require_p256(initiator_key)
     _require_p256(target_public)
     ephemeral_key = ec.derive_private_key(
@@ -129,14 +154,29 @@ def make_key_exchange(
     )
     wrapped = AESGCM(kek).encrypt(_ZERO_NONCE, dialog_key, None)
     der = initiator_key.sign(
-        _signed_bytes(conversation_id, from_service, to_service, ephemeral, wrapped),
+        _signed_bytes(conversation_id, from_service, to_service, ephemeral, wrapped, made_at),
         ec.ECDSA(hashes.SHA256()),
     )
     r, s = decode_dss_signature(der)
     signature = r.to_bytes(32, "big") + s.to_bytes(32, "big")
     return bytes(
-        KEY_EXCHANGE.build(dict(ephemeral=ephemeral, wrapped=wrapped, signature=signature))
+        KEY_EXCHANGE.build(
+            dict(ephemeral=ephemeral, wrapped=wrapped, made_at=made_at, signature=signature)
+        )
     )
+
+
+class OpenedExchange(NamedTuple):
+    """What a key exchange carries, checked: the dialog key and when it was made
+    (milliseconds since the Unix epoch, by the initiator's clock)."""
+
+    dialog_key: bytes
+    made_at: int
+
+    def age(self, now: int) -> float:
+        """Seconds since it was made, at ``now`` (milliseconds since the Unix epoch);
+        negative when the initiator's clock is ahead."""
+        return (now - self.made_at) / 1000
 
 
 def open_key_exchange(
@@ -146,23 +186,25 @@ def open_key_exchange(
     to_service: str,
     target_key: ec.EllipticCurvePrivateKey,
     initiator_public: ec.EllipticCurvePublicKey,
-) -> bytes:
-    """The dialog key ``blob`` carries, after checking the initiator service's signature;
-    DialogSecurityError if it is malformed, not signed by that service, or not for this
-    target service."""
+) -> OpenedExchange:
+    """The dialog key ``blob`` carries and when it was made, after checking the initiator
+    service's signature; DialogSecurityError if it is malformed, not signed by that
+    service, or not for this target service. How old an exchange may be is the caller's
+    to judge (:meth:`OpenedExchange.age`)."""
     if len(blob) != KEY_EXCHANGE_SIZE:
         raise DialogSecurityError(
             f"key exchange of {len(blob)} bytes (expected {KEY_EXCHANGE_SIZE})"
         )
     parsed = KEY_EXCHANGE.parse(blob)
     ephemeral, wrapped, signature = parsed.ephemeral, parsed.wrapped, parsed.signature
+    made_at = int(parsed.made_at)
     der = encode_dss_signature(
         int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big")
     )
     try:
         initiator_public.verify(
             der,
-            _signed_bytes(conversation_id, from_service, to_service, ephemeral, wrapped),
+            _signed_bytes(conversation_id, from_service, to_service, ephemeral, wrapped, made_at),
             ec.ECDSA(hashes.SHA256()),
         )
     except InvalidSignature:
@@ -176,7 +218,7 @@ def open_key_exchange(
         raise DialogSecurityError("the key exchange's ephemeral key is not a P-256 point") from None
     kek = _kek(shared, conversation_id, from_service, to_service)
     try:
-        return AESGCM(kek).decrypt(_ZERO_NONCE, wrapped, None)
+        return OpenedExchange(AESGCM(kek).decrypt(_ZERO_NONCE, wrapped, None), made_at)
     except InvalidTag:
         raise DialogSecurityError(
             f"the dialog key is not wrapped for this service's key ({to_service!r})"

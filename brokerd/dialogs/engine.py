@@ -141,7 +141,13 @@ class DialogEngine:
             clock,
         )
         self.admission = Admission(
-            self.directory, self.events, self.transmission, self.stats, limits.max_message_size
+            self.directory,
+            self.events,
+            self.transmission,
+            self.stats,
+            limits.max_message_size,
+            limits.closed_endpoint_keep,
+            clock,
         )
         self.acks = Acknowledgements(
             self.directory,

@@ -86,7 +86,7 @@ class Broker:
         self.client_tls = server_context(config)
         self.credentials = Credentials(config.client, config.path)
         self.databases = {
-            db.name: Database(db, config.data_dir, config.limits) for db in config.databases
+            db.name: Database(db, config.data_dir, config.limits, cas) for db in config.databases
         }
         self.transport = Transport(endpoint, self.identity)
         self.trace = TraceWriter(config.trace, self.instance_name)

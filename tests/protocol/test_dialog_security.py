@@ -1,7 +1,7 @@
 """Dialog security codecs and crypto (SPEC R-DLG-14), byte for byte.
 
-``golden/dialog_security_v1.json`` pins a key exchange, a secured first fragment
-(carrying it) and a secured dedicated acknowledgement, made with fixed keys and
+``golden/dialog_security_v2.json`` pins a key exchange (made at a fixed time), a secured
+first fragment (carrying it) and a secured dedicated acknowledgement, made with fixed keys and
 counter "entropy" (the ECDSA signature inside the key exchange is randomised, so the
 vectors were generated once and are checked by opening them, and by re-sealing
 where the output is deterministic).
@@ -46,7 +46,7 @@ from protocol.dialog_security import (
 )
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 
-GOLDEN = json.loads((Path(__file__).parent / "golden" / "dialog_security_v1.json").read_text())
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "dialog_security_v2.json").read_text())
 CONV = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
 A = uuid.UUID(int=0x11111111111111111111111111111111)
 B = uuid.UUID(int=0x66666666666666666666666666666666)
@@ -86,16 +86,17 @@ def first_message() -> DialogHeader:
 
 def test_golden_key_exchange_opens_to_the_dialog_key() -> None:
     blob = bytes.fromhex(GOLDEN["kx"])
-    assert len(blob) == KEY_EXCHANGE_SIZE == 177
-    assert open_key_exchange(blob, CONV, FROM, TO, TARGET_KEY, INITIATOR_KEY.public_key()) == (
-        DIALOG_KEY
-    )
+    assert len(blob) == KEY_EXCHANGE_SIZE == 185
+    opened = open_key_exchange(blob, CONV, FROM, TO, TARGET_KEY, INITIATOR_KEY.public_key())
+    assert opened == (DIALOG_KEY, GOLDEN["made_at"])
+    assert blob[113:121] == GOLDEN["made_at"].to_bytes(8, "big")  # after ephemeral, wrapped
+    assert opened.age(GOLDEN["made_at"] + 90_000) == 90.0
 
 
 def test_golden_secured_first_fragment() -> None:
     """Layout: the version-1 header with flags INITIATOR | SEQUENCED | SECURED (0x0013),
     then between the (empty) acknowledgement lists and the names the security trailer:
-    nonce (12) | tag (16) | u16 177 | key exchange; the body is the ciphertext, as long
+    nonce (12) | tag (16) | u16 185 | key exchange; the body is the ciphertext, as long
     as the plaintext."""
     payload = bytes.fromhex(GOLDEN["fragment"])
     header, body = decode_fragment(payload)
@@ -157,9 +158,12 @@ def test_a_frame_is_bound_to_its_direction_and_its_dialog_key() -> None:
 
 
 def test_a_key_exchange_is_for_one_target_and_from_one_initiator() -> None:
-    blob = make_key_exchange(CONV, FROM, TO, DIALOG_KEY, INITIATOR_KEY, TARGET_KEY.public_key())
+    blob = make_key_exchange(
+        CONV, FROM, TO, DIALOG_KEY, INITIATOR_KEY, TARGET_KEY.public_key(), made_at=1
+    )
     assert open_key_exchange(blob, CONV, FROM, TO, TARGET_KEY, INITIATOR_KEY.public_key()) == (
-        DIALOG_KEY
+        DIALOG_KEY,
+        1,
     )
     with pytest.raises(DialogSecurityError, match="not signed"):
         open_key_exchange(blob, CONV, FROM, TO, TARGET_KEY, OTHER_KEY.public_key())
@@ -169,7 +173,10 @@ def test_a_key_exchange_is_for_one_target_and_from_one_initiator() -> None:
         open_key_exchange(blob, uuid.uuid4(), FROM, TO, TARGET_KEY, INITIATOR_KEY.public_key())
     with pytest.raises(DialogSecurityError, match="not signed"):  # another service
         open_key_exchange(blob, CONV, "//mallory", TO, TARGET_KEY, INITIATOR_KEY.public_key())
-    with pytest.raises(DialogSecurityError, match="177"):
+    later = blob[:113] + (2).to_bytes(8, "big") + blob[121:]
+    with pytest.raises(DialogSecurityError, match="not signed"):  # its time changed
+        open_key_exchange(later, CONV, FROM, TO, TARGET_KEY, INITIATOR_KEY.public_key())
+    with pytest.raises(DialogSecurityError, match="185"):
         open_key_exchange(blob[:-1], CONV, FROM, TO, TARGET_KEY, INITIATOR_KEY.public_key())
     bad_point = b"\x04" + bytes(64) + blob[65:]
     with pytest.raises(DialogSecurityError):
@@ -202,7 +209,7 @@ def test_the_trailer_is_bounded_and_goes_with_its_flag() -> None:
     # On the wire: an announced key exchange over the bound, and a truncated trailer.
     raw = bytearray(bytes.fromhex(GOLDEN["fragment"]))
     size_at = HOP_COUNT_OFFSET + 1 + 16 + 16 + 8 + 1 + 1 + 12 + 16
-    assert raw[size_at : size_at + 2] == (177).to_bytes(2, "big")
+    assert raw[size_at : size_at + 2] == (185).to_bytes(2, "big")
     raw[size_at : size_at + 2] = (MAX_KEY_EXCHANGE_SIZE + 1).to_bytes(2, "big")
     with pytest.raises(RemoteProtocolError, match="exceeds"):
         decode_fragment(bytes(raw))

@@ -20,6 +20,8 @@ they may import.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from brokerd.dialogs.endpoints import binding
 from brokerd.dialogs.endpoints.broker_errors import (
     CODE_CONVERSATION_NOT_FOUND,
@@ -54,12 +56,20 @@ class Admission:
         transmission: Transmission,
         stats: EngineStats,
         max_message_size: int,
+        keep: float,
+        clock: Callable[[], float],
     ) -> None:
         self.directory = directory
         self.events = events
         self.transmission = transmission
         self.stats = stats
         self.max_message_size = max_message_size
+        self.keep = keep
+        """Seconds a target keeps a closed endpoint (``limits.closed_endpoint_keep``): a
+        secured dialog's first message is taken only with a key exchange younger than
+        that (R-DLG-14)."""
+        self.clock = clock
+        """Wall-clock time, as the initiators' exchanges carry it."""
 
     def refused(self, link: Link, ep: Endpoint, header: DialogHeader, what: str) -> bool:
         """R-DLG-14: drop (never acknowledge or apply) what does not come from the far side
@@ -152,14 +162,20 @@ class Admission:
         sk = db.service_keys
         sec = header.security
         if sec is None:
-            if header.to_service in sk.required:
+            # A dialog with a service bound here is secured whichever side began it: one
+            # that claims to come from it unsecured is refused, not taken on its word.
+            if sk.secured(header.to_service, header.from_service):
+                reason = (
+                    f"service {header.to_service!r} requires dialog security"
+                    if header.to_service in sk.required
+                    else f"service {header.from_service!r} has a remote service binding here"
+                )
                 self.send_broker_error(
                     link,
                     db,
                     header,
                     CODE_DIALOG_SECURITY,
-                    f"service {header.to_service!r} requires dialog security; the dialog is "
-                    "not secured",
+                    f"{reason}; the dialog is not secured",
                 )
                 return None, None
             return None, body
@@ -176,7 +192,7 @@ class Admission:
         try:
             if not sec.key_exchange:
                 raise DialogSecurityError("the first message carries no key exchange")
-            key = open_key_exchange(
+            opened = open_key_exchange(
                 sec.key_exchange,
                 header.conversation_id,
                 header.from_service,
@@ -184,7 +200,17 @@ class Admission:
                 sk.own[header.to_service],
                 sk.bound[header.from_service],
             )
-            keys = DialogKeys(key)
+            age = opened.age(int(self.clock() * 1000))
+            if age > self.keep:
+                # SPEC §5, R-DLG-4: a target that took this dialog has it still, or removed
+                # it at least a keep after its first message came; a first message whose
+                # exchange is older may be one recorded and sent again after that removal.
+                raise DialogSecurityError(
+                    f"the key exchange was made {age:.0f} s ago, longer than this broker "
+                    f"keeps a closed endpoint ({self.keep:g} s): it may be a replay of a "
+                    "dialog already ended here (the initiator makes its exchange again)"
+                )
+            keys = DialogKeys(opened.dialog_key)
             return keys, keys.open(header, body)
         except DialogSecurityError as exc:
             self.stats.dialog_security_refusals += 1

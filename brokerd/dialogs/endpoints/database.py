@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+
 from brokerd.config import DatabaseConfig, LimitsConfig
 from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_from_row
 from brokerd.dialogs.endpoints.poison import PoisonLedger, Quarantine, Rollbacks
@@ -85,11 +87,18 @@ _END_FLAGS = {
 
 class Database:
     def __init__(
-        self, config: DatabaseConfig, data_dir: Path, limits: LimitsConfig | None = None
+        self,
+        config: DatabaseConfig,
+        data_dir: Path,
+        limits: LimitsConfig | None = None,
+        cas: Sequence[x509.Certificate] = (),
     ) -> None:
         """``limits``: the daemon's (``[limits]``: the page cache and the segment files
-        of large bodies of the database's store); the defaults without."""
+        of large bodies of the database's store); the defaults without. ``cas``: the
+        deployment CA's certificates, which must have issued its services' certificates
+        and bindings (R-DLG-14; not checked without)."""
         self.config = config
+        self.cas = tuple(cas)
         self.name = config.name
         limits = limits or LimitsConfig()
         self.store = Store(
@@ -128,7 +137,7 @@ class Database:
         database, and releases no commit (the mirroring service clears it)."""
 
     async def open(self) -> None:
-        self.service_keys = ServiceKeys.load(self.config)
+        self.service_keys = ServiceKeys.load(self.config, self.cas)
         self.broker_instance = await self.store.open(self.config.broker_instance)
         for name, status, configured in await self.store.fetchall(queries.READ_QUEUE_STATES):
             info = self.catalog.queues.get(str(name))
@@ -253,9 +262,10 @@ class Database:
             if ep.keys is not None and ep.initiator:
                 # R-DLG-14: the target has answered under the dialog key if it sent a
                 # message, or if an (authenticated) acknowledgement removed the first one.
-                ep.key_confirmed = ep.accepted.through > 0 or (
-                    ep.send_sequence > 0 and 1 not in ep.outbox and 1 not in ep.backlog
-                )
+                # Bound to the broker that answered (``far_peer``) only once its answer
+                # passed the check; the first message gone from the queue says nothing
+                # (END CONVERSATION WITH ERROR drops it unanswered).
+                ep.key_confirmed = ep.accepted.through > 0 or bool(ep.far_peer)
         return waiting, repairs
 
     def _load_poison(self, fetch: Rows) -> None:

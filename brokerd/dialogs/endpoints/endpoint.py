@@ -107,7 +107,10 @@ class Endpoint:
     """The far side has answered under the dialog key: the initiator stops sending the key
     exchange (in memory; after a restart it is sent again until the next answer)."""
     key_exchange: bytes = b""
-    """The initiator's key exchange, made once per process when first sent."""
+    """The initiator's key exchange, made when first sent in this process, and again once
+    it is older than half the time a target keeps a closed endpoint."""
+    key_exchange_at: float = 0.0
+    """When ``key_exchange`` was made (wall-clock seconds; the exchange carries it)."""
     send_sequence: int = 0
     send_generation: int = field(default_factory=time.monotonic_ns)
     """The generation SENDs are numbered in: a SEND that fails to commit ends it, and the

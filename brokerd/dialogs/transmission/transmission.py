@@ -137,6 +137,10 @@ class Transmission:
         self._read_page = read_page
         self.page = limits.backlog_page
         """Messages of one endpoint paged in at once (``limits.backlog_page``)."""
+        self.exchange_renewed_after = limits.closed_endpoint_keep / 2
+        """Seconds after which an initiator makes its key exchange again while its target
+        has not answered (R-DLG-14): a target takes a first message only with an exchange
+        younger than the time it keeps a closed endpoint (``closed_endpoint_keep``)."""
         self.spill = spill(self.page)
         self.paged_limit = paged_limit(self.page)
         self.paged = 0
@@ -225,13 +229,21 @@ class Transmission:
         assert keys is not None
         exchange = b""
         if ep.initiator and not ep.key_confirmed and header.sequenced:
-            if not ep.key_exchange:
+            now = self.clock()
+            if not ep.key_exchange or now - ep.key_exchange_at > self.exchange_renewed_after:
                 sk = self.service_keys(ep.database)
                 own, far = sk.own.get(ep.service), sk.bound.get(ep.far_service)
                 if own is not None and far is not None:
                     ep.key_exchange = make_key_exchange(
-                        ep.conversation_id, ep.service, ep.far_service, keys.key, own, far
+                        ep.conversation_id,
+                        ep.service,
+                        ep.far_service,
+                        keys.key,
+                        own,
+                        far,
+                        made_at=int(now * 1000),
                     )
+                    ep.key_exchange_at = now
             exchange = ep.key_exchange
         return keys.seal(header, body, exchange)
 
