@@ -52,6 +52,7 @@ def assert_clean(summary: dict[str, Any]) -> None:
     assert summary["drained"], summary
     assert summary["violations"] == {
         "loss": 0, "duplicate": 0, "reorder": 0, "corrupt": 0, "phantom": 0, "dialog_error": 0,
+        "misdelivered": 0,
     }, summary  # fmt: skip
     assert summary["clean"], summary
 

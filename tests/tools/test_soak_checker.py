@@ -5,6 +5,7 @@ batch whose consumer died before learning the COMMIT's outcome."""
 from __future__ import annotations
 
 import random
+import uuid
 from pathlib import Path
 
 from brokerd.tools.soak import checker
@@ -55,6 +56,18 @@ def test_phantoms_and_dialog_errors(tmp_path: Path) -> None:
     assert counts(tmp_path, received) == {"phantom": 1}
     received = "R 1.1 k 0 1\nR 1.1 k 1 1\nR 1.1 k 2 1\nX 1.1 Error 8 gone\nK 1.1\n"
     assert counts(tmp_path, received) == {"dialog_error": 1}
+
+
+def test_a_message_on_another_conversation_is_misdelivered(tmp_path: Path) -> None:
+    """Each key is one dialog: its messages come on one conversation handle, whichever
+    consumer takes them; one received on another is a violation (R-DLG-1)."""
+    one, other = str(uuid.UUID(int=1)), str(uuid.UUID(int=2))
+    received = f"R 1.1 k 0 1 {one}\nR 1.1 k 1 1 {one}\nK 1.1\nR 1.2 k 2 1 {other}\nK 1.2\n"
+    assert counts(tmp_path, received) == {"misdelivered": 1}
+    same = f"R 1.1 k 0 1 {one}\nR 1.1 k 1 1 {one}\nK 1.1\nR 1.2 k 2 1 {one}\nK 1.2\n"
+    assert counts(tmp_path, same) == {}
+    torn = f"R 1.1 k 0 1 {one}\nR 1.1 k 1 1 {one}\nK 1.1\nR 1.2 k 2 1 {one}\nK 1.2\nR 1.3 k 3 1 c"
+    assert counts(tmp_path, torn) == {}  # a last line cut short is not read
 
 
 def test_an_uncertain_send_may_arrive_once_or_not_at_all(tmp_path: Path) -> None:
@@ -140,7 +153,7 @@ def test_a_record_after_a_torn_line_is_read(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert lines[-4:] == ["R 1.2 ab0.1 2", "R 2.1 ab0.1 1 1", "R 2.1 ab0.1 2 1", "K 2.1"]
     batches = checker._batches(path)
-    assert [(b.state, [(k, i) for k, i, _ in b.records]) for b in batches] == [
+    assert [(b.state, [(k, i) for k, i, _, _ in b.records]) for b in batches] == [
         ("committed", [("ab0.1", 0)]),
         ("rolled back", [("ab0.1", 1)]),
         ("committed", [("ab0.1", 1), ("ab0.1", 2)]),

@@ -15,7 +15,10 @@ later in that ledger, committed if none was. Over the committed batches:
 * **phantom**: a body that is not a soak body, or names a (key, index) that no
   producer tried to send, or that a SEND refused by the daemon carried, or a reply
   to a request that was not received;
-* **dialog_error**: an Error or EndDialog message the applications did not cause.
+* **dialog_error**: an Error or EndDialog message the applications did not cause;
+* **misdelivered**: a message received on another conversation than the other messages
+  of its key (each key is one dialog: all its messages come on one conversation
+  handle, whichever consumer takes them, across restarts and failovers).
 
 Besides the totals, the verdict counts the same per stream (:func:`.records.stream_of`):
 ``local`` (the dialogs inside one database of A, direct delivery) and ``remote`` (the
@@ -33,6 +36,8 @@ from brokerd.tools.soak.consumer import REPLY, is_reply, wants_reply
 from brokerd.tools.soak.records import stream_of
 
 Key = tuple[str, int]
+HANDLE_TEXT = 36
+"""Characters of a conversation handle as a ledger writes it (a UUID)."""
 LOCAL_CONSUMER_PREFIX = "l"
 """The local queues' consumers are named ``l1`` and ``l2`` (ledgers ``received-l*.log``)."""
 
@@ -40,7 +45,8 @@ LOCAL_CONSUMER_PREFIX = "l"
 @dataclass
 class _Batch:
     position: int
-    records: list[tuple[str, int, bool]] = field(default_factory=list)
+    records: list[tuple[str, int, bool, str]] = field(default_factory=list)
+    """(key, index, intact, conversation handle: empty in a ledger that did not say)"""
     others: list[str] = field(default_factory=list)
     state: str = "unknown"
 
@@ -98,8 +104,10 @@ def _batches(path: Path) -> list[_Batch]:
             continue
         kind, name = parts[0], parts[1]
         batch = batches.setdefault(name, _Batch(n))
-        if kind == "R" and len(parts) == 5 and parts[4] in ("0", "1"):
-            batch.records.append((parts[2], int(parts[3]), parts[4] == "1"))
+        whole = len(parts) == 5 or (len(parts) == 6 and len(parts[5]) == HANDLE_TEXT)
+        if kind == "R" and whole and parts[4] in ("0", "1"):  # not a line cut short
+            handle = parts[5] if len(parts) == 6 else ""
+            batch.records.append((parts[2], int(parts[3]), parts[4] == "1", handle))
         elif kind == "X":
             batch.others.append(" ".join(parts[2:]))
         elif kind == "K":
@@ -109,7 +117,7 @@ def _batches(path: Path) -> list[_Batch]:
     ordered = sorted(batches.values(), key=lambda b: b.position)
     seen_later: set[Key] = set()
     for batch in reversed(ordered):
-        keys = {(k, i) for k, i, _ in batch.records}
+        keys = {(k, i) for k, i, _, _ in batch.records}
         if batch.state == "unknown":
             batch.state = "rolled back" if keys & seen_later else "committed (resolved)"
         seen_later |= keys
@@ -151,6 +159,8 @@ def check(workdir: Path, reply_every: int) -> Verdict:
         streams["local" if local else "remote"]["violations"] += 1
 
     accepted: dict[Key, int] = defaultdict(int)
+    handles: dict[str, str] = {}
+    """The conversation handle each key's messages were first received on."""
     states: dict[str, int] = defaultdict(int)
     for path in sorted(workdir.glob("received-*.log")):
         last: dict[str, int] = {}
@@ -160,11 +170,15 @@ def check(workdir: Path, reply_every: int) -> Verdict:
                 continue
             for other in batch.others:
                 flag_other(path, other)
-            for key, index, intact in batch.records:
+            for key, index, intact, handle in batch.records:
                 verdict.received += 1
                 streams[stream_of(key)]["received"] += 1
                 accepted[(key, index)] += 1
                 where = f"{path.name}: {key} #{index}"
+                if handle:
+                    first = handles.setdefault(key, handle)
+                    if handle != first:
+                        flag("misdelivered", key, f"{where} on conversation {handle}, not {first}")
                 if accepted[(key, index)] > 1:
                     flag("duplicate", key, where)
                     continue
@@ -188,7 +202,15 @@ def check(workdir: Path, reply_every: int) -> Verdict:
                 flag("phantom", key, f"reply {key} #{index} to a request never received")
         elif (key, index) not in tried or (key, index) in refused:
             flag("phantom", key, f"{key} #{index} was never sent")
-    for kind in ("loss", "duplicate", "reorder", "corrupt", "phantom", "dialog_error"):
+    for kind in (
+        "loss",
+        "duplicate",
+        "reorder",
+        "corrupt",
+        "phantom",
+        "dialog_error",
+        "misdelivered",
+    ):
         verdict.violations[kind] = v.get(kind, [])
     counts = ("committed_sends", "uncertain_sends", "refused_sends", "received")
     verdict.streams = {

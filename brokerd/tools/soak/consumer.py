@@ -75,7 +75,10 @@ class Consumer:
             if parsed is None:
                 lines.append(f"X {batch} unparseable {len(m.message_body)}")
                 continue
-            lines.append(f"R {batch} {parsed.key} {parsed.index} {int(parsed.intact)}")
+            lines.append(
+                f"R {batch} {parsed.key} {parsed.index} {int(parsed.intact)} "
+                f"{m.conversation_handle}"
+            )
             if wants_reply(parsed.key, parsed.index, self.args.reply_every):
                 body = make_body(
                     parsed.key + REPLY, parsed.index, self.rng.randint(8, 400), self.rng
