@@ -203,7 +203,11 @@ class Soak:
             "errors": self.errors[:20],
             **{k: v for k, v in verdict.summary().items() if k in ("violations", "examples")},
             "stuck_producers": self.stuck_producers,
-            "clean": verdict.clean and drained and not self.stuck_producers,
+            # a run that carried nothing proves nothing: clean needs traffic on both streams
+            "clean": verdict.clean
+            and drained
+            and not self.stuck_producers
+            and all(verdict.streams[s]["received"] > 0 for s in ("local", "remote")),
         }
         (self.root / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
