@@ -234,12 +234,12 @@ async def serve(config_path: Path, ready_file: Path | None = None) -> None:
     config = load_config(config_path)
     broker = Broker(config)
     await broker.start()
-    if ready_file is not None:
-        ready_file.write_text(f"{os.getpid()}\n")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if ready_file is not None:  # after the handlers: a SIGTERM at once is a graceful stop
+        ready_file.write_text(f"{os.getpid()}\n")
     try:
         await stop.wait()
     finally:
