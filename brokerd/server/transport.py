@@ -142,6 +142,8 @@ class Transport:
                     continue
                 if protocol.pinned or (protocol.link is not None and not protocol.link.idle()):
                     continue
+                if protocol in self._held:
+                    continue  # not idle: this side stopped reading what the peer sent
                 protocol.close(CloseCode.IDLE, f"idle for {timeout:g} s")
 
     def admission(self, host: str) -> str | None:
