@@ -16,7 +16,9 @@ machine, and the ceiling on W3 that follows (:mod:`bench.floor`).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -179,6 +181,39 @@ def _describe(line: dict[str, Any]) -> str:
     return f"{line.get('broker')} {line.get('workload')}{mode}: {figures}; {verdict}"
 
 
+def _peer_run(peer: peers.Peer | None, name: str, options: Options) -> dict[str, Any]:
+    """The peer's run of the same work as ``options``' (its prefetch is RECEIVE TOP's)."""
+    assert peer is not None
+    return peer.run(
+        name,
+        messages=options.messages,
+        size=options.size,
+        window=options.window,
+        prefetch=options.receive_top,
+        warmup=options.warmup,
+        timeout=options.timeout,
+    )
+
+
+def _sitting() -> str:
+    """This sitting's name, written in every result line: its start (UTC) and the commit
+    measured (``git describe``), so that result files appended to over several sittings
+    are summed up one sitting at a time."""
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        rev = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return f"{started} {rev}".strip()
+
+
 def command_run(args: argparse.Namespace) -> int:
     names = [w.strip().upper() for w in args.workload.split(",") if w.strip()]
     for name in names:
@@ -199,8 +234,10 @@ def command_run(args: argparse.Namespace) -> int:
             raise SystemExit(f"the peer runs {', '.join(PEER_WORKLOADS)} only, not {others}")
     lines: list[dict[str, Any]] = []
     out = args.jsonl.open("a") if args.jsonl else None
+    sitting = _sitting()
 
     def emit(line: dict[str, Any]) -> None:
+        line["sitting"] = sitting  # medians and ratios are taken within one sitting
         lines.append(line)
         text = json.dumps(line)
         if args.json:
@@ -216,18 +253,17 @@ def command_run(args: argparse.Namespace) -> int:
         for number in range(1, args.runs + 1):
             for name in names:
                 options = options_for(name, args)
+
+                # Beside a peer, which goes first alternates from round to round, so that
+                # neither always meets the other's after-work (page cache, files deleted).
+                peer_first = peer is not None and number % 2 == 0
+                if peer_first:
+                    theirs = _peer_run(peer, name, options)
                 line = run_workload(options)
                 line["run"] = number
                 if peer is not None:
-                    theirs = peer.run(
-                        name,
-                        messages=options.messages,
-                        size=options.size,
-                        window=options.window,
-                        prefetch=options.top,
-                        warmup=options.warmup,
-                        timeout=options.timeout,
-                    )
+                    if not peer_first:
+                        theirs = _peer_run(peer, name, options)
                     theirs["run"] = number
                     report.add_ratios(line, theirs)
                     emit(line)

@@ -104,6 +104,11 @@ class Peer:
             }
         line: dict[str, Any] = json.loads(lines[-1])
         line["broker"] = self.name
+        # held to brokerd's standard: a message lost or received twice is not a pass
+        wrong = [f"{k} {line[k]}" for k in ("lost", "dups", "bad") if line.get(k)]
+        if wrong:
+            line["ok"] = False
+            line["problems"] = [*line.get("problems", []), *wrong]
         if ran != workload:
             line["workload"] = workload
             line["peer_ran"] = ran

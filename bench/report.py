@@ -108,7 +108,17 @@ def _fmt(value: float | None, digits: int) -> str:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """Per workload, size, mode and broker: runs, medians, all-ok; then brokerd / peer."""
+    """Per sitting, workload, size, mode and broker: runs, medians, all-ok; then brokerd /
+    peer within the sitting (a result file appended to over several sittings is not
+    pooled: figures move by up to 2x from one day to the next)."""
+    by_sitting: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_sitting.setdefault(str(r.get("sitting", "")), []).append(r)
+    if len(by_sitting) > 1:
+        return "\n\n".join(
+            f"Sitting {name or '(not named)'}:\n\n{markdown(part)}"
+            for name, part in sorted(by_sitting.items())
+        )
     groups: dict[tuple[str, int, int, str, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("summary") or r.get("label") == "warmup" or "workload" not in r:
