@@ -162,7 +162,7 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
     ),
     "MOVE CONVERSATION": lambda c: _run(c, [queries.regroup(H1, str(uuid.uuid4()))]),
     "conversation timer set and forgotten": lambda c: _run(
-        c, [queries.set_timer(H1, 5.0), queries.forget_timer(H1)]
+        c, [queries.set_timer(H1, 5.0), queries.forget_timer(H1, 5.0)]
     ),
 }
 
