@@ -5,13 +5,15 @@ Configure it on the queue of the service it answers for::
 
     [[database.queue]]
     name = "EchoQueue"
-    activation = { command = ["python", "examples/activated_echo.py"], max_instances = 2 }
+    activation = { command = ["python", "../examples/activated_echo.py"], max_instances = 2 }
 
-The daemon starts it with ``BROKERD_HOST``, ``BROKERD_PORT``, ``BROKERD_USER``,
-``BROKERD_TOKEN_FILE``, ``BROKERD_DATABASE`` and ``BROKERD_QUEUE`` set (and
-``BROKERD_TLS=1`` when the client port speaks TLS: pass ``--tls-ca-file`` then). It
-serves the queue with ``BrokerClient.serve``: each batch of one conversation group is
-answered in one transaction (a message of the same type and body back on its
+The command runs in the configuration file's directory (hence ``../examples`` for a file
+in ``config/``), and ``python`` is the daemon's own interpreter. The daemon starts it with
+``BROKERD_HOST``, ``BROKERD_PORT``, ``BROKERD_USER``, ``BROKERD_TOKEN_FILE``,
+``BROKERD_DATABASE`` and ``BROKERD_QUEUE`` set (and ``BROKERD_TLS=1`` when the client
+port speaks TLS: pass ``--tls-ca-file`` then). It serves the queue with
+``BrokerClient.serve``: each batch of one conversation group is answered in one
+transaction (a message of the same type, or ``--reply-type``, and body back on its
 conversation; an EndDialog or Error is answered by ending the conversation), up to
 ``--readers`` batches at once. It exits when its readers have found the queue empty
 ``--idle-receives`` times in a row, or on SIGTERM (when the daemon stops) once the
@@ -41,17 +43,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--idle-receives", type=int, default=3, help="empty RECEIVEs to exit")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds of work per batch")
     parser.add_argument("--tls-ca-file", default=None, help="the CA of the client port")
+    parser.add_argument(
+        "--reply-type",
+        default=None,
+        help="the message type of the answers (default: each message's own; a contract "
+        "that lets only the initiator send it needs a type the target may send)",
+    )
     return parser.parse_args(argv)
 
 
-async def echo(tx: Transaction, messages: list[ReceivedMessage], delay: float) -> None:
-    """Answer each message on its conversation, in the batch's transaction."""
+async def echo(
+    tx: Transaction, messages: list[ReceivedMessage], delay: float, reply_type: str | None = None
+) -> None:
+    """Answer each message on its conversation, in the batch's transaction, with its own
+    type or ``reply_type``."""
     for message in messages:
         if message.is_end_dialog or message.is_error:
             await tx.end_conversation(message.conversation_handle)
         elif not message.is_timer:
             await tx.send(
-                message.conversation_handle, message.message_type_name, message.message_body
+                message.conversation_handle,
+                reply_type or message.message_type_name,
+                message.message_body,
             )
     if delay:
         await asyncio.sleep(delay)
@@ -79,7 +92,7 @@ async def main(argv: list[str]) -> int:
     ) as client:
         activation = client.serve(
             queue,
-            lambda tx, messages: echo(tx, messages, args.delay),
+            lambda tx, messages: echo(tx, messages, args.delay, args.reply_type),
             database=env.get("BROKERD_DATABASE"),
             max_readers=args.readers,
             top=args.top,

@@ -29,6 +29,8 @@ import logging
 import os
 import signal
 import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,7 +167,7 @@ class QueueMonitor:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as output:
                 process = await asyncio.create_subprocess_exec(
-                    *self.activation.command,
+                    *command_line(self.activation.command),
                     cwd=self.activation.directory,
                     env=self.env,
                     stdin=subprocess.DEVNULL,
@@ -328,3 +330,18 @@ def _group_alive(group: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+PYTHON_NAMES = frozenset(("python", "python3"))
+"""A command's first word that names the daemon's own interpreter."""
+
+
+def command_line(command: Sequence[str]) -> list[str]:
+    """The command an activation runs: a first word ``python`` (or ``python3``) is the
+    daemon's own interpreter (``sys.executable``), so that an activated program finds the
+    SDK installed beside the daemon whatever ``PATH`` says (a plain Debian has no
+    ``python`` at all)."""
+    words = list(command)
+    if words and words[0] in PYTHON_NAMES:
+        words[0] = sys.executable
+    return words

@@ -169,3 +169,23 @@ async def test_instances_are_not_started_without_messages(tmp_path: Path) -> Non
         await asyncio.sleep(1.0)
         assert (await _row(client))["started"] == 0
         await client.close()
+
+
+async def test_a_command_that_names_python_runs_the_daemons_interpreter(tmp_path: Path) -> None:
+    """A command whose first word is ``python3`` (or ``python``) runs with the daemon's own
+    interpreter, which has the SDK installed beside it: the program the example
+    configuration names runs however ``PATH`` is set (a plain Debian has no ``python``,
+    and its ``python3`` has no brokerd)."""
+    database = _activated(1).replace(f'"{sys.executable}"', '"python3"')
+    assert '"python3"' in database
+    d = Deployment(tmp_path)
+    daemon = d.add("solo", "127.0.0.1", database)
+    with running(d):
+        client = await daemon.client()
+        dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+        for n in range(3):
+            await client.send(dialog.handle, "DEFAULT", f"ping {n}".encode())
+        echoes = await drain(client, "Q1", 3, timeout=60)
+        assert [m.message_body for m in echoes] == [b"ping 0", b"ping 1", b"ping 2"]
+        assert (await _row(client))["started"] >= 1
+        await client.close()
