@@ -30,6 +30,7 @@ without the plans that computed them (:func:`keep`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ LAUNCHER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 """The launcher's JVM (it runs for a fraction of a second before the driver's)."""
 
 
-ARCHIVE_QUIET = "-Xlog:cds=off"
+ARCHIVE_QUIET = "-Xlog:cds*=off"
 """The JVM's own account of an archive (the classes a dump leaves out, generated classes
 and those of signed jars, hundreds of warning lines as it exits; an archive of another
 JVM, ignored) is not the user's: without it a run's output is the same with an archive,
@@ -82,27 +83,39 @@ JvmKind = Literal["small", "large"]
 """The driver JVM's settings (:data:`SMALL_JVM_OPTIONS`, or Spark's defaults)."""
 
 
+def class_archive(kind: JvmKind, directory: Path = CLASS_ARCHIVE_DIR) -> Path:
+    """The class archive of ``kind`` of driver JVM for this PySpark installation."""
+    import pyspark
+
+    installation = hashlib.sha256(str(Path(pyspark.__file__).resolve().parent).encode())
+    return directory / f"spark-{pyspark.__version__}-{kind}-{installation.hexdigest()[:12]}.jsa"
+
+
 def class_archive_options(
     kind: JvmKind, directory: Path = CLASS_ARCHIVE_DIR
 ) -> tuple[str, Path | None]:
     """The driver JVM's class-data-sharing options (the archive's, and its logging turned
     off: :data:`ARCHIVE_QUIET`), and where the JVM's pid is to be written.
 
-    With an archive of Spark's classes (``spark-<version>-<kind>.jsa``) the JVM maps them
-    instead of reading the jars, which halves its start and its first job. Each ``kind``
-    of driver JVM (the small and the large settings: another collector) has an archive
+    With an archive of Spark's classes (``spark-<version>-<kind>-<installation>.jsa``) the
+    JVM maps them instead of reading the jars, which halves its start and its first job.
+    Each ``kind`` of driver JVM (the small and the large settings: another collector) has an archive
     of its own: a JVM does not load one written by a JVM of other options. Without one, this run's
     JVM writes one when it exits, under a name of its own (runs at the same time never
     share a file); a later run puts it in place once that JVM is gone (its pid is written
-    next to it, :func:`note_archive_writer`). A JVM that finds an archive of another JVM or
-    classpath ignores it. Nothing when the directory cannot be written."""
+    next to it, :func:`note_archive_writer`). An archive names the PySpark installation
+    that wrote it (a hash of its path: the classpath the JVM checks), so two checkouts
+    each keep their own; a JVM that finds an archive of another JVM ignores it. Nothing
+    when the directory cannot be written."""
     import pyspark
 
-    archive = directory / f"spark-{pyspark.__version__}-{kind}.jsa"
+    archive = class_archive(kind, directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        # one archive for both kinds, as earlier versions kept, fits one kind at most
+        # earlier versions' names: one archive for both kinds (it fits one kind at most),
+        # then one a kind for every checkout (it fits the checkout that wrote it only)
         (directory / f"spark-{pyspark.__version__}.jsa").unlink(missing_ok=True)
+        (directory / f"spark-{pyspark.__version__}-{kind}.jsa").unlink(missing_ok=True)
         for writer in sorted(directory.glob(f"{archive.name}.*.jvm")):
             written = writer.with_suffix(".tmp")
             if _alive(int(writer.read_text())):

@@ -1,5 +1,6 @@
 """The driver JVM's class-data-sharing archive (docs/analytics.md, Performance): one per
-kind of driver JVM, since a JVM does not load an archive written by a JVM of other options."""
+kind of driver JVM, since a JVM does not load an archive written by a JVM of other options,
+and per PySpark installation, since it does not load one written from another classpath."""
 
 from __future__ import annotations
 
@@ -10,49 +11,57 @@ from pathlib import Path
 
 import pyspark
 
-from brokerd.analytics.session import class_archive_options, driver_jvm_options
+from brokerd.analytics.session import class_archive, class_archive_options, driver_jvm_options
 
 VERSION = pyspark.__version__
 
 
+def small(tmp_path: Path) -> str:
+    """The small-set archive's name, with its installation's hash."""
+    return class_archive("small", tmp_path).name
+
+
 def test_each_kind_of_jvm_writes_and_maps_an_archive_of_its_own(tmp_path: Path) -> None:
     option, writer = class_archive_options("small", tmp_path)
-    assert (
-        option
-        == f"-XX:ArchiveClassesAtExit={tmp_path}/spark-{VERSION}-small.jsa.{os.getpid()}.tmp "
-        "-Xlog:cds=off"
-    )
-    assert writer == tmp_path / f"spark-{VERSION}-small.jsa.{os.getpid()}.jvm"
+    name = small(tmp_path)
+    assert name.startswith(f"spark-{VERSION}-small-") and name.endswith(".jsa")
+    assert option == f"-XX:ArchiveClassesAtExit={tmp_path}/{name}.{os.getpid()}.tmp -Xlog:cds*=off"
+    assert writer == tmp_path / f"{name}.{os.getpid()}.jvm"
     # that JVM wrote its archive and exited (a pid that is not running)
     writer.write_text("999999999")
     Path(option.split()[0].split("=", 1)[1]).write_bytes(b"archive")
     assert class_archive_options("small", tmp_path) == (
-        f"-XX:SharedArchiveFile={tmp_path}/spark-{VERSION}-small.jsa -Xlog:cds=off",
+        f"-XX:SharedArchiveFile={tmp_path}/{name} -Xlog:cds*=off",
         None,
     )
     large, large_writer = class_archive_options("large", tmp_path)
-    assert large.startswith(f"-XX:ArchiveClassesAtExit={tmp_path}/spark-{VERSION}-large.jsa.")
+    assert large.startswith(f"-XX:ArchiveClassesAtExit={class_archive('large', tmp_path)}.")
     assert large_writer is not None
 
 
-def test_an_archive_shared_by_both_kinds_is_removed(tmp_path: Path) -> None:
+def test_archives_of_earlier_names_are_removed(tmp_path: Path) -> None:
+    """One archive for both kinds, then one a kind whatever the checkout: each fitted one
+    kind, or one checkout, at most (another checkout's JVM warned of it at every start)."""
     shared = tmp_path / f"spark-{VERSION}.jsa"
     shared.write_bytes(b"written by a small-set JVM")
+    any_checkout = tmp_path / f"spark-{VERSION}-large.jsa"
+    any_checkout.write_bytes(b"written from another checkout's classpath")
     option, _ = class_archive_options("large", tmp_path)
-    assert not shared.exists()
+    assert not shared.exists() and not any_checkout.exists()
     assert "ArchiveClassesAtExit" in option
 
 
 def test_a_second_writers_archive_is_removed_once_one_is_in_place(tmp_path: Path) -> None:
     """Two runs that started without an archive each write one; the first to be found is
     put in place, the other deleted (not left in the cache, 170 MB each)."""
+    name = small(tmp_path)
     for pid in (999999998, 999999999):
-        (tmp_path / f"spark-{VERSION}-small.jsa.{pid}.jvm").write_text(str(pid))
-        (tmp_path / f"spark-{VERSION}-small.jsa.{pid}.tmp").write_bytes(str(pid).encode())
+        (tmp_path / f"{name}.{pid}.jvm").write_text(str(pid))
+        (tmp_path / f"{name}.{pid}.tmp").write_bytes(str(pid).encode())
     option, writer = class_archive_options("small", tmp_path)
-    assert option == f"-XX:SharedArchiveFile={tmp_path}/spark-{VERSION}-small.jsa -Xlog:cds=off"
+    assert option == f"-XX:SharedArchiveFile={tmp_path}/{name} -Xlog:cds*=off"
     assert writer is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"spark-{VERSION}-small.jsa"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
 def run_with_cache(code: str, cache: Path) -> subprocess.CompletedProcess[str]:
@@ -81,9 +90,9 @@ def test_the_jvm_that_writes_an_archive_says_nothing_of_it(tmp_path: Path) -> No
     not the user's business: the run's output stays what it is without an archive."""
     cache = tmp_path / "cache"
     done = run_with_cache(WRITER, cache)
-    written = list((cache / "brokerd").glob(f"spark-{VERSION}-large.jsa.*.tmp"))
+    written = list((cache / "brokerd").glob(f"{class_archive('large', Path()).name}.*.tmp"))
     assert len(written) == 1 and written[0].stat().st_size > 1_000_000
-    jvm_lines = [line for line in (done.stdout + done.stderr).splitlines() if "[cds]" in line]
+    jvm_lines = [line for line in (done.stdout + done.stderr).splitlines() if "[cds" in line]
     assert jvm_lines == []
 
 
