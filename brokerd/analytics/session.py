@@ -77,6 +77,10 @@ while one is written and without one."""
 
 CLASS_ARCHIVE_DIR = CACHE_DIR
 """Where the driver JVM's class archive is kept (:func:`class_archive_options`)."""
+CLASS_ARCHIVE_SWITCH = "BROKERD_CLASS_ARCHIVE"
+"""An environment variable: ``off`` runs the driver JVM without a class archive, neither
+using nor writing one (a fresh checkout's test run in CI, whose few JVMs would each pay
+for writing an archive that no later run uses)."""
 
 
 JvmKind = Literal["small", "large"]
@@ -266,7 +270,11 @@ def spark_session(
         .config("spark.sql.files.ignoreMissingFiles", "true")
     )
     # the driver runs here in either mode (client mode on a cluster)
-    archive, writer = class_archive_options("small" if small else "large")
+    archive, writer = (
+        class_archive_options("small" if small else "large")
+        if os.environ.get(CLASS_ARCHIVE_SWITCH, "on") != "off"
+        else ("", None)
+    )
     if SparkSession.getActiveSession() is not None:
         writer = None  # getOrCreate returns it: its JVM has its options already
     jvm = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {archive}"

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pyspark
 
-from brokerd.analytics.session import class_archive, class_archive_options, driver_jvm_options
+from brokerd.analytics.session import (
+    CLASS_ARCHIVE_SWITCH,
+    class_archive,
+    class_archive_options,
+    driver_jvm_options,
+)
 
 VERSION = pyspark.__version__
 
@@ -68,7 +73,10 @@ def run_with_cache(code: str, cache: Path) -> subprocess.CompletedProcess[str]:
     """``code`` run by a Python of its own with ``cache`` as its cache home; it must succeed."""
     done = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+        env={
+            **{k: v for k, v in os.environ.items() if k != CLASS_ARCHIVE_SWITCH},
+            "XDG_CACHE_HOME": str(cache),
+        },
         capture_output=True,
         text=True,
         timeout=300,
