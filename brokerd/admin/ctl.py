@@ -10,6 +10,7 @@
     brokerctl --config FILE stats                the dialog engine's counters
     brokerctl --config FILE drops                why messages were dropped
     brokerctl --config FILE mirrors              mirrored databases and routes (R-ROUTE-10)
+    brokerctl --config FILE mirroring            replication of mirrored databases (R-ROUTE-16)
     brokerctl --config FILE ages                 endpoints by database, state and age (leaks)
     brokerctl --config FILE waiting              each conversation's oldest waiting message
     brokerctl --config FILE queue QUEUE          a queue's messages and their status (R-OBJ-3)
@@ -107,6 +108,7 @@ VIEWS: dict[str, str] = {
     "stats": "stats",
     "drops": "drops",
     "mirrors": "mirrors",
+    "mirroring": "mirroring",
     "ages": "endpoint_ages",
     "waiting": "oldest_waiting",
     "quarantined": "quarantined",
@@ -126,6 +128,8 @@ _VIEW_HELP = {
     "stats": "the dialog engine's counters",
     "drops": "reasons of dropped messages",
     "mirrors": "mirrored databases here, and which partner is principal for each mirrored route",
+    "mirroring": "each replicated database's role, partner, LSN, whether the mirror is attached "
+    "and confirmed, and what waits for it (R-ROUTE-16)",
     "ages": "endpoints counted by database, state and age: leaked dialogs show here",
     "waiting": "per conversation, its oldest message waiting to be received or acknowledged, "
     "oldest first",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sqlite3
 import uuid
 from pathlib import Path
@@ -27,6 +28,7 @@ from protocol.errors import (
     TransactionError,
     TransactionRolledBack,
 )
+from tests.commands import brokerctl
 from tests.daemons import assert_exactly_once_in_order, sends_through_a_stop, wait_until
 from tests.routing.deploy import (
     RETRY,
@@ -163,6 +165,25 @@ async def test_a_message_received_at_the_old_principal_is_not_received_again(
     (third,) = await receive_parts(p2, 1)
     assert (third.message_body, third.message_sequence_number) == (b"three", 3)
     assert third.conversation_handle == first[0].conversation_handle
+
+
+async def test_brokerctl_shows_the_replication_of_each_partner(deployment: Deployment) -> None:
+    """R-ROUTE-16, R-OPS: ``brokerctl mirroring`` prints the ``mirroring`` view of a
+    partner, as a table and as JSON: its role, its partner and whether its mirror is
+    attached, caught up to the LSN the principal shipped."""
+    a = await start_pair(deployment)
+    handle = await a.begin_dialog(INITIATOR, PARTS, database="AW")
+    await a.send(handle, body=b"order 1")
+    await wait_caught_up(deployment, "p1", "p2")
+    await a.close()
+    config = str(deployment.daemons["p1"].config_path)
+    done = await asyncio.to_thread(brokerctl, "--config", config, "mirroring", "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["database"] == "Parts" and row["role"] == "principal" and row["mirror_attached"]
+    assert row["lsn"] == row["confirmed"] > 0
+    table = await asyncio.to_thread(brokerctl, "--config", config, "mirroring")
+    assert table.returncode == 0 and "principal" in table.stdout, table.stderr
 
 
 async def test_a_mirror_that_was_away_catches_up_and_a_failover_then_loses_nothing(
