@@ -87,12 +87,34 @@ JvmKind = Literal["small", "large"]
 """The driver JVM's settings (:data:`SMALL_JVM_OPTIONS`, or Spark's defaults)."""
 
 
+def _installation() -> tuple[str, str]:
+    """This PySpark installation's directory, and the hash of it archives are named by."""
+    import pyspark
+
+    home = str(Path(pyspark.__file__).resolve().parent)
+    return home, hashlib.sha256(home.encode()).hexdigest()[:12]
+
+
 def class_archive(kind: JvmKind, directory: Path = CLASS_ARCHIVE_DIR) -> Path:
     """The class archive of ``kind`` of driver JVM for this PySpark installation."""
     import pyspark
 
-    installation = hashlib.sha256(str(Path(pyspark.__file__).resolve().parent).encode())
-    return directory / f"spark-{pyspark.__version__}-{kind}-{installation.hexdigest()[:12]}.jsa"
+    return directory / f"spark-{pyspark.__version__}-{kind}-{_installation()[1]}.jsa"
+
+
+def _forget_gone_installations(directory: Path) -> None:
+    """Note this installation (``installation-<hash>``, its directory inside), and remove
+    the archives of installations that are gone (a checkout deleted: 170 MB each kind,
+    and the archives its JVMs were writing)."""
+    home, digest = _installation()
+    (directory / f"installation-{digest}").write_text(home)
+    for note in directory.glob("installation-*"):
+        other = note.name.removeprefix("installation-")
+        if other == digest or Path(note.read_text()).is_dir():
+            continue
+        for stale in directory.glob(f"spark-*-{other}.jsa*"):
+            stale.unlink(missing_ok=True)
+        note.unlink(missing_ok=True)
 
 
 def class_archive_options(
@@ -120,6 +142,7 @@ def class_archive_options(
         # then one a kind for every checkout (it fits the checkout that wrote it only)
         (directory / f"spark-{pyspark.__version__}.jsa").unlink(missing_ok=True)
         (directory / f"spark-{pyspark.__version__}-{kind}.jsa").unlink(missing_ok=True)
+        _forget_gone_installations(directory)
         for writer in sorted(directory.glob(f"{archive.name}.*.jvm")):
             written = writer.with_suffix(".tmp")
             if _alive(int(writer.read_text())):

@@ -66,7 +66,31 @@ def test_a_second_writers_archive_is_removed_once_one_is_in_place(tmp_path: Path
     option, writer = class_archive_options("small", tmp_path)
     assert option == f"-XX:SharedArchiveFile={tmp_path}/{name} -Xlog:cds*=off"
     assert writer is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    assert sorted(p.name for p in tmp_path.glob("spark-*")) == [name]
+
+
+def test_the_archives_of_an_installation_that_is_gone_are_removed(tmp_path: Path) -> None:
+    """Each PySpark installation (a checkout's environment) keeps archives of its own, about
+    170 MB each kind: once its directory is gone, the next run removes them, and the
+    archives its JVMs were writing; another installation's that is still there stays."""
+    gone, kept = tmp_path / "gone-checkout", tmp_path / "other-checkout"
+    kept.mkdir()
+    (tmp_path / "installation-0123456789ab").write_text(str(gone))
+    (tmp_path / "installation-ba9876543210").write_text(str(kept))
+    left = [
+        f"spark-{VERSION}-small-0123456789ab.jsa",
+        f"spark-{VERSION}-large-0123456789ab.jsa.4242.tmp",
+        f"spark-{VERSION}-large-0123456789ab.jsa.4242.jvm",
+    ]
+    other = f"spark-{VERSION}-small-ba9876543210.jsa"
+    for name in (*left, other):
+        (tmp_path / name).write_bytes(b"archive")
+    class_archive_options("small", tmp_path)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert not names & {*left, "installation-0123456789ab"}
+    assert {other, "installation-ba9876543210"} <= names
+    home = tmp_path / f"installation-{class_archive('small', tmp_path).stem.rsplit('-', 1)[1]}"
+    assert Path(home.read_text()) == Path(pyspark.__file__).resolve().parent
 
 
 def run_with_cache(code: str, cache: Path) -> subprocess.CompletedProcess[str]:
