@@ -46,9 +46,10 @@ OLDEST_LISTED = 50
 
 
 @dataclass(frozen=True)
-class PeerBacklog:
-    """The transmission queue's messages for one far broker (or service, before one
-    answered): how many, and how long the oldest has waited."""
+class PeerWait:
+    """A far peer's share of the transmission queue as the admin port shows it: a
+    :class:`~brokerd.dialogs.verbs.views.PeerBacklog` with its oldest message's age at
+    the snapshot's time instead of its enqueue time."""
 
     peer: str
     messages: int
@@ -72,11 +73,11 @@ class Snapshot:
         rows = self.views["stats"]
         return rows[0] if rows else {}
 
-    def peers(self) -> list[PeerBacklog]:
+    def peers(self) -> list[PeerWait]:
         """The transmission queue by far broker instance (or far service while no broker
         has answered), oldest first."""
         return [
-            PeerBacklog(
+            PeerWait(
                 p.peer, p.messages, max(0.0, self.taken_at - p.oldest_enqueued_at), p.status
             )
             for p in self.backlog.peers
