@@ -28,6 +28,7 @@ import pytest
 from brokerd.tools.faultproxy import FaultPlan, FaultProxy
 from brokerd.tools.launcher import Deployment
 from protocol.frames import FrameType, encode_header
+from tests.daemons import SOLO_DATABASE
 
 PROXY_HOST = "127.0.0.194"
 SERVER_HOST = "127.0.0.195"
@@ -230,18 +231,6 @@ async def test_a_blackhole_cleared_again_leaves_the_connection_silent(
 # -- the launcher ------------------------------------------------------------------------
 
 
-SOLO = """
-[[database]]
-name = "Solo"
-[[database.queue]]
-name = "Q1"
-[[database.service]]
-name = "//solo/S1"
-queue = "Q1"
-contracts = ["DEFAULT"]
-"""
-
-
 def _processes_of(config: Path) -> list[int]:
     """PIDs of the live processes whose command line names ``config``."""
     pids = []
@@ -268,7 +257,7 @@ def test_start_of_a_daemon_already_starting_waits_until_it_listens(tmp_path: Pat
     """A second ``start`` while the first still waits for the daemon (a restart cancelled
     and started again, as the soak's heal does) must not return before it listens."""
     d = Deployment(tmp_path)
-    daemon = d.add("solo", DAEMON_HOST, SOLO)
+    daemon = d.add("solo", DAEMON_HOST, SOLO_DATABASE)
     errors: list[BaseException] = []
 
     def first() -> None:
@@ -299,7 +288,7 @@ def test_start_of_a_daemon_already_starting_waits_until_it_listens(tmp_path: Pat
 
 def test_concurrent_starts_run_one_process_and_leave_none_behind(tmp_path: Path) -> None:
     d = Deployment(tmp_path)
-    daemon = d.add("solo", DAEMON_HOST, SOLO)
+    daemon = d.add("solo", DAEMON_HOST, SOLO_DATABASE)
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
 
