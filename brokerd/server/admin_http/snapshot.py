@@ -77,9 +77,7 @@ class Snapshot:
         """The transmission queue by far broker instance (or far service while no broker
         has answered), oldest first."""
         return [
-            PeerWait(
-                p.peer, p.messages, max(0.0, self.taken_at - p.oldest_enqueued_at), p.status
-            )
+            PeerWait(p.peer, p.messages, max(0.0, self.taken_at - p.oldest_enqueued_at), p.status)
             for p in self.backlog.peers
         ]
 
