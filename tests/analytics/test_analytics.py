@@ -31,7 +31,7 @@ from brokerd.analytics.audit import audit
 from brokerd.analytics.load import load_traces
 from brokerd.analytics.messages import message_table
 from brokerd.analytics.page import FIGURES
-from brokerd.analytics.report import Analysis, analyze, render_html
+from brokerd.analytics.report import Analysis, analyze, collect, render_html
 from brokerd.analytics.synthetic import ADDRESSES, Plan, Truth, generate
 from brokerd.config import TraceConfig
 from brokerd.errors import AnalyticsError
@@ -773,6 +773,21 @@ def test_each_messages_legs_are_the_same_whether_it_went_straight_or_not(
     assert legs[str(c["gone"])] == legs[str(c["elsewhere"])] == []
     assert dwells[str(c["forwarded"])] == [("f", 1, 3)]
     assert all(dwells[str(c[name])] == [] for name in c if name != "forwarded")
+
+
+def test_a_table_longer_than_its_limit_keeps_its_order_and_counts_every_row(
+    spark: SparkSession,
+) -> None:
+    """The report's tables are cut at ``top`` rows and say how many there were: the rows
+    are the first of the table's order, whether or not it is cut, and the count is the
+    table's, read from what the first rows' job computed."""
+    table = spark.range(0, 5000, numPartitions=3).selectExpr("id", "(id * 7919) % 1009 AS k")
+    ordered = table.orderBy("k", "id")
+    expected = [list(row) for row in ordered.collect()]
+    cut = collect(ordered, "cut", 40)
+    assert (cut.rows, cut.total_rows) == (expected[:40], 5000)
+    whole = collect(ordered.where("k < 3"), "whole", 40)
+    assert (whole.rows, whole.total_rows) == ([r for r in expected if r[1] < 3], 15)
 
 
 # -- the command -----------------------------------------------------------------------------
