@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -82,6 +83,10 @@ CLASS_ARCHIVE_SWITCH = "BROKERD_CLASS_ARCHIVE"
 using nor writing one (a fresh checkout's test run in CI, whose few JVMs would each pay
 for writing an archive that no later run uses)."""
 
+
+ARCHIVE_WRITE_WAIT = 60.0
+"""Seconds a run waits for another run's JVM that is writing its class archive as it exits
+(about 180 MB: a few seconds), before it starts without one."""
 
 JvmKind = Literal["small", "large"]
 """The driver JVM's settings (:data:`SMALL_JVM_OPTIONS`, or Spark's defaults)."""
@@ -145,7 +150,11 @@ def class_archive_options(
         _forget_gone_installations(directory)
         for writer in sorted(directory.glob(f"{archive.name}.*.jvm")):
             written = writer.with_suffix(".tmp")
-            if _alive(int(writer.read_text())):
+            pid = int(writer.read_text())
+            # a JVM writes its archive as it exits: one that has begun is waited for (a
+            # run started right after another would otherwise write an archive of its
+            # own, taking twice as long); one still running is not
+            if _alive(pid) and not (written.exists() and _exited(pid, ARCHIVE_WRITE_WAIT)):
                 continue
             writer.unlink()
             if not written.exists():  # that JVM was killed before it wrote it
@@ -206,6 +215,16 @@ def keep(df: DataFrame) -> Kept:
     except Py4JError:
         pass
     return Kept(cached, cached)
+
+
+def _exited(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` exits within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _alive(pid: int) -> bool:

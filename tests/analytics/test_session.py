@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyspark
@@ -67,6 +69,39 @@ def test_a_second_writers_archive_is_removed_once_one_is_in_place(tmp_path: Path
     assert option == f"-XX:SharedArchiveFile={tmp_path}/{name} -Xlog:cds*=off"
     assert writer is None
     assert sorted(p.name for p in tmp_path.glob("spark-*")) == [name]
+
+
+def test_a_run_waits_for_the_archive_another_jvm_is_writing_as_it_exits(
+    tmp_path: Path,
+) -> None:
+    """Run twice in a row, the second run found the first's JVM still writing its archive
+    and wrote one of its own (23 s for 106 events instead of 8). It now waits for that JVM
+    to exit and maps the archive; a JVM that is still running (no archive begun) is not
+    waited for."""
+    name = small(tmp_path)
+    running = subprocess.Popen(["sleep", "60"])
+    writing = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / f"{name}.{running.pid}.jvm").write_text(str(running.pid))
+        (tmp_path / f"{name}.{writing.pid}.jvm").write_text(str(writing.pid))
+        (tmp_path / f"{name}.{writing.pid}.tmp").write_bytes(b"written")
+
+        def exit_after_writing() -> None:
+            writing.kill()
+            writing.wait()
+
+        threading.Timer(1.0, exit_after_writing).start()
+        began = time.monotonic()
+        option, writer = class_archive_options("small", tmp_path)
+        assert 0.9 < time.monotonic() - began < 30
+        assert option == f"-XX:SharedArchiveFile={tmp_path}/{name} -Xlog:cds*=off"
+        assert writer is None
+        assert (tmp_path / name).read_bytes() == b"written"
+        assert (tmp_path / f"{name}.{running.pid}.jvm").exists()  # left to a later run
+    finally:
+        for process in (running, writing):
+            process.kill()
+            process.wait()
 
 
 def test_the_archives_of_an_installation_that_is_gone_are_removed(tmp_path: Path) -> None:
