@@ -60,23 +60,14 @@ def _plain(column: str, value: Any) -> Any:
 def collect(df: DataFrame, title: str, limit: int | None) -> Table:
     """Collect up to ``limit`` rows (all when None), counting the rest only when cut.
 
-    With a limit the table is cached while it is read: the count of a table longer than
-    the limit reads what the first rows' job computed, where it ran the table's plan again
-    (every scan of the events under it: on five million events the waiting messages' and
-    open endpoints' step read them six times instead of three)."""
-    if limit is None:
-        rows = df.collect()
-        total = len(rows)
-    else:
-        kept = keep(df)
-        try:
-            rows = kept.df.limit(limit + 1).collect()
-            total = len(rows)
-            if total > limit:
-                rows = rows[:limit]
-                total = kept.df.count()
-        finally:
-            kept.release()
+    The first rows of a sorted table are its partitions' first rows merged (Spark keeps
+    ``limit + 1`` of each), so a table of millions of rows is never held whole; the count
+    of a table longer than the limit runs its plan again, without the sort."""
+    rows = df.limit(limit + 1).collect() if limit is not None else df.collect()
+    total = len(rows)
+    if limit is not None and total > limit:
+        rows = rows[:limit]
+        total = df.count()
     columns = list(df.columns)
     return Table(
         title,

@@ -148,21 +148,25 @@ def class_archive_options(
         (directory / f"spark-{pyspark.__version__}.jsa").unlink(missing_ok=True)
         (directory / f"spark-{pyspark.__version__}-{kind}.jsa").unlink(missing_ok=True)
         _forget_gone_installations(directory)
+        deadline = time.monotonic() + ARCHIVE_WRITE_WAIT
         for writer in sorted(directory.glob(f"{archive.name}.*.jvm")):
             written = writer.with_suffix(".tmp")
             pid = int(writer.read_text())
-            # a JVM writes its archive as it exits: one that has begun is waited for (a
-            # run started right after another would otherwise write an archive of its
-            # own, taking twice as long); one still running is not
-            if _alive(pid) and not (written.exists() and _exited(pid, ARCHIVE_WRITE_WAIT)):
+            # a JVM writes its archive as it exits: while no archive is in place, one that
+            # has begun is waited for (a run started right after another would otherwise
+            # write an archive of its own, taking twice as long); one still running is not
+            if _writing(pid, written) and (
+                archive.exists() or not written.exists() or not _written(pid, written, deadline)
+            ):
                 continue
-            writer.unlink()
+            writer.unlink(missing_ok=True)  # another run waiting for that JVM may be first
             if not written.exists():  # that JVM was killed before it wrote it
                 continue
-            if archive.exists():  # another run's archive is in place already
-                written.unlink()
-            else:
-                written.replace(archive)
+            with contextlib.suppress(FileNotFoundError):
+                if archive.exists():  # another run's archive is in place already
+                    written.unlink()
+                else:
+                    written.replace(archive)
         if archive.exists():
             return f"-XX:SharedArchiveFile={archive} {ARCHIVE_QUIET}", None
         if not os.access(directory, os.W_OK):
@@ -217,14 +221,31 @@ def keep(df: DataFrame) -> Kept:
     return Kept(cached, cached)
 
 
-def _exited(pid: int, timeout: float) -> bool:
-    """Whether process ``pid`` exits within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
+def _written(pid: int, written: Path, deadline: float) -> bool:
+    """Whether process ``pid`` has stopped writing the archive ``written`` by ``deadline``
+    (``time.monotonic()``): it exited, or it is not the JVM that writes it (a process that
+    has exited and is not reaped yet, or another one that was given its pid since)."""
+    while _writing(pid, written):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
     return True
+
+
+def _writing(pid: int, written: Path) -> bool:
+    """Whether process ``pid`` is a running JVM that writes the archive ``written`` as it
+    exits: not a process that has exited and is not reaped yet (a container without an
+    init), nor one given its pid since (a restart). Where ``/proc`` cannot tell, any
+    running process."""
+    if not _alive(pid):
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return True
+    state = stat[stat.rindex(")") + 2 :].split()[:1]
+    return state != ["Z"] and f"-XX:ArchiveClassesAtExit={written}".encode() in command
 
 
 def _alive(pid: int) -> bool:

@@ -780,7 +780,7 @@ def test_a_table_longer_than_its_limit_keeps_its_order_and_counts_every_row(
 ) -> None:
     """The report's tables are cut at ``top`` rows and say how many there were: the rows
     are the first of the table's order, whether or not it is cut, and the count is the
-    table's, read from what the first rows' job computed."""
+    whole table's."""
     table = spark.range(0, 5000, numPartitions=3).selectExpr("id", "(id * 7919) % 1009 AS k")
     ordered = table.orderBy("k", "id")
     expected = [list(row) for row in ordered.collect()]

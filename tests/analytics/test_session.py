@@ -71,6 +71,17 @@ def test_a_second_writers_archive_is_removed_once_one_is_in_place(tmp_path: Path
     assert sorted(p.name for p in tmp_path.glob("spark-*")) == [name]
 
 
+def _writer(directory: Path, name: str, run: int, process: subprocess.Popen[bytes]) -> Path:
+    """Note ``process`` as the JVM of run ``run`` (the number in the files' names) that
+    writes ``name``'s archive as it exits; where it writes it."""
+    (directory / f"{name}.{run}.jvm").write_text(str(process.pid))
+    return directory / f"{name}.{run}.tmp"
+
+
+def _sleeper(*arguments: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *arguments])
+
+
 def test_a_run_waits_for_the_archive_another_jvm_is_writing_as_it_exits(
     tmp_path: Path,
 ) -> None:
@@ -79,12 +90,11 @@ def test_a_run_waits_for_the_archive_another_jvm_is_writing_as_it_exits(
     to exit and maps the archive; a JVM that is still running (no archive begun) is not
     waited for."""
     name = small(tmp_path)
-    running = subprocess.Popen(["sleep", "60"])
-    writing = subprocess.Popen(["sleep", "60"])
+    running = _sleeper(f"-XX:ArchiveClassesAtExit={tmp_path}/{name}.1.tmp")
+    writing = _sleeper(f"-XX:ArchiveClassesAtExit={tmp_path}/{name}.2.tmp")
     try:
-        (tmp_path / f"{name}.{running.pid}.jvm").write_text(str(running.pid))
-        (tmp_path / f"{name}.{writing.pid}.jvm").write_text(str(writing.pid))
-        (tmp_path / f"{name}.{writing.pid}.tmp").write_bytes(b"written")
+        _writer(tmp_path, name, 1, running)
+        _writer(tmp_path, name, 2, writing).write_bytes(b"written")
 
         def exit_after_writing() -> None:
             writing.kill()
@@ -97,9 +107,34 @@ def test_a_run_waits_for_the_archive_another_jvm_is_writing_as_it_exits(
         assert option == f"-XX:SharedArchiveFile={tmp_path}/{name} -Xlog:cds*=off"
         assert writer is None
         assert (tmp_path / name).read_bytes() == b"written"
-        assert (tmp_path / f"{name}.{running.pid}.jvm").exists()  # left to a later run
+        assert (tmp_path / f"{name}.1.jvm").exists()  # left to a later run
     finally:
         for process in (running, writing):
+            process.kill()
+            process.wait()
+
+
+def test_an_archive_whose_writer_is_gone_is_not_waited_for(tmp_path: Path) -> None:
+    """A writer that has exited but is not reaped yet (a container without an init), or
+    whose pid another process was given since (a restart), wrote its archive whole: it is
+    put in place at once, not waited for at every run."""
+    name = small(tmp_path)
+    unreaped = _sleeper(f"-XX:ArchiveClassesAtExit={tmp_path}/{name}.1.tmp")
+    other = _sleeper()
+    try:
+        _writer(tmp_path, name, 1, unreaped).write_bytes(b"unreaped")
+        _writer(tmp_path, name, 2, other).write_bytes(b"other")
+        unreaped.kill()
+        while Path(f"/proc/{unreaped.pid}/stat").read_text().split(") ")[1][0] != "Z":
+            time.sleep(0.01)
+        began = time.monotonic()
+        option, writer = class_archive_options("small", tmp_path)
+        assert time.monotonic() - began < 5
+        assert option == f"-XX:SharedArchiveFile={tmp_path}/{name} -Xlog:cds*=off"
+        assert writer is None
+        assert sorted(p.name for p in tmp_path.glob("spark-*")) == [name]
+    finally:
+        for process in (unreaped, other):
             process.kill()
             process.wait()
 
