@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -31,12 +30,11 @@ from brokerd.analytics.audit import audit
 from brokerd.analytics.load import load_traces
 from brokerd.analytics.messages import message_table
 from brokerd.analytics.page import FIGURES
-from brokerd.analytics.report import Analysis, analyze, collect, render_html
+from brokerd.analytics.report import Analysis, analyze, render_html
 from brokerd.analytics.synthetic import ADDRESSES, Plan, Truth, generate
-from brokerd.config import TraceConfig
 from brokerd.errors import AnalyticsError
 from brokerd.traces import columnar
-from brokerd.traces.writer import TraceWriter
+from tests.analytics.handwritten import T0, Writer
 from tests.commands import brokerd
 
 # -- a synthetic deployment ---------------------------------------------------------------
@@ -225,35 +223,6 @@ def test_synthetic_report_is_well_formed_html_with_charts(
 
 
 # -- a handcrafted set with exact figures ------------------------------------------------
-
-T0 = 1_790_000_000.0
-
-
-class Writer:
-    """Trace events at chosen times, through the daemon's own writer."""
-
-    def __init__(self, root: Path) -> None:
-        self.now = T0
-        self.root = root
-        self.writers: dict[str, TraceWriter] = {}
-
-    def emit(self, instance: str, t: float, event: str, cid: uuid.UUID | None, **f: object) -> None:
-        if instance not in self.writers:
-            self.writers[instance] = TraceWriter(
-                TraceConfig(directory=self.root / instance, compress=False),
-                instance,
-                clock=lambda: self.now,
-            )
-        self.now = t
-        self.writers[instance].emit(event, cid, **f)
-
-    def close(self) -> None:
-        async def write() -> None:
-            for w in self.writers.values():
-                await w.start()
-                await w.stop()  # flushes the buffer and closes the segment
-
-        asyncio.run(write())
 
 
 def handcrafted(root: Path) -> dict[str, object]:
@@ -659,135 +628,6 @@ def test_audit_of_a_clean_synthetic_set_passes(tmp_path: Path, spark: SparkSessi
             loaded.release()
         assert found.passed and found.total == 0
         assert found.waiting == truth.messages_waiting > 0
-
-
-def test_a_messages_first_and_last_events_of_a_kind_are_chosen_the_same_on_every_run(
-    tmp_path: Path, spark: SparkSession
-) -> None:
-    """The message table takes each kind of event's earliest (its latest drop): of two
-    deliveries at the same microsecond, the one of the least instance, whichever was
-    written first; the drop's reason is the later drop's."""
-    w = Writer(tmp_path)
-    c = uuid.uuid4()
-    common = {"initiator": True, "seq": 1}
-    w.emit("a", T0 + 1, "message_sent", c, database="db", service="//a", size=10, **common)
-    w.emit("f", T0 + 1.5, "dropped", c, reason="first", **common)
-    w.emit("f", T0 + 1.8, "dropped", c, reason="later", **common)
-    w.emit("b2", T0 + 2, "delivered", c, database="db", queue="q2", **common)
-    w.emit("b1", T0 + 2, "delivered", c, database="db", queue="q1", **common)
-    w.emit("b1", T0 + 3, "delivered", c, database="db", queue="q0", **common)
-    w.close()
-    loaded = load_traces(spark, [tmp_path])
-    try:
-        (row,) = message_table(loaded.events).collect()
-    finally:
-        loaded.release()
-    micros = round((T0 + 2) * 1_000_000)
-    assert (row["sender"], row["sent_t"]) == ("a", round((T0 + 1) * 1_000_000))
-    assert (row["receiver"], row["queue"], row["delivered_t"]) == ("b1", "q1", micros)
-    assert row["deliveries"] == 3 and row["status"] == "delivered"
-    assert (row["drops"], row["drop_reason"]) == (2, "later")
-
-
-def _ms(later: int, earlier: int) -> int:
-    """Milliseconds between two trace times (microseconds), rounded."""
-    return round((later - earlier) / 1000)
-
-
-@pytest.mark.parametrize("straight_legs", [True, False])
-def test_each_messages_legs_are_the_same_whether_it_went_straight_or_not(
-    tmp_path: Path, spark: SparkSession, straight_legs: bool
-) -> None:
-    """The legs of a message that went straight from one instance to another come from the
-    fold's aggregates (where expressions are compiled); every other way is worked out from
-    the whole path. Each case here has its legs written out (R-REPORT-1), with the shortcut
-    and without it: a retransmission after the first arrival, a duplicate, a forwarder, an
-    arrival whose sender's departures are not in the set, one from an instance the message
-    did not leave from."""
-    w = Writer(tmp_path)
-    c = {
-        name: uuid.uuid4()
-        for name in ("straight", "late_retry", "duplicate", "forwarded", "gone", "elsewhere")
-    }
-    a = {"database": "db", "initiator": True, "seq": 1}
-    first = {"initiator": True, "seq": 1, "fragment": 0}
-
-    def sent(conversation: uuid.UUID, at: float, attempt: int = 1) -> None:
-        w.emit("a", T0 + at, "fragment_sent", conversation, fragment=0, attempt=attempt, **a)
-
-    def arrived(conversation: uuid.UUID, instance: str, at: float, peer: str, hop: int = 0) -> None:
-        w.emit(instance, T0 + at, "fragment_received", conversation, peer=peer, hop=hop, **first)
-
-    for conversation in c.values():
-        w.emit("a", T0, "message_sent", conversation, **a)
-    sent(c["straight"], 0.001)
-    arrived(c["straight"], "b", 0.004, "a@x")
-    # the acknowledgement was late: a second attempt after the message had arrived
-    sent(c["late_retry"], 0.001)
-    arrived(c["late_retry"], "b", 0.003, "a@x")
-    sent(c["late_retry"], 4.0, attempt=2)
-    arrived(c["late_retry"], "b", 4.002, "a@x")
-    # a retransmission before the first arrival, which came twice
-    sent(c["duplicate"], 0.001)
-    sent(c["duplicate"], 0.010, attempt=2)
-    arrived(c["duplicate"], "b", 0.015, "a@x")
-    arrived(c["duplicate"], "b", 0.020, "a@x")
-    sent(c["forwarded"], 0.001)
-    arrived(c["forwarded"], "f", 0.002, "a@x")
-    w.emit("f", T0 + 0.005, "forwarded", c["forwarded"], hop=1, **first)
-    arrived(c["forwarded"], "b", 0.009, "f@y", hop=1)
-    # arrived, its departure's line not in the set
-    arrived(c["gone"], "b", 0.002, "a@x")
-    # arrived from an instance it did not leave from (its departure from there not in the set)
-    sent(c["elsewhere"], 0.001)
-    arrived(c["elsewhere"], "b", 0.002, "c@z")
-    w.close()
-    loaded = load_traces(spark, [tmp_path])
-    try:
-        table = message_table(loaded.events, straight_legs=straight_legs)
-        rows = table.select("conversation_id", "legs", "dwells").collect()
-    finally:
-        loaded.release()
-    legs = {
-        row["conversation_id"]: sorted(
-            (
-                leg["leg"],
-                leg["from_instance"],
-                leg["to_instance"],
-                _ms(leg["arrive"], leg["left_at"]),
-            )
-            for leg in row["legs"]
-        )
-        for row in rows
-    }
-    dwells = {
-        row["conversation_id"]: [
-            (d["instance"], d["hop"], _ms(d["depart"], d["arrive"])) for d in row["dwells"]
-        ]
-        for row in rows
-    }
-    assert legs[str(c["straight"])] == [(1, "a", "b", 3)]
-    assert legs[str(c["late_retry"])] == [(1, "a", "b", 2)]
-    assert legs[str(c["duplicate"])] == [(1, "a", "b", 5)]
-    assert legs[str(c["forwarded"])] == [(1, "a", "f", 1), (2, "f", "b", 4)]
-    assert legs[str(c["gone"])] == legs[str(c["elsewhere"])] == []
-    assert dwells[str(c["forwarded"])] == [("f", 1, 3)]
-    assert all(dwells[str(c[name])] == [] for name in c if name != "forwarded")
-
-
-def test_a_table_longer_than_its_limit_keeps_its_order_and_counts_every_row(
-    spark: SparkSession,
-) -> None:
-    """The report's tables are cut at ``top`` rows and say how many there were: the rows
-    are the first of the table's order, whether or not it is cut, and the count is the
-    whole table's."""
-    table = spark.range(0, 5000, numPartitions=3).selectExpr("id", "(id * 7919) % 1009 AS k")
-    ordered = table.orderBy("k", "id")
-    expected = [list(row) for row in ordered.collect()]
-    cut = collect(ordered, "cut", 40)
-    assert (cut.rows, cut.total_rows) == (expected[:40], 5000)
-    whole = collect(ordered.where("k < 3"), "whole", 40)
-    assert (whole.rows, whole.total_rows) == ([r for r in expected if r[1] < 3], 15)
 
 
 # -- the command -----------------------------------------------------------------------------
