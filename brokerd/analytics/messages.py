@@ -20,7 +20,8 @@ or the conversation's route for a local delivery), ``receiver``,
 still waiting, ``latest``, its latest event on any instance (the fields
 :mod:`brokerd.analytics.waiting` words its status from, :data:`LATEST_EVENT`), so that
 no job reads every event again for the few messages that wait; ``legs`` and ``dwells``,
-the message's way from instance to instance (:data:`LEGS`, :data:`DWELLS`, the tables of
+the message's way from instance to instance (:data:`LEGS`, or :data:`ONE_LEG` for a message
+that went straight, and :data:`DWELLS`: the tables of
 :func:`brokerd.analytics.latency.by_hop`); and ``status``, one of:
 
 * ``delivered``: its delivery, its reception by the application, or a promoted mirror's
@@ -40,6 +41,8 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+
+from brokerd.analytics.session import compiles_expressions
 
 KEY = ["conversation_id", "initiator", "seq"]
 STREAM = ["conversation_id", "initiator"]
@@ -212,11 +215,15 @@ LATEST_EVENT = (
 """SQL: a message event as the fold's ``max`` orders it, the latest by time and, of one
 instant, by the life of a message (``MESSAGE_EVENTS``): the message table's ``latest``."""
 
-PATH_EVENT = """CASE WHEN fragment = 0 THEN CASE event
+ARRIVAL_SOURCE = "regexp_extract(peer, '^(.*)@[^@]*$', 1)"
+"""SQL: the instance an arrival came from: its connection's peer (``instance@host:port``)
+up to the last ``@``."""
+
+PATH_EVENT = f"""CASE WHEN fragment = 0 THEN CASE event
     WHEN 'fragment_sent' THEN struct(0 AS kind, instance, t, CAST(NULL AS STRING) AS source, hop)
     WHEN 'forwarded' THEN struct(1 AS kind, instance, t, CAST(NULL AS STRING) AS source, hop)
     WHEN 'fragment_received' THEN struct(2 AS kind, instance, t,
-                                         regexp_extract(peer, '^(.*)@[^@]*$', 1) AS source, hop)
+                                         {ARRIVAL_SOURCE} AS source, hop)
   END END"""
 """SQL: an event of a message's way between instances, for its ``path`` (the first
 fragment's only): its ``kind`` (0 a departure, 1 a forwarder's departure, 2 an arrival),
@@ -263,9 +270,8 @@ arrival there and its first forwarding from there (with that forwarding's hop)."
 DWELL_TYPE = "STRUCT<instance: STRING, hop: BIGINT, arrive: BIGINT, depart: BIGINT>"
 """SQL: the type of a :data:`DWELLS` element (a message that no forwarder touched has none)."""
 
-ARRIVAL = """CASE WHEN fragment = 0 AND event = 'fragment_received'
-  THEN struct(instance, regexp_extract(peer, '^(.*)@[^@]*$', 1) AS source,
-              coalesce(hop, 0) AS hop, t) END"""
+ARRIVAL = f"""CASE WHEN fragment = 0 AND event = 'fragment_received'
+  THEN struct(instance, {ARRIVAL_SOURCE} AS source, coalesce(hop, 0) AS hop, t) END"""
 """SQL: a first fragment's arrival on an instance, as the fold's ``min`` and ``max`` order it:
 by where it arrived, where from and by which hop (its leg), then by time."""
 
@@ -455,6 +461,6 @@ def message_table(events: DataFrame, *, straight_legs: bool | None = None) -> Da
     The table is the same either way."""
     spark = events.sparkSession
     if straight_legs is None:
-        straight_legs = spark.conf.get("spark.sql.codegen.factoryMode", None) != "NO_CODEGEN"
+        straight_legs = compiles_expressions(spark)
     sql = STRAIGHT_MESSAGE_TABLE_SQL if straight_legs else MESSAGE_TABLE_SQL
     return spark.sql(sql, events=events)

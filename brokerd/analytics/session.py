@@ -134,7 +134,8 @@ def class_archive_options(
     of its own: a JVM does not load one written by a JVM of other options. Without one, this run's
     JVM writes one when it exits, under a name of its own (runs at the same time never
     share a file); a later run puts it in place once that JVM is gone (its pid is written
-    next to it, :func:`note_archive_writer`). An archive names the PySpark installation
+    next to it, :func:`note_archive_writer`), waiting for it (:data:`ARCHIVE_WRITE_WAIT`)
+    while it writes its archive as it exits. An archive names the PySpark installation
     that wrote it (a hash of its path: the classpath the JVM checks), so two checkouts
     each keep their own; a JVM that finds an archive of another JVM ignores it. Nothing
     when the directory cannot be written."""
@@ -273,6 +274,11 @@ def driver_jvm_options(input_bytes: int | None) -> str:
     return ""
 
 
+FACTORY_MODE = "spark.sql.codegen.factoryMode"
+INTERPRETED = "NO_CODEGEN"
+"""The value of :data:`FACTORY_MODE` that interprets every expression (a small set's)."""
+
+
 def sql_settings(
     input_bytes: int | None, *, local: bool = True, shuffle_partitions: int | None = None
 ) -> dict[str, str]:
@@ -288,8 +294,14 @@ def sql_settings(
         "spark.sql.codegen.wholeStage": str(not small).lower(),
         # interpreted expressions too on a small set: no Janino compilation of each
         # projection, predicate and ordering (most of a small run's CPU otherwise)
-        "spark.sql.codegen.factoryMode": "NO_CODEGEN" if small else "FALLBACK",
+        FACTORY_MODE: INTERPRETED if small else "FALLBACK",
     }
+
+
+def compiles_expressions(spark: SparkSession) -> bool:
+    """Whether ``spark``'s session compiles expressions (a large set's settings: where a few
+    more aggregates cost less than a higher-order function, :mod:`brokerd.analytics.messages`)."""
+    return spark.conf.get(FACTORY_MODE, None) != INTERPRETED
 
 
 def sized_session(spark: SparkSession, input_bytes: int | None) -> SparkSession:
