@@ -16,8 +16,9 @@ because the costs differ (R-REPORT-3; docs/analytics.md, Performance):
   all (compiling a plan, or an expression, costs more than running it on a few thousand
   rows), and a driver JVM that only uses its quick compiler and the serial collector;
 * **a large one**: adaptive execution over ``2 x cores`` shuffle partitions (200 on a
-  cluster), Spark's defaults otherwise; below :data:`QUICK_COMPILER_BYTES` (a few
-  million events) a driver JVM that only uses its quick compiler.
+  cluster), Spark's defaults otherwise, and a driver JVM with the parallel collector; below
+  :data:`QUICK_COMPILER_BYTES` (a few million events) one that only uses its quick
+  compiler too.
 
 :func:`sql_settings` holds the SQL settings by size; :func:`sized_session` gives a running
 application's session them for one analysis (:mod:`brokerd.analytics.service`).
@@ -56,7 +57,14 @@ compiler, which never pays back in a run of seconds), and the serial collector."
 QUICK_COMPILER_BYTES = 1024 * 1024 * 1024
 """Trace sets below this size (about four million events) but not small get a driver JVM
 that only uses its quick compiler too (:data:`QUICK_JVM_OPTIONS`)."""
-QUICK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+THROUGHPUT_COLLECTOR = "-XX:+UseParallelGC"
+"""The collector of a driver JVM that runs tasks for a minute: the parallel one, which
+stops the tasks to collect and spends nothing beside them, where G1 (the JVM's default on
+this kind of machine) keeps threads of its own and barriers in every write of a
+reference. Five million events took 57.6-61.6 s with it, against 66.0-71.2 s with G1
+(alternated in one sitting, a Zen 5), the JVM's CPU about a tenth less; a million, 25.6
+and 27.8 s against 28.9 and 29.7 s (docs/analytics.md, Performance)."""
+QUICK_JVM_OPTIONS = f"-XX:TieredStopAtLevel=1 {THROUGHPUT_COLLECTOR}"
 """The driver JVM for a trace set of a few million events: C1 only. The optimising
 compiler spends seconds on each of the huge methods Spark generates for a stage (a
 sort's input loop of 250 KB of machine code took 4 s, compiled four times over), on
@@ -89,7 +97,8 @@ ARCHIVE_WRITE_WAIT = 60.0
 (about 180 MB: a few seconds), before it starts without one."""
 
 JvmKind = Literal["small", "large"]
-"""The driver JVM's settings (:data:`SMALL_JVM_OPTIONS`, or Spark's defaults)."""
+"""The driver JVM's settings (:data:`SMALL_JVM_OPTIONS`, or a large set's:
+:func:`driver_jvm_options`)."""
 
 
 def _installation() -> tuple[str, str]:
@@ -266,12 +275,12 @@ def is_small(input_bytes: int | None) -> bool:
 
 def driver_jvm_options(input_bytes: int | None) -> str:
     """The driver JVM's compiler and collector for a trace set of ``input_bytes`` (None:
-    unknown, Spark's defaults)."""
+    unknown, a large set's: both compilers, :data:`THROUGHPUT_COLLECTOR`)."""
     if is_small(input_bytes):
         return SMALL_JVM_OPTIONS
     if input_bytes is not None and input_bytes < QUICK_COMPILER_BYTES:
         return QUICK_JVM_OPTIONS
-    return ""
+    return THROUGHPUT_COLLECTOR
 
 
 FACTORY_MODE = "spark.sql.codegen.factoryMode"

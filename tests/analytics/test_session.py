@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pyspark
+import pytest
 
 from brokerd.analytics.session import (
     CLASS_ARCHIVE_SWITCH,
@@ -201,24 +202,34 @@ def test_the_jvm_that_writes_an_archive_says_nothing_of_it(tmp_path: Path) -> No
 def test_the_driver_jvms_compilers_follow_the_trace_sets_size() -> None:
     """A small set's driver JVM uses the quick compiler and the serial collector; a set of
     a few million events the quick compiler alone (the optimising one spent more on
-    Spark's generated stages than the tasks gained); a larger or unknown set Spark's
-    defaults (docs/analytics.md, Performance)."""
+    Spark's generated stages than the tasks gained) and the parallel collector; a larger or
+    unknown set both compilers and the parallel collector (docs/analytics.md, Performance)."""
     assert driver_jvm_options(100_000) == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    assert driver_jvm_options(250_000_000) == "-XX:TieredStopAtLevel=1"
-    assert driver_jvm_options(1_500_000_000) == ""
-    assert driver_jvm_options(None) == ""
+    assert driver_jvm_options(250_000_000) == "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+    assert driver_jvm_options(1_500_000_000) == "-XX:+UseParallelGC"
+    assert driver_jvm_options(None) == "-XX:+UseParallelGC"
 
 
-MEDIUM = """
+SIZED = """
 from brokerd.analytics.session import spark_session
-spark = spark_session(input_bytes=250_000_000, driver_memory="1g")
-jvm = spark.sparkContext._jvm
-print(list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()))
+spark = spark_session(input_bytes=SIZE, driver_memory="1g")
+management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+print(list(management.getRuntimeMXBean().getInputArguments()))
+print(sorted(bean.getName() for bean in management.getGarbageCollectorMXBeans()))
 spark.stop()
 """
 
 
-def test_a_medium_sets_driver_jvm_runs_with_the_quick_compiler_only(tmp_path: Path) -> None:
-    done = run_with_cache(MEDIUM, tmp_path)
-    arguments = done.stdout.strip().splitlines()[-1]
-    assert "-XX:TieredStopAtLevel=1" in arguments and "UseSerialGC" not in arguments
+@pytest.mark.parametrize(("size", "quick"), [(250_000_000, True), (None, False)])
+def test_a_large_sets_driver_jvm_runs_with_the_parallel_collector(
+    tmp_path: Path, size: int | None, quick: bool
+) -> None:
+    """The options reach the driver JVM that Spark starts: a set of a few million events
+    gets the quick compiler only, a larger one both; either collects with the parallel
+    collector (its young and old generations' collectors are "PS Scavenge" and "PS
+    MarkSweep"), not G1."""
+    done = run_with_cache(SIZED.replace("SIZE", repr(size)), tmp_path)
+    arguments, collectors = done.stdout.strip().splitlines()[-2:]
+    assert ("-XX:TieredStopAtLevel=1" in arguments) is quick
+    assert "UseSerialGC" not in arguments
+    assert collectors == "['PS MarkSweep', 'PS Scavenge']"
