@@ -302,6 +302,8 @@ STRAIGHT_FOLD = f""",
     min({ARRIVAL}) AS arrival_lo, max({ARRIVAL}) AS arrival_hi,
     min({DEPARTURE}) AS departure_lo, max({DEPARTURE}) AS departure_hi"""
 """SQL: the fold's aggregates :data:`ONE_LEG` reads."""
+STRAIGHT_COLUMNS = ", arrival_lo, arrival_hi, departure_lo, departure_hi"
+"""SQL: the same aggregates, carried from the fold to where :data:`ONE_LEG` reads them."""
 
 
 def _message_table_sql(straight_legs: bool) -> str:
@@ -374,13 +376,11 @@ rows AS (
     delivery.instance AS receiver, delivery.database AS target_database,
     delivery.queue AS queue, delivery.n AS delivered_n,
     {_eid("delivery.instance", "delivery.n")} AS delivered_id,
-    {_ids("delivered_pairs")} AS delivered_ids,
+    delivered_pairs,
     reception.t AS received_t, receptions,
     reception.instance AS reader, reception.n AS received_n,
     {_eid("reception.instance", "reception.n")} AS received_id,
-    {_ids("received_pairs")} AS received_ids, latest,
-    {legs} AS legs,
-    CASE WHEN forwards = 0 THEN CAST(array() AS ARRAY<{DWELL_TYPE}>) ELSE {DWELLS} END AS dwells
+    received_pairs, latest, path{STRAIGHT_COLUMNS if straight_legs else ""}
   FROM folded
 ),
 routes AS (
@@ -427,7 +427,15 @@ SELECT {", ".join(MESSAGE_COLUMNS)},
   CASE WHEN status = 'waiting' THEN latest END AS latest,
   legs, dwells
 FROM (
+  -- what is worked out of the fold's lists (the event ids, the legs and stays) comes after
+  -- the stream's window: with it, the code Spark generates for the rows before the
+  -- window's sort was one method too large for the JVM to compile (over 8,000 bytes), and
+  -- ran interpreted on every message
   SELECT *,
+    {_ids("delivered_pairs")} AS delivered_ids,
+    {_ids("received_pairs")} AS received_ids,
+    {legs} AS legs,
+    CASE WHEN forwards = 0 THEN CAST(array() AS ARRAY<{DWELL_TYPE}>) ELSE {DWELLS} END AS dwells,
     CASE
       WHEN is_delivered THEN 'delivered'
       WHEN discarded_t IS NOT NULL THEN 'discarded'

@@ -3,6 +3,7 @@ known, and the report's tables cut at their limit."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from pyspark.sql import SparkSession
 from brokerd.analytics.load import load_traces
 from brokerd.analytics.messages import message_table
 from brokerd.analytics.report import collect
+from brokerd.analytics.session import JVM_HUGE_METHOD, sized_session
 from tests.analytics.handwritten import T0, Writer
 
 
@@ -142,3 +144,33 @@ def test_a_table_longer_than_its_limit_keeps_its_order_and_counts_every_row(
     assert (cut.rows, cut.total_rows) == (expected[:40], 5000)
     whole = collect(ordered.where("k < 3"), "whole", 40)
     assert (whole.rows, whole.total_rows) == ([r for r in expected if r[1] < 3], 15)
+
+
+def test_the_rows_a_large_sets_sorts_take_in_are_made_by_code_the_jvm_compiles(
+    tmp_path: Path, spark: SparkSession
+) -> None:
+    """With a large set's settings every stage of generated code that feeds a sort (the
+    fold's rows before the stream's window, the routes' before theirs) has no method above
+    the size HotSpot compiles: such a method runs interpreted on every row. The message
+    table works out what it reads of the fold's lists after its window for that reason,
+    and a stage that still has one runs as its operators (``JVM_HUGE_METHOD``)."""
+    w = Writer(tmp_path)
+    c = uuid.uuid4()
+    w.emit("a", T0, "message_sent", c, database="db", initiator=True, seq=1)
+    w.emit("b", T0 + 1, "delivered", c, database="db", queue="q", initiator=True, seq=1)
+    w.close()
+    large = sized_session(spark, None)
+    assert large.conf.get("spark.sql.codegen.hugeMethodLimit") == str(JVM_HUGE_METHOD)
+    # the stages' code is the same; only a plan that is not adaptive shows it before it runs
+    large.conf.set("spark.sql.adaptive.enabled", "false")
+    loaded = load_traces(large, [tmp_path])
+    try:
+        table = message_table(loaded.events)
+        assert table.count() == 1
+        (plan,) = large.sql("EXPLAIN CODEGEN SELECT * FROM {t}", t=table).collect()[0]
+    finally:
+        loaded.release()
+    stages = re.findall(r"^== Subtree .*?maxMethodCodeSize:(\d+);.*\n(.*)$", plan, re.M)
+    sorts = [int(size) for size, root in stages if re.match(r"\*\(\d+\) Sort \[", root)]
+    assert len(sorts) >= 2
+    assert max(sorts) < JVM_HUGE_METHOD
