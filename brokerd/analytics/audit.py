@@ -217,25 +217,30 @@ WITH m AS (
   FROM (SELECT {", ".join(AUDITED)} FROM {{messages}})
   LEFT JOIN {{inherited}} USING ({_STREAM})
 ),
-bounds AS (
-  -- the stream's bounds and names in one aggregate, joined back: one pass. A coalesced
-  -- sender or receiver adds nothing to the stream's sets: it is one of them.
-  SELECT {_STREAM},
-    first(receiver, true) AS _first_receiver,
-    first(reader, true) AS _first_reader,
-    first(sender, true) AS _first_sender,
-    collect_set(sender) AS senders,
-    array_union(collect_set(receiver), collect_set(reader)) AS receivers,
+bounded AS (
+  -- the stream's bounds and names over the whole stream, in the window that gives each
+  -- message the SENDs before it: one sort of the stream's rows, where an aggregate
+  -- joined back sorted them for the join and again for the window. A coalesced sender or
+  -- receiver adds nothing to the stream's sets: it is one of them.
+  SELECT *,
+    first(receiver, true) OVER whole AS _first_receiver,
+    first(reader, true) OVER whole AS _first_reader,
+    first(sender, true) OVER whole AS _first_sender,
+    collect_set(sender) OVER whole AS senders,
+    array_union(collect_set(receiver) OVER whole, collect_set(reader) OVER whole) AS receivers,
     -- the lowest seq the set saw sent, delivered or discarded: lower ones are before
     -- the traces began (a late duplicate or RECEIVE does not count)
-    min(CASE WHEN sent OR arrived OR discarded THEN seq END) AS lowest,
-    min(CASE WHEN sent THEN seq END) AS lowest_sent,
+    min(CASE WHEN sent OR arrived OR discarded THEN seq END) OVER whole AS lowest,
+    min(CASE WHEN sent THEN seq END) OVER whole AS lowest_sent,
     -- no message of the stream was delivered before its first SEND
-    min(sent_t) AS first_sent_t,
-    max(CASE WHEN arrived THEN seq END) AS highest,
+    min(sent_t) OVER whole AS first_sent_t,
+    max(CASE WHEN arrived THEN seq END) OVER whole AS highest,
     min(CASE WHEN NOT arrived AND NOT discarded AND (sent OR acked_t IS NOT NULL)
-             THEN seq END) AS lowest_open
-  FROM m GROUP BY {_STREAM}
+             THEN seq END) OVER whole AS lowest_open,
+    max(sent_t) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER}) AS sent_before
+  FROM m
+  WINDOW whole AS (PARTITION BY {_STREAM} ORDER BY seq
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 )
 SELECT {_STREAM}, seq, status,
   coalesce(sender, _first_sender) AS sender, sent_id, sent_t, acked_id, acked_t,
@@ -248,8 +253,8 @@ SELECT {_STREAM}, seq, status,
   arrived,
   coalesce(delivered_t, received_t) AS arrived_t,
   coalesce(delivered_id, received_id, CASE WHEN in_file THEN inherited_id END) AS arrived_id,
-  max(sent_t) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER}) AS sent_before
-FROM m LEFT JOIN bounds USING ({_STREAM})
+  sent_before
+FROM bounded
 """
 """The message table with each stream's sender and receiver, arrival (delivered, or
 received when the delivery's event is missing, or held in order by the file a promoted
