@@ -192,7 +192,8 @@ def _ids(pairs: str) -> str:
 
 def _listed(event: str, as_event: str) -> str:
     """SQL: the events that list messages in ``seqs`` (acknowledgements, discards), one
-    row per seq, as event ``as_event``."""
+    row per seq, as event ``as_event``; one without its stream names no message (as the
+    message events without one)."""
     return f"""
     SELECT conversation_id, initiator, instance, n, t, reason, seq, '{as_event}' AS event
     FROM (
@@ -202,6 +203,7 @@ def _listed(event: str, as_event: str) -> str:
                explode(split(seqs, ',')) AS listed
         FROM {{events}}
         WHERE event = '{event}' AND seqs IS NOT NULL AND seqs != ''
+          AND conversation_id IS NOT NULL AND initiator IS NOT NULL
       )
     )
     WHERE seq IS NOT NULL"""

@@ -512,7 +512,7 @@ def serve(path: Path, master: str | None, warm_ups: int, log: TextIO = sys.stder
     listener = listen(path)
     spark = None
     try:
-        spark = spark_session(master, app_name="brokerd-analyzer")
+        spark = spark_session(master, app_name="brokerd-analyzer", long_running=True)
         analyzer = Analyzer(spark, listener)
         # after Spark's start: PySpark's own SIGINT handler would cancel from within a call
         signal.signal(signal.SIGTERM, analyzer.stop)

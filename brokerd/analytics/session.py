@@ -62,7 +62,7 @@ THROUGHPUT_COLLECTOR = "-XX:+UseParallelGC"
 """The collector of a driver JVM that runs tasks for a minute: the parallel one, which
 stops the tasks to collect and spends nothing beside them, where G1 (the JVM's default on
 this kind of machine) keeps threads of its own and barriers in every write of a
-reference. Five million events took 57.6-61.6 s with it, against 66.0-71.2 s with G1
+reference. Five million events took 57.6-65.0 s with it, against 66.0-71.2 s with G1
 (alternated in one sitting, a Zen 5), the JVM's CPU about a tenth less; a million, 25.6
 and 27.8 s against 28.9 and 29.7 s (docs/analytics.md, Performance)."""
 QUICK_JVM_OPTIONS = f"-XX:TieredStopAtLevel=1 {THROUGHPUT_COLLECTOR}"
@@ -140,8 +140,9 @@ def class_archive_options(
 
     With an archive of Spark's classes (``spark-<version>-<kind>-<installation>.jsa``) the
     JVM maps them instead of reading the jars, which halves its start and its first job.
-    Each ``kind`` of driver JVM (the small and the large settings: another collector) has an archive
-    of its own: a JVM does not load one written by a JVM of other options. Without one, this run's
+    Each ``kind`` of driver JVM (the small and the large settings) has an archive of its
+    own: the classes one kind loads are not the other's (with one archive for both, a
+    large set's Spark started in 7.5 s instead of 2.7). Without one, this run's
     JVM writes one when it exits, under a name of its own (runs at the same time never
     share a file); a later run puts it in place once that JVM is gone (its pid is written
     next to it, :func:`note_archive_writer`), waiting for it (:data:`ARCHIVE_WRITE_WAIT`)
@@ -274,9 +275,14 @@ def is_small(input_bytes: int | None) -> bool:
     return input_bytes is not None and input_bytes < SMALL_INPUT_BYTES
 
 
-def driver_jvm_options(input_bytes: int | None) -> str:
+def driver_jvm_options(input_bytes: int | None, *, long_running: bool = False) -> str:
     """The driver JVM's compiler and collector for a trace set of ``input_bytes`` (None:
-    unknown, a large set's: both compilers, :data:`THROUGHPUT_COLLECTOR`)."""
+    unknown, a large set's: both compilers, :data:`THROUGHPUT_COLLECTOR`). A
+    ``long_running`` JVM (a running analyzer's, which analyses set after set for days)
+    keeps the JVM's defaults, G1 among them: the parallel collector is measured for one
+    analysis, not for a JVM that idles between requests."""
+    if long_running:
+        return ""
     if is_small(input_bytes):
         return SMALL_JVM_OPTIONS
     if input_bytes is not None and input_bytes < QUICK_COMPILER_BYTES:
@@ -342,9 +348,11 @@ def spark_session(
     shuffle_partitions: int | None = None,
     input_bytes: int | None = None,
     app_name: str = "brokerd-analyze",
+    long_running: bool = False,
 ) -> SparkSession:
     """Start (or reuse) the Spark session for the analytics jobs over ``input_bytes`` of
-    traces (None: unknown, the settings of a large set)."""
+    traces (None: unknown, the settings of a large set); ``long_running``: a running
+    analyzer's, whose driver JVM keeps the JVM's collector (:func:`driver_jvm_options`)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -373,9 +381,8 @@ def spark_session(
     if SparkSession.getActiveSession() is not None:
         writer = None  # getOrCreate returns it: its JVM has its options already
     jvm = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {archive}"
-    builder = builder.config(
-        "spark.driver.extraJavaOptions", f"{jvm} {driver_jvm_options(input_bytes)}"
-    )
+    options = driver_jvm_options(input_bytes, long_running=long_running)
+    builder = builder.config("spark.driver.extraJavaOptions", f"{jvm} {options}")
     if small:
         builder = builder.config("spark.executor.extraJavaOptions", SMALL_JVM_OPTIONS)
     if local:

@@ -203,11 +203,14 @@ def test_the_driver_jvms_compilers_follow_the_trace_sets_size() -> None:
     """A small set's driver JVM uses the quick compiler and the serial collector; a set of
     a few million events the quick compiler alone (the optimising one spent more on
     Spark's generated stages than the tasks gained) and the parallel collector; a larger or
-    unknown set both compilers and the parallel collector (docs/analytics.md, Performance)."""
+    unknown set both compilers and the parallel collector; a running analyzer the JVM's
+    defaults (docs/analytics.md, Performance)."""
     assert driver_jvm_options(100_000) == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     assert driver_jvm_options(250_000_000) == "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
     assert driver_jvm_options(1_500_000_000) == "-XX:+UseParallelGC"
     assert driver_jvm_options(None) == "-XX:+UseParallelGC"
+    # a running analyzer's JVM idles between requests for days: the JVM's own collector
+    assert driver_jvm_options(None, long_running=True) == ""
 
 
 SIZED = """
