@@ -320,6 +320,8 @@ def sql_settings(
         # interpreted expressions too on a small set: no Janino compilation of each
         # projection, predicate and ordering (most of a small run's CPU otherwise)
         FACTORY_MODE: INTERPRETED if small else "FALLBACK",
+        # Spark's default on a small set (no whole-stage code there): a running analyzer's
+        # session for a small set does not keep a large set's limit
         HUGE_METHOD_LIMIT: "65535" if small else str(JVM_HUGE_METHOD),
     }
 
