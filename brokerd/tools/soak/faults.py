@@ -23,9 +23,10 @@ weighted by :data:`WEIGHTS`, and every kind is counted:
   1-6 s (the live ones stay silent: heartbeats and redial must find them), ``cut``
   every connection (TCP reset).
 
-With a mirrored B a failover is due once half the time has passed without one. The
-generator is the soak's, whose draws the producers share for their bodies' sizes
-(:mod:`.producers`). What a fault does to a process is :mod:`.processes`'.
+Once half the time has passed, a kind not yet injected is due before any other (a
+failover among them, with a mirrored B): drawn by weight alone, about one short run in
+twenty missed some kind. The generator is the soak's, whose draws the producers share
+for their bodies' sizes (:mod:`.producers`). What a fault does to a process is :mod:`.processes`'.
 
 May import: ``brokerd.sdk``, ``brokerd.tools.faultproxy``, ``protocol.errors``,
 :mod:`.topology`, :mod:`.clients`, :mod:`.processes`.
@@ -102,17 +103,17 @@ class FaultSchedule:
         """Restarts and undoings that wait for their time."""
 
     async def run(self, until: float) -> None:
-        """Faults drawn by weight until ``until``. With a mirrored B, a failover is due
-        once half the time has passed without one: drawn by weight alone, every draw can
-        find a partner down (about one short run in fifty had none)."""
+        """Faults drawn by weight until ``until``. Once half the time has passed, the
+        kinds not injected yet are drawn first, so a short run has every kind: by weight
+        alone, about forty draws over twelve kinds missed one in some short runs (a
+        failover also finds a partner down at times)."""
         kinds = list(self._settings.active_kinds())
-        weights = [WEIGHTS[k] for k in kinds]
         halfway = time.monotonic() + (until - time.monotonic()) / 2
         while time.monotonic() < until:
             await asyncio.sleep(self._rng.uniform(*self._settings.fault_interval))
-            kind = self._rng.choices(kinds, weights)[0]
-            if "failover" in kinds and time.monotonic() > halfway and self._failover_due():
-                kind = "failover"
+            due = self._not_yet(kinds) if time.monotonic() > halfway else []
+            pool = due or kinds
+            kind = self._rng.choices(pool, [WEIGHTS[k] for k in pool])[0]
             if kind == "kill_daemon" and len(self._processes.down) >= 2:
                 continue
             if self._inject(kind):
@@ -232,10 +233,10 @@ class FaultSchedule:
         self._later(duration, lambda: _clear_timed(plan))
         return True
 
-    def _failover_due(self) -> bool:
-        """No failover happened yet, and none is under way."""
+    def _not_yet(self, kinds: list[str]) -> list[str]:
+        """The kinds never injected so far; a failover under way is not among them."""
         idle = self.failing_over is None or self.failing_over.done()
-        return not self.counts["failover"] and idle
+        return [k for k in kinds if not self.counts[k] and (k != "failover" or idle)]
 
     async def _failover(self, delay: float) -> None:
         """Manual failover of B (R-ROUTE-15, R-ROUTE-16), as an operator does it: only
