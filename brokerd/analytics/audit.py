@@ -223,8 +223,15 @@ bounded AS (
   -- joined back sorted them for the join and again for the window. A coalesced sender or
   -- receiver adds nothing to the stream's sets: it is one of them.
   SELECT *,
+    -- a message that arrived nowhere (or whose SEND is not in the set) names the
+    -- stream's receiver (sender) at its place: that of the nearest arrival (SEND) before
+    -- it, a promoted mirror after a failover; else the stream's first
+    last(receiver, true) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER})
+      AS _receiver_before,
+    last(reader, true) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER}) AS _reader_before,
     first(receiver, true) OVER whole AS _first_receiver,
     first(reader, true) OVER whole AS _first_reader,
+    last(sender, true) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER}) AS _sender_before,
     first(sender, true) OVER whole AS _first_sender,
     collect_set(sender) OVER whole AS senders,
     array_union(collect_set(receiver) OVER whole, collect_set(reader) OVER whole) AS receivers,
@@ -243,9 +250,9 @@ bounded AS (
                    ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 )
 SELECT {_STREAM}, seq, status,
-  coalesce(sender, _first_sender) AS sender, sent_id, sent_t, acked_id, acked_t,
-  -- a lost message names its stream's receiver
-  coalesce(receiver, reader, _first_receiver, _first_reader) AS receiver,
+  coalesce(sender, _sender_before, _first_sender) AS sender, sent_id, sent_t, acked_id, acked_t,
+  coalesce(receiver, reader, _receiver_before, _reader_before, _first_receiver, _first_reader)
+    AS receiver,
   deliveries, delivered_t, delivered_n, delivered_id, delivered_ids,
   reader, receptions, received_t, received_n, received_id, received_ids,
   inherited_received, inherited_id, inherited_t, inherited_sent,

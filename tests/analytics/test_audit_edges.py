@@ -11,7 +11,9 @@ Spark jobs (``brokerd.analytics.report.analyze``), all in one trace set:
 * daemon processes whose last segment holds no whole line (a torn one only, or none:
   killed right after a segment was rotated);
 * a receiving endpoint whose last events are a rollback and a quarantine (their
-  ``initiator`` names the sender's role, as the receiving side's message events do).
+  ``initiator`` names the sender's role, as the receiving side's message events do);
+* a stream whose receiver moved midway (a mirrored database failed over from ``m1`` to
+  ``m2``) and lost a message after the move.
 """
 
 from __future__ import annotations
@@ -178,6 +180,19 @@ def planted(root: Path) -> dict[str, Any]:
     s.emit("h", t + 30, "quarantined", poison, seq=1, queue="Q", rollbacks=3,
            message_type="DEFAULT", reason="ROLLBACK", **a)  # fmt: skip
     known["quarantined_at"] = t + 30
+    # -- a stream received by m1, then by m2 (its promoted mirror); seq 5 lost after ----
+    moved = uuid.uuid4()
+    known["moved"] = str(moved)
+    t = T0 + 3950
+    for instance in ("m1", "m2"):
+        s.emit(instance, t, "started", pid=100)
+    for seq in range(1, 6):
+        s.emit("g", t + seq, "message_sent", moved, seq=seq, service="//g", far_service="//m",
+               **a)  # fmt: skip
+        if seq != 5:
+            s.emit("m1" if seq <= 2 else "m2", t + seq + 0.01, "delivered", moved, seq=seq,
+                   queue="Q", **a)  # fmt: skip
+    s.emit("g", t + 5.1, "ack_received", moved, through=5, acked=5, seqs="1,2,3,4,5", **a)
     # the set ends a minute later
     s.emit("g", t + 90, "connection_closed", peer="h@127.0.0.8:4022", reason="idle")
     known["end"] = t + 90
@@ -258,3 +273,16 @@ def test_an_open_endpoints_last_event_counts_its_rollbacks_and_quarantine(
     ]
     assert row["last_event"] == "quarantined", row
     assert row["idle_seconds"] == pytest.approx(known["end"] - known["quarantined_at"]), row
+
+
+def test_a_message_lost_after_its_stream_moved_names_the_receiver_it_moved_to(
+    planted_analysis: tuple[dict[str, Any], Analysis],
+) -> None:
+    """R-TRACE-2: a finding names the receiver instance. A message acknowledged and never
+    delivered, the stream's last, is named after the instance that received the stream at
+    its place (the nearest arrival before it: the mirror promoted after seq 2), not the
+    stream's first receiver."""
+    known, result = planted_analysis
+    (finding,) = [v for v in result.audit.violations if v["conversation_id"] == known["moved"]]
+    assert (finding["kind"], finding["seq"]) == ("lost", 5), finding
+    assert (finding["sender"], finding["receiver"]) == ("g", "m2"), finding
