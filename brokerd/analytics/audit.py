@@ -212,6 +212,11 @@ WITH m AS (
   SELECT *,
     seq <= coalesce(inherited_received, 0) AS in_file,
     deliveries > 0 OR receptions > 0 OR seq <= coalesce(inherited_received, 0) AS arrived,
+    -- where it arrived: its delivery's instance, its reception's, or the promoted mirror
+    -- whose file held it
+    coalesce(receiver, reader,
+             CASE WHEN seq <= coalesce(inherited_received, 0)
+                  THEN regexp_extract(inherited_id, '^(.*)#[^#]*$', 1) END) AS arrived_at,
     status = 'discarded' AS discarded,
     sent_t IS NOT NULL AS sent
   FROM (SELECT {", ".join(AUDITED)} FROM {{messages}})
@@ -224,11 +229,10 @@ bounded AS (
   -- receiver adds nothing to the stream's sets: it is one of them.
   SELECT *,
     -- a message that arrived nowhere (or whose SEND is not in the set) names the
-    -- stream's receiver (sender) at its place: that of the nearest arrival (SEND) before
-    -- it, a promoted mirror after a failover; else the stream's first
-    last(receiver, true) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER})
+    -- stream's receiver (sender) at its place: where the nearest arrival (SEND) before
+    -- it was, a promoted mirror after a failover; else the stream's first
+    last(arrived_at, true) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER})
       AS _receiver_before,
-    last(reader, true) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER}) AS _reader_before,
     first(receiver, true) OVER whole AS _first_receiver,
     first(reader, true) OVER whole AS _first_reader,
     last(sender, true) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER}) AS _sender_before,
@@ -251,8 +255,7 @@ bounded AS (
 )
 SELECT {_STREAM}, seq, status,
   coalesce(sender, _sender_before, _first_sender) AS sender, sent_id, sent_t, acked_id, acked_t,
-  coalesce(receiver, reader, _receiver_before, _reader_before, _first_receiver, _first_reader)
-    AS receiver,
+  coalesce(arrived_at, _receiver_before, _first_receiver, _first_reader) AS receiver,
   deliveries, delivered_t, delivered_n, delivered_id, delivered_ids,
   reader, receptions, received_t, received_n, received_id, received_ids,
   inherited_received, inherited_id, inherited_t, inherited_sent,

@@ -180,19 +180,26 @@ def planted(root: Path) -> dict[str, Any]:
     s.emit("h", t + 30, "quarantined", poison, seq=1, queue="Q", rollbacks=3,
            message_type="DEFAULT", reason="ROLLBACK", **a)  # fmt: skip
     known["quarantined_at"] = t + 30
-    # -- a stream received by m1, then by m2 (its promoted mirror); seq 5 lost after ----
-    moved = uuid.uuid4()
-    known["moved"] = str(moved)
+    # -- streams received by m1, then by m2 (its promoted mirror); seq 5 lost after ----
+    # seqs 3 and 4 of ``moved`` show on m2 by their RECEIVEs only (their deliveries'
+    # events missing); those of ``inherited`` by m2's file, as the promotion found it
     t = T0 + 3950
     for instance in ("m1", "m2"):
         s.emit(instance, t, "started", pid=100)
-    for seq in range(1, 6):
-        s.emit("g", t + seq, "message_sent", moved, seq=seq, service="//g", far_service="//m",
-               **a)  # fmt: skip
-        if seq != 5:
-            s.emit("m1" if seq <= 2 else "m2", t + seq + 0.01, "delivered", moved, seq=seq,
-                   queue="Q", **a)  # fmt: skip
-    s.emit("g", t + 5.1, "ack_received", moved, through=5, acked=5, seqs="1,2,3,4,5", **a)
+    for name in ("moved", "inherited"):
+        cid = uuid.uuid4()
+        known[name] = str(cid)
+        if name == "inherited":
+            s.emit("m2", t + 2.5, "inherited", cid, database="db", initiator=False,
+                   sent_through=0, received_through=4)  # fmt: skip
+        for seq in range(1, 6):
+            s.emit("g", t + seq, "message_sent", cid, seq=seq, service="//g",
+                   far_service="//m", **a)  # fmt: skip
+            if seq <= 2:
+                s.emit("m1", t + seq + 0.01, "delivered", cid, seq=seq, queue="Q", **a)
+            elif seq <= 4 and name == "moved":
+                s.emit("m2", t + seq + 0.02, "received", cid, seq=seq, queue="Q", **a)
+        s.emit("g", t + 5.1, "ack_received", cid, through=5, acked=5, seqs="1,2,3,4,5", **a)
     # the set ends a minute later
     s.emit("g", t + 90, "connection_closed", peer="h@127.0.0.8:4022", reason="idle")
     known["end"] = t + 90
@@ -280,9 +287,11 @@ def test_a_message_lost_after_its_stream_moved_names_the_receiver_it_moved_to(
 ) -> None:
     """R-TRACE-2: a finding names the receiver instance. A message acknowledged and never
     delivered, the stream's last, is named after the instance that received the stream at
-    its place (the nearest arrival before it: the mirror promoted after seq 2), not the
-    stream's first receiver."""
+    its place: where the nearest arrival before it was (the mirror promoted after seq 2,
+    which showed seqs 3 and 4 by their RECEIVEs, or held them in its file), not the
+    stream's first receiver (m1, which delivered seqs 1 and 2)."""
     known, result = planted_analysis
-    (finding,) = [v for v in result.audit.violations if v["conversation_id"] == known["moved"]]
-    assert (finding["kind"], finding["seq"]) == ("lost", 5), finding
-    assert (finding["sender"], finding["receiver"]) == ("g", "m2"), finding
+    for name in ("moved", "inherited"):
+        found = [v for v in result.audit.violations if v["conversation_id"] == known[name]]
+        assert [(v["kind"], v["seq"]) for v in found] == [("lost", 5)], (name, found)
+        assert (found[0]["sender"], found[0]["receiver"]) == ("g", "m2"), (name, found)
