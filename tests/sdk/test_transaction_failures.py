@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from brokerd.tools.example import (
     ORDER,
 )
 from brokerd.tools.launcher import Deployment
-from protocol.errors import ClientError, LockConflict, QueueDisabled, TransactionError
+from protocol.errors import ClientError, QueueDisabled, TransactionError
 from tests.daemons import assert_exactly_once_in_order, drain
 from tests.sdk.orders import order_dialogs, ready_count, seqs, wait_ready
 
@@ -331,42 +332,23 @@ async def test_move_conversation_of_a_group_the_transaction_itself_holds(
     assert later[0].conversation_group_id == new_group
 
 
-async def test_cleanup_of_a_conversation_held_by_a_transaction_leaves_no_ghosts(
-    deployment: Deployment,
-) -> None:
-    shop = await deployment.daemons["alpha"].client()
-    warehouse = await deployment.daemons["beta"].client()
-    other = await deployment.daemons["beta"].client()
-    sent = await order_dialogs(shop, warehouse, dialogs=2, per_dialog=3)
-    tx = await warehouse.begin_transaction()
-    got = await tx.receive("OrderQueue", top=10, timeout=5)
-    assert seqs(got) == [1, 2, 3]
-    handle = got[0].conversation_handle
-    try:  # refusing it while the group is locked would be correct too
-        await other.end_conversation(handle, cleanup=True)
-        cleaned = True
-    except LockConflict:
-        cleaned = False
-    await tx.rollback()
-    assert await ready_count(other) == (3 if cleaned else 6)
-    first = await other.receive("OrderQueue", top=10, timeout=2)
-    assert len(first) == 3, "a RECEIVE with messages ready returns them"
-    assert (handle not in {m.conversation_handle for m in first}) == cleaned
-    bodies = [m.message_body for m in first]
-    assert any(bodies == orders for orders in sent.values()), "one whole dialog, in order"
-    assert_exactly_once_in_order(first)
+ENDINGS: dict[str, dict[str, Any]] = {
+    "end": {},
+    "with_error": {"error_code": 50001, "description": "cancelled"},
+    "with_cleanup": {"cleanup": True},
+}
 
 
-@pytest.mark.parametrize("error", [False, True], ids=["end", "with_error"])
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
 async def test_an_end_of_a_conversation_held_by_a_transaction_leaves_no_ghosts(
-    deployment: Deployment, error: bool
+    deployment: Deployment, ending: str
 ) -> None:
-    """SPEC §6, R-DLG-10: END CONVERSATION (and WITH ERROR) removes what waits of its
-    conversation in this side's queue. Ended from another connection while a transaction
-    holds that conversation's messages (the END does not wait for the group's lock, as
-    SQL Server's does; the outcome is the same), then rolled back: the messages the
-    rollback puts back are not handed out again, and the other dialog's are, whole and in
-    order."""
+    """SPEC §6, R-DLG-10: END CONVERSATION (plain, WITH ERROR or WITH CLEANUP) removes what
+    waits of its conversation in this side's queue. Ended from another connection while a
+    transaction holds that conversation's messages (the END does not wait for the group's
+    lock, as SQL Server's does; the outcome is the same), then rolled back: the messages
+    the rollback puts back are not handed out again, and the other dialog's are, whole
+    and in order."""
     shop = await deployment.daemons["alpha"].client()
     warehouse = await deployment.daemons["beta"].client()
     other = await deployment.daemons["beta"].client()
@@ -375,15 +357,13 @@ async def test_an_end_of_a_conversation_held_by_a_transaction_leaves_no_ghosts(
     got = await tx.receive("OrderQueue", top=10, timeout=5)
     assert seqs(got) == [1, 2, 3]
     handle = got[0].conversation_handle
-    if error:
-        await other.end_conversation(handle, error_code=50001, description="cancelled")
-    else:
-        await other.end_conversation(handle)
+    await other.end_conversation(handle, **ENDINGS[ending])
     await tx.rollback()
     assert await ready_count(other) == 3
     first = await other.receive("OrderQueue", top=10, timeout=2)
     assert len(first) == 3, "a RECEIVE with messages ready returns them"
     assert handle not in {m.conversation_handle for m in first}
-    assert any([m.message_body for m in first] == orders for orders in sent.values())
+    bodies = [m.message_body for m in first]
+    assert any(bodies == orders for orders in sent.values()), "one whole dialog, in order"
     assert_exactly_once_in_order(first)
     assert await other.receive("OrderQueue", top=10, timeout=1) == []
