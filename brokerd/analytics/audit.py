@@ -215,8 +215,8 @@ WITH m AS (
     -- where it arrived: its delivery's instance, its reception's, or the promoted mirror
     -- whose file held it
     coalesce(receiver, reader,
-             CASE WHEN seq <= coalesce(inherited_received, 0)
-                  THEN regexp_extract(inherited_id, '^(.*)#[^#]*$', 1) END) AS arrived_at,
+             CASE WHEN seq <= coalesce(inherited_received, 0) THEN inherited_instance END)
+      AS arrived_at,
     status = 'discarded' AS discarded,
     sent_t IS NOT NULL AS sent
   FROM (SELECT {", ".join(AUDITED)} FROM {{messages}})

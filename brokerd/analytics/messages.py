@@ -98,6 +98,7 @@ received AS (
   SELECT conversation_id, NOT initiator AS initiator,
          max(received_through) AS inherited_received,
          max_by(eid, received_through) AS inherited_id,
+         max_by(instance, received_through) AS inherited_instance,
          max_by(t, received_through) AS inherited_t
   FROM e GROUP BY conversation_id, NOT initiator
 ),
@@ -113,7 +114,8 @@ SELECT * FROM received FULL JOIN sent USING (conversation_id, initiator)
 def inheritance(events: DataFrame) -> DataFrame:
     """What promoted mirrors inherited (``inherited`` events, R-ROUTE-16), per stream: the
     highest seq a receiving endpoint's file held in order (``inherited_received``, with
-    its event's id ``inherited_id`` and time ``inherited_t``) and the highest its sending
+    its event's id ``inherited_id``, instance ``inherited_instance`` and time
+    ``inherited_t``) and the highest its sending
     endpoint's file had sent (``inherited_sent``). An endpoint's ``initiator`` is its own
     role: it receives the other role's stream and sends its own."""
     return events.sparkSession.sql(INHERITANCE_SQL, events=events)
