@@ -25,8 +25,8 @@ weighted by :data:`WEIGHTS`, and every kind is counted:
 
 Once half the time has passed, a kind not yet injected is due before any other (a
 failover among them, with a mirrored B): drawn by weight alone, about half the short runs
-missed some kind. The generator is the soak's, whose draws the producers share
-for their bodies' sizes (:mod:`.producers`). What a fault does to a process is :mod:`.processes`'.
+missed some kind. The generator is the soak's, whose draws the producers share for their
+bodies' sizes (:mod:`.producers`). What a fault does to a process is :mod:`.processes`'.
 
 May import: ``brokerd.sdk``, ``brokerd.tools.faultproxy``, ``protocol.errors``,
 :mod:`.topology`, :mod:`.clients`, :mod:`.processes`.
@@ -119,13 +119,15 @@ class FaultSchedule:
                 self._draw(kinds)
 
     def _draw(self, pool: list[str]) -> bool:
-        """Inject a fault of a kind drawn by weight from ``pool``: whether it was."""
+        """Inject a fault of a kind drawn by weight from ``pool`` (or begin a failover):
+        whether it was."""
         kind = self._rng.choices(pool, [WEIGHTS[k] for k in pool])[0]
         if kind == "kill_daemon" and len(self._processes.down) >= 2:
             return False
         if not self._inject(kind):
             return False
-        self.counts[kind] += 1
+        if kind != "failover":  # a failover counts itself once it happened
+            self.counts[kind] += 1
         return True
 
     async def stop(self) -> None:
@@ -170,7 +172,7 @@ class FaultSchedule:
                 return False
             delay = rng.uniform(0.5, 4.0)
             self.failing_over = asyncio.create_task(self._failover(delay))
-            return False  # counted once it happened
+            return True  # begun: counted once it happened (:meth:`_failover`)
         if kind in ("kill_daemon", "kill_mirror"):
             pair_busy = self.failing_over is not None and not self.failing_over.done()
             if kind == "kill_mirror":
