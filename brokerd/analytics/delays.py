@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from brokerd.analytics.messages import STREAM, is_event
+from brokerd.analytics.ordered import Ordered
 
 ENDPOINT = [*STREAM, "instance"]
 
@@ -59,21 +60,18 @@ def delayed_periods(events: DataFrame, last_t: int) -> DataFrame:
     )
 
 
-def by_conversation(periods: DataFrame) -> DataFrame:
+def by_conversation(periods: DataFrame) -> Ordered:
     """Total DELAYED time per conversation endpoint, longest first."""
-    return (
-        periods.groupBy(*ENDPOINT, "database", "service")
-        .agg(
-            F.round(F.sum("seconds"), 6).alias("delayed_seconds"),
-            F.count(F.lit(1)).alias("periods"),
-            F.max("still_delayed").alias("still_delayed"),
-            F.max_by("reason", "start_t").alias("last_reason"),
-        )
-        .orderBy(F.col("delayed_seconds").desc(), "conversation_id")
+    per_endpoint = periods.groupBy(*ENDPOINT, "database", "service").agg(
+        F.round(F.sum("seconds"), 6).alias("delayed_seconds"),
+        F.count(F.lit(1)).alias("periods"),
+        F.max("still_delayed").alias("still_delayed"),
+        F.max_by("reason", "start_t").alias("last_reason"),
     )
+    return Ordered(per_endpoint, (F.col("delayed_seconds").desc(), "conversation_id"))
 
 
-def wait_reasons(events: DataFrame, periods: DataFrame) -> DataFrame:
+def wait_reasons(events: DataFrame, periods: DataFrame) -> Ordered:
     """Why messages waited: kind, reason, where, how often and (for DELAYED) for how long."""
     delayed = periods.groupBy(F.lit("delayed").alias("kind"), "reason").agg(
         F.concat_ws(",", F.sort_array(F.collect_set("instance"))).alias("where"),
@@ -108,8 +106,7 @@ def wait_reasons(events: DataFrame, periods: DataFrame) -> DataFrame:
         )
     )
     # ties in a fixed order, so the same traces always give the same table
-    return (
-        delayed.unionByName(refused)
-        .unionByName(dropped)
-        .orderBy(F.col("times").desc(), "kind", "reason", "where")
+    return Ordered(
+        delayed.unionByName(refused).unionByName(dropped),
+        (F.col("times").desc(), "kind", "reason", "where"),
     )

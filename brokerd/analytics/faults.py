@@ -17,11 +17,12 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from brokerd.analytics.messages import count_of, is_event
+from brokerd.analytics.ordered import Ordered
 
 
-def by_connection(events: DataFrame) -> DataFrame:
+def by_connection(events: DataFrame) -> Ordered:
     """Fragments, retransmissions, duplicates, corrupted messages per (instance, peer)."""
-    return (
+    per_connection = (
         events.where(
             F.col("peer").isNotNull()
             & F.col("event").isin(
@@ -46,17 +47,14 @@ def by_connection(events: DataFrame) -> DataFrame:
             count_of("connection_closed").alias("closed"),
             count_of("connection_refused").alias("refused"),
         )
-        .orderBy(
-            (F.col("retransmissions") + F.col("duplicates") + F.col("corrupted_messages")).desc(),
-            "instance",
-            "peer",
-        )
     )
+    faults = F.col("retransmissions") + F.col("duplicates") + F.col("corrupted_messages")
+    return Ordered(per_connection, (faults.desc(), "instance", "peer"))
 
 
-def by_route(messages: DataFrame) -> DataFrame:
+def by_route(messages: DataFrame) -> Ordered:
     """Messages, retransmissions, duplicates and drops per (sender, route, address)."""
-    return (
+    per_route = (
         messages.where(F.col("sender").isNotNull())
         .groupBy("sender", "route", "address")
         .agg(
@@ -67,13 +65,14 @@ def by_route(messages: DataFrame) -> DataFrame:
             F.sum("duplicates").alias("duplicates"),
             F.sum("drops").alias("drops"),
         )
-        .orderBy(F.col("retransmissions").desc(), F.col("messages").desc(), "sender", "route")
     )
+    order = (F.col("retransmissions").desc(), F.col("messages").desc(), "sender", "route")
+    return Ordered(per_route, order)
 
 
-def drops_by_reason(events: DataFrame) -> DataFrame:
+def drops_by_reason(events: DataFrame) -> Ordered:
     """Where and why messages were dropped (not acknowledged) or discarded."""
-    return (
+    per_reason = (
         events.where(is_event("dropped") | is_event("discarded"))
         .groupBy("instance", "event", "reason")
         .agg(
@@ -82,8 +81,8 @@ def drops_by_reason(events: DataFrame) -> DataFrame:
             F.min("t").alias("first_t"),
             F.max("t").alias("last_t"),
         )
-        .orderBy(F.col("events").desc(), "instance", "reason")
     )
+    return Ordered(per_reason, (F.col("events").desc(), "instance", "reason"))
 
 
 def total_columns() -> list[Column]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from brokerd.analytics.ordered import Ordered
+
 PERCENTILES = [0.5, 0.9, 0.99]
 ACCURACY = 10_000
 
@@ -41,29 +43,26 @@ def distribution(value: Column, prefix: str) -> list[Column]:
     ]
 
 
-def _delivery_figures(messages: DataFrame, by: list[str]) -> DataFrame:
+def _delivery_figures(messages: DataFrame, by: list[str]) -> Ordered:
     delivered = messages.where(F.col("delivered_t").isNotNull() & F.col("sent_t").isNotNull())
-    return (
-        delivered.groupBy(*by)
-        .agg(
-            *distribution(millis("delivered_t", "sent_t"), ""),
-            *distribution(millis("received_t", "sent_t"), "receive_"),
-        )
-        .orderBy(F.col("count").desc(), *by)
+    figures = delivered.groupBy(*by).agg(
+        *distribution(millis("delivered_t", "sent_t"), ""),
+        *distribution(millis("received_t", "sent_t"), "receive_"),
     )
+    return Ordered(figures, (F.col("count").desc(), *by))
 
 
-def by_service_pair(messages: DataFrame) -> DataFrame:
+def by_service_pair(messages: DataFrame) -> Ordered:
     """SEND to delivered and to received, per (service, far_service)."""
     return _delivery_figures(messages, ["service", "far_service"])
 
 
-def by_route(messages: DataFrame) -> DataFrame:
+def by_route(messages: DataFrame) -> Ordered:
     """SEND to delivered and to received, per sender, route and first address."""
     return _delivery_figures(messages, ["sender", "route", "address"])
 
 
-def by_hop(messages: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
+def by_hop(messages: DataFrame) -> tuple[Ordered, Ordered, Ordered]:
     """Per link of the path (leg 1 = sender to the first broker), and per forwarder dwell
     (the report's latency per leg of the path, R-REPORT-1), from the message table's
     ``legs`` and ``dwells`` (folded with the rest of each message's events: no job reads
@@ -84,20 +83,23 @@ def by_hop(messages: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
     """
     legs = messages.select(F.inline("legs"))
     leg = ["leg", "from_instance", "to_instance"]
-    by_leg = legs.groupBy(*leg).agg(*distribution(millis("arrive", "left_at"), "")).orderBy(*leg)
+    by_leg = legs.groupBy(*leg).agg(*distribution(millis("arrive", "left_at"), ""))
     dwell = (
         messages.select(F.inline("dwells"))
         .groupBy("instance", "hop")
         .agg(*distribution(millis("depart", "arrive"), ""))
-        .orderBy("hop", "instance")
     )
-    return by_leg, dwell, buckets(legs, millis("arrive", "left_at"), leg)
+    return (
+        Ordered(by_leg, tuple(leg)),
+        Ordered(dwell, ("hop", "instance")),
+        buckets(legs, millis("arrive", "left_at"), leg),
+    )
 
 
-def buckets(rows: DataFrame, ms: Column, by: list[str]) -> DataFrame:
+def buckets(rows: DataFrame, ms: Column, by: list[str]) -> Ordered:
     """``ms`` in log buckets (ten per decade) per ``by``: ``low_ms``, ``high_ms``, ``messages``."""
     bucket = F.floor(F.log10(F.greatest(ms, F.lit(0.001))) * 10)
-    return (
+    counted = (
         rows.where(ms.isNotNull())
         .groupBy(*by, bucket.alias("b"))
         .agg(F.count(F.lit(1)).alias("messages"))
@@ -107,15 +109,15 @@ def buckets(rows: DataFrame, ms: Column, by: list[str]) -> DataFrame:
             F.round(F.pow(F.lit(10.0), (F.col("b") + 1) / 10), 4).alias("high_ms"),
             "messages",
         )
-        .orderBy(*by, "low_ms")
     )
+    return Ordered(counted, (*by, "low_ms"))
 
 
-def latency_histogram(messages: DataFrame) -> DataFrame:
+def latency_histogram(messages: DataFrame) -> Ordered:
     """SEND-to-delivery latencies in log buckets: ``low_ms``, ``high_ms``, ``messages``."""
     return buckets(messages, millis("delivered_t", "sent_t"), [])
 
 
-def histogram_by_route(messages: DataFrame) -> DataFrame:
+def histogram_by_route(messages: DataFrame) -> Ordered:
     """SEND-to-delivery latencies in log buckets per sender, route and address."""
     return buckets(messages, millis("delivered_t", "sent_t"), ["sender", "route", "address"])

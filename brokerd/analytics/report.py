@@ -25,13 +25,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol, TextIO, TypeVar
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from brokerd.analytics import audit as audit_job
 from brokerd.analytics import delays, faults, latency, throughput, waiting
 from brokerd.analytics.load import damaged_segments, load_traces, plain_bytes, trace_files
 from brokerd.analytics.messages import distinct_count, message_table
+from brokerd.analytics.ordered import Ordered
 from brokerd.analytics.processes import processes
 from brokerd.analytics.result import Analysis, Table
 from brokerd.analytics.session import DEFAULT_MASTER, Kept, keep, spark_session
@@ -57,18 +58,27 @@ def _plain(column: str, value: Any) -> Any:
     return value
 
 
-def collect(df: DataFrame, title: str, limit: int | None) -> Table:
-    """Collect up to ``limit`` rows (all when None), counting the rest only when cut.
+def collect(table: Ordered, title: str, limit: int | None) -> Table:
+    """The first ``limit`` rows of ``table`` in its order (all when None), and how many
+    rows it has.
 
     The first rows of a sorted table are its partitions' first rows merged (Spark keeps
-    ``limit + 1`` of each), so a table of millions of rows is never held whole; the count
-    of a table longer than the limit runs its plan again, without the sort."""
-    rows = df.limit(limit + 1).collect() if limit is not None else df.collect()
-    total = len(rows)
-    if limit is not None and total > limit:
-        rows = rows[:limit]
-        total = df.count()
-    columns = list(df.columns)
+    ``limit + 1`` of each), so a table of millions of rows is never held whole. Its rows
+    are counted as they go into that sort (an observation: Spark's count of a partition
+    as it is consumed, kept from the last attempt of each task), so a table longer than
+    the limit is computed once, not a second time for its count."""
+    if limit is None:
+        rows = table.sorted().collect()
+        total = len(rows)
+    else:
+        counted = Observation()
+        observed = table.df.observe(counted, F.count(F.lit(1)).alias("rows"))
+        rows = observed.orderBy(*table.order).limit(limit + 1).collect()
+        total = len(rows)
+        if total > limit:
+            rows = rows[:limit]
+            total = int(counted.get["rows"])
+    columns = list(table.df.columns)
     return Table(
         title,
         columns,
@@ -343,7 +353,7 @@ class _Jobs:
                     delays.wait_reasons(e, periods), "Why messages waited", top
                 ),
                 "longest_waits": collect(
-                    waiting.longest_waits(e, self.messages, per_conversation, self.last_t, top),
+                    waiting.longest_waits(e, self.messages, per_conversation.df, self.last_t, top),
                     "Messages that waited longest",
                     top,
                 ),

@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from brokerd.analytics.messages import STREAM, count_of, is_event
+from brokerd.analytics.ordered import Ordered
 
 MAX_BUCKETS = 200
 WIDTHS = (1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 86400)
@@ -46,7 +47,7 @@ FAULTS = {
 """Fault events counted per bucket: event name -> column."""
 
 
-def by_instance(events: DataFrame, width: int) -> DataFrame:
+def by_instance(events: DataFrame, width: int) -> Ordered:
     """Per bucket and instance: messages sent/delivered/received, fragments, retransmissions
     and the :data:`FAULTS`."""
     counted = {
@@ -57,19 +58,19 @@ def by_instance(events: DataFrame, width: int) -> DataFrame:
         "retransmission": "retransmissions",
         **FAULTS,
     }
-    return (
+    per_bucket = (
         events.where(F.col("event").isin(*counted))
         .groupBy(bucket_of(F.col("t"), width).alias("bucket"), "instance")
         .agg(*(count_of(event).alias(column) for event, column in counted.items()))
         .withColumn("delivered_per_s", F.round(F.col("delivered") / width, 3))
         .withColumn("sent_per_s", F.round(F.col("sent") / width, 3))
-        .orderBy("bucket", "instance")
     )
+    return Ordered(per_bucket, ("bucket", "instance"))
 
 
-def by_route(messages: DataFrame, width: int) -> DataFrame:
+def by_route(messages: DataFrame, width: int) -> Ordered:
     """Per bucket and route: messages sent (by SEND time) and delivered."""
-    return (
+    per_bucket = (
         messages.where(F.col("sent_t").isNotNull())
         .groupBy(bucket_of(F.col("sent_t"), width).alias("bucket"), "sender", "route", "address")
         .agg(
@@ -77,11 +78,11 @@ def by_route(messages: DataFrame, width: int) -> DataFrame:
             F.count("delivered_t").alias("delivered"),
         )
         .withColumn("sent_per_s", F.round(F.col("sent") / width, 3))
-        .orderBy("bucket", "sender", "route")
     )
+    return Ordered(per_bucket, ("bucket", "sender", "route"))
 
 
-def route_spread(events: DataFrame) -> DataFrame:
+def route_spread(events: DataFrame) -> Ordered:
     """Dialogs per address for services reached at more than one address."""
     latest = Window.partitionBy(*STREAM, "instance").orderBy(F.col("t").desc())
     chosen = (
@@ -94,11 +95,11 @@ def route_spread(events: DataFrame) -> DataFrame:
         F.concat_ws(",", F.sort_array(F.collect_set("route"))).alias("routes"),
     )
     service = Window.partitionBy("sender", "service")
-    return (
+    spread = (
         per_address.withColumn("addresses", F.count(F.lit(1)).over(service))
         .withColumn("service_dialogs", F.sum("dialogs").over(service))
         .where(F.col("addresses") > 1)
         .withColumn("share_pct", F.round(100.0 * F.col("dialogs") / F.col("service_dialogs"), 2))
         .select("sender", "service", "address", "routes", "dialogs", "share_pct")
-        .orderBy("sender", "service", "address")
     )
+    return Ordered(spread, ("sender", "service", "address"))

@@ -20,6 +20,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from brokerd.analytics.messages import KEY, STREAM, is_event
+from brokerd.analytics.ordered import Ordered
 
 RECEIVING_SIDE = (
     "fragment_received",
@@ -70,7 +71,7 @@ def _status(latest: str) -> Column:
     )
 
 
-def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> DataFrame:
+def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Ordered:
     """Messages still waiting, oldest first, with their last known status.
 
     A message's latest event comes with its row (the message table's ``latest``, folded
@@ -107,20 +108,17 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Dat
             F.concat(F.lit("DELAYED: "), F.col("reason")).alias("delayed_status"),
         )
     )
-    return (
-        waiting.join(delays, on=[*STREAM, "sender"], how="left")
-        .select(
-            *fields,
-            "age_seconds",
-            # a conversation still DELAYED at the end of the set: that is why it waits
-            F.coalesce("delayed_status", "message_status").alias("last_status"),
-            F.coalesce("status_instance", "sender").alias("status_instance"),
-        )
-        .orderBy("sent_t", *KEY)
+    listed = waiting.join(delays, on=[*STREAM, "sender"], how="left").select(
+        *fields,
+        "age_seconds",
+        # a conversation still DELAYED at the end of the set: that is why it waits
+        F.coalesce("delayed_status", "message_status").alias("last_status"),
+        F.coalesce("status_instance", "sender").alias("status_instance"),
     )
+    return Ordered(listed, ("sent_t", *KEY))
 
 
-def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> DataFrame:
+def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> Ordered:
     """Endpoints begun and not ended, oldest first: age, idle time, last event, backlog."""
     endpoint = [*STREAM, "instance"]
     # First the few conversations with an endpoint never ended (begun/ended events
@@ -179,7 +177,7 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> DataF
         )
         .agg(F.count(F.lit(1)).alias("messages_not_received"))
     )
-    return (
+    listed = (
         activity.join(unsent, on=endpoint, how="left")
         .join(unreceived, on=endpoint, how="left")
         .select(
@@ -193,13 +191,13 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> DataF
             F.coalesce("messages_waiting_to_send", F.lit(0)).alias("messages_waiting_to_send"),
             F.coalesce("messages_not_received", F.lit(0)).alias("messages_not_received"),
         )
-        .orderBy(F.col("age_seconds").desc(), "conversation_id")
     )
+    return Ordered(listed, (F.col("age_seconds").desc(), "conversation_id"))
 
 
 def longest_waits(
     events: DataFrame, messages: DataFrame, delayed: DataFrame, last_t: int, top: int
-) -> DataFrame:
+) -> Ordered:
     """The ``top`` messages that waited longest, delivered or not, with why, longest first.
 
     The wait is SEND to delivery (to the end of the set for a message still waiting).
@@ -276,7 +274,7 @@ def longest_waits(
         F.when(F.col("forwards") > 0, F.format_string("relayed by %d forwarder(s)", "forwards")),
         F.when(F.col("status") == "waiting", F.lit("still waiting")),
     )
-    return rows.select(
+    listed = rows.select(
         *KEY,
         "sender",
         "receiver",
@@ -288,4 +286,5 @@ def longest_waits(
         "queued_seconds",
         "on_the_way_seconds",
         reason.alias("reason"),
-    ).orderBy(F.col("wait_seconds").desc(), *KEY)
+    )
+    return Ordered(listed, (F.col("wait_seconds").desc(), *KEY))

@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from brokerd.analytics.load import load_traces
 from brokerd.analytics.messages import message_table
+from brokerd.analytics.ordered import Ordered
 from brokerd.analytics.report import collect
 from brokerd.analytics.session import CLASS_ARCHIVE_SWITCH, JVM_HUGE_METHOD
 from tests.analytics.handwritten import T0, Writer
@@ -134,19 +135,27 @@ def test_each_messages_legs_are_the_same_whether_it_went_straight_or_not(
     assert all(dwells[str(c[name])] == [] for name in c if name != "forwarded")
 
 
-def test_a_table_longer_than_its_limit_keeps_its_order_and_counts_every_row(
+def test_a_table_longer_than_its_limit_keeps_its_order_and_counts_every_row_in_one_pass(
     spark: SparkSession,
 ) -> None:
     """The report's tables are cut at ``top`` rows and say how many there were: the rows
     are the first of the table's order, whether or not it is cut, and the count is the
-    whole table's."""
+    whole table's, taken in the job that sorts it (one job: the table's plan runs once)."""
     table = spark.range(0, 5000, numPartitions=3).selectExpr("id", "(id * 7919) % 1009 AS k")
-    ordered = table.orderBy("k", "id")
-    expected = [list(row) for row in ordered.collect()]
-    cut = collect(ordered, "cut", 40)
+    order = ("k", "id")
+    expected = [list(row) for row in table.orderBy(*order).collect()]
+    tracker = spark.sparkContext.statusTracker()
+    spark.sparkContext.setJobGroup("cut-table", "a cut table")
+    try:
+        cut = collect(Ordered(table, order), "cut", 40)
+    finally:
+        spark.sparkContext.setJobGroup("", "")
     assert (cut.rows, cut.total_rows) == (expected[:40], 5000)
-    whole = collect(ordered.where("k < 3"), "whole", 40)
+    assert len(tracker.getJobIdsForGroup("cut-table")) == 1
+    whole = collect(Ordered(table.where("k < 3"), order), "whole", 40)
     assert (whole.rows, whole.total_rows) == ([r for r in expected if r[1] < 3], 15)
+    every = collect(Ordered(table.where("k < 3"), order), "every", None)
+    assert (every.rows, every.total_rows) == (whole.rows, 15)
 
 
 def test_an_acknowledgement_or_discard_without_its_stream_names_no_message(
