@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 import uuid
 from datetime import UTC, datetime
@@ -34,8 +35,26 @@ class HostileBroker:
         self.writer: asyncio.StreamWriter | None = None
         self.received: list[events.Event] = []
 
-    async def connect(self, host: str, port: int = 4022, timeout: float = 10.0) -> None:
-        self.reader, self.writer = await asyncio.open_connection(host, port)
+    async def connect(
+        self,
+        host: str,
+        port: int = 4022,
+        timeout: float = 10.0,
+        receive_buffer: int | None = None,
+    ) -> None:
+        """Connect and complete the handshake. ``receive_buffer`` makes the socket's
+        receive buffer that small (and this side's own buffering as small): a peer that
+        then stops reading fills the daemon's side after a few kilobytes."""
+        if receive_buffer is None:
+            self.reader, self.writer = await asyncio.open_connection(host, port)
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (host, port))
+            self.reader, self.writer = await asyncio.open_connection(
+                sock=sock, limit=receive_buffer
+            )
         self.writer.write(self.conn.start())
         deadline = time.monotonic() + timeout
         while not any(isinstance(e, events.HandshakeComplete) for e in self.received):

@@ -117,6 +117,10 @@ class BrokerConnection:
     bytes_sent: int
     bytes_received: int
     corrupted_messages: int
+    acknowledgements_waiting: int
+    """Acknowledgements queued for the peer and not written yet (one at most per endpoint)."""
+    broker_errors_dropped: int
+    """Answers to refused messages dropped while the peer read nothing (R-PROTO-3)."""
     retransmit_timeout: float | None
 
 

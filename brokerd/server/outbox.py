@@ -6,11 +6,19 @@ messages, acknowledgements, forwarded messages and principal queries go first
 so a small message never waits behind a large one. Consecutive acknowledgement
 items are merged into one ACK frame when the pump builds them.
 
+What the peer's own frames make us send is bounded while the peer does not read
+(its socket full, the pump stopped): an endpoint has at most one acknowledgement
+waiting, the newest (it says all the older ones said), and at most
+:data:`MAX_QUEUED_ERRORS` broker errors wait; one more is dropped and counted
+(``errors_dropped``). Neither loses anything: a sender retransmits what it has no
+acknowledgement of, and is answered again.
+
 May import: ``protocol``, ``brokerd.routing``, ``brokerd.dialogs.transmission.links``.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections import deque
 
 from brokerd.dialogs.transmission.links import SendAcks, SendFragment, SendHeader
@@ -28,32 +36,73 @@ Item = (
 )
 
 
+MAX_QUEUED_ERRORS = 1024
+"""Broker errors (answers to refused messages) that may wait for one connection."""
+
+AckKey = tuple[uuid.UUID, bool]
+"""An acknowledgement's endpoint on the connection: its conversation and whether it
+acknowledges the initiator's messages."""
+
+
 class Outbox:
     """The two queues of one connection."""
 
-    __slots__ = ("bulk", "small")
+    __slots__ = ("_acks", "_errors", "bulk", "errors_dropped", "small")
 
     def __init__(self) -> None:
         self.small: deque[Item] = deque()
         self.bulk: deque[SendFragment] = deque()
+        self._acks: dict[AckKey, tuple[list[dialog.DialogHeader], int]] = {}
+        """Each acknowledgement waiting: the list of the item it is in, and its place there."""
+        self._errors = 0
+        self.errors_dropped = 0
 
     def __bool__(self) -> bool:
         return bool(self.small or self.bulk)
 
+    @property
+    def queued_acks(self) -> int:
+        """Acknowledgements waiting to be sent (one at most per endpoint), counted in the
+        items that hold them."""
+        return sum(len(item.headers) for item in self.small if type(item) is SendAcks)
+
     def add(self, item: Item) -> None:
         if type(item) is SendFragment and item.msg.fragment_count > 1:
             self.bulk.append(item)
-        else:
-            self.small.append(item)
+            return
+        if type(item) is SendHeader:
+            if self._errors >= MAX_QUEUED_ERRORS:
+                self.errors_dropped += 1
+                return
+            self._errors += 1
+        self.small.append(item)
 
     def add_acks(self, headers: list[dialog.DialogHeader]) -> None:
-        step = dialog.MAX_ACKS_PER_FRAME
-        for start in range(0, len(headers), step):
-            self.small.append(SendAcks(headers[start : start + step]))
+        """Queue acknowledgements; one replaces the acknowledgement of the same endpoint
+        still waiting, in its place."""
+        small = self.small
+        waiting = self._acks
+        for header in headers:
+            key = (header.conversation_id, header.initiator)
+            place = waiting.get(key)
+            if place is not None:
+                place[0][place[1]] = header
+                continue
+            tail = small[-1] if small else None
+            if type(tail) is not SendAcks or len(tail.headers) >= dialog.MAX_ACKS_PER_FRAME:
+                tail = SendAcks([])
+                small.append(tail)
+            waiting[key] = (tail.headers, len(tail.headers))
+            tail.headers.append(header)
 
     def pop(self) -> Item:
         """The next item: small ones first, then one fragment of a large message."""
-        return self.small.popleft() if self.small else self.bulk.popleft()
+        if not self.small:
+            return self.bulk.popleft()
+        item = self.small.popleft()
+        if type(item) is SendHeader:
+            self._errors -= 1
+        return item
 
     def take_acks(self, first: SendAcks) -> list[dialog.DialogHeader]:
         """``first`` and the acknowledgement items right behind it, up to one frame's worth."""
@@ -66,6 +115,9 @@ class Outbox:
                 break
             headers += more.headers
             small.popleft()
+        waiting = self._acks
+        for header in headers:
+            del waiting[(header.conversation_id, header.initiator)]
         return headers
 
     def forwards(self) -> list[Forward]:
@@ -75,3 +127,5 @@ class Outbox:
     def clear(self) -> None:
         self.small.clear()
         self.bulk.clear()
+        self._acks.clear()
+        self._errors = 0

@@ -492,6 +492,8 @@ class BrokerProtocol(asyncio.BufferedProtocol):
             "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received,
             "corrupted_messages": stats.integrity_failures,
+            "acknowledgements_waiting": self.outbox.queued_acks,
+            "broker_errors_dropped": self.outbox.errors_dropped,
             "retransmit_timeout": (
                 self.engine.transmission.timeout_of(self.link.name)
                 if self.link is not None

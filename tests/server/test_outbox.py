@@ -8,7 +8,7 @@ from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage
 from brokerd.dialogs.endpoints.states import State
 from brokerd.dialogs.transmission.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
-from brokerd.server.outbox import Outbox
+from brokerd.server.outbox import MAX_QUEUED_ERRORS, Outbox
 from protocol.dialog import MAX_ACKS_PER_FRAME, Acknowledgement, DialogHeader
 
 
@@ -93,3 +93,29 @@ def test_unsent_forwards_are_handed_back_when_the_connection_goes() -> None:
     assert outbox.forwards() == [forward]
     outbox.clear()
     assert not outbox
+
+
+def test_an_endpoint_has_one_acknowledgement_waiting_the_newest() -> None:
+    """A peer that does not read keeps acknowledgements waiting: a newer one of the same
+    endpoint (conversation and role) replaces the older in its place."""
+    outbox = Outbox()
+    first, other = _ack(1), _ack(7)
+    outbox.add_acks([first, other])
+    newer = first._replace(ack=Acknowledgement(5))
+    outbox.add_acks([newer])
+    assert outbox.queued_acks == 2
+    item = outbox.pop()
+    assert isinstance(item, SendAcks)
+    assert outbox.take_acks(item) == [newer, other]
+    outbox.add_acks([first])  # sent: a later one waits again
+    assert outbox.queued_acks == 1
+
+
+def test_broker_errors_past_the_bound_are_dropped_and_counted() -> None:
+    outbox = Outbox()
+    for n in range(MAX_QUEUED_ERRORS + 10):
+        outbox.add(SendHeader(_ack(n), b""))
+    assert outbox.errors_dropped == 10
+    assert sum(1 for _ in range(MAX_QUEUED_ERRORS) if outbox.pop()) == MAX_QUEUED_ERRORS
+    outbox.add(SendHeader(_ack(1), b""))  # room again once they went
+    assert outbox.errors_dropped == 10 and outbox.pop()

@@ -1,0 +1,83 @@
+"""A peer that sends and never reads (R-PROTO-3, the daemon's bounds on what a peer's
+frames make it send): it still delivers what the peer sends, keeps one acknowledgement
+waiting per endpoint, drops broker errors past a bound, and goes on serving.
+
+beta (127.0.0.131, the example warehouse) is a real daemon; the peer is a broker with a
+deployment certificate whose socket reads nothing after the handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from brokerd.server.outbox import MAX_QUEUED_ERRORS
+from brokerd.tools.example import CONTRACT, SHOP_SERVICE, WAREHOUSE_SERVICE, warehouse_database
+from brokerd.tools.launcher import Deployment
+from protocol.dialog import FLAG_SEQUENCED
+from tests.daemons import FAST_RETRY, running, wait_until
+from tests.hostile import HostileBroker, order_message
+
+BETA = "127.0.0.131"
+DIALOGS = 500
+ROUNDS = 160
+
+
+async def _connection(client: object, name: str) -> dict[str, object]:
+    rows = await client.view("broker_connections")  # type: ignore[attr-defined]
+    (row,) = [r for r in rows if r["peer"] == name and r["state"] == "open"]
+    return dict(row)
+
+
+async def test_a_peer_that_never_reads_is_served_within_bounds(tmp_path: Path) -> None:
+    d = Deployment(tmp_path, FAST_RETRY)
+    d.add("beta", BETA, warehouse_database(None))
+    with running(d):
+        warehouse = await d.daemons["beta"].client()
+        mallory = HostileBroker(d.cert_dir)
+        await mallory.connect(BETA, receive_buffer=4096)
+        try:
+            instance = uuid.uuid4()
+            dialogs = [uuid.uuid4() for _ in range(DIALOGS)]
+            # every round a message on each dialog, a little over the acknowledgement
+            # delay apart: each round the daemon owes every dialog an acknowledgement
+            for seq in range(1, ROUNDS + 1):
+                await mallory.send_fragments(
+                    [order_message(instance, cid, seq, b"<order/>") for cid in dialogs]
+                )
+                await asyncio.sleep(0.01)
+
+            async def all_stored() -> bool:
+                (queue,) = [q for q in await warehouse.view("queues") if q["queue"] == "OrderQueue"]
+                return queue["ready_messages"] == DIALOGS * ROUNDS
+
+            await wait_until(all_stored, 60)
+            held = await _connection(warehouse, mallory.name)
+            # the peer read nothing: acknowledgements wait, at most one per endpoint
+            assert 0 < int(held["acknowledgements_waiting"]) <= DIALOGS, held
+
+            # messages from the target side of conversations this daemon has no
+            # initiator endpoint of, each answered with a broker error (conversation not
+            # found): past the bound, the answers are dropped
+            refused = [
+                (h._replace(flags=FLAG_SEQUENCED), b)
+                for h, b in (
+                    order_message(instance, uuid.uuid4(), 2, b"<order/>")
+                    for _ in range(3 * MAX_QUEUED_ERRORS)
+                )
+            ]
+            for start in range(0, len(refused), 500):
+                await mallory.send_fragments(refused[start : start + 500])
+
+            async def errors_dropped() -> bool:
+                row = await _connection(warehouse, mallory.name)
+                return int(row["broker_errors_dropped"]) > 0
+
+            await wait_until(errors_dropped, 30)
+            # the daemon goes on serving its applications
+            handle = await warehouse.begin_dialog(WAREHOUSE_SERVICE, SHOP_SERVICE, CONTRACT)
+            assert handle is not None
+        finally:
+            await mallory.close()
+        await warehouse.close()
