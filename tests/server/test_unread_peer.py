@@ -1,6 +1,7 @@
 """A peer that sends and never reads (R-PROTO-3, the daemon's bounds on what a peer's
 frames make it send): it still delivers what the peer sends, keeps one acknowledgement
-waiting per endpoint, drops broker errors past a bound, and goes on serving.
+waiting per endpoint, drops broker errors past a bound, goes on serving, and stops
+gracefully.
 
 beta (127.0.0.131, the example warehouse) is a real daemon; the peer is a broker with a
 deployment certificate whose socket reads nothing after the handshake.
@@ -78,6 +79,9 @@ async def test_a_peer_that_never_reads_is_served_within_bounds(tmp_path: Path) -
             # the daemon goes on serving its applications
             handle = await warehouse.begin_dialog(WAREHOUSE_SERVICE, SHOP_SERVICE, CONTRACT)
             assert handle is not None
+            await warehouse.close()
+            # and stops gracefully (not killed after the launcher's 15 s), the peer still
+            # connected and reading nothing
+            assert d.stop("beta") == 0
         finally:
             await mallory.close()
-        await warehouse.close()
