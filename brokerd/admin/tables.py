@@ -9,6 +9,7 @@ drives the terminal. ``--json`` keeps the daemon's rows unchanged.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -55,13 +56,23 @@ def one_line(text: str) -> str:
     return _CONTROL.sub(_escape, text)
 
 
+def _decimal(value: float) -> str:
+    """Six significant digits, as ``g`` writes them, but never in exponent form from a
+    million up (an age of two weeks is ``1209600``, not ``1.2096e+06``): a number that
+    large keeps its whole part and up to three decimals."""
+    text = f"{value:g}"
+    if "e+" in text and math.isfinite(value):
+        text = f"{value:.3f}".rstrip("0").rstrip(".")
+    return text
+
+
 def _cell(value: Any, wide: bool, cut: bool) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        return f"{value:g}"
+        return _decimal(value)
     if isinstance(value, dict | list):
         text = json.dumps(value, separators=(",", ":"))
     else:

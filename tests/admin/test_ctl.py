@@ -49,6 +49,17 @@ def test_columns_are_aligned_numbers_right_and_no_trailing_spaces() -> None:
     assert all(line == line.rstrip() for line in out)
 
 
+def test_large_numbers_are_never_written_in_exponent_form() -> None:
+    """An age of two weeks in seconds reads as a number, not ``1.20960e+06``; small ones
+    keep six significant digits."""
+    rows = [{"age_seconds": 1209600.123456}, {"age_seconds": 2.5e9}, {"age_seconds": 0.0421}]
+    assert [line.strip() for line in lines(format_table(rows))[1:]] == [
+        "1209600.123",
+        "2500000000",
+        "0.0421",
+    ]
+
+
 def test_uuids_are_shortened_unless_wide() -> None:
     rows = [{"conversation_handle": HANDLE, "state": "CD"}]
     short = format_table(rows)
