@@ -58,6 +58,10 @@ def _plain(column: str, value: Any) -> Any:
     return value
 
 
+_PARTITION = "_collect_partition"
+"""The column that tells :func:`collect` which partition a row was counted in."""
+
+
 def collect(table: Ordered, title: str, limit: int | None) -> Table:
     """The first ``limit`` rows of ``table`` in its order (all when None), and how many
     rows it has.
@@ -66,18 +70,34 @@ def collect(table: Ordered, title: str, limit: int | None) -> Table:
     ``limit + 1`` of each), so a table of millions of rows is never held whole. Its rows
     are counted as they go into that sort (an observation: Spark's count of a partition
     as it is consumed, kept from the last attempt of each task), so a table longer than
-    the limit is computed once, not a second time for its count."""
+    the limit is computed once, not a second time for its count.
+
+    A plan whose rows already come in the table's order is read only ``limit + 1`` rows
+    into each partition (Spark takes them without sorting). A count no larger than that
+    many rows for each partition seen may be of those rows only: the table is then
+    counted on its own, as it was before."""
     if limit is None:
         rows = table.sorted().collect()
         total = len(rows)
     else:
         counted = Observation()
-        observed = table.df.observe(counted, F.count(F.lit(1)).alias("rows"))
+        observed = (
+            table.df.withColumn(_PARTITION, F.spark_partition_id())
+            .observe(
+                counted,
+                F.count(F.lit(1)).alias("rows"),
+                F.max(_PARTITION).alias("last_partition"),
+            )
+            .drop(_PARTITION)
+        )
         rows = observed.orderBy(*table.order).limit(limit + 1).collect()
         total = len(rows)
         if total > limit:
             rows = rows[:limit]
-            total = int(counted.get["rows"])
+            seen = counted.get
+            total = int(seen["rows"])
+            if total <= (int(seen["last_partition"]) + 1) * (limit + 1):
+                total = table.df.count()
     columns = list(table.df.columns)
     return Table(
         title,

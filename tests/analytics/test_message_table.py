@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from brokerd.analytics.load import load_traces
 from brokerd.analytics.messages import message_table
@@ -156,6 +157,22 @@ def test_a_table_longer_than_its_limit_keeps_its_order_and_counts_every_row_in_o
     assert (whole.rows, whole.total_rows) == ([r for r in expected if r[1] < 3], 15)
     every = collect(Ordered(table.where("k < 3"), order), "every", None)
     assert (every.rows, every.total_rows) == (whole.rows, 15)
+
+
+def test_a_table_already_in_its_order_is_counted_whole(spark: SparkSession) -> None:
+    """Rows that come in the table's order already (a range by its id, an aggregate
+    sorted on its key) are read only ``limit + 1`` into each partition: the count is
+    still the whole table's."""
+    numbers = spark.range(0, 5000, numPartitions=3)
+    assert collect(Ordered(numbers, ("id",)), "in order", 40).total_rows == 5000
+    grouped = (
+        numbers.selectExpr("id % 500 AS k", "cast(id AS string) AS s")
+        .groupBy("k")
+        .agg(F.max("s").alias("m"))  # a string's max: a sort-based aggregate on k
+    )
+    table = collect(Ordered(grouped, ("k",)), "sorted aggregate", 40)
+    assert table.total_rows == 500
+    assert [row[0] for row in table.rows] == list(range(40))
 
 
 def test_an_acknowledgement_or_discard_without_its_stream_names_no_message(
