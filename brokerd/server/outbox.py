@@ -8,7 +8,8 @@ items are merged into one ACK frame when the pump builds them.
 
 What the peer's own frames make us send is bounded while the peer does not read
 (its socket full, the pump stopped): an endpoint has at most one acknowledgement
-waiting, the newest (it says all the older ones said), and at most
+waiting, the newest (it says what the older said, except what falls beyond a
+header's bounds on acknowledged ranges, which costs a retransmission), and at most
 :data:`MAX_QUEUED_ERRORS` broker errors wait; one more is dropped and counted
 (``errors_dropped``). Neither loses anything: a sender retransmits what it has no
 acknowledgement of, and is answered again.
@@ -102,6 +103,8 @@ class Outbox:
         item = self.small.popleft()
         if type(item) is SendHeader:
             self._errors -= 1
+        elif isinstance(item, SendAcks):  # no longer waiting: a newer one queues anew
+            self._forget(item.headers)
         return item
 
     def take_acks(self, first: SendAcks) -> list[dialog.DialogHeader]:
@@ -115,10 +118,13 @@ class Outbox:
                 break
             headers += more.headers
             small.popleft()
+            self._forget(more.headers)
+        return headers
+
+    def _forget(self, headers: list[dialog.DialogHeader]) -> None:
         waiting = self._acks
         for header in headers:
             del waiting[(header.conversation_id, header.initiator)]
-        return headers
 
     def forwards(self) -> list[Forward]:
         """Forwarded messages not sent yet (handed back when the connection is lost)."""

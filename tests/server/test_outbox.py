@@ -109,6 +109,14 @@ def test_an_endpoint_has_one_acknowledgement_waiting_the_newest() -> None:
     assert outbox.take_acks(item) == [newer, other]
     outbox.add_acks([first])  # sent: a later one waits again
     assert outbox.queued_acks == 1
+    taken = outbox.pop()
+    outbox.add_acks([newer])  # taken out, its frame not built yet: a newer one queues anew
+    assert outbox.queued_acks == 1 and isinstance(taken, SendAcks)
+    assert outbox.take_acks(taken) == [first, newer]  # merged into one frame
+    assert not outbox and outbox.queued_acks == 0
+    outbox.add_acks([first])
+    outbox.clear()
+    assert outbox.queued_acks == 0
 
 
 def test_broker_errors_past_the_bound_are_dropped_and_counted() -> None:
