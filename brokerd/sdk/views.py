@@ -141,6 +141,9 @@ class QueueMessage:
     message_type: str
     size: int
     enqueued_at: datetime | None
+    quarantined: bool
+    """Set aside by poison-message handling: ``status`` stays 1 (ready), as SQL Server's
+    would, but no RECEIVE hands the message out until the quarantine is released."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

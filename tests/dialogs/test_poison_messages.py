@@ -160,6 +160,8 @@ async def test_a_poison_message_quarantines_its_conversation_while_the_others_fl
         (queue,) = [r for r in await client.view("queues") if r["queue"] == "Q2"]
         assert queue["quarantined_conversations"] == 1
         assert queue["poison_message_handling"] == "quarantine"
+        set_aside = [m for m in await client.queue_messages("Q2") if m.quarantined]
+        assert [(m.conversation_handle, m.status) for m in set_aside] == [(poisoned, 1)] * 2
 
         deployment.stop("solo")  # flushes the trace
         events = list(read_events(segment_files([deployment.daemons["solo"].directory])))

@@ -10,6 +10,7 @@ May import: ``brokerd.dialogs`` models, ``brokerd.dialogs.verbs.paging``,
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -45,7 +46,9 @@ async def queue_messages(
 ) -> list[dict[str, Any]]:
     """The ``queue_messages`` view: the rows of every queue named ``queue``, with their
     status, conversation, sequence number, type and size, by database, handle and
-    sequence number, read from the file a page at a time (``limit + 1`` rows)."""
+    sequence number, read from the file a page at a time (``limit + 1`` rows).
+    ``quarantined`` tells a message set aside by poison-message handling: SQL Server's
+    status stays 1 (ready), but no RECEIVE hands it out until the quarantine is released."""
     served = [db for db in _served(databases) if queue in db.catalog.queues]
     if not served:
         raise InvalidRequest(f"no database has a queue {queue!r}")
@@ -60,6 +63,7 @@ async def queue_messages(
         handle, seq = (after_handle, after_seq) if db.name == after_db else ("", _BEFORE_ANY)
         wanted = request.limit + 1 - len(rows)
         found = await db.store.query(queries.READ_QUEUE_PAGE, (handle, seq, queue, wanted))
+        quarantined = db.poison.quarantined
         rows += (
             {
                 "database": db.name,
@@ -73,6 +77,7 @@ async def queue_messages(
                 "message_type": message_type,
                 "size": int(length),
                 "enqueued_at": iso_us(float(enqueued_at)),
+                "quarantined": bool(quarantined) and uuid.UUID(str(h)) in quarantined,
             }
             for h, s, group, status, service, message_type, length, enqueued_at in found
         )
