@@ -110,7 +110,9 @@ class DialogEngine:
         self.by_instance = self.directory.by_instance
         self.msdb = self.directory.msdb
         """The directory's maps, by the names the local link and the router know them."""
-        self.closing = ClosedEndpoints(limits.closed_endpoint_keep, clock)
+        # the keep is held in memory only and counted from the close: a monotonic clock,
+        # so a wall clock set forward does not end it early (a replay window cut short)
+        self.closing = ClosedEndpoints(limits.closed_endpoint_keep, time.monotonic)
         self.events = DialogEvents(self.trace, self.stats, self.closing)
         self.deadlines = Deadlines()
         self.local_link = LocalLink(self)

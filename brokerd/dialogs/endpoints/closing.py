@@ -11,7 +11,9 @@ each one from the moment it closed and says when it may be removed:
   the initiator's messages is acknowledged again and not delivered (R-DLG-4).
 
 Pure: no I/O. The clean-up part (``brokerd.dialogs.lifetime.cleanup``) asks
-:meth:`due` and removes what it returns.
+:meth:`due` and removes what it returns. The engine hands it a monotonic clock: the
+keep lives in memory only (a restart starts it again), so it counts elapsed time, and a
+wall clock set forward or back neither cuts it short nor stretches it.
 
 May import: the models of ``brokerd.dialogs.endpoints``.
 """
