@@ -11,8 +11,9 @@ What the peer's own frames make us send is bounded while the peer does not read
 waiting, the newest (it says what the older said, except what falls beyond a
 header's bounds on acknowledged ranges, which costs a retransmission), and at most
 :data:`MAX_QUEUED_ERRORS` broker errors wait; one more is dropped and counted
-(``errors_dropped``). Neither loses anything: a sender retransmits what it has no
-acknowledgement of, and is answered again.
+(``errors_dropped``). Neither loses anything: one acknowledgement may cover several
+fragments (R-DLG-5), and a sender retransmits what it has no acknowledgement of
+(R-DLG-6), and is answered again.
 
 May import: ``protocol``, ``brokerd.routing``, ``brokerd.dialogs.transmission.links``.
 """
