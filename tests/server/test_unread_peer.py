@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
+from brokerd.sdk.client import BrokerClient
 from brokerd.server.outbox import MAX_QUEUED_ERRORS
-from brokerd.tools.example import CONTRACT, SHOP_SERVICE, WAREHOUSE_SERVICE, warehouse_database
+from brokerd.tools.example import warehouse_database
 from brokerd.tools.launcher import Deployment
 from protocol.dialog import FLAG_SEQUENCED
 from tests.daemons import FAST_RETRY, running, wait_until
@@ -25,8 +27,8 @@ DIALOGS = 500
 ROUNDS = 160
 
 
-async def _connection(client: object, name: str) -> dict[str, object]:
-    rows = await client.view("broker_connections")  # type: ignore[attr-defined]
+async def _connection(client: BrokerClient, name: str) -> dict[str, Any]:
+    rows = await client.view("broker_connections")
     (row,) = [r for r in rows if r["peer"] == name and r["state"] == "open"]
     return dict(row)
 
@@ -76,9 +78,11 @@ async def test_a_peer_that_never_reads_is_served_within_bounds(tmp_path: Path) -
                 return int(row["broker_errors_dropped"]) > 0
 
             await wait_until(errors_dropped, 30)
-            # the daemon goes on serving its applications
-            handle = await warehouse.begin_dialog(WAREHOUSE_SERVICE, SHOP_SERVICE, CONTRACT)
-            assert handle is not None
+            # the daemon goes on serving its application: a RECEIVE takes one of the
+            # flood's dialogs, every message once and in order (R-DLG-1)
+            got = await warehouse.receive("OrderQueue", top=ROUNDS + 1, timeout=10)
+            assert [m.message_sequence_number for m in got] == list(range(1, ROUNDS + 1))
+            assert len({m.conversation_handle for m in got}) == 1
             await warehouse.close()
             # and stops gracefully (not killed after the launcher's 15 s), the peer still
             # connected and reading nothing
