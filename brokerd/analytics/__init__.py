@@ -12,7 +12,8 @@ sequence number, and writes a JSON summary and an HTML report. The modules:
 * :mod:`brokerd.analytics.messages`: one row per message, from SEND to RECEIVE;
 * :mod:`~brokerd.analytics.latency`, :mod:`~brokerd.analytics.faults`,
   :mod:`~brokerd.analytics.audit`, :mod:`~brokerd.analytics.delays`,
-  :mod:`~brokerd.analytics.throughput`, :mod:`~brokerd.analytics.waiting`: the jobs;
+  :mod:`~brokerd.analytics.throughput`, :mod:`~brokerd.analytics.waiting`: the jobs,
+  each table returned unsorted with its order (:mod:`brokerd.analytics.ordered`);
 * :mod:`brokerd.analytics.report`: runs the jobs, prints the key tables, writes
   ``summary.json`` and ``report.html`` (charts from :mod:`brokerd.analytics.charts`);
 * :mod:`brokerd.analytics.service`: a running analyzer (``brokerd analyzer SOCKET``)
