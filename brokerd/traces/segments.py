@@ -48,6 +48,13 @@ STOP_COMPACT_BYTES = 1024 * 1024
 compaction's process costs about half a second to start, more than such a segment saves."""
 COMPACTION_TIMEOUT = 600.0
 """Seconds a compaction's process may take (a 64 MB segment takes a few)."""
+STOP_COMPACT_SECONDS = 3.0
+"""A graceful stop compacts for at most this long: a compaction still running then is cut
+short, and it and the segments not yet compacted are left for the next start. A stop is
+waited for by an init system or a container engine (Docker's, 10 s) before a SIGKILL, and
+a compaction runs below the daemon's priority, so on a busy machine it may take long."""
+_POLL_SECONDS = 0.1
+"""How often a compaction's wait looks at the stop's deadline."""
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700
 
@@ -176,6 +183,15 @@ class SegmentKeeper:
         """Plain bytes of the segments compacted so far ..."""
         self.bytes_after = 0
         """... and their compacted bytes."""
+        self._deadline: float | None = None
+
+    def stop_by(self, deadline: float) -> None:
+        """Compact no more after ``deadline`` (``time.monotonic``): a graceful stop. A
+        compaction running then, in the worker thread, is cut short."""
+        self._deadline = deadline
+
+    def _out_of_time(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
 
     def _mine(self, suffix: str) -> list[Path]:
         return instance_segments(self.directory, self.instance, suffix)
@@ -215,25 +231,20 @@ class SegmentKeeper:
         except OSError as exc:
             log.warning("trace retention in %s: %s", self.directory, exc)
 
-    def compact(self, path: Path) -> Path:
+    def compact(self, path: Path) -> Path | None:
         """``path`` (a closed ``.jsonl``) as one Parquet file, written by a process of its
         own (``python -m brokerd.traces.columnar``: Arrow stays out of the daemon) beside
         it as ``.partial``, fsynced, renamed ``.parquet`` (with the source's times, so the
         newest segment stays the newest), then the source deleted. A crash at any point
-        leaves one whole copy (:meth:`recover`)."""
+        leaves one whole copy (:meth:`recover`). None: cut short by a stop's deadline
+        (:meth:`stop_by`), the segment left as it was."""
         target = path.with_name(_stem(path) + COMPACT_SUFFIX)
         partial = path.with_name(_stem(path) + PARTIAL_SUFFIX)
         source = path.stat()
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "brokerd.traces.columnar", str(path), str(partial)],
-                capture_output=True,
-                timeout=COMPACTION_TIMEOUT,
-                check=False,
-            )
-            if done.returncode != 0:
-                why = done.stderr.decode("utf-8", "replace").strip().splitlines()
-                raise OSError(f"compaction exited {done.returncode}: {why[-1] if why else ''}")
+            if not self._run_compaction(path, partial):
+                partial.unlink(missing_ok=True)
+                return None
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
@@ -245,6 +256,31 @@ class SegmentKeeper:
         self.bytes_before += source.st_size
         self.bytes_after += target.stat().st_size
         return target
+
+    def _run_compaction(self, path: Path, partial: Path) -> bool:
+        """Run the compaction's process; False if a stop's deadline cut it short."""
+        started = time.monotonic()
+        with subprocess.Popen(
+            [sys.executable, "-m", "brokerd.traces.columnar", str(path), str(partial)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        ) as process:
+            while True:
+                try:
+                    _, stderr = process.communicate(timeout=_POLL_SECONDS)
+                    break
+                except subprocess.TimeoutExpired:
+                    cut = self._out_of_time()
+                    if cut or time.monotonic() - started > COMPACTION_TIMEOUT:
+                        process.kill()
+                        process.communicate()
+                        if cut:
+                            return False
+                        raise
+        if process.returncode != 0:
+            why = stderr.decode("utf-8", "replace").strip().splitlines()
+            raise OSError(f"compaction exited {process.returncode}: {why[-1] if why else ''}")
+        return True
 
     def retain(self, now: float) -> None:
         """Delete this instance's oldest closed segments while the directory's segments of

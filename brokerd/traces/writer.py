@@ -62,6 +62,7 @@ from brokerd.traces.segments import (
     CLOSED_SUFFIX,
     COMPACT_SUFFIXES,
     OPEN_SUFFIX,
+    STOP_COMPACT_SECONDS,
     SegmentKeeper,
     create_private,
     instance_segments,
@@ -396,6 +397,8 @@ class TraceWriter:
             self._task = None
         if self._syncing is not None:
             await self._syncing
+        # compaction goes on for a few seconds at most; the rest is the next start's
+        self.keeper.stop_by(time.monotonic() + STOP_COMPACT_SECONDS)
         if self._tidying is not None:
             await self._tidying
         if self._started:  # a start that failed before it leaves no "stopped" behind
