@@ -185,9 +185,10 @@ class SegmentKeeper:
         """... and their compacted bytes."""
         self._deadline: float | None = None
 
-    def stop_by(self, deadline: float) -> None:
+    def stop_by(self, deadline: float | None) -> None:
         """Compact no more after ``deadline`` (``time.monotonic``): a graceful stop. A
-        compaction running then, in the worker thread, is cut short."""
+        compaction running then, in the worker thread, is cut short. None: no deadline
+        (the stop is over; a later compaction, called by a tool, runs whole)."""
         self._deadline = deadline
 
     def _out_of_time(self) -> bool:

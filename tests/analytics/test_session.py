@@ -83,6 +83,15 @@ def _sleeper(*arguments: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *arguments])
 
 
+def _described(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text() + Path(
+            f"/proc/{pid}/cmdline"
+        ).read_bytes().decode(errors="replace")
+    except OSError as exc:
+        return f"process {pid}: {exc}"
+
+
 def test_a_run_waits_for_the_archive_another_jvm_is_writing_as_it_exits(
     tmp_path: Path,
 ) -> None:
@@ -114,7 +123,8 @@ def test_a_run_waits_for_the_archive_another_jvm_is_writing_as_it_exits(
         assert option == f"-XX:SharedArchiveFile={tmp_path}/{name} -Xlog:cds*=off"
         assert writer is None
         assert (tmp_path / name).read_bytes() == b"written"
-        assert (tmp_path / f"{name}.1.jvm").exists()  # left to a later run
+        # left to a later run (what the process was, should it not be)
+        assert (tmp_path / f"{name}.1.jvm").exists(), _described(running.pid)
     finally:
         for process in (running, writing):
             process.kill()

@@ -7,6 +7,8 @@ import re
 import uuid
 from pathlib import Path
 
+import pytest
+
 from brokerd.config import TraceConfig
 from brokerd.traces.segments import segment_lines
 from brokerd.traces.writer import (
@@ -17,6 +19,23 @@ from brokerd.traces.writer import (
     read_events,
     segment_files,
 )
+
+
+async def test_a_stops_deadline_for_compaction_ends_with_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graceful stop compacts for a few seconds at most; past the stop, a compaction (a
+    tool's, of the segment the stop left) runs whole."""
+    monkeypatch.setattr("brokerd.traces.writer.STOP_COMPACT_SECONDS", 0.0)
+    writer = TraceWriter(TraceConfig(directory=tmp_path), "alpha")
+    await writer.start()
+    writer.emit("message_sent", uuid.uuid4(), seq=1, size=200, initiator=True)
+    await writer.stop()
+    (path,) = segment_files([tmp_path])
+    assert path.name.endswith(".jsonl")  # left by the stop (small, and past its deadline)
+    compacted = writer.keeper.compact(path)
+    assert compacted is not None and compacted.name.endswith(".parquet")
+    assert [e["event"] for e in read_events([compacted])] == ["started", "message_sent", "stopped"]
 
 
 class Clock:
