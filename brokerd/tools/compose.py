@@ -57,6 +57,10 @@ SPARK_UI_PORT = 8080
 SPARK_WORKER_UI_PORT = 8081
 SPARK_MASTER = "spark-master"
 SPARK_WORKER = "spark-worker"
+STOP_GRACE_PERIOD = "30s"
+"""How long the engine waits for a broker's graceful stop before its SIGKILL (Docker's
+default, 10 s, is less than a stop may take: every application request read is answered
+for up to 10 s, their replies written for 2 s more, and the traces compacted for 3 s)."""
 ANALYZE = "analyze"
 SPARK_SERVICES = (SPARK_MASTER, SPARK_WORKER, ANALYZE)
 """Services with a network address besides the brokers (``certs`` has none)."""
@@ -174,6 +178,7 @@ directory = "{TRACE_DIR}"   # a volume of its own, read by the Spark job
                 "retries": 24,
                 "start_period": "5s",
             },
+            "stop_grace_period": STOP_GRACE_PERIOD,
             "depends_on": {"certs": {"condition": "service_completed_successfully"}},
         }
 
