@@ -17,10 +17,12 @@ import pytest
 from brokerd.config import load_config
 from brokerd.config.addresses import parse_tcp_address
 from brokerd.config.model import BrokerConfig
+from brokerd.server.daemon import CLIENT_REPLY_GRACE, CLIENT_STOP_GRACE
 from brokerd.tools import compose
 from brokerd.tools.compose import ComposeDeployment
 from brokerd.tools.topology import LOCAL
 from brokerd.tools.yaml_text import dump
+from brokerd.traces.segments import STOP_COMPACT_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config"
@@ -96,6 +98,14 @@ def test_each_broker_configuration_loads_and_agrees_with_its_service(broker: str
     assert probe[:3] == ["CMD", "python3", "-c"]
     assert f"'{config.admin.url}/readyz'" in probe[3]
     assert service["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
+    # The engine waits for the longest graceful stop before its SIGKILL.
+    activation = [
+        q.activation.stop_grace for db in config.databases for q in db.queues if q.activation
+    ]
+    longest_stop = (
+        max(activation, default=0.0) + CLIENT_STOP_GRACE + CLIENT_REPLY_GRACE + STOP_COMPACT_SECONDS
+    )
+    assert float(service["stop_grace_period"].removesuffix("s")) > longest_stop
     # The topology's routes, by service name.
     topology_broker = LOCAL.broker(broker)
     assert config.endpoint.message_forwarding == topology_broker.forwarding

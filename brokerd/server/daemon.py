@@ -48,6 +48,8 @@ T = TypeVar("T")
 CLIENT_STOP_GRACE = 10.0
 """Seconds a stopping daemon waits for the answers to the requests it has read (their
 commits) before it closes the application connections anyway."""
+CLIENT_REPLY_GRACE = 2.0
+"""Seconds a stopping daemon then gives the closed connections' replies to leave."""
 
 
 class Broker:
@@ -218,7 +220,7 @@ class Broker:
             await asyncio.sleep(0.005)
         for session in sessions:
             session.close()
-        deadline = loop.time() + 2.0  # the replies leave before the loop stops
+        deadline = loop.time() + CLIENT_REPLY_GRACE  # the replies leave before the loop stops
         while self.client_sessions and loop.time() < deadline:
             await asyncio.sleep(0.005)
 
