@@ -166,6 +166,11 @@ def without_duplicates(paths: list[Path]) -> list[Path]:
     ]
 
 
+def compaction_command(path: Path, partial: Path) -> list[str]:
+    """The command that compacts ``path`` into ``partial``."""
+    return [sys.executable, "-m", "brokerd.traces.columnar", str(path), str(partial)]
+
+
 class SegmentKeeper:
     """Compaction and retention of one instance's closed segments in its trace directory.
 
@@ -184,15 +189,19 @@ class SegmentKeeper:
         self.bytes_after = 0
         """... and their compacted bytes."""
         self._deadline: float | None = None
+        self.compacting: Path | None = None
+        """The segment whose compaction runs now, if one does."""
 
-    def stop_by(self, deadline: float | None) -> None:
-        """Compact no more after ``deadline`` (``time.monotonic``): a graceful stop. A
-        compaction running then, in the worker thread, is cut short. None: no deadline
-        (the stop is over; a later compaction, called by a tool, runs whole)."""
+    def stop_by(self, deadline: float) -> None:
+        """Compact no more after ``deadline`` (``time.monotonic``): a graceful stop.
+        :meth:`tidy` begins no compaction past it, and one it runs then, in its worker
+        thread, is cut short. A compaction called on its own (:meth:`compact`, a tool's)
+        always runs whole."""
         self._deadline = deadline
 
     def _out_of_time(self) -> bool:
-        return self._deadline is not None and time.monotonic() >= self._deadline
+        deadline = self._deadline  # read once: written by another thread
+        return deadline is not None and time.monotonic() >= deadline
 
     def _mine(self, suffix: str) -> list[Path]:
         return instance_segments(self.directory, self.instance, suffix)
@@ -217,13 +226,23 @@ class SegmentKeeper:
         Errors (a full disk) are logged; what could not be compacted stays as it is.
         ``stopping`` (a graceful stop): a segment under :data:`STOP_COMPACT_BYTES` is left
         for the next start, which compacts it in the background; the stop does not wait
-        for a compaction's process to start."""
+        for a compaction's process to start. Past the deadline of :meth:`stop_by`, what is
+        not compacted is left for the next start."""
         if self.config.compress:
-            for path in self._mine(CLOSED_SUFFIX):
-                if stopping and path.stat().st_size < STOP_COMPACT_BYTES:
-                    continue
+            waiting = [
+                path
+                for path in self._mine(CLOSED_SUFFIX)
+                if not (stopping and path.stat().st_size < STOP_COMPACT_BYTES)
+            ]
+            for done, path in enumerate(waiting):
                 try:
-                    self.compact(path)
+                    if self._out_of_time() or self.compact(path, cut_short=True) is None:
+                        log.info(
+                            "%d trace segment(s) not compacted by the stop's deadline, left"
+                            " for the next start",
+                            len(waiting) - done,
+                        )
+                        break
                 except (OSError, subprocess.SubprocessError) as exc:
                     log.warning("cannot compact trace segment %s: %s", path, exc)
                     break
@@ -232,23 +251,26 @@ class SegmentKeeper:
         except OSError as exc:
             log.warning("trace retention in %s: %s", self.directory, exc)
 
-    def compact(self, path: Path) -> Path | None:
+    def compact(self, path: Path, *, cut_short: bool = False) -> Path | None:
         """``path`` (a closed ``.jsonl``) as one Parquet file, written by a process of its
         own (``python -m brokerd.traces.columnar``: Arrow stays out of the daemon) beside
         it as ``.partial``, fsynced, renamed ``.parquet`` (with the source's times, so the
         newest segment stays the newest), then the source deleted. A crash at any point
-        leaves one whole copy (:meth:`recover`). None: cut short by a stop's deadline
-        (:meth:`stop_by`), the segment left as it was."""
+        leaves one whole copy (:meth:`recover`). ``cut_short``: ended at a stop's deadline
+        (:meth:`stop_by`), which returns None, the segment left as it was."""
         target = path.with_name(_stem(path) + COMPACT_SUFFIX)
         partial = path.with_name(_stem(path) + PARTIAL_SUFFIX)
         source = path.stat()
+        self.compacting = path
         try:
-            if not self._run_compaction(path, partial):
+            if not self._run_compaction(path, partial, cut_short):
                 partial.unlink(missing_ok=True)
                 return None
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
+        finally:
+            self.compacting = None
         os.utime(partial, ns=(source.st_atime_ns, source.st_mtime_ns))
         partial.rename(target)
         sync_directory(self.directory)
@@ -258,11 +280,11 @@ class SegmentKeeper:
         self.bytes_after += target.stat().st_size
         return target
 
-    def _run_compaction(self, path: Path, partial: Path) -> bool:
+    def _run_compaction(self, path: Path, partial: Path, cut_short: bool) -> bool:
         """Run the compaction's process; False if a stop's deadline cut it short."""
         started = time.monotonic()
         with subprocess.Popen(
-            [sys.executable, "-m", "brokerd.traces.columnar", str(path), str(partial)],
+            compaction_command(path, partial),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         ) as process:
@@ -271,13 +293,15 @@ class SegmentKeeper:
                     _, stderr = process.communicate(timeout=_POLL_SECONDS)
                     break
                 except subprocess.TimeoutExpired:
-                    cut = self._out_of_time()
+                    if process.poll() is not None:
+                        continue  # it has just ended: its output is read, its work kept
+                    cut = cut_short and self._out_of_time()
                     if cut or time.monotonic() - started > COMPACTION_TIMEOUT:
                         process.kill()
                         process.communicate()
                         if cut:
                             return False
-                        raise
+                        raise subprocess.TimeoutExpired(process.args, COMPACTION_TIMEOUT) from None
         if process.returncode != 0:
             why = stderr.decode("utf-8", "replace").strip().splitlines()
             raise OSError(f"compaction exited {process.returncode}: {why[-1] if why else ''}")

@@ -399,18 +399,15 @@ class TraceWriter:
             await self._syncing
         # compaction goes on for a few seconds at most; the rest is the next start's
         self.keeper.stop_by(time.monotonic() + STOP_COMPACT_SECONDS)
-        try:
-            if self._tidying is not None:
-                await self._tidying
-            if self._started:  # a start that failed before it leaves no "stopped" behind
-                self._started = False
-                self.emit("stopped")
-                await self.flush()
-                async with self._lock:
-                    await asyncio.to_thread(self._close_segment)
-                await asyncio.to_thread(self.keeper.tidy, stopping=True)
-        finally:
-            self.keeper.stop_by(None)
+        if self._tidying is not None:
+            await self._tidying
+        if self._started:  # a start that failed before it leaves no "stopped" behind
+            self._started = False
+            self.emit("stopped")
+            await self.flush()
+            async with self._lock:
+                await asyncio.to_thread(self._close_segment)
+            await asyncio.to_thread(self.keeper.tidy, stopping=True)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():

@@ -19,7 +19,12 @@ import pytest
 
 from brokerd.config import TraceConfig
 from brokerd.traces import columnar
-from brokerd.traces.segments import SegmentKeeper, segment_lines, unreadable
+from brokerd.traces.segments import (
+    SegmentKeeper,
+    compaction_command,
+    segment_lines,
+    unreadable,
+)
 from brokerd.traces.writer import read_events
 
 GOOD = [
@@ -183,47 +188,46 @@ def test_the_keeper_compacts_in_a_process_of_its_own_and_a_crash_leaves_one_copy
     assert view["trace_compacted_bytes_after"] > 0
 
 
-def _compaction_running() -> bool:
-    """A compaction's process, a child of this one, has begun."""
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
-            cmdline = (status.parent / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if int(fields.get("PPid", "0")) == os.getpid() and b"brokerd.traces.columnar" in cmdline:
-            return True
-    return False
-
-
 def test_a_stop_cuts_a_running_compaction_short_and_the_next_start_does_it(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A graceful stop compacts for a few seconds at most (``stop_by``): a compaction
     running at its deadline is ended, leaving the segment whole and no partial file, and
     the segments after it are not begun; the next start compacts them all."""
     many = json.dumps(GOOD[1]).encode() + b"\n"
-    first = _segment(tmp_path, many * 40_000)
+    first = _segment(tmp_path, many * 4_000)
     second = first.with_name("alpha-20261121T091957-7-00002.jsonl")
     second.write_bytes(first.read_bytes())
+    begun: list[Path] = []
+
+    def slow(path: Path, partial: Path) -> list[str]:
+        """The compaction, begun a second late: still running when the stop comes."""
+        begun.append(path)
+        return ["sh", "-c", 'sleep 1 && exec "$@"', "compact", *compaction_command(path, partial)]
+
+    monkeypatch.setattr("brokerd.traces.segments.compaction_command", slow)
     keeper = SegmentKeeper(TraceConfig(directory=tmp_path), tmp_path, "alpha")
     tidying = threading.Thread(target=keeper.tidy)
     tidying.start()
-    while not _compaction_running() and tidying.is_alive():
+    while keeper.compacting is None and tidying.is_alive():
         time.sleep(0.005)
     keeper.stop_by(time.monotonic())
     tidying.join(60)
     assert not tidying.is_alive()
+    assert begun == [first]  # the second was not begun
     assert first.exists() and second.exists()
     assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("*.parquet"))
     assert keeper.view()["trace_segments_compacted"] == 0
+    # a compaction called on its own (a tool's) is not bound by the stop
+    assert keeper.compact(second) is not None
+    assert keeper.view()["trace_segments_compacted"] == 1
 
     after = SegmentKeeper(TraceConfig(directory=tmp_path), tmp_path, "alpha")
     after.recover()
     after.tidy()
     assert not first.exists() and not second.exists()
     assert len(list(tmp_path.glob("*.parquet"))) == 2
-    assert sum(1 for _ in read_events(sorted(tmp_path.glob("*.parquet")))) == 2 * (2 + 40_000)
+    assert sum(1 for _ in read_events(sorted(tmp_path.glob("*.parquet")))) == 2 * (2 + 4_000)
 
 
 def test_a_damaged_page_or_footer_is_found_and_named(tmp_path: Path) -> None:
