@@ -91,7 +91,8 @@ EVENTS: dict[str, str] = {
     "duplicate": "a fragment already received arrived again and was acknowledged again",
     "cut_again": "a message arrived cut at another fragment size than the fragments held "
     "of it, which were dropped (seq, fragments, dropped)",
-    "ack_sent": "an acknowledgement was sent (through)",
+    "ack_sent": "an acknowledgement was given to the connection to send (through); while "
+    "it waits there, a newer one of the same endpoint takes its place",
     "ack_received": "an acknowledgement arrived (through; acked = messages it released)",
     "forwarded": "a fragment relayed to the next broker (hop count, address)",
     "dropped": "a message dropped, not acknowledged (reason)",

@@ -36,6 +36,8 @@ class EngineStats:
     """Messages whose held fragments were dropped because the message arrived cut at
     another fragment size (its sender cut it again, R-DLG-7)."""
     acks_sent: int = 0
+    """Acknowledgements given to connections to send; one that a newer one of the same
+    endpoint replaced while the connection's writes were stopped is counted too."""
     acks_received: int = 0
     corrupted_messages: int = 0
     dropped: int = 0
