@@ -64,9 +64,8 @@ class Outbox:
 
     @property
     def queued_acks(self) -> int:
-        """Acknowledgements waiting to be sent (one at most per endpoint), counted in the
-        items that hold them."""
-        return sum(len(item.headers) for item in self.small if type(item) is SendAcks)
+        """Acknowledgements waiting to be sent (one at most per endpoint)."""
+        return len(self._acks)
 
     def add(self, item: Item) -> None:
         if type(item) is SendFragment and item.msg.fragment_count > 1:
