@@ -227,7 +227,8 @@ class SegmentKeeper:
         ``stopping`` (a graceful stop): a segment under :data:`STOP_COMPACT_BYTES` is left
         for the next start, which compacts it in the background; the stop does not wait
         for a compaction's process to start. Past the deadline of :meth:`stop_by`, what is
-        not compacted is left for the next start."""
+        not compacted is left for the next start, and the stop's pass (``stopping``) logs
+        how many segments that is: once, however many passes the deadline cut."""
         if self.config.compress:
             waiting = [
                 path
@@ -237,11 +238,12 @@ class SegmentKeeper:
             for done, path in enumerate(waiting):
                 try:
                     if self._out_of_time() or self.compact(path, cut_short=True) is None:
-                        log.info(
-                            "%d trace segment(s) not compacted by the stop's deadline, left"
-                            " for the next start",
-                            len(waiting) - done,
-                        )
+                        if stopping:  # the stop's own pass, after any cut here, says it once
+                            log.info(
+                                "%d trace segment(s) not compacted by the stop's deadline,"
+                                " left for the next start",
+                                len(waiting) - done,
+                            )
                         break
                 except (OSError, subprocess.SubprocessError) as exc:
                     log.warning("cannot compact trace segment %s: %s", path, exc)

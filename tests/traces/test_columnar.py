@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -189,11 +190,12 @@ def test_the_keeper_compacts_in_a_process_of_its_own_and_a_crash_leaves_one_copy
 
 
 def test_a_stop_cuts_a_running_compaction_short_and_the_next_start_does_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A graceful stop compacts for a few seconds at most (``stop_by``): a compaction
     running at its deadline is ended, leaving the segment whole and no partial file, and
-    the segments after it are not begun; the next start compacts them all."""
+    the segments after it are not begun; the stop's own pass says once how many were
+    left; the next start compacts them all."""
     many = json.dumps(GOOD[1]).encode() + b"\n"
     first = _segment(tmp_path, many * 4_000)
     second = first.with_name("alpha-20261121T091957-7-00002.jsonl")
@@ -206,6 +208,8 @@ def test_a_stop_cuts_a_running_compaction_short_and_the_next_start_does_it(
         return ["sh", "-c", 'sleep 1 && exec "$@"', "compact", *compaction_command(path, partial)]
 
     monkeypatch.setattr("brokerd.traces.segments.compaction_command", slow)
+    monkeypatch.setattr("brokerd.traces.segments.STOP_COMPACT_BYTES", 0)  # none left as small
+    caplog.set_level(logging.INFO, logger="brokerd.traces.segments")
     keeper = SegmentKeeper(TraceConfig(directory=tmp_path), tmp_path, "alpha")
     tidying = threading.Thread(target=keeper.tidy)
     tidying.start()
@@ -218,6 +222,13 @@ def test_a_stop_cuts_a_running_compaction_short_and_the_next_start_does_it(
     assert first.exists() and second.exists()
     assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("*.parquet"))
     assert keeper.view()["trace_segments_compacted"] == 0
+    # the stop's pass after the cut one (TraceWriter.stop): one line for both segments
+    keeper.tidy(stopping=True)
+    left = [r.getMessage() for r in caplog.records if "not compacted" in r.getMessage()]
+    assert left == [
+        "2 trace segment(s) not compacted by the stop's deadline, left for the next start"
+    ]
+    assert first.exists() and second.exists()
     # a compaction called on its own (a tool's) is not bound by the stop
     assert keeper.compact(second) is not None
     assert keeper.view()["trace_segments_compacted"] == 1

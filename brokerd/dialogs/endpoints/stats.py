@@ -42,6 +42,8 @@ class EngineStats:
     corrupted_messages: int = 0
     dropped: int = 0
     broker_errors_sent: int = 0
+    """Broker errors given to connections to send (R-DLG-2); one a connection dropped
+    because too many already waited is counted too, and in its ``broker_errors_dropped``."""
     binding_refusals: int = 0
     """Messages, acknowledgements and errors refused because they did not come from the
     broker the conversation is bound to (R-DLG-14)."""
