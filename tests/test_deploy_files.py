@@ -20,6 +20,7 @@ from brokerd.config.model import BrokerConfig
 from brokerd.server.daemon import CLIENT_REPLY_GRACE, CLIENT_STOP_GRACE
 from brokerd.tools import compose
 from brokerd.tools.compose import ComposeDeployment
+from brokerd.tools.launcher import STOP_WAIT
 from brokerd.tools.topology import LOCAL
 from brokerd.tools.yaml_text import dump
 from brokerd.traces.segments import STOP_COMPACT_SECONDS
@@ -106,6 +107,7 @@ def test_each_broker_configuration_loads_and_agrees_with_its_service(broker: str
         max(activation, default=0.0) + CLIENT_STOP_GRACE + CLIENT_REPLY_GRACE + STOP_COMPACT_SECONDS
     )
     assert float(service["stop_grace_period"].removesuffix("s")) > longest_stop
+    assert longest_stop < STOP_WAIT  # the local cluster's launcher, the same configurations
     # The topology's routes, by service name.
     topology_broker = LOCAL.broker(broker)
     assert config.endpoint.message_forwarding == topology_broker.forwarding

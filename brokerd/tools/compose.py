@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from brokerd.tools.launcher import STOP_WAIT
 from brokerd.tools.topology import LOCAL, Broker, Topology, loopback_hosts
 from brokerd.tools.yaml_text import Value, dump
 
@@ -57,7 +58,7 @@ SPARK_UI_PORT = 8080
 SPARK_WORKER_UI_PORT = 8081
 SPARK_MASTER = "spark-master"
 SPARK_WORKER = "spark-worker"
-STOP_GRACE_PERIOD = "30s"
+STOP_GRACE_PERIOD = f"{STOP_WAIT:.0f}s"
 """How long the engine waits for a broker's graceful stop before its SIGKILL (Docker's
 default, 10 s, is less than a stop may take: activated commands get up to their queue's
 ``stop_grace``, 10 s by default, every application request read is answered for up to

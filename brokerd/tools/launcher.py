@@ -21,6 +21,12 @@ from pathlib import Path
 from brokerd.sdk.client import BrokerClient, Reconnect
 from brokerd.tools import certs
 
+STOP_WAIT = 30.0
+"""Seconds :meth:`Deployment.stop` waits for a daemon's graceful stop before its SIGKILL: as
+long as the compose file's ``stop_grace_period``, more than a stop may take (activated
+commands up to their queue's ``stop_grace``, application requests already read answered
+for up to 10 s and their replies written for 2 s more, the traces compacted for 3 s)."""
+
 
 @dataclass
 class Daemon:
@@ -241,8 +247,8 @@ port = {client_port}
         finally:
             log.close()
 
-    def stop(self, name: str, timeout: float = 15.0) -> int | None:
-        """SIGTERM and wait; SIGKILL if it does not stop in time."""
+    def stop(self, name: str, timeout: float = STOP_WAIT) -> int | None:
+        """SIGTERM and wait; SIGKILL if it does not stop in time (:data:`STOP_WAIT`)."""
         daemon = self.daemons[name]
         process = daemon.process
         if process is None or process.poll() is not None:
