@@ -43,6 +43,7 @@ class DatabaseImages:
         for index in db.ready.values():
             index.clear()
             index.locked.clear()
+            index.leased.clear()
             index.aside.clear()
         db.poison = PoisonLedger()
         db.next_local_seq = -1

@@ -315,8 +315,30 @@ class Database:
         return await self.store.run(read)
 
     async def reload_received(self) -> None:
-        """:meth:`load_received` as a job of its own: after every write already queued."""
-        repairs = await self.store.run(lambda conn: self.load_received(_rows(conn)))
+        """:meth:`load_received` after every write already queued: its rows read by a job of
+        its own, and applied on the event loop once that job's commit is done, in order
+        with the commit callbacks of the jobs around it (a RECEIVE that removes messages,
+        an arrival that makes one ready), never beside a RECEIVE that takes or gives back
+        ready messages. The messages a lease holds stay out of the reloaded index."""
+        read: dict[str, list[sqlite3.Row]] = {}
+        repairs: list[Statement] = []
+        failures: list[Exception] = []
+
+        def fetch(conn: sqlite3.Connection) -> None:
+            for sql in _RELOADED:
+                read[sql] = conn.execute(sql, ()).fetchall()
+
+        def apply() -> None:
+            try:
+                repairs.extend(self.load_received(lambda sql, _: read[sql]))
+            except Exception as exc:  # raised to the caller, not lost in a callback
+                failures.append(exc)
+
+        future = self.store.submit((), fn=fetch, on_commit=apply, wait=True)
+        assert future is not None
+        await future
+        if failures:
+            raise failures[0]
         if repairs:
             self.store.submit(repairs)
 
@@ -386,8 +408,11 @@ class Database:
             rows = sorted([*rows, *released], key=lambda r: int(r[5]))
         for queue, group_text, handle_text, seq, rank in _in_sequence_order(rows):
             ready = self.ready.get(queue)
-            if ready is not None:
-                ready.add(uuid.UUID(group_text), uuid.UUID(handle_text), seq, rank)
+            handle = uuid.UUID(handle_text)
+            if ready is not None and (handle, seq) not in ready.leased:
+                # a message a lease holds is that lease's: its commit removes it, its
+                # rollback puts it back (R-DLG-1)
+                ready.add(uuid.UUID(group_text), handle, seq, rank)
         low = fetch(queries.READ_LOWEST_SEQUENCE, ())
         if low and low[0][0] is not None and int(low[0][0]) < 0:
             self.next_local_seq = int(low[0][0]) - 1
@@ -444,6 +469,16 @@ class Database:
         )
         released.append((row[3], row[4], handle, seq, row[2], row[5]))
         return [queries.repair_held(handle, seq)]
+
+
+_RELOADED = (
+    queries.READ_RECEIVE_SEQUENCES,
+    queries.READ_HELD,
+    queries.READ_FRAGMENT_POSITIONS,
+    queries.READ_READY,
+    queries.READ_LOWEST_SEQUENCE,
+)
+"""What :meth:`Database.load_received` reads (each without parameters)."""
 
 
 def _in_sequence_order(rows: list[Any]) -> list[tuple[str, str, str, int, Rank]]:

@@ -69,6 +69,10 @@ class ReadyIndex:
     """Groups with an Error accepted and not yet committed, and how many: not taken from."""
     aside: dict[uuid.UUID, list[Item]] = field(default_factory=dict)
     """Quarantined conversations (SPEC §6) -> their ready messages, in order, set aside."""
+    leased: set[Item] = field(default_factory=set)
+    """Messages a RECEIVE has taken (its lease holds them) and no commit removed nor
+    rollback put back yet: still ready in the file, so a reload of the index from it
+    (``Database.load_received``) leaves them out (R-DLG-1: they are the lease's)."""
     waiting: int = 0
     """RECEIVEs and GET CONVERSATION GROUPs waiting on this queue for something to take
     (``tasks_waiting`` of Service Broker's queue monitor)."""
@@ -163,6 +167,7 @@ class ReadyIndex:
             else:
                 del self.groups[gid]
             self.count -= len(chosen)
+            self.leased.update(chosen)
             self.lock(gid)
             return gid, chosen
         return None
@@ -189,6 +194,7 @@ class ReadyIndex:
             if not items:
                 del self.groups[gid]
             self.count -= len(taken)
+            self.leased.update(taken)
             self.lock(gid)
         return chosen
 
@@ -219,6 +225,8 @@ class ReadyIndex:
         of a quarantined conversation in front of its messages set aside); a DialogTimer
         or Error that became ready while they were taken still goes ahead of its
         conversation's messages (R-DLG-10)."""
+        if self.leased:
+            self.leased.difference_update(items)
         if self.aside:
             back: dict[uuid.UUID, list[Item]] = {}
             kept = []
@@ -239,13 +247,16 @@ class ReadyIndex:
 
     def received(self, items: list[Item]) -> None:
         """Taken messages are gone for good (a RECEIVE committed)."""
+        if self.leased:
+            self.leased.difference_update(items)
         if self.ahead:
             for item in items:
                 self.ahead.pop(item, None)
 
     def clear(self) -> None:
         """Forget every ready message (they are loaded again); quarantined conversations
-        stay quarantined, their messages set aside again as they are added."""
+        stay quarantined, their messages set aside again as they are added. The messages
+        leases hold (:attr:`leased`) stay theirs: the load leaves them out."""
         self.groups.clear()
         self.ahead.clear()
         self.errors_coming.clear()

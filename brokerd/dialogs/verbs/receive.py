@@ -275,6 +275,8 @@ class ReceiveVerbs:
         if lease.image != lease.db.image:
             return  # its image was dropped: the rebuilt index has them from the file
         kept = [item for item in rest if item[0] in lease.db.endpoints]
+        if len(kept) < len(rest):
+            lease.index.received([item for item in rest if item[0] not in lease.db.endpoints])
         if kept:
             lease.index.put_back(lease.group, kept)
 
