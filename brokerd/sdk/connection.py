@@ -109,6 +109,10 @@ class Request:
     only_here: bool = False
     """Never written again on another connection: it fails with its own (a ``withdraw``,
     which names a request by its id on this one, or a request no caller waits for)."""
+    maybe_executed: bool = False
+    """Written on a connection lost before its answer, without the daemon saying it was
+    not executed: kept for the next connection (it is repeatable), but if it is never
+    written again its outcome is unknown, not "never sent"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +324,8 @@ class Connection:
     def submit(self, request: Request) -> None:
         """Write ``request`` (with the others of this turn of the event loop, in order)."""
         request_id = next(self._ids) & 0xFFFFFFFF
+        if not request_id:  # id 0 answers no request (a goodbye, a refusal): skipped
+            request_id = next(self._ids) & 0xFFFFFFFF
         # encoded first: a request that cannot be written is not left in flight
         pieces = encode_request_parts(request_id, request.meta, request.body)
         self._pending[request_id] = request
@@ -412,7 +418,8 @@ class Connection:
         for request in pending.values():
             if request.only_here and not request.reply.done():
                 request.reply.set_exception(ClientError(ending.reason))
-        ending.unanswered = sorted(i for i in pending.items() if not i[1].only_here)
+        # in the order written: ``pending`` keeps it, the ids do not once they wrap
+        ending.unanswered = [i for i in pending.items() if not i[1].only_here]
         self._on_end(self, ending)
 
 

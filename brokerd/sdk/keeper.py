@@ -63,6 +63,27 @@ class _Waiting:
     deadline: float
 
 
+def _read_after(request_id: int, last_read: int) -> bool:
+    """Whether request ``request_id`` was written after request ``last_read`` (0: none was
+    read) on one connection, whose 32-bit ids wrap (serial number arithmetic)."""
+    return last_read == 0 or 0 < (request_id - last_read) & 0xFFFFFFFF < 0x80000000
+
+
+def _gone(request: Request, error: Exception) -> Exception:
+    """How a request that goes no further fails: with ``error`` if it was never written,
+    or written and not executed; with OutcomeUnknown if it was written on a connection
+    lost before its answer (a repeatable request kept for the next connection), since
+    it may have taken effect there."""
+    if not request.maybe_executed:
+        return error
+    unknown = OutcomeUnknown(
+        "the request was written on a connection lost before its answer and could not be "
+        f"written again ({type(error).__name__}: {error}): it may or may not have taken effect"
+    )
+    unknown.__cause__ = error
+    return unknown
+
+
 class ConnectionKeeper:
     """The current connection, the requests waiting for one, and the reconnecting."""
 
@@ -84,6 +105,9 @@ class ConnectionKeeper:
         ``limits.max_message_size``): a longer one is refused here, before it is written,
         since the daemon would close the connection on it."""
         self._waiting: list[_Waiting] = []
+        self._give_up: asyncio.TimerHandle | None = None
+        """When the first request waiting for a connection gives up: on time, also while
+        an attempt to connect takes long (up to ``timeout`` for each of its steps)."""
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -200,6 +224,18 @@ class ConnectionKeeper:
     def _wait(self, request: Request, since: float) -> None:
         assert self.reconnect is not None
         self._waiting.append(_Waiting(request, since + self.reconnect.give_up_after))
+        self._arm_give_up()
+
+    def _arm_give_up(self) -> None:
+        if self._give_up is not None or not self._waiting or self._closed:
+            return
+        first = min(item.deadline for item in self._waiting)
+        delay = max(0.0, first - time.monotonic())
+        self._give_up = asyncio.get_running_loop().call_later(delay, self._gave_up)
+
+    def _gave_up(self) -> None:
+        self._give_up = None
+        self._give_up_expired()
 
     # -- losing a connection -------------------------------------------------------------
 
@@ -218,9 +254,13 @@ class ConnectionKeeper:
         for request_id, request in ending.unanswered:
             if request.reply.done():
                 continue
-            not_executed = ending.last_read is not None and request_id > ending.last_read
+            not_executed = ending.last_read is not None and _read_after(
+                request_id, ending.last_read
+            )
             failure = self._failure(request, not_executed, ending)
             if failure is None:
+                if not not_executed:
+                    request.maybe_executed = True
                 again.append(request)
             else:
                 request.reply.set_exception(failure)
@@ -246,6 +286,8 @@ class ConnectionKeeper:
         if not_executed:
             if self.reconnect is not None and not self._closed:
                 return None
+            if request.maybe_executed:  # not here, but perhaps on a connection lost before
+                return OutcomeUnknown(f"{reason}: the request may or may not have taken effect")
             stopping = ending.stopping
             message = stopping.remote_message if stopping else reason
             return BrokerStopping(message + " (not executed)", kind="BrokerStopping")
@@ -293,17 +335,20 @@ class ConnectionKeeper:
         self.generation += 1
         self.max_body = connection.max_body
         waiting, self._waiting = self._waiting, []
+        if self._give_up is not None:
+            self._give_up.cancel()
+            self._give_up = None
         for item in waiting:
             if item.request.reply.done():
                 continue
             too_large = self._too_large(item.request)  # this daemon's limit is lower
             if too_large is not None:
-                item.request.reply.set_exception(too_large)
+                item.request.reply.set_exception(_gone(item.request, too_large))
                 continue
             try:
                 connection.submit(item.request)
             except Exception as exc:  # it fails alone: the others still go, in order
-                item.request.reply.set_exception(exc)
+                item.request.reply.set_exception(_gone(item.request, exc))
 
     def _give_up_expired(self) -> None:
         now = time.monotonic()
@@ -312,20 +357,20 @@ class ConnectionKeeper:
             if item.deadline > now:
                 keep.append(item)
             elif not item.request.reply.done():
-                item.request.reply.set_exception(
-                    NotConnected(
-                        f"no connection to brokerd at {self.address} within "
-                        f"{self.reconnect.give_up_after if self.reconnect else 0} s "
-                        f"({self.last_failure}): the request was not sent"
-                    )
+                error = NotConnected(
+                    f"no connection to brokerd at {self.address} within "
+                    f"{self.reconnect.give_up_after if self.reconnect else 0} s "
+                    f"({self.last_failure}): the request was not sent"
                 )
+                item.request.reply.set_exception(_gone(item.request, error))
         self._waiting = keep
+        self._arm_give_up()
 
     def _fail_waiting(self, error: Exception) -> None:
         waiting, self._waiting = self._waiting, []
         for item in waiting:
             if not item.request.reply.done():
-                item.request.reply.set_exception(error)
+                item.request.reply.set_exception(_gone(item.request, error))
 
     # -- closing -------------------------------------------------------------------------
 
@@ -335,6 +380,9 @@ class ConnectionKeeper:
         if self._closed:
             return
         self._closed = True
+        if self._give_up is not None:
+            self._give_up.cancel()
+            self._give_up = None
         if self._task is not None:
             self._task.cancel()
         self._fail_waiting(NotConnected("client closed: the request was not sent"))
