@@ -28,11 +28,12 @@ import gzip
 import json
 import sys
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from brokerd.errors import TraceNotFound
 from brokerd.traces import columnar
@@ -45,7 +46,9 @@ MAX_EVENTS = 100_000
 """Events of one conversation kept at most; a longer one must be followed one SEQ at a time."""
 MAX_REFUSALS = 100_000
 """Refused connections whose times are kept (to name the waits they explain)."""
-SEGMENT_SUFFIXES = (".jsonl", ".jsonl.open", ".jsonl.gz", ".parquet")
+SEGMENT_SUFFIXES = (".jsonl.open", ".jsonl", ".jsonl.gz", ".parquet")
+"""In the order a segment takes them (open, closed, compacted), as they are listed: a
+segment closed between two listings is found under its new name."""
 
 SENDER_EVENTS = ("route_chosen", "delayed", "released")
 """Conversation events of the sending endpoint: part of each of its messages' paths."""
@@ -175,11 +178,14 @@ class Refusals:
         self.times.setdefault(key, []).append(e.t)
         self.kept += 1
 
-    def between(self, instance: str, start: float, end: float) -> tuple[int, str]:
-        """Refusals on ``instance`` from ``start`` to ``end``: how many, and a reason."""
+    def between(
+        self, instance: str, start: float, end: float, peers: set[str] | None = None
+    ) -> tuple[int, str]:
+        """Refusals on ``instance`` from ``start`` to ``end`` (of connections to ``peers``
+        only, when given): how many, and a reason."""
         total, reason = 0, ""
         for (where, peer), times in self.times.items():
-            if where != instance:
+            if where != instance or (peers is not None and peer not in peers):
                 continue
             count = sum(start <= t <= end for t in times)
             if count:
@@ -193,45 +199,81 @@ class Refusals:
 
 
 def segments(directories: Iterable[Path]) -> list[Path]:
-    """Every trace segment under ``directories`` (searched recursively)."""
+    """Every trace segment under ``directories`` (searched recursively), each once: a
+    directory named twice (two daemons' configurations naming the one they share, each
+    relative to itself) is read once."""
     found: set[Path] = set()
     for directory in directories:
         if directory.is_file():
-            found.add(directory)
+            found.add(directory.resolve())
             continue
         if not directory.is_dir():
             raise TraceNotFound(f"{directory}: no such trace directory")
         for suffix in SEGMENT_SUFFIXES:
-            found.update(directory.rglob(f"*{suffix}"))
-    # A compaction done but for deleting its source: the compacted file holds the same lines.
-    return sorted(
-        p
-        for p in found
-        if p.with_name(p.name + ".gz") not in found
-        and p.with_name(p.name.removesuffix(".jsonl") + ".parquet") not in found
-    )
+            found.update(p.resolve() for p in directory.rglob(f"*{suffix}"))
+    # A segment closed, or compacted but for deleting its source, while it was listed: its
+    # later name holds the same lines.
+    return sorted(p for p in found if not any(later in found for later in _successors(p)))
+
+
+def _successors(path: Path) -> list[Path]:
+    """The names a segment takes after ``path``: an open one is closed, a closed one is
+    compacted (into ``.parquet``, or by an earlier version into ``.jsonl.gz``)."""
+    name = path.name
+    if name.endswith(".jsonl.open"):
+        stem = name.removesuffix(".jsonl.open")
+        return [path.with_name(f"{stem}.jsonl"), path.with_name(f"{stem}.parquet")]
+    if name.endswith(".jsonl"):
+        stem = name.removesuffix(".jsonl")
+        return [path.with_name(f"{stem}.parquet"), path.with_name(f"{stem}.jsonl.gz")]
+    return []
+
+
+def _skipped(path: Path, why: str) -> None:
+    print(f"brokerctl trace: skipped {path}: {why}", file=sys.stderr)
 
 
 def _lines(path: Path) -> Iterator[bytes]:
-    """The file's lines, each at most :data:`MAX_LINE` bytes; longer ones are skipped."""
+    """The file's lines, each at most :data:`MAX_LINE` bytes; longer ones are skipped. A
+    segment closed or compacted since it was listed is read under its new name; one that
+    does not read (damaged, or deleted meanwhile by retention) is said, and skipped."""
     if path.name.endswith(".parquet"):
         try:  # Arrow's errors are ValueErrors: a damaged file is said, and skipped
             yield from (line for line in columnar.lines(path) if len(line) <= MAX_LINE)
+        except FileNotFoundError:
+            _skipped(path, "deleted while the traces were read (retention)")
         except (OSError, ValueError) as exc:
-            print(
-                f"brokerctl trace: skipped {path}: not a readable segment ({exc})", file=sys.stderr
-            )
+            _skipped(path, f"not a readable segment ({exc})")
         return
-    with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as f:
-        skipping = False
-        while True:
-            line = f.readline(MAX_LINE)
-            if not line:
+    if not path.exists():  # closed, compacted or deleted since it was listed
+        for later in _successors(path):
+            if later.exists():
+                yield from _lines(later)
                 return
-            complete = line.endswith(b"\n")
-            if not skipping and (complete or len(line) < MAX_LINE):
-                yield line
-            skipping = not complete and len(line) >= MAX_LINE
+        _skipped(path, "deleted while the traces were read (retention)")
+        return
+    try:
+        with _open(path) as f:
+            skipping = False
+            while True:
+                line = f.readline(MAX_LINE)
+                if not line:
+                    return
+                complete = line.endswith(b"\n")
+                if not skipping and (complete or len(line) < MAX_LINE):
+                    yield line
+                skipping = not complete and len(line) >= MAX_LINE
+    except FileNotFoundError:  # gone between the two: the next look finds where
+        yield from _lines(path)
+    except (OSError, EOFError, zlib.error) as exc:  # a gzip segment cut short, damaged
+        _skipped(path, f"not a readable segment ({' '.join(str(exc).split())})")
+
+
+def _open(path: Path) -> BinaryIO:
+    """A plain segment, or one compacted into gzip by an earlier version, as it is read."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return path.open("rb")
 
 
 def _event(raw: bytes) -> Event | None:
@@ -448,14 +490,37 @@ def _why(e: Event, before: Event | None) -> str:
     return n.replace("_", " ")
 
 
-def add_refusals(path: Path_, refusals: Refusals) -> None:
+def far_brokers(step: Event, initiator: bool, events: Sequence[Event]) -> set[str] | None:
+    """The addresses the sending endpoint of ``step`` sent to (``peer``) or was routed to
+    (``route_chosen``'s ``address``: a mirrored route's principal, whose refusals send it
+    to the partner): the only refused connections that explain a wait of its messages.
+    None when the traces name none (then every refusal of its broker may)."""
+    peers: set[str] = set()
+    for e in (step, *events):
+        if e.instance != step.instance or bool(e.fields.get("initiator")) != initiator:
+            continue
+        if e.name in ("fragment_sent", "retransmission"):
+            address = e.fields.get("peer")
+        elif e.name == "route_chosen":
+            address = e.fields.get("address")
+        else:
+            continue
+        if isinstance(address, str) and address:
+            peers.add(address)
+    return peers or None
+
+
+def add_refusals(path: Path_, refusals: Refusals, events: Sequence[Event] = ()) -> None:
     """Name refused connections as the reason of the waits they explain (a first send or a
-    retransmission that waited while the sender could not reach the far broker)."""
+    retransmission that waited while the sender could not reach the far broker: refusals
+    of connections to other brokers explain nothing of it; ``events``, the conversation's,
+    name the far brokers, :func:`far_brokers`)."""
     for n, step in enumerate(path.steps):
         if n == 0 or step.event.name not in ("fragment_sent", "retransmission"):
             continue
         start = path.steps[n - 1].event.t
-        count, reason = refusals.between(step.event.instance, start, step.event.t)
+        peers = far_brokers(step.event, path.initiator, events)
+        count, reason = refusals.between(step.event.instance, start, step.event.t, peers)
         if count:
             step.why = (
                 f"waited for a connection: the far broker could not be reached "
@@ -517,7 +582,7 @@ def follow(directories: Sequence[Path], conversation: str, seq: int | None = Non
         have = f"it has messages {read.lowest}..{read.highest}"
         raise TraceNotFound(f"conversation {cid}: no message {seq} in the traces ({have})")
     for p in found:
-        add_refusals(p, read.refusals)
+        add_refusals(p, read.refusals, read.events)
     return found
 
 

@@ -150,7 +150,8 @@ happened in memory or on the wire: ``durable: false`` in docs/traces.md, and a c
 loses up to one flush of them."""
 
 TAIL_BYTES = 64 * 1024
-"""How much of the newest segment a start reads back to find the last event on disk ..."""
+"""How much of the newest segment a start reads back at a time to find the last event on
+disk (further back while none of its lines is whole) ..."""
 
 TAIL_LINES = 1000
 """... and how many last lines of a compacted one (read through to its end)."""
@@ -650,12 +651,10 @@ class TraceWriter:
         for _, _, path in sorted(segments, reverse=True):
             if is_compressed(path):
                 lines = list(collections.deque(segment_lines(path), maxlen=TAIL_LINES))
+                last_first: Iterable[bytes] = reversed(lines)
             else:
-                with path.open("rb") as f:
-                    size = f.seek(0, os.SEEK_END)
-                    f.seek(max(0, size - TAIL_BYTES))
-                    lines = f.read().splitlines()
-            for raw in reversed(lines):
+                last_first = _lines_from_the_end(path)
+            for raw in last_first:
                 try:
                     event = json.loads(raw)
                 except ValueError:
@@ -677,6 +676,30 @@ class TraceWriter:
             "trace_barriers": self.barriers,
             **self.keeper.view(),
         }
+
+
+def _lines_from_the_end(path: Path) -> Iterator[bytes]:
+    """A plain segment's lines, the last first, read backwards :data:`TAIL_BYTES` at a time:
+    a line longer than that (a ``discarded`` listing thousands of messages) is read whole,
+    never taken for a torn one."""
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        # the end of a line that begins before the chunk being read, its last chunk first
+        # (joined once the line's start is found: a long line is copied once)
+        rest: list[bytes] = []
+        while end > 0:
+            start = max(0, end - TAIL_BYTES)
+            f.seek(start)
+            chunk = f.read(end - start)
+            end = start
+            if start > 0 and b"\n" not in chunk:  # inside one long line
+                rest.append(chunk)
+                continue
+            pieces = chunk.split(b"\n")
+            if rest:
+                pieces[-1] += b"".join(reversed(rest))
+            rest = [pieces.pop(0)] if start > 0 else []  # may begin before this chunk
+            yield from reversed(pieces)
 
 
 def _conversation_piece(known: dict[int, bytes], conversation_id: uuid.UUID | None) -> bytes:

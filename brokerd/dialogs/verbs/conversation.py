@@ -227,14 +227,18 @@ class ConversationVerbs:
 
         # SPEC §6, R-DLG-10: what waits in this side's queue goes, and nothing more comes.
         work = Work().add(queries.discard_queued(ep.handle_text), on_failure=failed)
+        # R-TRACE-1: the messages are discarded once this commits (a client transaction
+        # rolled back at its COMMIT leaves them in the transmission queue)
         if ep.broker_error:
-            self.events.discarded(ep, dropped_seqs, "END CONVERSATION after a broker error")
+            why = "END CONVERSATION after a broker error"
+            work.add(on_commit=lambda: self.events.discarded(ep, dropped_seqs, why))
             self.transmission.discard(ep)
             if ep.refresh_state():
                 self.events.closed(ep)
             return work.add([endpoint_snapshot(ep)])
         if error_code is not None:
-            self.events.discarded(ep, dropped_seqs, "END CONVERSATION WITH ERROR")
+            why = "END CONVERSATION WITH ERROR"
+            work.add(on_commit=lambda: self.events.discarded(ep, dropped_seqs, why))
             self.transmission.discard(ep)
             _, enqueued = self.sending.enqueue_work(
                 db,

@@ -340,11 +340,12 @@ class SendVerbs:
         last = ep.send_sequence
         ep.uncommitted_sends += count
         ep.refresh_state()
-        self._trace_sent_runs(db, ep, list(range(first, last + 1)), messages)
         statements.append(endpoint_snapshot(ep, sent=last))
 
         def on_commit() -> None:
             ep.uncommitted_sends -= count
+            # R-TRACE-1: a SEND is traced once committed, never one rolled back
+            self._trace_sent_runs(db, ep, list(range(first, last + 1)), messages)
             try:
                 self._enqueued(db, ep, sent)
             finally:  # committed: every SEND of the run is answered, whatever happens here
@@ -424,10 +425,10 @@ class SendVerbs:
         ]
         statements.append(endpoint_snapshot(ep, sent=last))
         statements.append(endpoint_snapshot(far, received=accepted.through))
-        self._trace_sent_runs(db, ep, seqs, messages)
 
         def on_commit() -> None:
             ep.uncommitted_sends -= count
+            self._trace_sent_runs(db, ep, seqs, messages)  # committed (R-TRACE-1)
             self.stats.sent_messages += count
             durable = far.durable
             for seq in seqs:
@@ -548,7 +549,7 @@ class SendVerbs:
         msg = self._new_message(seq, message_type, flags, body, self.clock())
         ep.uncommitted_sends += 1
         ep.refresh_state()
-        self._trace_sent(db, ep, [seq], message_type, len(body))
+        size = len(body)
         statements: list[Statement] = [
             *extra,
             queries.sent_message(ep.handle_text, seq, message_type, flags, body, msg.enqueued_at),
@@ -557,6 +558,9 @@ class SendVerbs:
 
         def committed() -> None:
             ep.uncommitted_sends -= 1
+            # R-TRACE-1: traced once committed (a client transaction rolled back at its
+            # COMMIT sends nothing, and its number is given back)
+            self._trace_sent(db, ep, [seq], message_type, size)
             self._enqueued(db, ep, [msg])
 
         def failed(exc: BaseException) -> None:
