@@ -166,6 +166,19 @@ def without_duplicates(paths: list[Path]) -> list[Path]:
     ]
 
 
+def latest_names(paths: list[Path]) -> list[Path]:
+    """``paths`` (a listing of segments) less each name a segment had before another name
+    listed too: an open segment closed while the listing was made, a closed one whose
+    compaction is done but for deleting it (:func:`without_duplicates`). Listed in the
+    order a segment takes its names (open, closed, compacted), a segment renamed between
+    two looks is found under one of them at least, and kept once."""
+    paths = without_duplicates(paths)
+    later = {(p.parent, _stem(p)) for p in paths if not p.name.endswith(OPEN_SUFFIX)}
+    return [
+        p for p in paths if not (p.name.endswith(OPEN_SUFFIX) and (p.parent, _stem(p)) in later)
+    ]
+
+
 def compaction_command(path: Path, partial: Path) -> list[str]:
     """The command that compacts ``path`` into ``partial``."""
     return [sys.executable, "-m", "brokerd.traces.columnar", str(path), str(partial)]

@@ -67,10 +67,10 @@ from brokerd.traces.segments import (
     create_private,
     instance_segments,
     is_compressed,
+    latest_names,
     private_directory,
     segment_lines,
     sync_directory,
-    without_duplicates,
 )
 
 SCHEMA_VERSION = 1
@@ -716,15 +716,18 @@ def _conversation_piece(known: dict[int, bytes], conversation_id: uuid.UUID | No
 
 def segment_files(directories: Iterable[Path], include_open: bool = True) -> list[Path]:
     """Every trace segment under ``directories`` (recursively, plain or compacted), oldest
-    name first; a plain segment whose compaction is done but for deleting it is left out."""
+    name first, each once under its latest name (:func:`latest_names`: a segment closed or
+    compacted while it was listed; one whose compaction is done but for deleting it)."""
     out: list[Path] = []
     for directory in directories:
+        # in the order a segment takes its names: one closed or compacted between two
+        # looks is found under its later name (latest_names keeps one of its names)
+        if include_open:
+            out += directory.rglob(f"*{OPEN_SUFFIX}")
         out += directory.rglob(f"*{CLOSED_SUFFIX}")
         for suffix in COMPACT_SUFFIXES:
             out += directory.rglob(f"*{suffix}")
-        if include_open:
-            out += directory.rglob(f"*{OPEN_SUFFIX}")
-    return sorted(without_duplicates(out))
+    return sorted(latest_names(out))
 
 
 def read_events(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:

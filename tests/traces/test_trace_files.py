@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.segments import latest_names
 from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import SOLO_DATABASE as SOLO
 from tests.daemons import client_of, running, solo_broker, stats_with, wait_until
@@ -195,3 +196,36 @@ async def test_a_full_trace_disk_never_stops_delivery(
         assert "No space left" in marker["reason"]
     sent = [e["seq"] for e in events if e["event"] == "message_sent"]
     assert sent[0] == 1 and sent[-1] == 52 and len(sent) < 52, sent  # the window is missing
+
+
+def test_a_segment_closed_while_the_segments_are_listed_is_listed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R-TRACE-3: a reader of a running daemon's traces (``brokerd analyze``, the process
+    list) lists its segments by name while the daemon closes and compacts them. An open
+    segment closed between two looks of the listing is found under one of its names and
+    read once; a listing of one segment's three names keeps the latest."""
+    open_segment = tmp_path / "alpha-20261201T220000-7-00001.jsonl.open"
+    open_segment.write_text(
+        '{"v":1,"instance":"alpha","ts":"2026-12-01T22:00:00.000000Z","event":"started","n":1}\n'
+    )
+    closed = open_segment.with_name("alpha-20261201T220000-7-00001.jsonl")
+    looks: list[str] = []
+    rglob = Path.rglob
+
+    def closing_after_the_first_look(self: Path, pattern: str) -> object:
+        found = list(rglob(self, pattern))
+        looks.append(pattern)
+        if len(looks) == 1:
+            open_segment.rename(closed)  # the daemon's rotation, between two looks
+        return iter(found)
+
+    monkeypatch.setattr(Path, "rglob", closing_after_the_first_look)
+    listed = segment_files([tmp_path])
+    monkeypatch.undo()
+    assert listed == [closed]
+    assert [e["event"] for e in read_events(listed)] == ["started"]
+    stem = tmp_path / "beta-20261201T220000-8-00001"
+    names = [stem.with_name(stem.name + s) for s in (".jsonl.open", ".jsonl", ".parquet")]
+    assert latest_names(names) == [names[2]]
+    assert latest_names(names[:2]) == [names[1]]
