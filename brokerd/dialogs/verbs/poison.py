@@ -228,16 +228,17 @@ class PoisonVerbs:
     async def alter_queue(self, queue: str, status: bool, database: str | None = None) -> None:
         """ALTER QUEUE ... STATUS (R-DLG-12); turned on, the rollback counts of its messages
         start over (SPEC §6: a queue disabled by poison-message handling loses nothing and
-        counts afresh)."""
+        counts afresh). The counts start over before the queue is on: a transaction
+        rolled back as it turns on counts from nothing, never against the counts that
+        disabled it."""
+        if status:
+            db = self.directory.database_of_queue(queue, database)
+            counts = db.poison.counts
+            gone = [item for item in counts if self._queue_of(db, item[0]) == queue]
+            await commit_statements(db, [poison_rows.forget_counts_of_queue(queue)])
+            for item in gone:
+                counts.pop(item, None)
         await self.conversations.alter_queue(queue, status, database)
-        if not status:
-            return
-        db = self.directory.database_of_queue(queue, database)
-        counts = db.poison.counts
-        gone = [item for item in counts if self._queue_of(db, item[0]) == queue]
-        await commit_statements(db, [poison_rows.forget_counts_of_queue(queue)])
-        for item in gone:
-            counts.pop(item, None)
 
     @staticmethod
     def _queue_of(db: Database, handle: uuid.UUID) -> str | None:
