@@ -188,7 +188,9 @@ class Broker:
     async def stop(self) -> None:
         self.ready = False
         # The activated commands stop first, while the daemon still answers them: each
-        # may finish (commit or roll back) the batch it holds.
+        # may finish (commit or roll back) the batch it holds; one stopped (or killed)
+        # holding it puts it back uncounted, as every rollback of a graceful stop does.
+        self.engine.receive_verbs.begin_stop()
         await self.activation.stop()
         if self._client_server is not None:
             self._client_server.close()

@@ -375,3 +375,62 @@ async def test_serve_adds_no_reader_for_one_old_message_that_one_reader_drains(
         assert activation.peak_readers == 1, (
             f"{activation.peak_readers} readers for one message that one reader drained"
         )
+
+
+HOLDER = """
+import asyncio, os, signal, sys
+from brokerd.sdk.client import BrokerClient
+
+async def main() -> None:
+    if os.path.exists(sys.argv[1]):
+        return  # started again after the restart: leaves the message to the test
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # holds its batch until the SIGKILL
+    env = os.environ
+    client = await BrokerClient.connect(
+        env["BROKERD_HOST"], int(env["BROKERD_PORT"]), token_file=env["BROKERD_TOKEN_FILE"],
+        user=env.get("BROKERD_USER", "app"),
+    )
+    tx = await client.begin_transaction()
+    messages = await tx.receive(env["BROKERD_QUEUE"], top=1, timeout=5)
+    with open(sys.argv[1], "w") as f:
+        f.write(str(len(messages)))
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+async def test_an_activated_command_killed_by_a_graceful_stop_counts_no_rollback(
+    tmp_path: Path,
+) -> None:
+    """SPEC §6 (poison messages): a daemon stopping gracefully puts messages back without
+    counting them, its activated commands' included. Here the command holds a message
+    in its transaction and ignores SIGTERM, so the stop SIGKILLs it after ``stop_grace``
+    and its connection is lost: with ``poison_rollbacks = 1`` one counted rollback would
+    quarantine the conversation. After the restart the message is receivable."""
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    held = tmp_path / "held"
+    policy = (
+        'poison_rollbacks = 1\npoison_message_handling = "quarantine"\n'
+        f'activation = {{ command = ["{sys.executable}", "{script}", "{held}"], '
+        "max_instances = 1, interval = 0.5, stop_grace = 1 }"
+    )
+    async with solo(tmp_path, policy) as (deployment, client):
+        dialog = await client.begin_dialog(S1, S2)
+        await client.send(dialog.handle, "DEFAULT", b"an order")
+
+        async def holding() -> bool:
+            return held.exists() and held.read_text() == "1"
+
+        await wait_until(holding, timeout=20)
+        await client.close()
+        deployment.stop("solo")  # SIGTERM: the command is SIGKILLed after its grace
+        deployment.start("solo")
+        again = await _another(deployment)
+        try:
+            assert await again.view("quarantined") == []
+            (message,) = await again.receive("Q2", top=1, timeout=5)
+            assert message.message_body == b"an order"
+        finally:
+            await again.close()

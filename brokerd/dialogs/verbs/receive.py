@@ -76,10 +76,20 @@ class ReceiveVerbs:
         self.stats = stats
         self.stopping = False
         """The daemon is stopping: a RECEIVE with nothing ready returns at once, empty."""
+        self.stop_begun = False
+        """A graceful stop has begun (:meth:`begin_stop`): what a transaction puts back
+        from now on is not counted against its messages (SPEC §6, poison messages)."""
+
+    def begin_stop(self) -> None:
+        """A graceful stop begins: its activated commands are stopped first, while RECEIVEs
+        are still served, and a batch one of them holds when it is stopped (or killed after
+        its grace) goes back uncounted: not the messages' fault (SPEC §6)."""
+        self.stop_begun = True
 
     def stop_waiting(self) -> None:
         """The daemon is stopping: every RECEIVE waiting for messages returns now with none
         (nothing was taken, so nothing is lost), and later ones do not wait."""
+        self.stop_begun = True
         self.stopping = True
         for db in self.directory.databases.values():
             for index in db.ready.values():

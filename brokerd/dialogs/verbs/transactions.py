@@ -390,6 +390,6 @@ class Transaction:
     def _put_back(self, reason: str) -> list[asyncio.Future[Any]]:
         for lease in reversed(self.leases):
             self.receiving.release(lease, received=False)
-        if self.receiving.stopping or not self.leases:
+        if self.receiving.stop_begun or not self.leases:
             return []  # a daemon stopping gracefully: not the messages' fault
         return self.poison.rolled_back(self.leases, reason, self.message_types)
