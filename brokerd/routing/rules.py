@@ -214,6 +214,7 @@ def decide(
                     f"route {decision.route} leads back to this instance (R-ROUTE-8); dropped",
                     decision.route,
                     arrived_from_outside=True,
+                    choices=decision.choices,
                 ),
                 lines,
                 table,
@@ -257,7 +258,14 @@ def decide(
                 "(R-ROUTE-8, R-ROUTE-13)",
                 again.route,
             )
-        return _finish(replace(again, arrived_from_outside=True), lines, table + inner, now)
+        # The route back here was one choice among equal routes (R-ROUTE-5): the outcome
+        # holds only for the conversations that made it, never for every conversation.
+        return _finish(
+            replace(again, arrived_from_outside=True, choices=again.choices * decision.choices),
+            lines,
+            table + inner,
+            now,
+        )
     return _finish(decision, lines, table, now)
 
 
