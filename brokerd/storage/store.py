@@ -474,22 +474,24 @@ class Store:
         return await self._call(run)
 
     async def install_snapshot(self, data: bytes, own: Sequence[Statement]) -> None:
-        """On the mirror: replace the file's content by a copy of the principal's, then
-        write back this partner's own ``meta`` keys (``own``: its role and epoch)."""
+        """On the mirror: replace the file's content by a copy of the principal's, with
+        this partner's own ``meta`` keys (``own``: its role and epoch) written into the
+        copy before it is installed: one change of the file, so that a crash never
+        leaves it holding the principal's role and epoch (R-ROUTE-15)."""
         replica = self.replica
         assert replica is not None
 
         def run(conn: sqlite3.Connection) -> None:
-            source = sqlite3.connect(":memory:")
+            source = sqlite3.connect(":memory:", isolation_level=None)
             try:
                 source.deserialize(rollback_journal_image(data))
+                source.execute("BEGIN IMMEDIATE")
+                for sql, params in own:
+                    source.execute(sql, params)
+                source.execute("COMMIT")
                 backup(source, conn)
             finally:
                 source.close()
-            conn.execute("BEGIN IMMEDIATE")
-            for sql, params in own:
-                conn.execute(sql, params)
-            conn.execute("COMMIT")
             meta = {str(k): str(v) for k, v in conn.execute(schema.READ_META).fetchall()}
             replica.lsn = int(meta.get("mirror_lsn", "0"))
             replica.lsn_epoch = int(meta.get("mirror_lsn_epoch", "0"))
