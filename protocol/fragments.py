@@ -41,6 +41,29 @@ def cut_size(index: int, offset: int, length: int) -> int:
     return offset // index if index else length
 
 
+def extent_problem(
+    index: int, count: int, offset: int, length: int, message_length: int
+) -> str | None:
+    """Why a fragment (``length`` bytes at ``offset``, ``index`` of ``count``) of a
+    message of ``message_length`` bytes is not one of a cut of that message at one size,
+    as every sender cuts (:func:`split_message`); None if it is. The size is the one the
+    fragment shows (:func:`cut_size`): the fragments of a message then tile it exactly,
+    and joined by index they are the message, never more nor less."""
+    if count == 1:
+        return None
+    size = cut_size(index, offset, length)
+    if size <= 0 or offset != index * size:
+        return f"fragment {index} of {count} at offset {offset} is not at a multiple of a size"
+    if fragment_count(message_length, size) != count:
+        return f"a message of {message_length} bytes cut at {size} bytes is not {count} fragments"
+    if length != min(size, message_length - offset):
+        return (
+            f"fragment {index} of {count} cut at {size} bytes carries {length} bytes, "
+            f"not {min(size, message_length - offset)}"
+        )
+    return None
+
+
 def split_message(
     body: bytes, fragment_size: int = DEFAULT_FRAGMENT_SIZE
 ) -> Iterator[FragmentSlice]:

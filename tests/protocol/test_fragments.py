@@ -23,6 +23,7 @@ from protocol.fragments import (
     FragmentSlice,
     Reassembler,
     cut_size,
+    extent_problem,
     fragment_at,
     fragment_count,
     split_message,
@@ -434,3 +435,32 @@ def test_cut_size_reads_the_size_a_fragment_was_cut_at(size: int) -> None:
     pieces = list(split_message(body, size))
     assert len(pieces) > 1
     assert {cut_size(p.index, p.offset, len(p.data)) for p in pieces} == {size}
+
+
+@given(st.integers(1, 5000), st.integers(1, 700))
+def test_every_fragment_a_sender_cuts_has_the_extent_of_its_cut(length: int, size: int) -> None:
+    """R-DLG-7: the fragments ``split_message`` cuts, at any size, each pass
+    ``extent_problem`` against their message's length."""
+    for piece in split_message(bytes(length), size):
+        assert (
+            extent_problem(piece.index, piece.count, piece.offset, len(piece.data), length) is None
+        )
+
+
+@pytest.mark.parametrize(
+    ("index", "count", "offset", "length"),
+    [
+        (1, 3, 100, 900),  # at its cut's offset, but the rest of the message
+        (2, 3, 200, 800),
+        (1, 3, 150, 100),  # 150 is no multiple of a size that gives three fragments
+        (0, 3, 0, 500),  # a first fragment of 500 bytes cuts 1000 bytes in two
+        (2, 3, 201, 100),  # not at a multiple of its index
+        (0, 2, 0, 0),  # an empty first fragment
+    ],
+)
+def test_a_fragment_beside_its_cut_is_named(
+    index: int, count: int, offset: int, length: int
+) -> None:
+    """R-DLG-7: a fragment of a 1000-byte message that no cut at one size makes (joined
+    with the others by index, it would not make the message) is named, with why."""
+    assert extent_problem(index, count, offset, length, 1000)

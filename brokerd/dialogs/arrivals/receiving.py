@@ -55,7 +55,7 @@ from brokerd.traces.writer import TraceWriter
 from protocol.acks import UNKNOWN_COUNT
 from protocol.buffers import Body
 from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, DialogHeader
-from protocol.fragments import cut_size
+from protocol.fragments import cut_size, extent_problem
 
 ARRIVAL_WEIGHT = 2048
 """What a fragment's arrival weighs in the inbound backlog besides its bytes: its rows,
@@ -178,6 +178,17 @@ class Arrivals:
                 self._on_broker_error(db, ep, header, body)
             return
         seq = header.sequence_number
+        extent = extent_problem(
+            header.fragment_index,
+            header.fragment_count,
+            header.fragment_offset,
+            len(body),
+            header.message_length,
+        )
+        if extent is not None:
+            # R-DLG-7: not a fragment of a cut of its message; joined with the others it
+            # would not make the message. Not stored, not acknowledged (R-DLG-5).
+            return self.events.drop(header, extent)
         if seq in ep.accepted.fragments and ep.accepted.cut_differently(
             seq,
             header.fragment_count,
