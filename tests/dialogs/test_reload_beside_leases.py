@@ -11,13 +11,15 @@ disk does. One database, ``Solo``: ``//solo/S1`` (queue ``Q1``) talks to ``//sol
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from brokerd.dialogs.endpoints.database import Database
-from brokerd.sdk.client import BrokerClient, Dialog
+from brokerd.sdk.client import BrokerClient, Dialog, Transaction
 from protocol.errors import RemoteError
 from tests.daemons import client_of, solo_broker, wait_until
 
@@ -62,6 +64,27 @@ async def _fail_a_write(client: BrokerClient, db: Database, dialog: Dialog) -> N
     await _limit(db, None)
 
 
+@contextlib.asynccontextmanager
+async def _held_through_a_reload(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[BrokerClient, Transaction, Dialog]]:
+    """A daemon whose ``Q2`` held one message, ``first``, which a transaction received
+    (not committed) before a failed write made the database reload its queues; its
+    client, that transaction and the message's dialog."""
+    async with solo_broker(tmp_path, HOST) as broker:
+        client = await client_of(broker)
+        try:
+            dialog = await client.begin_dialog(S1, S2)
+            await client.send(dialog, "DEFAULT", b"first")
+            tx = await client.begin_transaction()
+            held = await tx.receive("Q2", top=10, timeout=5)
+            assert [m.message_body for m in held] == [b"first"]
+            await _fail_a_write(client, broker.databases["Solo"], dialog)
+            yield client, tx, dialog
+        finally:
+            await client.close()
+
+
 async def test_a_message_held_by_a_transaction_through_a_reload_is_received_once(
     tmp_path: Path,
 ) -> None:
@@ -69,23 +92,11 @@ async def test_a_message_held_by_a_transaction_through_a_reload_is_received_once
     its database reloads its queues after a failed write. The message is still the
     transaction's: once the transaction rolls back, it is received exactly once, not
     twice."""
-    async with solo_broker(tmp_path, HOST) as broker:
-        client = await client_of(broker)
-        try:
-            db = broker.databases["Solo"]
-            dialog = await client.begin_dialog(S1, S2)
-            await client.send(dialog, "DEFAULT", b"first")
-            tx = await client.begin_transaction()
-            held = await tx.receive("Q2", top=10, timeout=5)
-            assert [m.message_body for m in held] == [b"first"]
-
-            await _fail_a_write(client, db, dialog)
-            await tx.rollback(reason="the handler failed")
-            again = await client.receive("Q2", top=10, timeout=2)
-            assert [(m.message_sequence_number, m.message_body) for m in again] == [(1, b"first")]
-            assert await client.receive("Q2", top=10, timeout=0.3) == []
-        finally:
-            await client.close()
+    async with _held_through_a_reload(tmp_path) as (client, tx, _):
+        await tx.rollback(reason="the handler failed")
+        again = await client.receive("Q2", top=10, timeout=2)
+        assert [(m.message_sequence_number, m.message_body) for m in again] == [(1, b"first")]
+        assert await client.receive("Q2", top=10, timeout=0.3) == []
 
 
 async def test_a_message_committed_after_a_reload_is_not_handed_out_again(
@@ -94,22 +105,10 @@ async def test_a_message_committed_after_a_reload_is_not_handed_out_again(
     """R-DLG-1, R-OBJ-3: a transaction that received a message commits after its database
     reloaded its queues; the message has left the queue, and the queue shows nothing
     ready (no phantom that a reader, or an external activation, would wait on)."""
-    async with solo_broker(tmp_path, HOST) as broker:
-        client = await client_of(broker)
-        try:
-            db = broker.databases["Solo"]
-            dialog = await client.begin_dialog(S1, S2)
-            await client.send(dialog, "DEFAULT", b"first")
-            tx = await client.begin_transaction()
-            assert len(await tx.receive("Q2", top=10, timeout=5)) == 1
-
-            await _fail_a_write(client, db, dialog)
-            await tx.commit()
-
-            assert await _ready_messages(client, "Q2") == 0
-            assert await client.receive("Q2", top=10, timeout=0.3) == []
-            await client.send(dialog, "DEFAULT", b"second")
-            after = await client.receive("Q2", top=10, timeout=2)
-            assert [(m.message_sequence_number, m.message_body) for m in after] == [(2, b"second")]
-        finally:
-            await client.close()
+    async with _held_through_a_reload(tmp_path) as (client, tx, dialog):
+        await tx.commit()
+        assert await _ready_messages(client, "Q2") == 0
+        assert await client.receive("Q2", top=10, timeout=0.3) == []
+        await client.send(dialog, "DEFAULT", b"second")
+        after = await client.receive("Q2", top=10, timeout=2)
+        assert [(m.message_sequence_number, m.message_body) for m in after] == [(2, b"second")]

@@ -43,26 +43,39 @@ def forwarder(tmp_path: Path) -> Deployment:
     return d
 
 
+async def _explained(
+    tmp_path: Path, routes: list[tuple[str, str, str]], database: str, field: str
+) -> list[str]:
+    """On the forwarding daemon with ``routes`` (database, name, address) for the far
+    service: ``field`` of :data:`TRIES` explanations of a new conversation to it from
+    ``database`` (``msdb``: a message from outside)."""
+    d = forwarder(tmp_path)
+    with running(d):
+        client = await d.daemons["solo"].client()
+        try:
+            for db, name, address in routes:
+                await client.create_route(db, name, address, remote_service_name=FAR)
+            outside = database == "msdb"
+            return [
+                str((await client.explain(FAR, database=database, from_outside=outside))[field])
+                for _ in range(TRIES)
+            ]
+        finally:
+            await client.close()
+
+
 async def test_a_route_back_to_this_instance_keeps_the_spread_of_new_conversations(
     tmp_path: Path,
 ) -> None:
     """R-ROUTE-5, R-ROUTE-8: two equal routes, one to this instance's own address (routed
     again with msdb's routes) and one elsewhere: conversations keep being spread over
     both, also after a conversation took the route back to this instance."""
-    d = forwarder(tmp_path)
-    with running(d):
-        client = await d.daemons["solo"].client()
-        try:
-            await client.create_route(
-                "Solo", "A_Self", f"tcp://{HOST}:4022", remote_service_name=FAR
-            )
-            await client.create_route("Solo", "B_Elsewhere", ELSEWHERE, remote_service_name=FAR)
-            await client.create_route("msdb", "M_Beyond", BEYOND, remote_service_name=FAR)
-            addresses = [
-                (await client.explain(FAR, database="Solo"))["address"] for _ in range(TRIES)
-            ]
-        finally:
-            await client.close()
+    routes = [
+        ("Solo", "A_Self", f"tcp://{HOST}:4022"),
+        ("Solo", "B_Elsewhere", ELSEWHERE),
+        ("msdb", "M_Beyond", BEYOND),
+    ]
+    addresses = await _explained(tmp_path, routes, "Solo", "address")
     later = addresses[TRIES // 2 :]
     assert set(addresses) == {ELSEWHERE, BEYOND}, addresses
     assert ELSEWHERE in later and BEYOND in later, addresses
@@ -75,20 +88,8 @@ async def test_messages_from_outside_are_not_all_dropped_after_one_took_the_rout
     this instance's own address, one to another broker, and forwarding is on. A message
     from outside whose conversation took the route back is dropped; that decision must
     not be reused for the conversations that take the other route (they are forwarded)."""
-    d = forwarder(tmp_path)
-    with running(d):
-        client = await d.daemons["solo"].client()
-        try:
-            await client.create_route(
-                "msdb", "A_Self", f"tcp://{HOST}:4022", remote_service_name=FAR
-            )
-            await client.create_route("msdb", "B_Elsewhere", ELSEWHERE, remote_service_name=FAR)
-            kinds = [
-                (await client.explain(FAR, database="msdb", from_outside=True))["decision"]
-                for _ in range(TRIES)
-            ]
-        finally:
-            await client.close()
+    routes = [("msdb", "A_Self", f"tcp://{HOST}:4022"), ("msdb", "B_Elsewhere", ELSEWHERE)]
+    kinds = await _explained(tmp_path, routes, "msdb", "decision")
     later = kinds[TRIES // 2 :]
     assert set(kinds) == {"drop", "network"}, kinds
     assert "drop" in later and "network" in later, kinds

@@ -59,6 +59,15 @@ async def _proxied_client(
         await proxy.stop()
 
 
+async def _cut(proxy: FaultProxy, client: BrokerClient) -> None:
+    """Cut the client's connection at the proxy, and wait until the client has seen it go."""
+    proxy.cut()
+    deadline = time.monotonic() + 10
+    while client.connected:
+        assert time.monotonic() < deadline, "the client did not see its connection go"
+        await asyncio.sleep(0.01)
+
+
 async def _committed_and_cut(
     proxy: FaultProxy, client: BrokerClient, direct: BrokerClient, dialog: Dialog
 ) -> asyncio.Future[int]:
@@ -71,11 +80,7 @@ async def _committed_and_cut(
     assert got.message_body == b"order 1"
     assert not sending.done(), "the proxy still holds the SEND's answer"
     proxy.plan.refuse = True
-    proxy.cut()
-    deadline = time.monotonic() + 10
-    while client.connected:
-        assert time.monotonic() < deadline, "the client did not see its connection go"
-        await asyncio.sleep(0.01)
+    await _cut(proxy, client)
     assert not sending.done(), "a SEND with a key is kept for the next connection"
     return sending
 
@@ -126,11 +131,7 @@ async def test_a_request_waits_no_longer_than_give_up_after_while_a_login_hangs(
         async with _proxied_client(daemon, policy) as (proxy, client):
             dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
             proxy.plan.blackhole = True
-            proxy.cut()
-            deadline = time.monotonic() + 10
-            while client.connected:
-                assert time.monotonic() < deadline, "the client did not see its connection go"
-                await asyncio.sleep(0.01)
+            await _cut(proxy, client)
             await asyncio.sleep(0.2)  # the next attempt to connect is under way, and hangs
             started = time.monotonic()
             with pytest.raises(NotConnected):
