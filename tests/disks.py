@@ -1,15 +1,19 @@
 """A small file system of the test's own, to fill: a tmpfs mounted (root only) and
-unmounted at the end, so that a full disk is a real one."""
+unmounted at the end, so that a full disk is a real one; and a database file kept from
+growing (:func:`limit_pages`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from brokerd.storage.store import Store
 
 
 @contextlib.contextmanager
@@ -44,3 +48,18 @@ def fill(directory: Path) -> Path:
         return filler
     finally:
         os.close(fd)
+
+
+async def limit_pages(store: Store, pages: int | None) -> None:
+    """Let a database's file grow by ``pages`` pages at most (None: no limit), on its
+    committer's own connection: a write that needs a page more fails with SQLITE_FULL,
+    as on a full disk."""
+
+    def run(conn: sqlite3.Connection) -> None:
+        if pages is None:
+            conn.execute("PRAGMA max_page_count = 1073741823")
+        else:
+            current = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {current + pages}")
+
+    await store.run(run)

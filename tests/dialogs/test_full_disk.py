@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -38,6 +37,7 @@ from tests.daemons import (
     in_process,
     running,
 )
+from tests.disks import limit_pages
 
 HOST = "127.0.0.246"
 BIG = 30_000
@@ -54,14 +54,7 @@ async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
 
 
 async def _limit(broker: Broker, pages: int | None, database: str = "shop") -> None:
-    def run(conn: sqlite3.Connection) -> None:
-        if pages is None:
-            conn.execute("PRAGMA max_page_count = 1073741823")
-        else:
-            current = conn.execute("PRAGMA page_count").fetchone()[0]
-            conn.execute(f"PRAGMA max_page_count = {current + pages}")
-
-    await broker.databases[database].store.run(run)
+    await limit_pages(broker.databases[database].store, pages)
 
 
 async def _stored_send_sequence(broker: Broker, handle: uuid.UUID) -> int:

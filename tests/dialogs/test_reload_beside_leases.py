@@ -12,7 +12,6 @@ disk does. One database, ``Solo``: ``//solo/S1`` (queue ``Q1``) talks to ``//sol
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,24 +21,12 @@ from brokerd.dialogs.endpoints.database import Database
 from brokerd.sdk.client import BrokerClient, Dialog, Transaction
 from protocol.errors import RemoteError
 from tests.daemons import client_of, solo_broker, wait_until
+from tests.disks import limit_pages
 
 HOST = "127.0.0.213"
 S1, S2 = "//solo/S1", "//solo/S2"
 BIG = 30_000
 """Bytes of a body that needs new pages of the file (more than a page, stored in its row)."""
-
-
-async def _limit(db: Database, pages: int | None) -> None:
-    """Let the database's file grow by ``pages`` pages at most (None: no limit)."""
-
-    def run(conn: sqlite3.Connection) -> None:
-        if pages is None:
-            conn.execute("PRAGMA max_page_count = 1073741823")
-        else:
-            current = conn.execute("PRAGMA page_count").fetchone()[0]
-            conn.execute(f"PRAGMA max_page_count = {current + pages}")
-
-    await db.store.run(run)
 
 
 async def _ready_messages(client: BrokerClient, queue: str) -> int:
@@ -52,7 +39,7 @@ async def _ready_messages(client: BrokerClient, queue: str) -> int:
 async def _fail_a_write(client: BrokerClient, db: Database, dialog: Dialog) -> None:
     """A SEND whose commit fails for want of room; the database reloads what it received
     from its file (its arrivals refused meanwhile), and has room again afterwards."""
-    await _limit(db, 0)
+    await limit_pages(db.store, 0)
     with pytest.raises(RemoteError):
         await client.send(dialog, "DEFAULT", bytes(BIG))
     assert db.rx_suspended
@@ -61,7 +48,7 @@ async def _fail_a_write(client: BrokerClient, db: Database, dialog: Dialog) -> N
         return not db.rx_suspended
 
     await wait_until(reloaded)
-    await _limit(db, None)
+    await limit_pages(db.store, None)
 
 
 @contextlib.asynccontextmanager
