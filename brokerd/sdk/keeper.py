@@ -14,8 +14,11 @@ When it is lost, each request left unanswered gets the outcome the SDK can vouch
 * anything else: :class:`OutcomeUnknown` (it may or may not have taken effect).
 
 Requests made while there is no connection wait for the next one, in order, for at
-most :attr:`Reconnect.give_up_after` seconds; then they fail with
-:class:`NotConnected`: never sent, nothing happened. Reconnecting waits
+most :attr:`Reconnect.give_up_after` seconds (a timer: also while an attempt to connect
+hangs); then they fail with :class:`NotConnected`: never sent, nothing happened. A
+repeatable request kept from a connection lost before its answer that cannot be written
+again fails with :class:`OutcomeUnknown` instead: it may have taken effect there.
+Reconnecting waits
 ``initial`` seconds, doubling to ``maximum``, with jitter, as aio-pika's robust
 connection and aiokafka's ``retry_backoff_ms`` do.
 """
@@ -233,6 +236,11 @@ class ConnectionKeeper:
         delay = max(0.0, first - time.monotonic())
         self._give_up = asyncio.get_running_loop().call_later(delay, self._gave_up)
 
+    def _disarm_give_up(self) -> None:
+        if self._give_up is not None:
+            self._give_up.cancel()
+            self._give_up = None
+
     def _gave_up(self) -> None:
         self._give_up = None
         self._give_up_expired()
@@ -286,11 +294,12 @@ class ConnectionKeeper:
         if not_executed:
             if self.reconnect is not None and not self._closed:
                 return None
-            if request.maybe_executed:  # not here, but perhaps on a connection lost before
-                return OutcomeUnknown(f"{reason}: the request may or may not have taken effect")
             stopping = ending.stopping
             message = stopping.remote_message if stopping else reason
-            return BrokerStopping(message + " (not executed)", kind="BrokerStopping")
+            # not here, but perhaps on a connection lost before: _gone says so
+            return _gone(
+                request, BrokerStopping(message + " (not executed)", kind="BrokerStopping")
+            )
         if request.repeatable and self.reconnect is not None and not self._closed:
             return None
         return OutcomeUnknown(f"{reason}: the request may or may not have taken effect")
@@ -335,9 +344,7 @@ class ConnectionKeeper:
         self.generation += 1
         self.max_body = connection.max_body
         waiting, self._waiting = self._waiting, []
-        if self._give_up is not None:
-            self._give_up.cancel()
-            self._give_up = None
+        self._disarm_give_up()
         for item in waiting:
             if item.request.reply.done():
                 continue
@@ -380,9 +387,7 @@ class ConnectionKeeper:
         if self._closed:
             return
         self._closed = True
-        if self._give_up is not None:
-            self._give_up.cancel()
-            self._give_up = None
+        self._disarm_give_up()
         if self._task is not None:
             self._task.cancel()
         self._fail_waiting(NotConnected("client closed: the request was not sent"))
