@@ -37,6 +37,7 @@ from typing import Any, BinaryIO
 
 from brokerd.errors import TraceNotFound
 from brokerd.traces import columnar
+from brokerd.traces.names import LIFE_ORDER, later_names, latest_names
 
 __all__ = ["Conversation", "TraceNotFound", "follow", "format_paths", "read_conversation"]
 
@@ -46,9 +47,6 @@ MAX_EVENTS = 100_000
 """Events of one conversation kept at most; a longer one must be followed one SEQ at a time."""
 MAX_REFUSALS = 100_000
 """Refused connections whose times are kept (to name the waits they explain)."""
-SEGMENT_SUFFIXES = (".jsonl.open", ".jsonl", ".jsonl.gz", ".parquet")
-"""In the order a segment takes them (open, closed, compacted), as they are listed: a
-segment closed between two listings is found under its new name."""
 
 SENDER_EVENTS = ("route_chosen", "delayed", "released")
 """Conversation events of the sending endpoint: part of each of its messages' paths."""
@@ -209,24 +207,9 @@ def segments(directories: Iterable[Path]) -> list[Path]:
             continue
         if not directory.is_dir():
             raise TraceNotFound(f"{directory}: no such trace directory")
-        for suffix in SEGMENT_SUFFIXES:
+        for suffix in LIFE_ORDER:  # a segment renamed between two looks is found once
             found.update(p.resolve() for p in directory.rglob(f"*{suffix}"))
-    # A segment closed, or compacted but for deleting its source, while it was listed: its
-    # later name holds the same lines.
-    return sorted(p for p in found if not any(later in found for later in _successors(p)))
-
-
-def _successors(path: Path) -> list[Path]:
-    """The names a segment takes after ``path``: an open one is closed, a closed one is
-    compacted (into ``.parquet``, or by an earlier version into ``.jsonl.gz``)."""
-    name = path.name
-    if name.endswith(".jsonl.open"):
-        stem = name.removesuffix(".jsonl.open")
-        return [path.with_name(f"{stem}.jsonl"), path.with_name(f"{stem}.parquet")]
-    if name.endswith(".jsonl"):
-        stem = name.removesuffix(".jsonl")
-        return [path.with_name(f"{stem}.parquet"), path.with_name(f"{stem}.jsonl.gz")]
-    return []
+    return sorted(latest_names(list(found)))
 
 
 def _skipped(path: Path, why: str) -> None:
@@ -246,7 +229,7 @@ def _lines(path: Path) -> Iterator[bytes]:
             _skipped(path, f"not a readable segment ({exc})")
         return
     if not path.exists():  # closed, compacted or deleted since it was listed
-        for later in _successors(path):
+        for later in later_names(path):
             if later.exists():
                 yield from _lines(later)
                 return

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from brokerd.config import TraceConfig
-from brokerd.traces.segments import CLOSED_SUFFIX
+from brokerd.traces.names import CLOSED_SUFFIX
 from brokerd.traces.writer import TraceWriter, segment_files
 
 CLIENTS = ("client-1", "client-2")

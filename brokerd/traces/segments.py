@@ -32,13 +32,15 @@ from typing import BinaryIO
 
 from brokerd.config import TraceConfig
 from brokerd.traces import columnar
+from brokerd.traces.names import (
+    CLOSED_SUFFIX,
+    COMPACT_SUFFIX,
+    COMPACT_SUFFIXES,
+    GZIP_SUFFIX,
+    OPEN_SUFFIX,
+    stem,
+)
 
-OPEN_SUFFIX = ".jsonl.open"
-CLOSED_SUFFIX = ".jsonl"
-COMPACT_SUFFIX = ".parquet"
-GZIP_SUFFIX = ".jsonl.gz"
-"""Compacted by an earlier version: read, never written."""
-COMPACT_SUFFIXES = (COMPACT_SUFFIX, GZIP_SUFFIX)
 PARTIAL_SUFFIX = ".parquet.partial"
 """A compaction being written: deleted at the next start if a crash left it."""
 PARTIAL_SUFFIXES = (PARTIAL_SUFFIX, ".jsonl.gz.partial")
@@ -148,34 +150,14 @@ def segment_lines(path: Path) -> Iterator[bytes]:
         log.warning("trace segment %s ends early: %s", path, exc)
 
 
-def _stem(path: Path) -> str:
-    for suffix in (*COMPACT_SUFFIXES, OPEN_SUFFIX, CLOSED_SUFFIX):
-        if path.name.endswith(suffix):
-            return path.name.removesuffix(suffix)
-    return path.name
-
-
 def without_duplicates(paths: list[Path]) -> list[Path]:
     """``paths`` less each ``.jsonl`` whose compacted file is there too (a compaction done
     but for deleting its source): it holds the same lines."""
-    compacted = {(p.parent, _stem(p)) for p in paths if is_compressed(p)}
+    compacted = {(p.parent, stem(p)) for p in paths if is_compressed(p)}
     return [
         p
         for p in paths
-        if not (p.name.endswith(CLOSED_SUFFIX) and (p.parent, _stem(p)) in compacted)
-    ]
-
-
-def latest_names(paths: list[Path]) -> list[Path]:
-    """``paths`` (a listing of segments) less each name a segment had before another name
-    listed too: an open segment closed while the listing was made, a closed one whose
-    compaction is done but for deleting it (:func:`without_duplicates`). Listed in the
-    order a segment takes its names (open, closed, compacted), a segment renamed between
-    two looks is found under one of them at least, and kept once."""
-    paths = without_duplicates(paths)
-    later = {(p.parent, _stem(p)) for p in paths if not p.name.endswith(OPEN_SUFFIX)}
-    return [
-        p for p in paths if not (p.name.endswith(OPEN_SUFFIX) and (p.parent, _stem(p)) in later)
+        if not (p.name.endswith(CLOSED_SUFFIX) and (p.parent, stem(p)) in compacted)
     ]
 
 
@@ -273,8 +255,8 @@ class SegmentKeeper:
         newest segment stays the newest), then the source deleted. A crash at any point
         leaves one whole copy (:meth:`recover`). ``cut_short``: ended at a stop's deadline
         (:meth:`stop_by`), which returns None, the segment left as it was."""
-        target = path.with_name(_stem(path) + COMPACT_SUFFIX)
-        partial = path.with_name(_stem(path) + PARTIAL_SUFFIX)
+        target = path.with_name(stem(path) + COMPACT_SUFFIX)
+        partial = path.with_name(stem(path) + PARTIAL_SUFFIX)
         source = path.stat()
         self.compacting = path
         try:

@@ -58,16 +58,19 @@ from typing import Any
 import orjson
 
 from brokerd.config import TraceConfig
-from brokerd.traces.segments import (
+from brokerd.traces.names import (
     CLOSED_SUFFIX,
     COMPACT_SUFFIXES,
+    LIFE_ORDER,
     OPEN_SUFFIX,
+    latest_names,
+)
+from brokerd.traces.segments import (
     STOP_COMPACT_SECONDS,
     SegmentKeeper,
     create_private,
     instance_segments,
     is_compressed,
-    latest_names,
     private_directory,
     segment_lines,
     sync_directory,
@@ -720,13 +723,9 @@ def segment_files(directories: Iterable[Path], include_open: bool = True) -> lis
     compacted while it was listed; one whose compaction is done but for deleting it)."""
     out: list[Path] = []
     for directory in directories:
-        # in the order a segment takes its names: one closed or compacted between two
-        # looks is found under its later name (latest_names keeps one of its names)
-        if include_open:
-            out += directory.rglob(f"*{OPEN_SUFFIX}")
-        out += directory.rglob(f"*{CLOSED_SUFFIX}")
-        for suffix in COMPACT_SUFFIXES:
-            out += directory.rglob(f"*{suffix}")
+        for suffix in LIFE_ORDER:  # a segment renamed between two looks is found once
+            if include_open or suffix != OPEN_SUFFIX:
+                out += directory.rglob(f"*{suffix}")
     return sorted(latest_names(out))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from brokerd.tools.launcher import Deployment
-from brokerd.traces.segments import latest_names
+from brokerd.traces.names import latest_names
 from brokerd.traces.writer import read_events, segment_files
 from tests.daemons import SOLO_DATABASE as SOLO
 from tests.daemons import client_of, running, solo_broker, stats_with, wait_until
