@@ -473,14 +473,14 @@ def _why(e: Event, before: Event | None) -> str:
     return n.replace("_", " ")
 
 
-def far_brokers(step: Event, initiator: bool, events: Sequence[Event]) -> set[str] | None:
-    """The addresses the sending endpoint of ``step`` sent to (``peer``) or was routed to
-    (``route_chosen``'s ``address``: a mirrored route's principal, whose refusals send it
-    to the partner): the only refused connections that explain a wait of its messages.
-    None when the traces name none (then every refusal of its broker may)."""
+def far_brokers(instance: str, initiator: bool, events: Iterable[Event]) -> set[str]:
+    """The addresses the sending endpoint (``initiator``'s side on ``instance``) sent to
+    (``peer``) or was routed to (``route_chosen``'s ``address``: a mirrored route's
+    principal, whose refusals send it to the partner): the only refused connections that
+    explain a wait of its messages."""
     peers: set[str] = set()
-    for e in (step, *events):
-        if e.instance != step.instance or bool(e.fields.get("initiator")) != initiator:
+    for e in events:
+        if e.instance != instance or bool(e.fields.get("initiator")) != initiator:
             continue
         if e.name in ("fragment_sent", "retransmission"):
             address = e.fields.get("peer")
@@ -490,20 +490,27 @@ def far_brokers(step: Event, initiator: bool, events: Sequence[Event]) -> set[st
             continue
         if isinstance(address, str) and address:
             peers.add(address)
-    return peers or None
+    return peers
 
 
 def add_refusals(path: Path_, refusals: Refusals, events: Sequence[Event] = ()) -> None:
     """Name refused connections as the reason of the waits they explain (a first send or a
     retransmission that waited while the sender could not reach the far broker: refusals
     of connections to other brokers explain nothing of it; ``events``, the conversation's,
-    name the far brokers, :func:`far_brokers`)."""
+    name the far brokers, :func:`far_brokers`, worked out once per sending instance)."""
+    if not refusals.times:
+        return
+    known: dict[str, set[str]] = {}
     for n, step in enumerate(path.steps):
         if n == 0 or step.event.name not in ("fragment_sent", "retransmission"):
             continue
+        instance = step.event.instance
+        if instance not in known:
+            known[instance] = far_brokers(instance, path.initiator, events)
+        peers = known[instance] | far_brokers(instance, path.initiator, (step.event,))
         start = path.steps[n - 1].event.t
-        peers = far_brokers(step.event, path.initiator, events)
-        count, reason = refusals.between(step.event.instance, start, step.event.t, peers)
+        # none named: every refusal of the sending broker may explain the wait
+        count, reason = refusals.between(instance, start, step.event.t, peers or None)
         if count:
             step.why = (
                 f"waited for a connection: the far broker could not be reached "

@@ -241,6 +241,7 @@ def decide(
                 "drop",
                 f"msdb route {again.route} leads back to this instance again; routing loop",
                 again.route,
+                choices=again.choices,
             )
             trace(f"R-ROUTE-8: {again.reason}")
         if again.kind == "drop":
@@ -257,6 +258,7 @@ def decide(
                 f"{reason}; DELAYED, the messages wait in the transmission queue "
                 "(R-ROUTE-8, R-ROUTE-13)",
                 again.route,
+                choices=again.choices,
             )
         # The route back here was one choice among equal routes (R-ROUTE-5): the outcome
         # holds only for the conversations that made it, never for every conversation.

@@ -178,17 +178,8 @@ class Arrivals:
                 self._on_broker_error(db, ep, header, body)
             return
         seq = header.sequence_number
-        extent = extent_problem(
-            header.fragment_index,
-            header.fragment_count,
-            header.fragment_offset,
-            len(body),
-            header.message_length,
-        )
-        if extent is not None:
-            # R-DLG-7: not a fragment of a cut of its message; joined with the others it
-            # would not make the message. Not stored, not acknowledged (R-DLG-5).
-            return self.events.drop(header, extent)
+        if not checked and self._cut_wrongly(header, body):
+            return
         if seq in ep.accepted.fragments and ep.accepted.cut_differently(
             seq,
             header.fragment_count,
@@ -315,6 +306,22 @@ class Arrivals:
             (), fn=check, on_commit=checked, on_failure=lambda _: ep.validating.discard(seq)
         )
 
+    def _cut_wrongly(self, header: DialogHeader, body: Body) -> bool:
+        """Whether a fragment is not one of a cut of its message at one size (R-DLG-7):
+        joined with the others it would not make the message. It is dropped, neither
+        stored nor acknowledged (R-DLG-5)."""
+        extent = extent_problem(
+            header.fragment_index,
+            header.fragment_count,
+            header.fragment_offset,
+            len(body),
+            header.message_length,
+        )
+        if extent is None:
+            return False
+        self.events.drop(header, extent)
+        return True
+
     def _new_target_endpoint(
         self, db: Database, link: Link, header: DialogHeader, body: bytes
     ) -> tuple[Endpoint, bytes] | None:
@@ -343,6 +350,8 @@ class Arrivals:
         if plain is None:
             return None
         body = plain
+        if self._cut_wrongly(header, body):  # before an endpoint is made for it
+            return None
         refusal = self.admission.refusal(db, header.contract, header, body)
         if refusal is not None:
             self.admission.send_broker_error(link, db, header, *refusal)

@@ -234,7 +234,7 @@ class ConversationVerbs:
             work.add(on_commit=lambda: self.events.discarded(ep, dropped_seqs, why))
             self.transmission.discard(ep)
             if ep.refresh_state():
-                self.events.closed(ep)
+                work.add(on_commit=lambda: self.events.closed(ep))  # dialog_ended, too
             return work.add([endpoint_snapshot(ep)])
         if error_code is not None:
             why = "END CONVERSATION WITH ERROR"

@@ -344,9 +344,9 @@ class SendVerbs:
 
         def on_commit() -> None:
             ep.uncommitted_sends -= count
-            # R-TRACE-1: a SEND is traced once committed, never one rolled back
-            self._trace_sent_runs(db, ep, list(range(first, last + 1)), messages)
             try:
+                # R-TRACE-1: a SEND is traced once committed, never one rolled back
+                self._trace_sent_runs(db, ep, list(range(first, last + 1)), messages)
                 self._enqueued(db, ep, sent)
             finally:  # committed: every SEND of the run is answered, whatever happens here
                 for (i, _, _), msg in zip(messages, sent, strict=True):
