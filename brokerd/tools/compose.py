@@ -60,9 +60,10 @@ SPARK_MASTER = "spark-master"
 SPARK_WORKER = "spark-worker"
 STOP_GRACE_PERIOD = f"{STOP_WAIT:.0f}s"
 """How long the engine waits for a broker's graceful stop before its SIGKILL (Docker's
-default, 10 s, is less than a stop may take; with the default ``stop_grace``: activated commands get up to their queue's
-``stop_grace``, 10 s by default, every application request read is answered for up to
-10 s, their replies written for 2 s more, and the traces compacted for 3 s)."""
+default, 10 s, is less than a stop may take with the default ``stop_grace``: activated
+commands get up to their queue's ``stop_grace``, 10 s by default, every application
+request read is answered for up to 10 s, their replies written for 2 s more, and the
+traces compacted for 3 s)."""
 ANALYZE = "analyze"
 SPARK_SERVICES = (SPARK_MASTER, SPARK_WORKER, ANALYZE)
 """Services with a network address besides the brokers (``certs`` has none)."""

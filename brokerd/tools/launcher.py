@@ -24,8 +24,9 @@ from brokerd.tools import certs
 STOP_WAIT = 30.0
 """Seconds :meth:`Deployment.stop` waits for a daemon's graceful stop before its SIGKILL: as
 long as the compose file's ``stop_grace_period``, more than a stop may take with the
-default ``stop_grace`` (activated commands up to their queue's ``stop_grace``, application requests already read answered
-for up to 10 s and their replies written for 2 s more, the traces compacted for 3 s)."""
+default ``stop_grace`` (activated commands up to their queue's ``stop_grace``,
+application requests already read answered for up to 10 s and their replies written
+for 2 s more, the traces compacted for 3 s)."""
 
 
 @dataclass

@@ -57,6 +57,9 @@ async def test_fragments_that_do_not_tile_their_message_are_not_joined(
             return bool(stats["fragments_received"] >= n)
 
         await wait_until(lambda: fragments(3), 10)
+        # nothing of them was kept: not even an endpoint for the conversation they began
+        endpoints = await warehouse.view("conversation_endpoints")
+        assert [e for e in endpoints if e["conversation_id"] == str(cid)] == []
         await peer.send_fragments(cut(header, body, 250))
         await wait_until(lambda: fragments(7), 10)
         got = await drain(warehouse, "OrderQueue", 1, timeout=30)

@@ -81,6 +81,22 @@ async def test_a_route_back_to_this_instance_keeps_the_spread_of_new_conversatio
     assert ELSEWHERE in later and BEYOND in later, addresses
 
 
+async def test_a_route_back_whose_msdb_route_loops_keeps_the_spread_too(tmp_path: Path) -> None:
+    """R-ROUTE-5, R-ROUTE-8, R-ROUTE-13: the database's one route leads back to this
+    instance, and of msdb's two equal routes one leads back again (a routing loop): the
+    conversations msdb's spread sends round the loop wait, DELAYED, and that outcome is
+    theirs alone; the others go beyond."""
+    routes = [
+        ("Solo", "A_Self", f"tcp://{HOST}:4022"),
+        ("msdb", "M_Loop", f"tcp://{HOST}:4022"),
+        ("msdb", "M_Beyond", BEYOND),
+    ]
+    kinds = await _explained(tmp_path, routes, "Solo", "decision")
+    later = kinds[TRIES // 2 :]
+    assert set(kinds) == {"delayed", "network"}, kinds
+    assert "delayed" in later and "network" in later, kinds
+
+
 async def test_messages_from_outside_are_not_all_dropped_after_one_took_the_route_back(
     tmp_path: Path,
 ) -> None:
