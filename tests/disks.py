@@ -63,3 +63,14 @@ async def limit_pages(store: Store, pages: int | None) -> None:
             conn.execute(f"PRAGMA max_page_count = {current + pages}")
 
     await store.run(run)
+
+
+async def read_only(store: Store, on: bool) -> None:
+    """Make a database refuse every write (``PRAGMA query_only``, SQLITE_READONLY) on its
+    committer's own connection, or accept them again: a commit that fails as on a file
+    that cannot be written. Run between its batches, outside a transaction."""
+
+    def run(conn: sqlite3.Connection) -> None:
+        conn.execute(f"PRAGMA query_only = {1 if on else 0}")
+
+    await store.read(run)

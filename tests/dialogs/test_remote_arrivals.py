@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from brokerd.config import DatabaseConfig, QueueConfig
-from brokerd.dialogs.arrivals.receiving import Arrivals, InOrderRun
+from brokerd.dialogs.arrivals.in_order import InOrderRun, Receiver
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.tools import example
 from brokerd.tools.launcher import Deployment
@@ -273,6 +273,6 @@ def test_an_in_order_run_is_freed_by_reference_counting(tmp_path: Path) -> None:
     refers back to it, so it is freed once its commit's callbacks ran, not by the cyclic
     garbage collector (with many dialogs a run a message, docs/performance.md)."""
     db = Database(DatabaseConfig(name="warehouse", queues=(QueueConfig("OrderQueue"),)), tmp_path)
-    run = InOrderRun(cast(Arrivals, None), db, conversing_endpoint(), "OrderQueue", [1])
+    run = InOrderRun(cast(Receiver, None), db, conversing_endpoint(), "OrderQueue", [1])
     assert callable(run)
     assert sys.getrefcount(run) == 2  # the name, and getrefcount's own argument

@@ -8,6 +8,9 @@ again, the endpoint is bound to the broker instance that first answered it, and 
 acknowledgement for a conversation not held here is relayed when this broker forwards.
 What does not come from the endpoint's far side, or does not open under its dialog
 key, is dropped (R-DLG-14, :class:`~brokerd.dialogs.arrivals.admission.Admission`).
+Its ``ack_received`` event, and the ``dialog_ended`` of an endpoint it closes, are
+traced when those deletions commit (R-TRACE-1): after a SIGKILL the trace claims no
+acknowledgement the file does not hold.
 
 May import: ``brokerd.dialogs.router``, ``brokerd.dialogs.transmission``,
 ``brokerd.dialogs.endpoints`` and what they may import.
@@ -16,6 +19,8 @@ May import: ``brokerd.dialogs.router``, ``brokerd.dialogs.transmission``,
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from brokerd.dialogs.arrivals.admission import Admission
 from brokerd.dialogs.endpoints import binding
@@ -31,6 +36,19 @@ from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import Acknowledgement, DialogHeader
+
+
+@dataclass
+class AckWrites:
+    """What the acknowledgements of one frame write to one database, in one job."""
+
+    statements: list[Statement] = field(default_factory=list)
+    committed: list[Callable[[], None]] = field(default_factory=list)
+    """Their trace events, run in order once the job commits."""
+
+    def on_commit(self) -> None:
+        for step in self.committed:
+            step()
 
 
 class Acknowledgements:
@@ -59,7 +77,7 @@ class Acknowledgements:
     def on_acks(self, link: Link, headers: list[DialogHeader]) -> None:
         """Dedicated acknowledgements that arrived on ``link``, one frame's worth."""
         elsewhere: list[DialogHeader] = []
-        writes: dict[str, list[Statement]] = {}
+        writes: dict[str, AckWrites] = {}
         """The frame's transmission-queue deletions, one store job per database."""
         for h in headers:
             self.stats.acks_received += 1
@@ -74,8 +92,10 @@ class Acknowledgements:
                 self.apply(ep, h.ack, h.from_broker_instance, link.identity, h, writes)
             elif link is not self.local_link:
                 elsewhere.append(h)
-        for name, statements in writes.items():
-            self.directory.databases[name].store.submit(statements)
+        for name, written in writes.items():
+            self.directory.databases[name].store.submit(
+                written.statements, on_commit=written.on_commit if written.committed else None
+            )
         if elsewhere and self.router.forwarding:
             self.router.forward_acks(elsewhere)
 
@@ -86,10 +106,11 @@ class Acknowledgements:
         far_instance: uuid.UUID,
         identity: str,
         header: DialogHeader,
-        writes: dict[str, list[Statement]] | None = None,
+        writes: dict[str, AckWrites] | None = None,
     ) -> None:
         """Release what ``ack`` acknowledges; its rows leave the transmission queue in a
-        job of their own, or, given ``writes``, in the caller's job for the database."""
+        job of their own, or, given ``writes``, in the caller's job for the database.
+        What it released is traced once that job commits."""
         db = self.directory.databases[ep.database]
         statements: list[Statement] = []
         changed = binding.bind(ep, header, identity, db.catalog.routes.values())
@@ -128,27 +149,54 @@ class Acknowledgements:
             release(outbox.pop(seq))
         if removed or runs or ack.fragments:
             self.transmission.answered(ep)
-        if removed or runs:
-            self.trace.emit(
-                "ack_received",
-                ep.conversation_id,
-                database=ep.database,
-                initiator=ep.initiator,
-                through=ack.through,
-                acked=len(removed) + numbers_in(runs),
-                seqs=",".join(map(str, [*removed, *(s for a, b in runs for s in range(a, b + 1))])),
-            )
         if backlog and len(outbox) < self.transmission.page:
             self.transmission.page_in(ep)
         statements += unqueue_sent(ep, removed, ack.through, runs)
-        if ep.refresh_state():
+        closed = ep.refresh_state()
+        if closed:
             changed = True
-            self.events.closed(ep)
         if changed:
             statements.append(endpoint_snapshot(ep))
         if not statements:
             return
+        committed = (
+            self._traced(ep, through, removed, runs, closed) if removed or runs or closed else None
+        )
         if writes is None:
-            db.store.submit(statements)
-        else:
-            writes.setdefault(db.name, []).extend(statements)
+            db.store.submit(statements, on_commit=committed)
+            return
+        written = writes.get(db.name)
+        if written is None:
+            written = writes[db.name] = AckWrites()
+        written.statements += statements
+        if committed is not None:
+            written.committed.append(committed)
+
+    def _traced(
+        self,
+        ep: Endpoint,
+        through: int,
+        removed: list[int],
+        runs: list[tuple[int, int]],
+        closed: bool,
+    ) -> Callable[[], None]:
+        """What traces, at the commit of its deletions, the messages an acknowledgement
+        released (``ack_received``) and the endpoint it closed (``dialog_ended``)."""
+
+        def committed() -> None:
+            if removed or runs:
+                self.trace.emit(
+                    "ack_received",
+                    ep.conversation_id,
+                    database=ep.database,
+                    initiator=ep.initiator,
+                    through=through,
+                    acked=len(removed) + numbers_in(runs),
+                    seqs=",".join(
+                        map(str, [*removed, *(s for a, b in runs for s in range(a, b + 1))])
+                    ),
+                )
+            if closed:
+                self.events.closed(ep)
+
+        return committed

@@ -107,20 +107,32 @@ class Delivery:
         )
         self.stats.delivered_messages += len(released)
 
-    def fail_locally(self, db: Database, ep: Endpoint, body: bytes, why: str) -> None:
+    def fail_locally(
+        self,
+        db: Database,
+        ep: Endpoint,
+        body: bytes,
+        why: str,
+        traced: Callable[[], None] | None = None,
+    ) -> None:
         """The broker ends the dialog with an error: the Error goes to this side's queue,
-        unacknowledged messages are dropped, new messages are refused (state ER)."""
+        unacknowledged messages are dropped, new messages are refused (state ER). Once
+        that commits, ``traced`` runs, then what it discarded and closed is traced."""
         if ep.broker_error or ep.state is State.CLOSED:
             return
         ep.broker_error = True
         dropped = list(ep.outbox)
         runs = ep.backlog.spans()
-        self.events.discarded(ep, [*dropped, *ep.backlog], why)
+        discarded = [*dropped, *ep.backlog]
         self.transmission.discard(ep)
-        if ep.refresh_state():
-            self.events.closed(ep)
+        ep.refresh_state()
 
         def committed() -> None:
+            # R-TRACE-1: traced once the commit removed them (and closed the endpoint)
+            if traced is not None:
+                traced()
+            self.events.discarded(ep, discarded, why)
+            self.events.closed(ep)
             if ep.service == ROUTE_REQUESTER_SERVICE:
                 self.requests.request_ended(ep)
 
@@ -214,25 +226,33 @@ class Delivery:
 
     def _fire_timer(self, db: Database, ep: Endpoint) -> None:
         due, ep.timer_due = ep.timer_due, 0.0
-        self.trace.emit(
-            "timer_fired",
-            ep.conversation_id,
-            database=db.name,
-            initiator=ep.initiator,
-            queue=db.queue_of(ep.service),
+
+        def committed() -> None:  # the DialogTimer is in the queue (R-TRACE-1)
+            self.trace.emit(
+                "timer_fired",
+                ep.conversation_id,
+                database=db.name,
+                initiator=ep.initiator,
+                queue=db.queue_of(ep.service),
+            )
+
+        self.queue_local(
+            db, ep, DIALOG_TIMER, b"", [queries.forget_timer(ep.handle_text, due)], committed
         )
-        self.queue_local(db, ep, DIALOG_TIMER, b"", [queries.forget_timer(ep.handle_text, due)])
 
     def _expire(self, db: Database, ep: Endpoint) -> None:
         if ep.broker_error:
             return
         reason = "the dialog's lifetime passed"
-        self.trace.emit(
-            "lifetime_expired",
-            ep.conversation_id,
-            database=db.name,
-            initiator=ep.initiator,
-            reason=reason,
-        )
+
+        def committed() -> None:  # the timeout Error is in the queue (R-TRACE-1)
+            self.trace.emit(
+                "lifetime_expired",
+                ep.conversation_id,
+                database=db.name,
+                initiator=ep.initiator,
+                reason=reason,
+            )
+
         body = error_body(CODE_LIFETIME_EXPIRED, "The dialog has exceeded its lifetime.")
-        self.fail_locally(db, ep, body, reason)
+        self.fail_locally(db, ep, body, reason, committed)

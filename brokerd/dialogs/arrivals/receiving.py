@@ -30,6 +30,7 @@ from typing import Any
 from brokerd.dialogs.arrivals.acknowledgements import Acknowledgements
 from brokerd.dialogs.arrivals.admission import Admission
 from brokerd.dialogs.arrivals.delivery import Delivery
+from brokerd.dialogs.arrivals.in_order import InOrderRun
 from brokerd.dialogs.endpoints import binding
 from brokerd.dialogs.endpoints.broker_errors import (
     CODE_CONTRACT_NOT_SUPPORTED,
@@ -376,7 +377,7 @@ class Arrivals:
         binding.bind(ep, header, link.identity, db.catalog.routes.values())
         db.add_endpoint(ep)
         self.deadlines.watch(ep)
-        self.events.begun(ep, link.name)
+        self.events.first_arrived(ep, link.name)
         return ep, body
 
     def _release(self, ep: Endpoint, released: list[int], seq: int, flags: int) -> bool:
@@ -392,8 +393,7 @@ class Arrivals:
                 ep.ended_remote = True
         if not released and flags & (FLAG_ERROR | FLAG_END_DIALOG):
             ep.held_end_flags[seq] = flags
-        if ep.refresh_state():
-            self.events.closed(ep)
+        ep.refresh_state()  # a close is traced at its commit (_submit_received)
         return error
 
     def _complete(
@@ -690,6 +690,7 @@ class Arrivals:
                 (ep.durable.add_last if error else ep.durable.add_message)(seq)
             elif ep.accepted.fragments.get(seq) is held:
                 ep.durable.add_fragment(seq, fragment, UNKNOWN_COUNT)
+            self.events.arrival_committed(ep)
             if fenced or ep.state not in DELIVERING:  # an END committed with it or before
                 self.events.discarded(
                     ep, released, "this side has ended the conversation", received=True
@@ -743,54 +744,6 @@ class Arrivals:
         self.stats.corrupted_messages += 1
         self.trace.emit("corrupted_message", peer=link.name, reason=reason)
         log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)
-
-
-class InOrderRun:
-    """Messages of one conversation that arrived in order and are stored by one job: what
-    runs after its commit (each message is acknowledged only then, R-DLG-5).
-
-    The run is its own commit callback (calling it is :meth:`committed`): the store knows
-    the run's part of a joined job by that one object (:meth:`Store.join_last` compares by
-    identity). A bound method kept on the run instead made a reference cycle per run,
-    freed only by the cyclic garbage collector: with many dialogs (W4) a run a message,
-    and the receiving daemon's young collections took four times the sender's
-    (docs/performance.md, "No reference cycle per message received (W4)")."""
-
-    __slots__ = ("db", "ep", "index", "queue", "receiving", "seqs")
-
-    def __init__(
-        self, receiving: Arrivals, db: Database, ep: Endpoint, queue: str, seqs: list[int]
-    ) -> None:
-        self.receiving = receiving
-        self.db = db
-        self.ep = ep
-        self.queue = queue
-        self.index = db.ready.get(queue)
-        self.seqs = seqs
-
-    def __call__(self) -> None:
-        self.committed()
-
-    def committed(self) -> None:
-        ep, seqs, receiving = self.ep, self.seqs, self.receiving
-        if receiving.last_run is self:
-            receiving.last_run = None  # nothing joins a committed run
-        durable = ep.durable
-        for seq in seqs:
-            durable.add_message(seq)
-        if ep.state not in DELIVERING:  # an END committed with them or before (R-DLG-10)
-            receiving.events.discarded(
-                ep, seqs, "this side has ended the conversation", received=True
-            )
-        else:
-            receiving.delivery.delivered(self.db, ep, self.queue, self.index, seqs, False)
-        if ep.ended_remote and ep.service == ROUTE_REQUESTER_SERVICE:
-            receiving.router.request_ended(ep)
-        receiving.transmission.ack_needed(ep)
-
-    def failed(self, exc: BaseException) -> None:
-        log.error("store error while receiving into %s: %s", self.db.name, exc)
-        self.receiving.delivery.suspend_receiving(self.db)
 
 
 def _ordered(conn: sqlite3.Connection) -> None:

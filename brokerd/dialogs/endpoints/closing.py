@@ -55,6 +55,10 @@ class ClosedEndpoints:
         else:
             self._targets.append((now, ep))
 
+    def watched(self, ep: Endpoint) -> bool:
+        """Whether ``ep``'s closing has been seen (and it is not forgotten)."""
+        return ep.handle in self._since
+
     def touched(self, ep: Endpoint) -> None:
         """A copy of one of the initiator's messages arrived for the closed target ``ep``:
         the initiator has not had its acknowledgement yet, so the keep counts again."""

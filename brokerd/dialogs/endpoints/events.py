@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections.abc import Iterable
 
 from brokerd.dialogs.endpoints.closing import ClosedEndpoints
@@ -39,6 +40,8 @@ class DialogEvents:
         """Closed endpoints waiting to be removed (fed by :meth:`closed`)."""
         self._drop_logged_at = -math.inf
         self._drops_not_logged = 0
+        self._unbegun: dict[uuid.UUID, str] = {}
+        """Target endpoints made by an arrival not committed yet -> the link it came on."""
 
     def drop(self, header: DialogHeader, reason: str) -> None:
         """A message from a link is dropped: counted, traced, noted."""
@@ -83,6 +86,19 @@ class DialogEvents:
             peer=peer,
         )
 
+    def first_arrived(self, ep: Endpoint, peer: str) -> None:
+        """A target endpoint made by the first message of its dialog to arrive (from
+        ``peer``): its ``dialog_begun`` waits for that message's commit."""
+        self._unbegun[ep.handle] = peer
+
+    def arrival_committed(self, ep: Endpoint) -> None:
+        """What arrived for ``ep`` is committed (R-TRACE-1): its ``dialog_begun`` if it was
+        the endpoint's first arrival, its ``dialog_ended`` if it closed the endpoint."""
+        if self._unbegun and ep.handle in self._unbegun:
+            self.begun(ep, self._unbegun.pop(ep.handle))
+        if ep.state is State.CLOSED:
+            self.closed(ep)
+
     def discarded(self, ep: Endpoint, seqs: list[int], reason: str, received: bool = False) -> None:
         """Messages leaving the transmission queue undelivered, or (``received``) arriving
         after this side ended, not delivered either: the audit then stops waiting."""
@@ -113,12 +129,17 @@ class DialogEvents:
             )
 
     def closed(self, ep: Endpoint, *, removed: bool = False) -> None:
-        """``dialog_ended``, if ``ep`` is now closed; it then waits to be removed, unless
-        it is ``removed`` at once (END CONVERSATION WITH CLEANUP)."""
+        """``dialog_ended``, if ``ep`` is now closed and was not before; it then waits to
+        be removed, unless it is ``removed`` at once (END CONVERSATION WITH CLEANUP).
+        Called from the callback of the commit that closed it (R-TRACE-1)."""
         if ep.state is State.CLOSED:
-            self.trace.emit(
-                "dialog_ended", ep.conversation_id, database=ep.database, initiator=ep.initiator
-            )
+            if not self.closing.watched(ep):
+                self.trace.emit(
+                    "dialog_ended",
+                    ep.conversation_id,
+                    database=ep.database,
+                    initiator=ep.initiator,
+                )
             if removed:
                 self.closing.forget(ep)  # if it had closed before, it waits no more
             else:

@@ -267,16 +267,26 @@ class ConversationVerbs:
             await commit(db, work)
 
     def _cleanup_work(self, db: Database, ep: Endpoint) -> Work:
-        self.events.discarded(ep, [*ep.outbox, *ep.backlog], "END CONVERSATION WITH CLEANUP")
+        """END CONVERSATION WITH CLEANUP: the endpoint and what it holds go at once. What
+        it discarded, and its end, are traced once that commits (R-TRACE-1): a failed
+        commit leaves them in the file, and the trace says nothing of them."""
+        discarded = [*ep.outbox, *ep.backlog]
+
+        def committed() -> None:
+            self.events.discarded(ep, discarded, "END CONVERSATION WITH CLEANUP")
+            self.events.closed(ep, removed=True)
+
         self.transmission.discard(ep)
         ep.state = State.CLOSED
-        self.events.closed(ep, removed=True)
         db.remove_endpoint(ep)
         queue = db.queue_of(ep.service)
         if queue in db.ready:
             db.ready[queue].drop_conversation(ep.handle)
         ep.timer_due = 0.0
-        return Work().add([*queries.forget_conversation(ep.handle_text), endpoint_deletion(ep)])
+        return Work().add(
+            [*queries.forget_conversation(ep.handle_text), endpoint_deletion(ep)],
+            on_commit=committed,
+        )
 
     def check_move(
         self, db: Database, ep: Endpoint, group: uuid.UUID, owned: Collection[uuid.UUID] = ()

@@ -411,8 +411,7 @@ class SendVerbs:
         accepted = far.accepted
         for seq in seqs:
             accepted.add_message(seq)
-        if far.refresh_state():
-            self.events.closed(far)
+        far.refresh_state()  # a close is traced at the commit
         queue = db.queue_of(far.service) or ""
         index = db.ready.get(queue)
         now = self.clock()
@@ -439,6 +438,7 @@ class SendVerbs:
                 self.events.discarded(
                     far, seqs, "this side has ended the conversation", received=True
                 )
+            self.events.closed(far)  # if these messages closed it (R-TRACE-1)
             for seq, (i, _, _) in zip(seqs, messages, strict=True):
                 then(i, seq)
 
