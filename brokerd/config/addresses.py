@@ -1,5 +1,5 @@
-"""Broker addresses: ``tcp://host:port`` parsed and written one way, and whether a host
-is a loopback or an unspecified (any-interface) address."""
+"""Broker addresses: ``tcp://host:port`` parsed and written one way, whether a host
+is a loopback or an unspecified (any-interface) address, and whether two hosts are one."""
 
 from __future__ import annotations
 
@@ -71,3 +71,19 @@ def is_unspecified(host: str) -> bool:
         return ipaddress.ip_address(host).is_unspecified
     except ValueError:
         return False
+
+
+def same_host(one: str, other: str) -> bool:
+    """Whether two hosts name one address: a host name is compared without regard to case,
+    ``localhost`` is 127.0.0.1 and ::1, an IP address in any spelling is itself."""
+    return bool(_addresses(one) & _addresses(other))
+
+
+def _addresses(host: str) -> set[str]:
+    host = host.lower()
+    if host == "localhost":
+        return {"127.0.0.1", "::1"}
+    try:
+        return {ipaddress.ip_address(host).compressed}
+    except ValueError:
+        return {host}

@@ -218,6 +218,15 @@ def parse_database(t: Table, now: datetime, base: Path) -> DatabaseConfig:
         partner = _tcp(t, "mirror_partner", partner)
     when_lost = t.choice("mirror_when_lost", "exposed", MIRROR_WHEN_LOST)
     mirror_timeout = t.seconds("mirror_timeout", 10.0)
+    for key in ("mirror_when_lost", "mirror_timeout"):
+        if key in t.data and partner is None:
+            # Without a partner nothing is shipped: the setting would be ignored (a
+            # principal meant to stall would release every commit at once, R-ROUTE-16).
+            raise t.error(
+                key,
+                "is only allowed with mirror_partner (the commits of a database with "
+                "no partner are not shipped, so no mirror can be lost)",
+            )
 
     return DatabaseConfig(
         name=name,

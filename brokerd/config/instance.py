@@ -7,7 +7,12 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from brokerd.config.addresses import is_loopback, is_unspecified, parse_tcp_address
+from brokerd.config.addresses import (
+    is_loopback,
+    is_unspecified,
+    parse_tcp_address,
+    same_host,
+)
 from brokerd.config.model import (
     CLIENT_ROLES,
     AdminConfig,
@@ -19,6 +24,7 @@ from brokerd.config.model import (
     TraceConfig,
 )
 from brokerd.config.tables import Table, defaults
+from brokerd.errors import ConfigError
 from protocol import client_wire
 from protocol.frames import MAX_FRAGMENTS_PER_FRAME, MIN_MAX_FRAME_SIZE
 
@@ -155,9 +161,7 @@ def parse_client(
             "(the instance certificate may be reused if it names this host), or listen on "
             "127.0.0.1 or ::1",
         )
-    if port == endpoint.port and (
-        host == endpoint.host or is_unspecified(endpoint.host) or is_unspecified(host)
-    ):
+    if _clash(host, port, endpoint.host, endpoint.port):
         raise t.error(
             "port",
             f"{port} is also endpoint.port on the same host; the client listener needs "
@@ -281,14 +285,28 @@ def parse_limits(t: Table | None, endpoint: EndpointConfig) -> LimitsConfig:
     )
 
 
-def parse_admin(t: Table | None, endpoint: EndpointConfig, client: ClientConfig) -> AdminConfig:
+def parse_admin(
+    file: Path, t: Table | None, endpoint: EndpointConfig, client: ClientConfig
+) -> AdminConfig:
     """``[admin] listen = "host:port"`` (``[v6]:port``), or ``"off"``. By default the port
     listens on the endpoint's host, port 8022, when that host is a loopback address, and
-    is off otherwise: an address reachable from other hosts is opened only when asked."""
+    is off otherwise: an address reachable from other hosts is opened only when asked.
+    Its address, given or by default, is refused when the endpoint or the client
+    listener has it too (the daemon could not start)."""
     listen = t.text("listen") if t is not None else None
     if listen is None:
         if is_loopback(endpoint.host) or endpoint.host == "localhost":
-            return AdminConfig(endpoint.host, _DEFAULT_ADMIN_PORT)
+            host = endpoint.host
+            taken = _taken_by(host, _DEFAULT_ADMIN_PORT, endpoint, client)
+            if taken:
+                raise ConfigError(
+                    file,
+                    "admin.listen",
+                    f"is unset, so the admin port listens on {host}:{_DEFAULT_ADMIN_PORT}, "
+                    f"which is also {taken}'s address; set [admin] listen to an address "
+                    'of its own, or "off"',
+                )
+            return AdminConfig(host, _DEFAULT_ADMIN_PORT)
         return AdminConfig(None)
     assert t is not None
     if listen.lower() == "off":
@@ -300,24 +318,28 @@ def parse_admin(t: Table | None, endpoint: EndpointConfig, client: ClientConfig)
         raise t.error(
             "listen", f'{reason}; expected host:port (e.g. "127.0.0.1:8022") or "off"'
         ) from None
-    taken = {(endpoint.host, endpoint.port): "endpoint.port", (client.host, client.port): ""}
-    for (other_host, other_port), key in taken.items():
-        if port == other_port and (
-            _same_host(host, other_host) or is_unspecified(host) or is_unspecified(other_host)
-        ):
-            raise t.error(
-                "listen",
-                f"{listen!r} is also {key or 'client.port'}'s address; the admin port needs "
-                "a port of its own",
-            )
+    taken = _taken_by(host, port, endpoint, client)
+    if taken:
+        raise t.error(
+            "listen",
+            f"{listen!r} is also {taken}'s address; the admin port needs a port of its own",
+        )
     return AdminConfig(host, port)
 
 
-def _same_host(one: str, other: str) -> bool:
-    """Whether two listen hosts are one (``localhost`` is 127.0.0.1, case aside)."""
+def _taken_by(host: str, port: int, endpoint: EndpointConfig, client: ClientConfig) -> str:
+    """The listener (``endpoint.port``, ``client.port``) that has ``host:port`` too; ""."""
+    for key, other_host, other_port in (
+        ("endpoint.port", endpoint.host, endpoint.port),
+        ("client.port", client.host, client.port),
+    ):
+        if _clash(host, port, other_host, other_port):
+            return key
+    return ""
 
-    def plain(host: str) -> str:
-        host = host.lower()
-        return "127.0.0.1" if host == "localhost" else host
 
-    return plain(one) == plain(other)
+def _clash(host: str, port: int, other_host: str, other_port: int) -> bool:
+    """Whether listeners on ``host:port`` and ``other_host:other_port`` need one address."""
+    if port != other_port:
+        return False
+    return is_unspecified(host) or is_unspecified(other_host) or same_host(host, other_host)

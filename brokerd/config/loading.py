@@ -9,6 +9,7 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 
+from brokerd.config.addresses import is_loopback, is_unspecified, parse_tcp_address, same_host
 from brokerd.config.databases import DATABASE_KEYS, MSDB, parse_database
 from brokerd.config.instance import (
     ADMIN_KEYS,
@@ -87,7 +88,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
     endpoint = parse_endpoint(endpoint_table, base)
     retry = parse_retry(top.table("retry", [f.name for f in fields(RetryConfig)]))
     client = parse_client(path, top.table("client", CLIENT_KEYS), endpoint, data_dir, base)
-    admin = parse_admin(top.table("admin", ADMIN_KEYS), endpoint, client)
+    admin = parse_admin(path, top.table("admin", ADMIN_KEYS), endpoint, client)
     limits = parse_limits(top.table("limits", [f.name for f in fields(LimitsConfig)]), endpoint)
     trace = parse_trace(top.table("trace", [f.name for f in fields(TraceConfig)]), data_dir, base)
 
@@ -113,6 +114,7 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
                 )
             instances[db.broker_instance] = table.where
         _check_activation_users(table, db, client)
+        _check_partner(table, db, endpoint)
         databases.append(db)
     if MSDB not in seen:
         databases.append(DatabaseConfig(name=MSDB))
@@ -128,6 +130,23 @@ def parse_config(text: str, path: Path, now: datetime | None = None) -> BrokerCo
         trace=trace,
         admin=admin,
     )
+
+
+def _check_partner(table: Table, db: DatabaseConfig, endpoint: EndpointConfig) -> None:
+    """A database's ``mirror_partner`` is the other instance of the pair, not this one's
+    own endpoint (a file copied from the partner's and only half edited): the principal
+    would wait for a mirror that never attaches (R-ROUTE-16)."""
+    if db.mirror_partner is None:
+        return
+    host, port = parse_tcp_address(db.mirror_partner)
+    everywhere = is_unspecified(endpoint.host) and (is_loopback(host) or host == "localhost")
+    if port == endpoint.port and (everywhere or same_host(host, endpoint.host)):
+        raise table.error(
+            "mirror_partner",
+            f"{db.mirror_partner} is this instance's own endpoint (endpoint.host "
+            f"{endpoint.host!r}, endpoint.port {endpoint.port}); the partner is the other "
+            "instance of the mirrored pair",
+        )
 
 
 def _check_activation_users(table: Table, db: DatabaseConfig, client: ClientConfig) -> None:

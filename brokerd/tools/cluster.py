@@ -82,7 +82,7 @@ def _wait_ready(admin_url: str, timeout: float) -> bool:
     return False
 
 
-def _alive(member: Member) -> bool:
+def alive(member: Member) -> bool:
     """Whether ``member.pid`` runs and is still this broker's daemon (not a reused pid)."""
     try:
         cmdline = Path(f"/proc/{member.pid}/cmdline").read_bytes().split(b"\0")
@@ -106,7 +106,7 @@ def read_members(directory: Path) -> list[Member]:
 def up(directory: Path, topology: Topology = LOCAL, timeout: float = READY_TIMEOUT) -> list[Member]:
     """Bring the topology up in ``directory``; its members, in the topology's order."""
     directory = directory.absolute()
-    running = [m.name for m in read_members(directory) if _alive(m)]
+    running = [m.name for m in read_members(directory) if alive(m)]
     if running:
         raise ClusterError(
             f"the cluster in {directory} is already up ({', '.join(running)}); "
@@ -164,16 +164,16 @@ def down(directory: Path, timeout: float = 20.0) -> list[tuple[Member, str]]:
     what happened: ``stopped``, ``killed`` or ``not running``."""
     directory = directory.absolute()
     members = read_members(directory)
-    live = [m for m in members if _alive(m)]
+    live = [m for m in members if alive(m)]
     for member in live:
         with contextlib.suppress(ProcessLookupError):
             os.kill(member.pid, signal.SIGTERM)
     outcome = {m.name: "not running" for m in members}
     deadline = time.monotonic() + timeout
     for member in live:
-        while _alive(member) and time.monotonic() < deadline:
+        while alive(member) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(member):
+        if alive(member):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(member.pid, signal.SIGKILL)
             outcome[member.name] = "killed"
@@ -181,9 +181,9 @@ def down(directory: Path, timeout: float = 20.0) -> list[tuple[Member, str]]:
             outcome[member.name] = "stopped"
     for member in live:  # a SIGKILLed one is gone once the kernel says so
         end = time.monotonic() + 5.0
-        while _alive(member) and time.monotonic() < end:
+        while alive(member) and time.monotonic() < end:
             time.sleep(0.05)
-        if _alive(member):
+        if alive(member):
             raise ClusterError(f"{member.name} (pid {member.pid}) did not stop")
     (directory / STATE_FILE).unlink(missing_ok=True)
     return [(m, outcome[m.name]) for m in members]
@@ -193,17 +193,17 @@ def status(directory: Path) -> list[MemberStatus]:
     """Each recorded member, read live from its admin port."""
     out = []
     for member in read_members(directory.absolute()):
-        alive = _alive(member)
-        ready = alive and _get(f"{member.admin_url}/readyz")[0] == 200
+        running = alive(member)
+        ready = running and _get(f"{member.admin_url}/readyz")[0] == 200
         data: dict[str, Any] = {}
-        if alive:
+        if running:
             code, body = _get(f"{member.admin_url}/console.json")
             if code == 200:
                 data = json.loads(body)
         out.append(
             MemberStatus(
                 member,
-                alive,
+                running,
                 ready,
                 [
                     (f"{q['database']}.{q['queue']}", int(q["ready_messages"]))

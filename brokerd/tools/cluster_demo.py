@@ -117,10 +117,12 @@ def _phase(out: Console, title: str) -> Iterator[None]:
 
 def _fresh(workdir: Path) -> Path:
     """``workdir`` made ready for a new run: the cluster and report of an earlier run are
-    removed (``cluster up`` refuses if that cluster still runs)."""
+    removed (``cluster up`` refuses if that cluster still runs). A recorded pid counts as
+    that cluster's only while it is still its broker (:func:`cluster.alive`): after a
+    reboot, or once pids wrap, another program may have it."""
     root = workdir.absolute()
     root.mkdir(parents=True, exist_ok=True)
-    if not [m for m in cluster.read_members(root / "cluster") if _running(m.pid)]:
+    if not [m for m in cluster.read_members(root / "cluster") if cluster.alive(m)]:
         for part in ("cluster", "report"):
             shutil.rmtree(root / part, ignore_errors=True)
     return root

@@ -83,8 +83,8 @@ def test_batches_rolled_back_or_left_without_outcome(tmp_path: Path) -> None:
     # The consumer died after its records: received again later, so it rolled back.
     received = "R 1.1 k 0 1\nR 2.1 k 0 1\nR 2.1 k 1 1\nR 2.1 k 2 1\nK 2.1\n"
     assert counts(tmp_path, received) == {}
-    # Not received again: its COMMIT took effect before the consumer died.
-    received = "R 1.1 k 0 1\nR 2.1 k 1 1\nR 2.1 k 2 1\nK 2.1\n"
+    # Not received again: its COMMIT, asked for (P), took effect before the consumer died.
+    received = "R 1.1 k 0 1\nP 1.1\nR 2.1 k 1 1\nR 2.1 k 2 1\nP 2.1\nK 2.1\n"
     assert counts(tmp_path, received) == {}
     assert check(tmp_path, REPLY_EVERY).batches == {"committed (resolved)": 1, "committed": 1}
 

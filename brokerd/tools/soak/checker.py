@@ -3,9 +3,12 @@ applications wrote (:mod:`.records`), never the daemons, and reports violations 
 exactly once in order (SPEC R-DLG-1).
 
 A consumer's batch is *committed* if its ``K`` line is there, *rolled back* if its
-``A`` line is, and otherwise (the consumer died between writing its records and
-learning the COMMIT's outcome) rolled back if any of its messages was received again
-later in that ledger, committed if none was. Over the committed batches:
+``A`` line is, also rolled back if it has neither and no ``P`` line either (the consumer
+died, or lost its connection, before it asked for the COMMIT: its messages must come
+again, and one that never does is a loss), and otherwise (``P`` but no outcome: the
+consumer died between asking for the COMMIT and learning its outcome) rolled back if
+any of its messages was received again later in that ledger, committed if none was.
+Over the committed batches:
 
 * **loss**: a SEND whose commit was acknowledged (``C``), or a reply sent in a
   committed batch, that was never received;
@@ -49,6 +52,8 @@ class _Batch:
     """(key, index, intact, conversation handle: empty in a ledger that did not say)"""
     others: list[str] = field(default_factory=list)
     state: str = "unknown"
+    committing: bool = False
+    """Its ``P`` line is there: the consumer asked for the COMMIT."""
 
 
 @dataclass
@@ -110,6 +115,8 @@ def _batches(path: Path) -> list[_Batch]:
             batch.records.append((parts[2], int(parts[3]), parts[4] == "1", handle))
         elif kind == "X":
             batch.others.append(" ".join(parts[2:]))
+        elif kind == "P":
+            batch.committing = True
         elif kind == "K":
             batch.state = "committed"
         elif kind == "A":
@@ -119,7 +126,8 @@ def _batches(path: Path) -> list[_Batch]:
     for batch in reversed(ordered):
         keys = {(k, i) for k, i, _, _ in batch.records}
         if batch.state == "unknown":
-            batch.state = "rolled back" if keys & seen_later else "committed (resolved)"
+            resolved = batch.committing and not keys & seen_later
+            batch.state = "committed (resolved)" if resolved else "rolled back"
         seen_later |= keys
     return ordered
 

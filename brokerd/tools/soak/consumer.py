@@ -2,8 +2,10 @@
 exactly-once loop :meth:`BrokerClient.consume` (SPEC R-DLG-1, §6).
 
 For every batch, inside its transaction, it writes an ``R`` record per message to
-its ledger (fsynced), replies on some of them through the same transaction, and
-after the COMMIT returned writes ``K batch`` (fsynced). Now and then it raises
+its ledger (fsynced; a batch's name is unique across the consumer's lives, pid and a
+random part), replies on some of them through the same transaction, writes
+``P batch`` as its last step before the COMMIT is asked for, and after the COMMIT
+returned writes ``K batch`` (fsynced). Now and then it raises
 from its handler on purpose, so the batch rolls back, and writes ``A batch``.
 The soak SIGKILLs and SIGSTOPs this process at any point, so a batch may be left
 without its ``K`` or ``A`` line: the checker resolves it (see :mod:`.checker`).
@@ -23,6 +25,7 @@ import contextlib
 import functools
 import os
 import random
+import secrets
 import signal
 import uuid
 from pathlib import Path
@@ -55,6 +58,9 @@ class Consumer:
         self.rng = random.Random(f"{args.seed}/{os.getpid()}")
         self.stop = asyncio.Event()
         self.batches = 0
+        self.life = f"{os.getpid()}-{secrets.token_hex(4)}"
+        """Prefix of this process's batch names: the pid alone may be an earlier life's
+        (pids wrap), and the checker tells batches apart by name only."""
         partners = [(args.host, args.port, args.token_file)]
         if args.partner_host:
             partners.append((args.partner_host, args.port, args.partner_token_file))
@@ -91,6 +97,9 @@ class Consumer:
             raise _Rollback
         if self.rng.random() < 0.2:
             await asyncio.sleep(self.rng.uniform(0, 0.05))  # widen the window for a kill
+        # The last thing before consume() asks for the COMMIT: a batch without this line
+        # (and no K or A) never committed, so the checker expects its messages again.
+        self.ledger.write([f"P {batch}"])
 
     async def run(self) -> None:
         while not self.stop.is_set():
@@ -113,7 +122,7 @@ class Consumer:
     async def _loop(self, client: BrokerClient) -> None:
         while not self.stop.is_set():
             self.batches += 1
-            batch = f"{os.getpid()}.{self.batches}"
+            batch = f"{self.life}.{self.batches}"
             handler = functools.partial(self._handle_batch, batch)
             try:
                 got = await client.consume(

@@ -15,7 +15,8 @@ Ledgers are text files of one record per line, appended and flushed:
 * ``received-*.log`` (consumers): ``R batch key index ok`` for every message of a
   batch inside the transaction, before COMMIT (``ok`` is 1 when the payload matches
   its length and checksum), ``X batch kind detail`` for a message that is not a
-  soak body, then ``K batch`` after the COMMIT returned, fsynced each time.
+  soak body, ``P batch`` when the handler is done and the COMMIT is about to be
+  asked for, then ``K batch`` after the COMMIT returned, fsynced each time.
 """
 
 from __future__ import annotations
