@@ -174,3 +174,32 @@ async def test_a_target_begins_at_the_commit_of_its_first_message(tmp_path: Path
         names = [e["event"] for e in await _events(beta, conversation)]
         assert names.count("dialog_begun") == 1, names
         assert names.index("dialog_begun") < names.index("delivered"), names
+
+
+async def test_a_rollback_whose_count_is_not_written_traces_no_count(tmp_path: Path) -> None:
+    """R-TRACE-1, SPEC §6: ``rolled_back`` says a rollback was counted against the
+    message, durably. When the count's write fails, a restart counts from the file, which
+    holds no such rollback: neither may the trace."""
+    async with solo_broker(tmp_path, SOLO) as broker:
+        client = await client_of(broker)
+        try:
+            handle = await client.begin_dialog("//solo/S1", "//solo/S2", "DEFAULT")
+            await client.send(handle, "DEFAULT", b"once")
+            conversation = await _conversation(broker, handle)
+            tx = await client.begin_transaction()
+            got = await tx.receive("Q2", timeout=5.0)
+            assert [m.message_body for m in got] == [b"once"]
+            store = broker.databases["Solo"].store
+            await read_only(store, True)
+            try:
+                await tx.rollback(reason="the handler failed")
+                await asyncio.sleep(0.3)  # the count's write fails meanwhile
+            finally:
+                await read_only(store, False)
+            names = [e["event"] for e in await _events(broker, conversation)]
+            assert "delivered" in names
+            assert "rolled_back" not in names, names
+            rows = await store.query("SELECT COUNT(*) FROM message_rollbacks")
+            assert rows[0][0] == 0
+        finally:
+            await client.close()

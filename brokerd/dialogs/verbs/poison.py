@@ -31,6 +31,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from brokerd.config import PoisonHandling
@@ -85,8 +86,11 @@ class PoisonVerbs:
 
         Memory changes at once, so the next rollback of the same message counts from
         this one; the returned futures (one per database written) are done once the
-        counts are in the file (a failed write is logged, and fails its future)."""
+        counts are in the file (a failed write is logged, and fails its future). Their
+        trace events (``rolled_back``, ``quarantined``, ``queue_disabled``) are written
+        once they are (R-TRACE-1)."""
         statements: dict[Database, list[Statement]] = {}
+        traced: dict[Database, list[Callable[[], None]]] = {}
         for lease in leases:
             db = lease.db
             if lease.image != db.image:
@@ -94,17 +98,23 @@ class PoisonVerbs:
             if not lease.counted:
                 continue  # taken for a client that had stopped waiting: not their fault
             rows = statements.setdefault(db, [])
+            events = traced.setdefault(db, [])
             for item in lease.items:
                 ep = db.endpoints.get(item[0])
                 if ep is None or ep.state not in DELIVERING:
                     continue  # ended meanwhile: the message is gone, not put back
-                rows += self._count(db, lease.queue, ep, item, reason, types)
+                rows += self._count(db, lease.queue, ep, item, reason, types, events)
         futures = []
         for db, rows in statements.items():
             if not rows:
                 continue
             try:
-                future = db.store.submit(rows, on_failure=_log_failure(db), wait=True)
+                future = db.store.submit(
+                    rows,
+                    on_commit=_run_all(traced[db]),
+                    on_failure=_log_failure(db),
+                    wait=True,
+                )
             except StoreError as exc:  # its file is closing: the rollback stands, uncounted
                 _log_failure(db)(exc)
                 continue
@@ -134,14 +144,18 @@ class PoisonVerbs:
         item: Item,
         reason: str,
         types: MessageTypes,
+        traced: list[Callable[[], None]],
     ) -> list[Statement]:
+        """Count a rollback of ``item``; the rows that write it, and what traces it once
+        they are written appended to ``traced``."""
         counted = db.poison.counts.get(item)
         if counted is None:
             counted = db.poison.counts[item] = Rollbacks(0, "")
         counted.count += 1
         counted.last_error = reason
         handle, seq = item
-        self.events.rolled_back(ep, queue, seq, counted.count, reason)
+        events = self.events
+        traced.append(partial(events.rolled_back, ep, queue, seq, counted.count, reason))
         rows = [poison_rows.counted(handle, seq, counted.count, reason)]
         info = db.catalog.queues[queue]
         policy = info.poison
@@ -152,7 +166,7 @@ class PoisonVerbs:
                 info.status = False
                 db.ready[queue].changed.set()  # a RECEIVE waiting on it leaves: queue_disabled
                 rows.append(queries.set_queue_status(queue, False))
-                self.events.queue_disabled(ep, queue, seq, counted.count, reason)
+                traced.append(partial(events.queue_disabled, ep, queue, seq, counted.count, reason))
             return rows
         if handle in db.poison.quarantined:
             return rows
@@ -160,7 +174,9 @@ class PoisonVerbs:
         quarantine = Quarantine(handle, seq, message_type, counted.count, reason, self.clock())
         db.poison.quarantined[handle] = quarantine
         db.ready[queue].set_aside(handle)
-        self.events.quarantined(ep, queue, seq, message_type, counted.count, reason)
+        traced.append(
+            partial(events.quarantined, ep, queue, seq, message_type, counted.count, reason)
+        )
         rows.append(
             poison_rows.quarantine(
                 handle, seq, message_type, counted.count, reason, quarantine.since
@@ -256,6 +272,18 @@ def _seen(future: asyncio.Future[Any]) -> None:
     """A failed write of counts is logged by :func:`_log_failure`; nobody need await it."""
     if not future.cancelled():
         future.exception()
+
+
+def _run_all(steps: list[Callable[[], None]]) -> Callable[[], None] | None:
+    """One commit callback that runs ``steps`` in order (None when there are none)."""
+    if not steps:
+        return None
+
+    def run() -> None:
+        for step in steps:
+            step()
+
+    return run
 
 
 def _log_failure(db: Database) -> Callable[[BaseException], None]:
