@@ -114,9 +114,7 @@ class Acknowledgements:
         db = self.directory.databases[ep.database]
         statements: list[Statement] = []
         changed = binding.bind(ep, header, identity, db.catalog.routes.values())
-        if ep.far_broker_instance is None:
-            ep.far_broker_instance = far_instance  # R-ROUTE-3: bound to this broker from now on
-            self.router.rebind(ep)
+        if self.router.bind_far_instance(ep, far_instance):
             changed = True
         outbox = ep.outbox
         removed: list[int] = []

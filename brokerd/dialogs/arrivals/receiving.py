@@ -167,9 +167,7 @@ class Arrivals:
                 body = opened
             checked = False
         ep.last_link = link
-        if ep.far_broker_instance is None:
-            ep.far_broker_instance = header.from_broker_instance
-            self.router.rebind(ep)  # R-ROUTE-3: routed by this broker instance from now on
+        self.router.bind_far_instance(ep, header.from_broker_instance)  # R-ROUTE-3
         if header.ack.through or header.ack.ranges or header.ack.fragments:
             self.acks.apply(ep, header.ack, header.from_broker_instance, link.identity, header)
         elif not ep.far_peer:

@@ -91,8 +91,14 @@ class Router:
     def waiting_status(self, ep: Endpoint) -> str:
         return self.decisions.waiting_status(ep)
 
-    def rebind(self, ep: Endpoint) -> None:
+    def bind_far_instance(self, ep: Endpoint, instance: uuid.UUID) -> bool:
+        """R-ROUTE-3: the first broker instance that answers for ``ep``'s far side binds it;
+        its messages are routed to that instance from now on. True if this bound it."""
+        if ep.far_broker_instance is not None:
+            return False
+        ep.far_broker_instance = instance
         self.decisions.rebind(ep)
+        return True
 
     def explain(
         self,
