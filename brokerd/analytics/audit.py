@@ -12,7 +12,9 @@ waiting in a transmission queue. A ``received`` event is evidence of delivery to
 * ``duplicate``: a message delivered more than once, or received more than once by
   the application;
 * ``out_of_order``: a message delivered after a later one of its stream, or
-  received by the application after a later one (R-DLG-1);
+  received by the application after a later one (R-DLG-1) other than the other side's
+  Error, which is received before the dialog's waiting messages (R-DLG-10: the message
+  type of its SEND says which it is);
 * ``gap``: sequence numbers never delivered (nor discarded) although a later one
   was; one finding per missing range, named by its first seq;
 * ``lost``: acknowledged to its sender but never delivered, with nothing later of
@@ -32,7 +34,11 @@ dropped. A ``gap``, ``lost`` or ``unsent``
 whose missing event belongs to an instance with a crash window, and could have
 happened inside it (the window overlaps the time between the events around the
 missing one), is reported as ``unknown`` ("trace missing"), not as a violation: the
-traces cannot say. Duplicates and disorder are never hidden by a lost event. With
+traces cannot say. The missing event is a delivery (on the receiving side: every
+instance that delivered, received or acknowledged the stream's messages), a SEND (on its
+sender) or, for a ``gap`` before an Error, its sender's discard (END CONVERSATION WITH
+ERROR drops what is pending and sends the Error after it, R-DLG-10). Duplicates and
+disorder are never hidden by a lost event. With
 ``trace.durable`` a daemon's application learns of a commit only once its events
 are on disk, so an outcome an application saw is never in a window.
 
@@ -91,6 +97,7 @@ AUDITED = (
     "initiator",
     "seq",
     "status",
+    "message_type",
     "sender",
     "sent_id",
     "sent_t",
@@ -110,6 +117,9 @@ AUDITED = (
     "received_ids",
 )
 """The columns of the message table the audit reads."""
+ERROR_TYPE = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
+"""The message type of an Error (``protocol.dialog.ERROR``): the other side's END
+CONVERSATION WITH ERROR, received before the dialog's waiting messages (R-DLG-10)."""
 MAX_LISTED = 10_000
 """Findings listed in full (all are counted)."""
 FINDING = [
@@ -123,13 +133,15 @@ FINDING = [
     "detail",
     "evidence",
     "witness",
-    "lo",
-    "hi",
 ]
 """A finding's columns before crash windows are looked at: ``witness`` lists the instances
-that could have written the missing event (every instance that delivered or received the
-stream's messages, or sent them: a mirrored pair's partners take turns), ``lo`` .. ``hi``
-(microseconds, null: unbounded) when it could have happened."""
+that could have written a missing event that would account for it (every instance that
+delivered, received or acknowledged the stream's messages, for a delivery; every one that
+sent them, for a SEND or a discard: a mirrored pair's partners take turns), each with
+``lo`` .. ``hi`` (microseconds, null: unbounded), when that event could have happened."""
+Witness = tuple[str, str, str]
+"""SQL: the instances that could have written a missing event (an array), and the bounds
+of its time (``lo``, ``hi``)."""
 
 
 @dataclass
@@ -190,21 +202,26 @@ def _finding(
     source: str = "{m}",
     seq: str = "seq",
     last_seq: str | None = None,
-    witness: str = "CAST(array() AS array<string>)",
-    lo: str = "CAST(NULL AS BIGINT)",
-    hi: str = "CAST(NULL AS BIGINT)",
+    witness: tuple[Witness, ...] = (),
 ) -> str:
     """SQL: one kind of finding, the rows of ``source`` where ``where`` holds, as the
     columns of :data:`FINDING`."""
+    each = [
+        f"transform({instances}, i -> named_struct("
+        f"'instance', i, 'lo', CAST({lo} AS BIGINT), 'hi', CAST({hi} AS BIGINT)))"
+        for instances, lo, hi in witness
+    ]
+    witnesses = f"flatten(array({', '.join(each)}))" if each else f"CAST(array() AS {_WITNESS})"
     return (
         f"SELECT '{kind}' AS kind, conversation_id, initiator, {seq} AS seq, "
         f"{last_seq or seq} AS last_seq, sender, receiver, {detail} AS detail, "
-        f"{evidence} AS evidence, {witness} AS witness, {lo} AS lo, {hi} AS hi\n"
+        f"{evidence} AS evidence, {witnesses} AS witness\n"
         f"FROM {source}\nWHERE {where}"
     )
 
 
 _STREAM = "conversation_id, initiator"
+_WITNESS = "array<struct<instance: string, lo: bigint, hi: bigint>>"
 _EARLIER = "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
 
 PREPARED_SQL = f"""
@@ -221,6 +238,7 @@ WITH m AS (
     sent_t IS NOT NULL AS sent
   FROM (SELECT {", ".join(AUDITED)} FROM {{messages}})
   LEFT JOIN {{inherited}} USING ({_STREAM})
+  LEFT JOIN {{acknowledgers}} USING ({_STREAM})
 ),
 bounded AS (
   -- the stream's bounds and names over the whole stream, in the window that gives each
@@ -238,7 +256,11 @@ bounded AS (
     last(sender, true) OVER (PARTITION BY {_STREAM} ORDER BY seq {_EARLIER}) AS _sender_before,
     first(sender, true) OVER whole AS _first_sender,
     collect_set(sender) OVER whole AS senders,
-    array_union(collect_set(receiver) OVER whole, collect_set(reader) OVER whole) AS receivers,
+    -- its receiving endpoints: those that delivered or received its messages, and those
+    -- that acknowledged them (a receiver whose deliveries died in a crash window may show
+    -- the stream by nothing else: a resent copy taken as a duplicate, acknowledged again)
+    array_union(array_union(collect_set(receiver) OVER whole, collect_set(reader) OVER whole),
+                coalesce(acknowledgers, CAST(array() AS array<string>))) AS receivers,
     -- the lowest seq the set saw sent, delivered or discarded: lower ones are before
     -- the traces began (a late duplicate or RECEIVE does not count)
     min(CASE WHEN sent OR arrived OR discarded THEN seq END) OVER whole AS lowest,
@@ -253,9 +275,10 @@ bounded AS (
   WINDOW whole AS (PARTITION BY {_STREAM} ORDER BY seq
                    ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 )
-SELECT {_STREAM}, seq, status,
+SELECT {_STREAM}, seq, status, message_type,
   coalesce(sender, _sender_before, _first_sender) AS sender, sent_id, sent_t, acked_id, acked_t,
-  coalesce(arrived_at, _receiver_before, _first_receiver, _first_reader) AS receiver,
+  coalesce(arrived_at, _receiver_before, _first_receiver, _first_reader,
+           array_min(acknowledgers)) AS receiver,
   deliveries, delivered_t, delivered_n, delivered_id, delivered_ids,
   reader, receptions, received_t, received_n, received_id, received_ids,
   inherited_received, inherited_id, inherited_t, inherited_sent,
@@ -268,15 +291,29 @@ FROM bounded
 """
 """The message table with each stream's sender and receiver, arrival (delivered, or
 received when the delivery's event is missing, or held in order by the file a promoted
-mirror inherited) and the stream's bounds; ``{messages}``, ``{inherited}``."""
+mirror inherited) and the stream's bounds; ``{messages}``, ``{inherited}``,
+``{acknowledgers}`` (:data:`ACKNOWLEDGERS_SQL`)."""
+
+ACKNOWLEDGERS_SQL = """
+SELECT conversation_id, initiator, collect_set(instance) AS acknowledgers
+FROM {events}
+WHERE event IN ('ack_sent', 'duplicate')
+  AND conversation_id IS NOT NULL AND initiator IS NOT NULL
+GROUP BY conversation_id, initiator
+"""
+"""The instances that acknowledged each stream's messages (``ack_sent``, ``duplicate``:
+their ``initiator`` is the sender's role): receivers of the stream, whether or not their
+deliveries are in the set."""
 
 
-def _disorder(event: str, verb: str) -> str:
+def _disorder(event: str, verb: str, ahead: str = "false") -> str:
     """SQL: messages ``verb`` after a later one of their stream, in the order of their first
-    ``event`` (``delivered`` or ``received``: time, then event number)."""
+    ``event`` (``delivered`` or ``received``: time, then event number); a later message
+    where ``ahead`` holds may go before them."""
     t, n, eid = f"{event}_t", f"{event}_n", f"{event}_id"
     ordered = f"""(
-  SELECT *, max(named_struct('seq', seq, 'id', {eid})) OVER (
+  SELECT *, max(CASE WHEN NOT coalesce({ahead}, false)
+                     THEN named_struct('seq', seq, 'id', {eid}) END) OVER (
     PARTITION BY {_STREAM} ORDER BY {t}, {n}, seq {_EARLIER}) AS before
   FROM {{m}} WHERE {t} IS NOT NULL
 )"""
@@ -334,7 +371,9 @@ FINDINGS_SQL = "\nUNION ALL\n".join(
             where="deliveries = 1 AND seq <= inherited_received AND delivered_t > inherited_t",
         ),
         _disorder("delivered", "delivered"),
-        _disorder("received", "received by the application"),
+        # R-DLG-10: the other side's Error is received before the dialog's waiting
+        # messages (it ends the stream: nothing is sent after it)
+        _disorder("received", "received by the application", f"message_type = '{ERROR_TYPE}'"),
         _finding(
             "gap",
             "detail",
@@ -343,10 +382,20 @@ FINDINGS_SQL = "\nUNION ALL\n".join(
             where="seq - previous - 1 > 0",
             seq="previous + 1",
             last_seq="seq - 1",
-            witness="receivers",
-            # a range at the stream's start has no arrival before it: its SENDs bound it
-            lo="coalesce(before.arrived_t, first_sent_t)",
-            hi="arrived_t",
+            witness=(
+                # their deliveries, between the arrivals around them (a range at the
+                # stream's start has no arrival before it: its SENDs bound it)
+                ("receivers", "coalesce(before.arrived_t, first_sent_t)", "arrived_t"),
+                # or their sender's discard (END CONVERSATION WITH ERROR, R-DLG-10), after
+                # their SENDs and before the Error that followed them arrived: when the
+                # message after them is that Error, or its SEND is missing too
+                (
+                    f"CASE WHEN coalesce(message_type, '{ERROR_TYPE}') = '{ERROR_TYPE}'"
+                    " THEN senders ELSE CAST(array() AS array<string>) END",
+                    "sent_before",
+                    "arrived_t",
+                ),
+            ),
         ),
         _finding(
             "lost",
@@ -354,9 +403,7 @@ FINDINGS_SQL = "\nUNION ALL\n".join(
             _ids("acked_id", "sent_id"),
             where="status IN ('lost', 'held') AND NOT arrived AND seq = lowest_open"
             " AND (highest IS NULL OR seq > highest)",
-            witness="receivers",
-            lo="sent_t",
-            hi="acked_t",
+            witness=(("receivers", "sent_t", "acked_t"),),
         ),
         _finding(
             "unsent",
@@ -364,9 +411,7 @@ FINDINGS_SQL = "\nUNION ALL\n".join(
             _ids("arrived_id"),
             where="arrived AND sent_t IS NULL AND seq >= lowest_sent"
             " AND seq > coalesce(inherited_sent, 0)",
-            witness="senders",
-            lo="sent_before",
-            hi="arrived_t",
+            witness=(("senders", "sent_before", "arrived_t"),),
         ),
     )
 )
@@ -413,10 +458,13 @@ WITH found AS ({FINDINGS_SQL}),
 windows AS ({CRASH_WINDOWS_SQL}),
 matched AS (
   SELECT *, row_number() OVER (PARTITION BY fid ORDER BY window_to ASC NULLS LAST) AS k
-  FROM (SELECT *, monotonically_increasing_id() AS fid FROM found) f
+  FROM (
+    SELECT * FROM (SELECT *, monotonically_increasing_id() AS fid FROM found)
+    LATERAL VIEW OUTER explode(witness) AS x
+  ) f
   LEFT JOIN windows w
-    ON array_contains(f.witness, w.window_instance)
-    AND (f.lo IS NULL OR f.lo <= w.window_to) AND (f.hi IS NULL OR f.hi >= w.window_from)
+    ON x.instance = w.window_instance
+    AND (x.lo IS NULL OR x.lo <= w.window_to) AND (x.hi IS NULL OR x.hi >= w.window_from)
 ),
 judged AS (
   SELECT
@@ -482,7 +530,14 @@ def audit(messages: DataFrame, events: DataFrame, witness: DataFrame | None = No
     settles what it can of what the windows hide."""
     spark = messages.sparkSession
     # every kind of finding reads the prepared table: its windows run once
-    prepared = keep(spark.sql(PREPARED_SQL, messages=messages, inherited=inheritance(events)))
+    prepared = keep(
+        spark.sql(
+            PREPARED_SQL,
+            messages=messages,
+            inherited=inheritance(events),
+            acknowledgers=spark.sql(ACKNOWLEDGERS_SQL, events=events),
+        )
+    )
     tables = {"m": prepared.df, "events": events}
     if witness is not None:
         tables["witness"] = witness

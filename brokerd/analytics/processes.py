@@ -2,11 +2,16 @@
 
 A trace writer names its segments ``<instance>-<UTC start>-<pid>-<n>.jsonl``
 (docs/traces.md): the segments of one process share its pid, and an instance
-whose segments carry several pids was restarted. :func:`processes` reads only
-the segment names and, per process, the first and last lines of its first and
-last segments (a bounded read from each end, never a whole file; when the last
-segment holds no whole line, the segments before it, newest first, until one does),
-so it runs on the driver without Spark and costs the same for any size of trace set.
+whose segments carry several pids was restarted. A daemon that is its container's
+first process has the same pid at every start: a new writer numbers its segments from
+1 again and begins with its ``started`` marker, so a segment whose number does not
+follow the one before (or that began in the same second) and begins with that marker
+begins a process of its own. :func:`processes` reads only the segment names and, per
+process, the first and last lines of its first and last segments (a bounded read from
+each end, never a whole file; when the last segment holds no whole line, the segments
+before it, newest first, until one does; and the first lines of a segment that may begin
+a new writer), so it runs on the driver without Spark and costs about the same for any
+size of trace set.
 
 How a process ended is what its traces show:
 
@@ -98,15 +103,38 @@ def _edge(path: Path, *, last: bool) -> list[bytes]:
         return []
 
 
-def _first_event(path: Path) -> dict[str, Any] | None:
-    """The earliest event among the first lines of the segment."""
+def _head(path: Path) -> list[dict[str, Any]]:
+    """The events among the first lines of the segment."""
     if is_columnar(path):  # its first rows alone
         lines = _edge(path, last=False)
     else:
         with open_segment(path) as f:
             lines = f.read(HEAD_BYTES).split(b"\n")[:-1]
-    events = [e for raw in lines if (e := _parse(raw)) is not None]
+    return [e for raw in lines if (e := _parse(raw)) is not None]
+
+
+def _first_event(path: Path) -> dict[str, Any] | None:
+    """The earliest event among the first lines of the segment."""
+    events = _head(path)
     return min(events, key=lambda e: str(e["ts"])) if events else None
+
+
+def _writers(segments: list[tuple[str, int, Path]]) -> list[list[tuple[str, int, Path]]]:
+    """The segments of one (instance, pid), in order, cut where a new writer began: a
+    daemon started again under the same pid (its container's first process) writes
+    segments numbered from 1 again, the first beginning with its ``started`` marker. Only a
+    segment whose number does not follow the one before (or that began in the same
+    second, where a new writer skips the names taken) is read for the marker."""
+    runs: list[list[tuple[str, int, Path]]] = []
+    for segment in segments:
+        if runs:
+            stamp, n, _ = runs[-1][-1]
+            follows = segment[1] == n + 1 and segment[0] != stamp
+            if follows or not any(e.get("event") == "started" for e in _head(segment[2])):
+                runs[-1].append(segment)
+                continue
+        runs.append([segment])
+    return runs
 
 
 def _tail(path: Path) -> tuple[bytes, int]:
@@ -145,6 +173,30 @@ def _last_event(path: Path) -> tuple[dict[str, Any] | None, bool]:
     return {**events[-1], "ts": latest}, torn
 
 
+_Span = tuple[str, int, dict[str, Any], dict[str, Any], bool, int]
+"""A process as :func:`processes` orders it: instance, pid, first and last events, whether
+its last segment ends in a torn line, and its segments."""
+
+
+def _span(instance: str, pid: int, segments: list[tuple[str, int, Path]]) -> _Span | None:
+    """The process that wrote ``segments`` (in order), none when they hold no event."""
+    first = next(
+        (e for _, _, p in segments if (e := _first_event(p)) is not None),
+        None,
+    )
+    # killed right after rotating, its last segment may hold no whole line (none, or
+    # a torn one): its last event is in an earlier segment, its tear in the last
+    last, torn = _last_event(segments[-1][2])
+    if last is None:
+        last = next(
+            (e for _, _, p in reversed(segments[:-1]) if (e := _last_event(p)[0]) is not None),
+            None,
+        )
+    if first is None or last is None:
+        return None
+    return (instance, pid, first, last, torn, len(segments))
+
+
 def processes(files: Iterable[Path]) -> list[Process]:
     """Every process whose segments are among ``files``, by instance and start time."""
     groups: dict[tuple[str, int], list[tuple[str, int, Path]]] = {}
@@ -154,24 +206,11 @@ def processes(files: Iterable[Path]) -> list[Process]:
             continue  # a file named otherwise: its events count, its process is unknown
         key = (m["instance"], int(m["pid"]))
         groups.setdefault(key, []).append((m["stamp"], int(m["n"]), path))
-    spans: list[tuple[str, int, dict[str, Any], dict[str, Any], bool, int]] = []
-    for (instance, pid), segments in groups.items():
-        segments.sort()
-        first = next(
-            (e for _, _, p in segments if (e := _first_event(p)) is not None),
-            None,
-        )
-        # killed right after rotating, its last segment may hold no whole line (none, or
-        # a torn one): its last event is in an earlier segment, its tear in the last
-        last, torn = _last_event(segments[-1][2])
-        if last is None:
-            last = next(
-                (e for _, _, p in reversed(segments[:-1]) if (e := _last_event(p)[0]) is not None),
-                None,
-            )
-        if first is None or last is None:
-            continue
-        spans.append((instance, pid, first, last, torn, len(segments)))
+    spans: list[_Span] = []
+    for (instance, pid), found in groups.items():
+        for segments in _writers(sorted(found)):
+            if (span := _span(instance, pid, segments)) is not None:
+                spans.append(span)
     spans.sort(key=lambda s: (s[0], s[2]["ts"]))
     out: list[Process] = []
     for n, (instance, pid, first, last, torn, count) in enumerate(spans):

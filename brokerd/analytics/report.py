@@ -373,7 +373,7 @@ class _Jobs:
                     delays.wait_reasons(e, periods), "Why messages waited", top
                 ),
                 "longest_waits": collect(
-                    waiting.longest_waits(e, self.messages, per_conversation.df, self.last_t, top),
+                    waiting.longest_waits(e, self.messages, periods, self.last_t, top),
                     "Messages that waited longest",
                     top,
                 ),

@@ -7,11 +7,13 @@ conversation's DELAYED reason when the conversation is still DELAYED, otherwise
 its latest event on any instance (events of one instant ordered by the life of a
 message, ``MESSAGE_EVENTS``, and two of one kind at one instant by their fields: the
 same choice on every run). An
-endpoint is open from ``dialog_begun`` until ``dialog_ended``; for each open
-endpoint the table gives its age, how long it has been idle, its last event, and
-how many of its messages wait to be sent or to be RECEIVEd (the pile-ups nobody
-notices). :func:`longest_waits` gives the messages that waited longest, delivered or
-not, and why (the report's "Longest waits").
+endpoint is open from ``dialog_begun`` until ``dialog_ended`` (and again from a later
+``dialog_begun``: a target's endpoint removed after its keep is begun again, under the
+same conversation id, by a late copy of the dialog's first message, SPEC §5); for each
+open endpoint the table gives its age (from its latest beginning), how long it has been
+idle, its last event, and how many of its messages wait to be sent or to be RECEIVEd (the
+pile-ups nobody notices). :func:`longest_waits` gives the messages that waited longest,
+delivered or not, and why (the report's "Longest waits").
 """
 
 from __future__ import annotations
@@ -118,20 +120,30 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Ord
     return Ordered(listed, ("sent_t", *KEY))
 
 
+def _open() -> Column:
+    """An endpoint (``begun_t``, ``ended_t``: its latest ``dialog_begun`` and
+    ``dialog_ended``) not ended since it was last begun."""
+    return F.col("begun_t").isNotNull() & (
+        F.col("ended_t").isNull() | (F.col("ended_t") < F.col("begun_t"))
+    )
+
+
 def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> Ordered:
     """Endpoints begun and not ended, oldest first: age, idle time, last event, backlog."""
     endpoint = [*STREAM, "instance"]
-    # First the few conversations with an endpoint never ended (begun/ended events
-    # only), then the activity of those conversations alone.
+    # First the few conversations with an endpoint not ended since it was last begun
+    # (begun/ended events only), then the activity of those conversations alone. An
+    # endpoint removed after its keep is begun again, under the same conversation id, by
+    # a late copy of the dialog's first message (SPEC §5): it is open again.
     lifecycle = is_event("dialog_begun") | is_event("dialog_ended")
     unended = (
         events.where(lifecycle & F.col("conversation_id").isNotNull())
         .groupBy(*endpoint)
         .agg(
-            F.count(F.when(is_event("dialog_begun"), 1)).alias("begun"),
-            F.count(F.when(is_event("dialog_ended"), 1)).alias("ended"),
+            F.max(F.when(is_event("dialog_begun"), F.col("t"))).alias("begun_t"),
+            F.max(F.when(is_event("dialog_ended"), F.col("t"))).alias("ended_t"),
         )
-        .where((F.col("begun") > 0) & (F.col("ended") == 0))
+        .where(_open())
         .select("conversation_id")
         .distinct()
     )
@@ -149,7 +161,7 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> Order
         )
         .groupBy("conversation_id", F.col("role").alias("initiator"), "instance")
         .agg(
-            F.min(F.when(is_event("dialog_begun"), F.col("t"))).alias("begun_t"),
+            F.max(F.when(is_event("dialog_begun"), F.col("t"))).alias("begun_t"),
             F.max(F.when(is_event("dialog_ended"), F.col("t"))).alias("ended_t"),
             F.max("t").alias("last_t"),
             F.max_by("event", "t").alias("last_event"),
@@ -161,7 +173,7 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> Order
                 "far_service"
             ),
         )
-        .where(F.col("begun_t").isNotNull() & F.col("ended_t").isNull())
+        .where(_open())
     )
     unsent = (
         messages.where(F.col("status") == "waiting")
@@ -169,7 +181,8 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> Order
         .agg(F.count(F.lit(1)).alias("messages_waiting_to_send"))
     )
     unreceived = (
-        messages.where(F.col("delivered_t").isNotNull() & F.col("received_t").isNull())
+        # a copy delivered again (a duplicate: a dialog begun again, say) waits too
+        messages.where(F.col("deliveries") > F.col("receptions"))
         .groupBy(
             "conversation_id",
             (~F.col("initiator")).alias("initiator"),
@@ -195,8 +208,13 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> Order
     return Ordered(listed, (F.col("age_seconds").desc(), "conversation_id"))
 
 
+FAR_BROKER_EVENTS = ("fragment_sent", "retransmission", "route_chosen")
+"""The sending endpoint's events that name its far broker: the addresses it sent to
+(``peer``) or was routed to (``route_chosen``'s ``address``)."""
+
+
 def longest_waits(
-    events: DataFrame, messages: DataFrame, delayed: DataFrame, last_t: int, top: int
+    events: DataFrame, messages: DataFrame, periods: DataFrame, last_t: int, top: int
 ) -> Ordered:
     """The ``top`` messages that waited longest, delivered or not, with why, longest first.
 
@@ -204,22 +222,21 @@ def longest_waits(
     It is cut into the time before the first fragment left (in the transmission
     queue: no route, DELAYED, no connection yet) and the time from there to delivery
     (on the way: retransmissions, drops, forwarders). ``reason`` names the longer part
-    and what the traces say of it: the conversation's DELAYED time and reason
-    (``delayed`` is :func:`brokerd.analytics.delays.by_conversation`), the connections
-    the sender could not open while the message waited to leave, retransmissions, drops
-    and their reason, forwarders, and whether it still waits. The refused connections
-    are joined to the ``top`` rows only (a range join on the sender and the wait).
+    and what the traces say of it: the conversation's DELAYED time while the message
+    waited to leave, and the latest reason of it (``periods`` is
+    :func:`brokerd.analytics.delays.delayed_periods`: a period before its SEND or after it
+    left explains nothing of its wait), the connections the sender could not open to the
+    far broker while the message waited to leave (to the addresses its endpoint sent to
+    or was routed to, as ``brokerctl trace`` says: a refusal of a connection to another
+    broker explains nothing of it; when none is named, every refusal of the sender),
+    retransmissions, drops and their reason, forwarders, and whether it still waits. The
+    DELAYED periods, far brokers and refused connections are joined to the ``top`` rows
+    only (range joins on the sender and the wait).
     """
     end = F.coalesce("delivered_t", F.lit(last_t))
     start_queue = F.coalesce("enqueued_t", "sent_t")
     queued = (F.coalesce("first_fragment_t", end) - start_queue) / 1e6
     on_the_way = (end - F.col("first_fragment_t")) / 1e6
-    stream_delay = delayed.select(
-        *STREAM,
-        F.col("instance").alias("sender"),
-        "delayed_seconds",
-        F.col("last_reason").alias("delayed_reason"),
-    )
     longest = (
         messages.where(F.col("sent_t").isNotNull() & F.col("status").isin("delivered", "waiting"))
         .withColumn("wait_seconds", F.round((end - F.col("sent_t")) / 1e6, 6))
@@ -229,14 +246,55 @@ def longest_waits(
         .orderBy(F.col("wait_seconds").desc(), *KEY)
         .limit(top)
     )
+    waits = longest.select(*KEY, "sender", "sent_t", "left_t")
+    # the DELAYED time of the sending endpoint while the message waited to leave
+    overlap = F.least(F.coalesce("end_t", F.lit(last_t)), F.col("left_t")) - F.greatest(
+        "start_t", "sent_t"
+    )
+    delayed = (
+        periods.select(*STREAM, F.col("instance").alias("sender"), "start_t", "end_t", "reason")
+        .join(F.broadcast(waits), on=[*STREAM, "sender"])
+        .where(overlap > 0)
+        .groupBy(*KEY)
+        .agg(
+            F.round(F.sum(overlap) / 1e6, 6).alias("delayed_seconds"),
+            F.max_by("reason", "start_t").alias("delayed_reason"),
+        )
+    )
+    far = (
+        events.where(F.col("event").isin(*FAR_BROKER_EVENTS))
+        .join(
+            F.broadcast(waits.select(*STREAM, F.col("sender").alias("instance"))),
+            on=[*STREAM, "instance"],
+            how="left_semi",
+        )
+        .select(
+            *STREAM,
+            F.col("instance").alias("sender"),
+            F.when(is_event("route_chosen"), F.col("address"))
+            .otherwise(F.col("peer"))
+            .alias("far"),
+        )
+        .where(F.col("far") != "")
+        .groupBy(*STREAM, "sender")
+        .agg(F.collect_set("far").alias("far_brokers"))
+    )
     refusals = events.where(is_event("connection_refused")).select(
-        F.col("instance").alias("refused_on"), F.col("t").alias("refused_t"), "reason"
+        F.col("instance").alias("refused_on"),
+        F.col("t").alias("refused_t"),
+        F.col("peer").alias("refused_peer"),
+        "reason",
     )
     refused = (
         refusals.join(
-            F.broadcast(longest.select(*KEY, "sender", "sent_t", "left_t")),
+            F.broadcast(waits.join(far, on=[*STREAM, "sender"], how="left")),
             (F.col("refused_on") == F.col("sender"))
-            & F.col("refused_t").between(F.col("sent_t"), F.col("left_t")),
+            & F.col("refused_t").between(F.col("sent_t"), F.col("left_t"))
+            # none named: every refusal of the sending broker may explain the wait
+            & (
+                F.col("far_brokers").isNull()
+                | F.array_contains("far_brokers", F.col("refused_peer"))
+            ),
         )
         .groupBy(*KEY)
         .agg(
@@ -244,9 +302,7 @@ def longest_waits(
             F.max_by("reason", "refused_t").alias("refusal_reason"),
         )
     )
-    rows = longest.join(stream_delay, on=[*STREAM, "sender"], how="left").join(
-        refused, on=KEY, how="left"
-    )
+    rows = longest.join(delayed, on=KEY, how="left").join(refused, on=KEY, how="left")
     longer = F.when(
         F.coalesce("on_the_way_seconds", F.lit(0.0)) > F.col("queued_seconds"),
         F.format_string("on the way %.3f s", "on_the_way_seconds"),
