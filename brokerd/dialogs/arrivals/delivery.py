@@ -45,11 +45,17 @@ from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.errors import StoreError
 from brokerd.storage import queries
 from brokerd.storage.catalog import ROUTE_REQUESTER_SERVICE
+from brokerd.storage.queries import ENDPOINT_SNAPSHOT
 from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import DIALOG_TIMER, ERROR
 
 log = logging.getLogger("brokerd.dialogs.engine")
+
+RETRY_FIRST = 1.0
+"""Seconds before a message the broker queues itself, whose commit failed, is tried again."""
+RETRY_MOST = 30.0
+"""The longest wait between two tries of it."""
 
 
 class RequestEnds(Protocol):
@@ -153,10 +159,16 @@ class Delivery:
         body: bytes,
         extra: list[Statement],
         then: Callable[[], None] | None = None,
+        wait: float = RETRY_FIRST,
     ) -> None:
         """Queue a message this broker makes for the endpoint's own side (a broker Error, a
         DialogTimer), numbered from ``Database.next_local_seq``, with ``extra`` statements
-        in the same transaction; ``then`` runs once it is committed."""
+        in the same transaction; ``then`` runs once it is committed.
+
+        Nobody waits for it, so a commit that fails is tried again after ``wait`` seconds
+        (doubled each time, up to :data:`RETRY_MOST`) while the endpoint is its
+        database's: the DialogTimer of a timer that fired, or the Error of a dialog the
+        broker ended, is not lost for the rest of the process (R-DLG-9, R-DLG-11)."""
         if ep.state not in DELIVERING:  # this side has ended: nothing more reaches it
             db.store.submit(extra, on_commit=then)
             return
@@ -180,10 +192,31 @@ class Delivery:
                 then()
 
         def failed(exc: BaseException) -> None:
-            log.error("store error while queueing a message for %s: %s", db.name, exc)
+            log.error(
+                "store error while queueing a message for %s: %s; trying again in %.0f s",
+                db.name,
+                exc,
+                wait,
+            )
             if coming is not None:
                 assert index is not None
                 index.error_settled(coming)
+
+            def again() -> None:
+                if db.endpoints.get(ep.handle) is not ep:
+                    return  # removed, or its image dropped
+                # the endpoint's row as it is now, not as it was (an END may have followed)
+                fresh = [
+                    endpoint_snapshot(ep) if statement[0] == ENDPOINT_SNAPSHOT else statement
+                    for statement in extra
+                ]
+                later = min(RETRY_MOST, 2 * wait)
+                try:
+                    self.queue_local(db, ep, message_type, body, fresh, then, later)
+                except StoreError:  # stopping: the file keeps what makes it again at start
+                    log.info("not queueing a message for %s again: its store is closed", db.name)
+
+            asyncio.get_running_loop().call_later(wait, again)
 
         db.store.submit(
             [queue_row(ep, queue, seq, 1, message_type, len(body), body, self.clock()), *extra],

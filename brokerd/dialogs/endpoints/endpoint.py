@@ -158,6 +158,10 @@ class Endpoint:
     broker_errors: int = 0
     uncommitted_sends: int = 0
     """Messages queued by SEND whose transaction has not committed yet."""
+    dropped_before: int = 0
+    """The number of this side's END WITH ERROR while it is in memory: a SEND numbered
+    below it that commits with it or before it (of its transaction, or in flight then)
+    is dropped with the messages waiting to be sent, not sent (R-DLG-10); 0 = none."""
     timer_due: float = 0.0
     """Wall-clock time the conversation timer fires (R-DLG-11); 0 = no timer."""
     wakeup: float = 0.0
@@ -257,8 +261,11 @@ class Endpoint:
         arguments: no tuple on the hot path); True if it changed (SPEC §5).
 
         ``undo`` is for a unit of work that failed to commit: its memory effects are
-        reversed, so the state may go back to what it was before it.
+        reversed, so the state may go back to what it was before it. Otherwise a closed
+        endpoint stays closed (ended WITH CLEANUP while its removal commits, say).
         """
+        if self.state is State.CLOSED and not undo:
+            return False
         new = state_of(
             self.initiator,
             self.send_sequence > 0,

@@ -212,12 +212,21 @@ class ConversationVerbs:
         dropped = dict(ep.outbox)
         dropped_runs = ep.backlog.spans()
         dropped_seqs = [*dropped, *ep.backlog]
+        # SENDs numbered and not committed yet (earlier in its transaction, or in flight),
+        # but those that went straight into the far side's queue (its endpoint took their
+        # numbers already: they are delivered as they commit, R-DLG-13)
+        far = db.by_key.get((ep.conversation_id, not ep.initiator))
+        taken = far.accepted.through if far is not None else 0
+        unsent = range(
+            max(ep.send_sequence - ep.uncommitted_sends, taken) + 1, ep.send_sequence + 1
+        )
         queue = db.queue_of(ep.service)
         index = db.ready.get(queue) if queue else None
         unreceived = index.drop_conversation(ep.handle) if index is not None else []
 
         def failed(_: BaseException) -> None:
             ep.ended_local = False
+            ep.dropped_before = 0
             ep.outbox.update(dropped)
             ep.backlog.restore(dropped_runs)
             ep.refresh_state(undo=True)
@@ -238,15 +247,20 @@ class ConversationVerbs:
             return work.add([endpoint_snapshot(ep)])
         if error_code is not None:
             why = "END CONVERSATION WITH ERROR"
-            work.add(on_commit=lambda: self.events.discarded(ep, dropped_seqs, why))
+            gone = [*dropped_seqs, *unsent]
+            work.add(on_commit=lambda: self.events.discarded(ep, gone, why))
             self.transmission.discard(ep)
+            # R-DLG-10: the SENDs not committed yet are dropped too (their commit keeps
+            # them out of the transmission queue, ``SendVerbs``; their rows go here)
+            ep.dropped_before = ep.send_sequence + 1
+            runs = [*dropped_runs, (unsent.start, unsent.stop - 1)] if unsent else dropped_runs
             _, enqueued = self.sending.enqueue_work(
                 db,
                 ep,
                 ERROR,
                 FLAG_SEQUENCED | FLAG_ERROR,
                 error_body(error_code, description),
-                unqueue_sent(ep, list(dropped), runs=dropped_runs),
+                unqueue_sent(ep, list(dropped), runs=runs),
             )
         else:
             _, enqueued = self.sending.enqueue_work(
@@ -267,25 +281,44 @@ class ConversationVerbs:
             await commit(db, work)
 
     def _cleanup_work(self, db: Database, ep: Endpoint) -> Work:
-        """END CONVERSATION WITH CLEANUP: the endpoint and what it holds go at once. What
-        it discarded, and its end, are traced once that commits (R-TRACE-1): a failed
-        commit leaves them in the file, and the trace says nothing of them."""
-        discarded = [*ep.outbox, *ep.backlog]
+        """END CONVERSATION WITH CLEANUP: the endpoint shows closed at once (the later verbs
+        of its transaction find it ended, and nothing more is received of it); it leaves
+        memory, with what it had not sent, once its rows' removal commits, and what it
+        discarded, and its end, are traced then (R-TRACE-1). A work that fails (a client
+        transaction rolled back) leaves it as it was (SPEC §6)."""
+        before, timer = ep.state, ep.timer_due
+        ep.state = State.CLOSED
+        ep.timer_due = 0.0
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        aside = list(index.aside[ep.handle]) if index and ep.handle in index.aside else None
+        ranks = {
+            item: rank
+            for item, rank in (index.ahead.items() if index is not None else ())
+            if item[0] == ep.handle
+        }
+        unreceived = index.drop_conversation(ep.handle) if index is not None else []
 
         def committed() -> None:
-            self.events.discarded(ep, discarded, "END CONVERSATION WITH CLEANUP")
+            self.events.discarded(ep, [*ep.outbox, *ep.backlog], "END CONVERSATION WITH CLEANUP")
+            self.transmission.discard(ep)
             self.events.closed(ep, removed=True)
+            db.remove_endpoint(ep)
 
-        self.transmission.discard(ep)
-        ep.state = State.CLOSED
-        db.remove_endpoint(ep)
-        queue = db.queue_of(ep.service)
-        if queue in db.ready:
-            db.ready[queue].drop_conversation(ep.handle)
-        ep.timer_due = 0.0
+        def failed(_: BaseException) -> None:
+            ep.state, ep.timer_due = before, timer
+            self.deadlines.watch(ep)  # what came due meanwhile found it closed
+            if index is not None:
+                index.ahead.update(ranks)  # a DialogTimer or Error still goes ahead
+                if aside is not None:
+                    index.aside[ep.handle] = aside
+                for group, items in unreceived:
+                    index.put_back(group, items)
+
         return Work().add(
             [*queries.forget_conversation(ep.handle_text), endpoint_deletion(ep)],
-            on_commit=committed,
+            committed,
+            failed,
         )
 
     def check_move(
@@ -384,7 +417,7 @@ class ConversationVerbs:
 
         def committed() -> None:
             ep.timer_due = due
-            self.deadlines.watch(ep)
+            self.deadlines.watch_timer(ep)
 
         return Work().add(
             [queries.set_timer(ep.handle_text, due)],

@@ -365,6 +365,11 @@ class SendVerbs:
         messages waiting for a link that is down), is paged in after the messages before
         it, from the file it was just committed to (no object of it stays in memory)."""
         self.stats.sent_messages += len(messages)
+        if ep.dropped_before and messages[0].seq < ep.dropped_before:
+            # dropped by this side's END WITH ERROR, which deletes their rows (R-DLG-10)
+            messages = [msg for msg in messages if msg.seq >= ep.dropped_before]
+            if not messages:
+                return
         self._trace_enqueued(db, ep, messages)
         transmission = self.transmission
         outbox, backlog = ep.outbox, ep.backlog
