@@ -94,6 +94,13 @@ CONGESTION_POLL = 0.005
 CONGESTION_HOLD_MOST = 1.0
 """Seconds an application's requests wait for a congested link, at most at a time."""
 
+MAX_WAITING = 1024
+"""RECEIVEs and GET CONVERSATION GROUPs of one connection run as tasks at once, at most
+(the SDK's ``serve`` keeps 16): one more is refused (``InvalidRequest``). Each waits
+with a task, its request and its place among its queue's waiters, all woken by every
+change of the queue: unbounded, a client's pipelined RECEIVEs of a few dozen bytes each
+held kilobytes of the daemon apiece."""
+
 ANSWERED_KEPT = 64
 """Answered RECEIVEs a connection remembers for a withdraw that comes after the answer."""
 
@@ -103,6 +110,18 @@ kernel, or queued for this turn's write) before it holds: past it, the client's 
 are not read, and those read wait before they run, until its replies drain. A client that
 pipelines requests and never reads their replies holds this much of the daemon, not a
 page of a view per request."""
+
+CLOSE_GRACE = 5.0
+"""Seconds a connection the daemon closes has for its last replies to leave: a client
+that does not read them is then cut off (what it left unread is dropped), so that a
+closed connection, logged in or not, holds nothing of the daemon for longer."""
+
+MAX_PENDING_LOGINS = 128
+"""Connections not yet logged in, at most: a newer one closes the oldest of them (as port
+4022 does with connections in their handshake, ``endpoint.max_pending_handshakes``), so
+that a flood of connections that never log in churns among itself, never holding every
+file descriptor of the daemon, while an application's login, done in milliseconds, goes
+through."""
 
 PRE_LOGIN_MAX_BODY = 4096
 PRE_LOGIN_MAX_META = 4096
@@ -147,6 +166,9 @@ class ClientSession(asyncio.BufferedProtocol):
         self.access: Access | None = None
         self.transport: asyncio.Transport | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.receiving: set[asyncio.Task[None]] = set()
+        """The tasks of :attr:`tasks` that run a RECEIVE or GET CONVERSATION GROUP
+        (:data:`MAX_WAITING` at most)."""
         self.transactions: dict[int, Transaction] = {}
         self.tx_ids = itertools.count(1)
         self._login_deadline: asyncio.TimerHandle | None = None
@@ -189,10 +211,16 @@ class ClientSession(asyncio.BufferedProtocol):
         """The request whose task :attr:`_behind` waits for (None once it started)."""
         self._views = asyncio.Lock()
         """Held by the ``view`` request being answered: views are answered one at a time."""
+        self.created = 0.0
+        """When the connection came (the event loop's clock)."""
+        self.evicted = False
+        """Closed before its login to admit a newer connection (:data:`MAX_PENDING_LOGINS`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH)
+        self.created = asyncio.get_running_loop().time()
+        self._admit()
         self.broker.client_sessions.add(self)
         self._login_deadline = asyncio.get_running_loop().call_later(
             self.broker.config.client.login_timeout, self._login_expired
@@ -204,6 +232,18 @@ class ClientSession(asyncio.BufferedProtocol):
                 )
             )
         )
+
+    def _admit(self) -> None:
+        """Make room for this connection among those not logged in: past
+        :data:`MAX_PENDING_LOGINS`, the oldest of them is closed at once."""
+        pending = [s for s in self.broker.client_sessions if s.access is None and not s.evicted]
+        if len(pending) < MAX_PENDING_LOGINS:
+            return
+        oldest = min(pending, key=lambda s: s.created)
+        oldest.evicted = True
+        log.debug("client connection closed before its login to admit a newer one")
+        if oldest.transport is not None:
+            oldest.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer(read_buffer_in(_THREAD))
@@ -222,15 +262,23 @@ class ClientSession(asyncio.BufferedProtocol):
             return
         self._handle(frames)
 
-    def _handle(self, frames: list[ClientFrame], held: bool = False) -> None:
+    def _handle(
+        self, frames: list[ClientFrame] | collections.deque[ClientFrame], held: bool = False
+    ) -> None:
         """Handle the frames read, in order. A request run as a task starts (runs up to
         its first wait) before any request read after it is handled: those wait in
         :attr:`_behind` until it has (SPEC §6: a connection's requests take effect in the
         order written, so a SEND written after an END CONVERSATION or a send_many of its
-        conversation comes after it). ``held``: their bodies were counted already."""
+        conversation comes after it). ``held``: their bodies were counted already.
+
+        The frames are taken one by one from the front of one deque, which is what waits
+        in :attr:`_behind` when a task stops the handling: never copied again, so
+        requests pipelined by the thousand cost the daemon their number, not its square."""
+        pending = frames if isinstance(frames, collections.deque) else collections.deque(frames)
         sends: list[ClientFrame] = []
         """Pipelined SENDs, handed on together when another request comes or at the end."""
-        for n, frame in enumerate(frames):
+        while pending:
+            frame = pending.popleft()
             if not held:
                 self._hold_body(frame)
             op = frame.meta.get("op")
@@ -263,17 +311,29 @@ class ClientSession(asyncio.BufferedProtocol):
                 and self._receive_now(frame)
             ):
                 continue
-            if op == "receive" or op == "get_conversation_group":  # may wait: withdrawable
+            waits = op == "receive" or op == "get_conversation_group"
+            if waits:  # may wait: withdrawable, and bounded
+                if len(self.receiving) >= MAX_WAITING:
+                    self._reply_error(
+                        frame.request_id,
+                        InvalidRequest(
+                            f"this connection has {MAX_WAITING} RECEIVE and GET CONVERSATION "
+                            "GROUP requests under way, the most it may; wait for or withdraw one"
+                        ),
+                    )
+                    continue
                 self._waits[frame.request_id] = Withdrawal()
             task = asyncio.get_running_loop().create_task(self._run(frame))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-            if n + 1 < len(frames):
-                behind = frames[n + 1 :]
+            if waits:
+                self.receiving.add(task)
+                task.add_done_callback(self.receiving.discard)
+            if pending:
                 if not held:
-                    for later in behind:
+                    for later in pending:
                         self._hold_body(later)
-                self._behind = collections.deque(behind)
+                self._behind = pending
                 self._holding_for = frame.request_id
                 return
         if sends:
@@ -301,7 +361,7 @@ class ClientSession(asyncio.BufferedProtocol):
             for frame in behind:
                 self._release(frame.request_id)
             return
-        self._handle(list(behind), held=True)
+        self._handle(behind, held=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.client_sessions.discard(self)
@@ -332,9 +392,19 @@ class ClientSession(asyncio.BufferedProtocol):
         self._read_or_not()
 
     def _close(self) -> None:
-        if self.transport is not None:
+        transport = self.transport
+        if transport is not None:
             self._write_out()
-            self.transport.close()
+            transport.close()  # once the replies written have left, which a client that
+            # reads nothing never lets happen: it is cut off after CLOSE_GRACE
+            asyncio.get_running_loop().call_later(CLOSE_GRACE, self._cut_off, transport)
+
+    def _cut_off(self, transport: asyncio.Transport) -> None:
+        """The connection closed :data:`CLOSE_GRACE` s ago is still open (its client reads
+        none of the replies left): drop them and close it now."""
+        if self.transport is transport:
+            log.warning("client connection cut off: its last replies were not read")
+            transport.abort()
 
     # -- a graceful stop --------------------------------------------------------------
 

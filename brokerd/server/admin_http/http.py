@@ -3,10 +3,12 @@
 Only ``GET`` (and ``HEAD``) is served; any other method is 405, an unknown path 404.
 A request's head is bounded (:data:`MAX_REQUEST_HEAD`), a request with a body is
 refused (413), a request whose head has not all come within :data:`IDLE_TIMEOUT`
-seconds is not waited for (the connection is closed), and at most
+seconds, or an answer the client has not taken within it, is not waited for (the
+connection is closed, what it left unread dropped), and at most
 :data:`MAX_CONNECTIONS` are served at once: a new connection beyond them closes the
-oldest one still waiting for a request, so that idle or trickling connections never
-keep the health checks out. Keep-alive is honoured.
+oldest one waiting for its client (for a request, or to take an answer), so that idle,
+trickling or never-reading connections never keep the health checks out. Keep-alive
+is honoured.
 
 May import: ``h11`` and the standard library.
 """
@@ -27,7 +29,8 @@ log = logging.getLogger("brokerd.admin_http")
 MAX_REQUEST_HEAD = 16 * 1024
 """Bytes of a request line and headers at most."""
 IDLE_TIMEOUT = 30.0
-"""Seconds a request's head may take to come (from the end of the previous request)."""
+"""Seconds a request's head may take to come (from the end of the previous request), and
+an answer to be taken by the client."""
 MAX_CONNECTIONS = 64
 """Connections served at once; a new one beyond them takes the place of the oldest one
 waiting for a request, or is closed when every one is being answered."""
@@ -58,7 +61,8 @@ class HttpServer:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting: dict[asyncio.Task[None], None] = {}
-        """The connections waiting for a request's head, oldest first."""
+        """The connections waiting for their client (a request's head, or room for an
+        answer), oldest first."""
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -86,16 +90,19 @@ class HttpServer:
             writer.close()
             return
         self._tasks.add(task)
+        cut = False
         try:
             await self._connection(reader, writer)
-        except (ConnectionError, TimeoutError, h11.ProtocolError, asyncio.CancelledError):
-            pass  # the client went, spoke no HTTP, or the port stops (a cancel ends this task)
+        except (ConnectionError, h11.ProtocolError):
+            pass  # the client went or spoke no HTTP
+        except (TimeoutError, asyncio.CancelledError):
+            # the client was too slow to ask or to take an answer, a newer connection
+            # took its place, or the port stops (a cancel ends this task)
+            cut = True
         finally:
             self._tasks.discard(task)
             self._waiting.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            await _close(writer, cut)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD)
@@ -108,13 +115,27 @@ class HttpServer:
             if keep:
                 keep = isinstance(conn.next_event(), h11.EndOfMessage)
             _write(conn, writer, response, head_only=request.method == b"HEAD", close=not keep)
-            await writer.drain()
+            await self._drain(writer)
             if not keep or conn.our_state is not h11.DONE:
                 return
             try:
                 conn.start_next_cycle()
             except h11.LocalProtocolError:
                 return
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+        """Wait until the client has taken enough of the answers written: a wait for the
+        client, like one for a request, so a newer connection may take its place, and
+        :data:`IDLE_TIMEOUT` at most (TimeoutError)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._waiting[task] = None
+        try:
+            async with asyncio.timeout(IDLE_TIMEOUT):
+                await writer.drain()
+        finally:
+            if task is not None:
+                self._waiting.pop(task, None)
 
     async def _next_request(
         self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -178,6 +199,25 @@ class HttpServer:
         except Exception:  # a page that fails must not take the port down
             log.exception("admin port: %s failed", target.path)
             return text(500, "internal error (see the daemon's log)")
+
+
+async def _close(writer: asyncio.StreamWriter, cut: bool) -> None:
+    """Close a connection: once what was written has left, waited for :data:`IDLE_TIMEOUT`
+    at most; at once, dropping it, when the connection was ``cut`` (the client did not take
+    it in time, or another connection took its place)."""
+    transport = writer.transport
+    if cut and transport.get_write_buffer_size():
+        transport.abort()
+        return
+    writer.close()
+    try:
+        async with asyncio.timeout(IDLE_TIMEOUT):
+            await writer.wait_closed()
+    except asyncio.CancelledError:
+        transport.abort()
+        raise
+    except Exception:  # the client went, or never took the rest (TimeoutError)
+        transport.abort()
 
 
 def _write(
