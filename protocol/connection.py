@@ -135,6 +135,10 @@ class ConnectionStats:
     frames_received: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    fragments_sent: int = 0
+    """Dialog message fragments sent (a FRAGMENTS frame carries several)."""
+    fragments_received: int = 0
+    """Dialog message fragments received and opened (a FRAGMENTS frame carries several)."""
     integrity_failures: int = 0
 
 
@@ -357,7 +361,9 @@ class BrokerConnection:
     def send(self, event: SendableEvent) -> bytes:
         """Frame one event for the peer; raises LocalProtocolError if not allowed now."""
         if isinstance(event, Fragment):
-            return self._send_protected(FrameType.FRAGMENT, event.payload)
+            frame = self._send_protected(FrameType.FRAGMENT, event.payload)
+            self.stats.fragments_sent += 1
+            return frame
         if isinstance(event, Ack):
             return self._send_protected(FrameType.ACK, event.payload)
         if isinstance(event, Mirror):
@@ -440,6 +446,7 @@ class BrokerConnection:
             if batch:
                 planned.append(_planned_batch(batch, total))
         out = self._seal_planned(planned)
+        self.stats.fragments_sent += len(payloads)
         if self._outbox:
             out.insert(0, self.data_to_send())
         return out
@@ -530,10 +537,13 @@ class BrokerConnection:
         if frame_type == FrameType.FRAGMENTS:
             if self.version is None or self.version < frames.FRAGMENTS_VERSION:
                 raise RemoteProtocolError(f"FRAGMENTS frame on a version {self.version} connection")
-            events.extend(Fragment(part) for part in frames.decode_fragments(opened))
+            parts = frames.decode_fragments(opened)
+            self.stats.fragments_received += len(parts)
+            events.extend(Fragment(part) for part in parts)
             return
         payload = bytes(opened)  # a small payload is bytes already: not copied
         if frame_type == FrameType.FRAGMENT:
+            self.stats.fragments_received += 1
             events.append(Fragment(payload))
         elif frame_type == FrameType.ACK:
             events.append(Ack(payload))

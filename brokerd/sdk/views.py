@@ -116,11 +116,18 @@ class BrokerConnection:
     frames_received: int
     bytes_sent: int
     bytes_received: int
+    fragments_sent: int
+    """Dialog message fragments sent (R-PROTO-3; a frame may carry several)."""
+    fragments_received: int
+    """Dialog message fragments received (R-PROTO-3; a frame may carry several)."""
     corrupted_messages: int
     acknowledgements_waiting: int
     """Acknowledgements queued for the peer and not written yet (one at most per endpoint)."""
     broker_errors_dropped: int
     """Answers to refused messages dropped while the peer read nothing (R-PROTO-3)."""
+    answers_dropped: int
+    """Answers to the peer's principal queries and mirroring messages dropped while the
+    peer read nothing (R-PROTO-3, R-ROUTE-10)."""
     retransmit_timeout: float | None
 
 

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.errors import StoreError
+from brokerd.server.outbox import MirrorAnswer
 from brokerd.storage import queries
 from brokerd.storage.replica import Replica, Unit
 from protocol import events, mirroring
@@ -107,6 +108,11 @@ class Partner:
         db.store.replica = self.replica
         # principal side
         self.session: BrokerProtocol | None = None
+        self.partner_name: str | None = None
+        """The partner's instance name, as this instance's connection to its address
+        authenticated it: only that broker may attach as mirror."""
+        self.verifying: BrokerProtocol | None = None
+        """The connection whose ATTACH waits for that name."""
         self.copying = False
         self.confirmed = 0
         self.ring: deque[tuple[Unit, bytes]] = deque()
@@ -268,6 +274,61 @@ class Partner:
         return any(unit.lsn == lsn and unit.epoch == epoch for unit, _ in self.ring)
 
     def on_attach(self, protocol: BrokerProtocol, message: Attach) -> None:
+        """An ATTACH is taken only from the partner: the broker that this instance's own
+        connection to ``mirror_partner`` authenticates. Any other broker of the
+        deployment is refused: it would get the database's units and a copy of its file,
+        displace the mirror, and release commits by confirming them."""
+        verdict = self._from_partner(protocol)
+        if verdict is None:
+            if self.verifying is not None and not self.verifying.closed:
+                self._refuse(protocol, "another attach is being checked; attach again")
+                return
+            self.verifying = protocol
+            self.owner.spawn(self._attach_once_checked(protocol, message))
+            return
+        if not verdict:
+            self._refuse(protocol, self._not_partner(protocol))
+            return
+        self._attached(protocol, message)
+
+    def _from_partner(self, protocol: BrokerProtocol) -> bool | None:
+        """Whether ``protocol``'s peer is the partner, or None while this instance's own
+        connection to the partner's address is not open to tell (its name is remembered
+        from the last time it was)."""
+        link = self.owner.transport.link_for(self.address)
+        if link.is_open and link.protocol is not None:
+            self.partner_name = link.protocol.conn.peer_instance
+        name = protocol.conn.peer_instance
+        if name is not None and name == self.partner_name:
+            return True
+        return False if link.is_open else None
+
+    async def _attach_once_checked(self, protocol: BrokerProtocol, message: Attach) -> None:
+        """Dial the partner's address to learn who the partner is, then take or refuse the
+        ATTACH that ``protocol`` sent meanwhile."""
+        try:
+            link = self.owner.transport.link_for(self.address)
+            link.connect()
+            deadline = time.monotonic() + 2 * self.owner.transport.config.connect_timeout
+            while not link.is_open and not protocol.closed and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if protocol.closed:
+                return
+            if self._from_partner(protocol):
+                self._attached(protocol, message)
+            else:
+                self._refuse(protocol, self._not_partner(protocol))
+        finally:
+            if self.verifying is protocol:
+                self.verifying = None
+
+    def _not_partner(self, protocol: BrokerProtocol) -> str:
+        return (
+            f"{protocol.conn.peer_instance!r} is not the partner of database {self.db.name} "
+            f"(the broker at {self.address} is {self.partner_name!r})"
+        )
+
+    def _attached(self, protocol: BrokerProtocol, message: Attach) -> None:
         db = self.db
         if message.epoch > db.mirror_epoch and db.mirror_role == "principal":
             self.owner.engine.router.mirror_roles.superseded(db, message.epoch)
@@ -535,7 +596,7 @@ class Partner:
     def _refuse(self, protocol: BrokerProtocol, reason: str) -> None:
         with contextlib.suppress(LocalProtocolError):
             protocol.send_control(
-                events.Mirror(mirroring.encode(Refuse(self.instance, reason[:900])))
+                MirrorAnswer(mirroring.encode(Refuse(self.instance, reason[:900])))
             )
 
 
@@ -604,7 +665,7 @@ class Mirroring:
             if isinstance(message, Attach):
                 with contextlib.suppress(LocalProtocolError):
                     protocol.send_control(
-                        events.Mirror(
+                        MirrorAnswer(
                             mirroring.encode(
                                 Refuse(
                                     message.broker_instance,

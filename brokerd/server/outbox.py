@@ -9,11 +9,15 @@ items are merged into one ACK frame when the pump builds them.
 What the peer's own frames make us send is bounded while the peer does not read
 (its socket full, the pump stopped): an endpoint has at most one acknowledgement
 waiting, the newest (it says what the older said, except what falls beyond a
-header's bounds on acknowledged ranges, which costs a retransmission), and at most
-:data:`MAX_QUEUED_ERRORS` broker errors wait; one more is dropped and counted
-(``errors_dropped``). Neither loses anything: one acknowledgement may cover several
-fragments (R-DLG-5), and a sender retransmits what it has no acknowledgement of
-(R-DLG-6), and is answered again.
+header's bounds on acknowledged ranges, which costs a retransmission); at most
+:data:`MAX_QUEUED_ERRORS` broker errors wait, and at most :data:`MAX_QUEUED_ANSWERS`
+answers (principal answers, to its principal queries or telling it that a mirror got
+its message, and :class:`MirrorAnswer` refusals of its mirroring messages); one more of
+either is dropped and counted (``errors_dropped``, ``answers_dropped``). None of it
+loses anything: one acknowledgement may cover several fragments (R-DLG-5), a sender
+retransmits what it has no acknowledgement of (R-DLG-6), a sender asks a mirrored pair
+again while it uses it (R-ROUTE-15), and a mirror attaches again; each is answered
+again.
 
 May import: ``protocol``, ``brokerd.routing``, ``brokerd.dialogs.transmission.links``.
 """
@@ -22,10 +26,21 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
+from dataclasses import dataclass
 
 from brokerd.dialogs.transmission.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
 from protocol import dialog, events
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorAnswer:
+    """A MIRROR frame that answers one of the peer's (a refusal), sent as
+    ``events.Mirror(payload)``: it waits under the bound of answers, where a Mirror the
+    daemon sends of its own (units, a copy of a file) is never dropped."""
+
+    payload: bytes
+
 
 Item = (
     SendFragment
@@ -35,11 +50,18 @@ Item = (
     | events.PrincipalQuery
     | events.PrincipalAnswer
     | events.Mirror
+    | MirrorAnswer
 )
 
 
 MAX_QUEUED_ERRORS = 1024
 """Broker errors (answers to refused messages) that may wait for one connection."""
+
+MAX_QUEUED_ANSWERS = 1024
+"""Answers (principal answers, mirroring refusals) that may wait for one connection."""
+
+
+_ANSWERS = (events.PrincipalAnswer, MirrorAnswer)
 
 AckKey = tuple[uuid.UUID, bool]
 """An acknowledgement's endpoint on the connection: its conversation and whether it
@@ -49,7 +71,15 @@ acknowledges the initiator's messages."""
 class Outbox:
     """The two queues of one connection."""
 
-    __slots__ = ("_acks", "_errors", "bulk", "errors_dropped", "small")
+    __slots__ = (
+        "_acks",
+        "_answers",
+        "_errors",
+        "answers_dropped",
+        "bulk",
+        "errors_dropped",
+        "small",
+    )
 
     def __init__(self) -> None:
         self.small: deque[Item] = deque()
@@ -58,6 +88,8 @@ class Outbox:
         """Each acknowledgement waiting: the list of the item it is in, and its place there."""
         self._errors = 0
         self.errors_dropped = 0
+        self._answers = 0
+        self.answers_dropped = 0
 
     def __bool__(self) -> bool:
         return bool(self.small or self.bulk)
@@ -76,6 +108,11 @@ class Outbox:
                 self.errors_dropped += 1
                 return
             self._errors += 1
+        elif type(item) in _ANSWERS:
+            if self._answers >= MAX_QUEUED_ANSWERS:
+                self.answers_dropped += 1
+                return
+            self._answers += 1
         self.small.append(item)
 
     def add_acks(self, headers: list[dialog.DialogHeader]) -> None:
@@ -103,6 +140,8 @@ class Outbox:
         item = self.small.popleft()
         if type(item) is SendHeader:
             self._errors -= 1
+        elif type(item) in _ANSWERS:
+            self._answers -= 1
         elif isinstance(item, SendAcks):  # no longer waiting: a newer one queues anew
             self._forget(item.headers)
         return item
@@ -135,3 +174,4 @@ class Outbox:
         self.bulk.clear()
         self._acks.clear()
         self._errors = 0
+        self._answers = 0

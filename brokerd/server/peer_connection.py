@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from brokerd.dialogs.endpoints.binding import peer_identity
 from brokerd.dialogs.transmission.links import SendAcks, SendFragment, SendHeader
 from brokerd.routing.forwarding import Forward
-from brokerd.server.outbox import Outbox
+from brokerd.server.outbox import MirrorAnswer, Outbox
 from protocol import dialog, events
 from protocol.buffers import Buffer, coalesce
 from protocol.connection import BrokerConnection, ConnectionSettings, Role
@@ -188,7 +188,8 @@ class BrokerProtocol(asyncio.BufferedProtocol):
         return True  # an open connection: the budget alone bounds what waits on it
 
     def send_control(
-        self, event: events.PrincipalQuery | events.PrincipalAnswer | events.Mirror
+        self,
+        event: events.PrincipalQuery | events.PrincipalAnswer | events.Mirror | MirrorAnswer,
     ) -> None:
         self.outbox.add(event)
         self._schedule_pump()
@@ -404,6 +405,8 @@ class BrokerProtocol(asyncio.BufferedProtocol):
                     frame = send(events.Ack(dialog.encode_acks(headers)))
                 elif kind is Forward:
                     frame = send(events.Ack(dialog.encode_acks(cast(Forward, item).acks or [])))
+                elif kind is MirrorAnswer:
+                    frame = send(events.Mirror(cast(MirrorAnswer, item).payload))
                 else:
                     frame = send(
                         cast(events.PrincipalQuery | events.PrincipalAnswer | events.Mirror, item)
@@ -491,9 +494,12 @@ class BrokerProtocol(asyncio.BufferedProtocol):
             "frames_received": stats.frames_received,
             "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received,
+            "fragments_sent": stats.fragments_sent,
+            "fragments_received": stats.fragments_received,
             "corrupted_messages": stats.integrity_failures,
             "acknowledgements_waiting": self.outbox.queued_acks,
             "broker_errors_dropped": self.outbox.errors_dropped,
+            "answers_dropped": self.outbox.answers_dropped,
             "retransmit_timeout": (
                 self.engine.transmission.timeout_of(self.link.name)
                 if self.link is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from typing import TYPE_CHECKING, Protocol
 
 from brokerd.config import EndpointConfig, parse_tcp_address
@@ -182,6 +183,10 @@ class PeerLink:
                         ep.waiting_status = self._status
                     self._fail_pending()
                     self.owner.engine.router.link_unreachable(self.name)
+                    # The failed attempt's frames (this link, its connection) are held by
+                    # a cycle through the exception asyncio kept: free them now, so that
+                    # a link nothing holds goes at once (``Transport.links``).
+                    traceback.clear_frames(exc.__traceback__)
                 if not self._wanted():
                     return
                 if await self._wait_before_dialling(delay):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from brokerd.config import EndpointConfig
@@ -56,7 +57,11 @@ class Transport:
         self.engine: DialogEngine  # set by the daemon before start()
         self.mirroring: MirroringHandler | None = None
         """Set by the daemon when a database is mirrored with a partner (R-ROUTE-16)."""
-        self.links: dict[str, PeerLink] = {}
+        self.links: weakref.WeakValueDictionary[str, PeerLink] = weakref.WeakValueDictionary()
+        """The outgoing link of each address, while something holds it: a conversation
+        routed there, a connection or an attempt under way, held items. One nobody holds
+        any more goes (a TRANSPORT route makes an address of every service name a peer
+        sends for, R-ROUTE-9), and the next message for its address makes it again."""
         self.connections: set[BrokerProtocol] = set()
         self.server: asyncio.Server | None = None
         self.stopping = False
@@ -79,7 +84,8 @@ class Transport:
     def link_for(self, address: str) -> PeerLink:
         link = self.links.get(address)
         if link is None:
-            link = self.links[address] = PeerLink(self, address)
+            link = PeerLink(self, address)
+            self.links[address] = link
         return link
 
     async def start(self) -> None:

@@ -739,9 +739,7 @@ class Arrivals:
         )
 
     def on_corrupted_message(self, link: Link, reason: str) -> None:
-        self.stats.corrupted_messages += 1
-        self.trace.emit("corrupted_message", peer=link.name, reason=reason)
-        log.warning("integrity failure on %s: %s (not acknowledged)", link.name, reason)
+        self.events.corrupted(link.name, reason)
 
 
 def _ordered(conn: sqlite3.Connection) -> None:

@@ -1,7 +1,8 @@
 """The trace events of a dialog's life, and messages dropped (``docs/traces.md``).
 
 Owns how a dropped message is counted, traced, kept for the ``drops`` view and
-logged (at most one line a second), the ``dialog_begun``, ``discarded`` and
+logged (at most one line a second), how a corrupted one is counted, traced and logged
+(as rarely, SPEC R-DLG-8), the ``dialog_begun``, ``discarded`` and
 ``dialog_ended`` events every part of the engine writes, a promotion's ``inherited``
 events, and poison-message handling's (SPEC §6): ``rolled_back``, ``quarantined``,
 ``quarantine_released``, ``quarantine_ended`` and ``queue_disabled``, each with its
@@ -28,6 +29,24 @@ from protocol.dialog import DialogHeader
 log = logging.getLogger("brokerd.dialogs.engine")
 
 
+class OncePerSecond:
+    """Lines of one kind logged at most once a second (a peer can cause thousands)."""
+
+    def __init__(self) -> None:
+        self._at = -math.inf
+        self._skipped = 0
+
+    def due(self) -> int | None:
+        """How many lines were not logged since the last one, if one may be logged now;
+        None (and this one counted as not logged) otherwise."""
+        now = time.monotonic()
+        if now - self._at < 1.0:
+            self._skipped += 1
+            return None
+        more, self._at, self._skipped = self._skipped, now, 0
+        return more
+
+
 class DialogEvents:
     """Dropped messages and the trace events of a dialog's life."""
 
@@ -38,10 +57,10 @@ class DialogEvents:
         self.stats = stats
         self.closing = closing if closing is not None else ClosedEndpoints(math.inf, time.time)
         """Closed endpoints waiting to be removed (fed by :meth:`closed`)."""
-        self._drop_logged_at = -math.inf
-        self._drops_not_logged = 0
+        self._drop_lines = OncePerSecond()
         self._unbegun: dict[uuid.UUID, str] = {}
         """Target endpoints made by an arrival not committed yet -> the link it came on."""
+        self._corrupted_lines = OncePerSecond()
 
     def drop(self, header: DialogHeader, reason: str) -> None:
         """A message from a link is dropped: counted, traced, noted."""
@@ -66,13 +85,27 @@ class DialogEvents:
         retransmitting into a fenced partner drops thousands), with the count of those
         not logged since."""
         self.stats.drop_reasons.append(text)
-        now = time.monotonic()
-        if now - self._drop_logged_at < 1.0:
-            self._drops_not_logged += 1
+        more = self._drop_lines.due()
+        if more is None:
             return
-        more = self._drops_not_logged
-        self._drop_logged_at, self._drops_not_logged = now, 0
         log.warning("%s%s", text, f" (and {more} more drops not logged)" if more else "")
+
+    def corrupted(self, peer: str, reason: str) -> None:
+        """A message or acknowledgement from ``peer`` failed its check or did not decode
+        (R-DLG-8): discarded, not acknowledged; counted and traced each time, logged at
+        most once a second (a peer can send thousands to a frame), with the count of
+        those not logged since."""
+        self.stats.corrupted_messages += 1
+        self.trace.emit("corrupted_message", peer=peer, reason=reason)
+        more = self._corrupted_lines.due()
+        if more is None:
+            return
+        log.warning(
+            "integrity failure on %s: %s (not acknowledged)%s",
+            peer,
+            reason,
+            f" (and {more} more not logged)" if more else "",
+        )
 
     def begun(self, ep: Endpoint, peer: str | None = None) -> None:
         self.trace.emit(
