@@ -10,6 +10,12 @@ oldest one waiting for its client (for a request, or to take an answer), so that
 trickling or never-reading connections never keep the health checks out. Keep-alive
 is honoured.
 
+A port on a loopback address answers only requests that name it by an IP address,
+``localhost`` or the name it listens on, or name none (421 otherwise): a web page whose own name is
+made to resolve to 127.0.0.1 (DNS rebinding) would otherwise read every page of the
+port from an operator's browser. A port given another address answers any name (it is
+reached from other hosts by names it cannot know).
+
 May import: ``h11`` and the standard library.
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -58,6 +65,8 @@ class HttpServer:
         self.host = host
         self.port = port
         self.routes = dict(routes)
+        self.names = _names_answered(host)
+        """The names a request's ``Host`` may give besides an IP address; None: any."""
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting: dict[asyncio.Task[None], None] = {}
@@ -185,6 +194,14 @@ class HttpServer:
             return event
 
     async def _respond(self, request: h11.Request) -> Response:
+        if self.names is not None:
+            host = _host_of(request)
+            if host and not (_is_ip(host) or host in self.names):  # none: HTTP/1.0
+                return text(
+                    421,
+                    f"this admin port answers to {', '.join(sorted(self.names))} or an IP "
+                    f"address, not {host!r}",
+                )
         if _has_body(request):
             return text(413, "requests to the admin port carry no body")
         if request.method not in (b"GET", b"HEAD"):
@@ -199,6 +216,34 @@ class HttpServer:
         except Exception:  # a page that fails must not take the port down
             log.exception("admin port: %s failed", target.path)
             return text(500, "internal error (see the daemon's log)")
+
+
+def _names_answered(host: str) -> frozenset[str] | None:
+    """The names a port on ``host`` answers to besides IP addresses (None: any name)."""
+    try:
+        if not ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        if host.lower() != "localhost":
+            return None
+    return frozenset({"localhost", host.lower()})
+
+
+def _host_of(request: h11.Request) -> str:
+    """The host a request names (its ``Host`` header, the port left out), lower case."""
+    value = next((v for k, v in request.headers if k == b"host"), b"").decode("latin-1")
+    value = value.strip().lower()
+    if value.startswith("["):  # [v6]:port
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 async def _close(writer: asyncio.StreamWriter, cut: bool) -> None:
