@@ -19,7 +19,9 @@ only), ``brokerd.server.peer_connection``, ``brokerd.server.peer_link``.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -66,6 +68,8 @@ class Transport:
         self.server: asyncio.Server | None = None
         self.stopping = False
         self._watch_task: asyncio.Task[None] | None = None
+        self._lookups: set[asyncio.Task[None]] = set()
+        """Host-name lookups of :meth:`peer_connected` under way."""
         self.evicted_handshakes = 0
         self.inbound_high_water = config.inbound_backlog_mb * 1024 * 1024
         """Bytes received and not yet committed above which broker connections are not
@@ -102,6 +106,8 @@ class Transport:
         self.stopping = True
         if self._watch_task is not None:
             self._watch_task.cancel()
+        for lookup in list(self._lookups):
+            lookup.cancel()
         if self.server is not None:
             self.server.close()
         for protocol in list(self.connections):
@@ -256,12 +262,45 @@ class Transport:
         return {"handshakes_evicted": self.evicted_handshakes, "inbound_holds": self.holds}
 
     def peer_connected(self, host: str) -> None:
-        """A broker at ``host`` completed a handshake with us: it is up, so links to it that
-        wait before dialling again dial now (a returning peer is reached at once, whatever
-        the reconnect back-off has grown to)."""
-        for link in self.links.values():
-            if link.host == host and not link.is_open:
+        """A broker at ``host`` (the address it connected from) completed a handshake with
+        us: it is up, so links to it that wait before dialling again dial now (a returning
+        peer is reached at once, whatever the reconnect back-off has grown to). A link that
+        names its peer by a host name (a compose deployment's) is matched by what that
+        name resolves to, looked up without blocking."""
+        named: list[PeerLink] = []
+        for link in list(self.links.values()):
+            if link.is_open:
+                continue
+            if link.host == host:
                 link.peer_is_back()
+            elif not _is_ip(link.host):
+                named.append(link)
+        if named:
+            task = asyncio.get_running_loop().create_task(
+                _back_by_name(host, named), name="peer-back-by-name"
+            )
+            self._lookups.add(task)
+            task.add_done_callback(self._lookups.discard)
 
     def broker_connections(self) -> list[dict[str, Any]]:
         return [p.view() for p in sorted(self.connections, key=lambda p: p.peer_address)]
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def _back_by_name(host: str, links: list[PeerLink]) -> None:
+    """Links among ``links`` whose host name resolves to ``host`` dial now."""
+    loop = asyncio.get_running_loop()
+    for link in links:
+        try:
+            infos = await loop.getaddrinfo(link.host, link.port, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        if any(info[4][0] == host for info in infos) and not link.is_open:
+            link.peer_is_back()
