@@ -59,6 +59,15 @@ def normal_tcp_address(address: str) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
+def is_ip_address(host: str) -> bool:
+    """Whether ``host`` is an IP address (v4 or v6), not a name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback

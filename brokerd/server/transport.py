@@ -19,7 +19,6 @@ only), ``brokerd.server.peer_connection``, ``brokerd.server.peer_link``.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 import time
@@ -27,6 +26,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from brokerd.config import EndpointConfig
+from brokerd.config.addresses import is_ip_address
 from brokerd.server.peer_connection import BrokerProtocol, MirroringHandler
 from brokerd.server.peer_link import PeerLink
 from protocol.connection import ConnectionSettings, Role
@@ -273,7 +273,7 @@ class Transport:
                 continue
             if link.host == host:
                 link.peer_is_back()
-            elif not _is_ip(link.host):
+            elif not is_ip_address(link.host):
                 named.append(link)
         if named:
             task = asyncio.get_running_loop().create_task(
@@ -284,14 +284,6 @@ class Transport:
 
     def broker_connections(self) -> list[dict[str, Any]]:
         return [p.view() for p in sorted(self.connections, key=lambda p: p.peer_address)]
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 async def _back_by_name(host: str, links: list[PeerLink]) -> None:

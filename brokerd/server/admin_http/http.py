@@ -16,20 +16,21 @@ made to resolve to 127.0.0.1 (DNS rebinding) would otherwise read every page of 
 port from an operator's browser. A port given another address answers any name (it is
 reached from other hosts by names it cannot know).
 
-May import: ``h11`` and the standard library.
+May import: ``h11``, ``brokerd.config.addresses`` and the standard library.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 import h11
+
+from brokerd.config.addresses import is_ip_address, is_loopback
 
 log = logging.getLogger("brokerd.admin_http")
 
@@ -196,7 +197,7 @@ class HttpServer:
     async def _respond(self, request: h11.Request) -> Response:
         if self.names is not None:
             host = _host_of(request)
-            if host and not (_is_ip(host) or host in self.names):  # none: HTTP/1.0
+            if host and not (is_ip_address(host) or host in self.names):  # none: HTTP/1.0
                 return text(
                     421,
                     f"this admin port answers to {', '.join(sorted(self.names))} or an IP "
@@ -220,12 +221,8 @@ class HttpServer:
 
 def _names_answered(host: str) -> frozenset[str] | None:
     """The names a port on ``host`` answers to besides IP addresses (None: any name)."""
-    try:
-        if not ipaddress.ip_address(host).is_loopback:
-            return None
-    except ValueError:
-        if host.lower() != "localhost":
-            return None
+    if not is_loopback(host) and host.lower() != "localhost":
+        return None
     return frozenset({"localhost", host.lower()})
 
 
@@ -236,14 +233,6 @@ def _host_of(request: h11.Request) -> str:
     if value.startswith("["):  # [v6]:port
         return value[1 : value.find("]")] if "]" in value else value
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 async def _close(writer: asyncio.StreamWriter, cut: bool) -> None:
