@@ -253,6 +253,10 @@ def _activation(queue: Table, base: Path) -> ActivationConfig | None:
     command = t.strings("command")
     if not command:
         raise t.error("command", "is required: the program to start and its arguments, an array")
+    if any("\0" in word for word in command):
+        raise t.error(
+            "command", "has a NUL character (\\u0000), which no program argument may have"
+        )
     user = t.text("user")
     return ActivationConfig(
         command=tuple(command),

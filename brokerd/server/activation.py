@@ -13,10 +13,15 @@ command runs in the configuration file's directory, with the daemon's environmen
 ``BROKERD_HOST``, ``BROKERD_PORT``, ``BROKERD_TLS`` (``1`` when the client port speaks
 TLS), ``BROKERD_USER``, ``BROKERD_TOKEN_FILE``, ``BROKERD_DATABASE`` and
 ``BROKERD_QUEUE``; its standard output and error go to
-``<data_dir>/activation/<database>.<queue>.log``. An instance that exits is reaped (its
-exit in the log, the trace and the ``activation_exits`` counter) and may be started
-again; when the daemon stops, every instance gets SIGTERM, and SIGKILL after
-``stop_grace`` seconds.
+``<data_dir>/activation/<database>.<queue>.log`` (:func:`log_name`: names that make no
+file name of their own are quoted, cut and told apart by a digest). An instance is its
+process group: it runs, counted against ``max_instances``, until its command and
+whatever the command left running have exited; it is then reaped (its exit in the log,
+the trace and the ``activation_exits`` counter) and may be started again; when the
+daemon stops, every instance gets SIGTERM, and SIGKILL after ``stop_grace`` seconds. On
+Linux an instance also dies with the daemon (SIGKILL from the kernel,
+``PR_SET_PDEATHSIG``): a daemon killed with SIGKILL, which stops nothing, leaves no
+instance that its restart would not count, running beside those it starts.
 
 May import what the server may: ``brokerd.dialogs`` (a database's ready index) and below.
 """
@@ -25,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from brokerd.config import ActivationConfig, BrokerConfig
 from brokerd.dialogs.endpoints.database import Database
@@ -43,6 +51,10 @@ log = logging.getLogger("brokerd.activation")
 
 CHECK_EVERY = 0.25
 """Seconds between two checks of an activated queue."""
+
+GROUP_POLL = 0.2
+"""Seconds between two looks at an instance whose first process exited while others of
+its process group run on."""
 
 
 def start_reason(
@@ -94,6 +106,23 @@ def login_for(config: BrokerConfig, activation: ActivationConfig) -> Login:
             if name not in tokens
         )
     return Login(client.host, client.port, client.tls, user, token_file)
+
+
+MAX_LOG_NAME = 255
+"""Bytes a file name may have (``NAME_MAX``); a name may have 1024."""
+
+
+def log_name(database: str, queue: str) -> str:
+    """The file, in ``<data_dir>/activation``, of the output of ``queue``'s command:
+    ``<database>.<queue>.log`` when that is one file name (no ``/``, at most
+    :data:`MAX_LOG_NAME` bytes); else both names quoted (``/`` included), cut, and a
+    digest of both, so that a queue whose names make no file name is activated still,
+    and writes nowhere outside that directory."""
+    plain = f"{database}.{queue}.log"
+    if "/" not in plain and "\0" not in plain and len(plain.encode()) <= MAX_LOG_NAME:
+        return plain
+    digest = hashlib.sha256(f"{database}\0{queue}".encode()).hexdigest()[:16]
+    return f"{quote(f'{database}.{queue}', safe='')[:200]}.{digest}.log"
 
 
 class QueueMonitor:
@@ -167,6 +196,7 @@ class QueueMonitor:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as output:
                 process = await asyncio.create_subprocess_exec(
+                    *DIES_WITH_DAEMON,
                     *command_line(self.activation.command),
                     cwd=self.activation.directory,
                     env=self.env,
@@ -175,7 +205,7 @@ class QueueMonitor:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-        except OSError as exc:
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self.starting -= 1
             self.start_failures += 1
             log.error(
@@ -204,6 +234,11 @@ class QueueMonitor:
         if self.stopping:  # the daemon began to stop while it was starting
             _signal_group(process, signal.SIGTERM)
         code = await process.wait()
+        # an instance is its process group: what the command started and left running
+        # (a shell's background job) is still the instance, counted against
+        # max_instances and stopped with the daemon, until the group ends
+        while _group_alive(pid):
+            await asyncio.sleep(GROUP_POLL)
         del self.processes[pid]
         self.exited += 1
         how = f"exit code {code}" if code >= 0 else f"signal {-code}"
@@ -272,7 +307,7 @@ class ExternalActivation:
                 queue.name,
                 queue.activation,
                 login_for(config, queue.activation),
-                config.data_dir / "activation" / f"{db.name}.{queue.name}.log",
+                config.data_dir / "activation" / log_name(db.name, queue.name),
                 trace,
             )
             for db in config.databases
@@ -323,13 +358,46 @@ def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> N
             process.send_signal(sig)
 
 
+def _dies_with_daemon() -> tuple[str, ...]:
+    """The words put before an instance's command so that it dies (SIGKILL) with the
+    daemon however the daemon ends: ``setpriv --pdeathsig`` (util-linux, in every Debian)
+    sets the parent-death signal and executes the command in its place (the same pid).
+    A daemon killed with SIGKILL signals no instance, and its restart counts only those it
+    starts itself. None where ``setpriv`` is missing (not Linux): there an instance
+    outlives a daemon that is killed. (Not ``preexec_fn``: Python code between fork and
+    exec is unsafe in a daemon with threads, the committers'.)"""
+    if not sys.platform.startswith("linux"):
+        return ()
+    setpriv = shutil.which("setpriv")
+    return (setpriv, "--pdeathsig", "KILL", "--") if setpriv else ()
+
+
+DIES_WITH_DAEMON = _dies_with_daemon()
+
+
 def _group_alive(group: int) -> bool:
-    """Whether any process of process group ``group`` is left."""
+    """Whether any process of process group ``group`` is left, zombies aside: a member
+    orphaned when its leader exited is reaped by init, or by nobody where init does not
+    reap (a container's), and a group of zombies has ended."""
     try:
         os.killpg(group, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:  # no procfs: the signal's answer is all there is
+        return True
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat"), "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(group).encode() and fields[0] != b"Z":
+            return True
+    return False
 
 
 PYTHON_NAMES = frozenset(("python", "python3"))
