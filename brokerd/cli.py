@@ -123,6 +123,20 @@ def _analyze_by(args: argparse.Namespace, witness: list[Witness]) -> int:
     return 0 if result["passed"] else 1
 
 
+def _top(value: str) -> int:
+    """``--top``: the rows kept per table, as the analyzer takes them (1 to ``MAX_TOP``),
+    alone or with ``--server`` (R-REPORT-3)."""
+    from brokerd.analytics.service import MAX_TOP
+
+    try:
+        top = int(value)
+    except ValueError:
+        top = 0
+    if not 0 < top <= MAX_TOP:
+        raise argparse.ArgumentTypeError(f"an integer from 1 to {MAX_TOP:,}, not {value!r}")
+    return top
+
+
 def _analyzer(args: argparse.Namespace) -> int:
     try:
         from brokerd.analytics.service import serve
@@ -232,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wire.set_defaults(func=_wire_demo)
 
+    from brokerd.analytics.service import DEFAULT_WARM_UPS, MAX_TOP
+
     analyze = commands.add_parser(
         "analyze",
         help="PySpark jobs over delivery traces: latency, faults, the exactly-once audit",
@@ -241,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--out", type=Path, default=Path("report"), help="report directory")
     analyze.add_argument("--master", help="Spark master (default local[*]: this machine's cores)")
-    analyze.add_argument("--top", type=int, default=50, help="rows kept per table")
+    analyze.add_argument(
+        "--top", type=_top, default=50, help=f"rows kept per table (1 to {MAX_TOP:,})"
+    )
     analyze.add_argument("--quiet", action="store_true", help="no progress lines")
     analyze.add_argument(
         "--database",
@@ -259,8 +277,6 @@ def build_parser() -> argparse.ArgumentParser:
         "starting Spark",
     )
     analyze.set_defaults(func=_analyze)
-
-    from brokerd.analytics.service import DEFAULT_WARM_UPS
 
     analyzer = commands.add_parser(
         "analyzer",

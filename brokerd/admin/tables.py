@@ -14,6 +14,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from brokerd.shown_text import one_line
+
 __all__ = ["LAST_COLUMNS", "MAX_TEXT", "SHORT_HEADERS", "display_rows", "format_table"]
 
 SHORT_LENGTH = 8
@@ -42,18 +44,6 @@ SHORT_HEADERS = {
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)?")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    return _ESCAPES.get(char) or f"\\x{ord(char):02x}"
-
-
-def one_line(text: str) -> str:
-    """``text`` with its control characters as escapes (``\\n``, ``\\x1b`` ...)."""
-    return _CONTROL.sub(_escape, text)
 
 
 def _decimal(value: float) -> str:

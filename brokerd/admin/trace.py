@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from brokerd.errors import TraceNotFound
+from brokerd.shown_text import one_line
 from brokerd.traces import columnar
 from brokerd.traces.names import LIFE_ORDER, later_names, latest_names
 
@@ -583,7 +584,9 @@ def _duration(seconds: float) -> str:
 
 
 def format_paths(conversation: str, found: Sequence[Path_]) -> str:
-    """The paths as text: a header per message, one line per step, the longest wait."""
+    """The paths as text: a header per message, one line per step, the longest wait; a
+    control character (an escape sequence in a reason) is shown as an escape
+    (:func:`brokerd.shown_text.one_line`)."""
     lines: list[str] = []
     for p in found:
         side = "initiator" if p.initiator else "target"
@@ -616,7 +619,9 @@ def format_paths(conversation: str, found: Sequence[Path_]) -> str:
             )
         lines.append(summary)
         lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+    # what the traces say came partly from the network (a peer's Close reason, in a
+    # refusal's): each line one line, its control characters as escapes, as in a view
+    return "\n".join(one_line(line) for line in lines).rstrip() + "\n"
 
 
 def directories_of(traces: Sequence[str] | None, configs: Sequence[str] | None) -> list[Path]:

@@ -36,6 +36,7 @@ from brokerd.analytics.ordered import Ordered
 from brokerd.analytics.processes import processes
 from brokerd.analytics.result import Analysis, Table
 from brokerd.analytics.session import DEFAULT_MASTER, Kept, keep, spark_session
+from brokerd.shown_text import one_line
 from brokerd.traces.writer import iso_micros
 
 __all__ = ["Analysis", "Table", "analyze", "print_summary", "render_html", "write_report"]
@@ -415,10 +416,14 @@ class _Jobs:
 
 
 def format_table(table: Table, limit: int = 10, columns: Sequence[str] | None = None) -> str:
-    """A fixed-width text table of the first ``limit`` rows."""
+    """A fixed-width text table of the first ``limit`` rows, one line a row: a cell's
+    control characters (a line break, an escape sequence in a reason a peer sent) are
+    shown as escapes, as ``brokerctl`` shows a view's (:func:`one_line`)."""
     cols = list(columns or table.columns)
     index = [table.columns.index(c) for c in cols]
-    rows = [["" if r[i] is None else str(r[i]) for i in index] for r in table.rows[:limit]]
+    rows = [
+        ["" if r[i] is None else one_line(str(r[i])) for i in index] for r in table.rows[:limit]
+    ]
     widths = [max([len(c), *(len(r[n]) for r in rows)]) for n, c in enumerate(cols)]
     lines = [
         f"{table.title} ({table.total_rows} rows)",
@@ -482,7 +487,8 @@ def print_summary(analysis: Analysis, out: TextIO = sys.stdout, limit: int = 10)
     i, t, a = analysis.inputs, analysis.totals, analysis.audit
     print(
         f"{i['events']:,} events from {i['files']} segment(s) of {len(i['instances'])} "
-        f"instance(s) ({', '.join(i['instances'])}), {i['first_event']} .. {i['last_event']}; "
+        f"instance(s) ({one_line(', '.join(i['instances']))}), {i['first_event']} .. "
+        f"{i['last_event']}; "
         f"{i['lines_skipped']} unreadable line(s) skipped",
         file=out,
     )
