@@ -201,15 +201,31 @@ async def test_only_gets_of_known_pages(tmp_path: Path) -> None:
 
         cases = [
             (
-                b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                b"POST /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n"
                 b"Connection: close\r\n\r\n",
                 b"405",
                 b"allow: GET, HEAD",
             ),
-            (b"DELETE / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", b"405", b"GET only"),
-            (b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", b"404", b"/metrics"),
-            (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", b"413", b"no body"),
-            (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n", b"431", b""),
+            (
+                b"DELETE / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                b"405",
+                b"GET only",
+            ),
+            (
+                b"GET /nowhere HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                b"404",
+                b"/metrics",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello",
+                b"413",
+                b"no body",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n",
+                b"431",
+                b"",
+            ),
             (b"\x16\x03\x01 not http\r\n\r\n", b"400", b"bad request"),
         ]
         for request, status, text in cases:
@@ -219,8 +235,8 @@ async def test_only_gets_of_known_pages(tmp_path: Path) -> None:
         # keep-alive: two requests on one connection
         two = await asyncio.to_thread(
             ask,
-            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-            b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
         )
         assert two.count(b"HTTP/1.1 200") == 2 and b"ready\n" in two
         assert await asyncio.to_thread(get, f"http://{host}:8022/healthz") == (200, b"ok\n")

@@ -125,7 +125,9 @@ async def _get(host: str, path: str) -> bytes:
     """The answer to a GET of ``path`` on the admin port (b"" if the port hung up)."""
     reader, writer = await asyncio.open_connection(host, ADMIN_PORT)
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
+        )
         async with asyncio.timeout(10):
             return await reader.read()
     except ConnectionError:
@@ -145,7 +147,7 @@ async def test_clients_that_never_read_do_not_silence_the_health_checks(
     assert host == HOST and broker.config.admin.port == ADMIN_PORT
     page = await _get(host, "/")
     assert page.startswith(b"HTTP/1.1 200")
-    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    request = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
     per_connection = (8 * 1024 * 1024) // len(page) + 1  # twice what the kernel holds
     socks = [_unread_socket(host, ADMIN_PORT) for _ in range(FLOODS)]
     try:

@@ -205,7 +205,7 @@ async def test_a_request_head_over_16_kib_is_refused_whatever_its_size(tmp_path:
     host = "127.0.0.166"
     async with solo_broker(tmp_path, host):
         head = (
-            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: "
+            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Pad: "
             + b"a" * (20 * 1024)
             + b"\r\nConnection: close\r\n\r\n"
         )
@@ -223,7 +223,7 @@ async def test_idle_connections_do_not_silence_the_health_checks(tmp_path: Path)
         idle = [socket.create_connection((host, 8022), timeout=10) for _ in range(80)]
         try:
             await asyncio.sleep(0.5)  # every one accepted and waiting for its request
-            request = b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            request = b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
             reply = await asyncio.to_thread(_exchange, host, request)
             assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
         finally:
