@@ -63,6 +63,33 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return status, out, err
 
 
+Lines = list[tuple[float, str, dict[str, object]]]
+"""A segment's events by hand: (seconds after :data:`T0`, event, fields)."""
+T0 = 1_795_000_000.0
+
+
+def write_segment(root: Path, cid: str, instance: str, lines: Lines) -> None:
+    """``instance``'s one segment under ``root / instance``: ``lines`` in the writer's
+    format, every event but a connection's of conversation ``cid``."""
+
+    def at(seconds: float) -> str:
+        return datetime.fromtimestamp(T0 + seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    folder = root / instance
+    folder.mkdir()
+    (folder / f"{instance}-20261129T070000-1-00001.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"v": 1, "instance": instance, "ts": at(s), "event": e}
+                | ({} if e.startswith("connection") else {"conversation_id": cid})
+                | f
+            )
+            + "\n"
+            for s, e, f in lines
+        )
+    )
+
+
 async def test_one_message_across_two_daemons(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -152,28 +179,11 @@ def test_every_wait_has_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture
     each wait is named by what the traces say of it, and the conversation's routing after
     the message was acknowledged is not part of its path."""
     cid = str(uuid.uuid4())
-    t0 = 1_795_000_000.0
-
-    def at(seconds: float) -> str:
-        return datetime.fromtimestamp(t0 + seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-    def write(instance: str, lines: list[tuple[float, str, dict[str, object]]]) -> None:
-        folder = tmp_path / instance
-        folder.mkdir()
-        (folder / f"{instance}-20261129T070000-1-00001.jsonl").write_text(
-            "".join(
-                json.dumps(
-                    {"v": 1, "instance": instance, "ts": at(s), "event": e}
-                    | ({} if e.startswith("connection") else {"conversation_id": cid})
-                    | f
-                )
-                + "\n"
-                for s, e, f in lines
-            )
-        )
 
     m = {"initiator": True, "seq": 1}
-    write(
+    write_segment(
+        tmp_path,
+        cid,
         "a",
         [
             (0.0, "delayed", {"initiator": True, "reason": "no route to service '//b'"}),
@@ -190,14 +200,18 @@ def test_every_wait_has_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture
             (60.0, "delayed", {"initiator": True, "reason": "the route was dropped later"}),
         ],
     )
-    write(
+    write_segment(
+        tmp_path,
+        cid,
         "f",
         [
             (2.51, "fragment_received", {**m, "peer": "a@h:1", "hop": 0}),
             (2.52, "forwarded", {**m, "hop": 1, "address": "tcp://b:4022"}),
         ],
     )
-    write(
+    write_segment(
+        tmp_path,
+        cid,
         "b",
         [
             (2.53, "fragment_received", {**m, "peer": "f@h:2", "hop": 1}),

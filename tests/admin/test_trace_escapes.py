@@ -8,14 +8,13 @@ shown as escapes: a hostile peer's escape sequence never reaches the operator's 
 
 from __future__ import annotations
 
-import json
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from brokerd.admin.ctl import main
+from tests.admin.test_trace import write_segment
 
 HOSTILE = "\x1b]0;owned\x07\x1b[2J\x1b[1;31mall is well\x1b[0m\rnext\x9b31m"
 """A window title set, the screen cleared, colours, a carriage return and a C1 CSI."""
@@ -25,29 +24,12 @@ def test_a_peers_close_reason_is_printed_escaped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cid = str(uuid.uuid4())
-    t0 = 1_795_000_000.0
-
-    def at(seconds: float) -> str:
-        return datetime.fromtimestamp(t0 + seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-    def write(instance: str, lines: list[tuple[float, str, dict[str, object]]]) -> None:
-        folder = tmp_path / instance
-        folder.mkdir()
-        (folder / f"{instance}-20261129T070000-1-00001.jsonl").write_text(
-            "".join(
-                json.dumps(
-                    {"v": 1, "instance": instance, "ts": at(s), "event": e}
-                    | ({} if e.startswith("connection") else {"conversation_id": cid})
-                    | f
-                )
-                + "\n"
-                for s, e, f in lines
-            )
-        )
 
     m: dict[str, object] = {"initiator": True, "seq": 1}
     refused = f"closed by tcp://b:4022: PROTOCOL_ERROR {HOSTILE} (attempt 1); next attempt in 1 s"
-    write(
+    write_segment(
+        tmp_path,
+        cid,
         "a",
         [
             (0.0, "message_sent", m),
@@ -57,7 +39,9 @@ def test_a_peers_close_reason_is_printed_escaped(
             (2.1, "ack_received", {"initiator": True, "through": 1, "seqs": "1"}),
         ],
     )
-    write(
+    write_segment(
+        tmp_path,
+        cid,
         "b",
         [
             (2.01, "fragment_received", {**m, "peer": "a@h:1"}),
