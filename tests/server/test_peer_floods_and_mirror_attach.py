@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,33 @@ async def _connection(client: BrokerClient, name: str) -> dict[str, Any]:
     return dict(row)
 
 
+async def _flood_and_check(
+    mallory: HostileBroker,
+    frame: Callable[[int], bytes],
+    client: BrokerClient,
+    pid: int,
+) -> None:
+    """Write :data:`QUERIES` frames (``frame(n)``, the n-th) from a peer that reads nothing,
+    wait until the daemon has read them all, and require that it grew by under 20 MB and
+    dropped (and counted) most of the answers."""
+    assert mallory.writer is not None
+    before = _rss_mb(pid)
+    for start in range(0, QUERIES, PER_WRITE):
+        mallory.writer.write(b"".join(frame(n) for n in range(start, start + PER_WRITE)))
+        await mallory.writer.drain()
+
+    async def all_read() -> bool:
+        row = await _connection(client, mallory.name)
+        return int(row["frames_received"]) >= QUERIES
+
+    await wait_until(all_read, 60)
+    grown = _rss_mb(pid) - before
+    # unbounded, each query left an answer of about 450 bytes waiting (140 MB)
+    assert grown < 20, f"the daemon grew by {grown:.0f} MB"
+    row = await _connection(client, mallory.name)
+    assert int(row.get("answers_dropped", 0)) > QUERIES // 2, row
+
+
 async def test_principal_answers_to_a_peer_that_never_reads_are_bounded(tmp_path: Path) -> None:
     """R-PROTO-3, R-ROUTE-10: every principal query is answered on the connection it came
     on; a peer that sends queries and reads nothing must not make the daemon hold an
@@ -59,26 +87,11 @@ async def test_principal_answers_to_a_peer_that_never_reads_are_bounded(tmp_path
             assert mallory.writer is not None
             unknown = uuid.uuid4()  # answered UNKNOWN: the cheapest answer there is
             service = "//mallory/" + "x" * 200
-            before = _rss_mb(pid)
-            for start in range(0, QUERIES, PER_WRITE):
-                mallory.writer.write(
-                    b"".join(
-                        mallory.conn.send(events.PrincipalQuery(n, unknown, service, 0))
-                        for n in range(start, start + PER_WRITE)
-                    )
-                )
-                await mallory.writer.drain()
 
-            async def all_read() -> bool:
-                row = await _connection(warehouse, mallory.name)
-                return int(row["frames_received"]) >= QUERIES
+            def query(n: int) -> bytes:
+                return mallory.conn.send(events.PrincipalQuery(n, unknown, service, 0))
 
-            await wait_until(all_read, 60)
-            grown = _rss_mb(pid) - before
-            # unbounded, each query left an answer of about 450 bytes waiting (140 MB)
-            assert grown < 20, f"the daemon grew by {grown:.0f} MB"
-            row = await _connection(warehouse, mallory.name)
-            assert int(row.get("answers_dropped", 0)) > QUERIES // 2, row
+            await _flood_and_check(mallory, query, warehouse, pid)
             await warehouse.close()
             assert d.stop("beta") == 0
         finally:
@@ -215,22 +228,9 @@ async def test_mirroring_refusals_to_a_peer_that_never_reads_are_bounded(tmp_pat
         try:
             assert mallory.writer is not None
             attach = mirroring.encode(mirroring.Attach(uuid.uuid4(), 0, 0, 0))  # no such database
-            before = _rss_mb(pid)
-            for _ in range(0, QUERIES, PER_WRITE):
-                mallory.writer.write(
-                    b"".join(mallory.conn.send(events.Mirror(attach)) for _ in range(PER_WRITE))
-                )
-                await mallory.writer.drain()
-
-            async def all_read() -> bool:
-                row = await _connection(p1, mallory.name)
-                return int(row["frames_received"]) >= QUERIES
-
-            await wait_until(all_read, 60)
-            grown = _rss_mb(pid) - before
-            assert grown < 20, f"the daemon grew by {grown:.0f} MB"
-            row = await _connection(p1, mallory.name)
-            assert int(row.get("answers_dropped", 0)) > QUERIES // 2, row
+            await _flood_and_check(
+                mallory, lambda _: mallory.conn.send(events.Mirror(attach)), p1, pid
+            )
             await p1.close()
         finally:
             await mallory.close()
