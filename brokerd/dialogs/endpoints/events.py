@@ -6,9 +6,11 @@ logged (at most one line a second), how a corrupted one is counted, traced and l
 ``dialog_ended`` events every part of the engine writes, a promotion's ``inherited``
 events, and poison-message handling's (SPEC §6): ``rolled_back``, ``quarantined``,
 ``quarantine_released``, ``quarantine_ended`` and ``queue_disabled``, each with its
-counter. An endpoint that
-closes is handed to the :class:`~brokerd.dialogs.endpoints.closing.ClosedEndpoints` that
-will say when it may be removed (SPEC §5).
+counter. The parts call these from the callbacks of the commits that make the changes
+(R-TRACE-1): a target endpoint made by an arrival is remembered until that arrival's
+commit (:meth:`DialogEvents.arrival_committed`) writes its ``dialog_begun``. An endpoint
+that closes is handed to the :class:`~brokerd.dialogs.endpoints.closing.ClosedEndpoints`
+that will say when it may be removed (SPEC §5); its ``dialog_ended`` is written once.
 """
 
 from __future__ import annotations
