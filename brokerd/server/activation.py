@@ -13,8 +13,9 @@ command runs in the configuration file's directory, with the daemon's environmen
 ``BROKERD_HOST``, ``BROKERD_PORT``, ``BROKERD_TLS`` (``1`` when the client port speaks
 TLS), ``BROKERD_USER``, ``BROKERD_TOKEN_FILE``, ``BROKERD_DATABASE`` and
 ``BROKERD_QUEUE``; its standard output and error go to
-``<data_dir>/activation/<database>.<queue>.log`` (:func:`log_name`: names that make no
-file name of their own are quoted, cut and told apart by a digest). An instance is its
+``<data_dir>/activation/<database>.<queue>.log`` (:func:`log_name`: a character that
+is not printable, or could make two queues share a log, written ``%XX``; a name too long
+cut and told apart by a digest). An instance is its
 process group: it runs, counted against ``max_instances``, until its command and
 whatever the command left running have exited; it is then reaped (its exit in the log,
 the trace and the ``activation_exits`` counter) and may be started again; when the
@@ -41,7 +42,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from brokerd.config import ActivationConfig, BrokerConfig
 from brokerd.dialogs.endpoints.database import Database
@@ -111,18 +111,39 @@ def login_for(config: BrokerConfig, activation: ActivationConfig) -> Login:
 MAX_LOG_NAME = 255
 """Bytes a file name may have (``NAME_MAX``); a name may have 1024."""
 
+LOG_DIGEST_MARK = "~"
+"""Put before the digest of a log's name that is too long to be written out in full: no
+written out name has it (:func:`_escaped`)."""
+
+
+def _escaped(name: str, also: str) -> str:
+    """``name`` with each character that is not printable, or is ``%``, ``/``,
+    :data:`LOG_DIGEST_MARK` or in ``also``, written as ``%XX`` per UTF-8 byte: the same
+    name back for an ordinary one, and two names never give one."""
+    kept_out = "%/" + LOG_DIGEST_MARK + also
+    return "".join(
+        ch
+        if ch.isprintable() and ch not in kept_out
+        else "".join(f"%{byte:02X}" for byte in ch.encode())
+        for ch in name
+    )
+
 
 def log_name(database: str, queue: str) -> str:
     """The file, in ``<data_dir>/activation``, of the output of ``queue``'s command:
-    ``<database>.<queue>.log`` when that is one file name (no ``/``, at most
-    :data:`MAX_LOG_NAME` bytes); else both names quoted (``/`` included), cut, and a
-    digest of both, so that a queue whose names make no file name is activated still,
-    and writes nowhere outside that directory."""
-    plain = f"{database}.{queue}.log"
-    if "/" not in plain and "\0" not in plain and len(plain.encode()) <= MAX_LOG_NAME:
+    ``<database>.<queue>.log``, each name written with :func:`_escaped` (a ``.`` in the
+    database's name too, so the first ``.`` ends it: two queues never share a log), a
+    printable file name that no ``/`` makes a path. A name longer than
+    :data:`MAX_LOG_NAME` bytes is cut and ends with :data:`LOG_DIGEST_MARK` and the
+    SHA-256 of the whole, so that a queue whose names make no file name is activated
+    still, and writes nowhere outside that directory."""
+    whole = f"{_escaped(database, '.')}.{_escaped(queue, '')}"
+    plain = f"{whole}.log"
+    if len(plain.encode()) <= MAX_LOG_NAME:
         return plain
-    digest = hashlib.sha256(f"{database}\0{queue}".encode()).hexdigest()[:16]
-    return f"{quote(f'{database}.{queue}', safe='')[:200]}.{digest}.log"
+    ending = f"{LOG_DIGEST_MARK}{hashlib.sha256(whole.encode()).hexdigest()}.log"
+    cut = whole.encode()[: MAX_LOG_NAME - len(ending)].decode(errors="ignore")
+    return f"{cut}{ending}"
 
 
 class QueueMonitor:

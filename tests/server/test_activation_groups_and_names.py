@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ import pytest
 from brokerd.config import parse_config
 from brokerd.errors import ConfigError
 from brokerd.sdk.client import BrokerClient
+from brokerd.server.activation import log_name
 from brokerd.tools.launcher import Deployment
 from tests.daemons import running, solo_database, wait_until
 
@@ -193,3 +195,45 @@ ca_certificate = "ca.pem"
     with pytest.raises(ConfigError, match=r"queue\[1\]\.activation\.command") as caught:
         parse_config(config, tmp_path / "b.toml")
     assert "NUL" in str(caught.value)
+
+
+def _safe_file_name(name: str) -> bool:
+    return (
+        "/" not in name
+        and "\0" not in name
+        and name.isprintable()
+        and name not in (".", "..")
+        and len(name.encode()) <= 255
+    )
+
+
+def test_every_queue_has_a_log_of_its_own() -> None:
+    """R-OBJ-3, SPEC §6 Decision on activation: the command of each activated queue has
+    its output in a file of its own in ``<data_dir>/activation``. Two queues whose names
+    differ give two file names (else both commands write into one log), each one safe
+    (one file name, printable, at most 255 bytes) and readable for a plain name."""
+    long_queue = "Orders" * 60
+    old_digest = hashlib.sha256(b"Solo\0a/b").hexdigest()[:16]
+    pairs = [
+        ("a.b", "c"),
+        ("a", "b.c"),
+        ("Solo", "a/b"),
+        ("Solo", f"a%2Fb.{old_digest}"),  # the name of the one above, written plainly
+        ("Solo", "a%2Fb"),
+        ("Solo", "a~b"),
+        ("Solo", "line\nbreak"),
+        ("Solo", "tab\tname"),
+        ("Solo", "."),
+        ("Solo", ".."),
+        ("Solo", "Очередь"),
+        ("Solo", long_queue),
+        ("Solo", long_queue + "x"),
+        ("Solo", long_queue[:-1] + "y"),
+        ("S" * 300, "Q2"),
+        ("S" * 300, "Q3"),
+    ]
+    names = [log_name(database, queue) for database, queue in pairs]
+    assert len(set(names)) == len(pairs), names
+    assert all(map(_safe_file_name, names)), names
+    assert log_name("Solo", "Q2") == "Solo.Q2.log"
+    assert log_name("Solo", "orders.v2") == "Solo.orders.v2.log"
