@@ -11,8 +11,8 @@ back empty for ``interval`` seconds (the queue is not being drained); it occurs 
 fewer than ``max_instances`` run and the last start is ``interval`` seconds old. The
 command runs in the configuration file's directory, with the daemon's environment and
 ``BROKERD_HOST``, ``BROKERD_PORT``, ``BROKERD_TLS`` (``1`` when the client port speaks
-TLS), ``BROKERD_USER``, ``BROKERD_TOKEN_FILE``, ``BROKERD_DATABASE`` and
-``BROKERD_QUEUE``; its standard output and error go to
+TLS), ``BROKERD_USER``, ``BROKERD_TOKEN_FILE``, ``BROKERD_DATABASE``, ``BROKERD_QUEUE``
+and ``BROKERD_ACTIVATION_RUN`` (the mark of the daemon's run); its standard output and error go to
 ``<data_dir>/activation/<database>.<queue>.log`` (:func:`log_name`: a character that
 is not printable, or could make two queues share a log, written ``%XX``; a name too long
 cut and told apart by a digest). An instance is its
@@ -20,9 +20,11 @@ process group: it runs, counted against ``max_instances``, until its command and
 whatever the command left running have exited; it is then reaped (its exit in the log,
 the trace and the ``activation_exits`` counter) and may be started again; when the
 daemon stops, every instance gets SIGTERM, and SIGKILL after ``stop_grace`` seconds. On
-Linux an instance also dies with the daemon (SIGKILL from the kernel,
-``PR_SET_PDEATHSIG``): a daemon killed with SIGKILL, which stops nothing, leaves no
-instance that its restart would not count, running beside those it starts.
+Linux an instance's first process also dies with the daemon (SIGKILL from the kernel,
+``PR_SET_PDEATHSIG``), and what it started, which that signal does not reach, is killed
+when the daemon starts again, before it starts any instance
+(:mod:`.activation_leftovers`): a daemon killed with SIGKILL, which stops nothing, leaves
+no instance that its restart would not count, running beside those it starts.
 
 May import what the server may: ``brokerd.dialogs`` (a database's ready index) and below.
 """
@@ -45,6 +47,7 @@ from typing import Any
 
 from brokerd.config import ActivationConfig, BrokerConfig
 from brokerd.dialogs.endpoints.database import Database
+from brokerd.server.activation_leftovers import RunMark
 from brokerd.traces.writer import TraceWriter
 
 log = logging.getLogger("brokerd.activation")
@@ -157,6 +160,7 @@ class QueueMonitor:
         login: Login,
         log_path: Path,
         trace: TraceWriter,
+        mark: RunMark,
     ) -> None:
         self.db = db
         self.queue = queue
@@ -172,6 +176,7 @@ class QueueMonitor:
             "BROKERD_TOKEN_FILE": str(login.token_file),
             "BROKERD_DATABASE": db.name,
             "BROKERD_QUEUE": queue,
+            **mark.environment,
         }
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.reapers: set[asyncio.Task[None]] = set()
@@ -322,6 +327,7 @@ class ExternalActivation:
     def __init__(
         self, config: BrokerConfig, databases: dict[str, Database], trace: TraceWriter
     ) -> None:
+        self.mark = RunMark(config.data_dir / "activation" / "run")
         self.monitors = [
             QueueMonitor(
                 databases[db.name],
@@ -330,12 +336,19 @@ class ExternalActivation:
                 login_for(config, queue.activation),
                 config.data_dir / "activation" / log_name(db.name, queue.name),
                 trace,
+                self.mark,
             )
             for db in config.databases
             for queue in db.queues
             if queue.activation is not None
         ]
         self._task: asyncio.Task[None] | None = None
+
+    def take_over(self) -> None:
+        """What the instances of the daemon's previous run left running is killed (a
+        daemon killed with SIGKILL stopped nothing; :mod:`.activation_leftovers`), before
+        the client port listens and before any instance of this run starts."""
+        self.mark.take_over(bool(self.monitors))
 
     def start(self) -> None:
         if self.monitors:

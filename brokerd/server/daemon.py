@@ -154,6 +154,7 @@ class Broker:
                 await self.transport.start()
             if self.mirroring:
                 self.mirroring.start()
+            self.activation.take_over()  # the endpoint's address is this daemon's now
             credentials = self.credentials
             loop = asyncio.get_running_loop()
             with self._listening("client", client.host, client.port):
