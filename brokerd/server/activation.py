@@ -19,7 +19,8 @@ cut and told apart by a digest). An instance is its
 process group: it runs, counted against ``max_instances``, until its command and
 whatever the command left running have exited; it is then reaped (its exit in the log,
 the trace and the ``activation_exits`` counter) and may be started again; when the
-daemon stops, every instance gets SIGTERM, and SIGKILL after ``stop_grace`` seconds. On
+daemon stops, no instance starts any more, and every instance (one being started
+included) gets SIGTERM, and SIGKILL after ``stop_grace`` seconds. On
 Linux an instance's first process also dies with the daemon (SIGKILL from the kernel,
 ``PR_SET_PDEATHSIG``), and what it started, which that signal does not reach, is killed
 when the daemon starts again, before it starts any instance
@@ -179,8 +180,10 @@ class QueueMonitor:
             **mark.environment,
         }
         self.processes: dict[int, asyncio.subprocess.Process] = {}
+        """The instances started, by pid (their process group's id), until their group ends."""
+        self.spawns: set[asyncio.Task[asyncio.subprocess.Process | None]] = set()
+        """The starts under way: each ends with its process in :attr:`processes`, or none."""
         self.reapers: set[asyncio.Task[None]] = set()
-        self.starting = 0
         self.last_start = float("-inf")
         self.started = 0
         self.exited = 0
@@ -189,7 +192,7 @@ class QueueMonitor:
 
     @property
     def running(self) -> int:
-        return len(self.processes) + self.starting
+        return len(self.processes) + len(self.spawns)
 
     def check(self, now: float) -> None:
         """Start an instance if activation is necessary and may occur now."""
@@ -211,13 +214,16 @@ class QueueMonitor:
         if reason is None:
             return
         self.last_start = now
-        self.starting += 1
-        task = asyncio.get_running_loop().create_task(self._start(reason))
-        self.reapers.add(task)
-        task.add_done_callback(self.reapers.discard)
+        loop = asyncio.get_running_loop()
+        spawn = loop.create_task(self._spawn(reason))
+        self.spawns.add(spawn)
+        spawn.add_done_callback(self.spawns.discard)
+        reaper = loop.create_task(self._reap(spawn))
+        self.reapers.add(reaper)
+        reaper.add_done_callback(self.reapers.discard)
 
-    async def _start(self, reason: str) -> None:
-        """Start one instance, then reap it when it exits."""
+    async def _spawn(self, reason: str) -> asyncio.subprocess.Process | None:
+        """Start one instance: its process, in :attr:`processes` as soon as it exists."""
         try:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as output:
@@ -232,7 +238,6 @@ class QueueMonitor:
                     start_new_session=True,
                 )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            self.starting -= 1
             self.start_failures += 1
             log.error(
                 "queue %s.%s: cannot start %s: %s",
@@ -242,8 +247,7 @@ class QueueMonitor:
                 exc,
             )
             self._emit("activation_failed", reason=str(exc))
-            return
-        self.starting -= 1
+            return None
         pid = process.pid
         self.processes[pid] = process
         self.started += 1
@@ -257,8 +261,15 @@ class QueueMonitor:
             reason,
         )
         self._emit("activation_started", pid=pid, reason=reason)
-        if self.stopping:  # the daemon began to stop while it was starting
-            _signal_group(process, signal.SIGTERM)
+        return process
+
+    async def _reap(self, spawn: asyncio.Task[asyncio.subprocess.Process | None]) -> None:
+        """Once the instance ``spawn`` starts has exited, and its process group has ended
+        too, reap it."""
+        process = await spawn
+        if process is None:
+            return
+        pid = process.pid
         code = await process.wait()
         # an instance is its process group: what the command started and left running
         # (a shell's background job) is still the instance, counted against
@@ -275,37 +286,35 @@ class QueueMonitor:
         self.trace.emit(event, database=self.db.name, queue=self.queue, **fields)
 
     async def stop(self) -> None:
-        """SIGTERM to every instance, SIGKILL to those still running after the grace.
+        """SIGTERM to every instance, SIGKILL to those still running after the grace; done
+        when every instance's process group has ended.
 
-        An instance is its process group (each starts a session of its own): a command run
-        through a shell, and whatever it started, stops with it; what is left of a group
-        whose leader exited within the grace is killed once the grace is over."""
+        No start begins once the stop has; those under way are waited for first (a fork
+        and an exec), so that every instance, however late its process came to be, gets
+        the same SIGTERM and the same SIGKILL at the end of the same grace. An instance is
+        its process group (each starts a session of its own): a command run through a
+        shell, and whatever it started, stops with it."""
         self.stopping = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.activation.stop_grace
-        groups = [process.pid for process in self.processes.values()]
+        if self.spawns:
+            await asyncio.wait(self.spawns)
         for process in list(self.processes.values()):
             _signal_group(process, signal.SIGTERM)
-        if self.reapers:
-            _, pending = await asyncio.wait(self.reapers, timeout=self.activation.stop_grace)
-            if pending:
-                for process in list(self.processes.values()):
-                    log.warning(
-                        "queue %s.%s: pid %d did not exit within %.0f s of SIGTERM: SIGKILL",
-                        self.db.name,
-                        self.queue,
-                        process.pid,
-                        self.activation.stop_grace,
-                    )
-                    _signal_group(process, signal.SIGKILL)
-                await asyncio.wait(pending)
-        # what a leader started may outlive it: the rest of the grace, then SIGKILL
-        while any(map(_group_alive, groups)) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        for group in groups:
-            if _group_alive(group):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(group, signal.SIGKILL)
+        if not self.reapers:
+            return
+        _, pending = await asyncio.wait(self.reapers, timeout=max(0.0, deadline - loop.time()))
+        if pending:
+            for process in list(self.processes.values()):
+                log.warning(
+                    "queue %s.%s: pid %d did not exit within %.0f s of SIGTERM: SIGKILL",
+                    self.db.name,
+                    self.queue,
+                    process.pid,
+                    self.activation.stop_grace,
+                )
+                _signal_group(process, signal.SIGKILL)
+            await asyncio.wait(pending)
 
     def view(self) -> dict[str, Any]:
         return {

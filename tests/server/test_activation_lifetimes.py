@@ -5,6 +5,7 @@ and 127.0.13.2:4022, real processes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -13,11 +14,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
+from brokerd.config import ActivationConfig
 from brokerd.sdk.client import BrokerClient
+from brokerd.server.activation import QueueMonitor, login_for
+from brokerd.server.activation_leftovers import RUN_VARIABLE, RunMark, end_marked
 from brokerd.tools.launcher import Deployment
-from tests.daemons import running, solo_database, wait_until
+from tests.daemons import SOLO_DATABASE, client_of, in_process, running, solo_database, wait_until
 
 HOST = "127.0.13.1"
+STOPPING_HOST = "127.0.13.2"
+BUSY = 0.3
+"""Seconds the daemon's event loop is kept busy while an instance starts."""
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -107,3 +116,58 @@ async def test_what_an_instance_started_ends_when_its_killed_daemon_starts_again
         for pid in seen:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_during_a_start_stops_the_instance_being_started(tmp_path: Path) -> None:
+    """R-OBJ-3, SPEC §6 Decision on activation: when the daemon stops, every instance gets
+    SIGTERM, and SIGKILL after ``stop_grace`` seconds; the stop ends once they have
+    ended. One whose start was under way when the stop began is an instance too: a
+    command that ignores SIGTERM is killed once the grace is over, and the stop ends,
+    however late in the grace the new process comes to be. Run in the daemon's event
+    loop (uvloop), with a grace shorter than the start of a process."""
+    asyncio.Runner(loop_factory=uvloop.new_event_loop).run(_stop_during_a_start(tmp_path))
+
+
+async def _stop_during_a_start(tmp_path: Path) -> None:
+    daemon = Deployment(tmp_path / "deployment").add("solo", STOPPING_HOST, SOLO_DATABASE)
+    mark = RunMark(tmp_path / "run")
+    async with in_process(daemon.config_path) as broker:
+        client = await client_of(broker)
+        dialog = await client.begin_dialog("//solo/S1", "//solo/S2")
+        await client.send(dialog.handle, "DEFAULT", b"never received")
+        await client.close()
+        ready = broker.databases["Solo"].ready
+
+        async def delivered() -> bool:
+            return "Q2" in ready and ready["Q2"].count == 1
+
+        await wait_until(delivered, timeout=10)
+        activation = ActivationConfig(
+            command=("sh", "-c", 'trap "" TERM; sleep 300'),
+            directory=tmp_path,
+            interval=60.0,
+            stop_grace=0.001,
+        )
+        monitor = QueueMonitor(
+            broker.databases["Solo"],
+            "Q2",
+            activation,
+            login_for(broker.config, activation),
+            tmp_path / "Q2.log",
+            broker.trace,
+            mark,
+        )
+        try:
+            loop = asyncio.get_running_loop()
+            monitor.check(loop.time())  # a start under way
+            assert monitor.running == 1
+            # the loop is busy (a large commit, say) as the process starts: it has ignored
+            # SIGTERM, and the grace is over, by the time its start is seen to be done
+            loop.call_soon(time.sleep, BUSY)
+            async with asyncio.timeout(5):  # in this task: the stop begins now
+                await monitor.stop()
+            assert (monitor.started, monitor.exited) == (1, 1)
+            left = end_marked(f"{RUN_VARIABLE}={mark.token}".encode())
+            assert not left, f"left running after the stop: {left}"
+        finally:
+            end_marked(f"{RUN_VARIABLE}={mark.token}".encode())
