@@ -240,6 +240,7 @@ class Delivery:
                 db.rx_suspended = False
                 self.suspend_receiving(db)
                 return
+            self.events.reloaded(db.name, db.endpoints)
             db.rx_suspended = False
 
         asyncio.get_running_loop().create_task(reload())

@@ -8,7 +8,8 @@ events, and poison-message handling's (SPEC §6): ``rolled_back``, ``quarantined
 ``quarantine_released``, ``quarantine_ended`` and ``queue_disabled``, each with its
 counter. The parts call these from the callbacks of the commits that make the changes
 (R-TRACE-1): a target endpoint made by an arrival is remembered until that arrival's
-commit (:meth:`DialogEvents.arrival_committed`) writes its ``dialog_begun``. An endpoint
+commit (:meth:`DialogEvents.arrival_committed`) writes its ``dialog_begun``, or until the
+reload after that commit failed drops it (:meth:`DialogEvents.reloaded`). An endpoint
 that closes is handed to the :class:`~brokerd.dialogs.endpoints.closing.ClosedEndpoints`
 that will say when it may be removed (SPEC §5); its ``dialog_ended`` is written once.
 """
@@ -19,7 +20,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from brokerd.dialogs.endpoints.closing import ClosedEndpoints
 from brokerd.dialogs.endpoints.endpoint import Endpoint
@@ -60,8 +61,9 @@ class DialogEvents:
         self.closing = closing if closing is not None else ClosedEndpoints(math.inf, time.time)
         """Closed endpoints waiting to be removed (fed by :meth:`closed`)."""
         self._drop_lines = OncePerSecond()
-        self._unbegun: dict[uuid.UUID, str] = {}
-        """Target endpoints made by an arrival not committed yet -> the link it came on."""
+        self._unbegun: dict[uuid.UUID, tuple[str, str]] = {}
+        """Target endpoints made by an arrival not committed yet -> their database and the
+        link the arrival came on."""
         self._corrupted_lines = OncePerSecond()
 
     def drop(self, header: DialogHeader, reason: str) -> None:
@@ -121,18 +123,31 @@ class DialogEvents:
             peer=peer,
         )
 
+    @property
+    def unbegun(self) -> int:
+        """Target endpoints whose ``dialog_begun`` waits for their first arrival's commit."""
+        return len(self._unbegun)
+
     def first_arrived(self, ep: Endpoint, peer: str) -> None:
         """A target endpoint made by the first message of its dialog to arrive (from
         ``peer``): its ``dialog_begun`` waits for that message's commit."""
-        self._unbegun[ep.handle] = peer
+        self._unbegun[ep.handle] = (ep.database, peer)
 
     def arrival_committed(self, ep: Endpoint) -> None:
         """What arrived for ``ep`` is committed (R-TRACE-1): its ``dialog_begun`` if it was
         the endpoint's first arrival, its ``dialog_ended`` if it closed the endpoint."""
         if self._unbegun and ep.handle in self._unbegun:
-            self.begun(ep, self._unbegun.pop(ep.handle))
+            self.begun(ep, self._unbegun.pop(ep.handle)[1])
         if ep.state is State.CLOSED:
             self.closed(ep)
+
+    def reloaded(self, database: str, endpoints: Mapping[uuid.UUID, Endpoint]) -> None:
+        """``database``'s memory was loaded again from its file after a failed write: a
+        target whose first arrival failed to commit is not in it (its sender sends that
+        again, and it is made again then), so it waits for no commit any more."""
+        for handle, (name, _) in list(self._unbegun.items()):
+            if name == database and handle not in endpoints:
+                del self._unbegun[handle]
 
     def discarded(self, ep: Endpoint, seqs: list[int], reason: str, received: bool = False) -> None:
         """Messages leaving the transmission queue undelivered, or (``received``) arriving
