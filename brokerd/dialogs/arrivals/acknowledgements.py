@@ -10,7 +10,11 @@ What does not come from the endpoint's far side, or does not open under its dial
 key, is dropped (R-DLG-14, :class:`~brokerd.dialogs.arrivals.admission.Admission`).
 Its ``ack_received`` event, and the ``dialog_ended`` of an endpoint it closes, are
 traced when those deletions commit (R-TRACE-1): after a SIGKILL the trace claims no
-acknowledgement the file does not hold.
+acknowledgement the file does not hold. Memory forgets the messages at once, so a
+deletion whose commit fails (a full disk, a file locked past the busy timeout) is tried
+again after a second, then two, up to 30 s, while its endpoint lasts, as the broker's own
+messages are (:meth:`~brokerd.dialogs.arrivals.delivery.Delivery.queue_local`): the file
+does not keep them until the next restart, which would send them again.
 
 May import: ``brokerd.dialogs.router``, ``brokerd.dialogs.transmission``,
 ``brokerd.dialogs.endpoints`` and what they may import.
@@ -18,13 +22,17 @@ May import: ``brokerd.dialogs.router``, ``brokerd.dialogs.transmission``,
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from brokerd.dialogs.arrivals.admission import Admission
+from brokerd.dialogs.arrivals.delivery import RETRY_FIRST, RETRY_MOST
 from brokerd.dialogs.endpoints import binding
 from brokerd.dialogs.endpoints.backlog import numbers_in
+from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.directory import Directory
 from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_snapshot, unqueue_sent
 from brokerd.dialogs.endpoints.events import DialogEvents
@@ -33,22 +41,54 @@ from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.fragment_acks import held_fragments
 from brokerd.dialogs.transmission.links import Link
 from brokerd.dialogs.transmission.transmission import Transmission
+from brokerd.errors import StoreError
 from brokerd.storage.schema import Statement
 from brokerd.traces.writer import TraceWriter
 from protocol.dialog import Acknowledgement, DialogHeader
+
+log = logging.getLogger("brokerd.dialogs.engine")
+
+
+@dataclass
+class AckWrite:
+    """What one acknowledgement writes for its endpoint."""
+
+    ep: Endpoint
+    deletions: list[Statement]
+    """The messages it released, out of the transmission queue."""
+    snapshot: bool
+    """The endpoint's row changed (a binding, a close)."""
+    committed: Callable[[], None] | None
+    """Its trace events, once it is committed."""
+
+    def statements(self) -> list[Statement]:
+        """Its statements, with the endpoint's row as it is now (a retry writes that)."""
+        if self.snapshot:
+            return [*self.deletions, endpoint_snapshot(self.ep)]
+        return self.deletions
 
 
 @dataclass
 class AckWrites:
     """What the acknowledgements of one frame write to one database, in one job."""
 
-    statements: list[Statement] = field(default_factory=list)
-    committed: list[Callable[[], None]] = field(default_factory=list)
-    """Their trace events, run in order once the job commits."""
+    writes: list[AckWrite] = field(default_factory=list)
+    traced: bool = False
+    """Some of them trace events once the job commits."""
+
+    def add(self, write: AckWrite) -> None:
+        self.writes.append(write)
+        if write.committed is not None:
+            self.traced = True
+
+    def statements(self) -> list[Statement]:
+        return [statement for write in self.writes for statement in write.statements()]
 
     def on_commit(self) -> None:
-        for step in self.committed:
-            step()
+        """Their trace events, in order."""
+        for write in self.writes:
+            if write.committed is not None:
+                write.committed()
 
 
 class Acknowledgements:
@@ -93,9 +133,7 @@ class Acknowledgements:
             elif link is not self.local_link:
                 elsewhere.append(h)
         for name, written in writes.items():
-            self.directory.databases[name].store.submit(
-                written.statements, on_commit=written.on_commit if written.committed else None
-            )
+            self.submit(self.directory.databases[name], written)
         if elsewhere and self.router.forwarding:
             self.router.forward_acks(elsewhere)
 
@@ -112,7 +150,6 @@ class Acknowledgements:
         job of their own, or, given ``writes``, in the caller's job for the database.
         What it released is traced once that job commits."""
         db = self.directory.databases[ep.database]
-        statements: list[Statement] = []
         changed = binding.bind(ep, header, identity, db.catalog.routes.values())
         if self.router.bind_far_instance(ep, far_instance):
             changed = True
@@ -149,26 +186,59 @@ class Acknowledgements:
             self.transmission.answered(ep)
         if backlog and len(outbox) < self.transmission.page:
             self.transmission.page_in(ep)
-        statements += unqueue_sent(ep, removed, ack.through, runs)
+        deletions = unqueue_sent(ep, removed, ack.through, runs)
         closed = ep.refresh_state()
         if closed:
             changed = True
-        if changed:
-            statements.append(endpoint_snapshot(ep))
-        if not statements:
+        if not (deletions or changed):
             return
-        committed = (
+        if writes is None:
+            written = AckWrites()
+        else:
+            found = writes.get(db.name)
+            written = writes[db.name] = AckWrites() if found is None else found
+        traced = (
             self._traced(ep, through, removed, runs, closed) if removed or runs or closed else None
         )
+        written.add(AckWrite(ep, deletions, changed, traced))
         if writes is None:
-            db.store.submit(statements, on_commit=committed)
-            return
-        written = writes.get(db.name)
-        if written is None:
-            written = writes[db.name] = AckWrites()
-        written.statements += statements
-        if committed is not None:
-            written.committed.append(committed)
+            self.submit(db, written)
+
+    def submit(self, db: Database, written: AckWrites, wait: float = RETRY_FIRST) -> None:
+        """Commit ``written``; once it is committed, trace it. Memory has forgotten the
+        messages already, so a commit that fails is tried again after ``wait`` seconds
+        (doubled each time, up to ``RETRY_MOST``), with what of it is still for an
+        endpoint of the database (one removed or whose image was dropped writes no more):
+        the file does not keep acknowledged messages for the rest of the process."""
+
+        def failed(exc: BaseException) -> None:
+            log.error(
+                "store error while deleting acknowledged messages from %s: %s; trying "
+                "again in %.0f s",
+                db.name,
+                exc,
+                wait,
+            )
+
+            def again() -> None:
+                kept = [w for w in written.writes if db.endpoints.get(w.ep.handle) is w.ep]
+                if not kept:
+                    return
+                written.writes = kept
+                try:
+                    self.submit(db, written, min(RETRY_MOST, 2 * wait))
+                except StoreError:  # stopping: the next start sends them, and they are acked
+                    log.info(
+                        "not deleting acknowledged messages from %s: its store is closed", db.name
+                    )
+
+            asyncio.get_running_loop().call_later(wait, again)
+
+        db.store.submit(
+            written.statements(),
+            on_commit=written.on_commit if written.traced else None,
+            on_failure=failed,
+        )
 
     def _traced(
         self,
