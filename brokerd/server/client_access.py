@@ -20,6 +20,7 @@ from pathlib import Path
 
 from brokerd.config import ClientConfig
 from brokerd.dialogs.endpoints.endpoint import Endpoint
+from brokerd.directories import make_directory, sync_directory
 from brokerd.errors import ConfigError
 from protocol.errors import PermissionDenied
 
@@ -43,10 +44,13 @@ def load_or_create_token(path: Path, config_path: Path | None = None, key: str =
     secret would let anyone log in)."""
     try:
         if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_directory(path.parent)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(os.urandom(32).hex() + "\n")
+                f.flush()
+                os.fsync(f.fileno())  # the clients given it find it after a power loss
+            sync_directory(path.parent)
         secret = path.read_text().strip().encode()
     except UnicodeDecodeError:
         raise ConfigError(config_path, key, f"file {path} is not a token (not text)") from None

@@ -12,7 +12,8 @@ checkpoint and is read back page by page when the row is deleted
 
 Durability (R-DLG-5) is the file's as much as the row's: the committer writes the
 bodies of a batch while its transaction runs and makes them durable
-(``fdatasync``; the directory too, when a segment was created) before the COMMIT that
+(``fdatasync``; the directory too, when a segment was created, and the directory's own
+name when it was created, :mod:`brokerd.directories`) before the COMMIT that
 points at them. A crash between the two leaves bytes no row refers to. A segment is
 never appended to again once the committer has moved on to a newer one (a restart
 always begins a new one), and it is deleted once no row refers to it
@@ -33,7 +34,7 @@ Only the committer thread of the database uses a :class:`BodyFiles`, but for
 database (R-ROUTE-16) keeps its bodies in its rows: the units it ships and the copies
 it installs are SQL and SQLite images.
 
-May import: nothing of brokerd (the standard library only).
+May import: :mod:`brokerd.directories` only (and the standard library).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+
+from brokerd.directories import make_directory, sync_directory
 
 STORED_FROM = 32 * 1024
 """Bodies at least this long go to a segment file (eight or more overflow pages at the
@@ -158,8 +161,6 @@ class BodyFiles:
         lengths made durable before (:meth:`discard` gives them back)."""
         self._new_file = False
         """A segment was created since the last sync: the directory must be synced too."""
-        self._new_directory = False
-        """The directory was created since the last sync: its parent must be synced too."""
         self._readers: dict[int, int] = {}
         self._closed: dict[int, float] = {}
         """Segments no longer appended to that may still hold live bodies, with when
@@ -230,8 +231,7 @@ class BodyFiles:
         self._last += 1  # a number tried is never tried again, whatever came of it
         segment = self._last
         if not self.directory.is_dir():
-            self.directory.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
-            self._new_directory = True
+            make_directory(self.directory, DIRECTORY_MODE)  # its name durable at once
         path = self.directory / _segment_name(segment)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
         if tail.open:
@@ -265,11 +265,8 @@ class BodyFiles:
                     raise
                 tail.synced = tail.offset
         if self._new_file:
-            _sync_directory(self.directory)
+            sync_directory(self.directory)
             self._new_file = False
-        if self._new_directory:
-            _sync_directory(self.directory.parent)
-            self._new_directory = False
 
     def discard(self) -> None:
         """The transaction that wrote the bodies since the last sync rolled back: nothing
@@ -519,14 +516,6 @@ class BodyFiles:
         for tail in (self._new, self._kept):
             if tail.open:
                 self._leave(tail)
-
-
-def _sync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _REFERRED = {

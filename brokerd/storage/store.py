@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from brokerd.directories import make_directory
 from brokerd.errors import StoreError
 from brokerd.storage import schema
 from brokerd.storage.body_files import BodyFiles
@@ -120,7 +121,7 @@ class Store:
     async def open(self, broker_instance: uuid.UUID | None = None) -> uuid.UUID:
         """Open (creating or migrating if needed) the file; return its broker instance id."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_directory(self.path.parent)  # SQLite syncs the file's name in it
         except OSError as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
         self._loop = loop = asyncio.get_running_loop()

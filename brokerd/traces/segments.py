@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from brokerd.config import TraceConfig
+from brokerd.directories import make_directory, sync_directory
 from brokerd.traces import columnar
 from brokerd.traces.names import (
     CLOSED_SUFFIX,
@@ -83,8 +84,9 @@ def instance_segments(directory: Path, instance: str, suffix: str) -> list[Path]
 
 
 def private_directory(directory: Path) -> None:
-    """Create ``directory`` (and its parents) if need be, and make it 0700."""
-    directory.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
+    """Create ``directory`` (and its parents) if need be, their names durable, and make it
+    0700."""
+    make_directory(directory, DIRECTORY_MODE)
     if directory.stat().st_mode & 0o777 != DIRECTORY_MODE:
         os.chmod(directory, DIRECTORY_MODE)
 
@@ -344,12 +346,3 @@ class SegmentKeeper:
             "trace_compacted_bytes_before": self.bytes_before,
             "trace_compacted_bytes_after": self.bytes_after,
         }
-
-
-def sync_directory(directory: Path) -> None:
-    """Make ``directory``'s entries durable (a file created or renamed in it)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

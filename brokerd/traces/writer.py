@@ -58,6 +58,7 @@ from typing import Any
 import orjson
 
 from brokerd.config import TraceConfig
+from brokerd.directories import sync_directory
 from brokerd.traces.names import (
     CLOSED_SUFFIX,
     COMPACT_SUFFIXES,
@@ -73,7 +74,6 @@ from brokerd.traces.segments import (
     is_compressed,
     private_directory,
     segment_lines,
-    sync_directory,
 )
 
 SCHEMA_VERSION = 1
