@@ -328,6 +328,12 @@ class LimitsConfig:
     """MB of request bodies one client connection may have awaiting their replies (SENDs
     waiting for their commit); beyond it the broker stops reading that connection until
     replies bring it under half (the application's sends then wait in its own socket)."""
+    mirror_pairs: int = 1024
+    """Mirrored pairs (a mirrored route's two partners, for one service and broker
+    instance) whose principal this instance tracks (R-ROUTE-10); past it the pair used
+    longest ago is forgotten, counted and logged, and asks both partners again when it is
+    used again. A forwarder's mirrored route to every service tracks one pair per service
+    its peers' messages name."""
 
 
 @dataclass(frozen=True)

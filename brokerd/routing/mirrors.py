@@ -24,6 +24,11 @@ the stale partner learns it has been superseded.
 The database-side role (a database declared ``principal`` or ``mirror``,
 swapped by ``brokerctl mirror-role``) lives in the engine; this module only
 tracks what the senders have been told.
+
+The pairs are bounded (:class:`MirrorTracker`): a forwarder's mirrored route to every
+service makes one pair per service and broker instance that its peers' messages name,
+so past a limit the pair used longest ago is forgotten (it asks both partners again
+when it is used again).
 """
 
 from __future__ import annotations
@@ -129,14 +134,25 @@ class MirrorPair:
 
 @dataclass
 class MirrorTracker:
-    """Every mirrored target this instance sends to."""
+    """The mirrored targets this instance sends to: at most ``limit``, the pair used
+    longest ago forgotten first (``evicted`` counts them)."""
 
+    limit: int
     pairs: dict[MirrorKey, MirrorPair] = field(default_factory=dict)
+    """In the order of their last use, the oldest first."""
+    evicted: int = 0
+    """Pairs forgotten to stay within ``limit``."""
 
     def pair(self, key: MirrorKey) -> MirrorPair:
-        found = self.pairs.get(key)
+        """The pair of ``key`` (tracked from now on if it was not), now the last used."""
+        pairs = self.pairs
+        found = pairs.pop(key, None)
         if found is None:
-            found = self.pairs[key] = MirrorPair(key)
+            found = MirrorPair(key)
+            while len(pairs) >= max(1, self.limit):
+                del pairs[next(iter(pairs))]
+                self.evicted += 1
+        pairs[key] = found
         return found
 
     def matching(

@@ -229,6 +229,11 @@ from tests.config.helpers import (
             "limits.backlog_page",
             "at least 1",
         ),
+        (  # a peer's flood of new services must not leave the pairs unbounded (R-ROUTE-10)
+            config_text(rest="[limits]\nmirror_pairs = 0\n"),
+            "limits.mirror_pairs",
+            "at least 1",
+        ),
         (  # SQLite's cache_size counts KiB in 32 bits: more would silently be no cache
             config_text(rest="[limits]\npage_cache_mb = 4097\n"),
             "limits.page_cache_mb",

@@ -11,8 +11,10 @@ carries an epoch, persisted; a partner that is not principal sends nothing for t
 mirrored database, and one that hears of a higher epoch while principal demotes itself
 (:meth:`MirrorRoles.superseded`).
 
-It is handed the engine as :class:`MirrorServices` and the router's shared state (the
-statistics, the local databases, forgetting decisions).
+It is handed the engine as :class:`MirrorServices`, the router's shared state (the
+statistics, the local databases, forgetting decisions) and the configured limits: the
+mirrored pairs it tracks are at most ``limits.mirror_pairs``, the pair used longest ago
+forgotten first (counted in ``mirror_pairs_evicted``, logged at most once a minute).
 
 May import: ``protocol``, ``brokerd.routing``, ``brokerd.storage``, ``brokerd.errors``, the
 router's ``state``, and for types only the models of ``brokerd.dialogs`` and
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 import uuid
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -36,7 +39,7 @@ from protocol.dialog import NIL_UUID, DialogHeader
 from protocol.frames import MirrorRole
 
 if TYPE_CHECKING:
-    from brokerd.config import RetryConfig
+    from brokerd.config import LimitsConfig, RetryConfig
     from brokerd.dialogs.endpoints.database import Database
     from brokerd.dialogs.endpoints.endpoint import Endpoint
     from brokerd.dialogs.router.state import RouterState
@@ -101,11 +104,12 @@ def mirror_key(decision: routing.Decision, service: str) -> MirrorKey:
 class MirrorRoles:
     """The mirroring roles and mirrored routes of this instance (see the module docstring)."""
 
-    def __init__(self, engine: MirrorServices, state: RouterState) -> None:
+    def __init__(self, engine: MirrorServices, state: RouterState, limits: LimitsConfig) -> None:
         self.engine = engine
         self.state = state
-        self.mirrors = MirrorTracker()
+        self.mirrors = MirrorTracker(limits.mirror_pairs)
         """The mirrored pairs of the routes in use, and what each partner last said."""
+        self._evictions_logged_at = -math.inf
         self._query_ids = itertools.count(1)
         self.mirroring: MirrorHooks | None = None
         """Set by the daemon when a database is mirrored with a partner (R-ROUTE-16)."""
@@ -124,7 +128,29 @@ class MirrorRoles:
 
     def pair(self, decision: routing.Decision, service: str) -> MirrorPair:
         """The mirrored pair ``decision`` sends to (tracked from now on if it was not)."""
-        return self.mirrors.pair(mirror_key(decision, service))
+        mirrors = self.mirrors
+        before = mirrors.evicted
+        pair = mirrors.pair(mirror_key(decision, service))
+        if mirrors.evicted != before:
+            self._evicted(mirrors.evicted - before)
+        return pair
+
+    def _evicted(self, count: int) -> None:
+        """``count`` pairs were forgotten to stay within ``limits.mirror_pairs``: counted,
+        and logged at most once a minute (a peer naming new services forgets one a
+        message)."""
+        self.state.stats.mirror_pairs_evicted += count
+        now = time.monotonic()
+        if now - self._evictions_logged_at < 60.0:
+            return
+        self._evictions_logged_at = now
+        log.warning(
+            "mirrored pairs: %d tracked at most (limits.mirror_pairs); the pair used longest "
+            "ago is forgotten (%d so far) and asks both partners again when it is used again "
+            "(R-ROUTE-10)",
+            self.mirrors.limit,
+            self.state.stats.mirror_pairs_evicted,
+        )
 
     def known_pair(self, decision: routing.Decision, service: str) -> MirrorPair | None:
         """The mirrored pair ``decision`` sends to, if it is tracked already."""
@@ -352,6 +378,7 @@ class MirrorRoles:
             {
                 "kind": "local database",
                 "name": db.name,
+                "service": "",
                 "broker_instance": str(db.broker_instance),
                 "role": db.mirror_role,
                 "epoch": db.mirror_epoch,
@@ -364,6 +391,7 @@ class MirrorRoles:
             {
                 "kind": "mirrored route",
                 "name": f"{p.key.address} / {p.key.mirror_address}",
+                "service": p.key.service,
                 "broker_instance": str(p.key.broker_instance or ""),
                 "role": p.status(),
                 "epoch": p.epoch,

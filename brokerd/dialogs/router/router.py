@@ -54,7 +54,7 @@ class Router:
         endpoint = engine.config.endpoint
         self.state = RouterState(engine)
         self.requests = RouteRequests(engine, self.state)
-        self.mirror_roles = MirrorRoles(engine, self.state)
+        self.mirror_roles = MirrorRoles(engine, self.state, engine.config.limits)
         self.decisions = RouteDecisions(
             engine, self.state, endpoint, self.requests, self.mirror_roles
         )

@@ -55,6 +55,8 @@ class RouterStats:
     route_requests: int = 0
     principal_queries_sent: int = 0
     principal_queries_answered: int = 0
+    mirror_pairs_evicted: int = 0
+    """Mirrored pairs forgotten to stay within ``limits.mirror_pairs`` (R-ROUTE-10)."""
     route_changes: int = 0
     route_decisions: int = 0
     """Decisions made in full (the others were shared, see ``RouteDecisions.decide``)."""
