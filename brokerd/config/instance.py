@@ -274,6 +274,7 @@ def parse_limits(t: Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         transit_bodies_mb=t.integer("transit_bodies_mb", d["transit_bodies_mb"], 1),
         client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
         mirror_pairs=t.integer("mirror_pairs", d["mirror_pairs"], 1),
+        route_requests=t.integer("route_requests", d["route_requests"], 1),
         page_cache_mb=t.integer("page_cache_mb", d["page_cache_mb"], 1, MAX_PAGE_CACHE_MB),
         body_segment_mb=t.integer("body_segment_mb", d["body_segment_mb"], 1, MAX_BODY_SEGMENT_MB),
         body_compact_after=t.seconds("body_compact_after", d["body_compact_after"]),

@@ -334,6 +334,11 @@ class LimitsConfig:
     longest ago is forgotten, counted and logged, and asks both partners again when it is
     used again. A forwarder's mirrored route to every service tracks one pair per service
     its peers' messages name."""
+    route_requests: int = 100
+    """MissingRoute requests to the dynamic routing service (R-ROUTE-14) pending at once
+    for one database's route table (msdb's for messages from outside); a conversation
+    that would ask beyond it stays DELAYED and asks when it is routed again, a message
+    from outside is dropped, not acknowledged (its sender retries)."""
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,15 @@ _Trace = Callable[[str], None]
 """Records one line of the reasoning (``list.append`` of the decision's steps)."""
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """The dynamic routing requests of the route table (R-ROUTE-14): the services asked
+    for, and whether no more may be asked for now (``limits.route_requests``)."""
+
+    services: Collection[str]
+    full: bool
+
+
 def spread(choices: Sequence[Route], conversation: Conversation) -> Route:
     """One route of ``choices``, always the same for a conversation (R-ROUTE-5, R-ROUTE-3).
 
@@ -173,6 +182,7 @@ def decide(
     forwarding: bool = False,
     own_addresses: Collection[str] = (),
     pending_route_requests: Collection[str] = (),
+    route_requests_full: bool = False,
 ) -> Decision:
     """Route one conversation's messages (R-ROUTE-1, R-ROUTE-4 matching, R-ROUTE-5 selection).
 
@@ -182,7 +192,8 @@ def decide(
     ``forwarding`` is the endpoint's ``message_forwarding`` (R-ROUTE-6);
     ``own_addresses`` are the ``tcp://`` addresses that reach this instance;
     ``pending_route_requests`` the services with a dynamic-routing request in
-    flight (R-ROUTE-14: at most one per service name).
+    flight (R-ROUTE-14: at most one per service name); ``route_requests_full``: the
+    table has ``limits.route_requests`` of them, so step 4 asks for a route later.
     """
     lines: list[str] = []
     trace = lines.append
@@ -195,9 +206,8 @@ def decide(
             f"R-ROUTE-1: the conversation began in database {conversation.origin_database!r}: "
             "that database's routes"
         )
-    decision = _decide_in(
-        table, conversation, databases, now, trace, forwarding, pending_route_requests
-    )
+    pending = _Pending(pending_route_requests, route_requests_full)
+    decision = _decide_in(table, conversation, databases, now, trace, forwarding, pending)
     if (
         decision.kind == "network"
         and decision.address in own_addresses
@@ -234,7 +244,7 @@ def decide(
             now,
             trace,
             forwarding,
-            pending_route_requests,
+            pending,
         )
         if again.kind == "network" and again.address in own_addresses:
             again = Decision(
@@ -284,7 +294,7 @@ def _decide_in(
     now: datetime,
     trace: _Trace,
     forwarding: bool,
-    pending: Collection[str],
+    pending: _Pending,
 ) -> Decision:
     service = conversation.service
     instance = conversation.broker_instance
@@ -346,16 +356,32 @@ def _decide_in(
         dynamic = [r for r in live if r.remote_service_name == BROKER_CONFIGURATION_SERVICE]
         if dynamic and service == BROKER_CONFIGURATION_SERVICE:
             trace("R-ROUTE-4 step 4: skipped, this is the dynamic routing service itself")
-        elif dynamic and service not in pending:
-            trace(
-                f"R-ROUTE-4 step 4: a route to the dynamic routing service exists "
-                f"({_names(dynamic)}) and no request for {service!r} is pending: "
-                "DELAYED, and a MissingRoute request is sent (R-ROUTE-14)"
-            )
+        elif dynamic and service not in pending.services:
+            if pending.full:
+                trace(
+                    f"R-ROUTE-4 step 4: a route to the dynamic routing service exists "
+                    f"({_names(dynamic)}), but {len(pending.services)} requests are pending "
+                    "(limits.route_requests): DELAYED, and the MissingRoute request is sent "
+                    "when the conversation is routed again with fewer pending (R-ROUTE-14)"
+                )
+                reason = (
+                    f"no route to service {service!r}; DELAYED until the dynamic routing "
+                    f"service can be asked for one: {len(pending.services)} requests are "
+                    "pending (limits.route_requests) (R-ROUTE-4 step 4, R-ROUTE-14)"
+                )
+            else:
+                trace(
+                    f"R-ROUTE-4 step 4: a route to the dynamic routing service exists "
+                    f"({_names(dynamic)}) and no request for {service!r} is pending: "
+                    "DELAYED, and a MissingRoute request is sent (R-ROUTE-14)"
+                )
+                reason = (
+                    f"no route to service {service!r}; DELAYED while the dynamic routing "
+                    "service is asked for one (R-ROUTE-4 step 4, R-ROUTE-14)"
+                )
             return Decision(
                 "delayed",
-                f"no route to service {service!r}; DELAYED while the dynamic routing service "
-                "is asked for one (R-ROUTE-4 step 4, R-ROUTE-14)",
+                reason,
                 dynamic[0].name,
                 request_route=True,
                 arrived_from_outside=outside,

@@ -234,6 +234,11 @@ from tests.config.helpers import (
             "limits.mirror_pairs",
             "at least 1",
         ),
+        (  # no request at all would leave step 4 DELAYED for ever (R-ROUTE-14)
+            config_text(rest="[limits]\nroute_requests = 0\n"),
+            "limits.route_requests",
+            "at least 1",
+        ),
         (  # SQLite's cache_size counts KiB in 32 bits: more would silently be no cache
             config_text(rest="[limits]\npage_cache_mb = 4097\n"),
             "limits.page_cache_mb",

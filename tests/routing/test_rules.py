@@ -162,6 +162,31 @@ def test_r_route_4_step_4_skipped_while_request_pending() -> None:
     assert mentions(d, "R-ROUTE-4 step 7")
 
 
+def test_r_route_4_step_4_waits_while_the_table_has_its_requests_pending() -> None:
+    """R-ROUTE-14: with ``limits.route_requests`` pending, step 4 still marks the
+    conversation DELAYED (it does not fall through to step 5); its request is sent when it
+    is routed again with fewer pending, and the reason names the limit."""
+    dynamic = Route("Dynamic", A1, BROKER_CONFIGURATION_SERVICE)
+    d = run(
+        [AUTO, dynamic],
+        conv(),
+        dbs("Svc"),
+        pending_route_requests={"Else"},
+        route_requests_full=True,
+    )
+    assert (d.kind, d.request_route) == ("delayed", True)
+    assert "limits.route_requests" in d.reason and "R-ROUTE-14" in d.reason
+    # a service already asked for is not asked again, full or not: step 5 as before
+    d = run(
+        [AUTO, dynamic],
+        conv(),
+        dbs("Svc"),
+        pending_route_requests={"Svc"},
+        route_requests_full=True,
+    )
+    assert (d.kind, d.request_route, d.database) == ("local", False, AW)
+
+
 def test_r_route_4_step_5_catch_all() -> None:
     routes = [Route("Ext", A1), Route("Named", A2, "NotSvc")]
     d = run(routes, conv())

@@ -81,6 +81,9 @@ class DecisionServices(Protocol):
 class RouteRequesting(Protocol):
     """Dynamic routing (R-ROUTE-14), as decisions see it."""
 
+    limit: int
+    """Requests pending at once for one database's route table, at most."""
+
     def pending_services(self, database: str) -> set[str]:
         """Services of ``database`` with a MissingRoute request in flight or just answered."""
         ...
@@ -173,6 +176,7 @@ class RouteDecisions:
             forwarding=self.forwarding,
             own_addresses=self.own_addresses,
             pending_route_requests=pending,
+            route_requests_full=len(pending) >= self.requests.limit,
         )
         if decision.choices == 1 and not decision.request_route and service not in pending:
             shared.keep(key, decision)

@@ -4,10 +4,17 @@ Owns :class:`RouteRequests` and the requests it keeps (:class:`RouteRequest`): a
 MissingRoute request per service name in flight, sent on a dialog from the system service
 ``brokerd/RouteRequester``; when the routing service ends that dialog the waiting
 conversations are routed again. A request left unanswered is abandoned and made again; an
-answered one still counts as pending for ``retry.delayed_retry`` seconds.
+answered one still counts as pending for ``retry.delayed_retry`` seconds. At most
+``limits.route_requests`` are pending for one database's route table (msdb's for
+messages from outside, whose services a peer names): a conversation that would ask beyond
+it stays DELAYED and asks when it is routed again (after ``retry.delayed_retry``, or at
+once when a request is answered), a message from outside is dropped, not acknowledged
+(its sender retries); each is counted in ``route_requests_deferred``, and logged at most
+once a minute.
 
 It is handed the engine as :class:`RequestServices` (the dialog verbs it sends the request
-with) and the router's shared state (the statistics, routing a database again).
+with), the router's shared state (the statistics, routing a database again) and the
+configured limits.
 
 May import: ``protocol``, ``brokerd.routing``, ``brokerd.storage``, the router's ``state``,
 and for types only the models of ``brokerd.dialogs`` and ``brokerd.config``.
@@ -18,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,7 +38,7 @@ from protocol.dialog import BROKER_CONFIGURATION_NOTICE, MISSING_ROUTE
 from protocol.errors import BrokerError
 
 if TYPE_CHECKING:
-    from brokerd.config import RetryConfig
+    from brokerd.config import LimitsConfig, RetryConfig
     from brokerd.dialogs.endpoints.database import Database
     from brokerd.dialogs.endpoints.endpoint import Endpoint
     from brokerd.dialogs.router.state import RouterState
@@ -96,11 +104,14 @@ class RequestServices(Protocol):
 class RouteRequests:
     """The MissingRoute requests of this instance (see the module docstring)."""
 
-    def __init__(self, engine: RequestServices, state: RouterState) -> None:
+    def __init__(self, engine: RequestServices, state: RouterState, limits: LimitsConfig) -> None:
         self.engine = engine
         self.state = state
+        self.limit = limits.route_requests
+        """Requests pending at once for one database's route table, at most."""
         self.pending: dict[tuple[str, str], RouteRequest] = {}
         """The requests in flight or just answered, by (database, service)."""
+        self._deferrals_logged_at = -math.inf
 
     def pending_services(self, database: str) -> set[str]:
         """Services of ``database`` with a MissingRoute request in flight or just answered."""
@@ -128,9 +139,30 @@ class RouteRequests:
         key = (db.name, service)
         if key in self.pending:
             return
+        if sum(1 for name, _ in self.pending if name == db.name) >= self.limit:
+            self._deferred(db, service)
+            return
         req = self.pending[key] = RouteRequest(db.name, service, time.monotonic())
         self.state.stats.route_requests += 1
         self.engine.loop.create_task(self._send_request(db, req, broker_instance))
+
+    def _deferred(self, db: Database, service: str) -> None:
+        """No request for ``service`` now: ``db``'s table has its limit pending. Counted,
+        and logged at most once a minute (a peer naming new services defers one a
+        message)."""
+        self.state.stats.route_requests_deferred += 1
+        now = time.monotonic()
+        if now - self._deferrals_logged_at < 60.0:
+            return
+        self._deferrals_logged_at = now
+        log.warning(
+            "database %s: %d MissingRoute requests pending (limits.route_requests); the one "
+            "for %r waits until one is answered (%d deferred so far) (R-ROUTE-14)",
+            db.name,
+            self.limit,
+            service,
+            self.state.stats.route_requests_deferred,
+        )
 
     async def _send_request(
         self, db: Database, req: RouteRequest, broker_instance: uuid.UUID | None

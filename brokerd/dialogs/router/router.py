@@ -53,7 +53,7 @@ class Router:
     def __init__(self, engine: DialogServices) -> None:
         endpoint = engine.config.endpoint
         self.state = RouterState(engine)
-        self.requests = RouteRequests(engine, self.state)
+        self.requests = RouteRequests(engine, self.state, engine.config.limits)
         self.mirror_roles = MirrorRoles(engine, self.state, engine.config.limits)
         self.decisions = RouteDecisions(
             engine, self.state, endpoint, self.requests, self.mirror_roles

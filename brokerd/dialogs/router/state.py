@@ -53,6 +53,8 @@ class RouterStats:
     hop_limit_drops: int = 0
     forward_buffer_drops: int = 0
     route_requests: int = 0
+    route_requests_deferred: int = 0
+    """MissingRoute requests not sent: ``limits.route_requests`` were pending (R-ROUTE-14)."""
     principal_queries_sent: int = 0
     principal_queries_answered: int = 0
     mirror_pairs_evicted: int = 0
