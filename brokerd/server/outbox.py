@@ -8,8 +8,9 @@ items are merged into one ACK frame when the pump builds them.
 
 What the peer's own frames make us send is bounded while the peer does not read
 (its socket full, the pump stopped): an endpoint has at most one acknowledgement
-waiting, the newest (it says what the older said, except what falls beyond a
-header's bounds on acknowledged ranges, which costs a retransmission); at most
+waiting for the far broker instance it names, the newest (it says what the older said,
+except what falls beyond a header's bounds on acknowledged ranges, which costs a
+retransmission); at most
 :data:`MAX_QUEUED_ERRORS` broker errors wait, and at most :data:`MAX_QUEUED_ANSWERS`
 answers (principal answers, to its principal queries or telling it that a mirror got
 its message, and :class:`MirrorAnswer` refusals of its mirroring messages); one more of
@@ -63,9 +64,22 @@ MAX_QUEUED_ANSWERS = 1024
 
 _ANSWERS = (events.PrincipalAnswer, MirrorAnswer)
 
-AckKey = tuple[uuid.UUID, bool]
-"""An acknowledgement's endpoint on the connection: its conversation and whether it
-acknowledges the initiator's messages."""
+AckKey = tuple[uuid.UUID, bool, uuid.UUID, uuid.UUID | None]
+"""An acknowledgement's endpoint on the connection: its conversation, whether it is the
+initiator's, the broker instance that sends it and the far broker instance it is for
+(R-ROUTE-3). Two databases of this instance may each hold an endpoint of one conversation
+id and direction (two broker instances of one service), talking to two far instances over
+one connection: their acknowledgements are never merged."""
+
+
+def ack_key(header: dialog.DialogHeader) -> AckKey:
+    """The endpoint and far broker instance an acknowledgement is of (:data:`AckKey`)."""
+    return (
+        header.conversation_id,
+        header.initiator,
+        header.from_broker_instance,
+        header.to_broker_instance,
+    )
 
 
 class Outbox:
@@ -117,11 +131,11 @@ class Outbox:
 
     def add_acks(self, headers: list[dialog.DialogHeader]) -> None:
         """Queue acknowledgements; one replaces the acknowledgement of the same endpoint
-        still waiting, in its place."""
+        for the same far broker instance still waiting, in its place (:func:`ack_key`)."""
         small = self.small
         waiting = self._acks
         for header in headers:
-            key = (header.conversation_id, header.initiator)
+            key = ack_key(header)
             place = waiting.get(key)
             if place is not None:
                 place[0][place[1]] = header
@@ -163,7 +177,7 @@ class Outbox:
     def _forget(self, headers: list[dialog.DialogHeader]) -> None:
         waiting = self._acks
         for header in headers:
-            del waiting[(header.conversation_id, header.initiator)]
+            del waiting[ack_key(header)]
 
     def forwards(self) -> list[Forward]:
         """Forwarded messages not sent yet (handed back when the connection is lost)."""

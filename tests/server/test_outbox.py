@@ -119,6 +119,25 @@ def test_an_endpoint_has_one_acknowledgement_waiting_the_newest() -> None:
     assert outbox.queued_acks == 0
 
 
+def test_acknowledgements_of_two_broker_instances_are_never_merged() -> None:
+    """R-DLG-5, R-ROUTE-3: two databases of this instance (two broker instances) may each
+    hold an endpoint of one conversation id and direction, answering two far instances
+    over one connection: each keeps its own acknowledgement waiting, and only a newer one
+    of the same sender for the same far instance replaces it."""
+    outbox = Outbox()
+    east = _ack(1)
+    west = east._replace(from_broker_instance=uuid.uuid4(), to_broker_instance=uuid.uuid4())
+    to_other = east._replace(to_broker_instance=uuid.uuid4())
+    outbox.add_acks([east, west, to_other])
+    assert outbox.queued_acks == 3
+    newer = west._replace(ack=Acknowledgement(2))
+    outbox.add_acks([newer])
+    item = outbox.pop()
+    assert isinstance(item, SendAcks)
+    assert outbox.take_acks(item) == [east, newer, to_other]
+    assert outbox.queued_acks == 0
+
+
 def test_broker_errors_past_the_bound_are_dropped_and_counted() -> None:
     outbox = Outbox()
     for n in range(MAX_QUEUED_ERRORS + 10):
