@@ -14,7 +14,9 @@ Every frame is a fixed 16-byte header followed by two variable parts::
 
 All integers are big-endian. ``kind`` is a :class:`ClientFrameKind`;
 ``request_id`` pairs a RESPONSE or ERROR with its REQUEST (CHALLENGE and NOTICE
-frames conventionally carry 0). ``meta`` is limited to :data:`MAX_META_BYTES`;
+frames conventionally carry 0; an ERROR of id 0 answers no request: the daemon closes
+the connection and says why). A client may use an id again only once its request is
+answered: the daemon refuses an id in flight. ``meta`` is limited to :data:`MAX_META_BYTES`;
 ``body`` to the reader's ``max_body`` (:data:`DEFAULT_MAX_BODY` by default). Both
 limits are checked from the header alone, before any of the frame's meta or body
 is waited for.

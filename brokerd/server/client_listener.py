@@ -23,6 +23,7 @@ docs/errors.md).
 
 May import: ``protocol``, ``brokerd.errors``, ``brokerd.dialogs``,
 ``brokerd.server.client_requests``, ``brokerd.server.client_meta``,
+``brokerd.server.client_in_flight``,
 ``brokerd.server.client_access``, ``brokerd.server.receive_reply``; ``brokerd.config``
 for its types only.
 """
@@ -43,6 +44,7 @@ from brokerd.dialogs.verbs.receive import Withdrawal
 from brokerd.dialogs.verbs.transactions import Transaction
 from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
+from brokerd.server.client_in_flight import InFlight
 from brokerd.server.client_meta import meta_key, meta_str, meta_uuid
 from brokerd.server.client_requests import OPERATIONS, ReplyBody, ReplyMeta, receive_args
 from brokerd.server.client_requests import Broker as RequestsBroker
@@ -172,10 +174,8 @@ class ClientSession(asyncio.BufferedProtocol):
         self.transactions: dict[int, Transaction] = {}
         self.tx_ids = itertools.count(1)
         self._login_deadline: asyncio.TimerHandle | None = None
-        self._pending: dict[int, int] = {}
-        """Body bytes of each request awaiting its reply (``limits.client_pending_mb``)."""
-        self._pending_bytes = 0
-        self._pending_limit = broker.config.limits.client_pending_mb * 1024 * 1024
+        self._in_flight = InFlight(broker.config.limits.client_pending_mb * 1024 * 1024)
+        """Requests read (after the login) and not yet answered, and their body bytes."""
         self._reading_held = False
         """Not reading: the requests awaiting replies hold too many body bytes."""
         self._congested: Endpoint | None = None
@@ -191,8 +191,6 @@ class ClientSession(asyncio.BufferedProtocol):
         self._writable = asyncio.Event()
         """Set while replies may be made: requests read wait for it before they run."""
         self._writable.set()
-        self._awaiting: set[int] = set()
-        """Requests read (after the login) and not yet answered."""
         self._waits: dict[int, Withdrawal] = {}
         """RECEIVEs and GET CONVERSATION GROUPs running as tasks, by request id: what a
         ``withdraw`` request takes back (:meth:`_withdraw`)."""
@@ -257,8 +255,9 @@ class ClientSession(asyncio.BufferedProtocol):
             return
         if self._behind is not None:  # a task read before these has not started yet
             for frame in frames:
-                self._hold_body(frame)
-            self._behind.extend(frames)
+                if not self._take(frame):
+                    return
+                self._behind.append(frame)
             return
         self._handle(frames)
 
@@ -279,12 +278,11 @@ class ClientSession(asyncio.BufferedProtocol):
         """Pipelined SENDs, handed on together when another request comes or at the end."""
         while pending:
             frame = pending.popleft()
-            if not held:
-                self._hold_body(frame)
+            if not held and not self._take(frame):
+                return
             op = frame.meta.get("op")
             request = frame.kind is ClientFrameKind.REQUEST and self.access is not None
             if request and op == "send" and frame.meta.get("transaction") is None:
-                self._awaiting.add(frame.request_id)
                 self._last_read = frame.request_id
                 sends.append(frame)
                 continue
@@ -292,14 +290,12 @@ class ClientSession(asyncio.BufferedProtocol):
                 self._send_now(sends)
                 sends = []
             if frame.kind is not ClientFrameKind.REQUEST:
-                self._reply_error(
-                    frame.request_id, InvalidRequest("only REQUEST frames are accepted")
-                )
+                # not a request in flight (:meth:`_take`): none of theirs is released
+                self._refuse(frame.request_id, InvalidRequest("only REQUEST frames are accepted"))
                 continue
             if self.access is None:
                 self._login(frame)
                 continue
-            self._awaiting.add(frame.request_id)
             self._last_read = frame.request_id
             if op == "withdraw":
                 self._withdraw(frame)
@@ -330,19 +326,43 @@ class ClientSession(asyncio.BufferedProtocol):
                 self.receiving.add(task)
                 task.add_done_callback(self.receiving.discard)
             if pending:
-                if not held:
-                    for later in pending:
-                        self._hold_body(later)
+                if not held and not all(self._take(later) for later in pending):
+                    return  # refused: the connection closes
                 self._behind = pending
                 self._holding_for = frame.request_id
                 return
         if sends:
             self._send_now(sends)
 
-    def _hold_body(self, frame: ClientFrame) -> None:
-        """Count a request's body until its reply (flow control, ``client_pending_mb``)."""
-        if frame.body and frame.kind is ClientFrameKind.REQUEST and self.access is not None:
-            self._hold(frame.request_id, len(frame.body))
+    def _take(self, frame: ClientFrame) -> bool:
+        """A frame read after the login: a request is in flight until its reply, its body
+        counted until then (:attr:`_in_flight`; reading is held past the limit). A frame
+        with the id of a request in flight is refused (``InvalidRequest``, in an ERROR
+        of id 0) and the connection closed: its reply could not be told from the
+        other's. False then: nothing more of the connection is handled."""
+        if self.access is None:
+            return True
+        request_id = frame.request_id
+        if request_id in self._in_flight:
+            log.warning("client connection closed: it reused request id %d in flight", request_id)
+            self._refuse(
+                0,
+                InvalidRequest(
+                    f"request id {request_id} is that of a request in flight: an id may be "
+                    "used again only once its request is answered"
+                ),
+            )
+            self._close()
+            return False
+        if (
+            frame.kind is ClientFrameKind.REQUEST
+            and self._in_flight.add(request_id, len(frame.body))
+            and not self._reading_held
+        ):
+            self._reading_held = True
+            self.broker.client_reads_held += 1
+            self._read_or_not()
+        return True
 
     def _started(self, request_id: int) -> None:
         """The task of request ``request_id`` runs its handler now: the requests read after
@@ -355,9 +375,10 @@ class ClientSession(asyncio.BufferedProtocol):
         behind, self._behind = self._behind, None
         if not behind or self.transport is None:
             return
-        if self._stopping:
+        if self._stopping or self.transport.is_closing():
             # not handled: the client was told the last request handled (stop_reading),
-            # so it knows these were never executed (BrokerStopping)
+            # so it knows these were never executed (BrokerStopping); or the connection
+            # closes (a request refused), and none of their replies could leave
             for frame in behind:
                 self._release(frame.request_id)
             return
@@ -371,6 +392,7 @@ class ClientSession(asyncio.BufferedProtocol):
         for task in list(self.tasks):
             task.cancel()
         self._behind = None
+        self._in_flight.clear()  # none of them will be answered: a stop waits for none
         transactions, self.transactions = self.transactions, {}
         for tx in transactions.values():
             # A client that goes away mid-transaction leaves nothing behind; its messages
@@ -411,7 +433,7 @@ class ClientSession(asyncio.BufferedProtocol):
     @property
     def unanswered(self) -> int:
         """Requests read and not yet answered."""
-        return len(self._awaiting)
+        return len(self._in_flight)
 
     def stop_reading(self) -> None:
         """The daemon is stopping (SIGTERM): read nothing more, and tell the client the
@@ -521,21 +543,10 @@ class ClientSession(asyncio.BufferedProtocol):
         if not self.allowed.admin:
             self.allowed.check_conversation(self.broker.engine.endpoint(handle)[1])
 
-    def _hold(self, request_id: int, size: int) -> None:
-        """Count a request's body until its reply; stop reading past the limit."""
-        self._pending[request_id] = self._pending.get(request_id, 0) + size
-        self._pending_bytes += size
-        if self._pending_bytes > self._pending_limit and not self._reading_held:
-            self._reading_held = True
-            self.broker.client_reads_held += 1
-            self._read_or_not()
-
     def _release(self, request_id: int) -> None:
-        size = self._pending.pop(request_id, 0)
-        if not size:
-            return
-        self._pending_bytes -= size
-        if self._reading_held and self._pending_bytes <= self._pending_limit // 2:
+        """A request answered: its body no longer counts; reading resumes under half the
+        limit."""
+        if self._in_flight.answered(request_id) and self._reading_held:
             self._reading_held = False
             self._read_or_not()
 
@@ -585,9 +596,7 @@ class ClientSession(asyncio.BufferedProtocol):
             transport.resume_reading()
 
     def _reply(self, request_id: int, meta: ReplyMeta, body: ReplyBody = b"") -> None:
-        self._awaiting.discard(request_id)
-        if self._pending:
-            self._release(request_id)
+        self._release(request_id)
         if self.transport is None or self.transport.is_closing():
             return
         pieces = body if isinstance(body, list) else (body,)
@@ -604,17 +613,18 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def _reply_sequence(self, request_id: int, seq: int) -> None:
         """A SEND's reply (``_reply(request_id, {"sequence_number": seq})``, same bytes)."""
-        self._awaiting.discard(request_id)
-        if self._pending:
-            self._release(request_id)
+        self._release(request_id)
         if self.transport is None or self.transport.is_closing():
             return
         self._write(encode_sequence_reply(request_id, seq))
 
     def _reply_error(self, request_id: int, exc: BaseException) -> None:
-        self._awaiting.discard(request_id)
-        if self._pending:
-            self._release(request_id)
+        self._release(request_id)
+        self._refuse(request_id, exc)
+
+    def _refuse(self, request_id: int, exc: BaseException) -> None:
+        """An ERROR frame that answers no request in flight (a frame that is not a
+        request, or id 0: the connection closes)."""
         if self.transport is None or self.transport.is_closing():
             return
         self._write(encode_frame(ClientFrame(ClientFrameKind.ERROR, request_id, error_meta(exc))))
