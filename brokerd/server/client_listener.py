@@ -23,7 +23,7 @@ docs/errors.md).
 
 May import: ``protocol``, ``brokerd.errors``, ``brokerd.dialogs``,
 ``brokerd.server.client_requests``, ``brokerd.server.client_meta``,
-``brokerd.server.client_in_flight``,
+``brokerd.server.client_in_flight``, ``brokerd.server.client_errors``,
 ``brokerd.server.client_access``, ``brokerd.server.receive_reply``; ``brokerd.config``
 for its types only.
 """
@@ -38,12 +38,13 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from brokerd.dialogs.verbs.receive import Withdrawal
 from brokerd.dialogs.verbs.transactions import Transaction
-from brokerd.errors import StoreError
 from brokerd.server.client_access import Access, Credentials
+from brokerd.server.client_errors import error_meta
 from brokerd.server.client_in_flight import InFlight
 from brokerd.server.client_meta import meta_key, meta_str, meta_uuid
 from brokerd.server.client_requests import OPERATIONS, ReplyBody, ReplyMeta, receive_args
@@ -70,9 +71,7 @@ from protocol.errors import (
     InternalError,
     InvalidRequest,
     LocalProtocolError,
-    RemoteError,
     RemoteProtocolError,
-    StorageFailure,
 )
 
 if TYPE_CHECKING:
@@ -128,25 +127,6 @@ through."""
 PRE_LOGIN_MAX_BODY = 4096
 PRE_LOGIN_MAX_META = 4096
 """Until the login succeeds a peer may send only small frames (a login is about 200 bytes)."""
-
-
-def error_meta(exc: BaseException) -> dict[str, Any]:
-    """The ERROR frame's meta: the class name, its code (``protocol.errors.for_code``),
-    the message and whether a retry may succeed."""
-    if isinstance(exc, RemoteError):
-        code = exc.code
-    elif isinstance(exc, StoreError):
-        code = StorageFailure.code
-    elif isinstance(exc, BrokerError):
-        code = RemoteError.code
-    else:
-        code = InternalError.code
-    return {
-        "error": type(exc).__name__,
-        "code": code,
-        "message": str(exc),
-        "retriable": bool(getattr(exc, "retriable", False)),
-    }
 
 
 _THREAD = threading.local()
@@ -213,16 +193,27 @@ class ClientSession(asyncio.BufferedProtocol):
         """When the connection came (the event loop's clock)."""
         self.evicted = False
         """Closed before its login to admit a newer connection (:data:`MAX_PENDING_LOGINS`)."""
+        self._abort: Callable[[], None] | None = None
+        """Closes the TCP connection at once (:meth:`accepted`)."""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH)
+    def accepted(self, abort: Callable[[], None]) -> None:
+        """The TCP connection is accepted (on a TLS port, before its handshake,
+        ``brokerd.server.client_tls``): from now it counts among those not logged in,
+        and its login deadline runs. ``abort`` closes it at once."""
+        self._abort = abort
         self.created = asyncio.get_running_loop().time()
         self._admit()
         self.broker.client_sessions.add(self)
         self._login_deadline = asyncio.get_running_loop().call_later(
             self.broker.config.client.login_timeout, self._login_expired
         )
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """The connection is ready to carry frames (on a TLS port, its handshake done)."""
+        self.transport = cast(asyncio.Transport, transport)
+        if self._abort is None:
+            self.accepted(self.transport.abort)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH)
         self.transport.write(
             encode_frame(
                 ClientFrame(
@@ -240,8 +231,14 @@ class ClientSession(asyncio.BufferedProtocol):
         oldest = min(pending, key=lambda s: s.created)
         oldest.evicted = True
         log.debug("client connection closed before its login to admit a newer one")
-        if oldest.transport is not None:
-            oldest.transport.abort()
+        oldest.abort()
+
+    def abort(self) -> None:
+        """Close the connection at once (in its TLS handshake too), dropping what is unsent."""
+        if self.transport is not None:
+            self.transport.abort()
+        elif self._abort is not None:
+            self._abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer(read_buffer_in(_THREAD))
@@ -415,7 +412,9 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def _close(self) -> None:
         transport = self.transport
-        if transport is not None:
+        if transport is None:  # in its TLS handshake: nothing was written to it
+            self.abort()
+        else:
             self._write_out()
             transport.close()  # once the replies written have left, which a client that
             # reads nothing never lets happen: it is cut off after CLOSE_GRACE

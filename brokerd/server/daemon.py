@@ -34,7 +34,7 @@ from brokerd.server.admin_http.site import AdminPort
 from brokerd.server.allocator import tune_allocator
 from brokerd.server.client_access import Credentials
 from brokerd.server.client_listener import ClientSession
-from brokerd.server.client_tls import server_context
+from brokerd.server.client_tls import TlsAccept, server_context
 from brokerd.server.interpreter import settle_garbage_collector, settle_switch_interval
 from brokerd.server.mirroring import Mirroring
 from brokerd.server.transport import Transport
@@ -155,16 +155,10 @@ class Broker:
             if self.mirroring:
                 self.mirroring.start()
             self.activation.take_over()  # the endpoint's address is this daemon's now
-            credentials = self.credentials
             loop = asyncio.get_running_loop()
             with self._listening("client", client.host, client.port):
                 self._client_server = await loop.create_server(
-                    lambda: ClientSession(self, credentials),
-                    client.host,
-                    client.port,
-                    reuse_address=True,
-                    ssl=self.client_tls,
-                    ssl_handshake_timeout=client.login_timeout if self.client_tls else None,
+                    self._client_connection, client.host, client.port, reuse_address=True
                 )
             self.activation.start()
             self.ready = True
@@ -185,6 +179,15 @@ class Broker:
             f", admin {self.config.admin.url}" if self.admin_port else "",
             ", ".join(f"{db.name}={db.broker_instance}" for db in self.databases.values()),
         )
+
+    def _client_connection(self) -> asyncio.BaseProtocol:
+        """A connection accepted on the client port: its session, or on a TLS port its
+        TLS handshake, which hands the session the TLS transport once done (the session
+        counts it from now, ``MAX_PENDING_LOGINS``)."""
+        session = ClientSession(self, self.credentials)
+        if self.client_tls is None:
+            return session
+        return TlsAccept(session, self.client_tls, self.config.client.login_timeout)
 
     async def stop(self) -> None:
         self.ready = False
