@@ -15,7 +15,8 @@ user, on its machine, so only that user may ask. The exchange:
 
 * the client sends one line, a JSON object: ``paths`` (absolute trace directories or
   segments), ``out`` (the absolute report directory), ``top`` and ``witness`` (the
-  endpoints of database files, as ``--database`` reads them); at most
+  endpoints of database files, as ``--database`` reads them: each row's sent and received
+  sequence numbers from 0 to :data:`MAX_SEQUENCE`); at most
   :data:`REQUEST_LIMIT` bytes;
 * the analyzer answers with the analysis's progress lines, then one line that starts
   with :data:`RESULT` (the ASCII record separator) followed by a JSON object: ``ok``,
@@ -70,6 +71,9 @@ MAX_TOP = 1_000_000
 """Rows kept per table (``--top``)."""
 MAX_WITNESS = 1_000_000
 """Endpoint rows of database files one request carries."""
+MAX_SEQUENCE = 2**63 - 1
+"""The largest sequence number a witness row may carry (the audit reads them as 64-bit
+signed integers, ``WITNESS_SCHEMA``); the smallest is 0 (nothing sent or received)."""
 WATCH_INTERVAL = 0.25
 """Seconds between the checks that an analysis's client is still there."""
 WARM_UP_CONVERSATIONS = 2_000
@@ -131,6 +135,12 @@ class Request:
             raise AnalyticsError(
                 f"witness: up to {MAX_WITNESS:,} [conversation id, initiator, sent, received] rows"
             )
+        for row in witness:
+            if not all(0 <= count <= MAX_SEQUENCE for count in row[2:]):
+                raise AnalyticsError(
+                    "witness: sent and received are sequence numbers from 0 to "
+                    f"{MAX_SEQUENCE:,} (a row has {row[2]}, {row[3]})"
+                )
         return cls(
             tuple(Path(p) for p in paths),
             Path(out),

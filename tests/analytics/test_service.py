@@ -310,3 +310,25 @@ def test_a_stop_during_the_warm_up_cancels_it(in_process: Analyzer) -> None:
 def test_a_request_survives_its_own_encoding(tmp_path: Path) -> None:
     request = Request((tmp_path / "a", tmp_path / "b"), tmp_path / "out", 7, (("c", True, 3, 2),))
     assert Request.decode(request.encode().rstrip(b"\n")) == request
+
+
+def test_witness_counts_out_of_range_are_a_bad_request(
+    in_process: Analyzer, spark: SparkSession, tmp_path: Path
+) -> None:
+    """R-TRACE-2: a database file's witness counts are sequence numbers, from 0 to the
+    largest 64-bit one the audit reads; one out of that range is a bad request, said
+    before any analysis runs, and the analyzer goes on."""
+    generate(tmp_path / "traces", Plan(conversations=5))
+    for sent, received in [(-1, 0), (0, -5), (2**63, 0), (0, 2**64 + 1)]:
+        data = Request(
+            (tmp_path / "traces",), tmp_path / "report", 5, (("c", True, sent, received),)
+        ).encode()
+        result, _ = answer_alone(in_process, data)
+        assert result["ok"] is False, (sent, received, result)
+        error = str(result["error"])
+        assert error.startswith("witness:") and "9,223,372,036,854,775,807" in error, error
+    assert in_process.analyses == 0 and not in_process.failed
+    assert not (tmp_path / "report").exists()
+    largest = Request((tmp_path / "traces",), tmp_path / "report", 5, (("c", True, 2**63 - 1, 0),))
+    result, _ = answer_alone(in_process, largest.encode())
+    assert result["ok"] is True, result
