@@ -38,7 +38,16 @@ from typing import Any, BinaryIO
 from brokerd.errors import TraceNotFound
 from brokerd.shown_text import one_line
 from brokerd.traces import columnar
-from brokerd.traces.names import LIFE_ORDER, later_names, latest_names
+from brokerd.traces.names import (
+    LIFE_ORDER,
+    NOT_REGULAR,
+    is_regular,
+    later_names,
+    latest_names,
+    open_regular,
+    regular_files,
+    require_regular,
+)
 
 __all__ = ["Conversation", "TraceNotFound", "follow", "format_paths", "read_conversation"]
 
@@ -200,17 +209,21 @@ class Refusals:
 def segments(directories: Iterable[Path]) -> list[Path]:
     """Every trace segment under ``directories`` (searched recursively), each once: a
     directory named twice (two daemons' configurations naming the one they share, each
-    relative to itself) is read once."""
+    relative to itself) is read once. What is not a regular file (a FIFO named like a
+    segment) is said, and skipped unopened: reading it would wait for ever."""
     found: set[Path] = set()
     for directory in directories:
         if directory.is_file():
             found.add(directory.resolve())
             continue
         if not directory.is_dir():
+            if directory.exists():
+                _skipped(directory, NOT_REGULAR)
+                continue
             raise TraceNotFound(f"{directory}: no such trace directory")
         for suffix in LIFE_ORDER:  # a segment renamed between two looks is found once
             found.update(p.resolve() for p in directory.rglob(f"*{suffix}"))
-    return sorted(latest_names(list(found)))
+    return sorted(latest_names(regular_files(found, _skipped)))
 
 
 def _skipped(path: Path, why: str) -> None:
@@ -220,7 +233,11 @@ def _skipped(path: Path, why: str) -> None:
 def _lines(path: Path) -> Iterator[bytes]:
     """The file's lines, each at most :data:`MAX_LINE` bytes; longer ones are skipped. A
     segment closed or compacted since it was listed is read under its new name; one that
-    does not read (damaged, or deleted meanwhile by retention) is said, and skipped."""
+    does not read (damaged, or deleted meanwhile by retention) is said, and skipped, as is
+    one that is not a regular file (never opened)."""
+    if not is_regular(path):
+        _skipped(path, NOT_REGULAR)
+        return
     if path.name.endswith(".parquet"):
         try:  # Arrow's errors are ValueErrors: a damaged file is said, and skipped
             yield from (line for line in columnar.lines(path) if len(line) <= MAX_LINE)
@@ -254,10 +271,13 @@ def _lines(path: Path) -> Iterator[bytes]:
 
 
 def _open(path: Path) -> BinaryIO:
-    """A plain segment, or one compacted into gzip by an earlier version, as it is read."""
+    """A plain segment, or one compacted into gzip by an earlier version, as it is read
+    (a plain one opened without waiting: one made a FIFO since it was looked at raises
+    ``OSError``)."""
     if path.name.endswith(".gz"):
+        require_regular(path)
         return gzip.open(path, "rb")  # type: ignore[return-value]
-    return path.open("rb")
+    return open_regular(path)
 
 
 def _event(raw: bytes) -> Event | None:

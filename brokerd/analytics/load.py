@@ -37,6 +37,7 @@ from brokerd.analytics.schema import (
 from brokerd.analytics.session import Kept, is_small, keep
 from brokerd.errors import AnalyticsError
 from brokerd.traces import columnar
+from brokerd.traces.names import NOT_REGULAR
 from brokerd.traces.segments import is_columnar, is_compressed, unreadable
 from brokerd.traces.writer import iso_micros, segment_files
 
@@ -98,13 +99,17 @@ def _iso(micros: int) -> str:
 
 
 def trace_files(paths: list[Path]) -> list[Path]:
-    """The segment files under ``paths`` (directories, searched recursively, or files)."""
+    """The segment files under ``paths`` (directories, searched recursively, or files); a
+    file that is not a regular one (a FIFO) is never opened: named, it is refused, and
+    found in a directory, noted and left out (:func:`segment_files`)."""
     found: list[Path] = []
     for path in paths:
         if path.is_file():
             found.append(path)
         elif path.is_dir():
             found += segment_files([path])
+        elif path.exists():
+            raise AnalyticsError(f"{path}: {NOT_REGULAR}")
         else:
             raise AnalyticsError(f"{path}: no such trace directory or file")
     if not found:

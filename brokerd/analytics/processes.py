@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.traces import columnar
+from brokerd.traces.names import open_regular
 from brokerd.traces.segments import (
     SEGMENT_NAME,
     SEGMENT_SUFFIXES,
@@ -147,7 +148,7 @@ def _tail(path: Path) -> tuple[bytes, int]:
                 tail = (tail + chunk)[-TAIL_BYTES:]
                 size += len(chunk)
         return tail, size
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         f.seek(0, 2)
         size = f.tell()
         f.seek(max(0, size - TAIL_BYTES))

@@ -38,7 +38,11 @@ from brokerd.traces.names import (
     COMPACT_SUFFIX,
     COMPACT_SUFFIXES,
     GZIP_SUFFIX,
+    NOT_REGULAR,
     OPEN_SUFFIX,
+    is_regular,
+    open_regular,
+    require_regular,
     stem,
 )
 
@@ -74,12 +78,16 @@ log = logging.getLogger("brokerd.traces.segments")
 def instance_segments(directory: Path, instance: str, suffix: str) -> list[Path]:
     """The files of ``instance`` in ``directory`` whose names end in ``suffix``, oldest name
     first: the instance read from each name exactly, never matched as a prefix (another
-    instance sharing the directory keeps its files, R-TRACE-3)."""
+    instance sharing the directory keeps its files, R-TRACE-3). What is not a regular file
+    (a FIFO named like a segment) is noted and left out: never read, compacted nor deleted."""
     found = []
     for path in directory.glob(f"{glob.escape(instance)}-*{suffix}"):
         m = SEGMENT_NAME.match(path.name)
         if m is not None and m["instance"] == instance:
-            found.append(path)
+            if is_regular(path):
+                found.append(path)
+            else:
+                log.warning("trace file %s skipped: %s", path, NOT_REGULAR)
     return sorted(found)
 
 
@@ -112,12 +120,15 @@ def is_columnar(path: Path) -> bool:
 
 def open_segment(path: Path) -> BinaryIO:
     """A segment's bytes as JSON Lines (a ``.gz`` segment is decompressed as it is read, a
-    ``.parquet`` one turned back into lines)."""
+    ``.parquet`` one turned back into lines); ``OSError`` for a file that is not a regular
+    one, never opened (:func:`brokerd.traces.names.open_regular`)."""
     if is_columnar(path):
+        require_regular(path)
         return io.BytesIO(b"".join(columnar.lines(path)))
     if path.name.endswith(".gz"):
+        require_regular(path)
         return gzip.open(path, "rb")  # type: ignore[return-value]
-    return path.open("rb")
+    return open_regular(path)
 
 
 def unreadable(path: Path) -> str | None:
@@ -125,7 +136,9 @@ def unreadable(path: Path) -> str | None:
     checksum or compression damaged; a gzip one cut short), or None (a plain segment
     always reads: its bad lines are skipped one by one). It is read through. Closed
     segments are compressed at rest (R-TRACE-3); a reader names one that does not read
-    and reads the others."""
+    and reads the others. A file that is not a regular one is not read: that is why."""
+    if not is_regular(path):
+        return NOT_REGULAR
     if is_columnar(path):
         return columnar.check(path)
     if not path.name.endswith(GZIP_SUFFIX):
@@ -144,6 +157,7 @@ def segment_lines(path: Path) -> Iterator[bytes]:
     compaction renames only a whole file) ends the lines, never raises."""
     try:
         if is_columnar(path):
+            require_regular(path)
             yield from columnar.lines(path)
             return
         with open_segment(path) as f:

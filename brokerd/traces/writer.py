@@ -65,6 +65,8 @@ from brokerd.traces.names import (
     LIFE_ORDER,
     OPEN_SUFFIX,
     latest_names,
+    open_regular,
+    regular_files,
 )
 from brokerd.traces.segments import (
     STOP_COMPACT_SECONDS,
@@ -685,7 +687,7 @@ def _lines_from_the_end(path: Path) -> Iterator[bytes]:
     """A plain segment's lines, the last first, read backwards :data:`TAIL_BYTES` at a time:
     a line longer than that (a ``discarded`` listing thousands of messages) is read whole,
     never taken for a torn one."""
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         end = f.seek(0, os.SEEK_END)
         # the end of a line that begins before the chunk being read, its last chunk first
         # (joined once the line's start is found: a long line is copied once)
@@ -720,17 +722,24 @@ def _conversation_piece(known: dict[int, bytes], conversation_id: uuid.UUID | No
 def segment_files(directories: Iterable[Path], include_open: bool = True) -> list[Path]:
     """Every trace segment under ``directories`` (recursively, plain or compacted), oldest
     name first, each once under its latest name (:func:`latest_names`: a segment closed or
-    compacted while it was listed; one whose compaction is done but for deleting it)."""
+    compacted while it was listed; one whose compaction is done but for deleting it). What
+    is not a regular file (a FIFO named like a segment) is noted and left out: reading it
+    would wait for ever."""
     out: list[Path] = []
     for directory in directories:
         for suffix in LIFE_ORDER:  # a segment renamed between two looks is found once
             if include_open or suffix != OPEN_SUFFIX:
                 out += directory.rglob(f"*{suffix}")
-    return sorted(latest_names(out))
+    return sorted(latest_names(regular_files(out, _skipped)))
+
+
+def _skipped(path: Path, why: str) -> None:
+    log.warning("trace file %s skipped: %s", path, why)
 
 
 def read_events(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
-    """Events from segment files in order; lines that do not parse (a torn tail) are skipped."""
+    """Events from segment files in order; lines that do not parse (a torn tail) are skipped,
+    and so is a file that is not a regular one (:func:`segment_lines` notes it)."""
     for path in paths:
         for raw in segment_lines(path):
             try:
