@@ -10,11 +10,17 @@ which broker, when, how long after the step before, and why it waited that long
 after a missing acknowledgement, a forwarder, the queue until the application's
 RECEIVE ...).
 
-Reading is streaming and bounded: the segments are read line by line (a line
-longer than :data:`MAX_LINE` is skipped, as is any line that does not parse: a torn
-tail), a line is parsed only when it names the conversation (or is a refused
-connection, which is only counted), and at most :data:`MAX_EVENTS` events of the
-conversation are kept: past that the command says so and asks for one SEQ.
+Reading is streaming and bounded: the segments are read line by line, a line is parsed
+only when it names the conversation (or is a refused connection, which is only
+counted), and at most :data:`MAX_EVENTS` events of the conversation are kept: past that
+the command says so and asks for one SEQ. The writer's lines have no length limit of
+their own (a ``discarded`` or ``ack_received`` event lists every message it concerns),
+so a line is read in pieces of :data:`READ_PIECE` bytes: one longer than that is read
+whole when its start names the conversation or a refused connection (where the writer
+puts them), up to :data:`MAX_LINE` bytes; any other long line is passed over piece by
+piece. A line that names the conversation and is not read (over :data:`MAX_LINE`) is
+said on standard error, never dropped without a word; a line that does not parse (a
+torn tail) is skipped.
 
 The trace format is read here directly: JSON Lines, one event a line, in segments
 ``*.jsonl``, ``*.jsonl.open`` and, compacted, ``*.parquet`` (turned back into lines by
@@ -51,8 +57,13 @@ from brokerd.traces.names import (
 
 __all__ = ["Conversation", "TraceNotFound", "follow", "format_paths", "read_conversation"]
 
-MAX_LINE = 1 << 20
-"""A trace line longer than this (bytes) is not one the writer wrote: skipped."""
+READ_PIECE = 1 << 20
+"""Bytes of a line read at a time: a line no longer than this costs no more."""
+MAX_LINE = 256 << 20
+"""The longest line read whole (bytes): a ``discarded`` event listing some 30 million
+messages. A longer one that names the conversation is said, and skipped."""
+REFUSED = b'"connection_refused"'
+"""What a refused connection's line holds (its event name)."""
 MAX_EVENTS = 100_000
 """Events of one conversation kept at most; a longer one must be followed one SEQ at a time."""
 MAX_REFUSALS = 100_000
@@ -230,17 +241,23 @@ def _skipped(path: Path, why: str) -> None:
     print(f"brokerctl trace: skipped {path}: {why}", file=sys.stderr)
 
 
-def _lines(path: Path) -> Iterator[bytes]:
-    """The file's lines, each at most :data:`MAX_LINE` bytes; longer ones are skipped. A
-    segment closed or compacted since it was listed is read under its new name; one that
-    does not read (damaged, or deleted meanwhile by retention) is said, and skipped, as is
-    one that is not a regular file (never opened)."""
+def _lines(path: Path, wanted: Sequence[bytes] = ()) -> Iterator[bytes]:
+    """The file's lines. A line over :data:`READ_PIECE` bytes is read whole only when its
+    first piece holds one of ``wanted`` (the conversation's id, a refusal's event name),
+    and at most :data:`MAX_LINE` bytes (:func:`_long_line`). A segment closed or compacted
+    since it was listed is read under its new name; one that does not read (damaged, or
+    deleted meanwhile by retention) is said, and skipped, as is one that is not a regular
+    file (never opened)."""
     if not is_regular(path):
         _skipped(path, NOT_REGULAR)
         return
     if path.name.endswith(".parquet"):
         try:  # Arrow's errors are ValueErrors: a damaged file is said, and skipped
-            yield from (line for line in columnar.lines(path) if len(line) <= MAX_LINE)
+            for line in columnar.lines(path):  # a row group's lines are in memory already
+                if len(line) <= MAX_LINE:
+                    yield line
+                elif any(w in line for w in wanted):
+                    _over_long(path, len(line))
         except FileNotFoundError:
             _skipped(path, "deleted while the traces were read (retention)")
         except (OSError, ValueError) as exc:
@@ -249,25 +266,67 @@ def _lines(path: Path) -> Iterator[bytes]:
     if not path.exists():  # closed, compacted or deleted since it was listed
         for later in later_names(path):
             if later.exists():
-                yield from _lines(later)
+                yield from _lines(later, wanted)
                 return
         _skipped(path, "deleted while the traces were read (retention)")
         return
     try:
         with _open(path) as f:
-            skipping = False
-            while True:
-                line = f.readline(MAX_LINE)
-                if not line:
-                    return
-                complete = line.endswith(b"\n")
-                if not skipping and (complete or len(line) < MAX_LINE):
-                    yield line
-                skipping = not complete and len(line) >= MAX_LINE
+            while line := f.readline(READ_PIECE):
+                if line.endswith(b"\n") or len(line) < READ_PIECE:  # whole, or a torn tail
+                    if len(line) <= MAX_LINE:
+                        yield line
+                    elif any(w in line for w in wanted):
+                        _over_long(path, len(line))
+                    continue
+                whole = _long_line(path, f, line, wanted)
+                if whole is not None:
+                    yield whole
     except FileNotFoundError:  # gone between the two: the next look finds where
-        yield from _lines(path)
+        yield from _lines(path, wanted)
     except (OSError, EOFError, zlib.error) as exc:  # a gzip segment cut short, damaged
         _skipped(path, f"not a readable segment ({' '.join(str(exc).split())})")
+
+
+def _long_line(path: Path, f: BinaryIO, head: bytes, wanted: Sequence[bytes]) -> bytes | None:
+    """The rest of a line longer than :data:`READ_PIECE` whose first piece is ``head``,
+    read piece by piece: the whole line if ``head`` holds one of ``wanted`` and the line
+    is at most :data:`MAX_LINE` bytes, else None (the pieces passed over, each looked at
+    for ``wanted``: a line that names them and is not read is said)."""
+    keep = any(w in head for w in wanted)
+    pieces = [head] if keep else []
+    size = len(head)
+    named = keep
+    overlap = max((len(w) for w in wanted), default=1) - 1
+    tail = head[len(head) - overlap :] if overlap else b""
+    while True:
+        piece = f.readline(READ_PIECE)
+        size += len(piece)
+        if not named and wanted:
+            seen = tail + piece
+            named = any(w in seen for w in wanted)
+            tail = seen[len(seen) - overlap :] if overlap else b""
+        if keep:
+            if size <= MAX_LINE:
+                pieces.append(piece)
+            else:
+                keep, pieces = False, []
+        if not piece or piece.endswith(b"\n"):
+            break
+    if keep:
+        return b"".join(pieces)
+    if named:
+        _over_long(path, size)
+    return None
+
+
+def _over_long(path: Path, size: int) -> None:
+    """A line that names what is followed, not read for its length: said."""
+    _skipped(
+        path,
+        f"a line of {size:,} bytes that names the conversation or a refused connection "
+        f"is over {MAX_LINE:,} bytes: not read",
+    )
 
 
 def _open(path: Path) -> BinaryIO:
@@ -327,7 +386,7 @@ def read_conversation(
     events, refusals = found.events, found.refusals
     first_acks: dict[tuple[str, bool], Event] = {}
     for path in files:
-        for raw in _lines(path):
+        for raw in _lines(path, (needle, REFUSED)):
             if needle in raw:
                 e = _event(raw)
                 if e is None or e.fields.get("conversation_id") != str(conversation):

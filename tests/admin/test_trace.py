@@ -24,6 +24,7 @@ import pytest
 
 from brokerd.admin import trace
 from brokerd.admin.ctl import main
+from brokerd.config import TraceConfig
 from brokerd.tools.example import (
     CONTRACT,
     ORDER,
@@ -32,6 +33,7 @@ from brokerd.tools.example import (
     shop_and_warehouse,
 )
 from brokerd.tools.launcher import Deployment
+from brokerd.traces.writer import TraceWriter
 from tests.daemons import FAST_RETRY, drain, running, wait_until
 
 HOSTS = ("127.0.0.143", "127.0.0.144")
@@ -141,7 +143,7 @@ async def test_one_message_across_two_daemons(
 
 
 def test_over_long_and_torn_lines_are_skipped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(trace, "MAX_LINE", 400)
     cid = str(uuid.uuid4())
@@ -168,6 +170,7 @@ def test_over_long_and_torn_lines_are_skipped(
         ("message_sent", "2026-11-29T07:00:00.000000Z"),
         ("enqueued", "2026-11-29T07:00:00.200000Z"),
     ]
+    assert "a line of 1,0" in capsys.readouterr().err  # the long one of the conversation, said
     with pytest.raises(trace.TraceNotFound, match="more than 1 trace events"):
         trace.read_conversation([segment], uuid.UUID(cid), limit=1)
 
@@ -238,3 +241,45 @@ def test_every_wait_has_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "message 1 (sent by the initiator): a -> f -> b" in out
     assert "longest wait 4.400 s before received on b" in out
     assert "dropped later" not in out  # routing after its acknowledgement is not its path
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "compacted"])
+async def test_a_line_as_long_as_the_writer_writes_is_read(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    compress: bool,
+) -> None:
+    """R-REPORT-2: the writer's lines have no length of their own: a ``discarded`` event
+    lists every message the END CONVERSATION WITH ERROR removed (here 300,000, a line of
+    about 2 MB). brokerctl trace reads it, from a plain segment and from one the stop
+    compacted, and the message's path ends with it; an unrelated line as long is skipped
+    without a word."""
+    cid = uuid.uuid4()
+    config = TraceConfig(directory=tmp_path / "alpha", compress=compress)
+    writer = TraceWriter(config, "alpha")
+    await writer.start()
+    writer.emit("message_sent", cid, initiator=True, seq=1, size=3)
+    writer.emit("enqueued", cid, initiator=True, seq=1)
+    other = ",".join(map(str, range(1, 300_001)))
+    writer.emit("discarded", uuid.uuid4(), initiator=True, seqs=other, reason="not this one")
+    seqs = ",".join(map(str, range(1, 300_001)))
+    writer.emit("discarded", cid, initiator=True, seqs=seqs, reason="ended with error")
+    await writer.stop()
+    assert any(p.name.endswith(".parquet") for p in config.directory.iterdir()) == compress
+    status, out, err = _run(capsys, "trace", str(cid), "1", "--traces", str(tmp_path))
+    assert status == 0, err
+    steps = [line.split() for line in out.splitlines() if line.startswith("  20")]
+    events = [next(w for w in words if w in trace.STAGE) for words in steps]
+    assert events == ["message_sent", "enqueued", "discarded"], out
+    assert "discarded: ended with error" in out
+    assert err == ""
+    # past the longest line read whole: said, never dropped without a word
+    monkeypatch.setattr(trace, "MAX_LINE", 1_000_000)
+    monkeypatch.setattr(trace, "READ_PIECE", 1000)
+    status, out, err = _run(capsys, "trace", str(cid), "1", "--traces", str(tmp_path))
+    assert status == 0, err
+    assert "discarded" not in out
+    (said,) = err.splitlines()
+    assert said.startswith("brokerctl trace: skipped ") and "names the conversation" in said
+    assert "over 1,000,000 bytes: not read" in said
