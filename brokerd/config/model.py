@@ -365,7 +365,7 @@ class TraceConfig:
     process of lower priority (docs/traces.md, Compaction)."""
     max_total_mb: int = 4096
     """Retention: the oldest closed segments are deleted while this instance's segments
-    take more (MB); 0: no limit by size."""
+    take more (MB), never its newest; 0: no limit by size."""
     max_age_hours: int = 168
     """Retention: closed segments last written longer ago are deleted; 0: no limit by age."""
 

@@ -5,7 +5,8 @@ closed: :mod:`brokerd.traces.writer`); a closed one is compacted in the backgrou
 one columnar file (``.parquet``: :mod:`brokerd.traces.columnar`), whose columns Spark
 reads without parsing JSON; gzip files (``.jsonl.gz``) that earlier versions compacted
 are still read. Retention deletes the oldest closed segments past ``trace.max_total_mb`` or
-``trace.max_age_hours`` (docs/traces.md "Compaction" and "Retention"; R-TRACE-3).
+``trace.max_age_hours``, never the newest (docs/traces.md "Compaction" and "Retention";
+R-TRACE-3).
 
 Files are created 0600 and the trace directory is kept 0700: segments name services and
 carry timings (R-TRACE-3).
@@ -322,13 +323,18 @@ class SegmentKeeper:
 
     def retain(self, now: float) -> None:
         """Delete this instance's oldest closed segments while the directory's segments of
-        this instance (the open one counted, never deleted) exceed ``trace.max_total_mb``,
-        and every closed segment last written more than ``trace.max_age_hours`` ago."""
+        this instance (the open one counted) exceed ``trace.max_total_mb``, and every
+        closed segment last written more than ``trace.max_age_hours`` ago; never the
+        newest (by last write, then name, as a start looks for its last event): the open
+        one while one is open, else the one last closed, which holds the last event a
+        graceful stop (its ``stopped`` marker) or a rotation left, the event the next
+        start names and numbers on from (R-TRACE-1). Under a limit below one segment's
+        size, that one stays over it."""
         limit = self.config.max_total_mb * 1024 * 1024
         max_age = self.config.max_age_hours * 3600
         if not limit and not max_age:
             return
-        closed = []
+        segments = []
         total = 0
         for path in self._mine(""):
             name = path.name
@@ -337,9 +343,11 @@ class SegmentKeeper:
             with contextlib.suppress(FileNotFoundError):
                 stat = path.stat()
                 total += stat.st_size
-                if not name.endswith(OPEN_SUFFIX):
-                    closed.append((stat.st_mtime, name, path, stat.st_size))
-        for mtime, _, path, size in sorted(closed):
+                segments.append((stat.st_mtime, name, path, stat.st_size))
+        segments.sort()
+        # the newest is kept, and so is an open one (being written, it is the newest)
+        closed = [s for s in segments[:-1] if not s[1].endswith(OPEN_SUFFIX)]
+        for mtime, _, path, size in closed:
             too_old = bool(max_age) and now - mtime > max_age
             too_big = bool(limit) and total > limit
             if not (too_old or too_big):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from pathlib import Path
@@ -369,3 +370,32 @@ def test_the_documented_events_are_the_writers_with_their_durability() -> None:
     }
     assert set(EVENTS) <= set(documented)
     assert {name for name, durable in documented.items() if durable} == DURABLE
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "compacted"])
+async def test_retention_keeps_the_segment_a_stop_wrote_under_a_smaller_limit(
+    tmp_path: Path, compress: bool
+) -> None:
+    """R-TRACE-1, R-TRACE-3: ``max_total_mb`` below one segment's size deletes older
+    segments, never the newest: it holds the instance's last event (the ``stopped``
+    marker a graceful stop writes), which the next start names and numbers on from."""
+    config = TraceConfig(directory=tmp_path, max_total_mb=1, compress=compress)
+    noise = os.urandom(1_500_000).hex()  # 3 MB that compaction cannot make small
+    first = TraceWriter(config, "alpha")
+    await first.start()
+    first.emit("message_sent", uuid.uuid4(), seq=1, pad=noise)
+    await first.stop()
+    (kept,) = tmp_path.iterdir()
+    assert kept.stat().st_size > 1024 * 1024 and kept.name.endswith(
+        ".parquet" if compress else ".jsonl"
+    )
+    second = TraceWriter(config, "alpha")
+    await second.start()
+    second.emit("message_sent", uuid.uuid4(), seq=1, pad=noise)
+    await second.stop()
+    assert not kept.exists()  # the older one goes: the newest is over the limit alone
+    events = list(read_events(segment_files([tmp_path])))
+    assert [e["event"] for e in events] == ["started", "message_sent", "stopped"]
+    restart = events[0]
+    assert restart["clean"] is True and restart["last_event"] == "stopped"
+    assert restart["last_n"] == 3 and [e["n"] for e in events] == [4, 5, 6]
