@@ -26,8 +26,11 @@ user, on its machine, so only that user may ask. The exchange:
 A bad request, a trace set that cannot be read or an analysis that fails is answered
 with an error and the analyzer goes on; a client that hangs up mid-analysis abandons it
 (its Spark jobs are cancelled), and what an analysis cached is released after it. The
-analyzer ends on SIGTERM or SIGINT (after cancelling the analysis under way), and with
-status 1 once an analysis finds its Spark application gone (that client is told why).
+analyzer ends on SIGTERM or SIGINT: at once when idle; otherwise once the client it is
+answering has its answer (the analysis under way cancelled, and said so; one already
+done, its result; a request still being read, that the analyzer is stopping). It ends
+with status 1 once an analysis finds its Spark application gone (that client is told
+why).
 
 This module's client side (:func:`ask`) imports neither PySpark nor the jobs.
 """
@@ -62,7 +65,9 @@ if TYPE_CHECKING:
 REQUEST_LIMIT = 64 * 1024 * 1024
 """Bytes of one request line (the witness rows of many database files fit)."""
 REQUEST_TIMEOUT = 30.0
-"""Seconds a client has to send its request (the analyzer answers one at a time)."""
+"""Seconds a client has to send its request (the analyzer answers one at a time) ..."""
+REPLY_TIMEOUT = 30.0
+"""... and to take its answer (a stop waits for it no longer)."""
 RESULT = "\x1e"
 """The first character of the answer's last line (progress lines never hold it)."""
 MAX_PATHS = 10_000
@@ -308,6 +313,9 @@ class Analyzer:
         self.listener = listener
         self.analyses = 0
         self.busy = False
+        """An analysis (a request's or the warm-up's) runs: a stop cancels it."""
+        self.answering = False
+        """A client is being answered, from its request to its answer: a stop waits."""
         self.stopping = threading.Event()
         self.failed = False
         """The Spark application is gone (its JVM ended): the analyzer ends, non-zero."""
@@ -384,8 +392,9 @@ class Analyzer:
 
     def stop(self, signum: int, _frame: object) -> None:
         """SIGTERM, SIGINT: end now when idle; when not, cancel the analysis (a request's
-        or the warm-up's) and end after it."""
-        if not self.busy:
+        or the warm-up's), and end once the client being answered has its answer (an
+        analysis done has its result sent: a signal between the two never cuts it)."""
+        if not (self.busy or self.answering):
             raise SystemExit(0)
         if not self.stopping.is_set():
             self.stopping.set()
@@ -401,42 +410,53 @@ class Analyzer:
 
     def answer(self, conn: socket.socket, log: TextIO) -> None:
         """Read one request from ``conn``, run it and answer (nothing to a connection
-        closed without a byte)."""
+        closed without a byte). A stop meanwhile ends the analyzer after the answer."""
         with conn:
+            self.answering = True
             try:
-                line = _read_line(conn, time.monotonic() + REQUEST_TIMEOUT)
-                if line is None:
-                    return
-                request = Request.decode(line)
-            except AnalyticsError as exc:
-                _reply(conn, {"ok": False, "error": str(exc)}, log)
-                return
-            lines = ClientLines(conn)
-            done = threading.Event()
-            watcher = threading.Thread(
-                target=self._watch, args=(conn, lines, done), name="client-watch", daemon=True
-            )
-            self.busy = True
-            watcher.start()
-            try:
-                result = self.analyse(request, lines)
-            except (AnalyticsError, OSError) as exc:  # unreadable traces, a report not written
-                result = {"ok": False, "error": str(exc)}
-            except Exception as exc:  # a failed analysis, not the analyzer
-                result = {"ok": False, "error": f"the analysis failed: {_first_lines(exc)}"}
-                if self.stopping.is_set():
-                    result["error"] = "the analyzer was stopped: the analysis was cancelled"
-                elif not lines.gone.is_set():
-                    traceback.print_exc(file=log)
-                    self.failed = not self._alive()
+                self._answer(conn, log)
             finally:
-                self.busy = False
-                done.set()
-                watcher.join()
-            if lines.gone.is_set():
-                print("analyzer: its client left; the analysis was abandoned", file=log, flush=True)
+                self.answering = False
+
+    def _answer(self, conn: socket.socket, log: TextIO) -> None:
+        """:meth:`answer`'s work: a stop (:attr:`stopping`) before the analysis begins is
+        the client's error; one during it cancels it (said); one after it, nothing."""
+        try:
+            line = _read_line(conn, time.monotonic() + REQUEST_TIMEOUT, self.stopping)
+            if line is None:
                 return
-            _reply(conn, result, log)
+            request = Request.decode(line)
+            if self.stopping.is_set():
+                raise AnalyticsError("the analyzer is stopping: the request was not analysed")
+        except AnalyticsError as exc:
+            _reply(conn, {"ok": False, "error": str(exc)}, log)
+            return
+        lines = ClientLines(conn)
+        done = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch, args=(conn, lines, done), name="client-watch", daemon=True
+        )
+        self.busy = True
+        watcher.start()
+        try:
+            result = self.analyse(request, lines)
+        except (AnalyticsError, OSError) as exc:  # unreadable traces, a report not written
+            result = {"ok": False, "error": str(exc)}
+        except Exception as exc:  # a failed analysis, not the analyzer
+            result = {"ok": False, "error": f"the analysis failed: {_first_lines(exc)}"}
+            if self.stopping.is_set():
+                result["error"] = "the analyzer was stopped: the analysis was cancelled"
+            elif not lines.gone.is_set():
+                traceback.print_exc(file=log)
+                self.failed = not self._alive()
+        finally:
+            self.busy = False
+            done.set()
+            watcher.join()
+        if lines.gone.is_set():
+            print("analyzer: its client left; the analysis was abandoned", file=log, flush=True)
+            return
+        _reply(conn, result, log)
 
     def _watch(self, conn: socket.socket, lines: ClientLines, done: threading.Event) -> None:
         """Note the client's hanging up (or a write to it that failed), then cancel the
@@ -473,9 +493,10 @@ def _first_lines(exc: Exception) -> str:
 
 
 def _reply(conn: socket.socket, result: dict[str, Any], log: TextIO) -> None:
+    conn.settimeout(REPLY_TIMEOUT)
     try:
         conn.sendall((RESULT + json.dumps(result, default=str) + "\n").encode())
-    except OSError:
+    except OSError:  # gone, or not reading (a timeout): a stop does not wait for ever
         print("analyzer: its client left before its result", file=log, flush=True)
         return
     verdict = "answered" if result["ok"] else f"error: {result['error']}"
@@ -487,16 +508,22 @@ def _is_path(value: object) -> bool:
     return isinstance(value, str) and os.path.isabs(value) and "\0" not in value
 
 
-def _read_line(conn: socket.socket, deadline: float) -> bytes | None:
+def _read_line(conn: socket.socket, deadline: float, stopping: threading.Event) -> bytes | None:
     """The request's line, at most :data:`REQUEST_LIMIT` bytes, by ``deadline`` (None:
-    the connection closed without a byte)."""
+    the connection closed without a byte); a stop (``stopping``) ends the wait, an
+    error the client is told."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        conn.settimeout(max(0.001, deadline - time.monotonic()))
+        left = deadline - time.monotonic()
+        conn.settimeout(max(0.001, min(left, WATCH_INTERVAL)))
         try:
             chunk = conn.recv(1 << 16)
         except TimeoutError:
+            if stopping.is_set():
+                raise AnalyticsError("the analyzer is stopping: no request taken") from None
+            if left > WATCH_INTERVAL:
+                continue
             raise AnalyticsError(f"no request within {REQUEST_TIMEOUT:.0f} s") from None
         finally:
             conn.settimeout(None)

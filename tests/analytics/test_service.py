@@ -332,3 +332,84 @@ def test_witness_counts_out_of_range_are_a_bad_request(
     largest = Request((tmp_path / "traces",), tmp_path / "report", 5, (("c", True, 2**63 - 1, 0),))
     result, _ = answer_alone(in_process, largest.encode())
     assert result["ok"] is True, result
+
+
+def test_a_stop_after_the_analysis_still_answers_its_client(
+    in_process: Analyzer, spark: SparkSession, tmp_path: Path
+) -> None:
+    """R-REPORT-3: SIGTERM once the analysis is done and its result not yet sent (the
+    client slow to read it): the client gets its result whole, and the analyzer then
+    ends (its loop stops) instead of ending with the connection cut."""
+    generate(tmp_path / "traces", Plan(conversations=5))
+    out = tmp_path.joinpath(*["r" * 200] * 10)  # a long path: a result larger than the buffer
+    request = Request((tmp_path / "traces",), out, 5)
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    theirs.sendall(request.encode())
+    received: list[bytes] = []
+
+    def client() -> None:
+        data = b""
+        while data.count(b" s (total ") < 10:  # every step has ended: the result is next
+            chunk = theirs.recv(65536)
+            assert chunk, data
+            data += chunk
+        deadline = time.monotonic() + 60
+        while in_process.analyses == 0 or in_process.busy:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGTERM)  # the result is waiting for this client
+        while chunk := theirs.recv(65536):
+            data += chunk
+        received.append(data)
+
+    previous = signal.signal(signal.SIGTERM, in_process.stop)
+    reading = threading.Thread(target=client)
+    try:
+        reading.start()
+        log = io.StringIO()
+        with ours:
+            in_process.answer(ours, log)  # a stop here would end the analyzer (SystemExit)
+        reading.join(60)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        theirs.close()
+    assert not reading.is_alive() and received
+    last = received[0].decode().rstrip("\n").split("\n")[-1]
+    assert last.startswith(RESULT), received[0][-300:]
+    result = json.loads(last[1:])
+    assert result["ok"] is True and result["summary"] == str(out / "summary.json")
+    assert in_process.stopping.is_set()  # the analyzer's loop ends after this answer
+    assert "analyzer: answered" in log.getvalue()
+
+
+def test_a_stop_while_a_request_is_read_tells_its_client(in_process: Analyzer) -> None:
+    """SIGTERM while a client's request has not all come: that client is told the
+    analyzer is stopping (not cut off), at once, and the analyzer's loop ends."""
+    ours, theirs = socket.socketpair()
+    theirs.sendall(b'{"paths": ')  # and the rest not yet
+
+    def stop_once_answering() -> None:
+        deadline = time.monotonic() + 10
+        while not in_process.answering:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, in_process.stop)
+    stopping = threading.Thread(target=stop_once_answering)
+    log = io.StringIO()
+    try:
+        stopping.start()
+        began = time.monotonic()
+        in_process.answer(ours, log)
+        stopping.join(10)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with theirs:
+        answer = b"".join(iter(lambda: theirs.recv(65536), b"")).decode()
+    assert time.monotonic() - began < 5
+    assert answer.startswith(RESULT)
+    result = json.loads(answer[1:])
+    assert result == {"ok": False, "error": "the analyzer is stopping: no request taken"}
+    assert in_process.stopping.is_set()
