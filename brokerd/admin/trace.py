@@ -73,6 +73,8 @@ SENDER_EVENTS = ("route_chosen", "delayed", "released")
 """Conversation events of the sending endpoint: part of each of its messages' paths."""
 LISTING_EVENTS = ("ack_received", "discarded")
 """Events that name messages in ``seqs``."""
+SETTLED = frozenset({"delivered", "received", "ack_received", "discarded"})
+"""Events after which a message no longer waits for its far broker."""
 TRAVEL = frozenset(
     {
         "message_sent",
@@ -153,6 +155,9 @@ class Path_:
     initiator: bool
     seq: int
     steps: list[Step] = field(default_factory=list)
+    waiting: str | None = None
+    """Why it still waits after its last step, when the traces say (not delivered, and
+    its sender could not reach the far broker since): :func:`add_refusals`."""
 
     @property
     def brokers(self) -> list[str]:
@@ -175,43 +180,48 @@ class Path_:
             "seq": self.seq,
             "brokers": self.brokers,
             "steps": [s.view() for s in self.steps],
+            "waiting": self.waiting,
         }
 
 
 @dataclass
 class Refusals:
-    """Connections an instance could not open: their times (at most :data:`MAX_REFUSALS`;
-    later ones are only counted) and the last reason, per (instance, peer)."""
+    """Connections an instance could not open: per (instance, peer), the time, event number
+    and reason of each (at most :data:`MAX_REFUSALS`; later ones are only counted)."""
 
-    times: dict[tuple[str, str], list[float]] = field(default_factory=dict)
-    reasons: dict[tuple[str, str], str] = field(default_factory=dict)
+    times: dict[tuple[str, str], list[tuple[float, int, str]]] = field(default_factory=dict)
     kept: int = 0
     uncounted: int = 0
+    _texts: dict[str, str] = field(default_factory=dict)
+    """Each reason text once: a link's reasons repeat (the same few attempts and delays)."""
 
     def add(self, e: Event) -> None:
-        key = (e.instance, str(e.fields.get("peer", "")))
-        self.reasons[key] = str(e.fields.get("reason", "")) or self.reasons.get(key, "")
         if self.kept >= MAX_REFUSALS:
             self.uncounted += 1
             return
-        self.times.setdefault(key, []).append(e.t)
+        key = (e.instance, str(e.fields.get("peer", "")))
+        reason = str(e.fields.get("reason", ""))
+        reason = self._texts.setdefault(reason, reason)
+        self.times.setdefault(key, []).append((e.t, _int(e.fields.get("n")) or 0, reason))
         self.kept += 1
 
     def between(
         self, instance: str, start: float, end: float, peers: set[str] | None = None
     ) -> tuple[int, str]:
         """Refusals on ``instance`` from ``start`` to ``end`` (of connections to ``peers``
-        only, when given): how many, and a reason."""
-        total, reason = 0, ""
-        for (where, peer), times in self.times.items():
+        only, when given): how many, and the latest one's peer and reason (of one
+        microsecond, the later by its event number: one instance's, ``n`` orders them)."""
+        total = 0
+        latest: tuple[float, int, str] | None = None
+        for (where, peer), refusals in self.times.items():
             if where != instance or (peers is not None and peer not in peers):
                 continue
-            count = sum(start <= t <= end for t in times)
-            if count:
-                total += count
-                why = self.reasons.get((where, peer), "")
-                reason = f"{peer}: {why}" if why else peer
-        return total, reason
+            for t, n, why in refusals:
+                if start <= t <= end:
+                    total += 1
+                    if latest is None or (t, n) > latest[:2]:
+                        latest = (t, n, f"{peer}: {why}" if why else peer)
+        return total, latest[2] if latest is not None else ""
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -575,27 +585,43 @@ def far_brokers(instance: str, initiator: bool, events: Iterable[Event]) -> set[
 
 def add_refusals(path: Path_, refusals: Refusals, events: Sequence[Event] = ()) -> None:
     """Name refused connections as the reason of the waits they explain (a first send or a
-    retransmission that waited while the sender could not reach the far broker: refusals
-    of connections to other brokers explain nothing of it; ``events``, the conversation's,
-    name the far brokers, :func:`far_brokers`, worked out once per sending instance)."""
-    if not refusals.times:
+    retransmission that waited while the sender could not reach the far broker, and the
+    wait since the last step of a message not delivered: refusals of connections to other
+    brokers explain nothing of it; ``events``, the conversation's, name the far brokers,
+    :func:`far_brokers`, worked out once per sending instance)."""
+    if not refusals.times or not path.steps:
         return
     known: dict[str, set[str]] = {}
+
+    def far(instance: str, step: Event | None = None) -> set[str] | None:
+        if instance not in known:
+            known[instance] = far_brokers(instance, path.initiator, events)
+        peers = known[instance] | far_brokers(instance, path.initiator, (step,) if step else ())
+        return peers or None  # none named: every refusal of the sending broker may explain
+
     for n, step in enumerate(path.steps):
         if n == 0 or step.event.name not in ("fragment_sent", "retransmission"):
             continue
         instance = step.event.instance
-        if instance not in known:
-            known[instance] = far_brokers(instance, path.initiator, events)
-        peers = known[instance] | far_brokers(instance, path.initiator, (step.event,))
         start = path.steps[n - 1].event.t
-        # none named: every refusal of the sending broker may explain the wait
-        count, reason = refusals.between(instance, start, step.event.t, peers or None)
+        count, reason = refusals.between(instance, start, step.event.t, far(instance, step.event))
         if count:
             step.why = (
                 f"waited for a connection: the far broker could not be reached "
                 f"({count} connection(s) refused; {reason})"
             )
+    sent = next((s.event for s in path.steps if s.event.name == "message_sent"), None)
+    if sent is None or any(s.event.name in SETTLED for s in path.steps):
+        return
+    # not delivered: it still waits for the far broker (retransmitted once it is back)
+    count, reason = refusals.between(
+        sent.instance, path.steps[-1].event.t, float("inf"), far(sent.instance)
+    )
+    if count:
+        path.waiting = (
+            f"waiting for a connection: the far broker could not be reached "
+            f"({count} connection(s) refused; {reason})"
+        )
 
 
 def describe(e: Event) -> str:
@@ -690,6 +716,8 @@ def format_paths(conversation: str, found: Sequence[Path_]) -> str:
             summary += f"; SEND to delivery {_duration(delivered.t - sent.t)}"
         elif sent:
             summary += "; not delivered in these traces"
+            if p.waiting:
+                summary += f"; {p.waiting}"
         longest = p.longest()
         if longest is not None and longest.wait > 0:
             summary += (

@@ -281,7 +281,8 @@ SELECT {_STREAM}, seq, status, message_type,
            array_min(acknowledgers)) AS receiver,
   deliveries, delivered_t, delivered_n, delivered_id, delivered_ids,
   reader, receptions, received_t, received_n, received_id, received_ids,
-  inherited_received, inherited_id, inherited_t, inherited_sent,
+  inherited_received, inherited_id, inherited_instance, inherited_t, inherited_n,
+  inherited_sent,
   senders, receivers, lowest, lowest_sent, first_sent_t, highest, lowest_open,
   arrived,
   coalesce(delivered_t, received_t) AS arrived_t,
@@ -363,12 +364,15 @@ FINDINGS_SQL = "\nUNION ALL\n".join(
             "received_ids",
             where="receptions > 1",
         ),
-        # held by the file a promoted mirror inherited, then delivered again there
+        # held by the file a promoted mirror inherited, then delivered again there (of one
+        # microsecond on that instance, after its ``inherited`` event by their numbers)
         _finding(
             "duplicate",
             "'delivered again after a promoted mirror''s file held it'",
             _ids("inherited_id", "delivered_id"),
-            where="deliveries = 1 AND seq <= inherited_received AND delivered_t > inherited_t",
+            where="deliveries = 1 AND seq <= inherited_received AND (delivered_t > inherited_t"
+            " OR (delivered_t = inherited_t AND receiver = inherited_instance"
+            " AND delivered_n > inherited_n))",
         ),
         _disorder("delivered", "delivered"),
         # R-DLG-10: the other side's Error is received before the dialog's waiting

@@ -51,8 +51,8 @@ STREAM = ["conversation_id", "initiator"]
 MESSAGE_EVENTS = (
     "message_sent",
     "enqueued",
+    "retransmission",  # written before the fragment it sends again
     "fragment_sent",
-    "retransmission",
     "fragment_received",
     "duplicate",
     "forwarded",
@@ -99,7 +99,8 @@ received AS (
          max(received_through) AS inherited_received,
          max_by(eid, received_through) AS inherited_id,
          max_by(instance, received_through) AS inherited_instance,
-         max_by(t, received_through) AS inherited_t
+         max_by(t, received_through) AS inherited_t,
+         max_by(n, received_through) AS inherited_n
   FROM e GROUP BY conversation_id, NOT initiator
 ),
 sent AS (
@@ -114,8 +115,8 @@ SELECT * FROM received FULL JOIN sent USING (conversation_id, initiator)
 def inheritance(events: DataFrame) -> DataFrame:
     """What promoted mirrors inherited (``inherited`` events, R-ROUTE-16), per stream: the
     highest seq a receiving endpoint's file held in order (``inherited_received``, with
-    its event's id ``inherited_id``, instance ``inherited_instance`` and time
-    ``inherited_t``) and the highest its sending
+    its event's id ``inherited_id``, instance ``inherited_instance``, time
+    ``inherited_t`` and number ``inherited_n``) and the highest its sending
     endpoint's file had sent (``inherited_sent``). An endpoint's ``initiator`` is its own
     role: it receives the other role's stream and sends its own."""
     return events.sparkSession.sql(INHERITANCE_SQL, events=events)
@@ -172,7 +173,9 @@ def _first(event: str, fields: str) -> str:
     ``min_by`` beside a ``min`` of the time was two, one of them with two buffers, each
     evaluating its own conditions on every event of the table (interpreted, on a small
     set, a third of the fold's CPU); of events at the same time, the least by the
-    fields, the same on every run."""
+    fields, the same on every run: ``fields`` begin with the event's number ``n`` (or
+    its instance, then ``n``), so that one instance's events of one microsecond are
+    ordered as they were written."""
     return f"min({_when(event, f'struct(t, {fields})')})"
 
 
@@ -213,11 +216,12 @@ def _listed(event: str, as_event: str) -> str:
 
 _MESSAGE_EVENT_LIST = ", ".join(f"'{name}'" for name in MESSAGE_EVENTS)
 LATEST_EVENT = (
-    f"struct(t, array_position(array({_MESSAGE_EVENT_LIST}), event) AS stage, event, instance,"
-    " attempt, peer, wait, hop, address, reason)"
+    f"struct(t, array_position(array({_MESSAGE_EVENT_LIST}), event) AS stage, n, event,"
+    " instance, attempt, peer, wait, hop, address, reason)"
 )
 """SQL: a message event as the fold's ``max`` orders it, the latest by time and, of one
-instant, by the life of a message (``MESSAGE_EVENTS``): the message table's ``latest``."""
+instant, by the life of a message (``MESSAGE_EVENTS``, in the order one instance writes
+them), then by the event's number: the message table's ``latest``."""
 
 ARRIVAL_SOURCE = "regexp_extract(peer, '^(.*)@[^@]*$', 1)"
 """SQL: the instance an arrival came from: its connection's peer (``instance@host:port``)
@@ -299,7 +303,7 @@ that instance and none after the first arrival. Null otherwise (forwarders, a de
 after an arrival, traces missing), for :data:`LEGS` to work out. Most messages go straight,
 and :data:`LEGS`'s functions, interpreted, were a quarter of the message table's time."""
 
-SENT_FIELDS = "instance, database, service, far_service, message_type, size, n"
+SENT_FIELDS = "instance, n, database, service, far_service, message_type, size"
 """What the message table keeps of a message's ``message_sent`` event."""
 
 STRAIGHT_FOLD = f""",
@@ -342,18 +346,18 @@ folded AS (
   SELECT conversation_id, initiator, seq,
     {_first("message_sent", SENT_FIELDS)} AS sent,
     min({_when("enqueued", "t")}) AS enqueued_t,
-    {_first("fragment_sent", "route, peer")} AS link,
+    {_first("fragment_sent", "n, route, peer")} AS link,
     max({_when("fragment_sent", "attempt")}) AS attempts,
     count({_when("retransmission", "1")}) AS retransmissions,
     count({_when("duplicate", "1")}) AS duplicates,
     count({_when("dropped", "1")}) AS drops,
-    {_last("dropped", "reason")} AS dropping,
+    {_last("dropped", "instance, n, reason")} AS dropping,
     CAST(size(collect_set({_when("forwarded", "instance")})) AS BIGINT) AS forwards,
     max({_when("forwarded", "hop")}) AS max_hop,
     {_first("acked", "instance, n")} AS acked,
-    {_first("discarded", "reason")} AS discarding,
+    {_first("discarded", "instance, n, reason")} AS discarding,
     count({_when("delivered", "1")}) AS deliveries,
-    {_first("delivered", "instance, database, queue, n")} AS delivery,
+    {_first("delivered", "instance, n, database, queue")} AS delivery,
     collect_list(CASE WHEN event = 'delivered' AND n IS NOT NULL
                       THEN struct(instance, n) END) AS delivered_pairs,
     count({_when("received", "1")}) AS receptions,
@@ -392,8 +396,10 @@ routes AS (
          coalesce(route, decision) AS conversation_route,
          coalesce(address, target_database) AS conversation_address
   FROM (
+    -- one instance's events: its numbers order those of one microsecond
     SELECT *, row_number() OVER (
-      PARTITION BY conversation_id, initiator, instance ORDER BY t DESC) AS latest
+      PARTITION BY conversation_id, initiator, instance ORDER BY t DESC, n DESC NULLS LAST)
+      AS latest
     FROM {{events}} WHERE event = 'route_chosen'
   )
   WHERE latest = 1

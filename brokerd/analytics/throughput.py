@@ -84,11 +84,14 @@ def by_route(messages: DataFrame, width: int) -> Ordered:
 
 def route_spread(events: DataFrame) -> Ordered:
     """Dialogs per address for services reached at more than one address."""
-    latest = Window.partitionBy(*STREAM, "instance").orderBy(F.col("t").desc())
+    # one instance's events: its numbers order those of one microsecond
+    latest = Window.partitionBy(*STREAM, "instance").orderBy(
+        F.col("t").desc(), F.col("n").desc_nulls_last()
+    )
     chosen = (
         events.where(is_event("route_chosen") & (F.col("decision") == "network"))
-        .withColumn("n", F.row_number().over(latest))
-        .where(F.col("n") == 1)
+        .withColumn("newest", F.row_number().over(latest))
+        .where(F.col("newest") == 1)
     )
     per_address = chosen.groupBy(F.col("instance").alias("sender"), "service", "address").agg(
         F.count(F.lit(1)).alias("dialogs"),

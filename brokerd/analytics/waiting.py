@@ -5,15 +5,16 @@ is neither acknowledged, delivered nor discarded; its age is now minus its SEND
 time and its status is the last thing the traces say about it: its
 conversation's DELAYED reason when the conversation is still DELAYED, otherwise
 its latest event on any instance (events of one instant ordered by the life of a
-message, ``MESSAGE_EVENTS``, and two of one kind at one instant by their fields: the
-same choice on every run). An
+message, ``MESSAGE_EVENTS``, and two of one kind at one instant by their numbers ``n``:
+the same choice on every run). An
 endpoint is open from ``dialog_begun`` until ``dialog_ended`` (and again from a later
 ``dialog_begun``: a target's endpoint removed after its keep is begun again, under the
 same conversation id, by a late copy of the dialog's first message, SPEC §5); for each
 open endpoint the table gives its age (from its latest beginning), how long it has been
-idle, its last event, and how many of its messages wait to be sent or to be RECEIVEd (the
-pile-ups nobody notices). :func:`longest_waits` gives the messages that waited longest,
-delivered or not, and why (the report's "Longest waits").
+idle, its last event (one instance's events of one microsecond ordered by their numbers
+``n``, as its beginnings and ends are), and how many of its messages wait to be sent or
+to be RECEIVEd (the pile-ups nobody notices). :func:`longest_waits` gives the messages
+that waited longest, delivered or not, and why (the report's "Longest waits").
 """
 
 from __future__ import annotations
@@ -120,11 +121,17 @@ def waiting_messages(events: DataFrame, messages: DataFrame, last_t: int) -> Ord
     return Ordered(listed, ("sent_t", *KEY))
 
 
+def _at(event: str) -> Column:
+    """The latest ``event`` of the group, by its time and (one instance's events of one
+    microsecond) its number: a struct of the two, as :func:`_open` compares them."""
+    return F.max(F.when(is_event(event), F.struct("t", "n")))
+
+
 def _open() -> Column:
-    """An endpoint (``begun_t``, ``ended_t``: its latest ``dialog_begun`` and
-    ``dialog_ended``) not ended since it was last begun."""
-    return F.col("begun_t").isNotNull() & (
-        F.col("ended_t").isNull() | (F.col("ended_t") < F.col("begun_t"))
+    """An endpoint (``begun``, ``ended``: its latest ``dialog_begun`` and ``dialog_ended``,
+    :func:`_at`) not ended since it was last begun."""
+    return F.col("begun").isNotNull() & (
+        F.col("ended").isNull() | (F.col("ended") < F.col("begun"))
     )
 
 
@@ -139,10 +146,7 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> Order
     unended = (
         events.where(lifecycle & F.col("conversation_id").isNotNull())
         .groupBy(*endpoint)
-        .agg(
-            F.max(F.when(is_event("dialog_begun"), F.col("t"))).alias("begun_t"),
-            F.max(F.when(is_event("dialog_ended"), F.col("t"))).alias("ended_t"),
-        )
+        .agg(_at("dialog_begun").alias("begun"), _at("dialog_ended").alias("ended"))
         .where(_open())
         .select("conversation_id")
         .distinct()
@@ -161,10 +165,10 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> Order
         )
         .groupBy("conversation_id", F.col("role").alias("initiator"), "instance")
         .agg(
-            F.max(F.when(is_event("dialog_begun"), F.col("t"))).alias("begun_t"),
-            F.max(F.when(is_event("dialog_ended"), F.col("t"))).alias("ended_t"),
-            F.max("t").alias("last_t"),
-            F.max_by("event", "t").alias("last_event"),
+            _at("dialog_begun").alias("begun"),
+            _at("dialog_ended").alias("ended"),
+            # one instance's events: its numbers order those of one microsecond
+            F.max(F.struct("t", "n", "event")).alias("last"),
             F.first("database", ignorenulls=True).alias("database"),
             F.first(F.when(is_event("dialog_begun"), F.col("service")), ignorenulls=True).alias(
                 "service"
@@ -198,9 +202,9 @@ def open_endpoints(events: DataFrame, messages: DataFrame, last_t: int) -> Order
             "database",
             "service",
             "far_service",
-            F.round((F.lit(last_t) - F.col("begun_t")) / 1e6, 3).alias("age_seconds"),
-            F.round((F.lit(last_t) - F.col("last_t")) / 1e6, 3).alias("idle_seconds"),
-            "last_event",
+            F.round((F.lit(last_t) - F.col("begun.t")) / 1e6, 3).alias("age_seconds"),
+            F.round((F.lit(last_t) - F.col("last.t")) / 1e6, 3).alias("idle_seconds"),
+            F.col("last.event").alias("last_event"),
             F.coalesce("messages_waiting_to_send", F.lit(0)).alias("messages_waiting_to_send"),
             F.coalesce("messages_not_received", F.lit(0)).alias("messages_not_received"),
         )
@@ -226,12 +230,14 @@ def longest_waits(
     waited to leave, and the latest reason of it (``periods`` is
     :func:`brokerd.analytics.delays.delayed_periods`: a period before its SEND or after it
     left explains nothing of its wait), the connections the sender could not open to the
-    far broker while the message waited to leave (to the addresses its endpoint sent to
-    or was routed to, as ``brokerctl trace`` says: a refusal of a connection to another
-    broker explains nothing of it; when none is named, every refusal of the sender),
-    retransmissions, drops and their reason, forwarders, and whether it still waits. The
-    DELAYED periods, far brokers and refused connections are joined to the ``top`` rows
-    only (range joins on the sender and the wait).
+    far broker while the message waited, to leave or, once it had left, to be sent again
+    (its far broker down: it is retransmitted once a connection opens), to the addresses
+    its endpoint sent to or was routed to, as ``brokerctl trace`` says (a refusal of a
+    connection to another broker explains nothing of it; when none is named, every
+    refusal of the sender), with the latest one's reason (of one microsecond, the later
+    by its event number), retransmissions, drops and their reason, forwarders, and
+    whether it still waits. The DELAYED periods, far brokers and refused connections are
+    joined to the ``top`` rows only (range joins on the sender and the wait).
     """
     end = F.coalesce("delivered_t", F.lit(last_t))
     start_queue = F.coalesce("enqueued_t", "sent_t")
@@ -246,19 +252,26 @@ def longest_waits(
         .orderBy(F.col("wait_seconds").desc(), *KEY)
         .limit(top)
     )
-    waits = longest.select(*KEY, "sender", "sent_t", "left_t")
+    waits = longest.select(*KEY, "sender", "sent_t", "left_t", end.alias("end_t"))
     # the DELAYED time of the sending endpoint while the message waited to leave
-    overlap = F.least(F.coalesce("end_t", F.lit(last_t)), F.col("left_t")) - F.greatest(
+    overlap = F.least(F.coalesce("until_t", F.lit(last_t)), F.col("left_t")) - F.greatest(
         "start_t", "sent_t"
     )
     delayed = (
-        periods.select(*STREAM, F.col("instance").alias("sender"), "start_t", "end_t", "reason")
-        .join(F.broadcast(waits), on=[*STREAM, "sender"])
+        periods.select(
+            *STREAM,
+            F.col("instance").alias("sender"),
+            "start_t",
+            "start_n",
+            F.col("end_t").alias("until_t"),
+            "reason",
+        )
+        .join(F.broadcast(waits.drop("end_t")), on=[*STREAM, "sender"])
         .where(overlap > 0)
         .groupBy(*KEY)
         .agg(
             F.round(F.sum(overlap) / 1e6, 6).alias("delayed_seconds"),
-            F.max_by("reason", "start_t").alias("delayed_reason"),
+            F.max_by("reason", F.struct("start_t", "start_n")).alias("delayed_reason"),
         )
     )
     far = (
@@ -282,6 +295,7 @@ def longest_waits(
     refusals = events.where(is_event("connection_refused")).select(
         F.col("instance").alias("refused_on"),
         F.col("t").alias("refused_t"),
+        F.col("n").alias("refused_n"),
         F.col("peer").alias("refused_peer"),
         "reason",
     )
@@ -289,7 +303,9 @@ def longest_waits(
         refusals.join(
             F.broadcast(waits.join(far, on=[*STREAM, "sender"], how="left")),
             (F.col("refused_on") == F.col("sender"))
-            & F.col("refused_t").between(F.col("sent_t"), F.col("left_t"))
+            # the whole wait: to leave, and on the way (its far broker down, it is sent
+            # again once a connection opens)
+            & F.col("refused_t").between(F.col("sent_t"), F.col("end_t"))
             # none named: every refusal of the sending broker may explain the wait
             & (
                 F.col("far_brokers").isNull()
@@ -299,7 +315,8 @@ def longest_waits(
         .groupBy(*KEY)
         .agg(
             F.count(F.lit(1)).alias("refusals"),
-            F.max_by("reason", "refused_t").alias("refusal_reason"),
+            # one instance's: its numbers order one microsecond's
+            F.max_by("reason", F.struct("refused_t", "refused_n")).alias("refusal_reason"),
         )
     )
     rows = longest.join(delayed, on=KEY, how="left").join(refused, on=KEY, how="left")
