@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from brokerd.config.addresses import (
     same_host,
 )
 from brokerd.config.model import (
+    ANY_NAME,
     CLIENT_ROLES,
     AdminConfig,
     ClientConfig,
@@ -47,8 +49,9 @@ MAX_SEND_WINDOW_MB = 4096
 _MAX_U32 = 2**32 - 1
 _DEFAULT_CLIENT_PORT = 4023
 _DEFAULT_CLIENT_HOST = "127.0.0.1"
-ADMIN_KEYS = ("listen",)
+ADMIN_KEYS = ("listen", "names")
 _DEFAULT_ADMIN_PORT = AdminConfig().port
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})?")
 
 
 def parse_endpoint(t: Table, base: Path) -> EndpointConfig:
@@ -313,6 +316,7 @@ def parse_admin(
     assert t is not None
     if listen.lower() == "off":
         return AdminConfig(None)
+    names = _admin_names(t)
     try:
         host, port = parse_tcp_address(f"tcp://{listen}")
     except ValueError as exc:
@@ -326,7 +330,26 @@ def parse_admin(
             "listen",
             f"{listen!r} is also {taken}'s address; the admin port needs a port of its own",
         )
-    return AdminConfig(host, port)
+    return AdminConfig(host, port, names)
+
+
+def _admin_names(t: Table) -> tuple[str, ...]:
+    """``[admin] names``: host names a request's ``Host`` may give (R-OPS-1), lower case
+    and without a final dot; ``["*"]`` alone: any name."""
+    names = t.strings("names")
+    if ANY_NAME in names:
+        if len(names) > 1:
+            raise t.error("names", f'"{ANY_NAME}" (any name) stands alone: drop the other names')
+        return (ANY_NAME,)
+    kept: list[str] = []
+    for i, name in enumerate(names):
+        if not _HOST_NAME.fullmatch(name):
+            raise t.error(
+                f"names[{i}]",
+                f"{name!r} is not a host name (letters, digits, '-', '_' and dots; no port)",
+            )
+        kept.append(name.lower().rstrip("."))
+    return tuple(dict.fromkeys(kept))
 
 
 def _taken_by(host: str, port: int, endpoint: EndpointConfig, client: ClientConfig) -> str:

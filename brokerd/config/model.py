@@ -370,6 +370,10 @@ class TraceConfig:
     """Retention: closed segments last written longer ago are deleted; 0: no limit by age."""
 
 
+ANY_NAME = "*"
+"""``[admin] names = ["*"]``: the admin port answers any ``Host``."""
+
+
 @dataclass(frozen=True)
 class AdminConfig:
     """The admin HTTP port (``[admin] listen``): health, Prometheus metrics and the
@@ -377,6 +381,15 @@ class AdminConfig:
 
     host: str | None = None
     port: int = 8022
+    names: tuple[str, ...] = ()
+    """``[admin] names``: the names, besides an IP address, ``localhost``, the name it
+    listens on and this machine's host names, that a request's ``Host`` may give (lower
+    case); ``("*",)``: any name."""
+
+    @property
+    def any_name(self) -> bool:
+        """Whether the port answers a request naming any host (``names = ["*"]``)."""
+        return ANY_NAME in self.names
 
     @property
     def enabled(self) -> bool:

@@ -272,6 +272,35 @@ def test_a_bad_admin_listen_is_a_clear_error(tmp_path: Path, listen: str, proble
     )
 
 
+def test_admin_names_are_host_names_or_any(tmp_path: Path) -> None:
+    """[admin] names (R-OPS-1): host names, kept in lower case without a final dot, once
+    each; ``"*"`` alone for any name."""
+    rest = (
+        '[admin]\nlisten = "0.0.0.0:9100"\nnames = ["Broker.Example.", "broker.example", "b-2"]\n'
+    )
+    admin = load(tmp_path, rest=rest).admin
+    assert (admin.names, admin.any_name) == (("broker.example", "b-2"), False)
+    anyone = load(tmp_path, rest='[admin]\nlisten = "0.0.0.0:9100"\nnames = ["*"]\n').admin
+    assert anyone.any_name
+
+
+@pytest.mark.parametrize(
+    ("names", "key", "problem"),
+    [
+        ('["*", "broker.example"]', "admin.names", "stands alone"),
+        ('["broker.example:8022"]', "admin.names[0]", "is not a host name"),
+        ('["ok", "two words"]', "admin.names[1]", "is not a host name"),
+        ('"broker.example"', "admin.names", "must be an array of strings"),
+        ('[""]', "admin.names[0]", "must be a non-empty string"),
+    ],
+)
+def test_a_bad_admin_name_is_a_clear_error(
+    tmp_path: Path, names: str, key: str, problem: str
+) -> None:
+    text = config_text(rest=f'[admin]\nlisten = "127.0.0.1:8030"\nnames = {names}\n')
+    expect_error(tmp_path, text, key, problem)
+
+
 def test_fragment_size_default_shrinks_to_fit_a_small_frame(tmp_path: Path) -> None:
     cfg = load(tmp_path, endpoint="max_frame_size = 32768")
     assert cfg.limits.fragment_size == 32768 - 8192

@@ -10,6 +10,7 @@ exactly the test's.
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,44 @@ async def test_a_loopback_admin_port_answers_only_to_its_own_names(
     async with solo_broker(tmp_path, HOST):
         assert await _status(host_header) == status
         assert await _status(host_header, "/console.json") == status
+
+
+WILDCARD_ADMIN = """
+[admin]
+listen = "0.0.0.0:8122"
+names = ["Broker.Example.org."]
+"""
+
+
+async def _status_on(port: int, host_header: str) -> int:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        writer.write(
+            f"GET /healthz HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n\r\n".encode()
+        )
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 10)
+        return int(line.split()[1])
+    finally:
+        writer.close()
+
+
+async def test_an_admin_port_on_any_address_answers_only_to_its_names(tmp_path: Path) -> None:
+    """R-OPS-1: the check holds on every address, not only on loopback (a rebinding page
+    can resolve its name to an address of the operator's network as well): an admin port
+    on the wildcard address answers an IP address, ``localhost``, this machine's host
+    name and the names of ``[admin] names`` (any case, a final dot or not), and refuses
+    another with 421."""
+    machine = socket.gethostname()
+    async with solo_broker(tmp_path, HOST, WILDCARD_ADMIN):
+        for name in (f"{HOST}:8122", "localhost", machine, "broker.example.ORG:8122"):
+            assert await _status_on(8122, name) == 200, name
+        for name in ("attacker.example", "example.org", "broker.example.org.attacker.example"):
+            assert await _status_on(8122, name) == 421, name
+
+
+async def test_an_admin_port_told_any_name_answers_any(tmp_path: Path) -> None:
+    """R-OPS-1: ``names = ["*"]`` turns the check off (a proxy in front checks names)."""
+    extra = '[admin]\nlisten = "0.0.0.0:8122"\nnames = ["*"]\n'
+    async with solo_broker(tmp_path, HOST, extra):
+        assert await _status_on(8122, "attacker.example") == 200

@@ -10,11 +10,12 @@ oldest one waiting for its client (for a request, or to take an answer), so that
 trickling or never-reading connections never keep the health checks out. Keep-alive
 is honoured.
 
-A port on a loopback address answers only requests that name it by an IP address,
-``localhost`` or the name it listens on, or name none (421 otherwise): a web page whose own name is
-made to resolve to 127.0.0.1 (DNS rebinding) would otherwise read every page of the
-port from an operator's browser. A port given another address answers any name (it is
-reached from other hosts by names it cannot know).
+The port answers only requests that name it by an IP address, ``localhost``, the name
+it listens on, this machine's host name or a name of ``[admin] names``, or that name
+none (421 otherwise; :func:`names_answered`): a web page whose own name is made to
+resolve to the port's address (DNS rebinding: 127.0.0.1, or an address of the
+operator's network) would otherwise read every page of the port from an operator's
+browser. ``names = ["*"]`` answers any name (behind a proxy that checks it, say).
 
 May import: ``h11``, ``brokerd.config.addresses`` and the standard library.
 """
@@ -24,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 import h11
 
-from brokerd.config.addresses import is_ip_address, is_loopback
+from brokerd.config.addresses import is_ip_address
 
 log = logging.getLogger("brokerd.admin_http")
 
@@ -62,12 +64,19 @@ Handler = Callable[[Mapping[str, str]], Awaitable[Response]]
 class HttpServer:
     """Serves ``routes`` (path -> :data:`Handler`) on ``host``:``port``."""
 
-    def __init__(self, host: str, port: int, routes: Mapping[str, Handler]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        routes: Mapping[str, Handler],
+        names: frozenset[str] | None,
+    ) -> None:
         self.host = host
         self.port = port
         self.routes = dict(routes)
-        self.names = _names_answered(host)
-        """The names a request's ``Host`` may give besides an IP address; None: any."""
+        self.names = names
+        """The names a request's ``Host`` may give besides an IP address; None: any
+        (:func:`names_answered`)."""
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting: dict[asyncio.Task[None], None] = {}
@@ -219,11 +228,15 @@ class HttpServer:
             return text(500, "internal error (see the daemon's log)")
 
 
-def _names_answered(host: str) -> frozenset[str] | None:
-    """The names a port on ``host`` answers to besides IP addresses (None: any name)."""
-    if not is_loopback(host) and host.lower() != "localhost":
-        return None
-    return frozenset({"localhost", host.lower()})
+def names_answered(host: str, configured: Iterable[str]) -> frozenset[str]:
+    """The names a port listening on ``host`` answers to besides IP addresses (R-OPS-1):
+    ``localhost``, ``host`` itself, this machine's host name (and its first label) and
+    the ``configured`` ones (``[admin] names``). A rebinding page cannot make a browser
+    name any of these: the ``Host`` it sends is the page's own name."""
+    machine = socket.gethostname().lower().rstrip(".")
+    return frozenset(
+        {"localhost", host.lower(), machine, machine.split(".", 1)[0], *configured} - {""}
+    )
 
 
 def _host_of(request: h11.Request) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from brokerd.server.admin_http import console, metrics
-from brokerd.server.admin_http.http import Handler, HttpServer, Response, text
+from brokerd.server.admin_http.http import Handler, HttpServer, Response, names_answered, text
 from brokerd.server.admin_http.snapshot import AdminBroker, take
 
 HTML = "text/html; charset=utf-8"
@@ -32,7 +32,8 @@ class AdminPort:
             "/console/body": self._console_body,
             "/console.json": self._console_json,
         }
-        self.server = HttpServer(admin.host, admin.port, routes)
+        names = None if admin.any_name else names_answered(admin.host, admin.names)
+        self.server = HttpServer(admin.host, admin.port, routes, names)
 
     async def start(self) -> None:
         await self.server.start()
