@@ -1,6 +1,7 @@
 """``python -m brokerd.tools.soak --seconds N --seed S --workdir DIR``: run the soak and
-print its summary as JSON (exit status 1 if the checker found a violation or the
-queues did not drain).
+print its summary as JSON, whose ``clean`` the exit status tells (1 unless clean: no
+violation, the queues drained, both streams carried traffic and no error, such as a
+SEND refused or a producer stuck on a SEND).
 
 ``--netns NAME`` (root) runs it inside a new network namespace NAME, deleted
 afterwards; without it, run it under ``ip netns exec`` yourself, or on loopback
@@ -8,8 +9,8 @@ addresses nothing else uses (``--base``: daemons at 127.0.0.base+1..4, proxies a
 base+11..16). B is a mirrored pair with failovers among the faults unless
 ``--no-mirror``. ``--local-dialogs N`` sets how many dialogs at once run between two
 services of one database of A (direct delivery; 0: none). ``check --workdir DIR``
-runs the checker again on a finished run's ledgers; ``consume`` is the consumer
-application the soak starts.
+runs the checker again on a finished run's ledgers (``clean``: no violation);
+``consume`` is the consumer application the soak starts.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--workdir", type=Path, required=True)
         parser.add_argument("--reply-every", type=int, default=driver.Settings.reply_every)
         args = parser.parse_args(args_list[1:])
-        verdict = checker.check(args.workdir / "ledgers", args.reply_every)
-        print(json.dumps(verdict.summary(), indent=2))
-        return 0 if verdict.clean else 1
+        shown = checker.check(args.workdir / "ledgers", args.reply_every).summary()
+        print(json.dumps(shown, indent=2))
+        return 0 if shown["clean"] else 1
     args = _soak_parser().parse_args(args_list)
     if args.netns:
         i = args_list.index("--netns")

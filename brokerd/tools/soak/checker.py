@@ -74,6 +74,7 @@ class Verdict:
 
     def summary(self, examples: int = 10) -> dict[str, Any]:
         return {
+            "clean": self.clean,
             "committed_sends": self.committed_sends,
             "uncertain_sends": self.uncertain_sends,
             "refused_sends": self.refused_sends,

@@ -24,7 +24,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,11 +203,8 @@ class Soak:
             "errors": self.errors[:20],
             **{k: v for k, v in verdict.summary().items() if k in ("violations", "examples")},
             "stuck_producers": self.stuck_producers,
-            # a run that carried nothing proves nothing: clean needs traffic on both streams
-            "clean": verdict.clean
-            and drained
-            and not self.stuck_producers
-            and all(verdict.streams[s]["received"] > 0 for s in ("local", "remote")),
+            "error_count": len(self.errors),
+            "clean": is_clean(verdict, drained=drained, errors=self.errors),
         }
         (self.root / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
@@ -264,6 +261,15 @@ class Soak:
         for proxy in self.proxies.values():
             await proxy.stop()
         self._events.close()
+
+
+def is_clean(verdict: checker.Verdict, *, drained: bool, errors: Sequence[str]) -> bool:
+    """A run's verdict: clean only if the checker found no violation, the queues drained,
+    nothing unexpected happened (``errors``: a SEND refused, a producer stuck on a SEND,
+    a daemon that did not start again, the run interrupted ...) and both streams carried
+    traffic (a run that carried nothing proves nothing)."""
+    carried = all(verdict.streams[s]["received"] > 0 for s in ("local", "remote"))
+    return verdict.clean and drained and not errors and carried
 
 
 def run(settings: Settings, verbose: bool = False) -> dict[str, Any]:
