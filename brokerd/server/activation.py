@@ -37,7 +37,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from typing import Any
 
 from brokerd.config import ActivationConfig, BrokerConfig
 from brokerd.dialogs.endpoints.database import Database
+from brokerd.parent_death import DIES_WITH_PARENT
 from brokerd.server.activation_leftovers import RunMark
 from brokerd.traces.writer import TraceWriter
 
@@ -401,21 +401,12 @@ def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> N
             process.send_signal(sig)
 
 
-def _dies_with_daemon() -> tuple[str, ...]:
-    """The words put before an instance's command so that it dies (SIGKILL) with the
-    daemon however the daemon ends: ``setpriv --pdeathsig`` (util-linux, in every Debian)
-    sets the parent-death signal and executes the command in its place (the same pid).
-    A daemon killed with SIGKILL signals no instance, and its restart counts only those it
-    starts itself. None where ``setpriv`` is missing (not Linux): there an instance
-    outlives a daemon that is killed. (Not ``preexec_fn``: Python code between fork and
-    exec is unsafe in a daemon with threads, the committers'.)"""
-    if not sys.platform.startswith("linux"):
-        return ()
-    setpriv = shutil.which("setpriv")
-    return (setpriv, "--pdeathsig", "KILL", "--") if setpriv else ()
-
-
-DIES_WITH_DAEMON = _dies_with_daemon()
+DIES_WITH_DAEMON = DIES_WITH_PARENT
+"""The words put before an instance's command so that it dies (SIGKILL) with the daemon
+however the daemon ends (:mod:`brokerd.parent_death`): instances are started from the
+event loop's thread, which lasts as long as the daemon. A daemon killed with SIGKILL
+signals no instance, and its restart counts only those it starts itself. None where
+``setpriv`` is missing (not Linux): there an instance outlives a daemon that is killed."""
 
 
 def _group_alive(group: int) -> bool:

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from brokerd.parent_death import DIES_WITH_PARENT
 from brokerd.sdk.client import BrokerClient, Reconnect
 from brokerd.tools import certs
 
@@ -92,10 +93,16 @@ class Deployment:
         root: Path,
         retry: dict[str, float] | None = None,
         reconnect: tuple[float, float] = (0.2, 2.0),
+        *,
+        dies_with_parent: bool = False,
     ) -> None:
         """``retry`` overrides the short test timings of ``[retry]``; ``reconnect`` is
-        ``[endpoint]``'s (reconnect_initial, reconnect_max), short by default too."""
+        ``[endpoint]``'s (reconnect_initial, reconnect_max), short by default too.
+        ``dies_with_parent``: every daemon gets SIGKILL when the thread that started it
+        ends, with its process also by SIGKILL (:mod:`brokerd.parent_death`; not with
+        ``detach``)."""
         self.root = root
+        self.dies_with_parent = dies_with_parent
         self.root.mkdir(parents=True, exist_ok=True)
         self.cert_dir = root / "certs"
         self.daemons: dict[str, Daemon] = {}
@@ -206,7 +213,8 @@ port = {client_port}
         with self._starting:
             if not daemon.running:
                 ready.unlink(missing_ok=True)
-                daemon.process = self._spawn(daemon, ready, detach)
+                bound = self.dies_with_parent and not detach
+                daemon.process = self._spawn(daemon, ready, detach, bound)
             process = daemon.process
         assert process is not None
         deadline = time.monotonic() + timeout
@@ -223,13 +231,14 @@ port = {client_port}
         return daemon
 
     @staticmethod
-    def _spawn(daemon: Daemon, ready: Path, detach: bool) -> subprocess.Popen[bytes]:
+    def _spawn(daemon: Daemon, ready: Path, detach: bool, bound: bool) -> subprocess.Popen[bytes]:
         log = daemon.log_path.open("ab")
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         try:
             return subprocess.Popen(
                 [
+                    *(DIES_WITH_PARENT if bound else ()),
                     sys.executable,
                     "-m",
                     "brokerd",

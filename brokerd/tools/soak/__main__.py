@@ -67,7 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.netns:
         i = args_list.index("--netns")
         inner = [*args_list[:i], *args_list[i + 2 :]]
-        return netns.run_inside(args.netns, [sys.executable, "-m", "brokerd.tools.soak", *inner])
+        try:
+            return netns.run_inside(
+                args.netns, [sys.executable, "-m", "brokerd.tools.soak", *inner]
+            )
+        except RuntimeError as exc:  # the namespace could not be made
+            print(f"soak: {exc}", file=sys.stderr)
+            return 2
     settings = driver.Settings(
         seconds=args.seconds,
         seed=args.seed,

@@ -9,7 +9,9 @@ is down or stalled is healed, and the queues drain until the checker finds nothi
 missing, or until ``drain_timeout`` passes without progress. The checker
 (:mod:`.checker`) then reads the ledgers; the summary adds what the faults, the
 proxies and the daemons' traces (:mod:`.delivery`) counted, with the local stream's
-counts apart (``local``), and is written to ``summary.json``.
+counts apart (``local``), and is written to ``summary.json``. A SIGTERM or SIGINT
+ends the run early as a run ends (everything stopped, a summary that is not clean),
+and the daemons and consumers die with the soak if it is killed (:mod:`.processes`).
 
 May import: ``brokerd.tools.faultproxy``, ``protocol.errors`` and the soak's other
 modules but :mod:`.consumer`.
@@ -21,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -91,6 +94,11 @@ class Soak:
         self.errors: list[str] = []
         self.stuck_producers = 0
         """Producers cancelled because a SEND never returned after the faults stopped."""
+        self.interrupted: str | None = None
+        """The signal that ended the run early (SIGTERM, SIGINT), if one did."""
+        self._ending = False
+        self._tasks: list[asyncio.Task[None]] = []
+        """The producers and the fault schedule, cancelled at the end if still running."""
         self._events = (self.root / "events.log").open("a", encoding="utf-8")
         self._log = log or (lambda _: None)
         self._t0 = time.monotonic()
@@ -119,44 +127,30 @@ class Soak:
     # -- the run ----------------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
-        self.ledgers.mkdir(parents=True, exist_ok=True)
-        for hop in topology.hops(self.s.mirror):
-            proxy = FaultProxy(
-                self.s.hosts.proxy(hop), 4022, topology.proxy_target(self.s.hosts, hop), 4022
-            )
-            await proxy.start()
-            self.proxies[hop] = proxy
+        """The run, its end and its summary. SIGTERM or SIGINT ends it early as a run
+        ends: producers and faults stop, consumers and daemons are stopped, and the
+        summary (not clean: the interruption is an error) is written and returned."""
+        loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+        assert main is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._interrupt, sig, main)
         clients = Clients(self.deployment, self.s.mirror)
-        processes, load = self.processes, self.load
         started = time.monotonic()
+        drained, leftover = False, dict[str, int]()
         try:
-            for name in processes.daemons:
-                await processes.start_daemon(name)
-            for name in processes.consumer_specs:
-                processes.start_consumer(name)
-            self.event(f"started; seed {self.s.seed}, {self.s.seconds:.0f} s of faults")
-            producers = load.start(clients)
-            until = time.monotonic() + self.s.seconds
-            faults = asyncio.create_task(self.fault_schedule.run(until))
-            while time.monotonic() < until:
-                await asyncio.sleep(1.0)
-                load.tail()
-            await faults
-            self.event(f"faults stop; {load.committed} committed, {load.received} received")
-            load.stop_producing.set()
-            stuck = await stop_producers(producers, self.s.drain_timeout)
-            if stuck:
-                self.stuck_producers = stuck
-                self.errors.append(
-                    f"{stuck} producers still waited on a SEND {self.s.drain_timeout:g} s after "
-                    "the faults stopped (a SEND that never returns): cancelled"
-                )
-                self.event(f"{stuck} producers stuck on a SEND: cancelled")
-            await self._heal()
-            drained = await self._drain()
-            self.event(f"drain {'complete' if drained else 'timed out'}")
-            leftover = await self._leftover(clients)
+            drained, leftover = await self._phases(clients)
+        except asyncio.CancelledError:
+            if self.interrupted is None:
+                raise
+            main.uncancel()
+            self.errors.append(f"interrupted by {self.interrupted}: the run ended early")
+            self.event(f"interrupted by {self.interrupted}: stopping")
         finally:
+            self._ending = True  # a signal from now on changes nothing: the end is under way
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
             await clients.close()
             await self._shutdown()
         verdict = checker.check(self.ledgers, self.s.reply_every)
@@ -203,11 +197,56 @@ class Soak:
             "errors": self.errors[:20],
             **{k: v for k, v in verdict.summary().items() if k in ("violations", "examples")},
             "stuck_producers": self.stuck_producers,
+            "interrupted": self.interrupted,
             "error_count": len(self.errors),
             "clean": is_clean(verdict, drained=drained, errors=self.errors),
         }
         (self.root / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    def _interrupt(self, sig: signal.Signals, main: asyncio.Task[Any]) -> None:
+        if self.interrupted is None and not self._ending:
+            self.interrupted = sig.name
+            main.cancel()
+
+    async def _phases(self, clients: Clients) -> tuple[bool, dict[str, int]]:
+        """Start everything, run the faults, stop the producers, heal and drain: whether
+        the queues drained, and what is left in each transmission queue."""
+        self.ledgers.mkdir(parents=True, exist_ok=True)
+        for hop in topology.hops(self.s.mirror):
+            proxy = FaultProxy(
+                self.s.hosts.proxy(hop), 4022, topology.proxy_target(self.s.hosts, hop), 4022
+            )
+            await proxy.start()
+            self.proxies[hop] = proxy
+        processes, load = self.processes, self.load
+        for name in processes.daemons:
+            await processes.start_daemon(name)
+        for name in processes.consumer_specs:
+            processes.start_consumer(name)
+        self.event(f"started; seed {self.s.seed}, {self.s.seconds:.0f} s of faults")
+        producers = load.start(clients)
+        until = time.monotonic() + self.s.seconds
+        faults = asyncio.create_task(self.fault_schedule.run(until))
+        self._tasks = [*producers, faults]
+        while time.monotonic() < until:
+            await asyncio.sleep(1.0)
+            load.tail()
+        await faults
+        self.event(f"faults stop; {load.committed} committed, {load.received} received")
+        load.stop_producing.set()
+        stuck = await stop_producers(producers, self.s.drain_timeout)
+        if stuck:
+            self.stuck_producers = stuck
+            self.errors.append(
+                f"{stuck} producers still waited on a SEND {self.s.drain_timeout:g} s after "
+                "the faults stopped (a SEND that never returns): cancelled"
+            )
+            self.event(f"{stuck} producers stuck on a SEND: cancelled")
+        await self._heal()
+        drained = await self._drain()
+        self.event(f"drain {'complete' if drained else 'timed out'}")
+        return drained, await self._leftover(clients)
 
     async def _heal(self) -> None:
         """Stop every fault: let a failover finish, clear the plans, resume and restart

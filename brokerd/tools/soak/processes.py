@@ -5,11 +5,14 @@ A daemon started again gets a fragment size drawn from ``topology.FRAGMENT_SIZES
 first (from a generator of its own, so the faults a seed draws stay what they were),
 and is retried a few times if it does not come up. A consumer is a
 ``python -m brokerd.tools.soak consume`` process writing its ledger
-(``received-<name>.log``); B's follows B's principal. :class:`Processes` knows which
+(``received-<name>.log``); B's follows B's principal. Daemons and consumers die with
+the soak however it ends (``setpriv --pdeathsig``, :mod:`brokerd.parent_death`): the
+consumers are started from the event loop's thread, the daemons from the default
+executor's workers, both kept until the run is over. :class:`Processes` knows which
 daemons are down and which consumers stalled; the fault schedule (:mod:`.faults`)
 decides when, the driver (:mod:`.driver`) starts everything, heals and stops.
 
-May import: ``brokerd.tools.launcher``, :mod:`.topology`.
+May import: ``brokerd.parent_death``, ``brokerd.tools.launcher``, :mod:`.topology`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from brokerd.parent_death import DIES_WITH_PARENT
 from brokerd.tools.launcher import Deployment
 from brokerd.tools.soak import topology
 
@@ -113,6 +117,7 @@ class Processes:
         log = (self.workdir / f"consumer-{name}.log").open("ab")
         self.consumers[name] = subprocess.Popen(
             [
+                *DIES_WITH_PARENT,  # dies with the soak, also when the soak is SIGKILLed
                 sys.executable,
                 "-m",
                 "brokerd.tools.soak",

@@ -178,8 +178,9 @@ def proxy_target(hosts: Hosts, hop: str) -> str:
 
 
 def build(root: Path, hosts: Hosts, mirror: bool = True) -> Deployment:
-    """Declare the daemons (certificates and configurations; nothing started)."""
-    deployment = Deployment(root, RETRY)
+    """Declare the daemons (certificates and configurations; nothing started). Each
+    daemon dies with the soak that starts it, also when the soak is SIGKILLed."""
+    deployment = Deployment(root, RETRY, dies_with_parent=True)
     deployment.add(
         "a",
         hosts.daemon("a"),
