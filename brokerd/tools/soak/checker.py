@@ -16,7 +16,8 @@ Over the committed batches:
 * **reorder**: within a key, an index received after a greater one;
 * **corrupt**: a payload that does not match its length and checksum;
 * **phantom**: a body that is not a soak body, or names a (key, index) that no
-  producer tried to send, or that a SEND refused by the daemon carried, or a reply
+  producer tried to send, or that a SEND refused by the daemon (or rolled back with
+  its transaction) carried, or a reply
   to a request that was not received;
 * **dialog_error**: an Error or EndDialog message the applications did not cause;
 * **misdelivered**: a message received on another conversation than the other messages

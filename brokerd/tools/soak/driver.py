@@ -177,6 +177,8 @@ class Soak:
                 "replies_expected": verdict.replies_expected,
                 "received": verdict.received,
                 "large_bodies": self.load.large,
+                "settled_sends": self.load.settled,
+                "commits_unknown": self.load.commits_unknown,
                 "cut_again": delivery.cut_again(
                     [d.directory / "data" / "traces" for d in self.deployment.daemons.values()]
                 ),

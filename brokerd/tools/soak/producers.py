@@ -24,7 +24,15 @@ the local stream with the others; the summary gives its counts apart (``local``)
 with how many of its messages A's traces show delivered directly (:mod:`.delivery`).
 
 Every SEND is written down in the producer's ledger (:mod:`.records`): tried before,
-committed or refused after.
+committed or refused after. Every SEND outside a transaction carries an idempotency
+key (:func:`send_key`); one whose connection broke before its answer (its outcome
+unknown) is sent again under the same key, on a new connection, before anything else
+on its dialog and even after the faults stopped, until the daemon answers it
+(SPEC §6: a key seen is answered with the first SEND's number, never queued twice):
+so it is settled, committed or refused, and the checker requires it like any other
+(``settled``). A client transaction whose connection broke is rolled back (refused,
+``F``) unless its COMMIT was in flight: only such SENDs stay unknown
+(``commits_unknown``), with those of a producer cancelled.
 
 May import: ``brokerd.sdk``, ``protocol.errors``, :mod:`.topology`, :mod:`.records`,
 :mod:`.clients`.
@@ -33,9 +41,11 @@ May import: ``brokerd.sdk``, ``protocol.errors``, :mod:`.topology`, :mod:`.recor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -43,7 +53,13 @@ from brokerd.sdk.client import BrokerClient
 from brokerd.tools.soak import topology
 from brokerd.tools.soak.clients import Clients
 from brokerd.tools.soak.records import LOCAL_STREAM, Ledger, make_body
-from protocol.errors import ClientError, NotPrincipal, RemoteError
+from protocol.errors import (
+    BrokerStopping,
+    ClientError,
+    NotPrincipal,
+    RemoteError,
+    TransactionLost,
+)
 
 DIRECTIONS = {
     "ab": ("a", topology.SERVICE_A, topology.SERVICE_B),
@@ -71,6 +87,23 @@ class LoadSettings(Protocol):
     def max_backlog(self) -> int: ...
 
 
+def send_key(key: str, index: int) -> str:
+    """The idempotency key of message ``index`` of dialog ``key`` (SPEC §6: unique per
+    conversation, and each dialog of the soak has its own key)."""
+    return f"{key}/{index}"
+
+
+@dataclass(frozen=True)
+class Unsettled:
+    """SENDs of one dialog whose outcome is unknown (the connection broke before their
+    answer), in SEND order, with their bodies: sent again under the same idempotency keys
+    until each is committed or refused (:meth:`Producers._settle`)."""
+
+    handle: uuid.UUID
+    batch: list[tuple[str, int]]
+    bodies: list[bytes]
+
+
 class Producers:
     """The producers of a run, what they committed, and what the consumers received."""
 
@@ -84,6 +117,11 @@ class Producers:
         self.committed = 0
         self.received = 0
         self.large = 0
+        self.settled = 0
+        """SENDs of unknown outcome settled by sending them again under their keys."""
+        self.commits_unknown = 0
+        """SENDs of client transactions whose COMMIT's outcome is unknown (they carry no
+        idempotency key): the only SENDs left unknown, but for a producer cancelled."""
         self.stop_producing = asyncio.Event()
         self._settings = settings
         self._ledgers = ledgers
@@ -132,28 +170,59 @@ class Producers:
         batch: list[tuple[str, int]],
         bodies: list[bytes],
         ledger: Ledger,
-    ) -> None:
+    ) -> Unsettled | None:
         """SEND ``bodies`` on one dialog as ``mode`` says (``send``: one SEND, ``many``:
         one ``send_many``, ``tx``: a client transaction, ``pipelined``: see
         :meth:`_pipelined`), and write down the outcome: committed (``C``) or refused
-        (``F``, the error raised); a broken connection leaves the outcome unknown."""
+        (``F``, the error raised). Every SEND but a transaction's carries its idempotency
+        key (:func:`send_key`): those whose connection broke before their answer are
+        returned, to be settled by :meth:`_settle`. A transaction whose connection broke
+        is rolled back (``F``) unless its COMMIT was in flight: then its SENDs stay
+        unknown (no key in a transaction, SPEC §6; counted in ``commits_unknown``); the
+        ClientError is raised either way."""
         if mode == "pipelined":
-            await self._pipelined(client, handle, batch, bodies, ledger)
-            return
+            return await self._pipelined(client, handle, batch, bodies, ledger)
+        keys = [send_key(k, i) for k, i in batch]
+        committing = False
         try:
             if mode == "send":
-                await client.send(handle, "DEFAULT", bodies[0])
+                await client.send(handle, "DEFAULT", bodies[0], key=keys[0])
             elif mode == "many":
-                await client.send_many([(handle, "DEFAULT", b) for b in bodies])
+                await client.send_many([(handle, "DEFAULT", b) for b in bodies], list(keys))
             else:
                 async with client.transaction() as tx:
                     for body in bodies:
                         await tx.send(handle, "DEFAULT", body)
+                    committing = True  # the COMMIT is asked for as the block ends
         except RemoteError:
             ledger.write([f"F {k} {i}" for k, i in batch])
             raise
+        except ClientError as exc:
+            if mode != "tx":
+                return Unsettled(handle, batch, bodies)
+            if committing and not isinstance(exc, TransactionLost):
+                self.commits_unknown += len(batch)  # no key can tell: they stay unknown
+            else:  # the COMMIT was not asked for, or not executed: rolled back
+                ledger.write([f"F {k} {i}" for k, i in batch])
+            raise
         ledger.write([f"C {k} {i}" for k, i in batch])
         self.committed += len(batch)
+        return None
+
+    async def _settle(
+        self, client: BrokerClient, unsettled: Unsettled, ledger: Ledger
+    ) -> Unsettled | None:
+        """Send again, in order and under the same idempotency keys, the SENDs of
+        ``unsettled`` (SPEC §6: the daemon commits a key once and answers a SEND of a
+        key it has seen with the first one's number), and write down their outcome; those
+        still unknown are returned. A refusal that says the SEND was not executed there
+        (``NotPrincipal``: a mirror; ``BrokerStopping``) says nothing of the first one:
+        such a SEND stays unknown, to be sent again elsewhere or later."""
+        left = await self._pipelined(
+            client, unsettled.handle, unsettled.batch, unsettled.bodies, ledger, settling=True
+        )
+        self.settled += len(unsettled.batch) - (len(left.batch) if left else 0)
+        return left
 
     async def _producer(self, direction: str, slot: int, clients: Clients) -> None:
         daemon, from_service, to_service = DIRECTIONS[direction]
@@ -163,23 +232,34 @@ class Producers:
         handle = None
         index = 0
         key = ""
+        unsettled: Unsettled | None = None
+        """SENDs of unknown outcome, settled before anything else is sent on the dialog
+        (so that its order stays the order of the SENDs), even once told to stop."""
         try:
-            while not self.stop_producing.is_set():
-                client = await self._producer_client(clients, daemon)
+            while unsettled is not None or not self.stop_producing.is_set():
+                client = await self._producer_client(clients, daemon, unsettled is not None)
                 if client is None:
                     continue
                 try:
-                    if handle is None:
-                        dialog = await client.begin_dialog(from_service, to_service, database=None)
-                        handle = dialog.handle
-                        generation += 1
-                        key, index = f"{direction}{slot}.{generation}", 0
-                    count = 1 if rng.random() < 0.6 else rng.randint(2, 5)
-                    mode = "send" if count == 1 else rng.choice(("many", "tx"))
-                    first, index = index, index + count  # never reused, even if it fails
-                    await self._send_batch(
-                        client, handle, mode, key, first, count, self._sizes, rng, ledger
-                    )
+                    if unsettled is not None:
+                        unsettled = await self._settle(client, unsettled, ledger)
+                    else:
+                        if handle is None:
+                            dialog = await client.begin_dialog(
+                                from_service, to_service, database=None
+                            )
+                            handle = dialog.handle
+                            generation += 1
+                            key, index = f"{direction}{slot}.{generation}", 0
+                        count = 1 if rng.random() < 0.6 else rng.randint(2, 5)
+                        mode = "send" if count == 1 else rng.choice(("many", "tx"))
+                        first, index = index, index + count  # never reused, even if it fails
+                        unsettled = await self._send_batch(
+                            client, handle, mode, key, first, count, self._sizes, rng, ledger
+                        )
+                    if unsettled is not None:  # the connection broke: settle on the next
+                        await clients.drop(daemon, client, moved=True)
+                        await asyncio.sleep(0.1)
                 except ClientError:
                     await clients.drop(daemon, client, moved=True)
                     await asyncio.sleep(0.1)
@@ -190,15 +270,18 @@ class Producers:
                     await asyncio.sleep(0.1)
                 except RemoteError as exc:
                     self._error(f"{direction}{slot}: {type(exc).__name__}: {exc}")
-                    handle = None  # start a new dialog
+                    handle, unsettled = None, None  # start a new dialog
                 await asyncio.sleep(rng.uniform(0, 0.01))
         finally:
             ledger.close()
 
-    async def _producer_client(self, clients: Clients, daemon: str) -> BrokerClient | None:
+    async def _producer_client(
+        self, clients: Clients, daemon: str, settling: bool
+    ) -> BrokerClient | None:
         """The client a producer sends with next, or None after a pause: the backlog is
-        over ``max_backlog``, or ``daemon`` cannot be reached now."""
-        if self.committed - self.received > self._settings.max_backlog:
+        over ``max_backlog`` (unless ``settling``: SENDs already made are settled whatever
+        the backlog), or ``daemon`` cannot be reached now."""
+        if not settling and self.committed - self.received > self._settings.max_backlog:
             await asyncio.sleep(0.2)
             return None
         try:
@@ -218,14 +301,14 @@ class Producers:
         sizes: random.Random,
         rng: random.Random,
         ledger: Ledger,
-    ) -> None:
+    ) -> Unsettled | None:
         """Messages ``index .. index + count - 1`` of dialog ``key``: written down as tried
-        (``T``), then sent as ``mode`` says (:meth:`_send`). ``sizes`` draws their sizes,
-        ``rng`` their bodies."""
+        (``T``), then sent as ``mode`` says (:meth:`_send`, whose SENDs of unknown outcome
+        it returns). ``sizes`` draws their sizes, ``rng`` their bodies."""
         batch = [(key, index + n) for n in range(count)]
         bodies = [make_body(k, i, self._size(sizes), rng) for k, i in batch]
         ledger.write([f"T {k} {i}" for k, i in batch])
-        await self._send(client, handle, mode, batch, bodies, ledger)
+        return await self._send(client, handle, mode, batch, bodies, ledger)
 
     async def _local_producer(self, slot: int, clients: Clients) -> None:
         """The local stream's producer ``slot``: dialogs from ``//soak/L1`` to ``//soak/L2``
@@ -238,38 +321,46 @@ class Producers:
         handle = None
         index = left = 0
         key = ""
+        unsettled: Unsettled | None = None
+        """As the remote producers': settled first, even once told to stop."""
         try:
-            while not self.stop_producing.is_set():
-                client = await self._producer_client(clients, "a")
+            while unsettled is not None or not self.stop_producing.is_set():
+                client = await self._producer_client(clients, "a", unsettled is not None)
                 if client is None:
                     continue
                 try:
-                    if handle is None or left <= 0:
-                        dialog = await client.begin_dialog(
-                            topology.SERVICE_L1,
-                            topology.SERVICE_L2,
-                            database=topology.DATABASE_LOCAL,
+                    if unsettled is not None:
+                        unsettled = await self._settle(client, unsettled, ledger)
+                    else:
+                        if handle is None or left <= 0:
+                            dialog = await client.begin_dialog(
+                                topology.SERVICE_L1,
+                                topology.SERVICE_L2,
+                                database=topology.DATABASE_LOCAL,
+                            )
+                            handle = dialog.handle
+                            generation += 1
+                            key, index = f"{stream}.{generation}", 0
+                            left = rng.randint(20, 400)  # then a new dialog: a first message
+                        roll = rng.random()
+                        mode = "send" if roll < 0.35 else "pipelined" if roll < 0.85 else "many"
+                        count = 1 if mode == "send" else rng.randint(2, 8)
+                        if mode == "many" and rng.random() < 0.5:
+                            mode = "tx"
+                        left -= count
+                        first, index = index, index + count  # never reused, even if it fails
+                        unsettled = await self._send_batch(
+                            client, handle, mode, key, first, count, rng, rng, ledger
                         )
-                        handle = dialog.handle
-                        generation += 1
-                        key, index = f"{stream}.{generation}", 0
-                        left = rng.randint(20, 400)  # then a new dialog: a first message again
-                    roll = rng.random()
-                    mode = "send" if roll < 0.35 else "pipelined" if roll < 0.85 else "many"
-                    count = 1 if mode == "send" else rng.randint(2, 8)
-                    if mode == "many" and rng.random() < 0.5:
-                        mode = "tx"
-                    left -= count
-                    first, index = index, index + count  # never reused, even if it fails
-                    await self._send_batch(
-                        client, handle, mode, key, first, count, rng, rng, ledger
-                    )
+                    if unsettled is not None:  # the connection broke: settle on the next
+                        await clients.drop("a", client)
+                        await asyncio.sleep(0.1)
                 except ClientError:
                     await clients.drop("a", client)
                     await asyncio.sleep(0.1)
                 except RemoteError as exc:
                     self._error(f"{stream}: {type(exc).__name__}: {exc}")
-                    handle = None  # start a new dialog
+                    handle, unsettled = None, None  # start a new dialog
                 await asyncio.sleep(rng.uniform(0, 0.01))
         finally:
             ledger.close()
@@ -281,30 +372,45 @@ class Producers:
         batch: list[tuple[str, int]],
         bodies: list[bytes],
         ledger: Ledger,
-    ) -> None:
-        """SEND ``bodies`` on one dialog without waiting between them (``send_nowait``), and
-        write down each one's outcome: committed (``C``), refused (``F``), or unknown (the
-        connection broke: no line). Raises the first error after all are answered."""
+        *,
+        settling: bool = False,
+    ) -> Unsettled | None:
+        """SEND ``bodies`` on one dialog without waiting between them (``send_nowait``, each
+        with its idempotency key), and write down each one's outcome: committed (``C``) or
+        refused (``F``). Returns those whose outcome is unknown (the connection broke
+        first; ``settling``: also those a retry found not executed, see :meth:`_settle`).
+        Raises the first refusal after all are answered (then the unknown ones beside it
+        stay unknown: the dialog is given up)."""
         futures: list[asyncio.Future[int]] = []
-        first: BaseException | None = None
-        try:
-            for body in bodies:
-                futures.append(client.send_nowait(handle, "DEFAULT", body))
-        except ClientError as exc:
-            first = exc  # the rest were never sent
-        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        with contextlib.suppress(ClientError):  # the rest were never sent: unknown
+            for (k, i), body in zip(batch, bodies, strict=True):
+                futures.append(client.send_nowait(handle, "DEFAULT", body, key=send_key(k, i)))
+        answered = await asyncio.gather(*futures, return_exceptions=True)
+        outcomes: list[int | BaseException | None] = [*answered]
+        outcomes += [None] * (len(batch) - len(outcomes))
         lines: list[str] = []
-        for (k, i), outcome in zip(batch, outcomes, strict=False):
+        unknown: list[int] = []
+        raised: BaseException | None = None
+        """The first refusal, or a failure that is no answer of the broker's (a bug)."""
+        for n, ((k, i), outcome) in enumerate(zip(batch, outcomes, strict=True)):
             if isinstance(outcome, int):
                 lines.append(f"C {k} {i}")
                 self.committed += 1
+            elif settling and isinstance(outcome, (NotPrincipal, BrokerStopping)):
+                unknown.append(n)
             elif isinstance(outcome, RemoteError):
                 lines.append(f"F {k} {i}")
-            if isinstance(outcome, BaseException) and first is None:
-                first = outcome
+                raised = raised or outcome
+            elif outcome is None or isinstance(outcome, ClientError):
+                unknown.append(n)
+            else:
+                raised = raised or outcome
         ledger.write(lines)
-        if first is not None:
-            raise first
+        if raised is not None:
+            raise raised
+        if not unknown:
+            return None
+        return Unsettled(handle, [batch[n] for n in unknown], [bodies[n] for n in unknown])
 
 
 async def stop_producers(producers: list[asyncio.Task[None]], timeout: float) -> int:

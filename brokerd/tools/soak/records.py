@@ -9,9 +9,13 @@ and B, ``ll`` for the local stream (both services in one database of A,
 
 Ledgers are text files of one record per line, appended and flushed:
 
-* ``sent-*.log`` (producers): ``T key index`` before a SEND is issued and
-  ``C key index`` once its commit was acknowledged. A SEND whose outcome is unknown
-  (the connection broke) has only its ``T`` line: it may arrive at most once.
+* ``sent-*.log`` (producers): ``T key index`` before a SEND is issued,
+  ``C key index`` once its commit was acknowledged, ``F key index`` once it is known
+  not to have taken effect (refused by the daemon, or its transaction rolled back).
+  A SEND whose connection broke before its answer is sent again under its
+  idempotency key until it gets one (:mod:`.producers`); only a SEND of a
+  transaction whose COMMIT's outcome is unknown (or of a producer cancelled) keeps
+  its ``T`` line alone: it may arrive at most once.
 * ``received-*.log`` (consumers): ``R batch key index ok`` for every message of a
   batch inside the transaction, before COMMIT (``ok`` is 1 when the payload matches
   its length and checksum), ``X batch kind detail`` for a message that is not a
