@@ -228,7 +228,7 @@ class QueueMonitor:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as output:
                 process = await asyncio.create_subprocess_exec(
-                    *DIES_WITH_DAEMON,
+                    *DIES_WITH_PARENT,
                     *command_line(self.activation.command),
                     cwd=self.activation.directory,
                     env=self.env,
@@ -401,7 +401,6 @@ def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> N
             process.send_signal(sig)
 
 
-DIES_WITH_DAEMON = DIES_WITH_PARENT
 """The words put before an instance's command so that it dies (SIGKILL) with the daemon
 however the daemon ends (:mod:`brokerd.parent_death`): instances are started from the
 event loop's thread, which lasts as long as the daemon. A daemon killed with SIGKILL
