@@ -413,9 +413,12 @@ class Database:
                 # a message a lease holds is that lease's: its commit removes it, its
                 # rollback puts it back (R-DLG-1)
                 ready.add(uuid.UUID(group_text), handle, seq, rank)
+        # Never raised again: a reload's read of the file does not see a message this
+        # broker queued itself after the read was submitted, and its number must not be
+        # given a second time (the second row would be ignored, R-DLG-11).
         low = fetch(queries.READ_LOWEST_SEQUENCE, ())
         if low and low[0][0] is not None and int(low[0][0]) < 0:
-            self.next_local_seq = int(low[0][0]) - 1
+            self.next_local_seq = min(self.next_local_seq, int(low[0][0]) - 1)
         return repairs
 
     def _repair_held(
