@@ -22,6 +22,7 @@ from brokerd.storage.body_files import STORED_FROM, BodyFiles
 from brokerd.storage.queries import (
     ENDPOINT_DELETE,
     ENDPOINT_SNAPSHOT,
+    KEEPING_HELD,
     MANY_ROWS,
     STORABLE,
     endpoint_update_values,
@@ -57,9 +58,11 @@ def apply_batch(
     same or an earlier job). Nor may two UPDATEs or DELETEs of different text that
     touch one row depend on their order: the groups run in order of their first
     appearance, not of the jobs (a message's row gets its body and its status from
-    two statements that commute). Endpoint snapshots are deduplicated per endpoint
-    and written last, after the endpoint rows the batch removes: a snapshot is a whole
-    row (R-DLG-1: a committed job's endpoint row is in the file).
+    two statements that commute); the deletes that keep held and partial rows run
+    after every other group (``queries.KEEPING_HELD``). Endpoint snapshots are
+    deduplicated per endpoint and written last, after the endpoint rows the batch
+    removes: a snapshot is a whole row (R-DLG-1: a committed job's endpoint row is in
+    the file).
 
     With ``bodies``, a body of :data:`STORED_FROM` bytes or more that a
     transmission-queue row, a received fragment or a service queue's row would carry is
@@ -110,7 +113,11 @@ def _flush(
     for sql, rows in inserts.items():
         _insert_many(conn, sql, rows)
     inserts.clear()
-    for sql, params in changes.items():
+    groups = list(changes.items())
+    if any(sql in KEEPING_HELD for sql, _ in groups):
+        # after the releases and completions of the batch (queries.KEEPING_HELD)
+        groups.sort(key=lambda group: group[0] in KEEPING_HELD)
+    for sql, params in groups:
         if len(params) == 1:
             conn.execute(sql, params[0])
         elif sql in MANY_ROWS:

@@ -350,6 +350,15 @@ _DISCARD_FRAGMENTS = "DELETE FROM message_fragments WHERE conversation_handle = 
 _DROP_FRAGMENTS = (
     "DELETE FROM message_fragments WHERE conversation_handle = ? AND message_sequence_number = ?"
 )
+KEEPING_HELD = frozenset({_DISCARD_QUEUED, _SWEEP_FRAGMENTS, _ABANDON_PARTIAL, _ABANDON_FRAGMENTS})
+"""Deletes that keep the rows held (status 2), or partial (no body), and their fragments:
+the store runs them after every other UPDATE and DELETE of a batch
+(``batch_sql.apply_batch``). Run as the group of their kind's first appearance, they
+could come before the release (:func:`promote`) or the completion
+(:func:`complete_in_fragments`) of a row by an earlier job of the batch, and keep a
+message its conversation's END took (ready, in the file alone), or delete one that was
+complete. Never before a later job's release either: a conversation this side ended,
+or whose other side's Error abandoned what was partial, releases nothing more."""
 _REGROUP = "UPDATE queue_messages SET conversation_group_id = ? WHERE conversation_handle = ?"
 READ_HELD = (
     "SELECT conversation_handle, message_sequence_number, message_type, queue_name, "
