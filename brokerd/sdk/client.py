@@ -89,7 +89,7 @@ from brokerd.sdk.requests import (
     view_request,
 )
 from brokerd.sdk.tls import client_context
-from brokerd.sdk.transaction import Transaction
+from brokerd.sdk.transaction import Transaction, begin
 from brokerd.sdk.views import (
     BrokerConnection,
     ConversationEndpoint,
@@ -491,9 +491,9 @@ class BrokerClient:
         return typed(QuarantinedConversation, "quarantined", await self.view("quarantined"))
 
     async def begin_transaction(self) -> Transaction:
-        """BEGIN TRANSACTION; prefer ``async with client.transaction() as tx``."""
-        meta, _ = await self._call({"op": "begin_transaction"})
-        return Transaction(self._call, int(meta["transaction"]), self._keeper.generation)
+        """BEGIN TRANSACTION; prefer ``async with client.transaction() as tx``. Cancelled
+        once written, the transaction it began is rolled back (``transaction.begin``)."""
+        return await begin(self._submit, self._call, lambda: self._keeper.generation)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:

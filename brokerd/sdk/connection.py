@@ -461,6 +461,25 @@ def abandon(
         connection.submit(Request(meta, b"", withdrawn, only_here=True))
 
 
+def roll_back_unowned(request: Request, done: asyncio.Future[ClientFrame]) -> None:
+    """``done`` answers ``request``, a BEGIN TRANSACTION whose caller stopped waiting:
+    the transaction it began, which no one can end, is rolled back on its connection
+    (one that is gone took it along: the daemon rolls back a lost connection's)."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    frame = done.result()
+    connection = request.connection
+    tx_id = frame.meta.get("transaction")
+    if frame.kind is ClientFrameKind.ERROR or type(tx_id) is not int:
+        return
+    if connection is None or not connection.usable:
+        return
+    answer: asyncio.Future[ClientFrame] = done.get_loop().create_future()
+    answer.add_done_callback(_ignored)
+    meta = encode_meta({"op": "rollback", "transaction": tx_id})
+    connection.submit(Request(meta, b"", answer, only_here=True))
+
+
 def _ignored(done: asyncio.Future[ClientFrame]) -> None:
     """A ``withdraw``'s answer: the RECEIVE's own answer says what came of it."""
     if not done.cancelled():

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from brokerd.sdk.connection import Request, error_of, roll_back_unowned
 from brokerd.sdk.dialog import Handle
 from brokerd.sdk.messages import ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
@@ -28,7 +30,7 @@ from brokerd.sdk.requests import (
     send_request,
     timer_request,
 )
-from protocol.client_wire import ClientFrame
+from protocol.client_wire import ClientFrame, ClientFrameKind, encode_meta
 from protocol.errors import TransactionLost, TransactionRolledBack
 
 
@@ -217,3 +219,28 @@ class Transaction:
         meta, body = rollback_request(self.id, reason)
         with contextlib.suppress(TransactionLost):
             await self._call(meta, body, bound_to=self.connection)
+
+
+async def begin(
+    submit: Callable[[Request], None], call: Call, generation: Callable[[], int]
+) -> Transaction:
+    """BEGIN TRANSACTION: ``submit`` writes the request, ``call`` carries the new
+    transaction's, ``generation()`` names the connection it lives on.
+
+    Cancelled after it was written, the transaction it begins has no owner: it is rolled
+    back when the daemon's answer comes, so that it holds none of the connection's open
+    transactions (SPEC §6, at most 16); cancelled before, it is never written."""
+    future: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
+    request = Request(encode_meta({"op": "begin_transaction"}), b"", future)
+    submit(request)
+    try:
+        frame = await asyncio.shield(future)
+    except asyncio.CancelledError:
+        if request.connection is None:  # waiting for a connection: never written
+            future.cancel()
+        else:
+            future.add_done_callback(functools.partial(roll_back_unowned, request))
+        raise
+    if frame.kind is ClientFrameKind.ERROR:
+        raise error_of(frame)
+    return Transaction(call, int(frame.meta["transaction"]), generation())
