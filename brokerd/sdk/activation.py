@@ -299,10 +299,31 @@ class Activation:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), self.policy.retry_pause)
 
+    async def _begin(self) -> Transaction | None:
+        """BEGIN TRANSACTION, or None when ``stop`` is set first: with the daemon away the
+        begin waits for a connection (up to ``Reconnect.give_up_after``), and a stop does
+        not wait for it. A begin given up is rolled back if it was written
+        (``transaction.begin``)."""
+        beginning = asyncio.ensure_future(self.client.begin_transaction())
+        stopping = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait((beginning, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not beginning.done():
+                beginning.add_done_callback(_settled)
+                beginning.cancel()
+        if not beginning.done() or beginning.cancelled():
+            return None
+        return beginning.result()
+
     async def _batch(self) -> int:
         """One transaction: RECEIVE, the handler, COMMIT (or ROLLBACK if it raised).
-        Returns how many messages it received (0: the RECEIVE came back empty)."""
-        tx = await self.client.begin_transaction()
+        Returns how many messages it received (0: the RECEIVE came back empty, or
+        ``stop`` was set before the transaction began)."""
+        tx = await self._begin()
+        if tx is None:
+            return 0
         try:
             messages = await tx.receive(
                 self.queue, database=self.database, top=self.policy.top, timeout=self.policy.timeout
@@ -339,6 +360,12 @@ class Activation:
         self.handled += len(messages)
         self.batches += 1
         return len(messages)
+
+
+def _settled(beginning: asyncio.Future[Transaction]) -> None:
+    """A begin given up: whatever came of it is not anyone's error."""
+    if not beginning.cancelled():
+        beginning.exception()
 
 
 async def roll_back(tx: Transaction, failure: BaseException) -> None:

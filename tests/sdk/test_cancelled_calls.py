@@ -14,6 +14,8 @@ import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
+from brokerd.sdk.messages import ReceivedMessage
+from brokerd.sdk.transaction import Transaction
 from brokerd.server.daemon import Broker
 from tests.daemons import client_of, solo_broker
 
@@ -48,4 +50,27 @@ async def test_a_cancelled_begin_transaction_leaves_no_transaction_open(tmp_path
         held = [await client.begin_transaction() for _ in range(16)]
         for tx in held:
             await tx.rollback()
+        await client.close()
+
+
+async def test_serve_stops_at_once_while_its_daemon_is_away(tmp_path: Path) -> None:
+    """SPEC §6 (activation): setting ``stop`` ends ``serve`` promptly also while its
+    daemon is away, its readers waiting for a connection to begin their next batch (up to
+    ``Reconnect.give_up_after``, a minute by default)."""
+    async with solo_broker(tmp_path, HOSTS[1]) as broker:
+        client = await client_of(broker)
+
+        async def handler(tx: Transaction, messages: list[ReceivedMessage]) -> None:
+            pass
+
+        activation = client.serve("Q2", handler, timeout=0.1)
+        serving = asyncio.ensure_future(activation.run())
+        await _until(lambda: _open_transactions(broker) == 1)  # a reader's RECEIVE waits
+    await _until(lambda: not client.connected)  # the daemon stopped gracefully
+    await asyncio.sleep(0.3)  # its readers wait for a connection
+    assert not serving.done()
+    activation.stop.set()
+    try:
+        assert await asyncio.wait_for(serving, 3) == 0
+    finally:
         await client.close()
