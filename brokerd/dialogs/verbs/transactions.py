@@ -289,7 +289,10 @@ class Transaction:
             for lease in leases:
                 self.receiving.release(lease, received=False)
             raise TransactionError(f"transaction {self.id} is {self.state.value}")
-        self.leases.extend(leases)
+        for lease in leases:
+            if not lease.items:  # a group the reply's limit left out: not returned, not held
+                self.receiving.release(lease, received=False)
+        self.leases.extend(lease for lease in leases if lease.items)
         types = self.message_types
         for row in rows:
             types[row["conversation_handle"], row["message_sequence_number"]] = row[
