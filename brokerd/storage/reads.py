@@ -126,6 +126,19 @@ def read_held_for(conn: sqlite3.Connection, queues: Sequence[str]) -> list[Any]:
     return conn.execute(f"{_READ_HELD_FOR}({marks}) ORDER BY rowid", list(queues)).fetchall()
 
 
+def read_held_page(
+    conn: sqlite3.Connection, queues: Sequence[str], handle: str, seq: int, limit: int
+) -> list[Any]:
+    """Up to ``limit`` ready messages of ``queues`` (queues that are off, R-DLG-12) after
+    (``handle``, ``seq``), in the primary key's order: a page of them, never all."""
+    marks = ",".join("?" * len(queues))
+    sql = (
+        f"{_READ_HELD_FOR}({marks}) AND (conversation_handle, message_sequence_number) > (?, ?) "
+        "ORDER BY conversation_handle, message_sequence_number LIMIT ?"
+    )
+    return conn.execute(sql, [*queues, handle, seq, limit]).fetchall()
+
+
 Budget = Callable[[list[dict[str, Any]]], int]
 """How many leading RECEIVE rows the caller can hand on (at least one of a non-empty list).
 A body kept in a segment file or in its fragments is, while the budget looks at it, only

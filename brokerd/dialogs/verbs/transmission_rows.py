@@ -25,6 +25,7 @@ from brokerd.dialogs.verbs.paging import PageRequest, int_part, parse_cursor
 from brokerd.storage import reads
 
 Rows = list[dict[str, Any]]
+_BEFORE_ANY = -(1 << 63)
 
 
 async def transmission_queue(
@@ -34,7 +35,7 @@ async def transmission_queue(
     acknowledged, then what it received for a queue that is off and holds until the
     queue is turned on. With ``request``, a superset of its page: the rows after its
     cursor of the endpoints in key order (database, handle) until more than a page is
-    gathered, and the held rows; without, every row."""
+    gathered, and as many held rows after it; without, every row."""
     if request is None:
         rows: Rows = []
         for db in databases:
@@ -61,7 +62,7 @@ async def transmission_queue(
         rows += await _rows_of(db, ep, beyond, wanted - len(rows))
         if len(rows) >= wanted:
             break
-    return rows + await _held(databases)
+    return rows + await _held_page(databases, after_db, after_handle, after_seq, wanted)
 
 
 async def _rows_of(db: Database, ep: Endpoint, beyond: int, most: int | None) -> Rows:
@@ -106,6 +107,29 @@ async def _held(databases: Sequence[Database]) -> Rows:
         if off:
             held = await db.store.run(functools.partial(reads.read_held_for, queues=off))
             rows += views.held_for_disabled_queues(db, held)
+    return rows
+
+
+async def _held_page(
+    databases: Sequence[Database], after_db: str, after_handle: str, after_seq: int, wanted: int
+) -> Rows:
+    """The first ``wanted`` rows, in key order (database, handle, sequence number), of the
+    messages held for queues that are off after the cursor (``after_db``, ...): a page
+    reads what it may show, not every message held (a queue off may hold a million)."""
+    rows: Rows = []
+    for db in sorted(databases, key=lambda d: d.name):
+        if db.name < after_db or len(rows) >= wanted:
+            continue
+        off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
+        if not off:
+            continue
+        handle, seq = (after_handle, after_seq) if db.name == after_db else ("", _BEFORE_ANY)
+        held = await db.store.run(
+            functools.partial(
+                reads.read_held_page, queues=off, handle=handle, seq=seq, limit=wanted - len(rows)
+            )
+        )
+        rows += views.held_for_disabled_queues(db, held)
     return rows
 
 
