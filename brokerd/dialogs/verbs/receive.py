@@ -121,6 +121,8 @@ class ReceiveVerbs:
 
         def take() -> list[Lease] | None:
             _enabled(db, queue, info)  # turned off while this RECEIVE waited
+            if handle is not None:
+                _not_quarantined(db, handle)  # quarantined while this RECEIVE waited
             return _leases(db, queue, info, index, top, handle, group, groups, owned) or None
 
         leases = await self._first(index, timeout, take, withdrawal)
@@ -241,11 +243,7 @@ class ReceiveVerbs:
         _enabled(db, queue, info)
         if handle is not None:
             group = self.directory.endpoint(handle)[1].group_id
-            if handle in db.poison.quarantined:
-                raise ConversationQuarantined(
-                    f"conversation {handle} is quarantined: one of its messages was rolled "
-                    "back too often (SPEC §6); release it or end it with an error"
-                )
+            _not_quarantined(db, handle)
         return db, info, db.ready[queue], group
 
     async def read_leased(
@@ -488,6 +486,17 @@ def _leases(
         Lease(db, queue, index, gid, items, info.retention, gid not in owned, image=db.image)
         for gid, items in taken
     ]
+
+
+def _not_quarantined(db: Database, handle: uuid.UUID) -> None:
+    """SPEC §6: a RECEIVE naming a quarantined conversation fails rather than wait for
+    messages that cannot come, when it starts and each time one that waits looks again
+    (the rollback that quarantines it puts messages back, which wakes the waiters)."""
+    if handle in db.poison.quarantined:
+        raise ConversationQuarantined(
+            f"conversation {handle} is quarantined: one of its messages was rolled "
+            "back too often (SPEC §6); release it or end it with an error"
+        )
 
 
 def _enabled(db: Database, queue: str, info: QueueInfo) -> None:
