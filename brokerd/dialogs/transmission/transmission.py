@@ -380,7 +380,10 @@ class Transmission:
         """``ep``'s image is dropped (its database is no longer principal here): its
         messages' bodies' bytes and their places in their links' send windows are freed.
         Nothing is sent now (the database is fenced): what waits for those windows goes
-        with their next acknowledgement.
+        once the image is dropped (:meth:`_resume`, in a later turn of the loop). Not
+        with their next acknowledgement only: a window whose places were all this
+        image's has none coming, and what waits there (the rebuilt image's messages
+        too, queued behind the dropped ones) would wait until the connection closed.
 
         Nor is it acknowledged any more (R-DLG-5, R-ROUTE-16): what it says it holds may
         be what this partner committed alone and its mirror never confirmed (a principal
@@ -547,7 +550,8 @@ class Transmission:
     def release(self, msg: OutMessage, send_waiting: bool = True) -> None:
         """``msg`` left the transmission queue (acknowledged, or dropped by an ending): its
         body's memory and its place in its link's send window are freed, and what waits
-        for that window goes if it now has room (unless not ``send_waiting``)."""
+        for that window goes if it now has room: at once, or in a later turn of the loop if
+        not ``send_waiting``."""
         self.bodies.release(msg)
         if msg.paged:
             self._paged_left(msg)
@@ -555,11 +559,15 @@ class Transmission:
 
     def _leave_window(self, msg: OutMessage, send_waiting: bool = True) -> None:
         """``msg`` leaves the send window that counts it (R-DLG-13); what waits for that
-        window goes if it now has room (unless not ``send_waiting``)."""
+        window goes if it now has room: at once, or in a later turn of the loop if not
+        ``send_waiting`` (:meth:`_resume`)."""
         if msg.window:
             window = self._windows.get(msg.window)
             if window is not None and not send_waiting:
                 window.uncount(msg)
+                if not window.resuming:
+                    window.resuming = True
+                    self.loop.call_soon(self._resume, window)
             elif window is not None:
                 window.release(msg)
                 if window.blocked and not window.resuming:
@@ -568,8 +576,10 @@ class Transmission:
             msg.window = ""
 
     def _resume(self, window: SendWindow) -> None:
-        """Endpoints that stopped at a full window offer their due messages again."""
+        """What waits for a window that has room again goes, in order, then the endpoints
+        that stopped at it offer their due messages again."""
         window.resuming = False
+        window.feed()
         for ep in window.unblocked():
             self.transmit(ep)
 

@@ -152,7 +152,8 @@ class SendWindow:
 
     def uncount(self, msg: OutMessage) -> None:
         """``msg`` leaves the window, and nothing is sent now (its image was forgotten:
-        the next :meth:`release` sends what waits)."""
+        the caller has the window fed (:meth:`feed`) in a later turn of the loop: no
+        acknowledgement may be coming to do it)."""
         if msg.window:
             msg.window = ""
             self.count -= 1
