@@ -191,7 +191,8 @@ def test_a_backlog_never_starves_an_endpoint_blocked_by_a_new_send() -> None:
 def test_a_forgotten_message_leaves_the_count_without_sending_what_waits() -> None:
     """A database that stops being principal forgets its image (R-ROUTE-16): its
     messages in flight leave their window's count, so the link's other databases keep
-    their whole window, but nothing waiting is sent until the next acknowledgement."""
+    their whole window; nothing waiting is sent by the window then (the transmission
+    feeds it in a later turn of the loop)."""
     window = SendWindow()
     ep, other = endpoint(), endpoint()
     sent: list[int] = []
@@ -205,3 +206,27 @@ def test_a_forgotten_message_leaves_the_count_without_sending_what_waits() -> No
     assert window.count == 0 and window.bytes == 0 and -1 not in sent
     window.release(forgotten[0])  # not counted any more: counted once only
     assert window.count == 1 and sent[-1] == -1
+
+
+def test_a_message_counted_by_a_lost_connection_s_window_is_counted_by_the_next() -> None:
+    """R-DLG-13: a connection lost drops its link's window, and the next connection has a
+    new one, empty. A message the old one counted and whose mark was not cleared (its
+    body was being read back when the connection was lost: no fragment of its endpoint
+    was queued on the link yet, so the link's lost connection did not name the endpoint)
+    is sent again on the new connection: the new window counts it, and its
+    acknowledgement frees exactly that place. Taken for a retransmission already
+    counted, it was sent uncounted and its acknowledgement took the count below zero:
+    the link's window grew by one at each such loss."""
+    ep = endpoint()
+    sent: list[int] = []
+    lost = SendWindow()
+    msg = message(ep, 1)
+    lost.offer(ep, msg, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    assert lost.count == 1
+    new = SendWindow()  # the next connection's
+    new.offer(ep, msg, LINK, lambda _e, m, _l: sent.append(m.seq))  # type: ignore[arg-type]
+    assert sent == [1, 1]
+    assert new.count == 1 and new.bytes == msg.length
+    del ep.outbox[1]
+    new.release(msg)
+    assert new.count == 0 and new.bytes == 0

@@ -69,8 +69,10 @@ class OutMessage:
     read_ahead: bool = False
     """Its body came with its page of a backlog and waits for a link to take it
     (:meth:`~brokerd.dialogs.transmission.bodies.Bodies.prefetched`)."""
-    window: str = ""
-    """The link whose send window counts it (handed over, not yet acknowledged)."""
+    window: object | None = None
+    """The send window that counts it (handed over, not yet acknowledged): the window
+    itself, not its link's name, since a link's next connection has a window of its own
+    (:class:`~brokerd.dialogs.transmission.window.SendWindow`)."""
     unanswered: int = 0
     """Retransmissions since its link last acknowledged anything (``answer_epoch``)."""
     answer_epoch: int = 0

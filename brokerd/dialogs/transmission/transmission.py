@@ -286,7 +286,7 @@ class Transmission:
                         # wake-up covers a link that had no connection to close.
                         self.schedule(ep, now + self.retry.initial)
                         return
-                    if msg.window != link.name:
+                    if msg.window is not self._windows[link.name]:
                         # The window is full: this message waits in it, and the
                         # endpoint's other due messages are offered when it has room
                         # again, so a backlog costs the window one entry per endpoint,
@@ -533,14 +533,16 @@ class Transmission:
         msg.due = math.inf  # until the link writes it (build_fragment)
         msg.sent_via = link.name
         msg.retry_wait = wait
-        if msg.window and msg.window != link.name:
-            # Its route moved to another link while the one it went to stays open: it
-            # leaves that link's window now (its acknowledgement will release it from
-            # the window of the link it goes to), or that window would count it for ever.
-            self._leave_window(msg)
         window = self._windows.get(link.name)
         if window is None:
             window = self._windows[link.name] = self._new_window()
+        if msg.window is not None and msg.window is not window:
+            # Its route moved to another link while the one it went to stays open: it
+            # leaves that link's window now (its acknowledgement will release it from
+            # the window of the link it goes to), or that window would count it for ever.
+            # Or the connection that counted it was lost (its window with it): the new
+            # connection's window counts it, as any message handed over.
+            self._leave_window(msg)
         window.offer(ep, msg, link, self._hand_over_fn)
         return True
 
@@ -561,19 +563,19 @@ class Transmission:
         """``msg`` leaves the send window that counts it (R-DLG-13); what waits for that
         window goes if it now has room: at once, or in a later turn of the loop if not
         ``send_waiting`` (:meth:`_resume`)."""
-        if msg.window:
-            window = self._windows.get(msg.window)
-            if window is not None and not send_waiting:
+        window = msg.window
+        if isinstance(window, SendWindow):
+            if not send_waiting:
                 window.uncount(msg)
                 if not window.resuming:
                     window.resuming = True
                     self.loop.call_soon(self._resume, window)
-            elif window is not None:
+            else:
                 window.release(msg)
                 if window.blocked and not window.resuming:
                     window.resuming = True
                     self.loop.call_soon(self._resume, window)
-            msg.window = ""
+        msg.window = None
 
     def _resume(self, window: SendWindow) -> None:
         """What waits for a window that has room again goes, in order, then the endpoints
@@ -666,8 +668,8 @@ class Transmission:
         for ep in endpoints:
             lost = False
             for msg in ep.outbox.values():
-                if msg.window == name:
-                    msg.window = ""  # the window starts empty on the next connection
+                if window is not None and msg.window is window:
+                    msg.window = None  # the window starts empty on the next connection
                 if msg.sent_via == name:
                     msg.sent_via = ""
                     msg.due = 0.0

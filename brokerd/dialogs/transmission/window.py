@@ -91,7 +91,7 @@ class SendWindow:
     def offer(self, ep: Endpoint, msg: OutMessage, link: Link, send: Send) -> bool:
         """Send ``msg`` now if the window has room (or it is already counted in it, as a
         retransmission is), otherwise when acknowledgements make room (False)."""
-        if msg.window == link.name:
+        if msg.window is self:
             send(ep, msg, link)
         elif not self.waiting and self._room(msg):
             self._count(msg, link)
@@ -154,8 +154,8 @@ class SendWindow:
         """``msg`` leaves the window, and nothing is sent now (its image was forgotten:
         the caller has the window fed (:meth:`feed`) in a later turn of the loop: no
         acknowledgement may be coming to do it)."""
-        if msg.window:
-            msg.window = ""
+        if msg.window is self:
+            msg.window = None
             self.count -= 1
             self.bytes -= msg.length
 
@@ -190,6 +190,6 @@ class SendWindow:
         return self.count < self._bound(msg.paged) and self.bytes + msg.length <= self.max_bytes
 
     def _count(self, msg: OutMessage, link: Link) -> None:
-        msg.window = link.name
+        msg.window = self
         self.count += 1
         self.bytes += msg.length
