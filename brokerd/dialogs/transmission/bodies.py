@@ -172,10 +172,14 @@ class Bodies:
 
     async def _feed(self) -> None:
         """Hand over waiting messages in order, reading back the bodies not in memory, as
-        long as there is room; one read per endpoint's run of messages."""
+        long as there is room; one read per endpoint's run of messages. A read that fails
+        leaves its messages to be sent again later, with every message still waiting: one
+        of the failed read itself, left out, was never due again (its window kept counting
+        it) while its connection stayed up."""
+        batch: list[tuple[Endpoint, OutMessage, Link, Queue]] = []
         try:
             while self._waiting:
-                batch: list[tuple[Endpoint, OutMessage, Link, Queue]] = []
+                batch = []
                 while self._waiting:
                     item = self._waiting[0]
                     msg = item[1]
@@ -189,7 +193,8 @@ class Bodies:
                 if not batch:
                     return  # no room: written or acknowledged bodies pump again
                 await self._load(batch)
-                for ep, msg, link, queue in batch:
+                loaded, batch = batch, []
+                for ep, msg, link, queue in loaded:
                     ep.bodies_waiting -= 1
                     if msg.seq not in ep.outbox or msg.body is None:
                         self.release(msg)  # acknowledged or dropped meanwhile
@@ -199,9 +204,13 @@ class Bodies:
                         self._failed(ep, msg)
                         continue
                     queue(ep, msg, link)
-        except Exception:  # a read that fails: the messages are sent again later
-            log.exception("cannot read message bodies back from the database")
-            for ep, msg, _, _ in self._drain():
+        except Exception as exc:  # a read that fails: the messages are sent again later
+            log.error(
+                "cannot read message bodies back from the database: %s; the messages are "
+                "sent again later",
+                exc,
+            )
+            for ep, msg, _, _ in [*batch, *self._drain()]:
                 ep.bodies_waiting -= 1
                 self.written(msg)
                 self._failed(ep, msg)
