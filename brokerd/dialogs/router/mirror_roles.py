@@ -314,6 +314,20 @@ class MirrorRoles:
         if role not in ("principal", "mirror"):
             raise InvalidRequest(f"mirror role must be principal or mirror, not {role!r}")
         promotion = role == "principal" and db.mirror_role != "principal"
+        if role == "principal" and not promotion:
+            # Already principal: role and epoch are unchanged, stored in the background. A
+            # restarted principal in doubt holds its commits (R-ROUTE-16), and a write
+            # waited for here would be held behind them: the doubt this call ends.
+            self._persist_role(db)
+            log.info(
+                "database %s stays the principal partner at epoch %d", db.name, db.mirror_epoch
+            )
+            if db.mirror_in_doubt and self.mirroring is not None:
+                # the administrator vouches for this partner (a forced service); resumes it
+                self.mirroring.resolved(db, "the administrator confirmed it as principal")
+            else:
+                self.engine.resume(db)
+            return
         if self.mirroring is not None:
             if promotion:
                 await self.mirroring.promoting(db)
@@ -355,11 +369,7 @@ class MirrorRoles:
         db.mirror_epoch = max(db.mirror_epoch, epoch)
         log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)
         if role == "principal":
-            if db.mirror_in_doubt and self.mirroring is not None:
-                # the administrator vouches for this partner (a forced service); resumes it
-                self.mirroring.resolved(db, "the administrator confirmed it as principal")
-            else:
-                self.engine.resume(db)
+            self.engine.resume(db)  # a promotion: the doubt, if any, ended in ``promoting``
         else:
             self.state.forget_decisions()
 
