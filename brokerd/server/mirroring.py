@@ -115,6 +115,9 @@ class Partner:
         """The connection whose ATTACH waits for that name."""
         self.copying = False
         self.confirmed = 0
+        self.shipped = 0
+        """The highest LSN the attached mirror holds or was sent on its session: it cannot
+        confirm more."""
         self.ring: deque[tuple[Unit, bytes]] = deque()
         self.ring_bytes = 0
         self.base = (0, 0)
@@ -264,6 +267,7 @@ class Partner:
         size = mirroring.chunk_size(protocol.conn.peer_max_frame_size)
         for chunk in mirroring.split(kind, self.instance, lsn, epoch, data, size):
             protocol.send_control(events.Mirror(mirroring.encode(chunk)))
+        self.shipped = max(self.shipped, lsn)
         if kind is Kind.UNIT:
             self.stats["units_shipped"] += 1
 
@@ -335,6 +339,8 @@ class Partner:
         if db.mirror_role != "principal":
             self._refuse(protocol, f"{db.fenced_reason()}")
             return
+        if self.session is not protocol:
+            self.shipped = 0  # nothing was sent on this session yet
         if self.session is not None and self.session is not protocol:
             self.session.pinned = False
             self.session.drop("another mirror attached for the database")
@@ -349,6 +355,7 @@ class Partner:
             and (message.lsn >= self.base[0])
         ):
             self.confirmed = message.lsn
+            self.shipped = max(self.shipped, message.lsn)
             log.info(
                 "database %s: mirror %s attached at LSN %d (principal at %d)",
                 db.name,
@@ -399,6 +406,15 @@ class Partner:
 
     def on_confirm(self, protocol: BrokerProtocol, message: Confirm) -> None:
         if protocol is not self.session:
+            return
+        if message.lsn > self.shipped:
+            # A confused (or hostile) mirror: it cannot hold a unit it was never sent, and
+            # believing it would release commits no mirror holds (R-ROUTE-16).
+            protocol.drop(
+                f"database {self.db.name}: the mirror confirmed LSN {message.lsn}, but only "
+                f"LSN {self.shipped} was sent to it"
+            )
+            self.lost(protocol)
             return
         if message.lsn > self.confirmed:
             self.confirmed = message.lsn
