@@ -6,7 +6,7 @@ the receiver can rebuild the message from fragments arriving in any order, with
 duplicates, and a lost fragment can be resent alone.
 
 The :class:`Reassembler` keeps partial messages in memory within explicit
-bounds (largest message, bytes held, messages held); a fragment that would break
+bounds (largest message, bytes held, fragments held, messages held); a fragment that would break
 a bound is refused with :class:`ReassemblyFull` (retriable: do not acknowledge
 it, the sender will retransmit) and one that cannot belong to the message with
 :class:`ReassemblyError`. The daemon persists partial messages with status 2
@@ -21,6 +21,11 @@ from dataclasses import dataclass, field
 from protocol.errors import LocalProtocolError, ReassemblyError, ReassemblyFull
 
 DEFAULT_FRAGMENT_SIZE = 64 * 1024
+DEFAULT_MAX_HELD_FRAGMENTS = 65_536
+"""Fragments a :class:`Reassembler` holds at most, all messages together. Each costs
+about 200 bytes of bookkeeping besides its data, so a peer cutting messages into
+fragments of a byte or two would otherwise make the memory held a hundred times
+``max_held_bytes``; at the default fragment size this bound is 4 GiB of data."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +109,14 @@ class Reassembler:
         max_message_size: int = 100 * 1024 * 1024,
         max_held_bytes: int = 256 * 1024 * 1024,
         max_held_messages: int = 10_000,
+        max_held_fragments: int = DEFAULT_MAX_HELD_FRAGMENTS,
     ) -> None:
         self.max_message_size = max_message_size
         self.max_held_bytes = max_held_bytes
         self.max_held_messages = max_held_messages
+        self.max_held_fragments = max_held_fragments
         self.held_bytes = 0
+        self.held_fragments = 0
         self._partials: dict[Hashable, _Partial] = {}
 
     @property
@@ -155,12 +163,18 @@ class Reassembler:
             raise ReassemblyFull(
                 f"holding {self.held_bytes} bytes of partial messages; limit {self.max_held_bytes}"
             )
+        if self.held_fragments >= self.max_held_fragments:
+            raise ReassemblyFull(
+                f"holding {self.held_fragments} fragments of partial messages; "
+                f"limit {self.max_held_fragments}"
+            )
         if partial is None:
             partial = _Partial(count, length)
             self._partials[key] = partial
         partial.pieces[index] = (offset, data)
         partial.held += len(data)
         self.held_bytes += len(data)
+        self.held_fragments += 1
         if len(partial.pieces) < count:
             return None
         return self._complete(key, partial)
@@ -188,3 +202,4 @@ class Reassembler:
         partial = self._partials.pop(key, None)
         if partial is not None:
             self.held_bytes -= partial.held
+            self.held_fragments -= len(partial.pieces)

@@ -11,6 +11,7 @@ not acknowledged, R-DLG-5, so the sender retransmits it, R-DLG-6).
 from __future__ import annotations
 
 import random
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -464,3 +465,26 @@ def test_a_fragment_beside_its_cut_is_named(
     """R-DLG-7: a fragment of a 1000-byte message that no cut at one size makes (joined
     with the others by index, it would not make the message) is named, with why."""
     assert extent_problem(index, count, offset, length, 1000)
+
+
+def test_fragments_of_a_byte_or_two_cannot_hold_memory_beyond_the_bounds() -> None:
+    """R-DLG-7: a message cut into tiny fragments (every cut of one size is valid, down
+    to a byte) is held within a bound on the fragments as well as on their bytes: each
+    fragment costs about 200 bytes of bookkeeping besides its data, so the bytes bound
+    alone would let a peer make the memory held a hundred times ``max_held_bytes``."""
+    r = Reassembler(max_held_bytes=1024 * 1024)
+    length = 2 * 200_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(ReassemblyFull, match="fragments") as info:
+            for index in range(200_000):
+                r.add("tiny", index, 200_000, 2 * index, length, b"ab")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.retriable is True
+    assert r.held_fragments == len(r.received("tiny")) == r.max_held_fragments
+    assert peak < r.max_held_bytes + 256 * r.max_held_fragments
+    # Nothing of the refused fragment was kept, and a discard gives every slot back.
+    r.discard("tiny")
+    assert (r.held_bytes, r.held_fragments, r.held_messages) == (0, 0, 0)
