@@ -9,8 +9,10 @@ The :class:`Reassembler` keeps partial messages in memory within explicit
 bounds (largest message, bytes held, fragments held, messages held); a fragment that would break
 a bound is refused with :class:`ReassemblyFull` (retriable: do not acknowledge
 it, the sender will retransmit) and one that cannot belong to the message with
-:class:`ReassemblyError`. The daemon persists partial messages with status 2
-(R-OBJ-3); this class is the pure bookkeeping both paths share.
+:class:`ReassemblyError`. The daemon does not hold partial messages in memory: it
+stores each fragment with its message's row in status 2 (R-OBJ-3), takes only a
+fragment of one cut of its message (:func:`extent_problem`) and counts what it holds in
+:class:`~protocol.acks.AckState`.
 """
 
 from __future__ import annotations
