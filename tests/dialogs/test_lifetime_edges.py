@@ -3,8 +3,8 @@
 database file is slow or failing.
 
 Real daemons of one database (``//solo/S1`` and ``//solo/S2``): in this process
-(``Broker``, as ``brokerd run`` builds it) on 127.0.0.184 and 127.0.0.186, so that the
-test can look at the endpoints in memory; in a process of its own on 127.0.0.185.
+(``Broker``, as ``brokerd run`` builds it) on 127.0.0.184, 127.0.0.186 and 127.0.31.1, so
+that the test can look at the endpoints in memory; in a process of its own on 127.0.0.185.
 """
 
 from __future__ import annotations
@@ -194,3 +194,39 @@ async def test_a_timer_set_as_the_old_one_fires_survives_a_restart(tmp_path: Pat
     async with in_process(daemon.config_path) as broker:
         restarted = broker.databases["Solo"].endpoints[handle]
         assert restarted.timer_due > time.time() + 500
+
+
+HOST_4 = "127.0.31.1"
+
+
+def _queued_rows(path: Path, handle: uuid.UUID) -> int:
+    with sqlite3.connect(path) as conn:
+        (count,) = conn.execute(
+            "SELECT COUNT(*) FROM queue_messages WHERE conversation_handle = ?", (str(handle),)
+        ).fetchone()
+    return int(count)
+
+
+async def test_a_timer_fired_as_its_conversation_ends_is_not_ready(tmp_path: Path) -> None:
+    """SPEC §6, R-DLG-10, R-DLG-11: a DialogTimer whose commit joins that of a local END
+    CONVERSATION (one group commit of a busy file) is removed by the END's; it is not
+    listed ready in memory either, where the file has none."""
+    daemon = Deployment(tmp_path).add("solo", HOST_4, SOLO_DATABASE)
+    async with in_process(daemon.config_path) as broker:
+        client = await client_of(broker)
+        try:
+            db = broker.databases["Solo"]
+            handle = (await client.begin_dialog("//solo/S1", "//solo/S2")).handle
+            await client.begin_conversation_timer(handle, 0.3)
+            stall = asyncio.ensure_future(db.store.run(lambda _: time.sleep(1.0)))
+            ep = db.endpoints[handle]
+            await _until(lambda: ep.timer_due == 0.0)  # fired: its DialogTimer commits next
+            await client.end_conversation(handle)  # the END, in the same commit
+            await stall
+            assert _queued_rows(db.store.path, handle) == 0
+            index = db.ready["Q1"]
+            listed = [item for items in index.groups.values() for item in items]
+            assert [item for item in listed if item[0] == handle] == []
+            assert index.count == len(listed) == 0
+        finally:
+            await client.close()

@@ -183,7 +183,8 @@ class Delivery:
             index.error_coming(coming)
 
         def committed() -> None:
-            if index is not None:
+            # an END committed with it or before removed its row again (SPEC §6, R-DLG-10)
+            if index is not None and ep.state in DELIVERING:
                 index.add(ep.group_id, ep.handle, seq, rank_of(message_type))
             if coming is not None:
                 assert index is not None
