@@ -244,8 +244,11 @@ class BodyFiles:
 
     @property
     def dirty(self) -> bool:
-        """Bodies were written since the last :meth:`sync`."""
-        return bool(self._unsynced) or any(t.offset > t.synced for t in (self._new, self._kept))
+        """Bodies were written since the last :meth:`sync` (a segment left, :meth:`_leave`,
+        has nothing more to sync: what a failed sync wrote to it is given up)."""
+        return bool(self._unsynced) or any(
+            t.open and t.offset > t.synced for t in (self._new, self._kept)
+        )
 
     def sync(self) -> None:
         """Make every body written so far durable, and the names of new segments. A sync

@@ -304,6 +304,41 @@ def test_a_segment_is_closed_for_appends_when_full(tmp_path: Path) -> None:
     conn.close()
 
 
+def test_a_segment_left_by_a_failed_sync_has_nothing_left_to_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment left after a failed ``fdatasync`` is closed: nothing of it waits for a
+    sync any more, so the files are not dirty (what ``collect`` waits for before it
+    closes an unreferenced segment still appended to) until the next body is stored."""
+    conn = sqlite3.connect(tmp_path / "t.sqlite")
+    conn.execute(schema.CREATE_META)
+    for step in schema.MIGRATIONS:
+        conn.executescript(step.script)
+    files = BodyFiles(tmp_path / "t.sqlite-bodies")
+    files.open(conn)
+    files.store(LARGE)
+    files.sync()
+    files.store(LARGE)
+    assert files.dirty
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(OSError):
+        files.sync()
+    monkeypatch.undo()
+    files.discard()  # the transaction rolled back
+    assert not files.dirty
+    at = files.store(LARGE)
+    assert files.dirty
+    assert body_files.split(at) == (2, 0)  # never after the bytes of the left segment
+    files.sync()
+    assert not files.dirty
+    files.close()
+    conn.close()
+
+
 async def _commit(store: Store, statements: list[schema.Statement]) -> None:
     """``statements`` through the group commit (where bodies go to segments)."""
     future = store.submit(statements, wait=True)
