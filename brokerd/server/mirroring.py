@@ -113,7 +113,10 @@ class Partner:
         authenticated it: only that broker may attach as mirror."""
         self.verifying: BrokerProtocol | None = None
         """The connection whose ATTACH waits for that name."""
-        self.copying = False
+        self.copying: BrokerProtocol | None = None
+        """The session a copy of the file is being taken for: units wait to follow the copy
+        on it. A copy belongs to its session; one displaced or lost leaves the next session
+        its units."""
         self.confirmed = 0
         self.shipped = 0
         """The highest LSN the attached mirror holds or was sent on its session: it cannot
@@ -238,7 +241,7 @@ class Partner:
             data = mirroring.encode_statements(unit.statements)
             self.ring.append((unit, data))
             self.ring_bytes += len(data)
-            if self.session is not None and not self.copying:
+            if self.session is not None and self.copying is not self.session:
                 self._ship(self.session, unit.lsn, unit.epoch, data)
         self._trim()
         if self.closing:
@@ -256,7 +259,7 @@ class Partner:
         self.stats["batches_held"] += 1
 
     def _trim(self) -> None:
-        while self.ring and self.ring_bytes > CATCH_UP_BYTES and not self.copying:
+        while self.ring and self.ring_bytes > CATCH_UP_BYTES and self.copying is None:
             unit, data = self.ring.popleft()
             self.ring_bytes -= len(data)
             self.base = (unit.lsn, unit.epoch)
@@ -342,6 +345,8 @@ class Partner:
         if self.session is not protocol:
             self.shipped = 0  # nothing was sent on this session yet
         if self.session is not None and self.session is not protocol:
+            if self.copying is self.session:
+                self.copying = None  # that copy is its session's: no longer awaited
             self.session.pinned = False
             self.session.drop("another mirror attached for the database")
         self.session = protocol
@@ -381,7 +386,7 @@ class Partner:
         # copy and confirmed: its own LSN (a diverged history, possibly ahead) must not
         # release a single commit, or a failover would lose what it released.
         self.confirmed = 0
-        self.copying = True
+        self.copying = protocol
         self.owner.spawn(self._copy(protocol))
 
     async def _copy(self, protocol: BrokerProtocol) -> None:
@@ -389,20 +394,26 @@ class Partner:
             data, lsn, epoch = await self.db.store.snapshot()
         except StoreError as exc:
             log.error("database %s: cannot copy the file for the mirror: %s", self.db.name, exc)
-            self.copying = False
+            self._copied(protocol)
             protocol.drop(f"copy for the mirror failed: {exc}")
             return
         if self.session is not protocol or protocol.closed:
-            self.copying = False
+            self._copied(protocol)
             return
         self._ship(protocol, lsn, epoch, data, Kind.SNAPSHOT)
         self.stats["snapshots_sent"] += 1
-        self.copying = False
+        self._copied(protocol)
         self.progress = time.monotonic()  # the mirror has a whole file to install first
         for unit, unit_data in self.ring:
             if unit.lsn > lsn:
                 self._ship(protocol, unit.lsn, unit.epoch, unit_data)
         self._trim()
+
+    def _copied(self, protocol: BrokerProtocol) -> None:
+        """The copy taken for ``protocol`` is over (sent, failed or no longer wanted): a
+        copy since started for another session is not."""
+        if self.copying is protocol:
+            self.copying = None
 
     def on_confirm(self, protocol: BrokerProtocol, message: Confirm) -> None:
         if protocol is not self.session:
@@ -436,7 +447,7 @@ class Partner:
                 "commits wait for it (stall)" if self.stall else "running exposed",
             )
             self.session = None
-            self.copying = False
+            self._copied(protocol)
             if not self.stall and not self.db.mirror_in_doubt:
                 self._release_all()
         if protocol is self.attached_on:
@@ -752,7 +763,7 @@ class Mirroring:
         partner.fail_held(NO_LONGER_PRINCIPAL)
         partner.ring.clear()
         partner.ring_bytes = 0
-        partner.copying = False
+        partner.copying = None
         db.mirror_in_doubt = False  # superseded: its tail is discarded by the copy it installs
 
     def resolved(self, db: Database, reason: str) -> None:
