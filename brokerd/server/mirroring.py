@@ -85,6 +85,17 @@ DIVERGED = 2**64 - 1
 """An ATTACH ``lsn_epoch`` that matches no unit: asks for a copy of the file."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A committed unit kept for a mirror that returns: its encoded statements only (the
+    statements themselves, message bodies included, would double what the ring holds
+    beyond what :data:`CATCH_UP_BYTES` counts)."""
+
+    lsn: int
+    epoch: int
+    data: bytes
+
+
 @dataclass(slots=True)
 class _Held:
     release_lsn: int
@@ -121,7 +132,7 @@ class Partner:
         self.shipped = 0
         """The highest LSN the attached mirror holds or was sent on its session: it cannot
         confirm more."""
-        self.ring: deque[tuple[Unit, bytes]] = deque()
+        self.ring: deque[_Kept] = deque()
         self.ring_bytes = 0
         self.base = (0, 0)
         """(LSN, epoch) of the unit just before the ring's first (or the file's last)."""
@@ -239,7 +250,7 @@ class Partner:
             return
         for unit in units:
             data = mirroring.encode_statements(unit.statements)
-            self.ring.append((unit, data))
+            self.ring.append(_Kept(unit.lsn, unit.epoch, data))
             self.ring_bytes += len(data)
             if self.session is not None and self.copying is not self.session:
                 self._ship(self.session, unit.lsn, unit.epoch, data)
@@ -260,9 +271,9 @@ class Partner:
 
     def _trim(self) -> None:
         while self.ring and self.ring_bytes > CATCH_UP_BYTES and self.copying is None:
-            unit, data = self.ring.popleft()
-            self.ring_bytes -= len(data)
-            self.base = (unit.lsn, unit.epoch)
+            kept = self.ring.popleft()
+            self.ring_bytes -= len(kept.data)
+            self.base = (kept.lsn, kept.epoch)
 
     def _ship(
         self, protocol: BrokerProtocol, lsn: int, epoch: int, data: bytes, kind: Kind = Kind.UNIT
@@ -278,7 +289,7 @@ class Partner:
         """Whether the principal's history holds unit ``lsn`` written at ``epoch``."""
         if (lsn, epoch) == self.base or (lsn, epoch) == (self.replica.lsn, self.replica.lsn_epoch):
             return True
-        return any(unit.lsn == lsn and unit.epoch == epoch for unit, _ in self.ring)
+        return any(kept.lsn == lsn and kept.epoch == epoch for kept in self.ring)
 
     def on_attach(self, protocol: BrokerProtocol, message: Attach) -> None:
         """An ATTACH is taken only from the partner: the broker that this instance's own
@@ -368,9 +379,9 @@ class Partner:
                 message.lsn,
                 self.replica.lsn,
             )
-            for unit, data in self.ring:
-                if unit.lsn > message.lsn:
-                    self._ship(protocol, unit.lsn, unit.epoch, data)
+            for kept in self.ring:
+                if kept.lsn > message.lsn:
+                    self._ship(protocol, kept.lsn, kept.epoch, kept.data)
             self._release_confirmed()
             return
         log.info(
@@ -404,9 +415,9 @@ class Partner:
         self.stats["snapshots_sent"] += 1
         self._copied(protocol)
         self.progress = time.monotonic()  # the mirror has a whole file to install first
-        for unit, unit_data in self.ring:
-            if unit.lsn > lsn:
-                self._ship(protocol, unit.lsn, unit.epoch, unit_data)
+        for kept in self.ring:
+            if kept.lsn > lsn:
+                self._ship(protocol, kept.lsn, kept.epoch, kept.data)
         self._trim()
 
     def _copied(self, protocol: BrokerProtocol) -> None:
