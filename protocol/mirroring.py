@@ -46,6 +46,8 @@ from protocol.errors import LocalProtocolError, RemoteProtocolError
 MAX_UNIT_BYTES = 1024 * 1024 * 1024
 """A unit of work's encoded statements (a group commit of large messages stays far below)."""
 MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024 * 1024
+"""A copy of the principal's whole file (a SNAPSHOT); units stay bounded by
+:data:`MAX_UNIT_BYTES`, also after a copy that was cut off."""
 MAX_SQL_TEXTS = 4096
 MAX_SQL_BYTES = 64 * 1024
 MAX_STATEMENTS = 10_000_000
@@ -210,10 +212,13 @@ def split(
 
 
 class ChunkAssembler:
-    """Reassembles the chunks of one UNIT or SNAPSHOT at a time, within ``limit`` bytes."""
+    """Reassembles the chunks of one UNIT or SNAPSHOT at a time, a UNIT within ``limit``
+    bytes and a SNAPSHOT within ``snapshot_limit`` (``limit`` if not given): each chunk is
+    held to the bound of its own kind, whatever came before it."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, snapshot_limit: int | None = None) -> None:
         self.limit = limit
+        self.snapshot_limit = limit if snapshot_limit is None else snapshot_limit
         self._key: tuple[Kind, int, int] | None = None
         self._parts: list[bytes] = []
         self._size = 0
@@ -237,9 +242,10 @@ class ChunkAssembler:
                 f"{chunk.kind.name} chunk for LSN {chunk.lsn} arrived before the previous "
                 "one was complete"
             )
-        if self._size + len(chunk.data) > self.limit:
+        limit = self.snapshot_limit if chunk.kind is Kind.SNAPSHOT else self.limit
+        if self._size + len(chunk.data) > limit:
             self.reset()
-            raise RemoteProtocolError(f"{chunk.kind.name} exceeds {self.limit} bytes")
+            raise RemoteProtocolError(f"{chunk.kind.name} exceeds {limit} bytes")
         self._key = key
         self._parts.append(chunk.data)
         self._size += len(chunk.data)

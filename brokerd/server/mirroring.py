@@ -150,7 +150,9 @@ class Partner:
         # mirror side
         self.attached_on: BrokerProtocol | None = None
         self.refused_until = 0.0
-        self.assembler = mirroring.ChunkAssembler(mirroring.MAX_UNIT_BYTES)
+        self.assembler = mirroring.ChunkAssembler(
+            mirroring.MAX_UNIT_BYTES, mirroring.MAX_SNAPSHOT_BYTES
+        )
         self.applying: asyncio.Queue[tuple[BrokerProtocol, Chunk, bytes]] = asyncio.Queue()
         self.busy = False
         self.closing = False
@@ -544,12 +546,9 @@ class Partner:
     def on_chunk(self, protocol: BrokerProtocol, chunk: Chunk) -> None:
         if self.db.mirror_role != "mirror" or protocol is not self.attached_on:
             return
-        if chunk.kind is Kind.SNAPSHOT:
-            self.assembler.limit = mirroring.MAX_SNAPSHOT_BYTES
         payload = self.assembler.add(chunk)
         if payload is None:
             return
-        self.assembler.limit = mirroring.MAX_UNIT_BYTES
         self.applying.put_nowait((protocol, chunk, payload))
         if not self.busy:
             self.busy = True

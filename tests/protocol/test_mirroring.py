@@ -118,6 +118,31 @@ def test_split_and_assemble_within_the_bound() -> None:
         mixed.add(Chunk(Kind.UNIT, INSTANCE, 6, 1, True, b""))
 
 
+def test_a_snapshot_cut_off_leaves_the_next_units_to_their_own_bound() -> None:
+    """R-ROUTE-16: a copy of the file may be far larger than a unit of work. A copy that
+    is cut off (a unit's chunk in its middle, or its connection lost) leaves the units
+    after it bounded as units, not as copies; a whole copy still assembles."""
+    assembler = ChunkAssembler(100, snapshot_limit=1000)
+    snapshot = mirroring.split(Kind.SNAPSHOT, INSTANCE, 5, 1, b"s" * 900, 300)
+    big_unit = mirroring.split(Kind.UNIT, INSTANCE, 6, 1, b"u" * 200, 50)
+    assert assembler.add(snapshot[0]) is None
+    with pytest.raises(RemoteProtocolError, match="before the previous"):
+        assembler.add(big_unit[0])
+    with pytest.raises(RemoteProtocolError, match="UNIT exceeds 100 bytes"):
+        for chunk in big_unit:
+            assembler.add(chunk)
+    assert assembler.add(snapshot[0]) is None
+    assembler.reset()  # the connection is lost, the mirror attaches again
+    with pytest.raises(RemoteProtocolError, match="UNIT exceeds 100 bytes"):
+        for chunk in big_unit:
+            assembler.add(chunk)
+    assert [assembler.add(chunk) for chunk in snapshot] == [None, None, b"s" * 900]
+    with pytest.raises(RemoteProtocolError, match="SNAPSHOT exceeds 1000 bytes"):
+        for chunk in mirroring.split(Kind.SNAPSHOT, INSTANCE, 7, 1, b"s" * 1001, 300):
+            assembler.add(chunk)
+    assert ChunkAssembler(1000).add(snapshot[0]) is None  # one bound for both by default
+
+
 def test_a_mirror_frame_travels_protected_between_two_connections(pki: Pki) -> None:
     left, right = open_pair(pki)
     body = mirroring.encode(MESSAGES["unit"])
