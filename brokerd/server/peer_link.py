@@ -169,7 +169,12 @@ class PeerLink:
                     self._status = f"connecting to {self.host}:{self.port}"
                 try:
                     await self._open_once(endpoint.connect_timeout)
-                    return
+                    if self.is_open or not self._wanted():
+                        return
+                    # Lost between its handshake and now: ``lost`` found this attempt
+                    # still running, so its ``want`` dialled nothing. Dial again at once,
+                    # as it would have.
+                    continue
                 except (OSError, TimeoutError, ConnectionError) as exc:
                     self._status = (
                         f"{_describe(exc, self.host, self.port)} (attempt {self.attempts}); "
