@@ -244,7 +244,11 @@ class PeerLink:
                 timeout,
             )
             await asyncio.wait_for(asyncio.shield(protocol.handshake_done), timeout)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, TimeoutError) and protocol.is_open:
+                # The handshake completed while the wait was timing out (a turn of the
+                # loop apart): the connection is open, and the link sent on it (``opened``).
+                return
             if protocol.transport is not None:
                 protocol.transport.abort()
             if self.protocol is protocol:

@@ -1,23 +1,24 @@
-"""A link whose connection is lost as its handshake completes (R-PROTO-5, R-DLG-6):
-alpha runs in the test's process on 127.0.34.1 and dials beta (127.0.34.2, a process of
-its own) through a relay of the test's own on 127.0.34.3, in the test's event loop,
-which holds back beta's WELCOME (the handshake's last message) on the first connection
-until the test lets it go. The retransmission wait is 30 s: a message that arrives in
-seconds went on the connection the link dialled at once after losing the first, not on
-a retransmission.
+"""A link whose connection is lost, or whose wait times out, as its handshake completes
+(R-PROTO-5, R-DLG-6): alpha runs in the test's process on 127.0.34.1 and dials beta
+(127.0.34.2, a process of its own) through a relay of the test's own on 127.0.34.3, in
+the test's event loop, which holds back beta's WELCOME (the handshake's last message)
+on the first connection until the test lets it go. The retransmission wait is 30 s:
+a message that arrives in seconds went on the connection the link opened, or on the
+one it dialled at once after losing it, not on a retransmission.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from brokerd.sdk.client import BrokerClient
 from brokerd.tools.launcher import Deployment
 from protocol.frames import HEADER_SIZE, decode_header
-from tests.daemons import client_of, in_process
+from tests.daemons import client_of, drain, in_process
 from tests.routing.deploy import R, addr, database, queue_of
 
 A, B, RELAY = "127.0.34.1", "127.0.34.2", "127.0.34.3"
@@ -159,3 +160,28 @@ async def test_a_connection_lost_as_its_handshake_completes_is_dialled_again_at_
         got = await b.receive(queue_of(TARGET), timeout=10.0)
         assert [m.message_body for m in got] == [b"through a lost connection"]
         assert relay.connections == 2
+
+
+async def test_a_handshake_that_completes_as_its_wait_times_out_keeps_its_connection(
+    tmp_path: Path,
+) -> None:
+    """R-PROTO-5, R-DLG-6: alpha's wait for the handshake (``connect_timeout``, 1 s)
+    expires in the loop turn before beta's WELCOME is read, so the handshake completes
+    and the link starts sending its three messages of 1 MiB (sixteen fragments each,
+    written some per turn) while the wait ends in a timeout: the connection, open, is
+    kept and carries them all, at once."""
+    bodies = [bytes([n]) * (1 << 20) for n in range(1, 4)]
+    async with alpha_beta_relay(tmp_path) as (relay, a, b):
+        handle = await a.begin_dialog(SENDER, TARGET, database="A")
+        for body in bodies:
+            await a.send(handle, body=body)
+        await asyncio.wait_for(relay.held.wait(), 10)
+        # Block the loop past the handshake's deadline (the timer runs in the next turn),
+        # then write WELCOME from a timer due after it, in that same turn: alpha reads it
+        # one turn after its wait was released by the timeout.
+        time.sleep(CONNECT_TIMEOUT + 0.1)
+        loop = asyncio.get_running_loop()
+        loop.call_at(loop.time(), lambda: relay.release(then_close=False))
+        got = await drain(b, queue_of(TARGET), 3, timeout=10.0)
+        assert [m.message_body for m in got] == bodies
+        assert relay.connections == 1
