@@ -259,8 +259,7 @@ class ReceiveVerbs:
                 lambda conn: reads.read_received(conn, items, budget, bodies=store.bodies)
             )
         except BaseException:
-            for lease in leases:
-                self.release(lease, received=False)
+            self.release_all(leases)
             raise
         self.trim_all(leases, used)
         return rows
@@ -297,6 +296,13 @@ class ReceiveVerbs:
             on_commit=lambda: self.release(lease, received=True),
             on_failure=lambda _: self.release(lease, received=False),
         )
+
+    def release_all(self, leases: Sequence[Lease]) -> None:
+        """Give back the leases of one RECEIVE (or transaction) unreceived, the newest
+        first: each group goes back to the front of its queue, so the oldest, given back
+        last, is first again, as it was (SPEC §6)."""
+        for lease in reversed(leases):
+            self.release(lease, received=False)
 
     def release(self, lease: Lease, received: bool) -> None:
         """Unlock a lease's group; its messages go back in front, in order, unless received."""
@@ -405,8 +411,7 @@ class ReceiveVerbs:
         try:
             self._read_and_remove(leases, budget, then, failed)
         except BaseException:
-            for lease in leases:
-                self.release(lease, received=False)
+            self.release_all(leases)
             raise
         return True
 
@@ -443,8 +448,7 @@ class ReceiveVerbs:
                 leases[0].db.store.after_gate(lambda: then(rows))
 
         def not_committed(exc: BaseException) -> None:
-            for lease in leases:
-                self.release(lease, received=False)
+            self.release_all(leases)
             if failed is not None:
                 failed(exc)
 

@@ -281,13 +281,11 @@ class Transaction:
             for lease in leases:
                 self._hold(lease)
         except TransactionError:
-            for lease in leases:
-                self.receiving.release(lease, received=False)
+            self.receiving.release_all(leases)
             raise
         rows = await self.receiving.read_leased(leases, budget)
         if self.state is not TxState.ACTIVE:  # rolled back while the rows were read
-            for lease in leases:
-                self.receiving.release(lease, received=False)
+            self.receiving.release_all(leases)
             raise TransactionError(f"transaction {self.id} is {self.state.value}")
         for lease in leases:
             if not lease.items:  # a group the reply's limit left out: not returned, not held
@@ -391,8 +389,7 @@ class Transaction:
         return self._put_back(reason)
 
     def _put_back(self, reason: str) -> list[asyncio.Future[Any]]:
-        for lease in reversed(self.leases):
-            self.receiving.release(lease, received=False)
+        self.receiving.release_all(self.leases)
         if self.receiving.stop_begun or not self.leases:
             return []  # a daemon stopping gracefully: not the messages' fault
         return self.poison.rolled_back(self.leases, reason, self.message_types)
