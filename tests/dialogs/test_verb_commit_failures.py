@@ -10,13 +10,18 @@ commit is in flight for as long as the test needs.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from brokerd.sdk.client import BrokerClient
 from brokerd.server.daemon import Broker
+from brokerd.storage.store import Store
 from protocol.errors import RemoteError
 from tests.daemons import client_of, solo_broker, wait_until
 from tests.disks import read_only
@@ -25,9 +30,49 @@ S1, S2 = "//solo/S1", "//solo/S2"
 HOSTS = [f"127.0.33.{n}" for n in range(1, 9)]
 
 
+class _Hold:
+    """A job that keeps ``store``'s committer inside it (and inside the transaction of its
+    batch) until :meth:`release`: what is submitted meanwhile waits for the next commit."""
+
+    def __init__(self, store: Store) -> None:
+        self.started, self.released = threading.Event(), threading.Event()
+
+        def hold(_: object) -> None:
+            self.started.set()
+            self.released.wait(10)
+
+        self.job = asyncio.ensure_future(store.run(hold))
+
+    async def running(self) -> None:
+        """Wait until the committer is inside the job."""
+        assert await asyncio.to_thread(self.started.wait, 10)
+
+    async def release(self) -> None:
+        self.released.set()
+        await self.job
+
+
+@contextlib.asynccontextmanager
+async def _held(store: Store) -> AsyncIterator[None]:
+    """Keep ``store``'s committer inside a job of its own until the end: what is submitted
+    meanwhile waits for the next commit, in flight."""
+    hold = _Hold(store)
+    try:
+        await hold.running()
+        yield
+    finally:
+        await hold.release()
+
+
+def _queued(store: Store) -> int:
+    """Jobs handed to ``store``'s committer and not started yet."""
+    return len(store._running()._jobs)
+
+
 async def _dialogs(broker: Broker, client: BrokerClient, count: int) -> list[uuid.UUID]:
-    """``count`` dialogs S1 -> S2 with one message each, sent in order and ready in Q2;
-    the handles of their target endpoints (each in a group of its own), in that order."""
+    """``count`` dialogs S1 -> S2 with one message each, sent in order, ready in Q2 and
+    acknowledged (the file is idle); the handles of their target endpoints (each in a
+    group of its own), in that order."""
     db = broker.databases["Solo"]
     targets = []
     for n in range(count):
@@ -41,10 +86,11 @@ async def _dialogs(broker: Broker, client: BrokerClient, count: int) -> list[uui
         await wait_until(arrived, 10.0)
         targets.append(db.by_key[(conversation, False)].handle)
 
-    async def ready() -> bool:
-        return db.ready["Q2"].count == count
+    async def settled() -> bool:  # ready, acknowledged: nothing more for the file to do
+        return db.ready["Q2"].count == count and not any(ep.outbox for ep in db.endpoints.values())
 
-    await wait_until(ready, 10.0)
+    await wait_until(settled, 10.0)
+    await db.store.wait_idle()
     return targets
 
 
@@ -68,3 +114,63 @@ async def test_a_receive_of_several_groups_that_fails_to_commit_keeps_their_orde
             assert [m.message_body for m in got] == [b"m0", b"m1", b"m2"]
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize("batches", [1, 2])
+async def test_a_rollback_counted_while_a_queue_turns_on_counts_from_nothing(
+    tmp_path: Path, batches: int
+) -> None:
+    """SPEC §6: ALTER QUEUE ... STATUS = ON starts the rollback counts of its messages over;
+    a transaction rolled back while that is being written counts from nothing, never
+    against the counts before, and memory says what the file says (a restart goes on
+    from the file's number): whether the count is written in the group commit that
+    forgets the counts (``batches`` 1) or in the next one (2)."""
+    async with solo_broker(tmp_path, HOSTS[batches]) as broker:
+        client = await client_of(broker)
+        other = await client_of(broker)
+        try:
+            (target,) = await _dialogs(broker, client, 1)
+            db = broker.databases["Solo"]
+            first = await client.begin_transaction()
+            assert len(await first.receive("Q2", timeout=5.0)) == 1
+            await first.rollback(reason="once")
+            item = (target, 1)
+            assert db.poison.counts[item].count == 1
+            second = await other.begin_transaction()
+            assert len(await second.receive("Q2", timeout=5.0)) == 1
+            before = _Hold(db.store)
+            await before.running()
+            turning_on = asyncio.ensure_future(client.alter_queue("Q2", True))
+
+            async def submitted() -> bool:
+                return _queued(db.store) == 1
+
+            await wait_until(submitted, 5.0)
+            if batches == 2:  # the forgetting batch runs (uncommitted) while the count comes
+                beside = _Hold(db.store)
+                await wait_until(lambda: _queued_is(db.store, 2), 5.0)
+                await before.release()
+                await beside.running()
+            rolling_back = asyncio.ensure_future(second.rollback(reason="twice"))
+
+            async def counted() -> bool:
+                return _queued(db.store) == (1 if batches == 2 else 2)
+
+            await wait_until(counted, 5.0)
+            await (beside if batches == 2 else before).release()
+            await turning_on
+            await rolling_back
+            rows = await db.store.query(
+                "SELECT rollbacks FROM message_rollbacks WHERE conversation_handle = ?",
+                (str(target),),
+            )
+            in_memory = db.poison.counts.get(item)
+            assert [r[0] for r in rows] == [1]
+            assert in_memory is not None and in_memory.count == 1
+        finally:
+            await other.close()
+            await client.close()
+
+
+async def _queued_is(store: Store, jobs: int) -> bool:
+    return _queued(store) == jobs

@@ -248,13 +248,36 @@ class PoisonVerbs:
         rolled back as it turns on counts from nothing, never against the counts that
         disabled it."""
         if status:
-            db = self.directory.database_of_queue(queue, database)
-            counts = db.poison.counts
-            gone = [item for item in counts if self._queue_of(db, item[0]) == queue]
-            await commit_statements(db, [poison_rows.forget_counts_of_queue(queue)])
-            for item in gone:
-                counts.pop(item, None)
+            await self._forget_counts(queue, database)
         await self.conversations.alter_queue(queue, status, database)
+
+    async def _forget_counts(self, queue: str, database: str | None) -> None:
+        """The rollback counts of ``queue``'s messages start over: in memory at once, so
+        that a rollback counted while the file forgets them counts from nothing, and its
+        count, written after, is what both say; in the file by a function job, which the
+        statements of the jobs after it follow even in one group commit (an UPDATE or
+        DELETE statement would run after their INSERTs, ``batch_sql``). A write that
+        fails gives memory back the counts the file keeps, but where a newer count came."""
+        db = self.directory.database_of_queue(queue, database)
+        counts = db.poison.counts
+        gone = {
+            item: counts.pop(item) for item in list(counts) if self._queue_of(db, item[0]) == queue
+        }
+        sql, params = poison_rows.forget_counts_of_queue(queue)
+
+        def failed(_: BaseException) -> None:
+            for item, rollbacks in gone.items():
+                counts.setdefault(item, rollbacks)
+
+        try:
+            future = db.store.submit(
+                (), fn=lambda conn: conn.execute(sql, params), on_failure=failed, wait=True
+            )
+        except StoreError as exc:  # its file is closing: nothing was forgotten
+            failed(exc)
+            raise
+        assert future is not None
+        await future
 
     @staticmethod
     def _queue_of(db: Database, handle: uuid.UUID) -> str | None:
