@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -32,14 +33,18 @@ HOSTS = [f"127.0.33.{n}" for n in range(1, 9)]
 
 class _Hold:
     """A job that keeps ``store``'s committer inside it (and inside the transaction of its
-    batch) until :meth:`release`: what is submitted meanwhile waits for the next commit."""
+    batch) until :meth:`release`: what is submitted meanwhile waits for the next commit.
+    With ``then_read_only``, the file refuses every write from the next batch on (as
+    :func:`read_only` makes it, between two batches)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, then_read_only: bool = False) -> None:
         self.started, self.released = threading.Event(), threading.Event()
 
-        def hold(_: object) -> None:
+        def hold(conn: sqlite3.Connection) -> None:
             self.started.set()
             self.released.wait(10)
+            if then_read_only:
+                conn.execute("PRAGMA query_only = 1")
 
         self.job = asyncio.ensure_future(store.run(hold))
 
@@ -53,10 +58,10 @@ class _Hold:
 
 
 @contextlib.asynccontextmanager
-async def _held(store: Store) -> AsyncIterator[None]:
+async def _held(store: Store, then_read_only: bool = False) -> AsyncIterator[None]:
     """Keep ``store``'s committer inside a job of its own until the end: what is submitted
-    meanwhile waits for the next commit, in flight."""
-    hold = _Hold(store)
+    meanwhile waits for the next commit, in flight (:class:`_Hold`)."""
+    hold = _Hold(store, then_read_only)
     try:
         await hold.running()
         yield
@@ -174,3 +179,39 @@ async def test_a_rollback_counted_while_a_queue_turns_on_counts_from_nothing(
 
 async def _queued_is(store: Store, jobs: int) -> bool:
     return _queued(store) == jobs
+
+
+@pytest.mark.parametrize("cleanup", [False, True])
+async def test_an_end_that_fails_to_commit_keeps_what_a_rollback_gave_back_meanwhile(
+    tmp_path: Path, cleanup: bool
+) -> None:
+    """SPEC §6, R-DLG-10, R-DLG-1: while END CONVERSATION (or END WITH CLEANUP) commits,
+    another transaction that had received a message of the conversation rolls back. The
+    END's commit fails: the conversation goes on, and the message is ready again, in
+    memory as in the file, not only after a restart."""
+    async with solo_broker(tmp_path, HOSTS[3 + cleanup]) as broker:
+        client = await client_of(broker)
+        other = await client_of(broker)
+        try:
+            (target,) = await _dialogs(broker, client, 1)
+            db = broker.databases["Solo"]
+            reader = await other.begin_transaction()
+            assert [m.message_body for m in await reader.receive("Q2", timeout=5.0)] == [b"m0"]
+            try:
+                async with _held(db.store, then_read_only=True):
+                    ending = asyncio.ensure_future(client.end_conversation(target, cleanup=cleanup))
+
+                    async def submitted() -> bool:
+                        return _queued(db.store) == 1
+
+                    await wait_until(submitted, 5.0)
+                    await reader.rollback(reason="the handler failed")
+                with pytest.raises(RemoteError):
+                    await ending
+            finally:
+                await read_only(db.store, False)
+            got = await client.receive("Q2", timeout=2.0)
+            assert [m.message_body for m in got] == [b"m0"]
+        finally:
+            await other.close()
+            await client.close()

@@ -19,6 +19,10 @@ A conversation quarantined by poison-message handling (SPEC §6) has its ready
 messages *set aside*: kept in order, out of every group, so that no RECEIVE takes
 them, while the other conversations of its group and queue flow; the ones that become
 ready (or are put back) later join them, until it is released.
+
+A conversation whose END CONVERSATION is committing takes nothing back: what a rollback
+gives back of it meanwhile waits for that END's outcome (``ending``), gone if it commits,
+ready again in front of its group if it fails (the file still holds it).
 """
 
 from __future__ import annotations
@@ -73,6 +77,11 @@ class ReadyIndex:
     """Messages a RECEIVE has taken (its lease holds them) and no commit removed nor
     rollback put back yet: still ready in the file, so a reload of the index from it
     (``Database.load_received``) leaves them out (R-DLG-1: they are the lease's)."""
+    ending: dict[uuid.UUID, list[tuple[uuid.UUID, list[Item]]]] = field(default_factory=dict)
+    """Conversations whose END CONVERSATION is committing (:meth:`end_begins`) -> what a
+    rollback gave back meanwhile, (group, messages) in the order given back: the
+    conversation no longer takes them back, but they are in the file until the END
+    commits (:meth:`end_settled`)."""
     waiting: int = 0
     """RECEIVEs and GET CONVERSATION GROUPs waiting on this queue for something to take
     (``tasks_waiting`` of Service Broker's queue monitor)."""
@@ -291,6 +300,36 @@ class ReadyIndex:
         if items:
             self.put_back(group, items)
         return len(items)
+
+    def end_begins(self, handle: uuid.UUID) -> bool:
+        """An END CONVERSATION of ``handle`` is committing: what a rollback gives back of it
+        meanwhile waits for its outcome (:meth:`give_back_ending`). False if one already
+        is (that one's outcome settles it)."""
+        if handle in self.ending:
+            return False
+        self.ending[handle] = []
+        return True
+
+    def give_back_ending(self, handle: uuid.UUID, group: uuid.UUID, items: list[Item]) -> bool:
+        """Taken messages given back (a rollback) of a conversation that has ended; kept
+        for the outcome of its END if that is committing (True), else gone (False)."""
+        waiting = self.ending.get(handle)
+        if waiting is None:
+            return False
+        waiting.append((group, items))
+        return True
+
+    def end_settled(self, handle: uuid.UUID, committed: bool) -> None:
+        """The END CONVERSATION of :meth:`end_begins` committed (what was given back
+        meanwhile is gone with the conversation's rows) or failed (it is ready again, in
+        front of its group; called after the END has put back its own, which come after
+        them)."""
+        given = self.ending.pop(handle, [])
+        for group, items in given:
+            if committed:
+                self.received(items)
+            else:
+                self.put_back(group, items)
 
     def drop_conversation(self, handle: uuid.UUID) -> list[tuple[uuid.UUID, list[Item]]]:
         """Remove a conversation's ready messages (and those set aside, SPEC §6: the

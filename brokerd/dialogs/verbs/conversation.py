@@ -223,6 +223,11 @@ class ConversationVerbs:
         queue = db.queue_of(ep.service)
         index = db.ready.get(queue) if queue else None
         unreceived = index.drop_conversation(ep.handle) if index is not None else []
+        settles = index is not None and index.end_begins(ep.handle)
+
+        def committed() -> None:
+            if settles and index is not None:
+                index.end_settled(ep.handle, committed=True)
 
         def failed(_: BaseException) -> None:
             ep.ended_local = False
@@ -233,9 +238,11 @@ class ConversationVerbs:
             if index is not None:
                 for group, items in unreceived:
                     index.put_back(group, items)
+                if settles:  # taken before, given back meanwhile: in front of those
+                    index.end_settled(ep.handle, committed=False)
 
         # SPEC §6, R-DLG-10: what waits in this side's queue goes, and nothing more comes.
-        work = Work().add(queries.discard_queued(ep.handle_text), on_failure=failed)
+        work = Work().add(queries.discard_queued(ep.handle_text), committed, failed)
         # R-TRACE-1: the messages are discarded once this commits (a client transaction
         # rolled back at its COMMIT leaves them in the transmission queue)
         if ep.broker_error:
@@ -298,8 +305,11 @@ class ConversationVerbs:
             if item[0] == ep.handle
         }
         unreceived = index.drop_conversation(ep.handle) if index is not None else []
+        settles = index is not None and index.end_begins(ep.handle)
 
         def committed() -> None:
+            if settles and index is not None:
+                index.end_settled(ep.handle, committed=True)
             self.events.discarded(ep, [*ep.outbox, *ep.backlog], "END CONVERSATION WITH CLEANUP")
             self.transmission.discard(ep)
             self.events.closed(ep, removed=True)
@@ -314,6 +324,8 @@ class ConversationVerbs:
                     index.aside[ep.handle] = aside
                 for group, items in unreceived:
                     index.put_back(group, items)
+                if settles:  # taken before, given back meanwhile: in front of those
+                    index.end_settled(ep.handle, committed=False)
 
         return Work().add(
             [*queries.forget_conversation(ep.handle_text), endpoint_deletion(ep)],

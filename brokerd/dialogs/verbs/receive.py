@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from brokerd.dialogs.endpoints.database import Database, Lease
 from brokerd.dialogs.endpoints.directory import Directory
-from brokerd.dialogs.endpoints.ready import ReadyIndex
+from brokerd.dialogs.endpoints.ready import Item, ReadyIndex
 from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.dialogs.endpoints.stats import EngineStats
 from brokerd.dialogs.endpoints.work import Work
@@ -313,7 +313,8 @@ class ReceiveVerbs:
             return  # its image was dropped: the ready index and its locks were rebuilt
         index = lease.index
         if not received:
-            # A conversation cleaned up or ended meanwhile has no rows left to give back.
+            # A conversation cleaned up or ended meanwhile has no rows left to give back,
+            # or none once its END commits (until then, that END keeps them).
             endpoints = lease.db.endpoints
             kept = [
                 item
@@ -322,7 +323,8 @@ class ReceiveVerbs:
             ]
             if kept:
                 index.put_back(lease.group, kept)
-            index.received([item for item in lease.items if item not in kept])
+            if len(kept) < len(lease.items):
+                self._give_back_ended(index, lease, [i for i in lease.items if i not in kept])
         else:
             index.received(lease.items)
             counts = lease.db.poison.counts
@@ -335,6 +337,18 @@ class ReceiveVerbs:
             index.changed.set()
         if received:
             self._trace_received(lease)
+
+    @staticmethod
+    def _give_back_ended(index: ReadyIndex, lease: Lease, items: list[Item]) -> None:
+        """Messages given back of conversations that have ended: each conversation's wait
+        for its END's outcome if that is committing, the others are gone."""
+        gone: list[Item] = []
+        for handle, run in itertools.groupby(items, key=operator.itemgetter(0)):
+            mine = list(run)
+            if not index.give_back_ending(handle, lease.group, mine):
+                gone += mine
+        if gone:
+            index.received(gone)
 
     def _trace_received(self, lease: Lease) -> None:
         self.stats.received_by_application += len(lease.items)
