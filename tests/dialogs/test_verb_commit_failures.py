@@ -215,3 +215,50 @@ async def test_an_end_that_fails_to_commit_keeps_what_a_rollback_gave_back_meanw
         finally:
             await other.close()
             await client.close()
+
+
+async def test_a_move_that_fails_to_commit_leaves_no_message_in_the_group_it_named(
+    tmp_path: Path,
+) -> None:
+    """SPEC §6, R-DLG-1: while MOVE CONVERSATION commits, another transaction's RECEIVE
+    must not take the conversation's messages from the group it moves them to: when the
+    MOVE's commit fails, the conversation stays whole in its group, and its messages are
+    received in order (here a RECEIVE of the conversation gets its first message, then
+    the next)."""
+    async with solo_broker(tmp_path, HOSTS[5]) as broker:
+        client = await client_of(broker)
+        other = await client_of(broker)
+        try:
+            (target,) = await _dialogs(broker, client, 1)
+            db = broker.databases["Solo"]
+            conversation = db.endpoints[target].conversation_id
+            initiator = db.by_key[(conversation, True)].handle
+            index = db.ready["Q2"]
+            group = uuid.uuid4()
+            reader = await other.begin_transaction()
+            try:
+                async with _held(db.store, then_read_only=True):
+                    moving = asyncio.ensure_future(client.move_conversation(target, group))
+
+                    async def submitted() -> bool:
+                        return _queued(db.store) == 1
+
+                    await wait_until(submitted, 5.0)
+                    receiving = asyncio.ensure_future(reader.receive("Q2"))
+
+                    async def looked() -> bool:
+                        return receiving.done() or group in index.locked
+
+                    await wait_until(looked, 5.0)
+                with pytest.raises(RemoteError):
+                    await moving
+                await asyncio.gather(receiving, return_exceptions=True)
+            finally:
+                await read_only(db.store, False)
+                await reader.rollback()
+            await client.send(initiator, body=b"m1")
+            got = await client.receive("Q2", top=10, timeout=5.0, conversation_handle=target)
+            assert [m.message_body for m in got][:1] == [b"m0"]
+        finally:
+            await other.close()
+            await client.close()

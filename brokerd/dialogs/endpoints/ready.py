@@ -10,10 +10,12 @@ removed by a commit, or put back, in front and in order, by a rollback. GET
 CONVERSATION GROUP locks the oldest unlocked group with ready messages the same
 way, with a lease that holds no message (SPEC §6).
 
-A group whose conversation has an Error on its way into the queue (accepted, its
-commit not done) is not taken from either: the Error goes ahead of the
-conversation's waiting messages once it is ready (R-DLG-10), so nothing of the group
-is handed out before it.
+A group a MOVE CONVERSATION moves a conversation into is not taken from until the
+MOVE's commit is done: if it fails, the messages go back whole to the group they came
+from, none of them in a reader's hands. A group whose conversation has an Error on its
+way into the queue (accepted, its commit not done) is not taken from either: the Error
+goes ahead of the conversation's waiting messages once it is ready (R-DLG-10), so
+nothing of the group is handed out before it.
 
 A conversation quarantined by poison-message handling (SPEC §6) has its ready
 messages *set aside*: kept in order, out of every group, so that no RECEIVE takes
@@ -71,6 +73,9 @@ class ReadyIndex:
     """The rank of ready messages that go ahead (TIMER, ERROR); the others are IN_SEQUENCE."""
     errors_coming: dict[uuid.UUID, int] = field(default_factory=dict)
     """Groups with an Error accepted and not yet committed, and how many: not taken from."""
+    moves_coming: dict[uuid.UUID, int] = field(default_factory=dict)
+    """Groups a MOVE CONVERSATION moved a conversation into, its commit not done, and how
+    many: not taken from (a failed MOVE takes the messages back)."""
     aside: dict[uuid.UUID, list[Item]] = field(default_factory=dict)
     """Quarantined conversations (SPEC §6) -> their ready messages, in order, set aside."""
     leased: set[Item] = field(default_factory=set)
@@ -209,9 +214,11 @@ class ReadyIndex:
 
     def takeable(self, group: uuid.UUID, owned: Collection[uuid.UUID] = ()) -> bool:
         """Whether a reader may take from ``group`` now: it is not locked by another
-        transaction (``owned``: the groups the reader's transaction holds already) and
-        no Error of it is on its way in (R-DLG-10)."""
+        transaction (``owned``: the groups the reader's transaction holds already), no
+        MOVE into it is committing and no Error of it is on its way in (R-DLG-10)."""
         if group in self.locked and group not in owned:
+            return False
+        if self.moves_coming and group in self.moves_coming:
             return False
         return not (self.errors_coming and group in self.errors_coming)
 
@@ -355,7 +362,29 @@ class ReadyIndex:
         return dropped
 
     def move_conversation(self, handle: uuid.UUID, old: uuid.UUID, new: uuid.UUID) -> None:
-        """MOVE CONVERSATION: the conversation's ready messages join group ``new``."""
+        """MOVE CONVERSATION: the conversation's ready messages join group ``new``; until
+        :meth:`move_settled`, nothing of it is taken (its commit may fail, and the
+        messages go back to ``old``: none of them may be in a reader's hands then, to be
+        given back to ``new``)."""
+        self.moves_coming[new] = self.moves_coming.get(new, 0) + 1
+        self._move(handle, old, new)
+
+    def move_settled(self, group: uuid.UUID) -> None:
+        """The MOVE into ``group`` of :meth:`move_conversation` committed, or failed and
+        moved the messages back (:meth:`move_back`)."""
+        left = self.moves_coming.get(group, 0) - 1
+        if left > 0:
+            self.moves_coming[group] = left
+        else:
+            self.moves_coming.pop(group, None)
+        self.changed.set()
+
+    def move_back(self, handle: uuid.UUID, new: uuid.UUID, old: uuid.UUID) -> None:
+        """A MOVE's commit failed: the conversation's ready messages go back to ``old``."""
+        self._move(handle, new, old)
+        self.move_settled(new)
+
+    def _move(self, handle: uuid.UUID, old: uuid.UUID, new: uuid.UUID) -> None:
         items = self.groups.get(old, [])
         moving = [item for item in items if item[0] == handle]
         if not moving:

@@ -353,8 +353,9 @@ class ConversationVerbs:
     ) -> Work:
         """MOVE CONVERSATION: the conversation joins conversation group ``group``.
 
-        Its waiting messages move with it. Refused while another transaction holds
-        either group (its messages are being received).
+        Its waiting messages move with it; no reader takes from ``group`` until the
+        commit is done (a failed MOVE takes them back whole). Refused while another
+        transaction holds either group (its messages are being received).
         """
         old = ep.group_id
         if old == group:
@@ -364,16 +365,21 @@ class ConversationVerbs:
         index = db.ready.get(queue) if queue else None
         ep.group_id = group
         if index is not None:
-            index.move_conversation(ep.handle, old, group)
+            index.move_conversation(ep.handle, old, group)  # not taken from until settled
+
+        def committed() -> None:
+            if index is not None:
+                index.move_settled(group)
 
         def failed(_: BaseException) -> None:
             ep.group_id = old
             if index is not None:
-                index.move_conversation(ep.handle, group, old)
+                index.move_back(ep.handle, group, old)
 
         return Work().add(
             [queries.regroup(ep.handle_text, ep.group_text), endpoint_snapshot(ep)],
-            on_failure=failed,
+            committed,
+            failed,
         )
 
     async def move_conversation(self, handle: uuid.UUID, group: uuid.UUID) -> None:
