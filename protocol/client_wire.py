@@ -215,6 +215,7 @@ class _LargeBody:
     kind: ClientFrameKind
     request_id: int
     meta: dict[str, Any]
+    meta_length: int
     body: bytearray
     filled: int = 0
 
@@ -288,6 +289,10 @@ class ClientFrameReader:
         self._last_meta: dict[str, Any] = {}
         """The last small meta decoded, as it came and as decoded: a producer's pipelined
         SENDs on one dialog repeat it, and each gets a copy instead of a decoding."""
+        self.meta_lengths: list[int] = []
+        """The bytes each frame's meta took on the wire, for the frames the last
+        :meth:`feed` or :meth:`buffer_updated` returned, in their order: a server counts
+        what a request it holds takes (a meta may be up to :data:`MAX_META_BYTES`)."""
 
     @property
     def buffered_bytes(self) -> int:
@@ -306,6 +311,8 @@ class ClientFrameReader:
                 f"client wire stream already failed: {self._failure}", self._failure.close_code
             )
         frames: list[ClientFrame] = []
+        lengths: list[int] = []
+        self.meta_lengths = lengths
         if self._large is not None:
             data = self._continue_large(data, frames)
             if not data:
@@ -344,7 +351,7 @@ class ClientFrameReader:
                         if body_length >= LARGE_BODY and size >= body_start:
                             meta = _decode_meta(view[meta_start:body_start])
                             large = _LargeBody(
-                                kind, request_id, meta, self._body_buffer(body_length)
+                                kind, request_id, meta, meta_length, self._body_buffer(body_length)
                             )
                             large.filled = size - body_start
                             large.body[: large.filled] = view[body_start:size]
@@ -368,6 +375,7 @@ class ClientFrameReader:
                                 self._last_raw, self._last_meta = small, dict(meta)
                     body = bytes(view[body_start:end]) if body_length else b""
                     frames.append(ClientFrame(kind, request_id, meta, body))
+                    lengths.append(meta_length)
                     self._pending = None
                     pos = end
         except RemoteProtocolError as exc:
@@ -407,6 +415,7 @@ class ClientFrameReader:
         self._large_held += count
         if self._missing == 0:
             frames.append(ClientFrame(large.kind, large.request_id, large.meta, large.body))
+            self.meta_lengths.append(large.meta_length)
             self._large = None
             self._large_held = 0
 
@@ -474,6 +483,7 @@ class ClientFrameReader:
         if self._large is None:  # the caller's read buffer
             return self.feed(given[:nbytes])
         frames: list[ClientFrame] = []
+        self.meta_lengths = []
         self._filled(nbytes, frames)
         return frames
 

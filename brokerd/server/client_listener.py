@@ -38,7 +38,7 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from brokerd.dialogs.verbs.receive import Withdrawal
@@ -95,13 +95,6 @@ CONGESTION_POLL = 0.005
 CONGESTION_HOLD_MOST = 1.0
 """Seconds an application's requests wait for a congested link, at most at a time."""
 
-MAX_WAITING = 1024
-"""RECEIVEs and GET CONVERSATION GROUPs of one connection run as tasks at once, at most
-(the SDK's ``serve`` keeps 16): one more is refused (``InvalidRequest``). Each waits
-with a task, its request and its place among its queue's waiters, all woken by every
-change of the queue: unbounded, a client's pipelined RECEIVEs of a few dozen bytes each
-held kilobytes of the daemon apiece."""
-
 ANSWERED_KEPT = 64
 """Answered RECEIVEs a connection remembers for a withdraw that comes after the answer."""
 
@@ -148,9 +141,6 @@ class ClientSession(asyncio.BufferedProtocol):
         self.access: Access | None = None
         self.transport: asyncio.Transport | None = None
         self.tasks: set[asyncio.Task[None]] = set()
-        self.receiving: set[asyncio.Task[None]] = set()
-        """The tasks of :attr:`tasks` that run a RECEIVE or GET CONVERSATION GROUP
-        (:data:`MAX_WAITING` at most)."""
         self.transactions: dict[int, Transaction] = {}
         self.tx_ids = itertools.count(1)
         self._login_deadline: asyncio.TimerHandle | None = None
@@ -250,22 +240,26 @@ class ClientSession(asyncio.BufferedProtocol):
             self._reply_error(0, exc)
             self._close()
             return
+        metas = iter(self.reader.meta_lengths)
         if self._behind is not None:  # a task read before these has not started yet
             for frame in frames:
-                if not self._take(frame):
+                if not self._take(frame, next(metas)):
                     return
                 self._behind.append(frame)
             return
-        self._handle(frames)
+        self._handle(frames, metas)
 
     def _handle(
-        self, frames: list[ClientFrame] | collections.deque[ClientFrame], held: bool = False
+        self,
+        frames: list[ClientFrame] | collections.deque[ClientFrame],
+        metas: Iterator[int] | None = None,
     ) -> None:
         """Handle the frames read, in order. A request run as a task starts (runs up to
         its first wait) before any request read after it is handled: those wait in
         :attr:`_behind` until it has (SPEC §6: a connection's requests take effect in the
         order written, so a SEND written after an END CONVERSATION or a send_many of its
-        conversation comes after it). ``held``: their bodies were counted already.
+        conversation comes after it). ``metas``: the meta bytes of each frame, in order,
+        to count them (:meth:`_take`); None: they were counted already.
 
         The frames are taken one by one from the front of one deque, which is what waits
         in :attr:`_behind` when a task stops the handling: never copied again, so
@@ -275,7 +269,7 @@ class ClientSession(asyncio.BufferedProtocol):
         """Pipelined SENDs, handed on together when another request comes or at the end."""
         while pending:
             frame = pending.popleft()
-            if not held and not self._take(frame):
+            if metas is not None and not self._take(frame, next(metas)):
                 return
             op = frame.meta.get("op")
             request = frame.kind is ClientFrameKind.REQUEST and self.access is not None
@@ -305,25 +299,19 @@ class ClientSession(asyncio.BufferedProtocol):
             ):
                 continue
             waits = op == "receive" or op == "get_conversation_group"
-            if waits:  # may wait: withdrawable, and bounded
-                if len(self.receiving) >= MAX_WAITING:
-                    self._reply_error(
-                        frame.request_id,
-                        InvalidRequest(
-                            f"this connection has {MAX_WAITING} RECEIVE and GET CONVERSATION "
-                            "GROUP requests under way, the most it may; wait for or withdraw one"
-                        ),
-                    )
+            if waits:  # may wait: withdrawable, and bounded (in number and bytes)
+                refusal = self._in_flight.wait(frame.request_id)
+                if refusal is not None:
+                    self._reply_error(frame.request_id, InvalidRequest(refusal))
                     continue
                 self._waits[frame.request_id] = Withdrawal()
             task = asyncio.get_running_loop().create_task(self._run(frame))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-            if waits:
-                self.receiving.add(task)
-                task.add_done_callback(self.receiving.discard)
             if pending:
-                if not held and not all(self._take(later) for later in pending):
+                if metas is not None and not all(
+                    self._take(later, next(metas)) for later in pending
+                ):
                     return  # refused: the connection closes
                 self._behind = pending
                 self._holding_for = frame.request_id
@@ -331,9 +319,10 @@ class ClientSession(asyncio.BufferedProtocol):
         if sends:
             self._send_now(sends)
 
-    def _take(self, frame: ClientFrame) -> bool:
-        """A frame read after the login: a request is in flight until its reply, its body
-        counted until then (:attr:`_in_flight`; reading is held past the limit). A frame
+    def _take(self, frame: ClientFrame, meta_length: int) -> bool:
+        """A frame read after the login: a request is in flight until its reply, its meta
+        (``meta_length`` bytes) and body counted until then (:attr:`_in_flight`; reading
+        is held past the limit). A frame
         with the id of a request in flight is refused (``InvalidRequest``, in an ERROR
         of id 0) and the connection closed: its reply could not be told from the
         other's. False then: nothing more of the connection is handled."""
@@ -353,7 +342,7 @@ class ClientSession(asyncio.BufferedProtocol):
             return False
         if (
             frame.kind is ClientFrameKind.REQUEST
-            and self._in_flight.add(request_id, len(frame.body))
+            and self._in_flight.add(request_id, meta_length + len(frame.body))
             and not self._reading_held
         ):
             self._reading_held = True
@@ -379,7 +368,7 @@ class ClientSession(asyncio.BufferedProtocol):
             for frame in behind:
                 self._release(frame.request_id)
             return
-        self._handle(behind, held=True)
+        self._handle(behind)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.client_sessions.discard(self)

@@ -212,7 +212,7 @@ async def test_requests_pipelined_by_the_thousand_cost_their_number(broker: Brok
 
 WAITING_AT_MOST = 1024
 """RECEIVEs and GET CONVERSATION GROUPs one connection may have under way at once (the
-listener's ``MAX_WAITING``)."""
+``brokerd.server.client_in_flight.MAX_WAITING``)."""
 BEYOND = 50
 
 

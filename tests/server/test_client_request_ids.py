@@ -29,8 +29,9 @@ from tests.daemons import SOLO_DATABASE, in_process
 from tests.raw_client import logged_in
 
 HOST = "127.0.11.1"
-BODY = b"x" * (900 * 1024)
-"""Less than ``client_pending_mb``: one request of it does not hold the reading."""
+BODY = b"x" * (400 * 1024)
+"""Less than half of ``client_pending_mb``: a RECEIVE of it may wait (those waiting may
+hold half of it), and does not hold the reading."""
 
 
 @pytest.fixture
@@ -63,10 +64,10 @@ async def _answers(
 async def test_an_id_reused_while_its_request_is_in_flight_is_refused(
     broker: Broker, kind: ClientFrameKind
 ) -> None:
-    """A RECEIVE that waits, with a body of 900 KiB (the daemon holds it until the
+    """A RECEIVE that waits, with a body of 400 KiB (the daemon holds it until the
     answer), then another frame with its id (a ping, or a frame that is not a request):
     answering that one would release the RECEIVE's bytes, so RECEIVEs written so, one
-    after another, would hold a megabyte each while the connection counted none. It is
+    after another, would hold 400 KiB each while the connection counted none. It is
     refused with
     ``invalid_request`` in an ERROR of id 0 and the connection closed, nothing of it
     answered; an id answered already may be used again."""
