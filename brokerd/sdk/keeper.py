@@ -18,6 +18,8 @@ most :attr:`Reconnect.give_up_after` seconds (a timer: also while an attempt to 
 hangs); then they fail with :class:`NotConnected`: never sent, nothing happened. A
 repeatable request kept from a connection lost before its answer that cannot be written
 again fails with :class:`OutcomeUnknown` instead: it may have taken effect there.
+A connection whose daemon said it stops may be replaced by a new one before it ends:
+what it leaves is settled the same way, and written again on the new one.
 Reconnecting waits
 ``initial`` seconds, doubling to ``maximum``, with jitter, as aio-pika's robust
 connection and aiokafka's ``retry_backoff_ms`` do.
@@ -108,6 +110,10 @@ class ConnectionKeeper:
         ``limits.max_message_size``): a longer one is refused here, before it is written,
         since the daemon would close the connection on it."""
         self._waiting: list[_Waiting] = []
+        self._replaced: set[Connection] = set()
+        """Connections replaced by a newer one before they ended (their daemon said it
+        stops, and a new connection was made meanwhile): their end settles what they
+        leave as the current one's would."""
         self._give_up: asyncio.TimerHandle | None = None
         """When the first request waiting for a connection gives up: on time, also while
         an attempt to connect takes long (up to ``timeout`` for each of its steps)."""
@@ -248,15 +254,19 @@ class ConnectionKeeper:
     # -- losing a connection -------------------------------------------------------------
 
     def _ended(self, connection: Connection, ending: Ending) -> None:
-        """``connection`` is gone: settle each request it leaves unanswered."""
-        if connection is not self.connection:  # one being opened: its login failed
+        """``connection`` is gone: settle each request it leaves unanswered (also when a
+        newer connection replaced it already: those written again go on that one)."""
+        if connection is self.connection:
+            self.connection = None
+            self.last_failure = ending.reason
+            self.last_goodbye = ending.stopping
+        elif connection in self._replaced:
+            self._replaced.discard(connection)
+        else:  # one being opened: its login failed
             for _, request in ending.unanswered:
                 if not request.reply.done():
                     request.reply.set_exception(ClientError(ending.reason))
             return
-        self.connection = None
-        self.last_failure = ending.reason
-        self.last_goodbye = ending.stopping
         now = time.monotonic()
         again: list[Request] = []
         for request_id, request in ending.unanswered:
@@ -279,7 +289,10 @@ class ConnectionKeeper:
         for request in again:
             self._wait(request, now)
         self._waiting.extend(waiting)
-        self._start_reconnecting()
+        if self.connection is not None and self.connection.usable:
+            self._write_waiting(self.connection)
+        else:
+            self._start_reconnecting()
 
     def _failure(self, request: Request, not_executed: bool, ending: Ending) -> Exception | None:
         """How an unanswered request ends; None: it is written again on the next
@@ -339,10 +352,16 @@ class ConnectionKeeper:
             break
 
     def _adopt(self, connection: Connection) -> None:
+        if self.connection is not None and not self.connection.ended:
+            self._replaced.add(self.connection)  # its daemon is stopping: it ends later
         self.connection = connection
         self.last_goodbye = None
         self.generation += 1
         self.max_body = connection.max_body
+        self._write_waiting(connection)
+
+    def _write_waiting(self, connection: Connection) -> None:
+        """Write on ``connection`` the requests waiting for one, in order."""
         waiting, self._waiting = self._waiting, []
         self._disarm_give_up()
         for item in waiting:
@@ -391,5 +410,7 @@ class ConnectionKeeper:
         if self._task is not None:
             self._task.cancel()
         self._fail_waiting(NotConnected("client closed: the request was not sent"))
+        for replaced in list(self._replaced):
+            replaced.close()
         if self.connection is not None:
             self.connection.close()
