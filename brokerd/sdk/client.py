@@ -71,7 +71,15 @@ from typing import Any
 import orjson
 
 from brokerd.sdk.activation import Activation, Handler, ReaderPolicy
-from brokerd.sdk.connection import Address, Request, SequenceReply, abandon, error_of
+from brokerd.sdk.connection import (
+    Address,
+    Request,
+    SequenceReply,
+    abandon,
+    disown,
+    end_unowned_dialog,
+    error_of,
+)
 from brokerd.sdk.dialog import Dialog, Handle, handle_of
 from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
 from brokerd.sdk.messages import KeptMessages, ReceivedMessage, parse_group, parse_received
@@ -260,6 +268,7 @@ class BrokerClient:
         bound_to: int | None = None,
         repeatable: bool = False,
         abandoned: Callable[[ClientFrame | None], None] | None = None,
+        disowned: Callable[[ClientFrame], None] | None = None,
     ) -> tuple[dict[str, Any], bytes | bytearray]:
         """One request and its answer (the typed error the daemon reports is raised).
         ``bound_to``: the connection a transaction's request must go on; ``repeatable``:
@@ -268,7 +277,8 @@ class BrokerClient:
         A RECEIVE or GET CONVERSATION GROUP whose caller is cancelled while it waits is
         withdrawn: the daemon ends it empty if it has taken nothing yet. If it had, its
         answer, when it comes, goes to ``abandoned`` (R-DLG-1: a message taken for a
-        caller that is gone is not dropped)."""
+        caller that is gone is not dropped). Another request whose caller is cancelled
+        after it was written hands its answer to ``disowned``, to undo what it made."""
         future: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
         op = meta.get("op")
         request = Request(
@@ -280,11 +290,14 @@ class BrokerClient:
             commits=op == "commit",
         )
         self._submit(request)
-        if op in _WAITING:
+        if op in _WAITING or disowned is not None:
             try:
                 frame = await asyncio.shield(future)
             except asyncio.CancelledError:
-                abandon(request, future, abandoned)
+                if disowned is not None:
+                    disown(request, future, disowned)
+                else:
+                    abandon(request, future, abandoned)
                 raise
         else:
             frame = await future
@@ -313,7 +326,8 @@ class BrokerClient:
         ``lifetime`` in seconds (0: none). The new conversation joins the group of
         ``related_conversation`` (RELATED_CONVERSATION) or the group
         ``related_conversation_group`` (RELATED_CONVERSATION_GROUP; made if none exists),
-        not both (``InvalidRequest``); a new group without either."""
+        not both (``InvalidRequest``); a new group without either. Cancelled once written,
+        its conversation, no one's, is ended WITH CLEANUP (nothing sent: no one is told)."""
         meta, _ = await self._call(
             *begin_dialog_request(
                 from_service,
@@ -324,7 +338,8 @@ class BrokerClient:
                 lifetime,
                 related_conversation,
                 related_conversation_group,
-            )
+            ),
+            disowned=lambda frame: end_unowned_dialog(self._submit, frame),
         )
         handle = uuid.UUID(meta["conversation_handle"])
         return Dialog(self, handle, from_service, to_service, contract)

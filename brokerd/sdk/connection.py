@@ -12,6 +12,7 @@ it read, so those after it were never executed (SPEC §6, outcomes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import ssl
 import threading
@@ -32,6 +33,7 @@ from protocol.client_wire import (
 )
 from protocol.errors import (
     AuthenticationFailed,
+    BrokerError,
     BrokerStopping,
     ClientError,
     RemoteError,
@@ -480,7 +482,42 @@ def roll_back_unowned(request: Request, done: asyncio.Future[ClientFrame]) -> No
     connection.submit(Request(meta, b"", answer, only_here=True))
 
 
+def disown(
+    request: Request, future: asyncio.Future[ClientFrame], undo: Callable[[ClientFrame], None]
+) -> None:
+    """The caller of ``request`` stopped waiting for ``future``, its answer, and what the
+    request makes would have no owner: one waiting for a connection is never written;
+    one written hands its answer, when it comes and is not an error, to ``undo``."""
+    if request.connection is None:  # waiting for a connection: never written
+        future.cancel()
+        return
+
+    def answered(done: asyncio.Future[ClientFrame]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            frame = done.result()
+            if frame.kind is not ClientFrameKind.ERROR:
+                undo(frame)
+
+    future.add_done_callback(answered)
+
+
+def end_unowned_dialog(submit: Callable[[Request], None], frame: ClientFrame) -> None:
+    """``frame`` answers a BEGIN DIALOG whose caller stopped waiting: the conversation it
+    began, whose handle no one has, is ended WITH CLEANUP (``submit`` writes it, on this
+    connection or the next). Nothing crosses the network before a conversation's first
+    SEND, so no one is told (SPEC §6)."""
+    handle = frame.meta.get("conversation_handle")
+    if not isinstance(handle, str):
+        return
+    answer: asyncio.Future[ClientFrame] = asyncio.get_running_loop().create_future()
+    answer.add_done_callback(_ignored)
+    meta = encode_meta({"op": "end_conversation", "conversation_handle": handle, "cleanup": True})
+    with contextlib.suppress(BrokerError):  # the client is closed: nothing goes any more
+        submit(Request(meta, b"", answer, repeatable=True))
+
+
 def _ignored(done: asyncio.Future[ClientFrame]) -> None:
-    """A ``withdraw``'s answer: the RECEIVE's own answer says what came of it."""
+    """An answer no one waits for (a ``withdraw``'s: the RECEIVE's own answer says what
+    came of it; an unowned transaction's rollback, an unowned dialog's end)."""
     if not done.cancelled():
         done.exception()
