@@ -111,12 +111,7 @@ from brokerd.sdk.views import (
     typed,
 )
 from protocol.client_wire import ClientFrame, ClientFrameKind, encode_meta
-from protocol.errors import (
-    AuthenticationFailed,
-    ClientError,
-    OutcomeUnknown,
-    TransactionLost,
-)
+from protocol.errors import AuthenticationFailed, ClientError, OutcomeUnknown, TransactionLost
 
 DEFAULT_PORT = 4023
 
