@@ -139,6 +139,35 @@ def read_held_page(
     return conn.execute(sql, [*queues, handle, seq, limit]).fetchall()
 
 
+_HELD = "FROM queue_messages WHERE status = 1 AND queue_name IN ({marks})"
+_HELD_OLDEST = (
+    "SELECT conversation_handle, message_sequence_number, service_name, message_type, "
+    "message_length, enqueued_at, queue_name {held} AND enqueued_at <= "
+    "(SELECT enqueued_at {held} ORDER BY enqueued_at LIMIT 1 OFFSET ?) + ? ORDER BY rowid"
+)
+HELD_MARGIN = 2e-6
+"""Seconds past the ``n``-th oldest enqueue time that :func:`read_held_summary` still
+reads: a view shows enqueue times to the microsecond, so rows that far apart may show the
+same time, and the reader orders those by the file's order as :func:`read_held_for` does."""
+
+
+def read_held_summary(
+    conn: sqlite3.Connection, queues: Sequence[str], n: int
+) -> tuple[int, list[Any]]:
+    """How many ready messages ``queues`` (queues that are off, R-DLG-12) hold, and their
+    ``n`` oldest (at least one) with those whose enqueue time is within
+    :data:`HELD_MARGIN` of the ``n``-th, in :func:`read_held_for`'s order: aggregates and
+    a bounded sort in SQLite, never every message held handed to Python."""
+    held = _HELD.format(marks=",".join("?" * len(queues)))
+    (count,) = conn.execute(f"SELECT count(*) {held}", list(queues)).fetchone()
+    if not count:
+        return 0, []
+    nth = min(max(n, 1), count) - 1
+    sql = _HELD_OLDEST.format(held=held)
+    oldest = conn.execute(sql, [*queues, *queues, nth, HELD_MARGIN]).fetchall()
+    return int(count), oldest
+
+
 Budget = Callable[[list[dict[str, Any]]], int]
 """How many leading RECEIVE rows the caller can hand on (at least one of a non-empty list).
 A body kept in a segment file or in its fragments is, while the budget looks at it, only

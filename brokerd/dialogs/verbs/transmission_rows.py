@@ -5,7 +5,8 @@ What each database sent and has not had acknowledged is in memory (an endpoint's
 ``outbox``) or only in its file (its ``backlog``, recovered as numbers, or paged out);
 what it received for a queue that is off is in the file. A backlog may hold a million
 rows: a page of the view reads the rows of the endpoints it lists and no others, and
-the summary reads one row of an endpoint whose messages are all in the file.
+the summary reads one row of an endpoint whose messages are all in the file, and of the
+messages held for queues that are off their count and the rows it lists.
 
 May import: ``brokerd.dialogs.endpoints``, ``brokerd.dialogs.verbs.views`` and
 ``brokerd.dialogs.verbs.paging``, ``brokerd.storage``.
@@ -110,6 +111,24 @@ async def _held(databases: Sequence[Database]) -> Rows:
     return rows
 
 
+async def _held_summary(databases: Sequence[Database], listed: int) -> list[tuple[int, Rows]]:
+    """Per database with a queue that is off and messages held for it (R-DLG-12): how
+    many it holds, and the rows of its ``listed`` oldest (and of those that may show the
+    same enqueue time), in the full view's order: what the summary shows of them, read
+    with aggregates in SQLite, whatever is held (a queue off may hold a million)."""
+    out: list[tuple[int, Rows]] = []
+    for db in databases:
+        off = [q.name for q in db.catalog.queues.values() if not q.status and not q.system]
+        if not off:
+            continue
+        count, oldest = await db.store.run(
+            functools.partial(reads.read_held_summary, queues=off, n=listed)
+        )
+        if count:
+            out.append((count, views.held_for_disabled_queues(db, oldest)))
+    return out
+
+
 async def _held_page(
     databases: Sequence[Database], after_db: str, after_handle: str, after_seq: int, wanted: int
 ) -> Rows:
@@ -138,8 +157,9 @@ async def transmission_backlog(
 ) -> views.TransmissionBacklog:
     """The transmission queue as the admin port shows it (R-OPS-1): counts from memory,
     and from the file only the first row of each endpoint whose messages are all there
-    and the ``listed`` oldest rows, where the full view reads every row of every
-    backlog."""
+    and the ``listed`` oldest rows, and of the messages held for queues that are off a
+    count and the ``listed`` oldest (:func:`_held_summary`), where the full view reads
+    every row of every backlog and every message held."""
     heads: list[views.Head] = []
     for db in databases:
         in_file: list[Endpoint] = []
@@ -160,7 +180,7 @@ async def transmission_backlog(
                 for ep, page in zip(in_file, firsts, strict=True)
                 if page and ep.backlog
             ]
-    held = await _held(databases)
+    held = await _held_summary(databases, listed)
     oldest: Rows = []
     for head in views.oldest_heads(heads, listed):
         ep = head.ep
@@ -171,9 +191,10 @@ async def transmission_backlog(
                 functools.partial(_first_pages, wanted=[(ep.handle_text, ep.backlog.first, wanted)])
             )
         oldest += views.oldest_rows(head, listed, page)
-    oldest = sorted(oldest + held, key=lambda r: str(r["enqueued_at"]))[:listed]
+    candidates = [row for _, rows in held for row in rows]
+    oldest = sorted(oldest + candidates, key=lambda r: str(r["enqueued_at"]))[:listed]
     return views.TransmissionBacklog(
-        total=sum(h.messages for h in heads) + len(held),
+        total=sum(h.messages for h in heads) + sum(count for count, _ in held),
         peers=views.by_peer(heads, held),
         oldest=oldest,
     )

@@ -171,19 +171,26 @@ def backlog_head(db: Database, ep: Endpoint, first: SentRow) -> Head:
     return Head(db, ep, len(ep.backlog), first[4], ep.waiting_status)
 
 
-def by_peer(heads: Iterable[Head], held: Iterable[dict[str, Any]]) -> list[PeerBacklog]:
-    """The heads (and the rows ``held`` for queues that are off) by far peer, oldest
-    first."""
+def by_peer(
+    heads: Iterable[Head], held: Iterable[tuple[int, list[dict[str, Any]]]]
+) -> list[PeerBacklog]:
+    """The heads (and the messages ``held`` for queues that are off: per database, how
+    many, and rows of them that include its oldest) by far peer, oldest first."""
     out: dict[str, tuple[int, float, str]] = {}
     for h in heads:
         key = peer_of(h.ep)
         n, t, status = out.get(key, (0, math.inf, ""))
         out[key] = (n + h.messages, *min((t, status), (h.enqueued_at, h.status)))
-    for row in held:
-        key = str(row["to_broker_instance"])
-        n, t, status = out.get(key, (0, math.inf, ""))
-        at = datetime.fromisoformat(row["enqueued_at"]).timestamp() if row["enqueued_at"] else 0
-        out[key] = (n + 1, *min((t, status), (at, str(row["transmission_status"]))))
+    for count, rows in held:
+        for row in rows:
+            key = str(row["to_broker_instance"])
+            n, t, status = out.get(key, (0, math.inf, ""))
+            at = datetime.fromisoformat(row["enqueued_at"]).timestamp() if row["enqueued_at"] else 0
+            out[key] = (n, *min((t, status), (at, str(row["transmission_status"]))))
+        if rows:
+            key = str(rows[0]["to_broker_instance"])
+            n, t, status = out[key]
+            out[key] = (n + count, t, status)
     peers = [PeerBacklog(k, n, t, status) for k, (n, t, status) in out.items()]
     return sorted(peers, key=lambda p: p.oldest_enqueued_at)
 
