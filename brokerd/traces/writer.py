@@ -233,6 +233,10 @@ class TraceWriter:
         """Durable flushes a barrier asked for (each covers every barrier waiting then)."""
         self._next_n = 1
         """The ``n`` of the next line (used by the one flush at a time)."""
+        self._taken = 0
+        """Flushes that took lines from the buffer and have not written them yet: one may
+        wait for the lock, which is free for a step of the loop between the flush before it
+        letting go and this one taking it."""
         self._waiters: list[asyncio.Future[None]] = []
         """Barriers waiting for the next durable flush."""
         self._syncing: asyncio.Task[None] | None = None
@@ -444,8 +448,12 @@ class TraceWriter:
         count, self._buffered = self._buffered, 0
         self._open = {}  # what is taken is formatted now: nothing may join it any more
         self._latest = {}
-        async with self._lock:
-            await asyncio.to_thread(self._write, lines, count)
+        self._taken += 1
+        try:
+            async with self._lock:
+                await asyncio.to_thread(self._write, lines, count)
+        finally:
+            self._taken -= 1
 
     def barrier(self) -> asyncio.Future[None] | None:
         """A future done once every event emitted so far is written and fsynced, or None
@@ -458,7 +466,7 @@ class TraceWriter:
         A waiter that may be cancelled shields it."""
         if self._task is None or not self.config.durable:
             return None
-        if not self._buffer and not self._lock.locked():
+        if not self._buffer and not self._taken and not self._lock.locked():
             return None
         if self._waiters:  # not taken yet: the flush that takes it covers these events too
             return self._waiters[-1]
@@ -478,7 +486,7 @@ class TraceWriter:
                 try:
                     if self._buffer:
                         await self.flush()
-                    else:  # a flush is running: its lines are fsynced when it ends
+                    else:  # flushes took the lines: they hold the lock or wait before us
                         async with self._lock:
                             pass
                 finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -358,6 +359,44 @@ async def test_a_barrier_is_done_once_the_events_before_it_are_fsynced(tmp_path:
     loose.emit("message_sent", conversation, seq=1)
     assert loose.barrier() is None
     await loose.stop()
+
+
+async def test_no_barrier_is_skipped_while_a_flush_waits_for_the_one_before_it(
+    tmp_path: Path,
+) -> None:
+    """R-TRACE-1: a commit's outcome reaches the application only once the events emitted
+    before it are on disk. While a flush that took them waits for another flush to end,
+    the barrier asked then must wait for it too, also in the loop step between the first
+    flush letting go of the segment and the second one taking it."""
+    writer = TraceWriter(TraceConfig(directory=tmp_path, flush_interval=60), "alpha")
+    await writer.start()
+    conversation = uuid.uuid4()
+    emitted = writer.events_written
+    skipped: list[tuple[int, int]] = []
+    running = True
+    loop = asyncio.get_running_loop()
+
+    def look() -> None:  # every step of the loop: a barrier of None means all is on disk
+        if writer.barrier() is None and writer.events_written < emitted:
+            skipped.append((emitted, writer.events_written))
+        if running:
+            loop.call_soon(look)
+
+    loop.call_soon(look)
+    for seq in range(1, 201):
+        writer.emit("message_sent", conversation, seq=seq)
+        emitted += 1
+        first = asyncio.create_task(writer.flush())
+        await asyncio.sleep(0)
+        writer.emit("enqueued", conversation, seq=seq)
+        emitted += 1
+        second = asyncio.create_task(writer.flush())
+        await asyncio.gather(first, second)
+        if skipped:
+            break
+    running = False
+    await writer.stop()
+    assert skipped == []
 
 
 def test_the_documented_events_are_the_writers_with_their_durability() -> None:
