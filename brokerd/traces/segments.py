@@ -11,7 +11,7 @@ R-TRACE-3).
 Files are created 0600 and the trace directory is kept 0700: segments name services and
 carry timings (R-TRACE-3).
 
-May import: ``brokerd.config``, ``brokerd.traces.columnar``.
+May import: ``brokerd.config``, ``brokerd.parent_death``, ``brokerd.traces.columnar``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import BinaryIO
 
 from brokerd.config import TraceConfig
 from brokerd.directories import make_directory, sync_directory
+from brokerd.parent_death import DIES_WITH_PARENT
 from brokerd.traces import columnar
 from brokerd.traces.names import (
     CLOSED_SUFFIX,
@@ -179,8 +180,12 @@ def without_duplicates(paths: list[Path]) -> list[Path]:
 
 
 def compaction_command(path: Path, partial: Path) -> list[str]:
-    """The command that compacts ``path`` into ``partial``."""
-    return [sys.executable, "-m", "brokerd.traces.columnar", str(path), str(partial)]
+    """The command that compacts ``path`` into ``partial``, dying with the process that
+    runs it (:mod:`brokerd.parent_death`): a compaction left running by a daemon killed
+    (SIGKILL) would write the ``.partial`` the next start deletes and compacts into again,
+    at the same time as that start's own compaction of the same segment."""
+    command = [sys.executable, "-m", "brokerd.traces.columnar", str(path), str(partial)]
+    return [*DIES_WITH_PARENT, *command]
 
 
 class SegmentKeeper:

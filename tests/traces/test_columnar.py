@@ -278,3 +278,60 @@ def test_the_analysis_finds_damaged_compressed_segments_and_only_those(tmp_path:
     found = {p: e for p in (sound, cut, plain, whole, short) if (e := unreadable(p)) is not None}
     assert sorted(found) == [cut, short]
     assert "magic bytes" in found[cut] and found[short]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid``'s threads started (``/proc``), none once it is gone."""
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_compaction_dies_with_the_process_that_runs_it(tmp_path: Path) -> None:
+    """R-TRACE-3: a daemon killed (SIGKILL) while a compaction runs leaves no compaction
+    behind: one that went on would write the ``.partial`` file the next start deletes, and
+    then compacts into again, at the same time as the next start's own compaction."""
+    segment = tmp_path / "alpha-20261121T090957-1-00001.jsonl"
+    os.mkfifo(segment)  # a compaction that does not end by itself: its source never opens
+    keeper = (
+        "from pathlib import Path\n"
+        "from brokerd.config import TraceConfig\n"
+        "from brokerd.traces.segments import SegmentKeeper\n"
+        f"d = Path({str(tmp_path)!r})\n"
+        "SegmentKeeper(TraceConfig(directory=d), d, 'alpha').compact(\n"
+        f"    d / {segment.name!r})\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", keeper], cwd=os.getcwd())
+    compaction = None
+    try:
+        deadline = time.monotonic() + 20
+        while compaction is None and time.monotonic() < deadline:
+            for child in _children(parent.pid):
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                if b"brokerd.traces.columnar" in cmdline:
+                    compaction = child
+            time.sleep(0.02)
+        assert compaction is not None, "the compaction did not start"
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while _alive(compaction) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(compaction), "the compaction outlived the daemon"
+    finally:
+        parent.kill()
+        parent.wait()
+        if compaction is not None and _alive(compaction):
+            os.kill(compaction, 9)
