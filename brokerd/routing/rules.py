@@ -85,6 +85,10 @@ class Decision:
     broker_instance: uuid.UUID | None = None
     request_route: bool = False
     """R-ROUTE-4 step 4: ask the dynamic routing service for a route to this service."""
+    awaits_route_request: bool = False
+    """Made while a request for a route to this service was pending (R-ROUTE-14): it may
+    change once that request is answered, abandoned or no longer pending, so no cache
+    keeps it (set by the caller, which knows the requests)."""
     arrived_from_outside: bool = False
     """Routed as a conversation from outside (msdb routes), directly or by R-ROUTE-8."""
     choices: int = 1

@@ -28,6 +28,7 @@ import ipaddress
 import math
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -149,6 +150,8 @@ class RouteDecisions:
         expires. A decision that asks the dynamic routing service for a route, or made
         while such a request for ``service`` is pending (R-ROUTE-14), is not kept. With
         10,000 conversations this spares one full decision per conversation and side.
+        A decision made while a request is pending says so (``awaits_route_request``), so
+        that the per-conversation cache of messages from outside does not keep it either.
         """
         msdb = self.engine.msdb
         table = msdb if from_outside else db
@@ -178,7 +181,9 @@ class RouteDecisions:
             pending_route_requests=pending,
             route_requests_full=len(pending) >= self.requests.limit,
         )
-        if decision.choices == 1 and not decision.request_route and service not in pending:
+        if service in pending:
+            decision = replace(decision, awaits_route_request=True)
+        elif decision.choices == 1 and not decision.request_route:
             shared.keep(key, decision)
             shared.expire_with(decision)
         return decision

@@ -153,7 +153,9 @@ class Inbound:
                 header.conversation_id,
                 from_outside=True,
             )
-            if not decision.request_route:
+            # Made while the dynamic routing service is asked (R-ROUTE-14): it holds only
+            # until that request is over; the sender's retransmissions decide again then.
+            if not decision.request_route and not decision.awaits_route_request:
                 cache.keep(key, decision)
             cache.expire_with(decision)
         if decision.request_route:
