@@ -18,6 +18,7 @@ May import: ``brokerd.config``, ``brokerd.errors``, ``brokerd.storage``, the rou
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -52,8 +53,24 @@ class RouteAdmin:
     def __init__(self, engine: AdminServices, state: RouterState) -> None:
         self.engine = engine
         self.state = state
+        self._changing = asyncio.Lock()
+        """One change at a time: each is checked against the routes as the ones before it
+        left them (a route name is unique, without regard to case), not against routes
+        that another change, still waiting for its commit, is about to replace."""
 
     async def create_route(self, database: str, fields: dict[str, Any]) -> Route:
+        async with self._changing:
+            return await self._create_route(database, fields)
+
+    async def alter_route(self, database: str, name: str, changes: dict[str, Any]) -> Route:
+        async with self._changing:
+            return await self._alter_route(database, name, changes)
+
+    async def drop_route(self, database: str, name: str) -> None:
+        async with self._changing:
+            await self._drop_route(database, name)
+
+    async def _create_route(self, database: str, fields: dict[str, Any]) -> Route:
         db = self.engine.database(database)
         name = str(fields.get("name") or "")
         existing = db.catalog.find_route(name) if name else None
@@ -63,7 +80,7 @@ class RouteAdmin:
         await self._store_route(db, route)
         return route
 
-    async def alter_route(self, database: str, name: str, changes: dict[str, Any]) -> Route:
+    async def _alter_route(self, database: str, name: str, changes: dict[str, Any]) -> Route:
         db = self.engine.database(database)
         current = self._admin_route(db, name, "alter")
         fields: dict[str, Any] = {
@@ -84,7 +101,7 @@ class RouteAdmin:
         await self._store_route(db, route)
         return route
 
-    async def drop_route(self, database: str, name: str) -> None:
+    async def _drop_route(self, database: str, name: str) -> None:
         db = self.engine.database(database)
         route = self._admin_route(db, name, "drop")
         await self.engine.submit_wait(db, [queries.drop_route(route.name)])
