@@ -42,6 +42,7 @@ from brokerd.dialogs.endpoints.deadlines import Deadlines
 from brokerd.dialogs.endpoints.directory import Directory
 from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_snapshot, queue_row
 from brokerd.dialogs.endpoints.events import DialogEvents
+from brokerd.dialogs.endpoints.ready import Rank
 from brokerd.dialogs.endpoints.runs import alike_runs
 from brokerd.dialogs.endpoints.states import DELIVERING, State
 from brokerd.dialogs.endpoints.stats import EngineStats
@@ -689,10 +690,17 @@ class Arrivals:
             elif ep.accepted.fragments.get(seq) is held:
                 ep.durable.add_fragment(seq, fragment, UNKNOWN_COUNT)
             self.events.arrival_committed(ep)
-            if fenced or ep.state not in DELIVERING:  # an END committed with it or before
-                self.events.discarded(
-                    ep, released, "this side has ended the conversation", received=True
-                )
+            if fenced or ep.state not in DELIVERING:  # this side has ended (its END may commit)
+                rank = Rank.ERROR if error else Rank.IN_SEQUENCE
+                if (
+                    fenced
+                    or index is None
+                    or not index.arrived_ending(ep.handle, ep.group_id, released, rank)
+                ):
+                    self.events.discarded(
+                        ep, released, "this side has ended the conversation", received=True
+                    )
+                # else this side's END is committing: its outcome settles them
             else:
                 self.delivery.delivered(db, ep, queue, index, released, error)
             if coming is not None:

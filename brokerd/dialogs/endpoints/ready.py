@@ -87,6 +87,12 @@ class ReadyIndex:
     rollback gave back meanwhile, (group, messages) in the order given back: the
     conversation no longer takes them back, but they are in the file until the END
     commits (:meth:`end_settled`)."""
+    ending_arrivals: dict[uuid.UUID, list[tuple[uuid.UUID, int, Rank]]] = field(
+        default_factory=dict
+    )
+    """Conversations whose END CONVERSATION is committing -> the messages of the other
+    side that committed meanwhile, (group, number, rank) in order (:meth:`arrived_ending`):
+    the END's commit removes them, and a failed END makes them ready."""
     waiting: int = 0
     """RECEIVEs and GET CONVERSATION GROUPs waiting on this queue for something to take
     (``tasks_waiting`` of Service Broker's queue monitor)."""
@@ -326,17 +332,37 @@ class ReadyIndex:
         waiting.append((group, items))
         return True
 
-    def end_settled(self, handle: uuid.UUID, committed: bool) -> None:
+    def arrived_ending(
+        self, handle: uuid.UUID, group: uuid.UUID, seqs: list[int], rank: Rank
+    ) -> bool:
+        """Messages ``seqs`` of ``handle`` committed into the queue (the last of ``rank``,
+        the others in sequence) after its END CONVERSATION was applied and before that
+        END's commit: kept for its outcome (True), or False if no END of it is
+        committing."""
+        if handle not in self.ending:
+            return False
+        kept = self.ending_arrivals.setdefault(handle, [])
+        last = seqs[-1] if seqs else None
+        kept += [(group, s, rank if s == last else Rank.IN_SEQUENCE) for s in seqs]
+        return True
+
+    def end_settled(self, handle: uuid.UUID, committed: bool) -> list[int]:
         """The END CONVERSATION of :meth:`end_begins` committed (what was given back
         meanwhile is gone with the conversation's rows) or failed (it is ready again, in
         front of its group; called after the END has put back its own, which come after
-        them)."""
+        them, and the messages that arrived meanwhile come last, in order). Returns the
+        numbers of those arrived meanwhile (:meth:`arrived_ending`)."""
         given = self.ending.pop(handle, [])
         for group, items in given:
             if committed:
                 self.received(items)
             else:
                 self.put_back(group, items)
+        arrived = self.ending_arrivals.pop(handle, [])
+        if not committed:
+            for group, seq, rank in arrived:
+                self.add(group, handle, seq, rank)
+        return [seq for _, seq, _ in arrived]
 
     def drop_conversation(self, handle: uuid.UUID) -> list[tuple[uuid.UUID, list[Item]]]:
         """Remove a conversation's ready messages (and those set aside, SPEC §6: the

@@ -179,6 +179,28 @@ class ConversationVerbs:
         await commit(db, self.begin_dialog_work(db, ep))
         return ep
 
+    def _arrivals_settled(
+        self, db: Database, ep: Endpoint, seqs: list[int], queue: str | None = None
+    ) -> None:
+        """The other side's messages ``seqs`` committed into ``ep``'s queue while its END
+        was committing (``ReadyIndex.arrived_ending``): gone with the END (``queue`` None),
+        or, the END failed, ready in ``queue`` (R-DLG-1, R-TRACE-1)."""
+        if not seqs:
+            return
+        if queue is None:
+            self.events.discarded(ep, seqs, "this side has ended the conversation", received=True)
+            return
+        self.events.trace.emit_each(
+            "delivered",
+            ep.conversation_id,
+            "seq",
+            seqs,
+            database=db.name,
+            initiator=not ep.initiator,
+            queue=queue,
+        )
+        self.events.stats.delivered_messages += len(seqs)
+
     @staticmethod
     def check_end(error_code: int | None, cleanup: bool = False) -> None:
         """END CONVERSATION's check: WITH ERROR takes a code greater than 0; the codes
@@ -227,7 +249,7 @@ class ConversationVerbs:
 
         def committed() -> None:
             if settles and index is not None:
-                index.end_settled(ep.handle, committed=True)
+                self._arrivals_settled(db, ep, index.end_settled(ep.handle, committed=True))
 
         def failed(_: BaseException) -> None:
             ep.ended_local = False
@@ -239,7 +261,8 @@ class ConversationVerbs:
                 for group, items in unreceived:
                     index.put_back(group, items)
                 if settles:  # taken before, given back meanwhile: in front of those
-                    index.end_settled(ep.handle, committed=False)
+                    late = index.end_settled(ep.handle, committed=False)
+                    self._arrivals_settled(db, ep, late, queue)
 
         # SPEC §6, R-DLG-10: what waits in this side's queue goes, and nothing more comes.
         work = Work().add(queries.discard_queued(ep.handle_text), committed, failed)
@@ -309,7 +332,7 @@ class ConversationVerbs:
 
         def committed() -> None:
             if settles and index is not None:
-                index.end_settled(ep.handle, committed=True)
+                self._arrivals_settled(db, ep, index.end_settled(ep.handle, committed=True))
             self.events.discarded(ep, [*ep.outbox, *ep.backlog], "END CONVERSATION WITH CLEANUP")
             self.transmission.discard(ep)
             self.events.closed(ep, removed=True)
@@ -325,7 +348,8 @@ class ConversationVerbs:
                 for group, items in unreceived:
                     index.put_back(group, items)
                 if settles:  # taken before, given back meanwhile: in front of those
-                    index.end_settled(ep.handle, committed=False)
+                    late = index.end_settled(ep.handle, committed=False)
+                    self._arrivals_settled(db, ep, late, queue)
 
         return Work().add(
             [*queries.forget_conversation(ep.handle_text), endpoint_deletion(ep)],

@@ -22,6 +22,7 @@ from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.directory import Directory
 from brokerd.dialogs.endpoints.endpoint import Endpoint, OutMessage, endpoint_snapshot, queue_row
 from brokerd.dialogs.endpoints.events import DialogEvents
+from brokerd.dialogs.endpoints.ready import Rank
 from brokerd.dialogs.endpoints.runs import alike_runs
 from brokerd.dialogs.endpoints.states import DELIVERING
 from brokerd.dialogs.endpoints.stats import EngineStats
@@ -439,10 +440,13 @@ class SendVerbs:
                 durable.add_message(seq)
             if far.state in DELIVERING:
                 self.delivery.delivered(db, far, queue, index, seqs, False)
-            else:  # ended meanwhile: its END removes the rows again (R-DLG-10)
+            elif index is None or not index.arrived_ending(
+                far.handle, far.group_id, seqs, Rank.IN_SEQUENCE
+            ):  # ended meanwhile: its END removes the rows again (R-DLG-10)
                 self.events.discarded(
                     far, seqs, "this side has ended the conversation", received=True
                 )
+            # else its END is committing: that END's outcome settles them
             self.events.closed(far)  # if these messages closed it (R-TRACE-1)
             for seq, (i, _, _) in zip(seqs, messages, strict=True):
                 then(i, seq)
