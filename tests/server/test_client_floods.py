@@ -253,21 +253,26 @@ async def test_the_receives_waiting_on_one_connection_are_bounded(broker: Broker
 FLOOD_HOST = "127.0.0.121"
 DAEMON_FILES = 256
 """The daemon's limit of open files in the flood test (its soft RLIMIT_NOFILE)."""
-FLOOD = 400
-"""Connections that never log in: more than the daemon may have files open."""
+FLOOD = {False: 400, True: 800}
+"""Connections that never log in (on a TLS port, that never begin their handshake): more
+than the daemon may have files open (with TLS, 400 did not lock an application out even
+when handshakes were not counted)."""
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 async def test_connections_that_never_log_in_do_not_lock_applications_out(
-    tmp_path: Path,
+    tmp_path: Path, tls: bool
 ) -> None:
     """R-CLIENT-1 (docs/design.md "Security defaults"): the client port requires a login,
     and a connection without one is closed after ``client.login_timeout``. Until then,
     connections that never log in (a flood of them, which needs no token) must not take
     every file the daemon may open: an application that connects and logs in meanwhile
     is served, as a broker's handshake on port 4022 goes through a flood of connections
-    that never complete theirs (``endpoint.max_pending_handshakes``)."""
+    that never complete theirs (``endpoint.max_pending_handshakes``). On a TLS port the
+    same holds for connections that never begin their TLS handshake (which needs no token,
+    nor a certificate): they count among those not logged in from their TCP accept."""
     deployment = Deployment(tmp_path)
-    daemon = deployment.add("solo", FLOOD_HOST, SOLO_DATABASE)
+    daemon = deployment.add("solo", FLOOD_HOST, SOLO_DATABASE, client_tls=tls)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (DAEMON_FILES, hard))
     try:
@@ -276,7 +281,7 @@ async def test_connections_that_never_log_in_do_not_lock_applications_out(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     flood: list[socket.socket] = []
     try:
-        for _ in range(FLOOD):
+        for _ in range(FLOOD[tls]):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setblocking(False)
             with contextlib.suppress(BlockingIOError):
@@ -287,6 +292,7 @@ async def test_connections_that_never_log_in_do_not_lock_applications_out(
             FLOOD_HOST,
             daemon.client_port,
             token_file=daemon.token_file,
+            tls_ca_file=daemon.tls_ca_file if tls else None,
             timeout=3,
             reconnect=False,
         )

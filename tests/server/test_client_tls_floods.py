@@ -2,19 +2,16 @@
 docs/design.md "Security defaults"): they are among the at most 128 connections that
 wait for their login (``MAX_PENDING_LOGINS``) from their TCP accept, so a newer one
 closes the oldest, as on a plain port, and a flood of them cannot take every file the
-daemon may open (the login timeout alone would let them hold one each for 10 s).
+daemon may open (the login timeout alone would let them hold one each for 10 s; that
+flood is tested beside the plain port's, in test_client_floods.py).
 
 The daemon runs in the test's process on 127.0.11.20 (its client port TLS, its login
-timeout long enough that only the bound can close a connection during the test); the
-one whose open files are limited runs in a process of its own on 127.0.11.21.
+timeout long enough that only the bound can close a connection during the test).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import resource
-import socket
 from pathlib import Path
 
 from brokerd.sdk.client import BrokerClient
@@ -62,51 +59,3 @@ async def test_connections_in_their_tls_handshake_count_among_those_not_logged_i
         finally:
             for _, writer in silent:
                 writer.close()
-
-
-FLOOD_HOST = "127.0.11.21"
-DAEMON_FILES = 256
-"""The daemon's limit of open files in the flood test (its soft RLIMIT_NOFILE)."""
-FLOOD = 800
-"""Connections that never begin their handshake: more than the daemon may have open."""
-
-
-async def test_connections_that_never_finish_a_tls_handshake_do_not_lock_applications_out(
-    tmp_path: Path,
-) -> None:
-    """R-CLIENT-1: a flood of connections that never begin their TLS handshake (which
-    needs no token, nor a certificate) must not take every file the daemon may open: an
-    application that connects with TLS and logs in meanwhile is served."""
-    deployment = Deployment(tmp_path)
-    daemon = deployment.add("solo", FLOOD_HOST, SOLO_DATABASE, client_tls=True)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (DAEMON_FILES, hard))
-    try:
-        deployment.start("solo")  # the daemon inherits the limit
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    flood: list[socket.socket] = []
-    try:
-        for _ in range(FLOOD):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                sock.connect((FLOOD_HOST, daemon.client_port))
-            flood.append(sock)
-        await asyncio.sleep(1)  # each accepted, or waiting in the listen queue
-        client = await BrokerClient.connect(
-            FLOOD_HOST,
-            daemon.client_port,
-            token_file=daemon.token_file,
-            tls_ca_file=daemon.tls_ca_file,
-            timeout=3,
-            reconnect=False,
-        )
-        try:
-            assert (await client.ping())["instance"] == "solo"
-        finally:
-            await client.close()
-    finally:
-        for sock in flood:
-            sock.close()
-        deployment.stop_all()
