@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from brokerd.server.daemon import Broker
 from protocol.client_wire import (
@@ -34,3 +35,8 @@ async def logged_in(broker: Broker) -> tuple[asyncio.StreamReader, asyncio.Strea
         answer = frames.feed(await reader.read(4096))
     assert answer[0].kind is ClientFrameKind.RESPONSE, answer[0]
     return reader, writer
+
+
+def request(request_id: int, meta: dict[str, Any], body: bytes = b"") -> bytes:
+    """A REQUEST frame's bytes, as the wire carries them."""
+    return encode_frame(ClientFrame(ClientFrameKind.REQUEST, request_id, meta, body))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,7 +25,7 @@ from brokerd.tools.launcher import Deployment
 from protocol.client_wire import ClientFrame, ClientFrameKind, ClientFrameReader, encode_frame
 from protocol.errors import InvalidRequest
 from tests.daemons import SOLO_DATABASE, in_process
-from tests.raw_client import logged_in
+from tests.raw_client import logged_in, request
 
 HOST = "127.0.11.1"
 BODY = b"x" * (400 * 1024)
@@ -40,10 +39,6 @@ async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
     daemon = Deployment(tmp_path).add("solo", HOST, SOLO_DATABASE, extra=limits)
     async with in_process(daemon.config_path) as running:
         yield running
-
-
-def _request(request_id: int, meta: dict[str, Any], body: bytes = b"") -> bytes:
-    return encode_frame(ClientFrame(ClientFrameKind.REQUEST, request_id, meta, body))
 
 
 async def _answers(
@@ -75,14 +70,14 @@ async def test_an_id_reused_while_its_request_is_in_flight_is_refused(
     wire = ClientFrameReader()
     try:
         for _ in range(2):
-            writer.write(_request(5, {"op": "ping"}))
+            writer.write(request(5, {"op": "ping"}))
             answers, closed = await _answers(reader, wire, 1)
             assert [(a.kind, a.request_id) for a in answers] == [(ClientFrameKind.RESPONSE, 5)]
         receive = {"op": "receive", "queue": "Q1", "timeout": -1}
         writer.write(
-            _request(7, receive, BODY)
+            request(7, receive, BODY)
             + encode_frame(ClientFrame(kind, 7, {"op": "ping"}))
-            + _request(8, {"op": "ping"})
+            + request(8, {"op": "ping"})
         )
         answers, closed = await _answers(reader, wire, 2)
         assert [(a.kind, a.request_id) for a in answers] == [(ClientFrameKind.ERROR, 0)], answers

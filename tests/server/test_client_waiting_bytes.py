@@ -17,16 +17,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from brokerd.server.daemon import Broker
 from brokerd.tools.launcher import Deployment
-from protocol.client_wire import ClientFrame, ClientFrameKind, ClientFrameReader, encode_frame
+from protocol.client_wire import ClientFrame, ClientFrameKind, ClientFrameReader
 from protocol.errors import InvalidRequest
 from tests.daemons import SOLO_DATABASE, in_process
-from tests.raw_client import logged_in
+from tests.raw_client import logged_in, request
 
 HOST = "127.0.32.1"
 WAIT_FOR_EVER = {"op": "receive", "queue": "Q1", "timeout": -1}
@@ -38,10 +37,6 @@ async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
     daemon = Deployment(tmp_path).add("solo", HOST, SOLO_DATABASE, extra=limits)
     async with in_process(daemon.config_path) as running:
         yield running
-
-
-def _request(request_id: int, meta: dict[str, Any], body: bytes = b"") -> bytes:
-    return encode_frame(ClientFrame(ClientFrameKind.REQUEST, request_id, meta, body))
 
 
 async def _until(
@@ -68,15 +63,15 @@ async def test_waiting_receives_count_their_metas(broker: Broker) -> None:
     wire = ClientFrameReader()
     padded = {**WAIT_FOR_EVER, "padding": "x" * (300 * 1024)}
     try:
-        receives = b"".join(_request(i, padded) for i in range(10, 18))
-        writer.write(receives + _request(30, {"op": "ping"}))
+        receives = b"".join(request(i, padded) for i in range(10, 18))
+        writer.write(receives + request(30, {"op": "ping"}))
         answers: dict[int, ClientFrame] = {}
         await _until(reader, wire, answers, 30)
         refused = sorted(i for i, a in answers.items() if a.kind is ClientFrameKind.ERROR)
         assert refused == list(range(11, 18)), sorted(answers)
         assert all(answers[i].meta["code"] == InvalidRequest.code for i in refused)
         assert "waiting" in answers[11].meta["message"], answers[11].meta
-        writer.write(_request(31, {"op": "withdraw", "request": 10}))
+        writer.write(request(31, {"op": "withdraw", "request": 10}))
         await _until(reader, wire, answers, 31)
         assert answers[31].meta == {"withdrawn": True}
         await _until(reader, wire, answers, 10)
@@ -95,9 +90,9 @@ async def test_a_connection_whose_receives_wait_still_reads_its_withdraw(broker:
     wire = ClientFrameReader()
     try:
         writer.write(
-            _request(10, WAIT_FOR_EVER, b"x" * (400 * 1024))
-            + _request(11, WAIT_FOR_EVER, b"x" * (900 * 1024))
-            + _request(12, {"op": "withdraw", "request": 10})
+            request(10, WAIT_FOR_EVER, b"x" * (400 * 1024))
+            + request(11, WAIT_FOR_EVER, b"x" * (900 * 1024))
+            + request(12, {"op": "withdraw", "request": 10})
         )
         answers: dict[int, ClientFrame] = {}
         await _until(reader, wire, answers, 12)
