@@ -111,15 +111,11 @@ class ReadyIndex:
         """An Error of a conversation of ``group`` is accepted; its commit is not done. The
         endpoint shows ER already, so RECEIVE takes nothing of the group until the Error
         is ready (:meth:`add`) or its commit failed (:meth:`error_settled` either way)."""
-        self.errors_coming[group] = self.errors_coming.get(group, 0) + 1
+        _count(self.errors_coming, group, 1)
 
     def error_settled(self, group: uuid.UUID) -> None:
         """The Error :meth:`error_coming` announced is ready, or will not be."""
-        left = self.errors_coming.get(group, 0) - 1
-        if left > 0:
-            self.errors_coming[group] = left
-        else:
-            self.errors_coming.pop(group, None)
+        _count(self.errors_coming, group, -1)
         self.changed.set()
 
     def add(
@@ -392,17 +388,13 @@ class ReadyIndex:
         :meth:`move_settled`, nothing of it is taken (its commit may fail, and the
         messages go back to ``old``: none of them may be in a reader's hands then, to be
         given back to ``new``)."""
-        self.moves_coming[new] = self.moves_coming.get(new, 0) + 1
+        _count(self.moves_coming, new, 1)
         self._move(handle, old, new)
 
     def move_settled(self, group: uuid.UUID) -> None:
         """The MOVE into ``group`` of :meth:`move_conversation` committed, or failed and
         moved the messages back (:meth:`move_back`)."""
-        left = self.moves_coming.get(group, 0) - 1
-        if left > 0:
-            self.moves_coming[group] = left
-        else:
-            self.moves_coming.pop(group, None)
+        _count(self.moves_coming, group, -1)
         self.changed.set()
 
     def move_back(self, handle: uuid.UUID, new: uuid.UUID, old: uuid.UUID) -> None:
@@ -439,3 +431,14 @@ def _by_rank(items: list[Item], ahead: dict[Item, Rank]) -> list[Item]:
         for at, item in zip(at_list, ranked, strict=True):
             out[at] = item
     return out
+
+
+def _count(commits: dict[uuid.UUID, int], group: uuid.UUID, step: int) -> None:
+    """One more (``step`` 1) or one fewer (-1) commit in flight that keeps readers off
+    ``group`` (an Error on its way in, a MOVE into it); a group with none leaves
+    ``commits``."""
+    left = commits.get(group, 0) + step
+    if left > 0:
+        commits[group] = left
+    else:
+        commits.pop(group, None)
