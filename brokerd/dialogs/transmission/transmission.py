@@ -286,12 +286,13 @@ class Transmission:
                         # wake-up covers a link that had no connection to close.
                         self.schedule(ep, now + self.retry.initial)
                         return
-                    if msg.window is not self._windows[link.name]:
+                    window = self._windows[link.name]  # made by _send_message
+                    if msg.window is not window:
                         # The window is full: this message waits in it, and the
                         # endpoint's other due messages are offered when it has room
                         # again, so a backlog costs the window one entry per endpoint,
                         # not per message.
-                        self._windows[link.name].block(ep, msg.paged)
+                        window.block(ep, msg.paged)
                         break
                 if msg.due < earliest:
                     earliest = msg.due
