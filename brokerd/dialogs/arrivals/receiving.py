@@ -65,6 +65,7 @@ index entries and share of a commit cost as much as about 2 KiB of body, so thou
 small messages count as a backlog too."""
 
 log = logging.getLogger("brokerd.dialogs.receiving")
+_END_COMMITTING = "this side's END CONVERSATION is committing; the sender resends it"
 _RECEIVED = "received"
 """The key that joins the store jobs of received messages (``Store.submit_joined``)."""
 
@@ -203,6 +204,8 @@ class Arrivals:
             return
         if ep.state is State.CLOSED or ep.broker_error:
             return self.events.drop(header, f"conversation is {ep.state.value}")
+        if self._end_committing(db, ep):
+            return self.events.drop(header, _END_COMMITTING)
         refusal = None if checked else self.admission.refusal(db, ep.contract, header, body)
         if refusal is not None:
             code, text = refusal
@@ -214,6 +217,20 @@ class Arrivals:
             self._validate_whole(link, db, ep, header, body)
         else:
             self._accept_fragment(db, ep, header, body)
+
+    @staticmethod
+    def _end_committing(db: Database, ep: Endpoint) -> bool:
+        """This side's END CONVERSATION of ``ep`` is applied and its commit not done. What
+        arrives now is neither stored nor acknowledged (the sender resends it): taken
+        in, it would be stored as discarded by this side's end and acknowledged, and
+        lost if that END then fails to commit and the conversation goes on (R-DLG-1,
+        R-DLG-5, R-DLG-10). Once the END's outcome is known, a copy is discarded and
+        acknowledged (it committed) or received (it failed)."""
+        if not ep.ended_local:
+            return False
+        queue = db.queue_of(ep.service)
+        index = db.ready.get(queue) if queue else None
+        return index is not None and index.end_committing(ep.handle)
 
     def _drop_other_cut(self, db: Database, ep: Endpoint, header: DialogHeader) -> None:
         """R-DLG-7: the fragments held of this message were cut at another size than the
@@ -291,6 +308,8 @@ class Arrivals:
             ep.validating.discard(seq)
             if ep.state is State.CLOSED or ep.broker_error:
                 self.events.drop(header, f"conversation is {ep.state.value}")
+            elif self._end_committing(db, ep):
+                self.events.drop(header, _END_COMMITTING)
             elif ep.accepted.fragments.get(seq) is not held:
                 # Cut again while it was checked (_drop_other_cut): this fragment is of
                 # the cut that was dropped, and the sender sends the new cut.

@@ -319,6 +319,11 @@ class ReadyIndex:
         self.ending[handle] = []
         return True
 
+    def end_committing(self, handle: uuid.UUID) -> bool:
+        """Whether an END CONVERSATION of ``handle`` is committing (:meth:`end_begins`,
+        until :meth:`end_settled`)."""
+        return handle in self.ending
+
     def give_back_ending(self, handle: uuid.UUID, group: uuid.UUID, items: list[Item]) -> bool:
         """Taken messages given back (a rollback) of a conversation that has ended; kept
         for the outcome of its END if that is committing (True), else gone (False)."""
