@@ -51,11 +51,14 @@ def test_every_combination_of_facts_gives_exactly_the_first_matching_rule() -> N
         (Facts(True, True, False, False, False, True, False, True), State.ERROR),
         (Facts(True, False, False, False, False, False, True, True), State.ERROR),
         (Facts(True, False, False, True, False, False, True, False), State.CLOSED),
+        (Facts(True, False, False, True, False, False, False, True), State.CLOSED),
     ],
 )
 def test_the_states_service_broker_documents(facts: Facts, state: State) -> None:
     """SO before the first SEND, SI until the first message, CO, DI, DO waiting for the
-    other side, CD once both ended and everything is acknowledged, ER on an Error."""
+    other side, CD once both ended and everything is acknowledged, ER on an Error; an
+    initiator ended before its first SEND is CD at once (the far side never heard of it,
+    SPEC §6)."""
     assert derive(facts) is state
 
 

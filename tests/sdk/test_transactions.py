@@ -80,6 +80,7 @@ async def test_a_refused_verb_rolls_back_the_whole_transaction(deployment: Deplo
     assert seqs(again) == seqs(got)
     assert await warehouse.view("transmission_queue") == []  # neither the reply nor the end
     ended = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
+    await shop.send(ended, ORDER, b"<first/>")  # ended before any SEND, it would go at once
     await shop.end_conversation(ended)
     with pytest.raises(ConversationEnded):  # a typed error outside a transaction too
         await shop.send(ended, ORDER, b"<x/>")
@@ -128,7 +129,10 @@ async def test_a_malformed_send_many_is_refused_and_queues_nothing(
         await shop.send_many([(handle, ORDER, b"")] * (MAX_SEND_MANY + 1))
     with pytest.raises(ConversationEnded):  # one refusal refuses the whole batch
         ended = await shop.begin_dialog(SHOP_SERVICE, WAREHOUSE_SERVICE, CONTRACT)
-        await shop.end_conversation(ended)
+        # sent on (ended before any SEND, it would go at once), and ended WITH ERROR:
+        # the Error drops that ORDER from the transmission queue
+        await shop.send(ended, ORDER, b"<first/>")
+        await shop.end_conversation(ended, error_code=1, description="given up")
         await shop.send_many([(handle, ORDER, b"<a/>"), (ended, ORDER, b"<b/>")])
     assert [r for r in await shop.view("transmission_queue") if r["message_type"] == ORDER] == []
 

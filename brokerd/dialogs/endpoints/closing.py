@@ -1,7 +1,8 @@
 """Closed endpoints waiting to be removed, and when each may go (SPEC §5, Decision).
 
 An endpoint in ``CD`` is done: this side ended, the other side ended too and everything
-this side sent is acknowledged (``states.RULES``). :class:`ClosedEndpoints` remembers
+this side sent is acknowledged, or this side, the initiator, ended before it sent anything
+(``states.RULES``). :class:`ClosedEndpoints` remembers
 each one from the moment it closed and says when it may be removed:
 
 * an **initiator**'s as soon as it owes no acknowledgement (the one of the target's

@@ -59,6 +59,12 @@ RULES: tuple[Rule, ...] = (
         lambda f: f.ended_local and (f.broker_error or (f.ended_remote and f.settled)),
         State.CLOSED,
     ),
+    (
+        "this side ended an initiator's dialog before sending anything: the far side never "
+        "heard of it, so there is no one to tell and nothing to wait for",
+        lambda f: f.ended_local and f.initiator and not f.sent,
+        State.CLOSED,
+    ),
     ("this side ended", lambda f: f.ended_local, State.DISCONNECTED_OUTBOUND),
     ("an Error arrived", lambda f: f.broker_error or f.error_received, State.ERROR),
     ("the other side ended", lambda f: f.ended_remote, State.DISCONNECTED_INBOUND),

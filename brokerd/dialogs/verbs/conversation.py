@@ -275,6 +275,13 @@ class ConversationVerbs:
             if ep.refresh_state():
                 work.add(on_commit=lambda: self.events.closed(ep))  # dialog_ended, too
             return work.add([endpoint_snapshot(ep)])
+        if ep.initiator and not ep.send_sequence:
+            # SPEC §6: nothing crosses the network before the first SEND, so the far
+            # service never heard of the dialog (R-DLG-9): no EndDialog or Error goes to
+            # it, and the endpoint closes at once, owing nothing (SPEC §5).
+            if ep.refresh_state():
+                work.add(on_commit=lambda: self.events.closed(ep))  # dialog_ended, too
+            return work.add([endpoint_snapshot(ep)])
         if error_code is not None:
             why = "END CONVERSATION WITH ERROR"
             gone = [*dropped_seqs, *unsent]
