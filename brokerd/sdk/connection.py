@@ -6,7 +6,8 @@ it. It logs in (R-CLIENT-1), writes the requests of one turn of the event loop
 together, pairs each answer with its request by id, and when the socket goes it hands
 every request still unanswered to its owner (the :class:`~brokerd.sdk.keeper.ConnectionKeeper`),
 with what the daemon said of them: a daemon stopping gracefully names the last request
-it read, so those after it were never executed (SPEC §6, outcomes).
+it read, so those after it were never executed, and so were those the socket went
+before they were written (SPEC §6, outcomes).
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ class Ending:
     time). What it left unanswered is not written again: it would be refused again."""
     unanswered: list[tuple[int, Request]] = field(default_factory=list)
     """In the order they were written."""
+    unwritten: frozenset[int] = frozenset()
+    """The ids of those the socket went before they were written (made in its last turn
+    of the event loop): the daemon never read them."""
 
 
 def error_of(frame: ClientFrame) -> Exception:
@@ -204,6 +208,8 @@ class Connection:
         self._pending: dict[int, Request] = {}
         self._out: list[Buffer] | None = None
         """Request frames of this turn of the event loop, written together at its end."""
+        self._unwritten: set[int] = set()
+        """The ids of the requests in ``_out``, or left there by a socket gone first."""
         self._challenge: asyncio.Future[ClientFrame] | None = None
         self.writable = asyncio.Event()
         """Clear while the socket's send buffer is over its high-water mark (:meth:`drain`)."""
@@ -331,6 +337,7 @@ class Connection:
         # encoded first: a request that cannot be written is not left in flight
         pieces = encode_request_parts(request_id, request.meta, request.body)
         self._pending[request_id] = request
+        self._unwritten.add(request_id)
         request.connection, request.request_id = self, request_id
         if self._out is None:
             self._out = pieces
@@ -347,7 +354,8 @@ class Connection:
     def _write_out(self) -> None:
         out, self._out = self._out, None
         if not out or self.transport is None or self.transport.is_closing():
-            return  # the requests are left unanswered with the connection
+            return  # left unanswered with the connection, and known never written
+        self._unwritten.clear()
         pieces = coalesce(out)
         if len(pieces) == 1:
             self.transport.write(pieces[0])
@@ -422,6 +430,8 @@ class Connection:
                 request.reply.set_exception(ClientError(ending.reason))
         # in the order written: ``pending`` keeps it, the ids do not once they wrap
         ending.unanswered = [i for i in pending.items() if not i[1].only_here]
+        ending.unwritten = frozenset(self._unwritten)
+        self._unwritten.clear()
         self._on_end(self, ending)
 
 

@@ -4,13 +4,14 @@ with backoff, and a clear outcome for every request (SPEC §6, outcomes).
 A :class:`ConnectionKeeper` owns the current :class:`~brokerd.sdk.connection.Connection`.
 When it is lost, each request left unanswered gets the outcome the SDK can vouch for:
 
-* **not executed** (a daemon stopping gracefully said it never read it): written again
-  on the next connection, as if nothing had happened;
+* **not executed** (a daemon stopping gracefully said it never read it, or the socket
+  went before the request was written): written again on the next connection, as if
+  nothing had happened;
 * **repeatable** (a read, or SENDs carrying idempotency keys): written again on the
   next connection; the daemon answers a repeated key with the first answer;
 * a **client transaction**'s request: the daemon rolled the transaction back when the
   connection went, so it fails with :class:`TransactionLost` (a COMMIT that was
-  written and not answered: :class:`OutcomeUnknown`);
+  written and not answered: :class:`OutcomeUnknown`; one not written is lost too);
 * anything else: :class:`OutcomeUnknown` (it may or may not have taken effect).
 
 Requests made while there is no connection wait for the next one, in order, for at
@@ -272,8 +273,8 @@ class ConnectionKeeper:
         for request_id, request in ending.unanswered:
             if request.reply.done():
                 continue
-            not_executed = ending.last_read is not None and _read_after(
-                request_id, ending.last_read
+            not_executed = request_id in ending.unwritten or (
+                ending.last_read is not None and _read_after(request_id, ending.last_read)
             )
             failure = self._failure(request, not_executed, ending)
             if failure is None:
@@ -296,23 +297,24 @@ class ConnectionKeeper:
 
     def _failure(self, request: Request, not_executed: bool, ending: Ending) -> Exception | None:
         """How an unanswered request ends; None: it is written again on the next
-        connection."""
+        connection. ``not_executed``: the daemon never read it (it said so as it stopped,
+        or the socket went before the request was written)."""
         reason = ending.reason
         if request.bound_to is not None:
             if request.commits and not not_executed:
                 return OutcomeUnknown(f"{reason}: the COMMIT may or may not have taken effect")
             return TransactionLost(f"{reason}: the daemon rolled the transaction back")
-        if ending.refused is not None:  # written again, it would be refused again
+        if ending.refused is not None and not not_executed:  # it would be refused again
             return OutcomeUnknown(f"{reason}: the request may or may not have taken effect")
         if not_executed:
             if self.reconnect is not None and not self._closed:
                 return None
-            stopping = ending.stopping
-            message = stopping.remote_message if stopping else reason
             # not here, but perhaps on a connection lost before: _gone says so
-            return _gone(
-                request, BrokerStopping(message + " (not executed)", kind="BrokerStopping")
-            )
+            stopping = ending.stopping
+            if stopping is None:  # the socket went before it was written
+                return _gone(request, NotConnected(f"{reason}: the request was not sent"))
+            message = stopping.remote_message + " (not executed)"
+            return _gone(request, BrokerStopping(message, kind="BrokerStopping"))
         if request.repeatable and self.reconnect is not None and not self._closed:
             return None
         return OutcomeUnknown(f"{reason}: the request may or may not have taken effect")
