@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from brokerd.sdk.loops import unless_stopped
 from brokerd.sdk.messages import ReceivedMessage
 from brokerd.sdk.transaction import Transaction
 from protocol.errors import (
@@ -304,18 +305,7 @@ class Activation:
         begin waits for a connection (up to ``Reconnect.give_up_after``), and a stop does
         not wait for it. A begin given up is rolled back if it was written
         (``transaction.begin``)."""
-        beginning = asyncio.ensure_future(self.client.begin_transaction())
-        stopping = asyncio.ensure_future(self.stop.wait())
-        try:
-            await asyncio.wait((beginning, stopping), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            if not beginning.done():
-                beginning.add_done_callback(_settled)
-                beginning.cancel()
-        if not beginning.done() or beginning.cancelled():
-            return None
-        return beginning.result()
+        return await unless_stopped(self.client.begin_transaction(), self.stop)
 
     async def _batch(self) -> int:
         """One transaction: RECEIVE, the handler, COMMIT (or ROLLBACK if it raised).
@@ -360,12 +350,6 @@ class Activation:
         self.handled += len(messages)
         self.batches += 1
         return len(messages)
-
-
-def _settled(beginning: asyncio.Future[Transaction]) -> None:
-    """A begin given up: whatever came of it is not anyone's error."""
-    if not beginning.cancelled():
-        beginning.exception()
 
 
 async def roll_back(tx: Transaction, failure: BaseException) -> None:

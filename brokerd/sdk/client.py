@@ -14,24 +14,11 @@ it: answers are paired with requests by id, as aiokafka does.
             ...
         await dialog.end()
 
-Two receive loops (SPEC §6, R-DLG-1):
-
-* :meth:`BrokerClient.messages` yields messages taken by autocommit RECEIVEs. A
-  message leaves the queue before the application sees it, so one that the
-  application had not finished with when it (or its host) died is gone: **at
-  most once**.
-* :meth:`BrokerClient.consume` receives each batch inside a client transaction,
-  hands it to the application's handler with that transaction, and commits when
-  the handler returns: the messages leave the queue together with whatever the
-  handler did through the transaction (SENDs, END CONVERSATION, ...), or not at
-  all. If the handler raises, the transaction rolls back; if the client dies or
-  loses its connection first, the daemon rolls it back. Either way the messages
-  are receivable again, in order. This is the **exactly-once** loop for
-  everything the handler does through the transaction; what it does elsewhere
-  (a file, another system) may happen again for a batch received again, so make
-  that idempotent.
-* :meth:`BrokerClient.serve` is that loop with activation: readers added while
-  messages wait longer, up to ``max_readers``, and released when idle.
+Three receive loops (SPEC §6, R-DLG-1): :meth:`BrokerClient.messages`, **at most
+once** (autocommit RECEIVEs); :meth:`BrokerClient.consume`, **exactly once** for what
+its handler does through the batch's client transaction; :meth:`BrokerClient.serve`,
+that loop with activation (``brokerd.sdk.loops`` and ``brokerd.sdk.activation`` say
+how each works).
 
 A daemon whose client port speaks TLS (``[client] tls_certificate``, required when
 it listens on an address other than loopback) is reached with ``tls_ca_file=`` (the
@@ -82,6 +69,7 @@ from brokerd.sdk.connection import (
 )
 from brokerd.sdk.dialog import Dialog, Handle, handle_of
 from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
+from brokerd.sdk.loops import ReceiveLoops
 from brokerd.sdk.messages import KeptMessages, ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
     begin_dialog_request,
@@ -97,7 +85,7 @@ from brokerd.sdk.requests import (
     view_request,
 )
 from brokerd.sdk.tls import client_context
-from brokerd.sdk.transaction import Transaction, begin
+from brokerd.sdk.transaction import Transaction, begin, ending
 from brokerd.sdk.views import (
     BrokerConnection,
     ConversationEndpoint,
@@ -111,7 +99,7 @@ from brokerd.sdk.views import (
     typed,
 )
 from protocol.client_wire import ClientFrame, ClientFrameKind, encode_meta
-from protocol.errors import AuthenticationFailed, ClientError, OutcomeUnknown, TransactionLost
+from protocol.errors import AuthenticationFailed, ClientError
 
 DEFAULT_PORT = 4023
 
@@ -162,6 +150,7 @@ class BrokerClient:
     def __init__(self, keeper: ConnectionKeeper) -> None:
         self._keeper = keeper
         self._kept = KeptMessages()
+        self._loops = ReceiveLoops(self, keeper)
         self.instance: str = ""
         """The daemon's broker instance id."""
         self.role: str = ""
@@ -518,16 +507,8 @@ class BrokerClient:
                     await tx.send(message.conversation_handle, "//shop/Reply", b"...")
                     await tx.end_conversation(message.conversation_handle)
         """
-        tx = await self.begin_transaction()
-        try:
+        async with ending(await self.begin_transaction()) as tx:
             yield tx
-        except BaseException as exc:
-            if not tx.finished:
-                with contextlib.suppress(ClientError):
-                    await tx.rollback(reason=f"{type(exc).__name__}: {exc}")
-            raise
-        if not tx.finished:
-            await tx.commit()
 
     async def messages(
         self,
@@ -539,20 +520,16 @@ class BrokerClient:
         stop: asyncio.Event | None = None,
     ) -> AsyncIterator[ReceivedMessage]:
         """Every message of ``queue`` as it arrives, by autocommit RECEIVEs of up to
-        ``top`` (each waiting up to ``timeout`` s), until ``stop`` is set.
+        ``top`` (each waiting up to ``timeout`` s), until ``stop`` is set; with the daemon
+        away, at once (the RECEIVE waiting for a connection is given up, never written).
 
         **At most once**: a message is removed from the queue when it is received, so
         one the application had not finished with when it died is lost. Use
         :meth:`consume` for exactly once.
         """
-        while stop is None or not stop.is_set():
-            try:
-                received = await self.receive(queue, database=database, top=top, timeout=timeout)
-            except OutcomeUnknown:
-                if self._keeper.reconnect is None:
-                    raise
-                continue  # the connection went with a RECEIVE: its messages may be lost
-            for message in received:
+        loop = self._loops.messages(queue, database=database, top=top, timeout=timeout, stop=stop)
+        async with contextlib.aclosing(loop):
+            async for message in loop:
                 yield message
 
     async def consume(
@@ -569,7 +546,9 @@ class BrokerClient:
         """Receive ``queue`` batch by batch, each inside its own client transaction:
         RECEIVE up to ``top`` messages of one conversation group (waiting up to
         ``timeout`` s), ``await handler(tx, messages)``, then COMMIT. Returns how many
-        messages were committed, once ``stop`` is set or after ``batches`` batches.
+        messages were committed, once ``stop`` is set (with the daemon away, at once: the
+        next batch's BEGIN TRANSACTION waiting for a connection is given up) or after
+        ``batches`` batches.
 
         **Exactly once** for what the handler does through ``tx``: the messages leave
         the queue in the same commit as the handler's SENDs and other verbs. If the
@@ -581,26 +560,15 @@ class BrokerClient:
         closes. A batch handed out again may therefore reach the handler twice: make
         its effects outside the broker idempotent.
         """
-        done = 0
-        handled = 0
-        while (stop is None or not stop.is_set()) and (batches is None or handled < batches):
-            try:
-                async with self.transaction() as tx:
-                    received = await tx.receive(queue, database=database, top=top, timeout=timeout)
-                    if not received:
-                        await tx.rollback()  # nothing held: no commit needed
-                        continue
-                    await handler(tx, received)
-            except (TransactionLost, OutcomeUnknown):
-                # the connection went: the batch was rolled back (or, for a COMMIT
-                # written and not answered, perhaps committed): either way the next
-                # batch is right, once reconnected
-                if self._keeper.reconnect is None:
-                    raise
-                continue
-            done += len(received)
-            handled += 1
-        return done
+        return await self._loops.consume(
+            queue,
+            handler,
+            database=database,
+            top=top,
+            timeout=timeout,
+            stop=stop,
+            batches=batches,
+        )
 
     def serve(
         self,

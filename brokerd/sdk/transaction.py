@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from brokerd.sdk.connection import Request, error_of, roll_back_unowned
@@ -31,7 +31,7 @@ from brokerd.sdk.requests import (
     timer_request,
 )
 from protocol.client_wire import ClientFrame, ClientFrameKind, encode_meta
-from protocol.errors import TransactionLost, TransactionRolledBack
+from protocol.errors import ClientError, TransactionLost, TransactionRolledBack
 
 
 class Call(Protocol):
@@ -219,6 +219,21 @@ class Transaction:
         meta, body = rollback_request(self.id, reason)
         with contextlib.suppress(TransactionLost):
             await self._call(meta, body, bound_to=self.connection)
+
+
+@contextlib.asynccontextmanager
+async def ending(tx: Transaction) -> AsyncIterator[Transaction]:
+    """``tx`` for a block: COMMIT when the block ends, unless it was ended in it;
+    ROLLBACK, with the exception as its reason, if the block raises."""
+    try:
+        yield tx
+    except BaseException as exc:
+        if not tx.finished:
+            with contextlib.suppress(ClientError):
+                await tx.rollback(reason=f"{type(exc).__name__}: {exc}")
+        raise
+    if not tx.finished:
+        await tx.commit()
 
 
 async def begin(
