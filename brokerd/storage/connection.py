@@ -4,7 +4,8 @@ Owns (SPEC R-OBJ-6, R-DLG-13; docs/design.md "Storage"):
 
 * the connection's settings (:func:`connect`): page size, WAL journal,
   ``synchronous=FULL`` (a committed job survives ``kill -9`` and power loss) and the
-  page cache, and the WAL checkpointed every :data:`CHECKPOINT_PAGES`;
+  page cache, and the WAL checkpointed every :data:`CHECKPOINT_PAGES` and cut back to
+  that length after a longer transaction (:func:`wal_size_limit`);
 * opening the file (:func:`open_file`): the numbered migrations of
   :mod:`brokerd.storage.schema`, the persisted broker instance identifier and the
   ``AutoCreatedLocal`` route; then its segment files of large bodies
@@ -64,11 +65,35 @@ rate stayed within its noise, and W4 ran no faster with no checkpoint at all, so
 longer copy inside one COMMIT is not what bounds it (docs/performance.md, "A longer WAL
 between checkpoints"). A crash loses nothing either way: the WAL is durable at each COMMIT."""
 
+WAL_HEADER = 32
+WAL_FRAME_HEADER = 24
+"""A WAL file is a header and then one frame a page: the page behind a header of its own."""
+
+
+def wal_size_limit(page_size: int) -> int:
+    """The WAL's length in bytes between two checkpoints, :data:`CHECKPOINT_PAGES` frames
+    of ``page_size``: what the WAL is cut back to when it is written again from its start
+    (``PRAGMA journal_size_limit``). One COMMIT of more pages grows the WAL past it, since
+    the COMMIT is durable in the WAL before it is copied into the file; without a limit
+    SQLite keeps the file that long for ever, writing it again from its start. The cut
+    costs no COMMIT anything: SQLite makes it once a WAL, at the first COMMIT after the
+    checkpoint, and a WAL of a busy database's usual length loses only the frames its last
+    COMMIT wrote past the checkpoint's length (the commits after it write over the same
+    bytes, whose blocks the file keeps)."""
+    return WAL_HEADER + CHECKPOINT_PAGES * (WAL_FRAME_HEADER + page_size)
+
+
+def limit_wal(conn: sqlite3.Connection) -> None:
+    """Cut the WAL of ``conn``'s file back to :func:`wal_size_limit` of the file's own page
+    size (an existing file keeps the one it was created with) once it is checkpointed."""
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    conn.execute(f"PRAGMA journal_size_limit={wal_size_limit(int(page_size))}")
+
 
 def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> sqlite3.Connection:
     """A connection to ``path`` with the store's settings: page size, WAL checkpointed
-    every :data:`CHECKPOINT_PAGES`, ``synchronous=FULL``, and a page cache of
-    ``page_cache_mb``."""
+    every :data:`CHECKPOINT_PAGES` and cut back to that length (:func:`wal_size_limit`),
+    ``synchronous=FULL``, and a page cache of ``page_cache_mb``."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     # Only takes effect while the file is still empty (before its first table).
@@ -78,6 +103,7 @@ def connect(path: Path, page_cache_mb: int = PAGE_CACHE_MB) -> sqlite3.Connectio
     conn.execute("PRAGMA foreign_keys=OFF")
     conn.execute(f"PRAGMA cache_size=-{page_cache_mb * 1024}")  # negative: in KiB
     conn.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_PAGES}")
+    limit_wal(conn)
     return conn
 
 
@@ -181,7 +207,7 @@ def backup(source: sqlite3.Connection, conn: sqlite3.Connection) -> None:
     sizes, :data:`PAGE_SIZE`; SQLite reports it as a write to a read-only database,
     and ``PRAGMA page_size`` does not tell, since :func:`connect` asked for ours):
     the copy then goes in rollback-journal mode, which takes the source's page size,
-    and the file returns to WAL."""
+    and the file returns to WAL, its length limited for the page size it took."""
     try:
         source.backup(conn)
         return
@@ -191,6 +217,7 @@ def backup(source: sqlite3.Connection, conn: sqlite3.Connection) -> None:
         source.backup(conn)
     finally:
         conn.execute("PRAGMA journal_mode=WAL")
+        limit_wal(conn)
 
 
 def rollback_journal_image(data: bytes) -> bytes:
