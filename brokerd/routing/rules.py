@@ -15,7 +15,10 @@ to it (``Decision.steps``, printed by ``brokerctl explain``). What it owns:
   conversation names a broker instance);
 * selection, R-ROUTE-5 steps 1-4, with route equivalence and a spread over
   equal choices that is a function of the conversation id, so a conversation
-  keeps its choice (also across restarts) while new conversations spread;
+  keeps its choice (also across restarts) while new conversations spread; a
+  conversation whose messages went somewhere keeps that address and, at step 3,
+  that broker instance while a route still leads there (``Conversation.address``,
+  ``Conversation.chosen_instance``);
 * ``TRANSPORT`` addresses (R-ROUTE-9);
 * the forwarding gate (R-ROUTE-6) and the self-address rule (R-ROUTE-8);
 * locating the local service (R-ROUTE-11, R-ROUTE-12);
@@ -69,6 +72,12 @@ class Conversation:
     """Where its messages went so far (the address of the route it was given): among
     equal routes it keeps that one, whatever routes were added or dropped meanwhile
     (R-ROUTE-5, R-ROUTE-3: a conversation bound to a broker stays with it)."""
+    chosen_instance: uuid.UUID | None = None
+    """The broker instance of the route its messages went to so far. A conversation that
+    names none keeps it at R-ROUTE-4 step 3 while a route still names it, whatever routes
+    were added or dropped meanwhile: until its first acknowledgement binds it
+    (R-ROUTE-3), a message of it may have reached that broker, and another broker would
+    begin the dialog again."""
 
 
 @dataclass(frozen=True)
@@ -237,13 +246,7 @@ def decide(
         inner = list(msdb_routes or ())
         again = _decide_in(
             inner,
-            Conversation(
-                conversation.service,
-                conversation.conversation_id,
-                conversation.broker_instance,
-                None,
-                conversation.address,
-            ),
+            replace(conversation, origin_database=None),
             databases,
             now,
             trace,
@@ -340,14 +343,19 @@ def _decide_in(
             with_instance = [r for r in named if r.broker_instance is not None]
             instances = sorted({r.broker_instance for r in with_instance}, key=str)
             if instances:
-                # The high bits: independent of the R-ROUTE-5 spread (low bits).
-                chosen = instances[(conversation.conversation_id.int >> 64) % len(instances)]
+                kept = conversation.chosen_instance
+                if kept in instances:
+                    chosen, how = kept, "kept by this conversation, whose messages went to it"
+                else:
+                    # The high bits: independent of the R-ROUTE-5 spread (low bits).
+                    chosen = instances[(conversation.conversation_id.int >> 64) % len(instances)]
+                    how = "chosen for this conversation"
                 matched = [r for r in with_instance if r.broker_instance == chosen]
                 instance_choices = len(instances)
                 trace(
                     f"R-ROUTE-4 step 3: routes for service {service!r} naming a broker instance: "
-                    f"{_names(with_instance)}; broker instance {chosen} chosen for this "
-                    f"conversation (one of {len(instances)}): {_names(matched)}"
+                    f"{_names(with_instance)}; broker instance {chosen} {how} "
+                    f"(one of {len(instances)}): {_names(matched)}"
                 )
                 step = 3
             else:

@@ -1,8 +1,9 @@
-"""Routing behaviour with real daemons on 127.0.0.7x:4022.
+"""Routing behaviour with real daemons on 127.0.0.7x:4022 and 127.0.24.2x:4022.
 
 SPEC ids: R-ROUTE-3 and R-ROUTE-5 (a bound conversation keeps its broker when
-routes change at run time), R-ROUTE-7 (the forwarding budget and a next hop that
-hangs), R-OBJ-5 (route names, from the configuration and from run time).
+routes change at run time, and by R-ROUTE-4 step 3 so does one not yet bound),
+R-ROUTE-7 (the forwarding budget and a next hop that hangs), R-OBJ-5 (route names,
+from the configuration and from run time).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import socket
 import time
+import uuid
 
 from brokerd.sdk.client import BrokerClient
 from brokerd.sdk.dialog import Dialog
@@ -206,3 +208,57 @@ async def test_a_route_name_stays_unique_when_the_configuration_names_a_kept_rou
     assert len(same) == 1, (
         f"database AW holds routes {same}: one name, two routes; DROP ROUTE toremote: {dropped}"
     )
+
+
+U_A, U_X, U_Y = "127.0.24.20", "127.0.24.21", "127.0.24.22"
+BROKER_X = uuid.UUID("00000000-0000-0000-0000-0000000000a1")
+BROKER_Y = uuid.UUID("00000000-0000-0000-0000-0000000000b2")
+
+
+async def test_an_unbound_conversation_keeps_the_broker_instance_chosen_for_it(
+    deployment: Deployment,
+) -> None:
+    """R-ROUTE-4 step 3, R-ROUTE-5, R-ROUTE-3: a conversation that names no broker instance
+    is routed by the routes naming one; of several broker instances one is chosen for it,
+    and it keeps that choice until its first acknowledgement binds it. Its first message
+    waits for broker X, which is down; CREATE ROUTE then adds broker Y for the same
+    service, and Y would be the choice of a new conversation with the same id: the
+    waiting message still goes to X once X is up, never to Y (two targets would each
+    begin the dialog and deliver its messages)."""
+    deployment.add(
+        "a",
+        U_A,
+        database("AW", [INITIATOR], [R("ToX", addr(U_X), TARGET, broker_instance=BROKER_X)]),
+    )
+    for name, host, instance in (("x", U_X, BROKER_X), ("y", U_Y, BROKER_Y)):
+        deployment.add(
+            name,
+            host,
+            database("Remote", [TARGET], [R("Back", addr(U_A), INITIATOR)], instance),
+        )
+    for name in ("a", "y"):
+        deployment.start(name)
+    a = await deployment.daemons["a"].client()
+    y = await deployment.daemons["y"].client()
+    # step 3 spreads over the broker instances by the conversation id's high bits
+    later_choice = sorted((BROKER_X, BROKER_Y), key=str).index(BROKER_Y)
+    while True:
+        handle = await a.begin_dialog(INITIATOR, TARGET, database="AW")
+        conversation = uuid.UUID(str((await _endpoint(a, handle))["conversation_id"]))
+        if (conversation.int >> 64) % 2 == later_choice:
+            break
+    await a.send(handle, body=b"for X")
+    assert (await _endpoint(a, handle))["route"] == "ToX"
+
+    await a.create_route(
+        "AW", "ToY", addr(U_Y), remote_service_name=TARGET, broker_instance=BROKER_Y
+    )
+
+    assert (await _endpoint(a, handle))["route"] == "ToX"
+    deployment.start("x")
+    x = await deployment.daemons["x"].client()
+    (got,) = await drain(x, queue_of(TARGET), 1, timeout=20)
+    assert got.message_body == b"for X"
+    await _acknowledged(a, handle)
+    assert (await _endpoint(a, handle))["far_broker_instance"] == str(BROKER_X)
+    assert await y.receive(queue_of(TARGET), timeout=0) == []

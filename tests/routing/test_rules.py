@@ -67,8 +67,11 @@ def conv(
     broker_instance: uuid.UUID | None = None,
     conversation_id: uuid.UUID | None = None,
     address: str | None = None,
+    chosen_instance: uuid.UUID | None = None,
 ) -> Conversation:
-    return Conversation(service, conversation_id or cid(), broker_instance, origin, address)
+    return Conversation(
+        service, conversation_id or cid(), broker_instance, origin, address, chosen_instance
+    )
 
 
 def run(
@@ -328,6 +331,32 @@ def test_r_route_5_a_conversation_keeps_its_address_when_equal_routes_change() -
         assert run(many, kept).address == first.address
         gone = [AUTO, *(r for r in many[1:] if r.address != first.address)]
         assert run(gone, kept).address != first.address
+
+
+def test_r_route_4_step_3_a_conversation_keeps_its_broker_instance_when_routes_change() -> None:
+    """R-ROUTE-4 step 3, R-ROUTE-5 and R-ROUTE-3: a conversation whose messages went to
+    the route of one broker instance keeps that broker instance while a route names it,
+    whatever routes of other broker instances were added (before its first
+    acknowledgement binds it, another broker would begin the dialog again); once no
+    route names it, one is chosen again."""
+    x = Route("X", A1, "Svc", BI_X)
+    more = [Route(f"Z{n}", f"tcp://127.0.0.{n}:4022", "Svc", uuid.uuid4()) for n in range(60, 70)]
+    for _ in range(100):
+        base = conv(conversation_id=uuid.uuid4())
+        first = run([AUTO, x], base)
+        assert (first.broker_instance, first.choices) == (BI_X, 1)
+        kept = conv(
+            conversation_id=base.conversation_id,
+            address=first.address,
+            chosen_instance=first.broker_instance,
+        )
+        later = run([AUTO, x, *more], kept)
+        assert (later.route, later.broker_instance) == ("X", BI_X)
+        assert mentions(later, "kept by this conversation")
+        again = run([AUTO, Route("X", A2, "Svc", BI_X), *more], kept)  # X's address altered
+        assert (again.route, again.address) == ("X", A2)
+    # no route names it any more: another is chosen
+    assert run([AUTO, *more], kept).broker_instance != BI_X
 
 
 def test_r_route_5_spread_after_step_3_uses_every_route_of_the_chosen_instance() -> None:

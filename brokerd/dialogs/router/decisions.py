@@ -139,9 +139,12 @@ class RouteDecisions:
         conversation_id: uuid.UUID,
         from_outside: bool = False,
         address: str | None = None,
+        chosen_instance: uuid.UUID | None = None,
     ) -> routing.Decision:
         """Route one conversation (R-ROUTE-1, R-ROUTE-4, R-ROUTE-5); ``address``: where its
-        messages went so far, kept among equal routes (:attr:`routing.Conversation.address`).
+        messages went so far, kept among equal routes (:attr:`routing.Conversation.address`),
+        and ``chosen_instance`` the broker instance of that route, kept at R-ROUTE-4 step 3
+        (:attr:`routing.Conversation.chosen_instance`).
 
         A decision made without a choice among equal routes or broker instances
         (``choices == 1``) is the same for every conversation to ``service`` and
@@ -172,6 +175,7 @@ class RouteDecisions:
                 broker_instance,
                 None if from_outside else db.name,
                 address,
+                chosen_instance,
             ),
             self.state.local_dbs,
             datetime.now(UTC),
@@ -197,9 +201,14 @@ class RouteDecisions:
             link: Link = ep.route_link
             return link
         before = ep.route
-        went = before.address if before is not None and before.kind == "network" else None
+        went = before if before is not None and before.kind == "network" else None
         decision = self.decide(
-            db, ep.far_service, ep.far_broker_instance, ep.conversation_id, address=went
+            db,
+            ep.far_service,
+            ep.far_broker_instance,
+            ep.conversation_id,
+            address=went.address if went else None,
+            chosen_instance=went.broker_instance if went else None,
         )
         self._trace_decision(ep, decision)
         ep.route = decision
