@@ -290,6 +290,26 @@ def edge_lines(path: Path, count: int, *, last: bool = False) -> list[bytes]:
     return list(_line_rows(edge))
 
 
+def highest(path: Path, column: str) -> Any:
+    """The highest value of ``column`` in a compacted segment, from the statistics its
+    footer keeps of each row group: no page is read, so a page damaged on disk does not
+    hide it. None when the footer tells none (no such column, or nulls only); ``OSError``
+    or ``ValueError`` when the footer does not read."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(path)
+    names = meta.schema.names
+    if column not in names:
+        return None
+    index = names.index(column)
+    values = []
+    for group in range(meta.num_row_groups):
+        stats = meta.row_group(group).column(index).statistics
+        if stats is not None and stats.has_min_max:
+            values.append(stats.max)
+    return max(values, default=None)
+
+
 def check(path: Path) -> str | None:
     """Why a compacted segment cannot be read (its footer, a page's checksum or its
     compression damaged), or None when every row of it reads."""

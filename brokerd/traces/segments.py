@@ -208,6 +208,11 @@ class SegmentKeeper:
         self._deadline: float | None = None
         self.compacting: Path | None = None
         """The segment whose compaction runs now, if one does."""
+        self.holding: str | None = None
+        """The name (without its suffix) of the segment that holds the instance's last
+        event: the one its writer opened last, or before that the one a start found it in
+        (:mod:`brokerd.traces.last_event`). Retention never deletes it, whatever its file
+        time says (set by the writer's thread, read by the keeper's)."""
 
     def stop_by(self, deadline: float) -> None:
         """Compact no more after ``deadline`` (``time.monotonic``): a graceful stop.
@@ -330,10 +335,11 @@ class SegmentKeeper:
         """Delete this instance's oldest closed segments while the directory's segments of
         this instance (the open one counted) exceed ``trace.max_total_mb``, and every
         closed segment last written more than ``trace.max_age_hours`` ago; never the
-        newest (by last write, then name, as a start looks for its last event): the open
-        one while one is open, else the one last closed, which holds the last event a
-        graceful stop (its ``stopped`` marker) or a rotation left, the event the next
-        start names and numbers on from (R-TRACE-1). Under a limit below one segment's
+        newest (by last write, then name): the open one while one is open, else the one
+        last closed, which holds the last event a graceful stop (its ``stopped`` marker)
+        or a rotation left, the event the next start names and numbers on from
+        (R-TRACE-1). Nor the segment that holds the last event (:attr:`holding`), when a
+        clock set back made it look older than others. Under a limit below one segment's
         size, that one stays over it."""
         limit = self.config.max_total_mb * 1024 * 1024
         max_age = self.config.max_age_hours * 3600
@@ -350,8 +356,12 @@ class SegmentKeeper:
                 total += stat.st_size
                 segments.append((stat.st_mtime, name, path, stat.st_size))
         segments.sort()
-        # the newest is kept, and so is an open one (being written, it is the newest)
-        closed = [s for s in segments[:-1] if not s[1].endswith(OPEN_SUFFIX)]
+        # the newest is kept, and so is an open one (being written, it is the newest), and
+        # the one that holds the last event
+        holding = self.holding
+        closed = [
+            s for s in segments[:-1] if not s[1].endswith(OPEN_SUFFIX) and stem(s[2]) != holding
+        ]
         for mtime, _, path, size in closed:
             too_old = bool(max_age) and now - mtime > max_age
             too_big = bool(limit) and total > limit

@@ -14,8 +14,9 @@ and the writer every daemon runs:
   crash. Concurrent barriers share one write and one fsync (a group commit of the
   trace);
 * every line carries ``n``, its number on this instance, continued across restarts;
-  a start writes ``started`` naming the last event it found on disk (``last_n``,
-  ``last_ts``, ``last_event``; ``clean`` when it was the ``stopped`` event a graceful
+  a start writes ``started`` naming the last event it found on disk, the one with the
+  highest ``n`` (:mod:`brokerd.traces.last_event`; ``last_n``, ``last_ts``,
+  ``last_event``; ``clean`` when it was the ``stopped`` event a graceful
   stop writes last): between the two lies the *crash window* whose events were lost
   (the audit, :mod:`brokerd.analytics.audit`, says "unknown: trace missing" there);
 * files are segments ``<instance>-<UTC start>-<n>.jsonl`` in
@@ -42,7 +43,6 @@ are missing, as it does a crash's.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -59,21 +59,21 @@ import orjson
 
 from brokerd.config import TraceConfig
 from brokerd.directories import sync_directory
+from brokerd.traces.last_event import last_event
 from brokerd.traces.names import (
     CLOSED_SUFFIX,
     COMPACT_SUFFIXES,
     LIFE_ORDER,
     OPEN_SUFFIX,
     latest_names,
-    open_regular,
     regular_files,
+    stem,
 )
 from brokerd.traces.segments import (
     STOP_COMPACT_SECONDS,
     SegmentKeeper,
     create_private,
     instance_segments,
-    is_compressed,
     private_directory,
     segment_lines,
 )
@@ -153,13 +153,6 @@ They are emitted at or before the commit that makes the change, so with
 others (fragments, retransmissions, routing, drops, connections) describe what
 happened in memory or on the wire: ``durable: false`` in docs/traces.md, and a crash
 loses up to one flush of them."""
-
-TAIL_BYTES = 64 * 1024
-"""How much of the newest segment a start reads back at a time to find the last event on
-disk (further back while none of its lines is whole) ..."""
-
-TAIL_LINES = 1000
-"""... and how many last lines of a compacted one (read through to its end)."""
 
 CONVERSATIONS_KEPT = 100_000
 """Conversations whose line piece the writer keeps between flushes (then it starts over)."""
@@ -621,12 +614,13 @@ class TraceWriter:
             self._segment_count += 1
             name = f"{self.instance}-{stamp}-{os.getpid()}-{self._segment_count:05d}{OPEN_SUFFIX}"
             self._segment_path = self.directory / name
-            stem = name.removesuffix(OPEN_SUFFIX)
+            base = name.removesuffix(OPEN_SUFFIX)
             if not any(
-                self.directory.joinpath(stem + suffix).exists()
+                self.directory.joinpath(base + suffix).exists()
                 for suffix in (CLOSED_SUFFIX, *COMPACT_SUFFIXES)
             ):
                 break
+        self.keeper.holding = base  # from now on this process's last event is in it
         self._segment = create_private(self._segment_path)
         self._segment_bytes = 0
         if self.config.durable:  # the events it will hold are fsynced: so is its name
@@ -654,27 +648,14 @@ class TraceWriter:
             path.rename(path.with_name(path.name.removesuffix(".open")))
 
     def _last_event(self) -> dict[str, Any] | None:
-        """The last whole event of this instance on disk: the newest segment's last line
-        that parses (a torn one is skipped), or None without any."""
-        segments = [
-            (path.stat().st_mtime, path.name, path)
-            for suffix in (CLOSED_SUFFIX, *COMPACT_SUFFIXES)
-            for path in instance_segments(self.directory, self.instance, suffix)
-        ]
-        for _, _, path in sorted(segments, reverse=True):
-            if is_compressed(path):
-                lines = list(collections.deque(segment_lines(path), maxlen=TAIL_LINES))
-                last_first: Iterable[bytes] = reversed(lines)
-            else:
-                last_first = _lines_from_the_end(path)
-            for raw in last_first:
-                try:
-                    event = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(event, dict) and event.get("instance") == self.instance:
-                    return event
-        return None
+        """The last whole event of this instance on disk, the one with the highest ``n``
+        (:func:`~brokerd.traces.last_event.last_event`), or None without any. Its segment
+        is kept by retention until this process opens one (:attr:`SegmentKeeper.holding`)."""
+        found = last_event(self.directory, self.instance)
+        if found is None:
+            return None
+        self.keeper.holding = stem(found.segment)
+        return found.event
 
     def view(self) -> dict[str, Any]:
         return {
@@ -689,30 +670,6 @@ class TraceWriter:
             "trace_barriers": self.barriers,
             **self.keeper.view(),
         }
-
-
-def _lines_from_the_end(path: Path) -> Iterator[bytes]:
-    """A plain segment's lines, the last first, read backwards :data:`TAIL_BYTES` at a time:
-    a line longer than that (a ``discarded`` listing thousands of messages) is read whole,
-    never taken for a torn one."""
-    with open_regular(path) as f:
-        end = f.seek(0, os.SEEK_END)
-        # the end of a line that begins before the chunk being read, its last chunk first
-        # (joined once the line's start is found: a long line is copied once)
-        rest: list[bytes] = []
-        while end > 0:
-            start = max(0, end - TAIL_BYTES)
-            f.seek(start)
-            chunk = f.read(end - start)
-            end = start
-            if start > 0 and b"\n" not in chunk:  # inside one long line
-                rest.append(chunk)
-                continue
-            pieces = chunk.split(b"\n")
-            if rest:
-                pieces[-1] += b"".join(reversed(rest))
-            rest = [pieces.pop(0)] if start > 0 else []  # may begin before this chunk
-            yield from reversed(pieces)
 
 
 def _conversation_piece(known: dict[int, bytes], conversation_id: uuid.UUID | None) -> bytes:

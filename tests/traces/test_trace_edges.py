@@ -20,7 +20,8 @@ from brokerd.admin.ctl import main
 from brokerd.config import TraceConfig
 from brokerd.sdk.client import BrokerClient
 from brokerd.tools.launcher import Deployment
-from brokerd.traces.writer import TAIL_BYTES, TraceWriter, read_events, segment_files
+from brokerd.traces.last_event import TAIL_BYTES
+from brokerd.traces.writer import TraceWriter, read_events, segment_files
 from protocol.errors import TransactionRolledBack
 from tests.daemons import (
     FAST_RETRY,

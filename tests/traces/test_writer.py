@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from brokerd.config import TraceConfig
-from brokerd.traces.segments import segment_lines
+from brokerd.traces.segments import segment_lines, unreadable
 from brokerd.traces.writer import (
     DURABLE,
     EVENTS,
@@ -438,3 +438,97 @@ async def test_retention_keeps_the_segment_a_stop_wrote_under_a_smaller_limit(
     restart = events[0]
     assert restart["clean"] is True and restart["last_event"] == "stopped"
     assert restart["last_n"] == 3 and [e["n"] for e in events] == [4, 5, 6]
+
+
+async def _run(directory: Path, clock: Clock, events: int, *, compact: bool) -> Path:
+    """One start and graceful stop of instance ``alpha`` at ``clock``'s time, with
+    ``events`` events between; the segment it wrote, compacted with ``compact`` (without,
+    ``trace.compress`` is off: no segment is compacted)."""
+    before = set(segment_files([directory]))
+    writer = TraceWriter(TraceConfig(directory=directory, compress=compact), "alpha", clock)
+    await writer.start()
+    writer.emit_each("delivered", uuid.uuid4(), "seq", list(range(1, events + 1)))
+    await writer.stop()
+    (path,) = set(segment_files([directory])) - before
+    return (writer.keeper.compact(path) or path) if compact else path
+
+
+def _set_back(path: Path, seconds: float) -> None:
+    stat = path.stat()
+    os.utime(path, (stat.st_atime - seconds, stat.st_mtime - seconds))
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["plain", "compacted"])
+async def test_numbers_go_on_from_the_highest_after_the_clock_went_back(
+    tmp_path: Path, compact: bool
+) -> None:
+    """R-TRACE-1: an event's id (``instance#n``) is never used twice, and a start names
+    the last event written before it. The wall clock set back an hour between two runs
+    gives the second run's segment an earlier name and file time than the first's: the
+    third start still numbers on from the second run's events, the highest, whatever the
+    files' times say."""
+    clock = Clock()
+    first = await _run(tmp_path, clock, 3, compact=compact)
+    clock.now -= 3600
+    second = await _run(tmp_path, clock, 2, compact=compact)
+    _set_back(second, 3600)
+    assert second.stat().st_mtime < first.stat().st_mtime and second.name < first.name
+    await _run(tmp_path, clock, 1, compact=compact)
+    events = list(read_events(segment_files([tmp_path])))
+    numbers = sorted(e["n"] for e in events)
+    assert numbers == list(range(1, len(events) + 1))  # each once
+    # runs of 1 + 3 + 1 and 1 + 2 + 1 events (started, delivered, stopped) before it
+    (restart,) = [e for e in events if e["event"] == "started" and e["n"] == 10]
+    assert (restart["last_n"], restart["last_event"], restart["clean"]) == (9, "stopped", True)
+
+
+async def test_numbers_go_on_past_a_newest_compacted_segment_whose_rows_do_not_read(
+    tmp_path: Path,
+) -> None:
+    """R-TRACE-1, R-TRACE-3: a compacted segment whose pages are damaged on disk (its
+    footer whole) still tells its highest ``n``: the next start numbers on past it
+    rather than from the segment before it."""
+    clock = Clock()
+    await _run(tmp_path, clock, 3, compact=True)
+    clock.now += 60
+    newest = await _run(tmp_path, clock, 2, compact=True)
+    data = bytearray(newest.read_bytes())
+    data[8:200] = bytes(192)  # the first column's pages, far from the footer at the end
+    newest.write_bytes(bytes(data))
+    assert unreadable(newest) is not None
+    clock.now += 60
+    last = await _run(tmp_path, clock, 1, compact=False)
+    events = list(read_events([last]))
+    assert [e["n"] for e in events] == [10, 11, 12]  # after 5 events, then 4
+    # what its last event was does not read: a crash window is assumed
+    assert events[0]["last_n"] == 9 and events[0]["clean"] is False
+
+
+async def test_retention_keeps_the_segment_of_the_last_event_whatever_its_file_time(
+    tmp_path: Path,
+) -> None:
+    """R-TRACE-1, R-TRACE-3: under a ``max_total_mb`` below one segment's size, the
+    segment a graceful stop wrote is kept although an older one was last written at a
+    later time (the clock was ahead then): it holds the last event, which the next start
+    names and numbers on from."""
+    config = TraceConfig(directory=tmp_path, max_total_mb=1, compress=False)
+    noise = os.urandom(1_500_000).hex()  # 3 MB
+    first = TraceWriter(config, "alpha")
+    await first.start()
+    first.emit("message_sent", uuid.uuid4(), seq=1, pad=noise)
+    await first.stop()
+    (ahead,) = segment_files([tmp_path])
+    _set_back(ahead, -3600)  # written an hour ahead of the clock as it is now
+    second = TraceWriter(config, "alpha")
+    await second.start()
+    second.emit("message_sent", uuid.uuid4(), seq=1, pad=noise)
+    await second.stop()
+    assert len(segment_files([tmp_path])) == 2  # over the limit, neither may go
+    third = TraceWriter(config, "alpha")
+    await third.start()
+    await third.stop()
+    events = list(read_events(segment_files([tmp_path])))
+    numbers = [e["n"] for e in events]
+    assert len(set(numbers)) == len(numbers)  # each once (the second's segment has gone now)
+    restart = max(events, key=lambda e: e["n"] if e["event"] == "started" else 0)
+    assert (restart["n"], restart["last_n"], restart["last_event"]) == (7, 6, "stopped")
