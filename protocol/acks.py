@@ -5,7 +5,9 @@ incomplete ones) an endpoint holds, answers "is this a duplicate?", and turns
 itself into the :class:`~protocol.dialog.Acknowledgement` carried by outgoing
 headers. The daemon keeps two per endpoint: one for what it has *accepted*
 (duplicate detection and in-order promotion) and one for what is *durable*
-(what acknowledgements may claim: never before the commit, R-DLG-5).
+(what acknowledgements may claim: never before the commit, R-DLG-5). The accepted
+states of one database share a :class:`PartialCount`, which bounds the partial messages
+its peers may leave held.
 
 Pure data and arithmetic; no I/O.
 """
@@ -30,8 +32,35 @@ MIXED_CUTS = -1
 written before they were told apart): any fragment that comes is of another cut."""
 
 
+class PartialCount:
+    """How many partial messages (some fragments held, not all) the :class:`AckState`
+    objects that share it hold together: kept by :meth:`AckState.add_fragment` and
+    :meth:`AckState.drop_partial`, so it is exact whichever way a partial message goes
+    (completed, cut again, closed by an Error, its endpoint removed)."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def add(self, state: AckState) -> None:
+        """``state`` shares this count from now on (once, however often it is added)."""
+        if state.partials is self:
+            return
+        if state.partials is not None:
+            state.partials.remove(state)
+        state.partials = self
+        self.held += len(state.fragments)
+
+    def remove(self, state: AckState) -> None:
+        """``state`` no longer shares this count (its endpoint is gone)."""
+        if state.partials is self:
+            state.partials = None
+            self.held -= len(state.fragments)
+
+
 class AckState:
-    __slots__ = ("beyond", "cuts", "fragments", "through")
+    __slots__ = ("beyond", "cuts", "fragments", "lengths", "partials", "through")
 
     def __init__(self, through: int = 0) -> None:
         self.through = through
@@ -43,12 +72,19 @@ class AckState:
         self.cuts: dict[int, int] | None = None
         """The size each such message's held fragments were cut at, where it is known
         (:meth:`cut_differently`), or :data:`MIXED_CUTS`; None until the first."""
+        self.lengths: dict[int, int] | None = None
+        """The message length the first held fragment of each such message named, where
+        it is known (:meth:`length_of`); None until the first."""
+        self.partials: PartialCount | None = None
+        """The count of partial messages this state shares with others, if any."""
 
     def copy(self) -> AckState:
+        """A copy that shares no :class:`PartialCount`."""
         twin = AckState(self.through)
         twin.beyond = set(self.beyond)
         twin.fragments = {seq: set(held) for seq, held in self.fragments.items()}
         twin.cuts = None if self.cuts is None else dict(self.cuts)
+        twin.lengths = None if self.lengths is None else dict(self.lengths)
         return twin
 
     def has_message(self, seq: int) -> bool:
@@ -96,13 +132,24 @@ class AckState:
         self.through = max(self.through, seq - 1)
         return held + self.add_message(seq)
 
-    def add_fragment(self, seq: int, index: int, count: int, cut: int = 0) -> bool:
-        """Record one fragment of a message cut into ``count`` of ``cut`` bytes (0: not
-        known); True when the message is now complete (all ``count`` held)."""
+    def add_fragment(
+        self, seq: int, index: int, count: int, cut: int = 0, length: int = -1
+    ) -> bool:
+        """Record one fragment of a message of ``length`` bytes (-1: not known) cut into
+        ``count`` of ``cut`` bytes (0: not known); True when the message is now complete
+        (all ``count`` held)."""
         if self.has_message(seq):
             return False
-        held = self.fragments.setdefault(seq, set())
+        held = self.fragments.get(seq)
+        if held is None:
+            held = self.fragments[seq] = set()
+            if self.partials is not None:
+                self.partials.held += 1
         held.add(index)
+        if length >= 0:
+            if self.lengths is None:
+                self.lengths = {}
+            self.lengths.setdefault(seq, length)
         if cut:
             if self.cuts is None:
                 self.cuts = {}
@@ -124,11 +171,18 @@ class AckState:
         held = self.cuts.get(seq) if self.cuts else None
         return held is not None and held != cut
 
+    def length_of(self, seq: int) -> int | None:
+        """The length of message ``seq`` its held fragments named, if known."""
+        return self.lengths.get(seq) if self.lengths else None
+
     def drop_partial(self, seq: int) -> None:
         """Forget the fragments held of message ``seq``."""
-        self.fragments.pop(seq, None)
+        if self.fragments.pop(seq, None) is not None and self.partials is not None:
+            self.partials.held -= 1
         if self.cuts:
             self.cuts.pop(seq, None)
+        if self.lengths:
+            self.lengths.pop(seq, None)
 
     def fragments_of(self, seq: int) -> set[int]:
         return set(self.fragments.get(seq, ()))

@@ -23,6 +23,12 @@ from dataclasses import dataclass, field
 from protocol.errors import LocalProtocolError, ReassemblyError, ReassemblyFull
 
 DEFAULT_FRAGMENT_SIZE = 64 * 1024
+MIN_FRAGMENT_SIZE = 1024
+"""The least size a broker cuts a message of several fragments at (its smallest
+``limits.fragment_size``), and so the least every fragment but the last of such a
+message carries: a receiver that holds a message's fragments one stored row each takes
+no message in more than one fragment per this many bytes (:func:`extent_problem`'s
+``min_size``)."""
 DEFAULT_MAX_HELD_FRAGMENTS = 65_536
 """Fragments a :class:`Reassembler` holds at most, all messages together. Each costs
 about 200 bytes of bookkeeping besides its data, so a peer cutting messages into
@@ -49,18 +55,25 @@ def cut_size(index: int, offset: int, length: int) -> int:
 
 
 def extent_problem(
-    index: int, count: int, offset: int, length: int, message_length: int
+    index: int, count: int, offset: int, length: int, message_length: int, min_size: int = 1
 ) -> str | None:
     """Why a fragment (``length`` bytes at ``offset``, ``index`` of ``count``) of a
-    message of ``message_length`` bytes is not one of a cut of that message at one size,
-    as every sender cuts (:func:`split_message`); None if it is. The size is the one the
-    fragment shows (:func:`cut_size`): the fragments of a message then tile it exactly,
-    and joined by index they are the message, never more nor less."""
+    message of ``message_length`` bytes is not one of a cut of that message at one size
+    of at least ``min_size`` bytes, as every sender cuts (:func:`split_message`); None if
+    it is. The size is the one the fragment shows (:func:`cut_size`): the fragments of a
+    message then tile it exactly, and joined by index they are the message, never more
+    nor less; with ``min_size`` (a daemon gives :data:`MIN_FRAGMENT_SIZE`) a message is
+    at most one fragment per ``min_size`` bytes."""
     if count == 1:
         return None
     size = cut_size(index, offset, length)
     if size <= 0 or offset != index * size:
         return f"fragment {index} of {count} at offset {offset} is not at a multiple of a size"
+    if size < min_size:
+        return (
+            f"fragment {index} of {count} is of a message cut at {size} bytes, below the "
+            f"least fragment size of {min_size}"
+        )
     if fragment_count(message_length, size) != count:
         return f"a message of {message_length} bytes cut at {size} bytes is not {count} fragments"
     if length != min(size, message_length - offset):

@@ -28,12 +28,12 @@ from brokerd.config.model import (
 from brokerd.config.tables import Table, defaults
 from brokerd.errors import ConfigError
 from protocol import client_wire
+from protocol.fragments import MIN_FRAGMENT_SIZE
 from protocol.frames import MAX_FRAGMENTS_PER_FRAME, MIN_MAX_FRAME_SIZE
 
 _ENCRYPTIONS = ("required", "supported", "disabled")
 _FRAME_RESERVE = 8192
 """Room kept in a frame for the dialog header and the protection overhead."""
-_MIN_FRAGMENT_SIZE = 1024
 MAX_PAGE_CACHE_MB = 4096
 """``limits.page_cache_mb`` at most: SQLite's ``cache_size`` is a 32-bit count of KiB,
 and a value past it silently becomes no cache at all."""
@@ -255,10 +255,10 @@ def parse_limits(t: Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         "max_message_size", d["max_message_size"], 1, client_wire.DEFAULT_MAX_BODY
     )
     fragment_size = t.integer("fragment_size", min(d["fragment_size"], top), 1)
-    if not _MIN_FRAGMENT_SIZE <= fragment_size <= top:
+    if not MIN_FRAGMENT_SIZE <= fragment_size <= top:
         raise t.error(
             "fragment_size",
-            f"must be between {_MIN_FRAGMENT_SIZE} and {top} (endpoint.max_frame_size "
+            f"must be between {MIN_FRAGMENT_SIZE} and {top} (endpoint.max_frame_size "
             f"{endpoint.max_frame_size} minus {_FRAME_RESERVE} for headers), not {fragment_size}",
         )
     send_window = t.integer("send_window", d["send_window"], 1, MAX_SEND_WINDOW)
@@ -278,6 +278,7 @@ def parse_limits(t: Table | None, endpoint: EndpointConfig) -> LimitsConfig:
         client_pending_mb=t.integer("client_pending_mb", d["client_pending_mb"], 1),
         mirror_pairs=t.integer("mirror_pairs", d["mirror_pairs"], 1),
         route_requests=t.integer("route_requests", d["route_requests"], 1),
+        partial_messages=t.integer("partial_messages", d["partial_messages"], 1),
         page_cache_mb=t.integer("page_cache_mb", d["page_cache_mb"], 1, MAX_PAGE_CACHE_MB),
         body_segment_mb=t.integer("body_segment_mb", d["body_segment_mb"], 1, MAX_BODY_SEGMENT_MB),
         body_compact_after=t.seconds("body_compact_after", d["body_compact_after"]),

@@ -334,6 +334,14 @@ class LimitsConfig:
     longest ago is forgotten, counted and logged, and asks both partners again when it is
     used again. A forwarder's mirrored route to every service tracks one pair per service
     its peers' messages name."""
+    partial_messages: int = 10_000
+    """Messages of several fragments of which some, not all, have arrived (partial,
+    status 2, R-DLG-7) that one database holds at once, from all its peers together.
+    Past it, the first fragment of another such message is dropped, not stored nor
+    acknowledged (its sender sends it again), counted (``partial_refusals``) and named
+    in the ``drops`` view; fragments of the messages already held are still taken, so
+    they complete and make room. The default is above what an honest sender has in
+    flight on one link (``backlog_send_window``)."""
     route_requests: int = 100
     """MissingRoute requests to the dynamic routing service (R-ROUTE-14) pending at once
     for one database's route table (msdb's for messages from outside); a conversation

@@ -57,6 +57,7 @@ from brokerd.config import BrokerConfig, RetryConfig
 from brokerd.dialogs.arrivals.acknowledgements import Acknowledgements
 from brokerd.dialogs.arrivals.admission import Admission
 from brokerd.dialogs.arrivals.delivery import Delivery
+from brokerd.dialogs.arrivals.fragment_checks import FragmentChecks
 from brokerd.dialogs.arrivals.local_arrivals import LocalArrivals
 from brokerd.dialogs.arrivals.receiving import Arrivals
 from brokerd.dialogs.arrivals.remote_arrivals import Arrived, RemoteArrivals
@@ -166,6 +167,7 @@ class DialogEngine:
             self.admission,
             self.acks,
             self.delivery,
+            FragmentChecks(self.events, self.stats),
             self.events,
             self.transmission,
             self.router,

@@ -477,14 +477,15 @@ def set_queue_status(queue: str, status: bool) -> Statement:
 # -- fragments being reassembled ----------------------------------------------------------------
 
 READ_FRAGMENT_POSITIONS = (
-    "SELECT conversation_handle, message_sequence_number, fragment_index, fragment_offset, "
-    "coalesce(stored_length, length(data)) FROM message_fragments AS f "
-    "WHERE NOT EXISTS (SELECT 1 FROM queue_messages AS q "
-    "WHERE q.conversation_handle = f.conversation_handle "
-    "AND q.message_sequence_number = f.message_sequence_number AND q.body IS NOT NULL)"
+    "SELECT f.conversation_handle, f.message_sequence_number, f.fragment_index, "
+    "f.fragment_offset, coalesce(f.stored_length, length(f.data)), q.message_length "
+    "FROM message_fragments AS f LEFT JOIN queue_messages AS q "
+    "ON q.conversation_handle = f.conversation_handle "
+    "AND q.message_sequence_number = f.message_sequence_number WHERE q.body IS NULL"
 )
 """Recovery: the fragments of partial messages (a complete message's are its body), with
-what tells the size they were cut at (``protocol.fragments.cut_size``)."""
+what tells the size they were cut at (``protocol.fragments.cut_size``) and the length
+their message's held row names (NULL without a row)."""
 
 
 FRAGMENT = "INSERT OR IGNORE INTO message_fragments VALUES (?, ?, ?, ?, ?, NULL, NULL)"

@@ -239,6 +239,11 @@ from tests.config.helpers import (
             "limits.route_requests",
             "at least 1",
         ),
+        (  # no partial message at all would hold every message of several for ever (R-DLG-7)
+            config_text(rest="[limits]\npartial_messages = 0\n"),
+            "limits.partial_messages",
+            "at least 1",
+        ),
         (  # SQLite's cache_size counts KiB in 32 bits: more would silently be no cache
             config_text(rest="[limits]\npage_cache_mb = 4097\n"),
             "limits.page_cache_mb",

@@ -59,7 +59,7 @@ async def test_held_fragments_of_another_cut_give_way_to_the_message_as_cut_now(
     d = example.shop_and_warehouse(tmp_path, FAST_RETRY)
     d.start("beta")
     instance, cid = uuid.uuid4(), uuid.uuid4()
-    bodies = {1: _order(1, 600), 2: _order(2, 600), 3: _order(3, 1000)}
+    bodies = {1: _order(1, 6000), 2: _order(2, 6000), 3: _order(3, 10_000)}
 
     def message(seq: int, size: int) -> list[tuple[DialogHeader, bytes]]:
         header, body = order_message(instance, cid, seq, bodies[seq])
@@ -69,7 +69,7 @@ async def test_held_fragments_of_another_cut_give_way_to_the_message_as_cut_now(
     try:
         warehouse = await d.daemons["beta"].client()
         await peer.connect(d.daemons["beta"].host)
-        one, two, three = message(1, 300), message(2, 300), message(3, 250)
+        one, two, three = message(1, 3000), message(2, 3000), message(3, 2500)
         await peer.send_fragments([one[1], two[0], three[0], three[2]])
 
         async def fragments(n: int) -> bool:
@@ -77,7 +77,7 @@ async def test_held_fragments_of_another_cut_give_way_to_the_message_as_cut_now(
             return bool(stats["fragments_received"] == n)
 
         await wait_until(lambda: fragments(4), 10)
-        await peer.send_fragments([*message(1, 4096), *message(2, 4096)])
+        await peer.send_fragments([*message(1, 65536), *message(2, 65536)])
         got = await drain(warehouse, "OrderQueue", 2, timeout=30)
         assert [m.message_body for m in got] == [bodies[1], bodies[2]]
         (stats,) = await warehouse.view("stats")
@@ -91,7 +91,7 @@ async def test_held_fragments_of_another_cut_give_way_to_the_message_as_cut_now(
         warehouse = await d.daemons["beta"].client()
         peer = HostileBroker(d.cert_dir, "alpha")
         await peer.connect(d.daemons["beta"].host)
-        await peer.send_fragments(message(3, 500))
+        await peer.send_fragments(message(3, 5000))
         got += await drain(warehouse, "OrderQueue", 1, timeout=30)
         assert [m.message_body for m in got] == [bodies[1], bodies[2], bodies[3]]
         assert_exactly_once_in_order(got)
@@ -116,8 +116,8 @@ async def test_a_message_cut_again_while_its_whole_body_is_checked(tmp_path: Pat
     d.add("beta", "127.0.0.2", validating_warehouse("127.0.0.1"))
     d.start("beta")
     instance, cid = uuid.uuid4(), uuid.uuid4()
-    header, body = order_message(instance, cid, 1, _order(1, 600))
-    old, new = cut(header, body, 300), cut(header, body, 400)
+    header, body = order_message(instance, cid, 1, _order(1, 6000))
+    old, new = cut(header, body, 3000), cut(header, body, 4000)
     peer = HostileBroker(d.cert_dir, "alpha")
     try:
         warehouse = await d.daemons["beta"].client()

@@ -23,26 +23,27 @@ def _order(length: int) -> bytes:
 async def test_fragments_that_do_not_tile_their_message_are_not_joined(
     tmp_path: Path,
 ) -> None:
-    """R-DLG-7, R-DLG-1, R-DLG-5: a peer sends a message of 1000 bytes as three
-    fragments cut at 100 bytes (by their offsets), the second and third carrying the
-    rest of the message each (900 and 800 bytes): every offset and length is within
-    the message, but joined they make 1800 bytes. Then it sends the message cut at 250
-    bytes as a sender does. The receiver delivers the 1000 bytes sent, once: never a
-    body longer than the message it claims to be (nor longer than any size bound)."""
+    """R-DLG-7, R-DLG-1, R-DLG-5: a peer sends a message of 10,000 bytes as three
+    fragments cut at 1,024 bytes (by their offsets), the second and third carrying the
+    rest of the message each (8,976 and 7,952 bytes): every offset and length is within
+    the message, but joined they make 18,000 bytes. Then it sends the message cut at
+    2,500 bytes as a sender does. The receiver delivers the 10,000 bytes sent, once:
+    never a body longer than the message it claims to be (nor longer than any size
+    bound)."""
     d = example.shop_and_warehouse(tmp_path, FAST_RETRY)
     d.start("beta")
     instance, cid = uuid.uuid4(), uuid.uuid4()
-    body = _order(1000)
+    body = _order(10_000)
     header, _ = order_message(instance, cid, 1, body)
     forged = [
         (
             header._replace(
                 fragment_index=i,
                 fragment_count=3,
-                fragment_offset=i * 100,
+                fragment_offset=i * 1024,
                 message_length=len(body),
             ),
-            body[i * 100 :] if i else body[:100],
+            body[i * 1024 :] if i else body[:1024],
         )
         for i in range(3)
     ]
@@ -60,7 +61,7 @@ async def test_fragments_that_do_not_tile_their_message_are_not_joined(
         # nothing of them was kept: not even an endpoint for the conversation they began
         endpoints = await warehouse.view("conversation_endpoints")
         assert [e for e in endpoints if e["conversation_id"] == str(cid)] == []
-        await peer.send_fragments(cut(header, body, 250))
+        await peer.send_fragments(cut(header, body, 2500))
         await wait_until(lambda: fragments(7), 10)
         got = await drain(warehouse, "OrderQueue", 1, timeout=30)
         assert [len(m.message_body) for m in got] == [len(body)]

@@ -24,6 +24,7 @@ from protocol.dialog import (
     FLAG_END_DIALOG,
     DialogHeader,
 )
+from protocol.fragments import MIN_FRAGMENT_SIZE
 from tests.daemons import (
     FAST_RETRY,
     PROXY_HOST,
@@ -161,16 +162,21 @@ async def test_turns_with_gaps_and_duplicates_queue_each_message_once_in_order(
         ) -> tuple[DialogHeader, bytes]:
             return order_message(sender or instance, cid, seq, f"<order>{seq}</order>".encode())
 
+        def padded(seq: int) -> bytes:
+            """Message ``seq`` long enough to be cut in two at the least fragment size."""
+            return f"<order>{seq}</order>".encode().ljust(2 * MIN_FRAGMENT_SIZE)
+
         def half(cid: uuid.UUID, seq: int, index: int) -> tuple[DialogHeader, bytes]:
-            """Fragment ``index`` of 2 of a 40-byte message ``seq``."""
-            whole = f"<order>{seq}</order>".encode().ljust(40)
+            """Fragment ``index`` of 2 of the :func:`padded` message ``seq``."""
+            whole = padded(seq)
             header, _ = order(cid, seq)
-            part = whole[index * 20 : index * 20 + 20]
+            size = MIN_FRAGMENT_SIZE
+            part = whole[index * size : (index + 1) * size]
             return header._replace(
                 fragment_index=index,
                 fragment_count=2,
-                fragment_offset=index * 20,
-                message_length=40,
+                fragment_offset=index * size,
+                message_length=len(whole),
             ), part
 
         async def counted(duplicates: int, fragments: int) -> None:
@@ -205,14 +211,14 @@ async def test_turns_with_gaps_and_duplicates_queue_each_message_once_in_order(
         third, forger = uuid.uuid4(), uuid.uuid4()
         await peer.send_fragments([order(third, 1), order(third, 2), half(third, 4, 0)])
         await counted(2, 19)
-        await peer.send_fragments([order(third, 3), order(third, 4)])
+        await peer.send_fragments([order(third, 3), order_message(instance, third, 4, padded(4))])
         await counted(2, 21)
         await peer.send_fragments(
             [half(third, 4, 1), order(third, 5), order(third, 6, forger), order(third, 7)]
         )
         await peer.send_fragments([order(third, 6)])
         got = await drain(warehouse, "OrderQueue", 7, timeout=30)
-        assert [m.message_body for m in got] == bodies(7)
+        assert [m.message_body for m in got] == [*bodies(3), padded(4), *bodies(7)[4:]]
         assert_exactly_once_in_order(got)
         await counted(3, 26)
         (stats,) = await warehouse.view("stats")

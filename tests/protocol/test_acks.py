@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.acks import MIXED_CUTS, UNKNOWN_COUNT, AckState
+from protocol.acks import MIXED_CUTS, UNKNOWN_COUNT, AckState, PartialCount
 
 
 def test_messages_are_released_in_order_and_held_beyond_a_gap() -> None:
@@ -62,3 +62,45 @@ def test_fragments_held_of_two_cuts_give_way_to_any() -> None:
     state.add_fragment(4, 1, UNKNOWN_COUNT, 400)
     assert state.cuts == {4: MIXED_CUTS}
     assert state.cut_differently(4, 2, 300) and state.cut_differently(4, 2, 400)
+
+
+def test_the_length_held_fragments_named_is_kept_with_them() -> None:
+    """R-DLG-7: the length the first fragment held of a message named is what every later
+    fragment of it must name; it goes with the fragments, and a copy keeps it."""
+    state = AckState()
+    assert state.length_of(2) is None
+    state.add_fragment(2, 0, 3, 1024, 2500)
+    state.add_fragment(2, 1, 3, 1024, 3000)  # the first length stays
+    assert state.length_of(2) == 2500
+    assert state.copy().length_of(2) == 2500
+    state.drop_partial(2)
+    assert state.length_of(2) is None
+
+
+def test_a_partial_count_follows_every_way_a_partial_message_goes() -> None:
+    """R-DLG-7 (``limits.partial_messages``): the partial messages of the states sharing a
+    count are counted exactly as they begin, complete, are given up before an Error,
+    dropped for another cut, and leave with their state; a copy does not count."""
+    count, one, two = PartialCount(), AckState(), AckState()
+    one.add_fragment(5, 0, 2)
+    count.add(one)
+    count.add(two)
+    assert count.held == 1
+    one.add_fragment(5, 1, 2)  # a second fragment of a message held: no new one
+    two.add_fragment(1, 0, 2)
+    two.add_fragment(2, 0, 2)
+    two.add_fragment(4, 0, 2)
+    assert count.held == 4
+    twin = two.copy()
+    twin.add_fragment(9, 0, 2)
+    twin.drop_partial(1)
+    assert count.held == 4
+    two.add_message(1)  # completed
+    two.drop_partial(2)  # cut again
+    assert count.held == 2
+    two.add_last(6)  # an Error gives up the partial messages before it
+    assert count.held == 1
+    count.remove(one)
+    assert count.held == 0
+    one.add_fragment(7, 0, 2)
+    assert count.held == 0

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from protocol.errors import LocalProtocolError, ReassemblyError, ReassemblyFull
 from protocol.fragments import (
     DEFAULT_FRAGMENT_SIZE,
+    MIN_FRAGMENT_SIZE,
     FragmentSlice,
     Reassembler,
     cut_size,
@@ -465,6 +466,21 @@ def test_a_fragment_beside_its_cut_is_named(
     """R-DLG-7: a fragment of a 1000-byte message that no cut at one size makes (joined
     with the others by index, it would not make the message) is named, with why."""
     assert extent_problem(index, count, offset, length, 1000)
+
+
+@pytest.mark.parametrize(("size", "refused"), [(1023, True), (1024, False), (4096, False)])
+def test_a_cut_below_the_least_size_is_named(size: int, refused: bool) -> None:
+    """R-DLG-7: with ``min_size`` (a daemon gives ``MIN_FRAGMENT_SIZE``), every fragment
+    of a message of several cut below it is named, the last one too; a message of one
+    fragment, however small, is not."""
+    length = 3 * size + 1
+    pieces = list(split_message(bytes(length), size))
+    named = [
+        extent_problem(p.index, p.count, p.offset, len(p.data), length, MIN_FRAGMENT_SIZE)
+        for p in pieces
+    ]
+    assert all(named) if refused else not any(named)
+    assert extent_problem(0, 1, 0, 10, 10, MIN_FRAGMENT_SIZE) is None
 
 
 def test_fragments_of_a_byte_or_two_cannot_hold_memory_beyond_the_bounds() -> None:

@@ -13,7 +13,11 @@ an unsequenced broker Error; a broker Error that arrives ends the dialog on this
 Before any of that, what arrives passes
 :class:`~brokerd.dialogs.arrivals.admission.Admission` (binding and dialog security,
 R-DLG-14), and the acknowledgement it carries is applied
-(:class:`~brokerd.dialogs.arrivals.acknowledgements.Acknowledgements`).
+(:class:`~brokerd.dialogs.arrivals.acknowledgements.Acknowledgements`); a fragment of a
+message of several passes
+:class:`~brokerd.dialogs.arrivals.fragment_checks.FragmentChecks` (one cut of at least
+the least fragment size, one length, at most ``limits.partial_messages`` partial
+messages held) before it is stored.
 
 May import: ``brokerd.dialogs.router``, ``brokerd.dialogs.transmission``,
 ``brokerd.dialogs.endpoints``, the other parts of ``brokerd.dialogs.arrivals`` below it
@@ -30,6 +34,7 @@ from typing import Any
 from brokerd.dialogs.arrivals.acknowledgements import Acknowledgements
 from brokerd.dialogs.arrivals.admission import Admission
 from brokerd.dialogs.arrivals.delivery import Delivery
+from brokerd.dialogs.arrivals.fragment_checks import FragmentChecks
 from brokerd.dialogs.arrivals.in_order import InOrderRun
 from brokerd.dialogs.endpoints import binding
 from brokerd.dialogs.endpoints.broker_errors import (
@@ -57,7 +62,7 @@ from brokerd.traces.writer import TraceWriter
 from protocol.acks import UNKNOWN_COUNT
 from protocol.buffers import Body
 from protocol.dialog import FLAG_END_DIALOG, FLAG_ERROR, DialogHeader
-from protocol.fragments import cut_size, extent_problem
+from protocol.fragments import cut_size
 
 ARRIVAL_WEIGHT = 2048
 """What a fragment's arrival weighs in the inbound backlog besides its bytes: its rows,
@@ -79,6 +84,7 @@ class Arrivals:
         admission: Admission,
         acks: Acknowledgements,
         delivery: Delivery,
+        checks: FragmentChecks,
         events: DialogEvents,
         transmission: Transmission,
         router: Router,
@@ -91,6 +97,7 @@ class Arrivals:
         self.admission = admission
         self.acks = acks
         self.delivery = delivery
+        self.checks = checks
         self.events = events
         self.transmission = transmission
         self.router = router
@@ -179,7 +186,9 @@ class Arrivals:
                 self._on_broker_error(db, ep, header, body)
             return
         seq = header.sequence_number
-        if not checked and self._cut_wrongly(header, body):
+        if not checked and (
+            self.checks.cut_wrongly(header, body) or self.checks.length_differs(ep, header)
+        ):
             return
         if seq in ep.accepted.fragments and ep.accepted.cut_differently(
             seq,
@@ -206,6 +215,8 @@ class Arrivals:
             return self.events.drop(header, f"conversation is {ep.state.value}")
         if self._end_committing(db, ep):
             return self.events.drop(header, _END_COMMITTING)
+        if not checked and self.checks.too_many_partial(db, ep, header):
+            return
         refusal = None if checked else self.admission.refusal(db, ep.contract, header, body)
         if refusal is not None:
             code, text = refusal
@@ -325,22 +336,6 @@ class Arrivals:
             (), fn=check, on_commit=checked, on_failure=lambda _: ep.validating.discard(seq)
         )
 
-    def _cut_wrongly(self, header: DialogHeader, body: Body) -> bool:
-        """Whether a fragment is not one of a cut of its message at one size (R-DLG-7):
-        joined with the others it would not make the message. It is dropped, neither
-        stored nor acknowledged (R-DLG-5)."""
-        extent = extent_problem(
-            header.fragment_index,
-            header.fragment_count,
-            header.fragment_offset,
-            len(body),
-            header.message_length,
-        )
-        if extent is None:
-            return False
-        self.events.drop(header, extent)
-        return True
-
     def _new_target_endpoint(
         self, db: Database, link: Link, header: DialogHeader, body: bytes
     ) -> tuple[Endpoint, bytes] | None:
@@ -369,7 +364,8 @@ class Arrivals:
         if plain is None:
             return None
         body = plain
-        if self._cut_wrongly(header, body):  # before an endpoint is made for it
+        # before an endpoint is made for it
+        if self.checks.cut_wrongly(header, body) or self.checks.too_many_partial(db, None, header):
             return None
         refusal = self.admission.refusal(db, header.contract, header, body)
         if refusal is not None:
@@ -600,7 +596,9 @@ class Arrivals:
         fenced = ep.state not in DELIVERING
         first = seq not in ep.accepted.fragments
         cut = cut_size(index, header.fragment_offset, len(body))
-        complete = ep.accepted.add_fragment(seq, index, header.fragment_count, cut)
+        complete = ep.accepted.add_fragment(
+            seq, index, header.fragment_count, cut, header.message_length
+        )
         queue = db.queue_of(ep.service) or ""
         h = ep.handle_text
         statements: list[Statement] = []

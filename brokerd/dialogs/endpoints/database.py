@@ -31,7 +31,7 @@ from brokerd.storage.catalog import Catalog, Route, route_from_row
 from brokerd.storage.reads import Rows, RowStream
 from brokerd.storage.schema import Statement
 from brokerd.storage.store import Store
-from protocol.acks import UNKNOWN_COUNT, AckState
+from protocol.acks import UNKNOWN_COUNT, AckState, PartialCount
 from protocol.dialog import (
     END_DIALOG,
     ERROR,
@@ -115,6 +115,10 @@ class Database:
         self.endpoints: dict[uuid.UUID, Endpoint] = {}
         self.by_key: dict[tuple[uuid.UUID, bool], Endpoint] = {}
         self.ready: dict[str, ReadyIndex] = {name: ReadyIndex() for name in self.catalog.queues}
+        self.partials = PartialCount()
+        """The partial messages (some fragments held, not all) the endpoints hold, all
+        together: at most ``limits.partial_messages`` (:attr:`partial_limit`)."""
+        self.partial_limit = limits.partial_messages
         self.poison = PoisonLedger()
         """Rollback counts and quarantined conversations (SPEC §6), loaded by recovery."""
         self.next_local_seq = -1
@@ -191,6 +195,7 @@ class Database:
     def add_endpoint(self, ep: Endpoint) -> None:
         self.endpoints[ep.handle] = ep
         self.by_key[ep.key] = ep
+        self.partials.add(ep.accepted)
 
     def remove_endpoint(self, ep: Endpoint) -> None:
         """``ep`` is gone (removed once closed, ended WITH CLEANUP, a mirror image dropped):
@@ -199,6 +204,7 @@ class Database:
         self.endpoints.pop(ep.handle, None)
         if self.by_key.get(ep.key) is ep:
             del self.by_key[ep.key]
+        self.partials.remove(ep.accepted)
         self.poison.forget_conversation(ep.handle)
         if self.poison.quarantined.pop(ep.handle, None) is not None:
             queue = self.queue_of(ep.service)
@@ -387,7 +393,10 @@ class Database:
                 partial.add((handle, seq))
                 continue
             at = int(row[2])
-            received[handle].add_fragment(seq, at, UNKNOWN_COUNT, cut_size(at, row[3], row[4]))
+            length = -1 if row[5] is None else int(row[5])
+            received[handle].add_fragment(
+                seq, at, UNKNOWN_COUNT, cut_size(at, row[3], row[4]), length
+            )
         for handle, seq in sorted(partial):
             log.error(
                 "database %s: conversation %s holds fragments of message %d, a partial "
@@ -400,7 +409,9 @@ class Database:
             )
         for handle, state in received.items():
             ep = self.endpoints[handle]
+            self.partials.remove(ep.accepted)
             ep.accepted, ep.durable = state, state.copy()
+            self.partials.add(state)
         for index in self.ready.values():
             index.clear()
         rows = fetch(queries.READ_READY, ())

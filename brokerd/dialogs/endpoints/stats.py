@@ -35,6 +35,13 @@ class EngineStats:
     recut_messages: int = 0
     """Messages whose held fragments were dropped because the message arrived cut at
     another fragment size (its sender cut it again, R-DLG-7)."""
+    fragments_refused: int = 0
+    """Fragments of messages of several dropped for what they say of their message
+    (R-DLG-7): not of a cut at one size, cut below the least fragment size, or naming
+    another length than the fragments held of it."""
+    partial_refusals: int = 0
+    """First fragments of messages of several dropped while their database held
+    ``limits.partial_messages`` partial messages (the sender sends them again)."""
     acks_sent: int = 0
     """Acknowledgements given to connections to send; one that a newer one of the same
     endpoint replaced while the connection's writes were stopped is counted too."""
