@@ -4,7 +4,10 @@ Owns the order of a connection's outgoing frames (R-DLG-7): single-fragment
 messages, acknowledgements, forwarded messages and principal queries go first
 (``small``); the fragments of large messages go one per pump round (``bulk``),
 so a small message never waits behind a large one. Consecutive acknowledgement
-items are merged into one ACK frame when the pump builds them.
+items are merged into one ACK frame when the pump builds them. A fragment of a large
+message waits there once: a retransmission of its message due while it waits (its
+retry clock started when its first fragments were written) queues only the
+fragments that are not waiting (R-DLG-6), or each would go on the wire twice.
 
 What the peer's own frames make us send is bounded while the peer does not read
 (its socket full, the pump stopped): an endpoint has at most one acknowledgement
@@ -89,6 +92,7 @@ class Outbox:
         "_acks",
         "_answers",
         "_errors",
+        "_waiting",
         "answers_dropped",
         "bulk",
         "errors_dropped",
@@ -98,6 +102,9 @@ class Outbox:
     def __init__(self) -> None:
         self.small: deque[Item] = deque()
         self.bulk: deque[SendFragment] = deque()
+        self._waiting: set[tuple[int, int]] = set()
+        """The fragments ``bulk`` holds, by their message's id and index (an item holds its
+        message, so the id is not reused while it waits)."""
         self._acks: dict[AckKey, tuple[list[dialog.DialogHeader], int]] = {}
         """Each acknowledgement waiting: the list of the item it is in, and its place there."""
         self._errors = 0
@@ -113,21 +120,28 @@ class Outbox:
         """Acknowledgements waiting to be sent (one at most per endpoint)."""
         return len(self._acks)
 
-    def add(self, item: Item) -> None:
+    def add(self, item: Item) -> bool:
+        """Queue ``item``; False if it is a fragment of a large message that waits here
+        already, or an error or answer beyond its bound (nothing queued)."""
         if type(item) is SendFragment and item.msg.fragment_count > 1:
+            key = (id(item.msg), item.fragment)
+            if key in self._waiting:
+                return False
+            self._waiting.add(key)
             self.bulk.append(item)
-            return
+            return True
         if type(item) is SendHeader:
             if self._errors >= MAX_QUEUED_ERRORS:
                 self.errors_dropped += 1
-                return
+                return False
             self._errors += 1
         elif type(item) in _ANSWERS:
             if self._answers >= MAX_QUEUED_ANSWERS:
                 self.answers_dropped += 1
-                return
+                return False
             self._answers += 1
         self.small.append(item)
+        return True
 
     def add_acks(self, headers: list[dialog.DialogHeader]) -> None:
         """Queue acknowledgements; one replaces the acknowledgement of the same endpoint
@@ -150,7 +164,9 @@ class Outbox:
     def pop(self) -> Item:
         """The next item: small ones first, then one fragment of a large message."""
         if not self.small:
-            return self.bulk.popleft()
+            fragment = self.bulk.popleft()
+            self._waiting.discard((id(fragment.msg), fragment.fragment))
+            return fragment
         item = self.small.popleft()
         if type(item) is SendHeader:
             self._errors -= 1
@@ -186,6 +202,7 @@ class Outbox:
     def clear(self) -> None:
         self.small.clear()
         self.bulk.clear()
+        self._waiting.clear()
         self._acks.clear()
         self._errors = 0
         self._answers = 0

@@ -163,9 +163,11 @@ class BrokerProtocol(asyncio.BufferedProtocol):
     def status(self) -> str:
         return "open" if self.is_open else (self.close_reason or "closed")
 
-    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
-        self.outbox.add(SendFragment(ep, msg, index))
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> bool:
+        if not self.outbox.add(SendFragment(ep, msg, index)):
+            return False
         self._schedule_pump()
+        return True
 
     def queue_acks(self, headers: list[dialog.DialogHeader]) -> None:
         self.outbox.add_acks(headers)

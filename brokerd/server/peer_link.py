@@ -82,12 +82,12 @@ class PeerLink:
     def status(self) -> str:
         return self._status
 
-    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> bool:
         self.users.add(ep)
         if self.protocol is not None and self.protocol.is_open:
-            self.protocol.queue_fragment(ep, msg, index)
-        else:
-            self.want(ep)
+            return self.protocol.queue_fragment(ep, msg, index)
+        self.want(ep)
+        return True
 
     def queue_acks(self, headers: list[dialog.DialogHeader]) -> None:
         if self.protocol is not None and self.protocol.is_open:

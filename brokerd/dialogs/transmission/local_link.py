@@ -82,10 +82,11 @@ class LocalLink:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> None:
+    def queue_fragment(self, ep: Endpoint, msg: OutMessage, index: int) -> bool:
         target = ep.route.database if ep.route is not None else None
         self._items.append(_LocalFragment(ep, msg, index, target))
         self._schedule()
+        return True
 
     def queue_acks(self, headers: list[DialogHeader]) -> None:
         self._items.append(SendAcks(headers))

@@ -587,7 +587,9 @@ class Transmission:
             self.transmit(ep)
 
     def _queue_fragments(self, ep: Endpoint, msg: OutMessage, link: Link) -> None:
-        """Queue the fragments of ``msg`` not yet acknowledged (its body is in memory)."""
+        """Queue the fragments of ``msg`` not yet acknowledged (its body is in memory), but
+        those still waiting on ``link`` to be written: a retransmission due while the last
+        of a large message wait there sends only the ones written (R-DLG-6)."""
         trace = self.trace
         gathered = self._gathered
         if gathered is not None:
@@ -599,23 +601,22 @@ class Transmission:
                 self._trace_gathered(gathered)
                 gathered.clear()
         for index in range(msg.fragment_count):
-            if index not in msg.acked_fragments:
-                if trace.enabled:
-                    trace.emit_grouped(
-                        "fragment_sent",
-                        ep.conversation_id,
-                        "seq",
-                        msg.seq,
-                        database=ep.database,
-                        initiator=ep.initiator,
-                        fragment=index,
-                        fragments=msg.fragment_count,
-                        size=min(self.fragment_size, msg.length - index * self.fragment_size),
-                        attempt=msg.attempts,
-                        peer=link.name,
-                        route=ep.route.route if ep.route else None,
-                    )
-                link.queue_fragment(ep, msg, index)
+            queued = index not in msg.acked_fragments and link.queue_fragment(ep, msg, index)
+            if queued and trace.enabled:
+                trace.emit_grouped(
+                    "fragment_sent",
+                    ep.conversation_id,
+                    "seq",
+                    msg.seq,
+                    database=ep.database,
+                    initiator=ep.initiator,
+                    fragment=index,
+                    fragments=msg.fragment_count,
+                    size=min(self.fragment_size, msg.length - index * self.fragment_size),
+                    attempt=msg.attempts,
+                    peer=link.name,
+                    route=ep.route.route if ep.route else None,
+                )
 
     def discard(self, ep: Endpoint) -> None:
         """``ep``'s unacknowledged messages are dropped (an ending): their memory and window
