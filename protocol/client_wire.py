@@ -67,6 +67,10 @@ _PROOF_LABEL = b"brokerd-client-v1\x00"
 MAX_ROLLBACK_REASON = 4000
 """Characters of the reason a ROLLBACK may give (kept as the message's last error, SPEC §6);
 the SDK cuts a longer one, the daemon refuses it (InvalidRequest)."""
+BEGIN_DIALOG_KEYS = "begin_dialog_keys"
+"""A feature a daemon names in its login answer (``features``): its BEGIN DIALOG takes an
+idempotency ``key``, so the SDK may write a BEGIN DIALOG of unknown outcome again (SPEC
+§6). A daemon that does not name it ignores the field."""
 
 
 class ClientFrameKind(enum.IntEnum):

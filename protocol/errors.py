@@ -142,6 +142,14 @@ class InvalidErrorCode(InvalidRequest):
     code = "invalid_error_code"
 
 
+class KeyReused(InvalidRequest):
+    """BEGIN DIALOG with an idempotency key its initiating service already gave a dialog
+    begun with other arguments (another target service, contract, lifetime, ...): a key
+    names one dialog (SPEC §6, outcomes)."""
+
+    code = "key_reused"
+
+
 class NotFound(RemoteError):
     """A named object does not exist on this broker."""
 

@@ -315,9 +315,10 @@ class LimitsConfig:
     """MB of messages handed to one link and not yet acknowledged, at most (one message
     always goes, however large)."""
     send_key_window: float = 86400.0
-    """Seconds a SEND's idempotency key is kept with its sequence number (and at most as
-    long as its conversation): a SEND retried with the same key within it is answered
-    with the first one's number and committed once."""
+    """Seconds a SEND's idempotency key is kept with its sequence number, and a BEGIN
+    DIALOG's with its dialog (each at most as long as its conversation): one retried with
+    the same key within it is answered with the first one's number, or dialog, and
+    committed once."""
     closed_endpoint_keep: float = 1800.0
     """Seconds a target keeps a closed (``CD``) endpoint, counted from its close or from the
     last copy of one of its messages that arrived since, before it is removed from memory

@@ -20,8 +20,9 @@ is handed its collaborators:
 * ``verbs``: :class:`~brokerd.dialogs.verbs.send.SendVerbs`,
   :class:`~brokerd.dialogs.verbs.receive.ReceiveVerbs`,
   :class:`~brokerd.dialogs.verbs.conversation.ConversationVerbs`,
-  :class:`~brokerd.dialogs.verbs.poison.PoisonVerbs` (rollback counts and quarantine,
-  SPEC §6) and client transactions;
+  :class:`~brokerd.dialogs.verbs.begin_keys.BeginKeyVerbs` (BEGIN DIALOG under an
+  idempotency key, SPEC §6), :class:`~brokerd.dialogs.verbs.poison.PoisonVerbs`
+  (rollback counts and quarantine, SPEC §6) and client transactions;
 * :class:`~brokerd.dialogs.images.DatabaseImages` (a mirrored database's image as its
   role changes);
 * ``lifetime``: :class:`~brokerd.dialogs.lifetime.cleanup.Cleanup` (closed endpoints
@@ -34,7 +35,7 @@ local link delivers (:class:`~brokerd.dialogs.transmission.local_link.LocalDeliv
 and what the router needs of the engine
 (:class:`~brokerd.dialogs.router.router.DialogServices`). The application's verbs are
 reached through their parts (``send_verbs``, ``receive_verbs``, ``conversation_verbs``,
-``poison``, :meth:`transaction`).
+``begin_keys``, ``poison``, :meth:`transaction`).
 
 Owns R-DLG-1 to R-DLG-13 for the databases of one instance. A *link* is where
 fragments go: a network connection to a peer broker (``brokerd.server.transport``) or
@@ -75,6 +76,7 @@ from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.links import Link, LinkProvider
 from brokerd.dialogs.transmission.local_link import LocalLink
 from brokerd.dialogs.transmission.transmission import Transmission
+from brokerd.dialogs.verbs.begin_keys import BeginKeyVerbs
 from brokerd.dialogs.verbs.conversation import ConversationVerbs
 from brokerd.dialogs.verbs.poison import PoisonVerbs
 from brokerd.dialogs.verbs.receive import ReceiveVerbs
@@ -201,6 +203,9 @@ class DialogEngine:
             self.deadlines,
             clock,
         )
+        self.begin_keys = BeginKeyVerbs(
+            self.directory, self.conversation_verbs, clock, limits.send_key_window
+        )
         self.poison = PoisonVerbs(self.directory, self.conversation_verbs, self.events, clock)
         self.images = DatabaseImages(self.transmission, self.router, self.deadlines)
         self.cleanup = Cleanup(self.directory, self.closing, self.transmission, self.stats, clock)
@@ -255,6 +260,7 @@ class DialogEngine:
             if now - keys_forgotten >= KEYS_FORGOTTEN_EVERY:
                 keys_forgotten = now
                 self.send_verbs.forget_old_keys(now)
+                self.begin_keys.forget_old_keys(now)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

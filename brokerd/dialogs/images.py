@@ -11,6 +11,7 @@ May import: ``brokerd.dialogs.router``, ``brokerd.dialogs.transmission``,
 
 from __future__ import annotations
 
+from brokerd.dialogs.endpoints.begin_keys import BeginKeys
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.deadlines import Deadlines
 from brokerd.dialogs.endpoints.endpoint import Endpoint
@@ -46,6 +47,7 @@ class DatabaseImages:
             index.leased.clear()
             index.aside.clear()
         db.poison = PoisonLedger()
+        db.begin_keys = BeginKeys()
         db.next_local_seq = -1
 
     def resume(self, db: Database) -> None:

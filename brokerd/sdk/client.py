@@ -72,6 +72,7 @@ from brokerd.sdk.keeper import ConnectionKeeper, Reconnect
 from brokerd.sdk.loops import ReceiveLoops
 from brokerd.sdk.messages import KeptMessages, ReceivedMessage, parse_group, parse_received
 from brokerd.sdk.requests import (
+    begin_dialog_key,
     begin_dialog_request,
     end_conversation_request,
     end_quarantined_request,
@@ -302,6 +303,7 @@ class BrokerClient:
         lifetime: int = 0,
         related_conversation: Handle | None = None,
         related_conversation_group: uuid.UUID | None = None,
+        key: str | None = None,
     ) -> Dialog:
         """BEGIN DIALOG FROM SERVICE ... TO SERVICE ... ON CONTRACT ... (SPEC §6): the new
         conversation, as a :class:`Dialog` (its handle, ``dialog.handle``, and its verbs).
@@ -311,7 +313,14 @@ class BrokerClient:
         ``related_conversation`` (RELATED_CONVERSATION) or the group
         ``related_conversation_group`` (RELATED_CONVERSATION_GROUP; made if none exists),
         not both (``InvalidRequest``); a new group without either. Cancelled once written,
-        its conversation, no one's, is ended WITH CLEANUP (nothing sent: no one is told)."""
+        its conversation, no one's, is ended WITH CLEANUP (nothing sent: no one is told).
+
+        Each call carries an idempotency key, a fresh one unless ``key`` (1 to 200
+        characters, unique per initiating service) is given: one whose connection is lost
+        before its answer is written again on the next connection and begins one dialog;
+        the same key used again within ``limits.send_key_window`` names the dialog it
+        began (``KeyReused`` with other arguments)."""
+        key = begin_dialog_key(key, self._keeper.features)
         meta, _ = await self._call(
             *begin_dialog_request(
                 from_service,
@@ -322,7 +331,9 @@ class BrokerClient:
                 lifetime,
                 related_conversation,
                 related_conversation_group,
+                key,
             ),
+            repeatable=key is not None,
             disowned=lambda frame: end_unowned_dialog(self._submit, frame),
         )
         handle = uuid.UUID(meta["conversation_handle"])

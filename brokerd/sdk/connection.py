@@ -221,6 +221,9 @@ class Connection:
         self.max_body: int | None = None
         """The longest request body the daemon reads (its ``limits.max_message_size``,
         from the login's answer; None from a daemon that does not say)."""
+        self.features: frozenset[str] = frozenset()
+        """What the daemon offers beyond the first client protocol, from the login's answer
+        (``protocol.client_wire.BEGIN_DIALOG_KEYS``; none from a daemon that does not say)."""
 
     # -- opening -----------------------------------------------------------------------
 
@@ -284,6 +287,9 @@ class Connection:
         self.role = str(frame.meta.get("role", "admin"))
         limit = frame.meta.get("max_message_size")
         self.max_body = limit if type(limit) is int and limit > 0 else None
+        features = frame.meta.get("features")
+        if isinstance(features, list):
+            self.features = frozenset(f for f in features if isinstance(f, str))
 
     # -- state -------------------------------------------------------------------------
 

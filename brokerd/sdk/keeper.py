@@ -7,8 +7,8 @@ When it is lost, each request left unanswered gets the outcome the SDK can vouch
 * **not executed** (a daemon stopping gracefully said it never read it, or the socket
   went before the request was written): written again on the next connection, as if
   nothing had happened;
-* **repeatable** (a read, or SENDs carrying idempotency keys): written again on the
-  next connection; the daemon answers a repeated key with the first answer;
+* **repeatable** (a read, or SENDs or a BEGIN DIALOG carrying idempotency keys): written
+  again on the next connection; the daemon answers a repeated key with the first answer;
 * a **client transaction**'s request: the daemon rolled the transaction back when the
   connection went, so it fails with :class:`TransactionLost` (a COMMIT that was
   written and not answered: :class:`OutcomeUnknown`; one not written is lost too);
@@ -110,6 +110,9 @@ class ConnectionKeeper:
         """The longest request body the last daemon logged in to reads (its
         ``limits.max_message_size``): a longer one is refused here, before it is written,
         since the daemon would close the connection on it."""
+        self.features: frozenset[str] = frozenset()
+        """What the last daemon logged in to offers beyond the first client protocol (its
+        login's ``features``)."""
         self._waiting: list[_Waiting] = []
         self._replaced: set[Connection] = set()
         """Connections replaced by a newer one before they ended (their daemon said it
@@ -360,6 +363,7 @@ class ConnectionKeeper:
         self.last_goodbye = None
         self.generation += 1
         self.max_body = connection.max_body
+        self.features = connection.features
         self._write_waiting(connection)
 
     def _write_waiting(self, connection: Connection) -> None:

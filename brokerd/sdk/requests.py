@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from brokerd.sdk.dialog import Handle, handle_of
-from protocol.client_wire import MAX_ROLLBACK_REASON, encode_meta
+from protocol.client_wire import BEGIN_DIALOG_KEYS, MAX_ROLLBACK_REASON, encode_meta
+from protocol.errors import LocalProtocolError
 
 Request = tuple[dict[str, Any], bytes]
 
@@ -26,8 +27,9 @@ def begin_dialog_request(
     lifetime: int,
     related_conversation: Handle | None,
     related_conversation_group: uuid.UUID | None = None,
+    key: str | None = None,
 ) -> Request:
-    return {
+    meta: dict[str, Any] = {
         "op": "begin_dialog",
         "from_service": from_service,
         "to_service": to_service,
@@ -37,7 +39,26 @@ def begin_dialog_request(
         "lifetime": lifetime,
         "related_conversation": _text(related_conversation),
         "related_conversation_group": _text(related_conversation_group),
-    }, b""
+    }
+    if key is not None:
+        meta["key"] = key
+    return meta, b""
+
+
+def begin_dialog_key(key: str | None, features: frozenset[str]) -> str | None:
+    """The idempotency key of a BEGIN DIALOG outside a transaction (SPEC §6, outcomes):
+    the caller's ``key``, or a fresh one, so that one whose connection is lost before its
+    answer is written again and begins one dialog; None from a daemon whose login names
+    no :data:`~protocol.client_wire.BEGIN_DIALOG_KEYS` in its ``features`` (it would
+    ignore the key: a caller's is refused, ``LocalProtocolError``, before it is written)."""
+    if BEGIN_DIALOG_KEYS not in features:
+        if key is not None:
+            raise LocalProtocolError(
+                "this daemon's BEGIN DIALOG takes no idempotency key (its login names no "
+                f"{BEGIN_DIALOG_KEYS!r} feature): not sent"
+            )
+        return None
+    return key if key is not None else str(uuid.uuid4())
 
 
 def send_request(

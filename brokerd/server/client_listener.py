@@ -47,7 +47,7 @@ from brokerd.server.client_access import Access, Credentials
 from brokerd.server.client_errors import error_meta
 from brokerd.server.client_in_flight import InFlight
 from brokerd.server.client_meta import meta_key, meta_str, meta_uuid
-from brokerd.server.client_requests import OPERATIONS, ReplyBody, ReplyMeta, receive_args
+from brokerd.server.client_requests import FEATURES, OPERATIONS, ReplyBody, ReplyMeta, receive_args
 from brokerd.server.client_requests import Broker as RequestsBroker
 from brokerd.server.receive_reply import ReceiveReply
 from protocol.buffers import Body, Buffer, coalesce
@@ -517,6 +517,7 @@ class ClientSession(asyncio.BufferedProtocol):
                 # a request body over it ends the connection (a frame over the reader's
                 # limit): the SDK refuses such a body before it is written
                 "max_message_size": self.broker.config.limits.max_message_size,
+                "features": list(FEATURES),
             },
         )
 

@@ -64,11 +64,12 @@ def meta_database(meta: dict[str, Any]) -> str | None:
 
 
 MAX_KEY_LENGTH = 200
-"""Characters of a SEND's idempotency key, at most."""
+"""Characters of a SEND's or BEGIN DIALOG's idempotency key, at most."""
 
 
 def meta_key(meta: dict[str, Any]) -> str | None:
-    """A SEND's optional idempotency ``key``: 1 to :data:`MAX_KEY_LENGTH` characters."""
+    """A SEND's or BEGIN DIALOG's optional idempotency ``key``: 1 to :data:`MAX_KEY_LENGTH`
+    characters."""
     value = meta.get("key")
     if value is None:
         return None

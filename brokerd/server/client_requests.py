@@ -1,12 +1,12 @@
 """The client protocol's requests: one handler per op, dispatched through :data:`OPERATIONS`.
 
 Operations (``meta["op"]``; the login is the listener's, ``brokerd.server.client_listener``):
-``begin_dialog``, ``send`` (the body is the message), ``send_many`` (several messages,
-their bodies concatenated), ``receive`` (message bodies concatenated in the response
-body, their lengths in meta; for one ``conversation_handle`` or one
-``conversation_group_id``), ``get_conversation_group``, ``end_conversation``,
-``begin_conversation_timer`` (R-DLG-11), ``move_conversation``, ``begin_transaction``,
-``commit`` and ``rollback`` (the verbs above take ``transaction``:
+``begin_dialog`` (an optional ``key``, as a SEND's: SPEC §6), ``send`` (the body is the
+message), ``send_many`` (several messages, their bodies concatenated), ``receive``
+(message bodies concatenated in the response body, their lengths in meta; for one
+``conversation_handle`` or one ``conversation_group_id``), ``get_conversation_group``,
+``end_conversation``, ``begin_conversation_timer`` (R-DLG-11), ``move_conversation``,
+``begin_transaction``, ``commit`` and ``rollback`` (the verbs above take ``transaction``:
 ``brokerd.dialogs.verbs.transactions``; at most :data:`MAX_OPEN_TRANSACTIONS` are open
 per connection; a rollback may give a ``reason``), ``release_quarantine`` and
 ``end_quarantined`` (poison-message handling, SPEC §6), ``alter_queue``, the routing
@@ -42,7 +42,7 @@ from brokerd.server import client_views
 from brokerd.server.client_access import Access
 from brokerd.server.client_meta import meta_bool, meta_database, meta_key, meta_str, meta_uuid
 from brokerd.server.receive_reply import ReceiveReply
-from protocol.client_wire import MAX_ROLLBACK_REASON, ClientFrame
+from protocol.client_wire import BEGIN_DIALOG_KEYS, MAX_ROLLBACK_REASON, ClientFrame
 from protocol.errors import BrokerError, InvalidRequest, TransactionError
 
 if TYPE_CHECKING:
@@ -197,8 +197,13 @@ async def _begin_dialog(session: Session, frame: ClientFrame) -> tuple[dict[str,
         "related_group": related_group,
     }
     tx = _transaction(session, m)
+    key = meta_key(m)
     if tx is not None:
+        if key is not None:
+            raise InvalidRequest("idempotency keys are for BEGIN DIALOGs outside a transaction")
         ep = tx.begin_dialog(*args, **options)
+    elif key is not None:  # SPEC §6: a repeated key names the dialog it began
+        ep = await session.broker.engine.begin_keys.begin_dialog(key, *args, **options)
     else:
         ep = await session.broker.engine.conversation_verbs.begin_dialog(*args, **options)
     return {
@@ -513,6 +518,10 @@ async def _ping(session: Session, frame: ClientFrame) -> tuple[dict[str, Any], b
     broker = session.broker
     return {"instance": broker.instance_name, "pid": os.getpid()}, b""
 
+
+FEATURES = (BEGIN_DIALOG_KEYS,)
+"""What this daemon's requests offer beyond the first client protocol, named in the login's
+answer (``features``) so that an SDK uses them only with a daemon that has them."""
 
 OPERATIONS: dict[str, Handler] = {
     "begin_transaction": _begin_transaction,

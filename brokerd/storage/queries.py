@@ -145,12 +145,14 @@ _CONVERSATION_TABLES = (
     "queue_messages",
     "message_fragments",
     "send_keys",
+    "begin_dialog_keys",
     "message_rollbacks",
     "quarantined_conversations",
 )
 """The tables that hold a conversation's rows besides its endpoint row: its messages
 sent, its timer, its queue rows (retained ones too, R-OBJ-3), its fragments, its SENDs'
-idempotency keys and what poison-message handling counted or set aside of it."""
+idempotency keys, the idempotency key of the BEGIN DIALOG that began it, and what
+poison-message handling counted or set aside of it."""
 HANDLES_PER_STATEMENT = 500
 """Conversation handles of one ``IN`` list (far below SQLite's 32,766 variables)."""
 
@@ -592,3 +594,22 @@ def route(
 
 def drop_route(name: str) -> Statement:
     return ("DELETE FROM routes WHERE name = ?", (name,))
+
+
+# -- idempotency keys of BEGIN DIALOGs -------------------------------------------------------
+
+_BEGIN_KEY = "INSERT OR REPLACE INTO begin_dialog_keys VALUES (?, ?, ?, ?, ?)"
+READ_BEGIN_KEYS = (
+    "SELECT service_name, key, conversation_handle, arguments, created_at FROM begin_dialog_keys"
+)
+
+
+def begin_key(service: str, key: str, handle: str, arguments: str, now: float) -> Statement:
+    """A BEGIN DIALOG's idempotency key, the dialog it began and the arguments it was
+    begun with (JSON), in the BEGIN DIALOG's own job."""
+    return (_BEGIN_KEY, (service, key, handle, arguments, now))
+
+
+def forget_begin_keys(before: float) -> Statement:
+    """The BEGIN DIALOG keys kept longer than the window (``limits.send_key_window``)."""
+    return ("DELETE FROM begin_dialog_keys WHERE created_at < ?", (before,))

@@ -17,8 +17,8 @@ Tables: the catalog (``message_types``, ``contract_messages``, ``queues``,
 ``transmission_queue``, ``queue_messages`` (status 0-3 as in R-OBJ-3),
 ``message_fragments`` (fragments of messages being reassembled, and the body of a
 message of several fragments once complete, see :data:`IN_FRAGMENTS`),
-``conversation_timers``, ``send_keys``, and poison-message handling's
-``message_rollbacks`` and ``quarantined_conversations``.
+``conversation_timers``, ``send_keys``, ``begin_dialog_keys``, and poison-message
+handling's ``message_rollbacks`` and ``quarantined_conversations``.
 
 May import: nothing of brokerd (the standard library only).
 """
@@ -179,6 +179,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         "conversation_handle TEXT PRIMARY KEY, message_sequence_number INTEGER NOT NULL, "
         "message_type TEXT NOT NULL, rollbacks INTEGER NOT NULL, last_error TEXT NOT NULL, "
         "quarantined_at REAL NOT NULL)",
+    ),
+    Migration(
+        10,
+        "a BEGIN DIALOG's idempotency key is kept with the handle of the dialog it began "
+        "(and the arguments it was begun with), unique per initiating service, so that a "
+        "BEGIN DIALOG retried after an unknown outcome begins one dialog "
+        "(limits.send_key_window)",
+        "CREATE TABLE IF NOT EXISTS begin_dialog_keys (service_name TEXT NOT NULL, "
+        "key TEXT NOT NULL, conversation_handle TEXT NOT NULL, arguments TEXT NOT NULL, "
+        "created_at REAL NOT NULL, PRIMARY KEY (service_name, key)) WITHOUT ROWID;"
+        "CREATE INDEX IF NOT EXISTS begin_dialog_keys_handle ON begin_dialog_keys "
+        "(conversation_handle);"
+        "CREATE INDEX IF NOT EXISTS begin_dialog_keys_created ON begin_dialog_keys (created_at)",
     ),
 )
 """The schema, step by step; a step is never edited once released, only followed by another."""

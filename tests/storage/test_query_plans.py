@@ -1,8 +1,8 @@
 """Every statement on the hot path uses an index: none scans a table (SPEC R-DLG-13).
 
 The statements are the ones :mod:`brokerd.storage.queries` gives the engine for
-SEND, transmission and acknowledgement, paging a backlog in, arrival, promotion, reassembly,
-RECEIVE, END CONVERSATION, MOVE CONVERSATION and timers, and the endpoint
+BEGIN DIALOG's key, SEND, transmission and acknowledgement, paging a backlog in, arrival,
+promotion, reassembly, RECEIVE, END CONVERSATION, MOVE CONVERSATION and timers, and the endpoint
 snapshot the store writes (its multi-row INSERTs are plain inserts). Each is
 run against a file with the current schema, with SQLite's trace callback
 capturing the SQL actually executed (parameters expanded); then ``EXPLAIN
@@ -31,6 +31,7 @@ TABLES = {
     "queue_messages",
     "message_fragments",
     "conversation_timers",
+    "begin_dialog_keys",
 }
 H1, H2 = str(uuid.uuid4()), str(uuid.uuid4())
 G = str(uuid.uuid4())
@@ -110,6 +111,9 @@ HOT_PATH: dict[str, Callable[[sqlite3.Connection], object]] = {
         (body_files.live_rows(c, table, 1), c.execute(body_files.MOVE_ROW[table], (2 << 40, 1)))
         for table in body_files.TABLES
     ],
+    "BEGIN DIALOG: its idempotency key kept": lambda c: _run(
+        c, [queries.begin_key("//s", "k", H1, "{}", 1.0)]
+    ),
     "endpoint snapshots (update and insert)": _snapshot_update,
     "endpoint removal": lambda c: c.execute(queries.ENDPOINT_DELETE, (H2,)),
     "acknowledgement: unqueue through and single": lambda c: _run(

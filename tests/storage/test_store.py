@@ -353,6 +353,7 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
         endpoint_columns = [r[1] for r in conn.execute("PRAGMA table_info(conversation_endpoints)")]
         sent_columns = [r[1] for r in conn.execute("PRAGMA table_info(transmission_queue)")]
         key_columns = [r[1] for r in conn.execute("PRAGMA table_info(send_keys)")]
+        begin_key_columns = [r[1] for r in conn.execute("PRAGMA table_info(begin_dialog_keys)")]
         rollback_columns = [r[1] for r in conn.execute("PRAGMA table_info(message_rollbacks)")]
         quarantine_columns = [
             r[1] for r in conn.execute("PRAGMA table_info(quarantined_conversations)")
@@ -364,9 +365,17 @@ async def test_a_file_written_by_the_first_schema_is_brought_up_to_date(tmp_path
     assert {"stored_at", "stored_length"} <= set(sent_columns)
     assert key_columns == ["conversation_handle", "key", "sequence_number", "created_at"]
     assert "send_keys_created" in indexes
+    assert begin_key_columns == [
+        "service_name",
+        "key",
+        "conversation_handle",
+        "arguments",
+        "created_at",
+    ]
+    assert {"begin_dialog_keys_handle", "begin_dialog_keys_created"} <= set(indexes)
     assert {"rollbacks", "last_error"} <= set(rollback_columns)
     assert {"message_type", "rollbacks", "last_error"} <= set(quarantine_columns)
-    assert _meta(path)["schema_version"] == str(schema.SCHEMA_VERSION) == "9"
+    assert _meta(path)["schema_version"] == str(schema.SCHEMA_VERSION) == "10"
 
 
 async def test_start_up_statements_run_in_their_order(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ Owns:
   may speak for a far side (``binding``) and service key pairs (``service_keys``,
   R-DLG-14), the engine's counters (``stats``), runs of alike messages (``runs``),
   the broker's Error bodies and codes (``broker_errors``) and what poison-message
-  handling knows of a database: rollback counts and quarantines (``poison``, SPEC §6);
+  handling knows of a database: rollback counts and quarantines (``poison``, SPEC §6),
+  and the idempotency keys of its BEGIN DIALOGs (``begin_keys``, SPEC §6);
 * the shared parts: the databases and the lookups every part needs (``directory``),
   committing a unit of work (``commits``), and dropped messages and a dialog's life in
   the trace (``events``).

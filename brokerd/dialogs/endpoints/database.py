@@ -21,6 +21,7 @@ from typing import Any
 from cryptography import x509
 
 from brokerd.config import DatabaseConfig, LimitsConfig
+from brokerd.dialogs.endpoints.begin_keys import BeginKey, BeginKeys, arguments_of
 from brokerd.dialogs.endpoints.endpoint import Endpoint, endpoint_from_row
 from brokerd.dialogs.endpoints.poison import PoisonLedger, Quarantine, Rollbacks
 from brokerd.dialogs.endpoints.ready import Item, Rank, ReadyIndex, rank_of
@@ -121,6 +122,8 @@ class Database:
         self.partial_limit = limits.partial_messages
         self.poison = PoisonLedger()
         """Rollback counts and quarantined conversations (SPEC §6), loaded by recovery."""
+        self.begin_keys = BeginKeys()
+        """The idempotency keys of its BEGIN DIALOGs (SPEC §6), loaded by recovery."""
         self.next_local_seq = -1
         """Sequence number of the next message this broker queues itself (a broker error,
         a DialogTimer): -1, -2, ... so it never meets a dialog's own numbers."""
@@ -198,14 +201,16 @@ class Database:
         self.partials.add(ep.accepted)
 
     def remove_endpoint(self, ep: Endpoint) -> None:
-        """``ep`` is gone (removed once closed, ended WITH CLEANUP, a mirror image dropped):
-        so are its rollback counts and its quarantine (SPEC §6; the ``queues`` view counts
-        quarantined conversations by the messages set aside)."""
+        """``ep`` is gone (removed once closed, ended WITH CLEANUP, a mirror image dropped,
+        its BEGIN DIALOG failed): so are its rollback counts, its quarantine (SPEC §6; the
+        ``queues`` view counts quarantined conversations by the messages set aside) and
+        the idempotency key of its BEGIN DIALOG."""
         self.endpoints.pop(ep.handle, None)
         if self.by_key.get(ep.key) is ep:
             del self.by_key[ep.key]
         self.partials.remove(ep.accepted)
         self.poison.forget_conversation(ep.handle)
+        self.begin_keys.forget_conversation(ep.handle)
         if self.poison.quarantined.pop(ep.handle, None) is not None:
             queue = self.queue_of(ep.service)
             if queue in self.ready:
@@ -262,6 +267,11 @@ class Database:
             keyed = self.endpoints.get(uuid.UUID(handle))
             if keyed is not None:
                 keyed.sent_keys[str(key)] = (int(seq), float(created))
+        for service, key, handle, arguments, created in stream(queries.READ_BEGIN_KEYS, ()):
+            begun = uuid.UUID(handle)
+            if begun in self.endpoints:
+                entry = BeginKey(begun, arguments_of(str(arguments)), float(created))
+                self.begin_keys.add(str(service), str(key), entry)
         for ep in self.endpoints.values():
             if ep.accepted.through or ep.accepted.beyond or ep.accepted.fragments:
                 ep.mark_ack_needed()

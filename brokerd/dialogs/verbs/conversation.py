@@ -97,11 +97,7 @@ class ConversationVerbs:
                 "BEGIN DIALOG takes a related conversation or a related conversation group, "
                 "not both"
             )
-        db = (
-            self.directory.database(database)
-            if database
-            else self.directory.database_of_service(from_service)
-        )
+        db = self.initiating_database(from_service, database)
         if db.mirror_role == "mirror":
             raise NotPrincipal(
                 f"database {db.name!r} is the mirror partner; begin dialogs on the principal "
@@ -144,6 +140,13 @@ class ConversationVerbs:
             keys=keys,
         )
         return db, ep
+
+    def initiating_database(self, from_service: str, database: str | None) -> Database:
+        """The database a BEGIN DIALOG works in: the one named, or the initiating
+        service's."""
+        if database:
+            return self.directory.database(database)
+        return self.directory.database_of_service(from_service)
 
     def begin_dialog_work(self, db: Database, ep: Endpoint) -> Work:
         """Register the endpoint from :meth:`new_dialog`; forgotten if the work fails."""
