@@ -27,7 +27,8 @@ The statements of a unit (:func:`encode_statements`)::
            integer or real 8 bytes | text or blob: length u32 | bytes
 
 Every count and size read is bounded before anything is allocated
-(:data:`MAX_UNIT_BYTES`, :data:`MAX_SQL_TEXTS` ...); a chunked unit or snapshot is
+(:data:`MAX_UNIT_BYTES`, :data:`MAX_SQL_TEXTS` ...), and :class:`StatementsEncoder`
+encodes only what :func:`decode_statements` takes; a chunked unit or snapshot is
 reassembled by :class:`ChunkAssembler`, which refuses to hold more than its
 bound. Bad input raises :class:`~protocol.errors.RemoteProtocolError`.
 """
@@ -259,48 +260,105 @@ class ChunkAssembler:
 Statement = tuple[str, Sequence[Any]]
 
 
-def encode_statements(statements: Sequence[Statement]) -> bytes:
-    """The statements of a unit of work, SQL texts stored once (see the module docstring)."""
-    texts: dict[str, int] = {}
-    body: list[bytes] = []
-    for sql, params in statements:
-        index = texts.get(sql)
-        if index is None:
-            index = texts[sql] = len(texts)
+class StatementsEncoder:
+    """The statements of a unit of work encoded one at a time (:func:`encode_statements`'s
+    format), within every bound :func:`decode_statements` enforces: a statement that would
+    take the unit beyond one (:data:`MAX_SQL_TEXTS`, :data:`MAX_SQL_BYTES`,
+    :data:`MAX_STATEMENTS`, :data:`MAX_VALUES`, :data:`MAX_UNIT_BYTES`), or that holds a
+    value no unit carries, raises LocalProtocolError and leaves the encoder as it was. So
+    whatever it encodes, a mirror decodes.
+
+    ``max_bytes`` and ``max_statements`` lower the bounds (never above the mirror's)."""
+
+    __slots__ = ("_body", "_head", "_texts", "count", "max_bytes", "max_statements", "size")
+
+    def __init__(
+        self, max_bytes: int = MAX_UNIT_BYTES, max_statements: int = MAX_STATEMENTS
+    ) -> None:
+        self.max_bytes = min(max_bytes, MAX_UNIT_BYTES)
+        self.max_statements = min(max_statements, MAX_STATEMENTS)
+        self._texts: dict[str, int] = {}
+        self._head: list[bytes] = []
+        self._body: list[bytes] = []
+        self.count = 0
+        """Statements encoded so far."""
+        self.size = 2 * _U32.size
+        """Bytes :meth:`finish` returns."""
+
+    def add(self, sql: str, params: Sequence[Any]) -> None:
+        """Encode one more statement; LocalProtocolError (nothing added) if it cannot be."""
+        if self.count >= self.max_statements:
+            raise LocalProtocolError(
+                f"a unit of work with more than {self.max_statements} statements"
+            )
         if len(params) > MAX_VALUES:
             raise LocalProtocolError(f"a statement with {len(params)} values")
-        body.append(_U32.pack(index) + _U16.pack(len(params)))
-        for value in params:
-            body.append(_value(value))
-    if len(texts) > MAX_SQL_TEXTS:
-        raise LocalProtocolError(f"a unit of work with {len(texts)} distinct statements")
-    head = [_U32.pack(len(texts))]
-    for sql in texts:
-        raw = _utf8(sql, "statement")
-        if len(raw) > MAX_SQL_BYTES:
-            raise LocalProtocolError(f"a statement of {len(raw)} bytes")
-        head.append(_U32.pack(len(raw)) + raw)
-    head.append(_U32.pack(len(statements)))
-    return b"".join(head + body)
-
-
-def _value(value: Any) -> bytes:
-    if value is None:
-        return b"\x00"
-    if isinstance(value, bool | int):
+        index = self._texts.get(sql)
+        text = b""
+        if index is None:
+            if len(self._texts) >= MAX_SQL_TEXTS:
+                raise LocalProtocolError(
+                    f"a unit of work with more than {MAX_SQL_TEXTS} distinct statements"
+                )
+            raw = _utf8(sql, "statement")
+            if len(raw) > MAX_SQL_BYTES:
+                raise LocalProtocolError(f"a statement of {len(raw)} bytes")
+            index = len(self._texts)
+            text = _U32.pack(len(raw)) + raw
+        parts = [_U32.pack(index) + _U16.pack(len(params))]
         try:
-            return b"\x01" + _I64.pack(int(value))
+            for value in params:
+                _value(value, parts)
+        except struct.error as exc:  # a text or blob of 4 GiB or more
+            raise LocalProtocolError(f"a value does not fit a unit of work: {exc}") from None
+        size = self.size + len(text) + sum(len(part) for part in parts)
+        if size > self.max_bytes:
+            raise LocalProtocolError(
+                f"a unit of work of more than {self.max_bytes} bytes ({size} with this statement)"
+            )
+        if text:
+            self._texts[sql] = index
+            self._head.append(text)
+        self._body += parts
+        self.count += 1
+        self.size = size
+
+    def finish(self) -> bytes:
+        """The encoded statements (see the module docstring)."""
+        return b"".join(
+            [_U32.pack(len(self._texts)), *self._head, _U32.pack(self.count), *self._body]
+        )
+
+
+def encode_statements(statements: Sequence[Statement]) -> bytes:
+    """The statements of a unit of work, SQL texts stored once (see the module docstring);
+    LocalProtocolError beyond a bound :func:`decode_statements` enforces."""
+    encoder = StatementsEncoder()
+    for sql, params in statements:
+        encoder.add(sql, params)
+    return encoder.finish()
+
+
+def _value(value: Any, parts: list[bytes]) -> None:
+    """Append ``value``'s encoding to ``parts`` (a blob's bytes as a part of their own: not
+    copied until the unit is joined)."""
+    if value is None:
+        parts.append(b"\x00")
+    elif isinstance(value, bool | int):
+        try:
+            parts.append(b"\x01" + _I64.pack(int(value)))
         except struct.error:
             raise LocalProtocolError(f"integer {value} does not fit 64 bits") from None
-    if isinstance(value, float):
-        return b"\x02" + _F64.pack(value)
-    if isinstance(value, str):
+    elif isinstance(value, float):
+        parts.append(b"\x02" + _F64.pack(value))
+    elif isinstance(value, str):
         raw = _utf8(value, "text value")
-        return b"\x03" + _U32.pack(len(raw)) + raw
-    if isinstance(value, bytes | bytearray | memoryview):
+        parts += (b"\x03" + _U32.pack(len(raw)), raw)
+    elif isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
-        return b"\x04" + _U32.pack(len(raw)) + raw
-    raise LocalProtocolError(f"cannot ship a value of type {type(value).__name__}")
+        parts += (b"\x04" + _U32.pack(len(raw)), raw)
+    else:
+        raise LocalProtocolError(f"cannot ship a value of type {type(value).__name__}")
 
 
 def _utf8(text: str, what: str) -> bytes:

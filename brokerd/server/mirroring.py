@@ -250,12 +250,11 @@ class Partner:
             # messages and answered SENDs the new principal does not have.
             fail(StoreError(f"database {self.db.name!r}: {NO_LONGER_PRINCIPAL}"))
             return
-        for unit in units:
-            data = mirroring.encode_statements(unit.statements)
-            self.ring.append(_Kept(unit.lsn, unit.epoch, data))
-            self.ring_bytes += len(data)
+        for unit in units:  # encoded, within the mirror's bounds, before their commit
+            self.ring.append(_Kept(unit.lsn, unit.epoch, unit.data))
+            self.ring_bytes += len(unit.data)
             if self.session is not None and self.copying is not self.session:
-                self._ship(self.session, unit.lsn, unit.epoch, data)
+                self._ship(self.session, unit.lsn, unit.epoch, unit.data)
         self._trim()
         if self.closing:
             fail(StoreError(f"database {self.db.name!r}: the broker is stopping"))
@@ -603,8 +602,7 @@ class Partner:
             return self.replica.lsn  # already applied (sent again after a new attach)
         if chunk.lsn != self.replica.lsn + 1:
             return None
-        statements = mirroring.decode_statements(payload)
-        await store.apply_unit(Unit(chunk.lsn, chunk.epoch, list(statements)))
+        await store.apply_unit(Unit(chunk.lsn, chunk.epoch, payload))
         self.stats["units_applied"] += 1
         return chunk.lsn
 

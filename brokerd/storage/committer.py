@@ -56,7 +56,7 @@ from brokerd.storage.body_files import BodyFiles
 from brokerd.storage.chains import BrokenChains, Token
 from brokerd.storage.connection import connect, rollback
 from brokerd.storage.latency import CommitLatency
-from brokerd.storage.replica import FencedWrite, Recorder, Replica, Unit
+from brokerd.storage.replica import FencedWrite, Recorder, Replica, Unit, Unshippable
 from brokerd.storage.schema import WRITE_META, Statement
 
 log = logging.getLogger("brokerd.storage.store")
@@ -290,6 +290,12 @@ def _commit(
                     f"database {database!r} is the mirror partner: its file changes only by "
                     "what the principal ships (R-ROUTE-16)"
                 )
+            elif isinstance(exc, Unshippable):
+                error = StoreError(
+                    f"database {database!r}: nothing was committed: the transaction's writes "
+                    f"are beyond what its mirror partner takes in one unit of work ({exc}, "
+                    "R-ROUTE-16)"
+                )
             else:
                 error = StoreError(describe_sqlite_error(database, exc))
             error.__cause__ = exc
@@ -348,19 +354,21 @@ def _recorded_transaction(
     conn: sqlite3.Connection, batch: list[Job], replica: Replica, units: list[Unit]
 ) -> None:
     """A mirrored database's transaction: its writes recorded as a unit numbered with the
-    next LSN (stored in the same transaction), or refused on the mirror."""
+    next LSN (stored in the same transaction), or refused on the mirror; a unit beyond what
+    a mirror takes raises :class:`Unshippable` before anything is committed."""
     recorder = Recorder(conn, replica, fenced=replica.role() != "principal")
     conn.execute("BEGIN IMMEDIATE")
     apply_batch(recorder, batch)  # type: ignore[arg-type]  # the connection's write surface
-    if not recorder.statements:
+    if not recorder.encoder.count:
         conn.execute("COMMIT")
         return
+    data = recorder.encoder.finish()  # before the COMMIT: a failure rolls back
     lsn, epoch = replica.lsn + 1, replica.epoch()
     conn.execute(WRITE_META, ("mirror_lsn", str(lsn)))
     conn.execute(WRITE_META, ("mirror_lsn_epoch", str(epoch)))
     conn.execute("COMMIT")
     replica.lsn, replica.lsn_epoch = lsn, epoch
-    units.append(Unit(lsn, epoch, recorder.statements))
+    units.append(Unit(lsn, epoch, data))
 
 
 def _locked(exc: BaseException) -> bool:

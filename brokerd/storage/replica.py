@@ -10,7 +10,10 @@ every other database pays one ``is None`` test per transaction).
   numbers the transaction with the next log sequence number (LSN), stores that
   number and the epoch in the file in the same transaction (``meta`` keys
   ``mirror_lsn``, ``mirror_lsn_epoch``) and hands the recorded :class:`Unit` to
-  the event loop with the batch. The mirroring service ships it and, while a mirror
+  the event loop with the batch. The writes are encoded for the mirror as they are
+  recorded (:class:`~protocol.mirroring.StatementsEncoder`), within the bounds a mirror
+  decodes: a transaction beyond one is not committed (:class:`Unshippable`), so no
+  committed unit is one its mirror would refuse. The mirroring service ships it and, while a mirror
   is attached (or always, in ``stall`` mode), holds the batch's callbacks until
   the mirror confirms the LSN: nothing that reveals the commit (an acknowledgement,
   a client reply, an outgoing message) leaves before that.
@@ -30,20 +33,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from brokerd.storage.schema import WRITE_META, Statement
+from brokerd.storage.schema import WRITE_META
+from protocol.errors import LocalProtocolError
+from protocol.mirroring import StatementsEncoder
 
 OWN_META_KEYS = frozenset({"mirror_role", "mirror_epoch", "mirror_lsn", "mirror_lsn_epoch"})
 """``meta`` keys each partner keeps for itself: never shipped, never fenced."""
 _META_PREFIX = WRITE_META.partition(" VALUES")[0]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Unit:
-    """One committed transaction of a mirrored database, as the mirror replays it."""
+    """One committed transaction of a mirrored database: its writes, encoded as the mirror
+    replays them (:func:`protocol.mirroring.encode_statements`)."""
 
     lsn: int
     epoch: int
-    statements: list[Statement]
+    data: bytes
 
 
 Sink = Callable[[list[Unit], int, Callable[[], None], Callable[[BaseException], None]], None]
@@ -51,6 +57,12 @@ Sink = Callable[[list[Unit], int, Callable[[], None], Callable[[BaseException], 
 
 class FencedWrite(Exception):
     """A write attempted in a mirror's group commit (turned into a StoreError per job)."""
+
+
+class Unshippable(Exception):
+    """A principal's transaction whose unit of work a mirror would refuse (beyond a bound of
+    :func:`protocol.mirroring.decode_statements`): rolled back, and turned into a
+    StoreError per job (a group commit is tried again one job at a time)."""
 
 
 @dataclass
@@ -78,22 +90,27 @@ class Replica:
 class Recorder:
     """A stand-in for the connection during one transaction of a mirrored database.
 
-    Records each write (not SELECT) in execution order, or refuses it on a mirror."""
+    Records each write (not SELECT) in execution order, encoded for the mirror, before it
+    runs: :class:`Unshippable` once the unit would be beyond what a mirror takes. On a
+    mirror it refuses every write (:class:`FencedWrite`)."""
 
-    __slots__ = ("_conn", "_fenced", "_replica", "statements")
+    __slots__ = ("_conn", "_fenced", "_replica", "encoder")
 
     def __init__(self, conn: sqlite3.Connection, replica: Replica, fenced: bool) -> None:
         self._conn = conn
         self._replica = replica
         self._fenced = fenced
-        self.statements: list[Statement] = []
+        self.encoder = StatementsEncoder()
 
     def _note(self, sql: str, params: Sequence[Any]) -> None:
         if sql.lstrip()[:6].upper() == "SELECT" or self._replica.own(sql, params):
             return
         if self._fenced:
             raise FencedWrite(sql)
-        self.statements.append((sql, tuple(params)))
+        try:
+            self.encoder.add(sql, params)
+        except LocalProtocolError as exc:
+            raise Unshippable(str(exc)) from None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         self._note(sql, params)

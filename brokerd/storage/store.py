@@ -47,6 +47,7 @@ from brokerd.storage.connection import (
 from brokerd.storage.latency import CommitLatency
 from brokerd.storage.replica import Replica, Unit
 from brokerd.storage.schema import AUTO_CREATED_LOCAL, SCHEMA_VERSION, WRITE_META, Statement
+from protocol import mirroring
 
 __all__ = ["AUTO_CREATED_LOCAL", "SCHEMA_VERSION", "Statement", "Store", "describe_sqlite_error"]
 
@@ -444,14 +445,16 @@ class Store:
 
     async def apply_unit(self, unit: Unit) -> None:
         """On the mirror: replay a unit shipped by the principal, in one transaction with
-        the LSN it reached; ordered before every group commit queued after it."""
+        the LSN it reached; ordered before every group commit queued after it. Its
+        statements are decoded in the committer thread (RemoteProtocolError if malformed)."""
         replica = self.replica
         assert replica is not None
 
         def run(conn: sqlite3.Connection) -> None:
+            statements = mirroring.decode_statements(unit.data)
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for sql, params in unit.statements:
+                for sql, params in statements:
                     conn.execute(sql, params)
                 conn.execute(WRITE_META, ("mirror_lsn", str(unit.lsn)))
                 conn.execute(WRITE_META, ("mirror_lsn_epoch", str(unit.epoch)))

@@ -92,6 +92,44 @@ def test_malformed_statements_are_refused_before_allocating() -> None:
         mirroring.decode_statements(good + b"\x00")
 
 
+def test_the_encoder_refuses_what_a_mirror_would_refuse_and_keeps_what_it_had() -> None:
+    """R-ROUTE-16: what the principal encodes, a mirror decodes. A statement that would take
+    a unit beyond a bound (statements, bytes, distinct texts) is refused, and the encoder
+    is left as it was: its output up to there still decodes."""
+    encoder = mirroring.StatementsEncoder(max_statements=2)
+    encoder.add(*STATEMENTS[0])
+    encoder.add(*STATEMENTS[1])
+    with pytest.raises(LocalProtocolError, match="more than 2 statements"):
+        encoder.add(*STATEMENTS[2])
+    assert mirroring.decode_statements(encoder.finish()) == STATEMENTS[:2]
+
+    whole = len(mirroring.encode_statements(STATEMENTS))
+    exact = mirroring.StatementsEncoder(max_bytes=whole)
+    for statement in STATEMENTS:
+        exact.add(*statement)
+    assert exact.size == whole and exact.finish() == mirroring.encode_statements(STATEMENTS)
+    short = mirroring.StatementsEncoder(max_bytes=whole - 1)
+    short.add(*STATEMENTS[0])
+    short.add(*STATEMENTS[1])
+    with pytest.raises(LocalProtocolError, match="bytes"):
+        short.add(*STATEMENTS[2])
+    assert mirroring.decode_statements(short.finish()) == STATEMENTS[:2]
+
+    texts = mirroring.StatementsEncoder()
+    for i in range(mirroring.MAX_SQL_TEXTS):
+        texts.add(f"DELETE FROM t WHERE a = {i}", ())
+    with pytest.raises(LocalProtocolError, match="distinct statements"):
+        texts.add("DELETE FROM t WHERE a = -1", ())
+    texts.add("DELETE FROM t WHERE a = 0", ())  # a text it holds still goes
+    assert len(mirroring.decode_statements(texts.finish())) == mirroring.MAX_SQL_TEXTS + 1
+    # never above the mirror's own bounds
+    wide = mirroring.StatementsEncoder(max_bytes=2**63, max_statements=2**63)
+    assert (wide.max_bytes, wide.max_statements) == (
+        mirroring.MAX_UNIT_BYTES,
+        mirroring.MAX_STATEMENTS,
+    )
+
+
 def test_values_that_cannot_travel_are_our_mistake() -> None:
     with pytest.raises(LocalProtocolError):
         mirroring.encode_statements([("INSERT INTO t VALUES (?)", (2**64,))])
