@@ -373,7 +373,7 @@ class DialogEngine:
     async def discard_received(self, ep: Endpoint) -> None:
         await self.conversation_verbs.discard_received(ep)
 
-    async def rebuild(self, db: Database) -> list[Endpoint]:
+    async def rebuild(self, db: Database) -> list[Statement]:
         return await self.images.rebuild(db)
 
     async def inherited(self, db: Database) -> None:

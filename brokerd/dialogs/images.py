@@ -14,12 +14,12 @@ from __future__ import annotations
 from brokerd.dialogs.endpoints.begin_keys import BeginKeys
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.dialogs.endpoints.deadlines import Deadlines
-from brokerd.dialogs.endpoints.endpoint import Endpoint
 from brokerd.dialogs.endpoints.poison import PoisonLedger
 from brokerd.dialogs.router.router import Router
 from brokerd.dialogs.transmission.transmission import Transmission
 from brokerd.storage import queries
 from brokerd.storage.catalog import Catalog, route_from_row
+from brokerd.storage.schema import Statement
 
 
 class DatabaseImages:
@@ -62,12 +62,17 @@ class DatabaseImages:
                 ep.route_link = None
                 self.transmission.transmit(ep)
 
-    async def rebuild(self, db: Database) -> list[Endpoint]:
+    async def rebuild(self, db: Database) -> list[Statement]:
         """R-ROUTE-16: a promoted mirror's in-memory image, rebuilt from its file as recovery
         does at start: its endpoints, unacknowledged messages, ready index, timers and
         lifetimes, routes created by the administrator and queue states are the ones the
-        principal's shipped units wrote. Returns the endpoints with messages to transmit.
-        Any image held before is dropped first (:meth:`forget`)."""
+        principal's shipped units wrote. Any image held before is dropped first
+        (:meth:`forget`).
+
+        Returns the writes that bring the file in line with the image (a run-time route
+        the configuration replaces, recovery's repairs), for the caller to submit once
+        the database is the principal: until then its file changes only by what the
+        principal ships, and a write is refused."""
         self.forget(db)
         self._reset_routes(db)
         for name, status, configured in await db.store.read(
@@ -76,12 +81,13 @@ class DatabaseImages:
             info = db.catalog.queues.get(str(name))
             if info is not None:
                 info.keep_altered(bool(status), None if configured is None else bool(configured))
+        writes: list[Statement] = []
         for row in await db.store.read(
             lambda conn: conn.execute(queries.READ_KEPT_ROUTES).fetchall()
         ):
-            if dropped := db.keep_route(route_from_row(row)):
-                db.store.submit(dropped)
-        waiting = await db.recover()
+            writes += db.keep_route(route_from_row(row))
+        _, repairs = await db.read_image()
+        writes += repairs
         for ep in db.endpoints.values():
             if ep.ack_version > ep.ack_sent_version:
                 self.transmission.ack_needed(ep)
@@ -89,7 +95,7 @@ class DatabaseImages:
         for index in db.ready.values():
             index.changed.set()
         self.router.routes_changed(db)
-        return waiting
+        return writes
 
     @staticmethod
     def _reset_routes(db: Database) -> None:

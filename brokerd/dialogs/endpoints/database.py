@@ -222,16 +222,25 @@ class Database:
 
     async def recover(self) -> list[Endpoint]:
         """Rebuild endpoints, the numbers of unacknowledged messages (their backlogs) and
-        the ready index from the file.
+        the ready index from the file, and submit the writes that bring the file in line
+        with what was loaded (:meth:`read_image`).
 
         Returns the endpoints that have messages waiting to be transmitted.
         """
-        waiting, repairs = await self.store.read(
-            lambda conn: self._recover(_rows(conn), _cursor(conn))
-        )
+        waiting, repairs = await self.read_image()
         if repairs:
             self.store.submit(repairs)
         return waiting
+
+    async def read_image(self) -> tuple[list[Endpoint], list[Statement]]:
+        """:meth:`recover`'s reading: the endpoints with messages waiting to be transmitted,
+        and the writes that bring the file in line with what was loaded, left to the caller
+        (a promoted mirror writes them once it is the principal: before, its file takes
+        only what its principal ships, R-ROUTE-16)."""
+        result: tuple[list[Endpoint], list[Statement]] = await self.store.read(
+            lambda conn: self._recover(_rows(conn), _cursor(conn))
+        )
+        return result
 
     def _recover(self, fetch: Rows, stream: RowStream) -> tuple[list[Endpoint], list[Statement]]:
         for row in fetch(queries.READ_ENDPOINTS, ()):

@@ -86,7 +86,9 @@ class MirrorServices(Protocol):
 
     async def submit_wait(self, db: Database, statements: list[Statement]) -> None: ...
 
-    async def rebuild(self, db: Database) -> list[Endpoint]: ...
+    async def rebuild(self, db: Database) -> list[Statement]:
+        """The image rebuilt from the file; returns the writes to submit once principal."""
+        ...
 
     async def inherited(self, db: Database) -> None: ...
 
@@ -354,11 +356,12 @@ class MirrorRoles:
         )
         if promotion and db.mirror_epoch > epoch:
             self._promoted_above(db)
+        writes: list[Statement] = []
         if promotion:
             # R-ROUTE-16: resume every conversation where the old principal stood. Also
             # without a replicating partner: a partner fenced by a query (``superseded``)
             # dropped its image, and its file is what it serves again.
-            await self.engine.rebuild(db)
+            writes = await self.engine.rebuild(db)
             if db.mirror_epoch > epoch:  # heard of meanwhile, while the image was built
                 self.engine.forget_image(db)
                 self._promoted_above(db)
@@ -368,6 +371,10 @@ class MirrorRoles:
         db.mirror_role = role
         db.mirror_epoch = max(db.mirror_epoch, epoch)
         log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)
+        if writes:
+            # the rebuild's own writes, once they are the principal's (a unit it ships):
+            # as the mirror, the file refused them; submitted before traffic resumes
+            db.store.submit(writes)
         if role == "principal":
             self.engine.resume(db)  # a promotion: the doubt, if any, ended in ``promoting``
         else:
