@@ -44,7 +44,7 @@ from protocol.errors import InvalidRequest
 if TYPE_CHECKING:
     from brokerd.dialogs.engine import DialogEngine
     from brokerd.server.activation import ExternalActivation
-    from brokerd.server.mirroring import Mirroring
+    from brokerd.server.mirroring_service import Mirroring
     from brokerd.server.transport import Transport
 
 MAX_PAGE_BYTES = 1 << 20

@@ -36,7 +36,7 @@ from brokerd.server.client_access import Credentials
 from brokerd.server.client_listener import ClientSession
 from brokerd.server.client_tls import TlsAccept, server_context
 from brokerd.server.interpreter import settle_garbage_collector, settle_switch_interval
-from brokerd.server.mirroring import Mirroring
+from brokerd.server.mirroring_service import Mirroring
 from brokerd.server.transport import Transport
 from brokerd.traces.writer import TraceWriter
 from protocol.errors import BrokerError

@@ -51,10 +51,12 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.dialogs.endpoints.database import Database
 from brokerd.errors import StoreError
+from brokerd.server.mirror_copies import CopyReceiver, remove_stale_copies, send_copy
 from brokerd.server.outbox import MirrorAnswer
 from brokerd.storage import queries
 from brokerd.storage.replica import Replica, Unit
@@ -85,6 +87,16 @@ DIVERGED = 2**64 - 1
 """An ATTACH ``lsn_epoch`` that matches no unit: asks for a copy of the file."""
 
 
+class Services(Protocol):
+    """What a :class:`Partner` needs of the daemon's mirroring service
+    (:class:`~brokerd.server.mirroring_service.Mirroring`)."""
+
+    engine: DialogEngine
+    transport: Transport
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class _Kept:
     """A committed unit kept for a mirror that returns: its encoded statements only (the
@@ -106,7 +118,7 @@ class _Held:
 class Partner:
     """The mirroring state of one mirrored database on this instance."""
 
-    def __init__(self, owner: Mirroring, db: Database) -> None:
+    def __init__(self, owner: Services, db: Database) -> None:
         self.owner = owner
         self.db = db
         config = db.config
@@ -150,10 +162,10 @@ class Partner:
         # mirror side
         self.attached_on: BrokerProtocol | None = None
         self.refused_until = 0.0
-        self.assembler = mirroring.ChunkAssembler(
-            mirroring.MAX_UNIT_BYTES, mirroring.MAX_SNAPSHOT_BYTES
-        )
-        self.applying: asyncio.Queue[tuple[BrokerProtocol, Chunk, bytes]] = asyncio.Queue()
+        self.assembler = mirroring.ChunkAssembler(mirroring.MAX_UNIT_BYTES)
+        self.receiver = CopyReceiver(db.store)
+        """A copy of the principal's file, received into a file (not held in memory)."""
+        self.applying: asyncio.Queue[tuple[BrokerProtocol, Chunk, bytes | Path]] = asyncio.Queue()
         self.busy = False
         self.closing = False
         self.stats = {
@@ -172,6 +184,7 @@ class Partner:
     def opened(self) -> None:
         """After the store opened: the file's last unit is the ring's base; a principal
         whose file holds units is in doubt about them until its partner has answered."""
+        remove_stale_copies(self.db.store)
         self.base = (self.replica.lsn, self.replica.lsn_epoch)
         if self.db.mirror_role == "principal" and self.replica.lsn > 0:
             self.db.mirror_in_doubt = True
@@ -402,17 +415,24 @@ class Partner:
         self.owner.spawn(self._copy(protocol))
 
     async def _copy(self, protocol: BrokerProtocol) -> None:
+        """Send ``protocol``'s mirror a copy of the file (streamed: ``send_copy``), then the
+        units committed since it was taken."""
         try:
-            data, lsn, epoch = await self.db.store.snapshot()
+            lsn = await send_copy(
+                protocol,
+                self.db.store,
+                self.instance,
+                lambda: self.session is protocol and not protocol.closed,
+            )
         except StoreError as exc:
             log.error("database %s: cannot copy the file for the mirror: %s", self.db.name, exc)
             self._copied(protocol)
             protocol.drop(f"copy for the mirror failed: {exc}")
             return
-        if self.session is not protocol or protocol.closed:
+        if lsn is None or self.session is not protocol or protocol.closed:
             self._copied(protocol)
             return
-        self._ship(protocol, lsn, epoch, data, Kind.SNAPSHOT)
+        self.shipped = max(self.shipped, lsn)
         self.stats["snapshots_sent"] += 1
         self._copied(protocol)
         self.progress = time.monotonic()  # the mirror has a whole file to install first
@@ -465,6 +485,7 @@ class Partner:
         if protocol is self.attached_on:
             self.attached_on = None
             self.assembler.reset()
+            self.receiver.reset()
 
     def _release_all(self) -> None:
         held, self.held = self.held, deque()
@@ -527,6 +548,7 @@ class Partner:
     def attach(self, protocol: BrokerProtocol, lsn_epoch: int | None = None) -> None:
         self.attached_on = protocol
         self.assembler.reset()
+        self.receiver.reset()
         protocol.pinned = True
         # R-ROUTE-15: learn the principal's epoch (``on_partner_answer``), which no unit
         # carries while the pair is quiet. Asked before the ATTACH on the same connection:
@@ -545,7 +567,21 @@ class Partner:
     def on_chunk(self, protocol: BrokerProtocol, chunk: Chunk) -> None:
         if self.db.mirror_role != "mirror" or protocol is not self.attached_on:
             return
-        payload = self.assembler.add(chunk)
+        payload: bytes | Path | None
+        if chunk.kind is Kind.SNAPSHOT:
+            if self.assembler.buffered:
+                self.assembler.reset()
+                raise RemoteProtocolError("a SNAPSHOT arrived before the UNIT was complete")
+            try:
+                payload = self.receiver.add(chunk)
+            except StoreError as exc:
+                protocol.drop(f"database {self.db.name}: {exc}")
+                return
+        else:
+            if self.receiver.receiving:
+                self.receiver.reset()
+                raise RemoteProtocolError("a UNIT arrived before the SNAPSHOT was complete")
+            payload = self.assembler.add(chunk)
         if payload is None:
             return
         self.applying.put_nowait((protocol, chunk, payload))
@@ -558,6 +594,8 @@ class Partner:
             while not self.applying.empty():
                 protocol, chunk, payload = self.applying.get_nowait()
                 if self.db.mirror_role != "mirror" or protocol is not self.attached_on:
+                    if isinstance(payload, Path):
+                        payload.unlink(missing_ok=True)
                     continue
                 try:
                     confirmed = await self._apply(chunk, payload)
@@ -583,16 +621,21 @@ class Partner:
 
     def _drain(self) -> None:
         while not self.applying.empty():
-            self.applying.get_nowait()
+            _, _, payload = self.applying.get_nowait()
+            if isinstance(payload, Path):
+                payload.unlink(missing_ok=True)
 
-    async def _apply(self, chunk: Chunk, payload: bytes) -> int | None:
+    async def _apply(self, chunk: Chunk, payload: bytes | Path) -> int | None:
         store = self.db.store
-        if chunk.kind is Kind.SNAPSHOT:
+        if isinstance(payload, Path):
             own = [
                 queries.meta("mirror_role", "mirror"),
                 queries.meta("mirror_epoch", str(self.db.mirror_epoch)),
             ]
-            await store.install_snapshot(payload, own)
+            try:
+                await store.install_snapshot(payload, own)
+            finally:
+                payload.unlink(missing_ok=True)
             self.stats["snapshots_installed"] += 1
             log.info(
                 "database %s: installed the principal's copy at LSN %d", self.db.name, chunk.lsn
@@ -633,151 +676,3 @@ class Partner:
             protocol.send_control(
                 MirrorAnswer(mirroring.encode(Refuse(self.instance, reason[:900])))
             )
-
-
-class Mirroring:
-    """Every :class:`Partner` of the instance; the transport hands it MIRROR frames."""
-
-    def __init__(self, transport: Transport, engine: DialogEngine) -> None:
-        self.transport = transport
-        self.engine = engine
-        self.partners: dict[uuid.UUID, Partner] = {}
-        self.by_name: dict[str, Partner] = {}
-        for db in engine.databases.values():
-            if db.config.mirror_role is not None and db.config.mirror_partner is not None:
-                self.by_name[db.name] = Partner(self, db)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._ticker: asyncio.Task[None] | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self.by_name)
-
-    def opened(self) -> None:
-        """The databases are open: index the partners by broker instance."""
-        for partner in self.by_name.values():
-            partner.opened()
-            self.partners[partner.instance] = partner
-
-    def start(self) -> None:
-        self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="mirroring")
-
-    async def stop(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
-        for task in list(self._tasks):
-            task.cancel()
-        for partner in self.by_name.values():
-            partner.closing = True
-            partner.fail_held("the broker is stopping")
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(POLL)
-            now = time.monotonic()
-            for partner in self.by_name.values():
-                try:
-                    partner.tick(now)
-                except Exception:
-                    log.exception("mirroring of %s", partner.db.name)
-
-    # -- from the transport --------------------------------------------------------------
-
-    def on_message(self, protocol: BrokerProtocol, payload: bytes) -> None:
-        try:
-            message = mirroring.decode(payload)
-        except RemoteProtocolError as exc:
-            protocol.abort(f"malformed mirroring message from {protocol.name}: {exc}")
-            return
-        partner = self.partners.get(message.broker_instance)
-        if partner is None:
-            if isinstance(message, Attach):
-                with contextlib.suppress(LocalProtocolError):
-                    protocol.send_control(
-                        MirrorAnswer(
-                            mirroring.encode(
-                                Refuse(
-                                    message.broker_instance,
-                                    "no database with that broker instance is mirrored here",
-                                )
-                            )
-                        )
-                    )
-            return
-        try:
-            if isinstance(message, Attach):
-                partner.on_attach(protocol, message)
-            elif isinstance(message, Confirm):
-                partner.on_confirm(protocol, message)
-            elif isinstance(message, Chunk):
-                partner.on_chunk(protocol, message)
-            else:
-                log.warning(
-                    "database %s: the partner %s refused mirroring: %s",
-                    partner.db.name,
-                    protocol.name,
-                    message.reason,
-                )
-                if protocol is partner.attached_on:
-                    partner.attached_on = None
-                    partner.refused_until = time.monotonic() + 1.0
-        except RemoteProtocolError as exc:
-            protocol.abort(f"bad mirroring message from {protocol.name}: {exc}")
-
-    def partner_answered(self, address: str, answer: events.PrincipalAnswer) -> None:
-        partner = self.partners.get(answer.broker_instance)
-        if partner is not None and partner.address == address:
-            partner.on_partner_answer(answer)
-
-    def unreachable(self, address: str) -> None:
-        for partner in self.by_name.values():
-            if partner.address == address:
-                partner.partner_unreachable()
-
-    def connection_lost(self, protocol: BrokerProtocol) -> None:
-        for partner in self.by_name.values():
-            partner.lost(protocol)
-
-    # -- from the router (MirrorHooks) ------------------------------------------------------
-
-    async def promoting(self, db: Database) -> None:
-        partner = self.by_name.get(db.name)
-        if partner is None:
-            return
-        await partner.drained()
-        if partner.attached_on is not None:
-            partner.attached_on.pinned = False
-        partner.attached_on = None
-        partner.ring.clear()
-        partner.ring_bytes = 0
-        partner.base = (partner.replica.lsn, partner.replica.lsn_epoch)
-        partner.confirmed = 0
-        db.mirror_in_doubt = False  # a mirror holds only what its principal confirmed
-
-    def demoting(self, db: Database) -> None:
-        partner = self.by_name.get(db.name)
-        if partner is None:
-            return
-        if partner.session is not None:
-            session, partner.session = partner.session, None
-            session.pinned = False
-            session.drop(f"database {db.name} is no longer principal here")
-        partner.fail_held(NO_LONGER_PRINCIPAL)
-        partner.ring.clear()
-        partner.ring_bytes = 0
-        partner.copying = None
-        db.mirror_in_doubt = False  # superseded: its tail is discarded by the copy it installs
-
-    def resolved(self, db: Database, reason: str) -> None:
-        partner = self.by_name.get(db.name)
-        if partner is not None:
-            partner.resolved(reason)
-
-    def view(self) -> list[dict[str, object]]:
-        return [partner.view() for partner in self.by_name.values()]

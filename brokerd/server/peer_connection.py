@@ -142,6 +142,8 @@ class BrokerProtocol(asyncio.BufferedProtocol):
         """Carries a mirroring session (R-ROUTE-16): never closed as idle."""
         self.handshake_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._read_buffer: memoryview | None = None
+        self._drained: list[asyncio.Future[None]] = []
+        """Told once the outbox is written out, or the connection closed (:meth:`drained`)."""
 
     # -- Link interface (used by the engine for acknowledgements and errors) -------
 
@@ -195,6 +197,22 @@ class BrokerProtocol(asyncio.BufferedProtocol):
     ) -> None:
         self.outbox.add(event)
         self._schedule_pump()
+
+    async def drained(self) -> None:
+        """Until everything queued on the connection has gone to the socket (whose own
+        buffer holds at most about :data:`HIGH_WATER` more) or the connection is closed:
+        a sender of much, a copy of a file for a mirror, queues it a part at a time."""
+        if self.closed or not self.outbox:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drained.append(waiter)
+        await waiter
+
+    def _tell_drained(self) -> None:
+        waiters, self._drained = self._drained, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     @property
     def direction(self) -> str:
@@ -339,6 +357,7 @@ class BrokerProtocol(asyncio.BufferedProtocol):
             self.owner.mirroring.connection_lost(self)
         unsent = self.outbox.forwards()
         self.outbox.clear()
+        self._tell_drained()
         if unsent:
             self.engine.router.forward_lost(unsent)
         if self.link is not None:
@@ -432,6 +451,8 @@ class BrokerProtocol(asyncio.BufferedProtocol):
                 transport.writelines(pieces)
         if outbox and not self._paused:
             self._schedule_pump()
+        elif not outbox and self._drained:
+            self._tell_drained()
 
     def close(self, code: CloseCode, reason: str) -> None:
         if self.transport is None or self.closed or self.transport.is_closing():

@@ -218,15 +218,3 @@ def backup(source: sqlite3.Connection, conn: sqlite3.Connection) -> None:
     finally:
         conn.execute("PRAGMA journal_mode=WAL")
         limit_wal(conn)
-
-
-def rollback_journal_image(data: bytes) -> bytes:
-    """A serialized database image whose header says rollback journal (bytes 18-19 = 1).
-
-    The principal's file is in WAL mode, and so is the image ``serialize`` gives of it
-    (header bytes 18-19 = 2); an in-memory database cannot open a WAL image ("unable to
-    open database file"), so a mirror could never install a copy. The backup into the
-    mirror's own file keeps that file in WAL mode."""
-    if len(data) >= 20 and data[18:20] == b"\x02\x02":
-        return data[:18] + b"\x01\x01" + data[20:]
-    return data

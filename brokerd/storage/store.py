@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -42,7 +43,6 @@ from brokerd.storage.connection import (
     open_bodies,
     open_file,
     rollback,
-    rollback_journal_image,
 )
 from brokerd.storage.latency import CommitLatency
 from brokerd.storage.replica import Replica, Unit
@@ -466,29 +466,43 @@ class Store:
 
         await self._call(run)
 
-    async def snapshot(self) -> tuple[bytes, int, int]:
-        """On the principal: the whole file as bytes, with the LSN and epoch it holds
-        (taken between two group commits)."""
+    async def snapshot_to(self, path: Path) -> tuple[int, int]:
+        """On the principal: a copy of the whole file written to ``path`` (SQLite's backup
+        API, page by page: memory stays that of the page cache), taken between two group
+        commits; returns the LSN and epoch it holds."""
         replica = self.replica
         assert replica is not None
 
-        def run(conn: sqlite3.Connection) -> tuple[bytes, int, int]:
-            return bytes(conn.serialize()), replica.lsn, replica.lsn_epoch
+        def run(conn: sqlite3.Connection) -> tuple[int, int]:
+            # empty, its owner's only (it holds what the file does, dialog keys included)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+            target = sqlite3.connect(path, isolation_level=None)
+            try:
+                conn.backup(target)
+            except BaseException:
+                target.close()
+                path.unlink(missing_ok=True)
+                raise
+            target.close()
+            return replica.lsn, replica.lsn_epoch
 
         return await self._call(run)
 
-    async def install_snapshot(self, data: bytes, own: Sequence[Statement]) -> None:
-        """On the mirror: replace the file's content by a copy of the principal's, with
-        this partner's own ``meta`` keys (``own``: its role and epoch) written into the
-        copy before it is installed: one change of the file, so that a crash never
-        leaves it holding the principal's role and epoch (R-ROUTE-15)."""
+    async def install_snapshot(self, path: Path, own: Sequence[Statement]) -> None:
+        """On the mirror: replace the file's content by a copy of the principal's (the file
+        at ``path``, changed here), with this partner's own
+        ``meta`` keys (``own``: its role and epoch) written into the copy before it is
+        installed: one change of the file, so that a crash never leaves it holding the
+        principal's role and epoch (R-ROUTE-15). The copy is read page by page."""
         replica = self.replica
         assert replica is not None
 
         def run(conn: sqlite3.Connection) -> None:
-            source = sqlite3.connect(":memory:", isolation_level=None)
+            source = sqlite3.connect(path, isolation_level=None)
             try:
-                source.deserialize(rollback_journal_image(data))
+                # the principal's file is in WAL mode, and so is its copy: it is changed
+                # here in rollback-journal mode (no -wal and -shm files beside it)
+                source.execute("PRAGMA journal_mode=DELETE")
                 source.execute("BEGIN IMMEDIATE")
                 for sql, params in own:
                     source.execute(sql, params)

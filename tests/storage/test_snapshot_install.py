@@ -37,7 +37,7 @@ async def main() -> None:
     mirror.replica = Replica(role=lambda: "mirror", epoch=lambda: 2)
     await mirror.open()
     own = [queries.meta("mirror_role", "mirror"), queries.meta("mirror_epoch", "2")]
-    await mirror.install_snapshot(Path(sys.argv[2]).read_bytes(), own)
+    await mirror.install_snapshot(Path(sys.argv[2]), own)
 
 asyncio.run(main())
 os._exit(0)
@@ -68,10 +68,9 @@ async def test_a_mirror_killed_as_it_installs_a_copy_stays_the_mirror(tmp_path: 
             queries.sent_message(str(uuid.uuid4()), 1, "//t", 0, b"x", 1.0),
         ]
     )
-    data, _, _ = await principal.snapshot()
-    await principal.close()
     image = tmp_path / "image"
-    image.write_bytes(data)
+    await principal.snapshot_to(image)
+    await principal.close()
 
     path = tmp_path / "mirror.sqlite"
     mirror = Store(path, "shop")

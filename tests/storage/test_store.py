@@ -403,7 +403,8 @@ async def test_a_mirror_installs_a_copy_of_another_page_size(tmp_path: Path) -> 
     principal.replica = Replica(role=lambda: "principal", epoch=lambda: 1)
     await principal.open()
     await principal.execute_now([queries.sent_message(str(uuid.uuid4()), 1, "//t", 0, b"x", 1.0)])
-    data, _, _ = await principal.snapshot()
+    data = tmp_path / "copy"
+    await principal.snapshot_to(data)
     await principal.close()
 
     old = tmp_path / "mirror.sqlite"
