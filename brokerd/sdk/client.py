@@ -313,13 +313,16 @@ class BrokerClient:
         ``related_conversation`` (RELATED_CONVERSATION) or the group
         ``related_conversation_group`` (RELATED_CONVERSATION_GROUP; made if none exists),
         not both (``InvalidRequest``); a new group without either. Cancelled once written,
-        its conversation, no one's, is ended WITH CLEANUP (nothing sent: no one is told).
+        its conversation, no one's, is ended WITH CLEANUP (nothing sent: no one is told),
+        unless it carries the caller's ``key``, which names it to every later call with
+        that key.
 
         Each call carries an idempotency key, a fresh one unless ``key`` (1 to 200
         characters, unique per initiating service) is given: one whose connection is lost
         before its answer is written again on the next connection and begins one dialog;
         the same key used again within ``limits.send_key_window`` names the dialog it
         began (``KeyReused`` with other arguments)."""
+        own_key = key is not None
         key = begin_dialog_key(key, self._keeper.features)
         meta, _ = await self._call(
             *begin_dialog_request(
@@ -334,7 +337,9 @@ class BrokerClient:
                 key,
             ),
             repeatable=key is not None,
-            disowned=lambda frame: end_unowned_dialog(self._submit, frame),
+            # the caller's own key names the dialog to every later call with that key (its
+            # retry, say): only one no one else can name is ended when no one waits for it
+            disowned=None if own_key else lambda frame: end_unowned_dialog(self._submit, frame),
         )
         handle = uuid.UUID(meta["conversation_handle"])
         return Dialog(self, handle, from_service, to_service, contract)

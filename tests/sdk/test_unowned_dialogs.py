@@ -50,3 +50,37 @@ async def test_a_dialog_begun_for_a_caller_that_stopped_waiting_is_ended(tmp_pat
             assert not await client.receive("Q2", timeout=0)
         finally:
             await client.close()
+
+
+KEYED_HOST = "127.0.27.1"
+
+
+async def test_a_dialog_a_caller_keyed_is_kept_for_the_calls_its_key_names_it_to(
+    tmp_path: Path,
+) -> None:
+    """SPEC §6 (outcomes): a BEGIN DIALOG carrying the caller's own key, cancelled once the
+    daemon has read it, is not ended by the SDK: its key names the dialog to every later
+    call with that key (here the caller's retry, answered with the same handle), which
+    must find it there and may send on it. Only a dialog whose key the SDK made up, which
+    no one else can name, is ended WITH CLEANUP."""
+    async with solo_broker(tmp_path, KEYED_HOST) as broker:
+        client = await client_of(broker)
+        try:
+            cancelled = asyncio.ensure_future(
+                client.begin_dialog("//solo/S1", "//solo/S2", key="order-9")
+            )
+            await _read(broker)
+            cancelled.cancel()
+            again = await client.begin_dialog("//solo/S1", "//solo/S2", key="order-9")
+            connection = client._keeper.connection
+            assert connection is not None
+            async with asyncio.timeout(5):  # every answer in, and what the SDK made of each
+                while connection._pending:
+                    await asyncio.sleep(0.01)
+            handles = [e.conversation_handle for e in await client.conversation_endpoints()]
+            assert handles == [again.handle]
+            await again.send(body=b"<order id='9'/>")
+            (got,) = await client.receive("Q2", timeout=5)
+            assert got.message_body == b"<order id='9'/>"
+        finally:
+            await client.close()
