@@ -69,19 +69,24 @@ class DatabaseImages:
         principal's shipped units wrote. Any image held before is dropped first
         (:meth:`forget`).
 
-        Returns the writes that bring the file in line with the image (a run-time route
-        the configuration replaces, recovery's repairs), for the caller to submit once
-        the database is the principal: until then its file changes only by what the
-        principal ships, and a write is refused."""
+        Returns the writes that bring the file in line with the image (the configuration's
+        catalog, a run-time route the configuration replaces, recovery's repairs), for the
+        caller to submit once the database is the principal: until then its file changes
+        only by what the principal ships, and a write is refused."""
         self.forget(db)
         self._reset_routes(db)
+        for queue in db.catalog.queues.values():  # as a start finds them, before the file's
+            queue.status = bool(queue.configured_status)
         for name, status, configured in await db.store.read(
             lambda conn: conn.execute(queries.READ_QUEUE_STATES).fetchall()
         ):
             info = db.catalog.queues.get(str(name))
             if info is not None:
                 info.keep_altered(bool(status), None if configured is None else bool(configured))
-        writes: list[Statement] = []
+        # the configuration's catalog, as a start writes it (a mirror's start wrote
+        # nothing), if the file's differs
+        catalog = db.catalog.persist()
+        writes: list[Statement] = catalog if await db.store.changes(catalog) else []
         for row in await db.store.read(
             lambda conn: conn.execute(queries.READ_KEPT_ROUTES).fetchall()
         ):

@@ -185,8 +185,13 @@ class Partner:
         """After the store opened: the file's last unit is the ring's base; a principal
         whose file holds units is in doubt about them until its partner has answered."""
         remove_stale_copies(self.db.store)
-        self.base = (self.replica.lsn, self.replica.lsn_epoch)
-        if self.db.mirror_role == "principal" and self.replica.lsn > 0:
+        # the units its start wrote (the configuration's catalog) are shipped as any other
+        self.base = self.replica.opened_at
+        for unit in self.replica.opened_units:
+            self.ring.append(_Kept(unit.lsn, unit.epoch, unit.data))
+            self.ring_bytes += len(unit.data)
+        self.replica.opened_units = []
+        if self.db.mirror_role == "principal" and self.replica.opened_at[0] > 0:
             self.db.mirror_in_doubt = True
             self.doubt_lsn = self.replica.lsn
             self.doubt_since = time.monotonic()

@@ -56,7 +56,15 @@ from brokerd.storage.body_files import BodyFiles
 from brokerd.storage.chains import BrokenChains, Token
 from brokerd.storage.connection import connect, rollback
 from brokerd.storage.latency import CommitLatency
-from brokerd.storage.replica import FencedWrite, Recorder, Replica, Unit, Unshippable
+from brokerd.storage.replica import (
+    FencedWrite,
+    Recorder,
+    Replica,
+    Unit,
+    Unshippable,
+    contents,
+    written_tables,
+)
 from brokerd.storage.schema import WRITE_META, Statement
 
 log = logging.getLogger("brokerd.storage.store")
@@ -362,13 +370,44 @@ def _recorded_transaction(
     if not recorder.encoder.count:
         conn.execute("COMMIT")
         return
+    units.append(_numbered(conn, recorder, replica))
+
+
+def _numbered(conn: sqlite3.Connection, recorder: Recorder, replica: Replica) -> Unit:
+    """Commit the recorded transaction in progress as the unit numbered with the next LSN
+    (stored in the same transaction, with the epoch)."""
     data = recorder.encoder.finish()  # before the COMMIT: a failure rolls back
     lsn, epoch = replica.lsn + 1, replica.epoch()
     conn.execute(WRITE_META, ("mirror_lsn", str(lsn)))
     conn.execute(WRITE_META, ("mirror_lsn_epoch", str(epoch)))
     conn.execute("COMMIT")
     replica.lsn, replica.lsn_epoch = lsn, epoch
-    units.append(Unit(lsn, epoch, data))
+    return Unit(lsn, epoch, data)
+
+
+def record_now(
+    conn: sqlite3.Connection, statements: Sequence[Statement], replica: Replica
+) -> Unit | None:
+    """A mirrored database's start-up write (its configuration's catalog), outside the group
+    commit: run in one transaction, in order, and recorded as a unit numbered as the group
+    commit numbers its own, for the partner to ship (R-ROUTE-16). A transaction that leaves
+    the tables it writes as they were is rolled back: no unit, so an unchanged
+    configuration costs a returning mirror nothing. On a mirror it raises
+    :class:`FencedWrite`; beyond what a mirror takes, :class:`Unshippable`."""
+    tables = written_tables(statements)
+    recorder = Recorder(conn, replica, fenced=replica.role() != "principal")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        before = contents(conn, tables)
+        for sql, params in statements:
+            recorder.execute(sql, params)
+        if not recorder.encoder.count or contents(conn, tables) == before:
+            rollback(conn)
+            return None
+        return _numbered(conn, recorder, replica)
+    except BaseException:
+        rollback(conn)
+        raise
 
 
 def _locked(exc: BaseException) -> bool:

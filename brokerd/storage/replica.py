@@ -21,6 +21,10 @@ every other database pays one ``is None`` test per transaction).
   transaction that would write anything but the partner's own role and epoch fails
   with :class:`~brokerd.errors.StoreError` (the fence of R-ROUTE-15, applied to the
   file itself); the shipped units are applied by :meth:`Store.apply_unit`.
+* At **start** the configuration's catalog is written outside the group commit
+  (``Store.execute_now``): on a principal as a unit like the others, kept in
+  :attr:`Replica.opened_units` for the partner to ship; on a mirror not at all
+  (``Database.open``: its promotion writes it).
 
 The role and epoch are read, in the committer thread, from the database's
 in-memory image through ``role`` and ``epoch`` (plain attribute reads).
@@ -28,8 +32,10 @@ in-memory image through ``role`` and ``epoch`` (plain attribute reads).
 
 from __future__ import annotations
 
+import re
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +79,12 @@ class Replica:
     """The last LSN committed in this file (read at open; then owned by the committer)."""
     lsn_epoch: int = 0
     """The epoch at which that unit was written."""
+    opened_at: tuple[int, int] = (0, 0)
+    """(LSN, epoch) of the file's last unit when the store opened it."""
+    opened_units: list[Unit] = field(default_factory=list)
+    """Units committed as the database opened (the configuration's catalog,
+    ``Store.execute_now``), outside the group commit: the partner keeps them for its
+    mirror (``Partner.opened``)."""
     sink: Sink | None = field(default=None)
     """Told on the event loop, for every committed batch: its units, the LSN whose
     confirmation releases it, and how to release it (run its callbacks) or fail it. None:
@@ -85,6 +97,28 @@ class Replica:
             and bool(params)
             and all(key in OWN_META_KEYS for key in params[0::2])
         )
+
+
+_WRITTEN_TABLE = re.compile(
+    r"\s*(?:DELETE\s+FROM|INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE)\s+(\w+)", re.IGNORECASE
+)
+
+
+def written_tables(statements: Iterable[tuple[str, Sequence[Any]]]) -> list[str]:
+    """The tables ``statements`` write, in the order first written."""
+    tables: dict[str, None] = {}
+    for sql, _ in statements:
+        found = _WRITTEN_TABLE.match(sql)
+        if found is not None:
+            tables.setdefault(found.group(1), None)
+    return list(tables)
+
+
+def contents(conn: sqlite3.Connection, tables: Sequence[str]) -> list[Counter[tuple[Any, ...]]]:
+    """The rows of ``tables`` (small ones: the catalog), each table's as a multiset."""
+    return [
+        Counter(tuple(row) for row in conn.execute(f"SELECT * FROM {table}")) for table in tables
+    ]
 
 
 class Recorder:

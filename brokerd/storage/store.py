@@ -36,7 +36,7 @@ from brokerd.errors import StoreError
 from brokerd.storage import schema
 from brokerd.storage.body_files import BodyFiles
 from brokerd.storage.chains import Token
-from brokerd.storage.committer import Committer, Fn, Job, describe_sqlite_error
+from brokerd.storage.committer import Committer, Fn, Job, describe_sqlite_error, record_now
 from brokerd.storage.connection import (
     PAGE_CACHE_MB,
     backup,
@@ -45,7 +45,14 @@ from brokerd.storage.connection import (
     rollback,
 )
 from brokerd.storage.latency import CommitLatency
-from brokerd.storage.replica import Replica, Unit
+from brokerd.storage.replica import (
+    FencedWrite,
+    Replica,
+    Unit,
+    Unshippable,
+    contents,
+    written_tables,
+)
 from brokerd.storage.schema import AUTO_CREATED_LOCAL, SCHEMA_VERSION, WRITE_META, Statement
 from protocol import mirroring
 
@@ -160,6 +167,8 @@ class Store:
             stored = {str(k): str(v) for k, v in await self.fetchall(schema.READ_META)}
             self.replica.lsn = int(stored.get("mirror_lsn", "0"))
             self.replica.lsn_epoch = int(stored.get("mirror_lsn_epoch", "0"))
+            self.replica.opened_at = (self.replica.lsn, self.replica.lsn_epoch)
+            self.replica.opened_units = []
         return instance
 
     async def close(self) -> None:
@@ -212,11 +221,26 @@ class Store:
         """Run statements in one transaction immediately, in their order; only for start-up.
 
         Unlike the group commit, nothing is regrouped: the catalog is rewritten as
-        deletes followed by inserts.
+        deletes followed by inserts. A mirrored database's transaction is recorded as a
+        unit (:func:`~brokerd.storage.committer.record_now`, kept in
+        ``Replica.opened_units`` for the partner to ship) if it changes anything; on a
+        mirror it fails (its file changes only by what the principal ships, R-ROUTE-16).
         """
         batch = list(statements)
+        replica = self.replica
 
         def run(conn: sqlite3.Connection) -> None:
+            if replica is not None:
+                try:
+                    unit = record_now(conn, batch, replica)
+                except (FencedWrite, Unshippable) as exc:
+                    raise StoreError(
+                        f"database {self.database!r}: not written ({type(exc).__name__}: "
+                        f"{exc}, R-ROUTE-16)"
+                    ) from exc
+                if unit is not None:
+                    replica.opened_units.append(unit)
+                return
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for sql, params in batch:
@@ -227,6 +251,27 @@ class Store:
                 raise
 
         await self._call(run)
+
+    async def changes(self, statements: Sequence[Statement]) -> bool:
+        """Whether running ``statements`` in their order would change the tables they
+        write: tried in a transaction that is rolled back, so the file is left as it was
+        (a mirror's too). Only for start-up and promotion (a promoted mirror writes its
+        configuration's catalog only if it differs from its file's: a unit of work with
+        nothing in it would be held in ``stall`` mode until a mirror confirms it)."""
+        batch = list(statements)
+        tables = written_tables(batch)
+
+        def run(conn: sqlite3.Connection) -> bool:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                before = contents(conn, tables)
+                for sql, params in batch:
+                    conn.execute(sql, params)
+                return contents(conn, tables) != before
+            finally:
+                rollback(conn)
+
+        return await self._call(run)
 
     # -- the group commit -------------------------------------------------------------
 
@@ -267,6 +312,18 @@ class Store:
         )
         self._handed(committer, turn)
         return future
+
+    def submit_in_order(self, statements: Sequence[Statement]) -> None:
+        """Queue statements for the next group commit, run in their order: the group commit
+        runs a batch's INSERTs before its UPDATEs and DELETEs, which would leave nothing of a
+        catalog rewritten as deletes followed by inserts (a promoted mirror's, R-ROUTE-16)."""
+        batch = list(statements)
+
+        def run(conn: sqlite3.Connection) -> None:
+            for sql, params in batch:
+                conn.execute(sql, params)
+
+        self.submit((), fn=run)
 
     def _handed(self, committer: Committer, turn: list[Job]) -> None:
         """Hand this turn's jobs over now if the committer waits (its commit ended: do not

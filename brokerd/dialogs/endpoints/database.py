@@ -146,18 +146,25 @@ class Database:
     async def open(self) -> None:
         self.service_keys = ServiceKeys.load(self.config, self.cas)
         self.broker_instance = await self.store.open(self.config.broker_instance)
-        for name, status, configured in await self.store.fetchall(queries.READ_QUEUE_STATES):
-            info = self.catalog.queues.get(str(name))
-            if info is not None:
-                info.keep_altered(bool(status), None if configured is None else bool(configured))
-        await self.store.execute_now(self.catalog.persist())
-        for row in await self.store.fetchall(queries.READ_KEPT_ROUTES):
-            await self.store.execute_now(self.keep_route(route_from_row(row)))
         if self.config.mirror_role is not None:
             rows = await self.store.fetchall(schema.READ_META)
             stored = {str(k): str(v) for k, v in rows}
             self.mirror_role = stored.get("mirror_role", self.config.mirror_role)
             self.mirror_epoch = int(stored.get("mirror_epoch", "0"))
+        for name, status, configured in await self.store.fetchall(queries.READ_QUEUE_STATES):
+            info = self.catalog.queues.get(str(name))
+            if info is not None:
+                info.keep_altered(bool(status), None if configured is None else bool(configured))
+        writes = self.catalog.persist()
+        for row in await self.store.fetchall(queries.READ_KEPT_ROUTES):
+            writes += self.keep_route(route_from_row(row))
+        if self.store.replica is not None and self.mirror_role == "mirror":
+            # R-ROUTE-16: a mirror's file changes only by what its principal ships; its
+            # configuration's catalog is written when it is promoted (``DatabaseImages.
+            # rebuild``), as a unit of the new principal's
+            return
+        # a mirrored principal's are a unit its mirror gets (``Store.execute_now``)
+        await self.store.execute_now(writes)
 
     def keep_route(self, route: Route) -> list[Statement]:
         """A route created at run time, read back: kept, unless the configuration now names

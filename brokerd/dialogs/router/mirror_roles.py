@@ -373,8 +373,9 @@ class MirrorRoles:
         log.info("database %s is now the %s partner at epoch %d", db.name, role, epoch)
         if writes:
             # the rebuild's own writes, once they are the principal's (a unit it ships):
-            # as the mirror, the file refused them; submitted before traffic resumes
-            db.store.submit(writes)
+            # as the mirror, the file refused them; submitted before traffic resumes, in
+            # their order (the configuration's catalog: deletes, then inserts)
+            db.store.submit_in_order(writes)
         if role == "principal":
             self.engine.resume(db)  # a promotion: the doubt, if any, ended in ``promoting``
         else:
