@@ -384,6 +384,9 @@ class DialogEngine:
         if barrier is not None:
             await asyncio.shield(barrier)  # shared with commits' outcomes
 
+    def watch_deadlines(self, db: Database) -> None:
+        self.images.watch_deadlines(db)
+
     def forget_image(self, db: Database) -> None:
         self.images.forget(db)
 

@@ -67,7 +67,8 @@ class DatabaseImages:
         does at start: its endpoints, unacknowledged messages, ready index, timers and
         lifetimes, routes created by the administrator and queue states are the ones the
         principal's shipped units wrote. Any image held before is dropped first
-        (:meth:`forget`).
+        (:meth:`forget`). Its timers and lifetimes are watched once it is the principal
+        (:meth:`watch_deadlines`).
 
         Returns the writes that bring the file in line with the image (the configuration's
         catalog, a run-time route the configuration replaces, recovery's repairs), for the
@@ -96,11 +97,18 @@ class DatabaseImages:
         for ep in db.endpoints.values():
             if ep.ack_version > ep.ack_sent_version:
                 self.transmission.ack_needed(ep)
-            self.deadlines.watch(ep)
         for index in db.ready.values():
             index.changed.set()
         self.router.routes_changed(db)
         return writes
+
+    def watch_deadlines(self, db: Database) -> None:
+        """The timers and lifetimes of a promoted partner's rebuilt image (R-DLG-9,
+        R-DLG-11), watched once the database is the principal: one due while it was still
+        the mirror would write into a file that takes only what the principal ships, be
+        refused, and come only when the failed write is tried again."""
+        for ep in db.endpoints.values():
+            self.deadlines.watch(ep)
 
     @staticmethod
     def _reset_routes(db: Database) -> None:

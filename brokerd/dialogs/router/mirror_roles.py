@@ -92,6 +92,10 @@ class MirrorServices(Protocol):
 
     async def inherited(self, db: Database) -> None: ...
 
+    def watch_deadlines(self, db: Database) -> None:
+        """The timers and lifetimes of a rebuilt image, watched (once it is principal)."""
+        ...
+
     def forget_image(self, db: Database) -> None: ...
 
     def resume(self, db: Database) -> None: ...
@@ -377,6 +381,10 @@ class MirrorRoles:
             # their order (the configuration's catalog: deletes, then inserts)
             db.store.submit_in_order(writes)
         if role == "principal":
+            if promotion:
+                # R-DLG-9, R-DLG-11: a timer or lifetime due meanwhile fires now, written
+                # as the principal's (as the mirror, the file refused it)
+                self.engine.watch_deadlines(db)
             self.engine.resume(db)  # a promotion: the doubt, if any, ended in ``promoting``
         else:
             self.state.forget_decisions()
