@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from brokerd.dialogs.endpoints.begin_keys import Arguments, BeginKey, arguments_text
 from brokerd.dialogs.endpoints.commits import commit
@@ -48,42 +49,25 @@ class BeginKeyVerbs:
         """Seconds a key is kept (``limits.send_key_window``)."""
 
     async def begin_dialog(
-        self,
-        key: str,
-        from_service: str,
-        to_service: str,
-        contract: str,
-        database: str | None = None,
-        to_broker_instance: uuid.UUID | None = None,
-        lifetime: int = 0,
-        related_conversation: uuid.UUID | None = None,
-        related_group: uuid.UUID | None = None,
+        self, key: str, from_service: str, to_service: str, contract: str, **options: Any
     ) -> Endpoint:
-        """BEGIN DIALOG as :meth:`ConversationVerbs.begin_dialog`, under ``key``: the
-        dialog this key began, if ``from_service`` gave it one in this database within
-        the window (``KeyReused`` if with other arguments), else a new one."""
-        db = self.conversations.initiating_database(from_service, database)
+        """BEGIN DIALOG as :meth:`ConversationVerbs.begin_dialog` (``options``: its keyword
+        arguments), under ``key``: the dialog this key began, if ``from_service`` gave it
+        one in this database within the window (``KeyReused`` if with other arguments),
+        else a new one."""
+        db = self.conversations.initiating_database(from_service, options.get("database"))
         arguments: Arguments = {
             "to_service": to_service,
             "contract": contract,
-            "to_broker_instance": _text(to_broker_instance),
-            "lifetime": lifetime,
-            "related_conversation": _text(related_conversation),
-            "related_conversation_group": _text(related_group),
+            "to_broker_instance": _text(options.get("to_broker_instance")),
+            "lifetime": options.get("lifetime", 0),
+            "related_conversation": _text(options.get("related_conversation")),
+            "related_conversation_group": _text(options.get("related_group")),
         }
         known = await self._known(db, from_service, key, arguments)
         if known is not None:
             return known
-        db, ep = self.conversations.new_dialog(
-            from_service,
-            to_service,
-            contract,
-            database,
-            to_broker_instance,
-            lifetime,
-            related_conversation,
-            related_group,
-        )
+        db, ep = self.conversations.new_dialog(from_service, to_service, contract, **options)
         work = self.conversations.begin_dialog_work(db, ep)
         now = self.clock()
         entry = BeginKey(ep.handle, arguments, now, asyncio.get_running_loop().create_future())
