@@ -39,7 +39,7 @@ from tests.daemons import (
     wait_until,
 )
 
-HOSTS = ["127.0.23.1", "127.0.23.2"]
+HOSTS = ["127.0.53.1", "127.0.53.2"]
 SHOP, WAREHOUSE = example.SHOP_SERVICE, example.WAREHOUSE_SERVICE
 
 

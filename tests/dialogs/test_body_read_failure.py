@@ -1,5 +1,5 @@
 """A body read back from the file that cannot be read, with real daemons on
-127.0.26.2x:4022.
+127.0.59.2x:4022.
 
 SPEC ids: R-DLG-5 (the sender keeps every unacknowledged message until acknowledged),
 R-DLG-6 (an unacknowledged message is sent again), R-DLG-13 (bodies not held in memory
@@ -14,7 +14,7 @@ from brokerd.tools.launcher import Deployment
 from tests.daemons import FAST_RETRY, drain, wait_until
 from tests.routing.deploy import R, addr, database, queue_of
 
-A, B = "127.0.26.21", "127.0.26.22"
+A, B = "127.0.59.21", "127.0.59.22"
 SENDER = "//bodyread/Sender"
 TARGET = "//bodyread/Target"
 NOT_HELD = "[limits]\nheld_bodies_mb = 0\n"

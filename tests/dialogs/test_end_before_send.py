@@ -3,8 +3,8 @@ network before the first SEND (SPEC §6), so the far service never hears of the 
 (R-DLG-9: its endpoint comes into being with the first message), and this side's
 endpoint closes at once and is removed, owing nothing to anyone (SPEC §5).
 
-Real daemons in processes of their own: alpha (127.0.23.4, the shop) and beta
-(127.0.23.5, the warehouse).
+Real daemons in processes of their own: alpha (127.0.54.4, the shop) and beta
+(127.0.54.5, the warehouse).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from brokerd.sdk.client import BrokerClient
 from brokerd.tools import example
 from tests.daemons import FAST_RETRY, drain, running, wait_until
 
-HOSTS = ("127.0.23.4", "127.0.23.5")
+HOSTS = ("127.0.54.4", "127.0.54.5")
 SHOP, WAREHOUSE = example.SHOP_SERVICE, example.WAREHOUSE_SERVICE
 
 

@@ -21,7 +21,7 @@ from protocol.fragments import MIN_FRAGMENT_SIZE
 from tests.daemons import FAST_RETRY, assert_exactly_once_in_order, drain, wait_until
 from tests.hostile import HostileBroker, cut, order_message
 
-HOSTS = ("127.0.21.1", "127.0.21.2")
+HOSTS = ("127.0.51.1", "127.0.51.2")
 """The shop's and the warehouse's addresses (only the warehouse runs: the hostile peer
 speaks for the shop)."""
 

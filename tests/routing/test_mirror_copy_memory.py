@@ -1,5 +1,5 @@
 """The memory a copy of a mirrored database's file costs, with real daemons on
-127.0.26.21:4022 (the principal) and 127.0.26.22:4022 (the mirror).
+127.0.58.21:4022 (the principal) and 127.0.58.22:4022 (the mirror).
 
 SPEC ids: R-ROUTE-16 (the principal ships a copy of its whole file to a mirror whose last
 unit is not in its history).
@@ -16,7 +16,7 @@ from brokerd.tools.launcher import Deployment
 from tests.daemons import wait_until
 from tests.routing.deploy import database, mirroring
 
-P1, P2 = "127.0.26.21", "127.0.26.22"
+P1, P2 = "127.0.58.21", "127.0.58.22"
 PARTS_INSTANCE = uuid.UUID("9e4b7c21-6d3a-4f85-b0c2-5a8e1d7f3b94")
 SIZE_MB = 64
 

@@ -1,5 +1,5 @@
 """What a promoted mirror writes as it rebuilds its image, with real daemons on
-127.0.26.11:4022 (the principal) and 127.0.26.12:4022 (the mirror).
+127.0.57.11:4022 (the principal) and 127.0.57.12:4022 (the mirror).
 
 SPEC ids: R-ROUTE-16 (at promotion the new principal rebuilds its in-memory image from
 its file as recovery does at start; the mirror's file changes only by what the principal
@@ -17,8 +17,8 @@ from brokerd.tools.launcher import Deployment
 from tests.daemons import wait_until
 from tests.routing.deploy import R, addr, database, mirroring, wait_caught_up
 
-P1, P2 = "127.0.26.11", "127.0.26.12"
-NOWHERE = "127.0.26.99"
+P1, P2 = "127.0.57.11", "127.0.57.12"
+NOWHERE = "127.0.57.99"
 """A route's address that no test sends to."""
 PARTS = "//promoted/Parts"
 PARTS_INSTANCE = uuid.UUID("3f6d2a8c-1b7e-4c5d-9a0f-8e2b4c6d1a3e")

@@ -1,5 +1,5 @@
 """The bounds of a unit of work shipped to the mirror, with an in-process principal on
-127.0.26.1:4022 and its mirror daemon on 127.0.26.2:4022.
+127.0.56.1:4022 and its mirror daemon on 127.0.56.2:4022.
 
 SPEC ids: R-ROUTE-16 (the principal ships each committed unit of work to the mirror, which
 applies it and confirms; the principal never commits and ships a unit its mirror refuses).
@@ -19,7 +19,7 @@ from protocol import mirroring
 from tests.daemons import in_process, wait_until
 from tests.routing.test_mirror_copies import parts_database
 
-P1, P2 = "127.0.26.1", "127.0.26.2"
+P1, P2 = "127.0.56.1", "127.0.56.2"
 
 
 def too_many_texts() -> list[tuple[str, tuple[str, ...]]]:

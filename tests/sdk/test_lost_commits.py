@@ -7,7 +7,7 @@ never read it and rolled the transaction back with the connection, so the transa
 lost (``TransactionLost``), not of unknown outcome. A COMMIT written before the loss may
 have been read and committed: its outcome is unknown (``OutcomeUnknown``).
 
-A real daemon runs in the test's process on 127.0.22.1; the client's socket is reset
+A real daemon runs in the test's process on 127.0.52.1; the client's socket is reset
 under it (``abort``: the connection goes without a goodbye, as when the daemon's host
 drops it).
 """
@@ -24,7 +24,7 @@ from brokerd.sdk.transaction import Transaction
 from protocol.errors import OutcomeUnknown, TransactionLost
 from tests.daemons import client_of, solo_broker
 
-HOST = "127.0.22.1"
+HOST = "127.0.52.1"
 
 
 async def _transaction_with_a_send(client: BrokerClient) -> Transaction:

@@ -1,7 +1,7 @@
 """The WAL of a running daemon's database file comes back to its length after an
 outsized transaction (docs/design.md "Storage"; R-DLG-13: nothing committed is lost).
 
-A real daemon of one database on 127.0.24.10, port 4022, in a process of its own; and
+A real daemon of one database on 127.0.55.10, port 4022, in a process of its own; and
 the connection's own copy of another file (a mirror installing its principal's).
 """
 
@@ -19,7 +19,7 @@ from brokerd.storage.connection import (
 )
 from tests.daemons import solo_daemon
 
-HOST = "127.0.24.10"
+HOST = "127.0.55.10"
 
 BODY = 30 * 1024
 """Under ``body_files.STORED_FROM``: each body is in the file's pages, so in the WAL."""
