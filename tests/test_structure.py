@@ -82,3 +82,18 @@ def test_no_module_imports_another_modules_private_name() -> None:
                     if alias.name.startswith("_") and not alias.name.startswith("__")
                 ]
     assert wrong == []
+
+
+def test_no_two_test_files_start_daemons_on_one_loopback_address() -> None:
+    """A test file that names its daemons' addresses (127.0.x.y with x above 0; the
+    127.0.0.x ones belong to the shared fixtures) has them to itself: CI runs test files
+    on two workers at once, and two daemons cannot both listen on one address's 4022."""
+    import re
+
+    address = re.compile(r"127\.0\.([1-9]\d*)\.(\d+)")
+    users: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for x, y in address.findall(path.read_text()):
+            users.setdefault(f"127.0.{x}.{y}", set()).add(str(path.relative_to(ROOT)))
+    shared = {a: sorted(files) for a, files in users.items() if len(files) > 1}
+    assert shared == {}
