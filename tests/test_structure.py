@@ -10,6 +10,7 @@ import enum
 import importlib
 import inspect
 import pkgutil
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -88,8 +89,6 @@ def test_no_two_test_files_start_daemons_on_one_loopback_address() -> None:
     """A test file that names its daemons' addresses (127.0.x.y with x above 0; the
     127.0.0.x ones belong to the shared fixtures) has them to itself: CI runs test files
     on two workers at once, and two daemons cannot both listen on one address's 4022."""
-    import re
-
     address = re.compile(r"127\.0\.([1-9]\d*)\.(\d+)")
     users: dict[str, set[str]] = {}
     for path in sorted((ROOT / "tests").rglob("*.py")):
